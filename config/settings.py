@@ -1,0 +1,238 @@
+"""Settings for the diagnosis service, in sections, every machine-specific value from the environment.
+
+The variables are listed in docs/configuration.md and in the API contract's *Configuration* section.
+Development defaults (DEBUG on, embedded SQLite, demo model, in-memory channel layer and canonical store)
+let a fresh clone run with no configuration; production hardening switches on whenever DEBUG is off.
+"""
+
+from config.env import BASE_DIR, env
+
+# ---------------------------------------------------------------------------------------------------
+# Core
+# ---------------------------------------------------------------------------------------------------
+DEBUG = env.bool("DEBUG", default=True)
+
+# In development an insecure key is acceptable; with DEBUG off SECRET_KEY must be set (environ raises).
+SECRET_KEY = (
+    env.str("SECRET_KEY", default="django-insecure-development-only-key-never-use-in-production")
+    if DEBUG
+    else env.str("SECRET_KEY")
+)
+
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]"] if DEBUG else [])
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = None
+ASGI_APPLICATION = "config.asgi.application"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# ---------------------------------------------------------------------------------------------------
+# Applications (daphne first so that `runserver` is the ASGI server)
+# ---------------------------------------------------------------------------------------------------
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "channels",
+    "diagnosis",
+    "audit",
+    "reasoning",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+
+LOGIN_URL = "admin:login"
+
+# ---------------------------------------------------------------------------------------------------
+# Database: embedded SQLite by default, mysql://… for MariaDB/MySQL (utf8mb4, strict mode)
+# ---------------------------------------------------------------------------------------------------
+DATABASES = {"default": env.db_url("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")}
+
+_db = DATABASES["default"]
+if _db["ENGINE"] == "django.db.backends.mysql":
+    _db.setdefault("OPTIONS", {}).update(
+        {
+            "charset": "utf8mb4",
+            "init_command": (
+                "SET sql_mode='STRICT_TRANS_TABLES,STRICT_ALL_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,"
+                "ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION', "
+                "collation_connection='utf8mb4_unicode_ci'"
+            ),
+            "isolation_level": "read committed",
+        }
+    )
+    _db["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"}
+elif _db["ENGINE"] == "django.db.backends.sqlite3":
+    # WAL lets readers proceed beside the one writer; IMMEDIATE takes the write lock at BEGIN so that
+    # concurrent writers queue on `timeout` instead of failing with "database is locked" on upgrade.
+    _db.setdefault("OPTIONS", {}).update(
+        {
+            "timeout": 30,
+            "transaction_mode": "IMMEDIATE",
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        }
+    )
+    # A file, not shared-cache memory: the recorder's concurrency tests write from many threads.
+    _db["TEST"] = {"NAME": str(BASE_DIR / ".test-db.sqlite3")}
+_db.setdefault("CONN_MAX_AGE", env.int("DB_CONN_MAX_AGE", default=0))
+_db["CONN_HEALTH_CHECKS"] = True
+
+# ---------------------------------------------------------------------------------------------------
+# Redis: channel layer and the canonical store (in-memory without REDIS_URL)
+# ---------------------------------------------------------------------------------------------------
+REDIS_URL = env.str("REDIS_URL", default="")
+
+# How long a run's full tool results stay in the canonical store (seconds).
+CANONICAL_TTL_SECONDS = env.int("CANONICAL_TTL_SECONDS", default=3600)
+
+if REDIS_URL:
+    CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL},
+        "canonical": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": "canonical",
+            "TIMEOUT": CANONICAL_TTL_SECONDS,
+        },
+    }
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL]},
+        }
+    }
+else:
+    CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "default"},
+        "canonical": {
+            "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+            "LOCATION": "canonical",
+            "TIMEOUT": CANONICAL_TTL_SECONDS,
+            "OPTIONS": {"MAX_ENTRIES": 100_000},
+        },
+    }
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# ---------------------------------------------------------------------------------------------------
+# Model provider (OpenAI-compatible, or the offline `demo` model)
+# ---------------------------------------------------------------------------------------------------
+LLM_API_KEY = env.str("LLM_API_KEY", default="")
+LLM_PROVIDER = env.str("LLM_PROVIDER", default="openai" if LLM_API_KEY else "demo")
+LLM_BASE_URL = env.str("LLM_BASE_URL", default="https://api.openai.com/v1")
+LLM_MODEL = env.str("LLM_MODEL", default="gpt-4o-mini" if LLM_PROVIDER == "openai" else "demo")
+LLM_ROUTER_MODEL = env.str("LLM_ROUTER_MODEL", default=LLM_MODEL)
+LLM_GUARD_MODEL = env.str("LLM_GUARD_MODEL", default=LLM_MODEL)
+LLM_TIMEOUT_SECONDS = env.float("LLM_TIMEOUT_SECONDS", default=60.0)
+LLM_MAX_RETRIES = env.int("LLM_MAX_RETRIES", default=3)
+
+# ---------------------------------------------------------------------------------------------------
+# Agent runtime
+# ---------------------------------------------------------------------------------------------------
+AGENT_MAX_STEPS = env.int("AGENT_MAX_STEPS", default=6)
+TOOL_TIMEOUT = env.float("TOOL_TIMEOUT", default=20.0)
+CHAT_MAX_ACTIVE_RUNS_PER_USER = env.int("CHAT_MAX_ACTIVE_RUNS_PER_USER", default=3)
+RUN_LEASE_SECONDS = env.int("RUN_LEASE_SECONDS", default=30)
+
+# ---------------------------------------------------------------------------------------------------
+# Reasoning governance
+# ---------------------------------------------------------------------------------------------------
+REASONING_ENCRYPTION_KEYS = env.list("REASONING_ENCRYPTION_KEYS", default=[])
+REASONING_RETENTION_DAYS = env.int("REASONING_RETENTION_DAYS", default=30)
+
+# ---------------------------------------------------------------------------------------------------
+# REST framework: authenticated by default, errors in the contract's shape
+# ---------------------------------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.SessionAuthentication",
+        "rest_framework.authentication.TokenAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Diagnosis agent audit API",
+    "DESCRIPTION": "Runs, decision traces and governed reasoning of the diagnosis agent.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+
+# ---------------------------------------------------------------------------------------------------
+# Security (production hardening whenever DEBUG is off)
+# ---------------------------------------------------------------------------------------------------
+SESSION_COOKIE_HTTPONLY = True
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+if not DEBUG:
+    # Behind a TLS-terminating proxy that sets X-Forwarded-Proto (see docs/deployment.md).
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=True)
+    SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=31536000)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+
+# ---------------------------------------------------------------------------------------------------
+# Logging: structured enough to grep, never content (see audit.recorder for what a line may hold)
+# ---------------------------------------------------------------------------------------------------
+LOG_LEVEL = env.str("LOG_LEVEL", default="INFO")
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {
+        # The ASGI server's access log would print query strings; tokens never travel there (see README).
+        "django.db.backends": {"level": "INFO"},
+    },
+}
