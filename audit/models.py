@@ -1,0 +1,194 @@
+"""The durable decision record of a run: its timeline, its model steps and its tool invocations.
+
+All three are append-only facts written by `audit.recorder` (nothing else writes them) and read-only in
+the admin. Each references its run through `ForeignKey(db_constraint=False, to_field="run_id")`: the
+column is the run's opaque string id, no database constraint exists (seed 000: audit rows reference runs
+logically, so an audit write never waits on or fails because of the run row), and the ORM relation is only
+there for joins in selectors and the admin. `on_delete=DO_NOTHING` because audit rows are never deleted
+through their run.
+"""
+
+from django.db import models
+
+from diagnosis.models import DiagnosisRun
+
+PREVIEW_CHARS = 500
+
+
+class Phase(models.TextChoices):
+    RUN = "RUN"
+    ROUTING = "ROUTING"
+    AGENT = "AGENT"
+    TOOL = "TOOL"
+    GUARD = "GUARD"
+    RELEASE = "RELEASE"
+
+
+class EventType(models.TextChoices):
+    RUN_STARTED = "RUN_STARTED"
+    ROUTING_ATTEMPT = "ROUTING_ATTEMPT"
+    ROUTING_DECISION = "ROUTING_DECISION"
+    MODEL_TOKEN_USAGE = "MODEL_TOKEN_USAGE"  # noqa: S105 (an event name, not a secret)
+    AGENT_MODEL_STEP = "AGENT_MODEL_STEP"
+    TOOL_INVOCATION = "TOOL_INVOCATION"
+    EVIDENCE_GUARD_INITIAL = "EVIDENCE_GUARD_INITIAL"
+    EVIDENCE_GUARD_RETRY = "EVIDENCE_GUARD_RETRY"
+    SEMANTIC_GUARD_DECISION = "SEMANTIC_GUARD_DECISION"
+    RELEASE_DECISION = "RELEASE_DECISION"
+    RUN_CANCELLED = "RUN_CANCELLED"
+    RUN_FINISHED = "RUN_FINISHED"
+
+
+class ToolStatus(models.TextChoices):
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    INTERRUPTED = "INTERRUPTED"
+    ABANDONED = "ABANDONED"
+
+
+TERMINAL_TOOL_STATUSES = frozenset(
+    {ToolStatus.SUCCEEDED, ToolStatus.FAILED, ToolStatus.INTERRUPTED, ToolStatus.ABANDONED}
+)
+
+
+class UsageSource(models.TextChoices):
+    ROUTER = "ROUTER"
+    AGENT = "AGENT"
+    GUARD = "GUARD"
+
+
+def _run_fk(related_name: str) -> models.ForeignKey:
+    return models.ForeignKey(
+        DiagnosisRun,
+        to_field="run_id",
+        db_column="run_id",
+        db_constraint=False,
+        on_delete=models.DO_NOTHING,
+        related_name=related_name,
+    )
+
+
+class TraceEvent(models.Model):
+    """One typed decision in a run's timeline (`diagnosis_trace_event`).
+
+    `sequence_no` is 1, 2, 3 … per run with no gap, allocated by the recorder; `hash` is
+    sha256(prev_hash + canonical JSON of the event) so that any later change to a stored event, a deletion
+    or a reordering breaks the chain. `details` is bounded by the recorder (strings ≤ 500 characters,
+    previews with full length and sha256) and never holds reasoning or assistant text.
+    """
+
+    run = _run_fk("events")
+    session_id = models.CharField(max_length=64)
+    sequence_no = models.PositiveIntegerField()
+    phase = models.CharField(max_length=16, choices=Phase.choices)
+    event_type = models.CharField(max_length=48, choices=EventType.choices)
+    status = models.CharField(max_length=32, blank=True, default="")
+    summary = models.CharField(max_length=PREVIEW_CHARS, blank=True, default="")
+    details = models.JSONField(default=dict, blank=True)
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "diagnosis_trace_event"
+        ordering = ["run_id", "sequence_no"]
+        constraints = [models.UniqueConstraint(fields=["run", "sequence_no"], name="uniq_event_run_sequence")]
+        indexes = [models.Index(fields=["session_id", "created_at"], name="idx_event_session_created")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}#{self.sequence_no} {self.event_type}"
+
+
+class AgentStep(models.Model):
+    """One model call of the diagnosis agent (`agent_step`): bounded input/output summaries, usage, and
+    reasoning *metadata* only (availability, byte counts, content source). The reasoning and assistant text
+    themselves live in `reasoning.AgentReasoningAudit`. Token fields are NULL, not 0, when the provider
+    reported no usage (`usage_available=false`). `attempts` lists each provider attempt (retries included).
+    """
+
+    run = _run_fk("steps")
+    session_id = models.CharField(max_length=64)
+    step_index = models.IntegerField()
+    agent_name = models.CharField(max_length=64)
+    model = models.CharField(max_length=128)
+    model_input = models.JSONField(default=list, blank=True)
+    model_output = models.JSONField(default=dict, blank=True)
+    tool_call_ids = models.JSONField(default=list, blank=True)
+    has_tool_call = models.BooleanField(default=False)
+    finish_reason = models.CharField(max_length=32, blank=True, default="")
+    attempts = models.JSONField(default=list, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    duration_ms = models.IntegerField(null=True, blank=True)
+
+    usage_available = models.BooleanField(default=False)
+    prompt_tokens = models.IntegerField(null=True, blank=True)
+    completion_tokens = models.IntegerField(null=True, blank=True)
+    reasoning_tokens = models.IntegerField(null=True, blank=True)
+    cached_tokens = models.IntegerField(null=True, blank=True)
+    total_tokens = models.IntegerField(null=True, blank=True)
+
+    reasoning_available = models.BooleanField(default=False)
+    reasoning_bytes = models.IntegerField(default=0)
+    assistant_bytes = models.IntegerField(default=0)
+    content_source = models.CharField(max_length=64, blank=True, default="")
+
+    created_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "agent_step"
+        ordering = ["run_id", "step_index"]
+        constraints = [models.UniqueConstraint(fields=["run", "step_index"], name="uniq_step_run_index")]
+        indexes = [models.Index(fields=["session_id", "created_at"], name="idx_step_session_created")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id} step {self.step_index}"
+
+
+class ToolInvocation(models.Model):
+    """One real tool call through its lifecycle (`tool_invocation`, seed 003 fields + seed 002 lifecycle).
+
+    Written `RUNNING` and committed before the tool executes, then updated once to a terminal status.
+    `input_params` is the effective input; the output is kept as a ≤ 500-character preview with its full
+    length and sha256 (the full result lives only in the run's canonical store). `duration_ms` comes from
+    `time.monotonic()` in the executing process, NULL when no such start exists (e.g. closed by a sweeper).
+    `step_id` logically references `agent_step.id` (no constraint) and `step_index` the declaring step.
+    """
+
+    run = _run_fk("tools")
+    session_id = models.CharField(max_length=64)
+    step_id = models.BigIntegerField(null=True, blank=True)
+    step_index = models.IntegerField(null=True, blank=True)
+    tool_call_id = models.CharField(max_length=128)
+    tool_name = models.CharField(max_length=64)
+    status = models.CharField(max_length=16, choices=ToolStatus.choices, default=ToolStatus.RUNNING)
+    input_params = models.JSONField(default=dict, blank=True)
+    output_preview = models.CharField(max_length=PREVIEW_CHARS, blank=True, default="")
+    output_length = models.IntegerField(null=True, blank=True)
+    output_sha256 = models.CharField(max_length=64, blank=True, default="")
+    is_truncated = models.BooleanField(default=False)
+    retrieval_layer = models.CharField(max_length=8, blank=True, default="")
+    l0_match_count = models.IntegerField(null=True, blank=True)
+    l1_match_count = models.IntegerField(null=True, blank=True)
+    retrieval_details = models.JSONField(default=dict, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    duration_ms = models.IntegerField(null=True, blank=True)
+    error_code = models.CharField(max_length=64, blank=True, default="")
+    error_message = models.CharField(max_length=1000, blank=True, default="")
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "tool_invocation"
+        ordering = ["run_id", "started_at", "id"]
+        constraints = [models.UniqueConstraint(fields=["run", "tool_call_id"], name="uniq_tool_run_call")]
+        indexes = [models.Index(fields=["session_id", "created_at"], name="idx_tool_session_created")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id} {self.tool_name} {self.tool_call_id}"
+
+    @property
+    def success(self) -> bool:
+        return self.status == ToolStatus.SUCCEEDED

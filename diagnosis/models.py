@@ -1,0 +1,159 @@
+"""Identity of the work: who asked (ChatSession), one exact execution (DiagnosisRun), what they thought of it.
+
+A session is a multi-turn folder; a run is one execution and the boundary of every audit record (seed 001,
+decision two). Audit rows in the `audit` and `reasoning` apps point at a run by its `run_id` string, never
+through a database foreign key (seed 000), so that the durable record can outlive or precede the row it
+describes and a failing audit write can never be blocked by, or block, the run row.
+"""
+
+from django.conf import settings
+from django.db import models
+
+
+class RunStatus(models.TextChoices):
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUCCESS = "SUCCESS"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+
+TERMINAL_RUN_STATUSES = frozenset({RunStatus.SUCCESS, RunStatus.FAILED, RunStatus.CANCELLED})
+
+
+class ReleaseDecision(models.TextChoices):
+    PUBLISHED = "PUBLISHED"
+    BLOCKED = "BLOCKED"
+
+
+class Intent(models.TextChoices):
+    DIAGNOSIS = "DIAGNOSIS"
+    KNOWLEDGE = "KNOWLEDGE"
+    CHITCHAT = "CHITCHAT"
+    OUT_OF_SCOPE = "OUT_OF_SCOPE"
+
+
+class ChatSession(models.Model):
+    """A conversation folder owned by one user; it groups runs and is never an audit boundary."""
+
+    session_id = models.CharField(max_length=64, unique=True)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="chat_sessions"
+    )
+    title = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "chat_session"
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["owner", "-created_at"], name="idx_session_owner_created")]
+
+    def __str__(self) -> str:
+        return self.session_id
+
+
+class DiagnosisRun(models.Model):
+    """One exact execution of the diagnosis pipeline and its terminal summary.
+
+    `session` joins on the session's string id (`to_field`), so the column `session_id` holds the same
+    opaque id the API speaks. The `expected_*` counters are what the runtime attempted to write; the trace
+    compares them with what is persisted to expose audit gaps. Token columns form the run's ledger per
+    source; `tokens_reconciled` is true only when every model call reported usage and the per-call records
+    add up to the totals. `lease_owner`/`lease_expires_at` name the process executing the run.
+    """
+
+    run_id = models.CharField(max_length=64, unique=True)
+    session = models.ForeignKey(
+        ChatSession,
+        to_field="session_id",
+        db_column="session_id",
+        on_delete=models.PROTECT,
+        related_name="runs",
+    )
+    query = models.TextField()
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.PENDING)
+    agent_flow = models.CharField(max_length=32, default="DIAGNOSIS_AGENT")
+    intent = models.CharField(max_length=16, choices=Intent.choices, null=True, blank=True)
+    release_decision = models.CharField(max_length=16, choices=ReleaseDecision.choices, null=True, blank=True)
+    content = models.TextField(blank=True, default="")
+    error_code = models.CharField(max_length=64, blank=True, default="")
+    error_message = models.CharField(max_length=1000, blank=True, default="")
+
+    # Timing (contract run.timing)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    first_model_request_at = models.DateTimeField(null=True, blank=True)
+    first_output_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    total_duration_ms = models.IntegerField(null=True, blank=True)
+    first_output_latency_ms = models.IntegerField(null=True, blank=True)
+
+    # Token ledger (contract run.tokens), kept per source
+    tokens_router = models.IntegerField(default=0)
+    tokens_agent = models.IntegerField(default=0)
+    tokens_guard = models.IntegerField(default=0)
+    tokens_total = models.IntegerField(default=0)
+    tokens_reasoning = models.IntegerField(default=0)
+    tokens_cached_input = models.IntegerField(default=0)
+    model_calls = models.IntegerField(default=0)
+    usage_unavailable_calls = models.IntegerField(default=0)
+    tokens_reconciled = models.BooleanField(default=False)
+
+    # What the runtime expected to write, and what failed
+    expected_events = models.IntegerField(default=0)
+    expected_steps = models.IntegerField(default=0)
+    expected_tools = models.IntegerField(default=0)
+    audit_write_failures = models.IntegerField(default=0)
+
+    # Ownership of execution
+    lease_owner = models.CharField(max_length=128, blank=True, default="")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested = models.BooleanField(default=False)
+
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "diagnosis_run"
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["session", "-created_at"], name="idx_run_session_created"),
+            models.Index(fields=["status", "lease_expires_at"], name="idx_run_status_lease"),
+            models.Index(fields=["-created_at"], name="idx_run_created"),
+        ]
+
+    def __str__(self) -> str:
+        return self.run_id
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_RUN_STATUSES
+
+
+class FeedbackRating(models.TextChoices):
+    UP = "up"
+    DOWN = "down"
+
+
+class RunFeedback(models.Model):
+    """One user's verdict on one run; a second submission by the same user replaces the first."""
+
+    run = models.ForeignKey(
+        DiagnosisRun,
+        to_field="run_id",
+        db_column="run_id",
+        on_delete=models.CASCADE,
+        related_name="feedback",
+    )
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    rating = models.CharField(max_length=8, choices=FeedbackRating.choices)
+    comment = models.CharField(max_length=2000, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "run_feedback"
+        constraints = [models.UniqueConstraint(fields=["run", "user"], name="uniq_feedback_run_user")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}:{self.rating}"

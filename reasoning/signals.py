@@ -1,0 +1,29 @@
+"""Creates the auditor role after every migrate.
+
+A data migration cannot do this on a fresh database: Django creates permissions in its own post_migrate
+handler, after all migrations ran. Connecting here (sender = this app) runs after that handler, so the
+permission exists; `get_or_create` makes it idempotent.
+"""
+
+from django.apps import apps as global_apps
+from django.db.models.signals import post_migrate
+from django.dispatch import receiver
+
+AUDITOR_GROUP = "Reasoning Auditors"
+REASONING_PERMISSION = "reasoning.view_reasoning_content"
+
+
+@receiver(post_migrate, dispatch_uid="reasoning.create_auditor_group")
+def create_auditor_group(sender, using="default", apps=global_apps, **kwargs) -> None:
+    if getattr(sender, "name", None) != "reasoning":
+        return
+    from django.contrib.auth.management import create_permissions
+
+    # Make sure the permission exists even if auth's handler has not run for this app yet.
+    create_permissions(sender, verbosity=0, using=using, apps=apps)
+    Group = apps.get_model("auth", "Group")
+    Permission = apps.get_model("auth", "Permission")
+    app_label, codename = REASONING_PERMISSION.split(".")
+    permission = Permission.objects.using(using).get(content_type__app_label=app_label, codename=codename)
+    group, _ = Group.objects.using(using).get_or_create(name=AUDITOR_GROUP)
+    group.permissions.add(permission)
