@@ -1,0 +1,132 @@
+"""The hash chain of a run's timeline: how an event is hashed and how a stored chain is verified.
+
+`hash = sha256(prev_hash + canonical JSON of the event)`, where the event is the dict returned by
+`event_payload` (identity, position, type, status, summary, bounded details and creation time). The first
+event of a run chains to `GENESIS_HASH`. Verification needs nothing but the stored rows, so anyone holding
+the database can check that no stored event was changed, removed or reordered.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from audit.payloads import canonical_json, sha256_hex
+
+GENESIS_HASH = "0" * 64
+
+
+class ChainLink(Protocol):
+    run_id: str
+    session_id: str
+    sequence_no: int
+    phase: str
+    event_type: str
+    status: str
+    summary: str
+    details: Any
+    prev_hash: str
+    hash: str
+    created_at: dt.datetime
+
+
+def timestamp(value: dt.datetime) -> str:
+    """The hashed form of a time: UTC, microseconds, as the database stores it."""
+    return value.astimezone(dt.UTC).isoformat(timespec="microseconds")
+
+
+def event_payload(
+    *,
+    run_id: str,
+    session_id: str,
+    sequence_no: int,
+    phase: str,
+    event_type: str,
+    status: str,
+    summary: str,
+    details: Any,
+    created_at: dt.datetime,
+) -> dict[str, Any]:
+    return {
+        "runId": run_id,
+        "sessionId": session_id,
+        "sequenceNo": sequence_no,
+        "phase": phase,
+        "eventType": event_type,
+        "status": status,
+        "summary": summary,
+        "details": details,
+        "createdAt": timestamp(created_at),
+    }
+
+
+def chain_hash(prev_hash: str, payload: dict[str, Any]) -> str:
+    return sha256_hex(prev_hash + canonical_json(payload))
+
+
+def link_hash(event: ChainLink) -> str:
+    """Recompute the hash a stored event should carry, from its own stored fields."""
+    return chain_hash(
+        event.prev_hash,
+        event_payload(
+            run_id=event.run_id,
+            session_id=event.session_id,
+            sequence_no=event.sequence_no,
+            phase=event.phase,
+            event_type=event.event_type,
+            status=event.status,
+            summary=event.summary,
+            details=event.details,
+            created_at=event.created_at,
+        ),
+    )
+
+
+@dataclass(slots=True)
+class ChainVerdict:
+    """Result of verifying one run's stored timeline.
+
+    `valid` is true when sequence numbers run 1..n without a gap or repeat, every event's `prev_hash` is
+    the previous event's `hash` (GENESIS for the first), and every stored hash matches its recomputation.
+    `problems` names each failure in plain words, with sequence numbers but never content.
+    """
+
+    events: int = 0
+    valid: bool = True
+    missing_sequences: list[int] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def fail(self, problem: str) -> None:
+        self.valid = False
+        self.problems.append(problem)
+
+
+def verify_chain(events: Iterable[ChainLink]) -> ChainVerdict:
+    """Verify events given in `sequence_no` order (one run)."""
+    verdict = ChainVerdict()
+    expected_seq = 1
+    prev = GENESIS_HASH
+    for event in events:
+        verdict.events += 1
+        seq = event.sequence_no
+        if seq < expected_seq:
+            verdict.fail(f"sequence {seq} repeated or out of order")
+        elif seq > expected_seq:
+            missing = list(range(expected_seq, seq))
+            verdict.missing_sequences.extend(missing)
+            verdict.fail(f"sequence gap: {_ranges(missing)} missing")
+        if event.prev_hash != prev:
+            verdict.fail(f"sequence {seq}: prev_hash does not match the previous event's hash")
+        if link_hash(event) != event.hash:
+            verdict.fail(f"sequence {seq}: stored hash does not match its content")
+        prev = event.hash
+        expected_seq = max(expected_seq, seq + 1)
+    return verdict
+
+
+def _ranges(numbers: list[int]) -> str:
+    if len(numbers) == 1:
+        return str(numbers[0])
+    return f"{numbers[0]}–{numbers[-1]}"
