@@ -1,0 +1,63 @@
+"""Shared fixtures: users with each role, a session and run, and a recorder for that run.
+
+The suite runs twice in `make test`: on SQLite and on MariaDB (`DATABASE_URL=mysql://…`). Tests marked
+`mariadb` only make sense on a server database and are skipped on SQLite.
+"""
+
+import pytest
+from django.contrib.auth.models import Group
+from django.db import connection
+
+from audit.recorder import RunRecorder
+from diagnosis import services
+
+
+def pytest_collection_modifyitems(config, items):
+    if connection.vendor == "mysql":
+        return
+    skip = pytest.mark.skip(reason="needs MariaDB/MySQL (DATABASE_URL=mysql://…)")
+    for item in items:
+        if "mariadb" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def user(django_user_model):
+    return django_user_model.objects.create_user("owner", password="pw-owner-1")
+
+
+@pytest.fixture
+def other_user(django_user_model):
+    return django_user_model.objects.create_user("other", password="pw-other-1")
+
+
+@pytest.fixture
+def staff_user(django_user_model):
+    return django_user_model.objects.create_user("staff", password="pw-staff-1", is_staff=True)
+
+
+@pytest.fixture
+def auditor(django_user_model):
+    user = django_user_model.objects.create_user("auditor", password="pw-auditor-1", is_staff=True)
+    user.groups.add(Group.objects.get(name="Reasoning Auditors"))
+    return user
+
+
+@pytest.fixture
+def superuser(django_user_model):
+    return django_user_model.objects.create_superuser("root", password="pw-root-1")
+
+
+@pytest.fixture
+def chat_session(user):
+    return services.create_session(owner=user)
+
+
+@pytest.fixture
+def run(chat_session):
+    return services.create_run(session=chat_session, query="Why is MySQL replication lagging?")
+
+
+@pytest.fixture
+def recorder(run):
+    return RunRecorder.for_run(run)

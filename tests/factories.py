@@ -1,0 +1,105 @@
+"""Build realistic runs through the real recorder (no hand-made audit rows), for tests of every layer."""
+
+from __future__ import annotations
+
+import json
+
+from audit.recorder import DeclaredToolCall, RetrievalFacts, RunRecorder, Usage
+from diagnosis import services
+from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
+from reasoning.capture import build_capture
+
+REASONING_MARKER = "REASONING-MARKER-7f3a"
+
+
+def usage(prompt: int, completion: int, reasoning: int | None = None, cached: int | None = None) -> Usage:
+    return Usage(
+        available=True,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        reasoning_tokens=reasoning,
+        cached_tokens=cached,
+    )
+
+
+def record_full_run(
+    run: DiagnosisRun,
+    *,
+    tools: int = 2,
+    extra_steps: int = 0,
+    recorder: RunRecorder | None = None,
+    reasoning_text: str = f"The lag pattern suggests a long transaction. {REASONING_MARKER}",
+) -> RunRecorder:
+    """A complete, published diagnosis run: route, one step with `tools` parallel calls, `extra_steps`
+    more tool-free steps, the answer step, both guards, release and finish."""
+    rec = recorder or RunRecorder.for_run(run)
+    rec.run_started()
+    rec.mark_first_model_request()
+    rec.routing_attempt(
+        attempt=1, model="router-m", usage=usage(120, 20), ok=True, intent="DIAGNOSIS", confidence=0.92
+    )
+    rec.routing_decision(intent="DIAGNOSIS", confidence=0.92, reason="replication symptom", fallback=False)
+    calls = [
+        DeclaredToolCall(
+            tool_call_id=f"call_{i}",
+            name="lookup_knowledge",
+            arguments=json.dumps({"query": f"replication lag {i}"}),
+        )
+        for i in range(tools)
+    ]
+    rec.model_step(
+        step_index=1,
+        agent_name="diagnosis_agent",
+        model="agent-m",
+        usage=usage(800, 60, reasoning=40, cached=128),
+        reasoning=build_capture(reasoning=reasoning_text, text="", tool_calls=[c.plan() for c in calls]),
+        tool_calls=calls,
+        finish_reason="tool_calls",
+        duration_ms=900,
+    )
+    for call in calls:
+        rec.tool_started(
+            tool_call_id=call.tool_call_id, tool_name=call.name, input_params=json.loads(call.arguments)
+        )
+        rec.tool_finished(
+            tool_call_id=call.tool_call_id,
+            status="SUCCEEDED",
+            output=json.dumps({"items": [{"id": "kb:mysql-replication-lag#1", "text": "x" * 900}]}),
+            retrieval=RetrievalFacts(
+                layer="L0+L1", l0_match_count=1, l1_match_count=3, details={"l0": ["t"]}
+            ),
+        )
+    for extra in range(extra_steps):
+        rec.model_step(
+            step_index=2 + extra,
+            agent_name="diagnosis_agent",
+            model="agent-m",
+            usage=usage(900, 30),
+            reasoning=build_capture(reasoning=None, text="thinking aloud"),
+            finish_reason="stop",
+        )
+    answer = "Replication lags because of a long transaction [kb:mysql-replication-lag#1]."
+    rec.model_step(
+        step_index=2 + extra_steps,
+        agent_name="diagnosis_agent",
+        model="agent-m",
+        usage=usage(1500, 90, reasoning=30),
+        reasoning=build_capture(reasoning=reasoning_text, text=answer),
+        finish_reason="stop",
+        duration_ms=1200,
+    )
+    rec.mark_first_output()
+    rec.evidence_guard(retry=False, passed=True, cited=["kb:mysql-replication-lag#1"])
+    rec.semantic_guard(model="guard-m", usage=usage(600, 25), supported=True, reason="all claims cited")
+    rec.release(decision=ReleaseDecision.PUBLISHED, reason="guards passed")
+    rec.finish(status=RunStatus.SUCCESS, content=answer)
+    return rec
+
+
+def make_recorded_run(owner, *, query: str = "Why is replication lagging?", **kwargs) -> DiagnosisRun:
+    session = services.create_session(owner=owner)
+    run = services.create_run(session=session, query=query)
+    record_full_run(run, **kwargs)
+    run.refresh_from_db()
+    return run
