@@ -1,0 +1,11 @@
+# The two commands of the README, and a few helpers.
+.PHONY: run test lint
+
+run:  ## install what is missing, migrate, create demo data and serve on http://127.0.0.1:8000
+	scripts/run.sh
+
+test:  ## lint, then the whole suite on SQLite and on MariaDB
+	scripts/test.sh
+
+lint:
+	.venv/bin/ruff check . && .venv/bin/ruff format --check .

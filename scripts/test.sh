@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The whole test suite: lint, then pytest on embedded SQLite, then pytest on MariaDB.
+# Extra arguments go to pytest (e.g. scripts/test.sh -k recorder).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh dev
+scripts/mariadb.sh
+
+export DEBUG=true
+unset DATABASE_URL REDIS_URL LLM_API_KEY LLM_PROVIDER || true
+
+echo "== ruff"
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+
+echo "== pytest on SQLite"
+.venv/bin/python -m pytest "$@"
+
+echo "== pytest on MariaDB"
+DATABASE_URL="mysql://root@127.0.0.1:3306/diagnosis" .venv/bin/python -m pytest "$@"
