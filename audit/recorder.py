@@ -18,6 +18,9 @@ no recorded step of this run declared (`ToolCallNotDeclared`, fail-closed per se
 tool start or terminal with different facts (`ToolLifecycleConflict`). Repeats with the same facts are
 no-ops.
 
+Every writing method returns the `sequence_no` of its (last) timeline event, or None when the write
+failed or was a no-op; transports use it as the resumption id of live events.
+
 One RunRecorder exists per run, in the process holding the run's lease. It is thread-safe (one lock per
 run; parallel tool calls may record from several threads). `RunRecorder.resume` rebuilds the state from
 the database for another process (the sweeper) that takes over a run whose owner died. All methods are
@@ -256,11 +259,11 @@ class RunRecorder:
     # ----------------------------------------------------------------------------------------------
     # Run lifecycle
     # ----------------------------------------------------------------------------------------------
-    def run_started(self, *, agent_flow: str = "", details: dict[str, Any] | None = None) -> None:
+    def run_started(self, *, agent_flow: str = "", details: dict[str, Any] | None = None) -> int | None:
         """RUN_STARTED; the run becomes RUNNING with its `started_at`."""
         now = timezone.now()
         self._started_at = now
-        self._write(
+        return self._write(
             "run_started",
             [_Event(Phase.RUN, EventType.RUN_STARTED, RunStatus.RUNNING, "run started", details or {})],
             run_fields={"status": RunStatus.RUNNING, "started_at": now},
@@ -281,9 +284,9 @@ class RunRecorder:
                 fields["first_output_latency_ms"] = _ms(self._first_output_at - self._created_at)
             self._update_run("first_output", **fields)
 
-    def run_cancelled(self, *, reason: str) -> None:
+    def run_cancelled(self, *, reason: str) -> int | None:
         """RUN_CANCELLED: the run stops at a safe point; `finish(status=CANCELLED)` follows."""
-        self._write(
+        return self._write(
             "run_cancelled",
             [_Event(Phase.RUN, EventType.RUN_CANCELLED, RunStatus.CANCELLED, clip(reason, 200), {})],
         )
@@ -295,14 +298,14 @@ class RunRecorder:
         content: str = "",
         error_code: str = "",
         error_message: str = "",
-    ) -> None:
+    ) -> int | None:
         """Close dangling tools, write RUN_FINISHED, then the run's terminal row: status, content,
         release decision, error, timing, token ledger (with its reconciliation verdict) and counts."""
         with self._lock:
             self._close_dangling_tools(status)
             now = timezone.now()
             ledger = self._ledger
-            self._write(
+            sequence_no = self._write(
                 "run_finished",
                 [
                     _Event(
@@ -351,6 +354,7 @@ class RunRecorder:
             if not self._update_run("finish", **fields):
                 # The terminal row is the business result: one more try after a failed write.
                 self._update_run("finish_retry", **fields)
+            return sequence_no
 
     # ----------------------------------------------------------------------------------------------
     # Router
@@ -369,7 +373,7 @@ class RunRecorder:
         raw_output: str | None = None,
         duration_ms: int | None = None,
         provider_attempts: Sequence[dict[str, Any]] = (),
-    ) -> None:
+    ) -> int | None:
         """ROUTING_ATTEMPT (parse failures included) and its MODEL_TOKEN_USAGE (source ROUTER)."""
         raw = bound_text(raw_output, 200) if raw_output is not None else None
         details = {
@@ -390,7 +394,7 @@ class RunRecorder:
             if ok
             else f"attempt {attempt}: unusable ({clip(error, 120)})"
         )
-        self._write(
+        return self._write(
             "routing_attempt",
             [
                 _Event(Phase.ROUTING, EventType.ROUTING_ATTEMPT, "OK" if ok else "INVALID", summary, details),
@@ -399,10 +403,12 @@ class RunRecorder:
             usage=usage,
         )
 
-    def routing_decision(self, *, intent: str, confidence: float | None, reason: str, fallback: bool) -> None:
+    def routing_decision(
+        self, *, intent: str, confidence: float | None, reason: str, fallback: bool
+    ) -> int | None:
         """ROUTING_DECISION; the run's `intent` is set in the same transaction."""
         summary = f"{intent}" + (" (fallback: router answer unusable)" if fallback else f" ({confidence})")
-        self._write(
+        return self._write(
             "routing_decision",
             [
                 _Event(
@@ -440,7 +446,7 @@ class RunRecorder:
         model_input: Sequence[dict[str, Any]] = (),
         text_length: int = 0,
         provider_attempts: Sequence[dict[str, Any]] = (),
-    ) -> None:
+    ) -> int | None:
         """One agent model call: step row + reasoning row + AGENT_MODEL_STEP + MODEL_TOKEN_USAGE (AGENT),
         in one transaction. Declares the step's tool calls so that their starts are accepted.
 
@@ -532,7 +538,7 @@ class RunRecorder:
                 reasoning_row.save(force_insert=True)
                 self._step_ids[step_index] = step.pk
 
-            self._write("model_step", events, rows=rows, usage=usage)
+            return self._write("model_step", events, rows=rows, usage=usage)
 
     # ----------------------------------------------------------------------------------------------
     # Tool boundary
@@ -540,7 +546,7 @@ class RunRecorder:
     def is_declared(self, tool_call_id: str) -> bool:
         return tool_call_id in self._declared
 
-    def tool_started(self, *, tool_call_id: str, tool_name: str, input_params: dict[str, Any]) -> None:
+    def tool_started(self, *, tool_call_id: str, tool_name: str, input_params: dict[str, Any]) -> int | None:
         """Commit the RUNNING row and its TOOL_INVOCATION event before the tool executes.
 
         Raises ToolCallNotDeclared when no recorded step of this run declared the id (the refusal is
@@ -601,7 +607,7 @@ class RunRecorder:
                 created_at=now,
                 updated_at=now,
             )
-            self._write(
+            sequence_no = self._write(
                 "tool_started",
                 [
                     _Event(
@@ -621,6 +627,7 @@ class RunRecorder:
             )
             # Starting is the moment the executing process begins timing.
             state.started_monotonic = time.monotonic()
+            return sequence_no
 
     def tool_finished(
         self,
@@ -632,14 +639,14 @@ class RunRecorder:
         error_message: str = "",
         retrieval: RetrievalFacts | None = None,
         summary_note: str = "",
-    ) -> None:
+    ) -> int | None:
         """The tool's one terminal update (SUCCEEDED or FAILED here; INTERRUPTED/ABANDONED come from
         `finish` or `close_tools`). Same facts again: no-op; different facts: ToolLifecycleConflict."""
         with self._lock:
             state = self._tools.get(tool_call_id)
             if state is None:
                 raise ToolLifecycleConflict(f"tool call {tool_call_id} was never started")
-            self._terminate(
+            return self._terminate(
                 tool_call_id, state, status, output, error_code, error_message, retrieval, summary_note
             )
 
@@ -671,7 +678,7 @@ class RunRecorder:
         error_message: str,
         retrieval: RetrievalFacts | None,
         summary_note: str,
-    ) -> None:
+    ) -> int | None:
         bounded = bound_text(output) if output is not None else None
         key = (
             status,
@@ -757,7 +764,7 @@ class RunRecorder:
                     **fields,
                 )
 
-        self._write(
+        return self._write(
             "tool_finished",
             [
                 _Event(
@@ -783,7 +790,7 @@ class RunRecorder:
         cited: Iterable[str] = (),
         unknown: Iterable[str] = (),
         required: bool = True,
-    ) -> None:
+    ) -> int | None:
         """EVIDENCE_GUARD_INITIAL or EVIDENCE_GUARD_RETRY with PASS/FAIL and reasons
         (NO_CITATION, UNKNOWN_CITATION, CANONICAL_UNAVAILABLE)."""
         reasons, cited, unknown = list(reasons), list(cited), list(unknown)
@@ -793,7 +800,7 @@ class RunRecorder:
         )
         if not required:
             summary = f"{verdict}: evidence not required for this intent"
-        self._write(
+        return self._write(
             "evidence_guard",
             [
                 _Event(
@@ -823,7 +830,7 @@ class RunRecorder:
         error: str = "",
         duration_ms: int | None = None,
         provider_attempts: Sequence[dict[str, Any]] = (),
-    ) -> None:
+    ) -> int | None:
         """SEMANTIC_GUARD_DECISION and its MODEL_TOKEN_USAGE (source GUARD). `supported=None` means the
         guard model's answer was unusable (`error` says why), which the release treats as not supported."""
         claims = [clip(c, 300) for c in unsupported_claims]
@@ -833,7 +840,7 @@ class RunRecorder:
             + (f": {len(claims)} unsupported claim(s)" if claims else "")
             + (f" ({clip(error, 120)})" if error else "")
         )
-        self._write(
+        return self._write(
             "semantic_guard",
             [
                 _Event(
@@ -856,12 +863,12 @@ class RunRecorder:
             usage=usage,
         )
 
-    def release(self, *, decision: str, reason: str, details: dict[str, Any] | None = None) -> None:
+    def release(self, *, decision: str, reason: str, details: dict[str, Any] | None = None) -> int | None:
         """RELEASE_DECISION: PUBLISHED or BLOCKED, and why."""
         if decision not in ReleaseDecision.values:
             raise ValueError(f"unknown release decision {decision!r}")
         self.release_decision = decision
-        self._write(
+        return self._write(
             "release",
             [
                 _Event(
@@ -905,8 +912,11 @@ class RunRecorder:
         rows=None,
         run_fields: dict[str, Any] | None = None,
         usage: Usage | None = None,
-    ) -> bool:
+    ) -> int | None:
         """Write `rows()` (if any), the events and the run fields in one transaction; fail-open.
+
+        Returns the `sequence_no` of the last event written (transports use it as the resumption id of
+        live events), or None when the write failed.
 
         The usage, when given, enters the ledger whether or not the write commits (the call happened);
         it counts as *persisted* only when its MODEL_TOKEN_USAGE event committed.
@@ -928,15 +938,15 @@ class RunRecorder:
                         self._reload_head()
                         continue
                     self._failed(what, exc)
-                    return False
+                    return None
                 except DatabaseError as exc:
                     self._failed(what, exc)
-                    return False
+                    return None
                 if usage is not None and source is not None:
                     self._ledger.persisted_calls += 1
                     self._ledger.persisted_total += (usage.total_tokens or 0) if usage.available else 0
-                return True
-            return False
+                return self._next_sequence - 1
+            return None
 
     def _commit(self, events: Sequence[_Event], rows, run_fields: dict[str, Any] | None) -> None:
         seq = self._next_sequence

@@ -98,6 +98,18 @@ def test_sequences_gapless_and_unique_across_concurrent_runs_and_threads(user):
 
 
 @pytest.mark.django_db
+def test_writers_return_the_sequence_number_of_their_event(recorder, run):
+    assert recorder.run_started() == 1
+    _declare(recorder, "c1")  # step + usage events: 2, 3
+    assert recorder.tool_started(tool_call_id="c1", tool_name="lookup_knowledge", input_params={}) == 4
+    assert recorder.tool_started(tool_call_id="c1", tool_name="lookup_knowledge", input_params={}) is None
+    assert recorder.tool_finished(tool_call_id="c1", status=ToolStatus.SUCCEEDED, output="x") == 5
+    with connection.execute_wrapper(_FailInserts("diagnosis_trace_event", times=1)):
+        assert recorder.release(decision="PUBLISHED", reason="ok") is None
+    assert recorder.finish(status=RunStatus.SUCCESS, content="x") == 6
+
+
+@pytest.mark.django_db
 def test_resume_continues_the_chain(run):
     rec = RunRecorder.for_run(run)
     rec.run_started()
