@@ -5,6 +5,8 @@ Development defaults (DEBUG on, embedded SQLite, demo model, in-memory channel l
 let a fresh clone run with no configuration; production hardening switches on whenever DEBUG is off.
 """
 
+import os
+
 from config.env import BASE_DIR, env
 
 # ---------------------------------------------------------------------------------------------------
@@ -102,7 +104,12 @@ if _db["ENGINE"] == "django.db.backends.mysql":
             "isolation_level": "read committed",
         }
     )
-    _db["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"}
+    # One test database per test process, so parallel suites on one server never clobber each other.
+    _db["TEST"] = {
+        "NAME": f"test_{_db['NAME']}_{os.getpid()}",
+        "CHARSET": "utf8mb4",
+        "COLLATION": "utf8mb4_unicode_ci",
+    }
 elif _db["ENGINE"] == "django.db.backends.sqlite3":
     # WAL lets readers proceed beside the one writer; IMMEDIATE takes the write lock at BEGIN so that
     # concurrent writers queue on `timeout` instead of failing with "database is locked" on upgrade.
@@ -114,7 +121,7 @@ elif _db["ENGINE"] == "django.db.backends.sqlite3":
         }
     )
     # A file, not shared-cache memory: the recorder's concurrency tests write from many threads.
-    _db["TEST"] = {"NAME": str(BASE_DIR / ".test-db.sqlite3")}
+    _db["TEST"] = {"NAME": str(BASE_DIR / f".test-db-{os.getpid()}.sqlite3")}
 _db.setdefault("CONN_MAX_AGE", env.int("DB_CONN_MAX_AGE", default=0))
 _db["CONN_HEALTH_CHECKS"] = True
 

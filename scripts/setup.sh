@@ -24,6 +24,9 @@ apt_install() {
 
 # mysqlclient builds against the MariaDB client library.
 apt_install pkg-config libmariadb-dev gcc
+# Browser tests drive Debian's Chromium through Playwright (never a downloaded browser); CJK fonts so
+# screenshots of Chinese runbooks are legible.
+[ "$want_dev" = "dev" ] && apt_install chromium fonts-noto-cjk
 
 PY=""
 for candidate in python3.11 python3; do

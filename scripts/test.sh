@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh dev
 scripts/mariadb.sh
+scripts/redis.sh
 
 export DEBUG=true
 unset DATABASE_URL REDIS_URL LLM_API_KEY LLM_PROVIDER || true
