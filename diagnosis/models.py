@@ -7,6 +7,7 @@ describes and a failing audit write can never be blocked by, or block, the run r
 """
 
 from django.conf import settings
+from django.core.validators import RegexValidator
 from django.db import models
 
 
@@ -157,3 +158,80 @@ class RunFeedback(models.Model):
 
     def __str__(self) -> str:
         return f"{self.run_id}:{self.rating}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Knowledge: operations runbooks the agent's `lookup_knowledge` tool retrieves evidence from
+# ---------------------------------------------------------------------------------------------------
+KNOWLEDGE_SLUG_PATTERN = r"[a-z0-9]+(?:[-_][a-z0-9]+)*"
+
+
+class KnowledgeLanguage(models.TextChoices):
+    ENGLISH = "en", "English"
+    CHINESE = "zh", "Chinese"
+
+
+class KnowledgeDocument(models.Model):
+    """One runbook: front matter (title, tags, summary) and a markdown body, cut into `KnowledgeChunk`s.
+
+    Written only through `diagnosis.knowledge.upsert_document`, which re-chunks whenever the body changes
+    and keeps `content_sha256` (over title, tags, summary, language and body) so that reloading an
+    unchanged file is a no-op. `slug` is the stable public name: evidence ids are `kb:<slug>#<n>`.
+    """
+
+    slug = models.CharField(
+        max_length=100,
+        unique=True,
+        validators=[
+            RegexValidator(
+                rf"^{KNOWLEDGE_SLUG_PATTERN}\Z",
+                "Lowercase letters and digits, separated by single hyphens or underscores.",
+            )
+        ],
+    )
+    title = models.CharField(max_length=200)
+    tags = models.JSONField(default=list, blank=True)
+    summary = models.TextField(blank=True, default="")
+    body = models.TextField()
+    language = models.CharField(
+        max_length=8, choices=KnowledgeLanguage.choices, default=KnowledgeLanguage.ENGLISH
+    )
+    source_path = models.CharField(max_length=500, blank=True, default="")
+    content_sha256 = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "knowledge_document"
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class KnowledgeChunk(models.Model):
+    """A retrievable piece of a document under one section heading; `ordinal` counts from 1 per document.
+
+    Chunks are derived data: `upsert_document` replaces all of a document's chunks when its body changes.
+    """
+
+    document = models.ForeignKey(KnowledgeDocument, on_delete=models.CASCADE, related_name="chunks")
+    ordinal = models.PositiveIntegerField()
+    heading = models.CharField(max_length=200, blank=True, default="")
+    text = models.TextField()
+
+    class Meta:
+        db_table = "knowledge_chunk"
+        ordering = ["document", "ordinal"]
+        constraints = [
+            models.UniqueConstraint(fields=["document", "ordinal"], name="uniq_chunk_document_ordinal"),
+            models.CheckConstraint(condition=models.Q(ordinal__gte=1), name="chk_chunk_ordinal_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.document_id}#{self.ordinal}"
+
+    @property
+    def evidence_id(self) -> str:
+        """`kb:<slug>#<n>`; reads `document` (select it with the chunk to avoid a query per chunk)."""
+        return f"kb:{self.document.slug}#{self.ordinal}"

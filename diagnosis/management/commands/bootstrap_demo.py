@@ -1,13 +1,18 @@
-"""Demo accounts for a development machine: `admin`, `staff` and `auditor`, passwords printed once."""
+"""Demo accounts for a development machine: `admin`, `staff` and `auditor`, passwords printed once;
+then the runbook corpus (`diagnosis/runbooks`) is loaded into the knowledge base (idempotent)."""
 
 import secrets
+from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
+from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from reasoning.signals import AUDITOR_GROUP
+
+RUNBOOKS_DIR = Path(__file__).resolve().parents[2] / "runbooks"
 
 DEMO_ACCOUNTS = (
     # username, is_staff, is_superuser, auditor
@@ -42,3 +47,4 @@ class Command(BaseCommand):
                 self.stdout.write(f"  {username:8} {password}")
         else:
             self.stdout.write("Demo accounts exist already (admin, staff, auditor).")
+        call_command("load_knowledge", str(RUNBOOKS_DIR), stdout=self.stdout)
