@@ -1,5 +1,5 @@
-"""Writes of the identity layer: sessions and runs. Keyword-only arguments; no audit records here
-(those go through `audit.recorder`)."""
+"""Writes of the identity layer: sessions, runs and feedback. Keyword-only arguments; no audit records
+here (those go through `audit.recorder`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ import secrets
 import time
 
 from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import ValidationError
+from django.utils import timezone
 
-from diagnosis.models import ChatSession, DiagnosisRun
+from diagnosis.models import ChatSession, DiagnosisRun, FeedbackRating, RunFeedback
 
 TITLE_CHARS = 200
 
@@ -32,3 +34,22 @@ def create_run(*, session: ChatSession, query: str, agent_flow: str = "DIAGNOSIS
     return DiagnosisRun.objects.create(
         run_id=new_id("run"), session=session, query=query, agent_flow=agent_flow
     )
+
+
+FEEDBACK_COMMENT_CHARS = 2000
+
+
+def submit_feedback(
+    *, run: DiagnosisRun, user: AbstractBaseUser, rating: str, comment: str = ""
+) -> RunFeedback:
+    """Record `user`'s verdict on `run`: one feedback per user and run, a second submission replaces the
+    first (rating, comment and `created_at` become the new verdict's). Safe under concurrent submissions
+    (the unique constraint decides; `update_or_create` retries as an update)."""
+    if rating not in FeedbackRating.values:
+        raise ValidationError({"rating": f"must be one of {', '.join(FeedbackRating.values)}"})
+    if len(comment) > FEEDBACK_COMMENT_CHARS:
+        raise ValidationError({"comment": f"at most {FEEDBACK_COMMENT_CHARS} characters"})
+    feedback, _ = RunFeedback.objects.update_or_create(
+        run=run, user=user, defaults={"rating": rating, "comment": comment, "created_at": timezone.now()}
+    )
+    return feedback

@@ -24,6 +24,10 @@ class AgentReasoningAuditAdmin(ReadOnlyAdmin):
     exclude = ("reasoning_content", "assistant_text")
     ordering = ("-created_at",)
 
+    def get_queryset(self, request):
+        # The text columns are not even read (nor decrypted) for these views.
+        return super().get_queryset(request).defer("reasoning_content", "assistant_text")
+
 
 @admin.register(ReasoningAccessLog)
 class ReasoningAccessLogAdmin(ReadOnlyAdmin):
@@ -40,6 +44,7 @@ class ReasoningAccessLogAdmin(ReadOnlyAdmin):
     )
     list_filter = ("channel",)
     search_fields = ("=run_id", "=session_id", "username")
+    date_hierarchy = "accessed_at"
     ordering = ("-accessed_at",)
 
     def has_module_permission(self, request) -> bool:

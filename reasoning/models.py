@@ -10,6 +10,8 @@ permission `reasoning.view_reasoning_content`; every read is written to `Reasoni
 from django.conf import settings
 from django.db import models
 
+from reasoning.fields import EncryptedTextField
+
 
 class ContentSource(models.TextChoices):
     REASONING_AND_ASSISTANT = "PROVIDER_REASONING+ASSISTANT_TEXT"
@@ -25,7 +27,8 @@ class AgentReasoningAudit(models.Model):
     `reasoning_available` is true only when the provider actually returned non-empty reasoning; otherwise
     `reasoning_content` is NULL and nothing is synthesised in its place. Each text is cut at 32000
     characters; `content_bytes` is the UTF-8 byte count of both after the cut. Tool *results* never enter
-    this table.
+    this table. Both texts are encrypted at rest (`reasoning.fields.EncryptedTextField`); purging sets them
+    to NULL and `purged_at` to the time, keeping `reasoning_available` and the byte count as they were.
     """
 
     id = models.BigAutoField(primary_key=True)
@@ -34,8 +37,8 @@ class AgentReasoningAudit(models.Model):
     step_index = models.IntegerField()
     agent_name = models.CharField(max_length=64)
     reasoning_available = models.BooleanField()
-    reasoning_content = models.TextField(null=True, blank=True)
-    assistant_text = models.TextField(null=True, blank=True)
+    reasoning_content = EncryptedTextField(null=True, blank=True)
+    assistant_text = EncryptedTextField(null=True, blank=True)
     content_source = models.CharField(max_length=64, null=True, blank=True)
     content_bytes = models.IntegerField()
     created_at = models.DateTimeField()

@@ -1,0 +1,234 @@
+"""The trace read model: one run's record aggregated at read time, and a session's newest audit records.
+
+`get_trace` turns a run into a `Trace`: the run row (with the viewer's feedback), its ordered timeline,
+its model steps and its tool invocations, and a `TraceSummary` that compares what is stored with what the
+recorder expected to write, so that an incomplete audit is visible and never silent (seed 001, sections
+6–8). It costs three queries whatever the run's size (events, steps, tools; plus one for the feedback
+only when the caller did not annotate it on the run). No reasoning or assistant text is read: it lives
+in `reasoning.AgentReasoningAudit`, which this module never touches.
+
+The API (`audit.apis.TraceApi`) and the admin's "export as JSON" both call `get_trace` and render it with
+`audit.serializers.TraceSerializer`, so both produce the same shape.
+
+Summary semantics (documented in docs/api.md):
+
+* `persisted`: rows stored under the run's id; `expected`: the run's `expected_*` columns (what the
+  recorder attempted); `returned`: rows in this response — the persisted rows whose `session_id` is the
+  run's session (a row stored under the run's id but another session is excluded and named in `gaps`).
+* `chainValid`: `audit.integrity.verify_chain` over every persisted event (1..n without gap or repeat,
+  each `prev_hash` the previous `hash`, each hash recomputed from its own fields).
+* `auditComplete` is true exactly when the run is terminal (SUCCESS, FAILED, CANCELLED), persisted equals
+  expected for events, steps and tools, returned equals persisted, `auditWriteFailures` is 0, the chain
+  is valid and no tool of the finished run is still RUNNING.
+* `gaps` names, in words and without content, every reason `auditComplete` is false, and also what the
+  provider did not supply (model calls without token usage, an unreconciled token ledger). Those provider
+  notes alone do not make the audit incomplete: the audit recorded faithfully that usage was missing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+
+from django.contrib.auth.models import AbstractBaseUser
+
+from audit.integrity import verify_chain
+from audit.models import AgentStep, ToolInvocation, ToolStatus, TraceEvent
+from diagnosis.models import DiagnosisRun
+from diagnosis.selectors import FeedbackView, RunResolution, get_feedback, viewer_feedback
+
+SESSION_AUDITS_LIMIT = 500
+
+# agent_step columns the trace never shows (bounded metadata, but not part of the contract)
+_STEP_DEFERRED = ("model_input", "model_output", "attempts", "tool_call_ids")
+
+
+@dataclass(frozen=True, slots=True)
+class Counts:
+    events: int
+    steps: int
+    tools: int
+
+
+@dataclass(frozen=True, slots=True)
+class TraceSummary:
+    persisted: Counts
+    expected: Counts
+    returned: Counts
+    audit_complete: bool
+    audit_write_failures: int
+    chain_valid: bool
+    gaps: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    session_id: str
+    run_resolution: str
+    run: DiagnosisRun
+    feedback: FeedbackView | None
+    timeline: list[TraceEvent]
+    steps: list[AgentStep]
+    tools: list[ToolInvocation]
+    summary: TraceSummary
+
+
+def get_trace(
+    *,
+    run: DiagnosisRun,
+    run_resolution: str = RunResolution.EXACT,
+    viewer: AbstractBaseUser | None = None,
+) -> Trace:
+    """The trace of `run`. The viewer's feedback comes from the run's annotations
+    (`diagnosis.selectors.get_visible_run(with_feedback=True)`), else from one query when `viewer` is
+    given, else it is None."""
+    events = list(TraceEvent.objects.filter(run_id=run.run_id).order_by("sequence_no"))
+    steps = list(
+        AgentStep.objects.filter(run_id=run.run_id).defer(*_STEP_DEFERRED).order_by("step_index", "id")
+    )
+    tools = list(ToolInvocation.objects.filter(run_id=run.run_id).order_by("started_at", "id"))
+
+    if hasattr(run, "viewer_feedback_rating"):
+        feedback = viewer_feedback(run)
+    elif viewer is not None:
+        feedback = get_feedback(run_id=run.run_id, user=viewer)
+    else:
+        feedback = None
+
+    session_id = run.session_id
+    returned_events = [e for e in events if e.session_id == session_id]
+    returned_steps = [s for s in steps if s.session_id == session_id]
+    returned_tools = [t for t in tools if t.session_id == session_id]
+    summary = summarize(
+        run=run,
+        events=events,
+        persisted=Counts(len(events), len(steps), len(tools)),
+        returned=Counts(len(returned_events), len(returned_steps), len(returned_tools)),
+        tools=tools,
+    )
+    return Trace(
+        session_id=session_id,
+        run_resolution=run_resolution,
+        run=run,
+        feedback=feedback,
+        timeline=returned_events,
+        steps=returned_steps,
+        tools=returned_tools,
+        summary=summary,
+    )
+
+
+_LABELS = {"events": "timeline event", "steps": "model step", "tools": "tool invocation"}
+
+
+def _n(count: int, label: str) -> str:
+    return f"{count} {label}{'' if count == 1 else 's'}"
+
+
+def summarize(
+    *,
+    run: DiagnosisRun,
+    events: list[TraceEvent],
+    persisted: Counts,
+    returned: Counts,
+    tools: list[ToolInvocation],
+) -> TraceSummary:
+    """Compare stored, expected and returned records of `run`; see the module docstring."""
+    expected = Counts(run.expected_events, run.expected_steps, run.expected_tools)
+    terminal = run.is_terminal
+    gaps: list[str] = []
+    complete = True
+
+    if not terminal:
+        complete = False
+        gaps.append(f"run still {run.status}")
+
+    for kind, label in _LABELS.items():
+        stored, wanted, shown = getattr(persisted, kind), getattr(expected, kind), getattr(returned, kind)
+        if stored < wanted:
+            complete = False
+            gaps.append(f"{_n(wanted - stored, label)} expected but not stored")
+        elif stored > wanted and terminal:
+            # A finished run's counts are final; more rows than attempted means the counts were not saved.
+            complete = False
+            gaps.append(f"{_n(stored - wanted, label)} stored beyond the {wanted} expected")
+        if shown < stored:
+            complete = False
+            gaps.append(f"{_n(stored - shown, label)} stored under this run but another session")
+
+    if run.audit_write_failures:
+        complete = False
+        gaps.append(f"{_n(run.audit_write_failures, 'audit write failure')} recorded")
+
+    verdict = verify_chain(events)
+    if not verdict.valid:
+        complete = False
+        gaps.extend(f"hash chain: {problem}" for problem in verdict.problems)
+
+    if terminal:
+        for tool in tools:
+            if tool.status == ToolStatus.RUNNING:
+                complete = False
+                gaps.append(f"tool call {tool.tool_call_id} still RUNNING after the run ended")
+
+    # Provider-side facts: named, but they do not make the audit itself incomplete.
+    if run.usage_unavailable_calls:
+        gaps.append(f"{_n(run.usage_unavailable_calls, 'model call')} reported no token usage")
+    elif terminal and run.model_calls and not run.tokens_reconciled:
+        gaps.append("token ledger not reconciled: per-call usage records do not add up to the run totals")
+
+    return TraceSummary(
+        persisted=persisted,
+        expected=expected,
+        returned=returned,
+        audit_complete=complete,
+        audit_write_failures=run.audit_write_failures,
+        chain_valid=verdict.valid,
+        gaps=gaps,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Session audits
+# --------------------------------------------------------------------------------------------------
+class AuditKind:
+    MODEL_STEP = "MODEL_STEP"
+    TOOL = "TOOL"
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRecord:
+    """One model-step or tool record of a session; exactly one of `step` and `tool` is set."""
+
+    kind: str
+    run_id: str
+    created_at: dt.datetime
+    step: AgentStep | None = None
+    tool: ToolInvocation | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionAudits:
+    audits: list[AuditRecord]
+    truncated: bool
+
+
+def get_session_audits(*, session_id: str, limit: int = SESSION_AUDITS_LIMIT) -> SessionAudits:
+    """The newest `limit` model-step and tool records across the session's runs, oldest first; two
+    queries. `truncated` is true when the session holds more than `limit` such records."""
+    steps = list(
+        AgentStep.objects.filter(session_id=session_id)
+        .defer(*_STEP_DEFERRED)
+        .order_by("-created_at", "-id")[: limit + 1]
+    )
+    tools = list(
+        ToolInvocation.objects.filter(session_id=session_id).order_by("-created_at", "-id")[: limit + 1]
+    )
+    records = [AuditRecord(AuditKind.MODEL_STEP, s.run_id, s.created_at, step=s) for s in steps] + [
+        AuditRecord(AuditKind.TOOL, t.run_id, t.created_at, tool=t) for t in tools
+    ]
+    records.sort(key=lambda r: (r.created_at, r.kind == AuditKind.TOOL), reverse=True)
+    truncated = len(records) > limit
+    newest = records[:limit]
+    newest.reverse()
+    return SessionAudits(audits=newest, truncated=truncated)

@@ -1,0 +1,219 @@
+"""Output shapes of the trace read model (API contract, *Trace*), shared by the API and the admin export.
+
+`TraceSerializer(get_trace(...)).data` is the exact body of `GET /api/diagnosis/{sessionId}/trace`.
+Keys are camelCase; the serializers are thin (no queries, no logic beyond renaming). No field here can
+carry reasoning or assistant text: steps expose only availability, byte counts and content source.
+"""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from audit.models import EventType, Phase, ToolStatus
+from diagnosis.models import Intent, ReleaseDecision, RunStatus
+from diagnosis.selectors import RunResolution
+from reasoning.models import ContentSource
+
+
+class RunErrorSerializer(serializers.Serializer):
+    code = serializers.CharField(source="error_code")
+    message = serializers.CharField(source="error_message")
+
+    class Meta:
+        ref_name = "RunError"
+
+
+class RunTimingSerializer(serializers.Serializer):
+    createdAt = serializers.DateTimeField(source="created_at")
+    startedAt = serializers.DateTimeField(source="started_at", allow_null=True)
+    firstModelRequestAt = serializers.DateTimeField(source="first_model_request_at", allow_null=True)
+    firstOutputAt = serializers.DateTimeField(source="first_output_at", allow_null=True)
+    finishedAt = serializers.DateTimeField(source="finished_at", allow_null=True)
+    totalDurationMs = serializers.IntegerField(source="total_duration_ms", allow_null=True)
+    firstOutputLatencyMs = serializers.IntegerField(source="first_output_latency_ms", allow_null=True)
+
+    class Meta:
+        ref_name = "RunTiming"
+
+
+class RunTokensSerializer(serializers.Serializer):
+    router = serializers.IntegerField(source="tokens_router")
+    agent = serializers.IntegerField(source="tokens_agent")
+    guard = serializers.IntegerField(source="tokens_guard")
+    total = serializers.IntegerField(source="tokens_total")
+    reasoning = serializers.IntegerField(source="tokens_reasoning")
+    cachedInput = serializers.IntegerField(source="tokens_cached_input")
+    usageAvailable = serializers.SerializerMethodField(
+        help_text="True when no model call of the run lacked usage (`unavailableCalls == 0`)."
+    )
+    reconciled = serializers.BooleanField(source="tokens_reconciled")
+    unavailableCalls = serializers.IntegerField(source="usage_unavailable_calls")
+
+    class Meta:
+        ref_name = "RunTokens"
+
+    def get_usageAvailable(self, run) -> bool:
+        return run.usage_unavailable_calls == 0
+
+
+class FeedbackSerializer(serializers.Serializer):
+    rating = serializers.ChoiceField(choices=["up", "down"])
+    comment = serializers.CharField()
+    createdAt = serializers.DateTimeField(source="created_at")
+
+    class Meta:
+        ref_name = "Feedback"
+
+
+class TraceRunSerializer(serializers.Serializer):
+    runId = serializers.CharField(source="run_id")
+    sessionId = serializers.CharField(source="session_id")
+    query = serializers.CharField()
+    status = serializers.ChoiceField(choices=RunStatus.values)
+    agentFlow = serializers.CharField(source="agent_flow")
+    intent = serializers.ChoiceField(choices=Intent.values, allow_null=True)
+    releaseDecision = serializers.ChoiceField(
+        source="release_decision", choices=ReleaseDecision.values, allow_null=True
+    )
+    content = serializers.CharField()
+    error = serializers.SerializerMethodField()
+    timing = RunTimingSerializer(source="*")
+    tokens = RunTokensSerializer(source="*")
+    stepCount = serializers.SerializerMethodField()
+    toolCallCount = serializers.SerializerMethodField()
+    feedback = serializers.SerializerMethodField()
+
+    class Meta:
+        ref_name = "TraceRun"
+
+    @extend_schema_field(RunErrorSerializer(allow_null=True))
+    def get_error(self, run):
+        return RunErrorSerializer(run).data if run.error_code else None
+
+    def get_stepCount(self, run) -> int:
+        return self.context["trace"].summary.returned.steps
+
+    def get_toolCallCount(self, run) -> int:
+        return self.context["trace"].summary.returned.tools
+
+    @extend_schema_field(FeedbackSerializer(allow_null=True))
+    def get_feedback(self, run):
+        feedback = self.context["trace"].feedback
+        return FeedbackSerializer(feedback).data if feedback is not None else None
+
+
+class TimelineEventSerializer(serializers.Serializer):
+    sequenceNo = serializers.IntegerField(source="sequence_no")
+    phase = serializers.ChoiceField(choices=Phase.values)
+    eventType = serializers.ChoiceField(source="event_type", choices=EventType.values)
+    status = serializers.CharField()
+    summary = serializers.CharField()
+    details = serializers.JSONField(help_text="Bounded event facts (strings ≤ 500 characters).")
+    createdAt = serializers.DateTimeField(source="created_at")
+    hash = serializers.CharField(help_text="sha256(prev hash + canonical JSON of the event).")
+
+    class Meta:
+        ref_name = "TimelineEvent"
+
+
+class StepSerializer(serializers.Serializer):
+    stepIndex = serializers.IntegerField(source="step_index")
+    agentName = serializers.CharField(source="agent_name")
+    model = serializers.CharField()
+    hasToolCall = serializers.BooleanField(source="has_tool_call")
+    finishReason = serializers.CharField(source="finish_reason")
+    durationMs = serializers.IntegerField(source="duration_ms", allow_null=True)
+    promptTokens = serializers.IntegerField(source="prompt_tokens", allow_null=True)
+    completionTokens = serializers.IntegerField(source="completion_tokens", allow_null=True)
+    reasoningTokens = serializers.IntegerField(source="reasoning_tokens", allow_null=True)
+    cachedTokens = serializers.IntegerField(source="cached_tokens", allow_null=True)
+    totalTokens = serializers.IntegerField(source="total_tokens", allow_null=True)
+    usageAvailable = serializers.BooleanField(source="usage_available")
+    reasoningAvailable = serializers.BooleanField(source="reasoning_available")
+    reasoningBytes = serializers.IntegerField(source="reasoning_bytes")
+    assistantBytes = serializers.IntegerField(source="assistant_bytes")
+    contentSource = serializers.ChoiceField(source="content_source", choices=ContentSource.values)
+
+    class Meta:
+        ref_name = "TraceStep"
+
+
+class ToolSerializer(serializers.Serializer):
+    toolCallId = serializers.CharField(source="tool_call_id")
+    stepIndex = serializers.IntegerField(source="step_index", allow_null=True)
+    toolName = serializers.CharField(source="tool_name")
+    status = serializers.ChoiceField(choices=ToolStatus.values)
+    inputParams = serializers.JSONField(source="input_params")
+    outputPreview = serializers.CharField(source="output_preview")
+    outputLength = serializers.IntegerField(source="output_length", allow_null=True)
+    outputSha256 = serializers.CharField(source="output_sha256")
+    isTruncated = serializers.BooleanField(source="is_truncated")
+    retrievalLayer = serializers.CharField(source="retrieval_layer")
+    l0MatchCount = serializers.IntegerField(source="l0_match_count", allow_null=True)
+    l1MatchCount = serializers.IntegerField(source="l1_match_count", allow_null=True)
+    retrievalDetails = serializers.JSONField(source="retrieval_details")
+    startedAt = serializers.DateTimeField(source="started_at", allow_null=True)
+    finishedAt = serializers.DateTimeField(source="finished_at", allow_null=True)
+    durationMs = serializers.IntegerField(source="duration_ms", allow_null=True)
+    errorCode = serializers.CharField(source="error_code")
+    errorMessage = serializers.CharField(source="error_message")
+
+    class Meta:
+        ref_name = "TraceTool"
+
+
+class CountsSerializer(serializers.Serializer):
+    events = serializers.IntegerField()
+    steps = serializers.IntegerField()
+    tools = serializers.IntegerField()
+
+    class Meta:
+        ref_name = "TraceCounts"
+
+
+class TraceSummarySerializer(serializers.Serializer):
+    persisted = CountsSerializer(help_text="Rows stored under the run's id.")
+    expected = CountsSerializer(
+        help_text="Rows the recorder attempted to write (the run's expected_* counts)."
+    )
+    returned = CountsSerializer(help_text="Rows in this response.")
+    auditComplete = serializers.BooleanField(
+        source="audit_complete",
+        help_text="Run terminal, persisted == expected == returned for all three, no write failure, chain "
+        "valid, no tool still RUNNING.",
+    )
+    auditWriteFailures = serializers.IntegerField(source="audit_write_failures")
+    chainValid = serializers.BooleanField(source="chain_valid")
+    gaps = serializers.ListField(
+        child=serializers.CharField(), help_text="What is missing, in words (never content)."
+    )
+
+    class Meta:
+        ref_name = "TraceSummary"
+
+
+class TraceSerializer(serializers.Serializer):
+    """A `audit.selectors.Trace` in the contract's shape."""
+
+    sessionId = serializers.CharField(source="session_id")
+    runResolution = serializers.ChoiceField(
+        source="run_resolution", choices=[RunResolution.EXACT, RunResolution.LATEST]
+    )
+    run = serializers.SerializerMethodField()
+    timeline = TimelineEventSerializer(many=True)
+    steps = StepSerializer(many=True)
+    tools = ToolSerializer(many=True)
+    summary = TraceSummarySerializer()
+
+    class Meta:
+        ref_name = "Trace"
+
+    @extend_schema_field(TraceRunSerializer)
+    def get_run(self, trace):
+        return TraceRunSerializer(trace.run, context={**self.context, "trace": trace}).data
+
+
+def serialize_trace(trace) -> dict:
+    """The API's JSON-ready trace body (for callers outside a DRF view, e.g. the admin export)."""
+    return TraceSerializer(trace).data

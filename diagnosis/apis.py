@@ -1,0 +1,179 @@
+"""Session, run-list and feedback endpoints (API contract, *Trace*).
+
+`GET /api/diagnosis/sessions/`, `GET /api/diagnosis/{sessionId}/runs/` and
+`POST /api/diagnosis/{sessionId}/runs/{runId}/feedback`. Thin views over `diagnosis.selectors` (reads)
+and `diagnosis.services` (writes). The chat stream and cancel endpoints (issue 5) live beside these.
+"""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers, status
+from rest_framework.exceptions import NotFound
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from config.api import error_responses, paginated_response, paginated_serializer
+from diagnosis import selectors, services
+from diagnosis.models import FeedbackRating, Intent, ReleaseDecision, RunStatus
+
+NOT_FOUND_SESSION = "No such session."
+NOT_FOUND_RUN = "No such session or run."
+
+
+class SessionSerializer(serializers.Serializer):
+    sessionId = serializers.CharField(source="session_id")
+    title = serializers.CharField()
+    owner = serializers.CharField(source="owner.get_username", help_text="The owner's username.")
+    createdAt = serializers.DateTimeField(source="created_at")
+    updatedAt = serializers.DateTimeField(source="updated_at")
+    runCount = serializers.IntegerField(source="run_count")
+    lastRunAt = serializers.DateTimeField(source="last_run_at", allow_null=True)
+
+    class Meta:
+        ref_name = "Session"
+
+
+class RunSummarySerializer(serializers.Serializer):
+    runId = serializers.CharField(source="run_id")
+    sessionId = serializers.CharField(source="session_id")
+    query = serializers.CharField()
+    status = serializers.ChoiceField(choices=RunStatus.values)
+    agentFlow = serializers.CharField(source="agent_flow")
+    intent = serializers.ChoiceField(choices=Intent.values, allow_null=True)
+    releaseDecision = serializers.ChoiceField(
+        source="release_decision", choices=ReleaseDecision.values, allow_null=True
+    )
+    createdAt = serializers.DateTimeField(source="created_at")
+    startedAt = serializers.DateTimeField(source="started_at", allow_null=True)
+    finishedAt = serializers.DateTimeField(source="finished_at", allow_null=True)
+    totalDurationMs = serializers.IntegerField(source="total_duration_ms", allow_null=True)
+    tokensTotal = serializers.IntegerField(source="tokens_total")
+    auditWriteFailures = serializers.IntegerField(source="audit_write_failures")
+
+    class Meta:
+        ref_name = "RunSummary"
+
+
+class SessionListApi(APIView):
+    """The sessions the user may see (own sessions; staff: all), newest first, paginated (`?page=`,
+    optional `?pageSize=` ≤ 100). 401 anonymous; 404 for a page beyond the last."""
+
+    @extend_schema(
+        operation_id="sessions_list",
+        summary="Sessions visible to the user",
+        parameters=[
+            OpenApiParameter("page", int, OpenApiParameter.QUERY, required=False),
+            OpenApiParameter("pageSize", int, OpenApiParameter.QUERY, required=False),
+        ],
+        responses={200: paginated_serializer(SessionSerializer, "Session"), **error_responses(401, 404)},
+        tags=["trace"],
+    )
+    def get(self, request):
+        return paginated_response(
+            serializer_class=SessionSerializer,
+            queryset=selectors.session_list(user=request.user),
+            request=request,
+            view=self,
+        )
+
+
+class RunListApi(APIView):
+    """A session's runs, newest first, paginated, filterable by `status`, `releaseDecision`, `intent`,
+    `createdAfter` (inclusive) and `createdBefore` (exclusive), ISO 8601 times. 401 anonymous; 400 an
+    invalid filter value; 404 the session is absent or not visible (same body), or a page beyond the
+    last."""
+
+    class FilterSerializer(serializers.Serializer):
+        status = serializers.ChoiceField(choices=RunStatus.values, required=False)
+        releaseDecision = serializers.ChoiceField(choices=ReleaseDecision.values, required=False)
+        intent = serializers.ChoiceField(choices=Intent.values, required=False)
+        createdAfter = serializers.DateTimeField(required=False)
+        createdBefore = serializers.DateTimeField(required=False)
+
+        def validate(self, attrs):
+            after, before = attrs.get("createdAfter"), attrs.get("createdBefore")
+            if after and before and after > before:
+                raise serializers.ValidationError({"createdAfter": "must not be later than createdBefore"})
+            return attrs
+
+    @extend_schema(
+        operation_id="runs_list",
+        summary="Runs of a session",
+        parameters=[
+            OpenApiParameter("sessionId", str, OpenApiParameter.PATH),
+            FilterSerializer,
+            OpenApiParameter("page", int, OpenApiParameter.QUERY, required=False),
+            OpenApiParameter("pageSize", int, OpenApiParameter.QUERY, required=False),
+        ],
+        responses={
+            200: paginated_serializer(RunSummarySerializer, "RunSummary"),
+            **error_responses(400, 401, 404),
+        },
+        tags=["trace"],
+    )
+    def get(self, request, sessionId):
+        filters = self.FilterSerializer(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        session = selectors.get_visible_session(user=request.user, session_id=sessionId)
+        if session is None:
+            raise NotFound(NOT_FOUND_SESSION)
+        data = filters.validated_data
+        runs = selectors.run_list(
+            session=session,
+            filters=selectors.RunFilters(
+                status=data.get("status"),
+                release_decision=data.get("releaseDecision"),
+                intent=data.get("intent"),
+                created_after=data.get("createdAfter"),
+                created_before=data.get("createdBefore"),
+            ),
+        )
+        return paginated_response(
+            serializer_class=RunSummarySerializer, queryset=runs, request=request, view=self
+        )
+
+
+class RunFeedbackApi(APIView):
+    """The user's verdict on a run they may see: `{"rating": "up" | "down", "comment"?: str ≤ 2000}` → 201.
+    One feedback per user and run; a second submission replaces the first. 401 anonymous; 403 a
+    session-authenticated request without a valid CSRF token; 400 invalid body; 404 the session or run is
+    absent or not visible (same body)."""
+
+    class InputSerializer(serializers.Serializer):
+        rating = serializers.ChoiceField(choices=FeedbackRating.values)
+        comment = serializers.CharField(
+            max_length=services.FEEDBACK_COMMENT_CHARS, required=False, allow_blank=True, default=""
+        )
+
+        class Meta:
+            ref_name = "FeedbackInput"
+
+    class OutputSerializer(serializers.Serializer):
+        runId = serializers.CharField(source="run_id")
+        rating = serializers.ChoiceField(choices=FeedbackRating.values)
+        comment = serializers.CharField()
+        createdAt = serializers.DateTimeField(source="created_at")
+
+        class Meta:
+            ref_name = "FeedbackCreated"
+
+    @extend_schema(
+        operation_id="run_feedback",
+        summary="Give feedback on a run",
+        parameters=[
+            OpenApiParameter("sessionId", str, OpenApiParameter.PATH),
+            OpenApiParameter("runId", str, OpenApiParameter.PATH),
+        ],
+        request=InputSerializer,
+        responses={201: OutputSerializer, **error_responses(400, 401, 403, 404)},
+        tags=["trace"],
+    )
+    def post(self, request, sessionId, runId):
+        body = self.InputSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        run = selectors.get_visible_run(user=request.user, session_id=sessionId, run_id=runId)
+        if run is None:
+            raise NotFound(NOT_FOUND_RUN)
+        feedback = services.submit_feedback(run=run, user=request.user, **body.validated_data)
+        return Response(self.OutputSerializer(feedback).data, status=status.HTTP_201_CREATED)

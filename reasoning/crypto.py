@@ -1,0 +1,165 @@
+"""Encryption at rest of reasoning and assistant text: Fernet keys, newest first, and the stored form.
+
+Keys come from `settings.REASONING_ENCRYPTION_KEYS` (comma-separated Fernet keys in the environment,
+newest first). The newest key encrypts; every configured key can decrypt. In development (the settings
+set `REASONING_DEV_KEY_FILE` only while `DEBUG` is on) and without configured keys, one key is generated
+once into that file (`.local/reasoning-encryption.key`, git-ignored, mode 0600) and reused by every
+process afterwards. With `DEBUG` off and no keys the system check `reasoning.E001` stops the server, and
+any attempt to encrypt or decrypt raises `EncryptionKeysMissing` (fail-closed: nothing is ever stored
+in plaintext because a key is missing).
+
+Stored form of a value: ``fernet:<kid>:<token>``, where `<kid>` is the first 8 hex digits of the sha256
+of the key that encrypted it (a fingerprint, not the key) and `<token>` the Fernet token. The key id lets
+`rotate_reasoning_keys` select rows not under the newest key in SQL, and lets decryption pick the right
+key directly. A value without the prefix is legacy plaintext from before encryption was switched on; it
+reads as it is and `rotate_reasoning_keys` encrypts it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.fernet import Fernet, InvalidToken
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+PREFIX = "fernet:"
+KID_CHARS = 8
+
+
+class EncryptionKeysMissing(ImproperlyConfigured):
+    """No key is configured and no development key file is allowed (DEBUG off)."""
+
+
+class Undecryptable(Exception):
+    """A stored value that no configured key decrypts (its key was removed, or it was altered)."""
+
+
+def key_id(key: str) -> str:
+    """The public fingerprint of a key as it appears in stored values."""
+    return hashlib.sha256(key.strip().encode("ascii")).hexdigest()[:KID_CHARS]
+
+
+def is_encrypted(stored: str) -> bool:
+    return stored.startswith(PREFIX)
+
+
+def stored_key_id(stored: str) -> str | None:
+    """The key id of a stored value, or None for legacy plaintext."""
+    if not is_encrypted(stored):
+        return None
+    kid, sep, _ = stored[len(PREFIX) :].partition(":")
+    return kid if sep else None
+
+
+@dataclass(frozen=True, slots=True)
+class Keyring:
+    """The configured keys, newest first, with their fingerprints."""
+
+    kids: tuple[str, ...]
+    fernets: tuple[Fernet, ...]
+
+    @property
+    def current_kid(self) -> str:
+        return self.kids[0]
+
+    @property
+    def current_prefix(self) -> str:
+        """Every value encrypted under the newest key starts with this."""
+        return f"{PREFIX}{self.current_kid}:"
+
+    def encrypt(self, text: str) -> str:
+        token = self.fernets[0].encrypt(text.encode("utf-8")).decode("ascii")
+        return f"{self.current_prefix}{token}"
+
+    def decrypt(self, stored: str) -> str:
+        """Plaintext of a stored value (legacy plaintext is returned as it is)."""
+        if not is_encrypted(stored):
+            return stored
+        kid = stored_key_id(stored)
+        if kid is None or kid not in self.kids:
+            raise Undecryptable(f"no configured key has id {kid}")
+        fernet = self.fernets[self.kids.index(kid)]
+        token = stored[len(PREFIX) + len(kid) + 1 :]
+        try:
+            return fernet.decrypt(token.encode("ascii")).decode("utf-8")
+        except (InvalidToken, UnicodeError) as exc:
+            raise Undecryptable(f"value under key {kid} does not authenticate") from exc
+
+    def is_current(self, stored: str) -> bool:
+        return stored.startswith(self.current_prefix)
+
+
+def validate_key(key: str) -> None:
+    """Raise ValueError unless `key` is a usable Fernet key (32 url-safe base64-encoded bytes)."""
+    Fernet(key.strip().encode("ascii"))
+
+
+@functools.lru_cache(maxsize=8)
+def _keyring(keys: tuple[str, ...]) -> Keyring:
+    cleaned = tuple(k.strip() for k in keys if k.strip())
+    try:
+        fernets = tuple(Fernet(k.encode("ascii")) for k in cleaned)
+    except (ValueError, UnicodeError) as exc:
+        # Never the key itself in the message.
+        raise ImproperlyConfigured(
+            "REASONING_ENCRYPTION_KEYS holds a value that is not a Fernet key"
+        ) from exc
+    return Keyring(kids=tuple(key_id(k) for k in cleaned), fernets=fernets)
+
+
+@functools.lru_cache(maxsize=4)
+def _dev_key(path: str) -> str:
+    """Read the development key, creating it atomically (first process wins) if it does not exist."""
+    file = Path(path)
+    if not file.exists():
+        file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(Fernet.generate_key().decode("ascii") + "\n")
+        try:
+            os.link(tmp, file)  # atomic; fails when another process created the file first
+        except FileExistsError:
+            pass
+        except OSError:
+            # A filesystem without hard links: exclusive create (a concurrent reader may retry once).
+            try:
+                fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                pass
+            else:
+                with os.fdopen(fd, "w") as handle:
+                    handle.write(tmp.read_text(encoding="ascii"))
+        finally:
+            tmp.unlink(missing_ok=True)
+    key = file.read_text(encoding="ascii").strip()
+    try:
+        validate_key(key)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{file} does not hold a Fernet key; delete it to generate one") from exc
+    return key
+
+
+def configured_keys() -> list[str]:
+    """The keys in effect, newest first: the configured ones, else the development key file's."""
+    keys = [k.strip() for k in getattr(settings, "REASONING_ENCRYPTION_KEYS", []) if k.strip()]
+    if keys:
+        return keys
+    dev_file = getattr(settings, "REASONING_DEV_KEY_FILE", None)
+    if dev_file:
+        return [_dev_key(str(dev_file))]
+    raise EncryptionKeysMissing(
+        "REASONING_ENCRYPTION_KEYS is empty: reasoning content cannot be encrypted. "
+        "Generate a key with `python -c 'from cryptography.fernet import Fernet; "
+        "print(Fernet.generate_key().decode())'`."
+    )
+
+
+def keyring() -> Keyring:
+    """The keyring of the keys in effect (cached per key set, so settings overrides take effect)."""
+    return _keyring(tuple(configured_keys()))

@@ -1,0 +1,23 @@
+"""DRF permission of the reasoning endpoint: the auditor's permission, checked on the run object.
+
+It is an *object* permission on purpose: the view checks it only after the session and run were found
+visible (`check_object_permissions`), so the order is 401 → 400 → 404 → 403 and a user without the
+permission never learns whether a run exists in a session they cannot see (docs/api.md).
+"""
+
+from rest_framework.permissions import BasePermission
+
+from reasoning.signals import REASONING_PERMISSION
+
+
+class CanReadReasoningContent(BasePermission):
+    """Allows reading provider reasoning and assistant text: `reasoning.view_reasoning_content` (held by
+    the group "Reasoning Auditors"; superusers hold every permission)."""
+
+    message = "Reading reasoning requires the permission reasoning.view_reasoning_content."
+
+    def has_permission(self, request, view) -> bool:
+        return bool(request.user and request.user.is_authenticated)
+
+    def has_object_permission(self, request, view, obj) -> bool:
+        return bool(request.user.is_active and request.user.has_perm(REASONING_PERMISSION))

@@ -1,0 +1,213 @@
+"""Writes of reasoning governance: the read-access log, retention purges and key rotation.
+
+Keyword-only arguments. Log lines name ids and counts, never content or keys.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import logging
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import models, transaction
+from django.db.models import Q
+from django.db.models.functions import Cast
+from django.utils import timezone
+
+from reasoning import crypto
+from reasoning.fields import Ciphertext
+from reasoning.models import AccessChannel, AgentReasoningAudit, ReasoningAccessLog
+
+logger = logging.getLogger(__name__)
+
+USER_AGENT_CHARS = 512
+PURGE_BATCH = 1000
+ROTATE_BATCH = 500
+
+
+# --------------------------------------------------------------------------------------------------
+# Read-access log
+# --------------------------------------------------------------------------------------------------
+def record_reasoning_read(
+    *,
+    user: AbstractBaseUser,
+    session_id: str,
+    run_id: str,
+    records_returned: int,
+    client_address: str | None,
+    user_agent: str,
+    channel: str = AccessChannel.API,
+) -> ReasoningAccessLog:
+    """Write the one access-log row of a successful reasoning read. Call it before the content leaves
+    the process: if this write fails, the caller must not return the content (no unlogged read).
+
+    `client_address` is stored only when it is a valid IPv4/IPv6 address (else NULL); the user agent is
+    cut at 512 characters; `username` is a snapshot that survives the account's removal.
+    """
+    if channel not in AccessChannel.values:
+        raise ValueError(f"unknown access channel {channel!r}")
+    entry = ReasoningAccessLog.objects.create(
+        user=user,
+        username=user.get_username(),
+        session_id=session_id,
+        run_id=run_id,
+        records_returned=records_returned,
+        channel=channel,
+        client_address=_valid_ip(client_address),
+        user_agent=(user_agent or "")[:USER_AGENT_CHARS],
+    )
+    logger.info(
+        "reasoning read user=%s run=%s records=%d channel=%s",
+        user.pk,
+        run_id,
+        records_returned,
+        channel,
+    )
+    return entry
+
+
+def _valid_ip(value: str | None) -> str | None:
+    if not value:
+        return None
+    try:
+        return str(ipaddress.ip_address(value.strip()))
+    except ValueError:
+        return None
+
+
+# --------------------------------------------------------------------------------------------------
+# Retention
+# --------------------------------------------------------------------------------------------------
+def purge_reasoning(
+    *,
+    older_than_days: int | None = None,
+    run_id: str | None = None,
+    now: dt.datetime | None = None,
+    batch_size: int = PURGE_BATCH,
+) -> int:
+    """Erase reasoning and assistant text and mark the rows purged; returns how many rows were purged.
+
+    Selects rows not yet purged that were created more than `older_than_days` days before `now`, and/or
+    belong to `run_id` (both given: both must hold; at least one is required). The row stays: its
+    `reasoning_available`, `content_source` and `content_bytes` are kept as they were, both texts become
+    NULL and `purged_at` is set. Works in batches of `batch_size` rows (one UPDATE each), so a large purge
+    never holds long locks; running it again purges nothing more.
+    """
+    if older_than_days is None and not run_id:
+        raise ValueError("purge_reasoning needs older_than_days, run_id or both")
+    if older_than_days is not None and older_than_days < 0:
+        raise ValueError("older_than_days must not be negative")
+    now = now or timezone.now()
+    scope = AgentReasoningAudit.objects.filter(purged_at__isnull=True)
+    if older_than_days is not None:
+        scope = scope.filter(created_at__lt=now - dt.timedelta(days=older_than_days))
+    if run_id:
+        scope = scope.filter(run_id=run_id)
+    purged = 0
+    while True:
+        ids = list(scope.order_by("pk").values_list("pk", flat=True)[:batch_size])
+        if not ids:
+            break
+        purged += AgentReasoningAudit.objects.filter(pk__in=ids, purged_at__isnull=True).update(
+            reasoning_content=None, assistant_text=None, purged_at=now
+        )
+    logger.info(
+        "reasoning purged rows=%d older_than_days=%s run=%s",
+        purged,
+        older_than_days,
+        run_id or "-",
+    )
+    return purged
+
+
+def purge_expired_reasoning(*, now: dt.datetime | None = None) -> int:
+    """Purge by the configured retention (`REASONING_RETENTION_DAYS`)."""
+    return purge_reasoning(older_than_days=settings.REASONING_RETENTION_DAYS, now=now)
+
+
+# --------------------------------------------------------------------------------------------------
+# Key rotation
+# --------------------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class RotationReport:
+    """What a rotation did. `unreadable` rows are under a key that is no longer configured (or were
+    altered); they are left untouched and reported."""
+
+    key_id: str
+    scanned: int = 0
+    rotated: int = 0
+    encrypted: int = 0
+    unreadable: int = 0
+    skipped: int = 0
+
+
+def rotate_reasoning_keys(*, batch_size: int = ROTATE_BATCH) -> RotationReport:
+    """Re-encrypt under the newest configured key every row that is not: rows under an older key are
+    rotated, legacy plaintext rows are encrypted. Idempotent (a second run finds nothing to do), in
+    batches of `batch_size` rows, one transaction per batch. A row purged meanwhile is skipped, never
+    given its content back."""
+    keyring = crypto.keyring()
+    prefix = keyring.current_prefix
+    report = RotationReport(key_id=keyring.current_kid)
+    raw = (
+        AgentReasoningAudit.objects.annotate(
+            raw_reasoning=Cast("reasoning_content", output_field=models.TextField()),
+            raw_assistant=Cast("assistant_text", output_field=models.TextField()),
+        )
+        .filter(
+            (Q(raw_reasoning__isnull=False) & ~Q(raw_reasoning__startswith=prefix))
+            | (Q(raw_assistant__isnull=False) & ~Q(raw_assistant__startswith=prefix))
+        )
+        .order_by("pk")
+    )
+    last = 0
+    while True:
+        batch = list(raw.filter(pk__gt=last).values_list("pk", "raw_reasoning", "raw_assistant")[:batch_size])
+        if not batch:
+            break
+        with transaction.atomic():
+            for pk, reasoning, assistant in batch:
+                last = pk
+                report.scanned += 1
+                try:
+                    new_reasoning, how_r = _reencrypt(keyring, reasoning)
+                    new_assistant, how_a = _reencrypt(keyring, assistant)
+                except crypto.Undecryptable:
+                    report.unreadable += 1
+                    continue
+                updated = AgentReasoningAudit.objects.filter(pk=pk, purged_at__isnull=True).update(
+                    reasoning_content=_stored(new_reasoning), assistant_text=_stored(new_assistant)
+                )
+                if not updated:
+                    report.skipped += 1
+                elif "plaintext" in (how_r, how_a):
+                    report.encrypted += 1
+                else:
+                    report.rotated += 1
+    logger.info(
+        "reasoning keys rotated key=%s scanned=%d rotated=%d encrypted=%d unreadable=%d skipped=%d",
+        report.key_id,
+        report.scanned,
+        report.rotated,
+        report.encrypted,
+        report.unreadable,
+        report.skipped,
+    )
+    return report
+
+
+def _reencrypt(keyring: crypto.Keyring, stored: str | None) -> tuple[str | None, str]:
+    if stored is None:
+        return None, "null"
+    if keyring.is_current(stored):
+        return stored, "current"
+    if not crypto.is_encrypted(stored):
+        return keyring.encrypt(stored), "plaintext"
+    return keyring.encrypt(keyring.decrypt(stored)), "rotated"
+
+
+def _stored(value: str | None) -> Ciphertext | None:
+    return None if value is None else Ciphertext(value)
