@@ -6,3 +6,6 @@ class AuditConfig(AppConfig):
 
     name = "audit"
     verbose_name = "Audit"
+
+    def ready(self) -> None:
+        from audit import signals  # noqa: F401  (connects post_migrate: the "Staff viewers" group)
