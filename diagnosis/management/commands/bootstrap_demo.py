@@ -10,6 +10,7 @@ from django.contrib.auth.models import Group
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from audit.signals import STAFF_VIEWERS_GROUP
 from reasoning.signals import AUDITOR_GROUP
 
 RUNBOOKS_DIR = Path(__file__).resolve().parents[2] / "runbooks"
@@ -41,6 +42,11 @@ class Command(BaseCommand):
             if auditor:
                 user.groups.add(auditors)
             created.append((username, password))
+        # Admin console read access for the non-superuser demo staff (idempotent, also for older accounts).
+        viewers = Group.objects.get(name=STAFF_VIEWERS_GROUP)
+        console_staff = [name for name, staff, superuser, _ in DEMO_ACCOUNTS if staff and not superuser]
+        for user in User.objects.filter(username__in=console_staff):
+            user.groups.add(viewers)
         if created:
             self.stdout.write("Demo accounts (passwords shown only now; `manage.py changepassword` resets):")
             for username, password in created:
@@ -48,3 +54,22 @@ class Command(BaseCommand):
         else:
             self.stdout.write("Demo accounts exist already (admin, staff, auditor).")
         call_command("load_knowledge", str(RUNBOOKS_DIR), stdout=self.stdout)
+        self._demo_runs(User)
+
+    def _demo_runs(self, User) -> None:
+        """On a database without runs, a few runs of the offline demo model for `staff`, so that the
+        admin and the trace API have something to show on first start (two answered runbook questions,
+        small talk, and a question outside the runbooks that the guards block)."""
+        from diagnosis.models import DiagnosisRun
+        from diagnosis.runtime.demo import DEMO_QUESTIONS, DemoModelClient
+        from diagnosis.runtime.executor import run_to_completion
+
+        staff = User.objects.filter(username="staff").first()
+        if staff is None or DiagnosisRun.objects.exists():
+            return
+        self.stdout.write("Demo runs (offline demo model, user staff):")
+        for question in DEMO_QUESTIONS:
+            outcome = run_to_completion(user=staff, query=question, client=DemoModelClient(delta_delay=0))
+            self.stdout.write(
+                f"  {outcome.run_id} {outcome.status} {outcome.release_decision or '-':9} {question}"
+            )

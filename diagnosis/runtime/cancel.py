@@ -1,0 +1,75 @@
+"""Cancellation of a run: an in-process token checked at safe points and raced against long waits.
+
+A `CancelToken` is set by whoever wants the run to stop: the transport (a `cancel` frame in this process),
+or the executor's heartbeat when it reads the run's `cancel_requested` column (a cancel sent to another
+process) or finds its lease taken. Stages call `raise_if_cancelled()` at safe points (before each model
+call, before and after tools, between stages) and wrap long waits (model streams, tool executions) in
+`race()`, so that a cancel interrupts them at once instead of at the next safe point.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class RunCancelled(Exception):
+    """The run was cancelled (or lost its lease); raised at a safe point or out of a raced wait."""
+
+    def __init__(self, reason: str = "cancel requested") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class CancelToken:
+    """A one-way latch: once cancelled it stays cancelled. Use it from the event loop that runs the run.
+
+    `lease_lost` is set when the executor's heartbeat found another process owning the run: the run then
+    stops without writing its terminal state (the new owner writes it).
+    """
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        self.reason = ""
+        self.lease_lost = False
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def cancel(self, reason: str = "cancel requested", *, lease_lost: bool = False) -> None:
+        if not self._event.is_set():
+            self.reason = reason
+            self.lease_lost = lease_lost
+            self._event.set()
+
+    def raise_if_cancelled(self) -> None:
+        if self._event.is_set():
+            raise RunCancelled(self.reason)
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+    async def race(self, awaitable: Awaitable[T]) -> T:
+        """Await `awaitable`; if the token fires first, cancel it, wait for it to unwind and raise
+        RunCancelled."""
+        self.raise_if_cancelled()
+        task = asyncio.ensure_future(awaitable)
+        waiter = asyncio.ensure_future(self._event.wait())
+        try:
+            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.cancel()
+            waiter.cancel()
+            raise
+        waiter.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        raise RunCancelled(self.reason)

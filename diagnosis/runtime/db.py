@@ -1,0 +1,99 @@
+"""Database and blocking-work thread pools for the async runtime.
+
+Recorder methods, selectors and the lease are synchronous Django ORM code. The runtime awaits them
+through `db()`, which runs them on a small dedicated pool (`RUNTIME_DB_THREADS`, default 8): each pool
+thread keeps one database connection, so however many runs are in flight (hundreds of coroutines in one
+process) this process holds at most that many connections for audit writes. Every write is awaited
+before the run takes its next decision. Synchronous tools run on a second bounded pool
+(`RUNTIME_TOOL_THREADS`), so a slow tool can never starve the audit writes.
+
+Pool threads live outside Django's request cycle, so nothing closes their connections between jobs: a
+connection idle for longer than `IDLE_CLOSE_SECONDS` is closed before the next job and reopened lazily
+(the server may have dropped it meanwhile). `shutdown_pools()` closes every pool thread's connection and
+stops the pools; they are recreated on next use (tests call it between cases).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import functools
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from django.conf import settings
+from django.db import connections
+
+T = TypeVar("T")
+
+IDLE_CLOSE_SECONDS = 300.0
+
+_lock = threading.Lock()
+_pools: dict[str, ThreadPoolExecutor] = {}
+_local = threading.local()
+
+
+def _pool(kind: str) -> ThreadPoolExecutor:
+    pool = _pools.get(kind)
+    if pool is None:
+        with _lock:
+            pool = _pools.get(kind)
+            if pool is None:
+                size = int(
+                    getattr(settings, "RUNTIME_DB_THREADS" if kind == "db" else "RUNTIME_TOOL_THREADS", 8)
+                )
+                pool = ThreadPoolExecutor(max_workers=max(1, size), thread_name_prefix=f"runtime-{kind}")
+                _pools[kind] = pool
+    return pool
+
+
+def _job(fn: Callable[..., T], args: tuple, kwargs: dict) -> T:
+    now = time.monotonic()
+    last = getattr(_local, "last_used", None)
+    if last is not None and now - last > IDLE_CLOSE_SECONDS:
+        connections.close_all()
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _local.last_used = time.monotonic()
+
+
+async def db(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """Run synchronous ORM code `fn(*args, **kwargs)` on the runtime's database pool and await it."""
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_pool("db"), functools.partial(_job, fn, args, kwargs))
+
+
+def run_blocking(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> asyncio.Future[T]:
+    """Start blocking work `fn` (a synchronous tool) on the tool pool; returns the future to await.
+
+    A Python thread cannot be killed: when the caller stops waiting (timeout, cancel), the call finishes
+    in the background and its result is discarded.
+    """
+    loop = asyncio.get_running_loop()
+    ctx = contextvars.copy_context()
+    return loop.run_in_executor(_pool("tool"), functools.partial(ctx.run, _job, fn, args, kwargs))
+
+
+def shutdown_pools(*, wait: bool = True) -> None:
+    """Close every pool thread's database connections, then stop the pools (recreated on next use)."""
+    with _lock:
+        pools = dict(_pools)
+        _pools.clear()
+    for pool in pools.values():
+        workers = len(getattr(pool, "_threads", ())) or 1
+        barrier = threading.Barrier(workers)
+
+        def close(barrier: threading.Barrier = barrier) -> None:
+            # One job per thread: each waits for the others so that every thread closes its own.
+            with contextlib.suppress(threading.BrokenBarrierError):
+                barrier.wait(timeout=2)
+            connections.close_all()
+
+        for _ in range(workers):
+            pool.submit(close)
+        pool.shutdown(wait=wait)

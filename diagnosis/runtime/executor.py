@@ -1,0 +1,373 @@
+"""The executor: owns one run from claim to terminal state, whatever happens in between.
+
+`execute_run(run_id=…, sink=…, cancel=…)`:
+
+1. **Claims** the run with a database lease: one conditional UPDATE sets `lease_owner` (this process,
+   `host:pid:uuid`) and `lease_expires_at = now + RUN_LEASE_SECONDS` only while the run is PENDING and
+   its lease is free or expired; losing that race raises `RunNotClaimable` and touches nothing.
+2. **Renews** the lease from a heartbeat task every `RUN_LEASE_SECONDS / 3`, which also reads the run's
+   `cancel_requested` column (a cancel sent through any process) and fires the `CancelToken`. A renewal
+   that finds another owner (a sweeper took the run) cancels with `lease_lost`: the run then stops
+   without writing its terminal state, which the new owner writes.
+3. Records RUN_STARTED, emits `RunEvent`, runs the pipeline (`diagnosis.runtime.pipeline`), and ends the
+   run exactly once through `recorder.finish`, then emits `OutcomeEvent`:
+   * pipeline completed → SUCCESS with the release decision and the released content;
+   * `RunCancelled` (token, column, or a cancelled task) → running tool tasks are cancelled, the recorder
+     closes the tools still RUNNING as INTERRUPTED (`close_tools`), RUN_CANCELLED, CANCELLED;
+   * `LLMError` (the provider kept failing) → FAILED with its code (`LLM_*`), `ErrorEvent` first;
+   * anything else → FAILED with `INTERNAL_ERROR` and a generic message; only the exception class and
+     the run id are logged (no stack trace or message can leak content).
+   Status, content and release decision always agree: SUCCESS has a release decision and its content;
+   FAILED and CANCELLED have neither.
+
+`prepare_run` (create the session if needed, then the PENDING run) and `start_run` (prepare, then execute
+in a task) are what `manage.py diagnose`, demo data and chat transports call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import DatabaseError, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from audit.models import ToolStatus
+from audit.recorder import RunRecorder
+from diagnosis import services
+from diagnosis.models import ChatSession, DiagnosisRun, RunStatus
+from diagnosis.runtime.cancel import CancelToken, RunCancelled
+from diagnosis.runtime.canonical import CanonicalStore
+from diagnosis.runtime.context import RunContext
+from diagnosis.runtime.db import db
+from diagnosis.runtime.events import (
+    ErrorEvent,
+    EventSink,
+    NullSink,
+    OutcomeEvent,
+    RunEvent,
+    SafeSink,
+    ToolEvent,
+)
+from diagnosis.runtime.llm import LLMError, ModelClient, aclose_clients, get_model_client
+from diagnosis.runtime.pipeline import run_pipeline
+from diagnosis.runtime.tools.registry import ToolRegistry, default_registry
+
+logger = logging.getLogger(__name__)
+
+INTERNAL_ERROR = "INTERNAL_ERROR"
+LEASE_LOST = "LEASE_LOST"
+INTERNAL_ERROR_MESSAGE = "The run failed because of an internal error."
+QUERY_MAX_CHARS = 8000
+
+_OWNER = f"{socket.gethostname()[:60]}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
+def lease_owner() -> str:
+    """This process's lease owner name, `host:pid:uuid`."""
+    return _OWNER
+
+
+def lease_seconds() -> float:
+    return float(getattr(settings, "RUN_LEASE_SECONDS", 30))
+
+
+class RunNotClaimable(Exception):
+    """The run is not PENDING or another process holds its lease."""
+
+
+class SessionNotFound(Exception):
+    """The session does not exist or is not the user's."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunOutcome:
+    """How a run ended (what the last `OutcomeEvent` said, plus the error when it failed)."""
+
+    run_id: str
+    session_id: str
+    status: str
+    release_decision: str | None
+    content: str
+    error_code: str = ""
+    error_message: str = ""
+
+
+# ---------------------------------------------------------------------------------------------------
+# Creating runs
+# ---------------------------------------------------------------------------------------------------
+def prepare_run(*, user: AbstractBaseUser, query: str, session_id: str | None = None) -> DiagnosisRun:
+    """A PENDING run of `query` for `user`: in their session `session_id`, or in a new session."""
+    if not isinstance(query, str) or not query.strip():
+        raise ValueError("the query must not be empty")
+    if len(query) > QUERY_MAX_CHARS:
+        raise ValueError(f"the query must be at most {QUERY_MAX_CHARS} characters")
+    with transaction.atomic():
+        if session_id:
+            session = ChatSession.objects.filter(session_id=session_id, owner=user).first()
+            if session is None:
+                raise SessionNotFound(session_id)
+        else:
+            session = services.create_session(owner=user)
+        return services.create_run(session=session, query=query)
+
+
+async def start_run(
+    *,
+    user: AbstractBaseUser,
+    query: str,
+    session_id: str | None = None,
+    sink: EventSink | None = None,
+    cancel: CancelToken | None = None,
+    client: ModelClient | None = None,
+    registry: ToolRegistry | None = None,
+) -> tuple[DiagnosisRun, asyncio.Task[RunOutcome]]:
+    """Create the run (and its session if needed) and execute it in a task of the running loop."""
+    run = await db(prepare_run, user=user, query=query, session_id=session_id)
+    task = asyncio.create_task(
+        execute_run(
+            run_id=run.run_id, sink=sink or NullSink(), cancel=cancel, client=client, registry=registry
+        ),
+        name=f"run:{run.run_id}",
+    )
+    return run, task
+
+
+def run_to_completion(
+    *,
+    user: AbstractBaseUser,
+    query: str,
+    session_id: str | None = None,
+    sink: EventSink | None = None,
+    client: ModelClient | None = None,
+) -> RunOutcome:
+    """Synchronous convenience (management commands): prepare the run and execute it to the end."""
+    run = prepare_run(user=user, query=query, session_id=session_id)
+
+    async def main() -> RunOutcome:
+        try:
+            return await execute_run(run_id=run.run_id, sink=sink or NullSink(), client=client)
+        finally:
+            await aclose_clients()
+
+    return asyncio.run(main())
+
+
+# ---------------------------------------------------------------------------------------------------
+# Lease
+# ---------------------------------------------------------------------------------------------------
+def _claim(run_id: str) -> DiagnosisRun | None:
+    now = timezone.now()
+    claimed = (
+        DiagnosisRun.objects.filter(run_id=run_id, status=RunStatus.PENDING)
+        .filter(Q(lease_owner="") | Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
+        .update(lease_owner=_OWNER, lease_expires_at=now + dt.timedelta(seconds=lease_seconds()))
+    )
+    if not claimed:
+        return None
+    return DiagnosisRun.objects.get(run_id=run_id)
+
+
+def _renew(run_id: str) -> str:
+    """Extend the lease; returns "ok", "cancel" (cancel requested; lease extended) or "lost"."""
+    expires = timezone.now() + dt.timedelta(seconds=lease_seconds())
+    mine = DiagnosisRun.objects.filter(run_id=run_id, lease_owner=_OWNER)
+    if mine.filter(cancel_requested=False).update(lease_expires_at=expires):
+        return "ok"
+    if mine.update(lease_expires_at=expires):
+        return "cancel"
+    return "lost"
+
+
+async def _heartbeat(run_id: str, token: CancelToken) -> None:
+    interval = max(0.05, lease_seconds() / 3)
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            state = await db(_renew, run_id)
+        except DatabaseError as exc:
+            logger.warning("lease renewal failed run=%s error=%s", run_id, type(exc).__name__)
+            continue
+        if state == "cancel":
+            token.cancel("cancel requested")
+        elif state == "lost":
+            logger.warning("lease lost run=%s", run_id)
+            token.cancel("lease lost", lease_lost=True)
+            return
+
+
+# ---------------------------------------------------------------------------------------------------
+# Execution
+# ---------------------------------------------------------------------------------------------------
+async def execute_run(
+    *,
+    run_id: str,
+    sink: EventSink,
+    cancel: CancelToken | None = None,
+    client: ModelClient | None = None,
+    registry: ToolRegistry | None = None,
+) -> RunOutcome:
+    """Claim and execute the run to its terminal state (see the module docstring)."""
+    token = cancel if cancel is not None else CancelToken()
+    run = await db(_claim, run_id)
+    if run is None:
+        raise RunNotClaimable(run_id)
+    if run.cancel_requested:  # cancelled while it waited: stop at the first safe point
+        token.cancel("cancel requested")
+    out = sink if isinstance(sink, SafeSink) else SafeSink(sink, run_id=run_id)
+    recorder = RunRecorder.for_run(run)
+    heartbeat = asyncio.create_task(_heartbeat(run_id, token), name=f"lease:{run_id}")
+    ending = _Ending(run=run, recorder=recorder, sink=out, token=token, heartbeat=heartbeat)
+    try:
+        try:
+            setup_error: Exception | None = None
+            details: dict[str, Any] = {"leaseOwner": _OWNER}
+            try:
+                client = client if client is not None else get_model_client()
+                registry = registry if registry is not None else default_registry()
+                details.update(
+                    provider=client.provider,
+                    models={
+                        "router": client.roles.router,
+                        "agent": client.roles.agent,
+                        "guard": client.roles.guard,
+                    },
+                    tools=registry.names(),
+                )
+            except Exception as exc:  # reported after RUN_STARTED, so the run still reads in order
+                setup_error = exc
+            seq = await db(recorder.run_started, agent_flow=run.agent_flow, details=details)
+            await out.emit(RunEvent(session_id=run.session_id, run_id=run_id, sequence_no=seq))
+            if setup_error is not None:
+                raise setup_error
+            ctx = RunContext(
+                run_id=run_id,
+                session_id=run.session_id,
+                query=run.query,
+                recorder=recorder,
+                sink=out,
+                token=token,
+                client=client,
+                registry=registry,
+                canonical=CanonicalStore(run_id),
+            )
+            ending.ctx = ctx
+            result = await run_pipeline(ctx, created_at=run.created_at)
+        except RunCancelled:
+            return await ending.cancelled()
+        except LLMError as exc:
+            return await ending.failed(exc.code, exc.message)
+        except asyncio.CancelledError:
+            token.cancel("the executing task was cancelled")
+            with contextlib.suppress(Exception):
+                await asyncio.shield(ending.cancelled())
+            raise
+        except Exception as exc:
+            logger.error("run failed run=%s error=%s", run_id, type(exc).__name__)
+            return await ending.failed(INTERNAL_ERROR, INTERNAL_ERROR_MESSAGE)
+        return await ending.succeeded(result.release_decision, result.content)
+    finally:
+        heartbeat.cancel()
+
+
+@dataclass(eq=False)
+class _Ending:
+    """The one way a claimed run ends; each path writes the terminal state once, then the outcome."""
+
+    run: DiagnosisRun
+    recorder: RunRecorder
+    sink: SafeSink
+    token: CancelToken
+    heartbeat: asyncio.Task
+    ctx: RunContext | None = None
+    done: bool = False
+
+    def _outcome(self, status: str, release: str | None, content: str, code: str = "", message: str = ""):
+        return RunOutcome(
+            run_id=self.run.run_id,
+            session_id=self.run.session_id,
+            status=status,
+            release_decision=release,
+            content=content,
+            error_code=code,
+            error_message=message,
+        )
+
+    async def _emit_outcome(self, outcome: RunOutcome, seq: int | None) -> RunOutcome:
+        await self.sink.emit(
+            OutcomeEvent(
+                run_id=outcome.run_id,
+                status=outcome.status,
+                release_decision=outcome.release_decision,
+                content=outcome.content,
+                sequence_no=seq,
+            )
+        )
+        return outcome
+
+    async def succeeded(self, release: str, content: str) -> RunOutcome:
+        self.heartbeat.cancel()
+        self.done = True
+        seq = await db(self.recorder.finish, status=RunStatus.SUCCESS, content=content)
+        return await self._emit_outcome(self._outcome(RunStatus.SUCCESS, release, content), seq)
+
+    async def failed(self, code: str, message: str) -> RunOutcome:
+        self.heartbeat.cancel()
+        self.done = True
+        seq = await db(self.recorder.finish, status=RunStatus.FAILED, error_code=code, error_message=message)
+        await self.sink.emit(ErrorEvent(code=code, message=message, run_id=self.run.run_id))
+        return await self._emit_outcome(self._outcome(RunStatus.FAILED, None, "", code, message), seq)
+
+    async def cancelled(self) -> RunOutcome:
+        self.heartbeat.cancel()
+        if self.done:
+            return self._outcome(RunStatus.CANCELLED, None, "")
+        self.done = True
+        if self.token.lease_lost:
+            return await self._lease_lost()
+        running = dict(self.ctx.running_tools) if self.ctx is not None else {}
+        await db(
+            self.recorder.close_tools,
+            status=ToolStatus.INTERRUPTED,
+            error_code="RUN_CANCELLED",
+            error_message="the run was cancelled while the tool was running",
+        )
+        for tool_call_id, name in running.items():
+            await self.sink.emit(
+                ToolEvent(
+                    run_id=self.run.run_id,
+                    tool_call_id=tool_call_id,
+                    name=name,
+                    status=ToolStatus.INTERRUPTED,
+                )
+            )
+        await db(self.recorder.run_cancelled, reason=self.token.reason or "cancel requested")
+        seq = await db(self.recorder.finish, status=RunStatus.CANCELLED)
+        return await self._emit_outcome(self._outcome(RunStatus.CANCELLED, None, ""), seq)
+
+    async def _lease_lost(self) -> RunOutcome:
+        """Another process took the run: write nothing, report what the database says now."""
+        message = "The run was taken over by another process."
+        await self.sink.emit(ErrorEvent(code=LEASE_LOST, message=message, run_id=self.run.run_id))
+        row: dict[str, Any] = await db(
+            lambda: (
+                DiagnosisRun.objects.filter(run_id=self.run.run_id)
+                .values("status", "release_decision", "content")
+                .first()
+                or {}
+            )
+        )
+        status = row.get("status") or RunStatus.FAILED
+        release = row.get("release_decision") if status == RunStatus.SUCCESS else None
+        content = row.get("content", "") if status == RunStatus.SUCCESS else ""
+        return await self._emit_outcome(self._outcome(status, release, content, LEASE_LOST, message), None)

@@ -1,0 +1,232 @@
+"""The pipeline of one run: router → agent loop → evidence guard (→ one repair round) → semantic guard →
+release. Each stage records its own decision through the run's recorder when it makes it.
+
+* CHITCHAT and OUT_OF_SCOPE are answered by one tool-less model call; they need no evidence: the evidence
+  guard is recorded as not required, no semantic guard runs, and the release is PUBLISHED.
+* DIAGNOSIS and KNOWLEDGE run the agent loop with tools (`AGENT_MAX_STEPS` model calls at most). The
+  evidence guard checks the draft's citations against the canonical store (EVIDENCE_GUARD_INITIAL). On
+  NO_CITATION or UNKNOWN_CITATION the draft and a repair request are appended and the agent gets one
+  repair round of at most `REPAIR_MAX_STEPS` calls (EVIDENCE_GUARD_RETRY follows); CANONICAL_UNAVAILABLE
+  cannot be repaired and blocks at once. A passing draft goes to the semantic guard model
+  (SEMANTIC_GUARD_DECISION); PUBLISHED only if it says `supported: true`, otherwise BLOCKED (an unusable
+  guard answer or a failing guard model counts as not supported).
+* Release (RELEASE_DECISION): the published content is the final draft; a BLOCKED run's content is
+  `BLOCKED_MESSAGE`, which replaces the draft that was streamed as deltas.
+
+Previous turns given to the models are the last `PREVIOUS_TURNS` PUBLISHED runs of the session (query and
+released content only: never reasoning, drafts or tool output).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+
+from audit.recorder import Usage
+from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
+from diagnosis.runtime import prompts
+from diagnosis.runtime.agent import Agent, AgentAnswer
+from diagnosis.runtime.cancel import RunCancelled
+from diagnosis.runtime.context import RunContext
+from diagnosis.runtime.db import db
+from diagnosis.runtime.guards import (
+    EvidenceVerdict,
+    SemanticVerdict,
+    check_evidence,
+    extract_citations,
+    guard_evidence,
+    parse_semantic_verdict,
+)
+from diagnosis.runtime.llm import LLMError, StreamProgress
+from diagnosis.runtime.router import route
+
+PREVIOUS_TURNS = 3
+REPAIR_MAX_STEPS = 2
+BLOCKED_MESSAGE = (
+    "This answer could not be verified against the runbooks, so it was withheld. "
+    "Please rephrase the question, or consult the runbooks directly."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineResult:
+    intent: str
+    release_decision: str
+    content: str
+
+
+def previous_turns(*, session_id: str, run_id: str, before: Any, limit: int = PREVIOUS_TURNS) -> list:
+    """The session's last `limit` published runs created before this one, oldest first, as
+    `(query, content)` (one query)."""
+    rows = list(
+        DiagnosisRun.objects.filter(
+            session_id=session_id,
+            status=RunStatus.SUCCESS,
+            release_decision=ReleaseDecision.PUBLISHED,
+            created_at__lte=before,
+        )
+        .exclude(run_id=run_id)
+        .order_by("-created_at", "-id")
+        .values_list("query", "content")[:limit]
+    )
+    return rows[::-1]
+
+
+async def run_pipeline(ctx: RunContext, *, created_at: Any) -> PipelineResult:
+    rec = ctx.recorder
+    history = await db(previous_turns, session_id=ctx.session_id, run_id=ctx.run_id, before=created_at)
+    decision = await route(ctx, previous_queries=[query for query, _content in history])
+    ctx.token.raise_if_cancelled()
+    intent = decision.intent
+    messages: list[dict[str, Any]] = [{"role": "system", "content": prompts.agent_system(intent)}]
+    for query, content in history:
+        messages += [{"role": "user", "content": query}, {"role": "assistant", "content": content}]
+    messages.append({"role": "user", "content": ctx.query})
+    agent = Agent(ctx)
+
+    if intent not in prompts.EVIDENCE_INTENTS:
+        answer = await agent.run(messages, tools=False, max_steps=1)
+        ctx.token.raise_if_cancelled()
+        cited = extract_citations(answer.text)
+        await db(rec.evidence_guard, retry=False, passed=True, cited=cited, required=False)
+        if not answer.text.strip():
+            return await _release(ctx, intent, ReleaseDecision.BLOCKED, answer, "the model gave no answer")
+        return await _release(
+            ctx, intent, ReleaseDecision.PUBLISHED, answer, f"evidence not required for {intent}"
+        )
+
+    answer = await agent.run(messages, tools=True, max_steps=int(settings.AGENT_MAX_STEPS))
+    ctx.token.raise_if_cancelled()
+    verdict = await _evidence_guard(ctx, answer, retry=False)
+    if not verdict.passed and verdict.repairable:
+        messages.append({"role": "assistant", "content": answer.text})
+        messages.append({"role": "user", "content": prompts.repair_message(verdict.reasons, verdict.unknown)})
+        answer = await agent.run(messages, tools=True, max_steps=REPAIR_MAX_STEPS)
+        ctx.token.raise_if_cancelled()
+        verdict = await _evidence_guard(ctx, answer, retry=True)
+    if not verdict.passed:
+        return await _release(
+            ctx,
+            intent,
+            ReleaseDecision.BLOCKED,
+            answer,
+            f"evidence guard failed ({', '.join(verdict.reasons)})",
+            evidence="FAIL",
+        )
+    semantic = await _semantic_guard(ctx, answer.text, verdict)
+    if semantic.supported is True:
+        return await _release(
+            ctx,
+            intent,
+            ReleaseDecision.PUBLISHED,
+            answer,
+            "evidence and semantic guards passed",
+            evidence="PASS",
+            semantic="PASS",
+        )
+    reason = (
+        f"semantic guard found {len(semantic.unsupported_claims)} unsupported claim(s)"
+        if semantic.supported is False
+        else "semantic guard answer unusable"
+    )
+    return await _release(
+        ctx,
+        intent,
+        ReleaseDecision.BLOCKED,
+        answer,
+        reason,
+        evidence="PASS",
+        semantic="FAIL" if semantic.supported is False else "ERROR",
+    )
+
+
+async def _evidence_guard(ctx: RunContext, answer: AgentAnswer, *, retry: bool) -> EvidenceVerdict:
+    verdict = await db(
+        check_evidence,
+        text=answer.text,
+        store=ctx.canonical,
+        required=True,
+        store_degraded=ctx.canonical_degraded,
+    )
+    await db(
+        ctx.recorder.evidence_guard,
+        retry=retry,
+        passed=verdict.passed,
+        reasons=verdict.reasons,
+        cited=verdict.cited,
+        unknown=verdict.unknown,
+        required=True,
+    )
+    return verdict
+
+
+async def _semantic_guard(ctx: RunContext, answer: str, verdict: EvidenceVerdict) -> SemanticVerdict:
+    model = ctx.client.roles.guard
+    evidence = guard_evidence(verdict.evidence, verdict.cited)
+    messages = [
+        {"role": "system", "content": prompts.GUARD_SYSTEM},
+        {"role": "user", "content": prompts.guard_user(answer, evidence)},
+    ]
+    await ctx.before_model_request()
+    progress = StreamProgress()
+    try:
+        result = await ctx.token.race(ctx.client.complete(model=model, messages=messages, progress=progress))
+    except (LLMError, RunCancelled) as exc:
+        cancelled = isinstance(exc, RunCancelled)
+        semantic = SemanticVerdict(
+            supported=None, error="cancelled" if cancelled else f"guard model failed ({exc.code})"
+        )
+        await db(
+            ctx.recorder.semantic_guard,
+            model=model,
+            usage=Usage.unavailable(),
+            supported=None,
+            error=semantic.error,
+            duration_ms=progress.duration_ms(),
+            provider_attempts=progress.attempts,
+        )
+        if cancelled:
+            raise
+        return semantic
+    semantic = parse_semantic_verdict(result.text)
+    await db(
+        ctx.recorder.semantic_guard,
+        model=result.model,
+        usage=result.usage,
+        supported=semantic.supported,
+        unsupported_claims=semantic.unsupported_claims,
+        reason=semantic.reason,
+        error=semantic.error,
+        duration_ms=result.duration_ms,
+        provider_attempts=result.attempts,
+    )
+    return semantic
+
+
+async def _release(
+    ctx: RunContext,
+    intent: str,
+    decision: str,
+    answer: AgentAnswer,
+    reason: str,
+    *,
+    evidence: str = "NOT_REQUIRED",
+    semantic: str | None = None,
+) -> PipelineResult:
+    content = answer.text if decision == ReleaseDecision.PUBLISHED else BLOCKED_MESSAGE
+    await db(
+        ctx.recorder.release,
+        decision=decision,
+        reason=reason,
+        details={
+            "intent": intent,
+            "evidenceGuard": evidence,
+            "semanticGuard": semantic,
+            "draftLength": len(answer.text),
+            "contentLength": len(content),
+            "agentSteps": ctx.step_index,
+        },
+    )
+    return PipelineResult(intent=intent, release_decision=decision, content=content)

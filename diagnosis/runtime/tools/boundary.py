@@ -1,0 +1,236 @@
+"""The tool boundary: every tool call of the agent passes here, through the audited lifecycle (seed 002).
+
+For each declared call of a model step (parallel calls run concurrently with `asyncio.gather`):
+
+1. the arguments are parsed and validated against the tool's schema;
+2. `recorder.tool_started` commits the `RUNNING` row and its TOOL_INVOCATION event *before* the tool runs
+   (refused with `ToolCallNotDeclared` when no recorded step declared the id; a conflicting repeat raises
+   `ToolLifecycleConflict`); the live `tool` event RUNNING follows the commit;
+3. the tool runs: synchronous tools on the runtime's bounded tool pool, `async` tools as tasks, each
+   under its timeout (`ToolSpec.timeout`, default `TOOL_TIMEOUT`) and raced against the run's cancel token;
+4. on success the full result is written to the canonical store (read back and compared) *before* the
+   model sees it, then `recorder.tool_finished(SUCCEEDED)` records the bounded output (preview, length,
+   sha256) and retrieval facts; a canonical failure leaves the tool SUCCEEDED (it ran) with the note
+   "canonical store unavailable" and marks the run's canonical store degraded (the evidence guard then
+   fails closed);
+5. failures are one terminal update `FAILED` with a code and a bounded message: TOOL_BAD_ARGUMENTS,
+   TOOL_REFUSED (unknown tool), TOOL_TIMEOUT, TOOL_ERROR (the tool raised).
+
+The model receives a bounded tool message: the tool's `model_content` (evidence ids, titles, text), or
+`{"error": {"code", "message"}}`. A cancel while tools run raises `RunCancelled` once every call has
+stopped waiting; the executor then closes the still-RUNNING tools as INTERRUPTED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db import DatabaseError
+
+from audit.models import ToolStatus
+from audit.payloads import canonical_json, clip
+from audit.recorder import DeclaredToolCall, ToolCallNotDeclared, ToolLifecycleConflict
+from diagnosis.runtime.cancel import RunCancelled
+from diagnosis.runtime.canonical import CanonicalUnavailable
+from diagnosis.runtime.context import RunContext
+from diagnosis.runtime.db import db, run_blocking
+from diagnosis.runtime.events import ToolEvent
+from diagnosis.runtime.tools.registry import ToolArgumentsError, ToolResult, ToolSpec
+
+logger = logging.getLogger(__name__)
+
+TOOL_ERROR = "TOOL_ERROR"
+TOOL_TIMEOUT = "TOOL_TIMEOUT"
+TOOL_REFUSED = "TOOL_REFUSED"
+TOOL_BAD_ARGUMENTS = "TOOL_BAD_ARGUMENTS"
+
+ERROR_MESSAGE_CHARS = 300
+MODEL_CONTENT_CHARS = 12000
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutcome:
+    """One call's result as the agent loop needs it: the tool message for the model and the status."""
+
+    call: DeclaredToolCall
+    status: str
+    content: str
+    error_code: str = ""
+
+    def message(self) -> dict[str, Any]:
+        return {"role": "tool", "tool_call_id": self.call.tool_call_id, "content": self.content}
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _error_content(code: str, message: str) -> str:
+    return json.dumps({"error": {"code": code, "message": message}}, ensure_ascii=False)
+
+
+def _exception_message(exc: BaseException) -> str:
+    """A bounded, content-safe description of a tool's exception."""
+    if isinstance(exc, DatabaseError):
+        return f"{type(exc).__name__} (database error)"  # never the message: it may quote values
+    text = str(exc).strip()
+    return clip(f"{type(exc).__name__}: {text}" if text else type(exc).__name__, ERROR_MESSAGE_CHARS)
+
+
+def _normalise(raw: Any) -> ToolResult:
+    return raw if isinstance(raw, ToolResult) else ToolResult(data=raw)
+
+
+class ToolBoundary:
+    """Runs one model step's tool calls through the lifecycle above, for one run."""
+
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+
+    async def run(self, calls: Sequence[DeclaredToolCall]) -> list[ToolOutcome]:
+        self.ctx.token.raise_if_cancelled()
+        results = await asyncio.gather(*(self._run_one(call) for call in calls), return_exceptions=True)
+        for result in results:
+            if isinstance(result, RunCancelled):
+                raise result
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        self.ctx.token.raise_if_cancelled()
+        return list(results)
+
+    async def _emit(self, call: DeclaredToolCall, status: str, sequence_no: int | None) -> None:
+        await self.ctx.sink.emit(
+            ToolEvent(
+                run_id=self.ctx.run_id,
+                tool_call_id=call.tool_call_id,
+                name=call.name,
+                status=status,
+                sequence_no=sequence_no,
+            )
+        )
+
+    async def _fail(self, call: DeclaredToolCall, code: str, message: str) -> ToolOutcome:
+        rec = self.ctx.recorder
+        seq = await db(
+            rec.tool_finished,
+            tool_call_id=call.tool_call_id,
+            status=ToolStatus.FAILED,
+            error_code=code,
+            error_message=message,
+        )
+        self.ctx.running_tools.pop(call.tool_call_id, None)
+        await self._emit(call, ToolStatus.FAILED, seq)
+        return ToolOutcome(call, ToolStatus.FAILED, _error_content(code, message), code)
+
+    async def _run_one(self, call: DeclaredToolCall) -> ToolOutcome:
+        ctx = self.ctx
+        spec = ctx.registry.get(call.name)
+        arguments: dict[str, Any] | None = None
+        argument_error = ""
+        if spec is not None:
+            try:
+                arguments = spec.validate(call.arguments)
+            except ToolArgumentsError as exc:
+                argument_error = clip(str(exc), ERROR_MESSAGE_CHARS)
+        if arguments is not None:
+            input_params: dict[str, Any] = arguments
+        else:
+            try:
+                parsed = json.loads(call.arguments) if call.arguments.strip() else {}
+            except ValueError:
+                parsed = None
+            input_params = parsed if isinstance(parsed, dict) else {"arguments": call.arguments}
+
+        try:
+            seq = await db(
+                ctx.recorder.tool_started,
+                tool_call_id=call.tool_call_id,
+                tool_name=call.name,
+                input_params=input_params,
+            )
+        except (ToolCallNotDeclared, ToolLifecycleConflict) as exc:
+            # Fail-closed: the tool never runs (the recorder recorded the refusal where it applies).
+            code = TOOL_REFUSED
+            logger.warning(
+                "tool start refused run=%s tool=%s error=%s", ctx.run_id, call.name, type(exc).__name__
+            )
+            return ToolOutcome(call, "REFUSED", _error_content(code, "the tool call was refused"), code)
+        ctx.running_tools[call.tool_call_id] = call.name
+        await self._emit(call, ToolStatus.RUNNING, seq)
+
+        if spec is None:
+            return await self._fail(call, TOOL_REFUSED, f"unknown tool {clip(call.name, 80)!r}")
+        if arguments is None:
+            return await self._fail(call, TOOL_BAD_ARGUMENTS, argument_error or "invalid arguments")
+
+        ctx.token.raise_if_cancelled()
+        timeout = spec.timeout if spec.timeout is not None else float(settings.TOOL_TIMEOUT)
+        try:
+            raw = await self._execute(spec, arguments, timeout)
+            result = _normalise(raw)
+            result_json = canonical_json(result.data)
+        except RunCancelled:
+            raise
+        except _Timeout:
+            return await self._fail(call, TOOL_TIMEOUT, f"the tool did not finish within {timeout:g} s")
+        except Exception as exc:
+            logger.warning("tool failed run=%s tool=%s error=%s", ctx.run_id, call.name, type(exc).__name__)
+            return await self._fail(call, TOOL_ERROR, _exception_message(exc))
+
+        note = ""
+        try:
+            await db(
+                ctx.canonical.put_result,
+                tool_call_id=call.tool_call_id,
+                result_json=result_json,
+                evidence={record.id: dict(record.payload) for record in result.evidence},
+            )
+        except CanonicalUnavailable:
+            ctx.canonical_degraded = True
+            note = "canonical store unavailable"
+        seq = await db(
+            ctx.recorder.tool_finished,
+            tool_call_id=call.tool_call_id,
+            status=ToolStatus.SUCCEEDED,
+            output=result_json,
+            retrieval=result.retrieval,
+            summary_note=note,
+        )
+        ctx.running_tools.pop(call.tool_call_id, None)
+        await self._emit(call, ToolStatus.SUCCEEDED, seq)
+        content = result.model_content if result.model_content is not None else result_json
+        return ToolOutcome(call, ToolStatus.SUCCEEDED, clip(content, MODEL_CONTENT_CHARS))
+
+    async def _execute(self, spec: ToolSpec, arguments: dict[str, Any], timeout: float) -> Any:
+        """Run the tool under its timeout, raced against the cancel token."""
+        if spec.is_async:
+            work: asyncio.Future[Any] = asyncio.ensure_future(spec.func(**arguments))
+        else:
+            work = run_blocking(spec.func, **arguments)
+        cancelled = asyncio.ensure_future(self.ctx.token.wait())
+        try:
+            done, _pending = await asyncio.wait(
+                {work, cancelled}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+        except asyncio.CancelledError:
+            work.cancel()
+            raise
+        finally:
+            cancelled.cancel()
+        if work in done:
+            return work.result()
+        work.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            if spec.is_async:
+                await work
+        if self.ctx.token.cancelled:
+            raise RunCancelled(self.ctx.token.reason)
+        raise _Timeout()
