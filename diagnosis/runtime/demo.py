@@ -282,17 +282,18 @@ def answer_from_evidence(question: str, items: Sequence[dict[str, Any]]) -> tupl
     """A short answer of the evidence sentences most related to the question, each cited; returns the
     text and the ids used (empty when no evidence shares enough terms with the question).
 
-    Items come best first; an item counts only when its title or heading shares a term with the question
-    and enough of its terms do. The answer keeps to the best relevant item's runbook (up to two of its
+    Items come best first; an item counts only when enough of its terms are the question's and, unless it
+    is the retrieval's top item, its title or heading names one of them. The answer keeps to the best relevant item's runbook (up to two of its
     items) and adds another runbook's item only when it shares as many terms with the question."""
     wanted = content_tokens(question)
     need = 2 if len(wanted) >= 3 else 1
     scored = []
-    for item in items:
+    for rank, item in enumerate(items):
         topic = content_tokens(f"{item.get('title', '')}\n{item.get('heading', '')}")
         overlap = len(wanted & (topic | content_tokens(str(item.get("text") or ""))))
-        # Relevant: the runbook's title or section names a term of the question, and enough terms match.
-        if wanted & topic and overlap >= need:
+        # Relevant: enough terms match, and the retrieval ranked it first or its title/section names a
+        # term of the question (retrieval already weighed synonyms such as replica/replication).
+        if (rank == 0 or wanted & topic) and overlap >= need:
             scored.append((overlap, item))
     if not scored:
         return "", []
