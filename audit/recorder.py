@@ -179,7 +179,9 @@ class RunRecorder:
     """Writes one run's audit records. Create it with `RunRecorder.for_run(run)` in the lease owner, or
     `RunRecorder.resume(run_id)` in a process taking over a run. See the module docstring for the rules."""
 
-    def __init__(self, *, run_id: str, session_id: str, created_at: Any = None) -> None:
+    def __init__(
+        self, *, run_id: str, session_id: str, created_at: Any = None, group_commit: bool | None = None
+    ) -> None:
         self.run_id = run_id
         self.session_id = session_id
         self._created_at = created_at
@@ -203,9 +205,11 @@ class RunRecorder:
     # Construction
     # ----------------------------------------------------------------------------------------------
     @classmethod
-    def for_run(cls, run: DiagnosisRun) -> RunRecorder:
+    def for_run(cls, run: DiagnosisRun, *, group_commit: bool | None = None) -> RunRecorder:
         """A recorder for a run that has written no audit record yet."""
-        return cls(run_id=run.run_id, session_id=run.session_id, created_at=run.created_at)
+        return cls(
+            run_id=run.run_id, session_id=run.session_id, created_at=run.created_at, group_commit=group_commit
+        )
 
     @classmethod
     def resume(cls, run_id: str) -> RunRecorder:
@@ -650,14 +654,20 @@ class RunRecorder:
                 tool_call_id, state, status, output, error_code, error_message, retrieval, summary_note
             )
 
-    def close_tools(self, *, status: str, error_code: str = "", error_message: str = "") -> int:
-        """Give every still-RUNNING tool the terminal `status` (e.g. INTERRUPTED on cancel); returns how
-        many were closed."""
+    def close_tools(
+        self, *, status: str, error_code: str = "", error_message: str = ""
+    ) -> dict[str, int | None]:
+        """Give every still-RUNNING tool the terminal `status` (e.g. INTERRUPTED on cancel). Returns each
+        closed tool's `tool_call_id` with the `sequence_no` of its terminal event (None if the write
+        failed)."""
         with self._lock:
             running = [(k, s) for k, s in self._tools.items() if s.status == ToolStatus.RUNNING]
-            for tool_call_id, state in running:
-                self._terminate(tool_call_id, state, status, None, error_code, error_message, None, "")
-            return len(running)
+            return {
+                tool_call_id: self._terminate(
+                    tool_call_id, state, status, None, error_code, error_message, None, ""
+                )
+                for tool_call_id, state in running
+            }
 
     def _close_dangling_tools(self, run_status: str) -> None:
         closing = {

@@ -283,8 +283,9 @@ def answer_from_evidence(question: str, items: Sequence[dict[str, Any]]) -> tupl
     text and the ids used (empty when no evidence shares enough terms with the question).
 
     Items come best first; an item counts only when enough of its terms are the question's and, unless it
-    is the retrieval's top item, its title or heading names one of them. The answer keeps to the best relevant item's runbook (up to two of its
-    items) and adds another runbook's item only when it shares as many terms with the question."""
+    is the retrieval's top item, its title or heading names one of them. The answer keeps to the best
+    relevant item's runbook (up to two of its items) and adds another runbook's item only when it shares
+    as many terms with the question."""
     wanted = content_tokens(question)
     need = 2 if len(wanted) >= 3 else 1
     scored = []

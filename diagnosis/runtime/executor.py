@@ -336,7 +336,7 @@ class _Ending:
         if self.token.lease_lost:
             return await self._lease_lost()
         running = dict(self.ctx.running_tools) if self.ctx is not None else {}
-        await db(
+        sequences = await db(
             self.recorder.close_tools,
             status=ToolStatus.INTERRUPTED,
             error_code="RUN_CANCELLED",
@@ -349,6 +349,7 @@ class _Ending:
                     tool_call_id=tool_call_id,
                     name=name,
                     status=ToolStatus.INTERRUPTED,
+                    sequence_no=sequences.get(tool_call_id),
                 )
             )
         await db(self.recorder.run_cancelled, reason=self.token.reason or "cancel requested")
