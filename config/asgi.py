@@ -1,4 +1,15 @@
-"""ASGI entry point served by daphne: HTTP through Django; WebSocket routes are added by the chat layer."""
+"""ASGI entry point served by daphne: HTTP through Django, WebSocket chat through channels.
+
+`daphne -b 127.0.0.1 -p 8000 config.asgi:application` (or `manage.py runserver`, which is daphne's).
+
+* HTTP: Django (REST API, SSE chat, admin, pages). With DEBUG on, static files are served here too, so a
+  bare daphne serves the chat page's script and the admin's styles; in production put them behind the
+  proxy (`manage.py collectstatic`, `STATIC_ROOT`).
+* WebSocket `ws/chat/`: `ChatOriginValidator` (the `Origin` header must name an allowed host, as channels'
+  `AllowedHostsOriginValidator`; a handshake without `Origin` is accepted only when it authenticates with
+  a token), then `ChatAuthMiddleware` (session cookie, or `Authorization: Token <key>` for scripts; never
+  a token in the query string, so tokens stay out of access logs). See docs/chat.md.
+"""
 
 import os
 
@@ -8,6 +19,19 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 django_asgi_app = get_asgi_application()
 
-from channels.routing import ProtocolTypeRouter  # noqa: E402  (needs the app registry loaded)
+# Imports that need the app registry loaded.
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.conf import settings  # noqa: E402
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
-application = ProtocolTypeRouter({"http": django_asgi_app})
+from config.routing import websocket_urlpatterns  # noqa: E402
+from diagnosis.ws_auth import ChatAuthMiddleware, ChatOriginValidatorFromSettings  # noqa: E402
+
+http_app = ASGIStaticFilesHandler(django_asgi_app) if settings.DEBUG else django_asgi_app
+
+application = ProtocolTypeRouter(
+    {
+        "http": http_app,
+        "websocket": ChatOriginValidatorFromSettings(ChatAuthMiddleware(URLRouter(websocket_urlpatterns))),
+    }
+)

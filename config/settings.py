@@ -58,12 +58,16 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Content-Security-Policy on every response (config/csp.py; Django 5.2 has none built in).
+    "config.csp.ContentSecurityPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Innermost: any non-JSON error response under /api/ becomes {"error": {"code", "message"}}.
+    "config.api.ApiErrorMiddleware",
 ]
 
 TEMPLATES = [
@@ -180,12 +184,27 @@ AGENT_MAX_STEPS = env.int("AGENT_MAX_STEPS", default=6)
 TOOL_TIMEOUT = env.float("TOOL_TIMEOUT", default=20.0)
 CHAT_MAX_ACTIVE_RUNS_PER_USER = env.int("CHAT_MAX_ACTIVE_RUNS_PER_USER", default=3)
 RUN_LEASE_SECONDS = env.int("RUN_LEASE_SECONDS", default=30)
+# Runtime thread pools (diagnosis/runtime/db.py): audit/ORM writes, and synchronous tools. Each DB thread
+# holds one database connection, so these bound this process's connections however many runs are live.
+RUNTIME_DB_THREADS = env.int("RUNTIME_DB_THREADS", default=8)
+RUNTIME_TOOL_THREADS = env.int("RUNTIME_TOOL_THREADS", default=8)
+# Live chat (docs/chat.md): in-process sweeper period (0 = off) and SSE keep-alive comment period.
+RUN_SWEEP_INTERVAL_SECONDS = env.float("RUN_SWEEP_INTERVAL_SECONDS", default=15.0)
+CHAT_SSE_HEARTBEAT_SECONDS = env.float("CHAT_SSE_HEARTBEAT_SECONDS", default=15.0)
 
 # ---------------------------------------------------------------------------------------------------
 # Reasoning governance
 # ---------------------------------------------------------------------------------------------------
 REASONING_ENCRYPTION_KEYS = env.list("REASONING_ENCRYPTION_KEYS", default=[])
 REASONING_RETENTION_DAYS = env.int("REASONING_RETENTION_DAYS", default=30)
+# Development only: without REASONING_ENCRYPTION_KEYS a key is generated once into this file and reused
+# (see reasoning/crypto.py). With DEBUG off there is no fallback: the check reasoning.E001 stops the server.
+REASONING_DEV_KEY_FILE = BASE_DIR / ".local" / "reasoning-encryption.key" if DEBUG else None
+# Reads of reasoning per user (DRF scoped throttle "reasoning").
+REASONING_THROTTLE_RATE = env.str("REASONING_THROTTLE_RATE", default="60/min")
+# How many reverse proxies in front of the app append to X-Forwarded-For. 0 (default): the client
+# address in the reasoning access log is REMOTE_ADDR and X-Forwarded-For is ignored (it can be forged).
+TRUSTED_PROXY_COUNT = env.int("TRUSTED_PROXY_COUNT", default=0)
 
 # ---------------------------------------------------------------------------------------------------
 # REST framework: authenticated by default, errors in the contract's shape
@@ -199,6 +218,8 @@ REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+    "EXCEPTION_HANDLER": "config.api.exception_handler",
+    "DEFAULT_THROTTLE_RATES": {"reasoning": REASONING_THROTTLE_RATE},
 }
 
 SPECTACULAR_SETTINGS = {
@@ -209,6 +230,15 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # The chat endpoints are async Django views (SSE); their paths are added by a hook (docs/chat.md).
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "diagnosis.chat_schema.add_chat_paths",
+    ],
+    "ENUM_NAME_OVERRIDES": {
+        "RunStatusEnum": "diagnosis.models.RunStatus.values",
+        "ToolStatusEnum": "audit.models.ToolStatus.values",
+    },
 }
 
 # ---------------------------------------------------------------------------------------------------

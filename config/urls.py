@@ -2,10 +2,41 @@
 
 from django.contrib import admin
 from django.urls import path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
+
+from audit.apis import SessionAuditsApi, TraceApi
+from diagnosis import chat_apis, chat_pages
+from diagnosis.apis import RunFeedbackApi, RunListApi, SessionListApi
+from reasoning.apis import ReasoningApi
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
+    # The split view serves Swagger UI's init script as its own request: no inline script (config/csp.py).
+    path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="swagger-ui"),
+    # Trace and reasoning API (issue 4). Path parameters are named as in the API contract.
+    path("api/diagnosis/sessions/", SessionListApi.as_view(), name="api-session-list"),
+    path("api/diagnosis/<str:sessionId>/runs/", RunListApi.as_view(), name="api-run-list"),
+    path("api/diagnosis/<str:sessionId>/trace", TraceApi.as_view(), name="api-trace"),
+    path("api/diagnosis/<str:sessionId>/trace/reasoning", ReasoningApi.as_view(), name="api-trace-reasoning"),
+    path("api/diagnosis/<str:sessionId>/audits", SessionAuditsApi.as_view(), name="api-session-audits"),
+    path(
+        "api/diagnosis/<str:sessionId>/runs/<str:runId>/feedback",
+        RunFeedbackApi.as_view(),
+        name="api-run-feedback",
+    ),
+    # Chat stream, run events and cancel (issue 5): async views, Server-Sent Events (docs/chat.md).
+    path("api/chat", chat_apis.chat_stream, name="api-chat"),
+    path(
+        "api/diagnosis/<str:sessionId>/runs/<str:runId>/events", chat_apis.run_events, name="api-run-events"
+    ),
+    path(
+        "api/diagnosis/<str:sessionId>/runs/<str:runId>/cancel", chat_apis.cancel_run, name="api-run-cancel"
+    ),
+    path("chat/", chat_pages.chat_page, name="chat"),
+    path("chat/runs/<str:run_id>/admin/", chat_pages.run_admin_redirect, name="chat-run-admin"),
 ]
+
+# Errors under /api/ in the contract's JSON shape (config.api); other paths keep Django's pages.
+handler404 = "config.api.handler404"
+handler500 = "config.api.handler500"

@@ -10,6 +10,7 @@ from django.db import connection
 
 from audit.recorder import RunRecorder
 from diagnosis import services
+from diagnosis.runtime.knowledge import reset_knowledge_index
 
 
 def pytest_collection_modifyitems(config, items):
@@ -19,6 +20,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "mariadb" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_knowledge_index():
+    """The retrieval index is per process while each test's database rolls back: start every test cold."""
+    reset_knowledge_index()
 
 
 @pytest.fixture
@@ -61,3 +68,28 @@ def run(chat_session):
 @pytest.fixture
 def recorder(run):
     return RunRecorder.for_run(run)
+
+
+@pytest.fixture
+def api_client():
+    """A DRF test client (no credentials; use `force_login` for session auth or `credentials` for tokens)."""
+    from rest_framework.test import APIClient
+
+    return APIClient()
+
+
+@pytest.fixture
+def traced_run(run):
+    """`run` recorded in full through the real recorder (tests.factories.record_full_run), refreshed."""
+    from tests.factories import record_full_run
+
+    record_full_run(run)
+    run.refresh_from_db()
+    return run
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hasher(settings):
+    """The role fixtures create up to six users per test; PBKDF2's million rounds would dominate the suite
+    (≈ 0.5 s per user). Tests do not measure password strength."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

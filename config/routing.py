@@ -1,0 +1,9 @@
+"""WebSocket routes (served by daphne through `config.asgi`)."""
+
+from django.urls import path
+
+from diagnosis.consumers import ChatConsumer
+
+websocket_urlpatterns = [
+    path("ws/chat/", ChatConsumer.as_asgi(), name="ws-chat"),
+]

@@ -1,0 +1,47 @@
+"""The chat page for staff (`/chat/`) and a run-id link into the admin's run page.
+
+The page is a plain Django template (`templates/chat.html`) and one static script
+(`diagnosis/static/diagnosis/chat.js`, no build step, no CDN) that speaks the SSE chat API of
+`diagnosis.chat_apis` with the session cookie and the CSRF token: it streams the answer, shows each tool
+call's status, the release decision and the outcome, cancels, and reattaches with `after=<last id>`
+when the connection drops.
+"""
+
+from __future__ import annotations
+
+from django.contrib.admin.views.decorators import staff_member_required
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.csrf import ensure_csrf_cookie
+from django.views.decorators.http import require_GET
+
+from diagnosis.models import DiagnosisRun
+from diagnosis.runtime.supervisor import QUERY_MAX_CHARS, max_active_runs
+
+
+@require_GET
+@login_required
+@ensure_csrf_cookie
+def chat_page(request: HttpRequest) -> HttpResponse:
+    """`GET /chat/`: ask a question and watch the run (login required)."""
+    return render(
+        request,
+        "chat.html",
+        {
+            "query_max_chars": QUERY_MAX_CHARS,
+            "max_active_runs": max_active_runs(),
+            "show_admin_links": request.user.is_staff,
+        },
+    )
+
+
+@require_GET
+@staff_member_required
+def run_admin_redirect(request: HttpRequest, run_id: str) -> HttpResponse:
+    """`GET /chat/runs/<runId>/admin/`: redirect to the run's page in the admin (staff only)."""
+    pk = DiagnosisRun.objects.filter(run_id=run_id).values_list("pk", flat=True).first()
+    if pk is None:
+        raise Http404("No such run.")
+    return redirect(reverse("admin:diagnosis_diagnosisrun_change", args=[pk]))
