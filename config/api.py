@@ -14,8 +14,9 @@ Every 4xx/5xx body under `/api/` is ``{"error": {"code": str, "message": str}}``
   `config.urls`) do the same for Django's own error paths with DEBUG off.
 
 Codes: `invalid_request` (400), `not_authenticated` / `authentication_failed` (401), `permission_denied`
-(403), `not_found` (404), `method_not_allowed` (405), `not_acceptable` (406), `unsupported_media_type`
-(415), `throttled` (429), `server_error` (500).
+(403), `not_found` (404), `method_not_allowed` (405), `not_acceptable` (406), `request_too_large` (413: a
+body over `DATA_UPLOAD_MAX_MEMORY_SIZE`), `unsupported_media_type` (415), `throttled` (429), `server_error`
+(500). Django's other `SuspiciousOperation`s are the client's fault too: 400, never a 500.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pathlib import Path
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404, HttpResponse, JsonResponse
 from django.views import defaults
@@ -63,6 +65,7 @@ DEFAULT_MESSAGES = {
     404: "Not found.",
     405: "Method not allowed.",
     429: "Request was throttled.",
+    413: "The request body is too large.",
     500: "Internal server error.",
 }
 
@@ -105,8 +108,22 @@ def log_unexpected(exc: BaseException, request_path: str) -> None:
     logger.error("unhandled error path=%s error=%s at=%s", request_path, type(exc).__name__, _origin(exc))
 
 
+def client_error(exc: BaseException) -> tuple[int, str] | None:
+    """(status, code) for exceptions that are the client's fault although they are not DRF's: a body
+    over `DATA_UPLOAD_MAX_MEMORY_SIZE` (413) and Django's other `SuspiciousOperation`s (400)."""
+    if isinstance(exc, RequestDataTooBig):
+        return 413, STATUS_CODES[413]
+    if isinstance(exc, SuspiciousOperation):
+        return 400, STATUS_CODES[400]
+    return None
+
+
 def exception_handler(exc, context) -> Response:
     """DRF's exception handler in the contract's shape; never returns None (no HTML 500 from DRF)."""
+    refused = client_error(exc)
+    if refused is not None:
+        set_rollback()
+        return Response(error_body(refused[1], DEFAULT_MESSAGES[refused[0]]), status=refused[0])
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):
@@ -203,6 +220,9 @@ class ApiErrorMiddleware:
     def process_exception(self, request, exception):
         if not _is_api(request) or isinstance(exception, (Http404, DjangoPermissionDenied)):
             return None  # Django turns these into 404/403, which `_rewrite` then shapes
+        refused = client_error(exception)
+        if refused is not None:
+            return json_error(refused[0], code=refused[1])
         log_unexpected(exception, request.path)
         return json_error(500)
 

@@ -183,11 +183,16 @@ LLM_MAX_RETRIES = env.int("LLM_MAX_RETRIES", default=3)
 AGENT_MAX_STEPS = env.int("AGENT_MAX_STEPS", default=6)
 TOOL_TIMEOUT = env.float("TOOL_TIMEOUT", default=20.0)
 CHAT_MAX_ACTIVE_RUNS_PER_USER = env.int("CHAT_MAX_ACTIVE_RUNS_PER_USER", default=3)
+# Chats a user may start per period over SSE and WebSocket together (diagnosis/chat_throttle.py; empty = off).
+CHAT_THROTTLE_RATE = env.str("CHAT_THROTTLE_RATE", default="30/min")
 RUN_LEASE_SECONDS = env.int("RUN_LEASE_SECONDS", default=30)
 # Runtime thread pools (diagnosis/runtime/db.py): audit/ORM writes, and synchronous tools. Each DB thread
 # holds one database connection, so these bound this process's connections however many runs are live.
 RUNTIME_DB_THREADS = env.int("RUNTIME_DB_THREADS", default=8)
 RUNTIME_TOOL_THREADS = env.int("RUNTIME_TOOL_THREADS", default=8)
+# Group commit of concurrent audit writers (audit/group_commit.py, docs/performance.md): decisions of
+# several runs that wait for a COMMIT at the same time share one transaction.
+AUDIT_GROUP_COMMIT = env.bool("AUDIT_GROUP_COMMIT", default=False)
 # Live chat (docs/chat.md): in-process sweeper period (0 = off) and SSE keep-alive comment period.
 RUN_SWEEP_INTERVAL_SECONDS = env.float("RUN_SWEEP_INTERVAL_SECONDS", default=15.0)
 CHAT_SSE_HEARTBEAT_SECONDS = env.float("CHAT_SSE_HEARTBEAT_SECONDS", default=15.0)
@@ -271,5 +276,12 @@ LOGGING = {
     "loggers": {
         # The ASGI server's access log would print query strings; tokens never travel there (see README).
         "django.db.backends": {"level": "INFO"},
+        # Pinned above DEBUG whatever LOG_LEVEL says (docs/deployment.md): SQL parameters carry tokens,
+        # questions and answers, and provider SDKs have logged request bodies (messages, reasoning sent
+        # back within a turn) at DEBUG. Asserted in tests/test_security_settings.py.
+        "openai": {"level": "INFO"},
+        "httpx": {"level": "INFO"},
+        "httpx2": {"level": "INFO"},
+        "httpcore": {"level": "INFO"},
     },
 }

@@ -18,7 +18,8 @@ consulted) or the session cookie, in which case unsafe methods need the CSRF tok
 (`X-CSRFToken` header), as DRF's session authentication requires. Errors before a stream starts are
 JSON in the contract's shape (`config.api.json_error`): 400 `invalid_request`, 401
 `not_authenticated`/`authentication_failed`, 403 `permission_denied` (CSRF), 404 `not_found` (also for
-runs the user may not see), 405, 429 `too_many_active_runs`.
+runs the user may not see), 405, 429 `too_many_active_runs` or `throttled` (more chats started than
+`CHAT_THROTTLE_RATE` allows; `Retry-After` header, see `diagnosis.chat_throttle`).
 """
 
 from __future__ import annotations
@@ -32,13 +33,13 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
 from config.api import json_error
+from diagnosis.chat_throttle import start_throttled_chat
 from diagnosis.runtime.live import LiveFrame, RunFollower, heartbeat_seconds, sse_event
 from diagnosis.runtime.supervisor import (
     ChatRefused,
     ensure_background,
     launch,
     request_cancel,
-    start_chat,
     validate_after,
 )
 from diagnosis.selectors import get_visible_run
@@ -88,7 +89,10 @@ async def _authenticate(request: HttpRequest):
 
 
 def _refused(refused: ChatRefused) -> JsonResponse:
-    return json_error(refused.status, refused.message, refused.code)
+    response = json_error(refused.status, refused.message, refused.code)
+    if getattr(refused, "retry_after", None):
+        response["Retry-After"] = str(refused.retry_after)
+    return response
 
 
 # -------------------------------------------------------------------------------------------------
@@ -143,7 +147,7 @@ async def chat_stream(request: HttpRequest) -> HttpResponse:
         return json_error(400, "The body must be a JSON object.")
     ensure_background()
     try:
-        run = await database_sync_to_async(start_chat)(
+        run = await database_sync_to_async(start_throttled_chat)(
             user=user, query=body.get("query"), session_id=body.get("sessionId")
         )
     except ChatRefused as refused:

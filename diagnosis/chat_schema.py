@@ -126,7 +126,9 @@ def _errors(*codes: int) -> dict[str, Any]:
         401: "Not authenticated (`not_authenticated`, `authentication_failed`).",
         403: "CSRF check failed for session authentication (`permission_denied`).",
         404: "No such session or run, or one the user may not see (`not_found`).",
-        429: "Too many active runs (`too_many_active_runs`).",
+        413: "The body is over 64 KiB (`request_too_large`).",
+        429: "Too many active runs (`too_many_active_runs`), or too many chats started "
+        "(`throttled`, with `Retry-After`; `CHAT_THROTTLE_RATE`).",
     }
     return {
         str(c): {"description": text[c], "content": {"application/json": {"schema": ERROR_REF}}}
@@ -155,7 +157,7 @@ def chat_paths() -> dict[str, Any]:
                     "required": True,
                     "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ChatRequest"}}},
                 },
-                "responses": {"200": _stream_response(), **_errors(400, 401, 403, 404, 429)},
+                "responses": {"200": _stream_response(), **_errors(400, 401, 403, 404, 413, 429)},
             }
         },
         "/api/diagnosis/{sessionId}/runs/{runId}/events": {

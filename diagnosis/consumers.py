@@ -27,13 +27,13 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from diagnosis.chat_throttle import start_throttled_chat
 from diagnosis.runtime.live import RunFollower, error_frame
 from diagnosis.runtime.supervisor import (
     ChatRefused,
     ensure_background,
     launch,
     request_cancel,
-    start_chat,
     validate_after,
     visible_run,
 )
@@ -102,7 +102,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def _chat(self, content: dict[str, Any]) -> None:
         self._check_follow_capacity()
-        run = await database_sync_to_async(start_chat)(
+        run = await database_sync_to_async(start_throttled_chat)(
             user=self.user, query=content.get("query"), session_id=content.get("sessionId")
         )
         await self._follow(run.run_id, after=0, start=True)

@@ -89,6 +89,18 @@ def traced_run(run):
 
 
 @pytest.fixture(autouse=True)
+def _fresh_rate_limits():
+    """Throttle counters (reasoning reads, chat starts) live in the default cache of this process, and
+    user ids repeat from test to test: start every test with no request counted. Only an in-process
+    cache is cleared (never a Redis that other processes may share)."""
+    from django.core.cache import caches
+    from django.core.cache.backends.locmem import LocMemCache
+
+    if isinstance(caches["default"], LocMemCache):
+        caches["default"].clear()
+
+
+@pytest.fixture(autouse=True)
 def _fast_password_hasher(settings):
     """The role fixtures create up to six users per test; PBKDF2's million rounds would dominate the suite
     (≈ 0.5 s per user). Tests do not measure password strength."""

@@ -7,10 +7,20 @@ process) this process holds at most that many connections for audit writes. Ever
 before the run takes its next decision. Synchronous tools run on a second bounded pool
 (`RUNTIME_TOOL_THREADS`), so a slow tool can never starve the audit writes.
 
-Pool threads live outside Django's request cycle, so nothing closes their connections between jobs: a
-connection idle for longer than `IDLE_CLOSE_SECONDS` is closed before the next job and reopened lazily
-(the server may have dropped it meanwhile). `shutdown_pools()` closes every pool thread's connection and
-stops the pools; they are recreated on next use (tests call it between cases).
+Pool threads live outside Django's request cycle, so nothing checks their connections between jobs the
+way Django does around each request. `_job` does it instead, so that a restarted or unreachable database
+costs at most one failed job per thread, never a thread that fails forever:
+
+* a connection idle for longer than `IDLE_CLOSE_SECONDS` is closed before the next job and reopened
+  lazily (the server may have dropped it meanwhile);
+* a connection idle for longer than `PING_IDLE_SECONDS` is pinged before the next job and closed if the
+  server does not answer (e.g. MariaDB was restarted between two runs), so the job reconnects; busy
+  threads pay nothing;
+* after a job during which a database error occurred, a connection that no longer answers is closed
+  (Django's `close_if_unusable_or_obsolete`, as at the end of a request), so the next job reconnects.
+
+`shutdown_pools()` closes every pool thread's connection and stops the pools; they are recreated on next
+use (tests call it between cases).
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from django.db import connections
 T = TypeVar("T")
 
 IDLE_CLOSE_SECONDS = 300.0
+PING_IDLE_SECONDS = 0.1
 
 _lock = threading.Lock()
 _pools: dict[str, ThreadPoolExecutor] = {}
@@ -56,10 +67,27 @@ def _job(fn: Callable[..., T], args: tuple, kwargs: dict) -> T:
     last = getattr(_local, "last_used", None)
     if last is not None and now - last > IDLE_CLOSE_SECONDS:
         connections.close_all()
+    elif last is not None and now - last > PING_IDLE_SECONDS:
+        _close_unanswering()
     try:
         return fn(*args, **kwargs)
     finally:
+        _after_errors()
         _local.last_used = time.monotonic()
+
+
+def _close_unanswering() -> None:
+    """Close this thread's open connections that do not answer a ping (they reconnect on next use)."""
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is not None and not conn.in_atomic_block and not conn.is_usable():
+            conn.close()
+
+
+def _after_errors() -> None:
+    """After a job that hit a database error: close a connection that is no longer usable."""
+    for conn in connections.all(initialized_only=True):
+        if conn.errors_occurred and not conn.in_atomic_block:
+            conn.close_if_unusable_or_obsolete()
 
 
 async def db(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
