@@ -9,6 +9,7 @@ the database can check that no stored event was changed, removed or reordered.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -64,6 +65,32 @@ def event_payload(
 
 def chain_hash(prev_hash: str, payload: dict[str, Any]) -> str:
     return sha256_hex(prev_hash + canonical_json(payload))
+
+
+def _text(value: str) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def event_payload_json(
+    *,
+    run_id: str,
+    session_id: str,
+    sequence_no: int,
+    phase: str,
+    event_type: str,
+    status: str,
+    summary: str,
+    details_json: str,
+    created_at: dt.datetime,
+) -> str:
+    """`canonical_json(event_payload(...))` for details already in canonical JSON (`details_json`),
+    without serialising them again: the keys in sorted order, compact separators, UTF-8 kept."""
+    return (
+        f'{{"createdAt":{_text(timestamp(created_at))},"details":{details_json},'
+        f'"eventType":{_text(event_type)},"phase":{_text(phase)},"runId":{_text(run_id)},'
+        f'"sequenceNo":{int(sequence_no)},"sessionId":{_text(session_id)},"status":{_text(status)},'
+        f'"summary":{_text(summary)}}}'
+    )
 
 
 def link_hash(event: ChainLink) -> str:

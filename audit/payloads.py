@@ -67,16 +67,32 @@ def bound_json(
     summarised; if the result still serialises to more than `max_chars` characters the whole value is
     replaced by `{"truncated": true, "length", "sha256", "preview"}` of its canonical JSON.
     """
+    return bound_json_text(
+        value, max_string=max_string, max_items=max_items, max_depth=max_depth, max_chars=max_chars
+    )[0]
+
+
+def bound_json_text(
+    value: Any,
+    *,
+    max_string: int = PREVIEW_CHARS,
+    max_items: int = MAX_ITEMS,
+    max_depth: int = MAX_DEPTH,
+    max_chars: int = MAX_JSON_CHARS,
+) -> tuple[Any, str]:
+    """`bound_json(value)` and its canonical JSON text, computed once (the recorder stores and hashes
+    that text instead of serialising the value again)."""
     pruned = _prune(value, max_string, max_items, max_depth)
     text = canonical_json(pruned)
     if len(text) <= max_chars:
-        return pruned
-    return {
+        return pruned, text
+    summary = {
         "truncated": True,
         "length": len(text),
         "sha256": sha256_hex(text),
         "preview": text[:max_string],
     }
+    return summary, canonical_json(summary)
 
 
 def _prune(value: Any, max_string: int, max_items: int, depth: int) -> Any:

@@ -21,6 +21,11 @@ no-ops.
 Every writing method returns the `sequence_no` of its (last) timeline event, or None when the write
 failed or was a no-op; transports use it as the resumption id of live events.
 
+Rows reach the database as one `audit.write_ops.WriteOp` per decision (statements built from the models'
+fields; on MariaDB one round trip per decision), directly on the calling thread's connection or, with
+`settings.AUDIT_GROUP_COMMIT`, through `audit.group_commit` together with other runs' decisions that wait
+for a COMMIT at the same time. Either way a method returns only once its decision committed.
+
 One RunRecorder exists per run, in the process holding the run's lease. It is thread-safe (one lock per
 run; parallel tool calls may record from several threads). `RunRecorder.resume` rebuilds the state from
 the database for another process (the sweeper) that takes over a run whose owner died. All methods are
@@ -29,19 +34,22 @@ synchronous Django ORM code; async callers wrap them with `asgiref.sync.sync_to_
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.conf import settings
+from django.db import DatabaseError, IntegrityError, connection
 from django.db.models import F
 from django.utils import timezone
 
-from audit.integrity import GENESIS_HASH, chain_hash, event_payload
+from audit.group_commit import get_committer
+from audit.integrity import GENESIS_HASH, event_payload_json
 from audit.models import (
     AgentStep,
     EventType,
@@ -51,7 +59,9 @@ from audit.models import (
     TraceEvent,
     UsageSource,
 )
-from audit.payloads import bound_json, bound_text, canonical_json, clip
+from audit.payloads import bound_json, bound_json_text, bound_text, canonical_json, clip, sha256_hex
+from audit.write_ops import Insert, RawJSON, Update, WriteOp, execute
+from audit.write_ops import Table as RowTable
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
 from reasoning.capture import CapturedReasoning, ToolCallPlan
 from reasoning.models import AgentReasoningAudit
@@ -185,6 +195,9 @@ class RunRecorder:
         self.run_id = run_id
         self.session_id = session_id
         self._created_at = created_at
+        self._group_commit = (
+            bool(getattr(settings, "AUDIT_GROUP_COMMIT", False)) if group_commit is None else group_commit
+        )
         self._lock = threading.RLock()
         self._next_sequence = 1
         self._prev_hash = GENESIS_HASH
@@ -206,7 +219,8 @@ class RunRecorder:
     # ----------------------------------------------------------------------------------------------
     @classmethod
     def for_run(cls, run: DiagnosisRun, *, group_commit: bool | None = None) -> RunRecorder:
-        """A recorder for a run that has written no audit record yet."""
+        """A recorder for a run that has written no audit record yet. `group_commit` overrides
+        `settings.AUDIT_GROUP_COMMIT` for this recorder."""
         return cls(
             run_id=run.run_id, session_id=run.session_id, created_at=run.created_at, group_commit=group_commit
         )
@@ -466,53 +480,61 @@ class RunRecorder:
             summary = f"step {step_index}: {model}, finish {finish_reason or 'unknown'}"
             if names:
                 summary += f", {len(names)} tool call(s): {', '.join(names)}"
-            step = AgentStep(
-                run_id=self.run_id,
-                session_id=self.session_id,
-                step_index=step_index,
-                agent_name=agent_name,
-                model=clip(model, 128),
-                model_input=bound_json(list(model_input)),
-                model_output=bound_json(
-                    {
-                        "textLength": text_length,
-                        "finishReason": finish_reason,
-                        "toolCalls": [
-                            {"id": c.tool_call_id, "name": c.name, "argumentsLength": len(c.arguments)}
-                            for c in tool_calls
-                        ],
-                    }
+            t = _tables()
+            step = Insert(
+                t.step,
+                t.step.row(
+                    run_id=self.run_id,
+                    session_id=self.session_id,
+                    step_index=step_index,
+                    agent_name=agent_name,
+                    model=clip(model, 128),
+                    model_input=bound_json(list(model_input)),
+                    model_output=bound_json(
+                        {
+                            "textLength": text_length,
+                            "finishReason": finish_reason,
+                            "toolCalls": [
+                                {"id": c.tool_call_id, "name": c.name, "argumentsLength": len(c.arguments)}
+                                for c in tool_calls
+                            ],
+                        }
+                    ),
+                    tool_call_ids=[c.tool_call_id for c in tool_calls],
+                    has_tool_call=bool(tool_calls),
+                    finish_reason=clip(finish_reason, 32),
+                    attempts=bound_json(list(provider_attempts)),
+                    started_at=started_at,
+                    finished_at=finished_at,
+                    duration_ms=duration_ms,
+                    usage_available=usage.available,
+                    prompt_tokens=usage.prompt_tokens,
+                    completion_tokens=usage.completion_tokens,
+                    reasoning_tokens=usage.reasoning_tokens,
+                    cached_tokens=usage.cached_tokens,
+                    total_tokens=usage.total_tokens,
+                    reasoning_available=reasoning.reasoning_available,
+                    reasoning_bytes=reasoning.reasoning_bytes,
+                    assistant_bytes=reasoning.assistant_bytes,
+                    content_source=reasoning.content_source,
+                    created_at=now,
                 ),
-                tool_call_ids=[c.tool_call_id for c in tool_calls],
-                has_tool_call=bool(tool_calls),
-                finish_reason=clip(finish_reason, 32),
-                attempts=bound_json(list(provider_attempts)),
-                started_at=started_at,
-                finished_at=finished_at,
-                duration_ms=duration_ms,
-                usage_available=usage.available,
-                prompt_tokens=usage.prompt_tokens,
-                completion_tokens=usage.completion_tokens,
-                reasoning_tokens=usage.reasoning_tokens,
-                cached_tokens=usage.cached_tokens,
-                total_tokens=usage.total_tokens,
-                reasoning_available=reasoning.reasoning_available,
-                reasoning_bytes=reasoning.reasoning_bytes,
-                assistant_bytes=reasoning.assistant_bytes,
-                content_source=reasoning.content_source,
-                created_at=now,
+                want_id=True,
             )
-            reasoning_row = AgentReasoningAudit(
-                session_id=self.session_id,
-                run_id=self.run_id,
-                step_index=step_index,
-                agent_name=agent_name,
-                reasoning_available=reasoning.reasoning_available,
-                reasoning_content=reasoning.reasoning_content,
-                assistant_text=reasoning.assistant_text,
-                content_source=reasoning.content_source,
-                content_bytes=reasoning.content_bytes,
-                created_at=now,
+            reasoning_row = Insert(
+                t.reasoning,
+                t.reasoning.row(
+                    session_id=self.session_id,
+                    run_id=self.run_id,
+                    step_index=step_index,
+                    agent_name=agent_name,
+                    reasoning_available=reasoning.reasoning_available,
+                    reasoning_content=reasoning.reasoning_content,
+                    assistant_text=reasoning.assistant_text,
+                    content_source=reasoning.content_source,
+                    content_bytes=reasoning.content_bytes,
+                    created_at=now,
+                ),
             )
             events = [
                 _Event(
@@ -537,12 +559,10 @@ class RunRecorder:
                 self._usage_event(UsageSource.AGENT, model, usage, phase=Phase.AGENT, step_index=step_index),
             ]
 
-            def rows() -> None:
-                step.save(force_insert=True)
-                reasoning_row.save(force_insert=True)
-                self._step_ids[step_index] = step.pk
-
-            return self._write("model_step", events, rows=rows, usage=usage)
+            sequence_no = self._write("model_step", events, inserts=[step, reasoning_row], usage=usage)
+            if step.id is not None:
+                self._step_ids[step_index] = step.id
+            return sequence_no
 
     # ----------------------------------------------------------------------------------------------
     # Tool boundary
@@ -598,18 +618,22 @@ class RunRecorder:
             )
             self._tools[tool_call_id] = state
             self.expected_tools += 1
-            row = ToolInvocation(
-                run_id=self.run_id,
-                session_id=self.session_id,
-                step_id=self._step_ids.get(step_index),
-                step_index=step_index,
-                tool_call_id=tool_call_id,
-                tool_name=tool_name,
-                status=ToolStatus.RUNNING,
-                input_params=effective_input,
-                started_at=now,
-                created_at=now,
-                updated_at=now,
+            t = _tables()
+            row = Insert(
+                t.tool,
+                t.tool.row(
+                    run_id=self.run_id,
+                    session_id=self.session_id,
+                    step_id=self._step_ids.get(step_index),
+                    step_index=step_index,
+                    tool_call_id=tool_call_id,
+                    tool_name=tool_name,
+                    status=ToolStatus.RUNNING,
+                    input_params=effective_input,
+                    started_at=now,
+                    created_at=now,
+                    updated_at=now,
+                ),
             )
             sequence_no = self._write(
                 "tool_started",
@@ -627,7 +651,7 @@ class RunRecorder:
                         },
                     )
                 ],
-                rows=lambda: row.save(force_insert=True),
+                inserts=[row],
             )
             # Starting is the moment the executing process begins timing.
             state.started_monotonic = time.monotonic()
@@ -755,24 +779,32 @@ class RunRecorder:
                 l1MatchCount=retrieval.l1_match_count,
             )
 
-        def rows() -> None:
-            updated = ToolInvocation.objects.filter(
-                run_id=self.run_id, tool_call_id=tool_call_id, status=ToolStatus.RUNNING
-            ).update(**fields)
-            if not updated:
-                # The RUNNING row never committed (an earlier audit write failed): keep the facts anyway.
-                ToolInvocation.objects.create(
-                    run_id=self.run_id,
-                    session_id=self.session_id,
-                    step_id=self._step_ids.get(state.step_index) if state.step_index is not None else None,
-                    step_index=state.step_index,
-                    tool_call_id=tool_call_id,
-                    tool_name=state.name,
-                    input_params={},
-                    started_at=state.started_at,
-                    created_at=now,
-                    **fields,
-                )
+        t = _tables()
+        # The RUNNING row may never have committed (an earlier audit write failed): then the terminal
+        # facts are inserted as the tool's row instead, so they are kept anyway.
+        fallback = Insert(
+            t.tool,
+            t.tool.row(
+                run_id=self.run_id,
+                session_id=self.session_id,
+                step_id=self._step_ids.get(state.step_index) if state.step_index is not None else None,
+                step_index=state.step_index,
+                tool_call_id=tool_call_id,
+                tool_name=state.name,
+                input_params={},
+                started_at=state.started_at,
+                created_at=now,
+                **fields,
+            ),
+        )
+        update = Update(
+            t.tool,
+            tuple(fields),
+            tuple(fields.values()),
+            ("run_id", "tool_call_id", "status"),
+            (self.run_id, tool_call_id, ToolStatus.RUNNING.value),
+            fallback=fallback,
+        )
 
         return self._write(
             "tool_finished",
@@ -785,7 +817,7 @@ class RunRecorder:
                     details,
                 )
             ],
-            rows=rows,
+            updates=[update],
         )
 
     # ----------------------------------------------------------------------------------------------
@@ -919,11 +951,13 @@ class RunRecorder:
         what: str,
         events: Sequence[_Event],
         *,
-        rows=None,
+        inserts: Sequence[Insert] = (),
+        updates: Sequence[Update] = (),
         run_fields: dict[str, Any] | None = None,
         usage: Usage | None = None,
     ) -> int | None:
-        """Write `rows()` (if any), the events and the run fields in one transaction; fail-open.
+        """Write the decision's rows (`inserts`, `updates`), its events and the run fields in one
+        transaction, durable before returning; fail-open.
 
         Returns the `sequence_no` of the last event written (transports use it as the resumption id of
         live events), or None when the write failed.
@@ -940,7 +974,7 @@ class RunRecorder:
                 self._ledger.add(source, usage)
             for attempt in (1, 2):
                 try:
-                    self._commit(events, rows, run_fields)
+                    self._commit(events, inserts, updates, run_fields)
                 except IntegrityError as exc:
                     # Another process wrote this run's timeline (e.g. a sweeper that thought it dead):
                     # reload the chain head once and retry; anything else is an audit failure.
@@ -958,57 +992,79 @@ class RunRecorder:
                 return self._next_sequence - 1
             return None
 
-    def _commit(self, events: Sequence[_Event], rows, run_fields: dict[str, Any] | None) -> None:
+    def _commit(
+        self,
+        events: Sequence[_Event],
+        inserts: Sequence[Insert],
+        updates: Sequence[Update],
+        run_fields: dict[str, Any] | None,
+    ) -> None:
+        t = _tables()
         seq = self._next_sequence
         prev = self._prev_hash
-        objs = []
+        op = WriteOp(inserts=list(inserts), updates=list(updates))
         for event in events:
             created_at = timezone.now()
-            details = bound_json(event.details)
+            _, details_json = bound_json_text(event.details)
             summary = clip(event.summary, SUMMARY_CHARS)
-            digest = chain_hash(
-                prev,
-                event_payload(
+            phase, event_type, status = str(event.phase), str(event.event_type), str(event.status)
+            digest = sha256_hex(
+                prev
+                + event_payload_json(
                     run_id=self.run_id,
                     session_id=self.session_id,
                     sequence_no=seq,
-                    phase=str(event.phase),
-                    event_type=str(event.event_type),
-                    status=str(event.status),
+                    phase=phase,
+                    event_type=event_type,
+                    status=status,
                     summary=summary,
-                    details=details,
+                    details_json=details_json,
                     created_at=created_at,
-                ),
+                )
             )
-            objs.append(
-                TraceEvent(
-                    run_id=self.run_id,
-                    session_id=self.session_id,
-                    sequence_no=seq,
-                    phase=str(event.phase),
-                    event_type=str(event.event_type),
-                    status=str(event.status),
-                    summary=summary,
-                    details=details,
-                    prev_hash=prev,
-                    hash=digest,
-                    created_at=created_at,
+            op.inserts.append(
+                Insert(
+                    t.event,
+                    (
+                        self.run_id,
+                        self.session_id,
+                        seq,
+                        phase,
+                        event_type,
+                        status,
+                        summary,
+                        # Stored as the hashed canonical text (ASCII-escaped when it holds non-ASCII,
+                        # so that any string the JSON module accepts can be stored).
+                        RawJSON(details_json if details_json.isascii() else _ascii_json(details_json)),
+                        prev,
+                        digest,
+                        created_at,
+                    ),
                 )
             )
             prev = digest
             seq += 1
-        multi = rows is not None or run_fields or len(objs) > 1
-        with transaction.atomic() if multi else nullcontext():
-            if rows is not None:
-                rows()
-            if len(objs) == 1:
-                objs[0].save(force_insert=True)
-            elif objs:
-                TraceEvent.objects.bulk_create(objs)
-            if run_fields:
-                DiagnosisRun.objects.filter(run_id=self.run_id).update(**run_fields, **self._count_fields())
+        if run_fields:
+            fields = {**run_fields, **self._count_fields()}
+            op.updates.append(
+                Update(t.run, tuple(fields), tuple(fields.values()), ("run_id",), (self.run_id,))
+            )
+        self._submit(op)
         self._next_sequence = seq
         self._prev_hash = prev
+
+    def _submit(self, op: WriteOp) -> None:
+        """Write `op` durably (group commit when enabled and the caller is in autocommit mode, else
+        directly on this thread's connection); raise its database error."""
+        if self._group_commit and not connection.in_atomic_block:
+            get_committer().submit(op)
+        else:
+            try:
+                execute([op], connection)
+            except DatabaseError as exc:
+                op.error = exc
+        if op.error is not None:
+            raise op.error
 
     def _count_fields(self) -> dict[str, int]:
         return {
@@ -1020,8 +1076,10 @@ class RunRecorder:
 
     def _update_run(self, what: str, **fields: Any) -> bool:
         with self._lock:
+            fields.update(self._count_fields())
+            update = Update(_tables().run, tuple(fields), tuple(fields.values()), ("run_id",), (self.run_id,))
             try:
-                DiagnosisRun.objects.filter(run_id=self.run_id).update(**fields, **self._count_fields())
+                self._submit(WriteOp(updates=[update]))
                 return True
             except DatabaseError as exc:
                 self._failed(what, exc)
@@ -1063,6 +1121,30 @@ class RunRecorder:
             "steps": AgentStep.objects.filter(run_id=self.run_id).count(),
             "tools": ToolInvocation.objects.filter(run_id=self.run_id).count(),
         }
+
+
+def _ascii_json(canonical: str) -> str:
+    return json.dumps(json.loads(canonical), sort_keys=True, separators=(",", ":"))
+
+
+class _Tables:
+    """Row layouts of the recorder's tables (every concrete column but the auto primary key)."""
+
+    def __init__(self) -> None:
+        self.event = _table(TraceEvent)
+        self.step = _table(AgentStep)
+        self.reasoning = _table(AgentReasoningAudit)
+        self.tool = _table(ToolInvocation)
+        self.run = _table(DiagnosisRun)
+
+
+def _table(model) -> RowTable:
+    return RowTable(model, [f.attname for f in model._meta.concrete_fields if not f.primary_key])
+
+
+@functools.cache
+def _tables() -> _Tables:
+    return _Tables()
 
 
 def _ms(delta) -> int:

@@ -1,0 +1,343 @@
+"""The recorder's write operations and how they reach the database (record layer; used only by
+`audit.recorder` and `audit.group_commit`).
+
+A `WriteOp` is one decision's rows: INSERTs (`Insert`) and UPDATEs (`Update`, optionally with a row to
+insert when the update matched nothing). `execute(ops)` writes one or several ops in **one transaction**
+on the calling thread's connection and returns only after COMMIT:
+
+* rows of the same table across ops become one multi-row INSERT (ids come back through `RETURNING` where
+  the database supports it, else one INSERT per row that needs its id);
+* UPDATEs run one by one, sorted by table and key so that two batches never lock rows in opposite orders;
+* a single statement needs no transaction (in autocommit mode it is its own);
+* on MariaDB outside any atomic block, the whole transaction is **one compound statement**
+  (`BEGIN NOT ATOMIC … START TRANSACTION; …; COMMIT; END` with an exit handler that rolls back and
+  re-raises the error with its own code): one round trip per decision instead of one per statement plus
+  transaction control (Django's `atomic()` would also add two `SET autocommit` round trips per
+  transaction). On MySQL: the statements between `START TRANSACTION` and `COMMIT`;
+* inside an atomic block (a caller's transaction, or a pytest-django test) the op runs in a savepoint of
+  that transaction; while execute wrappers are installed on the connection (instrumentation, fault
+  injection) it runs in Django's `atomic()`, statement by statement, so that each wrapper sees exactly
+  the statements it saw before this module existed; on SQLite it is `atomic()` too.
+
+Statements are built from the models' own field definitions (column names, and the fields' own database
+preparation for JSON, date-times and the encrypted reasoning text), so a row written here is the row the
+ORM would write. They run through Django's cursor, so `connection.execute_wrapper` hooks, error
+translation (`IntegrityError`, `OperationalError` …) and the connection's session settings all apply.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import models, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+MAX_ROWS_PER_STATEMENT = 500
+
+
+class RawJSON:
+    """JSON text already serialised by the caller (the recorder's canonical details): stored as is."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def _char(value: Any) -> Any:
+    return value if value is None or type(value) is str else str(value)
+
+
+class Table:
+    """INSERT/UPDATE building for one model: its columns in a fixed order and each column's conversion
+    from a Python value to the database parameter (the same conversion `Model.save` applies)."""
+
+    def __init__(self, model: type[models.Model], columns: Sequence[str]) -> None:
+        self.model = model
+        self.db_table = model._meta.db_table
+        self.columns = tuple(columns)
+        self.fields = [model._meta.get_field(c) for c in self.columns]
+        self.index = {c: i for i, c in enumerate(self.columns)}
+        self.pk_column = model._meta.pk.column
+        self._sql: dict[tuple, str] = {}
+        self._converters: dict[str, list[Callable[[Any], Any] | None]] = {}
+
+    def row(self, **values: Any) -> tuple:
+        """A row in column order; a column not given takes the model field's default (as `Model()`)."""
+        out = []
+        used = 0
+        for name, f in zip(self.columns, self.fields, strict=True):
+            if name in values:
+                out.append(values[name])
+                used += 1
+            else:
+                out.append(f.get_default())
+        if used != len(values):
+            raise KeyError(f"unknown columns for {self.db_table}: {sorted(set(values) - set(self.columns))}")
+        return tuple(out)
+
+    def column(self, name: str) -> str:
+        return self.model._meta.get_field(name).column
+
+    def converters(self, connection: BaseDatabaseWrapper) -> list[Callable[[Any], Any] | None]:
+        found = self._converters.get(connection.alias)
+        if found is None:
+            found = [self._converter(f, connection) for f in self.fields]
+            self._converters[connection.alias] = found
+        return found
+
+    @staticmethod
+    def _converter(f: models.Field, connection: BaseDatabaseWrapper) -> Callable[[Any], Any] | None:
+        if isinstance(f, models.JSONField):
+            if connection.vendor in ("mysql", "sqlite"):
+                encoder = f.encoder
+
+                def to_json(value: Any) -> Any:
+                    if isinstance(value, RawJSON):
+                        return value.text
+                    return json.dumps(value, cls=encoder)
+
+                return to_json
+            return lambda value: f.get_db_prep_save(
+                json.loads(value.text) if isinstance(value, RawJSON) else value, connection
+            )
+        if type(f) in (models.CharField, models.TextField) or (
+            isinstance(f, models.ForeignKey) and type(f.target_field) in (models.CharField, models.TextField)
+        ):
+            return _char
+        if type(f) is models.DateTimeField:
+            return connection.ops.adapt_datetimefield_value
+        if type(f) in (
+            models.IntegerField,
+            models.BigIntegerField,
+            models.PositiveIntegerField,
+            models.BooleanField,
+        ):
+            return None
+        # Anything else (e.g. the encrypted reasoning text): the field's own preparation.
+        return lambda value: f.get_db_prep_save(value, connection)
+
+    def prep(self, connection: BaseDatabaseWrapper, values: Sequence[Any]) -> list[Any]:
+        return [v if c is None else c(v) for c, v in zip(self.converters(connection), values, strict=True)]
+
+    def prep_columns(self, connection: BaseDatabaseWrapper, columns: Sequence[str], values: Sequence[Any]):
+        convs = self.converters(connection)
+        out = []
+        for name, value in zip(columns, values, strict=True):
+            conv = convs[self.index[name]]
+            out.append(value if conv is None else conv(value))
+        return out
+
+    def insert_sql(self, connection: BaseDatabaseWrapper, rows: int, returning: bool) -> str:
+        key = (connection.alias, "insert", rows, returning)
+        sql = self._sql.get(key)
+        if sql is None:
+            qn = connection.ops.quote_name
+            cols = ", ".join(qn(f.column) for f in self.fields)
+            one = "(" + ", ".join(["%s"] * len(self.fields)) + ")"
+            # Identifiers come from the model definitions (quoted), values are always parameters.
+            sql = f"INSERT INTO {qn(self.db_table)} ({cols}) VALUES " + ", ".join([one] * rows)  # noqa: S608
+            if returning:
+                sql += f" RETURNING {qn(self.pk_column)}"
+            self._sql[key] = sql
+        return sql
+
+    def update_sql(self, connection: BaseDatabaseWrapper, columns: tuple, where: tuple) -> str:
+        key = (connection.alias, "update", columns, where)
+        sql = self._sql.get(key)
+        if sql is None:
+            qn = connection.ops.quote_name
+            sets = ", ".join(f"{qn(self.column(c))} = %s" for c in columns)
+            cond = " AND ".join(f"{qn(self.column(c))} = %s" for c in where)
+            sql = f"UPDATE {qn(self.db_table)} SET {sets} WHERE {cond}"  # noqa: S608
+            self._sql[key] = sql
+        return sql
+
+
+@dataclass(slots=True)
+class Insert:
+    """One row: `values` in `table.columns` order. `want_id`: the new primary key is needed (`id`)."""
+
+    table: Table
+    values: tuple
+    want_id: bool = False
+    id: int | None = None
+
+
+@dataclass(slots=True)
+class Update:
+    """`UPDATE table SET columns = values WHERE where-columns = where-values`; when it matches no row and
+    `fallback` is given, that row is inserted instead (in the same transaction)."""
+
+    table: Table
+    columns: tuple[str, ...]
+    values: tuple
+    where: tuple[str, ...]
+    where_values: tuple
+    fallback: Insert | None = None
+
+
+@dataclass(slots=True, eq=False)
+class WriteOp:
+    """One decision's rows, written together or not at all. `error` is set when they were not."""
+
+    inserts: list[Insert] = field(default_factory=list)
+    updates: list[Update] = field(default_factory=list)
+    error: BaseException | None = None
+
+
+def _grouped(ops: Sequence[WriteOp]) -> tuple[dict[Table, list[Insert]], list[Update]]:
+    """INSERT rows per table (tables in order of first appearance) and the UPDATEs in a stable order of
+    (table, key), so that two batches never lock the same rows in opposite orders."""
+    by_table: dict[Table, list[Insert]] = {}
+    for op in ops:
+        for row in op.inserts:
+            by_table.setdefault(row.table, []).append(row)
+    updates = [u for op in ops for u in op.updates]
+    if len(updates) > 1:
+        updates.sort(key=lambda u: (u.table.db_table, tuple(str(v) for v in u.where_values)))
+    return by_table, updates
+
+
+def _chunks(rows: list[Insert]) -> Iterable[list[Insert]]:
+    for start in range(0, len(rows), MAX_ROWS_PER_STATEMENT):
+        yield rows[start : start + MAX_ROWS_PER_STATEMENT]
+
+
+def execute(ops: Sequence[WriteOp], connection: BaseDatabaseWrapper) -> None:
+    """Write `ops` in one transaction on `connection` (see the module docstring); raises the database
+    error, after rolling back, when anything failed. Sets the ids asked for only once committed."""
+    by_table, updates = _grouped(ops)
+    single = len(by_table) + len(updates) == 1 and not any(u.fallback for u in updates)
+    if single and not any(len(rows) > 1 and any(r.want_id for r in rows) for rows in by_table.values()):
+        # One statement is atomic by itself (in autocommit mode it is its own transaction).
+        _apply(by_table, updates, connection)
+    elif connection.in_atomic_block or connection.execute_wrappers or connection.vendor != "mysql":
+        # A savepoint in the caller's transaction; or, while execute wrappers are installed
+        # (instrumentation, fault injection), Django's own transaction so that the wrappers see each
+        # statement and nothing else, exactly as with `atomic()`; or SQLite.
+        with transaction.atomic(using=connection.alias):
+            _apply(by_table, updates, connection)
+    elif connection.mysql_is_mariadb:
+        _apply_compound(by_table, updates, connection)
+    else:
+        _apply_begin_commit(by_table, updates, connection)
+
+
+def _apply(by_table: dict[Table, list[Insert]], updates: list[Update], connection) -> None:
+    """One statement per table and per UPDATE, in the caller's transaction (or autocommit)."""
+    ids: list[tuple[Insert, int]] = []
+    with connection.cursor() as cursor:
+        for table, rows in by_table.items():
+            _insert_rows(cursor, connection, table, rows, ids)
+        for upd in updates:
+            params = upd.table.prep_columns(connection, upd.columns, upd.values)
+            params += upd.table.prep_columns(connection, upd.where, upd.where_values)
+            cursor.execute(upd.table.update_sql(connection, upd.columns, upd.where), params)
+            if not cursor.rowcount and upd.fallback is not None:
+                _insert_rows(cursor, connection, upd.fallback.table, [upd.fallback], ids)
+    for row, pk in ids:
+        row.id = pk
+
+
+def _apply_begin_commit(by_table, updates, connection) -> None:
+    """MySQL: START TRANSACTION … COMMIT on a connection left in autocommit mode."""
+    connection.ensure_connection()
+    with connection.cursor() as cursor:
+        cursor.execute("START TRANSACTION")
+        try:
+            _apply(by_table, updates, connection)
+            cursor.execute("COMMIT")
+        except BaseException:
+            try:
+                cursor.execute("ROLLBACK")
+            except Exception:  # the connection is gone; the server rolled back
+                connection.close_if_unusable_or_obsolete()
+            raise
+
+
+# MariaDB runs a compound statement outside stored programs: the whole transaction, its rollback on any
+# error (re-raised with its own error code) and its COMMIT travel in one round trip.
+_COMPOUND_HEAD = (
+    "BEGIN NOT ATOMIC DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END; "
+    "START TRANSACTION; "
+)
+_COMPOUND_TAIL = "COMMIT; END"
+
+
+def _apply_compound(by_table, updates, connection) -> None:
+    """MariaDB outside any atomic block: every statement of the transaction in one compound statement.
+    Rows whose ids are wanted come back from `INSERT … RETURNING` result sets, read in order."""
+    parts: list[str] = [_COMPOUND_HEAD]
+    params: list[Any] = []
+    returning: list[list[Insert]] = []
+    for table, rows in by_table.items():
+        want = any(r.want_id for r in rows)
+        for chunk in _chunks(rows):
+            parts.append(table.insert_sql(connection, len(chunk), want))
+            parts.append("; ")
+            for row in chunk:
+                params.extend(table.prep(connection, row.values))
+            if want:
+                returning.append(chunk)
+    for upd in updates:
+        parts.append(upd.table.update_sql(connection, upd.columns, upd.where))
+        parts.append("; ")
+        params.extend(upd.table.prep_columns(connection, upd.columns, upd.values))
+        params.extend(upd.table.prep_columns(connection, upd.where, upd.where_values))
+        if upd.fallback is not None:
+            fb = upd.fallback
+            parts.append("IF ROW_COUNT() = 0 THEN ")
+            parts.append(fb.table.insert_sql(connection, 1, False))
+            parts.append("; END IF; ")
+            params.extend(fb.table.prep(connection, fb.values))
+    parts.append(_COMPOUND_TAIL)
+    with connection.cursor() as cursor:
+        cursor.execute("".join(parts), params)
+        # Drain every result (one per RETURNING, then the statement's own status): an error raised by
+        # a later statement (and the rollback) surfaces here, so nothing counts as written before.
+        sets = [cursor.fetchall()]
+        with connection.wrap_database_errors:
+            while _next_result(connection, cursor):
+                sets.append(cursor.fetchall())
+    results = [s for s in sets if s]
+    if len(results) != len(returning):
+        raise RuntimeError("unexpected result sets from the compound write")
+    for chunk, rows in zip(returning, results, strict=True):
+        for row, (pk,) in zip(chunk, rows, strict=True):
+            row.id = pk
+
+
+def _next_result(connection, cursor) -> bool:
+    """`cursor.nextset()` with the MySQL backend's own error translation (as for `execute`)."""
+    from django.db import IntegrityError
+
+    try:
+        return bool(cursor.nextset())
+    except connection.Database.OperationalError as exc:
+        codes = getattr(cursor, "codes_for_integrityerror", ())
+        if exc.args and exc.args[0] in codes:
+            raise IntegrityError(*tuple(exc.args)) from exc
+        raise
+
+
+def _insert_rows(cursor, connection, table: Table, rows: list[Insert], ids: list) -> None:
+    need_ids = any(r.want_id for r in rows)
+    returning = need_ids and len(rows) > 1 and connection.features.can_return_rows_from_bulk_insert
+    if need_ids and len(rows) > 1 and not returning:
+        for row in rows:
+            _insert_rows(cursor, connection, table, [row], ids)
+        return
+    for chunk in _chunks(rows):
+        params: list[Any] = []
+        for row in chunk:
+            params.extend(table.prep(connection, row.values))
+        cursor.execute(table.insert_sql(connection, len(chunk), returning), params)
+        if returning:
+            for row, (pk,) in zip(chunk, cursor.fetchall(), strict=True):
+                ids.append((row, pk))
+        elif need_ids:
+            ids.append((chunk[0], cursor.lastrowid))
