@@ -15,6 +15,7 @@ from rest_framework.views import APIView
 from audit.permissions import IsSuperuser
 from audit.selectors import AuditKind, get_session_audits, get_trace
 from audit.serializers import StepSerializer, ToolSerializer, TraceSerializer
+from audit.trace_render import trace_data
 from config.api import error_responses
 from diagnosis.selectors import RunResolution, get_visible_run, get_visible_session
 
@@ -60,7 +61,9 @@ class TraceApi(APIView):
         trace = get_trace(
             run=run, run_resolution=RunResolution.EXACT if run_id is not None else RunResolution.LATEST
         )
-        return Response(TraceSerializer(trace).data)
+        # Same body as TraceSerializer(trace).data (the documented shape), built without DRF's per-field
+        # dispatch, which dominated long traces (audit/trace_render.py, docs/performance.md).
+        return Response(trace_data(trace))
 
 
 class AuditRecordSerializer(serializers.Serializer):

@@ -1,0 +1,73 @@
+"""The trace API builds its body without DRF serializers (audit/trace_render.py); it must be exactly
+`TraceSerializer(trace).data`, key order included, for every kind of trace."""
+
+import json
+
+import pytest
+from django.db import OperationalError, connection
+
+from audit.recorder import RunRecorder
+from audit.selectors import get_trace
+from audit.serializers import TraceSerializer
+from audit.trace_render import trace_data
+from diagnosis import services
+from diagnosis.models import RunStatus
+from diagnosis.selectors import get_visible_run
+from tests.factories import record_full_run
+
+pytestmark = pytest.mark.django_db
+
+
+def _same(trace):
+    fast = json.dumps(trace_data(trace), ensure_ascii=False)
+    drf = json.dumps(TraceSerializer(trace).data, ensure_ascii=False)
+    assert fast == drf
+
+
+def test_complete_run_with_feedback(user, run):
+    record_full_run(run, tools=3, extra_steps=1)
+    services.submit_feedback(run=run, user=user, rating="up", comment="thanks — 谢谢")
+    visible = get_visible_run(user=user, session_id=run.session_id, run_id=run.run_id, with_feedback=True)
+    trace = get_trace(run=visible)
+    assert trace.feedback is not None and len(trace.timeline) > 20
+    _same(trace)
+
+
+class _FailEvents:
+    def __call__(self, execute, sql, params, many, context):
+        if "diagnosis_trace_event" in sql and sql.lstrip().upper().startswith("INSERT"):
+            raise OperationalError(2013, "Lost connection to server during query")
+        return execute(sql, params, many, context)
+
+
+def test_failed_incomplete_run_with_a_running_tool(run):
+    rec = RunRecorder.for_run(run)
+    rec.run_started()
+    from audit.recorder import DeclaredToolCall
+    from reasoning.capture import build_capture
+    from tests.factories import usage
+
+    rec.model_step(
+        step_index=1,
+        agent_name="diagnosis_agent",
+        model="m",
+        usage=usage(1, 1),
+        reasoning=build_capture(reasoning=None, text=""),
+        tool_calls=[DeclaredToolCall(tool_call_id="c1", name="lookup_knowledge", arguments="{}")],
+    )
+    rec.tool_started(tool_call_id="c1", tool_name="lookup_knowledge", input_params={"query": "日志 x" * 300})
+    with connection.execute_wrapper(_FailEvents()):
+        rec.release(decision="BLOCKED", reason="nope")
+    run.refresh_from_db()
+    trace = get_trace(run=run)  # run still RUNNING, tool RUNNING, a write failure: gaps
+    assert trace.summary.gaps and not trace.summary.audit_complete
+    _same(trace)
+    rec.finish(status=RunStatus.FAILED, error_code="LLM_TIMEOUT", error_message="timed out after 2 attempts")
+    run.refresh_from_db()
+    trace = get_trace(run=run, viewer=None)
+    assert trace.run.error_code == "LLM_TIMEOUT"
+    _same(trace)
+
+
+def test_pending_run_without_records(run):
+    _same(get_trace(run=run))
