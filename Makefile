@@ -1,5 +1,5 @@
 # The two commands of the README, and a few helpers.
-.PHONY: run test lint
+.PHONY: run test lint bench
 
 run:  ## install what is missing, migrate, create demo data and serve on http://127.0.0.1:8000
 	scripts/run.sh
@@ -9,3 +9,8 @@ test:  ## lint, then the whole suite on SQLite and on MariaDB
 
 lint:
 	.venv/bin/ruff check . && .venv/bin/ruff format --check .
+
+bench:  ## benchmarks on MariaDB (B1–B4), prints the table and writes docs/performance.md
+	scripts/setup.sh dev
+	scripts/mariadb.sh
+	.venv/bin/python -m bench $(BENCH_ARGS)

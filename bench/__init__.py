@@ -1,0 +1,7 @@
+"""Benchmarks of docs/performance.md: `python -m bench` / `make bench` (see bench/__main__.py).
+
+b1_recording  recording cost vs raw autocommit statements; 200 concurrent runs (group commit)
+b2_trace      trace endpoint vs raw SQL; growth to 1 000 000 stored runs; EXPLAIN
+b3_live       concurrent WebSocket chats against one daphne process
+b4_loop       share of a run's wall time outside the model
+"""

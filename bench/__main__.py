@@ -1,0 +1,120 @@
+"""`python -m bench` (or `make bench`): the benchmarks of docs/performance.md, on MariaDB.
+
+    python -m bench                 # everything (≈ 6–9 min on a 2-core machine; the first run also builds
+                                    # the 1 000 000-run data set of B2, which is kept for later runs)
+    python -m bench --quick         # short repetitions, B2 growth to 100 000 runs, B3 at 50 chats
+    python -m bench --only b1,b4    # some benchmarks
+    python -m bench --no-write      # print the table only (a full run writes docs/performance.md)
+
+Every figure is a ratio measured side by side in one run, as the median of several repetitions with its
+min and max; see docs/performance.md for the method of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from bench import env
+
+ALL = ("b1", "b2", "b3", "b4")
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="short repetitions and smaller sizes")
+    p.add_argument("--only", default=",".join(ALL), help="comma-separated subset of b1,b2,b3,b4")
+    p.add_argument("--database", default=env.DEFAULT_DB, help="bench database (created and migrated)")
+    p.add_argument("--no-write", action="store_true", help="do not write docs/performance.md")
+    p.add_argument("--write", action="store_true", help="write docs/performance.md even with --quick")
+    p.add_argument("--big", type=int, default=None, help="B2: runs stored for the large case")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    only = [b.strip().lower() for b in args.only.split(",") if b.strip()]
+    unknown = set(only) - set(ALL)
+    if unknown:
+        print(f"bench: unknown benchmark(s) {', '.join(sorted(unknown))}", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    env.setup(args.database)
+
+    import logging
+
+    for name in ("httpx", "httpx2", "httpcore", "httpcore2", "openai", "daphne"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+    from bench import report
+
+    machine = env.machine()
+    banner = (
+        f"bench: running on MariaDB {machine.mariadb} at {env.HOST}:{env.PORT}, database "
+        f"`{args.database}` ({machine.innodb}); {machine.cores} cores, Python {machine.python}, "
+        f"Django {machine.django}, mysqlclient {machine.mysqlclient}"
+    )
+    print("=" * len(banner[:110]))
+    print(banner)
+    print("=" * len(banner[:110]))
+    q = args.quick
+    results = report.Results(machine=machine, quick=q)
+    log = print
+
+    if "b1" in only:
+        from bench import b1_recording
+
+        print("B1: recording cost")
+        results.rows += b1_recording.sequential(
+            runs_per_rep=20 if q else 60, reps=3 if q else 7, database=args.database, log=log
+        )
+        results.rows += b1_recording.concurrent(runs=200, reps=2 if q else 5, database=args.database, log=log)
+        results.profiles["recorder"] = report.profile_recorder(runs=20)
+    if "b2" in only:
+        from bench import b2_trace
+
+        print("B2: trace reads")
+        rows, evidence = b2_trace.endpoint_vs_raw(
+            reads=15 if q else 40, reps=3 if q else 5, database=args.database, log=log
+        )
+        results.rows += rows
+        results.evidence["b2"] = evidence
+        big = args.big or (100_000 if q else 1_000_000)
+        results.rows += b2_trace.growth(
+            small=10_000, big=big, reads=15 if q else 30, reps=3 if q else 5, database=args.database, log=log
+        )
+        results.evidence["b2_sizes"] = {
+            "small": b2_trace.table_sizes(args.database),
+            "big": b2_trace.table_sizes(f"{args.database}_big"),
+        }
+        results.profiles["trace"] = report.profile_trace(database=args.database)
+    if "b4" in only:
+        from bench import b4_loop
+
+        print("B4: loop overhead")
+        results.rows += b4_loop.loop_overhead(runs_per_rep=3 if q else 5, reps=3 if q else 5, log=log)
+    if "b3" in only:
+        from bench import b3_live
+
+        print("B3: live runs")
+        rows, evidence = b3_live.live_runs(levels=(50,) if q else (50, 100, 200), log=log)
+        results.rows += rows
+        results.evidence["b3"] = evidence
+
+    results.seconds = time.perf_counter() - started
+    print()
+    print(report.table(results.rows))
+    print(f"\nbench: {results.seconds:.0f} s in all")
+    if not args.no_write and (not q or args.write) and set(only) == set(ALL):
+        path = Path(env.ROOT) / "docs" / "performance.md"
+        path.write_text(report.markdown(results), encoding="utf-8")
+        print(f"bench: wrote {path.relative_to(env.ROOT)}")
+    elif not args.no_write:
+        print("bench: docs/performance.md not written (needs a full run of every benchmark)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,509 @@
+"""B2 — reading a trace: the real endpoint against raw SQL fetching the same rows, and at scale.
+
+*Endpoint*: `GET /api/diagnosis/{sessionId}/trace?runId=…` through Django's test client (the whole
+middleware stack, URL routing, session authentication of a logged-in owner, the DRF view, the selector,
+chain verification, the serializer and JSON rendering), for runs of 10, 100 and 500 timeline events
+recorded through the real recorder. *Floor*: a raw `MySQLdb` connection fetching the same rows — the
+session and user rows the request authenticates with, the run row, its events, steps and tools, every
+column — with the same WHERE clauses and orders.
+
+*Scale*: the same reads with 10 000 and with 1 000 000 background runs stored. Background runs are
+bulk-generated server side (`INSERT … SELECT` from MariaDB's `seq_1_to_N` sequence tables, in chunks),
+each with 1 run row, 3 timeline events, 1 model step and 1 tool row of realistic sizes (one session per 10
+runs). The 1 000 000-run data set lives in its own database (`<db>_big`) and is kept between bench runs
+(it takes minutes to build once); the 10 000-run one is rebuilt when its count differs. Reads alternate
+between the two databases within each repetition.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+from django.contrib.auth import get_user_model
+from django.db import connection, connections
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+
+from audit.recorder import DeclaredToolCall, RunRecorder
+from bench import workload
+from bench.env import create_database, raw_connect
+from bench.stats import Row, spread
+from diagnosis import services
+from diagnosis.models import ChatSession, DiagnosisRun
+
+SIZES = (10, 100, 500)
+BG_EVENTS, BG_STEPS, BG_TOOLS = 3, 1, 1
+RUNS_PER_SESSION = 10
+CHUNK = 50_000
+BG_PREFIX = "bg"
+
+
+# --------------------------------------------------------------------------------------------------
+# Measured runs
+# --------------------------------------------------------------------------------------------------
+def record_sized_run(run: DiagnosisRun, events: int) -> DiagnosisRun:
+    """A finished run of exactly `events` timeline events, recorded through the recorder: RUN_STARTED,
+    cycles of a model step declaring two tools and their starts and terminals (6 events), evidence-guard
+    events to pad, RELEASE_DECISION and RUN_FINISHED."""
+    if events < 4:
+        raise ValueError("a sized run has at least 4 events")
+    inp = workload.make_inputs()
+    rec = RunRecorder.for_run(run, group_commit=False)
+    rec.run_started(agent_flow="DIAGNOSIS_AGENT")
+    left = events - 3
+    step = 0
+    while left >= 6:
+        step += 1
+        calls = [
+            DeclaredToolCall(
+                tool_call_id=f"s{step}_c{i}", name="lookup_knowledge", arguments='{"query": "q"}'
+            )
+            for i in range(2)
+        ]
+        rec.model_step(
+            step_index=step,
+            agent_name="diagnosis_agent",
+            model="agent-m",
+            usage=workload.usage(800, 60),
+            reasoning=inp.first_capture,
+            tool_calls=calls,
+            finish_reason="tool_calls",
+            duration_ms=900,
+        )
+        for call in calls:
+            rec.tool_started(tool_call_id=call.tool_call_id, tool_name=call.name, input_params={"query": "q"})
+        for call in calls:
+            rec.tool_finished(
+                tool_call_id=call.tool_call_id,
+                status="SUCCEEDED",
+                output=inp.tool_output,
+                retrieval=inp.retrieval,
+            )
+        left -= 6
+    for _ in range(left):
+        rec.evidence_guard(retry=False, passed=True, cited=["kb:mysql-replication-lag#1"])
+    rec.release(decision="PUBLISHED", reason="guards passed")
+    rec.finish(status="SUCCESS", content=workload.ANSWER)
+    run.refresh_from_db()
+    assert run.expected_events == events and rec.audit_write_failures == 0
+    return run
+
+
+@dataclass
+class Target:
+    """One measured run and how to read it both ways."""
+
+    events: int
+    session_id: str
+    run_id: str
+    url: str
+
+
+def make_targets(user, sizes=SIZES) -> list[Target]:
+    session = services.create_session(owner=user, title="bench B2")
+    out = []
+    for n in sizes:
+        run = record_sized_run(services.create_run(session=session, query=f"trace of {n} events"), n)
+        out.append(
+            Target(
+                n,
+                session.session_id,
+                run.run_id,
+                f"/api/diagnosis/{session.session_id}/trace?runId={run.run_id}",
+            )
+        )
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading
+# --------------------------------------------------------------------------------------------------
+RAW_QUERIES = (
+    # The rows the request needs to authenticate its user (the session cookie's row, the user's row).
+    ("SELECT * FROM django_session WHERE session_key = %s", "session"),
+    ("SELECT * FROM auth_user WHERE id = %s", "user"),
+    ("SELECT * FROM diagnosis_run WHERE session_id = %s AND run_id = %s", "run"),
+    ("SELECT * FROM diagnosis_trace_event WHERE run_id = %s ORDER BY sequence_no", "events"),
+    ("SELECT * FROM agent_step WHERE run_id = %s ORDER BY step_index, id", "steps"),
+    ("SELECT * FROM tool_invocation WHERE run_id = %s ORDER BY started_at, id", "tools"),
+)
+
+
+def raw_read(cur, target: Target, auth: tuple[str, int]) -> int:
+    """The same rows with raw SQL; `auth` is (session key, user id) of the logged-in client."""
+    rows = 0
+    for sql, what in RAW_QUERIES:
+        if what == "run":
+            params = (target.session_id, target.run_id)
+        elif what == "session":
+            params = (auth[0],)
+        elif what == "user":
+            params = (auth[1],)
+        else:
+            params = (target.run_id,)
+        cur.execute(sql, params)
+        found = len(cur.fetchall())
+        if not found and what in ("session", "user", "run"):
+            raise RuntimeError(f"raw read found no {what} row")
+        rows += found
+    return rows
+
+
+def endpoint_read(client: Client, target: Target) -> bytes:
+    response = client.get(target.url)
+    if response.status_code != 200:
+        raise RuntimeError(f"trace endpoint answered {response.status_code}")
+    return response.content
+
+
+def timed_reads(fn, n: int) -> float:
+    """Median seconds of `n` calls (after two warm-up calls)."""
+    fn()
+    fn()
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def login_client(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def query_count(client: Client, target: Target) -> tuple[int, list[str]]:
+    with CaptureQueriesContext(connection) as ctx:
+        endpoint_read(client, target)
+    return len(ctx.captured_queries), [q["sql"] for q in ctx.captured_queries]
+
+
+def explain(cur, sql: str) -> list[dict]:
+    """EXPLAIN of a captured query (MariaDB), as dicts."""
+    cur.execute("EXPLAIN " + sql)
+    cols = [c[0] for c in cur.description]
+    return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
+
+
+def check_body(body: bytes, target: Target) -> None:
+    data = json.loads(body)
+    summary = data["summary"]
+    assert summary["returned"]["events"] == target.events, summary
+    assert summary["auditComplete"] and summary["chainValid"], summary
+
+
+# --------------------------------------------------------------------------------------------------
+# Background data
+# --------------------------------------------------------------------------------------------------
+def _columns(model) -> list:
+    return [f for f in model._meta.concrete_fields if not f.primary_key]
+
+
+def _literal(cur, value) -> str:
+    return cur.connection.literal(value).decode() if not isinstance(value, bool) else ("1" if value else "0")
+
+
+def _select_list(cur, model, exprs: dict[str, str]) -> tuple[str, str]:
+    """Column list and SELECT expressions for `model`: `exprs` by attname, model defaults otherwise."""
+    cols, sel = [], []
+    for f in _columns(model):
+        cols.append(f"`{f.column}`")
+        if f.attname in exprs:
+            sel.append(exprs[f.attname])
+        else:
+            default = f.get_default()
+            if isinstance(default, (dict, list)):
+                default = json.dumps(default)
+            sel.append("NULL" if default is None else _literal(cur, default))
+    return ", ".join(cols), ", ".join(sel)
+
+
+def background_count(cur) -> int:
+    cur.execute(f"SELECT COUNT(*) FROM diagnosis_run WHERE run_id LIKE '{BG_PREFIX}%%'")
+    return int(cur.fetchone()[0])
+
+
+def generate_background(database: str, total: int, owner_id: int, log=print) -> float:
+    """Make `database` hold exactly… at least `total` background runs (adds the missing ones); seconds."""
+    from audit.models import AgentStep, ToolInvocation, TraceEvent
+
+    conn = raw_connect(database)
+    cur = conn.cursor()
+    have = background_count(cur)
+    if have >= total:
+        conn.close()
+        return 0.0
+    start = time.perf_counter()
+    details = json.dumps(
+        {
+            "attempt": 1,
+            "model": "router-m",
+            "ok": True,
+            "intent": "DIAGNOSIS",
+            "confidence": 0.92,
+            "reason": "replication symptom " + "x" * 200,
+            "providerAttempts": [{"attempt": 1, "status": 200, "durationMs": 310}],
+        }
+    )
+    tool_input = json.dumps({"query": "replication lag cause", "top_k": 5})
+    run_id = f"CONCAT('{BG_PREFIX}', LPAD(s.seq, 10, '0'))"
+    session_id = f"CONCAT('{BG_PREFIX}ses', LPAD(s.seq DIV {RUNS_PER_SESSION}, 9, '0'))"
+    created = "NOW(6) - INTERVAL s.seq SECOND"
+    for lo in range(have + 1, total + 1, CHUNK):
+        hi = min(total, lo + CHUNK - 1)
+        seq = f"seq_{lo}_to_{hi}"
+        # Sessions: one per RUNS_PER_SESSION runs (INSERT IGNORE: a session may span two chunks).
+        cur.execute(
+            "INSERT IGNORE INTO chat_session (session_id, owner_id, title, created_at, updated_at) "
+            f"SELECT DISTINCT {session_id}, %s, 'background', NOW(6), NOW(6) FROM {seq} s",
+            (owner_id,),
+        )
+        cols, sel = _select_list(
+            cur,
+            DiagnosisRun,
+            {
+                "run_id": run_id,
+                "session_id": session_id,
+                "query": "'Why is replication lagging on the reporting replica?'",
+                "status": "'SUCCESS'",
+                "intent": "'DIAGNOSIS'",
+                "release_decision": "'PUBLISHED'",
+                "content": f"'{workload.ANSWER}'",
+                "created_at": created,
+                "started_at": created,
+                "finished_at": created,
+                "updated_at": created,
+                "expected_events": str(BG_EVENTS),
+                "expected_steps": str(BG_STEPS),
+                "expected_tools": str(BG_TOOLS),
+            },
+        )
+        cur.execute(f"INSERT INTO diagnosis_run ({cols}) SELECT {sel} FROM {seq} s")
+        cols, sel = _select_list(
+            cur,
+            TraceEvent,
+            {
+                "run_id": run_id,
+                "session_id": session_id,
+                "sequence_no": "e.seq",
+                "phase": "'ROUTING'",
+                "event_type": "'ROUTING_ATTEMPT'",
+                "status": "'OK'",
+                "summary": "'attempt 1: DIAGNOSIS (0.92)'",
+                "details": _literal(cur, details),
+                "prev_hash": "SHA2(CONCAT(s.seq, '-', e.seq - 1), 256)",
+                "hash": "SHA2(CONCAT(s.seq, '-', e.seq), 256)",
+                "created_at": created,
+            },
+        )
+        cur.execute(
+            f"INSERT INTO diagnosis_trace_event ({cols}) SELECT {sel} FROM {seq} s "
+            f"JOIN seq_1_to_{BG_EVENTS} e ORDER BY s.seq, e.seq"
+        )
+        cols, sel = _select_list(
+            cur,
+            AgentStep,
+            {
+                "run_id": run_id,
+                "session_id": session_id,
+                "step_index": "1",
+                "agent_name": "'diagnosis_agent'",
+                "model": "'agent-m'",
+                "finish_reason": "'tool_calls'",
+                "tool_call_ids": "'[\"call_0\"]'",
+                "has_tool_call": "1",
+                "usage_available": "1",
+                "prompt_tokens": "800",
+                "completion_tokens": "60",
+                "total_tokens": "860",
+                "content_source": "'PROVIDER_REASONING'",
+                "created_at": created,
+            },
+        )
+        cur.execute(f"INSERT INTO agent_step ({cols}) SELECT {sel} FROM {seq} s")
+        cols, sel = _select_list(
+            cur,
+            ToolInvocation,
+            {
+                "run_id": run_id,
+                "session_id": session_id,
+                "step_index": "1",
+                "tool_call_id": "'call_0'",
+                "tool_name": "'lookup_knowledge'",
+                "status": "'SUCCEEDED'",
+                "input_params": _literal(cur, tool_input),
+                "output_preview": "REPEAT('x', 480)",
+                "output_length": "980",
+                "output_sha256": "SHA2(s.seq, 256)",
+                "started_at": created,
+                "finished_at": created,
+                "duration_ms": "12",
+                "created_at": created,
+                "updated_at": created,
+            },
+        )
+        cur.execute(f"INSERT INTO tool_invocation ({cols}) SELECT {sel} FROM {seq} s")
+        if (hi - have) % 200_000 < CHUNK or hi == total:
+            log(f"  B2 background: {hi:,} runs in {database} ({time.perf_counter() - start:.0f} s)")
+    cur.execute("ANALYZE TABLE diagnosis_run, diagnosis_trace_event, agent_step, tool_invocation")
+    cur.fetchall()
+    conn.close()
+    return time.perf_counter() - start
+
+
+def use_database(name: str) -> None:
+    """Point Django's default connection at another database of the same server (closes it)."""
+    conn = connections["default"]
+    conn.close()
+    conn.settings_dict["NAME"] = name
+
+
+def migrate_database(name: str) -> None:
+    from django.core.management import call_command
+
+    create_database(name)
+    use_database(name)
+    call_command("migrate", verbosity=0, interactive=False)
+
+
+def _bench_owner():
+    user, created = get_user_model().objects.get_or_create(username="bench-trace")
+    if created:
+        user.set_password("bench-trace-pw-1")
+        user.save()
+    return user
+
+
+# --------------------------------------------------------------------------------------------------
+# Scenarios
+# --------------------------------------------------------------------------------------------------
+def endpoint_vs_raw(*, reads: int, reps: int, database: str, log=print) -> tuple[list[Row], dict]:
+    """Endpoint vs raw SQL for 10/100/500 events (in `database`), query counts and EXPLAINs."""
+    use_database(database)
+    user = _bench_owner()
+    targets = make_targets(user)
+    client = login_client(user)
+    from django.conf import settings as dj_settings
+
+    auth = (client.cookies[dj_settings.SESSION_COOKIE_NAME].value, user.pk)
+    conn = raw_connect(database)
+    cur = conn.cursor()
+    evidence: dict = {"queries": {}, "explain": []}
+    for t in targets:
+        check_body(endpoint_read(client, t), t)
+        count, sqls = query_count(client, t)
+        evidence["queries"][t.events] = count
+        if t.events == SIZES[-1]:
+            evidence["sql"] = sqls
+    ratios: dict[int, list[float]] = {t.events: [] for t in targets}
+    ms: dict[int, tuple[list[float], list[float]]] = {t.events: ([], []) for t in targets}
+    for rep in range(reps):
+        for t in targets:
+            r = timed_reads(lambda t=t: raw_read(cur, t, auth), reads)
+            e = timed_reads(lambda t=t: endpoint_read(client, t), reads)
+            ratios[t.events].append(e / r)
+            ms[t.events][0].append(e * 1e3)
+            ms[t.events][1].append(r * 1e3)
+        log(
+            f"  B2 rep {rep + 1}/{reps}: "
+            + ", ".join(f"{n} ev {ms[n][0][-1]:.2f} ms vs raw {ms[n][1][-1]:.2f} ms" for n in ratios)
+        )
+    for sql in evidence.get("sql", []):
+        if sql.lstrip().upper().startswith("SELECT"):
+            evidence["explain"].append((sql, explain(cur, sql)))
+    conn.close()
+    counts = sorted(set(evidence["queries"].values()))
+    rows = [
+        Row(
+            "B2",
+            f"trace endpoint vs raw SQL, run of {n} events",
+            f"{spread(ms[n][0]).median:.2f} ms vs {spread(ms[n][1]).median:.2f} ms; "
+            f"{evidence['queries'][n]} queries",
+            spread(ratios[n]),
+            2.0,
+        )
+        for n in ratios
+    ]
+    rows.append(
+        Row(
+            "B2",
+            "trace endpoint query count for 10 / 100 / 500 events",
+            " / ".join(str(evidence["queries"][n]) for n in ratios),
+            None,
+            None,
+            met_override=len(counts) == 1,
+            note="constant" if len(counts) == 1 else "NOT constant",
+        )
+    )
+    return rows, evidence
+
+
+def growth(*, small: int, big: int, reads: int, reps: int, database: str, log=print) -> list[Row]:
+    """Trace reads with `small` and with `big` background runs stored (two databases, alternated)."""
+    big_db = f"{database}_big"
+    dbs = {small: database, big: big_db}
+    state = {}
+    for n, name in dbs.items():
+        migrate_database(name)
+        user = _bench_owner()
+        took = generate_background(name, n, user.pk, log=log)
+        if took:
+            log(f"  B2 background: {n:,} runs generated in {took:.0f} s")
+        targets = make_targets(user)
+        state[n] = (user, targets)
+    results: dict[int, dict[int, list[float]]] = {n: {t: [] for t in SIZES} for n in dbs}
+    for rep in range(reps):
+        for n, name in dbs.items():
+            use_database(name)
+            user, targets = state[n]
+            client = login_client(user)
+            for t in targets:
+                check_body(endpoint_read(client, t), t)
+                results[n][t.events].append(timed_reads(lambda t=t, c=client: endpoint_read(c, t), reads))
+        log(
+            f"  B2 scale rep {rep + 1}/{reps}: "
+            + ", ".join(
+                f"{t} ev {results[small][t][-1] * 1e3:.2f} → {results[big][t][-1] * 1e3:.2f} ms"
+                for t in SIZES
+            )
+        )
+    use_database(database)
+    rows = []
+    for t in SIZES:
+        ratio = spread([b / s for s, b in zip(results[small][t], results[big][t], strict=True)])
+        rows.append(
+            Row(
+                "B2",
+                f"trace read growth from {small:,} to {big:,} stored runs, run of {t} events",
+                f"{spread(results[small][t]).median * 1e3:.2f} ms → "
+                f"{spread(results[big][t]).median * 1e3:.2f} ms",
+                ratio,
+                1.2,
+            )
+        )
+    return rows
+
+
+def table_sizes(database: str) -> dict[str, int]:
+    conn = raw_connect(database)
+    cur = conn.cursor()
+    out = {}
+    for table in ("diagnosis_run", "diagnosis_trace_event", "agent_step", "tool_invocation"):
+        cur.execute(f"SELECT COUNT(*) FROM {table}")
+        out[table] = int(cur.fetchone()[0])
+    cur.execute(
+        "SELECT ROUND(SUM(data_length + index_length) / 1048576) FROM information_schema.tables "
+        "WHERE table_schema = %s",
+        (database,),
+    )
+    out["MiB"] = int(cur.fetchone()[0] or 0)
+    conn.close()
+    return out
+
+
+__all__ = ["ChatSession", "endpoint_vs_raw", "growth", "table_sizes"]

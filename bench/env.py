@@ -1,0 +1,152 @@
+"""The bench's environment: MariaDB started and its own database migrated, Django configured for it.
+
+`prepare()` must run before Django is set up (it sets the process environment that `config.settings`
+reads). The bench runs with `DEBUG=false` (production settings: no per-query logging in
+`connection.queries`, real encryption keys) on a database of its own, `diagnosis_bench` by default, so it
+never touches the development database or a test database.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_DB = "diagnosis_bench"
+HOST, PORT, USER = "127.0.0.1", 3306, "root"
+
+
+def ensure_mariadb() -> None:
+    """Start MariaDB through the project's script if it does not answer."""
+    subprocess.run([str(ROOT / "scripts" / "mariadb.sh")], check=True)
+
+
+def raw_connect(database: str | None = None, *, autocommit: bool = True):
+    """A plain MySQLdb connection with the same session settings as Django's (charset, sql_mode)."""
+    import MySQLdb
+
+    kwargs = {"host": HOST, "port": PORT, "user": USER, "charset": "utf8mb4"}
+    if database:
+        kwargs["database"] = database
+    conn = MySQLdb.connect(**kwargs, local_infile=1)
+    conn.autocommit(autocommit)
+    cur = conn.cursor()
+    cur.execute(
+        "SET sql_mode='STRICT_TRANS_TABLES,STRICT_ALL_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,"
+        "ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION', collation_connection='utf8mb4_unicode_ci'"
+    )
+    cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+    cur.close()
+    return conn
+
+
+def create_database(name: str) -> None:
+    conn = raw_connect()
+    try:
+        conn.cursor().execute(
+            f"CREATE DATABASE IF NOT EXISTS `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci"
+        )
+    finally:
+        conn.close()
+
+
+def prepare(database: str = DEFAULT_DB) -> None:
+    """Environment for `config.settings` before `django.setup()`: MariaDB, production mode, bench keys."""
+    from cryptography.fernet import Fernet
+
+    os.environ["DATABASE_URL"] = f"mysql://{USER}@{HOST}:{PORT}/{database}"
+    os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
+    os.environ["DEBUG"] = "false"
+    os.environ.setdefault("SECRET_KEY", "bench-" + Fernet.generate_key().decode())
+    os.environ.setdefault("REASONING_ENCRYPTION_KEYS", Fernet.generate_key().decode())
+    os.environ["SECURE_SSL_REDIRECT"] = "false"
+    os.environ["ALLOWED_HOSTS"] = "127.0.0.1,localhost,testserver"
+    os.environ.setdefault("LOG_LEVEL", "WARNING")
+    # Persistent connections, as a server would run: with 0, Django closes the connection at the end of
+    # every request and the next request pays a new connection.
+    os.environ.setdefault("DB_CONN_MAX_AGE", "300")
+    for name in ("REDIS_URL", "LLM_API_KEY", "LLM_PROVIDER"):
+        os.environ.pop(name, None)
+
+
+def setup(database: str = DEFAULT_DB, *, migrate: bool = True) -> None:
+    """Start MariaDB if needed, create and migrate `database`, and set Django up on it."""
+    ensure_mariadb()
+    create_database(database)
+    prepare(database)
+    import django
+
+    django.setup()
+    if migrate:
+        from django.core.management import call_command
+
+        call_command("migrate", verbosity=0, interactive=False)
+
+
+@dataclass(frozen=True)
+class Machine:
+    cores: int
+    memory_gib: float
+    cpu_model: str
+    python: str
+    django: str
+    mariadb: str
+    mysqlclient: str
+    innodb: str
+    platform: str
+
+    def lines(self) -> list[str]:
+        return [
+            f"- cores: {self.cores}; memory: {self.memory_gib:.1f} GiB; CPU: {self.cpu_model}",
+            f"- {self.platform}",
+            f"- Python {self.python}, Django {self.django}, mysqlclient {self.mysqlclient}",
+            f"- MariaDB {self.mariadb} on loopback TCP ({self.innodb})",
+        ]
+
+
+def machine() -> Machine:
+    """What this machine and its software are (read after `setup`)."""
+    import MySQLdb
+    from django import get_version
+    from django.db import connection
+
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = 0.0
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem = int(line.split()[1]) / 1024 / 1024
+                break
+    except OSError:
+        pass
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT VERSION(), @@innodb_flush_log_at_trx_commit, @@innodb_buffer_pool_size, @@log_bin"
+        )
+        version, flush, pool, log_bin = cur.fetchone()
+    innodb = (
+        f"innodb_flush_log_at_trx_commit={flush}, buffer pool {int(pool) // 2**20} MiB, "
+        f"binary log {'on' if log_bin else 'off'}"
+    )
+    return Machine(
+        cores=os.cpu_count() or 0,
+        memory_gib=mem,
+        cpu_model=cpu,
+        python=platform.python_version(),
+        django=get_version(),
+        mariadb=version,
+        mysqlclient=".".join(str(p) for p in MySQLdb.version_info[:3]),
+        innodb=innodb,
+        platform=f"{platform.system()} {platform.release()} ({sys.implementation.name})",
+    )

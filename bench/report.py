@@ -1,0 +1,278 @@
+"""The bench's table, its profiles and docs/performance.md."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+
+from bench.env import Machine
+from bench.stats import Row
+
+
+@dataclass
+class Results:
+    machine: Machine
+    quick: bool
+    rows: list[Row] = field(default_factory=list)
+    evidence: dict = field(default_factory=dict)
+    profiles: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def table(rows: list[Row]) -> str:
+    head = ("bench", "scenario", "result", "ratio: median (min–max, n)", "target", "met")
+    body = [(r.bench, r.name, r.result, r.ratio_text, r.target_text, r.met_text) for r in rows]
+    widths = [max(len(str(x[i])) for x in [head, *body]) for i in range(len(head))]
+    widths[1] = min(widths[1], 70)
+    widths[2] = min(widths[2], 60)
+    line = "  ".join("{:<" + str(w) + "}" for w in widths)
+    out = [line.format(*head), line.format(*("-" * w for w in widths))]
+    out += [line.format(*(str(c)[: widths[i]] for i, c in enumerate(row))) for row in body]
+    return "\n".join(out)
+
+
+def _md_table(rows: list[Row]) -> str:
+    out = [
+        "| bench | scenario | result | ratio: median (min–max, n) | target | met |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        out.append(f"| {r.bench} | {r.name} | {r.result} | {r.ratio_text} | {r.target_text} | {r.met_text} |")
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------------------------------
+# Profiles (pyinstrument)
+# --------------------------------------------------------------------------------------------------
+def _excerpt(text: str, lines: int = 45) -> str:
+    body = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
+    start = next((i for i, ln in enumerate(body) if ln.lstrip().startswith(("0.", "1.", "2.", "3."))), 0)
+    return "\n".join(body[start : start + lines])
+
+
+def profile_recorder(runs: int = 20) -> str:
+    """Wall-clock profile of the recorder recording `runs` full runs one after the other (direct path)."""
+    from pyinstrument import Profiler
+
+    from bench import b1_recording, workload
+    from diagnosis import services
+
+    inputs = workload.make_inputs()
+    session = services.create_session(owner=b1_recording.bench_user(), title="bench profile")
+    target = b1_recording.new_runs(session, runs, "profile")
+    profiler = Profiler(interval=0.0002)
+    profiler.start()
+    b1_recording.run_recorder(target, inputs, group_commit=False)
+    profiler.stop()
+    return _excerpt(profiler.output_text(unicode=True, color=False, show_all=False))
+
+
+def profile_trace(database: str, events: int = 500, reads: int = 20) -> str:
+    from pyinstrument import Profiler
+
+    from bench import b2_trace
+
+    b2_trace.use_database(database)
+    user = b2_trace._bench_owner()
+    target = b2_trace.make_targets(user, sizes=(events,))[0]
+    client = b2_trace.login_client(user)
+    b2_trace.endpoint_read(client, target)
+    profiler = Profiler(interval=0.0002)
+    profiler.start()
+    for _ in range(reads):
+        b2_trace.endpoint_read(client, target)
+    profiler.stop()
+    return _excerpt(profiler.output_text(unicode=True, color=False, show_all=False), lines=70)
+
+
+# --------------------------------------------------------------------------------------------------
+# docs/performance.md
+# --------------------------------------------------------------------------------------------------
+def _b2_explain(evidence: dict) -> str:
+    out = []
+    for _sql, plan in evidence.get("explain", []):
+        table = plan[0].get("table") if plan else "?"
+        steps = "; ".join(
+            f"{p.get('table')}: type={p.get('type')}, key={p.get('key')}, rows={p.get('rows')}"
+            + (f", {p.get('Extra')}" if p.get("Extra") else "")
+            for p in plan
+        )
+        out.append(f"| `{table}` | {steps} |")
+    return "\n".join(["| query on | EXPLAIN (MariaDB) |", "|---|---|", *out]) if out else "(not run)"
+
+
+def _b3_table(evidence: dict) -> str:
+    if not evidence:
+        return "(not run)"
+    out = [
+        "| chats | runs SUCCESS | deltas measured | extra delay p50 | p99 | max | wall "
+        "| runs with lost records |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for n, e in sorted(evidence.items()):
+        out.append(
+            f"| {n} | {e['succeeded']}/{e['chats']} | {e['deltas']} | {e['p50']:.1f} ms "
+            f"| {e['p99']:.1f} ms | {e['max']:.1f} ms | {e['wall']:.1f} s "
+            f"| {e['bad_runs']} ({e['missing']} records) |"
+        )
+    return "\n".join(out)
+
+
+def markdown(res: Results) -> str:
+    m = res.machine
+    when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    sizes = res.evidence.get("b2_sizes", {})
+    size_lines = "\n".join(
+        f"- `{name}` database: " + ", ".join(f"{k} {v:,}" for k, v in s.items()) for name, s in sizes.items()
+    )
+    b2q = res.evidence.get("b2", {}).get("queries", {})
+    queries = ", ".join(f"{k} events → {v}" for k, v in b2q.items()) or "–"
+    return f"""# Performance
+
+Generated by `make bench` (`python -m bench`) on {when}{" (quick run)" if res.quick else ""}; the whole
+run took {res.seconds / 60:.1f} min. Every figure is a **ratio measured side by side in one run**, the
+median of several repetitions with min and max; the machine is shared and noisy, so absolute times vary
+from run to run and only the ratios are compared with targets. Re-run it to reproduce the table.
+
+## Machine
+
+{chr(10).join(m.lines())}
+- The bench runs on its own databases `diagnosis_bench` and `diagnosis_bench_big` (created and migrated
+  by the bench), with production settings (`DEBUG=false`, persistent connections `DB_CONN_MAX_AGE=300`).
+
+## Results
+
+{_md_table(res.rows)}
+
+## Method
+
+**B1 recording cost.** A full run's records — 23 timeline events, 4 model steps with their 4 reasoning
+rows, 3 tool rows (inserted `RUNNING`, then updated once to their terminal status) and 7 updates of the
+run row — recorded through `RunRecorder` exactly as the runtime records them (`bench/workload.py`, built
+like `tests/factories.py::record_full_run`). Every recorder method returns only when its decision is
+durable (committed; `innodb_flush_log_at_trx_commit=1`). **Floor**: the recorder's own rows, captured
+statement by statement (with the same values: ciphertexts, JSON, timestamps), replayed for a fresh run id
+as single-row autocommit statements over a raw `MySQLdb` connection in the same process — one durable
+statement per record, no Python work but the driver's; it has 43 statements (records) per run.
+Repetitions alternate which side runs first. *Concurrent*: 200 runs recorded at once from one asyncio
+loop, every decision awaited through the runtime's database pool (`diagnosis.runtime.db.db`, 8 threads
+by default), with and without group commit; the figure is the floor's time per record divided by the
+concurrent wall time per record (a speed-up). After each scenario every run is checked: stored counts
+equal expected, no write failure, hash chain valid.
+
+**B2 trace read.** `GET /api/diagnosis/{{sessionId}}/trace?runId=…` through Django's test client (all
+middleware, session authentication of the run's owner, the DRF view, selectors, chain verification,
+serialisation, JSON), for runs of 10, 100 and 500 events recorded through the recorder; **floor**: a raw
+`MySQLdb` connection fetching the same rows (the session and user rows that authenticate the request,
+the run, its events, steps and tools; `SELECT *`) with the same WHERE and ORDER BY. Queries per
+request: {queries}.
+*Scale*: the same reads with 10 000 and with 1 000 000 background runs stored, bulk-generated server side
+(`INSERT … SELECT` from MariaDB's `seq_1_to_N` tables, 50 000 runs per statement), each background run
+with 1 run row, 3 timeline events, 1 step and 1 tool row of realistic sizes, one session per 10 runs. The
+large data set lives in `diagnosis_bench_big` and is kept between runs (building it takes minutes once);
+reads alternate between the two databases within every repetition.
+
+{size_lines}
+
+**B3 live runs.** One daphne process (`config.asgi:application`, production settings, in-memory channel
+layer as for one process), the fake provider in its own process (`python -m bench.provider`, which
+streams every response a chunk every 20 ms and writes the wall-clock time at which it *sends* a chunk
+into the chunk's text), and N authenticated WebSocket clients (`websockets`, DRF token in the handshake)
+in the bench process: all connect, then all send their `chat` frame at once. Extra delay per chunk =
+time the client received the `delta` frame − time the provider sent that chunk. Records lost: for every
+run, stored events/steps/tools vs the recorder's expected counts, write failures and the hash chain.
+
+**B4 loop overhead.** Full diagnosis runs executed one after another in one event loop by the real
+runtime (lease, router, agent loop with the real `lookup_knowledge` tool over the shipped runbooks,
+guards, release, every decision recorded durably) against the fake provider taking 300 ms per model call.
+Outside the model = the run's wall time − the time its model calls took as the runtime itself measured
+them (request sent → stream ended).
+
+### EXPLAIN of every query the trace endpoint sends (500-event run)
+
+{_b2_explain(res.evidence.get("b2", {}))}
+
+### B3 per level
+
+{_b3_table(res.evidence.get("b3", {}))}
+
+## What limits each figure
+
+**B1, one run at a time.** The floor pays one redo-log flush per record (43 per run); the recorder pays
+one per decision (20 per run) because a decision's rows share a transaction, and on MariaDB each
+decision is **one round trip**: the transaction is sent as one compound statement (`BEGIN NOT ATOMIC …
+START TRANSACTION; INSERT …; UPDATE …; COMMIT; END`, rolled back and re-raised by an exit handler on any
+error), rows of one table go in one multi-row INSERT, and the statements are built once per table from
+the models' fields instead of through `Model.save()`/`bulk_create` (profile below: what remains is the
+server's statement execution and the driver's parameter escaping). What limits it now is the database:
+each statement costs the server ~0.1–0.2 ms on this machine whether or not it commits.
+
+**B1, 200 concurrent runs.** Bounded by CPU, not by the database. Measured with `os.times()` and the
+server's `/proc` counters while 200 runs record: the bench process spends about 4–5 ms of CPU per run
+(recorder work ≈ 0.8 ms — events, canonical JSON, hashes, Fernet; building and escaping parameters
+≈ 0.6 ms; the hop into the runtime's thread pool and back ≈ 0.5 ms per 20 decisions; GIL hand-offs
+between the pool's threads and the event loop; the client library's socket work, ≈ 1 ms of it system
+time) and MariaDB about 4 ms without group commit, 2 ms with it — on 2 cores. Group commit
+(`AUDIT_GROUP_COMMIT=true`) halves the server's CPU per run (one compound statement and one COMMIT per
+batch: ~5 decisions per batch with the default 8 pool threads, ~10 with 16, ~20 with 32) and so wins
+some wall time here, but the Python side stays the bound; at one run at a time it costs nothing
+measurable (the first B1 rows: the writer that finds no batch in flight writes its own op directly). It
+stays **off by default** until a deployment shows it helps: switch it on for many concurrent runs on a
+machine with spare cores, or a database farther away (round trips cost more). Reaching 3× the floor
+here would need a decision to cost ≲ 1 ms of CPU end to end, i.e. an asynchronous write path that awaits
+its batch's commit on the event loop instead of parking a pool thread per decision (a change of the
+runtime's `await db(recorder.method)` call sites). Tried, measured and not kept: 16 and 32 pool threads
+(bigger batches, ~6 ms per run), two batches in flight (no gain). Kept: raw-lock wake-ups instead of
+`threading.Event` (whose `Condition.notify` was a fifth of the GIL time under load).
+
+**B2.** The floor reads rows; the endpoint also runs Django's middleware and DRF's dispatch, loads the
+session and the user (two of its six queries), builds model objects, decodes every JSON column, verifies
+the whole hash chain (canonical JSON and SHA-256 of every event) and encodes the body. A 10-event request
+costs about 6 ms, of which the queries are under 1 ms: the rest is roughly 16 000 Python function calls
+of framework code per request (cProfile), and each further event adds ≈ 65 µs. The fixed cost bounds the
+short runs and the per-event Python work the long ones; neither is about the database, which is why the
+query count is constant, every query uses an index (EXPLAIN above; steps and tools sort their few rows
+after the index lookup) and reads do not slow down with 100× more stored runs. Tried and kept: the body
+is built without DRF's per-field serializer dispatch (`audit/trace_render.py`, held equal to
+`TraceSerializer` by `tests/test_trace_render.py`): 500 events 45 → 36 ms, 10 events 8 → 6 ms. Not done:
+caching verified chains (it would weaken what the summary proves) or serving the stored JSON text
+unparsed (a larger rewrite of the read model).
+
+**B3.** One daphne process is one Python thread of CPU for everything: for every streamed chunk the SDK
+parses the SSE chunk, the runtime emits a delta, the channel layer fans it out and the consumer encodes
+and sends a WebSocket frame; each run besides makes 4 model calls through the SDK (several ms of CPU each
+for request building and response parsing), ~20 durable decisions and a knowledge search. With N chats
+streaming a chunk every 20 ms the process must forward 50·N chunks per second on top of that; at 5 chats
+the extra delay is p50 ≈ 1 ms, p99 ≈ 5 ms (see the per-level table), and from a few tens of chats on the
+process is saturated and chunks queue, which is what the percentiles at 50/100/200 show. Nothing is lost
+at any level: the audit is written before frames are published, and followers re-read the database when
+live frames lag. More chats per machine need more processes (several daphne workers share the database
+and, with `REDIS_URL`, the channel layer); the target of p99 ≤ 5 ms at 200 chats in one process is not
+reachable with this stack on this machine.
+
+**B4.** Outside the model a run spends its time in ~20 durable decisions (one round trip each, awaited
+through the database pool), the claim and lease, the knowledge search, and handing tool results and
+frames around.
+
+## Profiles
+
+Recorder, direct path, 20 full runs (pyinstrument, wall clock; the remaining time is the database):
+
+```
+{res.profiles.get("recorder", "(not run)")}
+```
+
+Trace endpoint, 500-event run, 20 reads (pyinstrument):
+
+```
+{res.profiles.get("trace", "(not run)")}
+```
+
+## Running it
+
+`make bench` (or `.venv/bin/python -m bench`) starts MariaDB if needed (`scripts/mariadb.sh`), creates
+and migrates `diagnosis_bench`, runs B1–B4 and writes this page; `--quick` runs short repetitions (B2
+growth to 100 000 runs, B3 at 50 chats) without writing it; `--only b1,b4` runs a subset. The profiler
+is pyinstrument (pinned in `requirements-dev.txt`). `tests/test_bench_smoke.py` runs the cheapest
+scenarios with tiny sizes in the test suite so that the bench cannot rot.
+"""

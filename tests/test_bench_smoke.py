@@ -1,0 +1,73 @@
+"""The bench (bench/, `make bench`) cannot rot: its cheapest scenarios run here with tiny sizes on the test
+database, and its report renders. The bench itself is not part of the suite (it measures; tests never
+assert wall times): these tests assert only that each scenario runs and checks what it recorded."""
+
+import pytest
+
+from bench import b1_recording, b2_trace, report, workload
+from bench.stats import Row, percentile, spread
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_stats_and_table():
+    s = spread([3.0, 1.0, 2.0])
+    assert (s.median, s.low, s.high, s.n) == (2.0, 1.0, 3.0, 3)
+    assert percentile(list(range(1, 101)), 99) == 99
+    rows = [Row("B1", "x", "1 ms", s, 2.5), Row("B1", "y", "1 ms", s, 3.0, goal="min")]
+    assert [r.met for r in rows] == [True, False]
+    assert "≤ 2.5×" in report.table(rows) and "| B1 | x |" in report._md_table(rows)
+
+
+def test_workload_records_a_complete_run_through_both_write_paths(user):
+    from diagnosis import services
+
+    session = services.create_session(owner=user)
+    inputs = workload.make_inputs()
+    direct = b1_recording.new_runs(session, 2, "smoke")
+    grouped = b1_recording.new_runs(session, 2, "smoke")
+    assert b1_recording.run_recorder(direct, inputs, group_commit=False) > 0
+    assert b1_recording.run_recorder(grouped, inputs, group_commit=True) > 0
+    b1_recording.check_complete(direct + grouped)
+
+
+def test_floor_is_the_recorders_own_rows_one_statement_each(user):
+    from django.db import connection
+
+    from diagnosis import services
+
+    session = services.create_session(owner=user)
+    statements, template_run = b1_recording.capture_floor(session, workload.make_inputs())
+    # 23 events + 4 steps + 4 reasoning rows + 3 tool rows, 3 tool updates, 6 run-row updates.
+    assert len(statements) == 43
+    assert sum(s.sql.startswith("INSERT INTO") for s in statements) == 34
+    assert all(template_run in s.params for s in statements)
+    if connection.vendor == "mysql":
+        from bench import env
+
+        conn = env.raw_connect(connection.settings_dict["NAME"])
+        try:
+            runs = b1_recording.new_runs(session, 2, "floor")
+            plans = b1_recording.floor_plan(statements, template_run, [r.run_id for r in runs])
+            assert b1_recording.run_floor(conn, plans) > 0
+        finally:
+            conn.close()
+        from audit.models import TraceEvent
+
+        assert TraceEvent.objects.filter(run_id=runs[0].run_id).count() == workload.EVENTS_PER_RUN
+
+
+def test_trace_read_scenario_on_a_small_run(user):
+    targets = b2_trace.make_targets(user, sizes=(10,))
+    client = b2_trace.login_client(user)
+    body = b2_trace.endpoint_read(client, targets[0])
+    b2_trace.check_body(body, targets[0])
+    count, _ = b2_trace.query_count(client, targets[0])
+    assert count == b2_trace.query_count(client, b2_trace.make_targets(user, sizes=(30,))[0])[0]
+
+
+def test_loop_overhead_scenario_with_fast_model_calls():
+    from bench import b4_loop
+
+    rows = b4_loop.loop_overhead(runs_per_rep=1, reps=1, call_seconds=0.01, log=lambda *_: None)
+    assert rows[0].bench == "B4" and rows[0].ratio.n == 1 and rows[0].result.endswith("PUBLISHED")
