@@ -26,7 +26,6 @@ import logging
 import traceback
 from pathlib import Path
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
@@ -37,6 +36,8 @@ from drf_spectacular.utils import OpenApiResponse
 from rest_framework import exceptions, pagination, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import set_rollback
+
+from config.middleware import ResponseMiddleware
 
 logger = logging.getLogger("api")
 
@@ -194,32 +195,15 @@ def handler500(request):
     return defaults.server_error(request)
 
 
-class ApiErrorMiddleware:
+class ApiErrorMiddleware(ResponseMiddleware):
     """Under `/api/`: exceptions escaping a view become a JSON 500 (class logged, never the message or
     traceback); any other error response that is not JSON (resolver 404, CSRF 403, a plain view's
     HttpResponseNotAllowed …) is rewritten into the contract's error shape. Streams are left alone.
     Works for sync and async views."""
 
-    sync_capable = True
-    async_capable = True
-
-    def __init__(self, get_response):
-        self.get_response = get_response
-        self.async_mode = iscoroutinefunction(get_response)
-        if self.async_mode:
-            markcoroutinefunction(self)
-
-    def __call__(self, request):
-        if self.async_mode:
-            return self.__acall__(request)
-        return self._rewrite(request, self.get_response(request))
-
-    async def __acall__(self, request):
-        return self._rewrite(request, await self.get_response(request))
-
     def process_exception(self, request, exception):
         if not _is_api(request) or isinstance(exception, (Http404, DjangoPermissionDenied)):
-            return None  # Django turns these into 404/403, which `_rewrite` then shapes
+            return None  # Django turns these into 404/403, which `process` then shapes
         refused = client_error(exception)
         if refused is not None:
             return json_error(refused[0], code=refused[1])
@@ -227,7 +211,7 @@ class ApiErrorMiddleware:
         return json_error(500)
 
     @staticmethod
-    def _rewrite(request, response):
+    def process(request, response):
         if (
             response.status_code < 400
             or not _is_api(request)

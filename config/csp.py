@@ -21,9 +21,10 @@ A view that needs another policy sets the header itself; the middleware leaves i
 
 from __future__ import annotations
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.core.exceptions import DisallowedHost
+
+from config.middleware import ResponseMiddleware
 
 HEADER = "Content-Security-Policy"
 DEFAULT_INLINE_STYLE_PATHS = ("/admin/", "/api/docs/")
@@ -49,28 +50,11 @@ def build_policy(*, host: str | None, inline_style: bool) -> str:
     return "; ".join(f"{name} {' '.join(sources)}" for name, sources in directives)
 
 
-class ContentSecurityPolicyMiddleware:
+class ContentSecurityPolicyMiddleware(ResponseMiddleware):
     """Adds the `Content-Security-Policy` header above to every response without one (sync and async)."""
 
-    sync_capable = True
-    async_capable = True
-
-    def __init__(self, get_response):
-        self.get_response = get_response
-        self.async_mode = iscoroutinefunction(get_response)
-        if self.async_mode:
-            markcoroutinefunction(self)
-
-    def __call__(self, request):
-        if self.async_mode:
-            return self.__acall__(request)
-        return self._apply(request, self.get_response(request))
-
-    async def __acall__(self, request):
-        return self._apply(request, await self.get_response(request))
-
     @staticmethod
-    def _apply(request, response):
+    def process(request, response):
         if HEADER in response:
             return response
         try:
