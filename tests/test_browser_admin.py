@@ -22,27 +22,13 @@ from tests.admin_runs import (
     make_blocked_run,
     make_run_with_unfinished_tool,
 )
+from tests.browser_support import launch_chromium, requires_chromium
 from tests.factories import REASONING_MARKER, make_recorded_run
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 TIMEOUT_MS = 15_000
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(
-        not CHROMIUM.exists(),
-        reason="needs Debian's Chromium at /usr/bin/chromium (apt-get install chromium)",
-    ),
-]
+pytestmark = [pytest.mark.browser, requires_chromium]
 
 
 def _in_thread(fn):
@@ -74,7 +60,7 @@ def runs(transactional_db, user, staff_user, auditor):
 def browser(runs):
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        chromium = launch_chromium(playwright)
         try:
             yield chromium
         finally:

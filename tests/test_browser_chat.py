@@ -21,20 +21,12 @@ from django.core.management import call_command
 from audit.models import ToolInvocation, ToolStatus
 from audit.signals import STAFF_VIEWERS_GROUP
 from diagnosis.models import DiagnosisRun, RunStatus
+from tests.browser_support import launch_chromium, requires_chromium
 from tests.chat_support import ARTIFACTS, DaphneServer, DroppingProxy, ScriptedProvider, wait_for
 from tests.fakes.openai_server import FakeLLMServer
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.browser, requires_chromium, pytest.mark.django_db(transaction=True)]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 PASSWORD = "pw-staff-1"
 TIMEOUT_MS = 20_000
 
@@ -72,7 +64,7 @@ def page(site, monkeypatch):
     # Playwright's sync API keeps an event loop on this thread; the test's own ORM reads are sequential.
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        browser = launch_chromium(playwright)
         context = browser.new_context(viewport={"width": 1100, "height": 900})
         page = context.new_page()
         page.set_default_timeout(TIMEOUT_MS)

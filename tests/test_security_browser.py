@@ -25,20 +25,12 @@ from django.db import connection
 
 from diagnosis.models import DiagnosisRun, RunStatus
 from tests.admin_runs import grant_console
+from tests.browser_support import launch_chromium, requires_chromium
 from tests.chat_support import AGENT_MODEL, ARTIFACTS, EVIDENCE_ID, DaphneServer, ScriptedProvider, wait_for
 from tests.fakes.openai_server import FakeLLMServer
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.browser, requires_chromium, pytest.mark.django_db(transaction=True)]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 PASSWORD = "pw-staff-1"
 TIMEOUT_MS = 20_000
 QUESTION = "nginx 502? '); DROP TABLE diagnosis_run; -- <img src=x onerror=\"window.__pwned='q'\">"
@@ -102,7 +94,7 @@ def _read(fn):
 def browser_context(site):
     sync_api = pytest.importorskip("playwright.sync_api")
     with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        browser = launch_chromium(playwright)
         context = browser.new_context(viewport={"width": 1400, "height": 1000})
         context.add_init_script(COLLECT_VIOLATIONS)
         yield context
