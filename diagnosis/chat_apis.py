@@ -27,13 +27,13 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 
-from channels.db import database_sync_to_async
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
 from config.api import json_error
 from diagnosis.chat_throttle import start_throttled_chat
+from diagnosis.runtime.db import db
 from diagnosis.runtime.live import LiveFrame, RunFollower, heartbeat_seconds, sse_event
 from diagnosis.runtime.supervisor import (
     ChatRefused,
@@ -147,8 +147,8 @@ async def chat_stream(request: HttpRequest) -> HttpResponse:
         return json_error(400, "The body must be a JSON object.")
     ensure_background()
     try:
-        run = await database_sync_to_async(start_throttled_chat)(
-            user=user, query=body.get("query"), session_id=body.get("sessionId")
+        run = await db(
+            start_throttled_chat, user=user, query=body.get("query"), session_id=body.get("sessionId")
         )
     except ChatRefused as refused:
         return _refused(refused)
@@ -175,7 +175,7 @@ async def run_events(request: HttpRequest, sessionId: str, runId: str) -> HttpRe
             after = max(after, validate_after(last_event_id.strip()))
     except ChatRefused as refused:
         return _refused(refused)
-    run = await database_sync_to_async(get_visible_run)(user=user, session_id=sessionId, run_id=runId)
+    run = await db(get_visible_run, user=user, session_id=sessionId, run_id=runId)
     if run is None:
         return json_error(404)
     ensure_background()
@@ -194,7 +194,7 @@ async def cancel_run(request: HttpRequest, sessionId: str, runId: str) -> HttpRe
     user, failure = await _authenticate(request)
     if failure is not None:
         return failure
-    run = await database_sync_to_async(get_visible_run)(user=user, session_id=sessionId, run_id=runId)
+    run = await db(get_visible_run, user=user, session_id=sessionId, run_id=runId)
     if run is None:
         return json_error(404)
     status = await request_cancel(run.run_id)

@@ -24,10 +24,10 @@ import json
 import logging
 from typing import Any
 
-from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from diagnosis.chat_throttle import start_throttled_chat
+from diagnosis.runtime.db import db
 from diagnosis.runtime.live import RunFollower, error_frame
 from diagnosis.runtime.supervisor import (
     ChatRefused,
@@ -102,13 +102,16 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def _chat(self, content: dict[str, Any]) -> None:
         self._check_follow_capacity()
-        run = await database_sync_to_async(start_throttled_chat)(
-            user=self.user, query=content.get("query"), session_id=content.get("sessionId")
+        run = await db(
+            start_throttled_chat,
+            user=self.user,
+            query=content.get("query"),
+            session_id=content.get("sessionId"),
         )
         await self._follow(run.run_id, after=0, start=True)
 
     async def _cancel(self, content: dict[str, Any]) -> None:
-        run = await database_sync_to_async(visible_run)(user=self.user, run_id=content.get("runId"))
+        run = await db(visible_run, user=self.user, run_id=content.get("runId"))
         if run is None:
             raise ChatRefused(404, "not_found", "Not found.")
         await request_cancel(run.run_id)
@@ -117,7 +120,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         after = validate_after(content.get("after"))
         if isinstance(content.get("after"), str):
             raise ChatRefused(400, "invalid_request", "after must be a non-negative integer.")
-        run = await database_sync_to_async(visible_run)(user=self.user, run_id=content.get("runId"))
+        run = await db(visible_run, user=self.user, run_id=content.get("runId"))
         if run is None:
             raise ChatRefused(404, "not_found", "Not found.")
         if run.run_id not in self.followers:

@@ -15,11 +15,12 @@ so scripts need not invent an origin.
 from __future__ import annotations
 
 from channels.auth import AuthMiddlewareStack
-from channels.db import database_sync_to_async
 from channels.middleware import BaseMiddleware
 from channels.security.websocket import OriginValidator
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser
+
+from diagnosis.runtime.db import db
 
 
 def _header(scope, name: bytes) -> bytes | None:
@@ -40,7 +41,6 @@ def token_key(scope) -> str | None:
     return parts[1]
 
 
-@database_sync_to_async
 def _user_for_token(key: str):
     from rest_framework.authtoken.models import Token
 
@@ -56,7 +56,7 @@ class _TokenMiddleware(BaseMiddleware):
     async def __call__(self, scope, receive, send):
         key = token_key(scope)
         if key is not None:
-            scope = dict(scope, user=await _user_for_token(key))
+            scope = dict(scope, user=await db(_user_for_token, key))
         return await super().__call__(scope, receive, send)
 
 
