@@ -5,6 +5,7 @@ The suite runs twice in `make test`: on SQLite and on MariaDB (`DATABASE_URL=mys
 """
 
 import pytest
+import pytest_asyncio
 from django.contrib.auth.models import Group
 from django.db import connection
 
@@ -105,3 +106,29 @@ def _fast_password_hasher(settings):
     """The role fixtures create up to six users per test; PBKDF2's million rounds would dominate the suite
     (≈ 0.5 s per user). Tests do not measure password strength."""
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+# --------------------------------------------------------------------------------------------------
+# Chat transport tests (in-process ASGI): use with `pytest.mark.usefixtures("chat_settings",
+# "stop_chat_background")`.
+# --------------------------------------------------------------------------------------------------
+@pytest.fixture
+def chat_settings(settings):
+    """In-memory channel layer, no periodic sweeper, the demo provider; the runtime's pools are closed
+    afterwards so no pool thread keeps a connection to this test's database."""
+    from diagnosis.runtime import db as runtime_db
+
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    settings.RUN_SWEEP_INTERVAL_SECONDS = 0
+    settings.LLM_PROVIDER = "demo"
+    yield settings
+    runtime_db.shutdown_pools()
+
+
+@pytest_asyncio.fixture
+async def stop_chat_background():
+    """Stop the supervisor's per-loop background tasks (control listener, sweeper) after the test."""
+    from diagnosis.runtime import supervisor
+
+    yield
+    await supervisor.stop_background()

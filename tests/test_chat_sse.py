@@ -8,7 +8,6 @@ import json
 from io import StringIO
 
 import pytest
-import pytest_asyncio
 from asgiref.sync import sync_to_async
 from django.core.management import call_command
 from django.test import AsyncClient
@@ -16,13 +15,16 @@ from rest_framework.authtoken.models import Token
 
 from audit.models import EventType, TraceEvent
 from diagnosis.models import DiagnosisRun, RunStatus
-from diagnosis.runtime import db as runtime_db
 from diagnosis.runtime import supervisor
 from tests.chat_support import ScriptedProvider, parse_sse
 from tests.factories import make_recorded_run
 from tests.fakes.openai_server import FakeLLMServer
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.asyncio,
+    pytest.mark.usefixtures("chat_settings", "stop_chat_background"),
+]
 
 TIMEOUT = 15
 SSE_KEYS = {
@@ -32,21 +34,6 @@ SSE_KEYS = {
     "outcome": {"runId", "status", "releaseDecision", "content"},
     "error": {"code", "message"},
 }
-
-
-@pytest_asyncio.fixture(autouse=True)
-async def _stop_background():
-    yield
-    await supervisor.stop_background()
-
-
-@pytest.fixture(autouse=True)
-def chat_settings(settings):
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-    settings.RUN_SWEEP_INTERVAL_SECONDS = 0
-    settings.LLM_PROVIDER = "demo"
-    yield settings
-    runtime_db.shutdown_pools()
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ import json
 from io import StringIO
 
 import pytest
-import pytest_asyncio
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.core.management import call_command
@@ -22,14 +21,17 @@ from audit.models import EventType, ToolInvocation, ToolStatus, TraceEvent
 from audit.selectors import get_trace
 from config.asgi import application
 from diagnosis.models import DiagnosisRun, RunStatus
-from diagnosis.runtime import db as runtime_db
 from diagnosis.runtime import supervisor
 from diagnosis.runtime.tools.registry import default_registry
 from tests.chat_support import ScriptedProvider
 from tests.factories import REASONING_MARKER, make_recorded_run
 from tests.fakes.openai_server import FakeLLMServer
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.asyncio,
+    pytest.mark.usefixtures("chat_settings", "stop_chat_background"),
+]
 
 TIMEOUT = 15
 ORIGIN = (b"origin", b"http://127.0.0.1")
@@ -40,21 +42,6 @@ FRAME_KEYS = {
     "outcome": {"type", "runId", "status", "releaseDecision", "content"},
     "error": {"type", "code", "message"},
 }
-
-
-@pytest_asyncio.fixture(autouse=True)
-async def _stop_background():
-    yield
-    await supervisor.stop_background()
-
-
-@pytest.fixture(autouse=True)
-def chat_settings(settings):
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-    settings.RUN_SWEEP_INTERVAL_SECONDS = 0
-    settings.LLM_PROVIDER = "demo"
-    yield settings
-    runtime_db.shutdown_pools()
 
 
 @pytest.fixture

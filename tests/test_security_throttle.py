@@ -12,7 +12,6 @@ import json
 import time
 
 import pytest
-import pytest_asyncio
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.test import AsyncClient
@@ -21,30 +20,24 @@ from rest_framework.authtoken.models import Token
 from config.asgi import application
 from diagnosis.chat_throttle import ChatRateThrottle
 from diagnosis.models import DiagnosisRun
-from diagnosis.runtime import db as runtime_db
 from diagnosis.runtime import supervisor
 from tests.chat_support import parse_sse
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.asyncio,
+    pytest.mark.usefixtures("stop_chat_background"),
+]
 
 TIMEOUT = 15
 
 
-@pytest_asyncio.fixture(autouse=True)
-async def _stop_background():
-    yield
-    await supervisor.stop_background()
-
-
 @pytest.fixture(autouse=True)
-def chat_settings(settings):
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-    settings.RUN_SWEEP_INTERVAL_SECONDS = 0
-    settings.LLM_PROVIDER = "demo"
+def throttle_settings(chat_settings):
+    settings = chat_settings
     settings.CHAT_THROTTLE_RATE = "3/min"
     settings.CHAT_MAX_ACTIVE_RUNS_PER_USER = 10  # the rate, not the concurrency limit, is under test
-    yield settings
-    runtime_db.shutdown_pools()
+    return settings
 
 
 async def _token(user) -> str:
