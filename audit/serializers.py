@@ -66,7 +66,9 @@ class FeedbackSerializer(serializers.Serializer):
         ref_name = "Feedback"
 
 
-class TraceRunSerializer(serializers.Serializer):
+class RunIdentitySerializer(serializers.Serializer):
+    """The fields that name a run and its decisions, shared by the run list and the trace."""
+
     runId = serializers.CharField(source="run_id")
     sessionId = serializers.CharField(source="session_id")
     query = serializers.CharField()
@@ -76,6 +78,9 @@ class TraceRunSerializer(serializers.Serializer):
     releaseDecision = serializers.ChoiceField(
         source="release_decision", choices=ReleaseDecision.values, allow_null=True
     )
+
+
+class TraceRunSerializer(RunIdentitySerializer):
     content = serializers.CharField()
     error = serializers.SerializerMethodField()
     timing = RunTimingSerializer(source="*")

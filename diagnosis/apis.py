@@ -13,6 +13,7 @@ from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from audit.serializers import RunIdentitySerializer
 from config.api import error_responses, paginated_response, paginated_serializer
 from diagnosis import selectors, services
 from diagnosis.models import FeedbackRating, Intent, ReleaseDecision, RunStatus
@@ -34,16 +35,7 @@ class SessionSerializer(serializers.Serializer):
         ref_name = "Session"
 
 
-class RunSummarySerializer(serializers.Serializer):
-    runId = serializers.CharField(source="run_id")
-    sessionId = serializers.CharField(source="session_id")
-    query = serializers.CharField()
-    status = serializers.ChoiceField(choices=RunStatus.values)
-    agentFlow = serializers.CharField(source="agent_flow")
-    intent = serializers.ChoiceField(choices=Intent.values, allow_null=True)
-    releaseDecision = serializers.ChoiceField(
-        source="release_decision", choices=ReleaseDecision.values, allow_null=True
-    )
+class RunSummarySerializer(RunIdentitySerializer):
     createdAt = serializers.DateTimeField(source="created_at")
     startedAt = serializers.DateTimeField(source="started_at", allow_null=True)
     finishedAt = serializers.DateTimeField(source="finished_at", allow_null=True)
