@@ -132,3 +132,38 @@ async def stop_chat_background():
 
     yield
     await supervisor.stop_background()
+
+
+# --------------------------------------------------------------------------------------------------
+# Runtime tests: fresh thread pools, the local fake provider, a small runbook corpus
+# --------------------------------------------------------------------------------------------------
+@pytest.fixture
+def runtime_pools():
+    """The runtime's database and tool pools are closed before and after the test, so no pool thread
+    keeps a connection (or a stale one) across tests."""
+    from diagnosis.runtime import db as runtime_db
+
+    runtime_db.shutdown_pools()
+    yield
+    runtime_db.shutdown_pools()
+
+
+@pytest.fixture
+def llm(settings):
+    """The local OpenAI-compatible server with a scripted `Provider`, and settings pointing at it; the
+    test fails if the server itself hit an error."""
+    from tests.fakes.openai_server import FakeLLMServer
+    from tests.runtime_support import Provider, use_fake_llm
+
+    with FakeLLMServer() as server:
+        use_fake_llm(settings, server)
+        yield Provider(server)
+        assert not server.errors
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    """The small runbook corpus of `tests.runtime_support.load_corpus`, loaded into the knowledge base."""
+    from tests.runtime_support import load_corpus
+
+    load_corpus(tmp_path / "kb")

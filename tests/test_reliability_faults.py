@@ -36,7 +36,6 @@ from diagnosis.runtime.executor import prepare_run
 from diagnosis.runtime.tools.registry import ToolResult, default_registry
 from tests.admin_runs import grant_console
 from tests.fakes.openai_server import (
-    FakeLLMServer,
     HTTPError,
     Reset,
     Stall,
@@ -50,37 +49,14 @@ from tests.reliability_support import DatabaseOutageProxy, routed_through
 from tests.runtime_support import (
     AGENT,
     GUARD,
-    Provider,
     ask,
     evidence_ids,
     execute,
-    load_corpus,
-    use_fake_llm,
 )
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("runtime_pools")]
 
 PROVIDER_SECRET = "provider-body-secret-9c41"
-
-
-@pytest.fixture(autouse=True)
-def _pools():
-    runtime_db.shutdown_pools()
-    yield
-    runtime_db.shutdown_pools()
-
-
-@pytest.fixture
-def llm(settings):
-    with FakeLLMServer() as server:
-        use_fake_llm(settings, server)
-        yield Provider(server)
-        assert not server.errors
-
-
-@pytest.fixture
-def corpus(tmp_path):
-    load_corpus(tmp_path / "kb")
 
 
 def _registry_with(name: str, func, *, timeout: float | None = None):

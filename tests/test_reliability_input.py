@@ -29,14 +29,13 @@ from audit.models import ToolInvocation, TraceEvent
 from audit.selectors import get_trace
 from diagnosis import services
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunFeedback, RunStatus
-from diagnosis.runtime import db as runtime_db
 from reasoning.models import ReasoningAccessLog
 from tests.admin_runs import grant_console
 from tests.factories import make_recorded_run
-from tests.fakes.openai_server import FakeLLMServer, stream_answer, stream_tool_calls
-from tests.runtime_support import AGENT, Provider, ask, evidence_ids, load_corpus, use_fake_llm
+from tests.fakes.openai_server import stream_answer, stream_tool_calls
+from tests.runtime_support import AGENT, ask, evidence_ids, load_corpus
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("runtime_pools")]
 
 HOSTILE_IDS = {
     "sql-injection": "x' OR '1'='1",
@@ -49,13 +48,6 @@ HOSTILE_IDS = {
     "very-long": "r" * 5000,
     "dot-dot": "..",
 }
-
-
-@pytest.fixture(autouse=True)
-def _pools():
-    runtime_db.shutdown_pools()
-    yield
-    runtime_db.shutdown_pools()
 
 
 @pytest.fixture
@@ -145,14 +137,6 @@ def test_bodies_too_large_not_utf8_or_not_json_are_refused_and_create_nothing(to
 # Text that is hard to store: 4-byte UTF-8 and control characters, end to end
 # --------------------------------------------------------------------------------------------------
 HARD_TEXT = "磁盘满了 🧯🔥 (emoji U+1F9EF) tab\there cr\rlf bell\x07 esc\x1b[0m zwsp\u200b ls\u2028 del\x7f"
-
-
-@pytest.fixture
-def llm(settings):
-    with FakeLLMServer() as server:
-        use_fake_llm(settings, server)
-        yield Provider(server)
-        assert not server.errors
 
 
 def test_four_byte_utf8_and_control_characters_round_trip_through_a_run_the_api_and_the_admin(

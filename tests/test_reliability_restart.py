@@ -20,21 +20,13 @@ from diagnosis.runtime import db as runtime_db
 from diagnosis.runtime.events import CollectingSink
 from diagnosis.runtime.executor import start_run
 from diagnosis.runtime.llm import aclose_clients
-from tests.fakes.openai_server import FakeLLMServer, stream_answer, usage
+from tests.fakes.openai_server import stream_answer, usage
 from tests.reliability_support import mariadb_running, restart_mariadb
-from tests.runtime_support import AGENT, Provider, use_fake_llm
+from tests.runtime_support import AGENT
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.django_db(transaction=True)]
 
 POOL_THREADS = 3
-
-
-@pytest.fixture
-def llm(settings):
-    with FakeLLMServer() as server:
-        use_fake_llm(settings, server)
-        yield Provider(server)
-        assert not server.errors
 
 
 @pytest.fixture

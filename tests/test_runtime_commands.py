@@ -9,19 +9,11 @@ from django.conf import settings as django_settings
 from django.core.management import CommandError, call_command
 
 from diagnosis.models import DiagnosisRun, ReleaseDecision
-from diagnosis.runtime import db as runtime_db
 from tests.fakes.openai_server import FakeLLMServer, stream_answer, stream_tool_calls, usage
 from tests.runtime_support import AGENT, Provider, evidence_ids, load_corpus, use_fake_llm
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("runtime_pools")]
 RUNBOOKS = Path(django_settings.BASE_DIR) / "diagnosis" / "runbooks"
-
-
-@pytest.fixture(autouse=True)
-def _pools():
-    runtime_db.shutdown_pools()
-    yield
-    runtime_db.shutdown_pools()
 
 
 def diagnose(*args):

@@ -11,7 +11,6 @@ from django.core.management import call_command
 from audit.models import AgentStep, EventType, ToolInvocation, TraceEvent
 from audit.selectors import get_trace
 from diagnosis.models import ReleaseDecision, RunStatus
-from diagnosis.runtime import db as runtime_db
 from diagnosis.runtime.demo import (
     DEMO_QUESTIONS,
     DemoModelClient,
@@ -27,12 +26,7 @@ from tests.runtime_support import ask
 
 RUNBOOKS = Path(django_settings.BASE_DIR) / "diagnosis" / "runbooks"
 
-
-@pytest.fixture(autouse=True)
-def _pools():
-    runtime_db.shutdown_pools()
-    yield
-    runtime_db.shutdown_pools()
+pytestmark = pytest.mark.usefixtures("runtime_pools")
 
 
 @pytest.fixture

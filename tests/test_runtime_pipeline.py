@@ -12,7 +12,6 @@ from audit.integrity import verify_chain
 from audit.models import AgentStep, EventType, ToolInvocation, ToolStatus, TraceEvent
 from audit.selectors import get_trace
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
-from diagnosis.runtime import db as runtime_db
 from diagnosis.runtime import prompts
 from diagnosis.runtime.canonical import CanonicalStore
 from diagnosis.runtime.events import DeltaEvent, ErrorEvent, OutcomeEvent, RunEvent, ToolEvent
@@ -21,7 +20,6 @@ from diagnosis.runtime.pipeline import BLOCKED_MESSAGE
 from diagnosis.runtime.tools.registry import ToolRegistry, default_registry
 from reasoning.models import AgentReasoningAudit
 from tests.fakes.openai_server import (
-    FakeLLMServer,
     HTTPError,
     Stream,
     finish_chunk,
@@ -36,17 +34,14 @@ from tests.runtime_support import (
     GUARD,
     ROUTER,
     FailInserts,
-    Provider,
     SqlLog,
     ask,
     evidence_ids,
     execute,
     in_every_runtime_thread,
-    load_corpus,
-    use_fake_llm,
 )
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("runtime_pools")]
 
 THINKING = (
     "The user reports a full disk. Likely causes: unrotated logs or deleted files held open.\n\n"
@@ -56,26 +51,6 @@ TWO_LOOKUPS = [
     ("call_disk", "lookup_knowledge", json.dumps({"query": "disk full /var/log"})),
     ("call_rot", "lookup_knowledge", json.dumps({"query": "logrotate deleted files lsof", "top_k": 3})),
 ]
-
-
-@pytest.fixture(autouse=True)
-def _pools():
-    runtime_db.shutdown_pools()
-    yield
-    runtime_db.shutdown_pools()
-
-
-@pytest.fixture
-def llm(settings):
-    with FakeLLMServer() as server:
-        use_fake_llm(settings, server)
-        yield Provider(server)
-        assert not server.errors
-
-
-@pytest.fixture
-def corpus(tmp_path):
-    load_corpus(tmp_path / "kb")
 
 
 def _events(run_id):

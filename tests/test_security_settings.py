@@ -38,8 +38,8 @@ from config.csp import HEADER, ContentSecurityPolicyMiddleware, build_policy
 from diagnosis.runtime import db as runtime_db
 from tests.admin_runs import grant_console
 from tests.factories import make_recorded_run
-from tests.fakes.openai_server import FakeLLMServer, stream_answer, stream_tool_calls, usage
-from tests.runtime_support import AGENT, Provider, ask, evidence_ids, load_corpus, use_fake_llm
+from tests.fakes.openai_server import stream_answer, stream_tool_calls, usage
+from tests.runtime_support import AGENT, ask, evidence_ids, load_corpus
 
 BASE_DIR = Path(django_settings.BASE_DIR)
 PRODUCTION_HOST = "diagnosis.example.com"
@@ -281,14 +281,6 @@ def test_the_key_patterns_catch_real_looking_secrets():
 # Logs: no reasoning, answers or tokens
 # --------------------------------------------------------------------------------------------------
 REASONING = "LOG-REASONING-MARKER-5e1d: the upstream pool is exhausted, check ss -ltnp first."
-
-
-@pytest.fixture
-def llm(settings):
-    with FakeLLMServer() as server:
-        use_fake_llm(settings, server)
-        yield Provider(server)
-        assert not server.errors
 
 
 async def _drain(response) -> bytes:
