@@ -1,0 +1,28 @@
+"""The one write API for decision owners (`RunRecorder`) and the facts they hand it.
+
+* `facts`: what the runtime imports (usage, declared tool calls, retrieval facts, refusals);
+* `run`: `RunRecorder`, the one front, with one typed method per decision;
+* `chain`: sequence numbers, hash chain, one write per decision, fail-open accounting;
+* `tools`: the tool lifecycle of seed 002;
+* `ledger`: the token ledger kept while the run executes.
+"""
+
+from audit.recorder.facts import (
+    DeclaredToolCall,
+    RetrievalFacts,
+    ToolCallNotDeclared,
+    ToolLifecycleConflict,
+    Usage,
+    _Event,
+)
+from audit.recorder.run import RunRecorder
+
+__all__ = [
+    "DeclaredToolCall",
+    "RetrievalFacts",
+    "RunRecorder",
+    "ToolCallNotDeclared",
+    "ToolLifecycleConflict",
+    "Usage",
+    "_Event",
+]

@@ -1,0 +1,241 @@
+"""How a decision reaches the database: sequence numbers, the hash chain, one write per decision,
+fail-open accounting. `RunRecorder` inherits this; nothing else uses it."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import DatabaseError, IntegrityError, connection
+from django.db.models import F
+from django.utils import timezone
+
+from audit.group_commit import get_committer
+from audit.integrity import GENESIS_HASH, event_payload_json
+from audit.models import AgentStep, EventType, ToolInvocation, TraceEvent
+from audit.payloads import bound_json_text, clip, sha256_hex
+from audit.recorder.facts import SUMMARY_CHARS, Usage, _Event
+from audit.write_ops import Insert, RawJSON, Update, WriteOp, execute
+from audit.write_ops import Table as RowTable
+from diagnosis.models import DiagnosisRun
+from reasoning.models import AgentReasoningAudit
+
+logger = logging.getLogger("audit.recorder")
+
+
+class ChainWriter:
+    """The write half of `RunRecorder`: state it relies on is set by `RunRecorder.__init__`."""
+
+    def _write(
+        self,
+        what: str,
+        events: Sequence[_Event],
+        *,
+        inserts: Sequence[Insert] = (),
+        updates: Sequence[Update] = (),
+        run_fields: dict[str, Any] | None = None,
+        usage: Usage | None = None,
+    ) -> int | None:
+        """Write the decision's rows (`inserts`, `updates`), its events and the run fields in one
+        transaction, durable before returning; fail-open.
+
+        Returns the `sequence_no` of the last event written (transports use it as the resumption id of
+        live events), or None when the write failed.
+
+        The usage, when given, enters the ledger whether or not the write commits (the call happened);
+        it counts as *persisted* only when its MODEL_TOKEN_USAGE event committed.
+        """
+        with self._lock:
+            self.expected_events += len(events)
+            source = next(
+                (e.details["source"] for e in events if e.event_type == EventType.MODEL_TOKEN_USAGE), None
+            )
+            if usage is not None and source is not None:
+                self._ledger.add(source, usage)
+            for attempt in (1, 2):
+                try:
+                    self._commit(events, inserts, updates, run_fields)
+                except IntegrityError as exc:
+                    # Another process wrote this run's timeline (e.g. a sweeper that thought it dead):
+                    # reload the chain head once and retry; anything else is an audit failure.
+                    if attempt == 1 and self._sequence_taken():
+                        self._reload_head()
+                        continue
+                    self._failed(what, exc)
+                    return None
+                except DatabaseError as exc:
+                    self._failed(what, exc)
+                    return None
+                if usage is not None and source is not None:
+                    self._ledger.persisted_calls += 1
+                    self._ledger.persisted_total += (usage.total_tokens or 0) if usage.available else 0
+                return self._next_sequence - 1
+            return None
+
+    def _commit(
+        self,
+        events: Sequence[_Event],
+        inserts: Sequence[Insert],
+        updates: Sequence[Update],
+        run_fields: dict[str, Any] | None,
+    ) -> None:
+        t = _tables()
+        seq = self._next_sequence
+        prev = self._prev_hash
+        op = WriteOp(inserts=list(inserts), updates=list(updates))
+        for event in events:
+            created_at = timezone.now()
+            _, details_json = bound_json_text(event.details)
+            summary = clip(event.summary, SUMMARY_CHARS)
+            phase, event_type, status = str(event.phase), str(event.event_type), str(event.status)
+            digest = sha256_hex(
+                prev
+                + event_payload_json(
+                    run_id=self.run_id,
+                    session_id=self.session_id,
+                    sequence_no=seq,
+                    phase=phase,
+                    event_type=event_type,
+                    status=status,
+                    summary=summary,
+                    details_json=details_json,
+                    created_at=created_at,
+                )
+            )
+            op.inserts.append(
+                Insert(
+                    t.event,
+                    (
+                        self.run_id,
+                        self.session_id,
+                        seq,
+                        phase,
+                        event_type,
+                        status,
+                        summary,
+                        # Stored as the hashed canonical text (ASCII-escaped when it holds non-ASCII,
+                        # so that any string the JSON module accepts can be stored).
+                        RawJSON(details_json if details_json.isascii() else _ascii_json(details_json)),
+                        prev,
+                        digest,
+                        created_at,
+                    ),
+                )
+            )
+            prev = digest
+            seq += 1
+        if run_fields:
+            fields = {**run_fields, **self._count_fields()}
+            op.updates.append(
+                Update(t.run, tuple(fields), tuple(fields.values()), ("run_id",), (self.run_id,))
+            )
+        self._submit(op)
+        self._next_sequence = seq
+        self._prev_hash = prev
+
+    def _submit(self, op: WriteOp) -> None:
+        """Write `op` durably (group commit when enabled and the caller is in autocommit mode, else
+        directly on this thread's connection); raise its database error."""
+        if self._group_commit and not connection.in_atomic_block:
+            get_committer().submit(op)
+        else:
+            try:
+                execute([op], connection)
+            except DatabaseError as exc:
+                op.error = exc
+        if op.error is not None:
+            raise op.error
+
+    def _count_fields(self) -> dict[str, int]:
+        return {
+            "expected_events": self.expected_events,
+            "expected_steps": self.expected_steps,
+            "expected_tools": self.expected_tools,
+            "audit_write_failures": self.audit_write_failures,
+        }
+
+    def _update_run(self, what: str, **fields: Any) -> bool:
+        with self._lock:
+            fields.update(self._count_fields())
+            update = Update(_tables().run, tuple(fields), tuple(fields.values()), ("run_id",), (self.run_id,))
+            try:
+                self._submit(WriteOp(updates=[update]))
+                return True
+            except DatabaseError as exc:
+                self._failed(what, exc)
+                return False
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        self.audit_write_failures += 1
+        code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
+        # Never the message: database errors can quote the values they rejected.
+        logger.error(
+            "audit write failed run=%s op=%s error=%s code=%s", self.run_id, what, type(exc).__name__, code
+        )
+        _recover_connection()
+        try:
+            DiagnosisRun.objects.filter(run_id=self.run_id).update(
+                audit_write_failures=F("audit_write_failures") + 1
+            )
+        except DatabaseError:
+            _recover_connection()
+
+    def _sequence_taken(self) -> bool:
+        try:
+            return TraceEvent.objects.filter(run_id=self.run_id, sequence_no=self._next_sequence).exists()
+        except DatabaseError:
+            return False
+
+    def _reload_head(self) -> None:
+        last = (
+            TraceEvent.objects.filter(run_id=self.run_id)
+            .order_by("-sequence_no")
+            .values_list("sequence_no", "hash")
+            .first()
+        )
+        self._next_sequence, self._prev_hash = (last[0] + 1, last[1]) if last else (1, GENESIS_HASH)
+
+    def _persisted_counts(self) -> dict[str, int]:
+        return {
+            "events": TraceEvent.objects.filter(run_id=self.run_id).count(),
+            "steps": AgentStep.objects.filter(run_id=self.run_id).count(),
+            "tools": ToolInvocation.objects.filter(run_id=self.run_id).count(),
+        }
+
+
+def _ascii_json(canonical: str) -> str:
+    return json.dumps(json.loads(canonical), sort_keys=True, separators=(",", ":"))
+
+
+class _Tables:
+    """Row layouts of the recorder's tables (every concrete column but the auto primary key)."""
+
+    def __init__(self) -> None:
+        self.event = _table(TraceEvent)
+        self.step = _table(AgentStep)
+        self.reasoning = _table(AgentReasoningAudit)
+        self.tool = _table(ToolInvocation)
+        self.run = _table(DiagnosisRun)
+
+
+def _table(model) -> RowTable:
+    return RowTable(model, [f.attname for f in model._meta.concrete_fields if not f.primary_key])
+
+
+@functools.cache
+def _tables() -> _Tables:
+    return _Tables()
+
+
+def _ms(delta) -> int:
+    return int(delta.total_seconds() * 1000)
+
+
+def _recover_connection() -> None:
+    """After a database error outside any atomic block, drop a broken connection so the next write
+    reconnects (a long-running run never passes through Django's request-boundary cleanup)."""
+    if not connection.in_atomic_block:
+        connection.close_if_unusable_or_obsolete()

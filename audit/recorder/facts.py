@@ -1,0 +1,80 @@
+"""Facts the runtime hands to the recorder (usage, declared tool calls, retrieval facts), the two
+refusals it raises, and the bounds it applies. Decision owners import these from `audit.recorder`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from reasoning.capture import ToolCallPlan
+
+SUMMARY_CHARS = 500
+ERROR_MESSAGE_CHARS = 1000
+INPUT_STRING_CHARS = 2000
+
+
+class ToolCallNotDeclared(Exception):
+    """A tool start named a `tool_call_id` that no recorded model step of this run declared."""
+
+
+class ToolLifecycleConflict(Exception):
+    """A tool start or terminal repeated with facts different from the ones already recorded."""
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token usage of one model call as the provider reported it; `available=False` means it reported
+    none, and then every count is None (never 0)."""
+
+    available: bool
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    total_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    cached_tokens: int | None = None
+
+    @classmethod
+    def unavailable(cls) -> Usage:
+        return cls(available=False)
+
+    def as_details(self) -> dict[str, Any]:
+        return {
+            "usageAvailable": self.available,
+            "promptTokens": self.prompt_tokens,
+            "completionTokens": self.completion_tokens,
+            "totalTokens": self.total_tokens,
+            "reasoningTokens": self.reasoning_tokens,
+            "cachedTokens": self.cached_tokens,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class DeclaredToolCall:
+    """A tool call a model step declared: id, name and the raw argument string."""
+
+    tool_call_id: str
+    name: str
+    arguments: str
+
+    def plan(self) -> ToolCallPlan:
+        return ToolCallPlan(name=self.name, arguments=self.arguments)
+
+
+@dataclass(frozen=True, slots=True)
+class RetrievalFacts:
+    """What a retrieval tool reports about how it found its evidence."""
+
+    layer: str = ""
+    l0_match_count: int | None = None
+    l1_match_count: int | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+    is_truncated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Event:
+    phase: str
+    event_type: str
+    status: str
+    summary: str
+    details: dict[str, Any]

@@ -1,0 +1,293 @@
+"""The tool lifecycle (seed 002) as the recorder enforces it: declared calls only, one RUNNING row
+committed before the tool executes, one terminal update, repeats with the same facts are no-ops."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from django.utils import timezone
+
+from audit.models import EventType, Phase, ToolStatus
+from audit.payloads import bound_json, bound_text, canonical_json, clip
+from audit.recorder.chain import _tables
+from audit.recorder.facts import (
+    ERROR_MESSAGE_CHARS,
+    INPUT_STRING_CHARS,
+    SUMMARY_CHARS,
+    RetrievalFacts,
+    ToolCallNotDeclared,
+    ToolLifecycleConflict,
+    _Event,
+)
+from audit.write_ops import Insert, Update
+from diagnosis.models import RunStatus
+
+
+@dataclass(slots=True)
+class _ToolState:
+    name: str
+    input_key: str
+    step_index: int | None
+    started_monotonic: float | None
+    started_at: Any
+    status: str = ToolStatus.RUNNING
+    terminal_key: tuple | None = None
+
+
+class ToolLifecycle:
+    """The tool half of `RunRecorder` (mixed into it; uses its chain writer)."""
+
+    def is_declared(self, tool_call_id: str) -> bool:
+        return tool_call_id in self._declared
+
+    def tool_started(self, *, tool_call_id: str, tool_name: str, input_params: dict[str, Any]) -> int | None:
+        """Commit the RUNNING row and its TOOL_INVOCATION event before the tool executes.
+
+        Raises ToolCallNotDeclared when no recorded step of this run declared the id (the refusal is
+        itself recorded on the timeline), ToolLifecycleConflict when the id was started with another
+        name or input. A repeat with the same facts is a no-op.
+        """
+        effective_input = bound_json(input_params, max_string=INPUT_STRING_CHARS)
+        input_key = canonical_json(effective_input)
+        with self._lock:
+            existing = self._tools.get(tool_call_id)
+            if existing is not None:
+                if existing.name == tool_name and existing.input_key == input_key:
+                    return
+                raise ToolLifecycleConflict(f"tool call {tool_call_id} was already started with other facts")
+            if tool_call_id not in self._declared:
+                self._write(
+                    "tool_refused",
+                    [
+                        _Event(
+                            Phase.TOOL,
+                            EventType.TOOL_INVOCATION,
+                            "REFUSED",
+                            clip(
+                                f"{tool_name} refused: call {tool_call_id} not declared by a recorded step",
+                                SUMMARY_CHARS,
+                            ),
+                            {
+                                "toolCallId": tool_call_id,
+                                "toolName": tool_name,
+                                "reason": "UNDECLARED_TOOL_CALL",
+                            },
+                        )
+                    ],
+                )
+                raise ToolCallNotDeclared(f"tool call {tool_call_id} was not declared by a recorded step")
+
+            step_index = self._declared[tool_call_id]
+            now = timezone.now()
+            state = _ToolState(
+                name=tool_name,
+                input_key=input_key,
+                step_index=step_index,
+                started_monotonic=None,
+                started_at=now,
+            )
+            self._tools[tool_call_id] = state
+            self.expected_tools += 1
+            t = _tables()
+            row = Insert(
+                t.tool,
+                t.tool.row(
+                    run_id=self.run_id,
+                    session_id=self.session_id,
+                    step_id=self._step_ids.get(step_index),
+                    step_index=step_index,
+                    tool_call_id=tool_call_id,
+                    tool_name=tool_name,
+                    status=ToolStatus.RUNNING,
+                    input_params=effective_input,
+                    started_at=now,
+                    created_at=now,
+                    updated_at=now,
+                ),
+            )
+            sequence_no = self._write(
+                "tool_started",
+                [
+                    _Event(
+                        Phase.TOOL,
+                        EventType.TOOL_INVOCATION,
+                        ToolStatus.RUNNING,
+                        clip(f"{tool_name} started ({tool_call_id})", SUMMARY_CHARS),
+                        {
+                            "toolCallId": tool_call_id,
+                            "toolName": tool_name,
+                            "stepIndex": step_index,
+                            "input": effective_input,
+                        },
+                    )
+                ],
+                inserts=[row],
+            )
+            # Starting is the moment the executing process begins timing.
+            state.started_monotonic = time.monotonic()
+            return sequence_no
+
+    def tool_finished(
+        self,
+        *,
+        tool_call_id: str,
+        status: str,
+        output: str | None = None,
+        error_code: str = "",
+        error_message: str = "",
+        retrieval: RetrievalFacts | None = None,
+        summary_note: str = "",
+    ) -> int | None:
+        """The tool's one terminal update (SUCCEEDED or FAILED here; INTERRUPTED/ABANDONED come from
+        `finish` or `close_tools`). Same facts again: no-op; different facts: ToolLifecycleConflict."""
+        with self._lock:
+            state = self._tools.get(tool_call_id)
+            if state is None:
+                raise ToolLifecycleConflict(f"tool call {tool_call_id} was never started")
+            return self._terminate(
+                tool_call_id, state, status, output, error_code, error_message, retrieval, summary_note
+            )
+
+    def close_tools(
+        self, *, status: str, error_code: str = "", error_message: str = ""
+    ) -> dict[str, int | None]:
+        """Give every still-RUNNING tool the terminal `status` (e.g. INTERRUPTED on cancel). Returns each
+        closed tool's `tool_call_id` with the `sequence_no` of its terminal event (None if the write
+        failed)."""
+        with self._lock:
+            running = [(k, s) for k, s in self._tools.items() if s.status == ToolStatus.RUNNING]
+            return {
+                tool_call_id: self._terminate(
+                    tool_call_id, state, status, None, error_code, error_message, None, ""
+                )
+                for tool_call_id, state in running
+            }
+
+    def _close_dangling_tools(self, run_status: str) -> None:
+        closing = {
+            RunStatus.FAILED.value: (ToolStatus.FAILED, "RUN_FAILED"),
+            RunStatus.CANCELLED.value: (ToolStatus.INTERRUPTED, "RUN_CANCELLED"),
+        }.get(str(run_status), (ToolStatus.ABANDONED, "RUN_ENDED"))
+        self.close_tools(
+            status=closing[0], error_code=closing[1], error_message="the run ended while the tool was running"
+        )
+
+    def _terminate(
+        self,
+        tool_call_id: str,
+        state: _ToolState,
+        status: str,
+        output: str | None,
+        error_code: str,
+        error_message: str,
+        retrieval: RetrievalFacts | None,
+        summary_note: str,
+    ) -> int | None:
+        bounded = bound_text(output) if output is not None else None
+        key = (
+            status,
+            bounded.sha256 if bounded else None,
+            error_code,
+            clip(error_message, ERROR_MESSAGE_CHARS),
+        )
+        if state.status != ToolStatus.RUNNING:
+            if state.terminal_key == key or (state.terminal_key is None and state.status == status):
+                return
+            raise ToolLifecycleConflict(f"tool call {tool_call_id} already ended as {state.status}")
+        now = timezone.now()
+        duration_ms = (
+            int((time.monotonic() - state.started_monotonic) * 1000)
+            if state.started_monotonic is not None
+            else None
+        )
+        state.status = status
+        state.terminal_key = key
+        fields: dict[str, Any] = {
+            "status": status,
+            "finished_at": now,
+            "duration_ms": duration_ms,
+            "error_code": clip(error_code, 64),
+            "error_message": clip(error_message, ERROR_MESSAGE_CHARS),
+            "updated_at": now,
+        }
+        if bounded is not None:
+            fields.update(
+                output_preview=bounded.preview,
+                output_length=bounded.length,
+                output_sha256=bounded.sha256,
+                is_truncated=bounded.truncated or bool(retrieval and retrieval.is_truncated),
+            )
+        if retrieval is not None:
+            fields.update(
+                retrieval_layer=retrieval.layer,
+                l0_match_count=retrieval.l0_match_count,
+                l1_match_count=retrieval.l1_match_count,
+                retrieval_details=bound_json(retrieval.details),
+            )
+        parts = [f"{state.name} {status.lower()}"]
+        if duration_ms is not None:
+            parts.append(f"in {duration_ms} ms")
+        if bounded is not None:
+            parts.append(f"{bounded.length} chars")
+        if error_code:
+            parts.append(f"error {error_code}")
+        if summary_note:
+            parts.append(summary_note)
+        details: dict[str, Any] = {
+            "toolCallId": tool_call_id,
+            "toolName": state.name,
+            "stepIndex": state.step_index,
+            "durationMs": duration_ms,
+            "outputLength": bounded.length if bounded else None,
+            "outputSha256": bounded.sha256 if bounded else None,
+            "errorCode": error_code or None,
+        }
+        if retrieval is not None:
+            details.update(
+                retrievalLayer=retrieval.layer,
+                l0MatchCount=retrieval.l0_match_count,
+                l1MatchCount=retrieval.l1_match_count,
+            )
+
+        t = _tables()
+        # The RUNNING row may never have committed (an earlier audit write failed): then the terminal
+        # facts are inserted as the tool's row instead, so they are kept anyway.
+        fallback = Insert(
+            t.tool,
+            t.tool.row(
+                run_id=self.run_id,
+                session_id=self.session_id,
+                step_id=self._step_ids.get(state.step_index) if state.step_index is not None else None,
+                step_index=state.step_index,
+                tool_call_id=tool_call_id,
+                tool_name=state.name,
+                input_params={},
+                started_at=state.started_at,
+                created_at=now,
+                **fields,
+            ),
+        )
+        update = Update(
+            t.tool,
+            tuple(fields),
+            tuple(fields.values()),
+            ("run_id", "tool_call_id", "status"),
+            (self.run_id, tool_call_id, ToolStatus.RUNNING.value),
+            fallback=fallback,
+        )
+
+        return self._write(
+            "tool_finished",
+            [
+                _Event(
+                    Phase.TOOL,
+                    EventType.TOOL_INVOCATION,
+                    status,
+                    clip(", ".join(parts), SUMMARY_CHARS),
+                    details,
+                )
+            ],
+            updates=[update],
+        )
