@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from django.contrib.auth.models import AbstractBaseUser
 
 from audit.integrity import verify_chain
-from audit.models import AgentStep, ToolInvocation, ToolStatus, TraceEvent
+from audit.models import AgentStep, EventType, ToolInvocation, ToolStatus, TraceEvent
 from diagnosis.models import DiagnosisRun
 from diagnosis.selectors import FeedbackView, RunResolution, get_feedback, viewer_feedback
 
@@ -232,3 +232,51 @@ def get_session_audits(*, session_id: str, limit: int = SESSION_AUDITS_LIMIT) ->
     newest = records[:limit]
     newest.reverse()
     return SessionAudits(audits=newest, truncated=truncated)
+
+
+# --------------------------------------------------------------------------------------------------
+# Chat replay: the stored timeline events a follower turns into frames
+# --------------------------------------------------------------------------------------------------
+_CHAT_EVENT_TYPES = (EventType.RUN_STARTED, EventType.TOOL_INVOCATION, EventType.RUN_FINISHED)
+_RUN_OUTCOME_FIELDS = (
+    "run_id",
+    "session_id",
+    "status",
+    "release_decision",
+    "content",
+    "error_code",
+    "error_message",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ChatTimelineRow:
+    """One stored timeline event that maps to a chat frame (RUN_STARTED, TOOL_INVOCATION, RUN_FINISHED)."""
+
+    sequence_no: int
+    event_type: str
+    status: str
+    details: dict
+
+
+def chat_timeline(*, run_id: str, after: int) -> tuple[list[ChatTimelineRow], DiagnosisRun]:
+    """The run's frame-mapped timeline events with `sequence_no > after`, in order, then its row (only the
+    outcome's columns). Two queries; the row is read second, so that a RUN_FINISHED seen in the first is
+    normally matched by a terminal row. Raises `DiagnosisRun.DoesNotExist` for an unknown run."""
+    rows = [
+        ChatTimelineRow(*row)
+        for row in TraceEvent.objects.filter(
+            run_id=run_id, sequence_no__gt=after, event_type__in=_CHAT_EVENT_TYPES
+        )
+        .order_by("sequence_no")
+        .values_list("sequence_no", "event_type", "status", "details")
+    ]
+    run = DiagnosisRun.objects.only(*_RUN_OUTCOME_FIELDS).get(run_id=run_id)
+    return rows, run
+
+
+def finished_by(*, run_id: str, sequence_no: int) -> bool:
+    """Whether the run's RUN_FINISHED is stored at or before `sequence_no` (one query)."""
+    return TraceEvent.objects.filter(
+        run_id=run_id, sequence_no__lte=sequence_no, event_type=EventType.RUN_FINISHED
+    ).exists()

@@ -16,7 +16,7 @@ from rest_framework.authtoken.models import Token
 from audit.models import EventType, TraceEvent
 from diagnosis.models import DiagnosisRun, RunStatus
 from diagnosis.runtime import supervisor
-from tests.chat_support import ScriptedProvider, parse_sse
+from tests.chat_support import ScriptedProvider, owned_runs, parse_sse
 from tests.factories import make_recorded_run
 from tests.fakes.openai_server import FakeLLMServer
 
@@ -93,7 +93,7 @@ async def _post_chat(client, body, **extra):
 
 
 async def _settle(run_id: str) -> None:
-    task = supervisor.owned_runs().get(run_id)
+    task = owned_runs().get(run_id)
     if task is not None:
         await asyncio.wait_for(asyncio.shield(task), TIMEOUT)
     await supervisor.stop_background()
