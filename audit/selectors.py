@@ -31,10 +31,25 @@ import datetime as dt
 from dataclasses import dataclass, field
 
 from django.contrib.auth.models import AbstractBaseUser
+from django.db.models import (
+    BooleanField,
+    Case,
+    Count,
+    Exists,
+    F,
+    IntegerField,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Value,
+    When,
+)
+from django.db.models.functions import Coalesce
 
 from audit.integrity import verify_chain
 from audit.models import AgentStep, EventType, ToolInvocation, ToolStatus, TraceEvent
-from diagnosis.models import DiagnosisRun
+from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun
 from diagnosis.selectors import FeedbackView, RunResolution, get_feedback, viewer_feedback
 
 SESSION_AUDITS_LIMIT = 500
@@ -185,6 +200,48 @@ def summarize(
         audit_write_failures=run.audit_write_failures,
         chain_valid=verdict.valid,
         gaps=gaps,
+    )
+
+
+def _persisted_count(model) -> Coalesce:
+    """Correlated COUNT of a run's rows in an audit table (one subquery in the run list's single SELECT)."""
+    counted = (
+        model.objects.filter(run_id=OuterRef("run_id"))
+        .order_by()
+        .values("run_id")
+        .annotate(n=Count("pk"))
+        .values("n")[:1]
+    )
+    return Coalesce(Subquery(counted, output_field=IntegerField()), Value(0))
+
+
+def annotate_audit_completeness(queryset: QuerySet[DiagnosisRun]) -> QuerySet[DiagnosisRun]:
+    """`persisted_events/steps/tools` and `audit_complete` on every run, in SQL (subqueries of one SELECT).
+
+    `summarize`'s rule as far as SQL can decide it: the run is terminal, every event, step and tool the
+    recorder attempted is stored (no more, no fewer), no audit write failed, and no tool is still
+    RUNNING. Two checks need every row's content and are made by `get_trace` only: the hash chain, and
+    rows stored under the run's id but another session. `tests/test_audit_complete_rule.py` holds both
+    to the same answer over a matrix of runs.
+    """
+    running_tool = ToolInvocation.objects.filter(run_id=OuterRef("run_id"), status=ToolStatus.RUNNING)
+    return queryset.annotate(
+        persisted_events=_persisted_count(TraceEvent),
+        persisted_steps=_persisted_count(AgentStep),
+        persisted_tools=_persisted_count(ToolInvocation),
+    ).annotate(
+        audit_complete=Case(
+            When(
+                Q(status__in=TERMINAL_RUN_STATUSES) & ~Exists(running_tool),
+                persisted_events=F("expected_events"),
+                persisted_steps=F("expected_steps"),
+                persisted_tools=F("expected_tools"),
+                audit_write_failures=0,
+                then=Value(True),
+            ),
+            default=Value(False),
+            output_field=BooleanField(),
+        )
     )
 
 
