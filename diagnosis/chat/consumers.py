@@ -99,7 +99,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         follower = await service.open_chat(
             user=self.user, query=content.get("query"), session_id=content.get("sessionId")
         )
-        await self._follow(follower)
+        self._follow(follower)
 
     async def _cancel(self, content: dict[str, Any]) -> None:
         await service.cancel_run(user=self.user, run_id=content.get("runId"))
@@ -110,7 +110,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if run.run_id not in self.followers:
             self._check_follow_capacity()
         await self._stop_following(run.run_id)
-        await self._follow(await service.open_stream(run.run_id, after=after))
+        self._follow(await service.open_stream(run.run_id, after=after))
 
     # ---------------------------------------------------------------------------------------------
     # Following
@@ -129,7 +129,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 await previous[0]
             await previous[1].__aexit__(None, None, None)
 
-    async def _follow(self, follower: RunFollower) -> None:
+    def _follow(self, follower: RunFollower) -> None:
         run_id = follower.run_id
         task = asyncio.create_task(self._forward(run_id, follower), name=f"ws-follow:{run_id}")
         self.followers[run_id] = (task, follower)
