@@ -42,7 +42,7 @@ from audit import admin_console
 from audit.models import AgentStep, ToolInvocation, ToolStatus, TraceEvent
 from audit.selectors import get_trace
 from audit.serializers import serialize_trace
-from diagnosis import knowledge
+from diagnosis.knowledge import ingest
 from diagnosis.models import (
     TERMINAL_RUN_STATUSES,
     ChatSession,
@@ -491,7 +491,7 @@ class KnowledgeDocumentForm(forms.ModelForm):
         cleaned = super().clean()
         slug = self.instance.slug if self.instance.pk else cleaned.get("slug", "")
         try:
-            fields = knowledge.clean_document_fields(
+            fields = ingest.clean_document_fields(
                 slug=slug,
                 title=cleaned.get("title", ""),
                 tags=cleaned.get("tags", []),
@@ -533,8 +533,8 @@ class KnowledgeChunkInline(admin.TabularInline):
 
 @admin.register(KnowledgeDocument)
 class KnowledgeDocumentAdmin(admin.ModelAdmin):
-    """Runbooks for `lookup_knowledge`. Saving goes through `diagnosis.knowledge.upsert_document`, so a
-    changed body is re-chunked and the retrieval index notices; the slug is fixed once created."""
+    """Runbooks for `lookup_knowledge`. Saving goes through `diagnosis.knowledge.ingest.upsert_document`,
+    so a changed body is re-chunked and the retrieval index notices; the slug is fixed once created."""
 
     form = KnowledgeDocumentForm
     list_display = ("slug", "title", "language", "chunk_count", "updated_at")
@@ -554,7 +554,7 @@ class KnowledgeDocumentAdmin(admin.ModelAdmin):
         return obj._chunk_count
 
     def save_model(self, request, obj, form, change) -> None:
-        result = knowledge.upsert_document(
+        result = ingest.upsert_document(
             slug=obj.slug,
             title=obj.title,
             tags=obj.tags,
@@ -570,8 +570,8 @@ class KnowledgeDocumentAdmin(admin.ModelAdmin):
         obj._state.adding = False
 
     def delete_model(self, request, obj) -> None:
-        knowledge.delete_document(slug=obj.slug)
+        ingest.delete_document(slug=obj.slug)
 
     def delete_queryset(self, request, queryset) -> None:
         for slug in list(queryset.values_list("slug", flat=True)):
-            knowledge.delete_document(slug=slug)
+            ingest.delete_document(slug=slug)
