@@ -16,20 +16,6 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
-from django.db.models import (
-    BooleanField,
-    Case,
-    Count,
-    Exists,
-    F,
-    IntegerField,
-    OuterRef,
-    Q,
-    Subquery,
-    Value,
-    When,
-)
-from django.db.models.functions import Coalesce
 from django.http import Http404, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -39,19 +25,15 @@ from django.utils.http import urlencode
 from django.utils.text import Truncator
 from rest_framework.renderers import JSONRenderer
 
-from audit.models import AgentStep, ToolInvocation, ToolStatus, TraceEvent
-from audit.selectors import get_trace
+from audit.selectors import annotate_audit_completeness, get_trace
 from audit.serializers import serialize_trace
 from diagnosis.admin.display import QUERY_PREVIEW_CHARS, format_ms
 from diagnosis.admin.display import tone as status_tone
 from diagnosis.admin.run_page import build_run_page
-from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun, RunFeedback
-from reasoning import utils as reasoning_request
-from reasoning.models import AccessChannel
-from reasoning.selectors import get_reasoning_records
-from reasoning.services import record_reasoning_read
+from diagnosis.models import DiagnosisRun, RunFeedback
+from reasoning.models import REASONING_PERMISSION, AccessChannel
+from reasoning.services import read_reasoning
 
-REASONING_PERMISSION = "reasoning.view_reasoning_content"
 # An export renders each run's full trace; more than this in one download belongs to the API.
 EXPORT_MAX_RUNS = 200
 CONSOLE_MEDIA = forms.Media(css={"all": ("diagnosis/admin/console.css",)})
@@ -61,47 +43,6 @@ def run_trace(run: DiagnosisRun, *, viewer) -> dict[str, Any]:
     """Exactly the API's trace body for this run as `viewer` would get it (`runResolution` EXACT; the
     feedback shown is the viewer's own, as in the API)."""
     return serialize_trace(get_trace(run=run, viewer=viewer))
-
-
-def _persisted_count(model) -> Coalesce:
-    """Correlated COUNT of a run's rows in an audit table (one subquery in the list's single SELECT)."""
-    counted = (
-        model.objects.filter(run_id=OuterRef("run_id"))
-        .order_by()
-        .values("run_id")
-        .annotate(n=Count("pk"))
-        .values("n")[:1]
-    )
-    return Coalesce(Subquery(counted, output_field=IntegerField()), Value(0))
-
-
-def annotate_audit_completeness(queryset):
-    """`persisted_events/steps/tools` and `audit_complete`, computed in SQL (subqueries of the one SELECT).
-
-    The trace summary's rule (`audit.selectors.summarize`) as far as SQL can decide it: the run is
-    terminal, every event, step and tool the recorder attempted is stored (no more, no fewer), no audit
-    write failed, and no tool is still RUNNING. Two checks need every row's content and are made on the
-    run page only: the hash chain, and rows stored under the run's id but another session.
-    """
-    running_tool = ToolInvocation.objects.filter(run_id=OuterRef("run_id"), status=ToolStatus.RUNNING)
-    return queryset.annotate(
-        persisted_events=_persisted_count(TraceEvent),
-        persisted_steps=_persisted_count(AgentStep),
-        persisted_tools=_persisted_count(ToolInvocation),
-    ).annotate(
-        audit_complete=Case(
-            When(
-                Q(status__in=TERMINAL_RUN_STATUSES) & ~Exists(running_tool),
-                persisted_events=F("expected_events"),
-                persisted_steps=F("expected_steps"),
-                persisted_tools=F("expected_tools"),
-                audit_write_failures=0,
-                then=Value(True),
-            ),
-            default=Value(False),
-            output_field=BooleanField(),
-        )
-    )
 
 
 class AuditCompleteFilter(admin.SimpleListFilter):
@@ -311,17 +252,8 @@ class DiagnosisRunAdmin(admin.ModelAdmin):
         if request.method != "POST":
             return HttpResponse(status=405, headers={"Allow": "POST"})
         run = self._viewable_run(request, object_id)
-        records = get_reasoning_records(run_id=run.run_id)
-        # Logged before the content leaves the process: if this write fails, nothing is returned.
-        record_reasoning_read(
-            user=request.user,
-            session_id=run.session_id,
-            run_id=run.run_id,
-            records_returned=len(records),
-            client_address=reasoning_request.client_address(request),
-            user_agent=reasoning_request.user_agent(request),
-            channel=AccessChannel.ADMIN,
-        )
+        # Logged before the content leaves the process: if that write fails, nothing is returned.
+        records = read_reasoning(user=request.user, run=run, request=request, channel=AccessChannel.ADMIN)
         partial = request.headers.get("X-Requested-With") == "fetch"
         template = (
             "admin/diagnosis/diagnosisrun/reasoning_panel.html"
