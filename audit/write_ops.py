@@ -25,10 +25,12 @@ statement: on MariaDB at the head of the compound statement (`IF NOT ((SELECT ep
 THEN SIGNAL …`); statement by statement (the single-statement path, savepoints, execute wrappers, SQLite)
 the op's first INSERT becomes `INSERT … SELECT … WHERE EXISTS (SELECT 1 FROM run WHERE key AND epoch
 [FOR UPDATE])` per row and an UPDATE of the fenced row gets the epoch in its WHERE, each refused when it
-writes fewer rows than given (an op with neither falls back to a `SELECT … FOR UPDATE`). On SQLite the
-guarded statement itself holds the database's write lock, so the check and the write cannot be split. A
-refusal raises `WriteFenced` and writes nothing; in a batch of several ops the whole transaction is
-refused, and the caller (group commit) retries the ops one by one so that only the fenced op fails.
+writes fewer rows than given. On SQLite the guarded statement itself holds the database's write lock, so
+the check and the write cannot be split. A batch of several runs' ops written statement by statement
+(group commit without the compound statement), or an op with no statement that can carry the guard, is
+checked with one `SELECT epoch … [FOR UPDATE]` per fenced row instead. A refusal raises `WriteFenced`
+and writes nothing; in a batch of several ops the whole transaction is refused, and the caller (group
+commit) retries the ops one by one so that only the fenced op fails.
 
 Statements are built from the models' own field definitions (column names, and the fields' own database
 preparation for JSON, date-times and the encrypted reasoning text), so a row written here is the row the
@@ -286,7 +288,7 @@ def execute(ops: Sequence[WriteOp], connection: BaseDatabaseWrapper) -> None:
     fences = _fences(ops)
     single = len(by_table) + len(updates) == 1 and not any(u.fallback for u in updates)
     # A fenced single statement carries its guard: an INSERT, or an UPDATE of the fenced row itself.
-    guarded = not fences or bool(by_table) or all(_guards_any(f, updates) for f in fences)
+    guarded = not fences or (len(fences) == 1 and (bool(by_table) or _guards_any(fences[0], updates)))
     if (
         single
         and guarded
@@ -318,8 +320,7 @@ def _fences(ops: Sequence[WriteOp]) -> list[Fence]:
 
 
 def _check_fences(fences: Sequence[Fence], connection) -> None:
-    """Inside the op's transaction: lock each fenced row and compare its epoch; raise WriteFenced. Only
-    for an op none of whose statements can carry the guard."""
+    """Inside the transaction: lock each fenced row (MySQL) and compare its epoch; raise WriteFenced."""
     if not fences:
         return
     lock = connection.features.has_select_for_update
@@ -334,15 +335,19 @@ def _check_fences(fences: Sequence[Fence], connection) -> None:
 def _apply(
     by_table: dict[Table, list[Insert]], updates: list[Update], connection, fences: Sequence[Fence] = ()
 ) -> None:
-    """One statement per table and per UPDATE, in the caller's transaction (or autocommit). With
-    `fences`, the first INSERT is guarded by all of them and every UPDATE of a fenced row by its own;
+    """One statement per table and per UPDATE, in the caller's transaction (or autocommit). With one
+    fence (one recorder's op), the first INSERT is guarded by it and every UPDATE of the fenced row too;
     a guarded statement that writes fewer rows than given raises WriteFenced (the caller's transaction
-    then rolls back)."""
+    then rolls back). Several fences (a batch of several runs' ops), or an op none of whose statements
+    can carry its guard, are checked by `_check_fences`: first on MySQL (the fenced rows locked in key
+    order, as every writer locks them), last on SQLite (once the transaction holds the write lock)."""
     ids: list[tuple[Insert, int]] = []
-    guard = _Guard(fences, connection) if fences else None
+    guard = _Guard(fences, connection) if len(fences) == 1 else None
+    check = len(fences) > 1 or (bool(fences) and not by_table and not _guards_any(fences[0], updates))
+    check_first = check and connection.vendor != "sqlite"
+    if check_first:
+        _check_fences(fences, connection)
     with connection.cursor() as cursor:
-        if not by_table and not all(_guards_any(f, updates) for f in fences):
-            _check_fences(fences, connection)
         for table, rows in by_table.items():
             _insert_rows(cursor, connection, table, rows, ids, guard)
             guard = None if guard is None else guard.spent()
@@ -360,13 +365,15 @@ def _apply(
                 raise WriteFenced(FENCED_ERRNO, "fenced")
             if not cursor.rowcount and upd.fallback is not None:
                 _insert_rows(cursor, connection, upd.fallback.table, [upd.fallback], ids)
+    if check and not check_first:
+        _check_fences(fences, connection)
     for row, pk in ids:
         row.id = pk
 
 
 class _Guard:
-    """The fences of one `_apply`: the condition for its first INSERT, then only the per-row UPDATE
-    guards (the first guarded statement has taken the fenced rows' locks for the transaction)."""
+    """The fence of one `_apply`: the condition for its first INSERT, then only the UPDATE guard of the
+    fenced row (the first guarded statement has taken the fenced row's lock for the transaction)."""
 
     def __init__(self, fences: Sequence[Fence], connection, *, insert: bool = True) -> None:
         self.fences = list(fences)

@@ -226,7 +226,15 @@ def _wait_queued(committer, n):
         time.sleep(0.005)
 
 
-def test_a_fenced_op_in_a_batch_fails_only_itself(user):
+def _passthrough(execute, sql, params, many, context):
+    return execute(sql, params, many, context)
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["as-in-production", "statement-by-statement"])
+def test_a_fenced_op_in_a_batch_fails_only_itself(user, wrapped):
+    """A batch of four runs' decisions, one of them from a recorder whose run was taken over: the
+    batch is refused, retried op by op, and only that op fails (on MariaDB in production the batch is
+    one compound statement; with an execute wrapper it is written statement by statement)."""
     runs = [_claimed(user, owner=f"owner-{i}") for i in range(4)]
     recorders = [RunRecorder.for_run(r, group_commit=True) for r in runs]
     for rec in recorders:
@@ -245,7 +253,10 @@ def test_a_fenced_op_in_a_batch_fails_only_itself(user):
         finally:
             connection.close()
 
-    with committer.hold():
+    with (
+        committer.execute_wrapper(_passthrough) if wrapped else contextlib.nullcontext(),
+        committer.hold(),
+    ):
         threads = [threading.Thread(target=decide, args=(rec,)) for rec in recorders]
         for t in threads:
             t.start()
