@@ -373,10 +373,36 @@ def provider():
         yield scripted
 
 
+PROBE_SECONDS = 3.0
+LEASE_SECONDS = 6  # heartbeat every 2 s
+
+
+def _freeze_between_renewal_and_tool_end(server: DaphneServer, run_id: str, tool_started: float) -> None:
+    """SIGSTOP the process right after a lease renewal that came late enough in the tool's run that the
+    tool's end is due before the next renewal: on SIGCONT the woken pipeline writes before its heartbeat
+    can find out that the run was taken over (the order a fence is needed for)."""
+    interval = LEASE_SECONDS / 3
+    last = DiagnosisRun.objects.get(run_id=run_id).lease_expires_at
+    deadline = tool_started + PROBE_SECONDS
+    while time.monotonic() < deadline:
+        seen = DiagnosisRun.objects.get(run_id=run_id).lease_expires_at
+        if seen != last:
+            if time.monotonic() - tool_started > PROBE_SECONDS - interval + 0.1:
+                os.kill(server.proc.pid, signal.SIGSTOP)
+                return
+            last = seen
+        time.sleep(0.005)
+    raise AssertionError("no lease renewal while the tool ran")
+
+
 def test_a_frozen_process_swept_and_woken_lands_nothing(provider, user):
     token = Token.objects.create(user=user).key
-    provider.tools = (("slow_probe", {"seconds": 1.5}),)
-    env = {**provider.env(provider.base_url), "RUN_SWEEP_INTERVAL_SECONDS": "0", "RUN_LEASE_SECONDS": "2"}
+    provider.tools = (("slow_probe", {"seconds": PROBE_SECONDS}),)
+    env = {
+        **provider.env(provider.base_url),
+        "RUN_SWEEP_INTERVAL_SECONDS": "0",
+        "RUN_LEASE_SECONDS": str(LEASE_SECONDS),
+    }
     server = DaphneServer(env=env, app="tests.chat_asgi:application", name="fence").start()
     try:
         with (
@@ -393,13 +419,13 @@ def test_a_frozen_process_swept_and_woken_lands_nothing(provider, user):
                 events.append(event)
                 if event.event == "tool" and event.data["status"] == "RUNNING":
                     break
-            os.kill(server.proc.pid, signal.SIGSTOP)  # frozen mid-tool
+            _freeze_between_renewal_and_tool_end(server, events[0].data["runId"], time.monotonic())
         run_id = events[0].data["runId"]
         assert DiagnosisRun.objects.get(run_id=run_id).status == RunStatus.RUNNING
 
         wait_for(
             lambda: DiagnosisRun.objects.get(run_id=run_id).lease_expires_at < timezone.now(),
-            10,
+            LEASE_SECONDS + 5,
             message="the lease to expire",
         )
         out = io.StringIO()
@@ -408,9 +434,9 @@ def test_a_frozen_process_swept_and_woken_lands_nothing(provider, user):
         swept = _stored(run_id)
         assert swept["events"][-1][1] == EventType.RUN_FINISHED
 
-        os.kill(server.proc.pid, signal.SIGCONT)  # the tool finishes, the heartbeat renews
+        os.kill(server.proc.pid, signal.SIGCONT)  # the tool finishes, then the heartbeat renews
         wait_for(
-            lambda: b"lease lost" in server.log_path.read_bytes(),
+            lambda: any(m in server.log_path.read_bytes() for m in (b"audit write fenced", b"lease lost")),
             15,
             message="the woken process to notice it lost the run",
         )
