@@ -37,6 +37,7 @@ class EventType(models.TextChoices):
     RELEASE_DECISION = "RELEASE_DECISION"
     RUN_CANCELLED = "RUN_CANCELLED"
     RUN_FINISHED = "RUN_FINISHED"
+    WRITE_FENCED = "WRITE_FENCED"
 
 
 class ToolStatus(models.TextChoices):

@@ -24,6 +24,9 @@ Summary semantics (documented in docs/api.md):
   provider did not supply (model calls without token usage, an unreconciled token ledger), and each tool
   lifecycle step the recorder refused (a conflicting start or terminal: its CONFLICT event). Those notes
   alone do not make the audit incomplete: the audit recorded faithfully what happened.
+* `fencedWrites`: writes of a stale lease owner (one that another process took the run from) that the
+  lease fence refused; none of their rows is stored, so they do not make the audit incomplete, and
+  `gaps` names them.
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ class TraceSummary:
     audit_write_failures: int
     chain_valid: bool
     gaps: list[str] = field(default_factory=list)
+    fenced_writes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +213,9 @@ def summarize(
         gaps.append(f"{_n(run.usage_unavailable_calls, 'model call')} reported no token usage")
     elif terminal and run.model_calls and not run.tokens_reconciled:
         gaps.append("token ledger not reconciled: per-call usage records do not add up to the run totals")
+    # Refused, not lost: a previous lease owner's writes after the takeover, none of them stored.
+    if run.fenced_writes:
+        gaps.append(f"{_n(run.fenced_writes, 'write')} of a previous lease owner refused by the lease fence")
 
     return TraceSummary(
         persisted=persisted,
@@ -218,6 +225,7 @@ def summarize(
         audit_write_failures=run.audit_write_failures,
         chain_valid=verdict.valid,
         gaps=gaps,
+        fenced_writes=run.fenced_writes,
     )
 
 

@@ -193,6 +193,11 @@ class TraceSummarySerializer(serializers.Serializer):
         "valid, no tool still RUNNING.",
     )
     auditWriteFailures = serializers.IntegerField(source="audit_write_failures")
+    fencedWrites = serializers.IntegerField(
+        source="fenced_writes",
+        help_text="Writes of a previous lease owner refused by the lease fence after another process "
+        "took the run over (none of their rows is stored).",
+    )
     chainValid = serializers.BooleanField(source="chain_valid")
     gaps = serializers.ListField(
         child=serializers.CharField(), help_text="What is missing, in words (never content)."

@@ -156,6 +156,7 @@ def trace_data(trace: Trace) -> dict[str, Any]:
             "returned": _counts(s.returned),
             "auditComplete": bool(s.audit_complete),
             "auditWriteFailures": int(s.audit_write_failures),
+            "fencedWrites": int(s.fenced_writes),
             "chainValid": bool(s.chain_valid),
             "gaps": [str(g) for g in s.gaps],
         },

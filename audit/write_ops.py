@@ -19,6 +19,19 @@ on the calling thread's connection and returns only after COMMIT:
   injection) it runs in Django's `atomic()`, statement by statement, so that each wrapper sees exactly
   the statements it saw before this module existed; on SQLite it is `atomic()` too.
 
+**Fencing.** An op may carry a `Fence`: the run row's lease epoch its writer claimed. The op then commits
+only while that row still holds that epoch, checked inside the op's own transaction and costing no extra
+statement: on MariaDB at the head of the compound statement (`IF NOT ((SELECT epoch … FOR UPDATE) <=> %s)
+THEN SIGNAL …`); statement by statement (the single-statement path, savepoints, execute wrappers, SQLite)
+the op's first INSERT becomes `INSERT … SELECT … WHERE EXISTS (SELECT 1 FROM run WHERE key AND epoch
+[FOR UPDATE])` per row and an UPDATE of the fenced row gets the epoch in its WHERE, each refused when it
+writes fewer rows than given. On SQLite the guarded statement itself holds the database's write lock, so
+the check and the write cannot be split. A batch of several runs' ops written statement by statement
+(group commit without the compound statement), or an op with no statement that can carry the guard, is
+checked with one `SELECT epoch … [FOR UPDATE]` per fenced row instead. A refusal raises `WriteFenced`
+and writes nothing; in a batch of several ops the whole transaction is refused, and the caller (group
+commit) retries the ops one by one so that only the fenced op fails.
+
 Statements are built from the models' own field definitions (column names, and the fields' own database
 preparation for JSON, date-times and the encrypted reasoning text), so a row written here is the row the
 ORM would write. They run through Django's cursor, so `connection.execute_wrapper` hooks, error
@@ -32,10 +45,18 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import models, transaction
+from django.db import DatabaseError, models, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 MAX_ROWS_PER_STATEMENT = 500
+# The error number a refused fence raises from the MariaDB compound statement (outside the server's own
+# ranges; SQLSTATE 45000 is the user-defined class).
+FENCED_ERRNO = 45091
+
+
+class WriteFenced(DatabaseError):
+    """The fenced row no longer holds the writer's epoch (a newer claim took the run): nothing of the op
+    was written. A refusal, not a database failure."""
 
 
 class RawJSON:
@@ -145,6 +166,23 @@ class Table:
             self._sql[key] = sql
         return sql
 
+    def guarded_insert_sql(
+        self, connection: BaseDatabaseWrapper, rows: int, returning: bool, guard: str
+    ) -> str:
+        """INSERT of `rows` rows, each written only when `guard` (an SQL condition) holds."""
+        key = (connection.alias, "guarded", rows, returning, guard)
+        sql = self._sql.get(key)
+        if sql is None:
+            qn = connection.ops.quote_name
+            cols = ", ".join(qn(f.column) for f in self.fields)
+            dual = " FROM DUAL" if connection.vendor == "mysql" else ""
+            one = "SELECT " + ", ".join(["%s"] * len(self.fields)) + f"{dual} WHERE {guard}"
+            sql = f"INSERT INTO {qn(self.db_table)} ({cols}) " + " UNION ALL ".join([one] * rows)
+            if returning:
+                sql += f" RETURNING {qn(self.pk_column)}"
+            self._sql[key] = sql
+        return sql
+
     def update_sql(self, connection: BaseDatabaseWrapper, columns: tuple, where: tuple) -> str:
         key = (connection.alias, "update", columns, where)
         sql = self._sql.get(key)
@@ -180,13 +218,49 @@ class Update:
     fallback: Insert | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """The op commits only while `table`'s row `key_column = key` has `epoch_column = epoch`."""
+
+    table: Table
+    key_column: str
+    key: Any
+    epoch_column: str
+    epoch: int
+
+    def select_sql(self, connection: BaseDatabaseWrapper, *, lock: bool) -> str:
+        qn = connection.ops.quote_name
+        t = self.table
+        sql = (
+            f"SELECT {qn(t.column(self.epoch_column))} FROM {qn(t.db_table)} "  # noqa: S608
+            f"WHERE {qn(t.column(self.key_column))} = %s"
+        )
+        return sql + " FOR UPDATE" if lock else sql
+
+    def exists_sql(self, connection: BaseDatabaseWrapper) -> str:
+        """`EXISTS (…)` true while the row holds the epoch; params: key, epoch."""
+        qn = connection.ops.quote_name
+        t = self.table
+        lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+        return (
+            f"EXISTS (SELECT 1 FROM {qn(t.db_table)} WHERE {qn(t.column(self.key_column))} = %s "  # noqa: S608
+            f"AND {qn(t.column(self.epoch_column))} = %s{lock})"
+        )
+
+    def guards(self, table: Table, where: tuple[str, ...], where_values: tuple) -> bool:
+        """Whether an UPDATE of `table` by `where` targets exactly the fenced row."""
+        return table is self.table and where == (self.key_column,) and where_values == (self.key,)
+
+
 @dataclass(slots=True, eq=False)
 class WriteOp:
-    """One decision's rows, written together or not at all. `error` is set when they were not."""
+    """One decision's rows, written together or not at all. `error` is set when they were not.
+    `fence`: the lease epoch the rows are conditional on (see the module docstring)."""
 
     inserts: list[Insert] = field(default_factory=list)
     updates: list[Update] = field(default_factory=list)
     error: BaseException | None = None
+    fence: Fence | None = None
 
 
 def _grouped(ops: Sequence[WriteOp]) -> tuple[dict[Table, list[Insert]], list[Update]]:
@@ -211,45 +285,124 @@ def execute(ops: Sequence[WriteOp], connection: BaseDatabaseWrapper) -> None:
     """Write `ops` in one transaction on `connection` (see the module docstring); raises the database
     error, after rolling back, when anything failed. Sets the ids asked for only once committed."""
     by_table, updates = _grouped(ops)
+    fences = _fences(ops)
     single = len(by_table) + len(updates) == 1 and not any(u.fallback for u in updates)
-    if single and not any(len(rows) > 1 and any(r.want_id for r in rows) for rows in by_table.values()):
+    # A fenced single statement carries its guard: an INSERT, or an UPDATE of the fenced row itself.
+    guarded = not fences or (len(fences) == 1 and (bool(by_table) or _guards_any(fences[0], updates)))
+    if (
+        single
+        and guarded
+        and not any(len(rows) > 1 and any(r.want_id for r in rows) for rows in by_table.values())
+    ):
         # One statement is atomic by itself (in autocommit mode it is its own transaction).
-        _apply(by_table, updates, connection)
-    elif connection.in_atomic_block or connection.execute_wrappers or connection.vendor != "mysql":
+        _apply(by_table, updates, connection, fences)
+        return
+    if connection.in_atomic_block or connection.execute_wrappers or connection.vendor != "mysql":
         # A savepoint in the caller's transaction; or, while execute wrappers are installed
         # (instrumentation, fault injection), Django's own transaction so that the wrappers see each
         # statement and nothing else, exactly as with `atomic()`; or SQLite.
         with transaction.atomic(using=connection.alias):
-            _apply(by_table, updates, connection)
+            _apply(by_table, updates, connection, fences)
     elif connection.mysql_is_mariadb:
-        _apply_compound(by_table, updates, connection)
+        _apply_compound(by_table, updates, connection, fences)
     else:
-        _apply_begin_commit(by_table, updates, connection)
+        _apply_begin_commit(by_table, updates, connection, fences)
 
 
-def _apply(by_table: dict[Table, list[Insert]], updates: list[Update], connection) -> None:
-    """One statement per table and per UPDATE, in the caller's transaction (or autocommit)."""
+def _guards_any(fence: Fence, updates: Sequence[Update]) -> bool:
+    return any(fence.guards(u.table, u.where, u.where_values) for u in updates)
+
+
+def _fences(ops: Sequence[WriteOp]) -> list[Fence]:
+    """The ops' distinct fences in key order (two batches lock the fenced rows in the same order)."""
+    found = {op.fence for op in ops if op.fence is not None}
+    return sorted(found, key=lambda f: (f.table.db_table, str(f.key), f.epoch))
+
+
+def _check_fences(fences: Sequence[Fence], connection) -> None:
+    """Inside the transaction: lock each fenced row (MySQL) and compare its epoch; raise WriteFenced."""
+    if not fences:
+        return
+    lock = connection.features.has_select_for_update
+    with connection.cursor() as cursor:
+        for fence in fences:
+            cursor.execute(fence.select_sql(connection, lock=lock), [fence.key])
+            row = cursor.fetchone()
+            if row is None or row[0] != fence.epoch:
+                raise WriteFenced(FENCED_ERRNO, "fenced")
+
+
+def _apply(
+    by_table: dict[Table, list[Insert]], updates: list[Update], connection, fences: Sequence[Fence] = ()
+) -> None:
+    """One statement per table and per UPDATE, in the caller's transaction (or autocommit). With one
+    fence (one recorder's op), the first INSERT is guarded by it and every UPDATE of the fenced row too;
+    a guarded statement that writes fewer rows than given raises WriteFenced (the caller's transaction
+    then rolls back). Several fences (a batch of several runs' ops), or an op none of whose statements
+    can carry its guard, are checked by `_check_fences`: first on MySQL (the fenced rows locked in key
+    order, as every writer locks them), last on SQLite (once the transaction holds the write lock)."""
     ids: list[tuple[Insert, int]] = []
+    guard = _Guard(fences, connection) if len(fences) == 1 else None
+    check = len(fences) > 1 or (bool(fences) and not by_table and not _guards_any(fences[0], updates))
+    check_first = check and connection.vendor != "sqlite"
+    if check_first:
+        _check_fences(fences, connection)
     with connection.cursor() as cursor:
         for table, rows in by_table.items():
-            _insert_rows(cursor, connection, table, rows, ids)
+            _insert_rows(cursor, connection, table, rows, ids, guard)
+            guard = None if guard is None else guard.spent()
         for upd in updates:
+            fence = guard.fence_of(upd) if guard is not None else None
             params = upd.table.prep_columns(connection, upd.columns, upd.values)
             params += upd.table.prep_columns(connection, upd.where, upd.where_values)
-            cursor.execute(upd.table.update_sql(connection, upd.columns, upd.where), params)
+            sql = upd.table.update_sql(connection, upd.columns, upd.where)
+            if fence is not None:
+                qn = connection.ops.quote_name
+                sql += f" AND {qn(fence.table.column(fence.epoch_column))} = %s"
+                params.append(fence.epoch)
+            cursor.execute(sql, params)
+            if fence is not None and not cursor.rowcount:
+                raise WriteFenced(FENCED_ERRNO, "fenced")
             if not cursor.rowcount and upd.fallback is not None:
                 _insert_rows(cursor, connection, upd.fallback.table, [upd.fallback], ids)
+    if check and not check_first:
+        _check_fences(fences, connection)
     for row, pk in ids:
         row.id = pk
 
 
-def _apply_begin_commit(by_table, updates, connection) -> None:
+class _Guard:
+    """The fence of one `_apply`: the condition for its first INSERT, then only the UPDATE guard of the
+    fenced row (the first guarded statement has taken the fenced row's lock for the transaction)."""
+
+    def __init__(self, fences: Sequence[Fence], connection, *, insert: bool = True) -> None:
+        self.fences = list(fences)
+        self.connection = connection
+        self.insert = insert
+
+    def condition(self) -> tuple[str, list[Any]] | None:
+        if not self.insert:
+            return None
+        sql = " AND ".join(f.exists_sql(self.connection) for f in self.fences)
+        params: list[Any] = []
+        for f in self.fences:
+            params.extend((f.key, f.epoch))
+        return sql, params
+
+    def spent(self) -> _Guard:
+        return _Guard(self.fences, self.connection, insert=False)
+
+    def fence_of(self, upd: Update) -> Fence | None:
+        return next((f for f in self.fences if f.guards(upd.table, upd.where, upd.where_values)), None)
+
+
+def _apply_begin_commit(by_table, updates, connection, fences=()) -> None:
     """MySQL: START TRANSACTION … COMMIT on a connection left in autocommit mode."""
     connection.ensure_connection()
     with connection.cursor() as cursor:
         cursor.execute("START TRANSACTION")
         try:
-            _apply(by_table, updates, connection)
+            _apply(by_table, updates, connection, fences)
             cursor.execute("COMMIT")
         except BaseException:
             try:
@@ -266,13 +419,20 @@ _COMPOUND_HEAD = (
     "START TRANSACTION; "
 )
 _COMPOUND_TAIL = "COMMIT; END"
+_COMPOUND_FENCE = (
+    "IF NOT (({select}) <=> %s) THEN "
+    f"SIGNAL SQLSTATE '45000' SET MYSQL_ERRNO = {FENCED_ERRNO}, MESSAGE_TEXT = 'fenced'; END IF; "
+)
 
 
-def _apply_compound(by_table, updates, connection) -> None:
+def _apply_compound(by_table, updates, connection, fences=()) -> None:
     """MariaDB outside any atomic block: every statement of the transaction in one compound statement.
     Rows whose ids are wanted come back from `INSERT … RETURNING` result sets, read in order."""
     parts: list[str] = [_COMPOUND_HEAD]
     params: list[Any] = []
+    for fence in fences:
+        parts.append(_COMPOUND_FENCE.format(select=fence.select_sql(connection, lock=True)))
+        params.extend((fence.key, fence.epoch))
     returning: list[list[Insert]] = []
     for table, rows in by_table.items():
         want = any(r.want_id for r in rows)
@@ -295,14 +455,19 @@ def _apply_compound(by_table, updates, connection) -> None:
             parts.append("; END IF; ")
             params.extend(fb.table.prep(connection, fb.values))
     parts.append(_COMPOUND_TAIL)
-    with connection.cursor() as cursor:
-        cursor.execute("".join(parts), params)
-        # Drain every result (one per RETURNING, then the statement's own status): an error raised by
-        # a later statement (and the rollback) surfaces here, so nothing counts as written before.
-        sets = [cursor.fetchall()]
-        with connection.wrap_database_errors:
-            while _next_result(connection, cursor):
-                sets.append(cursor.fetchall())
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("".join(parts), params)
+            # Drain every result (one per RETURNING, then the statement's own status): an error raised
+            # by a later statement (and the rollback) surfaces here, so nothing counts as written before.
+            sets = [cursor.fetchall()]
+            with connection.wrap_database_errors:
+                while _next_result(connection, cursor):
+                    sets.append(cursor.fetchall())
+    except DatabaseError as exc:
+        if fences and exc.args and exc.args[0] == FENCED_ERRNO:
+            raise WriteFenced(FENCED_ERRNO, "fenced") from exc
+        raise
     results = [s for s in sets if s]
     if len(results) != len(returning):
         raise RuntimeError("unexpected result sets from the compound write")
@@ -324,20 +489,36 @@ def _next_result(connection, cursor) -> bool:
         raise
 
 
-def _insert_rows(cursor, connection, table: Table, rows: list[Insert], ids: list) -> None:
+def _insert_rows(cursor, connection, table: Table, rows: list[Insert], ids: list, guard=None) -> None:
     need_ids = any(r.want_id for r in rows)
     returning = need_ids and len(rows) > 1 and connection.features.can_return_rows_from_bulk_insert
     if need_ids and len(rows) > 1 and not returning:
         for row in rows:
-            _insert_rows(cursor, connection, table, [row], ids)
+            _insert_rows(cursor, connection, table, [row], ids, guard)
+            guard = None if guard is None else guard.spent()
         return
     for chunk in _chunks(rows):
         params: list[Any] = []
-        for row in chunk:
-            params.extend(table.prep(connection, row.values))
-        cursor.execute(table.insert_sql(connection, len(chunk), returning), params)
+        condition = guard.condition() if guard is not None else None
+        guard = None
+        if condition is None:
+            for row in chunk:
+                params.extend(table.prep(connection, row.values))
+            cursor.execute(table.insert_sql(connection, len(chunk), returning), params)
+        else:
+            guard_sql, guard_params = condition
+            for row in chunk:
+                params.extend(table.prep(connection, row.values))
+                params.extend(guard_params)
+            cursor.execute(table.guarded_insert_sql(connection, len(chunk), returning, guard_sql), params)
         if returning:
-            for row, (pk,) in zip(chunk, cursor.fetchall(), strict=True):
+            got = cursor.fetchall()
+            if condition is not None and len(got) != len(chunk):
+                raise WriteFenced(FENCED_ERRNO, "fenced")
+            for row, (pk,) in zip(chunk, got, strict=True):
                 ids.append((row, pk))
-        elif need_ids:
-            ids.append((chunk[0], cursor.lastrowid))
+        else:
+            if condition is not None and cursor.rowcount != len(chunk):
+                raise WriteFenced(FENCED_ERRNO, "fenced")
+            if need_ids:
+                ids.append((chunk[0], cursor.lastrowid))

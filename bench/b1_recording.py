@@ -29,6 +29,8 @@ from diagnosis import services
 from diagnosis.models import ChatSession, DiagnosisRun
 
 _INSERT = re.compile(r"^\s*INSERT INTO (\S+) \((.*?)\) VALUES (.*?)(?:\s+RETURNING .*)?$", re.S)
+# The recorder's fenced INSERT: each row a `SELECT %s, … WHERE EXISTS (lease epoch check)`, UNION ALL.
+_GUARDED_INSERT = re.compile(r"^\s*INSERT INTO (\S+) \((.*?)\) (SELECT .*?)(?:\s+RETURNING .*)?$", re.S)
 
 
 @dataclass(frozen=True)
@@ -55,10 +57,15 @@ def _single_rows(sql: str, params: tuple) -> list[Statement]:
     if not sql.lstrip().upper().startswith("INSERT"):
         return [Statement(sql, params)]
     match = _INSERT.match(sql)
-    if match is None:
+    guarded = None if match is not None else _GUARDED_INSERT.match(sql)
+    if match is None and guarded is None:
         raise ValueError("unrecognised INSERT shape")
-    table, columns = match.group(1), match.group(2)
+    table, columns = (match or guarded).group(1), (match or guarded).group(2)
     width = columns.count(",") + 1
+    if guarded is not None:
+        # The floor writes the rows alone: each row's values without its fence parameters.
+        per_row = guarded.group(3).split(" UNION ALL ")[0].count("%s")
+        params = tuple(p for i in range(0, len(params), per_row) for p in params[i : i + width])
     row_sql = f"INSERT INTO {table} ({columns}) VALUES ({', '.join(['%s'] * width)})"
     if len(params) % width:
         raise ValueError("parameter count is not a multiple of the column count")

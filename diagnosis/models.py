@@ -61,7 +61,10 @@ class DiagnosisRun(models.Model):
     opaque id the API speaks. The `expected_*` counters are what the runtime attempted to write; the trace
     compares them with what is persisted to expose audit gaps. Token columns form the run's ledger per
     source; `tokens_reconciled` is true only when every model call reported usage and the per-call records
-    add up to the totals. `lease_owner`/`lease_expires_at` name the process executing the run.
+    add up to the totals. `lease_owner`/`lease_expires_at` name the process executing the run;
+    `lease_epoch` is the lease's fencing token: every claim (executor or sweeper) increments it, and every
+    audit write for the run commits only while the epoch is still the one its writer claimed.
+    `fenced_writes` counts the writes refused that way (a stale owner's, after a takeover).
     """
 
     run_id = models.CharField(max_length=64, unique=True)
@@ -111,6 +114,8 @@ class DiagnosisRun(models.Model):
     lease_owner = models.CharField(max_length=128, blank=True, default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     cancel_requested = models.BooleanField(default=False)
+    lease_epoch = models.IntegerField(default=0)
+    fenced_writes = models.IntegerField(default=0)
 
     updated_at = models.DateTimeField(auto_now=True)
 

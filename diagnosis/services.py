@@ -1,16 +1,27 @@
-"""Writes of the identity layer: sessions, runs and feedback. Keyword-only arguments; no audit records
-here (those go through `audit.recorder`)."""
+"""Writes of the identity layer: sessions, runs, the run's lease and feedback. Keyword-only arguments; no
+audit records here (those go through `audit.recorder`, which also writes the run's terminal row).
+
+The run's lease (`lease_owner`, `lease_expires_at`, `lease_epoch`) is written only here: a claim by the
+executor (`claim_run`), its renewal (`renew_lease`), a sweeper's takeover (`claim_expired_run`) and a
+cancel request (`request_run_cancel`). Every claim increments `lease_epoch`, the fencing token the
+recorder's writes are conditional on; the recorder's `finish` releases the lease.
+"""
 
 from __future__ import annotations
 
+import datetime as dt
 import secrets
 import time
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
+from django.db.models import F, Q
 from django.utils import timezone
 
-from diagnosis.models import ChatSession, DiagnosisRun, FeedbackRating, RunFeedback
+from diagnosis.models import ChatSession, DiagnosisRun, FeedbackRating, RunFeedback, RunStatus
+
+ACTIVE_RUN_STATUSES = (RunStatus.PENDING, RunStatus.RUNNING)
 
 TITLE_CHARS = 200
 QUERY_MAX_CHARS = 8000
@@ -48,6 +59,72 @@ def create_run(*, session: ChatSession, query: str, agent_flow: str = "DIAGNOSIS
     return DiagnosisRun.objects.create(
         run_id=new_id("run"), session=session, query=query, agent_flow=agent_flow
     )
+
+
+# ---------------------------------------------------------------------------------------------------
+# The run's lease
+# ---------------------------------------------------------------------------------------------------
+def lease_seconds() -> float:
+    """How long a claim or renewal holds a run (`settings.RUN_LEASE_SECONDS`, default 30)."""
+    return float(getattr(settings, "RUN_LEASE_SECONDS", 30))
+
+
+def _lease_until(now: dt.datetime) -> dt.datetime:
+    return now + dt.timedelta(seconds=lease_seconds())
+
+
+def claim_run(*, run_id: str, owner: str) -> DiagnosisRun | None:
+    """Take the lease of a PENDING run whose lease is free or expired, with the next epoch; the run as
+    claimed, or None when it is not claimable (another claim won, or it is no longer PENDING). The
+    update is conditional on the epoch read, so two claimants never share an epoch."""
+    run = DiagnosisRun.objects.filter(run_id=run_id).first()
+    now = timezone.now()
+    if run is None:
+        return None
+    until = _lease_until(now)
+    claimed = (
+        DiagnosisRun.objects.filter(run_id=run_id, status=RunStatus.PENDING, lease_epoch=run.lease_epoch)
+        .filter(Q(lease_owner="") | Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
+        .update(lease_owner=owner, lease_expires_at=until, lease_epoch=F("lease_epoch") + 1)
+    )
+    if not claimed:
+        return None
+    run.lease_owner, run.lease_expires_at, run.lease_epoch = owner, until, run.lease_epoch + 1
+    return run
+
+
+def renew_lease(*, run_id: str, owner: str, epoch: int) -> str:
+    """Extend the lease held as (`owner`, `epoch`): "ok", "cancel" (a cancel was requested; the lease is
+    extended) or "lost" (another claim took the run, or it ended)."""
+    until = _lease_until(timezone.now())
+    mine = DiagnosisRun.objects.filter(run_id=run_id, lease_owner=owner, lease_epoch=epoch)
+    if mine.filter(cancel_requested=False).update(lease_expires_at=until):
+        return "ok"
+    if mine.update(lease_expires_at=until):
+        return "cancel"
+    return "lost"
+
+
+def claim_expired_run(*, run: DiagnosisRun, owner: str, now: dt.datetime | None = None) -> int | None:
+    """A sweeper's takeover of `run` exactly as observed (status, owner, expiry and epoch: a run whose
+    owner renewed meanwhile, or that another sweeper took, is left alone). Returns the new epoch, or None
+    when the run changed since it was read."""
+    now = now or timezone.now()
+    taken = DiagnosisRun.objects.filter(
+        pk=run.pk,
+        status=run.status,
+        lease_owner=run.lease_owner,
+        lease_expires_at=run.lease_expires_at,
+        lease_epoch=run.lease_epoch,
+    ).update(lease_owner=owner, lease_expires_at=_lease_until(now), lease_epoch=F("lease_epoch") + 1)
+    return run.lease_epoch + 1 if taken else None
+
+
+def request_run_cancel(*, run_id: str) -> str:
+    """Set `cancel_requested` on an active run (its owner's heartbeat reads it); returns the run's status
+    as stored after the update ("" when there is no such run)."""
+    DiagnosisRun.objects.filter(run_id=run_id, status__in=ACTIVE_RUN_STATUSES).update(cancel_requested=True)
+    return DiagnosisRun.objects.filter(run_id=run_id).values_list("status", flat=True).first() or ""
 
 
 FEEDBACK_COMMENT_CHARS = 2000

@@ -32,6 +32,7 @@ TRACE = {
         "returned": dict.fromkeys(["events", "steps", "tools"]),
         "auditComplete": None,
         "auditWriteFailures": None,
+        "fencedWrites": None,
         "chainValid": None,
         "gaps": [None],
     },
@@ -98,6 +99,7 @@ ENUMS = {
         "RELEASE_DECISION",
         "RUN_CANCELLED",
         "RUN_FINISHED",
+        "WRITE_FENCED",
     },
 }
 

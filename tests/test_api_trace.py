@@ -87,6 +87,7 @@ def test_trace_has_every_contract_key_and_is_complete(api_client, user, traced_r
         "returned": {"events": n, "steps": 2, "tools": 2},
         "auditComplete": True,
         "auditWriteFailures": 0,
+        "fencedWrites": 0,
         "chainValid": True,
         "gaps": [],
     }

@@ -1,5 +1,11 @@
 """How a decision reaches the database: sequence numbers, the hash chain, one write per decision,
-fail-open accounting. `RunRecorder` inherits this; nothing else uses it."""
+fail-open accounting, lease fencing. `RunRecorder` inherits this; nothing else uses it.
+
+Every write carries the run's lease epoch the recorder was made with (`audit.write_ops.Fence`): it commits
+only while the run row still holds that epoch. A refused write (`WriteFenced`: another process claimed the
+run since) lands no row, is not an audit write failure, and is counted in the run's `fenced_writes` by
+one unconditional counter update; the recorder then calls its `on_fenced` hook (the executor trips the
+run's cancel, so the stale pipeline stops at its next safe point)."""
 
 from __future__ import annotations
 
@@ -18,7 +24,7 @@ from audit.integrity import GENESIS_HASH, event_payload_json
 from audit.models import AgentStep, EventType, ToolInvocation, TraceEvent
 from audit.payloads import bound_json_text, clip, sha256_hex
 from audit.recorder.facts import SUMMARY_CHARS, Usage, _Event
-from audit.write_ops import Insert, RawJSON, Update, WriteOp, execute
+from audit.write_ops import Fence, Insert, RawJSON, Update, WriteFenced, WriteOp, execute
 from audit.write_ops import Table as RowTable
 from diagnosis.models import DiagnosisRun
 from reasoning.models import AgentReasoningAudit
@@ -58,6 +64,9 @@ class ChainWriter:
             for attempt in (1, 2):
                 try:
                     self._commit(events, inserts, updates, run_fields)
+                except WriteFenced:
+                    self._fenced(what)
+                    return None
                 except IntegrityError as exc:
                     # Another process wrote this run's timeline (e.g. a sweeper that thought it dead):
                     # reload the chain head once and retry; anything else is an audit failure.
@@ -87,7 +96,7 @@ class ChainWriter:
         t = _tables()
         seq = self._next_sequence
         prev = self._prev_hash
-        op = WriteOp(inserts=list(inserts), updates=list(updates))
+        op = WriteOp(inserts=list(inserts), updates=list(updates), fence=self._fence())
         for event in events:
             created_at = timezone.now()
             _, details_json = bound_json_text(event.details)
@@ -151,6 +160,9 @@ class ChainWriter:
         if op.error is not None:
             raise op.error
 
+    def _fence(self) -> Fence:
+        return Fence(_tables().run, "run_id", self.run_id, "lease_epoch", self.lease_epoch)
+
     def _count_fields(self) -> dict[str, int]:
         return {
             "expected_events": self.expected_events,
@@ -164,11 +176,29 @@ class ChainWriter:
             fields.update(self._count_fields())
             update = Update(_tables().run, tuple(fields), tuple(fields.values()), ("run_id",), (self.run_id,))
             try:
-                self._submit(WriteOp(updates=[update]))
+                self._submit(WriteOp(updates=[update], fence=self._fence()))
                 return True
+            except WriteFenced:
+                self._fenced(what)
+                return False
             except Exception as exc:
                 self._failed(what, exc)
                 return False
+
+    def _fenced(self, what: str) -> None:
+        """A write refused by the fence: count it (a counter, not a decision) and tell the owner."""
+        self.fenced = True
+        self.fenced_writes += 1
+        logger.warning("audit write fenced run=%s op=%s epoch=%s", self.run_id, what, self.lease_epoch)
+        try:
+            DiagnosisRun.objects.filter(run_id=self.run_id).update(fenced_writes=F("fenced_writes") + 1)
+        except DatabaseError:
+            _recover_connection()
+        if self.on_fenced is not None:
+            try:
+                self.on_fenced()
+            except Exception as exc:  # the hook must never turn a refusal into a crash
+                logger.error("fenced hook failed run=%s error=%s", self.run_id, type(exc).__name__)
 
     def _failed(self, what: str, exc: BaseException) -> None:
         """Account one lost decision: counted here and on the run row, logged with the run id, the

@@ -29,6 +29,11 @@ fields; on MariaDB one round trip per decision), directly on the calling thread'
 `settings.AUDIT_GROUP_COMMIT`, through `audit.group_commit` together with other runs' decisions that wait
 for a COMMIT at the same time. Either way a method returns only once its decision committed.
 
+Every write is fenced by the run's lease epoch the recorder holds (`for_run`: the epoch of the caller's
+claim; `resume`: the epoch the taking-over process claimed): once another process claimed the run, this
+recorder's writes land nothing, are counted in `fenced_writes` (not as audit write failures) and set
+`fenced`; `on_fenced`, when set, is called so that the owner stops the run (see `audit.recorder.chain`).
+
 One RunRecorder exists per run, in the process holding the run's lease. It is thread-safe (one lock per
 run; parallel tool calls may record from several threads). `RunRecorder.resume` rebuilds the state from
 the database for another process (the sweeper) that takes over a run whose owner died. All methods are
@@ -38,7 +43,7 @@ synchronous Django ORM code; async callers wrap them with `asgiref.sync.sync_to_
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from django.conf import settings
@@ -67,10 +72,21 @@ class RunRecorder(ToolLifecycle, ChainWriter):
     `RunRecorder.resume(run_id)` in a process taking over a run. See the module docstring for the rules."""
 
     def __init__(
-        self, *, run_id: str, session_id: str, created_at: Any = None, group_commit: bool | None = None
+        self,
+        *,
+        run_id: str,
+        session_id: str,
+        created_at: Any = None,
+        group_commit: bool | None = None,
+        lease_epoch: int = 0,
     ) -> None:
         self.run_id = run_id
         self.session_id = session_id
+        self.lease_epoch = lease_epoch
+        # Set when a write was refused because another process claimed the run since `lease_epoch`.
+        self.fenced = False
+        self.fenced_writes = 0
+        self.on_fenced: Callable[[], None] | None = None
         self._created_at = created_at
         self._group_commit = (
             bool(getattr(settings, "AUDIT_GROUP_COMMIT", False)) if group_commit is None else group_commit
@@ -97,23 +113,33 @@ class RunRecorder(ToolLifecycle, ChainWriter):
     # ----------------------------------------------------------------------------------------------
     @classmethod
     def for_run(cls, run: DiagnosisRun, *, group_commit: bool | None = None) -> RunRecorder:
-        """A recorder for a run that has written no audit record yet. `group_commit` overrides
-        `settings.AUDIT_GROUP_COMMIT` for this recorder."""
+        """A recorder for a run that has written no audit record yet, fenced by the lease epoch `run`
+        holds (the one its claim set). `group_commit` overrides `settings.AUDIT_GROUP_COMMIT`."""
         return cls(
-            run_id=run.run_id, session_id=run.session_id, created_at=run.created_at, group_commit=group_commit
+            run_id=run.run_id,
+            session_id=run.session_id,
+            created_at=run.created_at,
+            group_commit=group_commit,
+            lease_epoch=run.lease_epoch,
         )
 
     @classmethod
-    def resume(cls, run_id: str) -> RunRecorder:
+    def resume(cls, run_id: str, *, lease_epoch: int | None = None) -> RunRecorder:
         """Rebuild a recorder from what is stored: chain head, declared tool calls (with the provider's
         ids), tool states (with their input and terminal facts, so that a conflicting terminal is still
         refused) and counts.
 
-        Used by a process that takes over a run (the sweeper). Tools started elsewhere have no monotonic
-        start here, so their duration stays unknown (NULL) when this recorder closes them.
+        Used by a process that takes over a run (the sweeper), fenced by `lease_epoch`: the epoch its own
+        claim set (the stored epoch when not given). Tools started elsewhere have no monotonic start here,
+        so their duration stays unknown (NULL) when this recorder closes them.
         """
         run = DiagnosisRun.objects.get(run_id=run_id)
-        rec = cls(run_id=run.run_id, session_id=run.session_id, created_at=run.created_at)
+        rec = cls(
+            run_id=run.run_id,
+            session_id=run.session_id,
+            created_at=run.created_at,
+            lease_epoch=run.lease_epoch if lease_epoch is None else lease_epoch,
+        )
         rec._started_at = run.started_at
         rec._first_model_request_at = run.first_model_request_at
         rec._first_output_at = run.first_output_at
@@ -192,6 +218,37 @@ class RunRecorder(ToolLifecycle, ChainWriter):
                 fields["first_output_latency_ms"] = _ms(self._first_output_at - self._created_at)
             self._update_run("first_output", **fields)
 
+    def note_fenced_writes(self) -> int | None:
+        """WRITE_FENCED, written by the current lease owner: how many writes of a stale owner the fence
+        refused so far (the run's `fenced_writes` counter), when that grew since the last note. Refusals
+        after RUN_FINISHED are only counted: nothing is chained after the run's end."""
+        with self._lock:
+            stored = DiagnosisRun.objects.filter(run_id=self.run_id)
+            total = stored.values_list("fenced_writes", flat=True).first() or 0
+            noted = max(
+                (
+                    int((details or {}).get("fencedWrites") or 0)
+                    for details in TraceEvent.objects.filter(
+                        run_id=self.run_id, event_type=EventType.WRITE_FENCED
+                    ).values_list("details", flat=True)
+                ),
+                default=0,
+            )
+            if total <= noted:
+                return None
+            return self._write(
+                "write_fenced",
+                [
+                    _Event(
+                        Phase.RUN,
+                        EventType.WRITE_FENCED,
+                        "REFUSED",
+                        f"{total - noted} write(s) of a previous lease owner refused",
+                        {"fencedWrites": total, "refusedSinceLastNote": total - noted},
+                    )
+                ],
+            )
+
     def run_cancelled(self, *, reason: str) -> int | None:
         """RUN_CANCELLED: the run stops at a safe point; `finish(status=CANCELLED)` follows."""
         return self._write(
@@ -259,7 +316,7 @@ class RunRecorder(ToolLifecycle, ChainWriter):
             }
             if self._created_at is not None:
                 fields["total_duration_ms"] = _ms(now - self._created_at)
-            if not self._update_run("finish", **fields):
+            if not self._update_run("finish", **fields) and not self.fenced:
                 # The terminal row is the business result: one more try after a failed write.
                 self._update_run("finish_retry", **fields)
             return sequence_no

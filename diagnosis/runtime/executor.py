@@ -2,13 +2,16 @@
 
 `execute_run(run_id=…, sink=…, cancel=…)`:
 
-1. **Claims** the run with a database lease: one conditional UPDATE sets `lease_owner` (this process,
-   `host:pid:uuid`) and `lease_expires_at = now + RUN_LEASE_SECONDS` only while the run is PENDING and
-   its lease is free or expired; losing that race raises `RunNotClaimable` and touches nothing.
+1. **Claims** the run with a database lease (`services.claim_run`): one conditional UPDATE sets
+   `lease_owner` (this process, `host:pid:uuid`), `lease_expires_at = now + RUN_LEASE_SECONDS` and the
+   next `lease_epoch` only while the run is PENDING and its lease is free or expired; losing that race
+   raises `RunNotClaimable` and touches nothing. The recorder is fenced by the epoch claimed: once
+   another process claims the run, none of this process's audit writes can land.
 2. **Renews** the lease from a heartbeat task every `RUN_LEASE_SECONDS / 3`, which also reads the run's
    `cancel_requested` column (a cancel sent through any process) and fires the `CancelToken`. A renewal
-   that finds another owner (a sweeper took the run) cancels with `lease_lost`: the run then stops
-   without writing its terminal state, which the new owner writes.
+   that finds another owner or epoch (a sweeper took the run), or that cannot reach the database until
+   the lease it last renewed has expired, cancels with `lease_lost`; so does a recorder write refused by
+   the fence. The run then stops without writing anything more (the new owner writes its terminal state).
 3. Records RUN_STARTED, emits `RunEvent`, runs the pipeline (`diagnosis.runtime.pipeline`), and ends the
    run exactly once through `recorder.finish`, then emits `OutcomeEvent`:
    * pipeline completed → SUCCESS with the release decision and the released content;
@@ -28,19 +31,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
+import functools
 import logging
 import os
 import socket
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import DatabaseError, transaction
-from django.db.models import Q
-from django.utils import timezone
 
 from audit.models import ToolStatus
 from audit.recorder import RunRecorder
@@ -77,10 +78,6 @@ _OWNER = f"{socket.gethostname()[:60]}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 def lease_owner() -> str:
     """This process's lease owner name, `host:pid:uuid`."""
     return _OWNER
-
-
-def lease_seconds() -> float:
-    return float(getattr(settings, "RUN_LEASE_SECONDS", 30))
 
 
 class RunNotClaimable(Exception):
@@ -151,44 +148,46 @@ def run_to_completion(
 # ---------------------------------------------------------------------------------------------------
 # Lease
 # ---------------------------------------------------------------------------------------------------
-def _claim(run_id: str) -> DiagnosisRun | None:
-    now = timezone.now()
-    claimed = (
-        DiagnosisRun.objects.filter(run_id=run_id, status=RunStatus.PENDING)
-        .filter(Q(lease_owner="") | Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
-        .update(lease_owner=_OWNER, lease_expires_at=now + dt.timedelta(seconds=lease_seconds()))
-    )
-    if not claimed:
-        return None
-    return DiagnosisRun.objects.get(run_id=run_id)
-
-
-def _renew(run_id: str) -> str:
-    """Extend the lease; returns "ok", "cancel" (cancel requested; lease extended) or "lost"."""
-    expires = timezone.now() + dt.timedelta(seconds=lease_seconds())
-    mine = DiagnosisRun.objects.filter(run_id=run_id, lease_owner=_OWNER)
-    if mine.filter(cancel_requested=False).update(lease_expires_at=expires):
-        return "ok"
-    if mine.update(lease_expires_at=expires):
-        return "cancel"
-    return "lost"
-
-
-async def _heartbeat(run_id: str, token: CancelToken) -> None:
-    interval = max(0.05, lease_seconds() / 3)
+async def _heartbeat(run_id: str, epoch: int, token: CancelToken, *, claimed_at: float) -> None:
+    """Renew the lease held as (this process, `epoch`) until cancelled. A renewal that cannot reach the
+    database is retried while the lease last renewed still holds; past its expiry (a sweeper may have
+    taken the run) the run's work is cancelled with `lease_lost`, as when another claim is found."""
+    seconds = services.lease_seconds()
+    interval = max(0.05, seconds / 3)
+    # Measured from before the request that set it (`claimed_at` for the claim itself, monotonic): never
+    # later than the expiry the database holds.
+    held_until = claimed_at + seconds
     while True:
         await asyncio.sleep(interval)
+        asked = time.monotonic()
         try:
-            state = await db(_renew, run_id)
+            state = await db(services.renew_lease, run_id=run_id, owner=_OWNER, epoch=epoch)
         except DatabaseError as exc:
             logger.warning("lease renewal failed run=%s error=%s", run_id, type(exc).__name__)
-            continue
+            if time.monotonic() < held_until:
+                continue
+            state = "lost"
+        else:
+            if state != "lost":
+                held_until = asked + seconds
         if state == "cancel":
             token.cancel("cancel requested")
         elif state == "lost":
             logger.warning("lease lost run=%s", run_id)
             token.cancel("lease lost", lease_lost=True)
             return
+
+
+def _trip_on_fence(recorder: RunRecorder, token: CancelToken) -> None:
+    """After a fenced write (called on the writing thread), cancel the run's work on its event loop."""
+    loop = asyncio.get_running_loop()
+    trip = functools.partial(token.cancel, "lease lost", lease_lost=True)
+
+    def on_fenced() -> None:
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(trip)
+
+    recorder.on_fenced = on_fenced
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -204,14 +203,18 @@ async def execute_run(
 ) -> RunOutcome:
     """Claim and execute the run to its terminal state (see the module docstring)."""
     token = cancel if cancel is not None else CancelToken()
-    run = await db(_claim, run_id)
+    claimed_at = time.monotonic()
+    run = await db(services.claim_run, run_id=run_id, owner=_OWNER)
     if run is None:
         raise RunNotClaimable(run_id)
     if run.cancel_requested:  # cancelled while it waited: stop at the first safe point
         token.cancel("cancel requested")
     out = sink if isinstance(sink, SafeSink) else SafeSink(sink, run_id=run_id)
     recorder = RunRecorder.for_run(run)
-    heartbeat = asyncio.create_task(_heartbeat(run_id, token), name=f"lease:{run_id}")
+    _trip_on_fence(recorder, token)
+    heartbeat = asyncio.create_task(
+        _heartbeat(run_id, run.lease_epoch, token, claimed_at=claimed_at), name=f"lease:{run_id}"
+    )
     ending = _Ending(run=run, recorder=recorder, sink=out, token=token, heartbeat=heartbeat)
     try:
         try:
@@ -300,15 +303,23 @@ class _Ending:
         )
         return outcome
 
+    def _fenced(self) -> bool:
+        """Another process claimed the run (the heartbeat or a refused write found out): end quietly."""
+        return self.token.lease_lost or self.recorder.fenced
+
     async def succeeded(self, release: str, content: str) -> RunOutcome:
         self.heartbeat.cancel()
         self.done = True
+        if self._fenced():
+            return await self._lease_lost()
         seq = await db(self.recorder.finish, status=RunStatus.SUCCESS, content=content)
         return await self._emit_outcome(self._outcome(RunStatus.SUCCESS, release, content), seq)
 
     async def failed(self, code: str, message: str) -> RunOutcome:
         self.heartbeat.cancel()
         self.done = True
+        if self._fenced():
+            return await self._lease_lost()
         seq = await db(self.recorder.finish, status=RunStatus.FAILED, error_code=code, error_message=message)
         await self.sink.emit(ErrorEvent(code=code, message=message, run_id=self.run.run_id))
         return await self._emit_outcome(self._outcome(RunStatus.FAILED, None, "", code, message), seq)
@@ -318,7 +329,7 @@ class _Ending:
         if self.done:
             return self._outcome(RunStatus.CANCELLED, None, "")
         self.done = True
-        if self.token.lease_lost:
+        if self._fenced():
             return await self._lease_lost()
         running = dict(self.ctx.running_tools) if self.ctx is not None else {}
         sequences = await db(

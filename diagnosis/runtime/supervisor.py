@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun, RunStatus
+from diagnosis import services
+from diagnosis.models import TERMINAL_RUN_STATUSES, RunStatus
 from diagnosis.runtime.cancel import CancelToken
 from diagnosis.runtime.db import db
 from diagnosis.runtime.events import SafeSink
@@ -37,12 +38,6 @@ logger = logging.getLogger(__name__)
 
 ACTIVE_STATUSES = (RunStatus.PENDING, RunStatus.RUNNING)
 CONTROL_MESSAGE_TYPE = "run.cancel"
-
-
-def mark_cancel_requested(run_id: str) -> str:
-    """Set `cancel_requested` on an active run; returns the run's status as stored after the update."""
-    DiagnosisRun.objects.filter(run_id=run_id, status__in=ACTIVE_STATUSES).update(cancel_requested=True)
-    return DiagnosisRun.objects.filter(run_id=run_id).values_list("status", flat=True).first() or ""
 
 
 # -------------------------------------------------------------------------------------------------
@@ -102,7 +97,7 @@ async def _execute(run_id: str, token: CancelToken) -> None:
 async def request_cancel(run_id: str) -> str:
     """Ask the run to stop (see the module docstring); returns its status at the time of the request.
     Cancelling a finished run changes nothing."""
-    status = await db(mark_cancel_requested, run_id)
+    status = await db(services.request_run_cancel, run_id=run_id)
     if status in TERMINAL_RUN_STATUSES:
         return status
     owned = _runs.get(run_id)

@@ -4,11 +4,14 @@ A run is executed by the process holding its lease (`lease_owner`, `lease_expire
 executor's heartbeat every `RUN_LEASE_SECONDS / 3`). When that process dies (killed, out of memory, its
 machine gone), the lease runs out and the run would stay RUNNING forever, holding one of its user's
 active-run slots. `sweep_expired_runs` finds such runs and, for each, takes the lease itself with a
-conditional update on the exact lease it observed (so a run whose owner renewed meanwhile, or that another
-sweeper took, is left alone), then finishes it through the recorder (`RunRecorder.resume`): tools still
-RUNNING are closed FAILED with `LEASE_EXPIRED`, `RUN_FINISHED` is written and the run ends FAILED with
-error `LEASE_EXPIRED`. A PENDING run that no process claimed within `RUN_LEASE_SECONDS` of its creation is
-treated the same way (its lease never started, so it has expired too).
+conditional update on the exact lease it observed (`services.claim_expired_run`: so a run whose owner
+renewed meanwhile, or that another sweeper took, is left alone), which increments the lease epoch, then
+finishes it through a recorder fenced by that new epoch (`RunRecorder.resume`): writes the old owner
+attempted after the takeover and the fence refused are noted (WRITE_FENCED), tools still RUNNING are
+closed FAILED with `LEASE_EXPIRED`, `RUN_FINISHED` is written and the run ends FAILED with error
+`LEASE_EXPIRED`. The old owner, should it wake up, can land no row any more. A PENDING run that no
+process claimed within `RUN_LEASE_SECONDS` of its creation is treated the same way (its lease never
+started, so it has expired too).
 
 It runs periodically inside every server process (`diagnosis.runtime.supervisor`) and on demand as
 `manage.py sweep_runs`. `publish_swept` then sends each swept run's `error` and `outcome` frames to its
@@ -23,12 +26,12 @@ import logging
 import os
 import socket
 
-from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
 from audit.models import ToolStatus
 from audit.recorder import RunRecorder
+from diagnosis import services
 from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun, RunStatus
 from diagnosis.runtime.db import db
 from diagnosis.runtime.live import persisted_frames, publish
@@ -40,10 +43,6 @@ LEASE_EXPIRED_MESSAGE = "The process executing the run stopped before finishing 
 SWEEP_BATCH = 100
 
 
-def lease_seconds() -> int:
-    return int(getattr(settings, "RUN_LEASE_SECONDS", 30))
-
-
 def sweeper_owner() -> str:
     return f"sweeper:{socket.gethostname()}:{os.getpid()}"[:128]
 
@@ -51,41 +50,32 @@ def sweeper_owner() -> str:
 def expired_runs(*, now: dt.datetime | None = None, limit: int = SWEEP_BATCH) -> list[DiagnosisRun]:
     """Active runs whose lease expired, or that nobody claimed within a lease period (one query)."""
     now = now or timezone.now()
-    stale = now - dt.timedelta(seconds=lease_seconds())
+    stale = now - dt.timedelta(seconds=services.lease_seconds())
     return list(
         DiagnosisRun.objects.filter(
             Q(lease_expires_at__lt=now) | Q(lease_expires_at__isnull=True, created_at__lt=stale),
             status__in=(RunStatus.PENDING, RunStatus.RUNNING),
         )
-        .only("run_id", "status", "lease_owner", "lease_expires_at")
+        .only("run_id", "status", "lease_owner", "lease_expires_at", "lease_epoch")
         .order_by("lease_expires_at", "id")[:limit]
     )
 
 
-def _claim(run: DiagnosisRun, now: dt.datetime) -> bool:
-    """Take the lease exactly as observed (optimistic fencing against a renewing owner or a second
-    sweeper)."""
-    return bool(
-        DiagnosisRun.objects.filter(
-            pk=run.pk,
-            status=run.status,
-            lease_owner=run.lease_owner,
-            lease_expires_at=run.lease_expires_at,
-        ).update(
-            lease_owner=sweeper_owner(),
-            lease_expires_at=now + dt.timedelta(seconds=lease_seconds()),
-        )
-    )
+def _claim(run: DiagnosisRun, now: dt.datetime) -> int | None:
+    """Take the lease exactly as observed; the new lease epoch, or None when the run changed."""
+    return services.claim_expired_run(run=run, owner=sweeper_owner(), now=now)
 
 
-def fail_run(run_id: str, *, error_code: str, error_message: str) -> bool:
-    """Finish an open run FAILED through the recorder: close its RUNNING tools (FAILED, `error_code`),
-    write RUN_FINISHED and the terminal row. The caller must hold the run (its lease, or its task).
-    Returns False when the run had already finished."""
+def fail_run(run_id: str, *, error_code: str, error_message: str, lease_epoch: int | None = None) -> bool:
+    """Finish an open run FAILED through the recorder: note fenced writes, close its RUNNING tools
+    (FAILED, `error_code`), write RUN_FINISHED and the terminal row. The caller must hold the run: the
+    lease it claimed with `lease_epoch`, or its task (the stored epoch). Returns False when the run had
+    already finished."""
     status = DiagnosisRun.objects.filter(run_id=run_id).values_list("status", flat=True).first()
     if status is None or status in TERMINAL_RUN_STATUSES:
         return False
-    recorder = RunRecorder.resume(run_id)
+    recorder = RunRecorder.resume(run_id, lease_epoch=lease_epoch)
+    recorder.note_fenced_writes()
     recorder.close_tools(status=ToolStatus.FAILED, error_code=error_code, error_message=error_message)
     recorder.finish(status=RunStatus.FAILED, error_code=error_code, error_message=error_message)
     return True
@@ -96,10 +86,13 @@ def sweep_expired_runs(*, now: dt.datetime | None = None, limit: int = SWEEP_BAT
     now = now or timezone.now()
     swept = []
     for run in expired_runs(now=now, limit=limit):
-        if not _claim(run, now):
+        epoch = _claim(run, now)
+        if epoch is None:
             continue
         try:
-            if fail_run(run.run_id, error_code=LEASE_EXPIRED, error_message=LEASE_EXPIRED_MESSAGE):
+            if fail_run(
+                run.run_id, error_code=LEASE_EXPIRED, error_message=LEASE_EXPIRED_MESSAGE, lease_epoch=epoch
+            ):
                 swept.append(run.run_id)
                 logger.warning("run swept run=%s previous_owner=%s", run.run_id, run.lease_owner or "-")
         except Exception as exc:  # one bad run must not stop the sweep of the others
