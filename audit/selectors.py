@@ -23,18 +23,27 @@ Summary semantics (documented in docs/api.md):
 * `gaps` names, in words and without content, every reason `auditComplete` is false, and also what the
   provider did not supply (model calls without token usage, an unreconciled token ledger). Those provider
   notes alone do not make the audit incomplete: the audit recorded faithfully that usage was missing.
+* `ledger` is the token reconciliation at read time (`audit.reconcile`) over the rows already loaded: the
+  stored usage events and step rows against the run's ledger columns and its `model_calls` (counted as
+  calls start). It names each call whose records differ or that lacks usage; the run's `reconciled` is
+  this verdict and the one the recorder wrote at finish.
+* A FAILED or CANCELLED run never carries a release decision or content (the recorder withdraws one
+  recorded before the failure); a stored row that does is named in `gaps` and the audit is incomplete.
+* `Trace.provider` is the provider recorded at RUN_STARTED; `demo` is true for the offline demo model,
+  whose text and reasoning are not a real model's.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from django.contrib.auth.models import AbstractBaseUser
 
 from audit.integrity import verify_chain
-from audit.models import AgentStep, ToolInvocation, ToolStatus, TraceEvent
-from diagnosis.models import DiagnosisRun
+from audit.models import AgentStep, EventType, ToolInvocation, ToolStatus, TraceEvent
+from audit.reconcile import CallUsage, KeptLedger, Reconciliation, reconcile
+from diagnosis.models import DiagnosisRun, RunStatus
 from diagnosis.selectors import FeedbackView, RunResolution, get_feedback, viewer_feedback
 
 SESSION_AUDITS_LIMIT = 500
@@ -59,6 +68,18 @@ class TraceSummary:
     audit_write_failures: int
     chain_valid: bool
     gaps: list[str] = field(default_factory=list)
+    ledger: Reconciliation | None = None
+
+
+DEMO_PROVIDER = "demo"
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderLabel:
+    """The model provider a run used, as RUN_STARTED recorded it; `demo` marks the offline demo model."""
+
+    name: str
+    demo: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +92,18 @@ class Trace:
     steps: list[AgentStep]
     tools: list[ToolInvocation]
     summary: TraceSummary
+    provider: ProviderLabel | None = None
+
+
+def provider_of(events: list[TraceEvent]) -> ProviderLabel | None:
+    """The provider named by the run's RUN_STARTED event, or None when none is stored."""
+    for event in events:
+        if event.event_type == EventType.RUN_STARTED:
+            name = (event.details or {}).get("provider")
+            if isinstance(name, str) and name:
+                return ProviderLabel(name=name, demo=name == DEMO_PROVIDER)
+            return None
+    return None
 
 
 def get_trace(
@@ -105,6 +138,7 @@ def get_trace(
         persisted=Counts(len(events), len(steps), len(tools)),
         returned=Counts(len(returned_events), len(returned_steps), len(returned_tools)),
         tools=tools,
+        steps=steps,
     )
     return Trace(
         session_id=session_id,
@@ -115,6 +149,7 @@ def get_trace(
         steps=returned_steps,
         tools=returned_tools,
         summary=summary,
+        provider=provider_of(events),
     )
 
 
@@ -132,6 +167,7 @@ def summarize(
     persisted: Counts,
     returned: Counts,
     tools: list[ToolInvocation],
+    steps: list[AgentStep] = (),
 ) -> TraceSummary:
     """Compare stored, expected and returned records of `run`; see the module docstring."""
     expected = Counts(run.expected_events, run.expected_steps, run.expected_tools)
@@ -171,11 +207,18 @@ def summarize(
                 complete = False
                 gaps.append(f"tool call {tool.tool_call_id} still RUNNING after the run ended")
 
+    if run.status in (RunStatus.FAILED, RunStatus.CANCELLED) and (run.release_decision or run.content):
+        complete = False
+        gaps.append(
+            f"run {run.status} carries "
+            + (f"release {run.release_decision}" if run.release_decision else "released content")
+        )
+
     # Provider-side facts: named, but they do not make the audit itself incomplete.
-    if run.usage_unavailable_calls:
-        gaps.append(f"{_n(run.usage_unavailable_calls, 'model call')} reported no token usage")
-    elif terminal and run.model_calls and not run.tokens_reconciled:
-        gaps.append("token ledger not reconciled: per-call usage records do not add up to the run totals")
+    ledger = reconcile_trace(run=run, events=events, steps=steps)
+    gaps.extend(ledger.notes())
+    if terminal and not ledger.reconciled and not ledger.without_usage and not ledger.differences:
+        gaps.append("token ledger not reconciled when the run finished")
 
     return TraceSummary(
         persisted=persisted,
@@ -185,7 +228,45 @@ def summarize(
         audit_write_failures=run.audit_write_failures,
         chain_valid=verdict.valid,
         gaps=gaps,
+        ledger=ledger,
     )
+
+
+def reconcile_trace(*, run: DiagnosisRun, events: list[TraceEvent], steps: list[AgentStep]) -> Reconciliation:
+    """The run's token reconciliation from rows already loaded (no query). Before the run is terminal
+    its ledger columns are not written yet, so only the stored records are compared with each other."""
+    stored = [
+        CallUsage.from_details(e.details or {}) for e in events if e.event_type == EventType.MODEL_TOKEN_USAGE
+    ]
+    step_usage = [
+        (
+            s.step_index,
+            CallUsage(
+                "AGENT",
+                s.step_index,
+                bool(s.usage_available),
+                s.prompt_tokens,
+                s.completion_tokens,
+                s.total_tokens,
+                s.reasoning_tokens,
+                s.cached_tokens,
+            ),
+        )
+        for s in steps
+    ]
+    if not run.is_terminal:
+        verdict = reconcile(stored=stored, steps=step_usage)
+        return replace(verdict, reconciled=False)
+    kept = KeptLedger(
+        by_source={"ROUTER": run.tokens_router, "AGENT": run.tokens_agent, "GUARD": run.tokens_guard},
+        total=run.tokens_total,
+        reasoning=run.tokens_reasoning,
+        cached_input=run.tokens_cached_input,
+        model_calls=run.model_calls,
+        unavailable_calls=run.usage_unavailable_calls,
+    )
+    verdict = reconcile(stored=stored, steps=step_usage, started_calls=run.model_calls, kept=kept)
+    return replace(verdict, reconciled=verdict.reconciled and bool(run.tokens_reconciled))
 
 
 # --------------------------------------------------------------------------------------------------

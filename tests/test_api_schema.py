@@ -4,7 +4,15 @@ response, errors included; Swagger UI is served from the sidecar package (no CDN
 import pytest
 from django.core.management import call_command
 
-from tests.test_api_trace import EVENT_KEYS, RUN_KEYS, STEP_KEYS, TIMING_KEYS, TOKEN_KEYS, TOOL_KEYS
+from tests.test_api_trace import (
+    EVENT_KEYS,
+    PROVIDER_KEYS,
+    RUN_KEYS,
+    STEP_KEYS,
+    TIMING_KEYS,
+    TOKEN_KEYS,
+    TOOL_KEYS,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -14,10 +22,15 @@ TRACE = {
     "sessionId": None,
     "runResolution": None,
     "run": {
-        **dict.fromkeys(RUN_KEYS - {"error", "timing", "tokens", "feedback"}),
+        **dict.fromkeys(RUN_KEYS - {"error", "provider", "timing", "tokens", "feedback"}),
         "error": {"code": None, "message": None},
+        "provider": dict.fromkeys(PROVIDER_KEYS),
         "timing": dict.fromkeys(TIMING_KEYS),
-        "tokens": dict.fromkeys(TOKEN_KEYS),
+        "tokens": {
+            **dict.fromkeys(TOKEN_KEYS - {"callsWithoutUsage", "differences"}),
+            "callsWithoutUsage": [None],
+            "differences": [None],
+        },
         "feedback": {"rating": None, "comment": None, "createdAt": None},
     },
     "timeline": [dict.fromkeys(EVENT_KEYS)],

@@ -233,7 +233,7 @@ def test_provider_fault_after_a_tool_fails_the_run_with_its_code_and_a_complete_
     assert not TraceEvent.objects.filter(run_id=run.run_id, event_type=EventType.RELEASE_DECISION).exists()
     summary = get_trace(run=run).summary
     assert summary.audit_complete and summary.audit_write_failures == 0, summary.gaps
-    assert "1 model call reported no token usage" in summary.gaps
+    assert "agent step 2 reported no token usage" in summary.gaps
     assert not run.tokens_reconciled and run.usage_unavailable_calls == 1
     for event in TraceEvent.objects.filter(run_id=run.run_id):
         assert PROVIDER_SECRET not in json.dumps(event.details) + event.summary
