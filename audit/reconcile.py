@@ -126,7 +126,7 @@ def _sum(values: Iterable[int | None]) -> int | None:
 def reconcile(
     *,
     stored: Sequence[CallUsage],
-    steps: Sequence[tuple[int, CallUsage]] = (),
+    steps: Sequence[tuple[int, CallUsage]],
     started_calls: int = 0,
     kept: KeptLedger | None = None,
     reported: Sequence[CallUsage] | None = None,
@@ -153,9 +153,8 @@ def reconcile(
                 differences.append(f"{name}: step row {attr} {got} differs from its usage record {want}")
         if row.available != call.available:
             differences.append(f"{name}: step row usage_available differs from its usage record")
-    if steps:
-        for name, _call in by_step.values():
-            differences.append(f"{name}: usage record has no step row")
+    for name, _call in by_step.values():
+        differences.append(f"{name}: usage record has no step row")
 
     recorded = len(stored)
     if reported is not None:
@@ -165,8 +164,7 @@ def reconcile(
             kept_call = stored_by_name.get(name)
             if kept_call is None:
                 differences.append(f"{name}: usage reported by the provider was not stored")
-                if call.has_total:
-                    without_usage.append(name)
+                without_usage.append(name)
             elif kept_call.counts() != call.counts():
                 differences.append(f"{name}: stored usage differs from what the provider reported")
         recorded = max(recorded, len(reported))

@@ -205,3 +205,32 @@ def test_a_model_call_started_but_never_recorded_shows_as_unavailable(run):
     assert tokens["callsWithoutUsage"] == ["1 model call started but never recorded (no token usage)"]
     assert tokens["reasoningUnreportedCalls"] == 2  # the router reported none, the lost call nothing
     assert "1 model call started but never recorded (no token usage)" in trace.summary.gaps
+
+
+def test_a_deleted_step_row_or_usage_record_is_named(run):
+    rec = RunRecorder.for_run(run)
+    rec.run_started()
+    for step_index in (1, 2):
+        rec.model_call_started()
+        rec.model_step(
+            step_index=step_index,
+            agent_name="diagnosis_agent",
+            model="agent-m",
+            usage=Usage(available=True, prompt_tokens=10, completion_tokens=5, total_tokens=15),
+            reasoning=build_capture(reasoning=None, text="answer"),
+            finish_reason="stop",
+        )
+    rec.finish(status=RunStatus.SUCCESS, content="answer")
+    run.refresh_from_db()
+    assert run.tokens_reconciled and get_trace(run=run).summary.ledger.reconciled
+
+    AgentStep.objects.filter(run_id=run.run_id, step_index=2).delete()
+    ledger = get_trace(run=run).summary.ledger
+    assert not ledger.reconciled and ledger.differences == ["agent step 2: usage record has no step row"]
+
+    TraceEvent.objects.filter(
+        run_id=run.run_id, event_type=EventType.MODEL_TOKEN_USAGE, details__stepIndex=1
+    ).delete()
+    ledger = get_trace(run=run).summary.ledger
+    assert "agent step 1: step row has no usage record" in ledger.differences
+    assert "1 model call started but never recorded (no token usage)" in ledger.without_usage
