@@ -21,8 +21,9 @@ Summary semantics (documented in docs/api.md):
   expected for events, steps and tools, returned equals persisted, `auditWriteFailures` is 0, the chain
   is valid and no tool of the finished run is still RUNNING.
 * `gaps` names, in words and without content, every reason `auditComplete` is false, and also what the
-  provider did not supply (model calls without token usage, an unreconciled token ledger). Those provider
-  notes alone do not make the audit incomplete: the audit recorded faithfully that usage was missing.
+  provider did not supply (model calls without token usage, an unreconciled token ledger), and each tool
+  lifecycle step the recorder refused (a conflicting start or terminal: its CONFLICT event). Those notes
+  alone do not make the audit incomplete: the audit recorded faithfully what happened.
 * `ledger` is the token reconciliation at read time (`audit.reconcile`) over the rows already loaded: the
   stored usage events and step rows against the run's ledger columns and its `model_calls` (counted as
   calls start). It names each call whose records differ or that lacks usage; the run's `reconciled` is
@@ -39,11 +40,26 @@ import datetime as dt
 from dataclasses import dataclass, field, replace
 
 from django.contrib.auth.models import AbstractBaseUser
+from django.db.models import (
+    BooleanField,
+    Case,
+    Count,
+    Exists,
+    F,
+    IntegerField,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Value,
+    When,
+)
+from django.db.models.functions import Coalesce
 
 from audit.integrity import verify_chain
-from audit.models import AgentStep, EventType, ToolInvocation, ToolStatus, TraceEvent
+from audit.models import TOOL_CONFLICT, AgentStep, EventType, ToolInvocation, ToolStatus, TraceEvent
 from audit.reconcile import CallUsage, KeptLedger, Reconciliation, reconcile
-from diagnosis.models import DiagnosisRun, RunStatus
+from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun, RunStatus
 from diagnosis.selectors import FeedbackView, RunResolution, get_feedback, viewer_feedback
 
 SESSION_AUDITS_LIMIT = 500
@@ -160,6 +176,18 @@ def _n(count: int, label: str) -> str:
     return f"{count} {label}{'' if count == 1 else 's'}"
 
 
+_CONFLICT_WORDS = {
+    "CONFLICTING_START": "a start with other facts",
+    "CONFLICTING_TERMINAL": "a terminal with other facts",
+    "NOT_STARTED": "a terminal without a start",
+}
+
+
+def _conflict_gap(details: dict) -> str:
+    words = _CONFLICT_WORDS.get(str(details.get("reason")), "a conflicting lifecycle step")
+    return f"tool call {details.get('toolCallId')}: {words} was refused"
+
+
 def summarize(
     *,
     run: DiagnosisRun,
@@ -213,6 +241,11 @@ def summarize(
             f"run {run.status} carries "
             + (f"release {run.release_decision}" if run.release_decision else "released content")
         )
+
+    # Refused tool lifecycle steps: recorded faithfully (the first facts stand), named, not incomplete.
+    for event in events:
+        if event.event_type == EventType.TOOL_INVOCATION and event.status == TOOL_CONFLICT:
+            gaps.append(_conflict_gap(event.details or {}))
 
     # Provider-side facts: named, but they do not make the audit itself incomplete.
     ledger = reconcile_trace(run=run, events=events, steps=steps)
@@ -269,6 +302,54 @@ def reconcile_trace(*, run: DiagnosisRun, events: list[TraceEvent], steps: list[
     return replace(verdict, reconciled=verdict.reconciled and bool(run.tokens_reconciled))
 
 
+def _persisted_count(model) -> Coalesce:
+    """Correlated COUNT of a run's rows in an audit table (one subquery in the run list's single SELECT)."""
+    counted = (
+        model.objects.filter(run_id=OuterRef("run_id"))
+        .order_by()
+        .values("run_id")
+        .annotate(n=Count("pk"))
+        .values("n")[:1]
+    )
+    return Coalesce(Subquery(counted, output_field=IntegerField()), Value(0))
+
+
+def annotate_audit_completeness(queryset: QuerySet[DiagnosisRun]) -> QuerySet[DiagnosisRun]:
+    """`persisted_events/steps/tools` and `audit_complete` on every run, in SQL (subqueries of one SELECT).
+
+    `summarize`'s rule as far as SQL can decide it: the run is terminal, every event, step and tool the
+    recorder attempted is stored (no more, no fewer), no audit write failed, no tool is still
+    RUNNING, and a FAILED or CANCELLED run carries no release decision or content. Two checks need every
+    row's content and are made by `get_trace` only: the hash chain, and
+    rows stored under the run's id but another session. `tests/test_audit_complete_rule.py` holds both
+    to the same answer over a matrix of runs.
+    """
+    running_tool = ToolInvocation.objects.filter(run_id=OuterRef("run_id"), status=ToolStatus.RUNNING)
+    return queryset.annotate(
+        persisted_events=_persisted_count(TraceEvent),
+        persisted_steps=_persisted_count(AgentStep),
+        persisted_tools=_persisted_count(ToolInvocation),
+    ).annotate(
+        audit_complete=Case(
+            When(
+                Q(status__in=TERMINAL_RUN_STATUSES)
+                & ~Exists(running_tool)
+                & ~(
+                    Q(status__in=(RunStatus.FAILED, RunStatus.CANCELLED))
+                    & (Q(release_decision__isnull=False) | ~Q(content=""))
+                ),
+                persisted_events=F("expected_events"),
+                persisted_steps=F("expected_steps"),
+                persisted_tools=F("expected_tools"),
+                audit_write_failures=0,
+                then=Value(True),
+            ),
+            default=Value(False),
+            output_field=BooleanField(),
+        )
+    )
+
+
 # --------------------------------------------------------------------------------------------------
 # Session audits
 # --------------------------------------------------------------------------------------------------
@@ -313,3 +394,51 @@ def get_session_audits(*, session_id: str, limit: int = SESSION_AUDITS_LIMIT) ->
     newest = records[:limit]
     newest.reverse()
     return SessionAudits(audits=newest, truncated=truncated)
+
+
+# --------------------------------------------------------------------------------------------------
+# Chat replay: the stored timeline events a follower turns into frames
+# --------------------------------------------------------------------------------------------------
+_CHAT_EVENT_TYPES = (EventType.RUN_STARTED, EventType.TOOL_INVOCATION, EventType.RUN_FINISHED)
+_RUN_OUTCOME_FIELDS = (
+    "run_id",
+    "session_id",
+    "status",
+    "release_decision",
+    "content",
+    "error_code",
+    "error_message",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ChatTimelineRow:
+    """One stored timeline event that maps to a chat frame (RUN_STARTED, TOOL_INVOCATION, RUN_FINISHED)."""
+
+    sequence_no: int
+    event_type: str
+    status: str
+    details: dict
+
+
+def chat_timeline(*, run_id: str, after: int) -> tuple[list[ChatTimelineRow], DiagnosisRun]:
+    """The run's frame-mapped timeline events with `sequence_no > after`, in order, then its row (only the
+    outcome's columns). Two queries; the row is read second, so that a RUN_FINISHED seen in the first is
+    normally matched by a terminal row. Raises `DiagnosisRun.DoesNotExist` for an unknown run."""
+    rows = [
+        ChatTimelineRow(*row)
+        for row in TraceEvent.objects.filter(
+            run_id=run_id, sequence_no__gt=after, event_type__in=_CHAT_EVENT_TYPES
+        )
+        .order_by("sequence_no")
+        .values_list("sequence_no", "event_type", "status", "details")
+    ]
+    run = DiagnosisRun.objects.only(*_RUN_OUTCOME_FIELDS).get(run_id=run_id)
+    return rows, run
+
+
+def finished_by(*, run_id: str, sequence_no: int) -> bool:
+    """Whether the run's RUN_FINISHED is stored at or before `sequence_no` (one query)."""
+    return TraceEvent.objects.filter(
+        run_id=run_id, sequence_no__lte=sequence_no, event_type=EventType.RUN_FINISHED
+    ).exists()
