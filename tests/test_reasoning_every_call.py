@@ -118,16 +118,29 @@ def test_every_router_attempt_keeps_its_own_reasoning_row(llm, corpus, user):
     assert [router_reasoning_step(1), router_reasoning_step(2), guard_reasoning_step(1)] == [-1, -2, -101]
 
 
-def test_the_router_reasoning_row_commits_with_its_routing_event_or_not_at_all(llm, corpus, user):
+def test_a_reasoning_row_commits_with_its_decision_event_or_not_at_all(llm, corpus, user):
     _script(llm)
     with in_every_runtime_thread(FailInserts("agent_reasoning_audit", times=1)) as failing:
         run, outcome, _ = ask(user, "Disk full on /var/log")
     assert failing.fired == 1 and outcome.release_decision == ReleaseDecision.PUBLISHED
-    assert not AgentReasoningAudit.objects.filter(run_id=run.run_id, agent_name="router").exists()
-    # The routing attempt and its usage were one transaction with the reasoning row: none landed.
-    assert not TraceEvent.objects.filter(run_id=run.run_id, event_type=EventType.ROUTING_ATTEMPT).exists()
     assert run.audit_write_failures == 1
-    assert AgentReasoningAudit.objects.filter(run_id=run.run_id, agent_name="semantic_guard").exists()
+    # Every stored decision event has its reasoning row and every row its event: the one rejected
+    # reasoning insert took its decision's events with it (one transaction), and nothing else.
+    rows = set(AgentReasoningAudit.objects.filter(run_id=run.run_id).values_list("agent_name", "step_index"))
+    events = TraceEvent.objects.filter(run_id=run.run_id)
+    decided = {
+        ("router", e.details["reasoningStepIndex"])
+        for e in events.filter(event_type=EventType.ROUTING_ATTEMPT)
+    }
+    decided |= {
+        ("semantic_guard", e.details["reasoningStepIndex"])
+        for e in events.filter(event_type=EventType.SEMANTIC_GUARD_DECISION)
+    }
+    decided |= {
+        ("diagnosis_agent", e.details["stepIndex"])
+        for e in events.filter(event_type=EventType.AGENT_MODEL_STEP)
+    }
+    assert rows == decided and len(rows) == 3  # four model calls, one decision lost whole
     summary = get_trace(run=run).summary
     assert not summary.audit_complete and "2 timeline events expected but not stored" in summary.gaps
 
