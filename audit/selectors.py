@@ -27,12 +27,20 @@ Summary semantics (documented in docs/api.md):
 * `fencedWrites`: writes of a stale lease owner (one that another process took the run from) that the
   lease fence refused; none of their rows is stored, so they do not make the audit incomplete, and
   `gaps` names them.
+* `ledger` is the token reconciliation at read time (`audit.reconcile`) over the rows already loaded: the
+  stored usage events and step rows against the run's ledger columns and its `model_calls` (counted as
+  calls start). It names each call whose records differ or that lacks usage; the run's `reconciled` is
+  this verdict and the one the recorder wrote at finish.
+* A FAILED or CANCELLED run never carries a release decision or content (the recorder withdraws one
+  recorded before the failure); a stored row that does is named in `gaps` and the audit is incomplete.
+* `Trace.provider` is the provider recorded at RUN_STARTED; `demo` is true for the offline demo model,
+  whose text and reasoning are not a real model's.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import (
@@ -53,7 +61,8 @@ from django.db.models.functions import Coalesce
 
 from audit.integrity import verify_chain
 from audit.models import TOOL_CONFLICT, AgentStep, EventType, ToolInvocation, ToolStatus, TraceEvent
-from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun
+from audit.reconcile import CallUsage, KeptLedger, Reconciliation, reconcile
+from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun, RunStatus
 from diagnosis.selectors import FeedbackView, RunResolution, get_feedback, viewer_feedback
 
 SESSION_AUDITS_LIMIT = 500
@@ -79,6 +88,18 @@ class TraceSummary:
     chain_valid: bool
     gaps: list[str] = field(default_factory=list)
     fenced_writes: int = 0
+    ledger: Reconciliation | None = None
+
+
+DEMO_PROVIDER = "demo"
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderLabel:
+    """The model provider a run used, as RUN_STARTED recorded it; `demo` marks the offline demo model."""
+
+    name: str
+    demo: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +112,18 @@ class Trace:
     steps: list[AgentStep]
     tools: list[ToolInvocation]
     summary: TraceSummary
+    provider: ProviderLabel | None = None
+
+
+def provider_of(events: list[TraceEvent]) -> ProviderLabel | None:
+    """The provider named by the run's RUN_STARTED event, or None when none is stored."""
+    for event in events:
+        if event.event_type == EventType.RUN_STARTED:
+            name = (event.details or {}).get("provider")
+            if isinstance(name, str) and name:
+                return ProviderLabel(name=name, demo=name == DEMO_PROVIDER)
+            return None
+    return None
 
 
 def get_trace(
@@ -125,6 +158,7 @@ def get_trace(
         persisted=Counts(len(events), len(steps), len(tools)),
         returned=Counts(len(returned_events), len(returned_steps), len(returned_tools)),
         tools=tools,
+        steps=steps,
     )
     return Trace(
         session_id=session_id,
@@ -135,6 +169,7 @@ def get_trace(
         steps=returned_steps,
         tools=returned_tools,
         summary=summary,
+        provider=provider_of(events),
     )
 
 
@@ -164,6 +199,7 @@ def summarize(
     persisted: Counts,
     returned: Counts,
     tools: list[ToolInvocation],
+    steps: list[AgentStep] = (),
 ) -> TraceSummary:
     """Compare stored, expected and returned records of `run`; see the module docstring."""
     expected = Counts(run.expected_events, run.expected_steps, run.expected_tools)
@@ -203,16 +239,23 @@ def summarize(
                 complete = False
                 gaps.append(f"tool call {tool.tool_call_id} still RUNNING after the run ended")
 
+    if run.status in (RunStatus.FAILED, RunStatus.CANCELLED) and (run.release_decision or run.content):
+        complete = False
+        gaps.append(
+            f"run {run.status} carries "
+            + (f"release {run.release_decision}" if run.release_decision else "released content")
+        )
+
     # Refused tool lifecycle steps: recorded faithfully (the first facts stand), named, not incomplete.
     for event in events:
         if event.event_type == EventType.TOOL_INVOCATION and event.status == TOOL_CONFLICT:
             gaps.append(_conflict_gap(event.details or {}))
 
     # Provider-side facts: named, but they do not make the audit itself incomplete.
-    if run.usage_unavailable_calls:
-        gaps.append(f"{_n(run.usage_unavailable_calls, 'model call')} reported no token usage")
-    elif terminal and run.model_calls and not run.tokens_reconciled:
-        gaps.append("token ledger not reconciled: per-call usage records do not add up to the run totals")
+    ledger = reconcile_trace(run=run, events=events, steps=steps)
+    gaps.extend(ledger.notes())
+    if terminal and not ledger.reconciled and not ledger.without_usage and not ledger.differences:
+        gaps.append("token ledger not reconciled when the run finished")
     # Refused, not lost: a previous lease owner's writes after the takeover, none of them stored.
     if run.fenced_writes:
         gaps.append(f"{_n(run.fenced_writes, 'write')} of a previous lease owner refused by the lease fence")
@@ -226,7 +269,45 @@ def summarize(
         chain_valid=verdict.valid,
         gaps=gaps,
         fenced_writes=run.fenced_writes,
+        ledger=ledger,
     )
+
+
+def reconcile_trace(*, run: DiagnosisRun, events: list[TraceEvent], steps: list[AgentStep]) -> Reconciliation:
+    """The run's token reconciliation from rows already loaded (no query). Before the run is terminal
+    its ledger columns are not written yet, so only the stored records are compared with each other."""
+    stored = [
+        CallUsage.from_details(e.details or {}) for e in events if e.event_type == EventType.MODEL_TOKEN_USAGE
+    ]
+    step_usage = [
+        (
+            s.step_index,
+            CallUsage(
+                "AGENT",
+                s.step_index,
+                bool(s.usage_available),
+                s.prompt_tokens,
+                s.completion_tokens,
+                s.total_tokens,
+                s.reasoning_tokens,
+                s.cached_tokens,
+            ),
+        )
+        for s in steps
+    ]
+    if not run.is_terminal:
+        verdict = reconcile(stored=stored, steps=step_usage)
+        return replace(verdict, reconciled=False)
+    kept = KeptLedger(
+        by_source={"ROUTER": run.tokens_router, "AGENT": run.tokens_agent, "GUARD": run.tokens_guard},
+        total=run.tokens_total,
+        reasoning=run.tokens_reasoning,
+        cached_input=run.tokens_cached_input,
+        model_calls=run.model_calls,
+        unavailable_calls=run.usage_unavailable_calls,
+    )
+    verdict = reconcile(stored=stored, steps=step_usage, started_calls=run.model_calls, kept=kept)
+    return replace(verdict, reconciled=verdict.reconciled and bool(run.tokens_reconciled))
 
 
 def _persisted_count(model) -> Coalesce:
@@ -245,8 +326,9 @@ def annotate_audit_completeness(queryset: QuerySet[DiagnosisRun]) -> QuerySet[Di
     """`persisted_events/steps/tools` and `audit_complete` on every run, in SQL (subqueries of one SELECT).
 
     `summarize`'s rule as far as SQL can decide it: the run is terminal, every event, step and tool the
-    recorder attempted is stored (no more, no fewer), no audit write failed, and no tool is still
-    RUNNING. Two checks need every row's content and are made by `get_trace` only: the hash chain, and
+    recorder attempted is stored (no more, no fewer), no audit write failed, no tool is still
+    RUNNING, and a FAILED or CANCELLED run carries no release decision or content. Two checks need every
+    row's content and are made by `get_trace` only: the hash chain, and
     rows stored under the run's id but another session. `tests/test_audit_complete_rule.py` holds both
     to the same answer over a matrix of runs.
     """
@@ -258,7 +340,12 @@ def annotate_audit_completeness(queryset: QuerySet[DiagnosisRun]) -> QuerySet[Di
     ).annotate(
         audit_complete=Case(
             When(
-                Q(status__in=TERMINAL_RUN_STATUSES) & ~Exists(running_tool),
+                Q(status__in=TERMINAL_RUN_STATUSES)
+                & ~Exists(running_tool)
+                & ~(
+                    Q(status__in=(RunStatus.FAILED, RunStatus.CANCELLED))
+                    & (Q(release_decision__isnull=False) | ~Q(content=""))
+                ),
                 persisted_events=F("expected_events"),
                 persisted_steps=F("expected_steps"),
                 persisted_tools=F("expected_tools"),

@@ -42,19 +42,70 @@ class RunTokensSerializer(serializers.Serializer):
     agent = serializers.IntegerField(source="tokens_agent")
     guard = serializers.IntegerField(source="tokens_guard")
     total = serializers.IntegerField(source="tokens_total")
-    reasoning = serializers.IntegerField(source="tokens_reasoning")
-    cachedInput = serializers.IntegerField(source="tokens_cached_input")
+    reasoning = serializers.IntegerField(
+        source="tokens_reasoning", allow_null=True, help_text="Null when no model call reported it."
+    )
+    cachedInput = serializers.IntegerField(
+        source="tokens_cached_input", allow_null=True, help_text="Null when no model call reported it."
+    )
     usageAvailable = serializers.SerializerMethodField(
         help_text="True when no model call of the run lacked usage (`unavailableCalls == 0`)."
     )
-    reconciled = serializers.BooleanField(source="tokens_reconciled")
+    reconciled = serializers.SerializerMethodField(
+        help_text="Every started call has a stored usage record with a total, each agent step row agrees "
+        "with its usage record, and the ledger equals the sums of the stored records (checked when the "
+        "run finished and again at read time)."
+    )
     unavailableCalls = serializers.IntegerField(source="usage_unavailable_calls")
+    modelCalls = serializers.IntegerField(
+        source="model_calls", help_text="Model calls counted as they started."
+    )
+    reasoningUnreportedCalls = serializers.SerializerMethodField(
+        help_text="Model calls whose reasoning token count the provider did not report."
+    )
+    cachedUnreportedCalls = serializers.SerializerMethodField(
+        help_text="Model calls whose cached input token count the provider did not report."
+    )
+    callsWithoutUsage = serializers.SerializerMethodField(
+        help_text="The calls without a stored usage total, by name (`agent step 2`, `router call 1`)."
+    )
+    differences = serializers.SerializerMethodField(
+        help_text="Each stored record that disagrees with another or with the ledger, in words."
+    )
 
     class Meta:
         ref_name = "RunTokens"
 
+    def _ledger(self):
+        return self.context["trace"].summary.ledger
+
     def get_usageAvailable(self, run) -> bool:
         return run.usage_unavailable_calls == 0
+
+    def get_reconciled(self, run) -> bool:
+        return bool(self._ledger().reconciled)
+
+    def get_reasoningUnreportedCalls(self, run) -> int:
+        return self._ledger().reasoning_unreported
+
+    def get_cachedUnreportedCalls(self, run) -> int:
+        return self._ledger().cached_unreported
+
+    def get_callsWithoutUsage(self, run) -> list[str]:
+        return list(self._ledger().without_usage)
+
+    def get_differences(self, run) -> list[str]:
+        return list(self._ledger().differences)
+
+
+class ProviderSerializer(serializers.Serializer):
+    name = serializers.CharField(help_text="The provider recorded at RUN_STARTED (`openai`, `demo`).")
+    demo = serializers.BooleanField(
+        help_text="True for the offline demo model: its text and reasoning are not a real model's."
+    )
+
+    class Meta:
+        ref_name = "RunProvider"
 
 
 class FeedbackSerializer(serializers.Serializer):
@@ -83,6 +134,7 @@ class RunIdentitySerializer(serializers.Serializer):
 class TraceRunSerializer(RunIdentitySerializer):
     content = serializers.CharField()
     error = serializers.SerializerMethodField()
+    provider = serializers.SerializerMethodField()
     timing = RunTimingSerializer(source="*")
     tokens = RunTokensSerializer(source="*")
     stepCount = serializers.SerializerMethodField()
@@ -95,6 +147,11 @@ class TraceRunSerializer(RunIdentitySerializer):
     @extend_schema_field(RunErrorSerializer(allow_null=True))
     def get_error(self, run):
         return RunErrorSerializer(run).data if run.error_code else None
+
+    @extend_schema_field(ProviderSerializer(allow_null=True))
+    def get_provider(self, run):
+        provider = self.context["trace"].provider
+        return ProviderSerializer(provider).data if provider is not None else None
 
     def get_stepCount(self, run) -> int:
         return self.context["trace"].summary.returned.steps

@@ -43,6 +43,7 @@ def _counts(c: Counts) -> dict[str, int]:
 def _run(trace: Trace) -> dict[str, Any]:
     run = trace.run
     fb = trace.feedback
+    ledger = trace.summary.ledger
     return {
         "runId": _str(run.run_id),
         "sessionId": _str(run.session_id),
@@ -54,6 +55,11 @@ def _run(trace: Trace) -> dict[str, Any]:
         "content": _str(run.content),
         "error": (
             {"code": _str(run.error_code), "message": _str(run.error_message)} if run.error_code else None
+        ),
+        "provider": (
+            {"name": _str(trace.provider.name), "demo": bool(trace.provider.demo)}
+            if trace.provider is not None
+            else None
         ),
         "timing": {
             "createdAt": _dt(run.created_at),
@@ -72,8 +78,13 @@ def _run(trace: Trace) -> dict[str, Any]:
             "reasoning": _int(run.tokens_reasoning),
             "cachedInput": _int(run.tokens_cached_input),
             "usageAvailable": run.usage_unavailable_calls == 0,
-            "reconciled": None if run.tokens_reconciled is None else bool(run.tokens_reconciled),
+            "reconciled": bool(ledger.reconciled),
             "unavailableCalls": _int(run.usage_unavailable_calls),
+            "modelCalls": _int(run.model_calls),
+            "reasoningUnreportedCalls": int(ledger.reasoning_unreported),
+            "cachedUnreportedCalls": int(ledger.cached_unreported),
+            "callsWithoutUsage": [str(n) for n in ledger.without_usage],
+            "differences": [str(d) for d in ledger.differences],
         },
         "stepCount": trace.summary.returned.steps,
         "toolCallCount": trace.summary.returned.tools,

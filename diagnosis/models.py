@@ -60,8 +60,10 @@ class DiagnosisRun(models.Model):
     `session` joins on the session's string id (`to_field`), so the column `session_id` holds the same
     opaque id the API speaks. The `expected_*` counters are what the runtime attempted to write; the trace
     compares them with what is persisted to expose audit gaps. Token columns form the run's ledger per
-    source; `tokens_reconciled` is true only when every model call reported usage and the per-call records
-    add up to the totals. `lease_owner`/`lease_expires_at` name the process executing the run;
+    source; `tokens_reasoning` and `tokens_cached_input` are NULL when no model call reported them.
+    `model_calls` counts calls as they start. `tokens_reconciled` is true only when every started call
+    has a stored usage record with a total and the stored records agree with the ledger
+    (`audit.reconcile`). `lease_owner`/`lease_expires_at` name the process executing the run;
     `lease_epoch` is the lease's fencing token: every claim (executor or sweeper) increments it, and every
     audit write for the run commits only while the epoch is still the one its writer claimed.
     `fenced_writes` counts the writes refused that way (a stale owner's, after a takeover).
@@ -98,8 +100,8 @@ class DiagnosisRun(models.Model):
     tokens_agent = models.IntegerField(default=0)
     tokens_guard = models.IntegerField(default=0)
     tokens_total = models.IntegerField(default=0)
-    tokens_reasoning = models.IntegerField(default=0)
-    tokens_cached_input = models.IntegerField(default=0)
+    tokens_reasoning = models.IntegerField(null=True, blank=True, default=None)
+    tokens_cached_input = models.IntegerField(null=True, blank=True, default=None)
     model_calls = models.IntegerField(default=0)
     usage_unavailable_calls = models.IntegerField(default=0)
     tokens_reconciled = models.BooleanField(default=False)

@@ -16,7 +16,7 @@ from reasoning.models import AgentReasoningAudit, ReasoningAccessLog
 
 @dataclass(frozen=True, slots=True)
 class ReasoningRecord:
-    """One model step's reasoning record as an auditor reads it.
+    """One model call's reasoning record as an auditor reads it.
 
     `reasoning_content`/`assistant_text` are None when the provider sent none, when the row was purged
     (`purged`), or when no configured key decrypts them (`content_readable` false: the key that encrypted
@@ -37,9 +37,11 @@ class ReasoningRecord:
 
 
 def get_reasoning_records(*, run_id: str) -> list[ReasoningRecord]:
-    """Every reasoning record of the run, by step index (one query)."""
+    """Every reasoning record of the run in the order the calls were recorded (one query): router
+    attempts (`agent_name` `router`), agent steps, semantic guard calls (`semantic_guard`). Agent steps
+    have step indexes 1, 2, 3 …; the other calls negative ones (`audit.recorder.facts`)."""
     records = []
-    for row in AgentReasoningAudit.objects.filter(run_id=run_id).order_by("step_index", "id"):
+    for row in AgentReasoningAudit.objects.filter(run_id=run_id).order_by("created_at", "id"):
         reasoning, assistant = row.reasoning_content, row.assistant_text
         readable = not isinstance(reasoning, Ciphertext) and not isinstance(assistant, Ciphertext)
         records.append(

@@ -2,12 +2,21 @@
 response, errors included; Swagger UI is served from the sidecar package (no CDN)."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 from django.core.management import call_command
 
-from tests.test_api_trace import EVENT_KEYS, RUN_KEYS, STEP_KEYS, TIMING_KEYS, TOKEN_KEYS, TOOL_KEYS
+from tests.test_api_trace import (
+    EVENT_KEYS,
+    PROVIDER_KEYS,
+    RUN_KEYS,
+    STEP_KEYS,
+    TIMING_KEYS,
+    TOKEN_KEYS,
+    TOOL_KEYS,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -17,10 +26,15 @@ TRACE = {
     "sessionId": None,
     "runResolution": None,
     "run": {
-        **dict.fromkeys(RUN_KEYS - {"error", "timing", "tokens", "feedback"}),
+        **dict.fromkeys(RUN_KEYS - {"error", "provider", "timing", "tokens", "feedback"}),
         "error": {"code": None, "message": None},
+        "provider": dict.fromkeys(PROVIDER_KEYS),
         "timing": dict.fromkeys(TIMING_KEYS),
-        "tokens": dict.fromkeys(TOKEN_KEYS),
+        "tokens": {
+            **dict.fromkeys(TOKEN_KEYS - {"callsWithoutUsage", "differences"}),
+            "callsWithoutUsage": [None],
+            "differences": [None],
+        },
         "feedback": {"rating": None, "comment": None, "createdAt": None},
     },
     "timeline": [dict.fromkeys(EVENT_KEYS)],
@@ -201,6 +215,9 @@ def test_served_schema_is_identical_to_the_committed_copy(schema):
     """Moving code must not change the contract: the served schema equals `tests/data/openapi_schema.json`.
 
     After an intended contract change, regenerate the copy from `/api/schema/?format=json` (JSON, sorted keys,
-    indent 2) and review its diff with the change."""
+    indent 2), e.g. with `UPDATE_SCHEMA_SNAPSHOT=1 pytest -k committed_copy`, and review its diff with the
+    change."""
     served = json.dumps(schema, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    if os.environ.get("UPDATE_SCHEMA_SNAPSHOT") == "1":
+        SCHEMA_SNAPSHOT.write_text(served, encoding="utf-8")
     assert served == SCHEMA_SNAPSHOT.read_text(encoding="utf-8")

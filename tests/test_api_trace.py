@@ -19,15 +19,17 @@ pytestmark = pytest.mark.django_db
 
 RUN_KEYS = {
     "runId", "sessionId", "query", "status", "agentFlow", "intent", "releaseDecision", "content", "error",
-    "timing", "tokens", "stepCount", "toolCallCount", "feedback",
+    "provider", "timing", "tokens", "stepCount", "toolCallCount", "feedback",
 }  # fmt: skip
+PROVIDER_KEYS = {"name", "demo"}
 TIMING_KEYS = {
     "createdAt", "startedAt", "firstModelRequestAt", "firstOutputAt", "finishedAt", "totalDurationMs",
     "firstOutputLatencyMs",
 }  # fmt: skip
 TOKEN_KEYS = {
     "router", "agent", "guard", "total", "reasoning", "cachedInput", "usageAvailable", "reconciled",
-    "unavailableCalls",
+    "unavailableCalls", "modelCalls", "reasoningUnreportedCalls", "cachedUnreportedCalls",
+    "callsWithoutUsage", "differences",
 }  # fmt: skip
 EVENT_KEYS = {"sequenceNo", "phase", "eventType", "status", "summary", "details", "createdAt", "hash"}
 STEP_KEYS = {
@@ -200,7 +202,7 @@ def test_missing_provider_usage_is_named_but_the_audit_is_complete(api_client, u
     assert body["run"]["tokens"]["usageAvailable"] is False
     assert body["run"]["tokens"]["unavailableCalls"] == 1 and body["run"]["tokens"]["reconciled"] is False
     assert body["steps"][0]["usageAvailable"] is False and body["steps"][0]["totalTokens"] is None
-    assert body["summary"]["gaps"] == ["1 model call reported no token usage"]
+    assert body["summary"]["gaps"] == ["agent step 1 reported no token usage"]
     assert body["summary"]["auditComplete"] is True
 
 

@@ -104,7 +104,7 @@ POINTS = {
     ),
     "run-update": (
         lambda: RaiseFor("UPDATE", "diagnosis_run", sql_has="first_model_request_at"),
-        "first_model_request",
+        "model_call_started",
         "RuntimeError",
         None,
     ),
@@ -229,23 +229,23 @@ def test_an_unusable_encryption_key_costs_only_the_model_steps_records(
 
     assert outcome.status == run.status == RunStatus.SUCCESS
     assert run.release_decision == ReleaseDecision.PUBLISHED and "[kb:nginx-502#" in run.content
-    # Each model step's decision (step row, reasoning row, its two events) is lost, nothing else.
-    assert run.audit_write_failures == 2
-    assert (
-        _log_text(caplog).count(
-            f"audit write failed run={run.run_id} op=model_step error=ImproperlyConfigured"
+    # Each decision that writes a reasoning row is lost (its events with it), nothing else: the routing
+    # attempt, the two model steps (step row, reasoning row, two events) and the semantic guard decision.
+    assert run.audit_write_failures == 4
+    logged = _log_text(caplog)
+    for op, times in (("routing_attempt", 1), ("model_step", 2), ("semantic_guard", 1)):
+        assert (
+            logged.count(f"audit write failed run={run.run_id} op={op} error=ImproperlyConfigured") == times
         )
-        == 2
-    )
     assert not AgentStep.objects.filter(run_id=run.run_id).exists()
     assert not AgentReasoningAudit.objects.filter(run_id=run.run_id).exists()
     tool = ToolInvocation.objects.get(run_id=run.run_id)
     assert tool.status == "SUCCEEDED"
     summary = get_trace(run=run).summary
     assert summary.chain_valid and not summary.audit_complete
-    assert "2 audit write failures recorded" in summary.gaps
+    assert "4 audit write failures recorded" in summary.gaps
     assert "2 model steps expected but not stored" in summary.gaps
-    assert "4 timeline events expected but not stored" in summary.gaps
+    assert "8 timeline events expected but not stored" in summary.gaps
     _assert_nothing_with_content_logged(caplog, run)
 
 

@@ -119,18 +119,26 @@ def test_audit_database_outage_mid_run_completes_the_run_and_names_the_gaps(
     assert run.content == outcome.content and "[kb:nginx-502#" in run.content
     assert isinstance(sink.events[-1], OutcomeEvent) and sink.events[-1].status == "SUCCESS"
 
-    # What was lost is counted and named: the probe's terminal update, the first-output mark, the answer
-    # step and the evidence guard; every write after the outage ended committed again.
+    # What was lost is counted and named: the probe's terminal update, the start count of the answer's
+    # model call, the first-output mark, the answer step, the evidence guard and the start count of the
+    # guard's call; every write after the outage ended committed again.
     failed_ops = re.findall(rf"audit write failed run={run.run_id} op=(\w+)", caplog.text)
-    assert failed_ops == ["tool_finished", "first_output", "model_step", "evidence_guard"]
-    assert run.audit_write_failures == 4
+    assert failed_ops == [
+        "tool_finished",
+        "model_call_started",
+        "first_output",
+        "model_step",
+        "evidence_guard",
+        "model_call_started",
+    ]
+    assert run.audit_write_failures == 6
     trace = get_trace(run=run)
     s = trace.summary
     assert not s.audit_complete and s.chain_valid  # what is stored still verifies
     assert s.persisted.events == s.expected.events - 4  # probe terminal, step (2 events), evidence guard
     assert s.persisted.steps == s.expected.steps - 1
     assert s.persisted.tools == s.expected.tools == 2
-    assert "4 audit write failures recorded" in s.gaps
+    assert "6 audit write failures recorded" in s.gaps
     assert "4 timeline events expected but not stored" in s.gaps
     assert "1 model step expected but not stored" in s.gaps
     assert "tool call c_probe still RUNNING after the run ended" in s.gaps
@@ -143,11 +151,11 @@ def test_audit_database_outage_mid_run_completes_the_run_and_names_the_gaps(
     # The API and the admin's run page show the gaps.
     client.force_login(staff_user)
     api = client.get(f"/api/diagnosis/{run.session_id}/trace", {"runId": run.run_id}).json()
-    assert api["summary"]["auditComplete"] is False and api["summary"]["auditWriteFailures"] == 4
-    assert "4 audit write failures recorded" in api["summary"]["gaps"]
+    assert api["summary"]["auditComplete"] is False and api["summary"]["auditWriteFailures"] == 6
+    assert "6 audit write failures recorded" in api["summary"]["gaps"]
     grant_console(staff_user)
     page = client.get(f"/admin/diagnosis/diagnosisrun/{run.pk}/change/").content.decode()
-    assert "4 audit write failures recorded" in page
+    assert "6 audit write failures recorded" in page
     assert "tool call c_probe still RUNNING after the run ended" in page
 
 
@@ -233,7 +241,7 @@ def test_provider_fault_after_a_tool_fails_the_run_with_its_code_and_a_complete_
     assert not TraceEvent.objects.filter(run_id=run.run_id, event_type=EventType.RELEASE_DECISION).exists()
     summary = get_trace(run=run).summary
     assert summary.audit_complete and summary.audit_write_failures == 0, summary.gaps
-    assert "1 model call reported no token usage" in summary.gaps
+    assert "agent step 2 reported no token usage" in summary.gaps
     assert not run.tokens_reconciled and run.usage_unavailable_calls == 1
     for event in TraceEvent.objects.filter(run_id=run.run_id):
         assert PROVIDER_SECRET not in json.dumps(event.details) + event.summary

@@ -34,6 +34,7 @@ def test_diagnose_with_the_demo_provider(settings, user):
     assert "#1 demo-agent  finish tool_calls" in output and "lookup_knowledge SUCCEEDED" in output
     assert "chain valid, audit complete" in output and "reconciled yes" in output
     assert "RELEASE_DECISION" in output and "RUN_FINISHED" in output
+    assert "Provider: demo (DEMO: offline demo model" in output
 
     # --session continues the conversation as the session's owner.
     output = diagnose("hello", "--session", run.session_id)
@@ -68,6 +69,7 @@ def test_diagnose_with_the_local_fake_provider(settings, user, tmp_path):
     assert "Answer (SUCCESS, release PUBLISHED):" in output and run.content in output
     assert "#1 fake-agent  finish tool_calls  tokens 220  reasoning yes" in output
     assert "Tokens: router 25, agent 650, guard 110, total 785" in output and "reconciled yes" in output
+    assert "Provider: openai\n" in output and "DEMO" not in output
 
 
 def test_diagnose_refuses_unknown_users_sessions_and_empty_questions(user):

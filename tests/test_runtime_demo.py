@@ -87,7 +87,12 @@ def test_demo_runs_end_to_end(demo, user):
     steps = list(AgentStep.objects.filter(run_id=run.run_id).order_by("step_index"))
     assert [s.model for s in steps] == ["demo-agent", "demo-agent"]
     assert all(s.reasoning_available and s.usage_available for s in steps)
-    assert AgentReasoningAudit.objects.filter(run_id=run.run_id, reasoning_available=True).count() == 2
+    assert (
+        AgentReasoningAudit.objects.filter(
+            run_id=run.run_id, agent_name="diagnosis_agent", reasoning_available=True
+        ).count()
+        == 2
+    )
     attempt = TraceEvent.objects.get(run_id=run.run_id, event_type=EventType.ROUTING_ATTEMPT)
     assert attempt.details["model"] == "demo-router"
     semantic = TraceEvent.objects.get(run_id=run.run_id, event_type=EventType.SEMANTIC_GUARD_DECISION)

@@ -52,15 +52,13 @@ class ChainWriter:
         live events), or None when the write failed.
 
         The usage, when given, enters the ledger whether or not the write commits (the call happened);
-        it counts as *persisted* only when its MODEL_TOKEN_USAGE event committed.
+        `finish` reconciles the ledger with the usage records that did commit.
         """
         with self._lock:
             self.expected_events += len(events)
-            source = next(
-                (e.details["source"] for e in events if e.event_type == EventType.MODEL_TOKEN_USAGE), None
-            )
-            if usage is not None and source is not None:
-                self._ledger.add(source, usage)
+            usage_event = next((e for e in events if e.event_type == EventType.MODEL_TOKEN_USAGE), None)
+            if usage is not None and usage_event is not None:
+                self._ledger.add(usage_event.details["source"], usage, usage_event.details.get("stepIndex"))
             for attempt in (1, 2):
                 try:
                     self._commit(events, inserts, updates, run_fields)
@@ -80,9 +78,6 @@ class ChainWriter:
                     # write path itself, serialisation) costs this decision's record, never the run.
                     self._failed(what, exc)
                     return None
-                if usage is not None and source is not None:
-                    self._ledger.persisted_calls += 1
-                    self._ledger.persisted_total += (usage.total_tokens or 0) if usage.available else 0
                 return self._next_sequence - 1
             return None
 

@@ -12,6 +12,24 @@ from reasoning.capture import ToolCallPlan
 SUMMARY_CHARS = 500
 ERROR_MESSAGE_CHARS = 1000
 INPUT_STRING_CHARS = 2000
+WITHDRAWN = "WITHDRAWN"
+
+# Reasoning rows of model calls other than agent steps. Agent steps are numbered 1, 2, 3 …; the other
+# calls take negative step indexes, so no scheme can collide with an agent step: router attempt k is -k
+# (k ≤ ROUTER_REASONING_SPAN), the run's n-th semantic guard call is -(ROUTER_REASONING_SPAN + n).
+ROUTER_REASONING_SPAN = 100
+
+
+def router_reasoning_step(attempt: int) -> int:
+    if not 1 <= attempt <= ROUTER_REASONING_SPAN:
+        raise ValueError(f"router attempt {attempt} outside 1..{ROUTER_REASONING_SPAN}")
+    return -attempt
+
+
+def guard_reasoning_step(call: int) -> int:
+    if call < 1:
+        raise ValueError("guard calls count from 1")
+    return -(ROUTER_REASONING_SPAN + call)
 
 
 class ToolCallNotDeclared(Exception):

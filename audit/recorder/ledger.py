@@ -4,39 +4,70 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from audit.models import UsageSource
+from audit.reconcile import SOURCES, CallUsage, KeptLedger
 from audit.recorder.facts import Usage
 
 
 @dataclass(slots=True)
 class _Ledger:
-    """The run's token ledger: attempted totals and what the persisted per-call records add up to."""
+    """The provider's report of every model call the recorder was given (`calls`, in order) and the
+    number of calls counted when they started (`started`). Calls started but never reported (the
+    process died during the call) count as calls without usage. Reasoning and cached-input sums are
+    None when no call reported them."""
 
-    by_source: dict[str, int] = field(default_factory=lambda: {s.value: 0 for s in UsageSource})
-    reasoning: int = 0
-    cached_input: int = 0
-    calls: int = 0
-    unavailable_calls: int = 0
-    persisted_calls: int = 0
-    persisted_total: int = 0
+    calls: list[CallUsage] = field(default_factory=list)
+    started: int = 0
+
+    def add(self, source: str, usage: Usage, step_index: int | None = None) -> None:
+        self.calls.append(call_usage(source, usage, step_index))
+
+    @property
+    def model_calls(self) -> int:
+        return max(self.started, len(self.calls))
+
+    @property
+    def by_source(self) -> dict[str, int]:
+        return {
+            s: sum(c.total_tokens or 0 for c in self.calls if c.source == s and c.has_total) for s in SOURCES
+        }
 
     @property
     def total(self) -> int:
         return sum(self.by_source.values())
 
-    def add(self, source: str, usage: Usage) -> None:
-        self.calls += 1
-        if not usage.available:
-            self.unavailable_calls += 1
-            return
-        self.by_source[source] += usage.total_tokens or 0
-        self.reasoning += usage.reasoning_tokens or 0
-        self.cached_input += usage.cached_tokens or 0
+    @property
+    def reasoning(self) -> int | None:
+        known = [c.reasoning_tokens for c in self.calls if c.reasoning_tokens is not None]
+        return sum(known) if known else None
 
     @property
-    def reconciled(self) -> bool:
-        return (
-            self.unavailable_calls == 0
-            and self.persisted_calls == self.calls
-            and self.persisted_total == self.total
+    def cached_input(self) -> int | None:
+        known = [c.cached_tokens for c in self.calls if c.cached_tokens is not None]
+        return sum(known) if known else None
+
+    @property
+    def unavailable_calls(self) -> int:
+        return (self.model_calls - len(self.calls)) + sum(1 for c in self.calls if not c.has_total)
+
+    def kept(self) -> KeptLedger:
+        return KeptLedger(
+            by_source=self.by_source,
+            total=self.total,
+            reasoning=self.reasoning,
+            cached_input=self.cached_input,
+            model_calls=self.model_calls,
+            unavailable_calls=self.unavailable_calls,
         )
+
+
+def call_usage(source: str, usage: Usage, step_index: int | None = None) -> CallUsage:
+    return CallUsage(
+        source=str(source),
+        step_index=step_index,
+        available=usage.available,
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        total_tokens=usage.total_tokens,
+        reasoning_tokens=usage.reasoning_tokens,
+        cached_tokens=usage.cached_tokens,
+    )

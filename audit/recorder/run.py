@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from django.conf import settings
@@ -52,17 +53,21 @@ from django.utils import timezone
 from audit.integrity import GENESIS_HASH
 from audit.models import AgentStep, EventType, Phase, ToolInvocation, ToolStatus, TraceEvent, UsageSource
 from audit.payloads import bound_json, bound_text, canonical_json, clip
-from audit.recorder.chain import ChainWriter, _ms, _tables
+from audit.reconcile import CallUsage, Reconciliation, reconcile, stored_usage
+from audit.recorder.chain import ChainWriter, _ms, _recover_connection, _tables, logger
 from audit.recorder.facts import (
     ERROR_MESSAGE_CHARS,
     SUMMARY_CHARS,
+    WITHDRAWN,
     DeclaredToolCall,
     Usage,
     _Event,
+    guard_reasoning_step,
+    router_reasoning_step,
 )
 from audit.recorder.ledger import _Ledger
 from audit.recorder.tools import ToolLifecycle, _ToolState, terminal_key
-from audit.write_ops import Insert
+from audit.write_ops import Insert, Table
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
 from reasoning.capture import CapturedReasoning
 
@@ -99,6 +104,7 @@ class RunRecorder(ToolLifecycle, ChainWriter):
         self._step_ids: dict[int, int] = {}
         self._tools: dict[str, _ToolState] = {}
         self._ledger = _Ledger()
+        self._guard_calls = 0
         self._first_model_request_at = None
         self._first_output_at = None
         self._started_at = None
@@ -175,19 +181,14 @@ class RunRecorder(ToolLifecycle, ChainWriter):
         rec.expected_steps = max(run.expected_steps, persisted["steps"])
         rec.expected_tools = max(run.expected_tools, persisted["tools"])
         rec.audit_write_failures = run.audit_write_failures
-        for details in TraceEvent.objects.filter(
-            run_id=run_id, event_type=EventType.MODEL_TOKEN_USAGE
-        ).values_list("details", flat=True):
-            usage = Usage(
-                available=bool(details.get("usageAvailable")),
-                total_tokens=details.get("totalTokens"),
-                reasoning_tokens=details.get("reasoningTokens"),
-                cached_tokens=details.get("cachedTokens"),
-            )
-            rec._ledger.add(details.get("source", UsageSource.AGENT), usage)
-            rec._ledger.persisted_calls += 1
-            rec._ledger.persisted_total += (usage.total_tokens or 0) if usage.available else 0
-        rec._ledger.calls = max(rec._ledger.calls, run.model_calls)
+        for details in (
+            TraceEvent.objects.filter(run_id=run_id, event_type=EventType.MODEL_TOKEN_USAGE)
+            .order_by("sequence_no")
+            .values_list("details", flat=True)
+        ):
+            rec._ledger.calls.append(CallUsage.from_details(details))
+        # Calls counted when they started but never recorded (lost with the process) stay in the count.
+        rec._ledger.started = run.model_calls
         return rec
 
     # ----------------------------------------------------------------------------------------------
@@ -208,6 +209,18 @@ class RunRecorder(ToolLifecycle, ChainWriter):
         if self._first_model_request_at is None:
             self._first_model_request_at = timezone.now()
             self._update_run("first_model_request", first_model_request_at=self._first_model_request_at)
+
+    def model_call_started(self) -> None:
+        """A model call is about to be sent: the run's `model_calls` counts it now, so that a call lost
+        with its process shows as one without usage; the first call also stamps
+        `first_model_request_at`, in the same update."""
+        with self._lock:
+            self._ledger.started += 1
+            fields: dict[str, Any] = {"model_calls": self._ledger.model_calls}
+            if self._first_model_request_at is None:
+                self._first_model_request_at = timezone.now()
+                fields["first_model_request_at"] = self._first_model_request_at
+            self._update_run("model_call_started", **fields)
 
     def mark_first_output(self) -> None:
         """The first visible answer text reached the user (timing only; written once)."""
@@ -265,36 +278,60 @@ class RunRecorder(ToolLifecycle, ChainWriter):
         error_message: str = "",
     ) -> int | None:
         """Close dangling tools, write RUN_FINISHED, then the run's terminal row: status, content,
-        release decision, error, timing, token ledger (with its reconciliation verdict) and counts."""
+        release decision, error, timing, token ledger (with its reconciliation verdict) and counts.
+
+        Only a SUCCESS run carries a release decision and content. A decision recorded before a run
+        ended FAILED or CANCELLED is withdrawn: a RELEASE_DECISION event with status WITHDRAWN precedes
+        RUN_FINISHED, and the terminal row's `release_decision` is NULL and its content empty.
+
+        The token ledger is reconciled against the usage records and step rows re-read from the
+        database (one query; `audit.reconcile`)."""
         with self._lock:
             self._close_dangling_tools(status)
-            now = timezone.now()
-            ledger = self._ledger
-            sequence_no = self._write(
-                "run_finished",
-                [
-                    _Event(
-                        Phase.RUN,
-                        EventType.RUN_FINISHED,
-                        status,
-                        clip(
-                            f"run {status.lower()}"
-                            + (f", release {self.release_decision}" if self.release_decision else "")
-                            + (f", error {error_code}" if error_code else ""),
-                            SUMMARY_CHARS,
-                        ),
-                        {
-                            "status": status,
-                            "releaseDecision": self.release_decision,
-                            "errorCode": error_code or None,
-                            "tokensTotal": ledger.total,
-                            "modelCalls": ledger.calls,
-                            "unavailableCalls": ledger.unavailable_calls,
-                            "contentLength": len(content),
-                        },
+            events: list[_Event] = []
+            if status != RunStatus.SUCCESS:
+                content = ""
+                if self.release_decision is not None:
+                    withdrawn, self.release_decision = self.release_decision, None
+                    events.append(
+                        _Event(
+                            Phase.RELEASE,
+                            EventType.RELEASE_DECISION,
+                            WITHDRAWN,
+                            clip(
+                                f"{WITHDRAWN}: {withdrawn} withdrawn, the run ended {status}", SUMMARY_CHARS
+                            ),
+                            {"decision": None, "withdrawn": withdrawn, "reason": f"run ended {status}"},
+                        )
                     )
-                ],
+            ledger = self._ledger
+            verdict = self._reconcile()
+            now = timezone.now()
+            events.append(
+                _Event(
+                    Phase.RUN,
+                    EventType.RUN_FINISHED,
+                    status,
+                    clip(
+                        f"run {status.lower()}"
+                        + (f", release {self.release_decision}" if self.release_decision else "")
+                        + (f", error {error_code}" if error_code else ""),
+                        SUMMARY_CHARS,
+                    ),
+                    {
+                        "status": status,
+                        "releaseDecision": self.release_decision,
+                        "errorCode": error_code or None,
+                        "tokensTotal": ledger.total,
+                        "modelCalls": ledger.model_calls,
+                        "unavailableCalls": ledger.unavailable_calls,
+                        "tokensReconciled": verdict.reconciled,
+                        "contentLength": len(content),
+                    },
+                )
             )
+            sequence_no = self._write("run_finished", events)
+            by_source = ledger.by_source
             fields: dict[str, Any] = {
                 "status": status,
                 "content": content,
@@ -302,15 +339,15 @@ class RunRecorder(ToolLifecycle, ChainWriter):
                 "error_code": clip(error_code, 64),
                 "error_message": clip(error_message, ERROR_MESSAGE_CHARS),
                 "finished_at": now,
-                "tokens_router": ledger.by_source[UsageSource.ROUTER],
-                "tokens_agent": ledger.by_source[UsageSource.AGENT],
-                "tokens_guard": ledger.by_source[UsageSource.GUARD],
+                "tokens_router": by_source[UsageSource.ROUTER],
+                "tokens_agent": by_source[UsageSource.AGENT],
+                "tokens_guard": by_source[UsageSource.GUARD],
                 "tokens_total": ledger.total,
                 "tokens_reasoning": ledger.reasoning,
                 "tokens_cached_input": ledger.cached_input,
-                "model_calls": ledger.calls,
+                "model_calls": ledger.model_calls,
                 "usage_unavailable_calls": ledger.unavailable_calls,
-                "tokens_reconciled": ledger.reconciled,
+                "tokens_reconciled": verdict.reconciled,
                 "lease_owner": "",
                 "lease_expires_at": None,
             }
@@ -320,6 +357,28 @@ class RunRecorder(ToolLifecycle, ChainWriter):
                 # The terminal row is the business result: one more try after a failed write.
                 self._update_run("finish_retry", **fields)
             return sequence_no
+
+    def _reconcile(self) -> Reconciliation:
+        """The ledger kept while running, compared with what is stored (see `audit.reconcile`); not
+        reconciled when the stored rows cannot be read."""
+        try:
+            stored, steps = stored_usage(self.run_id)
+        except Exception as exc:  # a read for the verdict: its failure only costs the verdict
+            logger.warning(
+                "ledger reconciliation read failed run=%s error=%s", self.run_id, type(exc).__name__
+            )
+            _recover_connection()
+            stored, steps = None, ()
+        verdict = reconcile(
+            stored=stored if stored is not None else [],
+            steps=steps,
+            started_calls=self._ledger.started,
+            kept=self._ledger.kept(),
+            reported=self._ledger.calls,
+        )
+        if stored is None:
+            return replace(verdict, reconciled=False)
+        return verdict
 
     # ----------------------------------------------------------------------------------------------
     # Router
@@ -338,8 +397,11 @@ class RunRecorder(ToolLifecycle, ChainWriter):
         raw_output: str | None = None,
         duration_ms: int | None = None,
         provider_attempts: Sequence[dict[str, Any]] = (),
+        reasoning: CapturedReasoning | None = None,
     ) -> int | None:
-        """ROUTING_ATTEMPT (parse failures included) and its MODEL_TOKEN_USAGE (source ROUTER)."""
+        """ROUTING_ATTEMPT (parse failures included) and its MODEL_TOKEN_USAGE (source ROUTER); with
+        `reasoning`, the call's reasoning row (agent_name `router`, step_index
+        `router_reasoning_step(attempt)`) in the same transaction."""
         raw = bound_text(raw_output, 200) if raw_output is not None else None
         details = {
             "attempt": attempt,
@@ -354,6 +416,11 @@ class RunRecorder(ToolLifecycle, ChainWriter):
         }
         if raw is not None:
             details["rawOutput"] = {"preview": raw.preview, "length": raw.length, "sha256": raw.sha256}
+        inserts = []
+        if reasoning is not None:
+            step_index = router_reasoning_step(attempt)
+            details.update(_reasoning_details(reasoning, step_index))
+            inserts.append(self._reasoning_insert(step_index, ROUTER_AGENT_NAME, reasoning))
         summary = (
             f"attempt {attempt}: {intent} ({confidence})"
             if ok
@@ -365,6 +432,7 @@ class RunRecorder(ToolLifecycle, ChainWriter):
                 _Event(Phase.ROUTING, EventType.ROUTING_ATTEMPT, "OK" if ok else "INVALID", summary, details),
                 self._usage_event(UsageSource.ROUTER, model, usage, phase=Phase.ROUTING),
             ],
+            inserts=inserts,
             usage=usage,
         )
 
@@ -475,21 +543,7 @@ class RunRecorder(ToolLifecycle, ChainWriter):
                 ),
                 want_id=True,
             )
-            reasoning_row = Insert(
-                t.reasoning,
-                t.reasoning.row(
-                    session_id=self.session_id,
-                    run_id=self.run_id,
-                    step_index=step_index,
-                    agent_name=agent_name,
-                    reasoning_available=reasoning.reasoning_available,
-                    reasoning_content=reasoning.reasoning_content,
-                    assistant_text=reasoning.assistant_text,
-                    content_source=reasoning.content_source,
-                    content_bytes=reasoning.content_bytes,
-                    created_at=now,
-                ),
-            )
+            reasoning_row = self._reasoning_insert(step_index, agent_name, reasoning, now=now)
             events = [
                 _Event(
                     Phase.AGENT,
@@ -573,9 +627,12 @@ class RunRecorder(ToolLifecycle, ChainWriter):
         error: str = "",
         duration_ms: int | None = None,
         provider_attempts: Sequence[dict[str, Any]] = (),
+        reasoning: CapturedReasoning | None = None,
     ) -> int | None:
         """SEMANTIC_GUARD_DECISION and its MODEL_TOKEN_USAGE (source GUARD). `supported=None` means the
-        guard model's answer was unusable (`error` says why), which the release treats as not supported."""
+        guard model's answer was unusable (`error` says why), which the release treats as not supported.
+        With `reasoning`, the call's reasoning row (agent_name `semantic_guard`, step_index
+        `guard_reasoning_step(n)` for the run's n-th guard call) in the same transaction."""
         claims = [clip(c, 300) for c in unsupported_claims]
         verdict = "PASS" if supported else ("ERROR" if supported is None else "FAIL")
         summary = (
@@ -583,28 +640,37 @@ class RunRecorder(ToolLifecycle, ChainWriter):
             + (f": {len(claims)} unsupported claim(s)" if claims else "")
             + (f" ({clip(error, 120)})" if error else "")
         )
-        return self._write(
-            "semantic_guard",
-            [
-                _Event(
-                    Phase.GUARD,
-                    EventType.SEMANTIC_GUARD_DECISION,
-                    verdict,
-                    clip(summary, SUMMARY_CHARS),
-                    {
-                        "model": model,
-                        "supported": supported,
-                        "unsupportedClaims": claims,
-                        "reason": clip(reason, 300),
-                        "error": clip(error, 300) or None,
-                        "durationMs": duration_ms,
-                        "providerAttempts": list(provider_attempts),
-                    },
-                ),
-                self._usage_event(UsageSource.GUARD, model, usage, phase=Phase.GUARD),
-            ],
-            usage=usage,
-        )
+        details: dict[str, Any] = {
+            "model": model,
+            "supported": supported,
+            "unsupportedClaims": claims,
+            "reason": clip(reason, 300),
+            "error": clip(error, 300) or None,
+            "durationMs": duration_ms,
+            "providerAttempts": list(provider_attempts),
+        }
+        with self._lock:
+            self._guard_calls += 1
+            inserts = []
+            if reasoning is not None:
+                step_index = guard_reasoning_step(self._guard_calls)
+                details.update(_reasoning_details(reasoning, step_index))
+                inserts.append(self._reasoning_insert(step_index, GUARD_AGENT_NAME, reasoning))
+            return self._write(
+                "semantic_guard",
+                [
+                    _Event(
+                        Phase.GUARD,
+                        EventType.SEMANTIC_GUARD_DECISION,
+                        verdict,
+                        clip(summary, SUMMARY_CHARS),
+                        details,
+                    ),
+                    self._usage_event(UsageSource.GUARD, model, usage, phase=Phase.GUARD),
+                ],
+                inserts=inserts,
+                usage=usage,
+            )
 
     def release(self, *, decision: str, reason: str, details: dict[str, Any] | None = None) -> int | None:
         """RELEASE_DECISION: PUBLISHED or BLOCKED, and why."""
@@ -628,6 +694,27 @@ class RunRecorder(ToolLifecycle, ChainWriter):
     # ----------------------------------------------------------------------------------------------
     # Internals
     # ----------------------------------------------------------------------------------------------
+    def _reasoning_insert(
+        self, step_index: int, agent_name: str, reasoning: CapturedReasoning, *, now: Any = None
+    ) -> Insert:
+        """The `agent_reasoning_audit` row of one model call (seed 000 columns, content as captured)."""
+        table: Table = _tables().reasoning
+        return Insert(
+            table,
+            table.row(
+                session_id=self.session_id,
+                run_id=self.run_id,
+                step_index=step_index,
+                agent_name=agent_name,
+                reasoning_available=reasoning.reasoning_available,
+                reasoning_content=reasoning.reasoning_content,
+                assistant_text=reasoning.assistant_text,
+                content_source=reasoning.content_source,
+                content_bytes=reasoning.content_bytes,
+                created_at=now or timezone.now(),
+            ),
+        )
+
     def _usage_event(
         self, source: str, model: str, usage: Usage, *, phase: str, step_index: int | None = None
     ) -> _Event:
@@ -646,3 +733,18 @@ class RunRecorder(ToolLifecycle, ChainWriter):
             summary,
             details,
         )
+
+
+ROUTER_AGENT_NAME = "router"
+GUARD_AGENT_NAME = "semantic_guard"
+
+
+def _reasoning_details(reasoning: CapturedReasoning, step_index: int) -> dict[str, Any]:
+    """What a decision event says about its call's reasoning row: metadata only, never the text."""
+    return {
+        "reasoningStepIndex": step_index,
+        "reasoningAvailable": reasoning.reasoning_available,
+        "reasoningBytes": reasoning.reasoning_bytes,
+        "assistantBytes": reasoning.assistant_bytes,
+        "contentSource": reasoning.content_source,
+    }

@@ -17,7 +17,7 @@ from diagnosis.runtime.tools.registry import ToolRegistry
 class RunContext:
     """Identity of the run, its recorder, live sink, cancel token, model client, tools and canonical
     store, plus the few facts stages hand to each other (step numbering, canonical degradation, tools
-    currently running, timing marks already written)."""
+    currently running, the first-output mark already written)."""
 
     run_id: str
     session_id: str
@@ -31,7 +31,6 @@ class RunContext:
     step_index: int = 0
     canonical_degraded: bool = False
     running_tools: dict[str, str] = field(default_factory=dict)
-    first_request_marked: bool = False
     first_output_marked: bool = False
 
     def next_step_index(self) -> int:
@@ -39,11 +38,10 @@ class RunContext:
         return self.step_index
 
     async def before_model_request(self) -> None:
-        """A safe point before every model call; the first one stamps `first_model_request_at`."""
+        """A safe point before every model call, which the run's `model_calls` counts as it starts
+        (the first one also stamps `first_model_request_at`)."""
         self.token.raise_if_cancelled()
-        if not self.first_request_marked:
-            self.first_request_marked = True
-            await db(self.recorder.mark_first_model_request)
+        await db(self.recorder.model_call_started)
 
     async def emit_text(self, text: str) -> None:
         """Stream a piece of visible answer text; the first one stamps `first_output_at`."""

@@ -248,7 +248,9 @@ class _BadStream(Exception):
 
 
 def usage_from(obj: Any) -> Usage:
-    """The provider's usage object as `Usage`; `Usage.unavailable()` when it sent none."""
+    """The provider's usage object as `Usage`; `Usage.unavailable()` when it sent none. A count the
+    provider did not send stays None (reasoning, cached input, and a total it sent neither itself nor
+    both parts of); the ledger counts such a call as one without usage."""
     if obj is None:
         return Usage.unavailable()
 
@@ -265,8 +267,8 @@ def usage_from(obj: Any) -> Usage:
     total = num(getattr(obj, "total_tokens", None))
     if prompt is None and completion is None and total is None:
         return Usage.unavailable()
-    if total is None:
-        total = (prompt or 0) + (completion or 0)
+    if total is None and prompt is not None and completion is not None:
+        total = prompt + completion  # derived only from two reported parts, never from a missing one
     details = getattr(obj, "completion_tokens_details", None)
     reasoning = num(getattr(details, "reasoning_tokens", None)) if details is not None else None
     prompt_details = getattr(obj, "prompt_tokens_details", None)

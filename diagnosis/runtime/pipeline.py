@@ -1,8 +1,10 @@
 """The pipeline of one run: router → agent loop → evidence guard (→ one repair round) → semantic guard →
 release. Each stage records its own decision through the run's recorder when it makes it.
 
-* CHITCHAT and OUT_OF_SCOPE are answered by one tool-less model call; they need no evidence: the evidence
-  guard is recorded as not required, no semantic guard runs, and the release is PUBLISHED.
+* CHITCHAT and OUT_OF_SCOPE are answered with fixed text (`FIXED_REPLIES`), never with model text: the
+  intent is the router model's word alone, and a prompt can talk the router into it, so nothing a model
+  wrote may be published on it without the guards. No agent call is made; the evidence guard is recorded
+  as not required, no semantic guard runs, and the fixed reply is PUBLISHED.
 * DIAGNOSIS and KNOWLEDGE run the agent loop with tools (`AGENT_MAX_STEPS` model calls at most). The
   evidence guard checks the draft's citations against the canonical store (EVIDENCE_GUARD_INITIAL). On
   NO_CITATION or UNKNOWN_CITATION the draft and a repair request are appended and the agent gets one
@@ -19,6 +21,7 @@ released content only: never reasoning, drafts or tool output).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,12 +38,12 @@ from diagnosis.runtime.guards import (
     EvidenceVerdict,
     SemanticVerdict,
     check_evidence,
-    extract_citations,
     guard_evidence,
     parse_semantic_verdict,
 )
 from diagnosis.runtime.llm import LLMError, StreamProgress
 from diagnosis.runtime.router import route
+from reasoning.capture import build_capture
 
 PREVIOUS_TURNS = 3
 REPAIR_MAX_STEPS = 2
@@ -48,6 +51,27 @@ BLOCKED_MESSAGE = (
     "This answer could not be verified against the runbooks, so it was withheld. "
     "Please rephrase the question, or consult the runbooks directly."
 )
+
+
+FIXED_REPLIES = {
+    "CHITCHAT": (
+        "Hello! I am the operations diagnosis assistant. Describe what is failing (symptoms, error "
+        "messages, the service or host) and I will look it up in the team's runbooks.",
+        "你好！我是运维诊断助手。请描述出现的问题（现象、错误信息、涉及的服务或主机），我会在团队的运维手册中查找。",
+    ),
+    "OUT_OF_SCOPE": (
+        "I am the operations diagnosis assistant and can only help with diagnosing infrastructure and "
+        "service problems from the team's runbooks.",
+        "我是运维诊断助手，只能根据团队的运维手册帮助诊断基础设施和服务问题。",
+    ),
+}
+_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+
+
+def fixed_reply(intent: str, query: str) -> str:
+    """The fixed answer of an intent that needs no evidence, in Chinese for a question written in it."""
+    english, chinese = FIXED_REPLIES.get(intent, FIXED_REPLIES["OUT_OF_SCOPE"])
+    return chinese if _CJK.search(query or "") else english
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,14 +111,16 @@ async def run_pipeline(ctx: RunContext, *, created_at: Any) -> PipelineResult:
     agent = Agent(ctx)
 
     if intent not in prompts.EVIDENCE_INTENTS:
-        answer = await agent.run(messages, tools=False, max_steps=1)
-        ctx.token.raise_if_cancelled()
-        cited = extract_citations(answer.text)
-        await db(rec.evidence_guard, retry=False, passed=True, cited=cited, required=False)
-        if not answer.text.strip():
-            return await _release(ctx, intent, ReleaseDecision.BLOCKED, answer, "the model gave no answer")
+        answer = AgentAnswer(text=fixed_reply(intent, ctx.query), steps=0, finish_reason="fixed")
+        await ctx.emit_text(answer.text)
+        await db(rec.evidence_guard, retry=False, passed=True, cited=[], required=False)
         return await _release(
-            ctx, intent, ReleaseDecision.PUBLISHED, answer, f"evidence not required for {intent}"
+            ctx,
+            intent,
+            ReleaseDecision.PUBLISHED,
+            answer,
+            f"fixed reply for {intent}: no model text released",
+            fixed_reply=True,
         )
 
     answer = await agent.run(messages, tools=True, max_steps=int(settings.AGENT_MAX_STEPS))
@@ -186,6 +212,11 @@ async def _semantic_guard(ctx: RunContext, answer: str, verdict: EvidenceVerdict
             error=semantic.error,
             duration_ms=progress.duration_ms(),
             provider_attempts=progress.attempts,
+            reasoning=build_capture(
+                reasoning=progress.reasoning_value,
+                text=progress.text_value,
+                reasoning_key=progress.reasoning_key,
+            ),
         )
         if cancelled:
             raise
@@ -201,6 +232,9 @@ async def _semantic_guard(ctx: RunContext, answer: str, verdict: EvidenceVerdict
         error=semantic.error,
         duration_ms=result.duration_ms,
         provider_attempts=result.attempts,
+        reasoning=build_capture(
+            reasoning=result.reasoning, text=result.text, reasoning_key=result.reasoning_key
+        ),
     )
     return semantic
 
@@ -214,6 +248,7 @@ async def _release(
     *,
     evidence: str = "NOT_REQUIRED",
     semantic: str | None = None,
+    fixed_reply: bool = False,
 ) -> PipelineResult:
     content = answer.text if decision == ReleaseDecision.PUBLISHED else BLOCKED_MESSAGE
     await db(
@@ -227,6 +262,7 @@ async def _release(
             "draftLength": len(answer.text),
             "contentLength": len(content),
             "agentSteps": ctx.step_index,
+            "fixedReply": fixed_reply,
         },
     )
     return PipelineResult(intent=intent, release_decision=decision, content=content)

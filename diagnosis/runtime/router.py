@@ -1,6 +1,7 @@
 """The router: asks the router model for `{"intent", "confidence", "reason"}` and records its decision.
 
-Each call is a ROUTING_ATTEMPT (with its MODEL_TOKEN_USAGE, source ROUTER), parse failures included.
+Each call is a ROUTING_ATTEMPT (with its MODEL_TOKEN_USAGE, source ROUTER, and its reasoning row under
+agent_name `router`, seed 000's capture rules), parse failures included.
 An unusable answer (no JSON object, unknown intent, confidence not a number in 0..1) gets one retry with
 a corrective message; when the second answer is unusable too, the decision falls back to DIAGNOSIS (the
 intent that requires evidence, so a confused router can never skip the guards) and the ROUTING_DECISION
@@ -19,6 +20,7 @@ from diagnosis.runtime.cancel import RunCancelled
 from diagnosis.runtime.context import RunContext
 from diagnosis.runtime.db import db
 from diagnosis.runtime.llm import LLMError, StreamProgress, parse_json_object
+from reasoning.capture import build_capture
 
 ROUTER_MAX_ATTEMPTS = 2
 FALLBACK_INTENT = "DIAGNOSIS"
@@ -79,6 +81,11 @@ async def route(ctx: RunContext, *, previous_queries: Sequence[str] = ()) -> Rou
                 error=error,
                 duration_ms=progress.duration_ms(),
                 provider_attempts=progress.attempts,
+                reasoning=build_capture(
+                    reasoning=progress.reasoning_value,
+                    text=progress.text_value,
+                    reasoning_key=progress.reasoning_key,
+                ),
             )
             raise
         parsed, error = parse_route(result.text)
@@ -97,6 +104,9 @@ async def route(ctx: RunContext, *, previous_queries: Sequence[str] = ()) -> Rou
             raw_output=None if parsed else result.text,
             duration_ms=result.duration_ms,
             provider_attempts=result.attempts,
+            reasoning=build_capture(
+                reasoning=result.reasoning, text=result.text, reasoning_key=result.reasoning_key
+            ),
         )
         if parsed is not None:
             decision = Route(parsed["intent"], parsed["confidence"], parsed["reason"], fallback=False)

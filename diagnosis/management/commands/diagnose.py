@@ -100,6 +100,14 @@ class Command(BaseCommand):
             f"Run {run.run_id}  session {run.session_id}  status {run.status}  intent {run.intent or '-'}  "
             f"release {run.release_decision or '-'}"
         )
+        provider = trace.provider
+        if provider is not None and provider.demo:
+            w(
+                f"Provider: {provider.name} (DEMO: offline demo model; its text and reasoning are not a "
+                "real model's)"
+            )
+        else:
+            w(f"Provider: {provider.name if provider is not None else '-'}")
         w(
             f"Timing: total {_ms(run.total_duration_ms)}, first output {_ms(run.first_output_latency_ms)}, "
             f"started {_t(run.started_at)}, first model request {_t(run.first_model_request_at)}, "
@@ -107,10 +115,10 @@ class Command(BaseCommand):
         )
         w(
             f"Tokens: router {run.tokens_router}, agent {run.tokens_agent}, guard {run.tokens_guard}, "
-            f"total {run.tokens_total} (reasoning {run.tokens_reasoning}, "
-            f"cached input {run.tokens_cached_input}); "
+            f"total {run.tokens_total} (reasoning {_n(run.tokens_reasoning)}, "
+            f"cached input {_n(run.tokens_cached_input)}); "
             f"{run.model_calls} model call(s), {run.usage_unavailable_calls} without usage, "
-            f"reconciled {'yes' if run.tokens_reconciled else 'no'}"
+            f"reconciled {'yes' if trace.summary.ledger.reconciled else 'no'}"
         )
         w("Steps:")
         for step in trace.steps:
@@ -146,6 +154,10 @@ class Command(BaseCommand):
             w(f"  {event.sequence_no:>3} {event.event_type:<24} {event.status:<12} {event.summary[:80]}")
         for gap in summary.gaps:
             w(f"  gap: {gap}")
+
+
+def _n(value: int | None) -> str:
+    return "not reported" if value is None else str(value)
 
 
 def _ms(value: int | None) -> str:
