@@ -80,6 +80,8 @@ class DiagnosisRun(models.Model):
     query = models.TextField()
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.PENDING)
     agent_flow = models.CharField(max_length=32, default="DIAGNOSIS_AGENT")
+    # The model provider that executed the run ("demo" for the offline demo model), from RUN_STARTED.
+    provider = models.CharField(max_length=32, blank=True, default="")
     intent = models.CharField(max_length=16, choices=Intent.choices, null=True, blank=True)
     release_decision = models.CharField(max_length=16, choices=ReleaseDecision.choices, null=True, blank=True)
     content = models.TextField(blank=True, default="")

@@ -30,11 +30,12 @@ def record_full_run(
     extra_steps: int = 0,
     recorder: RunRecorder | None = None,
     reasoning_text: str = f"The lag pattern suggests a long transaction. {REASONING_MARKER}",
+    provider: str = "",
 ) -> RunRecorder:
     """A complete, published diagnosis run: route, one step with `tools` parallel calls, `extra_steps`
     more tool-free steps, the answer step, both guards, release and finish."""
     rec = recorder or RunRecorder.for_run(run)
-    rec.run_started()
+    rec.run_started(details={"provider": provider} if provider else None)
     rec.mark_first_model_request()
     rec.routing_attempt(
         attempt=1, model="router-m", usage=usage(120, 20), ok=True, intent="DIAGNOSIS", confidence=0.92

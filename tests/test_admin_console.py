@@ -305,6 +305,24 @@ def test_changelist_query_count_is_bounded_and_independent_of_rows(
 # --------------------------------------------------------------------------------------------------
 # Run page
 # --------------------------------------------------------------------------------------------------
+def test_demo_runs_are_labelled_demo_in_the_list_and_on_the_run_page(console_staff, user):
+    demo = make_recorded_run(user, provider="demo")
+    real = make_recorded_run(user, provider="openai", query="Disk full on /var/log")
+    client = _login(console_staff)
+    listing = client.get(reverse("admin:diagnosis_diagnosisrun_changelist")).content.decode()
+    rows = {run.run_id: listing[listing.index(run.run_id) :] for run in (demo, real)}
+    assert ">DEMO<" in rows[demo.run_id].split("</tr>")[0]
+    assert (
+        ">DEMO<" not in rows[real.run_id].split("</tr>")[0]
+        and "openai" in rows[real.run_id].split("</tr>")[0]
+    )
+    demo_page = client.get(_run_url(demo)).content.decode()
+    verdict = demo_page[demo_page.index('id="verdict"') : demo_page.index('id="summary"')]
+    assert 'id="dc-demo-label"' in verdict and "offline demo model, not a real model" in verdict
+    real_page = client.get(_run_url(real)).content.decode()
+    assert 'id="dc-demo-label"' not in real_page and "offline demo model" not in real_page
+
+
 def test_blocked_run_page_explains_why_near_the_top(console_staff, user):
     run = make_blocked_run(user)
     response = _login(console_staff).get(_run_url(run))

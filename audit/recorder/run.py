@@ -195,13 +195,19 @@ class RunRecorder(ToolLifecycle, ChainWriter):
     # Run lifecycle
     # ----------------------------------------------------------------------------------------------
     def run_started(self, *, agent_flow: str = "", details: dict[str, Any] | None = None) -> int | None:
-        """RUN_STARTED; the run becomes RUNNING with its `started_at`."""
+        """RUN_STARTED; the run becomes RUNNING with its `started_at` and the `provider` named in
+        `details` (kept on the run row so that lists can label demo runs without reading events)."""
         now = timezone.now()
         self._started_at = now
+        details = details or {}
         return self._write(
             "run_started",
-            [_Event(Phase.RUN, EventType.RUN_STARTED, RunStatus.RUNNING, "run started", details or {})],
-            run_fields={"status": RunStatus.RUNNING, "started_at": now},
+            [_Event(Phase.RUN, EventType.RUN_STARTED, RunStatus.RUNNING, "run started", details)],
+            run_fields={
+                "status": RunStatus.RUNNING,
+                "started_at": now,
+                "provider": clip(str(details.get("provider") or ""), 32),
+            },
         )
 
     def mark_first_model_request(self) -> None:

@@ -70,6 +70,8 @@ class Verdict:
     routing: str
     error: str
     notes: list[str]
+    provider: str = ""
+    demo: bool = False
 
 
 def _guard_lines(event_type: str, details: Mapping[str, Any]) -> list[str]:
@@ -97,6 +99,12 @@ def _guard_lines(event_type: str, details: Mapping[str, Any]) -> list[str]:
     cited = details.get("cited") or []
     lines.append(f"{len(cited)} citation(s)" + (": " + ", ".join(_text(c) for c in cited) if cited else ""))
     return lines
+
+
+DEMO_NOTE = (
+    "DEMO run: answered by the offline demo model, not a real model; its text and reasoning are computed "
+    "from the runbooks by the demo provider"
+)
 
 
 def build_verdict(trace: Trace) -> Verdict:
@@ -143,7 +151,11 @@ def build_verdict(trace: Trace) -> Verdict:
             routing_text += f" (confidence {details['confidence']})"
         if details.get("reason"):
             routing_text += f" — {_text(details['reason'])}"
+    if trace.provider is not None and trace.provider.demo:
+        notes.insert(0, DEMO_NOTE)
     return Verdict(
+        provider=trace.provider.name if trace.provider is not None else "",
+        demo=bool(trace.provider is not None and trace.provider.demo),
         headline=headline,
         tone=verdict_tone,
         release_reason=release_reason,

@@ -25,7 +25,7 @@ from django.utils.http import urlencode
 from django.utils.text import Truncator
 from rest_framework.renderers import JSONRenderer
 
-from audit.selectors import annotate_audit_completeness, get_trace
+from audit.selectors import DEMO_PROVIDER, annotate_audit_completeness, get_trace
 from audit.serializers import serialize_trace
 from diagnosis.admin.display import QUERY_PREVIEW_CHARS, format_ms
 from diagnosis.admin.display import tone as status_tone
@@ -90,6 +90,7 @@ class DiagnosisRunAdmin(admin.ModelAdmin):
         "query_preview",
         "status_chip",
         "intent_label",
+        "provider_label",
         "release_chip",
         "tokens",
         "reconciled",
@@ -141,6 +142,12 @@ class DiagnosisRunAdmin(admin.ModelAdmin):
     @admin.display(description="intent", ordering="intent")
     def intent_label(self, run: DiagnosisRun) -> str:
         return run.intent or "—"
+
+    @admin.display(description="provider", ordering="provider")
+    def provider_label(self, run: DiagnosisRun):
+        if run.provider == DEMO_PROVIDER:
+            return format_html('<span class="dc-chip dc-warn" title="{}">DEMO</span>', "offline demo model")
+        return run.provider or "—"
 
     @admin.display(description="tokens", ordering="tokens_total")
     def tokens(self, run: DiagnosisRun) -> int:
