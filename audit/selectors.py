@@ -2,27 +2,35 @@
 
 `get_trace` turns a run into a `Trace`: the run row (with the viewer's feedback), its ordered timeline,
 its model steps and its tool invocations, and a `TraceSummary` that compares what is stored with what the
-recorder expected to write, so that an incomplete audit is visible and never silent (seed 001, sections
-6–8). It costs three queries whatever the run's size (events, steps, tools; plus one for the feedback
-only when the caller did not annotate it on the run). No reasoning or assistant text is read: it lives
-in `reasoning.AgentReasoningAudit`, which this module never touches.
+recorder expected to write, and every stored row with the digest its chain carries, so that an
+incomplete or altered audit is visible and never silent (seed 001, sections 6–8). It costs four queries
+whatever the run's size (events, steps, tools, and the reasoning rows' stored columns; plus one for the
+feedback only when the caller did not annotate it on the run). No reasoning or assistant text is read:
+the reasoning rows (`reasoning.AgentReasoningAudit`) are read as stored, ciphertext cast to plain text
+and never decrypted, only to recompute their digests; nothing of them enters the trace.
 
 The API (`audit.apis.TraceApi`) and the admin's "export as JSON" both call `get_trace` and render it with
 `audit.serializers.TraceSerializer`, so both produce the same shape.
 
 Summary semantics (documented in docs/api.md):
 
-* `persisted`: rows stored under the run's id; `expected`: the run's `expected_*` columns (what the
-  recorder attempted); `returned`: rows in this response — the persisted rows whose `session_id` is the
+* `persisted`: rows stored under the run's id; `expected`: what the recorder attempted, as its chain
+  records it (`RUN_FINISHED`'s counts plus governance events; before the finish, the events
+  themselves; the run's `expected_*` columns for runs recorded before row digests or whose finish is
+  not in the chain); `returned`: rows in this response — the persisted rows whose `session_id` is the
   run's session (a row stored under the run's id but another session is excluded and named in `gaps`).
 * `chainValid`: `audit.integrity.verify_chain` over every persisted event (1..n without gap or repeat,
   each `prev_hash` the previous `hash`, each hash recomputed from its own fields).
+* `rowsVerified`: stored rows (steps, tools, reasoning rows, the run's terminal summary) whose digest
+  recomputed from the stored columns equals the one bound in the chain (`audit.binding.verify_rows`).
 * `auditComplete` is true exactly when the run is terminal (SUCCESS, FAILED, CANCELLED), persisted equals
-  expected for events, steps and tools, returned equals persisted, `auditWriteFailures` is 0, the chain
-  is valid and no tool of the finished run is still RUNNING.
+  expected for events, steps, tools (and reasoning rows), returned equals persisted,
+  `auditWriteFailures` is 0, the chain is valid, every bound row matches its digest and no tool of the
+  finished run is still RUNNING.
 * `gaps` names, in words and without content, every reason `auditComplete` is false, and also what the
   provider did not supply (model calls without token usage, an unreconciled token ledger). Those provider
   notes alone do not make the audit incomplete: the audit recorded faithfully that usage was missing.
+  Nor do rows recorded before row digests ("not bound") or reasoning purged by governance.
 """
 
 from __future__ import annotations
@@ -32,8 +40,10 @@ from dataclasses import dataclass, field
 
 from django.contrib.auth.models import AbstractBaseUser
 
+from audit.binding import verify_rows
 from audit.integrity import verify_chain
 from audit.models import AgentStep, ToolInvocation, ToolStatus, TraceEvent
+from audit.rowdigest import stored_reasoning_rows
 from diagnosis.models import DiagnosisRun
 from diagnosis.selectors import FeedbackView, RunResolution, get_feedback, viewer_feedback
 
@@ -59,6 +69,7 @@ class TraceSummary:
     audit_write_failures: int
     chain_valid: bool
     gaps: list[str] = field(default_factory=list)
+    rows_verified: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,10 +94,10 @@ def get_trace(
     (`diagnosis.selectors.get_visible_run(with_feedback=True)`), else from one query when `viewer` is
     given, else it is None."""
     events = list(TraceEvent.objects.filter(run_id=run.run_id).order_by("sequence_no"))
-    steps = list(
-        AgentStep.objects.filter(run_id=run.run_id).defer(*_STEP_DEFERRED).order_by("step_index", "id")
-    )
+    # Every column of the step rows: their digests cover them (`audit.rowdigest.STEP`).
+    steps = list(AgentStep.objects.filter(run_id=run.run_id).order_by("step_index", "id"))
     tools = list(ToolInvocation.objects.filter(run_id=run.run_id).order_by("started_at", "id"))
+    reasoning = stored_reasoning_rows(run_id=run.run_id)
 
     if hasattr(run, "viewer_feedback_rating"):
         feedback = viewer_feedback(run)
@@ -105,6 +116,8 @@ def get_trace(
         persisted=Counts(len(events), len(steps), len(tools)),
         returned=Counts(len(returned_events), len(returned_steps), len(returned_tools)),
         tools=tools,
+        steps=steps,
+        reasoning=reasoning,
     )
     return Trace(
         session_id=session_id,
@@ -132,9 +145,17 @@ def summarize(
     persisted: Counts,
     returned: Counts,
     tools: list[ToolInvocation],
+    steps: list[AgentStep] = (),
+    reasoning: list[dict] = (),
 ) -> TraceSummary:
-    """Compare stored, expected and returned records of `run`; see the module docstring."""
-    expected = Counts(run.expected_events, run.expected_steps, run.expected_tools)
+    """Compare stored, expected and returned records of `run`, and every stored row with its digest in
+    the chain; see the module docstring. `reasoning`: the run's reasoning rows as stored
+    (`audit.rowdigest.stored_reasoning_rows`)."""
+    rows = verify_rows(events=events, run=run, steps=steps, tools=tools, reasoning=reasoning)
+    if rows.expected is not None:
+        expected = Counts(rows.expected.events, rows.expected.steps, rows.expected.tools)
+    else:
+        expected = Counts(run.expected_events, run.expected_steps, run.expected_tools)
     terminal = run.is_terminal
     gaps: list[str] = []
     complete = True
@@ -155,6 +176,13 @@ def summarize(
         if shown < stored:
             complete = False
             gaps.append(f"{_n(stored - shown, label)} stored under this run but another session")
+    wanted = rows.expected.reasoning if rows.expected is not None else None
+    if wanted is not None and terminal and len(reasoning) != wanted:
+        complete = False
+        if len(reasoning) < wanted:
+            gaps.append(f"{_n(wanted - len(reasoning), 'reasoning row')} expected but not stored")
+        else:
+            gaps.append(f"{_n(len(reasoning) - wanted, 'reasoning row')} stored beyond the {wanted} expected")
 
     if run.audit_write_failures:
         complete = False
@@ -164,6 +192,13 @@ def summarize(
     if not verdict.valid:
         complete = False
         gaps.extend(f"hash chain: {problem}" for problem in verdict.problems)
+    if rows.problems:
+        complete = False
+        gaps.extend(rows.problems)
+    if rows.unfinished:
+        complete = False
+        gaps.append(rows.unfinished)
+    gaps.extend(rows.notes)
 
     if terminal:
         for tool in tools:
@@ -185,6 +220,7 @@ def summarize(
         audit_write_failures=run.audit_write_failures,
         chain_valid=verdict.valid,
         gaps=gaps,
+        rows_verified=rows.verified,
     )
 
 

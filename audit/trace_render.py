@@ -156,6 +156,7 @@ def trace_data(trace: Trace) -> dict[str, Any]:
             "auditComplete": bool(s.audit_complete),
             "auditWriteFailures": int(s.audit_write_failures),
             "chainValid": bool(s.chain_valid),
+            "rowsVerified": int(s.rows_verified),
             "gaps": [str(g) for g in s.gaps],
         },
     }

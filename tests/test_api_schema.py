@@ -30,6 +30,7 @@ TRACE = {
         "auditComplete": None,
         "auditWriteFailures": None,
         "chainValid": None,
+        "rowsVerified": None,
         "gaps": [None],
     },
 }
@@ -95,6 +96,8 @@ ENUMS = {
         "RELEASE_DECISION",
         "RUN_CANCELLED",
         "RUN_FINISHED",
+        "REASONING_PURGED",
+        "REASONING_REKEYED",
     },
 }
 

@@ -41,6 +41,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
+from audit import rowdigest
 from audit.integrity import GENESIS_HASH
 from audit.models import AgentStep, EventType, Phase, ToolInvocation, TraceEvent, UsageSource
 from audit.payloads import bound_json, bound_text, canonical_json, clip
@@ -57,6 +58,7 @@ from audit.recorder.tools import ToolLifecycle, _ToolState
 from audit.write_ops import Insert
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
 from reasoning.capture import CapturedReasoning
+from reasoning.models import AgentReasoningAudit
 
 
 class RunRecorder(ToolLifecycle, ChainWriter):
@@ -86,6 +88,7 @@ class RunRecorder(ToolLifecycle, ChainWriter):
         self.expected_events = 0
         self.expected_steps = 0
         self.expected_tools = 0
+        self.expected_reasoning = 0
         self.audit_write_failures = 0
 
     # ----------------------------------------------------------------------------------------------
@@ -119,6 +122,7 @@ class RunRecorder(ToolLifecycle, ChainWriter):
             rec._step_ids[step_index] = step_id
             for tool_call_id in ids or []:
                 rec._declared[tool_call_id] = step_index
+        columns = _tables().tool.columns
         for tool in ToolInvocation.objects.filter(run_id=run_id):
             rec._tools[tool.tool_call_id] = _ToolState(
                 name=tool.tool_name,
@@ -127,11 +131,15 @@ class RunRecorder(ToolLifecycle, ChainWriter):
                 started_monotonic=None,
                 started_at=tool.started_at,
                 status=tool.status,
+                row={c: getattr(tool, c) for c in columns},
             )
         persisted = rec._persisted_counts()
         rec.expected_events = max(run.expected_events, persisted["events"])
         rec.expected_steps = max(run.expected_steps, persisted["steps"])
         rec.expected_tools = max(run.expected_tools, persisted["tools"])
+        rec.expected_reasoning = max(
+            rec.expected_steps, AgentReasoningAudit.objects.filter(run_id=run_id).count()
+        )
         rec.audit_write_failures = run.audit_write_failures
         for details in TraceEvent.objects.filter(
             run_id=run_id, event_type=EventType.MODEL_TOKEN_USAGE
@@ -197,6 +205,31 @@ class RunRecorder(ToolLifecycle, ChainWriter):
             self._close_dangling_tools(status)
             now = timezone.now()
             ledger = self._ledger
+            fields: dict[str, Any] = {
+                "status": status,
+                "content": content,
+                "release_decision": self.release_decision,
+                "error_code": clip(error_code, 64),
+                "error_message": clip(error_message, ERROR_MESSAGE_CHARS),
+                "finished_at": now,
+                "tokens_router": ledger.by_source[UsageSource.ROUTER],
+                "tokens_agent": ledger.by_source[UsageSource.AGENT],
+                "tokens_guard": ledger.by_source[UsageSource.GUARD],
+                "tokens_total": ledger.total,
+                "tokens_reasoning": ledger.reasoning,
+                "tokens_cached_input": ledger.cached_input,
+                "model_calls": ledger.calls,
+                "usage_unavailable_calls": ledger.unavailable_calls,
+                "tokens_reconciled": ledger.reconciled,
+                "lease_owner": "",
+                "lease_expires_at": None,
+                # The counts as the terminal update writes them: RUN_FINISHED itself included.
+                "expected_events": self.expected_events + 1,
+                "expected_steps": self.expected_steps,
+                "expected_tools": self.expected_tools,
+            }
+            if self._created_at is not None:
+                fields["total_duration_ms"] = _ms(now - self._created_at)
             sequence_no = self._write(
                 "run_finished",
                 [
@@ -218,31 +251,17 @@ class RunRecorder(ToolLifecycle, ChainWriter):
                             "modelCalls": ledger.calls,
                             "unavailableCalls": ledger.unavailable_calls,
                             "contentLength": len(content),
+                            "runDigest": rowdigest.RUN.digest(fields),
+                            "expected": {
+                                "events": fields["expected_events"],
+                                "steps": fields["expected_steps"],
+                                "tools": fields["expected_tools"],
+                                "reasoning": self.expected_reasoning,
+                            },
                         },
                     )
                 ],
             )
-            fields: dict[str, Any] = {
-                "status": status,
-                "content": content,
-                "release_decision": self.release_decision,
-                "error_code": clip(error_code, 64),
-                "error_message": clip(error_message, ERROR_MESSAGE_CHARS),
-                "finished_at": now,
-                "tokens_router": ledger.by_source[UsageSource.ROUTER],
-                "tokens_agent": ledger.by_source[UsageSource.AGENT],
-                "tokens_guard": ledger.by_source[UsageSource.GUARD],
-                "tokens_total": ledger.total,
-                "tokens_reasoning": ledger.reasoning,
-                "tokens_cached_input": ledger.cached_input,
-                "model_calls": ledger.calls,
-                "usage_unavailable_calls": ledger.unavailable_calls,
-                "tokens_reconciled": ledger.reconciled,
-                "lease_owner": "",
-                "lease_expires_at": None,
-            }
-            if self._created_at is not None:
-                fields["total_duration_ms"] = _ms(now - self._created_at)
             if not self._update_run("finish", **fields):
                 # The terminal row is the business result: one more try after a failed write.
                 self._update_run("finish_retry", **fields)
@@ -350,6 +369,7 @@ class RunRecorder(ToolLifecycle, ChainWriter):
             for call in tool_calls:
                 self._declared[call.tool_call_id] = step_index
             self.expected_steps += 1
+            self.expected_reasoning += 1
             names = [c.name for c in tool_calls]
             summary = f"step {step_index}: {model}, finish {finish_reason or 'unknown'}"
             if names:
@@ -429,6 +449,7 @@ class RunRecorder(ToolLifecycle, ChainWriter):
                         "contentSource": reasoning.content_source,
                         "providerAttempts": len(provider_attempts),
                     },
+                    bind={"stepDigest": step, "reasoningDigest": reasoning_row},
                 ),
                 self._usage_event(UsageSource.AGENT, model, usage, phase=Phase.AGENT, step_index=step_index),
             ]

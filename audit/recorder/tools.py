@@ -4,7 +4,7 @@ committed before the tool executes, one terminal update, repeats with the same f
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.utils import timezone
@@ -34,6 +34,8 @@ class _ToolState:
     started_at: Any
     status: str = ToolStatus.RUNNING
     terminal_key: tuple | None = None
+    # The tool row as last written (column -> value): the start of its terminal image.
+    row: dict[str, Any] = field(default_factory=dict)
 
 
 class ToolLifecycle:
@@ -107,6 +109,7 @@ class ToolLifecycle:
                     updated_at=now,
                 ),
             )
+            state.row = dict(zip(t.tool.columns, row.values, strict=True))
             sequence_no = self._write(
                 "tool_started",
                 [
@@ -121,6 +124,7 @@ class ToolLifecycle:
                             "stepIndex": step_index,
                             "input": effective_input,
                         },
+                        bind={"rowDigest": row},
                     )
                 ],
                 inserts=[row],
@@ -252,23 +256,12 @@ class ToolLifecycle:
             )
 
         t = _tables()
-        # The RUNNING row may never have committed (an earlier audit write failed): then the terminal
-        # facts are inserted as the tool's row instead, so they are kept anyway.
-        fallback = Insert(
-            t.tool,
-            t.tool.row(
-                run_id=self.run_id,
-                session_id=self.session_id,
-                step_id=self._step_ids.get(state.step_index) if state.step_index is not None else None,
-                step_index=state.step_index,
-                tool_call_id=tool_call_id,
-                tool_name=state.name,
-                input_params={},
-                started_at=state.started_at,
-                created_at=now,
-                **fields,
-            ),
-        )
+        # The RUNNING row may never have committed (an earlier audit write failed): then the row the
+        # terminal update would have produced is inserted instead, so the terminal facts are kept and
+        # the one terminal digest verifies whichever way the row was written.
+        terminal_row = {**state.row, **fields}
+        fallback = Insert(t.tool, t.tool.row(**terminal_row))
+        state.row = terminal_row
         update = Update(
             t.tool,
             tuple(fields),
@@ -287,6 +280,7 @@ class ToolLifecycle:
                     status,
                     clip(", ".join(parts), SUMMARY_CHARS),
                     details,
+                    bind={"rowDigest": fallback},
                 )
             ],
             updates=[update],
