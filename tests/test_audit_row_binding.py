@@ -448,3 +448,22 @@ def test_a_run_recorded_before_row_digests_reads_as_not_bound(user):
     summary = _summary(run)
     assert summary.audit_complete and summary.rows_verified == 0
     assert "run summary " + run.run_id + ": not bound (recorded before row digests)" in summary.gaps
+
+
+# --------------------------------------------------------------------------------------------------
+# Outside a test transaction: the production write paths (on MariaDB one compound statement per
+# decision; with group commit, batches on the committer's connection)
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("group_commit", [False, True])
+def test_rows_written_on_the_production_paths_verify(user, group_commit):
+    from diagnosis import services
+    from tests.factories import record_full_run
+
+    run = services.create_run(session=services.create_session(owner=user), query="q")
+    record_full_run(run, tools=2, extra_steps=1, recorder=RunRecorder.for_run(run, group_commit=group_commit))
+    assert _assert_clean(run).rows_verified == ROWS_OF_A_FULL_RUN + 2  # one more step and reasoning row
+    purge_reasoning(run_id=run.run_id)
+    assert _assert_clean(run).rows_verified == ROWS_OF_A_FULL_RUN + 2
+    ToolInvocation.objects.filter(run_id=run.run_id, tool_call_id="call_1").update(status=ToolStatus.FAILED)
+    _assert_named(run, "tool call call_1: stored row does not match its digest")
