@@ -14,9 +14,10 @@ next one, the way database servers group-commit their own log:
   under load the batch grows by itself. There is no background thread to start, stop or leak.
 * **Durable before return.** `submit` returns only after the COMMIT that contains its op succeeded, so
   the recorder's rule "durable before the next decision" holds for every run.
-* **One bad write never fails the others.** When a batch fails it is rolled back and retried op by op,
-  each op in its own transaction, so only the op that really fails gets the error (and the recorder
-  counts exactly that one as an audit write failure); the others commit.
+* **One bad write never fails the others.** When a batch fails (a database error, or any other
+  exception, e.g. a reasoning row whose encryption fails while its parameters are prepared) it is rolled
+  back and retried op by op, each op in its own transaction, so only the op that really fails gets the
+  error (and the recorder counts exactly that one as an audit write failure); the others commit.
 
 Ops are taken only from callers whose connection is in autocommit mode: an op submitted from inside an
 atomic block belongs to that caller's transaction and is written directly by the recorder (this is
@@ -33,7 +34,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 
-from django.db import DatabaseError, connection
+from django.db import connection
 
 from audit.write_ops import WriteOp, execute
 
@@ -131,7 +132,9 @@ class GroupCommitter:
             with self._wrapped():
                 try:
                     execute(ops, connection)
-                except DatabaseError as exc:
+                except Exception as exc:
+                    # Database or not (an encryption error preparing one op's row, the write path
+                    # itself): the batch rolled back; retried op by op, only the bad op fails.
                     _recover()
                     if len(ops) == 1:
                         ops[0].error = exc
@@ -140,11 +143,11 @@ class GroupCommitter:
                     for op in ops:
                         try:
                             execute([op], connection)
-                        except DatabaseError as one:
+                        except Exception as one:
                             _recover()
                             op.error = one
         except Exception as exc:
-            # Not a database error (a bug): every op of the batch fails with it, none waits forever.
+            # Installing the execute wrappers failed: every op still unresolved fails, none waits forever.
             logger.error("group commit batch failed error=%s", type(exc).__name__)
             for op in ops:
                 if op.error is None:

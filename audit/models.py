@@ -54,6 +54,11 @@ TERMINAL_TOOL_STATUSES = frozenset(
 )
 
 
+# Status of the TOOL_INVOCATION event that records a refused lifecycle step (a conflicting start or
+# terminal); `details.reason` says which.
+TOOL_CONFLICT = "CONFLICT"
+
+
 class UsageSource(models.TextChoices):
     ROUTER = "ROUTER"
     AGENT = "AGENT"
@@ -156,6 +161,8 @@ class ToolInvocation(models.Model):
     length and sha256 (the full result lives only in the run's canonical store). `duration_ms` comes from
     `time.monotonic()` in the executing process, NULL when no such start exists (e.g. closed by a sweeper).
     `step_id` logically references `agent_step.id` (no constraint) and `step_index` the declaring step.
+    `tool_call_id` is unique in the run; `provider_tool_call_id` is the id as the provider sent it (some
+    providers reuse ids such as `call_0` in every response).
     """
 
     run = _run_fk("tools")
@@ -163,6 +170,7 @@ class ToolInvocation(models.Model):
     step_id = models.BigIntegerField(null=True, blank=True)
     step_index = models.IntegerField(null=True, blank=True)
     tool_call_id = models.CharField(max_length=128)
+    provider_tool_call_id = models.CharField(max_length=128, blank=True, default="")
     tool_name = models.CharField(max_length=64)
     status = models.CharField(max_length=16, choices=ToolStatus.choices, default=ToolStatus.RUNNING)
     input_params = models.JSONField(default=dict, blank=True)

@@ -74,6 +74,7 @@ TOOL_COLUMNS = (
     "step_id",
     "step_index",
     "tool_call_id",
+    "provider_tool_call_id",
     "tool_name",
     "status",
     "input_params",

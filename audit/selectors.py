@@ -28,9 +28,10 @@ Summary semantics (documented in docs/api.md):
   `auditWriteFailures` is 0, the chain is valid, every bound row matches its digest and no tool of the
   finished run is still RUNNING.
 * `gaps` names, in words and without content, every reason `auditComplete` is false, and also what the
-  provider did not supply (model calls without token usage, an unreconciled token ledger). Those provider
-  notes alone do not make the audit incomplete: the audit recorded faithfully that usage was missing.
-  Nor do rows recorded before row digests ("not bound") or reasoning purged by governance.
+  provider did not supply (model calls without token usage, an unreconciled token ledger), each tool
+  lifecycle step the recorder refused (a conflicting start or terminal: its CONFLICT event), rows
+  recorded before row digests ("not bound") and reasoning purged by governance. Those notes alone do not
+  make the audit incomplete: the audit recorded faithfully what happened.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from django.contrib.auth.models import AbstractBaseUser
 
 from audit.binding import verify_rows
 from audit.integrity import verify_chain
-from audit.models import AgentStep, ToolInvocation, ToolStatus, TraceEvent
+from audit.models import TOOL_CONFLICT, AgentStep, EventType, ToolInvocation, ToolStatus, TraceEvent
 from audit.rowdigest import stored_reasoning_rows
 from diagnosis.models import DiagnosisRun
 from diagnosis.selectors import FeedbackView, RunResolution, get_feedback, viewer_feedback
@@ -138,6 +139,18 @@ def _n(count: int, label: str) -> str:
     return f"{count} {label}{'' if count == 1 else 's'}"
 
 
+_CONFLICT_WORDS = {
+    "CONFLICTING_START": "a start with other facts",
+    "CONFLICTING_TERMINAL": "a terminal with other facts",
+    "NOT_STARTED": "a terminal without a start",
+}
+
+
+def _conflict_gap(details: dict) -> str:
+    words = _CONFLICT_WORDS.get(str(details.get("reason")), "a conflicting lifecycle step")
+    return f"tool call {details.get('toolCallId')}: {words} was refused"
+
+
 def summarize(
     *,
     run: DiagnosisRun,
@@ -205,6 +218,11 @@ def summarize(
             if tool.status == ToolStatus.RUNNING:
                 complete = False
                 gaps.append(f"tool call {tool.tool_call_id} still RUNNING after the run ended")
+
+    # Refused tool lifecycle steps: recorded faithfully (the first facts stand), named, not incomplete.
+    for event in events:
+        if event.event_type == EventType.TOOL_INVOCATION and event.status == TOOL_CONFLICT:
+            gaps.append(_conflict_gap(event.details or {}))
 
     # Provider-side facts: named, but they do not make the audit itself incomplete.
     if run.usage_unavailable_calls:

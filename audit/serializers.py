@@ -145,7 +145,11 @@ class StepSerializer(serializers.Serializer):
 
 
 class ToolSerializer(serializers.Serializer):
-    toolCallId = serializers.CharField(source="tool_call_id")
+    toolCallId = serializers.CharField(source="tool_call_id", help_text="Unique in the run.")
+    providerToolCallId = serializers.CharField(
+        source="provider_tool_call_id",
+        help_text="The id as the provider sent it (some providers reuse ids across responses).",
+    )
     stepIndex = serializers.IntegerField(source="step_index", allow_null=True)
     toolName = serializers.CharField(source="tool_name")
     status = serializers.ChoiceField(choices=ToolStatus.values)

@@ -129,6 +129,7 @@ def trace_data(trace: Trace) -> dict[str, Any]:
         "tools": [
             {
                 "toolCallId": _str(t.tool_call_id),
+                "providerToolCallId": _str(t.provider_tool_call_id),
                 "stepIndex": _int(t.step_index),
                 "toolName": _str(t.tool_name),
                 "status": _str(t.status),

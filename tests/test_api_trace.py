@@ -36,9 +36,9 @@ STEP_KEYS = {
     "reasoningAvailable", "reasoningBytes", "assistantBytes", "contentSource",
 }  # fmt: skip
 TOOL_KEYS = {
-    "toolCallId", "stepIndex", "toolName", "status", "inputParams", "outputPreview", "outputLength",
-    "outputSha256", "isTruncated", "retrievalLayer", "l0MatchCount", "l1MatchCount", "retrievalDetails",
-    "startedAt", "finishedAt", "durationMs", "errorCode", "errorMessage",
+    "toolCallId", "providerToolCallId", "stepIndex", "toolName", "status", "inputParams", "outputPreview",
+    "outputLength", "outputSha256", "isTruncated", "retrievalLayer", "l0MatchCount", "l1MatchCount",
+    "retrievalDetails", "startedAt", "finishedAt", "durationMs", "errorCode", "errorMessage",
 }  # fmt: skip
 
 

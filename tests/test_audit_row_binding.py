@@ -17,7 +17,7 @@ from django.db import connection
 from audit import rowdigest
 from audit.integrity import GENESIS_HASH, link_hash
 from audit.models import AgentStep, EventType, ToolInvocation, ToolStatus, TraceEvent
-from audit.recorder import DeclaredToolCall, RunRecorder
+from audit.recorder import DeclaredToolCall, RunRecorder, ToolCallRepeated
 from audit.selectors import get_trace
 from diagnosis.models import DiagnosisRun, RunStatus
 from reasoning import crypto
@@ -90,7 +90,14 @@ def test_a_recorded_run_verifies_every_row(user):
 # Tampering with each kind of row is named, and restoring it verifies again
 # --------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
-    ("column", "value"), [("status", ToolStatus.FAILED), ("output_sha256", "0" * 64), ("output_length", 1)]
+    ("column", "value"),
+    [
+        ("status", ToolStatus.FAILED),
+        ("output_sha256", "0" * 64),
+        ("output_length", 1),
+        ("provider_tool_call_id", "call_9"),
+        ("input_params", {"query": "something else"}),
+    ],
 )
 def test_a_changed_tool_row_is_named(user, column, value):
     run = make_recorded_run(user)
@@ -291,7 +298,8 @@ def test_tools_closed_by_a_takeover_and_the_finish_verify(run):
         rec.tool_started(tool_call_id=call, tool_name="lookup_knowledge", input_params={"q": call})
     rec.tool_finished(tool_call_id="c1", status=ToolStatus.SUCCEEDED, output="ok")
     rec.close_tools(status=ToolStatus.INTERRUPTED, error_code="CANCELLED")  # c2, c3 in this process
-    rec.tool_started(tool_call_id="c1", tool_name="lookup_knowledge", input_params={"q": "c1"})  # no-op
+    with pytest.raises(ToolCallRepeated):  # nothing written
+        rec.tool_started(tool_call_id="c1", tool_name="lookup_knowledge", input_params={"q": "c1"})
     # Another process (the sweeper) takes over and finishes.
     taken = RunRecorder.resume(run.run_id)
     taken.finish(status=RunStatus.FAILED, error_code="LEASE_EXPIRED", error_message="owner gone")

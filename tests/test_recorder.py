@@ -13,6 +13,7 @@ from audit.recorder import (
     DeclaredToolCall,
     RunRecorder,
     ToolCallNotDeclared,
+    ToolCallRepeated,
     ToolLifecycleConflict,
     Usage,
 )
@@ -102,7 +103,8 @@ def test_writers_return_the_sequence_number_of_their_event(recorder, run):
     assert recorder.run_started() == 1
     _declare(recorder, "c1")  # step + usage events: 2, 3
     assert recorder.tool_started(tool_call_id="c1", tool_name="lookup_knowledge", input_params={}) == 4
-    assert recorder.tool_started(tool_call_id="c1", tool_name="lookup_knowledge", input_params={}) is None
+    with pytest.raises(ToolCallRepeated):  # nothing written; the caller must not run the tool again
+        recorder.tool_started(tool_call_id="c1", tool_name="lookup_knowledge", input_params={})
     assert recorder.tool_finished(tool_call_id="c1", status=ToolStatus.SUCCEEDED, output="x") == 5
     with connection.execute_wrapper(_FailInserts("diagnosis_trace_event", times=1)):
         assert recorder.release(decision="PUBLISHED", reason="ok") is None
@@ -298,7 +300,8 @@ def test_running_row_is_committed_before_the_tool_runs(recorder, run):
 def test_tool_repeats_are_idempotent_and_conflicts_refused(recorder, run):
     _declare(recorder, "c1")
     recorder.tool_started(tool_call_id="c1", tool_name="lookup_knowledge", input_params={"query": "q"})
-    recorder.tool_started(tool_call_id="c1", tool_name="lookup_knowledge", input_params={"query": "q"})
+    with pytest.raises(ToolCallRepeated):
+        recorder.tool_started(tool_call_id="c1", tool_name="lookup_knowledge", input_params={"query": "q"})
     with pytest.raises(ToolLifecycleConflict):
         recorder.tool_started(tool_call_id="c1", tool_name="lookup_knowledge", input_params={"query": "x"})
     recorder.tool_finished(tool_call_id="c1", status=ToolStatus.SUCCEEDED, output="result")
@@ -308,7 +311,14 @@ def test_tool_repeats_are_idempotent_and_conflicts_refused(recorder, run):
     with pytest.raises(ToolLifecycleConflict):
         recorder.tool_finished(tool_call_id="never", status=ToolStatus.SUCCEEDED, output="x")
     tool_events = TraceEvent.objects.filter(run_id=run.run_id, event_type=EventType.TOOL_INVOCATION)
-    assert tool_events.count() == 2  # one start, one terminal
+    # one start, one terminal, and each of the three refused conflicts
+    assert [e.status for e in tool_events.order_by("sequence_no")] == [
+        "RUNNING",
+        "CONFLICT",
+        "SUCCEEDED",
+        "CONFLICT",
+        "CONFLICT",
+    ]
     assert ToolInvocation.objects.get(tool_call_id="c1").duration_ms is not None
 
 

@@ -69,7 +69,9 @@ class ChainWriter:
                         continue
                     self._failed(what, exc)
                     return None
-                except DatabaseError as exc:
+                except Exception as exc:
+                    # Any failure of the durable path (database, encryption of a reasoning row, the
+                    # write path itself, serialisation) costs this decision's record, never the run.
                     self._failed(what, exc)
                     return None
                 if usage is not None and source is not None:
@@ -149,13 +151,13 @@ class ChainWriter:
 
     def _submit(self, op: WriteOp) -> None:
         """Write `op` durably (group commit when enabled and the caller is in autocommit mode, else
-        directly on this thread's connection); raise its database error."""
+        directly on this thread's connection); raise whatever kept it from committing."""
         if self._group_commit and not connection.in_atomic_block:
             get_committer().submit(op)
         else:
             try:
                 execute([op], connection)
-            except DatabaseError as exc:
+            except Exception as exc:
                 op.error = exc
         if op.error is not None:
             raise op.error
@@ -175,14 +177,16 @@ class ChainWriter:
             try:
                 self._submit(WriteOp(updates=[update]))
                 return True
-            except DatabaseError as exc:
+            except Exception as exc:
                 self._failed(what, exc)
                 return False
 
-    def _failed(self, what: str, exc: Exception) -> None:
+    def _failed(self, what: str, exc: BaseException) -> None:
+        """Account one lost decision: counted here and on the run row, logged with the run id, the
+        operation and the error class only (messages of database, encryption or serialisation errors
+        can quote the values they rejected)."""
         self.audit_write_failures += 1
         code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
-        # Never the message: database errors can quote the values they rejected.
         logger.error(
             "audit write failed run=%s op=%s error=%s code=%s", self.run_id, what, type(exc).__name__, code
         )
@@ -191,7 +195,7 @@ class ChainWriter:
             DiagnosisRun.objects.filter(run_id=self.run_id).update(
                 audit_write_failures=F("audit_write_failures") + 1
             )
-        except DatabaseError:
+        except Exception:
             _recover_connection()
 
     def _sequence_taken(self) -> bool:

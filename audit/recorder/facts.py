@@ -1,5 +1,6 @@
 """Facts the runtime hands to the recorder (usage, declared tool calls, retrieval facts), the two
-refusals it raises, and the bounds it applies. Decision owners import these from `audit.recorder`."""
+refusals it raises (and the repeat it reports), and the bounds it applies. Decision owners import these
+from `audit.recorder`."""
 
 from __future__ import annotations
 
@@ -19,6 +20,16 @@ class ToolCallNotDeclared(Exception):
 
 class ToolLifecycleConflict(Exception):
     """A tool start or terminal repeated with facts different from the ones already recorded."""
+
+
+class ToolCallRepeated(Exception):
+    """A tool start repeated with the facts already recorded: nothing is written (the first start
+    stands) and the caller must not execute the tool again. `status` is the call's recorded status."""
+
+    def __init__(self, tool_call_id: str, status: str) -> None:
+        super().__init__(f"tool call {tool_call_id} was already started (now {status})")
+        self.tool_call_id = tool_call_id
+        self.status = status
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,11 +61,23 @@ class Usage:
 
 @dataclass(frozen=True, slots=True)
 class DeclaredToolCall:
-    """A tool call a model step declared: id, name and the raw argument string."""
+    """A tool call a model step declared: id, name and the raw argument string.
+
+    `tool_call_id` names the call in the run's record and is unique in the run (see
+    `RunRecorder.run_unique_calls`); `provider_tool_call_id` is the id as the provider sent it, which
+    some providers make unique only within one response, and which the tool result message must carry
+    back (the provider pairs results with calls by it). Empty means the same as `tool_call_id`.
+    """
 
     tool_call_id: str
     name: str
     arguments: str
+    provider_tool_call_id: str = ""
+
+    @property
+    def provider_id(self) -> str:
+        """The id the provider knows this call by."""
+        return self.provider_tool_call_id or self.tool_call_id
 
     def plan(self) -> ToolCallPlan:
         return ToolCallPlan(name=self.name, arguments=self.arguments)

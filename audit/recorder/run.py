@@ -10,13 +10,16 @@ for their decision at the moment they decide. The recorder:
 * writes a decision's rows in one transaction, durable before the method returns (a model step is its
   step row, its reasoning row and its two timeline events);
 * keeps the run's *expected* counts (what it attempted) beside what committed, and its token ledger;
-* is **fail-open**: a database error is logged with the run id, the operation and the error class only
-  (never content), counted in `audit_write_failures`, and never raised into the caller.
+* is **fail-open**: any exception of the durable path (a database error, a reasoning row whose
+  encryption fails, the write path itself, serialisation) costs only that decision's record: it is
+  logged with the run id, the operation and the error class only (never content), counted in
+  `audit_write_failures`, and never raised into the caller.
 
 Two refusals are *not* audit failures and are raised to the caller: starting a tool whose `tool_call_id`
 no recorded step of this run declared (`ToolCallNotDeclared`, fail-closed per seed 002), and repeating a
-tool start or terminal with different facts (`ToolLifecycleConflict`). Repeats with the same facts are
-no-ops.
+tool start or terminal with different facts (`ToolLifecycleConflict`, also recorded as a CONFLICT event).
+A repeated start with the same facts writes nothing and raises `ToolCallRepeated` (the tool must not run
+twice); a repeated terminal with the same facts is a no-op.
 
 Every writing method returns the `sequence_no` of its (last) timeline event, or None when the write
 failed or was a no-op; transports use it as the resumption id of live events.
@@ -43,7 +46,7 @@ from django.utils import timezone
 
 from audit import rowdigest
 from audit.integrity import GENESIS_HASH
-from audit.models import AgentStep, EventType, Phase, ToolInvocation, TraceEvent, UsageSource
+from audit.models import AgentStep, EventType, Phase, ToolInvocation, ToolStatus, TraceEvent, UsageSource
 from audit.payloads import bound_json, bound_text, canonical_json, clip
 from audit.recorder.chain import ChainWriter, _ms, _tables
 from audit.recorder.facts import (
@@ -54,7 +57,7 @@ from audit.recorder.facts import (
     _Event,
 )
 from audit.recorder.ledger import _Ledger
-from audit.recorder.tools import ToolLifecycle, _ToolState
+from audit.recorder.tools import ToolLifecycle, _ToolState, terminal_key
 from audit.write_ops import Insert
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
 from reasoning.capture import CapturedReasoning
@@ -78,6 +81,7 @@ class RunRecorder(ToolLifecycle, ChainWriter):
         self._next_sequence = 1
         self._prev_hash = GENESIS_HASH
         self._declared: dict[str, int] = {}
+        self._provider_ids: dict[str, str] = {}
         self._step_ids: dict[int, int] = {}
         self._tools: dict[str, _ToolState] = {}
         self._ledger = _Ledger()
@@ -104,7 +108,9 @@ class RunRecorder(ToolLifecycle, ChainWriter):
 
     @classmethod
     def resume(cls, run_id: str) -> RunRecorder:
-        """Rebuild a recorder from what is stored: chain head, declared tool calls, tool states and counts.
+        """Rebuild a recorder from what is stored: chain head, declared tool calls (with the provider's
+        ids), tool states (with their input and terminal facts, so that a conflicting terminal is still
+        refused) and counts.
 
         Used by a process that takes over a run (the sweeper). Tools started elsewhere have no monotonic
         start here, so their duration stays unknown (NULL) when this recorder closes them.
@@ -116,12 +122,15 @@ class RunRecorder(ToolLifecycle, ChainWriter):
         rec._first_output_at = run.first_output_at
         rec.release_decision = run.release_decision
         rec._reload_head()
-        for step_index, step_id, ids in AgentStep.objects.filter(run_id=run_id).values_list(
-            "step_index", "id", "tool_call_ids"
+        for step_index, step_id, ids, output in AgentStep.objects.filter(run_id=run_id).values_list(
+            "step_index", "id", "tool_call_ids", "model_output"
         ):
             rec._step_ids[step_index] = step_id
             for tool_call_id in ids or []:
                 rec._declared[tool_call_id] = step_index
+            for call in (output or {}).get("toolCalls") or []:
+                if isinstance(call, dict) and call.get("providerToolCallId"):
+                    rec._provider_ids[str(call.get("id"))] = str(call["providerToolCallId"])
         columns = _tables().tool.columns
         for tool in ToolInvocation.objects.filter(run_id=run_id):
             rec._tools[tool.tool_call_id] = _ToolState(
@@ -130,7 +139,14 @@ class RunRecorder(ToolLifecycle, ChainWriter):
                 step_index=tool.step_index,
                 started_monotonic=None,
                 started_at=tool.started_at,
+                input_params=tool.input_params,
+                provider_id=tool.provider_tool_call_id or tool.tool_call_id,
                 status=tool.status,
+                terminal_key=(
+                    None
+                    if tool.status == ToolStatus.RUNNING
+                    else terminal_key(tool.status, tool.output_sha256, tool.error_code, tool.error_message)
+                ),
                 row={c: getattr(tool, c) for c in columns},
             )
         persisted = rec._persisted_counts()
@@ -359,7 +375,8 @@ class RunRecorder(ToolLifecycle, ChainWriter):
         provider_attempts: Sequence[dict[str, Any]] = (),
     ) -> int | None:
         """One agent model call: step row + reasoning row + AGENT_MODEL_STEP + MODEL_TOKEN_USAGE (AGENT),
-        in one transaction. Declares the step's tool calls so that their starts are accepted.
+        in one transaction. Declares the step's tool calls so that their starts are accepted: their
+        `tool_call_id`s must be unique in the run (`run_unique_calls`); the provider's ids are kept beside.
 
         `model_input` is a bounded summary of the messages sent (roles and sizes, never content);
         no reasoning or assistant text reaches the step row or the timeline, only their byte counts.
@@ -368,6 +385,7 @@ class RunRecorder(ToolLifecycle, ChainWriter):
         with self._lock:
             for call in tool_calls:
                 self._declared[call.tool_call_id] = step_index
+                self._provider_ids[call.tool_call_id] = call.provider_id
             self.expected_steps += 1
             self.expected_reasoning += 1
             names = [c.name for c in tool_calls]
@@ -389,7 +407,12 @@ class RunRecorder(ToolLifecycle, ChainWriter):
                             "textLength": text_length,
                             "finishReason": finish_reason,
                             "toolCalls": [
-                                {"id": c.tool_call_id, "name": c.name, "argumentsLength": len(c.arguments)}
+                                {
+                                    "id": c.tool_call_id,
+                                    "providerToolCallId": c.provider_id,
+                                    "name": c.name,
+                                    "argumentsLength": len(c.arguments),
+                                }
                                 for c in tool_calls
                             ],
                         }
@@ -441,7 +464,10 @@ class RunRecorder(ToolLifecycle, ChainWriter):
                         "agentName": agent_name,
                         "model": model,
                         "finishReason": finish_reason,
-                        "toolCalls": [{"id": c.tool_call_id, "name": c.name} for c in tool_calls],
+                        "toolCalls": [
+                            {"id": c.tool_call_id, "providerToolCallId": c.provider_id, "name": c.name}
+                            for c in tool_calls
+                        ],
                         "durationMs": duration_ms,
                         "reasoningAvailable": reasoning.reasoning_available,
                         "reasoningBytes": reasoning.reasoning_bytes,

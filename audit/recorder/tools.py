@@ -1,28 +1,37 @@
-"""The tool lifecycle (seed 002) as the recorder enforces it: declared calls only, one RUNNING row
-committed before the tool executes, one terminal update, repeats with the same facts are no-ops."""
+"""The tool lifecycle (seed 002) as the recorder enforces it: declared calls only, each under an id
+unique in the run, one RUNNING row committed before the tool executes, one terminal update; a repeated
+start is reported (never executed twice), a repeated terminal with the same facts is a no-op, and a
+conflict is refused and recorded on the timeline."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.utils import timezone
 
-from audit.models import EventType, Phase, ToolStatus
+from audit.models import TOOL_CONFLICT, EventType, Phase, ToolStatus
 from audit.payloads import bound_json, bound_text, canonical_json, clip
 from audit.recorder.chain import _tables
 from audit.recorder.facts import (
     ERROR_MESSAGE_CHARS,
     INPUT_STRING_CHARS,
     SUMMARY_CHARS,
+    DeclaredToolCall,
     RetrievalFacts,
     ToolCallNotDeclared,
+    ToolCallRepeated,
     ToolLifecycleConflict,
     _Event,
 )
 from audit.write_ops import Insert, Update
 from diagnosis.models import RunStatus
+
+TOOL_CALL_ID_CHARS = 128
+# Room kept for the suffix of a run-unique id (`~s<step>` and, rarely, `.<n>`).
+_SUFFIX_CHARS = 24
 
 
 @dataclass(slots=True)
@@ -32,10 +41,18 @@ class _ToolState:
     step_index: int | None
     started_monotonic: float | None
     started_at: Any
+    input_params: Any = None
+    provider_id: str = ""
     status: str = ToolStatus.RUNNING
     terminal_key: tuple | None = None
     # The tool row as last written (column -> value): the start of its terminal image.
     row: dict[str, Any] = field(default_factory=dict)
+
+
+def terminal_key(status: str, output_sha256: str | None, error_code: str, error_message: str) -> tuple:
+    """The facts a terminal is compared on (as stored: bounded code and message, sha256 of the output)."""
+    message = clip(error_message, ERROR_MESSAGE_CHARS)
+    return (str(status), output_sha256 or None, clip(error_code, 64), message)
 
 
 class ToolLifecycle:
@@ -44,12 +61,45 @@ class ToolLifecycle:
     def is_declared(self, tool_call_id: str) -> bool:
         return tool_call_id in self._declared
 
+    def run_unique_calls(
+        self, calls: Sequence[DeclaredToolCall], *, step_index: int
+    ) -> tuple[DeclaredToolCall, ...]:
+        """The calls of step `step_index` under ids unique in the run, the provider's ids kept beside.
+
+        A provider id no earlier call of this run (nor an earlier call of this step) used is kept as the
+        run's id; a reused one becomes `<provider id>~s<step_index>` (then `.2`, `.3` … while taken).
+        Deterministic: the same calls in the same order get the same ids, also in a resumed recorder.
+        """
+        with self._lock:
+            taken = set(self._declared) | set(self._tools)
+            out = []
+            for call in calls:
+                provider = call.provider_id
+                unique = provider
+                if unique in taken or len(unique) > TOOL_CALL_ID_CHARS:
+                    base = f"{provider[: TOOL_CALL_ID_CHARS - _SUFFIX_CHARS]}~s{step_index}"
+                    unique, n = base, 1
+                    while unique in taken:
+                        n += 1
+                        unique = f"{base}.{n}"
+                taken.add(unique)
+                out.append(
+                    DeclaredToolCall(
+                        tool_call_id=unique,
+                        name=call.name,
+                        arguments=call.arguments,
+                        provider_tool_call_id=provider,
+                    )
+                )
+            return tuple(out)
+
     def tool_started(self, *, tool_call_id: str, tool_name: str, input_params: dict[str, Any]) -> int | None:
         """Commit the RUNNING row and its TOOL_INVOCATION event before the tool executes.
 
         Raises ToolCallNotDeclared when no recorded step of this run declared the id (the refusal is
         itself recorded on the timeline), ToolLifecycleConflict when the id was started with another
-        name or input. A repeat with the same facts is a no-op.
+        name or input (recorded as a CONFLICT event), ToolCallRepeated when it was started with the same
+        facts (nothing is written; the caller must not execute the tool again).
         """
         effective_input = bound_json(input_params, max_string=INPUT_STRING_CHARS)
         input_key = canonical_json(effective_input)
@@ -57,7 +107,13 @@ class ToolLifecycle:
             existing = self._tools.get(tool_call_id)
             if existing is not None:
                 if existing.name == tool_name and existing.input_key == input_key:
-                    return
+                    raise ToolCallRepeated(tool_call_id, existing.status)
+                self._conflict(
+                    tool_call_id,
+                    tool_name,
+                    "CONFLICTING_START",
+                    {"recordedStatus": existing.status, "recordedToolName": existing.name},
+                )
                 raise ToolLifecycleConflict(f"tool call {tool_call_id} was already started with other facts")
             if tool_call_id not in self._declared:
                 self._write(
@@ -82,6 +138,7 @@ class ToolLifecycle:
                 raise ToolCallNotDeclared(f"tool call {tool_call_id} was not declared by a recorded step")
 
             step_index = self._declared[tool_call_id]
+            provider_id = self._provider_ids.get(tool_call_id, tool_call_id)
             now = timezone.now()
             state = _ToolState(
                 name=tool_name,
@@ -89,6 +146,8 @@ class ToolLifecycle:
                 step_index=step_index,
                 started_monotonic=None,
                 started_at=now,
+                input_params=effective_input,
+                provider_id=provider_id,
             )
             self._tools[tool_call_id] = state
             self.expected_tools += 1
@@ -101,6 +160,7 @@ class ToolLifecycle:
                     step_id=self._step_ids.get(step_index),
                     step_index=step_index,
                     tool_call_id=tool_call_id,
+                    provider_tool_call_id=provider_id,
                     tool_name=tool_name,
                     status=ToolStatus.RUNNING,
                     input_params=effective_input,
@@ -120,6 +180,7 @@ class ToolLifecycle:
                         clip(f"{tool_name} started ({tool_call_id})", SUMMARY_CHARS),
                         {
                             "toolCallId": tool_call_id,
+                            "providerToolCallId": provider_id,
                             "toolName": tool_name,
                             "stepIndex": step_index,
                             "input": effective_input,
@@ -145,10 +206,12 @@ class ToolLifecycle:
         summary_note: str = "",
     ) -> int | None:
         """The tool's one terminal update (SUCCEEDED or FAILED here; INTERRUPTED/ABANDONED come from
-        `finish` or `close_tools`). Same facts again: no-op; different facts: ToolLifecycleConflict."""
+        `finish` or `close_tools`). Same facts again: no-op; different facts, or no start:
+        ToolLifecycleConflict, recorded as a CONFLICT event (the first terminal stands)."""
         with self._lock:
             state = self._tools.get(tool_call_id)
             if state is None:
+                self._conflict(tool_call_id, "", "NOT_STARTED", {"refusedStatus": str(status)})
                 raise ToolLifecycleConflict(f"tool call {tool_call_id} was never started")
             return self._terminate(
                 tool_call_id, state, status, output, error_code, error_message, retrieval, summary_note
@@ -190,15 +253,21 @@ class ToolLifecycle:
         summary_note: str,
     ) -> int | None:
         bounded = bound_text(output) if output is not None else None
-        key = (
-            status,
-            bounded.sha256 if bounded else None,
-            error_code,
-            clip(error_message, ERROR_MESSAGE_CHARS),
-        )
+        key = terminal_key(status, bounded.sha256 if bounded else None, error_code, error_message)
         if state.status != ToolStatus.RUNNING:
-            if state.terminal_key == key or (state.terminal_key is None and state.status == status):
+            if state.terminal_key == key:
                 return
+            self._conflict(
+                tool_call_id,
+                state.name,
+                "CONFLICTING_TERMINAL",
+                {
+                    "recordedStatus": state.status,
+                    "refusedStatus": str(status),
+                    "refusedOutputSha256": bounded.sha256 if bounded else None,
+                    "refusedErrorCode": error_code or None,
+                },
+            )
             raise ToolLifecycleConflict(f"tool call {tool_call_id} already ended as {state.status}")
         now = timezone.now()
         duration_ms = (
@@ -241,6 +310,7 @@ class ToolLifecycle:
             parts.append(summary_note)
         details: dict[str, Any] = {
             "toolCallId": tool_call_id,
+            "providerToolCallId": state.provider_id or tool_call_id,
             "toolName": state.name,
             "stepIndex": state.step_index,
             "durationMs": duration_ms,
@@ -257,8 +327,8 @@ class ToolLifecycle:
 
         t = _tables()
         # The RUNNING row may never have committed (an earlier audit write failed): then the row the
-        # terminal update would have produced is inserted instead, so the terminal facts are kept and
-        # the one terminal digest verifies whichever way the row was written.
+        # terminal update would have produced is inserted instead (real input included), so the terminal
+        # facts are kept and the one terminal digest verifies whichever way the row was written.
         terminal_row = {**state.row, **fields}
         fallback = Insert(t.tool, t.tool.row(**terminal_row))
         state.row = terminal_row
@@ -284,4 +354,23 @@ class ToolLifecycle:
                 )
             ],
             updates=[update],
+        )
+
+    def _conflict(self, tool_call_id: str, tool_name: str, reason: str, facts: dict[str, Any]) -> None:
+        """Record a refused lifecycle step as a CONFLICT event (the refusal itself is raised by the
+        caller); the recorded row is left as it is."""
+        self._write(
+            "tool_conflict",
+            [
+                _Event(
+                    Phase.TOOL,
+                    EventType.TOOL_INVOCATION,
+                    TOOL_CONFLICT,
+                    clip(
+                        f"{tool_name or 'tool'} {reason.lower().replace('_', ' ')} refused ({tool_call_id})",
+                        SUMMARY_CHARS,
+                    ),
+                    {"toolCallId": tool_call_id, "toolName": tool_name, "reason": reason, **facts},
+                )
+            ],
         )

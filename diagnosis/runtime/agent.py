@@ -9,7 +9,9 @@ provider sent it: DeepSeek requires it back within the turn during tool calls) a
 then loops; a step without tool calls ends the loop with its text as the draft answer. The last allowed
 step is sent with `tool_choice="none"` so the model must answer. A model call that fails (`LLMError`) or
 is cancelled is still recorded as a step, with what had arrived, usage unavailable and finish reason
-`error` / `cancelled`, then the exception propagates.
+`error` / `cancelled`, then the exception propagates. A step's tool calls are recorded under ids unique
+in the run (`RunRecorder.run_unique_calls`), while every message sent back to the provider names them by
+the provider's own ids.
 
 Reasoning never enters later turns: the runtime builds each run's conversation from the previous runs'
 published answers only.
@@ -18,7 +20,7 @@ published answers only.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.utils import timezone
@@ -61,13 +63,13 @@ def summarise_input(messages: Sequence[dict[str, Any]], tools: Sequence[dict[str
 
 
 def assistant_message(result: ModelResult) -> dict[str, Any]:
-    """The assistant turn to append after a tool-calling step."""
+    """The assistant turn to append after a tool-calling step (calls under the provider's ids)."""
     message: dict[str, Any] = {
         "role": "assistant",
         "content": result.text or None,
         "tool_calls": [
             {
-                "id": call.tool_call_id,
+                "id": call.provider_id,
                 "type": "function",
                 "function": {"name": call.name, "arguments": call.arguments},
             }
@@ -147,6 +149,12 @@ class Agent:
                 provider_attempts=progress.attempts,
             )
             raise
+        if result.tool_calls:
+            # The record names every call by an id unique in the run; the provider's own ids (some
+            # providers send `call_0` in every response) stay beside them for the messages sent back.
+            result = replace(
+                result, tool_calls=ctx.recorder.run_unique_calls(result.tool_calls, step_index=step_index)
+            )
         await db(
             ctx.recorder.model_step,
             step_index=step_index,

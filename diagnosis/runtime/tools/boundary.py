@@ -5,7 +5,9 @@ For each declared call of a model step (parallel calls run concurrently with `as
 1. the arguments are parsed and validated against the tool's schema;
 2. `recorder.tool_started` commits the `RUNNING` row and its TOOL_INVOCATION event *before* the tool runs
    (refused with `ToolCallNotDeclared` when no recorded step declared the id; a conflicting repeat raises
-   `ToolLifecycleConflict`); the live `tool` event RUNNING follows the commit;
+   `ToolLifecycleConflict`; a repeat with the same facts raises `ToolCallRepeated` and the tool is not
+   run a second time: the model gets a TOOL_REPEATED refusal); the live `tool` event RUNNING follows
+   the commit;
 3. the tool runs: synchronous tools on the runtime's bounded tool pool, `async` tools as tasks, each
    under its timeout (`ToolSpec.timeout`, default `TOOL_TIMEOUT`) and raced against the run's cancel token;
 4. on success the full result is written to the canonical store (read back and compared) *before* the
@@ -14,7 +16,10 @@ For each declared call of a model step (parallel calls run concurrently with `as
    "canonical store unavailable" and marks the run's canonical store degraded (the evidence guard then
    fails closed);
 5. failures are one terminal update `FAILED` with a code and a bounded message: TOOL_BAD_ARGUMENTS,
-   TOOL_REFUSED (unknown tool), TOOL_TIMEOUT, TOOL_ERROR (the tool raised).
+   TOOL_REFUSED (unknown tool), TOOL_TIMEOUT, TOOL_ERROR (the tool raised);
+6. a terminal the recorder refuses as conflicting (the call already ended with other facts; the
+   recorder records the refusal as a CONFLICT event) never stops the run: it is logged without content,
+   and live clients still get the tool's terminal frame.
 
 The model receives a bounded tool message: the tool's `model_content` (evidence ids, titles, text), or
 `{"error": {"code", "message"}}`. A cancel while tools run raises `RunCancelled` once every call has
@@ -36,7 +41,7 @@ from django.db import DatabaseError
 
 from audit.models import ToolStatus
 from audit.payloads import canonical_json, clip
-from audit.recorder import DeclaredToolCall, ToolCallNotDeclared, ToolLifecycleConflict
+from audit.recorder import DeclaredToolCall, ToolCallNotDeclared, ToolCallRepeated, ToolLifecycleConflict
 from diagnosis.runtime.cancel import RunCancelled
 from diagnosis.runtime.canonical import CanonicalUnavailable
 from diagnosis.runtime.context import RunContext
@@ -50,6 +55,7 @@ TOOL_ERROR = "TOOL_ERROR"
 TOOL_TIMEOUT = "TOOL_TIMEOUT"
 TOOL_REFUSED = "TOOL_REFUSED"
 TOOL_BAD_ARGUMENTS = "TOOL_BAD_ARGUMENTS"
+TOOL_REPEATED = "TOOL_REPEATED"
 
 ERROR_MESSAGE_CHARS = 300
 MODEL_CONTENT_CHARS = 12000
@@ -65,7 +71,8 @@ class ToolOutcome:
     error_code: str = ""
 
     def message(self) -> dict[str, Any]:
-        return {"role": "tool", "tool_call_id": self.call.tool_call_id, "content": self.content}
+        # The provider pairs the result with its call by the id it sent (not the run-unique one).
+        return {"role": "tool", "tool_call_id": self.call.provider_id, "content": self.content}
 
 
 class _Timeout(Exception):
@@ -117,17 +124,21 @@ class ToolBoundary:
             )
         )
 
-    async def _fail(self, call: DeclaredToolCall, code: str, message: str) -> ToolOutcome:
+    async def _terminal(self, call: DeclaredToolCall, status: str, **facts: Any) -> None:
+        """Record the call's terminal and emit its live frame. A terminal the recorder refuses as a
+        conflict (recorded there as a CONFLICT event) is logged and never stops the run."""
         rec = self.ctx.recorder
-        seq = await db(
-            rec.tool_finished,
-            tool_call_id=call.tool_call_id,
-            status=ToolStatus.FAILED,
-            error_code=code,
-            error_message=message,
-        )
+        try:
+            seq = await db(rec.tool_finished, tool_call_id=call.tool_call_id, status=status, **facts)
+        except ToolLifecycleConflict as exc:
+            run_id, error = self.ctx.run_id, type(exc).__name__
+            logger.warning("tool terminal refused run=%s tool=%s error=%s", run_id, call.name, error)
+            seq = None
         self.ctx.running_tools.pop(call.tool_call_id, None)
-        await self._emit(call, ToolStatus.FAILED, seq)
+        await self._emit(call, status, seq)
+
+    async def _fail(self, call: DeclaredToolCall, code: str, message: str) -> ToolOutcome:
+        await self._terminal(call, ToolStatus.FAILED, error_code=code, error_message=message)
         return ToolOutcome(call, ToolStatus.FAILED, _error_content(code, message), code)
 
     async def _run_one(self, call: DeclaredToolCall) -> ToolOutcome:
@@ -163,6 +174,11 @@ class ToolBoundary:
                 "tool start refused run=%s tool=%s error=%s", ctx.run_id, call.name, type(exc).__name__
             )
             return ToolOutcome(call, "REFUSED", _error_content(code, "the tool call was refused"), code)
+        except ToolCallRepeated as exc:
+            # The call was started before (its record stands): it is never executed a second time.
+            logger.warning("tool start repeated run=%s tool=%s status=%s", ctx.run_id, call.name, exc.status)
+            message = "the tool call was already started; it is not run again"
+            return ToolOutcome(call, "REFUSED", _error_content(TOOL_REPEATED, message), TOOL_REPEATED)
         ctx.running_tools[call.tool_call_id] = call.name
         await self._emit(call, ToolStatus.RUNNING, seq)
 
@@ -196,16 +212,9 @@ class ToolBoundary:
         except CanonicalUnavailable:
             ctx.canonical_degraded = True
             note = "canonical store unavailable"
-        seq = await db(
-            ctx.recorder.tool_finished,
-            tool_call_id=call.tool_call_id,
-            status=ToolStatus.SUCCEEDED,
-            output=result_json,
-            retrieval=result.retrieval,
-            summary_note=note,
+        await self._terminal(
+            call, ToolStatus.SUCCEEDED, output=result_json, retrieval=result.retrieval, summary_note=note
         )
-        ctx.running_tools.pop(call.tool_call_id, None)
-        await self._emit(call, ToolStatus.SUCCEEDED, seq)
         content = result.model_content if result.model_content is not None else result_json
         return ToolOutcome(call, ToolStatus.SUCCEEDED, clip(content, MODEL_CONTENT_CHARS))
 

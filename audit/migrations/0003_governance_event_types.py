@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('audit', '0001_initial'),
+        ('audit', '0002_tool_provider_call_id'),
     ]
 
     operations = [
