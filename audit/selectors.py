@@ -37,6 +37,7 @@ Summary semantics (documented in docs/api.md):
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from django.contrib.auth.models import AbstractBaseUser
@@ -158,8 +159,8 @@ def summarize(
     persisted: Counts,
     returned: Counts,
     tools: list[ToolInvocation],
-    steps: list[AgentStep] = (),
-    reasoning: list[dict] = (),
+    steps: Sequence[AgentStep] = (),
+    reasoning: Sequence[dict] = (),
 ) -> TraceSummary:
     """Compare stored, expected and returned records of `run`, and every stored row with its digest in
     the chain; see the module docstring. `reasoning`: the run's reasoning rows as stored
