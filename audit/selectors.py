@@ -41,12 +41,27 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from django.contrib.auth.models import AbstractBaseUser
+from django.db.models import (
+    BooleanField,
+    Case,
+    Count,
+    Exists,
+    F,
+    IntegerField,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Value,
+    When,
+)
+from django.db.models.functions import Coalesce
 
-from audit.binding import verify_rows
+from audit.binding import GOVERNANCE_EVENTS, verify_rows
 from audit.integrity import verify_chain
 from audit.models import TOOL_CONFLICT, AgentStep, EventType, ToolInvocation, ToolStatus, TraceEvent
 from audit.rowdigest import stored_reasoning_rows
-from diagnosis.models import DiagnosisRun
+from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun
 from diagnosis.selectors import FeedbackView, RunResolution, get_feedback, viewer_feedback
 
 SESSION_AUDITS_LIMIT = 500
@@ -243,6 +258,52 @@ def summarize(
     )
 
 
+def _persisted_count(model, rows: QuerySet | None = None) -> Coalesce:
+    """Correlated COUNT of a run's rows in an audit table (one subquery in the run list's single SELECT)."""
+    counted = (
+        (model.objects.all() if rows is None else rows)
+        .filter(run_id=OuterRef("run_id"))
+        .order_by()
+        .values("run_id")
+        .annotate(n=Count("pk"))
+        .values("n")[:1]
+    )
+    return Coalesce(Subquery(counted, output_field=IntegerField()), Value(0))
+
+
+def annotate_audit_completeness(queryset: QuerySet[DiagnosisRun]) -> QuerySet[DiagnosisRun]:
+    """`persisted_events/steps/tools` and `audit_complete` on every run, in SQL (subqueries of one SELECT).
+
+    `summarize`'s rule as far as SQL can decide it: the run is terminal, every event, step and tool the
+    recorder attempted is stored (no more, no fewer), no audit write failed, and no tool is still
+    RUNNING. Three checks need every row's content and are made by `get_trace` only: the hash chain,
+    rows stored under the run's id but another session, and every row against its digest in the chain
+    (with the expected counts the chain records; governance events, which no run expects, are not
+    counted here). `tests/test_audit_complete_rule.py` holds both
+    to the same answer over a matrix of runs.
+    """
+    running_tool = ToolInvocation.objects.filter(run_id=OuterRef("run_id"), status=ToolStatus.RUNNING)
+    events = TraceEvent.objects.exclude(event_type__in=GOVERNANCE_EVENTS)
+    return queryset.annotate(
+        persisted_events=_persisted_count(TraceEvent, events),
+        persisted_steps=_persisted_count(AgentStep),
+        persisted_tools=_persisted_count(ToolInvocation),
+    ).annotate(
+        audit_complete=Case(
+            When(
+                Q(status__in=TERMINAL_RUN_STATUSES) & ~Exists(running_tool),
+                persisted_events=F("expected_events"),
+                persisted_steps=F("expected_steps"),
+                persisted_tools=F("expected_tools"),
+                audit_write_failures=0,
+                then=Value(True),
+            ),
+            default=Value(False),
+            output_field=BooleanField(),
+        )
+    )
+
+
 # --------------------------------------------------------------------------------------------------
 # Session audits
 # --------------------------------------------------------------------------------------------------
@@ -287,3 +348,51 @@ def get_session_audits(*, session_id: str, limit: int = SESSION_AUDITS_LIMIT) ->
     newest = records[:limit]
     newest.reverse()
     return SessionAudits(audits=newest, truncated=truncated)
+
+
+# --------------------------------------------------------------------------------------------------
+# Chat replay: the stored timeline events a follower turns into frames
+# --------------------------------------------------------------------------------------------------
+_CHAT_EVENT_TYPES = (EventType.RUN_STARTED, EventType.TOOL_INVOCATION, EventType.RUN_FINISHED)
+_RUN_OUTCOME_FIELDS = (
+    "run_id",
+    "session_id",
+    "status",
+    "release_decision",
+    "content",
+    "error_code",
+    "error_message",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ChatTimelineRow:
+    """One stored timeline event that maps to a chat frame (RUN_STARTED, TOOL_INVOCATION, RUN_FINISHED)."""
+
+    sequence_no: int
+    event_type: str
+    status: str
+    details: dict
+
+
+def chat_timeline(*, run_id: str, after: int) -> tuple[list[ChatTimelineRow], DiagnosisRun]:
+    """The run's frame-mapped timeline events with `sequence_no > after`, in order, then its row (only the
+    outcome's columns). Two queries; the row is read second, so that a RUN_FINISHED seen in the first is
+    normally matched by a terminal row. Raises `DiagnosisRun.DoesNotExist` for an unknown run."""
+    rows = [
+        ChatTimelineRow(*row)
+        for row in TraceEvent.objects.filter(
+            run_id=run_id, sequence_no__gt=after, event_type__in=_CHAT_EVENT_TYPES
+        )
+        .order_by("sequence_no")
+        .values_list("sequence_no", "event_type", "status", "details")
+    ]
+    run = DiagnosisRun.objects.only(*_RUN_OUTCOME_FIELDS).get(run_id=run_id)
+    return rows, run
+
+
+def finished_by(*, run_id: str, sequence_no: int) -> bool:
+    """Whether the run's RUN_FINISHED is stored at or before `sequence_no` (one query)."""
+    return TraceEvent.objects.filter(
+        run_id=run_id, sequence_no__lte=sequence_no, event_type=EventType.RUN_FINISHED
+    ).exists()

@@ -25,7 +25,7 @@ from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from config.routing import websocket_urlpatterns  # noqa: E402
-from diagnosis.ws_auth import ChatAuthMiddleware, ChatOriginValidatorFromSettings  # noqa: E402
+from diagnosis.chat.auth import ChatAuthMiddleware, ChatOriginValidatorFromSettings  # noqa: E402
 
 http_app = ASGIStaticFilesHandler(django_asgi_app) if settings.DEBUG else django_asgi_app
 

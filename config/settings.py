@@ -183,7 +183,7 @@ LLM_MAX_RETRIES = env.int("LLM_MAX_RETRIES", default=3)
 AGENT_MAX_STEPS = env.int("AGENT_MAX_STEPS", default=6)
 TOOL_TIMEOUT = env.float("TOOL_TIMEOUT", default=20.0)
 CHAT_MAX_ACTIVE_RUNS_PER_USER = env.int("CHAT_MAX_ACTIVE_RUNS_PER_USER", default=3)
-# Chats a user may start per period over SSE and WebSocket together (diagnosis/chat_throttle.py; empty = off).
+# Chats a user may start per period over SSE and WebSocket together (diagnosis/chat/throttle.py; empty = off).
 CHAT_THROTTLE_RATE = env.str("CHAT_THROTTLE_RATE", default="30/min")
 RUN_LEASE_SECONDS = env.int("RUN_LEASE_SECONDS", default=30)
 # Runtime thread pools (diagnosis/runtime/db.py): audit/ORM writes, and synchronous tools. Each DB thread
@@ -238,7 +238,7 @@ SPECTACULAR_SETTINGS = {
     # The chat endpoints are async Django views (SSE); their paths are added by a hook (docs/chat.md).
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
-        "diagnosis.chat_schema.add_chat_paths",
+        "diagnosis.chat.schema.add_chat_paths",
     ],
     "ENUM_NAME_OVERRIDES": {
         "RunStatusEnum": "diagnosis.models.RunStatus.values",

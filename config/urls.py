@@ -5,8 +5,9 @@ from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from audit.apis import SessionAuditsApi, TraceApi
-from diagnosis import chat_apis, chat_pages
 from diagnosis.apis import RunFeedbackApi, RunListApi, SessionListApi
+from diagnosis.chat import pages as chat_pages
+from diagnosis.chat import sse as chat_sse
 from reasoning.apis import ReasoningApi
 
 urlpatterns = [
@@ -26,13 +27,9 @@ urlpatterns = [
         name="api-run-feedback",
     ),
     # Chat stream, run events and cancel (issue 5): async views, Server-Sent Events (docs/chat.md).
-    path("api/chat", chat_apis.chat_stream, name="api-chat"),
-    path(
-        "api/diagnosis/<str:sessionId>/runs/<str:runId>/events", chat_apis.run_events, name="api-run-events"
-    ),
-    path(
-        "api/diagnosis/<str:sessionId>/runs/<str:runId>/cancel", chat_apis.cancel_run, name="api-run-cancel"
-    ),
+    path("api/chat", chat_sse.chat_stream, name="api-chat"),
+    path("api/diagnosis/<str:sessionId>/runs/<str:runId>/events", chat_sse.run_events, name="api-run-events"),
+    path("api/diagnosis/<str:sessionId>/runs/<str:runId>/cancel", chat_sse.cancel_run, name="api-run-cancel"),
     path("chat/", chat_pages.chat_page, name="chat"),
     path("chat/runs/<str:run_id>/admin/", chat_pages.run_admin_redirect, name="chat-run-admin"),
 ]

@@ -174,8 +174,8 @@ class KnowledgeLanguage(models.TextChoices):
 class KnowledgeDocument(models.Model):
     """One runbook: front matter (title, tags, summary) and a markdown body, cut into `KnowledgeChunk`s.
 
-    Written only through `diagnosis.knowledge.upsert_document`, which re-chunks whenever the body changes
-    and keeps `content_sha256` (over title, tags, summary, language and body) so that reloading an
+    Written only through `diagnosis.knowledge.ingest.upsert_document`, which re-chunks whenever the body
+    changes and keeps `content_sha256` (over title, tags, summary, language and body) so that reloading an
     unchanged file is a no-op. `slug` is the stable public name: evidence ids are `kb:<slug>#<n>`.
     """
 

@@ -68,10 +68,22 @@ def session_list(*, user: AbstractBaseUser | AnonymousUser) -> QuerySet[ChatSess
     )
 
 
+def _valid_id(value: object) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS
+
+
 def get_visible_session(*, user: AbstractBaseUser | AnonymousUser, session_id: str) -> ChatSession | None:
-    if not session_id or len(session_id) > MAX_ID_CHARS:
+    if not _valid_id(session_id):
         return None
     return visible_sessions(user=user).filter(session_id=session_id).first()
+
+
+def owned_session(*, user: AbstractBaseUser, session_id: str) -> ChatSession | None:
+    """The session `session_id` if `user` owns it (new runs go only into one's own sessions, staff
+    included); else None, as for one that does not exist."""
+    if not _valid_id(session_id):
+        return None
+    return ChatSession.objects.filter(session_id=session_id, owner=user).first()
 
 
 def run_list(*, session: ChatSession, filters: RunFilters | None = None) -> QuerySet[DiagnosisRun]:
@@ -94,18 +106,30 @@ def run_list(*, session: ChatSession, filters: RunFilters | None = None) -> Quer
 def get_visible_run(
     *,
     user: AbstractBaseUser | AnonymousUser,
-    session_id: str,
+    session_id: str | None = None,
     run_id: str | None = None,
     with_feedback: bool = False,
 ) -> DiagnosisRun | None:
-    """The run `run_id` of session `session_id` (or the session's latest run when `run_id` is None), if
-    the user may see it; else None. One query; with `with_feedback` the viewer's own feedback is
-    annotated onto the run (read it with `viewer_feedback`)."""
-    if not session_id or len(session_id) > MAX_ID_CHARS:
+    """The run the user asks for if they may see it; else None, as for a run that does not exist.
+
+    The one visibility rule of every transport (REST, SSE, WebSocket): the run `run_id` of session
+    `session_id`; the session's latest run when `run_id` is None; the run `run_id` in any session when
+    `session_id` is None (the WebSocket names runs alone). Ids that are not strings of 1..`MAX_ID_CHARS`
+    characters find nothing. One query; with `with_feedback` the viewer's own feedback is annotated onto
+    the run (read it with `viewer_feedback`)."""
+    if session_id is None and run_id is None:
+        return None
+    if (session_id is not None and not _valid_id(session_id)) or (
+        run_id is not None and not _valid_id(run_id)
+    ):
         return None
     if not user.is_authenticated or not user.is_active:
         return None
-    qs = DiagnosisRun.objects.filter(session_id=session_id)
+    qs = (
+        DiagnosisRun.objects.all()
+        if session_id is None
+        else DiagnosisRun.objects.filter(session_id=session_id)
+    )
     if not sees_all_sessions(user):
         qs = qs.filter(session__owner=user)
     if with_feedback:

@@ -13,6 +13,20 @@ from django.utils import timezone
 from diagnosis.models import ChatSession, DiagnosisRun, FeedbackRating, RunFeedback
 
 TITLE_CHARS = 200
+QUERY_MAX_CHARS = 8000
+
+
+class InvalidQuery(ValueError):
+    """A query a run cannot be created for; the message is safe to show (it names no content)."""
+
+
+def validate_query(query: object) -> str:
+    """`query` if it is a non-blank string of at most `QUERY_MAX_CHARS` characters, else `InvalidQuery`."""
+    if not isinstance(query, str) or not query.strip():
+        raise InvalidQuery("query must be a non-empty string.")
+    if len(query) > QUERY_MAX_CHARS:
+        raise InvalidQuery(f"query must be at most {QUERY_MAX_CHARS} characters.")
+    return query
 
 
 def new_id(prefix: str) -> str:

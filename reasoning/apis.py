@@ -14,9 +14,7 @@ from config.api import error_responses
 from diagnosis.selectors import get_visible_run
 from reasoning.models import AccessChannel, ContentSource
 from reasoning.permissions import CanReadReasoningContent
-from reasoning.selectors import get_reasoning_records
-from reasoning.services import record_reasoning_read
-from reasoning.utils import client_address, user_agent
+from reasoning.services import read_reasoning
 
 NOT_FOUND = "No such session or run."
 
@@ -89,16 +87,7 @@ class ReasoningApi(APIView):
         if run is None:
             raise NotFound(NOT_FOUND)
         self.check_object_permissions(request, run)
-
-        records = get_reasoning_records(run_id=run.run_id)
-        record_reasoning_read(
-            user=request.user,
-            session_id=run.session_id,
-            run_id=run.run_id,
-            records_returned=len(records),
-            client_address=client_address(request),
-            user_agent=user_agent(request),
-            channel=AccessChannel.API,
-        )
+        # `read_reasoning` writes the access-log row before the records leave this view.
+        records = read_reasoning(user=request.user, run=run, request=request, channel=AccessChannel.API)
         body = {"session_id": run.session_id, "run_id": run.run_id, "records": records}
         return Response(self.OutputSerializer(body).data)

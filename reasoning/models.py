@@ -12,6 +12,9 @@ from django.db import models
 
 from reasoning.fields import EncryptedTextField
 
+# The one permission that reads reasoning content (API, admin), held by the "Reasoning Auditors" group.
+REASONING_PERMISSION = "reasoning.view_reasoning_content"
+
 
 class ContentSource(models.TextChoices):
     REASONING_AND_ASSISTANT = "PROVIDER_REASONING+ASSISTANT_TEXT"

@@ -7,7 +7,7 @@ permission never learns whether a run exists in a session they cannot see (docs/
 
 from rest_framework.permissions import BasePermission
 
-from reasoning.signals import REASONING_PERMISSION
+from reasoning.models import REASONING_PERMISSION
 
 
 class CanReadReasoningContent(BasePermission):

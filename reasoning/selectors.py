@@ -1,8 +1,8 @@
 """Reads of the governed reasoning store.
 
-`get_reasoning_records` returns decrypted content: only a caller that has checked the permission
-`reasoning.view_reasoning_content` may call it, and it must then log the read with
-`reasoning.services.record_reasoning_read` (the API and the admin panel both do, so both log alike).
+`get_reasoning_records` returns decrypted content: callers outside this app do not call it but
+`reasoning.services.read_reasoning`, which checks `REASONING_PERMISSION` and logs the read before the
+content is returned (the API and the admin panel both do, so both log alike).
 """
 
 from __future__ import annotations

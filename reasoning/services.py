@@ -1,4 +1,4 @@
-"""Writes of reasoning governance: the read-access log, retention purges and key rotation.
+"""Writes of reasoning governance: the logged read, the read-access log, retention purges and key rotation.
 
 Keyword-only arguments. Log lines name ids and counts, never content or keys.
 """
@@ -9,9 +9,11 @@ import datetime as dt
 import ipaddress
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import PermissionDenied
 from django.db import models, transaction
 from django.db.models import Q
 from django.db.models.functions import Cast
@@ -22,7 +24,9 @@ from audit.recorder import record_reasoning_change
 from audit.rowdigest import stored_reasoning_rows
 from reasoning import crypto
 from reasoning.fields import Ciphertext
-from reasoning.models import AccessChannel, AgentReasoningAudit, ReasoningAccessLog
+from reasoning.models import REASONING_PERMISSION, AccessChannel, AgentReasoningAudit, ReasoningAccessLog
+from reasoning.selectors import ReasoningRecord, get_reasoning_records
+from reasoning.utils import client_address, user_agent
 
 logger = logging.getLogger(__name__)
 
@@ -32,8 +36,31 @@ ROTATE_BATCH = 500
 
 
 # --------------------------------------------------------------------------------------------------
-# Read-access log
+# Reading reasoning, and the read-access log
 # --------------------------------------------------------------------------------------------------
+def read_reasoning(*, user: AbstractBaseUser, run: Any, request: Any, channel: str) -> list[ReasoningRecord]:
+    """The reasoning records of `run` for `user`, with the read's access-log row written first.
+
+    The caller has found `run` visible to `user` and checked `REASONING_PERMISSION` at the point its
+    contract orders it; this checks it again (PermissionDenied), so no path reads unguarded. The row
+    records who read what from where (`request`: its client address and user agent, `channel`: API or
+    ADMIN). If that write fails, the exception propagates and nothing is returned (no unlogged read).
+    """
+    if not (user.is_active and user.has_perm(REASONING_PERMISSION)):
+        raise PermissionDenied
+    records = get_reasoning_records(run_id=run.run_id)
+    record_reasoning_read(
+        user=user,
+        session_id=run.session_id,
+        run_id=run.run_id,
+        records_returned=len(records),
+        client_address=client_address(request),
+        user_agent=user_agent(request),
+        channel=channel,
+    )
+    return records
+
+
 def record_reasoning_read(
     *,
     user: AbstractBaseUser,

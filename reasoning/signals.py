@@ -9,8 +9,9 @@ from django.apps import apps as global_apps
 from django.db.models.signals import post_migrate
 from django.dispatch import receiver
 
+from reasoning.models import REASONING_PERMISSION
+
 AUDITOR_GROUP = "Reasoning Auditors"
-REASONING_PERMISSION = "reasoning.view_reasoning_content"
 
 
 @receiver(post_migrate, dispatch_uid="reasoning.create_auditor_group")

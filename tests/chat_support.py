@@ -20,6 +20,7 @@ import httpx
 from django.conf import settings
 from django.db import connection
 
+from diagnosis.runtime import supervisor
 from tests.fakes.openai_server import (
     Completion,
     Stream,
@@ -339,3 +340,8 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05, message: 
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out waiting for {message}")
+
+
+def owned_runs() -> dict[str, asyncio.Task]:
+    """The runs this process is executing (run id → task), from the supervisor's registry."""
+    return {run_id: owned.task for run_id, owned in supervisor._runs.items()}

@@ -11,7 +11,7 @@ from django.db import connection
 
 from audit.recorder import RunRecorder
 from diagnosis import services
-from diagnosis.runtime.knowledge import reset_knowledge_index
+from diagnosis.knowledge.retrieval import reset_knowledge_index
 
 
 def pytest_collection_modifyitems(config, items):

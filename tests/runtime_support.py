@@ -20,7 +20,7 @@ from django.db import OperationalError
 from django.db.backends.signals import connection_created
 
 from diagnosis.runtime import db as runtime_db
-from diagnosis.runtime.events import CollectingSink
+from diagnosis.runtime.events import Event
 from diagnosis.runtime.executor import RunOutcome, execute_run, prepare_run
 from diagnosis.runtime.llm import aclose_clients
 from tests.fakes.openai_server import HTTPError, stream_answer
@@ -133,6 +133,30 @@ def evidence_ids(request) -> list[str]:
         if message.get("role") == "tool":
             ids += EVIDENCE_ID.findall(str(message.get("content") or ""))
     return list(dict.fromkeys(ids))
+
+
+class CollectingSink:
+    """Keeps every event a run emits, in order (`events`)."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    async def emit(self, event: Event) -> None:
+        self.events.append(event)
+
+    def of_type(self, kind: type) -> list[Any]:
+        return [e for e in self.events if isinstance(e, kind)]
+
+
+async def start_run(*, user, query: str, session_id: str | None = None, sink=None, **kwargs: Any):
+    """Create the run (and its session if needed) and execute it in a task of the running loop."""
+    from diagnosis.runtime.db import db
+
+    run = await db(prepare_run, user=user, query=query, session_id=session_id)
+    task = asyncio.create_task(
+        execute_run(run_id=run.run_id, sink=sink or CollectingSink(), **kwargs), name=f"run:{run.run_id}"
+    )
+    return run, task
 
 
 def execute(run_id: str, **kwargs: Any) -> tuple[RunOutcome, CollectingSink]:

@@ -1,5 +1,5 @@
-"""The admin console (issue 6): run list, one-page run view, gated reasoning panel, trace export, and the
-read-only rules for audit, reasoning and access-log rows."""
+"""The admin console: run list, one-page run view, gated reasoning panel, trace export, and the read-only
+rules for audit, reasoning and access-log rows."""
 
 from __future__ import annotations
 
@@ -17,14 +17,15 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils.html import escape
 
-from audit import admin_console
 from audit.models import AgentStep, ToolInvocation, TraceEvent
 from audit.recorder import RunRecorder
 from audit.selectors import get_trace
 from audit.serializers import serialize_trace
 from audit.signals import STAFF_VIEWERS_GROUP, WITHHELD_CODENAMES, create_staff_viewers_group
-from diagnosis import admin as diagnosis_admin
 from diagnosis import services
+from diagnosis.admin import runs as runs_admin
+from diagnosis.admin.display import format_ms
+from diagnosis.admin.run_page import build_run_page
 from diagnosis.models import DiagnosisRun, RunStatus
 from reasoning.models import AccessChannel, AgentReasoningAudit, ReasoningAccessLog
 from reasoning.services import record_reasoning_read
@@ -41,8 +42,8 @@ pytestmark = pytest.mark.django_db
 
 READ_ONLY_MODELS = [TraceEvent, AgentStep, ToolInvocation, AgentReasoningAudit, ReasoningAccessLog]
 # Session, user, the user's two permission sets, then: run, events, steps, tools, the reasoning rows'
-# stored columns (for their digests, never decrypted), feedback, step times.
-RUN_PAGE_MAX_QUERIES = 11
+# stored columns (for their digests, never decrypted), feedback.
+RUN_PAGE_MAX_QUERIES = 10
 # Session, user, permissions (2), two counts, the page of runs, the date hierarchy (2).
 CHANGELIST_MAX_QUERIES = 9
 
@@ -325,7 +326,7 @@ def test_run_page_sections_render_the_api_trace(console_staff, user):
     html = _login(console_staff).get(_run_url(run)).content.decode()
     # Summary and timing
     assert run.query in html and run.content in html
-    assert "first output latency" in html and admin_console.format_ms(run.total_duration_ms) in html
+    assert "first output latency" in html and format_ms(run.total_duration_ms) in html
     # Timeline: every event, in sequence order, phase-coloured
     rows = re.findall(r'<tr id="ev-(\d+)" class="dc-ev dc-ev-(\w+)">', html)
     assert [int(seq) for seq, _ in rows] == [e["sequenceNo"] for e in trace["timeline"]]
@@ -369,10 +370,10 @@ def test_tool_without_measured_duration_is_drawn_open_ended(console_staff, user)
     html = _login(console_staff).get(_run_url(run)).content.decode()
     assert "dc-wf-bar dc-wf-unknown" in html and "duration unknown" in html
 
-    console = admin_console.build_run_console(serialize_trace(get_trace(run=run)))
-    (bar,) = [b for b in console.waterfall.bars if b.kind == "tool"]
+    page = build_run_page(get_trace(run=run))
+    (bar,) = [b for b in page.waterfall.bars if b.kind == "tool"]
     assert bar.mode == "unknown" and bar.duration == "duration unknown" and "another process" in bar.title
-    (step,) = [b for b in console.waterfall.bars if b.kind == "step"]
+    (step,) = [b for b in page.waterfall.bars if b.kind == "step"]
     assert step.mode == "derived"  # no recorded start: the recorded end minus the recorded duration
 
 
@@ -487,7 +488,7 @@ def test_export_action_downloads_the_api_trace_of_each_selected_run(console_staf
 
 
 def test_export_refuses_more_runs_than_its_limit(console_staff, user, monkeypatch):
-    monkeypatch.setattr(diagnosis_admin, "EXPORT_MAX_RUNS", 1)
+    monkeypatch.setattr(runs_admin, "EXPORT_MAX_RUNS", 1)
     runs = [make_recorded_run(user), make_recorded_run(user)]
     response = _login(console_staff).post(
         reverse("admin:diagnosis_diagnosisrun_changelist"),

@@ -1,6 +1,9 @@
 """The served OpenAPI schema describes every contract path of the trace API and every key of every
 response, errors included; Swagger UI is served from the sidecar package (no CDN)."""
 
+import json
+from pathlib import Path
+
 import pytest
 from django.core.management import call_command
 
@@ -190,3 +193,15 @@ def test_swagger_ui_is_served_without_a_cdn(client):
     html = page.content.decode()
     assert "swagger-ui" in html and "cdn." not in html and "unpkg" not in html and "jsdelivr" not in html
     assert "/static/drf_spectacular_sidecar/" in html
+
+
+SCHEMA_SNAPSHOT = Path(__file__).parent / "data" / "openapi_schema.json"
+
+
+def test_served_schema_is_identical_to_the_committed_copy(schema):
+    """Moving code must not change the contract: the served schema equals `tests/data/openapi_schema.json`.
+
+    After an intended contract change, regenerate the copy from `/api/schema/?format=json` (JSON, sorted keys,
+    indent 2) and review its diff with the change."""
+    served = json.dumps(schema, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    assert served == SCHEMA_SNAPSHOT.read_text(encoding="utf-8")

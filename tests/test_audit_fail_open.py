@@ -27,14 +27,13 @@ from audit.recorder import RunRecorder
 from audit.selectors import get_trace
 from diagnosis import services
 from diagnosis.models import ReleaseDecision, RunStatus
-from diagnosis.runtime.events import CollectingSink
 from diagnosis.runtime.executor import execute_run, prepare_run
 from diagnosis.runtime.llm import aclose_clients
 from reasoning.capture import build_capture
 from reasoning.models import AgentReasoningAudit
 from tests.factories import usage
 from tests.fakes.openai_server import stream_answer, stream_tool_calls
-from tests.runtime_support import AGENT, evidence_ids, in_every_runtime_thread
+from tests.runtime_support import AGENT, CollectingSink, evidence_ids, in_every_runtime_thread
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("runtime_pools")]
 

@@ -21,10 +21,12 @@ from audit.models import EventType, Phase, ToolInvocation, ToolStatus, TraceEven
 from audit.recorder import DeclaredToolCall, RunRecorder, ToolCallNotDeclared, _Event
 from audit.selectors import get_trace
 from diagnosis import services
+from diagnosis.chat.protocol import ws_frame
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
 from diagnosis.runtime import live
 from diagnosis.runtime.db import shutdown_pools
-from diagnosis.runtime.live import LiveFrame, RunFollower, persisted_frames, publish
+from diagnosis.runtime.events import DeltaEvent, Event, OutcomeEvent, RunEvent, ToolEvent, sequence_of
+from diagnosis.runtime.live import RunFollower, persisted_frames, publish
 from diagnosis.runtime.sweeper import LEASE_EXPIRED, sweep_expired_runs
 from reasoning.capture import build_capture
 from tests.factories import record_full_run, usage
@@ -75,7 +77,7 @@ def test_replay_maps_the_timeline_to_contract_frames(user):
     run.refresh_from_db()
     replay = persisted_frames(run.run_id, after=0)
     assert replay.finished
-    kinds = [(f.type, f.frame.get("toolCallId"), f.frame.get("status")) for f in replay.frames]
+    kinds = [(f.type, ws_frame(f).get("toolCallId"), ws_frame(f).get("status")) for f in replay.frames]
     assert kinds == [
         ("run", None, None),
         ("tool", "call_0", "RUNNING"),
@@ -86,22 +88,22 @@ def test_replay_maps_the_timeline_to_contract_frames(user):
     ]
     events = {e.sequence_no: e.event_type for e in TraceEvent.objects.filter(run_id=run.run_id)}
     for frame in replay.frames:
-        assert frame.seq is not None
+        assert sequence_of(frame) is not None
         expected = {
             "run": EventType.RUN_STARTED,
             "tool": EventType.TOOL_INVOCATION,
             "outcome": EventType.RUN_FINISHED,
         }
-        assert events[frame.seq] == expected[frame.type]
-    assert replay.frames[0].frame == {"type": "run", "sessionId": run.session_id, "runId": run.run_id}
-    assert replay.frames[1].frame == {
+        assert events[sequence_of(frame)] == expected[frame.type]
+    assert ws_frame(replay.frames[0]) == {"type": "run", "sessionId": run.session_id, "runId": run.run_id}
+    assert ws_frame(replay.frames[1]) == {
         "type": "tool",
         "runId": run.run_id,
         "toolCallId": "call_0",
         "name": "lookup_knowledge",
         "status": "RUNNING",
     }
-    assert replay.frames[-1].frame == {
+    assert ws_frame(replay.frames[-1]) == {
         "type": "outcome",
         "runId": run.run_id,
         "status": "SUCCESS",
@@ -109,9 +111,11 @@ def test_replay_maps_the_timeline_to_contract_frames(user):
         "content": run.content,
     }
     # Exactly the frames after N.
-    third = replay.frames[2].seq
+    third = sequence_of(replay.frames[2])
     later = persisted_frames(run.run_id, after=third)
-    assert [f.seq for f in later.frames] == [f.seq for f in replay.frames if f.seq > third]
+    assert [sequence_of(f) for f in later.frames] == [
+        sequence_of(f) for f in replay.frames if sequence_of(f) > third
+    ]
 
 
 def test_replay_of_a_failed_run_sends_error_then_outcome(user):
@@ -121,14 +125,16 @@ def test_replay_of_a_failed_run_sends_error_then_outcome(user):
     )
     replay = persisted_frames(run.run_id, after=0)
     assert [f.type for f in replay.frames][-2:] == ["error", "outcome"]
-    assert replay.frames[-2].frame == {
+    assert ws_frame(replay.frames[-2]) == {
         "type": "error",
         "code": "PROVIDER_UNAVAILABLE",
         "message": "The model provider failed.",
     }
-    assert replay.frames[-2].seq is None  # the error maps to no timeline event of its own
+    assert sequence_of(replay.frames[-2]) is None  # the error maps to no timeline event of its own
     # The dangling tool was closed FAILED by finish and that is a tool frame too.
-    assert ("call_0", "FAILED") in [(f.frame.get("toolCallId"), f.frame.get("status")) for f in replay.frames]
+    assert ("call_0", "FAILED") in [
+        (ws_frame(f).get("toolCallId"), ws_frame(f).get("status")) for f in replay.frames
+    ]
 
 
 def test_replay_skips_refused_tool_starts(user):
@@ -137,7 +143,7 @@ def test_replay_skips_refused_tool_starts(user):
         rec.tool_started(tool_call_id="undeclared", tool_name="lookup_knowledge", input_params={})
     assert TraceEvent.objects.filter(run_id=run.run_id, status="REFUSED").exists()
     replay = persisted_frames(run.run_id, after=0)
-    assert "undeclared" not in [f.frame.get("toolCallId") for f in replay.frames]
+    assert "undeclared" not in [ws_frame(f).get("toolCallId") for f in replay.frames]
 
 
 def test_replay_waits_for_the_terminal_row_and_survives_a_missing_run_finished(user):
@@ -153,7 +159,7 @@ def test_replay_waits_for_the_terminal_row_and_survives_a_missing_run_finished(u
     other, _rec, _ = _started_run(user)
     DiagnosisRun.objects.filter(run_id=other.run_id).update(status=RunStatus.SUCCESS, content="done")
     replay = persisted_frames(other.run_id, after=0)
-    assert replay.finished and replay.frames[-1].type == "outcome" and replay.frames[-1].seq is None
+    assert replay.finished and replay.frames[-1].type == "outcome" and sequence_of(replay.frames[-1]) is None
 
 
 def test_replay_after_the_outcome_is_empty_and_complete(user):
@@ -177,20 +183,23 @@ async def _collect(follower: RunFollower, into: list, until_outcome: bool = True
 async def test_follower_joins_replay_and_live_without_gap_or_duplicate(user):
     run, rec, start_seq = await sync_to_async(_started_run)(user, tools=3)
     rid = run.run_id
-    received: list[LiveFrame] = []
+    received: list[Event] = []
     async with RunFollower(rid, after=0) as follower:
         # Published *after* subscription but already in the database: must not be sent twice.
-        await publish(rid, LiveFrame(live.run_frame(session_id=run.session_id, run_id=rid), 1))
+        await publish(rid, RunEvent(session_id=run.session_id, run_id=rid, sequence_no=1))
         await publish(
             rid,
-            LiveFrame(
-                live.tool_frame(run_id=rid, tool_call_id="call_0", name="lookup_knowledge", status="RUNNING"),
-                start_seq,
+            ToolEvent(
+                run_id=rid,
+                tool_call_id="call_0",
+                name="lookup_knowledge",
+                status="RUNNING",
+                sequence_no=start_seq,
             ),
         )
         task = asyncio.create_task(_collect(follower, received))
         await asyncio.sleep(0.1)
-        await publish(rid, LiveFrame(live.delta_frame(run_id=rid, text="Check "), None))
+        await publish(rid, DeltaEvent(run_id=rid, text="Check "))
         # call_1 starts and its live frame is lost (never published); call_2's frame arrives.
         await sync_to_async(rec.tool_started)(
             tool_call_id="call_1", tool_name="lookup_knowledge", input_params={"query": "q"}
@@ -200,27 +209,28 @@ async def test_follower_joins_replay_and_live_without_gap_or_duplicate(user):
         )
         await publish(
             rid,
-            LiveFrame(
-                live.tool_frame(run_id=rid, tool_call_id="call_2", name="lookup_knowledge", status="RUNNING"),
-                seq2,
+            ToolEvent(
+                run_id=rid, tool_call_id="call_2", name="lookup_knowledge", status="RUNNING", sequence_no=seq2
             ),
         )
-        await publish(rid, LiveFrame(live.delta_frame(run_id=rid, text="the replica."), None))
+        await publish(rid, DeltaEvent(run_id=rid, text="the replica."))
         await sync_to_async(rec.release)(decision=ReleaseDecision.PUBLISHED, reason="ok")
         end = await sync_to_async(rec.finish)(status=RunStatus.SUCCESS, content="Check the replica.")
         await publish(
             rid,
-            LiveFrame(
-                live.outcome_frame(
-                    run_id=rid, status="SUCCESS", release_decision="PUBLISHED", content="Check the replica."
-                ),
-                end,
+            OutcomeEvent(
+                run_id=rid,
+                status="SUCCESS",
+                release_decision="PUBLISHED",
+                content="Check the replica.",
+                sequence_no=end,
             ),
         )
         await asyncio.wait_for(task, TIMEOUT)
 
     summary = [
-        (f.type, f.frame.get("toolCallId"), f.frame.get("status"), f.frame.get("text")) for f in received
+        (f.type, ws_frame(f).get("toolCallId"), ws_frame(f).get("status"), ws_frame(f).get("text"))
+        for f in received
     ]
     assert summary == [
         ("run", None, None, None),
@@ -235,7 +245,7 @@ async def test_follower_joins_replay_and_live_without_gap_or_duplicate(user):
         ("tool", "call_2", "ABANDONED", None),
         ("outcome", None, "SUCCESS", None),
     ]
-    seqs = [f.seq for f in received if f.seq is not None]
+    seqs = [sequence_of(f) for f in received if sequence_of(f) is not None]
     assert seqs == sorted(seqs) and len(seqs) == len(set(seqs))
 
 
@@ -243,14 +253,16 @@ async def test_follower_joins_replay_and_live_without_gap_or_duplicate(user):
 async def test_follower_finds_an_outcome_whose_live_frame_was_lost(user, monkeypatch):
     monkeypatch.setattr(live, "CATCHUP_SECONDS", 0.2)
     run, rec, _ = await sync_to_async(_started_run)(user)
-    received: list[LiveFrame] = []
+    received: list[Event] = []
     async with RunFollower(run.run_id, after=0) as follower:
         task = asyncio.create_task(_collect(follower, received))
         await asyncio.sleep(0.05)
         await sync_to_async(rec.finish)(status=RunStatus.CANCELLED)  # nothing published
         await asyncio.wait_for(task, TIMEOUT)
-    assert received[-1].type == "outcome" and received[-1].frame["status"] == "CANCELLED"
-    assert ("call_0", "INTERRUPTED") in [(f.frame.get("toolCallId"), f.frame.get("status")) for f in received]
+    assert received[-1].type == "outcome" and ws_frame(received[-1])["status"] == "CANCELLED"
+    assert ("call_0", "INTERRUPTED") in [
+        (ws_frame(f).get("toolCallId"), ws_frame(f).get("status")) for f in received
+    ]
 
 
 @pytest.mark.asyncio
@@ -259,7 +271,7 @@ async def test_follower_of_a_finished_run_ends_after_replay(user):
         session=await sync_to_async(services.create_session)(owner=user), query="q"
     )
     await sync_to_async(record_full_run)(run, tools=1)
-    received: list[LiveFrame] = []
+    received: list[Event] = []
     async with RunFollower(run.run_id, after=0) as follower:
         await asyncio.wait_for(_collect(follower, received), TIMEOUT)
     assert [f.type for f in received] == ["run", "tool", "tool", "outcome"]
@@ -343,7 +355,7 @@ async def test_followers_of_a_swept_run_get_error_and_outcome(user, settings):
     run, _rec, _ = await sync_to_async(_started_run)(user)
     past = timezone.now() - dt.timedelta(seconds=1)
     await DiagnosisRun.objects.filter(run_id=run.run_id).aupdate(lease_owner="gone:1", lease_expires_at=past)
-    received: list[LiveFrame] = []
+    received: list[Event] = []
     async with RunFollower(run.run_id, after=0) as follower:
         task = asyncio.create_task(_collect(follower, received))
         await asyncio.sleep(0.05)
@@ -353,8 +365,8 @@ async def test_followers_of_a_swept_run_get_error_and_outcome(user, settings):
         await publish_swept(swept)
         await asyncio.wait_for(task, TIMEOUT)
     assert [f.type for f in received][-2:] == ["error", "outcome"]
-    assert received[-2].frame["code"] == LEASE_EXPIRED
-    assert received[-1].frame["status"] == "FAILED"
+    assert ws_frame(received[-2])["code"] == LEASE_EXPIRED
+    assert ws_frame(received[-1])["status"] == "FAILED"
 
 
 @pytest.mark.asyncio

@@ -5,18 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from io import StringIO
 
 import pytest
 from asgiref.sync import sync_to_async
 from django.core.management import call_command
 from django.test import AsyncClient
+from rest_framework.authentication import SessionAuthentication, TokenAuthentication
 from rest_framework.authtoken.models import Token
 
 from audit.models import EventType, TraceEvent
 from diagnosis.models import DiagnosisRun, RunStatus
 from diagnosis.runtime import supervisor
-from tests.chat_support import ScriptedProvider, parse_sse
+from tests.chat_support import ScriptedProvider, owned_runs, parse_sse
 from tests.factories import make_recorded_run
 from tests.fakes.openai_server import FakeLLMServer
 
@@ -93,7 +95,7 @@ async def _post_chat(client, body, **extra):
 
 
 async def _settle(run_id: str) -> None:
-    task = supervisor.owned_runs().get(run_id)
+    task = owned_runs().get(run_id)
     if task is not None:
         await asyncio.wait_for(asyncio.shield(task), TIMEOUT)
     await supervisor.stop_background()
@@ -195,6 +197,31 @@ async def test_session_authentication_needs_the_csrf_token(user):
     assert accepted.status_code == 200
     _, events = await _read(accepted)
     await _settle(events[0].data["runId"])
+
+
+async def test_authentication_is_drf_s_on_the_runtime_database_pool(user, monkeypatch):
+    """Token and session are checked by DRF's own authenticators, and on the bounded runtime pool."""
+    threads: list[str] = []
+
+    def spy(cls):
+        original = cls.authenticate
+
+        def authenticate(self, request):
+            threads.append(threading.current_thread().name)
+            return original(self, request)
+
+        monkeypatch.setattr(cls, "authenticate", authenticate)
+
+    spy(TokenAuthentication)
+    spy(SessionAuthentication)
+    run = await sync_to_async(make_recorded_run)(user)
+    url = f"/api/diagnosis/{run.session_id}/runs/{run.run_id}/cancel"
+    assert (await (await _token_client(user)).post(url)).status_code == 202
+    session_client = AsyncClient()
+    await session_client.aforce_login(user)
+    assert (await session_client.post(url)).status_code == 202  # the test client skips CSRF checks
+    assert len(threads) == 3  # token; token (no header), then session
+    assert all(name.startswith("runtime-db") for name in threads), threads
 
 
 async def test_active_run_limit_answers_429(user, chat_settings, llm_server):

@@ -23,7 +23,7 @@ from config.asgi import application
 from diagnosis.models import DiagnosisRun, RunStatus
 from diagnosis.runtime import supervisor
 from diagnosis.runtime.tools.registry import default_registry
-from tests.chat_support import ScriptedProvider
+from tests.chat_support import ScriptedProvider, owned_runs
 from tests.factories import REASONING_MARKER, make_recorded_run
 from tests.fakes.openai_server import FakeLLMServer
 
@@ -90,7 +90,7 @@ async def _frames_until_outcome(comm: WebsocketCommunicator, *, run_id: str | No
 
 
 async def _wait_run_finished(run_id: str) -> None:
-    task = supervisor.owned_runs().get(run_id)
+    task = owned_runs().get(run_id)
     if task is not None:
         await asyncio.wait_for(asyncio.shield(task), TIMEOUT)
 

@@ -4,9 +4,9 @@ chunks and the retrieval index are rebuilt."""
 import pytest
 from django.urls import reverse
 
-from diagnosis import knowledge
+from diagnosis.knowledge import ingest
+from diagnosis.knowledge.retrieval import search_knowledge
 from diagnosis.models import KnowledgeChunk, KnowledgeDocument
-from diagnosis.runtime.knowledge import search_knowledge
 
 BODY = "## Symptoms\n\nThe replica reports growing lag.\n\n## Fix\n\nEnable parallel apply."
 
@@ -19,7 +19,7 @@ def admin_client(client, superuser):
 
 @pytest.fixture
 def document(db):
-    return knowledge.upsert_document(
+    return ingest.upsert_document(
         slug="replica-lag", title="Replica lag", tags=["mysql", "replication"], summary="Lag.", body=BODY
     ).document
 
@@ -44,9 +44,7 @@ def form_data(document: KnowledgeDocument, **changes) -> dict:
 
 
 def test_changelist_and_search(admin_client, document):
-    knowledge.upsert_document(
-        slug="dns", title="DNS failures", tags=["dns"], summary="", body="Resolver down."
-    )
+    ingest.upsert_document(slug="dns", title="DNS failures", tags=["dns"], summary="", body="Resolver down.")
     url = reverse("admin:diagnosis_knowledgedocument_changelist")
     page = admin_client.get(url)
     assert page.status_code == 200

@@ -8,8 +8,8 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.core.management import CommandError, call_command
 
-from diagnosis import knowledge
-from diagnosis.knowledge import MAX_CHUNK_CHARS, MIN_CHUNK_CHARS, chunk_markdown, parse_markdown
+from diagnosis.knowledge import ingest
+from diagnosis.knowledge.ingest import MAX_CHUNK_CHARS, MIN_CHUNK_CHARS, chunk_markdown, parse_markdown
 from diagnosis.models import KnowledgeChunk, KnowledgeDocument
 
 RUNBOOKS = Path(__file__).resolve().parent.parent / "diagnosis" / "runbooks"
@@ -260,7 +260,7 @@ def test_prune_deletes_only_documents_of_removed_files(tmp_path):
     write(tmp_path, "a.md", body="Alpha.")
     write(tmp_path, "b.md", body="Beta.")
     load(tmp_path)
-    knowledge.upsert_document(slug="handmade", title="Handmade", tags=[], summary="", body="Made in admin.")
+    ingest.upsert_document(slug="handmade", title="Handmade", tags=[], summary="", body="Made in admin.")
     (tmp_path / "b.md").unlink()
     assert "0 pruned" not in load(tmp_path)  # without --prune nothing is deleted
     assert KnowledgeDocument.objects.filter(slug="b").exists()
@@ -272,9 +272,9 @@ def test_prune_deletes_only_documents_of_removed_files(tmp_path):
 @pytest.mark.django_db
 def test_upsert_validates_and_normalises():
     with pytest.raises(ValidationError) as excinfo:
-        knowledge.upsert_document(slug="Bad Slug", title="", tags="oops", summary="", body="  ")
+        ingest.upsert_document(slug="Bad Slug", title="", tags="oops", summary="", body="  ")
     assert set(excinfo.value.message_dict) == {"slug", "title", "tags", "body"}
-    result = knowledge.upsert_document(
+    result = ingest.upsert_document(
         slug="dns", title="  DNS   failures ", tags=[" dns ", "DNS", "", "network"], summary="a\n b", body="x"
     )
     assert (result.outcome, result.rechunked, result.chunk_count) == ("created", True, 1)
@@ -285,12 +285,12 @@ def test_upsert_validates_and_normalises():
         "a b",
         "en",
     )
-    same = knowledge.upsert_document(
+    same = ingest.upsert_document(
         slug="dns", title="DNS failures", tags=["dns", "network"], summary="a b", body="x"
     )
     assert same.outcome == "unchanged"
     assert (
-        knowledge.upsert_document(
+        ingest.upsert_document(
             slug="zh", title="标题", tags=[], summary="", body="中文正文"
         ).document.language
         == "zh"
@@ -299,12 +299,12 @@ def test_upsert_validates_and_normalises():
 
 @pytest.mark.django_db
 def test_writes_bump_the_generation():
-    before = knowledge.knowledge_generation()
-    knowledge.upsert_document(slug="a", title="A", tags=[], summary="", body="x")
-    after_create = knowledge.knowledge_generation()
+    before = ingest.knowledge_generation()
+    ingest.upsert_document(slug="a", title="A", tags=[], summary="", body="x")
+    after_create = ingest.knowledge_generation()
     assert after_create != before
-    knowledge.upsert_document(slug="a", title="A", tags=[], summary="", body="x")
-    assert knowledge.knowledge_generation() == after_create  # unchanged: no write, no bump
-    assert knowledge.delete_document(slug="a") is True
-    assert knowledge.knowledge_generation() != after_create
-    assert knowledge.delete_document(slug="a") is False
+    ingest.upsert_document(slug="a", title="A", tags=[], summary="", body="x")
+    assert ingest.knowledge_generation() == after_create  # unchanged: no write, no bump
+    assert ingest.delete_document(slug="a") is True
+    assert ingest.knowledge_generation() != after_create
+    assert ingest.delete_document(slug="a") is False

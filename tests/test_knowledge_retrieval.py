@@ -1,4 +1,4 @@
-"""Retrieval (`diagnosis.runtime.knowledge.search_knowledge`): quality on the real runbooks, layers, bounds,
+"""Retrieval (`diagnosis.knowledge.retrieval.search_knowledge`): quality on the real runbooks, layers, bounds,
 evidence ids, index freshness, query counts and concurrent use."""
 
 import threading
@@ -11,10 +11,8 @@ from django.core.management import call_command
 from django.db import connections
 from django.utils import timezone
 
-from diagnosis import knowledge
-from diagnosis.models import KnowledgeChunk, KnowledgeDocument
-from diagnosis.runtime import knowledge as retrieval
-from diagnosis.runtime.knowledge import (
+from diagnosis.knowledge import ingest, retrieval
+from diagnosis.knowledge.retrieval import (
     EVIDENCE_ID_RE,
     EVIDENCE_TEXT_CHARS,
     MAX_TOP_K,
@@ -22,6 +20,7 @@ from diagnosis.runtime.knowledge import (
     search_knowledge,
     tokenize,
 )
+from diagnosis.models import KnowledgeChunk, KnowledgeDocument
 
 RUNBOOKS = Path(__file__).resolve().parent.parent / "diagnosis" / "runbooks"
 
@@ -71,7 +70,7 @@ def corpus(db):
 
 
 def doc(slug: str, *, title: str, tags: list[str], summary: str = "", body: str) -> None:
-    knowledge.upsert_document(slug=slug, title=title, tags=tags, summary=summary, body=body)
+    ingest.upsert_document(slug=slug, title=title, tags=tags, summary=summary, body=body)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -303,7 +302,7 @@ def test_a_write_by_another_process_is_seen_through_the_stamp(corpus, monkeypatc
 def test_an_upsert_in_this_process_rebuilds_at_once(corpus):
     assert search_knowledge("frobnicator").layer == ""
     document = KnowledgeDocument.objects.get(slug="oom-killer")
-    knowledge.upsert_document(
+    ingest.upsert_document(
         slug=document.slug,
         title=document.title,
         tags=document.tags,
@@ -312,7 +311,7 @@ def test_an_upsert_in_this_process_rebuilds_at_once(corpus):
     )
     result = search_knowledge("frobnicator")
     assert result.items[0].slug == "oom-killer" and result.items[0].heading == "Frobnicator"
-    knowledge.delete_document(slug="oom-killer")
+    ingest.delete_document(slug="oom-killer")
     assert search_knowledge("frobnicator").layer == ""
 
 

@@ -265,7 +265,7 @@ def test_a_10_mb_tool_output_is_bounded_in_the_audit_and_in_memory(llm, corpus, 
         _cite_first,
     )
     llm.supported()
-    from diagnosis.runtime.knowledge import search_knowledge
+    from diagnosis.knowledge.retrieval import search_knowledge
 
     search_knowledge("warm the index")  # the retrieval index is process state, not per-run memory
     tracemalloc.start()

@@ -17,12 +17,10 @@ from django.db import connection
 from audit.selectors import get_trace
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
 from diagnosis.runtime import db as runtime_db
-from diagnosis.runtime.events import CollectingSink
-from diagnosis.runtime.executor import start_run
 from diagnosis.runtime.llm import aclose_clients
 from tests.fakes.openai_server import stream_answer, usage
 from tests.reliability_support import mariadb_running, restart_mariadb
-from tests.runtime_support import AGENT
+from tests.runtime_support import AGENT, CollectingSink, start_run
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.django_db(transaction=True)]
 

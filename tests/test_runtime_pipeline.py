@@ -725,7 +725,7 @@ def _tool_rounds(rounds):
 
 
 def test_database_statements_per_model_step_are_bounded(llm, corpus, user):
-    from diagnosis.runtime.knowledge import search_knowledge
+    from diagnosis.knowledge.retrieval import search_knowledge
 
     search_knowledge("warm the retrieval index")  # building the index is not per-step work
     counts = {}

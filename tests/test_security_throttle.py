@@ -18,10 +18,9 @@ from django.test import AsyncClient
 from rest_framework.authtoken.models import Token
 
 from config.asgi import application
-from diagnosis.chat_throttle import ChatRateThrottle
+from diagnosis.chat.throttle import ChatRateThrottle
 from diagnosis.models import DiagnosisRun
-from diagnosis.runtime import supervisor
-from tests.chat_support import parse_sse
+from tests.chat_support import owned_runs, parse_sse
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -65,7 +64,7 @@ async def _read_to_outcome(response) -> list:
 
 
 async def _settle() -> None:
-    for task in list(supervisor.owned_runs().values()):
+    for task in list(owned_runs().values()):
         await asyncio.wait_for(asyncio.shield(task), TIMEOUT)
 
 

@@ -21,13 +21,13 @@ from diagnosis.models import ReleaseDecision, RunStatus
 from diagnosis.runtime.cancel import CancelToken
 from diagnosis.runtime.canonical import CanonicalStore
 from diagnosis.runtime.context import RunContext
-from diagnosis.runtime.events import CollectingSink, ToolEvent
+from diagnosis.runtime.events import ToolEvent
 from diagnosis.runtime.tools.boundary import TOOL_REPEATED, ToolBoundary
 from diagnosis.runtime.tools.registry import default_registry
 from reasoning.capture import build_capture
 from tests.factories import usage
 from tests.fakes.openai_server import stream_answer, stream_tool_calls
-from tests.runtime_support import AGENT, FailInserts, ask, evidence_ids
+from tests.runtime_support import AGENT, CollectingSink, FailInserts, ask, evidence_ids
 
 
 def _declare(rec, *calls, step_index=1):

@@ -1,1 +1,2 @@
-"""The agent runtime: executor, pipeline, model clients, tools and the knowledge retrieval index."""
+"""The agent runtime: executor, pipeline, model clients and tools; the knowledge that the tools search is
+`diagnosis.knowledge`."""

@@ -17,6 +17,7 @@ for SSE `id:` lines and for resuming without gaps or duplicates.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -24,19 +25,8 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 logger = logging.getLogger(__name__)
 
 
-class _Frame:
-    type: ClassVar[str]
-
-    def sse_data(self) -> dict[str, Any]:  # pragma: no cover - every event overrides it
-        raise NotImplementedError
-
-    def ws_frame(self) -> dict[str, Any]:
-        """The WebSocket frame: `{"type": ..., **fields}` as the contract lists them."""
-        return {"type": self.type, **self.sse_data()}
-
-
 @dataclass(frozen=True, slots=True)
-class RunEvent(_Frame):
+class RunEvent:
     """Always the first event of a run: which session and run the client is following."""
 
     session_id: str
@@ -44,27 +34,18 @@ class RunEvent(_Frame):
     sequence_no: int | None = None
     type: ClassVar[str] = "run"
 
-    def sse_data(self) -> dict[str, Any]:
-        return {"sessionId": self.session_id, "runId": self.run_id}
-
 
 @dataclass(frozen=True, slots=True)
-class DeltaEvent(_Frame):
+class DeltaEvent:
     """A piece of visible answer text as the provider streamed it (never reasoning)."""
 
     run_id: str
     text: str
     type: ClassVar[str] = "delta"
 
-    def sse_data(self) -> dict[str, Any]:
-        return {"text": self.text}
-
-    def ws_frame(self) -> dict[str, Any]:
-        return {"type": self.type, "runId": self.run_id, "text": self.text}
-
 
 @dataclass(frozen=True, slots=True)
-class ToolEvent(_Frame):
+class ToolEvent:
     """A tool call changed status (RUNNING, then a terminal status); no input, no output."""
 
     run_id: str
@@ -74,15 +55,9 @@ class ToolEvent(_Frame):
     sequence_no: int | None = None
     type: ClassVar[str] = "tool"
 
-    def sse_data(self) -> dict[str, Any]:
-        return {"toolCallId": self.tool_call_id, "name": self.name, "status": self.status}
-
-    def ws_frame(self) -> dict[str, Any]:
-        return {"type": self.type, "runId": self.run_id, **self.sse_data()}
-
 
 @dataclass(frozen=True, slots=True)
-class OutcomeEvent(_Frame):
+class OutcomeEvent:
     """The last event of a finished run: status, release decision and the released content."""
 
     run_id: str
@@ -92,17 +67,9 @@ class OutcomeEvent(_Frame):
     sequence_no: int | None = None
     type: ClassVar[str] = "outcome"
 
-    def sse_data(self) -> dict[str, Any]:
-        return {
-            "runId": self.run_id,
-            "status": self.status,
-            "releaseDecision": self.release_decision,
-            "content": self.content,
-        }
-
 
 @dataclass(frozen=True, slots=True)
-class ErrorEvent(_Frame):
+class ErrorEvent:
     """A failed run's error code and safe message (sent before its outcome). `run_id` is for routing
     only and is not part of the frame."""
 
@@ -111,11 +78,49 @@ class ErrorEvent(_Frame):
     run_id: str = ""
     type: ClassVar[str] = "error"
 
-    def sse_data(self) -> dict[str, Any]:
-        return {"code": self.code, "message": self.message}
-
 
 Event = RunEvent | DeltaEvent | ToolEvent | OutcomeEvent | ErrorEvent
+EVENT_TYPES: dict[str, type] = {
+    cls.type: cls for cls in (RunEvent, DeltaEvent, ToolEvent, OutcomeEvent, ErrorEvent)
+}
+# Events that correspond to a timeline event and carry its `sequence_no`.
+SEQUENCED_TYPES = frozenset({"run", "tool", "outcome"})
+
+
+def sequence_of(event: Event) -> int | None:
+    """The timeline `sequence_no` an event carries (None for deltas and errors, or when unknown)."""
+    return getattr(event, "sequence_no", None) if event.type in SEQUENCED_TYPES else None
+
+
+def identity(event: Event) -> tuple | None:
+    """The identity of an event within one run (None for deltas, which are never deduplicated): one
+    `run`, one `outcome`, one `error`, and one `tool` per call and status."""
+    if isinstance(event, ToolEvent):
+        return ("tool", event.tool_call_id, str(event.status))
+    if event.type in ("run", "outcome", "error"):
+        return (event.type,)
+    return None
+
+
+def to_message(event: Event) -> dict[str, Any]:
+    """The event as plain data (strings, numbers, None) for the channel layer; `from_message` reverses it."""
+    fields = {f.name: getattr(event, f.name) for f in dataclasses.fields(event)}
+    return {
+        "event": event.type,
+        "fields": {k: str(v) if isinstance(v, str) else v for k, v in fields.items()},
+    }
+
+
+def from_message(message: dict[str, Any]) -> Event | None:
+    """The event of a `to_message` payload, or None when it is not one."""
+    cls = EVENT_TYPES.get(message.get("event")) if isinstance(message.get("event"), str) else None
+    fields = message.get("fields")
+    if cls is None or not isinstance(fields, dict):
+        return None
+    try:
+        return cls(**fields)
+    except TypeError:
+        return None
 
 
 @runtime_checkable
@@ -130,19 +135,6 @@ class NullSink:
 
     async def emit(self, event: Event) -> None:
         return None
-
-
-class CollectingSink:
-    """Keeps every event in order (`events`); handy for callers that want the frames afterwards."""
-
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-
-    async def emit(self, event: Event) -> None:
-        self.events.append(event)
-
-    def of_type(self, kind: type) -> list[Any]:
-        return [e for e in self.events if isinstance(e, kind)]
 
 
 class SafeSink:

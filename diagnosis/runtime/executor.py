@@ -20,8 +20,8 @@
    Status, content and release decision always agree: SUCCESS has a release decision and its content;
    FAILED and CANCELLED have neither.
 
-`prepare_run` (create the session if needed, then the PENDING run) and `start_run` (prepare, then execute
-in a task) are what `manage.py diagnose`, demo data and chat transports call.
+`prepare_run` (create the session if needed, then the PENDING run) is what `manage.py diagnose`, demo
+data and the chat service call; `run_to_completion` prepares and executes in one synchronous call.
 """
 
 from __future__ import annotations
@@ -59,16 +59,17 @@ from diagnosis.runtime.events import (
     SafeSink,
     ToolEvent,
 )
-from diagnosis.runtime.llm import LLMError, ModelClient, aclose_clients, get_model_client
+from diagnosis.runtime.llm import LLMError, ModelClient, aclose_clients
 from diagnosis.runtime.pipeline import run_pipeline
+from diagnosis.runtime.providers import get_model_client
 from diagnosis.runtime.tools.registry import ToolRegistry, default_registry
+from diagnosis.selectors import owned_session
 
 logger = logging.getLogger(__name__)
 
 INTERNAL_ERROR = "INTERNAL_ERROR"
 LEASE_LOST = "LEASE_LOST"
 INTERNAL_ERROR_MESSAGE = "The run failed because of an internal error."
-QUERY_MAX_CHARS = 8000
 
 _OWNER = f"{socket.gethostname()[:60]}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
@@ -106,41 +107,25 @@ class RunOutcome:
 # ---------------------------------------------------------------------------------------------------
 # Creating runs
 # ---------------------------------------------------------------------------------------------------
-def prepare_run(*, user: AbstractBaseUser, query: str, session_id: str | None = None) -> DiagnosisRun:
-    """A PENDING run of `query` for `user`: in their session `session_id`, or in a new session."""
-    if not isinstance(query, str) or not query.strip():
-        raise ValueError("the query must not be empty")
-    if len(query) > QUERY_MAX_CHARS:
-        raise ValueError(f"the query must be at most {QUERY_MAX_CHARS} characters")
-    with transaction.atomic():
-        if session_id:
-            session = ChatSession.objects.filter(session_id=session_id, owner=user).first()
-            if session is None:
-                raise SessionNotFound(session_id)
-        else:
-            session = services.create_session(owner=user)
-        return services.create_run(session=session, query=query)
-
-
-async def start_run(
+def prepare_run(
     *,
     user: AbstractBaseUser,
     query: str,
     session_id: str | None = None,
-    sink: EventSink | None = None,
-    cancel: CancelToken | None = None,
-    client: ModelClient | None = None,
-    registry: ToolRegistry | None = None,
-) -> tuple[DiagnosisRun, asyncio.Task[RunOutcome]]:
-    """Create the run (and its session if needed) and execute it in a task of the running loop."""
-    run = await db(prepare_run, user=user, query=query, session_id=session_id)
-    task = asyncio.create_task(
-        execute_run(
-            run_id=run.run_id, sink=sink or NullSink(), cancel=cancel, client=client, registry=registry
-        ),
-        name=f"run:{run.run_id}",
-    )
-    return run, task
+    session: ChatSession | None = None,
+) -> DiagnosisRun:
+    """A PENDING run of `query` for `user`: in `session` (already looked up by the caller), in their
+    session `session_id`, or in a new session. `InvalidQuery` (a ValueError) for a query that
+    `services.validate_query` refuses; `SessionNotFound` when `session_id` is not one of the user's."""
+    query = services.validate_query(query)
+    with transaction.atomic():
+        if session is None and session_id:
+            session = owned_session(user=user, session_id=session_id)
+            if session is None:
+                raise SessionNotFound(session_id)
+        if session is None:
+            session = services.create_session(owner=user)
+        return services.create_run(session=session, query=query)
 
 
 def run_to_completion(

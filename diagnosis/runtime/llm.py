@@ -3,7 +3,7 @@
 `ModelClient` is the interface the router, the agent loop and the semantic guard call; two providers
 implement it: `OpenAIModelClient` (the official `openai` SDK's `AsyncOpenAI`, for OpenAI, DeepSeek and any
 compatible endpoint) and `diagnosis.runtime.demo.DemoModelClient` (offline, deterministic).
-`get_model_client()` picks one from `LLM_PROVIDER`.
+`diagnosis.runtime.providers.get_model_client()` picks one from `LLM_PROVIDER`.
 
 One `complete()` call streams a chat completion (`stream_options={"include_usage": True}`) and assembles:
 
@@ -41,7 +41,6 @@ from typing import Any, Protocol
 
 import openai
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
 from audit.recorder import DeclaredToolCall, Usage
@@ -519,18 +518,6 @@ async def aclose_clients() -> None:
 
 def _ms_since(began: float) -> int:
     return int((time.monotonic() - began) * 1000)
-
-
-def get_model_client() -> ModelClient:
-    """The configured provider's client: `LLM_PROVIDER=openai` or `demo`."""
-    provider = (settings.LLM_PROVIDER or "").lower()
-    if provider == "demo":
-        from diagnosis.runtime.demo import DemoModelClient
-
-        return DemoModelClient()
-    if provider == "openai":
-        return OpenAIModelClient()
-    raise ImproperlyConfigured(f"LLM_PROVIDER must be 'openai' or 'demo', not {settings.LLM_PROVIDER!r}")
 
 
 def parse_json_object(text: str | None) -> dict[str, Any] | None:

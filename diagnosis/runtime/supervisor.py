@@ -1,8 +1,8 @@
 """Per-process ownership of live runs: start, cancel, and the process's background duties.
 
-Transports (the WebSocket consumer, the SSE views) never execute a run themselves. They call
-`start_chat` (validate, enforce the per-user limit, create the run) and `launch` (execute it in an
-`asyncio` task owned by this process), then *follow* the run through `diagnosis.runtime.live`. The task
+Transports (the WebSocket consumer, the SSE views) never execute a run themselves. The chat service
+(`diagnosis.chat.service`) creates the run, subscribes a follower (`diagnosis.runtime.live`) and calls
+`launch` (execute it in an `asyncio` task owned by this process). The task
 is kept in a per-process registry with a strong reference until it ends; it is not tied to any
 connection, so closing the socket or the HTTP stream never stops the run.
 
@@ -22,121 +22,21 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db import transaction
 
-from diagnosis.models import TERMINAL_RUN_STATUSES, ChatSession, DiagnosisRun, RunStatus
+from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun, RunStatus
 from diagnosis.runtime.cancel import CancelToken
 from diagnosis.runtime.db import db
 from diagnosis.runtime.events import SafeSink
-from diagnosis.runtime.executor import RunNotClaimable, execute_run, prepare_run
+from diagnosis.runtime.executor import RunNotClaimable, execute_run
 from diagnosis.runtime.live import ChannelLayerSink
-from diagnosis.selectors import sees_all_sessions
 
 logger = logging.getLogger(__name__)
 
-QUERY_MAX_CHARS = 8000
-ID_MAX_CHARS = 64
 ACTIVE_STATUSES = (RunStatus.PENDING, RunStatus.RUNNING)
 CONTROL_MESSAGE_TYPE = "run.cancel"
-
-
-class ChatRefused(Exception):
-    """A chat, attach or cancel request the transport must refuse: `code` and a safe `message` for the
-    contract's error shape, and the HTTP `status` an SSE endpoint answers with."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-
-
-def max_active_runs() -> int:
-    return int(getattr(settings, "CHAT_MAX_ACTIVE_RUNS_PER_USER", 3))
-
-
-# -------------------------------------------------------------------------------------------------
-# Validation and creation (synchronous; await through `db`)
-# -------------------------------------------------------------------------------------------------
-def validate_query(query: Any) -> str:
-    if not isinstance(query, str) or not query.strip():
-        raise ChatRefused(400, "invalid_request", "query must be a non-empty string.")
-    if len(query) > QUERY_MAX_CHARS:
-        raise ChatRefused(400, "invalid_request", f"query must be at most {QUERY_MAX_CHARS} characters.")
-    return query
-
-
-def validate_id(value: Any, name: str) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value or len(value) > ID_MAX_CHARS:
-        raise ChatRefused(400, "invalid_request", f"{name} must be a string of 1..{ID_MAX_CHARS} characters.")
-    return value
-
-
-def validate_after(value: Any) -> int:
-    if value is None or value == "":
-        return 0
-    if isinstance(value, bool):
-        raise ChatRefused(400, "invalid_request", "after must be a non-negative integer.")
-    if isinstance(value, str):
-        if not value.isdigit() or len(value) > 12:
-            raise ChatRefused(400, "invalid_request", "after must be a non-negative integer.")
-        value = int(value)
-    if not isinstance(value, int) or value < 0 or value > 10**12:
-        raise ChatRefused(400, "invalid_request", "after must be a non-negative integer.")
-    return value
-
-
-def active_run_count(*, user: AbstractBaseUser) -> int:
-    return DiagnosisRun.objects.filter(session__owner=user, status__in=ACTIVE_STATUSES).count()
-
-
-def start_chat(*, user: AbstractBaseUser, query: Any, session_id: Any = None) -> DiagnosisRun:
-    """Create a PENDING run of `query` for `user`, in their session `session_id` or a new one.
-
-    Refuses (ChatRefused) an invalid query (400), a session the user does not own (404, as for one that
-    does not exist) and a user who already has `CHAT_MAX_ACTIVE_RUNS_PER_USER` runs PENDING or RUNNING
-    (429). The count and the creation happen under a lock on the user's row, so concurrent requests of
-    one user cannot overshoot the limit.
-    """
-    query = validate_query(query)
-    session_id = validate_id(session_id, "sessionId")
-    with transaction.atomic():
-        get_user_model().objects.select_for_update().filter(pk=user.pk).first()
-        if session_id is not None:
-            session = ChatSession.objects.filter(session_id=session_id, owner=user).first()
-            if session is None:
-                raise ChatRefused(404, "not_found", "Not found.")
-        else:
-            session = None
-        limit = max_active_runs()
-        if active_run_count(user=user) >= limit:
-            raise ChatRefused(
-                429,
-                "too_many_active_runs",
-                f"At most {limit} runs may be active at once; wait for one to finish or cancel it.",
-            )
-        return prepare_run(user=user, query=query, session_id=session.session_id if session else None)
-
-
-def visible_run(*, user: AbstractBaseUser | AnonymousUser, run_id: Any) -> DiagnosisRun | None:
-    """The run `run_id` if `user` may see it (owner of its session, or staff); else None, as for a run
-    that does not exist."""
-    if not isinstance(run_id, str) or not run_id or len(run_id) > ID_MAX_CHARS:
-        return None
-    if not user.is_authenticated or not user.is_active:
-        return None
-    qs = DiagnosisRun.objects.filter(run_id=run_id)
-    if not sees_all_sessions(user):
-        qs = qs.filter(session__owner=user)
-    return qs.only("run_id", "session_id", "status").first()
 
 
 def mark_cancel_requested(run_id: str) -> str:
@@ -155,11 +55,6 @@ class _Owned:
 
 
 _runs: dict[str, _Owned] = {}
-
-
-def owned_runs() -> dict[str, asyncio.Task]:
-    """The runs this process is executing (run id → task)."""
-    return {run_id: owned.task for run_id, owned in _runs.items()}
 
 
 def launch(run_id: str) -> asyncio.Task:

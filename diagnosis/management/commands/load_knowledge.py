@@ -6,7 +6,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
-from diagnosis.knowledge import (
+from diagnosis.knowledge.ingest import (
     SLUG_CHARS,
     clean_document_fields,
     delete_document,

@@ -1,10 +1,11 @@
-"""Admin console for staff and auditors: sessions with their runs, the run list and the one-page run view;
-and the knowledge base (runbooks) further below.
+"""Runs in the admin: a dense list with SQL-computed audit completeness, the one-page run view, the
+reasoning panel, the trace download and export; and users' feedback on runs.
 
-The run page renders the API's trace (the same dict `GET /api/diagnosis/{sessionId}/trace?runId=` returns
-and the export action downloads) through `audit.admin_console`; nothing on it is reconstructed from logs.
-Runs are read-only here. Reasoning is loaded on request by a separate view that checks
-`reasoning.view_reasoning_content` and logs the read (channel ADMIN) exactly like the API.
+The run page draws the trace read model (`audit.selectors.get_trace`) as `diagnosis.admin.run_page`
+shapes it; nothing on it is reconstructed from logs. The downloads are the API's trace body (same
+selector, same serializer, same renderer). Runs are read-only here. Reasoning is loaded on request by a
+separate view that checks `reasoning.view_reasoning_content` and logs the read (channel ADMIN) exactly
+like the API.
 """
 
 from __future__ import annotations
@@ -14,21 +15,7 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
-from django.core.exceptions import PermissionDenied, ValidationError
-from django.db.models import (
-    BooleanField,
-    Case,
-    Count,
-    Exists,
-    F,
-    IntegerField,
-    OuterRef,
-    Q,
-    Subquery,
-    Value,
-    When,
-)
-from django.db.models.functions import Coalesce
+from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -38,151 +25,24 @@ from django.utils.http import urlencode
 from django.utils.text import Truncator
 from rest_framework.renderers import JSONRenderer
 
-from audit import admin_console
-from audit.models import AgentStep, ToolInvocation, ToolStatus, TraceEvent
-from audit.selectors import get_trace
+from audit.selectors import annotate_audit_completeness, get_trace
 from audit.serializers import serialize_trace
-from diagnosis import knowledge
-from diagnosis.models import (
-    TERMINAL_RUN_STATUSES,
-    ChatSession,
-    DiagnosisRun,
-    KnowledgeChunk,
-    KnowledgeDocument,
-    RunFeedback,
-)
-from reasoning import utils as reasoning_request
-from reasoning.models import AccessChannel
-from reasoning.selectors import get_reasoning_records
-from reasoning.services import record_reasoning_read
+from diagnosis.admin.display import QUERY_PREVIEW_CHARS, format_ms
+from diagnosis.admin.display import tone as status_tone
+from diagnosis.admin.run_page import build_run_page
+from diagnosis.models import DiagnosisRun, RunFeedback
+from reasoning.models import REASONING_PERMISSION, AccessChannel
+from reasoning.services import read_reasoning
 
-REASONING_PERMISSION = "reasoning.view_reasoning_content"
-QUERY_PREVIEW_CHARS = 80
 # An export renders each run's full trace; more than this in one download belongs to the API.
 EXPORT_MAX_RUNS = 200
-CONSOLE_MEDIA = forms.Media(css={"all": ("audit/admin/console.css",)})
+CONSOLE_MEDIA = forms.Media(css={"all": ("diagnosis/admin/console.css",)})
 
 
-# ---------------------------------------------------------------------------------------------------
-# Reads the console shares with the API (its selector and serializer: never a second read model)
-# ---------------------------------------------------------------------------------------------------
 def run_trace(run: DiagnosisRun, *, viewer) -> dict[str, Any]:
     """Exactly the API's trace body for this run as `viewer` would get it (`runResolution` EXACT; the
     feedback shown is the viewer's own, as in the API)."""
     return serialize_trace(get_trace(run=run, viewer=viewer))
-
-
-def step_times(run_id: str) -> dict[int, admin_console.StepTimes]:
-    """Recorded start/end of each model step (the contract's step shape carries only the duration)."""
-    return {
-        index: admin_console.StepTimes(started_at=started, finished_at=finished, created_at=created)
-        for index, started, finished, created in AgentStep.objects.filter(run_id=run_id)
-        .order_by("step_index")
-        .values_list("step_index", "started_at", "finished_at", "created_at")
-    }
-
-
-# ---------------------------------------------------------------------------------------------------
-# Sessions
-# ---------------------------------------------------------------------------------------------------
-class RunInline(admin.TabularInline):
-    """A session's runs, newest first, each linking to its run page."""
-
-    model = DiagnosisRun
-    fields = (
-        "run_id",
-        "query_preview",
-        "status",
-        "intent",
-        "release_decision",
-        "tokens_total",
-        "tokens_reconciled",
-        "created_at",
-    )
-    readonly_fields = fields
-    ordering = ("-created_at",)
-    extra = 0
-    can_delete = False
-    show_change_link = True
-
-    @admin.display(description="query")
-    def query_preview(self, run: DiagnosisRun) -> str:
-        return Truncator(run.query).chars(QUERY_PREVIEW_CHARS)
-
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-
-@admin.register(ChatSession)
-class ChatSessionAdmin(admin.ModelAdmin):
-    """Sessions (folders of runs) with their runs inline; never added or deleted here."""
-
-    list_display = ("session_id", "owner", "title", "run_count", "created_at")
-    search_fields = ("=session_id", "title")
-    list_select_related = ("owner",)
-    readonly_fields = ("session_id", "owner", "created_at", "updated_at")
-    date_hierarchy = "created_at"
-    inlines = [RunInline]
-
-    def get_queryset(self, request):
-        return super().get_queryset(request).annotate(_run_count=Count("runs"))
-
-    @admin.display(description="runs", ordering="_run_count")
-    def run_count(self, session: ChatSession) -> int:
-        return session._run_count
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
-
-
-# ---------------------------------------------------------------------------------------------------
-# Runs
-# ---------------------------------------------------------------------------------------------------
-def _persisted_count(model) -> Coalesce:
-    """Correlated COUNT of a run's rows in an audit table (one subquery in the list's single SELECT)."""
-    counted = (
-        model.objects.filter(run_id=OuterRef("run_id"))
-        .order_by()
-        .values("run_id")
-        .annotate(n=Count("pk"))
-        .values("n")[:1]
-    )
-    return Coalesce(Subquery(counted, output_field=IntegerField()), Value(0))
-
-
-def annotate_audit_completeness(queryset):
-    """`persisted_events/steps/tools` and `audit_complete`, computed in SQL (subqueries of the one SELECT).
-
-    The trace summary's rule (`audit.selectors.summarize`) as far as SQL can decide it: the run is
-    terminal, every event, step and tool the recorder attempted is stored (no more, no fewer), no audit
-    write failed, and no tool is still RUNNING. Two checks need every row's content and are made on the
-    run page only: the hash chain, and rows stored under the run's id but another session.
-    """
-    running_tool = ToolInvocation.objects.filter(run_id=OuterRef("run_id"), status=ToolStatus.RUNNING)
-    return queryset.annotate(
-        persisted_events=_persisted_count(TraceEvent),
-        persisted_steps=_persisted_count(AgentStep),
-        persisted_tools=_persisted_count(ToolInvocation),
-    ).annotate(
-        audit_complete=Case(
-            When(
-                Q(status__in=TERMINAL_RUN_STATUSES) & ~Exists(running_tool),
-                persisted_events=F("expected_events"),
-                persisted_steps=F("expected_steps"),
-                persisted_tools=F("expected_tools"),
-                audit_write_failures=0,
-                then=Value(True),
-            ),
-            default=Value(False),
-            output_field=BooleanField(),
-        )
-    )
 
 
 class AuditCompleteFilter(admin.SimpleListFilter):
@@ -213,7 +73,7 @@ class ReconciledFilter(admin.BooleanFieldListFilter):
 def _chip(value: str | None, tone: str | None = None):
     if not value:
         return "—"
-    return format_html('<span class="dc-chip dc-{}">{}</span>', tone or admin_console.tone(value), value)
+    return format_html('<span class="dc-chip dc-{}">{}</span>', tone or status_tone(value), value)
 
 
 @admin.register(DiagnosisRun)
@@ -313,7 +173,7 @@ class DiagnosisRunAdmin(admin.ModelAdmin):
 
     @admin.display(description="duration", ordering="total_duration_ms")
     def duration(self, run: DiagnosisRun) -> str:
-        return admin_console.format_ms(run.total_duration_ms)
+        return format_ms(run.total_duration_ms)
 
     # -- permissions: read-only for everyone ----------------------------------------------------
     def has_add_permission(self, request) -> bool:
@@ -360,8 +220,7 @@ class DiagnosisRunAdmin(admin.ModelAdmin):
             return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
         if not self.has_view_permission(request, run):
             raise PermissionDenied
-        trace = run_trace(run, viewer=request.user)
-        console = admin_console.build_run_console(trace, step_times=step_times(run.run_id))
+        page = build_run_page(get_trace(run=run, viewer=request.user))
         info = self.opts.app_label, self.opts.model_name
         context = {
             **self.admin_site.each_context(request),
@@ -371,7 +230,7 @@ class DiagnosisRunAdmin(admin.ModelAdmin):
             "subtitle": None,
             "original": run,
             "run": run,
-            "console": console,
+            "page": page,
             "media": self.media,
             "is_nav_sidebar_enabled": False,
             "has_view_permission": True,
@@ -383,7 +242,7 @@ class DiagnosisRunAdmin(admin.ModelAdmin):
             **(extra_context or {}),
         }
         request.current_app = self.admin_site.name
-        return TemplateResponse(request, "admin/diagnosis/diagnosisrun/run_console.html", context)
+        return TemplateResponse(request, "admin/diagnosis/diagnosisrun/run_page.html", context)
 
     def reasoning_view(self, request, object_id):
         """The reasoning panel: 403 without `reasoning.view_reasoning_content`; one access-log row
@@ -393,17 +252,8 @@ class DiagnosisRunAdmin(admin.ModelAdmin):
         if request.method != "POST":
             return HttpResponse(status=405, headers={"Allow": "POST"})
         run = self._viewable_run(request, object_id)
-        records = get_reasoning_records(run_id=run.run_id)
-        # Logged before the content leaves the process: if this write fails, nothing is returned.
-        record_reasoning_read(
-            user=request.user,
-            session_id=run.session_id,
-            run_id=run.run_id,
-            records_returned=len(records),
-            client_address=reasoning_request.client_address(request),
-            user_agent=reasoning_request.user_agent(request),
-            channel=AccessChannel.ADMIN,
-        )
+        # Logged before the content leaves the process: if that write fails, nothing is returned.
+        records = read_reasoning(user=request.user, run=run, request=request, channel=AccessChannel.ADMIN)
         partial = request.headers.get("X-Requested-With") == "fetch"
         template = (
             "admin/diagnosis/diagnosisrun/reasoning_panel.html"
@@ -465,113 +315,3 @@ class RunFeedbackAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:
         return False
-
-
-# ---------------------------------------------------------------------------------------------------
-# Knowledge base
-# ---------------------------------------------------------------------------------------------------
-class KnowledgeDocumentForm(forms.ModelForm):
-    """Tags are edited as comma-separated text; every field is validated by the knowledge service."""
-
-    tags = forms.CharField(required=False, help_text="Comma-separated, e.g. mysql, replication, lag.")
-
-    class Meta:
-        model = KnowledgeDocument
-        fields = ("slug", "title", "tags", "summary", "body", "language")
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        if self.instance.pk and isinstance(self.instance.tags, list):
-            self.initial["tags"] = ", ".join(self.instance.tags)
-
-    def clean_tags(self) -> list[str]:
-        return [tag.strip() for tag in (self.cleaned_data.get("tags") or "").split(",") if tag.strip()]
-
-    def clean(self):
-        cleaned = super().clean()
-        slug = self.instance.slug if self.instance.pk else cleaned.get("slug", "")
-        try:
-            fields = knowledge.clean_document_fields(
-                slug=slug,
-                title=cleaned.get("title", ""),
-                tags=cleaned.get("tags", []),
-                summary=cleaned.get("summary", ""),
-                body=cleaned.get("body", ""),
-                language=cleaned.get("language") or None,
-            )
-        except ValidationError as exc:
-            for name, messages in exc.message_dict.items():
-                if name not in self.errors:  # a field's own error already says it
-                    self.add_error(name if name in self.fields else None, messages)
-            return cleaned
-        cleaned.update({name: fields[name] for name in ("title", "tags", "summary", "body", "language")})
-        return cleaned
-
-
-class KnowledgeChunkInline(admin.TabularInline):
-    model = KnowledgeChunk
-    fields = ("ordinal", "heading", "text_preview", "length")
-    readonly_fields = fields
-    extra = 0
-    can_delete = False
-    ordering = ("ordinal",)
-
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    @admin.display(description="text")
-    def text_preview(self, obj: KnowledgeChunk) -> str:
-        return obj.text if len(obj.text) <= 300 else obj.text[:299] + "…"
-
-    @admin.display(description="characters")
-    def length(self, obj: KnowledgeChunk) -> int:
-        return len(obj.text)
-
-
-@admin.register(KnowledgeDocument)
-class KnowledgeDocumentAdmin(admin.ModelAdmin):
-    """Runbooks for `lookup_knowledge`. Saving goes through `diagnosis.knowledge.upsert_document`, so a
-    changed body is re-chunked and the retrieval index notices; the slug is fixed once created."""
-
-    form = KnowledgeDocumentForm
-    list_display = ("slug", "title", "language", "chunk_count", "updated_at")
-    list_filter = ("language",)
-    search_fields = ("slug", "title", "summary")
-    readonly_fields = ("source_path", "content_sha256", "created_at", "updated_at")
-    inlines = [KnowledgeChunkInline]
-
-    def get_queryset(self, request):
-        return super().get_queryset(request).annotate(_chunk_count=Count("chunks"))
-
-    def get_readonly_fields(self, request, obj=None):
-        return ("slug", *self.readonly_fields) if obj is not None else self.readonly_fields
-
-    @admin.display(description="chunks", ordering="_chunk_count")
-    def chunk_count(self, obj: KnowledgeDocument) -> int:
-        return obj._chunk_count
-
-    def save_model(self, request, obj, form, change) -> None:
-        result = knowledge.upsert_document(
-            slug=obj.slug,
-            title=obj.title,
-            tags=obj.tags,
-            summary=obj.summary,
-            body=obj.body,
-            language=obj.language or None,
-            source_path=obj.source_path,
-        )
-        saved = result.document
-        for name in ("id", "slug", "title", "tags", "summary", "body", "language", "content_sha256"):
-            setattr(obj, name, getattr(saved, name))
-        obj.created_at, obj.updated_at = saved.created_at, saved.updated_at
-        obj._state.adding = False
-
-    def delete_model(self, request, obj) -> None:
-        knowledge.delete_document(slug=obj.slug)
-
-    def delete_queryset(self, request, queryset) -> None:
-        for slug in list(queryset.values_list("slug", flat=True)):
-            knowledge.delete_document(slug=slug)

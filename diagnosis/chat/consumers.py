@@ -6,14 +6,15 @@ Client → server (JSON text frames of at most 64 KiB)::
     {"type": "cancel", "runId": str}
     {"type": "attach", "runId": str, "after"?: int ≥ 0}
 
-Server → client: `run`, `delta`, `tool`, `outcome`, `error` frames (see `diagnosis.runtime.live`).
+Server → client: `run`, `delta`, `tool`, `outcome`, `error` frames (`diagnosis.chat.protocol`).
 
-Authentication happens in the handshake (`diagnosis.ws_auth`: session cookie or `Authorization: Token`);
+Authentication happens in the handshake (`diagnosis.chat.auth`: session cookie or `Authorization: Token`);
 an anonymous connection is accepted and closed at once with code 4401 so the client can tell why. A
 malformed, binary, oversized or unknown frame is answered with an `error` frame and the socket stays
 usable. `chat` starts a run in this process and follows it; `attach` follows a run (replay after `after`,
 then live until its outcome) from any process; `cancel` asks a run to stop, and the outcome reaches
-whoever follows it. Closing the socket stops following, never the runs.
+whoever follows it. Closing the socket stops following, never the runs. Starting, finding, following
+and cancelling runs are the chat service's (`diagnosis.chat.service`), shared with the SSE views.
 """
 
 from __future__ import annotations
@@ -26,17 +27,10 @@ from typing import Any
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from diagnosis.chat_throttle import start_throttled_chat
-from diagnosis.runtime.db import db
-from diagnosis.runtime.live import RunFollower, error_frame
-from diagnosis.runtime.supervisor import (
-    ChatRefused,
-    ensure_background,
-    launch,
-    request_cancel,
-    validate_after,
-    visible_run,
-)
+from diagnosis.chat import service
+from diagnosis.chat.protocol import ChatRefused, error_frame, to_json, ws_frame
+from diagnosis.runtime.live import RunFollower
+from diagnosis.runtime.supervisor import ensure_background
 
 logger = logging.getLogger(__name__)
 
@@ -102,30 +96,21 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def _chat(self, content: dict[str, Any]) -> None:
         self._check_follow_capacity()
-        run = await db(
-            start_throttled_chat,
-            user=self.user,
-            query=content.get("query"),
-            session_id=content.get("sessionId"),
+        follower = await service.open_chat(
+            user=self.user, query=content.get("query"), session_id=content.get("sessionId")
         )
-        await self._follow(run.run_id, after=0, start=True)
+        self._follow(follower)
 
     async def _cancel(self, content: dict[str, Any]) -> None:
-        run = await db(visible_run, user=self.user, run_id=content.get("runId"))
-        if run is None:
-            raise ChatRefused(404, "not_found", "Not found.")
-        await request_cancel(run.run_id)
+        await service.cancel_run(user=self.user, run_id=content.get("runId"))
 
     async def _attach(self, content: dict[str, Any]) -> None:
-        after = validate_after(content.get("after"))
-        if isinstance(content.get("after"), str):
-            raise ChatRefused(400, "invalid_request", "after must be a non-negative integer.")
-        run = await db(visible_run, user=self.user, run_id=content.get("runId"))
-        if run is None:
-            raise ChatRefused(404, "not_found", "Not found.")
+        after = service.validate_after(content.get("after"), strings=False)
+        run = await service.find_run(user=self.user, run_id=content.get("runId"))
         if run.run_id not in self.followers:
             self._check_follow_capacity()
-        await self._follow(run.run_id, after=after, start=False)
+        await self._stop_following(run.run_id)
+        self._follow(await service.open_stream(run.run_id, after=after))
 
     # ---------------------------------------------------------------------------------------------
     # Following
@@ -136,25 +121,24 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 429, "too_many_follows", f"One socket follows at most {MAX_FOLLOWS_PER_SOCKET} runs at once."
             )
 
-    async def _follow(self, run_id: str, *, after: int, start: bool) -> None:
+    async def _stop_following(self, run_id: str) -> None:
         previous = self.followers.pop(run_id, None)
         if previous is not None:
             previous[0].cancel()
             with contextlib.suppress(BaseException):
                 await previous[0]
             await previous[1].__aexit__(None, None, None)
-        follower = RunFollower(run_id, after=after)
-        await follower.__aenter__()  # subscribe before the run can publish anything
-        if start:
-            launch(run_id)
+
+    def _follow(self, follower: RunFollower) -> None:
+        run_id = follower.run_id
         task = asyncio.create_task(self._forward(run_id, follower), name=f"ws-follow:{run_id}")
         self.followers[run_id] = (task, follower)
 
     async def _forward(self, run_id: str, follower: RunFollower) -> None:
         try:
-            async for live in follower.frames():
-                if live is not None:
-                    await self.send_json(live.frame)
+            async for event in follower.frames():
+                if event is not None:
+                    await self.send_json(ws_frame(event))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -170,4 +154,4 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     @classmethod
     async def encode_json(cls, content: dict[str, Any]) -> str:
-        return json.dumps(content, ensure_ascii=False, separators=(",", ":"))
+        return to_json(content)

@@ -1,6 +1,6 @@
 """The chat endpoints in the served OpenAPI schema.
 
-`diagnosis.chat_apis` are async Django views (DRF has no async views, and a stream is not a serializer),
+`diagnosis.chat.sse` are async Django views (DRF has no async views, and a stream is not a serializer),
 so drf-spectacular cannot see them. This postprocessing hook (`SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"]`)
 adds their paths as the API contract's *Chat* section states them: the request body, the
 `text/event-stream` responses with each event's `data` object, the cancel answer, and the error

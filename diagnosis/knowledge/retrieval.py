@@ -10,14 +10,14 @@ One public function, `search_knowledge(query, top_k=5) -> RetrievalResult`, sync
 - **L1** ranks every chunk (heading + text) with BM25 (`bm25s`, Lucene variant, numpy backend).
 - **Tokenisation** (shared by both): NFKC, lowercase; CJK runs segmented with jieba's search mode (fine
   and coarse words); latin words kept whole and, when joined by `_ - .`, also as parts; punctuation and
-  a small English/Chinese stop-word list dropped.
+  the English and Chinese stop words of `data/stopwords_en.txt` and `data/stopwords_zh.txt` dropped.
 - **Merge**: score = BM25 / best BM25 of the query (0..1) + L0 score / best L0 score (0..1) for a
   document's chosen chunk; deduplicated by evidence id; best `top_k` first. An item's `layer` is `L0`
   when L0 chose it, else `L1`; the result's `layer` names the layers that contributed to the items
   returned (`L0`, `L1`, `L0+L1`, or `""` when nothing matched).
 
 The index (tokens, BM25 matrix, metadata, chunk texts) is built once per process from two queries and
-kept in memory. It is rebuilt when this process wrote knowledge (`diagnosis.knowledge` bumps a
+kept in memory. It is rebuilt when this process wrote knowledge (`diagnosis.knowledge.ingest` bumps a
 generation) or when the version stamp (document count and latest `updated_at`), read at most every
 `VERSION_CHECK_SECONDS`, changed because another process wrote. A warm search issues at most one query.
 """
@@ -31,11 +31,12 @@ import threading
 import time
 import unicodedata
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from django.db.models import Count, Max
 
-from diagnosis.knowledge import knowledge_generation
+from diagnosis.knowledge.ingest import knowledge_generation
 from diagnosis.models import KnowledgeChunk, KnowledgeDocument
 
 logger = logging.getLogger(__name__)
@@ -56,178 +57,15 @@ LAYER_BOTH = "L0+L1"
 
 EVIDENCE_ID_RE = re.compile(r"kb:([a-z0-9]+(?:[-_][a-z0-9]+)*)#([1-9][0-9]*)")
 
-STOPWORDS_EN = frozenset(
-    (
-        "a",
-        "about",
-        "after",
-        "all",
-        "also",
-        "am",
-        "an",
-        "and",
-        "any",
-        "are",
-        "as",
-        "at",
-        "be",
-        "been",
-        "being",
-        "but",
-        "by",
-        "can",
-        "could",
-        "did",
-        "do",
-        "does",
-        "doing",
-        "for",
-        "from",
-        "had",
-        "has",
-        "have",
-        "having",
-        "he",
-        "her",
-        "here",
-        "how",
-        "i",
-        "if",
-        "in",
-        "into",
-        "is",
-        "it",
-        "its",
-        "just",
-        "me",
-        "my",
-        "of",
-        "on",
-        "or",
-        "our",
-        "out",
-        "she",
-        "should",
-        "so",
-        "some",
-        "than",
-        "that",
-        "the",
-        "their",
-        "them",
-        "then",
-        "there",
-        "these",
-        "they",
-        "this",
-        "those",
-        "to",
-        "too",
-        "us",
-        "very",
-        "was",
-        "we",
-        "were",
-        "what",
-        "when",
-        "where",
-        "which",
-        "while",
-        "who",
-        "whom",
-        "why",
-        "will",
-        "with",
-        "would",
-        "you",
-        "your",
-        "please",
-        "help",
-        "get",
-        "got",
-        "getting",
-    )
-)
-STOPWORDS_ZH = frozenset(
-    (
-        "的",
-        "了",
-        "是",
-        "在",
-        "和",
-        "与",
-        "及",
-        "或",
-        "把",
-        "被",
-        "就",
-        "都",
-        "也",
-        "还",
-        "又",
-        "吗",
-        "呢",
-        "吧",
-        "啊",
-        "呀",
-        "哦",
-        "嘛",
-        "么",
-        "着",
-        "过",
-        "我",
-        "我们",
-        "你",
-        "你们",
-        "他",
-        "她",
-        "它",
-        "他们",
-        "这",
-        "那",
-        "这个",
-        "那个",
-        "这些",
-        "那些",
-        "一个",
-        "一下",
-        "一些",
-        "怎么",
-        "怎么办",
-        "怎样",
-        "如何",
-        "什么",
-        "为什么",
-        "为何",
-        "哪些",
-        "哪里",
-        "是否",
-        "有没有",
-        "请问",
-        "请",
-        "问",
-        "能",
-        "能否",
-        "可以",
-        "需要",
-        "应该",
-        "出现",
-        "问题",
-        "排查",
-        "处理",
-        "解决",
-        "一直",
-        "总是",
-        "老是",
-        "然后",
-        "现在",
-        "时候",
-        "里",
-        "中",
-        "上",
-        "下",
-    )
-)
+
+def _stopwords(name: str) -> frozenset[str]:
+    """The words of a stop-word file in `data/` (one a line; blank lines ignored), read once at import."""
+    text = (Path(__file__).with_name("data") / name).read_text(encoding="utf-8")
+    return frozenset(line.strip() for line in text.splitlines() if line.strip())
+
+
+STOPWORDS_EN = _stopwords("stopwords_en.txt")
+STOPWORDS_ZH = _stopwords("stopwords_zh.txt")
 
 _CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _RUN_RE = re.compile(rf"[{_CJK}]+|[a-z0-9]+(?:[._\-][a-z0-9]+)*")

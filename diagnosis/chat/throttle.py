@@ -8,29 +8,32 @@ start again without end, each start costing a run row, a lease and model calls.
 DRF's `SimpleRateThrottle` does the counting (a sliding window of timestamps in Django's `default` cache:
 per process without `REDIS_URL`, shared by every process with it). A refusal is `ChatThrottled`, a
 `ChatRefused` with status 429, code `throttled` and the seconds to wait (`Retry-After` on SSE, in the
-message on the WebSocket); refused attempts are not counted. The check comes before the query is
-validated, as DRF throttles come before a view's validation.
+message on the WebSocket); refused attempts are not counted. The chat service
+(`diagnosis.chat.service.start_chat`) checks it before the query is validated, as DRF throttles come
+before a view's validation.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.base_user import AbstractBaseUser
 from rest_framework.throttling import SimpleRateThrottle
 
-from diagnosis.models import DiagnosisRun
-from diagnosis.runtime.supervisor import ChatRefused, start_chat
+from diagnosis.chat.protocol import ChatRefused
 
 
 class ChatThrottled(ChatRefused):
     """Too many chats started: 429 `throttled`, retry after `retry_after` seconds."""
 
     def __init__(self, retry_after: int) -> None:
-        super().__init__(429, "throttled", f"Too many chats started; try again in {retry_after} s.")
-        self.retry_after = retry_after
+        super().__init__(
+            429,
+            "throttled",
+            f"Too many chats started; try again in {retry_after} s.",
+            retry_after=retry_after,
+        )
 
 
 class _UserOnly:
@@ -57,9 +60,3 @@ def check_chat_rate(*, user: AbstractBaseUser) -> None:
     throttle = ChatRateThrottle()
     if not throttle.allow_request(_UserOnly(user), None):
         raise ChatThrottled(max(1, math.ceil(throttle.wait() or 1)))
-
-
-def start_throttled_chat(*, user: AbstractBaseUser, query: Any, session_id: Any = None) -> DiagnosisRun:
-    """`supervisor.start_chat` behind the rate limit (what both chat transports call)."""
-    check_chat_rate(user=user)
-    return start_chat(user=user, query=query, session_id=session_id)

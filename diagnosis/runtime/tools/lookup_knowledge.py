@@ -1,6 +1,6 @@
 """`lookup_knowledge(query, top_k=5)`: search the operations runbooks (L0 metadata + L1 BM25).
 
-Wraps `diagnosis.runtime.knowledge.search_knowledge`. The full result (every item with its text, the
+Wraps `diagnosis.knowledge.retrieval.search_knowledge`. The full result (every item with its text, the
 layers, counts and details) is the tool's canonical data; each item is a citable evidence record under
 its id `kb:<slug>#<n>`; the retrieval facts (layer, L0/L1 match counts, details, truncation) go onto the
 tool invocation. The model sees the items' ids, titles, headings, scores and text, and a reminder of
@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 from audit.recorder import RetrievalFacts
-from diagnosis.runtime.knowledge import search_knowledge
+from diagnosis.knowledge.retrieval import search_knowledge
 from diagnosis.runtime.tools.registry import EvidenceRecord, ToolResult, register_tool
 
 QUERY_MAX_CHARS = 500

@@ -2,7 +2,7 @@
 
 `upsert_document` is the one way a `KnowledgeDocument` is written (the `load_knowledge` command and the
 admin both call it). It re-chunks whenever the body changes and bumps `knowledge_generation()`, which the
-runtime's retrieval index (`diagnosis.runtime.knowledge`) compares to rebuild itself in this process;
+retrieval index (`diagnosis.knowledge.retrieval`) compares to rebuild itself in this process;
 other processes notice through the documents' version stamp.
 
 Chunking rules (`chunk_markdown`): a chunk never crosses a `#`/`##` section and carries that section's
@@ -45,7 +45,7 @@ _SUBHEADING_RE = re.compile(r"^ {0,3}#{3,6}[ \t]+\S")
 _SENTENCE_END_RE = re.compile(r"(?<=[.!?。！？；;])\s+|(?<=[。！？；])")
 
 # ---------------------------------------------------------------------------------------------------
-# Generation counter: bumped by every write, read by the runtime's index to know it is stale.
+# Generation counter: bumped by every write, read by the retrieval index to know it is stale.
 # ---------------------------------------------------------------------------------------------------
 _generation_lock = threading.Lock()
 _generation_counter = itertools.count(1)

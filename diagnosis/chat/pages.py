@@ -2,7 +2,7 @@
 
 The page is a plain Django template (`templates/chat.html`) and one static script
 (`diagnosis/static/diagnosis/chat.js`, no build step, no CDN) that speaks the SSE chat API of
-`diagnosis.chat_apis` with the session cookie and the CSRF token: it streams the answer, shows each tool
+`diagnosis.chat.sse` with the session cookie and the CSRF token: it streams the answer, shows each tool
 call's status, the release decision and the outcome, cancels, and reattaches with `after=<last id>`
 when the connection drops.
 """
@@ -17,8 +17,9 @@ from django.urls import reverse
 from django.views.decorators.csrf import ensure_csrf_cookie
 from django.views.decorators.http import require_GET
 
+from diagnosis.chat.service import max_active_runs
 from diagnosis.models import DiagnosisRun
-from diagnosis.runtime.supervisor import QUERY_MAX_CHARS, max_active_runs
+from diagnosis.services import QUERY_MAX_CHARS
 
 
 @require_GET

@@ -1,0 +1,94 @@
+"""How the admin writes a recorded value: a status word's colour, a duration, an instant, a JSON value.
+
+Shared by the run list, the run page and its waterfall. Pure functions, no query.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+from audit.models import ToolStatus
+from diagnosis.models import ReleaseDecision, RunStatus
+
+# A run's question in a list cell is cut to this many characters.
+QUERY_PREVIEW_CHARS = 80
+
+# Statuses of single events are words the recorder writes (guard verdicts, routing and usage outcomes,
+# a step's outcome); runs, release decisions and tools have enums.
+_GOOD_EVENT_STATUSES = ("PASS", "OK", "DECIDED", "REPORTED", "ANSWER")
+_BAD_EVENT_STATUSES = ("FAIL", "ERROR", "REFUSED", "INVALID", "UNAVAILABLE")
+_WARN_EVENT_STATUSES = ("FALLBACK", "TOOL_CALLS")
+GOOD_STATUSES = frozenset(
+    {RunStatus.SUCCESS, ReleaseDecision.PUBLISHED, ToolStatus.SUCCEEDED, *_GOOD_EVENT_STATUSES}
+)
+BAD_STATUSES = frozenset(
+    {
+        RunStatus.FAILED,
+        ReleaseDecision.BLOCKED,
+        ToolStatus.FAILED,
+        ToolStatus.INTERRUPTED,
+        ToolStatus.ABANDONED,
+        *_BAD_EVENT_STATUSES,
+    }
+)
+WARN_STATUSES = frozenset(
+    {RunStatus.CANCELLED, RunStatus.RUNNING, RunStatus.PENDING, ToolStatus.RUNNING, *_WARN_EVENT_STATUSES}
+)
+
+
+def tone(status: str | None) -> str:
+    """The colour family of a status word: good, bad, warn or neutral."""
+    if not status:
+        return "neutral"
+    status = str(status).upper()
+    if status in BAD_STATUSES:
+        return "bad"
+    if status in GOOD_STATUSES:
+        return "good"
+    if status in WARN_STATUSES:
+        return "warn"
+    return "neutral"
+
+
+def ms_between(start: dt.datetime | None, end: dt.datetime | None) -> int | None:
+    """Whole milliseconds from `start` to `end`; None when either is unknown."""
+    if start is None or end is None:
+        return None
+    return round((end - start).total_seconds() * 1000)
+
+
+def format_ms(ms: float | int | None) -> str:
+    """Compact human duration: `840 ms`, `2.35 s`, `1 m 05 s`; an em dash when unknown."""
+    if ms is None:
+        return "—"
+    ms = float(ms)
+    if ms < 1000:
+        return f"{ms:.0f} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.2f} s"
+    minutes, seconds = divmod(round(ms / 1000), 60)
+    return f"{minutes} m {seconds:02d} s"
+
+
+def format_duration(ms: int | None) -> str:
+    """A recorded duration: like `format_ms`, but a whole-millisecond 0 reads `<1 ms` (it was measured)."""
+    if ms is not None and 0 <= ms < 1:
+        return "<1 ms"
+    return format_ms(ms)
+
+
+def format_instant(value: dt.datetime | None) -> str:
+    """An instant in UTC to the millisecond (`2026-01-02 03:04:05.678 UTC`); an em dash when unknown."""
+    if value is None:
+        return "—"
+    return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+
+
+def pretty_json(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
+
+
+def compact_json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(", ", ": "), default=str)

@@ -1,0 +1,450 @@
+"""Shapes one run's trace for the admin run page: verdict, timing, token ledger, timeline, tools, audit.
+
+Input is the trace read model (`audit.selectors.get_trace`: the run row, its events, steps and tools as
+stored, and the summary), the same object the API and the export serialize. Everything here is pure: no
+query, no request, no template. The admin view fetches; `build_run_page` shapes; the template draws.
+The waterfall is drawn by `diagnosis.admin.waterfall`.
+
+Nothing here invents a fact: a time or a count the record does not hold is shown as unknown.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from audit.models import EventType, Phase, ToolInvocation, UsageSource
+from audit.selectors import Trace
+from diagnosis.admin.display import (
+    compact_json,
+    format_duration,
+    format_instant,
+    format_ms,
+    ms_between,
+    pretty_json,
+    tone,
+)
+from diagnosis.admin.waterfall import Waterfall, build_waterfall
+from diagnosis.models import DiagnosisRun, FeedbackRating, ReleaseDecision, RunStatus
+from diagnosis.selectors import FeedbackView
+
+PHASE_ORDER = {phase: n for n, phase in enumerate(Phase)}
+GUARD_EVENT_LABELS = {
+    EventType.EVIDENCE_GUARD_INITIAL: "Evidence guard",
+    EventType.EVIDENCE_GUARD_RETRY: "Evidence guard (retry)",
+    EventType.SEMANTIC_GUARD_DECISION: "Semantic guard",
+}
+
+
+def _text(value: Any) -> str:
+    """A bounded details value as text (the recorder turns long strings into preview objects)."""
+    if isinstance(value, Mapping) and "preview" in value:
+        return f"{value['preview']}… ({value.get('length')} chars)"
+    return str(value)
+
+
+def _last(trace: Trace, event_type: EventType):
+    return next((e for e in reversed(trace.timeline) if e.event_type == event_type), None)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Verdict: why the run ended the way it did, for the top of the page
+# ---------------------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class GuardVerdict:
+    label: str
+    sequence_no: int
+    status: str
+    tone: str
+    lines: list[str]
+
+
+@dataclass(slots=True)
+class Verdict:
+    headline: str
+    tone: str
+    release_reason: str
+    guards: list[GuardVerdict]
+    routing: str
+    error: str
+    notes: list[str]
+
+
+def _guard_lines(event_type: str, details: Mapping[str, Any]) -> list[str]:
+    lines: list[str] = []
+    if event_type == EventType.SEMANTIC_GUARD_DECISION:
+        claims = details.get("unsupportedClaims") or []
+        if claims:
+            lines.append(f"{len(claims)} unsupported claim(s):")
+            lines.extend(f"“{_text(c)}”" for c in claims)
+        if details.get("reason"):
+            lines.append(f"reason: {_text(details['reason'])}")
+        if details.get("error"):
+            lines.append(f"error: {_text(details['error'])}")
+        if details.get("model"):
+            lines.append(f"model {details['model']}")
+        return lines
+    if details.get("required") is False:
+        lines.append("evidence not required for this intent")
+    reasons = details.get("reasons") or []
+    if reasons:
+        lines.append("reasons: " + ", ".join(_text(r) for r in reasons))
+    unknown = details.get("unknown") or []
+    if unknown:
+        lines.append("unknown citations: " + ", ".join(_text(u) for u in unknown))
+    cited = details.get("cited") or []
+    lines.append(f"{len(cited)} citation(s)" + (": " + ", ".join(_text(c) for c in cited) if cited else ""))
+    return lines
+
+
+def build_verdict(trace: Trace) -> Verdict:
+    run = trace.run
+    decision, status = run.release_decision, run.status
+    release = _last(trace, EventType.RELEASE_DECISION)
+    routing = _last(trace, EventType.ROUTING_DECISION)
+    cancelled = next((e for e in trace.timeline if e.event_type == EventType.RUN_CANCELLED), None)
+    guards = [
+        GuardVerdict(
+            label=GUARD_EVENT_LABELS[e.event_type],
+            sequence_no=e.sequence_no,
+            status=e.status or "",
+            tone=tone(e.status),
+            lines=_guard_lines(e.event_type, e.details or {}),
+        )
+        for e in trace.timeline
+        if e.event_type in GUARD_EVENT_LABELS
+    ]
+    release_reason = ""
+    if release is not None:
+        release_reason = _text((release.details or {}).get("reason") or release.summary or "")
+    error_text = f"{run.error_code}: {run.error_message}" if run.error_code else ""
+    notes: list[str] = []
+    if decision:
+        headline, verdict_tone = decision, tone(decision)
+    elif status in (RunStatus.PENDING, RunStatus.RUNNING):
+        headline, verdict_tone = f"{status} — no release decision yet", "warn"
+    else:
+        headline, verdict_tone = f"{status} — no release decision recorded", tone(status)
+    if status == RunStatus.FAILED:
+        verdict_tone = "bad"
+    if cancelled is not None:
+        notes.append(f"cancelled: {cancelled.summary}")
+    if decision == ReleaseDecision.BLOCKED and not release_reason:
+        notes.append("the release event is missing from the timeline: see the audit summary")
+    routing_text = ""
+    if routing is not None:
+        details = routing.details or {}
+        routing_text = f"{details.get('intent') or run.intent}"
+        if details.get("fallback"):
+            routing_text += " (fallback: the router's answer was unusable)"
+        elif details.get("confidence") is not None:
+            routing_text += f" (confidence {details['confidence']})"
+        if details.get("reason"):
+            routing_text += f" — {_text(details['reason'])}"
+    return Verdict(
+        headline=headline,
+        tone=verdict_tone,
+        release_reason=release_reason,
+        guards=guards,
+        routing=routing_text,
+        error=error_text,
+        notes=notes,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# Timing
+# ---------------------------------------------------------------------------------------------------
+def build_timing(run: DiagnosisRun) -> list[tuple[str, str, str]]:
+    """(label, value, title) rows: the latencies, then each recorded instant as an offset from creation
+    (the absolute time is in the title)."""
+    created, started = run.created_at, run.started_at
+    first_request, first_output, finished = run.first_model_request_at, run.first_output_at, run.finished_at
+
+    def offset(value: dt.datetime | None) -> str:
+        if value is None:
+            return "—"
+        return "+" + format_ms(ms_between(created, value)) if created else format_instant(value)
+
+    return [
+        ("total", format_ms(run.total_duration_ms), "created → finished"),
+        ("first output latency", format_ms(run.first_output_latency_ms), "created → first visible text"),
+        ("queue wait", format_ms(ms_between(created, started)), "created → started"),
+        ("start → model request", format_ms(ms_between(started, first_request)), "started → first request"),
+        ("started", offset(started), format_instant(started)),
+        ("first model request", offset(first_request), format_instant(first_request)),
+        ("first output", offset(first_output), format_instant(first_output)),
+        ("finished", offset(finished), format_instant(finished)),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Token ledger
+# ---------------------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class LedgerCall:
+    sequence_no: int
+    source: str
+    model: str
+    step_index: int | None
+    available: bool
+    prompt: int | None
+    completion: int | None
+    reasoning: int | None
+    cached: int | None
+    total: int | None
+
+
+@dataclass(slots=True)
+class LedgerRow:
+    label: str
+    ledger: int | None
+    from_calls: int
+    matches: bool
+
+
+@dataclass(slots=True)
+class Ledger:
+    rows: list[LedgerRow]
+    calls: list[LedgerCall]
+    reconciled: bool
+    verdict: str
+    problems: list[str]
+
+
+def build_ledger(trace: Trace) -> Ledger:
+    """Per-call usage from every MODEL_TOKEN_USAGE event (router, agent and guard), summed per source and
+    compared with the run's ledger; the recorder's own verdict (`tokens_reconciled`) is shown with the
+    reasons."""
+    run = trace.run
+    calls = []
+    for event in trace.timeline:
+        if event.event_type != EventType.MODEL_TOKEN_USAGE:
+            continue
+        d = event.details or {}
+        calls.append(
+            LedgerCall(
+                sequence_no=event.sequence_no,
+                source=str(d.get("source") or "?"),
+                model=str(d.get("model") or ""),
+                step_index=d.get("stepIndex"),
+                available=bool(d.get("usageAvailable")),
+                prompt=d.get("promptTokens"),
+                completion=d.get("completionTokens"),
+                reasoning=d.get("reasoningTokens"),
+                cached=d.get("cachedTokens"),
+                total=d.get("totalTokens"),
+            )
+        )
+    reported = [c for c in calls if c.available]
+    unavailable = [c for c in calls if not c.available]
+
+    def from_source(source: UsageSource) -> int:
+        return sum(c.total or 0 for c in reported if c.source == source)
+
+    # (label, the run's ledger column, the sum of the per-call records)
+    sums = [
+        ("router", run.tokens_router, from_source(UsageSource.ROUTER)),
+        ("agent", run.tokens_agent, from_source(UsageSource.AGENT)),
+        ("guard", run.tokens_guard, from_source(UsageSource.GUARD)),
+        ("total", run.tokens_total, sum(c.total or 0 for c in reported)),
+        ("↳ reasoning", run.tokens_reasoning, sum(c.reasoning or 0 for c in reported)),
+        ("↳ cached input", run.tokens_cached_input, sum(c.cached or 0 for c in reported)),
+    ]
+    rows = [
+        LedgerRow(label=label, ledger=ledger, from_calls=summed, matches=ledger == summed)
+        for label, ledger, summed in sums
+    ]
+    problems: list[str] = []
+    if unavailable:
+        problems.append(
+            f"{len(unavailable)} call(s) reported no usage: "
+            + ", ".join(f"#{c.sequence_no} {c.source} {c.model}" for c in unavailable)
+            + " — counted as unknown, never as 0"
+        )
+    if run.usage_unavailable_calls != len(unavailable):
+        problems.append(
+            f"the run counts {run.usage_unavailable_calls} call(s) without usage but the timeline holds "
+            f"{len(unavailable)} such record(s)"
+        )
+    mismatched = [r.label for r in rows if not r.matches]
+    if mismatched:
+        problems.append(
+            "per-call records do not add up to the run's ledger for: "
+            + ", ".join(mismatched)
+            + " (a usage record may be missing — see the audit summary)"
+        )
+    reconciled = bool(run.tokens_reconciled)
+    if reconciled:
+        verdict = (
+            f"reconciled: {len(calls)} model call(s), each reported usage, and they add up to the totals"
+        )
+    elif problems:
+        verdict = "not reconciled"
+    else:
+        verdict = "not reconciled (the run has no terminal ledger yet, or a usage write failed)"
+    return Ledger(rows=rows, calls=calls, reconciled=reconciled, verdict=verdict, problems=problems)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Timeline
+# ---------------------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class TimelineRow:
+    sequence_no: int
+    phase: str
+    event_type: str
+    status: str
+    tone: str
+    summary: str
+    offset: str
+    created_at: str
+    hash: str
+    details_json: str
+    gap_before: list[int] = field(default_factory=list)
+
+
+def build_timeline(trace: Trace, origin: dt.datetime | None) -> list[TimelineRow]:
+    """Every returned event in sequence order; a row also names the sequence numbers missing before it."""
+    rows: list[TimelineRow] = []
+    expected_next = 1
+    for event in trace.timeline:
+        seq, created = event.sequence_no, event.created_at
+        gap = list(range(expected_next, seq)) if seq > expected_next else []
+        rows.append(
+            TimelineRow(
+                sequence_no=seq,
+                phase=event.phase or "",
+                event_type=event.event_type or "",
+                status=event.status or "",
+                tone=tone(event.status),
+                summary=event.summary or "",
+                offset=("+" + format_ms(ms_between(origin, created))) if origin and created else "—",
+                created_at=format_instant(created),
+                hash=event.hash or "",
+                details_json=pretty_json(event.details or {}),
+                gap_before=gap,
+            )
+        )
+        expected_next = max(expected_next, seq + 1)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------
+# Tools and audit summary
+# ---------------------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class ToolRow:
+    """A stored tool invocation with what the page shows beside it."""
+
+    tool: ToolInvocation
+    tone: str
+    input_json: str
+    retrieval_json: str
+    duration: str
+    started: str
+    finished: str
+
+
+def build_tools(trace: Trace) -> list[ToolRow]:
+    return [
+        ToolRow(
+            tool=tool,
+            tone=tone(tool.status),
+            input_json=compact_json(tool.input_params or {}),
+            retrieval_json=pretty_json(tool.retrieval_details or {}),
+            duration=format_duration(tool.duration_ms) if tool.duration_ms is not None else "unknown",
+            started=format_instant(tool.started_at),
+            finished=format_instant(tool.finished_at),
+        )
+        for tool in trace.tools
+    ]
+
+
+@dataclass(slots=True)
+class AuditSummary:
+    complete: bool
+    chain_valid: bool
+    write_failures: int
+    rows: list[tuple[str, int, int, int, bool]]
+    gaps: list[str]
+    problems: list[str]
+
+
+def build_audit(trace: Trace) -> AuditSummary:
+    summary = trace.summary
+    rows = []
+    for kind in ("events", "steps", "tools"):
+        persisted = getattr(summary.persisted, kind)
+        expected = getattr(summary.expected, kind)
+        returned = getattr(summary.returned, kind)
+        rows.append((kind, persisted, expected, returned, persisted == expected and returned == persisted))
+    problems = []
+    if not summary.audit_complete:
+        problems.append("audit incomplete")
+    if summary.audit_write_failures:
+        problems.append(f"{summary.audit_write_failures} audit write failure(s)")
+    if not summary.chain_valid:
+        problems.append("hash chain invalid")
+    return AuditSummary(
+        complete=summary.audit_complete,
+        chain_valid=summary.chain_valid,
+        write_failures=summary.audit_write_failures,
+        rows=rows,
+        gaps=list(summary.gaps),
+        problems=problems,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# The page
+# ---------------------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class RunPage:
+    """Everything the run page template draws. `run`, `feedback`, `step_count` and `tool_count` are the
+    trace's own (the viewer's feedback; the returned step and tool rows)."""
+
+    run: DiagnosisRun
+    feedback: FeedbackView | None
+    feedback_tone: str
+    answer_blocked: bool
+    step_count: int
+    tool_count: int
+    verdict: Verdict
+    timing: list[tuple[str, str, str]]
+    ledger: Ledger
+    timeline: list[TimelineRow]
+    waterfall: Waterfall
+    tools: list[ToolRow]
+    audit: AuditSummary
+    phase_counts: list[tuple[str, int]]
+    created_at: str
+
+
+def build_run_page(trace: Trace) -> RunPage:
+    run = trace.run
+    origin = run.created_at or run.started_at
+    timeline = build_timeline(trace, origin)
+    counts: dict[str, int] = {}
+    for row in timeline:
+        counts[row.phase] = counts.get(row.phase, 0) + 1
+    feedback = trace.feedback
+    return RunPage(
+        run=run,
+        feedback=feedback,
+        feedback_tone="good" if feedback is not None and feedback.rating == FeedbackRating.UP else "bad",
+        answer_blocked=run.release_decision == ReleaseDecision.BLOCKED,
+        step_count=trace.summary.returned.steps,
+        tool_count=trace.summary.returned.tools,
+        verdict=build_verdict(trace),
+        timing=build_timing(run),
+        ledger=build_ledger(trace),
+        timeline=timeline,
+        waterfall=build_waterfall(trace),
+        tools=build_tools(trace),
+        audit=build_audit(trace),
+        phase_counts=sorted(counts.items(), key=lambda item: PHASE_ORDER.get(item[0], len(PHASE_ORDER))),
+        created_at=format_instant(origin),
+    )
