@@ -38,6 +38,8 @@ class EventType(models.TextChoices):
     RUN_CANCELLED = "RUN_CANCELLED"
     RUN_FINISHED = "RUN_FINISHED"
     WRITE_FENCED = "WRITE_FENCED"
+    REASONING_PURGED = "REASONING_PURGED"
+    REASONING_REKEYED = "REASONING_REKEYED"
 
 
 class ToolStatus(models.TextChoices):

@@ -2,28 +2,39 @@
 
 `get_trace` turns a run into a `Trace`: the run row (with the viewer's feedback), its ordered timeline,
 its model steps and its tool invocations, and a `TraceSummary` that compares what is stored with what the
-recorder expected to write, so that an incomplete audit is visible and never silent (seed 001, sections
-6–8). It costs three queries whatever the run's size (events, steps, tools; plus one for the feedback
-only when the caller did not annotate it on the run). No reasoning or assistant text is read: it lives
-in `reasoning.AgentReasoningAudit`, which this module never touches.
+recorder expected to write, and every stored row with the digest its chain carries, so that an
+incomplete or altered audit is visible and never silent (seed 001, sections 6–8). It costs four queries
+whatever the run's size (events, steps, tools, and the reasoning rows' stored columns; plus one for the
+feedback only when the caller did not annotate it on the run). No reasoning or assistant text is read:
+the reasoning rows (`reasoning.AgentReasoningAudit`) are read as stored, ciphertext cast to plain text
+and never decrypted, only to recompute their digests; nothing of them enters the trace.
 
 The API (`audit.apis.TraceApi`) and the admin's "export as JSON" both call `get_trace` and render it with
 `audit.serializers.TraceSerializer`, so both produce the same shape.
 
 Summary semantics (documented in docs/api.md):
 
-* `persisted`: rows stored under the run's id; `expected`: the run's `expected_*` columns (what the
-  recorder attempted); `returned`: rows in this response — the persisted rows whose `session_id` is the
+* `persisted`: rows stored under the run's id; `expected`: what the recorder attempted, as its chain
+  records it (`RUN_FINISHED`'s counts plus governance events; before the finish, the events
+  themselves; the run's `expected_*` columns for runs recorded before row digests or whose finish is
+  not in the chain); `returned`: rows in this response — the persisted rows whose `session_id` is the
   run's session (a row stored under the run's id but another session is excluded and named in `gaps`).
 * `chainValid`: `audit.integrity.verify_chain` over every persisted event (1..n without gap or repeat,
   each `prev_hash` the previous `hash`, each hash recomputed from its own fields).
+* `rowsVerified` is true when every stored row of the run (steps, tools, reasoning rows, the run's
+  terminal summary) carries a digest in the chain and matches it when recomputed from its stored columns
+  (`audit.binding.verify_rows`), no bound row is missing, and a finished run's chain holds its
+  RUN_FINISHED; `rowsVerifiedCount` is how many rows matched (rows recorded before row digests are not
+  bound: they make `rowsVerified` false without making the audit incomplete).
 * `auditComplete` is true exactly when the run is terminal (SUCCESS, FAILED, CANCELLED), persisted equals
-  expected for events, steps and tools, returned equals persisted, `auditWriteFailures` is 0, the chain
-  is valid and no tool of the finished run is still RUNNING.
+  expected for events, steps, tools (and reasoning rows), returned equals persisted,
+  `auditWriteFailures` is 0, the chain is valid, every bound row matches its digest and no tool of the
+  finished run is still RUNNING.
 * `gaps` names, in words and without content, every reason `auditComplete` is false, and also what the
-  provider did not supply (model calls without token usage, an unreconciled token ledger), and each tool
-  lifecycle step the recorder refused (a conflicting start or terminal: its CONFLICT event). Those notes
-  alone do not make the audit incomplete: the audit recorded faithfully what happened.
+  provider did not supply (model calls without token usage, an unreconciled token ledger), each tool
+  lifecycle step the recorder refused (a conflicting start or terminal: its CONFLICT event), rows
+  recorded before row digests ("not bound") and reasoning purged by governance. Those notes alone do not
+  make the audit incomplete: the audit recorded faithfully what happened.
 * `fencedWrites`: writes of a stale lease owner (one that another process took the run from) that the
   lease fence refused; none of their rows is stored, so they do not make the audit incomplete, and
   `gaps` names them.
@@ -40,6 +51,7 @@ Summary semantics (documented in docs/api.md):
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from django.contrib.auth.models import AbstractBaseUser
@@ -59,9 +71,11 @@ from django.db.models import (
 )
 from django.db.models.functions import Coalesce
 
+from audit.binding import GOVERNANCE_EVENTS, verify_rows
 from audit.integrity import verify_chain
 from audit.models import TOOL_CONFLICT, AgentStep, EventType, ToolInvocation, ToolStatus, TraceEvent
 from audit.reconcile import CallUsage, KeptLedger, Reconciliation, reconcile
+from audit.rowdigest import stored_reasoning_rows
 from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun, RunStatus
 from diagnosis.selectors import FeedbackView, RunResolution, get_feedback, viewer_feedback
 
@@ -89,6 +103,8 @@ class TraceSummary:
     gaps: list[str] = field(default_factory=list)
     fenced_writes: int = 0
     ledger: Reconciliation | None = None
+    rows_verified: bool = False
+    rows_verified_count: int = 0
 
 
 DEMO_PROVIDER = "demo"
@@ -136,10 +152,10 @@ def get_trace(
     (`diagnosis.selectors.get_visible_run(with_feedback=True)`), else from one query when `viewer` is
     given, else it is None."""
     events = list(TraceEvent.objects.filter(run_id=run.run_id).order_by("sequence_no"))
-    steps = list(
-        AgentStep.objects.filter(run_id=run.run_id).defer(*_STEP_DEFERRED).order_by("step_index", "id")
-    )
+    # Every column of the step rows: their digests cover them (`audit.rowdigest.STEP`).
+    steps = list(AgentStep.objects.filter(run_id=run.run_id).order_by("step_index", "id"))
     tools = list(ToolInvocation.objects.filter(run_id=run.run_id).order_by("started_at", "id"))
+    reasoning = stored_reasoning_rows(run_id=run.run_id)
 
     if hasattr(run, "viewer_feedback_rating"):
         feedback = viewer_feedback(run)
@@ -159,6 +175,7 @@ def get_trace(
         returned=Counts(len(returned_events), len(returned_steps), len(returned_tools)),
         tools=tools,
         steps=steps,
+        reasoning=reasoning,
     )
     return Trace(
         session_id=session_id,
@@ -199,10 +216,17 @@ def summarize(
     persisted: Counts,
     returned: Counts,
     tools: list[ToolInvocation],
-    steps: list[AgentStep] = (),
+    steps: Sequence[AgentStep] = (),
+    reasoning: Sequence[dict] = (),
 ) -> TraceSummary:
-    """Compare stored, expected and returned records of `run`; see the module docstring."""
-    expected = Counts(run.expected_events, run.expected_steps, run.expected_tools)
+    """Compare stored, expected and returned records of `run`, and every stored row with its digest in
+    the chain; see the module docstring. `reasoning`: the run's reasoning rows as stored
+    (`audit.rowdigest.stored_reasoning_rows`)."""
+    rows = verify_rows(events=events, run=run, steps=steps, tools=tools, reasoning=reasoning)
+    if rows.expected is not None:
+        expected = Counts(rows.expected.events, rows.expected.steps, rows.expected.tools)
+    else:
+        expected = Counts(run.expected_events, run.expected_steps, run.expected_tools)
     terminal = run.is_terminal
     gaps: list[str] = []
     complete = True
@@ -223,6 +247,13 @@ def summarize(
         if shown < stored:
             complete = False
             gaps.append(f"{_n(stored - shown, label)} stored under this run but another session")
+    wanted = rows.expected.reasoning if rows.expected is not None else None
+    if wanted is not None and terminal and len(reasoning) != wanted:
+        complete = False
+        if len(reasoning) < wanted:
+            gaps.append(f"{_n(wanted - len(reasoning), 'reasoning row')} expected but not stored")
+        else:
+            gaps.append(f"{_n(len(reasoning) - wanted, 'reasoning row')} stored beyond the {wanted} expected")
 
     if run.audit_write_failures:
         complete = False
@@ -232,6 +263,13 @@ def summarize(
     if not verdict.valid:
         complete = False
         gaps.extend(f"hash chain: {problem}" for problem in verdict.problems)
+    if rows.problems:
+        complete = False
+        gaps.extend(rows.problems)
+    if rows.unfinished:
+        complete = False
+        gaps.append(rows.unfinished)
+    gaps.extend(rows.notes)
 
     if terminal:
         for tool in tools:
@@ -270,6 +308,8 @@ def summarize(
         gaps=gaps,
         fenced_writes=run.fenced_writes,
         ledger=ledger,
+        rows_verified=rows.all_verified,
+        rows_verified_count=rows.verified,
     )
 
 
@@ -310,10 +350,11 @@ def reconcile_trace(*, run: DiagnosisRun, events: list[TraceEvent], steps: list[
     return replace(verdict, reconciled=verdict.reconciled and bool(run.tokens_reconciled))
 
 
-def _persisted_count(model) -> Coalesce:
+def _persisted_count(model, rows: QuerySet | None = None) -> Coalesce:
     """Correlated COUNT of a run's rows in an audit table (one subquery in the run list's single SELECT)."""
     counted = (
-        model.objects.filter(run_id=OuterRef("run_id"))
+        (model.objects.all() if rows is None else rows)
+        .filter(run_id=OuterRef("run_id"))
         .order_by()
         .values("run_id")
         .annotate(n=Count("pk"))
@@ -327,14 +368,17 @@ def annotate_audit_completeness(queryset: QuerySet[DiagnosisRun]) -> QuerySet[Di
 
     `summarize`'s rule as far as SQL can decide it: the run is terminal, every event, step and tool the
     recorder attempted is stored (no more, no fewer), no audit write failed, no tool is still
-    RUNNING, and a FAILED or CANCELLED run carries no release decision or content. Two checks need every
-    row's content and are made by `get_trace` only: the hash chain, and
-    rows stored under the run's id but another session. `tests/test_audit_complete_rule.py` holds both
+    RUNNING, and a FAILED or CANCELLED run carries no release decision or content. Three checks need
+    every row's content and are made by `get_trace` only: the hash chain, rows stored under the run's
+    id but another session, and every row against its digest in the chain (with the expected counts
+    the chain records; governance events, which no run expects, are not counted here).
+    `tests/test_audit_complete_rule.py` holds both
     to the same answer over a matrix of runs.
     """
     running_tool = ToolInvocation.objects.filter(run_id=OuterRef("run_id"), status=ToolStatus.RUNNING)
+    events = TraceEvent.objects.exclude(event_type__in=GOVERNANCE_EVENTS)
     return queryset.annotate(
-        persisted_events=_persisted_count(TraceEvent),
+        persisted_events=_persisted_count(TraceEvent, events),
         persisted_steps=_persisted_count(AgentStep),
         persisted_tools=_persisted_count(ToolInvocation),
     ).annotate(

@@ -241,13 +241,13 @@ class CountsSerializer(serializers.Serializer):
 class TraceSummarySerializer(serializers.Serializer):
     persisted = CountsSerializer(help_text="Rows stored under the run's id.")
     expected = CountsSerializer(
-        help_text="Rows the recorder attempted to write (the run's expected_* counts)."
+        help_text="Rows the recorder attempted to write, as its hash chain records them."
     )
     returned = CountsSerializer(help_text="Rows in this response.")
     auditComplete = serializers.BooleanField(
         source="audit_complete",
         help_text="Run terminal, persisted == expected == returned for all three, no write failure, chain "
-        "valid, no tool still RUNNING.",
+        "valid, every stored row matches its digest in the chain, no tool still RUNNING.",
     )
     auditWriteFailures = serializers.IntegerField(source="audit_write_failures")
     fencedWrites = serializers.IntegerField(
@@ -256,6 +256,15 @@ class TraceSummarySerializer(serializers.Serializer):
         "took the run over (none of their rows is stored).",
     )
     chainValid = serializers.BooleanField(source="chain_valid")
+    rowsVerified = serializers.BooleanField(
+        source="rows_verified",
+        help_text="Every stored row (steps, tools, reasoning rows, the run's terminal summary) is bound "
+        "into the hash chain and its digest, recomputed from the stored columns, matches.",
+    )
+    rowsVerifiedCount = serializers.IntegerField(
+        source="rows_verified_count",
+        help_text="How many stored rows matched the digest bound in the hash chain.",
+    )
     gaps = serializers.ListField(
         child=serializers.CharField(), help_text="What is missing, in words (never content)."
     )

@@ -169,6 +169,8 @@ def trace_data(trace: Trace) -> dict[str, Any]:
             "auditWriteFailures": int(s.audit_write_failures),
             "fencedWrites": int(s.fenced_writes),
             "chainValid": bool(s.chain_valid),
+            "rowsVerified": bool(s.rows_verified),
+            "rowsVerifiedCount": int(s.rows_verified_count),
             "gaps": [str(g) for g in s.gaps],
         },
     }

@@ -1,12 +1,16 @@
 """Verification of stored audit records, run by run, in bounded memory (`manage.py verify_audit`).
 
 For each run: the timeline's hash chain and sequence numbers (`audit.integrity.verify_chain`: 1..n
-without gap or repeat, `prev_hash` links, each hash recomputed from its own fields), and, for a finished
-run, whether the stored events, steps and tools match what the recorder expected to write and whether
-any audit write failed. Problems are worded without content (ids, sequence numbers, counts only).
+without gap or repeat, `prev_hash` links, each hash recomputed from its own fields); every durable row
+(steps, tools, reasoning rows, the run's terminal summary) against the digest its chain carries
+(`audit.binding.verify_rows`: a changed, deleted or unrecorded row is named); and, for a finished run,
+whether the stored events, steps, tools and reasoning rows match the counts the chain says the recorder
+attempted (older runs without counts in their chain: the run's `expected_*` columns) and whether any audit
+write failed. Problems are worded without content (ids, sequence numbers, counts only). Reasoning rows are
+read as stored (ciphertext), never decrypted.
 
-Runs are read in primary-key batches and each batch's events in one query, so memory is bounded by the
-batch size whatever the number of runs.
+Runs are read in primary-key batches, each batch's events, steps, tools and reasoning rows in one query
+each, so memory is bounded by the batch size whatever the number of runs.
 """
 
 from __future__ import annotations
@@ -14,11 +18,12 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
-from django.db.models import Count
-
+from audit.binding import verify_rows
 from audit.integrity import verify_chain
 from audit.models import AgentStep, ToolInvocation, TraceEvent
+from audit.rowdigest import stored_reasoning_rows
 from diagnosis.models import DiagnosisRun
 
 RUN_BATCH = 200
@@ -29,8 +34,10 @@ class RunVerification:
     run_id: str
     events: int = 0
     chain_valid: bool = True
+    rows_verified: int = 0
     invalid: list[str] = field(default_factory=list)  # tampering, deletion, reordering
     incomplete: list[str] = field(default_factory=list)  # lost writes of a finished run
+    notes: list[str] = field(default_factory=list)  # no failure: rows before row digests, purges
 
     @property
     def ok(self) -> bool:
@@ -41,12 +48,13 @@ def verify_run(run_id: str) -> RunVerification:
     """Verify one run (its events are checked even when the run row is missing)."""
     run = DiagnosisRun.objects.filter(run_id=run_id).first()
     events = list(TraceEvent.objects.filter(run_id=run_id).order_by("sequence_no"))
+    steps, tools, reasoning = _rows([run_id])
+    result = _check(
+        run_id, events, run=run, steps=steps[run_id], tools=tools[run_id], reasoning=reasoning[run_id]
+    )
     if run is None:
-        result = _check(run_id, events)
         result.incomplete.append("no run row for these events")
-        return result
-    counts = _counts([run_id])
-    return _check(run_id, events, run=run, steps=counts[0][run_id], tools=counts[1][run_id])
+    return result
 
 
 def verify_all_runs(*, batch_size: int = RUN_BATCH) -> Iterator[RunVerification]:
@@ -61,50 +69,63 @@ def verify_all_runs(*, batch_size: int = RUN_BATCH) -> Iterator[RunVerification]
         by_run: dict[str, list[TraceEvent]] = defaultdict(list)
         for event in TraceEvent.objects.filter(run_id__in=ids).order_by("run_id", "sequence_no"):
             by_run[event.run_id].append(event)
-        steps, tools = _counts(ids)
+        steps, tools, reasoning = _rows(ids)
         for run in runs:
             yield _check(
                 run.run_id,
                 by_run.pop(run.run_id, []),
                 run=run,
-                steps=steps[run.run_id],
-                tools=tools[run.run_id],
+                steps=steps.pop(run.run_id, []),
+                tools=tools.pop(run.run_id, []),
+                reasoning=reasoning.pop(run.run_id, []),
             )
 
 
-def _counts(run_ids: list[str]) -> tuple[dict[str, int], dict[str, int]]:
-    steps: dict[str, int] = defaultdict(int)
-    tools: dict[str, int] = defaultdict(int)
-    for row in AgentStep.objects.filter(run_id__in=run_ids).values("run_id").annotate(n=Count("id")):
-        steps[row["run_id"]] = row["n"]
-    for row in ToolInvocation.objects.filter(run_id__in=run_ids).values("run_id").annotate(n=Count("id")):
-        tools[row["run_id"]] = row["n"]
-    return steps, tools
+def _rows(run_ids: list[str]) -> tuple[dict[str, list], dict[str, list], dict[str, list]]:
+    steps: dict[str, list[AgentStep]] = defaultdict(list)
+    tools: dict[str, list[ToolInvocation]] = defaultdict(list)
+    reasoning: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for step in AgentStep.objects.filter(run_id__in=run_ids).order_by("run_id", "step_index", "id"):
+        steps[step.run_id].append(step)
+    for tool in ToolInvocation.objects.filter(run_id__in=run_ids).order_by("run_id", "id"):
+        tools[tool.run_id].append(tool)
+    for row in stored_reasoning_rows(run_id__in=run_ids):
+        reasoning[row["run_id"]].append(row)
+    return steps, tools, reasoning
 
 
 def _check(
     run_id: str,
     events: list[TraceEvent],
     *,
-    run: DiagnosisRun | None = None,
-    steps: int = 0,
-    tools: int = 0,
+    run: DiagnosisRun | None,
+    steps: list[AgentStep],
+    tools: list[ToolInvocation],
+    reasoning: list[dict[str, Any]],
 ) -> RunVerification:
     verdict = verify_chain(events)
     result = RunVerification(run_id=run_id, events=verdict.events, chain_valid=verdict.valid)
     result.invalid.extend(verdict.problems)
+    rows = verify_rows(events=events, run=run, steps=steps, tools=tools, reasoning=reasoning)
+    result.rows_verified = rows.verified
+    result.invalid.extend(rows.problems)
+    result.notes.extend(rows.notes)
     if run is not None and run.is_terminal:
-        for label, stored, expected in (
-            ("timeline event", len(events), run.expected_events),
-            ("model step", steps, run.expected_steps),
-            ("tool invocation", tools, run.expected_tools),
-        ):
-            if stored < expected:
-                result.incomplete.append(f"{expected - stored} {label}(s) expected but not stored")
-            elif stored > expected:
-                result.incomplete.append(
-                    f"{stored - expected} {label}(s) stored beyond the {expected} expected"
-                )
+        if rows.unfinished:
+            result.incomplete.append(rows.unfinished)
+        expected = rows.expected
+        checks = [
+            ("timeline event", len(events), expected.events if expected else run.expected_events),
+            ("model step", len(steps), expected.steps if expected else run.expected_steps),
+            ("tool invocation", len(tools), expected.tools if expected else run.expected_tools),
+        ]
+        if expected is not None and expected.reasoning is not None:
+            checks.append(("reasoning row", len(reasoning), expected.reasoning))
+        for label, stored, wanted in checks:
+            if stored < wanted:
+                result.incomplete.append(f"{wanted - stored} {label}(s) expected but not stored")
+            elif stored > wanted:
+                result.incomplete.append(f"{stored - wanted} {label}(s) stored beyond the {wanted} expected")
         if run.audit_write_failures:
             result.incomplete.append(f"{run.audit_write_failures} audit write failure(s) recorded")
     return result

@@ -19,6 +19,9 @@ from django.db.models import Q
 from django.db.models.functions import Cast
 from django.utils import timezone
 
+from audit.models import EventType
+from audit.recorder import record_reasoning_change
+from audit.rowdigest import stored_reasoning_rows
 from reasoning import crypto
 from reasoning.fields import Ciphertext
 from reasoning.models import REASONING_PERMISSION, AccessChannel, AgentReasoningAudit, ReasoningAccessLog
@@ -121,7 +124,9 @@ def purge_reasoning(
     belong to `run_id` (both given: both must hold; at least one is required). The row stays: its
     `reasoning_available`, `content_source` and `content_bytes` are kept as they were, both texts become
     NULL and `purged_at` is set. Works in batches of `batch_size` rows (one UPDATE each), so a large purge
-    never holds long locks; running it again purges nothing more.
+    never holds long locks; running it again purges nothing more. Each batch writes, in its own
+    transaction, a `REASONING_PURGED` event into the chain of every run it touched, with the new digests
+    of the purged rows (`audit.recorder.record_reasoning_change`), so that they verify as purged.
     """
     if older_than_days is None and not run_id:
         raise ValueError("purge_reasoning needs older_than_days, run_id or both")
@@ -138,9 +143,19 @@ def purge_reasoning(
         ids = list(scope.order_by("pk").values_list("pk", flat=True)[:batch_size])
         if not ids:
             break
-        purged += AgentReasoningAudit.objects.filter(pk__in=ids, purged_at__isnull=True).update(
-            reasoning_content=None, assistant_text=None, purged_at=now
-        )
+        with transaction.atomic():
+            locked = list(
+                AgentReasoningAudit.objects.select_for_update()
+                .filter(pk__in=ids, purged_at__isnull=True)
+                .values_list("pk", flat=True)
+            )
+            AgentReasoningAudit.objects.filter(pk__in=locked).update(
+                reasoning_content=None, assistant_text=None, purged_at=now
+            )
+            record_reasoning_change(
+                event_type=EventType.REASONING_PURGED, rows=stored_reasoning_rows(pk__in=locked)
+            )
+        purged += len(locked)
     logger.info(
         "reasoning purged rows=%d older_than_days=%s run=%s",
         purged,
@@ -175,7 +190,8 @@ def rotate_reasoning_keys(*, batch_size: int = ROTATE_BATCH) -> RotationReport:
     """Re-encrypt under the newest configured key every row that is not: rows under an older key are
     rotated, legacy plaintext rows are encrypted. Idempotent (a second run finds nothing to do), in
     batches of `batch_size` rows, one transaction per batch. A row purged meanwhile is skipped, never
-    given its content back."""
+    given its content back. Each batch writes a `REASONING_REKEYED` event into the chain of every run it
+    changed, with the rows' new digests (`audit.recorder.record_reasoning_change`)."""
     keyring = crypto.keyring()
     prefix = keyring.current_prefix
     report = RotationReport(key_id=keyring.current_kid)
@@ -196,6 +212,7 @@ def rotate_reasoning_keys(*, batch_size: int = ROTATE_BATCH) -> RotationReport:
         if not batch:
             break
         with transaction.atomic():
+            changed = []
             for pk, reasoning, assistant in batch:
                 last = pk
                 report.scanned += 1
@@ -210,10 +227,16 @@ def rotate_reasoning_keys(*, batch_size: int = ROTATE_BATCH) -> RotationReport:
                 )
                 if not updated:
                     report.skipped += 1
-                elif "plaintext" in (how_r, how_a):
+                    continue
+                changed.append(pk)
+                if "plaintext" in (how_r, how_a):
                     report.encrypted += 1
                 else:
                     report.rotated += 1
+            if changed:
+                record_reasoning_change(
+                    event_type=EventType.REASONING_REKEYED, rows=stored_reasoning_rows(pk__in=changed)
+                )
     logger.info(
         "reasoning keys rotated key=%s scanned=%d rotated=%d encrypted=%d unreadable=%d skipped=%d",
         report.key_id,

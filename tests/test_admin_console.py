@@ -41,8 +41,9 @@ from tests.factories import REASONING_MARKER, make_recorded_run
 pytestmark = pytest.mark.django_db
 
 READ_ONLY_MODELS = [TraceEvent, AgentStep, ToolInvocation, AgentReasoningAudit, ReasoningAccessLog]
-# Session, user, the user's two permission sets, then: run, events, steps, tools, feedback.
-RUN_PAGE_MAX_QUERIES = 9
+# Session, user, the user's two permission sets, then: run, events, steps, tools, the reasoning rows'
+# stored columns (for their digests, never decrypted), feedback.
+RUN_PAGE_MAX_QUERIES = 10
 # Session, user, permissions (2), two counts, the page of runs, the date hierarchy (2).
 CHANGELIST_MAX_QUERIES = 9
 

@@ -48,6 +48,8 @@ TRACE = {
         "auditWriteFailures": None,
         "fencedWrites": None,
         "chainValid": None,
+        "rowsVerified": None,
+        "rowsVerifiedCount": None,
         "gaps": [None],
     },
 }
@@ -114,6 +116,8 @@ ENUMS = {
         "RUN_CANCELLED",
         "RUN_FINISHED",
         "WRITE_FENCED",
+        "REASONING_PURGED",
+        "REASONING_REKEYED",
     },
 }
 

@@ -2,8 +2,9 @@
 (`audit.selectors.annotate_audit_completeness`) and the trace summary (`audit.selectors.summarize`, through
 `get_trace`). Over a matrix of runs — every status, each audit table with a row missing, an extra row,
 or the count it expects, a failed audit write, a tool left RUNNING, provider-side notes — both give the
-same answer. The two checks only the trace can make (the hash chain, rows under another session) are
-pinned separately, as the documented difference."""
+same answer (each state rebound into the chain as if recorded). The checks only the trace can make (the
+hash chain, rows under another session, each row against its digest in the chain) are pinned
+separately, as the documented difference."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import itertools
 
 import pytest
 
-from audit.models import AgentStep, ToolInvocation, ToolStatus, TraceEvent
+from audit import rowdigest
+from audit.integrity import GENESIS_HASH, link_hash
+from audit.models import AgentStep, EventType, ToolInvocation, ToolStatus, TraceEvent
 from audit.selectors import annotate_audit_completeness, get_trace
 from diagnosis import services
 from diagnosis.models import DiagnosisRun, RunStatus
@@ -35,6 +38,31 @@ def _both(run: DiagnosisRun) -> tuple[bool, bool]:
     return annotated.audit_complete, get_trace(run=run).summary.audit_complete
 
 
+def _as_recorded(run: DiagnosisRun) -> None:
+    """Rebind the run's rows as they now are into its chain (digests, expected counts from the run's
+    columns, every hash recomputed), as if the recorder had recorded this state: the row digests, which
+    only the trace can check, then agree, and the two rules are compared on what both decide."""
+    run.refresh_from_db()
+    tools = {t.tool_call_id: t for t in ToolInvocation.objects.filter(run_id=run.run_id)}
+    prev = GENESIS_HASH
+    for event in TraceEvent.objects.filter(run_id=run.run_id).order_by("sequence_no"):
+        details = dict(event.details)
+        if event.event_type == EventType.TOOL_INVOCATION and details.get("rowDigest"):
+            details["rowDigest"] = rowdigest.TOOL.digest_of(tools[details["toolCallId"]])
+        if event.event_type == EventType.RUN_FINISHED:
+            details["runDigest"] = rowdigest.RUN.digest_of(run)
+            details["expected"] = {
+                **details["expected"],
+                "events": run.expected_events,
+                "steps": run.expected_steps,
+                "tools": run.expected_tools,
+            }
+        event.details, event.prev_hash = details, prev
+        event.hash = link_hash(event)
+        event.save(update_fields=["details", "prev_hash", "hash"])
+        prev = event.hash
+
+
 def test_sql_annotation_and_trace_summary_agree_over_a_matrix_of_runs(user):
     cases = list(itertools.product(STATUSES, COUNT_CHANGES, [0, 1], [False, True]))
     outcomes = set()
@@ -47,6 +75,7 @@ def test_sql_annotation_and_trace_summary_agree_over_a_matrix_of_runs(user):
         DiagnosisRun.objects.filter(pk=run.pk).update(**columns)
         if tool_running:
             ToolInvocation.objects.filter(run_id=run.run_id).update(status=ToolStatus.RUNNING)
+        _as_recorded(run)
         sql, summary = _both(run)
         assert sql == summary, (status, change, failures, tool_running)
         outcomes.add(summary)
@@ -56,10 +85,11 @@ def test_sql_annotation_and_trace_summary_agree_over_a_matrix_of_runs(user):
 def test_provider_notes_leave_both_complete(user):
     run = make_recorded_run(user)
     DiagnosisRun.objects.filter(pk=run.pk).update(usage_unavailable_calls=1, tokens_reconciled=False)
+    _as_recorded(run)
     assert _both(run) == (True, True)
 
 
-def test_only_the_trace_sees_a_broken_chain_or_rows_of_another_session(user):
+def test_only_the_trace_sees_a_broken_chain_rows_of_another_session_or_an_altered_row(user):
     broken = make_recorded_run(user)
     TraceEvent.objects.filter(run_id=broken.run_id, sequence_no=2).update(hash="0" * 64)
     assert _both(broken) == (True, False)
@@ -68,3 +98,15 @@ def test_only_the_trace_sees_a_broken_chain_or_rows_of_another_session(user):
     elsewhere = services.create_session(owner=user)
     AgentStep.objects.filter(run_id=moved.run_id, step_index=1).update(session_id=elsewhere.session_id)
     assert _both(moved) == (True, False)
+
+    altered = make_recorded_run(user)
+    DiagnosisRun.objects.filter(pk=altered.pk).update(content="not what was released")
+    assert _both(altered) == (True, False)
+
+
+def test_a_purged_run_is_complete_for_both(user):
+    from reasoning.services import purge_reasoning
+
+    run = make_recorded_run(user)
+    assert purge_reasoning(run_id=run.run_id) == 2
+    assert _both(run) == (True, True)

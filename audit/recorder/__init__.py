@@ -4,7 +4,8 @@
 * `run`: `RunRecorder`, the one front, with one typed method per decision;
 * `chain`: sequence numbers, hash chain, one write per decision, fail-open accounting;
 * `tools`: the tool lifecycle of seed 002;
-* `ledger`: the token ledger kept while the run executes.
+* `ledger`: the token ledger kept while the run executes;
+* `governance`: chained events of reasoning purges and key rotations (outside a run's execution).
 """
 
 from audit.recorder.facts import (
@@ -16,6 +17,7 @@ from audit.recorder.facts import (
     Usage,
     _Event,
 )
+from audit.recorder.governance import record_reasoning_change
 from audit.recorder.run import RunRecorder
 
 __all__ = [
@@ -27,4 +29,5 @@ __all__ = [
     "ToolLifecycleConflict",
     "Usage",
     "_Event",
+    "record_reasoning_change",
 ]

@@ -19,6 +19,7 @@ from django.db import DatabaseError, IntegrityError, connection
 from django.db.models import F
 from django.utils import timezone
 
+from audit import rowdigest
 from audit.group_commit import get_committer
 from audit.integrity import GENESIS_HASH, event_payload_json
 from audit.models import AgentStep, EventType, ToolInvocation, TraceEvent
@@ -27,6 +28,8 @@ from audit.recorder.facts import SUMMARY_CHARS, Usage, _Event
 from audit.write_ops import Fence, Insert, RawJSON, Update, WriteFenced, WriteOp, execute
 from audit.write_ops import Table as RowTable
 from diagnosis.models import DiagnosisRun
+from reasoning import crypto
+from reasoning.fields import Ciphertext, EncryptedTextField
 from reasoning.models import AgentReasoningAudit
 
 logger = logging.getLogger("audit.recorder")
@@ -92,9 +95,17 @@ class ChainWriter:
         seq = self._next_sequence
         prev = self._prev_hash
         op = WriteOp(inserts=list(inserts), updates=list(updates), fence=self._fence())
+        for row in op.inserts:
+            _seal(row)
+        for upd in op.updates:
+            if upd.fallback is not None:
+                _seal(upd.fallback)
         for event in events:
             created_at = timezone.now()
-            _, details_json = bound_json_text(event.details)
+            details = event.details
+            if event.bind:
+                details = {**details, **{key: _row_digest(row) for key, row in event.bind.items()}}
+            _, details_json = bound_json_text(details)
             summary = clip(event.summary, SUMMARY_CHARS)
             phase, event_type, status = str(event.phase), str(event.event_type), str(event.status)
             digest = sha256_hex(
@@ -229,10 +240,30 @@ class ChainWriter:
 
     def _persisted_counts(self) -> dict[str, int]:
         return {
-            "events": TraceEvent.objects.filter(run_id=self.run_id).count(),
+            # Governance events (purge, key rotation) are appended by others, never expected by the run.
+            "events": TraceEvent.objects.filter(run_id=self.run_id)
+            .exclude(event_type__in=(EventType.REASONING_PURGED, EventType.REASONING_REKEYED))
+            .count(),
             "steps": AgentStep.objects.filter(run_id=self.run_id).count(),
             "tools": ToolInvocation.objects.filter(run_id=self.run_id).count(),
         }
+
+
+def _seal(row: Insert) -> None:
+    """Encrypt the row's plaintext reasoning columns here, so that the digest covers the ciphertext as
+    stored (a `Ciphertext` is written as is)."""
+    encrypted = _tables().encrypted.get(row.table)
+    if not encrypted:
+        return
+    values = list(row.values)
+    for i in encrypted:
+        if values[i] is not None and not isinstance(values[i], Ciphertext):
+            values[i] = Ciphertext(crypto.keyring().encrypt(str(values[i])))
+    row.values = tuple(values)
+
+
+def _row_digest(row: Insert) -> str:
+    return rowdigest.form_of(row.table.model).digest(dict(zip(row.table.columns, row.values, strict=True)))
 
 
 def _ascii_json(canonical: str) -> str:
@@ -248,6 +279,10 @@ class _Tables:
         self.reasoning = _table(AgentReasoningAudit)
         self.tool = _table(ToolInvocation)
         self.run = _table(DiagnosisRun)
+        self.encrypted = {
+            table: [i for i, f in enumerate(table.fields) if isinstance(f, EncryptedTextField)]
+            for table in (self.step, self.reasoning, self.tool)
+        }
 
 
 def _table(model) -> RowTable:

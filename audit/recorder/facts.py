@@ -114,8 +114,12 @@ class RetrievalFacts:
 
 @dataclass(frozen=True, slots=True)
 class _Event:
+    """One timeline event to write. `bind` maps a details key to a row written in the same decision:
+    the row's digest (`audit.rowdigest`, over the values as they are written) is put under that key."""
+
     phase: str
     event_type: str
     status: str
     summary: str
     details: dict[str, Any]
+    bind: dict[str, Any] = field(default_factory=dict)

@@ -50,6 +50,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
+from audit import rowdigest
 from audit.integrity import GENESIS_HASH
 from audit.models import AgentStep, EventType, Phase, ToolInvocation, ToolStatus, TraceEvent, UsageSource
 from audit.payloads import bound_json, bound_text, canonical_json, clip
@@ -70,6 +71,7 @@ from audit.recorder.tools import ToolLifecycle, _ToolState, terminal_key
 from audit.write_ops import Insert, Table
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
 from reasoning.capture import CapturedReasoning
+from reasoning.models import AgentReasoningAudit
 
 
 class RunRecorder(ToolLifecycle, ChainWriter):
@@ -112,6 +114,7 @@ class RunRecorder(ToolLifecycle, ChainWriter):
         self.expected_events = 0
         self.expected_steps = 0
         self.expected_tools = 0
+        self.expected_reasoning = 0
         self.audit_write_failures = 0
 
     # ----------------------------------------------------------------------------------------------
@@ -160,6 +163,7 @@ class RunRecorder(ToolLifecycle, ChainWriter):
             for call in (output or {}).get("toolCalls") or []:
                 if isinstance(call, dict) and call.get("providerToolCallId"):
                     rec._provider_ids[str(call.get("id"))] = str(call["providerToolCallId"])
+        columns = _tables().tool.columns
         for tool in ToolInvocation.objects.filter(run_id=run_id):
             rec._tools[tool.tool_call_id] = _ToolState(
                 name=tool.tool_name,
@@ -175,11 +179,15 @@ class RunRecorder(ToolLifecycle, ChainWriter):
                     if tool.status == ToolStatus.RUNNING
                     else terminal_key(tool.status, tool.output_sha256, tool.error_code, tool.error_message)
                 ),
+                row={c: getattr(tool, c) for c in columns},
             )
         persisted = rec._persisted_counts()
         rec.expected_events = max(run.expected_events, persisted["events"])
         rec.expected_steps = max(run.expected_steps, persisted["steps"])
         rec.expected_tools = max(run.expected_tools, persisted["tools"])
+        rec.expected_reasoning = max(
+            rec.expected_steps, AgentReasoningAudit.objects.filter(run_id=run_id).count()
+        )
         rec.audit_write_failures = run.audit_write_failures
         for details in (
             TraceEvent.objects.filter(run_id=run_id, event_type=EventType.MODEL_TOKEN_USAGE)
@@ -313,6 +321,32 @@ class RunRecorder(ToolLifecycle, ChainWriter):
             ledger = self._ledger
             verdict = self._reconcile()
             now = timezone.now()
+            by_source = ledger.by_source
+            fields: dict[str, Any] = {
+                "status": status,
+                "content": content,
+                "release_decision": self.release_decision,
+                "error_code": clip(error_code, 64),
+                "error_message": clip(error_message, ERROR_MESSAGE_CHARS),
+                "finished_at": now,
+                "tokens_router": by_source[UsageSource.ROUTER],
+                "tokens_agent": by_source[UsageSource.AGENT],
+                "tokens_guard": by_source[UsageSource.GUARD],
+                "tokens_total": ledger.total,
+                "tokens_reasoning": ledger.reasoning,
+                "tokens_cached_input": ledger.cached_input,
+                "model_calls": ledger.model_calls,
+                "usage_unavailable_calls": ledger.unavailable_calls,
+                "tokens_reconciled": verdict.reconciled,
+                "lease_owner": "",
+                "lease_expires_at": None,
+                # The counts as the terminal update writes them: this decision's events included.
+                "expected_events": self.expected_events + len(events) + 1,
+                "expected_steps": self.expected_steps,
+                "expected_tools": self.expected_tools,
+            }
+            if self._created_at is not None:
+                fields["total_duration_ms"] = _ms(now - self._created_at)
             events.append(
                 _Event(
                     Phase.RUN,
@@ -333,32 +367,17 @@ class RunRecorder(ToolLifecycle, ChainWriter):
                         "unavailableCalls": ledger.unavailable_calls,
                         "tokensReconciled": verdict.reconciled,
                         "contentLength": len(content),
+                        "runDigest": rowdigest.RUN.digest(fields),
+                        "expected": {
+                            "events": fields["expected_events"],
+                            "steps": fields["expected_steps"],
+                            "tools": fields["expected_tools"],
+                            "reasoning": self.expected_reasoning,
+                        },
                     },
                 )
             )
             sequence_no = self._write("run_finished", events)
-            by_source = ledger.by_source
-            fields: dict[str, Any] = {
-                "status": status,
-                "content": content,
-                "release_decision": self.release_decision,
-                "error_code": clip(error_code, 64),
-                "error_message": clip(error_message, ERROR_MESSAGE_CHARS),
-                "finished_at": now,
-                "tokens_router": by_source[UsageSource.ROUTER],
-                "tokens_agent": by_source[UsageSource.AGENT],
-                "tokens_guard": by_source[UsageSource.GUARD],
-                "tokens_total": ledger.total,
-                "tokens_reasoning": ledger.reasoning,
-                "tokens_cached_input": ledger.cached_input,
-                "model_calls": ledger.model_calls,
-                "usage_unavailable_calls": ledger.unavailable_calls,
-                "tokens_reconciled": verdict.reconciled,
-                "lease_owner": "",
-                "lease_expires_at": None,
-            }
-            if self._created_at is not None:
-                fields["total_duration_ms"] = _ms(now - self._created_at)
             if not self._update_run("finish", **fields) and not self.fenced:
                 # The terminal row is the business result: one more try after a failed write.
                 self._update_run("finish_retry", **fields)
@@ -423,10 +442,15 @@ class RunRecorder(ToolLifecycle, ChainWriter):
         if raw is not None:
             details["rawOutput"] = {"preview": raw.preview, "length": raw.length, "sha256": raw.sha256}
         inserts = []
+        bind: dict[str, Insert] = {}
         if reasoning is not None:
             step_index = router_reasoning_step(attempt)
-            details.update(_reasoning_details(reasoning, step_index))
-            inserts.append(self._reasoning_insert(step_index, ROUTER_AGENT_NAME, reasoning))
+            details.update(_reasoning_details(reasoning, step_index, ROUTER_AGENT_NAME))
+            reasoning_row = self._reasoning_insert(step_index, ROUTER_AGENT_NAME, reasoning)
+            inserts.append(reasoning_row)
+            bind["reasoningDigest"] = reasoning_row
+            with self._lock:
+                self.expected_reasoning += 1
         summary = (
             f"attempt {attempt}: {intent} ({confidence})"
             if ok
@@ -435,7 +459,14 @@ class RunRecorder(ToolLifecycle, ChainWriter):
         return self._write(
             "routing_attempt",
             [
-                _Event(Phase.ROUTING, EventType.ROUTING_ATTEMPT, "OK" if ok else "INVALID", summary, details),
+                _Event(
+                    Phase.ROUTING,
+                    EventType.ROUTING_ATTEMPT,
+                    "OK" if ok else "INVALID",
+                    summary,
+                    details,
+                    bind=bind,
+                ),
                 self._usage_event(UsageSource.ROUTER, model, usage, phase=Phase.ROUTING),
             ],
             inserts=inserts,
@@ -499,6 +530,7 @@ class RunRecorder(ToolLifecycle, ChainWriter):
                 self._declared[call.tool_call_id] = step_index
                 self._provider_ids[call.tool_call_id] = call.provider_id
             self.expected_steps += 1
+            self.expected_reasoning += 1
             names = [c.name for c in tool_calls]
             summary = f"step {step_index}: {model}, finish {finish_reason or 'unknown'}"
             if names:
@@ -572,6 +604,7 @@ class RunRecorder(ToolLifecycle, ChainWriter):
                         "contentSource": reasoning.content_source,
                         "providerAttempts": len(provider_attempts),
                     },
+                    bind={"stepDigest": step, "reasoningDigest": reasoning_row},
                 ),
                 self._usage_event(UsageSource.AGENT, model, usage, phase=Phase.AGENT, step_index=step_index),
             ]
@@ -658,10 +691,14 @@ class RunRecorder(ToolLifecycle, ChainWriter):
         with self._lock:
             self._guard_calls += 1
             inserts = []
+            bind: dict[str, Insert] = {}
             if reasoning is not None:
                 step_index = guard_reasoning_step(self._guard_calls)
-                details.update(_reasoning_details(reasoning, step_index))
-                inserts.append(self._reasoning_insert(step_index, GUARD_AGENT_NAME, reasoning))
+                details.update(_reasoning_details(reasoning, step_index, GUARD_AGENT_NAME))
+                reasoning_row = self._reasoning_insert(step_index, GUARD_AGENT_NAME, reasoning)
+                inserts.append(reasoning_row)
+                bind["reasoningDigest"] = reasoning_row
+                self.expected_reasoning += 1
             return self._write(
                 "semantic_guard",
                 [
@@ -671,6 +708,7 @@ class RunRecorder(ToolLifecycle, ChainWriter):
                         verdict,
                         clip(summary, SUMMARY_CHARS),
                         details,
+                        bind=bind,
                     ),
                     self._usage_event(UsageSource.GUARD, model, usage, phase=Phase.GUARD),
                 ],
@@ -745,10 +783,11 @@ ROUTER_AGENT_NAME = "router"
 GUARD_AGENT_NAME = "semantic_guard"
 
 
-def _reasoning_details(reasoning: CapturedReasoning, step_index: int) -> dict[str, Any]:
+def _reasoning_details(reasoning: CapturedReasoning, step_index: int, agent_name: str) -> dict[str, Any]:
     """What a decision event says about its call's reasoning row: metadata only, never the text."""
     return {
         "reasoningStepIndex": step_index,
+        "agentName": agent_name,
         "reasoningAvailable": reasoning.reasoning_available,
         "reasoningBytes": reasoning.reasoning_bytes,
         "assistantBytes": reasoning.assistant_bytes,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.utils import timezone
@@ -45,6 +45,8 @@ class _ToolState:
     provider_id: str = ""
     status: str = ToolStatus.RUNNING
     terminal_key: tuple | None = None
+    # The tool row as last written (column -> value): the start of its terminal image.
+    row: dict[str, Any] = field(default_factory=dict)
 
 
 def terminal_key(status: str, output_sha256: str | None, error_code: str, error_message: str) -> tuple:
@@ -167,6 +169,7 @@ class ToolLifecycle:
                     updated_at=now,
                 ),
             )
+            state.row = dict(zip(t.tool.columns, row.values, strict=True))
             sequence_no = self._write(
                 "tool_started",
                 [
@@ -182,6 +185,7 @@ class ToolLifecycle:
                             "stepIndex": step_index,
                             "input": effective_input,
                         },
+                        bind={"rowDigest": row},
                     )
                 ],
                 inserts=[row],
@@ -322,24 +326,12 @@ class ToolLifecycle:
             )
 
         t = _tables()
-        # The RUNNING row may never have committed (an earlier audit write failed): then the terminal
-        # facts are inserted as the tool's row instead, so they are kept anyway.
-        fallback = Insert(
-            t.tool,
-            t.tool.row(
-                run_id=self.run_id,
-                session_id=self.session_id,
-                step_id=self._step_ids.get(state.step_index) if state.step_index is not None else None,
-                step_index=state.step_index,
-                tool_call_id=tool_call_id,
-                provider_tool_call_id=state.provider_id or tool_call_id,
-                tool_name=state.name,
-                input_params=state.input_params if state.input_params is not None else {},
-                started_at=state.started_at,
-                created_at=now,
-                **fields,
-            ),
-        )
+        # The RUNNING row may never have committed (an earlier audit write failed): then the row the
+        # terminal update would have produced is inserted instead (real input included), so the terminal
+        # facts are kept and the one terminal digest verifies whichever way the row was written.
+        terminal_row = {**state.row, **fields}
+        fallback = Insert(t.tool, t.tool.row(**terminal_row))
+        state.row = terminal_row
         update = Update(
             t.tool,
             tuple(fields),
@@ -358,6 +350,7 @@ class ToolLifecycle:
                     status,
                     clip(", ".join(parts), SUMMARY_CHARS),
                     details,
+                    bind={"rowDigest": fallback},
                 )
             ],
             updates=[update],

@@ -1,0 +1,223 @@
+"""Verification of a run's durable rows against the digests its chain carries (`audit.rowdigest`).
+
+The recorder puts each row's digest into the details of the event that records it:
+
+* `AGENT_MODEL_STEP`: `stepDigest` (the step row) and `reasoningDigest` (the reasoning row of the same
+  `stepIndex` and `agentName`); any other event carrying `reasoningDigest` with `agentName` and
+  `reasoningStepIndex` (router and semantic-guard decisions) or `stepIndex` binds a reasoning row the
+  same way;
+* `TOOL_INVOCATION` with a tool status: `rowDigest`, the RUNNING row at start, the row after its terminal
+  update at terminal (the latest one binds);
+* `REASONING_PURGED` / `REASONING_REKEYED`: `rows`, each `{id, stepIndex, agentName, digest}` of what is
+  stored after the purge or re-encryption;
+* `RUN_FINISHED`: `runDigest` (the run's terminal summary) and `expected` (events, steps, tools and
+  reasoning rows the recorder attempted).
+
+`verify_rows` recomputes every digest from the stored rows and names each row that does not match, is
+missing, or is stored without a record in the chain, in words and ids only (never content). Rows of runs
+recorded before row digests existed are reported as not bound, which is a note, not a failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from audit import rowdigest
+from audit.models import EventType, ToolStatus
+
+GOVERNANCE_EVENTS = frozenset({EventType.REASONING_PURGED.value, EventType.REASONING_REKEYED.value})
+NOT_BOUND = "not bound (recorded before row digests)"
+_TOOL_STATUSES = frozenset(ToolStatus.values)
+
+
+@dataclass(frozen=True, slots=True)
+class Expected:
+    """What the recorder attempted to write, as read from the chain."""
+
+    events: int
+    steps: int
+    tools: int
+    reasoning: int | None  # None: not known (a run recorded before row digests)
+
+
+@dataclass(slots=True)
+class RowVerdict:
+    """`verified`: rows whose stored form matches the digest bound in the chain; `problems`: rows that do
+    not (changed, missing, unrecorded); `notes`: facts that are no failure (rows recorded before row
+    digests, purged reasoning); `unfinished`: set for a terminal run whose chain holds no `RUN_FINISHED`
+    (its write failed or the chain's tail was cut off: a loss, shown with the counts). `expected` is read
+    from the chain; None when the chain carries no counts (a finished run recorded before row digests,
+    or one whose finish is not in the chain: the caller falls back to the run's columns)."""
+
+    verified: int = 0
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    expected: Expected | None = None
+    unfinished: str | None = None
+
+    @property
+    def all_verified(self) -> bool:
+        """Every row is bound and matches: no problem, no unbound (pre-digest) row, no missing finish."""
+        return not self.problems and self.unfinished is None and not any(NOT_BOUND in n for n in self.notes)
+
+
+@dataclass(slots=True)
+class _Bound:
+    sequence_no: int
+    digest: str | None
+    purged: bool = False
+
+
+def verify_rows(
+    *,
+    events: Sequence[Any],
+    run: Any | None,
+    steps: Iterable[Any],
+    tools: Iterable[Any],
+    reasoning: Iterable[Mapping[str, Any]],
+) -> RowVerdict:
+    """Verify one run's stored rows against the digests in its (ordered) events."""
+    verdict = RowVerdict()
+    bound_steps: dict[int, _Bound] = {}
+    bound_tools: dict[str, _Bound] = {}
+    bound_reasoning: dict[tuple[int, str], _Bound] = {}
+    finished: tuple[int, str | None, dict | None] | None = None
+    digests_seen = False
+    governance = 0
+    step_events = 0
+    reasoning_events = 0
+
+    for event in events:
+        d = event.details if isinstance(event.details, dict) else {}
+        seq, kind = event.sequence_no, event.event_type
+        if kind == EventType.AGENT_MODEL_STEP:
+            step_events += 1
+            bound_steps[d.get("stepIndex")] = _Bound(seq, d.get("stepDigest"))
+            digests_seen |= "stepDigest" in d
+            if "reasoningDigest" not in d:
+                bound_reasoning[(d.get("stepIndex"), d.get("agentName"))] = _Bound(seq, None)
+        elif kind == EventType.TOOL_INVOCATION and event.status in _TOOL_STATUSES and "toolCallId" in d:
+            bound_tools[d["toolCallId"]] = _Bound(seq, d.get("rowDigest"))
+            digests_seen |= "rowDigest" in d
+        elif kind in GOVERNANCE_EVENTS:
+            governance += 1
+            for row in d.get("rows") or []:
+                bound_reasoning[(row.get("stepIndex"), row.get("agentName"))] = _Bound(
+                    seq, row.get("digest"), purged=kind == EventType.REASONING_PURGED
+                )
+        elif kind == EventType.RUN_FINISHED:
+            finished = (seq, d.get("runDigest"), d.get("expected"))
+            digests_seen |= "runDigest" in d
+        # A router or guard decision names its reasoning row's step index as `reasoningStepIndex`.
+        reasoning_step = d.get("reasoningStepIndex", d.get("stepIndex"))
+        if "reasoningDigest" in d and reasoning_step is not None and "agentName" in d:
+            bound_reasoning[(reasoning_step, d["agentName"])] = _Bound(seq, d["reasoningDigest"])
+            digests_seen = True
+            reasoning_events += 1
+
+    legacy: dict[str, list[str]] = {}
+
+    def unrecorded(label: str, name: str, what: str) -> None:
+        if digests_seen:
+            verdict.problems.append(f"{what}: stored row not recorded in the chain")
+        else:
+            legacy.setdefault(label, []).append(name)
+
+    def check(label: str, name: str, what: str, bound: _Bound | None, digest: str) -> None:
+        if bound is None:
+            unrecorded(label, name, what)
+        elif bound.digest is None:
+            legacy.setdefault(label, []).append(name)
+        elif bound.digest == digest:
+            verdict.verified += 1
+            if bound.purged:
+                verdict.notes.append(f"{what} purged (sequence {bound.sequence_no})")
+        else:
+            verdict.problems.append(
+                f"{what}: stored row does not match its digest at sequence {bound.sequence_no}"
+            )
+
+    for step in steps:
+        check(
+            "model step",
+            str(step.step_index),
+            f"model step {step.step_index}",
+            bound_steps.pop(step.step_index, None),
+            rowdigest.STEP.digest_of(step),
+        )
+    for tool in tools:
+        check(
+            "tool call",
+            tool.tool_call_id,
+            f"tool call {tool.tool_call_id}",
+            bound_tools.pop(tool.tool_call_id, None),
+            rowdigest.TOOL.digest_of(tool),
+        )
+    for row in reasoning:
+        key = (row["step_index"], row["agent_name"])
+        check(
+            "reasoning row",
+            _reasoning_name(key),
+            f"reasoning row for {_reasoning_name(key)}",
+            bound_reasoning.pop(key, None),
+            rowdigest.REASONING.digest(row),
+        )
+
+    for index, bound in bound_steps.items():
+        if bound.digest is not None:
+            verdict.problems.append(f"model step {index} missing (recorded at sequence {bound.sequence_no})")
+    for tool_call_id, bound in bound_tools.items():
+        if bound.digest is not None:
+            verdict.problems.append(
+                f"tool call {tool_call_id} missing (recorded at sequence {bound.sequence_no})"
+            )
+    for key, bound in bound_reasoning.items():
+        if bound.digest is not None:
+            verdict.problems.append(
+                f"reasoning row for {_reasoning_name(key)} missing (recorded at sequence {bound.sequence_no})"
+            )
+
+    if run is not None and finished is not None:
+        seq, digest, _ = finished
+        if digest is None:
+            legacy.setdefault("run summary", []).append(run.run_id)
+        elif digest == rowdigest.RUN.digest_of(run):
+            verdict.verified += 1
+        else:
+            verdict.problems.append(
+                "run: stored terminal summary (status, release, error, content, token ledger, expected "
+                f"counts) does not match its digest at sequence {seq}"
+            )
+    elif run is not None and run.is_terminal and digests_seen:
+        verdict.unfinished = "run: terminal summary not recorded in the chain"
+
+    for label, names in legacy.items():
+        verdict.notes.append(f"{label}{'' if len(names) == 1 else 's'} {', '.join(names)}: {NOT_BOUND}")
+
+    if finished is not None and isinstance(finished[2], dict):
+        counts = finished[2]
+        verdict.expected = Expected(
+            events=int(counts.get("events", 0)) + governance,
+            steps=int(counts.get("steps", 0)),
+            tools=int(counts.get("tools", 0)),
+            reasoning=counts.get("reasoning"),
+        )
+    elif finished is None and not (run is not None and run.is_terminal):
+        verdict.expected = Expected(
+            events=events[-1].sequence_no if events else 0,
+            steps=step_events,
+            tools=sum(1 for e in events if _tool_start(e)),
+            reasoning=reasoning_events if digests_seen else None,
+        )
+    return verdict
+
+
+def _tool_start(event: Any) -> bool:
+    return event.event_type == EventType.TOOL_INVOCATION and event.status == ToolStatus.RUNNING
+
+
+def _reasoning_name(key: tuple[int, str]) -> str:
+    step_index, agent_name = key
+    return f"step {step_index} ({agent_name})"

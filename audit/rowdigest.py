@@ -1,0 +1,229 @@
+"""The canonical form of every audited row and its digest: how a durable row is bound into the run's chain.
+
+A row's digest is `sha256(canonical JSON of {"form": <form>, "row": {column: value, …}})` over an
+explicit, fixed list of columns per form (below; the one place where a column enters a form). Values are
+normalised exactly as they round-trip the database, so the digest computed from the values the recorder
+writes equals the digest recomputed from the stored row:
+
+* date-times: `audit.integrity.timestamp` (UTC, microseconds), NULL as null;
+* JSON columns: the value after `json.dumps` / `json.loads` (what the column gives back);
+* booleans and integers as such; text as text;
+* the encrypted reasoning columns: the **stored** value (the `fernet:<kid>:<token>` ciphertext, or NULL
+  when purged), never the plaintext: verification never decrypts and never reads reasoning text.
+
+Forms:
+
+* `step` (`agent_step`), `tool` (`tool_invocation`: bound once as the RUNNING row inserted, once as the
+  row after its terminal update), `reasoning` (`agent_reasoning_audit`, what is stored);
+* `run`: the run's terminal summary as `finish` writes it: status, release decision, error code, the
+  sha256 of the released `content` (not the content), the token ledger, the counts of model calls and
+  calls without usage, the reconciliation verdict and the expected counts.
+
+Auto-increment ids are not part of any form (they are assigned by the database after the digest is
+taken); rows are named by their run-scoped keys (step index, tool call id, step index + agent name).
+Changing a form's column list changes the digest of every row recorded before: add a new form then.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from django.db import models
+from django.db.models.functions import Cast
+
+from audit.integrity import timestamp
+from audit.models import AgentStep, ToolInvocation
+from audit.payloads import canonical_json, sha256_hex
+from diagnosis.models import DiagnosisRun
+from reasoning.fields import Ciphertext, EncryptedTextField
+from reasoning.models import AgentReasoningAudit
+
+STEP_COLUMNS = (
+    "run_id",
+    "session_id",
+    "step_index",
+    "agent_name",
+    "model",
+    "model_input",
+    "model_output",
+    "tool_call_ids",
+    "has_tool_call",
+    "finish_reason",
+    "attempts",
+    "started_at",
+    "finished_at",
+    "duration_ms",
+    "usage_available",
+    "prompt_tokens",
+    "completion_tokens",
+    "reasoning_tokens",
+    "cached_tokens",
+    "total_tokens",
+    "reasoning_available",
+    "reasoning_bytes",
+    "assistant_bytes",
+    "content_source",
+    "created_at",
+)
+TOOL_COLUMNS = (
+    "run_id",
+    "session_id",
+    "step_id",
+    "step_index",
+    "tool_call_id",
+    "provider_tool_call_id",
+    "tool_name",
+    "status",
+    "input_params",
+    "output_preview",
+    "output_length",
+    "output_sha256",
+    "is_truncated",
+    "retrieval_layer",
+    "l0_match_count",
+    "l1_match_count",
+    "retrieval_details",
+    "started_at",
+    "finished_at",
+    "duration_ms",
+    "error_code",
+    "error_message",
+    "created_at",
+    "updated_at",
+)
+REASONING_COLUMNS = (
+    "session_id",
+    "run_id",
+    "step_index",
+    "agent_name",
+    "reasoning_available",
+    "reasoning_content",
+    "assistant_text",
+    "content_source",
+    "content_bytes",
+    "created_at",
+    "purged_at",
+)
+RUN_COLUMNS = (
+    "status",
+    "release_decision",
+    "error_code",
+    "content",  # as its sha256
+    "tokens_router",
+    "tokens_agent",
+    "tokens_guard",
+    "tokens_total",
+    "tokens_reasoning",
+    "tokens_cached_input",
+    "model_calls",
+    "usage_unavailable_calls",
+    "tokens_reconciled",
+    "expected_events",
+    "expected_steps",
+    "expected_tools",
+)
+
+
+class Form:
+    """One canonical form: its name, model and columns, and the normalisation of each column."""
+
+    def __init__(self, name: str, model: type[models.Model], columns: tuple[str, ...]) -> None:
+        self.name = name
+        self.model = model
+        self.columns = columns
+        self.fields = {c: model._meta.get_field(c) for c in columns}
+
+    def canonical(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """The row's canonical form from column values (written or stored); every column is required."""
+        return {c: _normalise(self.fields[c], values[c]) for c in self.columns}
+
+    def digest(self, values: Mapping[str, Any]) -> str:
+        return sha256_hex(canonical_json({"form": self.name, "row": self.canonical(values)}))
+
+    def digest_of(self, instance: models.Model) -> str:
+        return self.digest({c: getattr(instance, self.fields[c].attname) for c in self.columns})
+
+
+class _RunForm(Form):
+    def canonical(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        row = super().canonical(values)
+        row["content"] = sha256_hex(row["content"] or "")
+        return row
+
+
+STEP = Form("step", AgentStep, STEP_COLUMNS)
+TOOL = Form("tool", ToolInvocation, TOOL_COLUMNS)
+REASONING = Form("reasoning", AgentReasoningAudit, REASONING_COLUMNS)
+RUN = _RunForm("run", DiagnosisRun, RUN_COLUMNS)
+
+_BY_MODEL = {f.model: f for f in (STEP, TOOL, REASONING)}
+
+
+def form_of(model: type[models.Model]) -> Form | None:
+    """The form of a row of `model` bound at insert (step, tool, reasoning), or None."""
+    return _BY_MODEL.get(model)
+
+
+def _normalise(f: models.Field, value: Any) -> Any:
+    if value is None:
+        return None
+    if isinstance(f, EncryptedTextField):
+        return value.token if isinstance(value, Ciphertext) else str(value)
+    if isinstance(f, models.JSONField):
+        return json.loads(json.dumps(value, cls=f.encoder))
+    if isinstance(f, models.DateTimeField):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=dt.UTC)
+        return timestamp(value)
+    if isinstance(f, models.BooleanField):
+        return bool(value)
+    if isinstance(f, models.IntegerField | models.BigIntegerField):
+        return int(value)
+    if isinstance(f, models.ForeignKey):
+        return _normalise(f.target_field, value)
+    return str(value)
+
+
+# --------------------------------------------------------------------------------------------------
+# Stored reasoning rows, as stored
+# --------------------------------------------------------------------------------------------------
+_ENCRYPTED = tuple(c for c in REASONING_COLUMNS if isinstance(REASONING.fields[c], EncryptedTextField))
+_PLAIN = tuple(c for c in REASONING_COLUMNS if c not in _ENCRYPTED)
+
+
+def stored_reasoning_rows(**filters: Any) -> list[dict[str, Any]]:
+    """The reasoning rows matching `filters` with their stored column values and `id` (one query).
+
+    The encrypted columns are read as stored (cast to plain text, so nothing is decrypted); the values
+    serve only to recompute digests and never leave the caller.
+    """
+    stored = {f"stored_{c}": Cast(c, output_field=models.TextField()) for c in _ENCRYPTED}
+    rows = (
+        AgentReasoningAudit.objects.filter(**filters)
+        .annotate(**stored)
+        .order_by("run_id", "step_index", "id")
+        .values("id", *_PLAIN, *stored)
+    )
+    out = []
+    for row in rows:
+        for c in _ENCRYPTED:
+            row[c] = row.pop(f"stored_{c}")
+        out.append(row)
+    return out
+
+
+def reasoning_bindings(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """What a governance event (purge, key rotation) carries per changed reasoning row: its id, its
+    step index and agent name, and the digest of what is now stored."""
+    return [
+        {
+            "id": row["id"],
+            "stepIndex": row["step_index"],
+            "agentName": row["agent_name"],
+            "digest": REASONING.digest(row),
+        }
+        for row in rows
+    ]
