@@ -67,7 +67,10 @@ class RaiseFor:
             and (self.param is None or self.param in values)
         ):
             with self.lock:
-                key = tuple(map(str, values))
+                # The statement's own values, not its WHERE clause: a batch and its op-by-op retry
+                # write the same values but fence them differently (the epoch joins a lone UPDATE's WHERE).
+                where = values.index(self.run_id) if self.verb == "UPDATE" else len(values)
+                key = tuple(map(str, values[:where]))
                 if self.same_op and self.key is not None and key != self.key:
                     return execute(sql, params, many, context)
                 self.key = key
