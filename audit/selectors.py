@@ -372,7 +372,7 @@ def annotate_audit_completeness(queryset: QuerySet[DiagnosisRun]) -> QuerySet[Di
     every row's content and are made by `get_trace` only: the hash chain, rows stored under the run's
     id but another session, and every row against its digest in the chain (with the expected counts
     the chain records; governance events, which no run expects, are not counted here).
-    `tests/test_audit_complete_rule.py` holds both
+    `tests/audit/test_audit_complete_rule.py` holds both
     to the same answer over a matrix of runs.
     """
     running_tool = ToolInvocation.objects.filter(run_id=OuterRef("run_id"), status=ToolStatus.RUNNING)

@@ -3,8 +3,8 @@
 `audit.serializers.TraceSerializer` stays the definition of the shape (OpenAPI schema, admin export); this
 module produces the same keys, values and formats — date-times as DRF renders them (ISO 8601 in the
 current time zone, `Z` for UTC), `None` for absent values — at a fraction of the cost for long runs (a
-500-event trace spent most of its time in DRF field dispatch). `tests/test_trace_render.py` holds the two
-to equality on complete, failed, incomplete and feedback-carrying traces.
+500-event trace spent most of its time in DRF field dispatch). `tests/audit/test_trace_render.py` holds
+the two to equality on complete, failed, incomplete and feedback-carrying traces.
 """
 
 from __future__ import annotations

@@ -234,7 +234,7 @@ short runs and the per-event Python work the long ones; neither is about the dat
 query count is constant, every query uses an index (EXPLAIN above; steps and tools sort their few rows
 after the index lookup) and reads do not slow down with 100× more stored runs. Tried and kept: the body
 is built without DRF's per-field serializer dispatch (`audit/trace_render.py`, held equal to
-`TraceSerializer` by `tests/test_trace_render.py`): 500 events 45 → 36 ms, 10 events 8 → 6 ms. Not done:
+`TraceSerializer` by `tests/audit/test_trace_render.py`): 500 events 45 → 36 ms, 10 events 8 → 6 ms. Not done:
 caching verified chains (it would weaken what the summary proves) or serving the stored JSON text
 unparsed (a larger rewrite of the read model).
 
@@ -273,6 +273,6 @@ Trace endpoint, 500-event run, 20 reads (pyinstrument):
 `make bench` (or `.venv/bin/python -m bench`) starts MariaDB if needed (`scripts/mariadb.sh`), creates
 and migrates `diagnosis_bench`, runs B1–B4 and writes this page; `--quick` runs short repetitions (B2
 growth to 100 000 runs, B3 at 50 chats) without writing it; `--only b1,b4` runs a subset. The profiler
-is pyinstrument (pinned in `requirements-dev.txt`). `tests/test_bench_smoke.py` runs the cheapest
+is pyinstrument (pinned in `requirements-dev.txt`). `tests/bench/test_bench_smoke.py` runs the cheapest
 scenarios with tiny sizes in the test suite so that the bench cannot rot.
 """

@@ -278,7 +278,7 @@ LOGGING = {
         "django.db.backends": {"level": "INFO"},
         # Pinned above DEBUG whatever LOG_LEVEL says (docs/deployment.md): SQL parameters carry tokens,
         # questions and answers, and provider SDKs have logged request bodies (messages, reasoning sent
-        # back within a turn) at DEBUG. Asserted in tests/test_security_settings.py.
+        # back within a turn) at DEBUG. Asserted in tests/security/test_settings.py.
         "openai": {"level": "INFO"},
         "httpx": {"level": "INFO"},
         "httpx2": {"level": "INFO"},

@@ -15,7 +15,7 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     # The split view serves Swagger UI's init script as its own request: no inline script (config/csp.py).
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="swagger-ui"),
-    # Trace and reasoning API (issue 4). Path parameters are named as in the API contract.
+    # Trace and reasoning API. Path parameters are named as in the API contract.
     path("api/diagnosis/sessions/", SessionListApi.as_view(), name="api-session-list"),
     path("api/diagnosis/<str:sessionId>/runs/", RunListApi.as_view(), name="api-run-list"),
     path("api/diagnosis/<str:sessionId>/trace", TraceApi.as_view(), name="api-trace"),
@@ -26,7 +26,7 @@ urlpatterns = [
         RunFeedbackApi.as_view(),
         name="api-run-feedback",
     ),
-    # Chat stream, run events and cancel (issue 5): async views, Server-Sent Events (docs/chat.md).
+    # Chat stream, run events and cancel: async views, Server-Sent Events (docs/chat.md).
     path("api/chat", chat_sse.chat_stream, name="api-chat"),
     path("api/diagnosis/<str:sessionId>/runs/<str:runId>/events", chat_sse.run_events, name="api-run-events"),
     path("api/diagnosis/<str:sessionId>/runs/<str:runId>/cancel", chat_sse.cancel_run, name="api-run-cancel"),

@@ -2,7 +2,7 @@
 
 `GET /api/diagnosis/sessions/`, `GET /api/diagnosis/{sessionId}/runs/` and
 `POST /api/diagnosis/{sessionId}/runs/{runId}/feedback`. Thin views over `diagnosis.selectors` (reads)
-and `diagnosis.services` (writes). The chat stream and cancel endpoints (issue 5) live beside these.
+and `diagnosis.services` (writes). The chat stream and cancel endpoints live in `diagnosis.chat`.
 """
 
 from __future__ import annotations

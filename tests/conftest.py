@@ -153,7 +153,7 @@ def llm(settings):
     """The local OpenAI-compatible server with a scripted `Provider`, and settings pointing at it; the
     test fails if the server itself hit an error."""
     from tests.fakes.openai_server import FakeLLMServer
-    from tests.runtime_support import Provider, use_fake_llm
+    from tests.runtime.support import Provider, use_fake_llm
 
     with FakeLLMServer() as server:
         use_fake_llm(settings, server)
@@ -163,7 +163,7 @@ def llm(settings):
 
 @pytest.fixture
 def corpus(tmp_path):
-    """The small runbook corpus of `tests.runtime_support.load_corpus`, loaded into the knowledge base."""
-    from tests.runtime_support import load_corpus
+    """The small runbook corpus of `tests.runtime.support.load_corpus`, loaded into the knowledge base."""
+    from tests.runtime.support import load_corpus
 
     load_corpus(tmp_path / "kb")

@@ -1,7 +1,8 @@
 """The one write API for decision owners (`RunRecorder`) and the facts they hand it.
 
 * `facts`: what the runtime imports (usage, declared tool calls, retrieval facts, refusals);
-* `run`: `RunRecorder`, the one front, with one typed method per decision;
+* `run`: `RunRecorder`, the one front: construction, takeover (`resume`), run lifecycle and `finish`;
+* `decisions`: its routing, model-step, guard and release decisions with the rows each writes;
 * `chain`: sequence numbers, hash chain, one write per decision, fail-open accounting;
 * `tools`: the tool lifecycle of seed 002;
 * `ledger`: the token ledger kept while the run executes;

@@ -1,0 +1,137 @@
+"""API fuzzing: schemathesis over the served `/api/schema/` against a real daphne process.
+
+A daphne subprocess serves the product on the test database with the offline demo provider. The
+schema is loaded from it over HTTP; for every operation schemathesis generates valid (positive) and
+invalid (negative) requests — path and query parameters, bodies, including strings of any Unicode — sent
+with a superuser's `Authorization: Token` header, so every endpoint (audits too) is reachable. The
+examples are bounded per operation and derandomised (the same requests on every run), which keeps the
+whole fuzz well under a minute.
+
+Checks on every response: never a 5xx (schemathesis's `not_a_server_error`); every 4xx body is the
+contract's error shape; the status code is one the schema documents for that operation; JSON bodies of
+documented responses conform to the schema. Afterwards the server's log has no traceback.
+"""
+
+from __future__ import annotations
+
+import collections
+from io import StringIO
+
+import pytest
+import schemathesis
+from django.core.management import call_command
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis.errors import Unsatisfiable
+from rest_framework.authtoken.models import Token
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from diagnosis.models import DiagnosisRun
+from tests.chat.support import DaphneServer
+from tests.factories import make_recorded_run
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+EXAMPLES = {schemathesis.GenerationMode.POSITIVE: 12, schemathesis.GenerationMode.NEGATIVE: 12}
+
+
+def json_schema_conformance(ctx, response, case):
+    """The schema check for JSON bodies (the chat's SSE frames are checked by tests/chat/test_sse.py)."""
+    if response.headers.get("content-type", [""])[0].startswith("application/json"):
+        return response_schema_conformance(ctx, response, case)
+    return None
+
+
+CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, json_schema_conformance]
+
+
+@pytest.fixture
+def server(superuser, user):
+    make_recorded_run(user)  # something to list, page through and address by its real ids
+    call_command("load_knowledge", "diagnosis/runbooks", stdout=StringIO())
+    daphne = DaphneServer(
+        env={"LLM_PROVIDER": "demo", "RUN_SWEEP_INTERVAL_SECONDS": "0", "CHAT_SSE_HEARTBEAT_SECONDS": "1"},
+        name="fuzz",
+    ).start()
+    yield daphne
+    daphne.stop()
+
+
+def error_shape(ctx, response, case):
+    """Every 4xx/5xx body is `{"error": {"code", "message"}}`."""
+    if response.status_code >= 400:
+        body = response.json()
+        assert isinstance(body, dict) and set(body) == {"error"}, body
+        assert isinstance(body["error"].get("code"), str) and isinstance(body["error"].get("message"), str)
+
+
+def _fuzz(strategy, *, examples: int, counter: collections.Counter, checks: list, base_url: str, auth: dict):
+    """Send `examples` derandomised cases of `strategy`, count the statuses, run the checks on each."""
+
+    @given(case=strategy)
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    def fuzz(case):
+        response = case.call(base_url=base_url, headers=auth, timeout=20)
+        counter[response.status_code] += 1
+        case.validate_response(response, checks=[*checks, error_shape], headers=auth)
+
+    fuzz()
+
+
+def test_schemathesis_finds_no_server_error_on_any_operation(server, superuser, user):
+    token = Token.objects.create(user=superuser).key
+    auth = {"Authorization": f"Token {token}"}
+    schema = schemathesis.openapi.from_url(f"{server.url}/api/schema/?format=json", headers=auth, timeout=10)
+    statuses: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    unsatisfiable: list[str] = []
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert len(operations) >= 9  # sessions, runs, trace, reasoning, audits, feedback, chat, events, cancel
+
+    run = DiagnosisRun.objects.get()
+    real = {"sessionId": run.session_id, "runId": run.run_id}
+    passes = [(mode, ids) for mode in EXAMPLES for ids in ("generated", "real")]
+
+    for operation in operations:
+        for mode, ids in passes:
+            fixed_path = {k: v for k, v in real.items() if f"{{{k}}}" in operation.path}
+            fixed_query = {"runId": run.run_id} if operation.path.endswith(("/trace", "/reasoning")) else {}
+            if ids == "real" and not (fixed_path or fixed_query):
+                continue
+            strategy = operation.as_strategy(
+                generation_mode=mode,
+                headers=auth,
+                path_parameters=fixed_path if ids == "real" else {},
+                query=fixed_query if ids == "real" else None,
+            )
+            checks = CHECKS if mode == schemathesis.GenerationMode.POSITIVE else [not_a_server_error]
+            try:
+                _fuzz(
+                    strategy,
+                    examples=EXAMPLES[mode],
+                    counter=statuses[operation.label],
+                    checks=checks,
+                    base_url=server.url,
+                    auth=auth,
+                )
+            except Unsatisfiable:
+                # Nothing of this operation can be made invalid (e.g. no parameters, no body).
+                assert mode == schemathesis.GenerationMode.NEGATIVE, operation.label
+                unsatisfiable.append(operation.label)
+
+    print({label: dict(counter) for label, counter in statuses.items()}, unsatisfiable)
+    assert all(status < 500 for counter in statuses.values() for status in counter)
+    assert sum(sum(counter.values()) for counter in statuses.values()) >= 300
+    # Every operation was reached past validation at least once (a 2xx), not only refused.
+    assert all(any(200 <= status < 300 for status in counter) for counter in statuses.values()), statuses
+    assert "Traceback" not in server.output()
