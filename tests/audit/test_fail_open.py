@@ -31,6 +31,7 @@ from diagnosis.runtime.executor import execute_run, prepare_run
 from diagnosis.runtime.llm import aclose_clients
 from reasoning.capture import build_capture
 from reasoning.models import AgentReasoningAudit
+from tests.audit.support import in_threads, join_threads, wait_queued
 from tests.factories import usage
 from tests.fakes.openai_server import stream_answer, stream_tool_calls
 from tests.runtime.support import AGENT, CollectingSink, evidence_ids, in_every_runtime_thread
@@ -255,37 +256,6 @@ def test_an_unusable_encryption_key_costs_only_the_model_steps_records(
 # --------------------------------------------------------------------------------------------------
 # Group commit: one bad op in a batch of many runs' decisions
 # --------------------------------------------------------------------------------------------------
-def _in_threads(fns):
-    errors = []
-
-    def wrap(fn):
-        try:
-            fn()
-        except Exception as exc:  # reported below
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=wrap, args=(fn,)) for fn in fns]
-    for t in threads:
-        t.start()
-    return threads, errors
-
-
-def _join(threads, errors):
-    for t in threads:
-        t.join(60)
-    assert not any(t.is_alive() for t in threads)
-    assert not errors, errors
-
-
-def _wait_queued(committer, n):
-    import time
-
-    deadline = time.monotonic() + 20
-    while committer.queued() < n:
-        assert time.monotonic() < deadline, f"only {committer.queued()} of {n} writers queued"
-        time.sleep(0.005)
 
 
 @pytest.fixture
@@ -308,9 +278,9 @@ def test_a_non_database_error_in_a_batch_fails_only_its_op(runs, caplog):
     retried = committer.retried_batches
     with committer.execute_wrapper(fail), caplog.at_level(logging.DEBUG):
         with committer.hold():
-            threads, errors = _in_threads([lambda rec=rec: rec.run_started() for rec in recorders.values()])
-            _wait_queued(committer, len(runs))
-        _join(threads, errors)
+            threads, errors = in_threads([lambda rec=rec: rec.run_started() for rec in recorders.values()])
+            wait_queued(committer, len(runs))
+        join_threads(threads, errors)
     assert committer.retried_batches == retried + 1
     assert fail.fired == 2  # in its batch, then alone
     for run in others:
@@ -347,11 +317,11 @@ def test_a_reasoning_row_that_cannot_be_encrypted_costs_only_its_step_in_a_batch
             fns += [
                 lambda rec=recorders[r.run_id]: rec.release(decision="PUBLISHED", reason="ok") for r in others
             ]
-            threads, errors = _in_threads(fns)
+            threads, errors = in_threads(fns)
             # The reasoning row is encrypted while its digest is taken, before the op is queued: the
             # victim's op never reaches the batch, so the others commit without a retry.
-            _wait_queued(committer, len(others))
-        _join(threads, errors)
+            wait_queued(committer, len(others))
+        join_threads(threads, errors)
     assert committer.retried_batches == retried
     for run in others:
         run.refresh_from_db()

@@ -19,6 +19,7 @@ from diagnosis import services
 from diagnosis.models import DiagnosisRun, RunStatus
 from reasoning.capture import build_capture
 from reasoning.models import AgentReasoningAudit
+from tests.audit.support import in_threads, join_threads, wait_queued
 from tests.factories import record_full_run, usage
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -41,39 +42,6 @@ def _complete(run):
     return run
 
 
-def _in_threads(fns):
-    errors = []
-
-    def wrap(fn):
-        try:
-            fn()
-        except Exception as exc:  # pragma: no cover - reported below
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=wrap, args=(fn,)) for fn in fns]
-    for t in threads:
-        t.start()
-    return threads, errors
-
-
-def _join(threads, errors):
-    for t in threads:
-        t.join(60)
-    assert not any(t.is_alive() for t in threads)
-    assert not errors, errors
-
-
-def _wait_queued(committer, n):
-    import time
-
-    deadline = time.monotonic() + 20
-    while committer.queued() < n:
-        assert time.monotonic() < deadline, f"only {committer.queued()} of {n} writers queued"
-        time.sleep(0.005)
-
-
 @pytest.fixture
 def runs(user):
     session = services.create_session(owner=user)
@@ -89,7 +57,7 @@ def test_concurrent_full_runs_from_many_threads_are_complete_and_chained(runs):
         barrier.wait()
         record_full_run(run, tools=3, extra_steps=1, recorder=RunRecorder.for_run(run, group_commit=True))
 
-    _join(*_in_threads([lambda r=r: record(r) for r in runs]))
+    join_threads(*in_threads([lambda r=r: record(r) for r in runs]))
     for run in runs:
         _complete(run)
     per_run = TraceEvent.objects.filter(run_id=runs[0].run_id).count()
@@ -102,10 +70,10 @@ def test_queued_decisions_of_many_runs_commit_in_one_batch(runs):
     recorders = [RunRecorder.for_run(r, group_commit=True) for r in runs]
     committer.largest_batch = 0
     with committer.hold():
-        threads, errors = _in_threads([lambda rec=rec: rec.run_started() for rec in recorders])
-        _wait_queued(committer, len(runs))
+        threads, errors = in_threads([lambda rec=rec: rec.run_started() for rec in recorders])
+        wait_queued(committer, len(runs))
         assert committer.largest_batch == 0  # held: nothing written yet
-    _join(threads, errors)
+    join_threads(threads, errors)
     assert committer.largest_batch == len(runs)
     for run in runs:
         run.refresh_from_db()
@@ -136,19 +104,19 @@ def test_a_bad_write_in_a_batch_fails_alone_and_is_counted_exactly(runs, caplog)
     retried = committer.retried_batches
     with committer.execute_wrapper(fail):
         with committer.hold():
-            threads, errors = _in_threads([lambda rec=rec: rec.run_started() for rec in recorders.values()])
-            _wait_queued(committer, len(runs))
-        _join(threads, errors)
+            threads, errors = in_threads([lambda rec=rec: rec.run_started() for rec in recorders.values()])
+            wait_queued(committer, len(runs))
+        join_threads(threads, errors)
         # A second decision of every run, again in one batch with the victim's.
         with committer.hold():
-            threads, errors = _in_threads(
+            threads, errors = in_threads(
                 [
                     lambda rec=rec: rec.release(decision="PUBLISHED", reason="guards passed")
                     for rec in recorders.values()
                 ]
             )
-            _wait_queued(committer, len(runs))
-        _join(threads, errors)
+            wait_queued(committer, len(runs))
+        join_threads(threads, errors)
     assert committer.retried_batches >= retried + 2  # each failed batch was retried op by op
     assert fail.fired == 4  # per decision: once in its batch, once alone
     for rec in recorders.values():
@@ -182,7 +150,7 @@ def test_a_method_returns_only_after_its_batch_committed(runs):
         seen["status"] = DiagnosisRun.objects.get(pk=run.pk).status  # this thread's own connection
         seen["events"] = TraceEvent.objects.filter(run_id=run.run_id).count()
 
-    _join(*_in_threads([worker]))
+    join_threads(*in_threads([worker]))
     assert seen == {"status": RunStatus.RUNNING, "events": 1}
 
 
@@ -216,9 +184,9 @@ def test_step_ids_come_back_from_a_batch_and_reach_the_tool_rows(runs):
         )
 
     with committer.hold():
-        threads, errors = _in_threads([lambda rec=rec: declare(rec) for rec in recorders])
-        _wait_queued(committer, len(recorders))
-    _join(threads, errors)
+        threads, errors = in_threads([lambda rec=rec: declare(rec) for rec in recorders])
+        wait_queued(committer, len(recorders))
+    join_threads(threads, errors)
     for rec in recorders:
         rec.tool_started(tool_call_id="c1", tool_name="lookup_knowledge", input_params={})
         step = AgentStep.objects.get(run_id=rec.run_id)
@@ -244,15 +212,15 @@ def test_a_real_database_error_in_a_compound_batch_fails_only_its_op(runs):
     bad = recorders[0]
     retried = committer.retried_batches
     with committer.hold():
-        threads, errors = _in_threads(
+        threads, errors = in_threads(
             [lambda: bad.tool_started(tool_call_id="c1", tool_name="x" * 100, input_params={})]
             + [
                 lambda rec=rec: rec.tool_started(tool_call_id="c1", tool_name="t", input_params={"q": 1})
                 for rec in recorders[1:]
             ]
         )
-        _wait_queued(committer, len(recorders))
-    _join(threads, errors)
+        wait_queued(committer, len(recorders))
+    join_threads(threads, errors)
     assert committer.retried_batches == retried + 1
     assert bad.audit_write_failures == 1
     assert not ToolInvocation.objects.filter(run_id=bad.run_id).exists()
@@ -334,8 +302,8 @@ def test_committer_releases_every_writer_when_a_batch_raises_a_bug():
     committer = GroupCommitter()
     ops = [WriteOp(updates=[Update(Broken(), ("status",), ("X",), ("run_id",), (str(i),))]) for i in range(4)]
     with committer.hold():
-        threads, errors = _in_threads([lambda op=op: committer.submit(op) for op in ops])
-        _wait_queued(committer, len(ops))
-    _join(threads, errors)
+        threads, errors = in_threads([lambda op=op: committer.submit(op) for op in ops])
+        wait_queued(committer, len(ops))
+    join_threads(threads, errors)
     assert all(isinstance(op.error, TypeError) for op in ops)
     assert committer.queued() == 0

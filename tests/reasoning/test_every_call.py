@@ -159,3 +159,23 @@ def test_the_demo_provider_is_labelled_demo_in_the_trace(settings, user):
     assert trace_data(trace) == body
     names = set(AgentReasoningAudit.objects.filter(run_id=run.run_id).values_list("agent_name", flat=True))
     assert names == {"router", "diagnosis_agent", "semantic_guard"}
+
+
+def test_router_and_guard_reasoning_rows_are_bound_into_the_chain(llm, corpus, user):
+    _script(llm)
+    run, _outcome, _ = ask(user, "Disk full on /var/log")
+    summary = get_trace(run=run).summary
+    assert summary.audit_complete and summary.rows_verified, summary.gaps
+    assert summary.rows_verified_count == 8  # 2 steps, 1 tool, 4 reasoning rows, the run's summary
+
+    guard = AgentReasoningAudit.objects.get(run_id=run.run_id, agent_name="semantic_guard")
+    AgentReasoningAudit.objects.filter(pk=guard.pk).update(content_bytes=guard.content_bytes + 1)
+    summary = get_trace(run=run).summary
+    assert not summary.audit_complete and not summary.rows_verified
+    assert any("reasoning row for step -101 (semantic_guard)" in gap for gap in summary.gaps), summary.gaps
+
+    AgentReasoningAudit.objects.filter(pk=guard.pk).update(content_bytes=guard.content_bytes)
+    AgentReasoningAudit.objects.filter(run_id=run.run_id, agent_name="router").delete()
+    summary = get_trace(run=run).summary
+    assert not summary.audit_complete
+    assert any("reasoning row for step -1 (router) missing" in gap for gap in summary.gaps), summary.gaps
