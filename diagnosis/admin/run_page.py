@@ -383,6 +383,9 @@ class AuditSummary:
     rows: list[tuple[str, int, int, int, bool]]
     gaps: list[str]
     problems: list[str]
+    rows_verified: bool = False
+    rows_verified_count: int = 0
+    fenced_writes: int = 0
 
 
 def build_audit(trace: Trace) -> AuditSummary:
@@ -400,7 +403,12 @@ def build_audit(trace: Trace) -> AuditSummary:
         problems.append(f"{summary.audit_write_failures} audit write failure(s)")
     if not summary.chain_valid:
         problems.append("hash chain invalid")
+    if not summary.rows_verified:
+        problems.append("rows not verified against their digests")
     return AuditSummary(
+        rows_verified=summary.rows_verified,
+        rows_verified_count=summary.rows_verified_count,
+        fenced_writes=summary.fenced_writes,
         complete=summary.audit_complete,
         chain_valid=summary.chain_valid,
         write_failures=summary.audit_write_failures,

@@ -381,6 +381,22 @@ def test_run_page_shows_an_incomplete_audit_prominently(console_staff, user):
     assert 'class="dc-row-bad"><th>events</th>' in html
 
 
+def test_run_page_shows_whether_every_row_matches_its_digest(console_staff, user):
+    run = make_recorded_run(user)
+    client = _login(console_staff)
+    html = client.get(_run_url(run)).content.decode()
+    rows = html[html.index('id="dc-rows-verified"') :].split("</dd>")[0]
+    assert ">verified<" in rows and "7 rows match the chain" in rows
+
+    ToolInvocation.objects.filter(run_id=run.run_id, tool_call_id="call_0").update(status="FAILED")
+    html = client.get(_run_url(run)).content.decode()
+    rows = html[html.index('id="dc-rows-verified"') :].split("</dd>")[0]
+    assert ">not verified<" in rows and "6 rows match the chain" in rows
+    alert = html[html.index('id="dc-audit-alert"') : html.index('id="verdict"')]
+    assert "rows not verified against their digests" in alert
+    assert "tool call call_0: stored row does not match its digest" in html
+
+
 def test_tool_without_measured_duration_is_drawn_open_ended(console_staff, user):
     run = make_run_with_unfinished_tool(user)
     tool = ToolInvocation.objects.get(run_id=run.run_id)
