@@ -11,6 +11,7 @@ from diagnosis.chat import sse as chat_sse
 from reasoning.apis import ReasoningApi
 
 urlpatterns = [
+    path("", chat_pages.front_door, name="front-door"),
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     # The split view serves Swagger UI's init script as its own request: no inline script (config/csp.py).

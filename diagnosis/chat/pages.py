@@ -1,4 +1,4 @@
-"""The chat page for staff (`/chat/`) and a run-id link into the admin's run page.
+"""The front door (`/`), the chat page for staff (`/chat/`) and a run-id link into the admin's run page.
 
 The page is a plain Django template (`templates/chat.html`) and one static script
 (`diagnosis/static/diagnosis/chat.js`, no build step, no CDN) that speaks the SSE chat API of
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.views import redirect_to_login
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -20,6 +21,15 @@ from django.views.decorators.http import require_GET
 from diagnosis.chat.service import max_active_runs
 from diagnosis.models import DiagnosisRun
 from diagnosis.services import QUERY_MAX_CHARS
+
+
+@require_GET
+def front_door(request: HttpRequest) -> HttpResponse:
+    """`GET /`: the chat for a signed-in user, else the login page that leads back to it."""
+    chat = reverse("chat")
+    if request.user.is_authenticated:
+        return redirect(chat)
+    return redirect_to_login(chat)
 
 
 @require_GET
