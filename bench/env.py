@@ -8,6 +8,7 @@ never touches the development database or a test database.
 
 from __future__ import annotations
 
+import base64
 import os
 import platform
 import subprocess
@@ -63,6 +64,7 @@ def prepare(database: str = DEFAULT_DB) -> None:
     os.environ["DEBUG"] = "false"
     os.environ.setdefault("SECRET_KEY", "bench-" + Fernet.generate_key().decode())
     os.environ.setdefault("REASONING_ENCRYPTION_KEYS", Fernet.generate_key().decode())
+    os.environ.setdefault("AUDIT_SIGNING_KEYS", base64.b64encode(os.urandom(32)).decode())
     os.environ["SECURE_SSL_REDIRECT"] = "false"
     os.environ["ALLOWED_HOSTS"] = "127.0.0.1,localhost,testserver"
     os.environ.setdefault("LOG_LEVEL", "WARNING")
