@@ -15,6 +15,7 @@ off and no keys, the system check `audit.E001` stops the server and signing rais
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import os
 from dataclasses import dataclass
@@ -101,11 +102,9 @@ def verification_keys() -> dict[str, Ed25519PublicKey]:
     """key id → public key of every key a checkpoint may be signed with: the signing keys and the retired
     public keys of `AUDIT_VERIFY_KEYS`. Empty when no key is configured (nothing verifies then)."""
     found: dict[str, Ed25519PublicKey] = {}
-    try:
+    with contextlib.suppress(SigningKeysMissing):
         for key in signing_keys():
             found[key.key_id] = key.public
-    except SigningKeysMissing:
-        pass
     for position, text in enumerate(getattr(settings, "AUDIT_VERIFY_KEYS", []), start=1):
         if not text.strip():
             continue
@@ -117,3 +116,19 @@ def verification_keys() -> dict[str, Ed25519PublicKey]:
             ) from exc
         found.setdefault(note.key_id(public), public)
     return found
+
+
+def published_keys() -> list[dict[str, object]]:
+    """The public keys as the API publishes them: id, algorithm, base64 key, and whether it signs now."""
+    signing = ""
+    with contextlib.suppress(SigningKeysMissing):
+        signing = current_key().key_id
+    return [
+        {
+            "keyId": kid,
+            "algorithm": "Ed25519",
+            "publicKey": note.public_text(public),
+            "signing": kid == signing,
+        }
+        for kid, public in verification_keys().items()
+    ]
