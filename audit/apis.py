@@ -1,6 +1,7 @@
 """Trace endpoints (`GET /api/diagnosis/{sessionId}/trace`, `…/audits`) and the transparency log's
 (`GET /api/diagnosis/{sessionId}/runs/{runId}/evidence`, `GET /api/audit/checkpoints/`,
-`GET /api/audit/checkpoints/{treeSize}/consistency?from=M`).
+`GET /api/audit/checkpoints/{treeSize}/consistency?from=M`) and legal holds
+(`GET|POST /api/diagnosis/{sessionId}/holds`, `POST …/holds/{holdId}/lift`).
 
 Thin views: validate the request, ask a selector, render through a serializer. Visibility and 404s come
 from `diagnosis.selectors`; the read model from `audit.selectors`; the shapes from `audit.serializers`.
@@ -14,8 +15,9 @@ from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from audit.models import Checkpoint
-from audit.permissions import CanReadEvidence, IsSuperuser
+from audit.models import Checkpoint, HoldScope
+from audit.permissions import CanPlaceLegalHold, CanReadEvidence, IsSuperuser
+from audit.retention import holds_of_session, lift_hold, place_hold
 from audit.selectors import AuditKind, get_session_audits, get_trace
 from audit.serializers import (
     CheckpointPageSerializer,
@@ -23,6 +25,7 @@ from audit.serializers import (
     ConsistencyQuerySerializer,
     ConsistencySerializer,
     EvidenceBundleSerializer,
+    LegalHoldSerializer,
     StepSerializer,
     ToolSerializer,
     TraceSerializer,
@@ -224,3 +227,109 @@ class ConsistencyApi(APIView):
             "fromCheckpoint": {"body": previous.body, "signature": previous.signature} if previous else None,
         }
         return Response(body)
+
+
+# --------------------------------------------------------------------------------------------------
+# Legal holds
+# --------------------------------------------------------------------------------------------------
+class LegalHoldsApi(APIView):
+    """Legal holds on a session and its runs: list them (GET), or place one (POST `{"reason", "runId"?}`:
+    on the run when `runId` is given, else on the whole session). While a hold is active, neither the
+    trace retention purge nor the reasoning purge touches the records it covers.
+
+    401 anonymous; 400 an invalid body (POST); 404 the session (or the run in it) is absent or not
+    visible; 403 without `audit.place_legal_hold`.
+    """
+
+    permission_classes = [CanPlaceLegalHold]
+
+    class InputSerializer(serializers.Serializer):
+        reason = serializers.CharField(max_length=1000)
+        runId = serializers.CharField(max_length=64, required=False)
+
+        class Meta:
+            ref_name = "LegalHoldInput"
+
+    @extend_schema(
+        operation_id="legal_holds",
+        summary="Legal holds on a session and its runs",
+        parameters=[OpenApiParameter("sessionId", str, OpenApiParameter.PATH)],
+        responses={200: LegalHoldSerializer(many=True), **error_responses(401, 403, 404)},
+        tags=["evidence"],
+    )
+    def get(self, request, sessionId):
+        session = get_visible_session(user=request.user, session_id=sessionId)
+        if session is None:
+            raise NotFound(NOT_FOUND_SESSION)
+        self.check_object_permissions(request, session)
+        return Response(LegalHoldSerializer(holds_of_session(session_id=session.session_id), many=True).data)
+
+    @extend_schema(
+        operation_id="place_legal_hold",
+        summary="Place a legal hold on a session or one of its runs",
+        parameters=[OpenApiParameter("sessionId", str, OpenApiParameter.PATH)],
+        request=InputSerializer,
+        responses={201: LegalHoldSerializer, **error_responses(400, 401, 403, 404)},
+        tags=["evidence"],
+    )
+    def post(self, request, sessionId):
+        body = self.InputSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        run_id = body.validated_data.get("runId")
+        session = get_visible_session(user=request.user, session_id=sessionId)
+        if session is None:
+            raise NotFound(NOT_FOUND_SESSION)
+        if (
+            run_id is not None
+            and get_visible_run(user=request.user, session_id=sessionId, run_id=run_id) is None
+        ):
+            raise NotFound(NOT_FOUND_RUN)
+        self.check_object_permissions(request, session)
+        hold = place_hold(
+            user=request.user,
+            scope=HoldScope.RUN if run_id else HoldScope.SESSION,
+            target_id=run_id or session.session_id,
+            reason=body.validated_data["reason"],
+        )
+        return Response(LegalHoldSerializer(hold).data, status=201)
+
+
+class LiftLegalHoldApi(APIView):
+    """Lift a legal hold of this session (or of one of its runs): `{"reason"}`; who, when and why are
+    recorded. 401; 400 an invalid body or a hold already lifted; 404 the session or hold is absent or
+    not visible; 403 without `audit.place_legal_hold`."""
+
+    permission_classes = [CanPlaceLegalHold]
+
+    class InputSerializer(serializers.Serializer):
+        reason = serializers.CharField(max_length=1000)
+
+        class Meta:
+            ref_name = "LiftLegalHoldInput"
+
+    @extend_schema(
+        operation_id="lift_legal_hold",
+        summary="Lift a legal hold",
+        parameters=[
+            OpenApiParameter("sessionId", str, OpenApiParameter.PATH),
+            OpenApiParameter("holdId", int, OpenApiParameter.PATH),
+        ],
+        request=InputSerializer,
+        responses={200: LegalHoldSerializer, **error_responses(400, 401, 403, 404)},
+        tags=["evidence"],
+    )
+    def post(self, request, sessionId, holdId):
+        body = self.InputSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        session = get_visible_session(user=request.user, session_id=sessionId)
+        if session is None:
+            raise NotFound(NOT_FOUND_SESSION)
+        hold = holds_of_session(session_id=session.session_id).filter(pk=holdId).first()
+        if hold is None:
+            raise NotFound("No such hold.")
+        self.check_object_permissions(request, session)
+        return Response(
+            LegalHoldSerializer(
+                lift_hold(user=request.user, hold=hold, reason=body.validated_data["reason"])
+            ).data
+        )

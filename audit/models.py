@@ -8,6 +8,7 @@ there for joins in selectors and the admin. `on_delete=DO_NOTHING` because audit
 through their run.
 """
 
+from django.conf import settings
 from django.db import models
 
 from diagnosis.models import DiagnosisRun
@@ -290,3 +291,77 @@ class Checkpoint(models.Model):
 
     def __str__(self) -> str:
         return f"checkpoint {self.tree_size}"
+
+
+# --------------------------------------------------------------------------------------------------
+# Retention: tombstones of purged runs and legal holds (audit/retention.py)
+# --------------------------------------------------------------------------------------------------
+class RunTombstone(models.Model):
+    """What is left of a run whose trace records were purged after `AUDIT_RETENTION_DAYS`
+    (`audit_run_tombstone`): its ids, its leaf in the transparency log (which stays, so the log and
+    every other run still verify), when and why it was purged, and how many rows went. Written in the
+    transaction that deletes the rows; never updated."""
+
+    run_id = models.CharField(max_length=64, unique=True)
+    session_id = models.CharField(max_length=64)
+    leaf_index = models.BigIntegerField()
+    finished_at = models.CharField(
+        max_length=40, help_text="The anchored finish time (the leaf's finishedAt)."
+    )
+    purged_at = models.DateTimeField()
+    retention_days = models.IntegerField()
+    reason = models.CharField(max_length=200)
+    purged_by = models.CharField(max_length=150)
+    rows_deleted = models.JSONField(default=dict)
+
+    class Meta:
+        db_table = "audit_run_tombstone"
+        ordering = ["-purged_at"]
+
+    def __str__(self) -> str:
+        return f"tombstone {self.run_id}"
+
+
+class HoldScope(models.TextChoices):
+    SESSION = "SESSION"
+    RUN = "RUN"
+
+
+class LegalHold(models.Model):
+    """A legal hold on a session or a run (`audit_legal_hold`): while it is not lifted, neither the trace
+    retention purge (`purge_audit`) nor the reasoning purge (`purge_reasoning`) touches its records.
+    Who placed it, when and why, and who lifted it, when and why, are recorded (usernames as snapshots).
+    Placing and lifting need the permission `audit.place_legal_hold`; rows are never deleted."""
+
+    scope = models.CharField(max_length=8, choices=HoldScope.choices)
+    target_id = models.CharField(max_length=64)
+    reason = models.CharField(max_length=1000)
+    placed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+", db_constraint=False
+    )
+    placed_by_username = models.CharField(max_length=150)
+    placed_at = models.DateTimeField()
+    lifted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        db_constraint=False,
+    )
+    lifted_by_username = models.CharField(max_length=150, blank=True, default="")
+    lifted_at = models.DateTimeField(null=True, blank=True)
+    lift_reason = models.CharField(max_length=1000, blank=True, default="")
+
+    class Meta:
+        db_table = "audit_legal_hold"
+        ordering = ["-placed_at"]
+        indexes = [models.Index(fields=["scope", "target_id"], name="idx_hold_target")]
+        permissions = [("place_legal_hold", "Can place and lift legal holds on sessions and runs")]
+
+    def __str__(self) -> str:
+        return f"hold on {self.scope.lower()} {self.target_id}"
+
+    @property
+    def active(self) -> bool:
+        return self.lifted_at is None

@@ -36,3 +36,15 @@ def _may_read_evidence(user) -> bool:
     from reasoning.models import REASONING_PERMISSION
 
     return bool(user.is_active and (user.is_staff or user.has_perm(REASONING_PERMISSION)))
+
+
+class CanPlaceLegalHold(BasePermission):
+    """Legal holds: `audit.place_legal_hold`, checked on the session after it was found visible."""
+
+    message = "Legal holds need the permission audit.place_legal_hold."
+
+    def has_permission(self, request, view) -> bool:
+        return bool(request.user and request.user.is_authenticated)
+
+    def has_object_permission(self, request, view, obj) -> bool:
+        return bool(request.user.is_active and request.user.has_perm("audit.place_legal_hold"))

@@ -456,3 +456,19 @@ class EvidenceBundleSerializer(serializers.Serializer):
 
     class Meta:
         ref_name = "EvidenceBundle"
+
+
+class LegalHoldSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    scope = serializers.ChoiceField(choices=["SESSION", "RUN"])
+    targetId = serializers.CharField(source="target_id", help_text="The session id or run id held.")
+    reason = serializers.CharField()
+    placedBy = serializers.CharField(source="placed_by_username")
+    placedAt = serializers.DateTimeField(source="placed_at")
+    active = serializers.BooleanField(help_text="Not lifted: the records are exempt from both purges.")
+    liftedBy = serializers.CharField(source="lifted_by_username")
+    liftedAt = serializers.DateTimeField(source="lifted_at", allow_null=True)
+    liftReason = serializers.CharField(source="lift_reason")
+
+    class Meta:
+        ref_name = "LegalHold"

@@ -18,6 +18,7 @@ each, so memory is bounded by the batch size whatever the number of runs.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,7 +26,8 @@ from typing import Any
 
 from audit.binding import verify_rows
 from audit.integrity import verify_chain
-from audit.models import AgentStep, LogLeaf, ToolInvocation, TraceEvent
+from audit.models import AgentStep, Checkpoint, LogLeaf, RunTombstone, ToolInvocation, TraceEvent
+from audit.retention import tombstone_problems
 from audit.rowdigest import stored_reasoning_rows
 from audit.transparency.verify import check_anchor, leaves_of
 from diagnosis.models import DiagnosisRun
@@ -51,9 +53,14 @@ class RunVerification:
 
 
 def verify_run(run_id: str) -> RunVerification:
-    """Verify one run (its events are checked even when the run row is missing)."""
+    """Verify one run (its events are checked even when the run row is missing; a run purged by
+    retention is checked through its tombstone)."""
     run = DiagnosisRun.objects.filter(run_id=run_id).first()
     events = list(TraceEvent.objects.filter(run_id=run_id).order_by("sequence_no"))
+    leaf = LogLeaf.objects.filter(run_id=run_id).first()
+    tombstone = RunTombstone.objects.filter(run_id=run_id).first() if run is None and not events else None
+    if tombstone is not None:
+        return _purged(run_id, tombstone, leaf)
     steps, tools, reasoning = _rows([run_id])
     result = _check(
         run_id,
@@ -62,10 +69,31 @@ def verify_run(run_id: str) -> RunVerification:
         steps=steps[run_id],
         tools=tools[run_id],
         reasoning=reasoning[run_id],
-        leaf=LogLeaf.objects.filter(run_id=run_id).first(),
+        leaf=leaf,
     )
     if run is None:
         result.incomplete.append("no run row for these events")
+    return result
+
+
+def _purged(run_id: str, tombstone: RunTombstone, leaf: LogLeaf | None) -> RunVerification:
+    result = RunVerification(run_id=run_id, leaf_index=tombstone.leaf_index)
+    result.notes.append(
+        f"records purged {tombstone.purged_at.isoformat()} by {tombstone.purged_by} "
+        f"({tombstone.reason}); its leaf {tombstone.leaf_index} stays in the transparency log"
+    )
+    if leaf is None:
+        result.invalid.append("tombstone without a leaf in the transparency log")
+        return result
+    covering = Checkpoint.objects.filter(tree_size__gt=leaf.leaf_index).order_by("tree_size").first()
+    result.invalid.extend(
+        tombstone_problems(
+            tombstone,
+            leaf_index=leaf.leaf_index,
+            finished_at=json.loads(leaf.data).get("finishedAt"),
+            signed_at=covering.signed_at if covering else None,
+        )
+    )
     return result
 
 

@@ -229,6 +229,8 @@ AUDIT_WITNESS_PATH = env.str("AUDIT_WITNESS_PATH", default="")
 # Trace records are kept this many days (EU AI Act Art. 19 and 26(6): at least six months), then purged
 # to tombstones by `manage.py purge_audit`.
 AUDIT_RETENTION_DAYS = env.int("AUDIT_RETENTION_DAYS", default=183)
+# How often each server process runs that purge (0 = off; the log's lock makes processes take turns).
+AUDIT_PURGE_INTERVAL_SECONDS = env.float("AUDIT_PURGE_INTERVAL_SECONDS", default=3600.0)
 
 # ---------------------------------------------------------------------------------------------------
 # REST framework: authenticated by default, errors in the contract's shape

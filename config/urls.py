@@ -4,7 +4,15 @@ from django.contrib import admin
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from audit.apis import CheckpointListApi, ConsistencyApi, EvidenceApi, SessionAuditsApi, TraceApi
+from audit.apis import (
+    CheckpointListApi,
+    ConsistencyApi,
+    EvidenceApi,
+    LegalHoldsApi,
+    LiftLegalHoldApi,
+    SessionAuditsApi,
+    TraceApi,
+)
 from diagnosis.apis import RunFeedbackApi, RunListApi, SessionListApi
 from diagnosis.chat import pages as chat_pages
 from diagnosis.chat import sse as chat_sse
@@ -31,6 +39,12 @@ urlpatterns = [
         "api/diagnosis/<str:sessionId>/runs/<str:runId>/evidence",
         EvidenceApi.as_view(),
         name="api-run-evidence",
+    ),
+    path("api/diagnosis/<str:sessionId>/holds", LegalHoldsApi.as_view(), name="api-legal-holds"),
+    path(
+        "api/diagnosis/<str:sessionId>/holds/<int:holdId>/lift",
+        LiftLegalHoldApi.as_view(),
+        name="api-legal-hold-lift",
     ),
     # The transparency log (docs/audit-integrity.md).
     path("api/audit/checkpoints/", CheckpointListApi.as_view(), name="api-checkpoints"),

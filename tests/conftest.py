@@ -121,6 +121,7 @@ def chat_settings(settings):
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     settings.RUN_SWEEP_INTERVAL_SECONDS = 0
     settings.AUDIT_CHECKPOINT_INTERVAL_SECONDS = 0
+    settings.AUDIT_PURGE_INTERVAL_SECONDS = 0
     settings.LLM_PROVIDER = "demo"
     yield settings
     runtime_db.shutdown_pools()

@@ -14,7 +14,8 @@
 * no leaf is stored beyond the newest checkpoint (the writer signs in the transaction that appends) and
   none is missing below it (a truncated log), and the head row agrees;
 * every anchored run still exists: a leaf whose run row is gone is named (deleting a whole run is
-  detected);
+  detected), unless a tombstone says retention purged it, which is accepted only when the purge came
+  after the run's anchored finish plus `AUDIT_RETENTION_DAYS` and while no legal hold covered it;
 * optionally, every checkpoint of a witness file (the copy kept outside the database) verifies and is
   in the database unchanged, or its root still matches the stored leaves: a log truncated together with
   its checkpoints is detected only this way.
@@ -34,7 +35,8 @@ from typing import Any
 from django.db.models import Q
 
 from audit.binding import GOVERNANCE_EVENTS
-from audit.models import Checkpoint, LogHead, LogLeaf, LogNode
+from audit.models import Checkpoint, LogHead, LogLeaf, LogNode, RunTombstone
+from audit.retention import tombstone_problems
 from audit.transparency import keys, leafdata, merkle, note, store
 from diagnosis.models import DiagnosisRun
 
@@ -47,6 +49,7 @@ MAX_NODE_PROBLEMS = 20
 class LogVerification:
     leaves: int = 0
     checkpoints: int = 0
+    purged: int = 0  # anchored runs whose records were purged by retention (tombstones)
     newest: Checkpoint | None = None
     invalid: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -248,9 +251,31 @@ def verify_log(*, witness: Sequence[WitnessEntry] = (), batch_size: int = LEAF_B
                 )
         ids = [run_id for _, run_id, _, _ in rows]
         present = set(DiagnosisRun.objects.filter(run_id__in=ids).values_list("run_id", flat=True))
-        for index, run_id, _, _ in rows:
-            if run_id not in present:
+        gone = [(index, run_id, data) for index, run_id, _, data in rows if run_id not in present]
+        tombstones = (
+            {t.run_id: t for t in RunTombstone.objects.filter(run_id__in=[g[1] for g in gone])}
+            if gone
+            else {}
+        )
+        for index, run_id, data in gone:
+            tombstone = tombstones.get(run_id)
+            if tombstone is None:
                 result.invalid.append(f"anchored run {run_id} (leaf {index}) is missing from the store")
+                continue
+            result.purged += 1
+            first = next((cp for cp in checkpoints if cp.tree_size > index), None)
+            try:
+                finished = leafdata.decode(data)["finishedAt"]
+            except ValueError:
+                finished = None
+            result.invalid.extend(
+                tombstone_problems(
+                    tombstone,
+                    leaf_index=index,
+                    finished_at=finished,
+                    signed_at=first.signed_at if first else None,
+                )
+            )
     if node_problems > MAX_NODE_PROBLEMS:
         result.invalid.append(f"… and {node_problems - MAX_NODE_PROBLEMS} more log node problem(s)")
     stored_nodes_total = LogNode.objects.count()

@@ -16,7 +16,8 @@ control listener (one channel per process), the periodic sweeper (`diagnosis.run
 every `RUN_SWEEP_INTERVAL_SECONDS`; 0 disables it) and the transparency log's checkpointer
 (`audit.transparency.log.checkpoint`, every `AUDIT_CHECKPOINT_INTERVAL_SECONDS`; 0 disables it): it
 appends runs that finished since and signs a checkpoint, on the database pool, never on a run's path;
-the log's lock makes the processes that all do this take turns.
+the log's lock makes the processes that all do this take turns; and the retention purge
+(`audit.retention.purge_expired_runs`, every `AUDIT_PURGE_INTERVAL_SECONDS`; 0 disables it).
 """
 
 from __future__ import annotations
@@ -154,6 +155,9 @@ def ensure_background() -> None:
     every = float(getattr(settings, "AUDIT_CHECKPOINT_INTERVAL_SECONDS", 60))
     if every > 0:
         tasks.append(loop.create_task(_checkpoint_periodically(every), name="audit:checkpoint"))
+    purge_every = float(getattr(settings, "AUDIT_PURGE_INTERVAL_SECONDS", 3600))
+    if purge_every > 0:
+        tasks.append(loop.create_task(_purge_periodically(purge_every), name="audit:purge"))
     _background = _Background(loop=loop, channel=None, tasks=tasks, ready=ready)
 
 
@@ -240,6 +244,19 @@ async def _checkpoint_periodically(interval: float) -> None:
             raise
         except Exception as exc:
             logger.warning("periodic checkpoint failed error=%s", type(exc).__name__)
+
+
+async def _purge_periodically(interval: float) -> None:
+    from audit.retention import purge_expired_runs
+
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await db(purge_expired_runs, purged_by="server")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.warning("periodic audit purge failed error=%s", type(exc).__name__)
 
 
 async def stop_background() -> None:

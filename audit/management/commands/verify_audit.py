@@ -94,6 +94,8 @@ class Command(BaseCommand):
                 else "no checkpoint"
             )
             witnessed = f"; {len(witness)} witnessed checkpoint(s)" if witness else ""
+            if log.purged:
+                witnessed += f"; {log.purged} anchored run(s) purged by retention (tombstones)"
             self.stdout.write(
                 f"verified the log: {log.leaves} leaf(s), {log.checkpoints} checkpoint(s), {newest}"
                 f"{witnessed}: " + ("ok" if log.ok else f"{len(log.invalid)} problem(s)")
