@@ -345,3 +345,40 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05, message: 
 def owned_runs() -> dict[str, asyncio.Task]:
     """The runs this process is executing (run id → task), from the supervisor's registry."""
     return {run_id: owned.task for run_id, owned in supervisor._runs.items()}
+
+
+# The contract's keys of each chat frame's payload (SSE `data:`; a WebSocket frame adds `type`, and
+# `runId` to progress, draft and tool frames). Progress frames carry their optional facts only when set.
+PAYLOAD_KEYS = {
+    "run": {"sessionId", "runId"},
+    "progress": {"stage", "status", "sequenceNo"},
+    "draft": {"text"},
+    "tool": {"toolCallId", "name", "status"},
+    "outcome": {"runId", "status", "releaseDecision", "content"},
+    "error": {"code", "message"},
+}
+PROGRESS_OPTIONAL = {"intent", "stepIndex", "agentName", "verdict", "retry"}
+_ADDRESSED = {"progress", "draft", "tool"}
+
+
+def assert_frame_keys(kind: str, keys: set[str], *, websocket: bool) -> None:
+    """`keys` are exactly the contract's keys of a `kind` frame (WebSocket or SSE payload)."""
+    expected = set(PAYLOAD_KEYS[kind])
+    if websocket:
+        expected |= {"type"} | ({"runId"} if kind in _ADDRESSED else set())
+    if kind == "progress":
+        assert expected <= keys <= expected | PROGRESS_OPTIONAL, (kind, keys)
+    else:
+        assert keys == expected, (kind, keys)
+
+
+def text_before_release(frames: list[dict], *, content: str) -> list[dict]:
+    """The frames before the outcome that carry answer text: drafts, or any frame quoting the content."""
+    out = []
+    for frame in frames:
+        if frame.get("type") == "outcome":
+            break
+        wire = json.dumps(frame, ensure_ascii=False)
+        if frame.get("type") == "draft" or (content and content[:40] in wire):
+            out.append(frame)
+    return out

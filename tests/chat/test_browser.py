@@ -165,7 +165,7 @@ def test_staff_chat_end_to_end(page, site, provider, staff_user):
     assert attached[0]["type"] == "run" and attached[-1]["runId"] == run_id
     chat = frames[len(attached) + 1 :]
     assert chat[0]["type"] == "run" and chat[-1]["type"] == "outcome" and chat[-1]["status"] == "SUCCESS"
-    assert "delta" in [f["type"] for f in chat]
+    assert "progress" in [f["type"] for f in chat] and "draft" not in [f["type"] for f in chat]
 
 
 WS_SCRIPT = """

@@ -79,8 +79,8 @@ def test_dropping_the_stream_mid_run_leaves_the_run_running(servers, provider, t
         seen = []
         for event in iter_sse(r):
             seen.append(event)
-            if event.event == "delta":
-                break  # leave mid-answer: the connection closes here
+            if event.event == "progress" and event.data["stage"] == "MODEL_STEP":
+                break  # leave while the agent model answers: the connection closes here
     run_id = seen[0].data["runId"]
     assert _run(run_id).status == RunStatus.RUNNING
     wait_for(lambda: _run(run_id).status == RunStatus.SUCCESS, TIMEOUT, message="the run to finish")

@@ -16,7 +16,7 @@ from rest_framework.authtoken.models import Token
 from audit.models import EventType, TraceEvent
 from diagnosis.models import DiagnosisRun, RunStatus
 from diagnosis.runtime import supervisor
-from tests.chat.support import owned_runs, parse_sse
+from tests.chat.support import assert_frame_keys, owned_runs, parse_sse
 from tests.factories import make_recorded_run
 
 pytestmark = [
@@ -26,13 +26,6 @@ pytestmark = [
 ]
 
 TIMEOUT = 15
-SSE_KEYS = {
-    "run": {"sessionId", "runId"},
-    "delta": {"text"},
-    "tool": {"toolCallId", "name", "status"},
-    "outcome": {"runId", "status", "releaseDecision", "content"},
-    "error": {"code", "message"},
-}
 
 
 class TokenClient(AsyncClient):
@@ -95,7 +88,7 @@ async def test_post_chat_streams_the_run_with_ids(user, knowledge):
     assert text.startswith("retry: 3000\n\n")
     assert events[0].event == "run" and events[-1].event == "outcome"
     for event in events:
-        assert set(event.data) == SSE_KEYS[event.event], event
+        assert_frame_keys(event.event, set(event.data), websocket=False)
     run_id = events[0].data["runId"]
     await _settle(run_id)
     seqs = {
@@ -103,13 +96,24 @@ async def test_post_chat_streams_the_run_with_ids(user, knowledge):
         async for e in TraceEvent.objects.filter(run_id=run_id).only("sequence_no", "event_type")
     }
     mapping = {
-        "run": EventType.RUN_STARTED,
-        "tool": EventType.TOOL_INVOCATION,
-        "outcome": EventType.RUN_FINISHED,
+        "run": {EventType.RUN_STARTED},
+        "tool": {EventType.TOOL_INVOCATION},
+        "outcome": {EventType.RUN_FINISHED},
+        "progress": {
+            EventType.ROUTING_DECISION,
+            EventType.AGENT_MODEL_STEP,
+            EventType.EVIDENCE_GUARD_INITIAL,
+            EventType.SEMANTIC_GUARD_DECISION,
+            EventType.RELEASE_DECISION,
+        },
     }
     for event in events:
-        if event.event in mapping:
-            assert seqs[event.id] == mapping[event.event], event
+        if event.event == "progress" and event.data["status"] == "STARTED":
+            assert event.id is None and event.data["sequenceNo"] is None  # live only, not a timeline event
+        elif event.event in mapping:
+            assert seqs[event.id] in mapping[event.event], event
+            if event.event == "progress":
+                assert event.data["sequenceNo"] == event.id
         else:
             assert event.id is None
     ids = [e.id for e in events if e.id is not None]
@@ -229,8 +233,23 @@ async def test_events_replays_a_finished_run_after_n_and_closes(user):
     client = await _token_client(user)
     url = f"/api/diagnosis/{run.session_id}/runs/{run.run_id}/events"
     _, full = await _read(await client.get(url), until_outcome=False)
-    assert [e.event for e in full] == ["run", "tool", "tool", "tool", "tool", "outcome"]
-    cut = full[2].id
+    assert [e.event for e in full if e.event != "progress"] == [
+        "run",
+        "tool",
+        "tool",
+        "tool",
+        "tool",
+        "outcome",
+    ]
+    assert [e.data["stage"] for e in full if e.event == "progress"] == [
+        "ROUTING",
+        "MODEL_STEP",
+        "MODEL_STEP",
+        "EVIDENCE_GUARD",
+        "SEMANTIC_GUARD",
+        "RELEASE",
+    ]
+    cut = full[4].id
     _, rest = await _read(await client.get(url, {"after": cut}), until_outcome=False)
     assert [(e.event, e.id) for e in rest] == [(e.event, e.id) for e in full if e.id > cut]
     # An EventSource reconnecting sends Last-Event-ID; the larger of it and `after` wins.
@@ -287,7 +306,9 @@ async def test_cancel_endpoint_stops_a_running_run(user, other_user, llm_server)
     llm_server.provider.pieces = 20
     client = await _token_client(user)
     response = await _post_chat(client, {"query": "Replication lag on db-3"})
-    _, head = await _read(response, stop_after=lambda ev: any(e.event == "delta" for e in ev))
+    _, head = await _read(
+        response, stop_after=lambda ev: any(e.data.get("stage") == "MODEL_STEP" for e in ev[1:])
+    )
     run = head[0].data
     url = f"/api/diagnosis/{run['sessionId']}/runs/{run['runId']}/cancel"
     other = await _token_client(other_user)

@@ -31,7 +31,7 @@ from audit.payloads import canonical_json
 from audit.selectors import get_trace
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
 from diagnosis.runtime import db as runtime_db
-from diagnosis.runtime.events import DeltaEvent, ErrorEvent, OutcomeEvent, ToolEvent
+from diagnosis.runtime.events import DraftEvent, ErrorEvent, OutcomeEvent, ToolEvent
 from diagnosis.runtime.executor import prepare_run
 from diagnosis.runtime.tools.registry import ToolResult, default_registry
 from tests.admin.support import grant_console
@@ -205,6 +205,7 @@ def test_provider_fault_after_a_tool_fails_the_run_with_its_code_and_a_complete_
     responses, code, statuses, partial = PROVIDER_FAULTS[fault]
     settings.LLM_TIMEOUT_SECONDS = 0.5
     settings.LLM_MAX_RETRIES = 2
+    settings.CHAT_RELEASE = "draft"  # so that what arrived before the fault is visible in the stream
     llm.route("DIAGNOSIS", usage=usage(20, 5))
     llm.add(
         AGENT,
@@ -219,8 +220,9 @@ def test_provider_fault_after_a_tool_fails_the_run_with_its_code_and_a_complete_
     assert outcome.error_code == run.error_code == code
     assert run.release_decision is None and run.content == "" and outcome.content == ""
     assert PROVIDER_SECRET not in run.error_message and PROVIDER_SECRET not in caplog.text
-    # The stream: what arrived was shown, then error, then outcome.
-    assert "".join(e.text for e in sink.of_type(DeltaEvent)) == partial
+    # The stream (draft release): what arrived was shown, recorded as delivered, then error, outcome.
+    assert "".join(e.text for e in sink.of_type(DraftEvent)) == partial
+    assert run.release_mode == "draft" and run.draft_chars == len(partial)
     assert [type(e) for e in sink.events[-2:]] == [ErrorEvent, OutcomeEvent]
     assert sink.events[-2].code == code and sink.events[-1].status == "FAILED"
     assert [(e.tool_call_id, e.status) for e in sink.of_type(ToolEvent)] == [
