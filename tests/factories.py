@@ -34,8 +34,7 @@ def record_full_run(
     answer: str = "Replication lags because of a long transaction [kb:mysql-replication-lag#1].",
 ) -> RunRecorder:
     """A complete, published diagnosis run: route, one step with `tools` parallel calls, `extra_steps`
-    more tool-free steps, the answer step (`answer`, citing kb:mysql-replication-lag#1), both guards,
-    release and finish."""
+    more tool-free steps, the answer step, both guards, release and finish."""
     rec = recorder or RunRecorder.for_run(run)
     rec.run_started(details={"provider": provider} if provider else None)
     rec.mark_first_model_request()

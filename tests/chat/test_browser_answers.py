@@ -144,8 +144,12 @@ def test_a_demo_run_shows_its_stages_and_its_citations_open_their_chunk(browser_
             " return r.top >= 0 && r.top < window.innerHeight; }",
             f"chunk-{ordinal}",
         )
+        # For the picture: the cited chunk with some of the page above it (its heading, the note).
         runbook.set_viewport_size({"width": 1000, "height": 760})
-        runbook.locator(f"#chunk-{ordinal}").scroll_into_view_if_needed()
+        runbook.evaluate(
+            "id => window.scrollTo(0, Math.max(0, document.getElementById(id).offsetTop - 440))",
+            f"chunk-{ordinal}",
+        )
         _screenshot(runbook, "runbook-cited-chunk.png")
     finally:
         server.stop()
