@@ -162,6 +162,7 @@
   function openLine(item) {
     item.classList.add("current");
     item.dataset.open = "true";
+    item.querySelector(".stage-took").textContent = seconds(now() - item.startedAt);  // ticks from here
   }
 
   function closeLine(item, tone) {
