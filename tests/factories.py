@@ -36,7 +36,7 @@ def record_full_run(
     """A complete, published diagnosis run: route, one step with `tools` parallel calls, `extra_steps`
     more tool-free steps, the answer step, both guards, release and finish."""
     rec = recorder or RunRecorder.for_run(run)
-    rec.run_started(details={"provider": provider} if provider else None)
+    rec.run_started(release_mode="verified", details={"provider": provider} if provider else None)
     rec.mark_first_model_request()
     rec.routing_attempt(
         attempt=1, model="router-m", usage=usage(120, 20), ok=True, intent="DIAGNOSIS", confidence=0.92

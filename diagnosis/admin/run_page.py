@@ -19,6 +19,7 @@ from audit.models import EventType, Phase, ToolInvocation, UsageSource
 from audit.selectors import Trace
 from diagnosis.admin.display import (
     compact_json,
+    delivery_note,
     format_duration,
     format_instant,
     format_ms,
@@ -142,6 +143,9 @@ def build_verdict(trace: Trace) -> Verdict:
         notes.append(f"cancelled: {cancelled.summary}")
     if decision == ReleaseDecision.BLOCKED and not release_reason:
         notes.append("the release event is missing from the timeline: see the audit summary")
+    delivered = delivery_note(run)
+    if delivered is not None:
+        notes.append(delivered[1])
     routing_text = ""
     if routing is not None:
         details = routing.details or {}
@@ -184,6 +188,7 @@ def build_timing(run: DiagnosisRun) -> list[tuple[str, str, str]]:
     return [
         ("total", format_ms(run.total_duration_ms), "created → finished"),
         ("first output latency", format_ms(run.first_output_latency_ms), "created → first visible text"),
+        ("release latency", format_ms(run.release_latency_ms), "answer's last token → release (the guards)"),
         ("queue wait", format_ms(ms_between(created, started)), "created → started"),
         ("start → model request", format_ms(ms_between(started, first_request)), "started → first request"),
         ("started", offset(started), format_instant(started)),

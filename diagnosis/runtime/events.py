@@ -67,6 +67,7 @@ class Stage:
     APPROVAL = "APPROVAL"
 
 
+STAGES = tuple(v for k, v in vars(Stage).items() if k.isupper())
 STARTED = "STARTED"
 FINISHED = "FINISHED"
 

@@ -4,19 +4,22 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 
 import pytest
 from asgiref.sync import sync_to_async
 from django.test import AsyncClient
 from rest_framework.authentication import SessionAuthentication, TokenAuthentication
-from rest_framework.authtoken.models import Token
 
 from audit.models import EventType, TraceEvent
 from diagnosis.models import DiagnosisRun, RunStatus
 from diagnosis.runtime import supervisor
-from tests.chat.support import assert_frame_keys, owned_runs, parse_sse
+from tests.chat.support import assert_frame_keys, parse_sse
+from tests.chat.transports import TIMEOUT, TokenClient
+from tests.chat.transports import post_chat as _post_chat
+from tests.chat.transports import settle as _settle
+from tests.chat.transports import sse_read as _read
+from tests.chat.transports import token_client as _token_client
 from tests.factories import make_recorded_run
 
 pytestmark = [
@@ -24,55 +27,6 @@ pytestmark = [
     pytest.mark.asyncio,
     pytest.mark.usefixtures("chat_settings", "stop_chat_background"),
 ]
-
-TIMEOUT = 15
-
-
-class TokenClient(AsyncClient):
-    """An async test client that sends `Authorization: Token <key>` with every request."""
-
-    def __init__(self, key: str) -> None:
-        super().__init__()
-        self.authorization = {"Authorization": f"Token {key}"}
-
-    def generic(self, *args, headers=None, **kwargs):
-        return super().generic(*args, headers={**self.authorization, **(headers or {})}, **kwargs)
-
-
-async def _token_client(user) -> AsyncClient:
-    token = await sync_to_async(Token.objects.create)(user=user)
-    return TokenClient(token.key)
-
-
-async def _read(response, *, until_outcome: bool = True, stop_after=None) -> tuple[str, list]:
-    """Read the stream; stop after the outcome (or when `stop_after(events)` is true)."""
-    text = ""
-    iterator = aiter(response.streaming_content)
-    while True:
-        try:
-            chunk = await asyncio.wait_for(anext(iterator), TIMEOUT)
-        except StopAsyncIteration:
-            break
-        text += chunk.decode()
-        events, _ = parse_sse(text)
-        if stop_after is not None and stop_after(events):
-            break
-        if until_outcome and events and events[-1].event == "outcome":
-            break
-    await iterator.aclose()
-    events, _ = parse_sse(text)
-    return text, events
-
-
-async def _post_chat(client, body, **extra):
-    return await client.post("/api/chat", data=json.dumps(body), content_type="application/json", **extra)
-
-
-async def _settle(run_id: str) -> None:
-    task = owned_runs().get(run_id)
-    if task is not None:
-        await asyncio.wait_for(asyncio.shield(task), TIMEOUT)
-    await supervisor.stop_background()
 
 
 # -------------------------------------------------------------------------------------------------

@@ -23,6 +23,9 @@ from diagnosis.runtime import supervisor
 from diagnosis.runtime.events import CHAT_TIMELINE_TYPES
 from diagnosis.runtime.tools.registry import default_registry
 from tests.chat.support import assert_frame_keys, owned_runs, text_before_release
+from tests.chat.transports import ORIGIN, TIMEOUT
+from tests.chat.transports import ws_connect as _connect
+from tests.chat.transports import ws_frames_until_outcome as _frames_until_outcome
 from tests.factories import REASONING_MARKER, make_recorded_run
 
 pytestmark = [
@@ -30,18 +33,6 @@ pytestmark = [
     pytest.mark.asyncio,
     pytest.mark.usefixtures("chat_settings", "stop_chat_background"),
 ]
-
-TIMEOUT = 15
-ORIGIN = (b"origin", b"http://127.0.0.1")
-
-
-async def _connect(user=None, headers=None) -> WebsocketCommunicator:
-    comm = WebsocketCommunicator(application, "/ws/chat/", headers=headers or [ORIGIN])
-    if user is not None:
-        comm.scope["user"] = user  # what the session middleware resolves for a logged-in browser
-    connected, _ = await comm.connect(timeout=TIMEOUT)
-    assert connected
-    return comm
 
 
 async def _login(client_user) -> list[tuple[bytes, bytes]]:
@@ -52,16 +43,6 @@ async def _login(client_user) -> list[tuple[bytes, bytes]]:
     await client.aforce_login(client_user)
     cookie = client.cookies["sessionid"].value
     return [ORIGIN, (b"cookie", f"sessionid={cookie}".encode())]
-
-
-async def _frames_until_outcome(comm: WebsocketCommunicator, *, run_id: str | None = None) -> list[dict]:
-    frames = []
-    while True:
-        frame = await comm.receive_json_from(timeout=TIMEOUT)
-        frames.append(frame)
-        assert_frame_keys(frame["type"], set(frame), websocket=True)
-        if frame["type"] == "outcome" and (run_id is None or frame["runId"] == run_id):
-            return frames
 
 
 async def _wait_run_finished(run_id: str) -> None:
