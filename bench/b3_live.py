@@ -344,7 +344,8 @@ def live_runs(
             }
             log(
                 f"  B3 draft {n} chats: {finished}/{n} succeeded in {wall:.1f} s, "
-                f"{len(delays)} draft chunks, extra delay p50 {p50:.1f} ms p99 {p99:.1f} ms, runs with lost records {bad}"
+                f"{len(delays)} draft chunks, extra delay p50 {p50:.1f} ms p99 {p99:.1f} ms, "
+                f"runs with lost records {bad}"
             )
             if n not in levels:
                 continue
