@@ -31,6 +31,7 @@ def record_full_run(
     recorder: RunRecorder | None = None,
     reasoning_text: str = f"The lag pattern suggests a long transaction. {REASONING_MARKER}",
     provider: str = "",
+    answer: str = "Replication lags because of a long transaction [kb:mysql-replication-lag#1].",
 ) -> RunRecorder:
     """A complete, published diagnosis run: route, one step with `tools` parallel calls, `extra_steps`
     more tool-free steps, the answer step, both guards, release and finish."""
@@ -80,7 +81,6 @@ def record_full_run(
             reasoning=build_capture(reasoning=None, text="thinking aloud"),
             finish_reason="stop",
         )
-    answer = "Replication lags because of a long transaction [kb:mysql-replication-lag#1]."
     rec.model_step(
         step_index=2 + extra_steps,
         agent_name="diagnosis_agent",

@@ -28,6 +28,7 @@ from diagnosis.admin.display import (
     tone,
 )
 from diagnosis.admin.waterfall import Waterfall, build_waterfall
+from diagnosis.answers import render_answer
 from diagnosis.models import DiagnosisRun, FeedbackRating, ReleaseDecision, RunStatus
 from diagnosis.selectors import FeedbackView
 
@@ -429,9 +430,11 @@ def build_audit(trace: Trace) -> AuditSummary:
 @dataclass(slots=True)
 class RunPage:
     """Everything the run page template draws. `run`, `feedback`, `step_count` and `tool_count` are the
-    trace's own (the viewer's feedback; the returned step and tool rows)."""
+    trace's own (the viewer's feedback; the returned step and tool rows); `content_html` is the released
+    content as the chat page shows it (`diagnosis.answers.render_answer`: sanitized, citations linked)."""
 
     run: DiagnosisRun
+    content_html: str
     feedback: FeedbackView | None
     feedback_tone: str
     answer_blocked: bool
@@ -458,6 +461,7 @@ def build_run_page(trace: Trace) -> RunPage:
     feedback = trace.feedback
     return RunPage(
         run=run,
+        content_html=render_answer(run.content or ""),
         feedback=feedback,
         feedback_tone="good" if feedback is not None and feedback.rating == FeedbackRating.UP else "bad",
         answer_blocked=run.release_decision == ReleaseDecision.BLOCKED,
