@@ -343,8 +343,9 @@ def live_runs(
                 "errors": sorted({o["error"] for o in outs if o.get("error")}),
             }
             log(
-                f"  B3 draft {n} chats: {finished}/{n} succeeded in {wall:.1f} s, {len(delays)} draft chunks, "
-                f"extra delay p50 {p50:.1f} ms p99 {p99:.1f} ms, runs with lost records {bad}"
+                f"  B3 draft {n} chats: {finished}/{n} succeeded in {wall:.1f} s, "
+                f"{len(delays)} draft chunks, extra delay p50 {p50:.1f} ms p99 {p99:.1f} ms, "
+                f"runs with lost records {bad}"
             )
             if n not in levels:
                 continue
