@@ -7,7 +7,9 @@ follow several runs, so `progress`, `draft` and `tool` frames (whose payload doe
 carry `runId` there, while an SSE stream is one run's. Frames carry nothing else: no reasoning, no tool
 input or output, no trace data. A `progress` frame carries only the fields that apply (`intent`,
 `stepIndex`, `agentName`, `verdict`, `retry`); `sequenceNo` is null for a stage that STARTED (not a
-timeline event). `draft` frames exist only under `CHAT_RELEASE=draft`.
+timeline event). `draft` frames exist only under `CHAT_RELEASE=draft`. The outcome's `contentHtml` is the
+released content as sanitised HTML with citation links (`diagnosis.answers.render_answer`), for pages: an
+addition to the contract's keys; `content` stays exactly the released text.
 
 WebSocket (JSON text, `ws_frame`)::
 
@@ -15,7 +17,7 @@ WebSocket (JSON text, `ws_frame`)::
     {"type": "progress", "runId", "stage", "status", "sequenceNo", ...}
     {"type": "draft", "runId", "text"}
     {"type": "tool", "runId", "toolCallId", "name", "status"}
-    {"type": "outcome", "runId", "status", "releaseDecision", "content"}
+    {"type": "outcome", "runId", "status", "releaseDecision", "content", "contentHtml"}
     {"type": "error", "code", "message"}
 
 A refused request is `ChatRefused`, answered as an `error` frame on the WebSocket and as the contract's
@@ -32,6 +34,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from diagnosis.answers import render_answer
 from diagnosis.runtime.events import ErrorEvent, Event, sequence_of
 
 RETRY_MS = 3000
@@ -62,6 +65,7 @@ _PAYLOAD: dict[str, Callable[[Any], dict[str, Any]]] = {
         "status": str(e.status),
         "releaseDecision": str(e.release_decision) if e.release_decision else None,
         "content": e.content,
+        "contentHtml": str(render_answer(e.content)),
     },
     "error": lambda e: {"code": e.code, "message": e.message},
 }

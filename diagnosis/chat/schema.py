@@ -97,8 +97,13 @@ _SCHEMAS: dict[str, Any] = {
             "status": {"type": "string", "enum": ["SUCCESS", "FAILED", "CANCELLED"]},
             "releaseDecision": {"type": "string", "enum": ["PUBLISHED", "BLOCKED"], "nullable": True},
             "content": _STRING,
+            "contentHtml": {
+                "type": "string",
+                "description": "`content` rendered as sanitised HTML (Markdown, no raw HTML) with each "
+                "citation linked to the cited runbook chunk; for pages. `content` is what was released.",
+            },
         },
-        "required": ["runId", "status", "releaseDecision", "content"],
+        "required": ["runId", "status", "releaseDecision", "content", "contentHtml"],
     },
     "ChatErrorEvent": {
         "type": "object",

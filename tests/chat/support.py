@@ -363,7 +363,7 @@ PAYLOAD_KEYS = {
     "progress": {"stage", "status", "sequenceNo"},
     "draft": {"text"},
     "tool": {"toolCallId", "name", "status"},
-    "outcome": {"runId", "status", "releaseDecision", "content"},
+    "outcome": {"runId", "status", "releaseDecision", "content", "contentHtml"},
     "error": {"code", "message"},
 }
 PROGRESS_OPTIONAL = {"intent", "stepIndex", "agentName", "verdict", "retry"}

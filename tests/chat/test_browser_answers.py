@@ -6,9 +6,8 @@ rendered Markdown whose citations open their runbook chunk, highlighted; Markdow
 
 `UPDATE_DOC_IMAGES=1` also writes the screenshots `docs/chat.md` shows to `docs/images/`.
 
-The rendered answer needs the outcome frame's `contentHtml` (`diagnosis.chat.protocol` calling
-`diagnosis.answers.render_answer`); while the protocol does not send it, each test checks everything up
-to the rendered answer and then stops as an expected failure that says so (`_needs_rendered_outcome`).
+The rendered answer is the outcome frame's `contentHtml` (`diagnosis.chat.protocol` calling
+`diagnosis.answers.render_answer`).
 """
 
 from __future__ import annotations
@@ -23,11 +22,9 @@ from django.core.management import call_command
 from django.test import Client
 
 from diagnosis.answers import render_answer
-from diagnosis.chat import protocol
 from diagnosis.knowledge.retrieval import search_knowledge
 from diagnosis.models import DiagnosisRun
 from diagnosis.runtime.demo import DEMO_QUESTIONS
-from diagnosis.runtime.events import OutcomeEvent
 from tests.browser import launch_chromium, requires_chromium
 from tests.chat.support import ARTIFACTS, BASE_DIR, DaphneServer, wait_for
 
@@ -35,15 +32,6 @@ pytestmark = [pytest.mark.browser, requires_chromium, pytest.mark.django_db(tran
 
 TIMEOUT_MS = 20_000
 DOC_IMAGES = BASE_DIR / "docs" / "images"
-SERVER_RENDERS = "contentHtml" in protocol.payload(
-    OutcomeEvent(run_id="run_x", status="SUCCESS", release_decision="PUBLISHED", content="x")
-)
-
-
-def _needs_rendered_outcome() -> None:
-    """Stop here (expected failure) while the outcome frame carries no `contentHtml`."""
-    if not SERVER_RENDERS:
-        pytest.xfail("the outcome frame has no contentHtml yet (diagnosis/chat/protocol.py)")
 
 
 def _screenshot(target, name: str, **kwargs) -> None:
@@ -135,7 +123,6 @@ def test_a_demo_run_shows_its_stages_and_its_citations_open_their_chunk(browser_
         assert all(re.fullmatch(r"\+\d+\.\d s", at) for at in turn.locator(".stage-at").all_inner_texts())
         assert turn.locator(".stage.current").count() == 0
         assert turn.locator(".draft-box").is_hidden()  # verified mode: no draft ever
-        _needs_rendered_outcome()
 
         # The released answer, rendered by the server; its citations are links to the runbook view.
         content = turn.locator(".content")
@@ -198,7 +185,6 @@ def test_verified_mode_shows_progress_not_text_then_an_inert_rendered_answer(bro
         _finished(turn)
         run = DiagnosisRun.objects.get(run_id=turn.get_attribute("data-run-id"))
         assert run.release_decision == "PUBLISHED"
-        _needs_rendered_outcome()
         content = turn.locator(".content")
         assert _hrefs(content) == _hrefs(render_answer(run.content)) and len(_hrefs(content)) == 3
         assert "<script>window.pwned = 1;" in content.inner_text()
@@ -226,7 +212,6 @@ def test_draft_mode_shows_the_draft_marked_unverified_until_the_outcome_replaces
         run = DiagnosisRun.objects.get(run_id=turn.get_attribute("data-run-id"))
         assert run.release_decision == "PUBLISHED"
         assert box.is_hidden() and turn.locator(".draft-text").inner_text() == ""
-        _needs_rendered_outcome()
         assert _hrefs(turn.locator(".content")) == _hrefs(render_answer(run.content))
     finally:
         server.stop()

@@ -21,6 +21,7 @@ from audit.models import EventType, Phase, ToolInvocation, ToolStatus, TraceEven
 from audit.recorder import DeclaredToolCall, RunRecorder, ToolCallNotDeclared, _Event
 from audit.selectors import get_trace
 from diagnosis import services
+from diagnosis.answers import render_answer
 from diagnosis.chat.protocol import ws_frame
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
 from diagnosis.runtime import live
@@ -138,7 +139,12 @@ def test_replay_maps_the_timeline_to_contract_frames(user):
         "status": "SUCCESS",
         "releaseDecision": "PUBLISHED",
         "content": run.content,
+        "contentHtml": str(render_answer(run.content)),
     }
+    assert (
+        '<a class="citation" href="/knowledge/mysql-replication-lag/?chunk=1#chunk-1"'
+        in (ws_frame(replay.frames[-1])["contentHtml"])
+    )
     # Exactly the frames after N.
     third = sequence_of(replay.frames[4])
     later = persisted_frames(run.run_id, after=third)

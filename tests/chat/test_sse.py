@@ -12,6 +12,7 @@ from django.test import AsyncClient
 from rest_framework.authentication import SessionAuthentication, TokenAuthentication
 
 from audit.models import EventType, TraceEvent
+from diagnosis.answers import render_answer
 from diagnosis.models import DiagnosisRun, RunStatus
 from diagnosis.runtime import supervisor
 from tests.chat.support import assert_frame_keys, parse_sse
@@ -78,6 +79,7 @@ async def test_post_chat_streams_the_run_with_ids(user, knowledge):
         "status": run.status,
         "releaseDecision": run.release_decision,
         "content": run.content,
+        "contentHtml": str(render_answer(run.content)),
     }
     assert events[0].data == {"sessionId": run.session_id, "runId": run_id}
 
@@ -300,8 +302,16 @@ async def test_the_served_schema_describes_the_chat_endpoints(user):
         "status",
         "releaseDecision",
         "content",
+        "contentHtml",
     }
     assert set(components["ChatToolEvent"]["properties"]) == {"toolCallId", "name", "status"}
+    progress = components["ChatProgressEvent"]
+    assert set(progress["required"]) == {"stage", "status", "sequenceNo"}
+    assert progress["properties"]["stage"]["enum"] == [
+        "ROUTING", "MODEL_STEP", "TOOL", "EVIDENCE_GUARD", "SEMANTIC_GUARD", "RELEASE", "APPROVAL",
+    ]  # fmt: skip
+    assert set(components["ChatDraftEvent"]["properties"]) == {"text"}
+    assert "ChatDeltaEvent" not in components
     assert set(components["CancelAccepted"]["properties"]) == {"runId", "status"}
     assert set(components["ChatRequest"]["properties"]) == {"query", "sessionId"}
 
