@@ -90,7 +90,7 @@ def knowledge_document(request: HttpRequest, slug: str) -> HttpResponse:
         chunks.append(
             {
                 "ordinal": chunk.ordinal,
-                "evidence_id": f"kb:{runbook.document.slug}#{chunk.ordinal}",
+                "evidence_id": chunk.evidence_id,
                 "heading": chunk.heading if chunk.heading != previous_heading else "",
                 "html": render_answer(chunk.text),
                 "cited": chunk.ordinal == cited,

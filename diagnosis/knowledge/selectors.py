@@ -20,9 +20,10 @@ class RunbookView:
 
 
 def get_runbook(*, slug: str) -> RunbookView | None:
-    """The runbook `slug` with its chunks (two queries), or None when no such document exists."""
+    """The runbook `slug` with its chunks (two queries), or None when no such document exists. Each chunk
+    holds `document` already, so `chunk.evidence_id` costs no query."""
     document = KnowledgeDocument.objects.filter(slug=slug).first()
     if document is None:
         return None
-    chunks = list(KnowledgeChunk.objects.filter(document=document).order_by("ordinal"))
+    chunks: list[KnowledgeChunk] = list(document.chunks.order_by("ordinal"))
     return RunbookView(document=document, chunks=chunks)

@@ -74,16 +74,13 @@ def _ask(page, text: str):
 
 
 def _assert_shows_released(turn, run) -> None:
-    """The turn shows the run's released content: rendered (the outcome's `contentHtml`, the citations
-    linked as `render_answer` links them) or, from a server that sends no `contentHtml`, as plain text."""
+    """The turn shows the run's released content as the server rendered it (the outcome's `contentHtml`):
+    the citations linked as `render_answer` links them, the words those of the released text."""
     content = turn.locator(".content")
-    assert content.is_visible()
-    if "md" in (content.get_attribute("class") or "").split():
-        hrefs = [a.get_attribute("href") for a in content.locator("a.citation").all()]
-        assert hrefs == re.findall(r'<a class="citation" href="([^"]+)"', render_answer(run.content))
-        assert content.inner_text().split() == re.sub(r"\[(kb:[^\]]+)\]", r"\1", run.content).split()
-    else:
-        assert content.inner_text() == run.content
+    assert content.is_visible() and "md" in (content.get_attribute("class") or "").split()
+    hrefs = [a.get_attribute("href") for a in content.locator("a.citation").all()]
+    assert hrefs == re.findall(r'<a class="citation" href="([^"]+)"', render_answer(run.content))
+    assert content.inner_text().split() == re.sub(r"\[(kb:[^\]]+)\]", r"\1", run.content).split()
 
 
 def test_staff_chat_end_to_end(page, site, provider, staff_user):

@@ -161,7 +161,7 @@ def test_progress_draft_and_released_answer(page):
 
     assert _labels(turn)[5:] == [
         "Model step 3",
-        "Evidence check: passed",
+        "Evidence check (repair round): passed",
         "Semantic check: passed",
         "Released",
     ]

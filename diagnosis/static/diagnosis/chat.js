@@ -119,7 +119,8 @@
         return finished ? step : step + "…";
       case "EVIDENCE_GUARD":
         if (!finished) { return data.retry ? "Checking evidence again…" : "Checking evidence…"; }
-        return "Evidence check" + (verdict ? ": " + (VERDICT_WORDS[verdict] || lower(verdict)) : "");
+        return "Evidence check" + (data.retry ? " (repair round)" : "") +
+          (verdict ? ": " + (VERDICT_WORDS[verdict] || lower(verdict)) : "");
       case "SEMANTIC_GUARD":
         if (!finished) { return "Semantic check…"; }
         return "Semantic check" + (verdict ? ": " + (VERDICT_WORDS[verdict] || lower(verdict)) : "");
