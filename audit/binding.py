@@ -10,8 +10,8 @@ The recorder puts each row's digest into the details of the event that records i
   update at terminal (the latest one binds);
 * `REASONING_PURGED` / `REASONING_REKEYED`: `rows`, each `{id, stepIndex, agentName, digest}` of what is
   stored after the purge or re-encryption;
-* `RUN_FINISHED`: `runDigest` (the run's terminal summary) and `expected` (events, steps, tools and
-  reasoning rows the recorder attempted).
+* `RUN_FINISHED`: `runDigest` (the run's terminal summary, in the form named by `runForm`; see
+  `audit.rowdigest`) and `expected` (events, steps, tools and reasoning rows the recorder attempted).
 
 `verify_rows` recomputes every digest from the stored rows and names each row that does not match, is
 missing, or is stored without a record in the chain, in words and ids only (never content). Rows of runs
@@ -140,10 +140,13 @@ def verify_rows(
             )
 
     if run is not None and finished is not None:
-        seq, digest, _ = finished
+        seq, digest, _, form_name = finished
+        form = rowdigest.run_form(form_name)
         if digest is None:
             legacy.setdefault("run summary", []).append(run.run_id)
-        elif digest == rowdigest.RUN.digest_of(run):
+        elif form is None:
+            verdict.problems.append(f"run: terminal summary at sequence {seq} names an unknown form")
+        elif digest == form.digest_of(run):
             verdict.verified += 1
         else:
             verdict.problems.append(

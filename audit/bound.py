@@ -32,13 +32,14 @@ class Bound:
 class Bindings:
     """The latest binding of each row in a run's chain, and what the chain says about its finish.
 
-    `finished`: (sequence, runDigest, expected counts) of the last RUN_FINISHED, or None; `digests_seen`:
+    `finished`: (sequence, runDigest, expected counts, runForm) of the last RUN_FINISHED, or None (a
+    `runForm` of None means the first run form, `run`); `digests_seen`:
     whether any event carries a row digest (a run recorded before row digests carries none)."""
 
     steps: dict[Any, Bound] = field(default_factory=dict)
     tools: dict[str, Bound] = field(default_factory=dict)
     reasoning: dict[tuple[Any, Any], Bound] = field(default_factory=dict)
-    finished: tuple[int, str | None, dict | None] | None = None
+    finished: tuple[int, str | None, dict | None, str | None] | None = None
     digests_seen: bool = False
     governance: int = 0
     step_events: int = 0
@@ -69,7 +70,7 @@ def collect(events: Sequence[Any]) -> Bindings:
                     seq, row.get("digest"), purged=kind == REASONING_PURGED
                 )
         elif kind == RUN_FINISHED:
-            b.finished = (seq, d.get("runDigest"), d.get("expected"))
+            b.finished = (seq, d.get("runDigest"), d.get("expected"), d.get("runForm"))
             b.digests_seen |= "runDigest" in d
         # A router or guard decision names its reasoning row's step index as `reasoningStepIndex`.
         reasoning_step = d.get("reasoningStepIndex", d.get("stepIndex"))

@@ -17,7 +17,10 @@ Forms:
   row after its terminal update), `reasoning` (`agent_reasoning_audit`, what is stored);
 * `run`: the run's terminal summary as `finish` writes it: status, release decision, error code, the
   sha256 of the released `content` (not the content), the token ledger, the counts of model calls and
-  calls without usage, the reconciliation verdict and the expected counts.
+  calls without usage, the reconciliation verdict and the expected counts;
+* `run/2` (runs recorded since the release policy): `run` plus what the reader could see: the release
+  mode, the unverified draft characters sent, the answer's last token time and the release latency.
+  RUN_FINISHED names its form (`runForm`); without one it is `run`.
 
 Auto-increment ids are not part of any form (they are assigned by the database after the digest is
 taken); rows are named by their run-scoped keys (step index, tool call id, step index + agent name).
@@ -125,6 +128,7 @@ RUN_COLUMNS = (
     "expected_steps",
     "expected_tools",
 )
+RUN_DELIVERY_COLUMNS = ("release_mode", "draft_chars", "last_token_at", "release_latency_ms")
 
 
 class Form:
@@ -165,7 +169,15 @@ class _RunForm(Form):
 STEP = Form("step", AgentStep, STEP_COLUMNS)
 TOOL = Form("tool", ToolInvocation, TOOL_COLUMNS)
 REASONING = Form("reasoning", AgentReasoningAudit, REASONING_COLUMNS)
-RUN = _RunForm("run", DiagnosisRun, RUN_COLUMNS)
+RUN_V1 = _RunForm("run", DiagnosisRun, RUN_COLUMNS)
+RUN = _RunForm("run/2", DiagnosisRun, RUN_COLUMNS + RUN_DELIVERY_COLUMNS)
+_RUN_FORMS = {f.name: f for f in (RUN_V1, RUN)}
+
+
+def run_form(name: str | None) -> Form | None:
+    """The run form a RUN_FINISHED event names (`runForm`; absent: the first form), None if unknown."""
+    return _RUN_FORMS.get(name or RUN_V1.name)
+
 
 _BY_MODEL = {f.model: f for f in (STEP, TOOL, REASONING)}
 

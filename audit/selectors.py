@@ -57,7 +57,7 @@ Summary semantics (documented in docs/api.md):
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from django.contrib.auth.models import AbstractBaseUser
@@ -514,7 +514,6 @@ def get_session_audits(*, session_id: str, limit: int = SESSION_AUDITS_LIMIT) ->
 # --------------------------------------------------------------------------------------------------
 # Chat replay: the stored timeline events a follower turns into frames
 # --------------------------------------------------------------------------------------------------
-_CHAT_EVENT_TYPES = (EventType.RUN_STARTED, EventType.TOOL_INVOCATION, EventType.RUN_FINISHED)
 _RUN_OUTCOME_FIELDS = (
     "run_id",
     "session_id",
@@ -536,14 +535,17 @@ class ChatTimelineRow:
     details: dict
 
 
-def chat_timeline(*, run_id: str, after: int) -> tuple[list[ChatTimelineRow], DiagnosisRun]:
-    """The run's frame-mapped timeline events with `sequence_no > after`, in order, then its row (only the
-    outcome's columns). Two queries; the row is read second, so that a RUN_FINISHED seen in the first is
-    normally matched by a terminal row. Raises `DiagnosisRun.DoesNotExist` for an unknown run."""
+def chat_timeline(
+    *, run_id: str, after: int, event_types: Iterable[str]
+) -> tuple[list[ChatTimelineRow], DiagnosisRun]:
+    """The run's timeline events of `event_types` (the ones the chat maps to frames) with
+    `sequence_no > after`, in order, then its row (only the outcome's columns). Two queries; the row is
+    read second, so that a RUN_FINISHED seen in the first is normally matched by a terminal row. Raises
+    `DiagnosisRun.DoesNotExist` for an unknown run."""
     rows = [
         ChatTimelineRow(*row)
         for row in TraceEvent.objects.filter(
-            run_id=run_id, sequence_no__gt=after, event_type__in=_CHAT_EVENT_TYPES
+            run_id=run_id, sequence_no__gt=after, event_type__in=list(event_types)
         )
         .order_by("sequence_no")
         .values_list("sequence_no", "event_type", "status", "details")

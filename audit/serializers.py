@@ -32,9 +32,41 @@ class RunTimingSerializer(serializers.Serializer):
     finishedAt = serializers.DateTimeField(source="finished_at", allow_null=True)
     totalDurationMs = serializers.IntegerField(source="total_duration_ms", allow_null=True)
     firstOutputLatencyMs = serializers.IntegerField(source="first_output_latency_ms", allow_null=True)
+    lastTokenAt = serializers.DateTimeField(
+        source="last_token_at",
+        allow_null=True,
+        help_text="The agent model's last token of the answer that went to the guards.",
+    )
+    releaseLatencyMs = serializers.IntegerField(
+        source="release_latency_ms",
+        allow_null=True,
+        help_text="From the answer's last token to the release reaching the transport: what waiting for "
+        "the guards cost (null when no model wrote the answer).",
+    )
 
     class Meta:
         ref_name = "RunTiming"
+
+
+class RunDeliverySerializer(serializers.Serializer):
+    releaseMode = serializers.SerializerMethodField(
+        help_text="`verified`: no answer text before the release; `draft`: unverified drafts streamed. "
+        "Null for runs recorded before the release policy existed."
+    )
+    unverifiedTextDelivered = serializers.BooleanField(
+        source="unverified_text_delivered",
+        allow_null=True,
+        help_text="Answer text was sent to a reader before the guards decided (null: not recorded).",
+    )
+    draftChars = serializers.IntegerField(
+        source="draft_chars", allow_null=True, help_text="Unverified characters sent (null: not recorded)."
+    )
+
+    class Meta:
+        ref_name = "RunDelivery"
+
+    def get_releaseMode(self, run) -> str | None:
+        return run.release_mode or None
 
 
 class RunTokensSerializer(serializers.Serializer):
@@ -137,6 +169,7 @@ class TraceRunSerializer(RunIdentitySerializer):
     provider = serializers.SerializerMethodField()
     timing = RunTimingSerializer(source="*")
     tokens = RunTokensSerializer(source="*")
+    delivery = RunDeliverySerializer(source="*")
     stepCount = serializers.SerializerMethodField()
     toolCallCount = serializers.SerializerMethodField()
     feedback = serializers.SerializerMethodField()

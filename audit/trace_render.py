@@ -69,6 +69,8 @@ def _run(trace: Trace) -> dict[str, Any]:
             "finishedAt": _dt(run.finished_at),
             "totalDurationMs": _int(run.total_duration_ms),
             "firstOutputLatencyMs": _int(run.first_output_latency_ms),
+            "lastTokenAt": _dt(run.last_token_at),
+            "releaseLatencyMs": _int(run.release_latency_ms),
         },
         "tokens": {
             "router": _int(run.tokens_router),
@@ -85,6 +87,11 @@ def _run(trace: Trace) -> dict[str, Any]:
             "cachedUnreportedCalls": int(ledger.cached_unreported),
             "callsWithoutUsage": [str(n) for n in ledger.without_usage],
             "differences": [str(d) for d in ledger.differences],
+        },
+        "delivery": {
+            "releaseMode": run.release_mode or None,
+            "unverifiedTextDelivered": run.unverified_text_delivered,
+            "draftChars": _int(run.draft_chars),
         },
         "stepCount": trace.summary.returned.steps,
         "toolCallCount": trace.summary.returned.tools,

@@ -100,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
         from bench import b3_live
 
         print("B3: live runs")
+        rows, evidence = b3_live.release_latency(levels=(1, 50) if q else (1, 50, 200), log=log)
+        results.rows += rows
+        results.evidence["b3_release"] = evidence
         rows, evidence = b3_live.live_runs(levels=(50,) if q else (50, 100, 200), log=log)
         results.rows += rows
         results.evidence["b3"] = evidence

@@ -8,10 +8,19 @@ time at which it sends a chunk into the chunk's text) and **this process** with 
 clients connect, then each sends one `chat` frame at the same moment and reads frames until its
 `outcome`.
 
-*Extra delay per chunk* = time the client received a `delta` frame − time the provider sent the chunk
-it carries (both clocks are this machine's): SDK parsing, the runtime, the channel layer, daphne and the
-client's own scheduling. *Records lost*: after the runs ended, for every run the stored events, steps and
-tools are compared with the counts the recorder expected, plus write failures and the hash chain.
+Two release policies, each on its own daphne (`CHAT_RELEASE`):
+
+* **verified** (the default): no answer text before the release. *Release latency* = time the client
+  received the `outcome` − time the provider sent the last chunk of the answer it releases (the latest
+  stamp in the released content): evidence guard, the semantic guard's model call, the release and the
+  record, the channel layer, daphne and the client. The server's own figure, recorded per run as
+  `release_latency_ms` (answer's last token → release), is read back beside it.
+* **draft**: *extra delay per chunk* = time the client received a `draft` frame − time the provider sent
+  the chunk it carries (both clocks are this machine's): SDK parsing, the runtime, the channel layer,
+  daphne and the client's own scheduling.
+
+*Records lost*: after the runs ended, for every run the stored events, steps and tools are compared with
+the counts the recorder expected, plus write failures and the hash chain.
 """
 
 from __future__ import annotations
@@ -151,7 +160,7 @@ async def _chat(url: str, token: str, start: asyncio.Event, delays: list[float],
             kind = frame.get("type")
             if kind == "run":
                 out["run_id"] = frame["runId"]
-            elif kind == "delta":
+            elif kind == "draft":
                 for sent in STAMP.findall(frame.get("text", "")):
                     delays.append((now - int(sent)) / 1e6)
             elif kind == "error":
@@ -159,6 +168,9 @@ async def _chat(url: str, token: str, start: asyncio.Event, delays: list[float],
             elif kind == "outcome":
                 out["status"] = frame.get("status")
                 out["release"] = frame.get("releaseDecision")
+                stamps = [int(s) for s in STAMP.findall(frame.get("content") or "")]
+                if stamps:
+                    out["release_ms"] = (now - max(stamps)) / 1e6
                 return
 
 
@@ -211,6 +223,81 @@ def lost_records(run_ids: list[str]) -> tuple[int, int]:
     return bad, missing
 
 
+def recorded_release_ms(run_ids: list[str]) -> list[float]:
+    """The runs' recorded `release_latency_ms` (answer's last token → release, server side)."""
+    from diagnosis.models import DiagnosisRun
+
+    return [
+        float(v)
+        for v in DiagnosisRun.objects.filter(
+            run_id__in=run_ids, release_latency_ms__isnull=False
+        ).values_list("release_latency_ms", flat=True)
+    ]
+
+
+def release_latency(
+    *, levels: tuple[int, ...], chunk_interval: float = 0.02, pieces: int = 20, log=print
+) -> tuple[list[Row], dict]:
+    """Verified release at each level of concurrent chats: what waiting for the guards costs."""
+    from bench.b4_loop import load_runbooks
+
+    logs = ROOT / "test-artifacts"
+    logs.mkdir(exist_ok=True)
+    load_runbooks()
+    tokens = users_with_tokens(max(levels))
+    provider, pport = start_provider(chunk_interval, pieces, logs)
+    daphne = None
+    rows: list[Row] = []
+    evidence: dict = {}
+    try:
+        daphne, dport = start_daphne(pport, logs, {"CHAT_RELEASE": "verified"})
+        url = f"ws://127.0.0.1:{dport}/ws/chat/"
+        asyncio.run(_level(url, tokens[:2]))  # warm-up
+        for n in levels:
+            delays, outs, wall = asyncio.run(_level(url, tokens[:n]))
+            run_ids = [o["run_id"] for o in outs if "run_id" in o]
+            client = [o["release_ms"] for o in outs if "release_ms" in o]
+            server = recorded_release_ms(run_ids)
+            bad, missing = lost_records(run_ids)
+            finished = sum(1 for o in outs if o.get("status") == "SUCCESS")
+            e = {
+                "chats": n,
+                "succeeded": finished,
+                "drafts": len(delays),
+                "client_p50": percentile(client, 50),
+                "client_p99": percentile(client, 99),
+                "server_p50": percentile(server, 50),
+                "server_p99": percentile(server, 99),
+                "wall": wall,
+                "bad_runs": bad,
+                "missing": missing,
+            }
+            evidence[n] = e
+            log(
+                f"  B3 verified {n} chats: {finished}/{n} succeeded in {wall:.1f} s; release latency at the "
+                f"client p50 {e['client_p50']:.0f} ms p99 {e['client_p99']:.0f} ms (recorded p50 "
+                f"{e['server_p50']:.0f} ms p99 {e['server_p99']:.0f} ms); draft frames {len(delays)}"
+            )
+            rows.append(
+                Row(
+                    "B3",
+                    f"{n} concurrent chats, verified release: answer's last token → outcome at the client",
+                    f"p50 {e['client_p50']:.0f} ms, p99 {e['client_p99']:.0f} ms (recorded per run: p50 "
+                    f"{e['server_p50']:.0f} ms, p99 {e['server_p99']:.0f} ms); {finished}/{n} SUCCESS, "
+                    f"{len(delays)} draft frames",
+                    spread([e["client_p99"]]),
+                    None,
+                    ratio_unit=" ms",
+                    met_override=None if not delays and finished == n else False,
+                )
+            )
+    finally:
+        if daphne is not None:
+            daphne.stop()
+        provider.stop()
+    return rows, evidence
+
+
 def live_runs(
     *,
     levels: tuple[int, ...],
@@ -220,7 +307,8 @@ def live_runs(
     extra_env=None,
     log=print,
 ) -> tuple[list[Row], dict]:
-    """The target levels give table rows; `context_levels` only appear in the per-level evidence."""
+    """Draft release (drafts stream): the target levels give table rows; `context_levels` only appear
+    in the per-level evidence."""
     from bench.b4_loop import load_runbooks
 
     logs = ROOT / "test-artifacts"
@@ -232,7 +320,7 @@ def live_runs(
     rows: list[Row] = []
     evidence: dict = {}
     try:
-        daphne, dport = start_daphne(pport, logs, extra_env or {})
+        daphne, dport = start_daphne(pport, logs, {"CHAT_RELEASE": "draft", **(extra_env or {})})
         url = f"ws://127.0.0.1:{dport}/ws/chat/"
         asyncio.run(_level(url, tokens[:2]))  # warm-up: connections, knowledge index, SDK client
         for n in (*context_levels, *levels):
@@ -255,15 +343,16 @@ def live_runs(
                 "errors": sorted({o["error"] for o in outs if o.get("error")}),
             }
             log(
-                f"  B3 {n} chats: {finished}/{n} succeeded in {wall:.1f} s, {len(delays)} deltas, "
-                f"extra delay p50 {p50:.1f} ms p99 {p99:.1f} ms, runs with lost records {bad}"
+                f"  B3 draft {n} chats: {finished}/{n} succeeded in {wall:.1f} s, "
+                f"{len(delays)} draft chunks, extra delay p50 {p50:.1f} ms p99 {p99:.1f} ms, "
+                f"runs with lost records {bad}"
             )
             if n not in levels:
                 continue
             rows.append(
                 Row(
                     "B3",
-                    f"{n} concurrent WebSocket chats, one daphne: extra delay per chunk p99",
+                    f"{n} concurrent WebSocket chats, one daphne, draft release: extra delay per chunk p99",
                     f"p50 {p50:.1f} ms, p99 {p99:.1f} ms over {len(delays)} chunks; "
                     f"{finished}/{n} runs SUCCESS in {wall:.1f} s",
                     spread([p99]),

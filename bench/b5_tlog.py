@@ -147,7 +147,11 @@ def add_finished_runs(n: int, owner, tag: str) -> list[str]:
         runs.append(run)
         prev = GENESIS_HASH
         for seq, (etype, details) in enumerate(
-            (("RUN_STARTED", {}), ("RUN_FINISHED", {"runDigest": rowdigest.RUN.digest_of(run)})), start=1
+            (
+                ("RUN_STARTED", {}),
+                ("RUN_FINISHED", {"runDigest": rowdigest.RUN.digest_of(run), "runForm": rowdigest.RUN.name}),
+            ),
+            start=1,
         ):
             payload = event_payload(
                 run_id=run.run_id,

@@ -105,7 +105,7 @@ def _b3_table(evidence: dict) -> str:
     if not evidence:
         return "(not run)"
     out = [
-        "| chats | runs SUCCESS | deltas measured | extra delay p50 | p99 | max | wall "
+        "| chats | runs SUCCESS | draft chunks measured | extra delay p50 | p99 | max | wall "
         "| runs with lost records |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -114,6 +114,23 @@ def _b3_table(evidence: dict) -> str:
             f"| {n} | {e['succeeded']}/{e['chats']} | {e['deltas']} | {e['p50']:.1f} ms "
             f"| {e['p99']:.1f} ms | {e['max']:.1f} ms | {e['wall']:.1f} s "
             f"| {e['bad_runs']} ({e['missing']} records) |"
+        )
+    return "\n".join(out)
+
+
+def _b3_release_table(evidence: dict) -> str:
+    if not evidence:
+        return "(not run)"
+    out = [
+        "| chats | runs SUCCESS | draft frames | release latency at the client p50 | p99 "
+        "| recorded per run p50 | p99 | wall | runs with lost records |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for n, e in sorted(evidence.items()):
+        out.append(
+            f"| {n} | {e['succeeded']}/{e['chats']} | {e['drafts']} | {e['client_p50']:.0f} ms "
+            f"| {e['client_p99']:.0f} ms | {e['server_p50']:.0f} ms | {e['server_p99']:.0f} ms "
+            f"| {e['wall']:.1f} s | {e['bad_runs']} ({e['missing']} records) |"
         )
     return "\n".join(out)
 
@@ -179,7 +196,9 @@ layer as for one process), the fake provider in its own process (`python -m benc
 streams every response a chunk every 20 ms and writes the wall-clock time at which it *sends* a chunk
 into the chunk's text), and N authenticated WebSocket clients (`websockets`, DRF token in the handshake)
 in the bench process: all connect, then all send their `chat` frame at once. Extra delay per chunk =
-time the client received the `delta` frame − time the provider sent that chunk. Records lost: for every
+time the client received the `draft` frame − time the provider sent that chunk (draft release; under the
+default verified release the figure is the release latency: outcome at the client − the answer's last
+chunk sent, and the recorded `release_latency_ms` beside it). Records lost: for every
 run, stored events/steps/tools vs the recorder's expected counts, write failures and the hash chain.
 
 **B4 loop overhead.** Full diagnosis runs executed one after another in one event loop by the real
@@ -200,7 +219,11 @@ and anchored. The 1 000 000-leaf log is kept between runs (`<db>_tlog_big`).
 
 {_b2_explain(res.evidence.get("b2", {}))}
 
-### B3 per level
+### B3 verified release: what waiting for the guards costs
+
+{_b3_release_table(res.evidence.get("b3_release", {}))}
+
+### B3 draft release, per level
 
 {_b3_table(res.evidence.get("b3", {}))}
 
@@ -257,6 +280,13 @@ at any level: the audit is written before frames are published, and followers re
 live frames lag. More chats per machine need more processes (several daphne workers share the database
 and, with `REDIS_URL`, the channel layer); the target of p99 ≤ 5 ms at 200 chats in one process is not
 reachable with this stack on this machine.
+
+**B3, verified release.** Under the default release policy no chunk is forwarded to the reader, so the
+figure that matters is the wait between the answer's last token and the outcome: the evidence check (a
+canonical-store lookup), the semantic guard's whole model call (the fake provider streams its verdict at
+the same chunk interval), the release and finish decisions (two durable writes) and the outcome frame.
+One run at a time this is essentially the guard model's own latency; under load it grows with the
+process's CPU queue, as the draft figures do (issue 19 is about that CPU).
 
 **B4.** Outside the model a run spends its time in ~20 durable decisions (one round trip each, awaited
 through the database pool), the claim and lease, the knowledge search, and handing tool results and

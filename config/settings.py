@@ -196,6 +196,10 @@ AUDIT_GROUP_COMMIT = env.bool("AUDIT_GROUP_COMMIT", default=False)
 # Live chat (docs/chat.md): in-process sweeper period (0 = off) and SSE keep-alive comment period.
 RUN_SWEEP_INTERVAL_SECONDS = env.float("RUN_SWEEP_INTERVAL_SECONDS", default=15.0)
 CHAT_SSE_HEARTBEAT_SECONDS = env.float("CHAT_SSE_HEARTBEAT_SECONDS", default=15.0)
+# What the reader may see before the guards decide (docs/chat.md, "Release policy"): `verified` (default)
+# sends no answer text before RELEASE_DECISION, the outcome carries it; `draft` streams unverified drafts
+# as `draft` events and records that it did (run.delivery). Anything else stops the server (check).
+CHAT_RELEASE = env.str("CHAT_RELEASE", default="verified").strip().lower()
 
 # ---------------------------------------------------------------------------------------------------
 # Reasoning governance

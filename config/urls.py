@@ -1,4 +1,5 @@
-"""URL map: admin, REST API (trace, reasoning, chat) and the OpenAPI schema with Swagger UI."""
+"""URL map: admin, REST API (trace, reasoning, chat), the OpenAPI schema with Swagger UI, the chat page
+and the runbook view."""
 
 from django.contrib import admin
 from django.urls import path
@@ -59,6 +60,8 @@ urlpatterns = [
     path("api/diagnosis/<str:sessionId>/runs/<str:runId>/cancel", chat_sse.cancel_run, name="api-run-cancel"),
     path("chat/", chat_pages.chat_page, name="chat"),
     path("chat/runs/<str:run_id>/admin/", chat_pages.run_admin_redirect, name="chat-run-admin"),
+    # The runbook a citation names, read-only, the cited chunk highlighted (diagnosis.answers links here).
+    path("knowledge/<slug:slug>/", chat_pages.knowledge_document, name="knowledge-document"),
 ]
 
 # Errors under /api/ in the contract's JSON shape (config.api); other paths keep Django's pages.

@@ -6,3 +6,6 @@ class DiagnosisConfig(AppConfig):
 
     name = "diagnosis"
     verbose_name = "Diagnosis"
+
+    def ready(self) -> None:
+        from diagnosis import checks  # noqa: F401  (registers the system checks)

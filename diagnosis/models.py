@@ -27,6 +27,14 @@ class ReleaseDecision(models.TextChoices):
     BLOCKED = "BLOCKED"
 
 
+class ReleaseMode(models.TextChoices):
+    """What a reader may see before the guards decide (`CHAT_RELEASE`): nothing (`verified`), or the
+    model's unverified drafts as it writes them (`draft`)."""
+
+    VERIFIED = "verified"
+    DRAFT = "draft"
+
+
 class Intent(models.TextChoices):
     DIAGNOSIS = "DIAGNOSIS"
     KNOWLEDGE = "KNOWLEDGE"
@@ -67,6 +75,8 @@ class DiagnosisRun(models.Model):
     `lease_epoch` is the lease's fencing token: every claim (executor or sweeper) increments it, and every
     audit write for the run commits only while the epoch is still the one its writer claimed.
     `fenced_writes` counts the writes refused that way (a stale owner's, after a takeover).
+    `release_mode`, `draft_chars`, `last_token_at` and `release_latency_ms` record what the reader could
+    see before the release and what waiting for the guards cost.
     """
 
     run_id = models.CharField(max_length=64, unique=True)
@@ -96,6 +106,16 @@ class DiagnosisRun(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     total_duration_ms = models.IntegerField(null=True, blank=True)
     first_output_latency_ms = models.IntegerField(null=True, blank=True)
+    # The agent model's last token of the answer that went to the guards, and from there to the release
+    # (what verified release costs: the guards run while the reader waits).
+    last_token_at = models.DateTimeField(null=True, blank=True)
+    release_latency_ms = models.IntegerField(null=True, blank=True)
+
+    # Delivery (contract run.delivery): the release policy the run ran under ("" for runs recorded before
+    # there was one) and how many characters of unverified draft text were sent to readers (NULL until
+    # the run ends). A BLOCKED run with draft_chars > 0 showed a reader text that was then withheld.
+    release_mode = models.CharField(max_length=16, choices=ReleaseMode.choices, blank=True, default="")
+    draft_chars = models.IntegerField(null=True, blank=True)
 
     # Token ledger (contract run.tokens), kept per source
     tokens_router = models.IntegerField(default=0)
@@ -138,6 +158,11 @@ class DiagnosisRun(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.status in TERMINAL_RUN_STATUSES
+
+    @property
+    def unverified_text_delivered(self) -> bool | None:
+        """Whether a reader was sent answer text before the guards decided (None: not recorded)."""
+        return None if self.draft_chars is None else self.draft_chars > 0
 
 
 class FeedbackRating(models.TextChoices):

@@ -19,7 +19,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import F, Q
 from django.utils import timezone
 
-from diagnosis.models import ChatSession, DiagnosisRun, FeedbackRating, RunFeedback, RunStatus
+from diagnosis.models import ChatSession, DiagnosisRun, FeedbackRating, ReleaseMode, RunFeedback, RunStatus
 
 ACTIVE_RUN_STATUSES = (RunStatus.PENDING, RunStatus.RUNNING)
 
@@ -67,6 +67,12 @@ def create_run(*, session: ChatSession, query: str, agent_flow: str = "DIAGNOSIS
 def lease_seconds() -> float:
     """How long a claim or renewal holds a run (`settings.RUN_LEASE_SECONDS`, default 30)."""
     return float(getattr(settings, "RUN_LEASE_SECONDS", 30))
+
+
+def release_mode() -> ReleaseMode:
+    """The release policy runs start under (`settings.CHAT_RELEASE`; the check `diagnosis.E001` refuses
+    any other value at start-up, so this never guesses)."""
+    return ReleaseMode(str(getattr(settings, "CHAT_RELEASE", ReleaseMode.VERIFIED)).strip().lower())
 
 
 def _lease_until(now: dt.datetime) -> dt.datetime:

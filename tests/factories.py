@@ -31,11 +31,12 @@ def record_full_run(
     recorder: RunRecorder | None = None,
     reasoning_text: str = f"The lag pattern suggests a long transaction. {REASONING_MARKER}",
     provider: str = "",
+    answer: str = "Replication lags because of a long transaction [kb:mysql-replication-lag#1].",
 ) -> RunRecorder:
     """A complete, published diagnosis run: route, one step with `tools` parallel calls, `extra_steps`
     more tool-free steps, the answer step, both guards, release and finish."""
     rec = recorder or RunRecorder.for_run(run)
-    rec.run_started(details={"provider": provider} if provider else None)
+    rec.run_started(release_mode="verified", details={"provider": provider} if provider else None)
     rec.mark_first_model_request()
     rec.routing_attempt(
         attempt=1, model="router-m", usage=usage(120, 20), ok=True, intent="DIAGNOSIS", confidence=0.92
@@ -80,7 +81,6 @@ def record_full_run(
             reasoning=build_capture(reasoning=None, text="thinking aloud"),
             finish_reason="stop",
         )
-    answer = "Replication lags because of a long transaction [kb:mysql-replication-lag#1]."
     rec.model_step(
         step_index=2 + extra_steps,
         agent_name="diagnosis_agent",

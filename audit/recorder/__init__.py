@@ -10,6 +10,7 @@
 """
 
 from audit.recorder.facts import (
+    Committed,
     DeclaredToolCall,
     RetrievalFacts,
     ToolCallNotDeclared,
@@ -22,6 +23,7 @@ from audit.recorder.governance import record_reasoning_change
 from audit.recorder.run import RunRecorder
 
 __all__ = [
+    "Committed",
     "DeclaredToolCall",
     "RetrievalFacts",
     "RunRecorder",

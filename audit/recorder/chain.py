@@ -24,7 +24,7 @@ from audit.group_commit import get_committer
 from audit.integrity import GENESIS_HASH, event_payload_json
 from audit.models import AgentStep, EventType, ToolInvocation, TraceEvent
 from audit.payloads import bound_json_text, clip, sha256_hex
-from audit.recorder.facts import SUMMARY_CHARS, Usage, _Event
+from audit.recorder.facts import SUMMARY_CHARS, Committed, Usage, _Event
 from audit.write_ops import Fence, Insert, RawJSON, Update, WriteFenced, WriteOp, execute
 from audit.write_ops import Table as RowTable
 from diagnosis.models import DiagnosisRun
@@ -150,6 +150,12 @@ class ChainWriter:
                 Update(t.run, tuple(fields), tuple(fields.values()), ("run_id",), (self.run_id,))
             )
         self._submit(op)
+        if self.committed is not None:
+            first = self._next_sequence
+            self.committed.extend(
+                Committed(first + i, str(e.event_type), str(e.status), e.details)
+                for i, e in enumerate(events)
+            )
         self._next_sequence = seq
         self._prev_hash = prev
 

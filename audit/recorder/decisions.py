@@ -232,6 +232,9 @@ class DecisionRecords:
                 self._usage_event(UsageSource.AGENT, model, usage, phase=Phase.AGENT, step_index=step_index),
             ]
 
+            if finished_at is not None:
+                # The latest agent step's end is the answer's last token once the guards take over.
+                self._last_token_at = finished_at
             sequence_no = self._write("model_step", events, inserts=[step, reasoning_row], usage=usage)
             if step.id is not None:
                 self._step_ids[step_index] = step.id

@@ -123,3 +123,15 @@ class _Event:
     summary: str
     details: dict[str, Any]
     bind: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """A timeline event as it committed: its sequence number, type, status and details (bounded
+    metadata, exactly as chained). What a run's live listeners learn from the recorder: they pick the
+    few fields they may show and never forward the details themselves."""
+
+    sequence_no: int
+    event_type: str
+    status: str
+    details: dict[str, Any]

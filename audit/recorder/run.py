@@ -44,6 +44,7 @@ synchronous Django ORM code; async callers run them on the runtime's bounded dat
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -62,11 +63,12 @@ from audit.recorder.facts import (
     ERROR_MESSAGE_CHARS,
     SUMMARY_CHARS,
     WITHDRAWN,
+    Committed,
     _Event,
 )
 from audit.recorder.ledger import _Ledger
 from audit.recorder.tools import ToolLifecycle, _ToolState, terminal_key
-from diagnosis.models import DiagnosisRun, RunStatus
+from diagnosis.models import DiagnosisRun, ReleaseMode, RunStatus
 from reasoning.models import AgentReasoningAudit
 
 
@@ -90,6 +92,9 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
         self.fenced = False
         self.fenced_writes = 0
         self.on_fenced: Callable[[], None] | None = None
+        # When a deque: every committed event is appended as a `Committed` (its live listeners drain it
+        # from another thread; see `diagnosis.runtime.context.RunContext.record`). None: nothing kept.
+        self.committed: deque[Committed] | None = None
         self._created_at = created_at
         self._group_commit = (
             bool(getattr(settings, "AUDIT_GROUP_COMMIT", False)) if group_commit is None else group_commit
@@ -105,7 +110,12 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
         self._guard_calls = 0
         self._first_model_request_at = None
         self._first_output_at = None
+        self._last_token_at = None
         self._started_at = None
+        # The release policy the run executes under, and the unverified draft characters sent so far
+        # (`note_draft`); both enter the terminal summary.
+        self.release_mode = ""
+        self.draft_chars: int | None = 0
         self.release_decision: str | None = None
         self.expected_events = 0
         self.expected_steps = 0
@@ -149,11 +159,16 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
         rec._first_model_request_at = run.first_model_request_at
         rec._first_output_at = run.first_output_at
         rec.release_decision = run.release_decision
+        rec.release_mode = run.release_mode
+        # Drafts a previous owner sent were counted in its memory only: unknown unless none could be sent.
+        rec.draft_chars = 0 if run.release_mode == ReleaseMode.VERIFIED else None
         rec._reload_head()
-        for step_index, step_id, ids, output in AgentStep.objects.filter(run_id=run_id).values_list(
-            "step_index", "id", "tool_call_ids", "model_output"
-        ):
+        for step_index, step_id, ids, output, finished_at in AgentStep.objects.filter(
+            run_id=run_id
+        ).values_list("step_index", "id", "tool_call_ids", "model_output", "finished_at"):
             rec._step_ids[step_index] = step_id
+            if finished_at is not None and (rec._last_token_at is None or finished_at > rec._last_token_at):
+                rec._last_token_at = finished_at
             for tool_call_id in ids or []:
                 rec._declared[tool_call_id] = step_index
             for call in (output or {}).get("toolCalls") or []:
@@ -198,12 +213,18 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
     # ----------------------------------------------------------------------------------------------
     # Run lifecycle
     # ----------------------------------------------------------------------------------------------
-    def run_started(self, *, agent_flow: str = "", details: dict[str, Any] | None = None) -> int | None:
-        """RUN_STARTED; the run becomes RUNNING with its `started_at` and the `provider` named in
-        `details` (kept on the run row so that lists can label demo runs without reading events)."""
+    def run_started(
+        self, *, agent_flow: str = "", release_mode: str = "", details: dict[str, Any] | None = None
+    ) -> int | None:
+        """RUN_STARTED; the run becomes RUNNING with its `started_at`, the `provider` named in `details`
+        (kept on the run row so that lists can label demo runs without reading events) and the release
+        policy it runs under (`release_mode`, also in the event's details as `releaseMode`)."""
         now = timezone.now()
         self._started_at = now
-        details = details or {}
+        self.release_mode = str(release_mode or "")
+        details = dict(details or {})
+        if self.release_mode:
+            details["releaseMode"] = self.release_mode
         return self._write(
             "run_started",
             [_Event(Phase.RUN, EventType.RUN_STARTED, RunStatus.RUNNING, "run started", details)],
@@ -211,6 +232,7 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
                 "status": RunStatus.RUNNING,
                 "started_at": now,
                 "provider": clip(str(details.get("provider") or ""), 32),
+                "release_mode": self.release_mode,
             },
         )
 
@@ -232,8 +254,15 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
                 fields["first_model_request_at"] = self._first_model_request_at
             self._update_run("model_call_started", **fields)
 
+    def note_draft(self, chars: int) -> None:
+        """`chars` characters of unverified draft text were sent to readers (draft release mode only);
+        counted in memory, recorded by `finish` as `draft_chars`."""
+        if self.draft_chars is not None:
+            self.draft_chars += max(0, int(chars))
+
     def mark_first_output(self) -> None:
-        """The first visible answer text reached the user (timing only; written once)."""
+        """The first visible answer text reached the user (timing only; written once). In verified
+        mode nothing is visible before the release: `finish` stamps it with the outcome instead."""
         if self._first_output_at is None:
             self._first_output_at = timezone.now()
             fields: dict[str, Any] = {"first_output_at": self._first_output_at}
@@ -279,6 +308,24 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
             [_Event(Phase.RUN, EventType.RUN_CANCELLED, RunStatus.CANCELLED, clip(reason, 200), {})],
         )
 
+    def _delivery_fields(self, now: Any, content: str) -> dict[str, Any]:
+        """What the reader could see and when, as the terminal row records it: the release mode, the
+        draft characters sent, the model's last answer token and the wait from it to the release, and
+        `first_output_at` when the outcome is the first text the reader sees (always in verified mode:
+        the outcome is sent right after this row commits)."""
+        fields: dict[str, Any] = {
+            "release_mode": self.release_mode,
+            "draft_chars": self.draft_chars,
+            "last_token_at": self._last_token_at,
+            "release_latency_ms": _ms(now - self._last_token_at) if self._last_token_at else None,
+        }
+        if self._first_output_at is None and content:
+            self._first_output_at = now
+            fields["first_output_at"] = now
+            if self._created_at is not None:
+                fields["first_output_latency_ms"] = _ms(now - self._created_at)
+        return fields
+
     def finish(
         self,
         *,
@@ -319,6 +366,7 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
             now = timezone.now()
             by_source = ledger.by_source
             fields: dict[str, Any] = {
+                **self._delivery_fields(now, content),
                 "status": status,
                 "content": content,
                 "release_decision": self.release_decision,
@@ -363,6 +411,7 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
                         "unavailableCalls": ledger.unavailable_calls,
                         "tokensReconciled": verdict.reconciled,
                         "contentLength": len(content),
+                        "runForm": rowdigest.RUN.name,
                         "runDigest": rowdigest.RUN.digest(fields),
                         "expected": {
                             "events": fields["expected_events"],

@@ -230,14 +230,13 @@ def _verify_rows(rows: Any, run_id: str, b: bound.Bindings, report: Report) -> N
             report.notes.append(f"{where}: content purged by governance (sequence {binding.sequence_no})")
     run_entry = rows["run"]
     if b.finished is not None:
-        seq, digest, _ = b.finished
+        seq, digest, _, form_name = b.finished
         if run_entry is None:
             if digest is not None:
                 report.failures.append(f"rows.run: the terminal summary bound at sequence {seq} is missing")
         else:
-            _row_check(
-                run_entry, "rows.run (terminal summary)", "run", run_id, bound.Bound(seq, digest), report
-            )
+            where = "rows.run (terminal summary)"
+            _row_check(run_entry, where, form_name or "run", run_id, bound.Bound(seq, digest), report)
             checked += 1
     elif run_entry is not None:
         report.failures.append("rows.run: the chain records no RUN_FINISHED to bind it")

@@ -15,7 +15,7 @@ from typing import Any
 
 from audit import rowdigest
 from audit.integrity import event_payload
-from audit.models import AgentStep, ToolInvocation, TraceEvent
+from audit.models import AgentStep, EventType, ToolInvocation, TraceEvent
 from audit.rowdigest import stored_reasoning_rows
 from audit.transparency import bundle, store
 from audit.transparency.verify import anchor_of
@@ -64,10 +64,20 @@ def build_bundle(*, run: DiagnosisRun) -> dict[str, Any]:
                 }
                 for r in reasoning
             ],
-            "run": _row(rowdigest.RUN, rowdigest.RUN.values_of(run)) if run.is_terminal else None,
+            "run": _run_row(run, events),
         },
         "anchor": _anchor(run_id),
     }
+
+
+def _run_row(run: DiagnosisRun, events: list[TraceEvent]) -> dict[str, Any] | None:
+    """The terminal summary in the form its RUN_FINISHED names (`runForm`; none: the first form)."""
+    if not run.is_terminal:
+        return None
+    finished = next((e for e in reversed(events) if e.event_type == EventType.RUN_FINISHED), None)
+    name = (finished.details or {}).get("runForm") if finished is not None else None
+    form = rowdigest.run_form(name) or rowdigest.RUN
+    return _row(form, form.values_of(run))
 
 
 def _anchor(run_id: str) -> dict[str, Any] | None:

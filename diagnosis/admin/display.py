@@ -92,3 +92,27 @@ def pretty_json(value: Any) -> str:
 
 def compact_json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(", ", ": "), default=str)
+
+
+def delivery_note(run) -> tuple[str, str] | None:
+    """(tone, sentence) saying what the reader could see before the release, or None for a run recorded
+    before the release policy existed. A BLOCKED run whose draft was streamed is `bad`: a reader saw
+    text the guards then withheld."""
+    mode, chars = run.release_mode, run.draft_chars
+    if not mode:
+        return None
+    if mode == "verified":
+        return "good", "verified release: no answer text reached a reader before the release decision"
+    if chars is None:
+        return (
+            "warn",
+            "draft release: the drafts streamed were not recorded (another process finished the run)",
+        )
+    if not chars:
+        return "good", "draft release: no draft text was streamed"
+    if run.release_decision == ReleaseDecision.BLOCKED:
+        return "bad", (
+            f"unverified text shown: {chars} characters of draft were streamed to the reader, then the "
+            "answer was blocked"
+        )
+    return "warn", f"draft release: {chars} characters of unverified draft were streamed before the release"

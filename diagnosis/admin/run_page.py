@@ -19,6 +19,7 @@ from audit.models import EventType, Phase, ToolInvocation, UsageSource
 from audit.selectors import AnchorView, Trace
 from diagnosis.admin.display import (
     compact_json,
+    delivery_note,
     format_duration,
     format_instant,
     format_ms,
@@ -27,6 +28,7 @@ from diagnosis.admin.display import (
     tone,
 )
 from diagnosis.admin.waterfall import Waterfall, build_waterfall
+from diagnosis.answers import render_answer
 from diagnosis.models import DiagnosisRun, FeedbackRating, ReleaseDecision, RunStatus
 from diagnosis.selectors import FeedbackView
 
@@ -141,6 +143,9 @@ def build_verdict(trace: Trace) -> Verdict:
         notes.append(f"cancelled: {cancelled.summary}")
     if decision == ReleaseDecision.BLOCKED and not release_reason:
         notes.append("the release event is missing from the timeline: see the audit summary")
+    delivered = delivery_note(run)
+    if delivered is not None:
+        notes.append(delivered[1])
     routing_text = ""
     if routing is not None:
         details = routing.details or {}
@@ -183,6 +188,7 @@ def build_timing(run: DiagnosisRun) -> list[tuple[str, str, str]]:
     return [
         ("total", format_ms(run.total_duration_ms), "created → finished"),
         ("first output latency", format_ms(run.first_output_latency_ms), "created → first visible text"),
+        ("release latency", format_ms(run.release_latency_ms), "answer's last token → release (the guards)"),
         ("queue wait", format_ms(ms_between(created, started)), "created → started"),
         ("start → model request", format_ms(ms_between(started, first_request)), "started → first request"),
         ("started", offset(started), format_instant(started)),
@@ -426,9 +432,11 @@ def build_audit(trace: Trace) -> AuditSummary:
 @dataclass(slots=True)
 class RunPage:
     """Everything the run page template draws. `run`, `feedback`, `step_count` and `tool_count` are the
-    trace's own (the viewer's feedback; the returned step and tool rows)."""
+    trace's own (the viewer's feedback; the returned step and tool rows); `content_html` is the released
+    content as the chat page shows it (`diagnosis.answers.render_answer`: sanitized, citations linked)."""
 
     run: DiagnosisRun
+    content_html: str
     feedback: FeedbackView | None
     feedback_tone: str
     answer_blocked: bool
@@ -455,6 +463,7 @@ def build_run_page(trace: Trace) -> RunPage:
     feedback = trace.feedback
     return RunPage(
         run=run,
+        content_html=render_answer(run.content or ""),
         feedback=feedback,
         feedback_tone="good" if feedback is not None and feedback.rating == FeedbackRating.UP else "bad",
         answer_blocked=run.release_decision == ReleaseDecision.BLOCKED,

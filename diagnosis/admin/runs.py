@@ -28,10 +28,10 @@ from rest_framework.renderers import JSONRenderer
 from audit.selectors import DEMO_PROVIDER, annotate_audit_completeness, get_trace
 from audit.serializers import serialize_trace
 from audit.transparency.evidence import build_bundle
-from diagnosis.admin.display import QUERY_PREVIEW_CHARS, format_ms
+from diagnosis.admin.display import QUERY_PREVIEW_CHARS, delivery_note, format_ms
 from diagnosis.admin.display import tone as status_tone
 from diagnosis.admin.run_page import build_run_page
-from diagnosis.models import DiagnosisRun, RunFeedback
+from diagnosis.models import DiagnosisRun, ReleaseDecision, RunFeedback
 from reasoning.models import REASONING_PERMISSION, AccessChannel
 from reasoning.services import read_reasoning
 
@@ -60,6 +60,25 @@ class AuditCompleteFilter(admin.SimpleListFilter):
             if "audit_complete" not in queryset.query.annotations:
                 queryset = annotate_audit_completeness(queryset)
             return queryset.filter(audit_complete=self.value() == "yes")
+        return queryset
+
+
+class UnverifiedDeliveredFilter(admin.SimpleListFilter):
+    """Runs whose unverified draft text was streamed to a reader (`draft_chars > 0`)."""
+
+    title = "unverified text delivered"
+    parameter_name = "unverified"
+
+    def lookups(self, request, model_admin):
+        return (("yes", "Yes"), ("blocked", "Yes, and blocked"), ("no", "No"))
+
+    def queryset(self, request, queryset):
+        if self.value() == "yes":
+            return queryset.filter(draft_chars__gt=0)
+        if self.value() == "blocked":
+            return queryset.filter(draft_chars__gt=0, release_decision=ReleaseDecision.BLOCKED)
+        if self.value() == "no":
+            return queryset.filter(draft_chars=0)
         return queryset
 
 
@@ -108,6 +127,7 @@ class DiagnosisRunAdmin(admin.ModelAdmin):
         "intent",
         ("tokens_reconciled", ReconciledFilter),
         AuditCompleteFilter,
+        UnverifiedDeliveredFilter,
     )
     list_select_related = ("session",)
     search_fields = ("=run_id", "=session__session_id", "query")
@@ -170,7 +190,17 @@ class DiagnosisRunAdmin(admin.ModelAdmin):
 
     @admin.display(description="release", ordering="release_decision")
     def release_chip(self, run: DiagnosisRun):
-        return _chip(run.release_decision)
+        chip = _chip(run.release_decision)
+        if not run.draft_chars:
+            return chip
+        note = delivery_note(run)
+        tone = note[0] if note else "warn"
+        return format_html(
+            '{} <span class="dc-chip dc-{}" title="{}">draft shown</span>',
+            chip,
+            tone,
+            note[1] if note else "",
+        )
 
     @admin.display(description="reconciled", boolean=True, ordering="tokens_reconciled")
     def reconciled(self, run: DiagnosisRun) -> bool:

@@ -1,10 +1,13 @@
-"""The front door (`/`), the chat page for staff (`/chat/`) and a run-id link into the admin's run page.
+"""The front door (`/`), the chat page (`/chat/`), a run-id link into the admin's run page, and the
+read-only runbook view that citation links open (`/knowledge/<slug>/`).
 
-The page is a plain Django template (`templates/chat.html`) and one static script
+The chat page is a plain Django template (`templates/chat.html`) and one static script
 (`diagnosis/static/diagnosis/chat.js`, no build step, no CDN) that speaks the SSE chat API of
-`diagnosis.chat.sse` with the session cookie and the CSRF token: it streams the answer, shows each tool
-call's status, the release decision and the outcome, cancels, and reattaches with `after=<last id>`
-when the connection drops.
+`diagnosis.chat.sse` with the session cookie and the CSRF token: it shows the run's progress stages
+as they happen (with elapsed time), an unverified draft when the server streams drafts, each tool
+call's status, the release decision and the outcome (its `contentHtml`, rendered by
+`diagnosis.answers.render_answer`), cancels, and reattaches with `after=<last id>` when the connection
+drops.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from django.urls import reverse
 from django.views.decorators.csrf import ensure_csrf_cookie
 from django.views.decorators.http import require_GET
 
+from diagnosis.answers import render_answer
 from diagnosis.chat.service import max_active_runs
+from diagnosis.knowledge.selectors import get_runbook
 from diagnosis.models import DiagnosisRun
 from diagnosis.services import QUERY_MAX_CHARS
 
@@ -56,3 +61,44 @@ def run_admin_redirect(request: HttpRequest, run_id: str) -> HttpResponse:
     if pk is None:
         raise Http404("No such run.")
     return redirect(reverse("admin:diagnosis_diagnosisrun_change", args=[pk]))
+
+
+@require_GET
+@login_required
+def knowledge_document(request: HttpRequest, slug: str) -> HttpResponse:
+    """`GET /knowledge/<slug>/[?chunk=N]`: a runbook read-only, its chunks in order, each anchored
+    `chunk-<n>`; chunk N (the one a citation `[kb:<slug>#N]` names) is highlighted on the server, so the
+    link works without JavaScript.
+
+    Any signed-in user may read it: the runbooks are the evidence every answer is checked against, and a
+    chat user must be able to check a citation in one click. Anonymous: the login page. An unknown
+    document, or a `chunk` that is not one of its ordinals: 404.
+    """
+    runbook = get_runbook(slug=slug)
+    if runbook is None:
+        raise Http404("No such runbook.")
+    cited: int | None = None
+    wanted = request.GET.get("chunk")
+    if wanted is not None:
+        ordinals = {chunk.ordinal for chunk in runbook.chunks}
+        if not (wanted.isascii() and wanted.isdigit()) or int(wanted) not in ordinals:
+            raise Http404("No such chunk.")
+        cited = int(wanted)
+    chunks = []
+    previous_heading = None
+    for chunk in runbook.chunks:
+        chunks.append(
+            {
+                "ordinal": chunk.ordinal,
+                "evidence_id": chunk.evidence_id,
+                "heading": chunk.heading if chunk.heading != previous_heading else "",
+                "html": render_answer(chunk.text),
+                "cited": chunk.ordinal == cited,
+            }
+        )
+        previous_heading = chunk.heading
+    return render(
+        request,
+        "knowledge_document.html",
+        {"document": runbook.document, "chunks": chunks, "cited": cited},
+    )

@@ -3,24 +3,29 @@ WebSocket and for Server-Sent Events.
 
 A frame is a run event (`diagnosis.runtime.events`); `_PAYLOAD` states, once per frame type, the
 contract's keys and where each value comes from. The two encodings differ by one rule: a WebSocket may
-follow several runs, so `delta` and `tool` frames (whose payload does not name the run) also carry
-`runId` there, while an SSE stream is one run's. Frames carry nothing else: no reasoning, no tool input
-or output, no trace data.
+follow several runs, so `progress`, `draft` and `tool` frames (whose payload does not name the run) also
+carry `runId` there, while an SSE stream is one run's. Frames carry nothing else: no reasoning, no tool
+input or output, no trace data. A `progress` frame carries only the fields that apply (`intent`,
+`stepIndex`, `agentName`, `verdict`, `retry`); `sequenceNo` is null for a stage that STARTED (not a
+timeline event). `draft` frames exist only under `CHAT_RELEASE=draft`. The outcome's `contentHtml` is the
+released content as sanitised HTML with citation links (`diagnosis.answers.render_answer`), for pages: an
+addition to the contract's keys; `content` stays exactly the released text.
 
 WebSocket (JSON text, `ws_frame`)::
 
     {"type": "run", "sessionId", "runId"}
-    {"type": "delta", "runId", "text"}
+    {"type": "progress", "runId", "stage", "status", "sequenceNo", ...}
+    {"type": "draft", "runId", "text"}
     {"type": "tool", "runId", "toolCallId", "name", "status"}
-    {"type": "outcome", "runId", "status", "releaseDecision", "content"}
+    {"type": "outcome", "runId", "status", "releaseDecision", "content", "contentHtml"}
     {"type": "error", "code", "message"}
 
 A refused request is `ChatRefused`, answered as an `error` frame on the WebSocket and as the contract's
 JSON error before an SSE stream starts.
 
 SSE (`sse_message`): `event:` the type, `data:` the payload as one line of JSON, `id:` the timeline
-`sequenceNo` on `run`, `tool` and `outcome` when known; `SSE_RETRY` opens a stream and `SSE_KEEP_ALIVE`
-fills idle time.
+`sequenceNo` on `run`, `progress`, `tool` and `outcome` when known; `SSE_RETRY` opens a stream and
+`SSE_KEEP_ALIVE` fills idle time.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from diagnosis.answers import render_answer
 from diagnosis.runtime.events import ErrorEvent, Event, sequence_of
 
 RETRY_MS = 3000
@@ -51,19 +57,38 @@ class ChatRefused(Exception):
 
 _PAYLOAD: dict[str, Callable[[Any], dict[str, Any]]] = {
     "run": lambda e: {"sessionId": e.session_id, "runId": e.run_id},
-    "delta": lambda e: {"text": e.text},
+    "progress": lambda e: _progress_payload(e),
+    "draft": lambda e: {"text": e.text},
     "tool": lambda e: {"toolCallId": e.tool_call_id, "name": e.name, "status": str(e.status)},
     "outcome": lambda e: {
         "runId": e.run_id,
         "status": str(e.status),
         "releaseDecision": str(e.release_decision) if e.release_decision else None,
         "content": e.content,
+        "contentHtml": str(render_answer(e.content)),
     },
     "error": lambda e: {"code": e.code, "message": e.message},
 }
 # Frame types whose payload does not name the run; a WebSocket frame adds `runId` to them.
-_ADDRESSED_ON_WEBSOCKET = frozenset({"delta", "tool"})
+_ADDRESSED_ON_WEBSOCKET = frozenset({"progress", "draft", "tool"})
 FRAME_TYPES = frozenset(_PAYLOAD)
+# ProgressEvent attribute -> frame key, for the optional fields (sent only when they apply).
+_PROGRESS_FIELDS = (
+    ("intent", "intent"),
+    ("step_index", "stepIndex"),
+    ("agent_name", "agentName"),
+    ("verdict", "verdict"),
+    ("retry", "retry"),
+)
+
+
+def _progress_payload(e: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"stage": e.stage, "status": e.status, "sequenceNo": e.sequence_no}
+    for attr, key in _PROGRESS_FIELDS:
+        value = getattr(e, attr)
+        if value is not None:
+            out[key] = value
+    return out
 
 
 def payload(event: Event) -> dict[str, Any]:

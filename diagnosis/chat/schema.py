@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from diagnosis.runtime.events import FINISHED, STAGES, STARTED
+
 ERROR_REF = {"$ref": "#/components/schemas/Error"}
 _ERROR_SCHEMA = {
     "type": "object",
@@ -40,9 +42,37 @@ _SCHEMAS: dict[str, Any] = {
         "properties": {"sessionId": _STRING, "runId": _STRING},
         "required": ["sessionId", "runId"],
     },
-    "ChatDeltaEvent": {
+    "ChatProgressEvent": {
         "type": "object",
-        "description": "`event: delta` — visible answer text only (never reasoning); not persisted.",
+        "description": (
+            "`event: progress` — what the run is doing: a stage that STARTED (live only, `sequenceNo` "
+            "null) or FINISHED (one timeline event, replayable). Only the facts that apply are sent; "
+            "never answer text, reasons or reasoning."
+        ),
+        "properties": {
+            "stage": {"type": "string", "enum": list(STAGES)},
+            "status": {"type": "string", "enum": [STARTED, FINISHED]},
+            "sequenceNo": {"type": "integer", "nullable": True},
+            "intent": {"type": "string", "description": "ROUTING: the routed intent."},
+            "stepIndex": {"type": "integer", "description": "MODEL_STEP: the step's index."},
+            "agentName": {"type": "string", "description": "MODEL_STEP: the agent."},
+            "verdict": {
+                "type": "string",
+                "description": (
+                    "MODEL_STEP: TOOL_CALLS or ANSWER; guards: PASS, FAIL or ERROR; RELEASE: PUBLISHED "
+                    "or BLOCKED."
+                ),
+            },
+            "retry": {"type": "boolean", "description": "EVIDENCE_GUARD: the repair round's check."},
+        },
+        "required": ["stage", "status", "sequenceNo"],
+    },
+    "ChatDraftEvent": {
+        "type": "object",
+        "description": (
+            "`event: draft` — only when the server runs with `CHAT_RELEASE=draft`: unverified answer "
+            "text as the model writes it (never reasoning); not persisted, recorded as delivered."
+        ),
         "properties": {"text": _STRING},
         "required": ["text"],
     },
@@ -67,8 +97,13 @@ _SCHEMAS: dict[str, Any] = {
             "status": {"type": "string", "enum": ["SUCCESS", "FAILED", "CANCELLED"]},
             "releaseDecision": {"type": "string", "enum": ["PUBLISHED", "BLOCKED"], "nullable": True},
             "content": _STRING,
+            "contentHtml": {
+                "type": "string",
+                "description": "`content` rendered as sanitised HTML (Markdown, no raw HTML) with each "
+                "citation linked to the cited runbook chunk; for pages. `content` is what was released.",
+            },
         },
-        "required": ["runId", "status", "releaseDecision", "content"],
+        "required": ["runId", "status", "releaseDecision", "content", "contentHtml"],
     },
     "ChatErrorEvent": {
         "type": "object",
@@ -91,10 +126,11 @@ _SCHEMAS: dict[str, Any] = {
 }
 
 _STREAM_DESCRIPTION = (
-    "Server-Sent Events. `event:` is one of run, delta, tool, outcome, error; `data:` is one JSON object "
-    "(schemas `ChatRunEvent`, `ChatDeltaEvent`, `ChatToolEvent`, `ChatOutcomeEvent`, `ChatErrorEvent`); "
-    "`id:` is the timeline sequence number on run, tool and outcome events. A `: keep-alive` comment is "
-    "sent while idle."
+    "Server-Sent Events. `event:` is one of run, progress, draft, tool, outcome, error; `data:` is one "
+    "JSON object (schemas `ChatRunEvent`, `ChatProgressEvent`, `ChatDraftEvent`, `ChatToolEvent`, "
+    "`ChatOutcomeEvent`, `ChatErrorEvent`); `id:` is the timeline sequence number on run, finished "
+    "progress, tool and outcome events. With the default `CHAT_RELEASE=verified` no answer text is sent "
+    "before the outcome. A `: keep-alive` comment is sent while idle."
 )
 
 
@@ -108,7 +144,8 @@ def _stream_response() -> dict[str, Any]:
                         {"$ref": f"#/components/schemas/{name}"}
                         for name in (
                             "ChatRunEvent",
-                            "ChatDeltaEvent",
+                            "ChatProgressEvent",
+                            "ChatDraftEvent",
                             "ChatToolEvent",
                             "ChatOutcomeEvent",
                             "ChatErrorEvent",

@@ -28,7 +28,7 @@ from django.utils import timezone
 from audit.recorder import Usage
 from diagnosis.runtime.cancel import RunCancelled
 from diagnosis.runtime.context import RunContext
-from diagnosis.runtime.db import db
+from diagnosis.runtime.events import Stage
 from diagnosis.runtime.llm import LLMError, ModelResult, StreamProgress
 from diagnosis.runtime.tools.boundary import ToolBoundary
 from reasoning.capture import build_capture
@@ -112,8 +112,9 @@ class Agent:
         tool_choice: str | None,
     ) -> ModelResult:
         ctx = self.ctx
-        await ctx.before_model_request()
-        step_index = ctx.next_step_index()
+        step_index = ctx.step_index + 1
+        await ctx.before_model_request(Stage.MODEL_STEP, step_index=step_index)
+        ctx.next_step_index()
         model = ctx.client.roles.agent
         sent = list(messages)
         progress = StreamProgress()
@@ -124,12 +125,12 @@ class Agent:
                     messages=sent,
                     tools=tools,
                     tool_choice=tool_choice,
-                    on_text=ctx.emit_text,
+                    on_text=ctx.emit_text if ctx.streams_drafts else None,
                     progress=progress,
                 )
             )
         except (LLMError, RunCancelled) as exc:
-            await db(
+            await ctx.record(
                 ctx.recorder.model_step,
                 step_index=step_index,
                 agent_name=AGENT_NAME,
@@ -155,7 +156,7 @@ class Agent:
             result = replace(
                 result, tool_calls=ctx.recorder.run_unique_calls(result.tool_calls, step_index=step_index)
             )
-        await db(
+        await ctx.record(
             ctx.recorder.model_step,
             step_index=step_index,
             agent_name=AGENT_NAME,

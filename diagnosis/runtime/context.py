@@ -2,22 +2,33 @@
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
-from audit.recorder import RunRecorder
+from audit.recorder import Committed, RunRecorder
+from diagnosis.models import ReleaseMode
 from diagnosis.runtime.cancel import CancelToken
 from diagnosis.runtime.canonical import CanonicalStore
 from diagnosis.runtime.db import db
-from diagnosis.runtime.events import DeltaEvent, EventSink
+from diagnosis.runtime.events import STARTED, DraftEvent, EventSink, ProgressEvent, progress_of
 from diagnosis.runtime.llm import ModelClient
 from diagnosis.runtime.tools.registry import ToolRegistry
+
+T = TypeVar("T")
 
 
 @dataclass(eq=False)
 class RunContext:
-    """Identity of the run, its recorder, live sink, cancel token, model client, tools and canonical
-    store, plus the few facts stages hand to each other (step numbering, canonical degradation, tools
-    currently running, the first-output mark already written)."""
+    """Identity of the run, its recorder, live sink, cancel token, model client, tools, canonical store
+    and release policy, plus the few facts stages hand to each other (step numbering, canonical
+    degradation, tools currently running, the first-output mark already written).
+
+    Decision owners record through `record`, which also tells the run's listeners what finished
+    (`ProgressEvent`s built by `events.progress_of` from what committed); a model call that starts a
+    stage says so to `before_model_request`. Answer text goes through `emit_text`, which sends it only
+    under the `draft` release policy."""
 
     run_id: str
     session_id: str
@@ -28,26 +39,67 @@ class RunContext:
     client: ModelClient
     registry: ToolRegistry
     canonical: CanonicalStore
+    release_mode: ReleaseMode = ReleaseMode.VERIFIED
     step_index: int = 0
     canonical_degraded: bool = False
     running_tools: dict[str, str] = field(default_factory=dict)
     first_output_marked: bool = False
 
+    def __post_init__(self) -> None:
+        if self.recorder.committed is None:
+            self.recorder.committed = deque()
+
     def next_step_index(self) -> int:
         self.step_index += 1
         return self.step_index
 
-    async def before_model_request(self) -> None:
+    async def before_model_request(self, stage: str | None = None, *, step_index: int | None = None) -> None:
         """A safe point before every model call, which the run's `model_calls` counts as it starts
-        (the first one also stamps `first_model_request_at`)."""
+        (the first one also stamps `first_model_request_at`). With `stage`, the call starts that stage:
+        a STARTED progress event tells the run's readers what it now waits for (live only)."""
         self.token.raise_if_cancelled()
         await db(self.recorder.model_call_started)
+        if stage is not None:
+            await self.sink.emit(
+                ProgressEvent(run_id=self.run_id, stage=stage, status=STARTED, step_index=step_index)
+            )
+
+    async def record(self, write: Callable[..., T], /, **kwargs: Any) -> T:
+        """Record a decision (`write`, a recorder method, on the database pool), then emit a FINISHED
+        progress event for each committed timeline event that finishes a stage. Returns what `write`
+        returned."""
+        result = await db(write, **kwargs)
+        await self.flush_progress()
+        return result
+
+    async def flush_progress(self) -> None:
+        """Emit the progress of what the recorder committed since the last flush (in commit order)."""
+        committed: deque[Committed] | None = self.recorder.committed
+        # Pool threads append while this drains (tools record concurrently): deque ops are atomic.
+        while committed:
+            c = committed.popleft()
+            event = progress_of(
+                run_id=self.run_id,
+                event_type=c.event_type,
+                status=c.status,
+                details=c.details,
+                sequence_no=c.sequence_no,
+            )
+            if event is not None:
+                await self.sink.emit(event)
+
+    @property
+    def streams_drafts(self) -> bool:
+        return self.release_mode == ReleaseMode.DRAFT
 
     async def emit_text(self, text: str) -> None:
-        """Stream a piece of visible answer text; the first one stamps `first_output_at`."""
-        if not text:
+        """A piece of answer text as the model writes it. Under the `draft` policy it is sent as a
+        `DraftEvent` and counted as unverified text delivered (the first one stamps `first_output_at`);
+        under `verified` nothing leaves the process before the release."""
+        if not text or not self.streams_drafts:
             return
-        await self.sink.emit(DeltaEvent(run_id=self.run_id, text=text))
+        await self.sink.emit(DraftEvent(run_id=self.run_id, text=text))
+        self.recorder.note_draft(len(text))
         if not self.first_output_marked:
             self.first_output_marked = True
             await db(self.recorder.mark_first_output)

@@ -4,15 +4,23 @@ The pipeline reports to an `EventSink` (`async def emit(event)`); the transport 
 (a WebSocket group, an SSE response, the terminal for `manage.py diagnose`). The events are exactly the
 contract's chat frames and carry nothing else: no reasoning, no tool input or output, no trace data.
 
-Order for one run: `RunEvent` first; then answer `DeltaEvent`s as the provider streams them and a
-`ToolEvent` per tool status change (RUNNING, then SUCCEEDED / FAILED / INTERRUPTED); a failed run sends
-an `ErrorEvent`; every finished run ends with one `OutcomeEvent`, whose `content` is the released content
-(when the release is BLOCKED, the safe message replaces the draft that was streamed as deltas).
+Order for one run: `RunEvent` first; then `ProgressEvent`s as the run's stages start and decide, a
+`ToolEvent` per tool status change (RUNNING, then SUCCEEDED / FAILED / INTERRUPTED), and, only under the
+`draft` release policy, `DraftEvent`s with unverified answer text as the model writes it; a failed run
+sends an `ErrorEvent`; every finished run ends with one `OutcomeEvent`, whose `content` is the released
+content. Under the default `verified` policy no answer text is emitted before RELEASE_DECISION: the
+outcome is the first text a reader gets.
 
-`RunEvent`, `ToolEvent` and `OutcomeEvent` are emitted only after the timeline event they correspond to
-(RUN_STARTED, TOOL_INVOCATION, RUN_FINISHED) committed, and carry its `sequence_no` (None when that audit
-write failed, or for tools closed in bulk on cancel) beside the frame, never inside it: transports use it
-for SSE `id:` lines and for resuming without gaps or duplicates.
+A progress event is either a stage that STARTED (live only, no sequence number: the model step, the
+semantic check) or a stage that FINISHED, which is exactly one committed timeline event
+(`progress_of`: ROUTING_DECISION, AGENT_MODEL_STEP, EVIDENCE_GUARD_*, SEMANTIC_GUARD_DECISION,
+RELEASE_DECISION) with a few bounded fields (intent, step index, agent name, verdict), so that replay
+rebuilds from the timeline exactly what the live stream sent. Never answer text, reasons or reasoning.
+
+`RunEvent`, `ToolEvent`, FINISHED `ProgressEvent`s and `OutcomeEvent` are emitted only after the timeline
+event they correspond to (RUN_STARTED, TOOL_INVOCATION, the stage's decision, RUN_FINISHED) committed, and
+carry its `sequence_no` (None when that audit write failed, or for tools closed in bulk on cancel) beside
+the frame: transports use it for SSE `id:` lines and for resuming without gaps or duplicates.
 """
 
 from __future__ import annotations
@@ -21,6 +29,8 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from audit.models import EventType
 
 logger = logging.getLogger(__name__)
 
@@ -36,12 +46,50 @@ class RunEvent:
 
 
 @dataclass(frozen=True, slots=True)
-class DeltaEvent:
-    """A piece of visible answer text as the provider streamed it (never reasoning)."""
+class DraftEvent:
+    """A piece of unverified answer text as the provider streamed it (never reasoning); emitted only
+    under the `draft` release policy."""
 
     run_id: str
     text: str
-    type: ClassVar[str] = "delta"
+    type: ClassVar[str] = "draft"
+
+
+class Stage:
+    """The stages a `ProgressEvent` names (API contract, *Chat*)."""
+
+    ROUTING = "ROUTING"
+    MODEL_STEP = "MODEL_STEP"
+    TOOL = "TOOL"
+    EVIDENCE_GUARD = "EVIDENCE_GUARD"
+    SEMANTIC_GUARD = "SEMANTIC_GUARD"
+    RELEASE = "RELEASE"
+    APPROVAL = "APPROVAL"
+
+
+STAGES = tuple(v for k, v in vars(Stage).items() if k.isupper())
+STARTED = "STARTED"
+FINISHED = "FINISHED"
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressEvent:
+    """What the run is doing: a `stage` that STARTED or FINISHED, with bounded, non-sensitive fields
+    (None when not applicable): the routed intent, the model step's index and agent, a decision's
+    verdict (TOOL_CALLS / ANSWER for a model step, PASS / FAIL / ERROR for guards, PUBLISHED / BLOCKED
+    for the release), whether an evidence
+    check is the repair round's. Never answer text, reasons or reasoning."""
+
+    run_id: str
+    stage: str
+    status: str
+    sequence_no: int | None = None
+    intent: str | None = None
+    step_index: int | None = None
+    agent_name: str | None = None
+    verdict: str | None = None
+    retry: bool | None = None
+    type: ClassVar[str] = "progress"
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,27 +127,76 @@ class ErrorEvent:
     type: ClassVar[str] = "error"
 
 
-Event = RunEvent | DeltaEvent | ToolEvent | OutcomeEvent | ErrorEvent
+Event = RunEvent | ProgressEvent | DraftEvent | ToolEvent | OutcomeEvent | ErrorEvent
 EVENT_TYPES: dict[str, type] = {
-    cls.type: cls for cls in (RunEvent, DeltaEvent, ToolEvent, OutcomeEvent, ErrorEvent)
+    cls.type: cls for cls in (RunEvent, ProgressEvent, DraftEvent, ToolEvent, OutcomeEvent, ErrorEvent)
 }
 # Events that correspond to a timeline event and carry its `sequence_no`.
-SEQUENCED_TYPES = frozenset({"run", "tool", "outcome"})
+SEQUENCED_TYPES = frozenset({"run", "progress", "tool", "outcome"})
 
 
 def sequence_of(event: Event) -> int | None:
-    """The timeline `sequence_no` an event carries (None for deltas and errors, or when unknown)."""
+    """The timeline `sequence_no` an event carries (None for drafts, errors and started stages, or
+    when unknown)."""
     return getattr(event, "sequence_no", None) if event.type in SEQUENCED_TYPES else None
 
 
 def identity(event: Event) -> tuple | None:
-    """The identity of an event within one run (None for deltas, which are never deduplicated): one
-    `run`, one `outcome`, one `error`, and one `tool` per call and status."""
+    """The identity of an event within one run (None for drafts and started stages, which are never
+    deduplicated): one `run`, one `outcome`, one `error`, one `tool` per call and status, and one
+    finished stage per timeline event."""
     if isinstance(event, ToolEvent):
         return ("tool", event.tool_call_id, str(event.status))
+    if isinstance(event, ProgressEvent):
+        return ("progress", event.sequence_no) if event.sequence_no is not None else None
     if event.type in ("run", "outcome", "error"):
         return (event.type,)
     return None
+
+
+# Timeline event type -> the stage it finishes. One home for the mapping: live (`progress_of` on what
+# the recorder committed) and replay (`progress_of` on stored rows) cannot disagree.
+_FINISHES: dict[str, str] = {
+    EventType.ROUTING_DECISION: Stage.ROUTING,
+    EventType.AGENT_MODEL_STEP: Stage.MODEL_STEP,
+    EventType.EVIDENCE_GUARD_INITIAL: Stage.EVIDENCE_GUARD,
+    EventType.EVIDENCE_GUARD_RETRY: Stage.EVIDENCE_GUARD,
+    EventType.SEMANTIC_GUARD_DECISION: Stage.SEMANTIC_GUARD,
+    EventType.RELEASE_DECISION: Stage.RELEASE,
+}
+# Every timeline event type a chat frame is made from (replay reads only these).
+CHAT_TIMELINE_TYPES = frozenset(
+    {EventType.RUN_STARTED, EventType.TOOL_INVOCATION, EventType.RUN_FINISHED, *_FINISHES}
+)
+# Statuses of those events that are not a stage finishing (a release withdrawn at a failed run's end).
+_NOT_PROGRESS_STATUSES = frozenset({"WITHDRAWN"})
+
+
+def progress_of(
+    *, run_id: str, event_type: str, status: str, details: dict[str, Any], sequence_no: int | None
+) -> ProgressEvent | None:
+    """The FINISHED progress event of a committed timeline event, or None when it finishes no stage."""
+    stage = _FINISHES.get(str(event_type))
+    if stage is None or str(status) in _NOT_PROGRESS_STATUSES:
+        return None
+    details = details or {}
+    fields: dict[str, Any] = {}
+    if stage == Stage.ROUTING:
+        fields["intent"] = _bounded(details.get("intent"))
+    elif stage == Stage.MODEL_STEP:
+        step = details.get("stepIndex")
+        fields["step_index"] = step if isinstance(step, int) else None
+        fields["agent_name"] = _bounded(details.get("agentName"))
+        fields["verdict"] = _bounded(status)  # TOOL_CALLS or ANSWER
+    else:
+        fields["verdict"] = _bounded(status)
+        if stage == Stage.EVIDENCE_GUARD:
+            fields["retry"] = str(event_type) == EventType.EVIDENCE_GUARD_RETRY
+    return ProgressEvent(run_id=run_id, stage=stage, status=FINISHED, sequence_no=sequence_no, **fields)
+
+
+def _bounded(value: Any) -> str | None:
+    return None if value is None else str(value)[:32]
 
 
 def to_message(event: Event) -> dict[str, Any]:

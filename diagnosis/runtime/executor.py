@@ -12,8 +12,9 @@
    that finds another owner or epoch (a sweeper took the run), or that cannot reach the database until
    the lease it last renewed has expired, cancels with `lease_lost`; so does a recorder write refused by
    the fence. The run then stops without writing anything more (the new owner writes its terminal state).
-3. Records RUN_STARTED, emits `RunEvent`, runs the pipeline (`diagnosis.runtime.pipeline`), and ends the
-   run exactly once through `recorder.finish`, then emits `OutcomeEvent`:
+3. Records RUN_STARTED (with the release policy, `CHAT_RELEASE`), emits `RunEvent`, runs the pipeline
+   (`diagnosis.runtime.pipeline`), and ends the run exactly once through `recorder.finish`, then emits
+   `OutcomeEvent` (under the `verified` policy the first answer text any reader gets):
    * pipeline completed → SUCCESS with the release decision and the released content;
    * `RunCancelled` (token, column, or a cancelled task) → running tool tasks are cancelled, the recorder
      closes the tools still RUNNING as INTERRUPTED (`close_tools`), RUN_CANCELLED, CANCELLED;
@@ -234,7 +235,10 @@ async def execute_run(
                 )
             except Exception as exc:  # reported after RUN_STARTED, so the run still reads in order
                 setup_error = exc
-            seq = await db(recorder.run_started, agent_flow=run.agent_flow, details=details)
+            mode = services.release_mode()
+            seq = await db(
+                recorder.run_started, agent_flow=run.agent_flow, release_mode=mode, details=details
+            )
             await out.emit(RunEvent(session_id=run.session_id, run_id=run_id, sequence_no=seq))
             if setup_error is not None:
                 raise setup_error
@@ -248,6 +252,7 @@ async def execute_run(
                 client=client,
                 registry=registry,
                 canonical=CanonicalStore(run_id),
+                release_mode=mode,
             )
             ending.ctx = ctx
             result = await run_pipeline(ctx, created_at=run.created_at)

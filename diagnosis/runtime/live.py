@@ -9,10 +9,11 @@ The follower yields the same event objects the executor emitted; the chat transp
 event (`sequence_of`), so transports can emit SSE `id:` lines and clients resume exactly.
 
 Replay maps persisted `TraceEvent`s (read through `audit.selectors.chat_timeline`): `RUN_STARTED` →
-`RunEvent`; `TOOL_INVOCATION` → `ToolEvent` with the event's status (REFUSED starts are not tool calls and
-are skipped); `RUN_FINISHED` → `OutcomeEvent` (status, release decision and content from the run row),
-preceded by `ErrorEvent` for a FAILED run. Answer deltas are not persisted; the outcome carries the full
-content.
+`RunEvent`; a stage's decision → its FINISHED `ProgressEvent` (`events.progress_of`, the mapping the live
+path uses too); `TOOL_INVOCATION` → `ToolEvent` with the event's status (REFUSED starts are not tool
+calls and are skipped); `RUN_FINISHED` → `OutcomeEvent` (status, release decision and content from the
+run row), preceded by `ErrorEvent` for a FAILED run. Drafts and STARTED stages are not persisted; the
+outcome carries the full content.
 
 No gap, no duplicate: the follower subscribes *before* it reads the database, buffers what arrives
 meanwhile, replays, then drains the buffer skipping what it already sent (by sequence number and by the
@@ -42,6 +43,7 @@ from audit.selectors import chat_timeline, finished_by
 from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun, RunStatus
 from diagnosis.runtime.db import db
 from diagnosis.runtime.events import (
+    CHAT_TIMELINE_TYPES,
     ErrorEvent,
     Event,
     OutcomeEvent,
@@ -49,6 +51,7 @@ from diagnosis.runtime.events import (
     ToolEvent,
     from_message,
     identity,
+    progress_of,
     sequence_of,
     to_message,
 )
@@ -149,12 +152,22 @@ def persisted_frames(run_id: str, *, after: int) -> Replay:
     without a RUN_FINISHED event (that audit write failed) still gets its outcome, without a sequence
     number.
     """
-    rows, run = chat_timeline(run_id=run_id, after=after)
+    rows, run = chat_timeline(run_id=run_id, after=after, event_types=CHAT_TIMELINE_TYPES)
     events: list[Event] = []
     finished_seq: int | None = None
     for row in rows:
         if row.event_type == EventType.RUN_STARTED:
             events.append(RunEvent(session_id=run.session_id, run_id=run_id, sequence_no=row.sequence_no))
+        elif (
+            progress := progress_of(
+                run_id=run_id,
+                event_type=row.event_type,
+                status=row.status,
+                details=row.details,
+                sequence_no=row.sequence_no,
+            )
+        ) is not None:
+            events.append(progress)
         elif row.event_type == EventType.TOOL_INVOCATION:
             if row.status in _NOT_TOOL_STATUSES or not row.details.get("toolCallId"):
                 continue

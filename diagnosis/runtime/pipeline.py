@@ -13,7 +13,12 @@ release. Each stage records its own decision through the run's recorder when it 
   (SEMANTIC_GUARD_DECISION); PUBLISHED only if it says `supported: true`, otherwise BLOCKED (an unusable
   guard answer or a failing guard model counts as not supported).
 * Release (RELEASE_DECISION): the published content is the final draft; a BLOCKED run's content is
-  `BLOCKED_MESSAGE`, which replaces the draft that was streamed as deltas.
+  `BLOCKED_MESSAGE`. Under the default `verified` release policy no draft was sent to anyone: the outcome
+  is the first answer text a reader gets; under `draft` the drafts were streamed as unverified.
+
+Each stage records through `RunContext.record`, which also sends the stage's FINISHED progress; the slow
+stages (routing, each model step, the semantic check) announce themselves when their model call starts
+(`RunContext.before_model_request`).
 
 Previous turns given to the models are the last `PREVIOUS_TURNS` PUBLISHED runs of the session (query and
 released content only: never reasoning, drafts or tool output).
@@ -34,6 +39,7 @@ from diagnosis.runtime.agent import Agent, AgentAnswer
 from diagnosis.runtime.cancel import RunCancelled
 from diagnosis.runtime.context import RunContext
 from diagnosis.runtime.db import db
+from diagnosis.runtime.events import Stage
 from diagnosis.runtime.guards import (
     EvidenceVerdict,
     SemanticVerdict,
@@ -112,8 +118,8 @@ async def run_pipeline(ctx: RunContext, *, created_at: Any) -> PipelineResult:
 
     if intent not in prompts.EVIDENCE_INTENTS:
         answer = AgentAnswer(text=fixed_reply(intent, ctx.query), steps=0, finish_reason="fixed")
-        await ctx.emit_text(answer.text)
-        await db(rec.evidence_guard, retry=False, passed=True, cited=[], required=False)
+        # A fixed reply is not model text: it is never a draft, the outcome carries it.
+        await ctx.record(rec.evidence_guard, retry=False, passed=True, cited=[], required=False)
         return await _release(
             ctx,
             intent,
@@ -176,7 +182,7 @@ async def _evidence_guard(ctx: RunContext, answer: AgentAnswer, *, retry: bool) 
         required=True,
         store_degraded=ctx.canonical_degraded,
     )
-    await db(
+    await ctx.record(
         ctx.recorder.evidence_guard,
         retry=retry,
         passed=verdict.passed,
@@ -195,7 +201,7 @@ async def _semantic_guard(ctx: RunContext, answer: str, verdict: EvidenceVerdict
         {"role": "system", "content": prompts.GUARD_SYSTEM},
         {"role": "user", "content": prompts.guard_user(answer, evidence)},
     ]
-    await ctx.before_model_request()
+    await ctx.before_model_request(Stage.SEMANTIC_GUARD)
     progress = StreamProgress()
     try:
         result = await ctx.token.race(ctx.client.complete(model=model, messages=messages, progress=progress))
@@ -204,7 +210,7 @@ async def _semantic_guard(ctx: RunContext, answer: str, verdict: EvidenceVerdict
         semantic = SemanticVerdict(
             supported=None, error="cancelled" if cancelled else f"guard model failed ({exc.code})"
         )
-        await db(
+        await ctx.record(
             ctx.recorder.semantic_guard,
             model=model,
             usage=Usage.unavailable(),
@@ -222,7 +228,7 @@ async def _semantic_guard(ctx: RunContext, answer: str, verdict: EvidenceVerdict
             raise
         return semantic
     semantic = parse_semantic_verdict(result.text)
-    await db(
+    await ctx.record(
         ctx.recorder.semantic_guard,
         model=result.model,
         usage=result.usage,
@@ -251,7 +257,7 @@ async def _release(
     fixed_reply: bool = False,
 ) -> PipelineResult:
     content = answer.text if decision == ReleaseDecision.PUBLISHED else BLOCKED_MESSAGE
-    await db(
+    await ctx.record(
         ctx.recorder.release,
         decision=decision,
         reason=reason,

@@ -18,7 +18,7 @@ from audit.recorder import Usage
 from diagnosis.runtime import prompts
 from diagnosis.runtime.cancel import RunCancelled
 from diagnosis.runtime.context import RunContext
-from diagnosis.runtime.db import db
+from diagnosis.runtime.events import Stage
 from diagnosis.runtime.llm import LLMError, StreamProgress, parse_json_object
 from reasoning.capture import build_capture
 
@@ -64,7 +64,7 @@ async def route(ctx: RunContext, *, previous_queries: Sequence[str] = ()) -> Rou
         {"role": "user", "content": prompts.router_user(ctx.query, previous_queries)},
     ]
     for attempt in range(1, ROUTER_MAX_ATTEMPTS + 1):
-        await ctx.before_model_request()
+        await ctx.before_model_request(Stage.ROUTING if attempt == 1 else None)
         progress = StreamProgress()
         try:
             result = await ctx.token.race(
@@ -72,7 +72,7 @@ async def route(ctx: RunContext, *, previous_queries: Sequence[str] = ()) -> Rou
             )
         except (LLMError, RunCancelled) as exc:
             error = exc.code if isinstance(exc, LLMError) else "cancelled"
-            await db(
+            await ctx.record(
                 rec.routing_attempt,
                 attempt=attempt,
                 model=model,
@@ -89,7 +89,7 @@ async def route(ctx: RunContext, *, previous_queries: Sequence[str] = ()) -> Rou
             )
             raise
         parsed, error = parse_route(result.text)
-        await db(
+        await ctx.record(
             rec.routing_attempt,
             attempt=attempt,
             model=result.model,
@@ -110,7 +110,7 @@ async def route(ctx: RunContext, *, previous_queries: Sequence[str] = ()) -> Rou
         )
         if parsed is not None:
             decision = Route(parsed["intent"], parsed["confidence"], parsed["reason"], fallback=False)
-            await db(
+            await ctx.record(
                 rec.routing_decision,
                 intent=decision.intent,
                 confidence=decision.confidence,
@@ -128,7 +128,7 @@ async def route(ctx: RunContext, *, previous_queries: Sequence[str] = ()) -> Rou
         f"router answer unusable after {ROUTER_MAX_ATTEMPTS} attempts; {FALLBACK_INTENT} requires evidence",
         fallback=True,
     )
-    await db(
+    await ctx.record(
         rec.routing_decision,
         intent=decision.intent,
         confidence=None,

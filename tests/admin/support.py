@@ -32,14 +32,17 @@ def _call(ms: int):
     return started, timezone.now(), int((time.monotonic() - t) * 1000)
 
 
-def record_blocked_run(run: DiagnosisRun) -> RunRecorder:
-    """A run whose answer cites an unknown evidence id and makes an unsupported claim: BLOCKED.
+def record_blocked_run(
+    run: DiagnosisRun, *, release_mode: str = "verified", draft_chars: int = 0
+) -> RunRecorder:
+    """A run whose answer cites an unknown evidence id and makes an unsupported claim: BLOCKED (under
+    `release_mode`, with `draft_chars` of draft streamed to the reader).
 
     Model calls take a few real milliseconds; steps carry their recorded start and end times (as the
     runtime records them); the tool is measured by the recorder.
     """
     rec = RunRecorder.for_run(run)
-    rec.run_started()
+    rec.run_started(release_mode=release_mode)
     rec.mark_first_model_request()
     *_, routed_ms = _call(8)
     rec.routing_attempt(
@@ -104,16 +107,17 @@ def record_blocked_run(run: DiagnosisRun) -> RunRecorder:
         duration_ms=guard_ms,
     )
     rec.release(decision=ReleaseDecision.BLOCKED, reason=BLOCK_REASON)
+    rec.note_draft(draft_chars)
     rec.finish(status=RunStatus.SUCCESS, content="The answer could not be verified and was withheld.")
     return rec
 
 
 def make_blocked_run(
-    owner, *, query: str = "Why does checkout-api return 502 since the deploy?"
+    owner, *, query: str = "Why does checkout-api return 502 since the deploy?", **delivery
 ) -> DiagnosisRun:
     session = services.create_session(owner=owner)
     run = services.create_run(session=session, query=query)
-    record_blocked_run(run)
+    record_blocked_run(run, **delivery)
     run.refresh_from_db()
     return run
 

@@ -324,6 +324,25 @@ def test_demo_runs_are_labelled_demo_in_the_list_and_on_the_run_page(console_sta
     assert 'id="dc-demo-label"' not in real_page and "offline demo model" not in real_page
 
 
+def test_a_blocked_run_whose_draft_was_streamed_is_flagged_in_the_list_and_on_its_page(console_staff, user):
+    shown = make_blocked_run(user, release_mode="draft", draft_chars=321)
+    verified = make_blocked_run(user)
+    client = _login(console_staff)
+    url = reverse("admin:diagnosis_diagnosisrun_changelist")
+    page = client.get(url)
+    html = page.content.decode()
+    assert html.count("draft shown") == 1 and "321 characters of draft were streamed" in html
+    assert _listed(client.get(url, {"unverified": "blocked"})) == {shown.run_id}
+    assert _listed(client.get(url, {"unverified": "yes"})) == {shown.run_id}
+    assert _listed(client.get(url, {"unverified": "no"})) == {verified.run_id}
+    top = client.get(_run_url(shown)).content.decode()
+    top = top[top.index('id="verdict"') : top.index('id="summary"')]
+    assert "unverified text shown: 321 characters of draft were streamed to the reader" in top
+    top = client.get(_run_url(verified)).content.decode()
+    top = top[top.index('id="verdict"') : top.index('id="summary"')]
+    assert "verified release: no answer text reached a reader before the release decision" in top
+
+
 def test_blocked_run_page_explains_why_near_the_top(console_staff, user):
     run = make_blocked_run(user)
     response = _login(console_staff).get(_run_url(run))

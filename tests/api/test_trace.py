@@ -19,12 +19,13 @@ pytestmark = pytest.mark.django_db
 
 RUN_KEYS = {
     "runId", "sessionId", "query", "status", "agentFlow", "intent", "releaseDecision", "content", "error",
-    "provider", "timing", "tokens", "stepCount", "toolCallCount", "feedback",
+    "provider", "timing", "tokens", "delivery", "stepCount", "toolCallCount", "feedback",
 }  # fmt: skip
+DELIVERY_KEYS = {"releaseMode", "unverifiedTextDelivered", "draftChars"}
 PROVIDER_KEYS = {"name", "demo"}
 TIMING_KEYS = {
     "createdAt", "startedAt", "firstModelRequestAt", "firstOutputAt", "finishedAt", "totalDurationMs",
-    "firstOutputLatencyMs",
+    "firstOutputLatencyMs", "lastTokenAt", "releaseLatencyMs",
 }  # fmt: skip
 TOKEN_KEYS = {
     "router", "agent", "guard", "total", "reasoning", "cachedInput", "usageAvailable", "reconciled",
@@ -62,6 +63,10 @@ def test_trace_has_every_contract_key_and_is_complete(api_client, user, traced_r
     run = body["run"]
     assert set(run) == RUN_KEYS
     assert set(run["timing"]) == TIMING_KEYS and set(run["tokens"]) == TOKEN_KEYS
+    assert set(run["delivery"]) == DELIVERY_KEYS
+    assert run["delivery"] == {"releaseMode": "verified", "unverifiedTextDelivered": False, "draftChars": 0}
+    # This record's steps carry no times: the latency is unknown, hence null (never a made-up 0).
+    assert run["timing"]["releaseLatencyMs"] is None and run["timing"]["lastTokenAt"] is None
     assert (
         run["status"] == "SUCCESS" and run["releaseDecision"] == "PUBLISHED" and run["intent"] == "DIAGNOSIS"
     )

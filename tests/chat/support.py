@@ -47,7 +47,9 @@ class ScriptedProvider:
 
     Router: `{"intent": intent, ...}`. Agent, first step: one call per name in `tools` (parallel calls);
     after the tool results: an answer citing the first evidence id found in them, streamed in `pieces`
-    deltas `delay` seconds apart. Guard: supported. `answer` may be overridden.
+    pieces `delay` seconds apart. Guard: `supported`. `answer` may be overridden; `answers`, when given,
+    are the agent's answers in turn (e.g. an uncited draft, then its repair), the last one repeated;
+    `{cite}` in an answer becomes ` [<the first evidence id in the tool results>]`.
     """
 
     intent: str = "DIAGNOSIS"
@@ -55,6 +57,8 @@ class ScriptedProvider:
     delay: float = 0.0
     pieces: int = 4
     answer: str | None = None
+    answers: list[str] = field(default_factory=list)
+    supported: bool = True
     calls: list[str] = field(default_factory=list)
 
     def env(self, base_url: str) -> dict[str, str]:
@@ -88,7 +92,9 @@ class ScriptedProvider:
             )
         if model == GUARD_MODEL:
             self.calls.append("guard")
-            return _text(request, json.dumps({"supported": True, "unsupportedClaims": [], "reason": "ok"}))
+            claims = [] if self.supported else ["the answer claims more than the runbook says"]
+            verdict = {"supported": self.supported, "unsupportedClaims": claims, "reason": "scripted"}
+            return _text(request, json.dumps(verdict))
         messages = request.messages
         if self.intent in ("DIAGNOSIS", "KNOWLEDGE") and not any(m.get("role") == "tool" for m in messages):
             self.calls.append("agent-tools")
@@ -99,15 +105,18 @@ class ScriptedProvider:
             chunks = [*tool_call_chunks(calls, fragments=2), finish_chunk("tool_calls")]
             return Stream(chunks=chunks, usage=usage(300, 20), usage_if_requested=True)
         self.calls.append("agent-answer")
+        tool_text = " ".join(str(m.get("content") or "") for m in messages if m.get("role") == "tool")
+        found = EVIDENCE_ID.search(tool_text)
+        cite = f" [{found.group(0)}]" if found else ""
         text = self.answer
+        if self.answers:
+            text = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
         if text is None:
-            tool_text = " ".join(str(m.get("content") or "") for m in messages if m.get("role") == "tool")
-            found = EVIDENCE_ID.search(tool_text)
-            cite = f" [{found.group(0)}]" if found else ""
             text = (
                 f"Check the replica's SQL thread and long transactions first.{cite} "
                 f"Then compare binlog positions.{cite}"
             )
+        text = text.replace("{cite}", cite)
         chunks = [*text_chunks(text, self.pieces), finish_chunk("stop")]
         return Stream(chunks=chunks, delay=self.delay, usage=usage(900, 60), usage_if_requested=True)
 
@@ -345,3 +354,40 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05, message: 
 def owned_runs() -> dict[str, asyncio.Task]:
     """The runs this process is executing (run id → task), from the supervisor's registry."""
     return {run_id: owned.task for run_id, owned in supervisor._runs.items()}
+
+
+# The contract's keys of each chat frame's payload (SSE `data:`; a WebSocket frame adds `type`, and
+# `runId` to progress, draft and tool frames). Progress frames carry their optional facts only when set.
+PAYLOAD_KEYS = {
+    "run": {"sessionId", "runId"},
+    "progress": {"stage", "status", "sequenceNo"},
+    "draft": {"text"},
+    "tool": {"toolCallId", "name", "status"},
+    "outcome": {"runId", "status", "releaseDecision", "content", "contentHtml"},
+    "error": {"code", "message"},
+}
+PROGRESS_OPTIONAL = {"intent", "stepIndex", "agentName", "verdict", "retry"}
+_ADDRESSED = {"progress", "draft", "tool"}
+
+
+def assert_frame_keys(kind: str, keys: set[str], *, websocket: bool) -> None:
+    """`keys` are exactly the contract's keys of a `kind` frame (WebSocket or SSE payload)."""
+    expected = set(PAYLOAD_KEYS[kind])
+    if websocket:
+        expected |= {"type"} | ({"runId"} if kind in _ADDRESSED else set())
+    if kind == "progress":
+        assert expected <= keys <= expected | PROGRESS_OPTIONAL, (kind, keys)
+    else:
+        assert keys == expected, (kind, keys)
+
+
+def text_before_release(frames: list[dict], *, content: str) -> list[dict]:
+    """The frames before the outcome that carry answer text: drafts, or any frame quoting the content."""
+    out = []
+    for frame in frames:
+        if frame.get("type") == "outcome":
+            break
+        wire = json.dumps(frame, ensure_ascii=False)
+        if frame.get("type") == "draft" or (content and content[:40] in wire):
+            out.append(frame)
+    return out

@@ -1,9 +1,10 @@
 """The chat page in headless Chromium (Debian's, driven by Playwright), against a daphne subprocess on
 the test database, through a TCP proxy that can drop connections like a flaky network.
 
-Staff log in, ask, watch the answer stream with each tool's start and finish, see the release decision,
-follow the link to the run in the admin; a dropped connection is re-attached with `after=<last id>`;
-a BLOCKED outcome replaces the streamed draft, visibly marked; a slow tool is cancelled from the page.
+Staff log in, ask, watch the run's stages with each tool's start and finish, see the release decision
+and the released answer, follow the link to the run in the admin; a connection dropped while the answer
+is being written is re-attached with `after=<last id>`; a BLOCKED outcome is visibly marked; a slow tool
+is cancelled from the page. (Rendering and progress in detail: `test_browser_answers.py`.)
 Screenshots go to `test-artifacts/`.
 """
 
@@ -20,6 +21,7 @@ from django.core.management import call_command
 
 from audit.models import ToolInvocation, ToolStatus
 from audit.signals import STAFF_VIEWERS_GROUP
+from diagnosis.answers import render_answer
 from diagnosis.models import DiagnosisRun, RunStatus
 from tests.browser import launch_chromium, requires_chromium
 from tests.chat.support import ARTIFACTS, DaphneServer, DroppingProxy, wait_for
@@ -71,6 +73,16 @@ def _ask(page, text: str):
     return turn
 
 
+def _assert_shows_released(turn, run) -> None:
+    """The turn shows the run's released content as the server rendered it (the outcome's `contentHtml`):
+    the citations linked as `render_answer` links them, the words those of the released text."""
+    content = turn.locator(".content")
+    assert content.is_visible() and "md" in (content.get_attribute("class") or "").split()
+    hrefs = [a.get_attribute("href") for a in content.locator("a.citation").all()]
+    assert hrefs == re.findall(r'<a class="citation" href="([^"]+)"', render_answer(run.content))
+    assert content.inner_text().split() == re.sub(r"\[(kb:[^\]]+)\]", r"\1", run.content).split()
+
+
 def test_staff_chat_end_to_end(page, site, provider, staff_user):
     ARTIFACTS.mkdir(exist_ok=True)
     # Login required: the page sends the user to the admin login and back.
@@ -90,7 +102,7 @@ def test_staff_chat_end_to_end(page, site, provider, staff_user):
     assert run.status == RunStatus.SUCCESS and run.release_decision == "PUBLISHED"
     assert turn.get_attribute("data-status") == "SUCCESS"
     assert turn.locator(".release").inner_text().lower() == "published"
-    assert turn.locator(".content").inner_text() == run.content
+    _assert_shows_released(turn, run)
     tools = turn.locator(".tool")
     assert tools.count() == ToolInvocation.objects.filter(run_id=run_id).count() >= 1
     assert {tools.nth(i).get_attribute("data-status") for i in range(tools.count())} == {"SUCCEEDED"}
@@ -102,7 +114,9 @@ def test_staff_chat_end_to_end(page, site, provider, staff_user):
     provider.pieces = 14
     turn = _ask(page, "The replica is still behind. Anything else?")
     turn.locator(".tool[data-status=SUCCEEDED]").first.wait_for()
-    wait_for(lambda: turn.locator(".content").inner_text().strip() != "", 15, message="the first delta")
+    # The answer is being written (verified mode: its stage runs, no text is shown yet).
+    turn.locator(".stage.current[data-stage=MODEL_STEP]").filter(has_text="Model step 2").wait_for()
+    assert turn.locator(".content").is_hidden()
     page.screenshot(path=str(ARTIFACTS / "chat-page-streaming.png"))
     assert site.drop() >= 1
     wait_for(
@@ -112,7 +126,7 @@ def test_staff_chat_end_to_end(page, site, provider, staff_user):
     assert int(turn.get_attribute("data-reconnects")) >= 1
     resumed = [line for line in site.request_lines if f"/runs/{run.run_id}/events?after=" in line]
     assert resumed and all(int(re.search(r"after=(\d+)", line).group(1)) > 0 for line in resumed), resumed
-    assert turn.locator(".content").inner_text() == run.content
+    _assert_shows_released(turn, run)
     assert run.session_id == DiagnosisRun.objects.get(run_id=run_id).session_id  # same conversation
 
     # 3. An answer that cites nothing is BLOCKED: the draft is replaced by the safe message, marked.
@@ -126,8 +140,8 @@ def test_staff_chat_end_to_end(page, site, provider, staff_user):
     assert turn.locator(".release").inner_text().lower() == "blocked"
     assert turn.locator(".blocked-note").is_visible()
     assert "blocked" in (turn.get_attribute("class") or "")
-    content = turn.locator(".content").inner_text()
-    assert content == run.content and "Restart the primary" not in content
+    _assert_shows_released(turn, run)
+    assert "Restart the primary" not in turn.inner_text()
     page.screenshot(path=str(ARTIFACTS / "chat-page-blocked.png"), full_page=True)
 
     # 4. Cancel a run while its slow tool runs.
@@ -165,7 +179,7 @@ def test_staff_chat_end_to_end(page, site, provider, staff_user):
     assert attached[0]["type"] == "run" and attached[-1]["runId"] == run_id
     chat = frames[len(attached) + 1 :]
     assert chat[0]["type"] == "run" and chat[-1]["type"] == "outcome" and chat[-1]["status"] == "SUCCESS"
-    assert "delta" in [f["type"] for f in chat]
+    assert "progress" in [f["type"] for f in chat] and "draft" not in [f["type"] for f in chat]
 
 
 WS_SCRIPT = """

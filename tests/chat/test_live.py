@@ -21,11 +21,12 @@ from audit.models import EventType, Phase, ToolInvocation, ToolStatus, TraceEven
 from audit.recorder import DeclaredToolCall, RunRecorder, ToolCallNotDeclared, _Event
 from audit.selectors import get_trace
 from diagnosis import services
+from diagnosis.answers import render_answer
 from diagnosis.chat.protocol import ws_frame
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
 from diagnosis.runtime import live
 from diagnosis.runtime.db import shutdown_pools
-from diagnosis.runtime.events import DeltaEvent, Event, OutcomeEvent, RunEvent, ToolEvent, sequence_of
+from diagnosis.runtime.events import DraftEvent, Event, OutcomeEvent, RunEvent, ToolEvent, sequence_of
 from diagnosis.runtime.live import RunFollower, persisted_frames, publish
 from diagnosis.runtime.sweeper import LEASE_EXPIRED, sweep_expired_runs
 from reasoning.capture import build_capture
@@ -79,26 +80,55 @@ def test_replay_maps_the_timeline_to_contract_frames(user):
     run.refresh_from_db()
     replay = persisted_frames(run.run_id, after=0)
     assert replay.finished
-    kinds = [(f.type, ws_frame(f).get("toolCallId"), ws_frame(f).get("status")) for f in replay.frames]
+    kinds = [
+        (f.type, ws_frame(f).get("toolCallId") or ws_frame(f).get("stage"), ws_frame(f).get("status"))
+        for f in replay.frames
+    ]
     assert kinds == [
         ("run", None, None),
+        ("progress", "ROUTING", "FINISHED"),
+        ("progress", "MODEL_STEP", "FINISHED"),
         ("tool", "call_0", "RUNNING"),
         ("tool", "call_0", "SUCCEEDED"),
         ("tool", "call_1", "RUNNING"),
         ("tool", "call_1", "SUCCEEDED"),
+        ("progress", "MODEL_STEP", "FINISHED"),
+        ("progress", "EVIDENCE_GUARD", "FINISHED"),
+        ("progress", "SEMANTIC_GUARD", "FINISHED"),
+        ("progress", "RELEASE", "FINISHED"),
         ("outcome", None, "SUCCESS"),
     ]
     events = {e.sequence_no: e.event_type for e in TraceEvent.objects.filter(run_id=run.run_id)}
+    expected = {
+        "run": {EventType.RUN_STARTED},
+        "progress": {
+            EventType.ROUTING_DECISION,
+            EventType.AGENT_MODEL_STEP,
+            EventType.EVIDENCE_GUARD_INITIAL,
+            EventType.SEMANTIC_GUARD_DECISION,
+            EventType.RELEASE_DECISION,
+        },
+        "tool": {EventType.TOOL_INVOCATION},
+        "outcome": {EventType.RUN_FINISHED},
+    }
     for frame in replay.frames:
         assert sequence_of(frame) is not None
-        expected = {
-            "run": EventType.RUN_STARTED,
-            "tool": EventType.TOOL_INVOCATION,
-            "outcome": EventType.RUN_FINISHED,
-        }
-        assert events[sequence_of(frame)] == expected[frame.type]
-    assert ws_frame(replay.frames[0]) == {"type": "run", "sessionId": run.session_id, "runId": run.run_id}
+        assert events[sequence_of(frame)] in expected[frame.type]
+    # A progress frame carries only bounded facts of its decision: never reasons or text.
     assert ws_frame(replay.frames[1]) == {
+        "type": "progress",
+        "runId": run.run_id,
+        "stage": "ROUTING",
+        "status": "FINISHED",
+        "sequenceNo": sequence_of(replay.frames[1]),
+        "intent": "DIAGNOSIS",
+    }
+    assert (
+        ws_frame(replay.frames[9])["verdict"] == "PASS"
+        and ws_frame(replay.frames[10])["verdict"] == "PUBLISHED"
+    )
+    assert ws_frame(replay.frames[0]) == {"type": "run", "sessionId": run.session_id, "runId": run.run_id}
+    assert ws_frame(replay.frames[3]) == {
         "type": "tool",
         "runId": run.run_id,
         "toolCallId": "call_0",
@@ -111,9 +141,14 @@ def test_replay_maps_the_timeline_to_contract_frames(user):
         "status": "SUCCESS",
         "releaseDecision": "PUBLISHED",
         "content": run.content,
+        "contentHtml": str(render_answer(run.content)),
     }
+    assert (
+        '<a class="citation" href="/knowledge/mysql-replication-lag/?chunk=1#chunk-1"'
+        in (ws_frame(replay.frames[-1])["contentHtml"])
+    )
     # Exactly the frames after N.
-    third = sequence_of(replay.frames[2])
+    third = sequence_of(replay.frames[4])
     later = persisted_frames(run.run_id, after=third)
     assert [sequence_of(f) for f in later.frames] == [
         sequence_of(f) for f in replay.frames if sequence_of(f) > third
@@ -201,7 +236,7 @@ async def test_follower_joins_replay_and_live_without_gap_or_duplicate(user):
         )
         task = asyncio.create_task(_collect(follower, received))
         await asyncio.sleep(0.1)
-        await publish(rid, DeltaEvent(run_id=rid, text="Check "))
+        await publish(rid, DraftEvent(run_id=rid, text="Check "))
         # call_1 starts and its live frame is lost (never published); call_2's frame arrives.
         await sync_to_async(rec.tool_started)(
             tool_call_id="call_1", tool_name="lookup_knowledge", input_params={"query": "q"}
@@ -215,7 +250,7 @@ async def test_follower_joins_replay_and_live_without_gap_or_duplicate(user):
                 run_id=rid, tool_call_id="call_2", name="lookup_knowledge", status="RUNNING", sequence_no=seq2
             ),
         )
-        await publish(rid, DeltaEvent(run_id=rid, text="the replica."))
+        await publish(rid, DraftEvent(run_id=rid, text="the replica."))
         await sync_to_async(rec.release)(decision=ReleaseDecision.PUBLISHED, reason="ok")
         end = await sync_to_async(rec.finish)(status=RunStatus.SUCCESS, content="Check the replica.")
         await publish(
@@ -231,16 +266,26 @@ async def test_follower_joins_replay_and_live_without_gap_or_duplicate(user):
         await asyncio.wait_for(task, TIMEOUT)
 
     summary = [
-        (f.type, ws_frame(f).get("toolCallId"), ws_frame(f).get("status"), ws_frame(f).get("text"))
+        (
+            f.type,
+            ws_frame(f).get("toolCallId") or ws_frame(f).get("stage"),
+            ws_frame(f).get("status"),
+            ws_frame(f).get("text"),
+        )
         for f in received
     ]
     assert summary == [
         ("run", None, None, None),
+        # Committed before the subscription: replayed from the timeline.
+        ("progress", "ROUTING", "FINISHED", None),
+        ("progress", "MODEL_STEP", "FINISHED", None),
         ("tool", "call_0", "RUNNING", None),
-        ("delta", None, None, "Check "),
+        ("draft", None, None, "Check "),
         ("tool", "call_1", "RUNNING", None),  # recovered from the database before call_2
         ("tool", "call_2", "RUNNING", None),
-        ("delta", None, None, "the replica."),
+        ("draft", None, None, "the replica."),
+        # The release decision's progress (never published live here) is read back from the timeline.
+        ("progress", "RELEASE", "FINISHED", None),
         # finish closed the three running tools ABANDONED; the follower reads them before the outcome.
         ("tool", "call_0", "ABANDONED", None),
         ("tool", "call_1", "ABANDONED", None),
@@ -276,7 +321,15 @@ async def test_follower_of_a_finished_run_ends_after_replay(user):
     received: list[Event] = []
     async with RunFollower(run.run_id, after=0) as follower:
         await asyncio.wait_for(_collect(follower, received), TIMEOUT)
-    assert [f.type for f in received] == ["run", "tool", "tool", "outcome"]
+    assert [f.type for f in received if f.type != "progress"] == ["run", "tool", "tool", "outcome"]
+    assert [f.stage for f in received if f.type == "progress"] == [
+        "ROUTING",
+        "MODEL_STEP",
+        "MODEL_STEP",
+        "EVIDENCE_GUARD",
+        "SEMANTIC_GUARD",
+        "RELEASE",
+    ]
 
 
 @pytest.mark.asyncio

@@ -4,19 +4,23 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 
 import pytest
 from asgiref.sync import sync_to_async
 from django.test import AsyncClient
 from rest_framework.authentication import SessionAuthentication, TokenAuthentication
-from rest_framework.authtoken.models import Token
 
 from audit.models import EventType, TraceEvent
+from diagnosis.answers import render_answer
 from diagnosis.models import DiagnosisRun, RunStatus
 from diagnosis.runtime import supervisor
-from tests.chat.support import owned_runs, parse_sse
+from tests.chat.support import assert_frame_keys, parse_sse
+from tests.chat.transports import TIMEOUT, TokenClient
+from tests.chat.transports import post_chat as _post_chat
+from tests.chat.transports import settle as _settle
+from tests.chat.transports import sse_read as _read
+from tests.chat.transports import token_client as _token_client
 from tests.factories import make_recorded_run
 
 pytestmark = [
@@ -24,62 +28,6 @@ pytestmark = [
     pytest.mark.asyncio,
     pytest.mark.usefixtures("chat_settings", "stop_chat_background"),
 ]
-
-TIMEOUT = 15
-SSE_KEYS = {
-    "run": {"sessionId", "runId"},
-    "delta": {"text"},
-    "tool": {"toolCallId", "name", "status"},
-    "outcome": {"runId", "status", "releaseDecision", "content"},
-    "error": {"code", "message"},
-}
-
-
-class TokenClient(AsyncClient):
-    """An async test client that sends `Authorization: Token <key>` with every request."""
-
-    def __init__(self, key: str) -> None:
-        super().__init__()
-        self.authorization = {"Authorization": f"Token {key}"}
-
-    def generic(self, *args, headers=None, **kwargs):
-        return super().generic(*args, headers={**self.authorization, **(headers or {})}, **kwargs)
-
-
-async def _token_client(user) -> AsyncClient:
-    token = await sync_to_async(Token.objects.create)(user=user)
-    return TokenClient(token.key)
-
-
-async def _read(response, *, until_outcome: bool = True, stop_after=None) -> tuple[str, list]:
-    """Read the stream; stop after the outcome (or when `stop_after(events)` is true)."""
-    text = ""
-    iterator = aiter(response.streaming_content)
-    while True:
-        try:
-            chunk = await asyncio.wait_for(anext(iterator), TIMEOUT)
-        except StopAsyncIteration:
-            break
-        text += chunk.decode()
-        events, _ = parse_sse(text)
-        if stop_after is not None and stop_after(events):
-            break
-        if until_outcome and events and events[-1].event == "outcome":
-            break
-    await iterator.aclose()
-    events, _ = parse_sse(text)
-    return text, events
-
-
-async def _post_chat(client, body, **extra):
-    return await client.post("/api/chat", data=json.dumps(body), content_type="application/json", **extra)
-
-
-async def _settle(run_id: str) -> None:
-    task = owned_runs().get(run_id)
-    if task is not None:
-        await asyncio.wait_for(asyncio.shield(task), TIMEOUT)
-    await supervisor.stop_background()
 
 
 # -------------------------------------------------------------------------------------------------
@@ -95,7 +43,7 @@ async def test_post_chat_streams_the_run_with_ids(user, knowledge):
     assert text.startswith("retry: 3000\n\n")
     assert events[0].event == "run" and events[-1].event == "outcome"
     for event in events:
-        assert set(event.data) == SSE_KEYS[event.event], event
+        assert_frame_keys(event.event, set(event.data), websocket=False)
     run_id = events[0].data["runId"]
     await _settle(run_id)
     seqs = {
@@ -103,13 +51,24 @@ async def test_post_chat_streams_the_run_with_ids(user, knowledge):
         async for e in TraceEvent.objects.filter(run_id=run_id).only("sequence_no", "event_type")
     }
     mapping = {
-        "run": EventType.RUN_STARTED,
-        "tool": EventType.TOOL_INVOCATION,
-        "outcome": EventType.RUN_FINISHED,
+        "run": {EventType.RUN_STARTED},
+        "tool": {EventType.TOOL_INVOCATION},
+        "outcome": {EventType.RUN_FINISHED},
+        "progress": {
+            EventType.ROUTING_DECISION,
+            EventType.AGENT_MODEL_STEP,
+            EventType.EVIDENCE_GUARD_INITIAL,
+            EventType.SEMANTIC_GUARD_DECISION,
+            EventType.RELEASE_DECISION,
+        },
     }
     for event in events:
-        if event.event in mapping:
-            assert seqs[event.id] == mapping[event.event], event
+        if event.event == "progress" and event.data["status"] == "STARTED":
+            assert event.id is None and event.data["sequenceNo"] is None  # live only, not a timeline event
+        elif event.event in mapping:
+            assert seqs[event.id] in mapping[event.event], event
+            if event.event == "progress":
+                assert event.data["sequenceNo"] == event.id
         else:
             assert event.id is None
     ids = [e.id for e in events if e.id is not None]
@@ -120,6 +79,7 @@ async def test_post_chat_streams_the_run_with_ids(user, knowledge):
         "status": run.status,
         "releaseDecision": run.release_decision,
         "content": run.content,
+        "contentHtml": str(render_answer(run.content)),
     }
     assert events[0].data == {"sessionId": run.session_id, "runId": run_id}
 
@@ -229,8 +189,23 @@ async def test_events_replays_a_finished_run_after_n_and_closes(user):
     client = await _token_client(user)
     url = f"/api/diagnosis/{run.session_id}/runs/{run.run_id}/events"
     _, full = await _read(await client.get(url), until_outcome=False)
-    assert [e.event for e in full] == ["run", "tool", "tool", "tool", "tool", "outcome"]
-    cut = full[2].id
+    assert [e.event for e in full if e.event != "progress"] == [
+        "run",
+        "tool",
+        "tool",
+        "tool",
+        "tool",
+        "outcome",
+    ]
+    assert [e.data["stage"] for e in full if e.event == "progress"] == [
+        "ROUTING",
+        "MODEL_STEP",
+        "MODEL_STEP",
+        "EVIDENCE_GUARD",
+        "SEMANTIC_GUARD",
+        "RELEASE",
+    ]
+    cut = full[4].id
     _, rest = await _read(await client.get(url, {"after": cut}), until_outcome=False)
     assert [(e.event, e.id) for e in rest] == [(e.event, e.id) for e in full if e.id > cut]
     # An EventSource reconnecting sends Last-Event-ID; the larger of it and `after` wins.
@@ -287,7 +262,9 @@ async def test_cancel_endpoint_stops_a_running_run(user, other_user, llm_server)
     llm_server.provider.pieces = 20
     client = await _token_client(user)
     response = await _post_chat(client, {"query": "Replication lag on db-3"})
-    _, head = await _read(response, stop_after=lambda ev: any(e.event == "delta" for e in ev))
+    _, head = await _read(
+        response, stop_after=lambda ev: any(e.data.get("stage") == "MODEL_STEP" for e in ev[1:])
+    )
     run = head[0].data
     url = f"/api/diagnosis/{run['sessionId']}/runs/{run['runId']}/cancel"
     other = await _token_client(other_user)
@@ -325,8 +302,16 @@ async def test_the_served_schema_describes_the_chat_endpoints(user):
         "status",
         "releaseDecision",
         "content",
+        "contentHtml",
     }
     assert set(components["ChatToolEvent"]["properties"]) == {"toolCallId", "name", "status"}
+    progress = components["ChatProgressEvent"]
+    assert set(progress["required"]) == {"stage", "status", "sequenceNo"}
+    assert progress["properties"]["stage"]["enum"] == [
+        "ROUTING", "MODEL_STEP", "TOOL", "EVIDENCE_GUARD", "SEMANTIC_GUARD", "RELEASE", "APPROVAL",
+    ]  # fmt: skip
+    assert set(components["ChatDraftEvent"]["properties"]) == {"text"}
+    assert "ChatDeltaEvent" not in components
     assert set(components["CancelAccepted"]["properties"]) == {"runId", "status"}
     assert set(components["ChatRequest"]["properties"]) == {"query", "sessionId"}
 

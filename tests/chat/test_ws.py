@@ -20,8 +20,12 @@ from audit.selectors import get_trace
 from config.asgi import application
 from diagnosis.models import DiagnosisRun, RunStatus
 from diagnosis.runtime import supervisor
+from diagnosis.runtime.events import CHAT_TIMELINE_TYPES
 from diagnosis.runtime.tools.registry import default_registry
-from tests.chat.support import owned_runs
+from tests.chat.support import assert_frame_keys, owned_runs, text_before_release
+from tests.chat.transports import ORIGIN, TIMEOUT
+from tests.chat.transports import ws_connect as _connect
+from tests.chat.transports import ws_frames_until_outcome as _frames_until_outcome
 from tests.factories import REASONING_MARKER, make_recorded_run
 
 pytestmark = [
@@ -29,25 +33,6 @@ pytestmark = [
     pytest.mark.asyncio,
     pytest.mark.usefixtures("chat_settings", "stop_chat_background"),
 ]
-
-TIMEOUT = 15
-ORIGIN = (b"origin", b"http://127.0.0.1")
-FRAME_KEYS = {
-    "run": {"type", "sessionId", "runId"},
-    "delta": {"type", "runId", "text"},
-    "tool": {"type", "runId", "toolCallId", "name", "status"},
-    "outcome": {"type", "runId", "status", "releaseDecision", "content"},
-    "error": {"type", "code", "message"},
-}
-
-
-async def _connect(user=None, headers=None) -> WebsocketCommunicator:
-    comm = WebsocketCommunicator(application, "/ws/chat/", headers=headers or [ORIGIN])
-    if user is not None:
-        comm.scope["user"] = user  # what the session middleware resolves for a logged-in browser
-    connected, _ = await comm.connect(timeout=TIMEOUT)
-    assert connected
-    return comm
 
 
 async def _login(client_user) -> list[tuple[bytes, bytes]]:
@@ -58,16 +43,6 @@ async def _login(client_user) -> list[tuple[bytes, bytes]]:
     await client.aforce_login(client_user)
     cookie = client.cookies["sessionid"].value
     return [ORIGIN, (b"cookie", f"sessionid={cookie}".encode())]
-
-
-async def _frames_until_outcome(comm: WebsocketCommunicator, *, run_id: str | None = None) -> list[dict]:
-    frames = []
-    while True:
-        frame = await comm.receive_json_from(timeout=TIMEOUT)
-        frames.append(frame)
-        assert set(frame) == FRAME_KEYS[frame["type"]], frame
-        if frame["type"] == "outcome" and (run_id is None or frame["runId"] == run_id):
-            return frames
 
 
 async def _wait_run_finished(run_id: str) -> None:
@@ -145,7 +120,7 @@ async def test_malformed_oversized_binary_and_unknown_frames_get_errors(user):
         await comm.send_to(**payload)
         frame = await comm.receive_json_from(timeout=TIMEOUT)
         assert frame["type"] == "error" and frame["code"] == code, (payload, frame)
-        assert set(frame) == FRAME_KEYS["error"]
+        assert_frame_keys("error", set(frame), websocket=True)
     # Still usable: a real question after all that.
     assert await sync_to_async(DiagnosisRun.objects.count)() == 0
     await comm.send_json_to({"type": "chat", "query": "hello there"})
@@ -170,14 +145,15 @@ async def test_staff_may_attach_to_any_run(user, staff_user):
     comm = await _connect(staff_user)
     await comm.send_json_to({"type": "attach", "runId": run.run_id})
     frames = await _frames_until_outcome(comm)
-    assert [f["type"] for f in frames] == ["run", "tool", "tool", "tool", "tool", "outcome"]
+    assert [f["type"] for f in frames if f["type"] != "progress"] == ["run", *["tool"] * 4, "outcome"]
+    assert next(f["stage"] for f in frames if f["type"] == "progress") == "ROUTING"
     await _stop(comm)
 
 
 # -------------------------------------------------------------------------------------------------
 # A real run: order of frames, what they carry, and a complete audit
 # -------------------------------------------------------------------------------------------------
-async def test_chat_streams_run_deltas_tools_and_outcome_in_order(user, knowledge):
+async def test_chat_streams_run_progress_tools_and_outcome_in_order(user, knowledge):
     comm = await _connect(user)
     await comm.send_json_to({"type": "chat", "query": "Disk full on /var/log, what should I check?"})
     frames = await _frames_until_outcome(comm)
@@ -186,8 +162,10 @@ async def test_chat_streams_run_deltas_tools_and_outcome_in_order(user, knowledg
     assert kinds[0] == "run" and kinds[-1] == "outcome"
     run_id = frames[0]["runId"]
     assert all(f.get("runId", run_id) == run_id for f in frames)
-    assert "delta" in kinds and "tool" in kinds
-    assert kinds.index("tool") < max(i for i, k in enumerate(kinds) if k == "delta")
+    assert "progress" in kinds and "tool" in kinds and "draft" not in kinds
+    stages = [(f["stage"], f["status"]) for f in frames if f["type"] == "progress"]
+    assert stages[0] == ("ROUTING", "STARTED") and stages[-1] == ("RELEASE", "FINISHED")
+    assert kinds.index("tool") < kinds.index("outcome")
     tools = [f for f in frames if f["type"] == "tool"]
     by_call: dict[str, list[str]] = {}
     for f in tools:
@@ -201,8 +179,9 @@ async def test_chat_streams_run_deltas_tools_and_outcome_in_order(user, knowledg
         run.content,
     )
     assert run.status == RunStatus.SUCCESS
-    if run.release_decision == "PUBLISHED":
-        assert "".join(f["text"] for f in frames if f["type"] == "delta") == run.content
+    # Verified release (the default): the outcome is the first frame that carries answer text.
+    assert text_before_release(frames, content=run.content) == []
+    assert run.release_mode == "verified" and run.draft_chars == 0
     # Nothing private: no reasoning, no tool input or output.
     wire = json.dumps(frames)
     tool_rows = [t async for t in ToolInvocation.objects.filter(run_id=run_id)]
@@ -245,9 +224,9 @@ async def test_disconnect_mid_run_does_not_stop_it_and_its_trace_is_complete(use
     await comm.send_json_to({"type": "chat", "query": "Replication lag on db-3"})
     first = await comm.receive_json_from(timeout=TIMEOUT)
     assert first["type"] == "run"
-    while (await comm.receive_json_from(timeout=TIMEOUT))["type"] != "delta":
+    while (await comm.receive_json_from(timeout=TIMEOUT)).get("stage") != "MODEL_STEP":
         pass
-    await comm.disconnect()  # the client goes away mid-answer
+    await comm.disconnect()  # the client goes away while the agent model answers
     await _wait_run_finished(first["runId"])
     run = await DiagnosisRun.objects.aget(run_id=first["runId"])
     assert run.status == RunStatus.SUCCESS and run.release_decision == "PUBLISHED"
@@ -265,10 +244,14 @@ async def test_reattach_after_n_gets_exactly_the_missing_frames(user, llm_server
     run_id = frames[0]["runId"]
     persisted = [
         e
-        async for e in TraceEvent.objects.filter(
-            run_id=run_id,
-            event_type__in=(EventType.RUN_STARTED, EventType.TOOL_INVOCATION, EventType.RUN_FINISHED),
-        ).order_by("sequence_no")
+        async for e in TraceEvent.objects.filter(run_id=run_id, event_type__in=CHAT_TIMELINE_TYPES).order_by(
+            "sequence_no"
+        )
+    ]
+    kind = {"RUN_STARTED": "run", "TOOL_INVOCATION": "tool", "RUN_FINISHED": "outcome"}
+    # The live stream's sequenced frames are the timeline's, in its order (progress included).
+    assert [f.get("sequenceNo") for f in frames if f["type"] == "progress" and f["status"] == "FINISHED"] == [
+        e.sequence_no for e in persisted if e.event_type not in kind
     ]
     # Attach after every possible N: exactly the frames of the events after N, in order.
     for cut in range(0, persisted[-1].sequence_no + 1):
@@ -277,10 +260,7 @@ async def test_reattach_after_n_gets_exactly_the_missing_frames(user, llm_server
         got = []
         if expected:
             got = await _frames_until_outcome(comm)
-        assert [f["type"] for f in got] == [
-            {"RUN_STARTED": "run", "TOOL_INVOCATION": "tool", "RUN_FINISHED": "outcome"}[e.event_type]
-            for e in expected
-        ], cut
+        assert [f["type"] for f in got] == [kind.get(e.event_type, "progress") for e in expected], cut
         assert [f.get("status") for f in got if f["type"] == "tool"] == [
             e.status for e in expected if e.event_type == EventType.TOOL_INVOCATION
         ]
@@ -314,6 +294,8 @@ async def test_cancel_during_a_slow_tool_interrupts_it(user, llm_server, monkeyp
     await comm.send_json_to({"type": "chat", "query": "Run the slow probe on db-3"})
     run_frame = await comm.receive_json_from(timeout=TIMEOUT)
     running = await comm.receive_json_from(timeout=TIMEOUT)
+    while running["type"] == "progress":  # routing and the model step that calls the tool
+        running = await comm.receive_json_from(timeout=TIMEOUT)
     assert running["type"] == "tool" and running["status"] == "RUNNING"
     await asyncio.wait_for(gate.wait(), TIMEOUT)
     await comm.send_json_to({"type": "cancel", "runId": run_frame["runId"]})

@@ -31,7 +31,7 @@ from audit.payloads import canonical_json
 from audit.selectors import get_trace
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
 from diagnosis.runtime import db as runtime_db
-from diagnosis.runtime.events import DeltaEvent, ErrorEvent, OutcomeEvent, ToolEvent
+from diagnosis.runtime.events import DraftEvent, ErrorEvent, OutcomeEvent, ToolEvent
 from diagnosis.runtime.executor import prepare_run
 from diagnosis.runtime.tools.registry import ToolResult, default_registry
 from tests.admin.support import grant_console
@@ -120,25 +120,25 @@ def test_audit_database_outage_mid_run_completes_the_run_and_names_the_gaps(
     assert isinstance(sink.events[-1], OutcomeEvent) and sink.events[-1].status == "SUCCESS"
 
     # What was lost is counted and named: the probe's terminal update, the start count of the answer's
-    # model call, the first-output mark, the answer step, the evidence guard and the start count of the
-    # guard's call; every write after the outage ended committed again.
+    # model call, the answer step, the evidence guard and the start count of the guard's call; every
+    # write after the outage ended committed again (verified release: the first output is stamped by
+    # the finish, after the outage).
     failed_ops = re.findall(rf"audit write failed run={run.run_id} op=(\w+)", caplog.text)
     assert failed_ops == [
         "tool_finished",
         "model_call_started",
-        "first_output",
         "model_step",
         "evidence_guard",
         "model_call_started",
     ]
-    assert run.audit_write_failures == 6
+    assert run.audit_write_failures == 5
     trace = get_trace(run=run)
     s = trace.summary
     assert not s.audit_complete and s.chain_valid  # what is stored still verifies
     assert s.persisted.events == s.expected.events - 4  # probe terminal, step (2 events), evidence guard
     assert s.persisted.steps == s.expected.steps - 1
     assert s.persisted.tools == s.expected.tools == 2
-    assert "6 audit write failures recorded" in s.gaps
+    assert "5 audit write failures recorded" in s.gaps
     assert "4 timeline events expected but not stored" in s.gaps
     assert "1 model step expected but not stored" in s.gaps
     assert "tool call c_probe still RUNNING after the run ended" in s.gaps
@@ -151,11 +151,11 @@ def test_audit_database_outage_mid_run_completes_the_run_and_names_the_gaps(
     # The API and the admin's run page show the gaps.
     client.force_login(staff_user)
     api = client.get(f"/api/diagnosis/{run.session_id}/trace", {"runId": run.run_id}).json()
-    assert api["summary"]["auditComplete"] is False and api["summary"]["auditWriteFailures"] == 6
-    assert "6 audit write failures recorded" in api["summary"]["gaps"]
+    assert api["summary"]["auditComplete"] is False and api["summary"]["auditWriteFailures"] == 5
+    assert "5 audit write failures recorded" in api["summary"]["gaps"]
     grant_console(staff_user)
     page = client.get(f"/admin/diagnosis/diagnosisrun/{run.pk}/change/").content.decode()
-    assert "6 audit write failures recorded" in page
+    assert "5 audit write failures recorded" in page
     assert "tool call c_probe still RUNNING after the run ended" in page
 
 
@@ -205,6 +205,7 @@ def test_provider_fault_after_a_tool_fails_the_run_with_its_code_and_a_complete_
     responses, code, statuses, partial = PROVIDER_FAULTS[fault]
     settings.LLM_TIMEOUT_SECONDS = 0.5
     settings.LLM_MAX_RETRIES = 2
+    settings.CHAT_RELEASE = "draft"  # so that what arrived before the fault is visible in the stream
     llm.route("DIAGNOSIS", usage=usage(20, 5))
     llm.add(
         AGENT,
@@ -219,8 +220,9 @@ def test_provider_fault_after_a_tool_fails_the_run_with_its_code_and_a_complete_
     assert outcome.error_code == run.error_code == code
     assert run.release_decision is None and run.content == "" and outcome.content == ""
     assert PROVIDER_SECRET not in run.error_message and PROVIDER_SECRET not in caplog.text
-    # The stream: what arrived was shown, then error, then outcome.
-    assert "".join(e.text for e in sink.of_type(DeltaEvent)) == partial
+    # The stream (draft release): what arrived was shown, recorded as delivered, then error, outcome.
+    assert "".join(e.text for e in sink.of_type(DraftEvent)) == partial
+    assert run.release_mode == "draft" and run.draft_chars == len(partial)
     assert [type(e) for e in sink.events[-2:]] == [ErrorEvent, OutcomeEvent]
     assert sink.events[-2].code == code and sink.events[-1].status == "FAILED"
     assert [(e.tool_call_id, e.status) for e in sink.of_type(ToolEvent)] == [

@@ -28,7 +28,9 @@ def test_diagnose_with_the_demo_provider(settings, user):
     output = diagnose("Nginx returns 502 Bad Gateway after the deploy", "--user", user.username)
     run = DiagnosisRun.objects.get()
     assert run.release_decision == ReleaseDecision.PUBLISHED
-    assert "Streaming answer:" in output and "[tool] lookup_knowledge RUNNING" in output
+    assert "[routing] finished: intent DIAGNOSIS" in output and "[tool] lookup_knowledge RUNNING" in output
+    assert "[release] finished: verdict PUBLISHED" in output
+    assert "Unverified draft:" not in output  # the default release policy streams no draft
     assert "Answer (SUCCESS, release PUBLISHED):" in output and "[kb:nginx-502-bad-gateway#" in output
     assert run.content in output and f"Run {run.run_id}" in output
     assert "#1 demo-agent  finish tool_calls" in output and "lookup_knowledge SUCCEEDED" in output

@@ -19,7 +19,7 @@ from diagnosis.runtime.demo import (
     count_tokens,
     route,
 )
-from diagnosis.runtime.events import DeltaEvent, ToolEvent
+from diagnosis.runtime.events import DraftEvent, OutcomeEvent, ProgressEvent, ToolEvent
 from diagnosis.runtime.pipeline import BLOCKED_MESSAGE
 from reasoning.models import AgentReasoningAudit
 from tests.runtime.support import ask
@@ -76,13 +76,19 @@ def test_demo_answers_only_from_relevant_evidence():
 
 @pytest.mark.django_db(transaction=True)
 def test_demo_runs_end_to_end(demo, user):
-    # A runbook question: tool call, cited answer streamed in pieces, both guards, published.
+    # A runbook question: tool call, cited answer, both guards, published; the reader saw the stages.
     run, outcome, sink = ask(user, DEMO_QUESTIONS[0])
     assert outcome.status == RunStatus.SUCCESS and run.release_decision == ReleaseDecision.PUBLISHED
     assert "[kb:disk-full-var-log#" in run.content and run.intent == "DIAGNOSIS"
-    assert (
-        len(sink.of_type(DeltaEvent)) > 5 and "".join(e.text for e in sink.of_type(DeltaEvent)) == run.content
-    )
+    assert not sink.of_type(DraftEvent) and sink.of_type(OutcomeEvent)[0].content == run.content
+    assert [e.stage for e in sink.of_type(ProgressEvent) if e.status == "FINISHED"] == [
+        "ROUTING",
+        "MODEL_STEP",
+        "MODEL_STEP",
+        "EVIDENCE_GUARD",
+        "SEMANTIC_GUARD",
+        "RELEASE",
+    ]
     assert [e.status for e in sink.of_type(ToolEvent)] == ["RUNNING", "SUCCEEDED"]
     steps = list(AgentStep.objects.filter(run_id=run.run_id).order_by("step_index"))
     assert [s.model for s in steps] == ["demo-agent", "demo-agent"]

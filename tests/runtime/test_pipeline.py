@@ -14,7 +14,7 @@ from audit.selectors import get_trace
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
 from diagnosis.runtime import prompts
 from diagnosis.runtime.canonical import CanonicalStore
-from diagnosis.runtime.events import DeltaEvent, ErrorEvent, OutcomeEvent, RunEvent, ToolEvent
+from diagnosis.runtime.events import DraftEvent, ErrorEvent, OutcomeEvent, ProgressEvent, RunEvent, ToolEvent
 from diagnosis.runtime.executor import RunNotClaimable, prepare_run
 from diagnosis.runtime.pipeline import BLOCKED_MESSAGE, fixed_reply
 from diagnosis.runtime.tools.registry import ToolRegistry, default_registry
@@ -114,8 +114,19 @@ def test_cited_answer_with_two_parallel_tools_is_published_with_a_complete_trace
     events = sink.events
     assert isinstance(events[0], RunEvent) and events[0].run_id == run.run_id
     assert isinstance(events[-1], OutcomeEvent) and events[-1].content == run.content
-    assert "".join(e.text for e in sink.of_type(DeltaEvent)) == run.content
-    assert len(sink.of_type(DeltaEvent)) >= 6  # streamed as the provider sent it, not in one piece
+    # Verified release (the default): no answer text before the outcome; the reader saw progress.
+    assert not sink.of_type(DraftEvent)
+    assert run.release_mode == "verified" and run.draft_chars == 0
+    assert run.first_output_at is not None and run.first_output_at <= run.finished_at
+    assert run.release_latency_ms is not None and run.release_latency_ms >= 0
+    stages = [(e.stage, e.status) for e in sink.of_type(ProgressEvent)]
+    assert stages[:2] == [("ROUTING", "STARTED"), ("ROUTING", "FINISHED")]
+    assert stages[-4:] == [
+        ("EVIDENCE_GUARD", "FINISHED"),
+        ("SEMANTIC_GUARD", "STARTED"),
+        ("SEMANTIC_GUARD", "FINISHED"),
+        ("RELEASE", "FINISHED"),
+    ]
     tool_frames = [(e.tool_call_id, e.status) for e in sink.of_type(ToolEvent)]
     for call_id in ("call_disk", "call_rot"):
         assert tool_frames.index((call_id, "RUNNING")) < tool_frames.index((call_id, "SUCCEEDED"))
@@ -643,7 +654,7 @@ def test_chitchat_is_answered_with_fixed_text_without_tools_or_evidence(llm, use
     run, outcome, sink = ask(user, "hi there")
     assert outcome.status == RunStatus.SUCCESS and outcome.release_decision == ReleaseDecision.PUBLISHED
     assert run.intent == "CHITCHAT" and run.content == fixed_reply("CHITCHAT", "hi there")
-    assert "".join(e.text for e in sink.of_type(DeltaEvent)) == run.content
+    assert not sink.of_type(DraftEvent) and sink.events[-1].content == run.content
     assert AGENT not in llm.requests and GUARD not in llm.requests
     assert not ToolInvocation.objects.filter(run_id=run.run_id).exists()
     guard = TraceEvent.objects.get(run_id=run.run_id, event_type=EventType.EVIDENCE_GUARD_INITIAL)
@@ -794,5 +805,6 @@ def test_router_provider_failure_fails_the_run(llm, user):
     assert attempt.status == "INVALID" and attempt.details["error"] == "LLM_REJECTED"
     assert attempt.details["providerAttempts"][0]["status"] == 401
     assert AGENT not in llm.requests and run.intent is None
-    assert [type(e) for e in sink.events] == [RunEvent, ErrorEvent, OutcomeEvent]
+    assert [type(e) for e in sink.events] == [RunEvent, ProgressEvent, ErrorEvent, OutcomeEvent]
+    assert (sink.events[1].stage, sink.events[1].status) == ("ROUTING", "STARTED")
     assert_complete_audit(run)

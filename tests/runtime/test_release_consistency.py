@@ -12,7 +12,7 @@ from audit.recorder import RunRecorder, Usage
 from audit.selectors import get_trace
 from audit.serializers import TraceSerializer
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
-from diagnosis.runtime.events import DeltaEvent, OutcomeEvent
+from diagnosis.runtime.events import DraftEvent, OutcomeEvent
 from diagnosis.runtime.pipeline import fixed_reply
 from diagnosis.runtime.sweeper import sweep_expired_runs
 from reasoning.capture import build_capture
@@ -112,8 +112,7 @@ def test_prompt_injection_into_a_no_evidence_intent_releases_no_model_text(llm, 
     assert run.release_decision == ReleaseDecision.PUBLISHED
     assert run.content == outcome.content == fixed_reply(intent, INJECTION)
     assert "hunter2" not in run.content and "password" not in run.content
-    streamed = "".join(e.text for e in sink.of_type(DeltaEvent))
-    assert streamed == run.content and isinstance(sink.events[-1], OutcomeEvent)
+    assert not sink.of_type(DraftEvent) and isinstance(sink.events[-1], OutcomeEvent)
     release = TraceEvent.objects.get(run_id=run.run_id, event_type=EventType.RELEASE_DECISION)
     assert release.details["fixedReply"] is True and release.details["agentSteps"] == 0
     assert not AgentReasoningAudit.objects.filter(run_id=run.run_id, agent_name="diagnosis_agent").exists()

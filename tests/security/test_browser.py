@@ -144,7 +144,10 @@ def test_chat_admin_and_docs_work_under_the_policy_and_show_injection_as_text(
     assert run.status == RunStatus.SUCCESS and run.release_decision == "PUBLISHED"
     assert run.query == QUESTION and ANSWER_HTML in run.content
     assert turn.locator(".question").inner_text() == QUESTION
-    assert turn.locator(".content").inner_text() == run.content
+    # Rendered (the outcome's contentHtml): the citation is a link, the model's HTML is text.
+    content = turn.locator(".content")
+    assert content.inner_text() == re.sub(r"\[(kb:[^\]]+)\]", r"\1", run.content)
+    assert content.locator("a.citation").count() == 1
     assert turn.locator("img, script, b").count() == 0
     assert page.evaluate("window.__pwned") is None
     page.screenshot(path=str(ARTIFACTS / "csp-chat-injection.png"), full_page=True)

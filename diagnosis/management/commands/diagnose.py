@@ -1,6 +1,7 @@
 """`manage.py diagnose "question" [--session ID] [--user NAME]`: run the diagnosis pipeline from a shell.
 
-Streams the answer and tool status as the run produces them, then prints the released answer, the release
+Prints the run's stages and tool status as they happen (and, under `CHAT_RELEASE=draft`, the unverified
+draft as it streams), then prints the released answer, the release
 decision and a one-screen trace summary read back from the database (`audit.selectors.get_trace`).
 """
 
@@ -11,21 +12,22 @@ from django.core.management.base import BaseCommand, CommandError
 
 from audit.selectors import get_trace
 from diagnosis.models import ChatSession, DiagnosisRun
-from diagnosis.runtime.events import DeltaEvent, ErrorEvent, OutcomeEvent, ToolEvent
+from diagnosis.runtime.events import DraftEvent, ErrorEvent, OutcomeEvent, ProgressEvent, ToolEvent
 from diagnosis.runtime.executor import SessionNotFound, run_to_completion
 
 
 class PrintSink:
-    """Writes live events to the command's stdout: answer text as it streams, tool status lines."""
+    """Writes live events to the command's stdout: stage lines, tool status lines, and draft text as it
+    streams (draft release policy only, marked unverified)."""
 
     def __init__(self, out) -> None:
         self.out = out
         self.streaming = False
 
     async def emit(self, event) -> None:
-        if isinstance(event, DeltaEvent):
+        if isinstance(event, DraftEvent):
             if not self.streaming:
-                self.out.write("Streaming answer:")
+                self.out.write("Unverified draft:")
                 self.streaming = True
             self.out.write(event.text, ending="")
             self.out.flush()
@@ -33,7 +35,21 @@ class PrintSink:
         if self.streaming:
             self.out.write("")
             self.streaming = False
-        if isinstance(event, ToolEvent):
+        if isinstance(event, ProgressEvent):
+            facts = [
+                f"{label} {value}"
+                for label, value in (
+                    ("step", event.step_index),
+                    ("intent", event.intent),
+                    ("verdict", event.verdict),
+                )
+                if value is not None
+            ]
+            self.out.write(
+                f"  [{event.stage.lower()}] {event.status.lower()}"
+                + (f": {', '.join(facts)}" if facts else "")
+            )
+        elif isinstance(event, ToolEvent):
             self.out.write(f"  [tool] {event.name} {event.status} ({event.tool_call_id})")
         elif isinstance(event, ErrorEvent):
             self.out.write(f"  [error] {event.code}: {event.message}")

@@ -1,8 +1,18 @@
 /*
  * The chat page: asks over `POST /api/chat` (Server-Sent Events read with fetch), renders the frames of
- * the API contract (run, delta, tool, outcome, error), cancels with `POST …/cancel`, and when the stream
- * drops before the outcome re-attaches with `GET …/events?after=<last id>` (backing off 0.5 s … 8 s).
- * Text is only ever set with textContent: nothing the model writes is interpreted as HTML.
+ * the API contract v2 (run, progress, tool, draft, outcome, error), cancels with `POST …/cancel`, and when
+ * the stream drops before the outcome re-attaches with `GET …/events?after=<last id>` (backing off
+ * 0.5 s … 8 s).
+ *
+ * Progress: each `progress` frame (stage STARTED / FINISHED) and each `tool` frame (the TOOL stage:
+ * RUNNING, then a terminal status) is one line under the pending answer, with the time since the question
+ * was sent; the line still running ticks, so a long verified run never looks stalled. A FINISHED frame
+ * closes the latest open line of its stage (or is a line of its own when its start was not seen).
+ *
+ * Text the model writes is set with textContent (drafts, a plain outcome). The one exception is the
+ * outcome's `contentHtml`: the released answer as the server rendered and sanitized it
+ * (`diagnosis.answers.render_answer`, an allowlist of tags and attributes), set with innerHTML; the CSP
+ * (`script-src 'self'`) would stop an inline handler even if one got through.
  */
 (function () {
   "use strict";
@@ -26,6 +36,9 @@
 
   var sessionId = null;
   var streams = 0;
+  var active = [];  // turns without an outcome yet: their elapsed counters tick
+  var ticker = null;
+  var TICK_MS = 200;
 
   function setConnection(state, text) {
     connection.className = "connection " + state;
@@ -33,6 +46,10 @@
   }
 
   function show(el, visible) { el.classList.toggle("hidden", !visible); }
+
+  function now() { return window.performance.now(); }
+
+  function seconds(ms) { return (Math.max(0, ms) / 1000).toFixed(1) + " s"; }
 
   function runUrl(turn, suffix) {
     return runsUrl + encodeURIComponent(turn.sessionId) + "/runs/" + encodeURIComponent(turn.runId) + suffix;
@@ -54,14 +71,20 @@
       runIdLabel: node.querySelector(".run-id"),
       adminLink: node.querySelector(".admin-link"),
       cancel: node.querySelector(".cancel"),
-      tools: node.querySelector(".tools"),
+      elapsed: node.querySelector(".elapsed"),
+      progress: node.querySelector(".progress"),
+      draftBox: node.querySelector(".draft-box"),
+      draftText: node.querySelector(".draft-text"),
       blockedNote: node.querySelector(".blocked-note"),
       content: node.querySelector(".content"),
       error: node.querySelector(".error"),
-      runId: null, sessionId: null, lastId: 0, finished: false, reconnects: 0, toolItems: {}
+      runId: null, sessionId: null, lastId: 0, finished: false, reconnects: 0, toolItems: {},
+      startedAt: now(), seen: {}
     };
     turn.cancel.addEventListener("click", function () { cancelRun(turn); });
     node.scrollIntoView({block: "end"});
+    active.push(turn);
+    startTicking();
     return turn;
   }
 
@@ -74,6 +97,191 @@
   function showError(turn, code, message) {
     turn.error.textContent = message + (code ? " (" + code + ")" : "");
     show(turn.error, true);
+  }
+
+  // ------------------------------------------------------------------------------------------------
+  // Progress: one line per stage, with the time since the question was sent
+  // ------------------------------------------------------------------------------------------------
+  var VERDICT_WORDS = {PASS: "passed", FAIL: "failed", ERROR: "error"};
+  var TOOL_WORDS = {RUNNING: "running", SUCCEEDED: "finished", FAILED: "failed", INTERRUPTED: "interrupted",
+    ABANDONED: "abandoned"};
+
+  function lower(value) { return String(value || "").toLowerCase(); }
+
+  function stageLabel(data, finished) {
+    var verdict = data.verdict ? String(data.verdict) : "";
+    switch (data.stage) {
+      case "ROUTING":
+        return finished ? "Routed" + (data.intent ? ": " + lower(data.intent).replace(/_/g, " ") : "") : "Routing…";
+      case "MODEL_STEP":
+        var step = "Model step " + (data.stepIndex || "") +
+          (data.agentName && data.agentName !== "diagnosis_agent" ? " (" + data.agentName + ")" : "");
+        return finished ? step : step + "…";
+      case "EVIDENCE_GUARD":
+        if (!finished) { return data.retry ? "Checking evidence again…" : "Checking evidence…"; }
+        return "Evidence check" + (data.retry ? " (repair round)" : "") +
+          (verdict ? ": " + (VERDICT_WORDS[verdict] || lower(verdict)) : "");
+      case "SEMANTIC_GUARD":
+        if (!finished) { return "Semantic check…"; }
+        return "Semantic check" + (verdict ? ": " + (VERDICT_WORDS[verdict] || lower(verdict)) : "");
+      case "RELEASE":
+        if (!finished) { return "Releasing…"; }
+        return verdict === "PUBLISHED" ? "Released" : verdict === "BLOCKED" ? "Blocked" : "Release: " + lower(verdict);
+      case "APPROVAL":
+        return finished ? "Approval" + (verdict ? ": " + lower(verdict) : "") : "Waiting for approval…";
+      default:
+        return lower(data.stage).replace(/_/g, " ") + (finished ? "" : "…");
+    }
+  }
+
+  function verdictTone(verdict) {
+    if (verdict === "PASS" || verdict === "PUBLISHED" || verdict === "APPROVED") { return "good"; }
+    if (verdict === "FAIL" || verdict === "ERROR" || verdict === "BLOCKED" || verdict === "REJECTED") { return "bad"; }
+    return "";
+  }
+
+  function newLine(turn, stage) {
+    var item = document.createElement("li");
+    item.className = "stage";
+    item.dataset.stage = stage;
+    var label = document.createElement("span");
+    label.className = "stage-label";
+    var at = document.createElement("span");
+    at.className = "stage-at";
+    var took = document.createElement("span");
+    took.className = "stage-took";
+    item.appendChild(label);
+    item.appendChild(at);
+    item.appendChild(took);
+    item.startedAt = now();
+    at.textContent = "+" + seconds(item.startedAt - turn.startedAt);
+    at.title = "since the question was sent";
+    turn.progress.appendChild(item);
+    return item;
+  }
+
+  function openLine(item) {
+    item.classList.add("current");
+    item.dataset.open = "true";
+    item.querySelector(".stage-took").textContent = seconds(now() - item.startedAt);  // ticks from here
+  }
+
+  function closeLine(item, tone) {
+    var wasOpen = item.dataset.open === "true";
+    item.classList.remove("current");
+    item.dataset.open = "false";
+    if (tone) { item.classList.add("tone-" + tone); }
+    if (wasOpen) {  // a stage seen only when it finished (a decision, a replay) has no duration here
+      item.querySelector(".stage-took").textContent = seconds(now() - item.startedAt);
+      item.querySelector(".stage-took").title = "how long it took";
+    }
+  }
+
+  function lastOpen(turn, stage) {
+    var items = turn.progress.querySelectorAll("li.stage[data-open=true]");
+    for (var i = items.length - 1; i >= 0; i -= 1) {
+      if (items[i].dataset.stage === stage && !items[i].dataset.toolCallId) { return items[i]; }
+    }
+    return null;
+  }
+
+  function onProgress(turn, data) {
+    if (data.stage === "TOOL") { return; }  // the `tool` frames are the TOOL stage (they name the call)
+    // A finished stage is a timeline event: seen once, even when a re-attach replays it. Started
+    // stages are live only (no sequence number) and never repeat.
+    if (typeof data.sequenceNo === "number") {
+      if (turn.seen[data.sequenceNo]) { return; }
+      turn.seen[data.sequenceNo] = true;
+    }
+    if (data.status === "STARTED") {
+      if (data.stage === "MODEL_STEP") { clearDraft(turn); }  // a new (repair) step writes a new draft
+      var item = newLine(turn, data.stage);
+      item.dataset.status = "STARTED";
+      item.querySelector(".stage-label").textContent = stageLabel(data, false);
+      openLine(item);
+    } else {
+      var open = lastOpen(turn, data.stage) || newLine(turn, data.stage);
+      open.dataset.status = data.status || "FINISHED";
+      if (data.verdict) { open.dataset.verdict = data.verdict; }
+      if (data.intent) { open.dataset.intent = data.intent; }
+      open.querySelector(".stage-label").textContent = stageLabel(data, true);
+      closeLine(open, verdictTone(data.verdict));
+    }
+  }
+
+  function onTool(turn, data) {
+    var item = turn.toolItems[data.toolCallId];
+    if (!item) {
+      item = newLine(turn, "TOOL");
+      item.dataset.toolCallId = data.toolCallId;
+      turn.toolItems[data.toolCallId] = item;
+    }
+    if (item.dataset.status === data.status) { return; }
+    var running = data.status === "RUNNING";
+    item.className = "stage tool tool-" + lower(data.status);
+    item.dataset.status = data.status;
+    item.querySelector(".stage-label").textContent =
+      "Tool " + data.name + " " + (TOOL_WORDS[data.status] || lower(data.status)) + (running ? "…" : "");
+    if (running) { openLine(item); } else { closeLine(item, data.status === "SUCCEEDED" ? "" : "bad"); }
+  }
+
+  function tick() {
+    var t = now();
+    active.forEach(function (turn) {
+      turn.elapsed.textContent = seconds(t - turn.startedAt);
+      turn.progress.querySelectorAll("li.stage[data-open=true]").forEach(function (item) {
+        item.querySelector(".stage-took").textContent = seconds(t - item.startedAt);
+      });
+    });
+    if (!active.length && ticker !== null) { window.clearInterval(ticker); ticker = null; }
+  }
+
+  function startTicking() {
+    if (ticker === null) { ticker = window.setInterval(tick, TICK_MS); }
+    tick();
+  }
+
+  function stopTicking(turn) {
+    turn.elapsed.textContent = seconds(now() - turn.startedAt);
+    turn.progress.querySelectorAll("li.stage[data-open=true]").forEach(function (item) {
+      item.classList.add("stopped");
+      closeLine(item, "");
+    });
+    active = active.filter(function (other) { return other !== turn; });
+  }
+
+  // ------------------------------------------------------------------------------------------------
+  // Drafts (CHAT_RELEASE=draft only) and the released answer
+  // ------------------------------------------------------------------------------------------------
+  function clearDraft(turn) {
+    turn.draftText.textContent = "";
+    show(turn.draftBox, false);
+  }
+
+  function onDraft(turn, data) {
+    turn.draftText.textContent += data.text;
+    show(turn.draftBox, true);
+  }
+
+  function showContent(turn, data) {
+    var content = turn.content;
+    content.className = "content";
+    if (typeof data.contentHtml === "string" && data.contentHtml) {
+      content.classList.add("md");
+      content.innerHTML = data.contentHtml;  // rendered and sanitized on the server (see the top)
+      content.querySelectorAll("a[href]").forEach(function (link) {
+        link.target = "_blank";  // keep the conversation: sources open beside it
+        link.rel = "noopener noreferrer";
+      });
+    } else if (data.content) {
+      content.classList.add("plain");
+      content.textContent = data.content;
+    } else {
+      content.classList.add("note");
+      content.textContent = data.status === "CANCELLED" ? "Cancelled: nothing was released."
+        : data.status === "FAILED" ? "The run failed: nothing was released." : "";
+    }
+    show(content, true);
   }
 
   var handlers = {
@@ -91,33 +299,16 @@
       show(turn.cancel, true);
       setStatus(turn, "RUNNING");
     },
-    delta: function (turn, data) {
-      turn.content.textContent += data.text;
-    },
-    tool: function (turn, data) {
-      var item = turn.toolItems[data.toolCallId];
-      if (!item) {
-        item = document.createElement("li");
-        var name = document.createElement("span");
-        name.className = "tool-name";
-        name.textContent = data.name;
-        var state = document.createElement("span");
-        state.className = "tool-status";
-        item.appendChild(name);
-        item.appendChild(state);
-        item.dataset.toolCallId = data.toolCallId;
-        turn.tools.appendChild(item);
-        turn.toolItems[data.toolCallId] = item;
-      }
-      item.className = "tool tool-" + data.status.toLowerCase();
-      item.dataset.status = data.status;
-      item.querySelector(".tool-status").textContent = data.status.toLowerCase();
-    },
+    progress: onProgress,
+    tool: onTool,
+    draft: onDraft,
     error: function (turn, data) {
       showError(turn, data.code, data.message);
     },
     outcome: function (turn, data) {
+      if (turn.finished) { return; }
       turn.finished = true;
+      stopTicking(turn);
       setStatus(turn, data.status);
       show(turn.cancel, false);
       if (data.releaseDecision) {
@@ -128,14 +319,9 @@
       var blocked = data.releaseDecision === "BLOCKED";
       turn.node.classList.toggle("blocked", blocked);
       show(turn.blockedNote, blocked);
-      // The outcome's content is what was released: it replaces the streamed draft.
-      turn.content.textContent = data.content;
-      turn.content.classList.remove("draft");
-      if (!data.content) {
-        turn.content.classList.add("note");
-        turn.content.textContent = data.status === "CANCELLED" ? "Cancelled: nothing was released."
-          : data.status === "FAILED" ? "The run failed: nothing was released." : "";
-      }
+      // The outcome's content is what was released: it replaces any draft.
+      clearDraft(turn);
+      showContent(turn, data);
       turn.node.dataset.finished = "true";
     }
   };
@@ -225,6 +411,7 @@
         };
       }
     } finally {
+      if (!turn.finished) { stopTicking(turn); }  // refused, or given up: nothing runs any more here
       streams -= 1;
       if (!streams) { setConnection("idle", "idle"); }
     }
