@@ -1,7 +1,13 @@
-from django.contrib import admin
+from django import forms
+from django.contrib import admin, messages
+from django.utils.html import format_html
 
 from audit.admin_base import ReadOnlyAdmin
-from audit.models import AgentStep, ToolInvocation, TraceEvent
+from audit.models import AgentStep, Checkpoint, LegalHold, LogLeaf, RunTombstone, ToolInvocation, TraceEvent
+from audit.retention import HOLD_PERMISSION, lift_hold, place_hold
+from audit.transparency import store
+from audit.transparency.keys import verification_keys
+from audit.transparency.verify import check_checkpoint, verify_log
 
 
 @admin.register(TraceEvent)
@@ -48,3 +54,168 @@ class ToolInvocationAdmin(ReadOnlyAdmin):
     list_filter = ("status", "tool_name", "retrieval_layer")
     search_fields = ("=run__run_id", "=session_id", "=tool_call_id")
     ordering = ("-created_at",)
+
+
+@admin.register(Checkpoint)
+class CheckpointAdmin(ReadOnlyAdmin):
+    """The transparency log's signed checkpoints, newest first, each with its verification state: its
+    signature by a known key, its link to the previous checkpoint, and its root against the stored tree
+    (O(log n) stored nodes per row). The action verifies the whole log as `manage.py verify_audit` does."""
+
+    list_display = ("tree_size", "signed_at", "key_id", "root", "verification")
+    search_fields = ("=checkpoint_hash", "=root_hash", "=key_id")
+    ordering = ("-tree_size",)
+    list_per_page = 25
+    actions = ["verify_whole_log"]
+    readonly_fields = (
+        "tree_size",
+        "root_hash",
+        "signed_at",
+        "key_id",
+        "previous_hash",
+        "checkpoint_hash",
+        "body",
+        "signature",
+        "verification",
+    )
+
+    @admin.display(description="root")
+    def root(self, cp: Checkpoint) -> str:
+        return f"{cp.root_hash[:16]}…"
+
+    @admin.display(description="verification")
+    def verification(self, cp: Checkpoint):
+        problems = check_checkpoint(cp, verification_keys())
+        previous = (
+            Checkpoint.objects.filter(tree_size__lt=cp.tree_size)
+            .order_by("-tree_size")
+            .values_list("checkpoint_hash", flat=True)
+            .first()
+        )
+        if cp.previous_hash != (previous or ""):
+            problems.append("does not name the previous checkpoint")
+        try:
+            if store.root(cp.tree_size).hex() != cp.root_hash:
+                problems.append("root does not match the stored tree")
+        except store.TreeIncomplete as exc:
+            problems.append(str(exc))
+        if problems:
+            return format_html('<strong style="color:#ba2121">invalid</strong>: {}', "; ".join(problems))
+        return format_html("verified: signed by key {}, root matches the stored tree", cp.key_id)
+
+    @admin.action(description="Verify the whole transparency log (every leaf, node and checkpoint)")
+    def verify_whole_log(self, request, queryset):
+        result = verify_log()
+        if result.ok:
+            self.message_user(
+                request,
+                f"The log verifies: {result.leaves} leaves, {result.checkpoints} checkpoints.",
+                messages.SUCCESS,
+            )
+            return
+        for problem in result.invalid[:20]:
+            self.message_user(request, problem, messages.ERROR)
+        if len(result.invalid) > 20:
+            self.message_user(request, f"… {len(result.invalid) - 20} more problem(s)", messages.ERROR)
+
+
+@admin.register(LogLeaf)
+class LogLeafAdmin(ReadOnlyAdmin):
+    """The log's leaves: which run sits at which index, and what its leaf commits to."""
+
+    list_display = ("leaf_index", "run_id", "session_id", "appended_at")
+    search_fields = ("=run_id", "=session_id")
+    ordering = ("-leaf_index",)
+    readonly_fields = ("leaf_index", "run_id", "session_id", "leaf_hash", "data", "appended_at")
+
+
+class LegalHoldForm(forms.ModelForm):
+    """Placing a hold: scope, target and reason. Lifting one (on an active hold's page): the reason."""
+
+    lift = forms.CharField(
+        label="lift reason", required=False, max_length=1000, help_text="Give a reason to lift this hold."
+    )
+
+    class Meta:
+        model = LegalHold
+        fields = ("scope", "target_id", "reason")
+
+
+@admin.register(LegalHold)
+class LegalHoldAdmin(admin.ModelAdmin):
+    """Legal holds on sessions and runs (`audit.retention`): placed and lifted only by holders of
+    `audit.place_legal_hold`, through the services that record who, when and why; never deleted."""
+
+    form = LegalHoldForm
+    list_display = ("scope", "target_id", "reason", "placed_by_username", "placed_at", "active", "lifted_at")
+    list_filter = ("scope", ("lifted_at", admin.EmptyFieldListFilter))
+    search_fields = ("=target_id", "placed_by_username")
+    ordering = ("-placed_at",)
+
+    @admin.display(boolean=True, description="active")
+    def active(self, hold: LegalHold) -> bool:
+        return hold.active
+
+    def _may(self, request) -> bool:
+        return request.user.is_active and request.user.has_perm(HOLD_PERMISSION)
+
+    def has_add_permission(self, request) -> bool:
+        return self._may(request)
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return self._may(request) and (obj is None or obj.active)
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+    def get_fields(self, request, obj=None):
+        if obj is None:
+            return ("scope", "target_id", "reason")
+        return (
+            "scope",
+            "target_id",
+            "reason",
+            "placed_by_username",
+            "placed_at",
+            "lifted_by_username",
+            "lifted_at",
+            "lift_reason",
+            *(("lift",) if obj.active and self._may(request) else ()),
+        )
+
+    def get_readonly_fields(self, request, obj=None):
+        if obj is None:
+            return ()
+        return (
+            "scope",
+            "target_id",
+            "reason",
+            "placed_by_username",
+            "placed_at",
+            "lifted_by_username",
+            "lifted_at",
+            "lift_reason",
+        )
+
+    def save_model(self, request, obj, form, change):
+        if not change:
+            placed = place_hold(
+                user=request.user,
+                scope=form.cleaned_data["scope"],
+                target_id=form.cleaned_data["target_id"],
+                reason=form.cleaned_data["reason"],
+            )
+            obj.pk = placed.pk
+            obj.refresh_from_db()
+        elif form.cleaned_data.get("lift"):
+            lift_hold(user=request.user, hold=obj, reason=form.cleaned_data["lift"])
+            obj.refresh_from_db()
+
+
+@admin.register(RunTombstone)
+class RunTombstoneAdmin(ReadOnlyAdmin):
+    """What is left of runs purged by retention: ids, leaf, when, why, how many rows."""
+
+    list_display = ("run_id", "session_id", "leaf_index", "finished_at", "purged_at", "purged_by")
+    search_fields = ("=run_id", "=session_id")
+    ordering = ("-purged_at",)

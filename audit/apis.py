@@ -1,4 +1,7 @@
-"""Trace endpoints: `GET /api/diagnosis/{sessionId}/trace` and `GET /api/diagnosis/{sessionId}/audits`.
+"""Trace endpoints (`GET /api/diagnosis/{sessionId}/trace`, `…/audits`) and the transparency log's
+(`GET /api/diagnosis/{sessionId}/runs/{runId}/evidence`, `GET /api/audit/checkpoints/`,
+`GET /api/audit/checkpoints/{treeSize}/consistency?from=M`) and legal holds
+(`GET|POST /api/diagnosis/{sessionId}/holds`, `POST …/holds/{holdId}/lift`).
 
 Thin views: validate the request, ask a selector, render through a serializer. Visibility and 404s come
 from `diagnosis.selectors`; the read model from `audit.selectors`; the shapes from `audit.serializers`.
@@ -8,15 +11,30 @@ from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
-from rest_framework.exceptions import NotFound
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from audit.permissions import IsSuperuser
+from audit.models import Checkpoint, HoldScope
+from audit.permissions import CanPlaceLegalHold, CanReadEvidence, IsSuperuser
+from audit.retention import holds_of_session, lift_hold, place_hold
 from audit.selectors import AuditKind, get_session_audits, get_trace
-from audit.serializers import StepSerializer, ToolSerializer, TraceSerializer
+from audit.serializers import (
+    CheckpointPageSerializer,
+    CheckpointSerializer,
+    ConsistencyQuerySerializer,
+    ConsistencySerializer,
+    EvidenceBundleSerializer,
+    LegalHoldSerializer,
+    StepSerializer,
+    ToolSerializer,
+    TraceSerializer,
+)
 from audit.trace_render import trace_data
-from config.api import error_responses
+from audit.transparency import store
+from audit.transparency.evidence import build_bundle
+from audit.transparency.keys import published_keys
+from config.api import error_responses, paginated_response
 from diagnosis.selectors import RunResolution, get_visible_run, get_visible_session
 
 NOT_FOUND_RUN = "No such session or run."
@@ -106,3 +124,212 @@ class SessionAuditsApi(APIView):
             raise NotFound(NOT_FOUND_SESSION)
         self.check_object_permissions(request, session)
         return Response(self.OutputSerializer(get_session_audits(session_id=session.session_id)).data)
+
+
+# --------------------------------------------------------------------------------------------------
+# Transparency log: evidence bundles, checkpoints, consistency proofs
+# --------------------------------------------------------------------------------------------------
+class EvidenceApi(APIView):
+    """The evidence bundle of one run (`audit.transparency.bundle` describes the format), verifiable
+    offline with `python -m audit.verify_bundle FILE --public-key KEY`.
+
+    401 anonymous; 404 the session is absent or not visible, or the run is not in it; 403 visible but the
+    user is neither staff nor holds `reasoning.view_reasoning_content`. Never carries reasoning content:
+    reasoning rows appear as their digests only. A run not yet anchored has `anchor: null`.
+    """
+
+    permission_classes = [CanReadEvidence]
+    object_checked = True
+
+    @extend_schema(
+        operation_id="run_evidence",
+        summary="Evidence bundle of one run (staff and auditors)",
+        parameters=[
+            OpenApiParameter("sessionId", str, OpenApiParameter.PATH),
+            OpenApiParameter("runId", str, OpenApiParameter.PATH),
+        ],
+        responses={200: EvidenceBundleSerializer, **error_responses(401, 403, 404)},
+        tags=["evidence"],
+    )
+    def get(self, request, sessionId, runId):
+        run = get_visible_run(user=request.user, session_id=sessionId, run_id=runId)
+        if run is None:
+            raise NotFound(NOT_FOUND_RUN)
+        self.check_object_permissions(request, run)
+        return Response(build_bundle(run=run))
+
+
+class CheckpointListApi(APIView):
+    """Signed checkpoints of the transparency log, newest first, paginated, with the public keys they
+    verify under (`publicKeys`: every signing key and retired key this deployment knows). 401 anonymous;
+    403 neither staff nor a reasoning auditor."""
+
+    permission_classes = [CanReadEvidence]
+    object_checked = False
+
+    @extend_schema(
+        operation_id="checkpoints",
+        summary="Signed checkpoints of the transparency log, newest first (staff and auditors)",
+        parameters=[OpenApiParameter("page", int, OpenApiParameter.QUERY, required=False)],
+        responses={200: CheckpointPageSerializer, **error_responses(401, 403, 404)},
+        tags=["evidence"],
+    )
+    def get(self, request):
+        response = paginated_response(
+            serializer_class=CheckpointSerializer,
+            queryset=Checkpoint.objects.order_by("-tree_size"),
+            request=request,
+            view=self,
+        )
+        response.data["publicKeys"] = published_keys()
+        return response
+
+
+class ConsistencyApi(APIView):
+    """A consistency proof (RFC 9162 §2.1.4) that the checkpoint of `treeSize` extends the tree of
+    `from` leaves: verify it with the root you hold for `from` (`fromRootHash` is the stored one) and
+    the checkpoint's signed root. 401; 403 neither staff nor a reasoning auditor; 400 `from` missing or
+    not in 1..treeSize; 404 no checkpoint of that size."""
+
+    permission_classes = [CanReadEvidence]
+    object_checked = False
+
+    @extend_schema(
+        operation_id="checkpoint_consistency",
+        summary="Consistency proof between two tree sizes (staff and auditors)",
+        parameters=[
+            OpenApiParameter("treeSize", int, OpenApiParameter.PATH),
+            OpenApiParameter(
+                "from", int, OpenApiParameter.QUERY, required=True, description="The older tree size."
+            ),
+        ],
+        responses={200: ConsistencySerializer, **error_responses(400, 401, 403, 404)},
+        tags=["evidence"],
+    )
+    def get(self, request, treeSize):
+        query = ConsistencyQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        older = query.validated_data["from"]
+        checkpoint = Checkpoint.objects.filter(tree_size=treeSize).first()
+        if older > treeSize:
+            raise ValidationError({"from": [f"must be at most the tree size {treeSize}"]})
+        if checkpoint is None:
+            raise NotFound("No checkpoint of this tree size.")
+        proof = store.consistency_proof(older, treeSize)
+        previous = Checkpoint.objects.filter(tree_size=older).first()
+        body = {
+            "fromTreeSize": older,
+            "treeSize": treeSize,
+            "fromRootHash": store.root(older).hex(),
+            "rootHash": checkpoint.root_hash,
+            "proof": proof.hex,
+            "checkpoint": {"body": checkpoint.body, "signature": checkpoint.signature},
+            "fromCheckpoint": {"body": previous.body, "signature": previous.signature} if previous else None,
+        }
+        return Response(body)
+
+
+# --------------------------------------------------------------------------------------------------
+# Legal holds
+# --------------------------------------------------------------------------------------------------
+class LegalHoldsApi(APIView):
+    """Legal holds on a session and its runs: list them (GET), or place one (POST `{"reason", "runId"?}`:
+    on the run when `runId` is given, else on the whole session). While a hold is active, neither the
+    trace retention purge nor the reasoning purge touches the records it covers.
+
+    401 anonymous; 400 an invalid body (POST); 404 the session (or the run in it) is absent or not
+    visible; 403 without `audit.place_legal_hold`.
+    """
+
+    permission_classes = [CanPlaceLegalHold]
+
+    class InputSerializer(serializers.Serializer):
+        reason = serializers.CharField(max_length=1000)
+        runId = serializers.CharField(max_length=64, required=False)
+
+        class Meta:
+            ref_name = "LegalHoldInput"
+
+    @extend_schema(
+        operation_id="legal_holds",
+        summary="Legal holds on a session and its runs",
+        parameters=[OpenApiParameter("sessionId", str, OpenApiParameter.PATH)],
+        responses={200: LegalHoldSerializer(many=True), **error_responses(401, 403, 404)},
+        tags=["evidence"],
+    )
+    def get(self, request, sessionId):
+        session = get_visible_session(user=request.user, session_id=sessionId)
+        if session is None:
+            raise NotFound(NOT_FOUND_SESSION)
+        self.check_object_permissions(request, session)
+        return Response(LegalHoldSerializer(holds_of_session(session_id=session.session_id), many=True).data)
+
+    @extend_schema(
+        operation_id="place_legal_hold",
+        summary="Place a legal hold on a session or one of its runs",
+        parameters=[OpenApiParameter("sessionId", str, OpenApiParameter.PATH)],
+        request=InputSerializer,
+        responses={201: LegalHoldSerializer, **error_responses(400, 401, 403, 404)},
+        tags=["evidence"],
+    )
+    def post(self, request, sessionId):
+        body = self.InputSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        run_id = body.validated_data.get("runId")
+        session = get_visible_session(user=request.user, session_id=sessionId)
+        if session is None:
+            raise NotFound(NOT_FOUND_SESSION)
+        if (
+            run_id is not None
+            and get_visible_run(user=request.user, session_id=sessionId, run_id=run_id) is None
+        ):
+            raise NotFound(NOT_FOUND_RUN)
+        self.check_object_permissions(request, session)
+        hold = place_hold(
+            user=request.user,
+            scope=HoldScope.RUN if run_id else HoldScope.SESSION,
+            target_id=run_id or session.session_id,
+            reason=body.validated_data["reason"],
+        )
+        return Response(LegalHoldSerializer(hold).data, status=201)
+
+
+class LiftLegalHoldApi(APIView):
+    """Lift a legal hold of this session (or of one of its runs): `{"reason"}`; who, when and why are
+    recorded. 401; 400 an invalid body or a hold already lifted; 404 the session or hold is absent or
+    not visible; 403 without `audit.place_legal_hold`."""
+
+    permission_classes = [CanPlaceLegalHold]
+
+    class InputSerializer(serializers.Serializer):
+        reason = serializers.CharField(max_length=1000)
+
+        class Meta:
+            ref_name = "LiftLegalHoldInput"
+
+    @extend_schema(
+        operation_id="lift_legal_hold",
+        summary="Lift a legal hold",
+        parameters=[
+            OpenApiParameter("sessionId", str, OpenApiParameter.PATH),
+            OpenApiParameter("holdId", int, OpenApiParameter.PATH),
+        ],
+        request=InputSerializer,
+        responses={200: LegalHoldSerializer, **error_responses(400, 401, 403, 404)},
+        tags=["evidence"],
+    )
+    def post(self, request, sessionId, holdId):
+        body = self.InputSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        session = get_visible_session(user=request.user, session_id=sessionId)
+        if session is None:
+            raise NotFound(NOT_FOUND_SESSION)
+        hold = holds_of_session(session_id=session.session_id).filter(pk=holdId).first()
+        if hold is None:
+            raise NotFound("No such hold.")
+        self.check_object_permissions(request, session)
+        return Response(
+            LegalHoldSerializer(
+                lift_hold(user=request.user, hold=hold, reason=body.validated_data["reason"])
+            ).data
+        )

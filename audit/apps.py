@@ -2,10 +2,11 @@ from django.apps import AppConfig
 
 
 class AuditConfig(AppConfig):
-    """The durable decision record: timeline events, model steps and tool invocations."""
+    """The durable decision record: timeline events, model steps, tool invocations and the transparency
+    log over finished runs."""
 
     name = "audit"
     verbose_name = "Audit"
 
     def ready(self) -> None:
-        from audit import signals  # noqa: F401  (connects post_migrate: the "Staff viewers" group)
+        from audit import checks, signals  # noqa: F401  (registers checks; post_migrate: "Staff viewers")

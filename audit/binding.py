@@ -15,7 +15,8 @@ The recorder puts each row's digest into the details of the event that records i
 
 `verify_rows` recomputes every digest from the stored rows and names each row that does not match, is
 missing, or is stored without a record in the chain, in words and ids only (never content). Rows of runs
-recorded before row digests existed are reported as not bound, which is a note, not a failure.
+recorded before row digests existed are reported as not bound, which is a note, not a failure. The chain
+is read by `audit.bound.collect`, which the offline bundle verifier shares.
 """
 
 from __future__ import annotations
@@ -25,11 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from audit import rowdigest
-from audit.models import EventType, ToolStatus
+from audit.bound import GOVERNANCE_EVENTS, Bound, collect
 
-GOVERNANCE_EVENTS = frozenset({EventType.REASONING_PURGED.value, EventType.REASONING_REKEYED.value})
 NOT_BOUND = "not bound (recorded before row digests)"
-_TOOL_STATUSES = frozenset(ToolStatus.values)
+__all__ = ["GOVERNANCE_EVENTS", "NOT_BOUND", "Expected", "RowVerdict", "verify_rows"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,13 +63,6 @@ class RowVerdict:
         return not self.problems and self.unfinished is None and not any(NOT_BOUND in n for n in self.notes)
 
 
-@dataclass(slots=True)
-class _Bound:
-    sequence_no: int
-    digest: str | None
-    purged: bool = False
-
-
 def verify_rows(
     *,
     events: Sequence[Any],
@@ -80,42 +73,9 @@ def verify_rows(
 ) -> RowVerdict:
     """Verify one run's stored rows against the digests in its (ordered) events."""
     verdict = RowVerdict()
-    bound_steps: dict[int, _Bound] = {}
-    bound_tools: dict[str, _Bound] = {}
-    bound_reasoning: dict[tuple[int, str], _Bound] = {}
-    finished: tuple[int, str | None, dict | None] | None = None
-    digests_seen = False
-    governance = 0
-    step_events = 0
-    reasoning_events = 0
-
-    for event in events:
-        d = event.details if isinstance(event.details, dict) else {}
-        seq, kind = event.sequence_no, event.event_type
-        if kind == EventType.AGENT_MODEL_STEP:
-            step_events += 1
-            bound_steps[d.get("stepIndex")] = _Bound(seq, d.get("stepDigest"))
-            digests_seen |= "stepDigest" in d
-            if "reasoningDigest" not in d:
-                bound_reasoning[(d.get("stepIndex"), d.get("agentName"))] = _Bound(seq, None)
-        elif kind == EventType.TOOL_INVOCATION and event.status in _TOOL_STATUSES and "toolCallId" in d:
-            bound_tools[d["toolCallId"]] = _Bound(seq, d.get("rowDigest"))
-            digests_seen |= "rowDigest" in d
-        elif kind in GOVERNANCE_EVENTS:
-            governance += 1
-            for row in d.get("rows") or []:
-                bound_reasoning[(row.get("stepIndex"), row.get("agentName"))] = _Bound(
-                    seq, row.get("digest"), purged=kind == EventType.REASONING_PURGED
-                )
-        elif kind == EventType.RUN_FINISHED:
-            finished = (seq, d.get("runDigest"), d.get("expected"), d.get("runForm"))
-            digests_seen |= "runDigest" in d
-        # A router or guard decision names its reasoning row's step index as `reasoningStepIndex`.
-        reasoning_step = d.get("reasoningStepIndex", d.get("stepIndex"))
-        if "reasoningDigest" in d and reasoning_step is not None and "agentName" in d:
-            bound_reasoning[(reasoning_step, d["agentName"])] = _Bound(seq, d["reasoningDigest"])
-            digests_seen = True
-            reasoning_events += 1
+    bindings = collect(events)
+    bound_steps, bound_tools, bound_reasoning = bindings.steps, bindings.tools, bindings.reasoning
+    finished, digests_seen, governance = bindings.finished, bindings.digests_seen, bindings.governance
 
     legacy: dict[str, list[str]] = {}
 
@@ -125,7 +85,7 @@ def verify_rows(
         else:
             legacy.setdefault(label, []).append(name)
 
-    def check(label: str, name: str, what: str, bound: _Bound | None, digest: str) -> None:
+    def check(label: str, name: str, what: str, bound: Bound | None, digest: str) -> None:
         if bound is None:
             unrecorded(label, name, what)
         elif bound.digest is None:
@@ -210,15 +170,11 @@ def verify_rows(
     elif finished is None and not (run is not None and run.is_terminal):
         verdict.expected = Expected(
             events=events[-1].sequence_no if events else 0,
-            steps=step_events,
-            tools=sum(1 for e in events if _tool_start(e)),
-            reasoning=reasoning_events if digests_seen else None,
+            steps=bindings.step_events,
+            tools=bindings.tool_starts,
+            reasoning=bindings.reasoning_events if digests_seen else None,
         )
     return verdict
-
-
-def _tool_start(event: Any) -> bool:
-    return event.event_type == EventType.TOOL_INVOCATION and event.status == ToolStatus.RUNNING
 
 
 def _reasoning_name(key: tuple[int, str]) -> str:

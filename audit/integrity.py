@@ -17,6 +17,18 @@ from typing import Any, Protocol
 from audit.payloads import canonical_json, sha256_hex
 
 GENESIS_HASH = "0" * 64
+# The fields of `event_payload`, i.e. what an event's hash covers (an evidence bundle carries exactly these).
+EVENT_FIELDS = (
+    "runId",
+    "sessionId",
+    "sequenceNo",
+    "phase",
+    "eventType",
+    "status",
+    "summary",
+    "details",
+    "createdAt",
+)
 
 
 class ChainLink(Protocol):

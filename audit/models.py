@@ -8,6 +8,7 @@ there for joins in selectors and the admin. `on_delete=DO_NOTHING` because audit
 through their run.
 """
 
+from django.conf import settings
 from django.db import models
 
 from diagnosis.models import DiagnosisRun
@@ -203,3 +204,164 @@ class ToolInvocation(models.Model):
     @property
     def success(self) -> bool:
         return self.status == ToolStatus.SUCCEEDED
+
+
+# --------------------------------------------------------------------------------------------------
+# The transparency log over finished runs (audit/transparency/, docs/audit-integrity.md)
+# --------------------------------------------------------------------------------------------------
+class LogHead(models.Model):
+    """The one row (pk 1) naming the log's current size and root (`audit_log_head`).
+
+    Its row lock (`SELECT … FOR UPDATE`; on SQLite the write transaction itself) makes the appender a
+    single writer across processes, so leaf indexes are one gapless global order. `scan_from` bounds the
+    search for newly finished runs: every run created before it is terminal and anchored (NULL: scan all).
+    """
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    tree_size = models.BigIntegerField(default=0)
+    root_hash = models.CharField(max_length=64, blank=True, default="")
+    scan_from = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "audit_log_head"
+
+    def __str__(self) -> str:
+        return f"log of {self.tree_size} leaves"
+
+
+class LogLeaf(models.Model):
+    """One leaf of the log: a finished run's chain head and terminal digest (`audit_log_leaf`).
+
+    `data` is the canonical JSON the leaf hash commits to (`audit.transparency.leafdata`), `leaf_hash`
+    its RFC 9162 leaf hash (hex). Append-only: written by `audit.transparency.log` under the head's lock,
+    never updated or deleted (a purged run keeps its leaf; `RunTombstone` says it was purged).
+    """
+
+    leaf_index = models.BigIntegerField(unique=True)
+    run_id = models.CharField(max_length=64, unique=True)
+    session_id = models.CharField(max_length=64)
+    leaf_hash = models.CharField(max_length=64)
+    data = models.TextField()
+    appended_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "audit_log_leaf"
+        ordering = ["leaf_index"]
+
+    def __str__(self) -> str:
+        return f"leaf {self.leaf_index} ({self.run_id})"
+
+
+class LogNode(models.Model):
+    """A complete subtree of the log (`audit_log_node`): the hash of the 2^level leaves from
+    `node_index << level`, for level ≥ 1 (level 0 is the leaf table). Written once when its last leaf is
+    appended; a proof reads O(log n) of them."""
+
+    level = models.PositiveSmallIntegerField()
+    node_index = models.BigIntegerField()
+    hash = models.CharField(max_length=64)
+
+    class Meta:
+        db_table = "audit_log_node"
+        constraints = [models.UniqueConstraint(fields=["level", "node_index"], name="uniq_log_node")]
+
+    def __str__(self) -> str:
+        return f"node {self.level}/{self.node_index}"
+
+
+class Checkpoint(models.Model):
+    """A signed tree head (`audit_checkpoint`): `body` is the exact signed text
+    (`audit.transparency.note`), `signature` its base64 Ed25519 signature by the key `key_id`,
+    `checkpoint_hash` the SHA-256 of the body, `previous_hash` the previous checkpoint's hash. The
+    other columns repeat the body's fields for queries. One per tree size; never updated."""
+
+    tree_size = models.BigIntegerField(unique=True)
+    root_hash = models.CharField(max_length=64)
+    signed_at = models.DateTimeField()
+    previous_hash = models.CharField(max_length=64, blank=True, default="")
+    key_id = models.CharField(max_length=32)
+    body = models.TextField()
+    signature = models.CharField(max_length=128)
+    checkpoint_hash = models.CharField(max_length=64, unique=True)
+
+    class Meta:
+        db_table = "audit_checkpoint"
+        ordering = ["-tree_size"]
+
+    def __str__(self) -> str:
+        return f"checkpoint {self.tree_size}"
+
+
+# --------------------------------------------------------------------------------------------------
+# Retention: tombstones of purged runs and legal holds (audit/retention.py)
+# --------------------------------------------------------------------------------------------------
+class RunTombstone(models.Model):
+    """What is left of a run whose trace records were purged after `AUDIT_RETENTION_DAYS`
+    (`audit_run_tombstone`): its ids, its leaf in the transparency log (which stays, so the log and
+    every other run still verify), when and why it was purged, and how many rows went. Written in the
+    transaction that deletes the rows; never updated."""
+
+    run_id = models.CharField(max_length=64, unique=True)
+    session_id = models.CharField(max_length=64)
+    leaf_index = models.BigIntegerField()
+    finished_at = models.CharField(
+        max_length=40, help_text="The anchored finish time (the leaf's finishedAt)."
+    )
+    purged_at = models.DateTimeField()
+    retention_days = models.IntegerField()
+    reason = models.CharField(max_length=200)
+    purged_by = models.CharField(max_length=150)
+    rows_deleted = models.JSONField(default=dict)
+
+    class Meta:
+        db_table = "audit_run_tombstone"
+        ordering = ["-purged_at"]
+
+    def __str__(self) -> str:
+        return f"tombstone {self.run_id}"
+
+
+class HoldScope(models.TextChoices):
+    SESSION = "SESSION"
+    RUN = "RUN"
+
+
+class LegalHold(models.Model):
+    """A legal hold on a session or a run (`audit_legal_hold`): while it is not lifted, neither the trace
+    retention purge (`purge_audit`) nor the reasoning purge (`purge_reasoning`) touches its records.
+    Who placed it, when and why, and who lifted it, when and why, are recorded (usernames as snapshots).
+    Placing and lifting need the permission `audit.place_legal_hold`; rows are never deleted."""
+
+    scope = models.CharField(max_length=8, choices=HoldScope.choices)
+    target_id = models.CharField(max_length=64)
+    reason = models.CharField(max_length=1000)
+    placed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+", db_constraint=False
+    )
+    placed_by_username = models.CharField(max_length=150)
+    placed_at = models.DateTimeField()
+    lifted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        db_constraint=False,
+    )
+    lifted_by_username = models.CharField(max_length=150, blank=True, default="")
+    lifted_at = models.DateTimeField(null=True, blank=True)
+    lift_reason = models.CharField(max_length=1000, blank=True, default="")
+
+    class Meta:
+        db_table = "audit_legal_hold"
+        ordering = ["-placed_at"]
+        indexes = [models.Index(fields=["scope", "target_id"], name="idx_hold_target")]
+        permissions = [("place_legal_hold", "Can place and lift legal holds on sessions and runs")]
+
+    def __str__(self) -> str:
+        return f"hold on {self.scope.lower()} {self.target_id}"
+
+    @property
+    def active(self) -> bool:
+        return self.lifted_at is None

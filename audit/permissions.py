@@ -1,5 +1,6 @@
-"""DRF permission of the session-audits endpoint: superusers only, checked on the session object after it
-was found visible, so the order is 401 → 404 → 403 (see docs/api.md)."""
+"""DRF permissions of the audit endpoints: session audits (superusers only) and evidence and checkpoints
+(staff and reasoning auditors), checked on the object after it was found visible where there is one, so
+the order is 401 → 404 → 403 (see docs/api.md)."""
 
 from rest_framework.permissions import BasePermission
 
@@ -12,3 +13,38 @@ class IsSuperuser(BasePermission):
 
     def has_object_permission(self, request, view, obj) -> bool:
         return bool(request.user.is_active and request.user.is_superuser)
+
+
+class CanReadEvidence(BasePermission):
+    """Evidence bundles and checkpoints: staff (who see every run) and reasoning auditors (who may be
+    non-staff and then see their own sessions only). Checked on the run after it was found visible
+    (401 → 400 → 404 → 403, as for reasoning); on endpoints without an object, after authentication."""
+
+    message = "Evidence and checkpoints are for staff and reasoning auditors."
+
+    def has_permission(self, request, view) -> bool:
+        user = request.user
+        if not (user and user.is_authenticated):
+            return False
+        return view.object_checked or _may_read_evidence(user)
+
+    def has_object_permission(self, request, view, obj) -> bool:
+        return _may_read_evidence(request.user)
+
+
+def _may_read_evidence(user) -> bool:
+    from reasoning.models import REASONING_PERMISSION
+
+    return bool(user.is_active and (user.is_staff or user.has_perm(REASONING_PERMISSION)))
+
+
+class CanPlaceLegalHold(BasePermission):
+    """Legal holds: `audit.place_legal_hold`, checked on the session after it was found visible."""
+
+    message = "Legal holds need the permission audit.place_legal_hold."
+
+    def has_permission(self, request, view) -> bool:
+        return bool(request.user and request.user.is_authenticated)
+
+    def has_object_permission(self, request, view, obj) -> bool:
+        return bool(request.user.is_active and request.user.has_perm("audit.place_legal_hold"))

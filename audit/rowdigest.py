@@ -144,11 +144,19 @@ class Form:
         """The row's canonical form from column values (written or stored); every column is required."""
         return {c: _normalise(self.fields[c], values[c]) for c in self.columns}
 
+    def document(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """What the digest is taken of: `{"form": <name>, "row": <canonical form>}` (evidence bundles
+        carry it, so that anyone can recompute the digest without the database)."""
+        return {"form": self.name, "row": self.canonical(values)}
+
     def digest(self, values: Mapping[str, Any]) -> str:
-        return sha256_hex(canonical_json({"form": self.name, "row": self.canonical(values)}))
+        return sha256_hex(canonical_json(self.document(values)))
+
+    def values_of(self, instance: models.Model) -> dict[str, Any]:
+        return {c: getattr(instance, self.fields[c].attname) for c in self.columns}
 
     def digest_of(self, instance: models.Model) -> str:
-        return self.digest({c: getattr(instance, self.fields[c].attname) for c in self.columns})
+        return self.digest(self.values_of(instance))
 
 
 class _RunForm(Form):

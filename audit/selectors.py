@@ -3,11 +3,12 @@
 `get_trace` turns a run into a `Trace`: the run row (with the viewer's feedback), its ordered timeline,
 its model steps and its tool invocations, and a `TraceSummary` that compares what is stored with what the
 recorder expected to write, and every stored row with the digest its chain carries, so that an
-incomplete or altered audit is visible and never silent (seed 001, sections 6–8). It costs four queries
-whatever the run's size (events, steps, tools, and the reasoning rows' stored columns; plus one for the
-feedback only when the caller did not annotate it on the run). No reasoning or assistant text is read:
-the reasoning rows (`reasoning.AgentReasoningAudit`) are read as stored, ciphertext cast to plain text
-and never decrypted, only to recompute their digests; nothing of them enters the trace.
+incomplete or altered audit is visible and never silent (seed 001, sections 6–8). It costs five queries
+whatever the run's size (events, steps, tools, the reasoning rows' stored columns, and the run's leaf in
+the transparency log; plus one for the feedback only when the caller did not annotate it on the run). No
+reasoning or assistant text is read: the reasoning rows (`reasoning.AgentReasoningAudit`) are read as
+stored, ciphertext cast to plain text and never decrypted, only to recompute their digests; nothing of
+them enters the trace.
 
 The API (`audit.apis.TraceApi`) and the admin's "export as JSON" both call `get_trace` and render it with
 `audit.serializers.TraceSerializer`, so both produce the same shape.
@@ -35,6 +36,11 @@ Summary semantics (documented in docs/api.md):
   lifecycle step the recorder refused (a conflicting start or terminal: its CONFLICT event), rows
   recorded before row digests ("not bound") and reasoning purged by governance. Those notes alone do not
   make the audit incomplete: the audit recorded faithfully what happened.
+* `anchor`: where the run is anchored in the transparency log (its leaf index and the first checkpoint
+  covering it: its hash, tree size and signing time), or null when no checkpoint covers it yet. When the
+  run is anchored, its stored chain must still have the head its leaf committed to (a run rewritten
+  and re-hashed after anchoring, or events other than governance after the anchored head): otherwise
+  `gaps` names it and the audit is incomplete (`audit.transparency.verify.check_anchor`).
 * `fencedWrites`: writes of a stale lease owner (one that another process took the run from) that the
   lease fence refused; none of their rows is stored, so they do not make the audit incomplete, and
   `gaps` names them.
@@ -73,9 +79,19 @@ from django.db.models.functions import Coalesce
 
 from audit.binding import GOVERNANCE_EVENTS, verify_rows
 from audit.integrity import verify_chain
-from audit.models import TOOL_CONFLICT, AgentStep, EventType, ToolInvocation, ToolStatus, TraceEvent
+from audit.models import (
+    TOOL_CONFLICT,
+    AgentStep,
+    Checkpoint,
+    EventType,
+    LogLeaf,
+    ToolInvocation,
+    ToolStatus,
+    TraceEvent,
+)
 from audit.reconcile import CallUsage, KeptLedger, Reconciliation, reconcile
 from audit.rowdigest import stored_reasoning_rows
+from audit.transparency.verify import check_anchor
 from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun, RunStatus
 from diagnosis.selectors import FeedbackView, RunResolution, get_feedback, viewer_feedback
 
@@ -93,6 +109,16 @@ class Counts:
 
 
 @dataclass(frozen=True, slots=True)
+class AnchorView:
+    """Where a run is anchored in the transparency log: its leaf and the first checkpoint covering it."""
+
+    checkpoint: str  # that checkpoint's hash
+    tree_size: int
+    leaf_index: int
+    signed_at: dt.datetime
+
+
+@dataclass(frozen=True, slots=True)
 class TraceSummary:
     persisted: Counts
     expected: Counts
@@ -105,6 +131,7 @@ class TraceSummary:
     ledger: Reconciliation | None = None
     rows_verified: bool = False
     rows_verified_count: int = 0
+    anchor: AnchorView | None = None
 
 
 DEMO_PROVIDER = "demo"
@@ -156,6 +183,7 @@ def get_trace(
     steps = list(AgentStep.objects.filter(run_id=run.run_id).order_by("step_index", "id"))
     tools = list(ToolInvocation.objects.filter(run_id=run.run_id).order_by("started_at", "id"))
     reasoning = stored_reasoning_rows(run_id=run.run_id)
+    leaf = anchored_leaf(run_id=run.run_id)
 
     if hasattr(run, "viewer_feedback_rating"):
         feedback = viewer_feedback(run)
@@ -176,6 +204,7 @@ def get_trace(
         tools=tools,
         steps=steps,
         reasoning=reasoning,
+        leaf=leaf,
     )
     return Trace(
         session_id=session_id,
@@ -218,10 +247,12 @@ def summarize(
     tools: list[ToolInvocation],
     steps: Sequence[AgentStep] = (),
     reasoning: Sequence[dict] = (),
+    leaf: LogLeaf | None = None,
 ) -> TraceSummary:
     """Compare stored, expected and returned records of `run`, and every stored row with its digest in
-    the chain; see the module docstring. `reasoning`: the run's reasoning rows as stored
-    (`audit.rowdigest.stored_reasoning_rows`)."""
+    the chain, and the chain with its leaf in the transparency log; see the module docstring.
+    `reasoning`: the run's reasoning rows as stored (`audit.rowdigest.stored_reasoning_rows`); `leaf`:
+    the run's leaf as `anchored_leaf` reads it (None: not anchored)."""
     rows = verify_rows(events=events, run=run, steps=steps, tools=tools, reasoning=reasoning)
     if rows.expected is not None:
         expected = Counts(rows.expected.events, rows.expected.steps, rows.expected.tools)
@@ -277,6 +308,11 @@ def summarize(
                 complete = False
                 gaps.append(f"tool call {tool.tool_call_id} still RUNNING after the run ended")
 
+    anchor_problems, _ = check_anchor(run=run, events=events, leaf=leaf)
+    if anchor_problems:
+        complete = False
+        gaps.extend(f"transparency log: {problem}" for problem in anchor_problems)
+
     if run.status in (RunStatus.FAILED, RunStatus.CANCELLED) and (run.release_decision or run.content):
         complete = False
         gaps.append(
@@ -310,6 +346,33 @@ def summarize(
         ledger=ledger,
         rows_verified=rows.all_verified,
         rows_verified_count=rows.verified,
+        anchor=_anchor_view(leaf),
+    )
+
+
+def anchored_leaf(*, run_id: str) -> LogLeaf | None:
+    """The run's leaf in the transparency log with the first checkpoint that covers it annotated
+    (`covering_hash`, `covering_size`, `covering_signed_at`; None when none does yet); one query."""
+    covering = Checkpoint.objects.filter(tree_size__gt=OuterRef("leaf_index")).order_by("tree_size")
+    return (
+        LogLeaf.objects.filter(run_id=run_id)
+        .annotate(
+            covering_hash=Subquery(covering.values("checkpoint_hash")[:1]),
+            covering_size=Subquery(covering.values("tree_size")[:1]),
+            covering_signed_at=Subquery(covering.values("signed_at")[:1]),
+        )
+        .first()
+    )
+
+
+def _anchor_view(leaf: LogLeaf | None) -> AnchorView | None:
+    if leaf is None or getattr(leaf, "covering_hash", None) is None:
+        return None
+    return AnchorView(
+        checkpoint=leaf.covering_hash,
+        tree_size=int(leaf.covering_size),
+        leaf_index=leaf.leaf_index,
+        signed_at=leaf.covering_signed_at,
     )
 
 

@@ -178,6 +178,16 @@ def trace_data(trace: Trace) -> dict[str, Any]:
             "chainValid": bool(s.chain_valid),
             "rowsVerified": bool(s.rows_verified),
             "rowsVerifiedCount": int(s.rows_verified_count),
+            "anchor": (
+                {
+                    "checkpoint": _str(s.anchor.checkpoint),
+                    "treeSize": int(s.anchor.tree_size),
+                    "leafIndex": int(s.anchor.leaf_index),
+                    "signedAt": _dt(s.anchor.signed_at),
+                }
+                if s.anchor is not None
+                else None
+            ),
             "gaps": [str(g) for g in s.gaps],
         },
     }

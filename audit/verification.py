@@ -6,8 +6,11 @@ without gap or repeat, `prev_hash` links, each hash recomputed from its own fiel
 (`audit.binding.verify_rows`: a changed, deleted or unrecorded row is named); and, for a finished run,
 whether the stored events, steps, tools and reasoning rows match the counts the chain says the recorder
 attempted (older runs without counts in their chain: the run's `expected_*` columns) and whether any audit
-write failed. Problems are worded without content (ids, sequence numbers, counts only). Reasoning rows are
-read as stored (ciphertext), never decrypted.
+write failed; and, for a run in the transparency log, that its stored chain still has the head its leaf
+anchored (`audit.transparency.verify.check_anchor`; a finished run not yet anchored is a note). The log
+itself (leaves, nodes, checkpoints, runs deleted whole) is checked by `audit.transparency.verify`.
+Problems are worded without content (ids, sequence numbers, counts only). Reasoning rows are read as
+stored (ciphertext), never decrypted.
 
 Runs are read in primary-key batches, each batch's events, steps, tools and reasoning rows in one query
 each, so memory is bounded by the batch size whatever the number of runs.
@@ -15,6 +18,7 @@ each, so memory is bounded by the batch size whatever the number of runs.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,8 +26,10 @@ from typing import Any
 
 from audit.binding import verify_rows
 from audit.integrity import verify_chain
-from audit.models import AgentStep, ToolInvocation, TraceEvent
+from audit.models import AgentStep, Checkpoint, LogLeaf, RunTombstone, ToolInvocation, TraceEvent
+from audit.retention import tombstone_problems
 from audit.rowdigest import stored_reasoning_rows
+from audit.transparency.verify import check_anchor, leaves_of
 from diagnosis.models import DiagnosisRun
 
 RUN_BATCH = 200
@@ -38,6 +44,8 @@ class RunVerification:
     invalid: list[str] = field(default_factory=list)  # tampering, deletion, reordering
     incomplete: list[str] = field(default_factory=list)  # lost writes of a finished run
     notes: list[str] = field(default_factory=list)  # no failure: rows before row digests, purges
+    leaf_index: int | None = None  # its leaf in the transparency log, None when not anchored
+    unanchored: bool = False  # finished but not yet in the log (a note, not a failure)
 
     @property
     def ok(self) -> bool:
@@ -45,15 +53,47 @@ class RunVerification:
 
 
 def verify_run(run_id: str) -> RunVerification:
-    """Verify one run (its events are checked even when the run row is missing)."""
+    """Verify one run (its events are checked even when the run row is missing; a run purged by
+    retention is checked through its tombstone)."""
     run = DiagnosisRun.objects.filter(run_id=run_id).first()
     events = list(TraceEvent.objects.filter(run_id=run_id).order_by("sequence_no"))
+    leaf = LogLeaf.objects.filter(run_id=run_id).first()
+    tombstone = RunTombstone.objects.filter(run_id=run_id).first() if run is None and not events else None
+    if tombstone is not None:
+        return _purged(run_id, tombstone, leaf)
     steps, tools, reasoning = _rows([run_id])
     result = _check(
-        run_id, events, run=run, steps=steps[run_id], tools=tools[run_id], reasoning=reasoning[run_id]
+        run_id,
+        events,
+        run=run,
+        steps=steps[run_id],
+        tools=tools[run_id],
+        reasoning=reasoning[run_id],
+        leaf=leaf,
     )
     if run is None:
         result.incomplete.append("no run row for these events")
+    return result
+
+
+def _purged(run_id: str, tombstone: RunTombstone, leaf: LogLeaf | None) -> RunVerification:
+    result = RunVerification(run_id=run_id, leaf_index=tombstone.leaf_index)
+    result.notes.append(
+        f"records purged {tombstone.purged_at.isoformat()} by {tombstone.purged_by} "
+        f"({tombstone.reason}); its leaf {tombstone.leaf_index} stays in the transparency log"
+    )
+    if leaf is None:
+        result.invalid.append("tombstone without a leaf in the transparency log")
+        return result
+    covering = Checkpoint.objects.filter(tree_size__gt=leaf.leaf_index).order_by("tree_size").first()
+    result.invalid.extend(
+        tombstone_problems(
+            tombstone,
+            leaf_index=leaf.leaf_index,
+            finished_at=json.loads(leaf.data).get("finishedAt"),
+            signed_at=covering.signed_at if covering else None,
+        )
+    )
     return result
 
 
@@ -70,6 +110,7 @@ def verify_all_runs(*, batch_size: int = RUN_BATCH) -> Iterator[RunVerification]
         for event in TraceEvent.objects.filter(run_id__in=ids).order_by("run_id", "sequence_no"):
             by_run[event.run_id].append(event)
         steps, tools, reasoning = _rows(ids)
+        leaves = leaves_of(ids)
         for run in runs:
             yield _check(
                 run.run_id,
@@ -78,6 +119,7 @@ def verify_all_runs(*, batch_size: int = RUN_BATCH) -> Iterator[RunVerification]
                 steps=steps.pop(run.run_id, []),
                 tools=tools.pop(run.run_id, []),
                 reasoning=reasoning.pop(run.run_id, []),
+                leaf=leaves.get(run.run_id),
             )
 
 
@@ -102,10 +144,15 @@ def _check(
     steps: list[AgentStep],
     tools: list[ToolInvocation],
     reasoning: list[dict[str, Any]],
+    leaf: LogLeaf | None = None,
 ) -> RunVerification:
     verdict = verify_chain(events)
     result = RunVerification(run_id=run_id, events=verdict.events, chain_valid=verdict.valid)
     result.invalid.extend(verdict.problems)
+    anchor_problems, anchor_notes = check_anchor(run=run, events=events, leaf=leaf)
+    result.invalid.extend(anchor_problems)
+    result.leaf_index = leaf.leaf_index if leaf is not None else None
+    result.unanchored = bool(anchor_notes)
     rows = verify_rows(events=events, run=run, steps=steps, tools=tools, reasoning=reasoning)
     result.rows_verified = rows.verified
     result.invalid.extend(rows.problems)

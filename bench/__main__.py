@@ -3,7 +3,8 @@
     python -m bench                 # everything (≈ 6–9 min on a 2-core machine; the first run also builds
                                     # the 1 000 000-run data set of B2, which is kept for later runs)
     python -m bench --quick         # short repetitions, B2 growth to 100 000 runs, B3 at 50 chats
-    python -m bench --only b1,b4    # some benchmarks
+    python -m bench --only b1,b4    # some benchmarks (b5: the transparency log; builds a 1 000 000-leaf
+                                    # log once, kept for later runs)
     python -m bench --no-write      # print the table only (a full run writes docs/performance.md)
 
 Every figure is a ratio measured side by side in one run, as the median of several repetitions with its
@@ -19,13 +20,13 @@ from pathlib import Path
 
 from bench import env
 
-ALL = ("b1", "b2", "b3", "b4")
+ALL = ("b1", "b2", "b3", "b4", "b5")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="short repetitions and smaller sizes")
-    p.add_argument("--only", default=",".join(ALL), help="comma-separated subset of b1,b2,b3,b4")
+    p.add_argument("--only", default=",".join(ALL), help="comma-separated subset of b1,b2,b3,b4,b5")
     p.add_argument("--database", default=env.DEFAULT_DB, help="bench database (created and migrated)")
     p.add_argument("--no-write", action="store_true", help="do not write docs/performance.md")
     p.add_argument("--write", action="store_true", help="write docs/performance.md even with --quick")
@@ -105,6 +106,12 @@ def main(argv: list[str] | None = None) -> int:
         rows, evidence = b3_live.live_runs(levels=(50,) if q else (50, 100, 200), log=log)
         results.rows += rows
         results.evidence["b3"] = evidence
+
+    if "b5" in only:
+        from bench import b5_tlog
+
+        print("B5: transparency log")
+        results.rows += b5_tlog.run_all(database=args.database, quick=q, log=log)
 
     results.seconds = time.perf_counter() - started
     print()

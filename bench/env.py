@@ -63,6 +63,20 @@ def prepare(database: str = DEFAULT_DB) -> None:
     os.environ["DEBUG"] = "false"
     os.environ.setdefault("SECRET_KEY", "bench-" + Fernet.generate_key().decode())
     os.environ.setdefault("REASONING_ENCRYPTION_KEYS", Fernet.generate_key().decode())
+    # One signing key for every bench run (kept in .local/, like the development key), so that the
+    # checkpoints of the kept B5 databases still verify in later runs.
+    from audit.transparency.keys import generate_key_text, validate_private
+    from config.devkeys import read_or_create
+
+    os.environ.setdefault(
+        "AUDIT_SIGNING_KEYS",
+        read_or_create(
+            ROOT / ".local" / "bench-audit-signing.key",
+            generate=generate_key_text,
+            validate=validate_private,
+            what="an Ed25519 key",
+        ),
+    )
     os.environ["SECURE_SSL_REDIRECT"] = "false"
     os.environ["ALLOWED_HOSTS"] = "127.0.0.1,localhost,testserver"
     os.environ.setdefault("LOG_LEVEL", "WARNING")

@@ -216,6 +216,27 @@ REASONING_THROTTLE_RATE = env.str("REASONING_THROTTLE_RATE", default="60/min")
 TRUSTED_PROXY_COUNT = env.int("TRUSTED_PROXY_COUNT", default=0)
 
 # ---------------------------------------------------------------------------------------------------
+# Transparency log (audit/transparency/, docs/audit-integrity.md)
+# ---------------------------------------------------------------------------------------------------
+# Ed25519 signing keys of checkpoints, newest first (base64 of 32-byte seeds); never in the database.
+AUDIT_SIGNING_KEYS = env.list("AUDIT_SIGNING_KEYS", default=[])
+# Public keys (base64 of 32 raw bytes) of retired signing keys, so that their checkpoints still verify.
+AUDIT_VERIFY_KEYS = env.list("AUDIT_VERIFY_KEYS", default=[])
+# Development only, like the reasoning key: generated once and reused; with DEBUG off audit.E001 stops.
+AUDIT_DEV_SIGNING_KEY_FILE = BASE_DIR / ".local" / "audit-signing.key" if DEBUG else None
+# The log's name in every checkpoint it signs.
+AUDIT_LOG_ORIGIN = env.str("AUDIT_LOG_ORIGIN", default="diagnosis-audit")
+# How often each server process appends finished runs and signs a checkpoint (0 = off).
+AUDIT_CHECKPOINT_INTERVAL_SECONDS = env.float("AUDIT_CHECKPOINT_INTERVAL_SECONDS", default=60.0)
+# Optional file every signed checkpoint is appended to (one JSON line each), for write-once storage.
+AUDIT_WITNESS_PATH = env.str("AUDIT_WITNESS_PATH", default="")
+# Trace records are kept this many days (EU AI Act Art. 19 and 26(6): at least six months), then purged
+# to tombstones by `manage.py purge_audit`.
+AUDIT_RETENTION_DAYS = env.int("AUDIT_RETENTION_DAYS", default=183)
+# How often each server process runs that purge (0 = off; the log's lock makes processes take turns).
+AUDIT_PURGE_INTERVAL_SECONDS = env.float("AUDIT_PURGE_INTERVAL_SECONDS", default=3600.0)
+
+# ---------------------------------------------------------------------------------------------------
 # REST framework: authenticated by default, errors in the contract's shape
 # ---------------------------------------------------------------------------------------------------
 REST_FRAMEWORK = {

@@ -5,7 +5,15 @@ from django.contrib import admin
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from audit.apis import SessionAuditsApi, TraceApi
+from audit.apis import (
+    CheckpointListApi,
+    ConsistencyApi,
+    EvidenceApi,
+    LegalHoldsApi,
+    LiftLegalHoldApi,
+    SessionAuditsApi,
+    TraceApi,
+)
 from diagnosis.apis import RunFeedbackApi, RunListApi, SessionListApi
 from diagnosis.chat import pages as chat_pages
 from diagnosis.chat import sse as chat_sse
@@ -27,6 +35,24 @@ urlpatterns = [
         "api/diagnosis/<str:sessionId>/runs/<str:runId>/feedback",
         RunFeedbackApi.as_view(),
         name="api-run-feedback",
+    ),
+    path(
+        "api/diagnosis/<str:sessionId>/runs/<str:runId>/evidence",
+        EvidenceApi.as_view(),
+        name="api-run-evidence",
+    ),
+    path("api/diagnosis/<str:sessionId>/holds", LegalHoldsApi.as_view(), name="api-legal-holds"),
+    path(
+        "api/diagnosis/<str:sessionId>/holds/<int:holdId>/lift",
+        LiftLegalHoldApi.as_view(),
+        name="api-legal-hold-lift",
+    ),
+    # The transparency log (docs/audit-integrity.md).
+    path("api/audit/checkpoints/", CheckpointListApi.as_view(), name="api-checkpoints"),
+    path(
+        "api/audit/checkpoints/<int:treeSize>/consistency",
+        ConsistencyApi.as_view(),
+        name="api-checkpoint-consistency",
     ),
     # Chat stream, run events and cancel: async views, Server-Sent Events (docs/chat.md).
     path("api/chat", chat_sse.chat_stream, name="api-chat"),

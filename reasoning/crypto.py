@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from cryptography.fernet import Fernet, InvalidToken
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+
+from config.devkeys import read_or_create
 
 PREFIX = "fernet:"
 KID_CHARS = 8
@@ -115,34 +115,12 @@ def _keyring(keys: tuple[str, ...]) -> Keyring:
 @functools.lru_cache(maxsize=4)
 def _dev_key(path: str) -> str:
     """Read the development key, creating it atomically (first process wins) if it does not exist."""
-    file = Path(path)
-    if not file.exists():
-        file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(Fernet.generate_key().decode("ascii") + "\n")
-        try:
-            os.link(tmp, file)  # atomic; fails when another process created the file first
-        except FileExistsError:
-            pass
-        except OSError:
-            # A filesystem without hard links: exclusive create (a concurrent reader may retry once).
-            try:
-                fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            except FileExistsError:
-                pass
-            else:
-                with os.fdopen(fd, "w") as handle:
-                    handle.write(tmp.read_text(encoding="ascii"))
-        finally:
-            tmp.unlink(missing_ok=True)
-    key = file.read_text(encoding="ascii").strip()
-    try:
-        validate_key(key)
-    except ValueError as exc:
-        raise ImproperlyConfigured(f"{file} does not hold a Fernet key; delete it to generate one") from exc
-    return key
+    return read_or_create(
+        path,
+        generate=lambda: Fernet.generate_key().decode("ascii"),
+        validate=validate_key,
+        what="a Fernet key",
+    )
 
 
 def configured_keys() -> list[str]:

@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from audit.models import EventType
 from audit.recorder import record_reasoning_change
+from audit.retention import held
 from audit.rowdigest import stored_reasoning_rows
 from reasoning import crypto
 from reasoning.fields import Ciphertext
@@ -126,7 +127,9 @@ def purge_reasoning(
     NULL and `purged_at` is set. Works in batches of `batch_size` rows (one UPDATE each), so a large purge
     never holds long locks; running it again purges nothing more. Each batch writes, in its own
     transaction, a `REASONING_PURGED` event into the chain of every run it touched, with the new digests
-    of the purged rows (`audit.recorder.record_reasoning_change`), so that they verify as purged.
+    of the purged rows (`audit.recorder.record_reasoning_change`), so that they verify as purged. Rows
+    of a run or session under an active legal hold (`audit.retention`) are never purged, not even when
+    `run_id` names the run.
     """
     if older_than_days is None and not run_id:
         raise ValueError("purge_reasoning needs older_than_days, run_id or both")
@@ -138,6 +141,8 @@ def purge_reasoning(
         scope = scope.filter(created_at__lt=now - dt.timedelta(days=older_than_days))
     if run_id:
         scope = scope.filter(run_id=run_id)
+    # A legal hold on the run or its session exempts its rows until the hold is lifted.
+    scope = scope.exclude(held())
     purged = 0
     while True:
         ids = list(scope.order_by("pk").values_list("pk", flat=True)[:batch_size])

@@ -114,12 +114,14 @@ def _fast_password_hasher(settings):
 # --------------------------------------------------------------------------------------------------
 @pytest.fixture
 def chat_settings(settings):
-    """In-memory channel layer, no periodic sweeper, the demo provider; the runtime's pools are closed
-    afterwards so no pool thread keeps a connection to this test's database."""
+    """In-memory channel layer, no periodic sweeper or checkpointer, the demo provider; the runtime's
+    pools are closed afterwards so no pool thread keeps a connection to this test's database."""
     from diagnosis.runtime import db as runtime_db
 
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     settings.RUN_SWEEP_INTERVAL_SECONDS = 0
+    settings.AUDIT_CHECKPOINT_INTERVAL_SECONDS = 0
+    settings.AUDIT_PURGE_INTERVAL_SECONDS = 0
     settings.LLM_PROVIDER = "demo"
     yield settings
     runtime_db.shutdown_pools()

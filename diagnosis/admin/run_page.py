@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from audit.models import EventType, Phase, ToolInvocation, UsageSource
-from audit.selectors import Trace
+from audit.selectors import AnchorView, Trace
 from diagnosis.admin.display import (
     compact_json,
     delivery_note,
@@ -392,6 +392,7 @@ class AuditSummary:
     rows_verified: bool = False
     rows_verified_count: int = 0
     fenced_writes: int = 0
+    anchor: AnchorView | None = None  # where the transparency log anchors the run (None: not yet)
 
 
 def build_audit(trace: Trace) -> AuditSummary:
@@ -421,6 +422,7 @@ def build_audit(trace: Trace) -> AuditSummary:
         rows=rows,
         gaps=list(summary.gaps),
         problems=problems,
+        anchor=summary.anchor,
     )
 
 

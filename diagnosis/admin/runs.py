@@ -27,6 +27,7 @@ from rest_framework.renderers import JSONRenderer
 
 from audit.selectors import DEMO_PROVIDER, annotate_audit_completeness, get_trace
 from audit.serializers import serialize_trace
+from audit.transparency.evidence import build_bundle
 from diagnosis.admin.display import QUERY_PREVIEW_CHARS, delivery_note, format_ms
 from diagnosis.admin.display import tone as status_tone
 from diagnosis.admin.run_page import build_run_page
@@ -101,7 +102,8 @@ class DiagnosisRunAdmin(admin.ModelAdmin):
 
     Nobody adds, changes or deletes a run here. `change_view` is replaced by the run page; `reasoning/`
     (POST, CSRF-protected) returns the reasoning panel to holders of `reasoning.view_reasoning_content` and
-    logs the read; `trace.json` downloads one trace; the `export_traces` action downloads several.
+    logs the read; `trace.json` downloads one trace, `evidence.json` its evidence bundle; the
+    `export_traces` action downloads several traces.
     """
 
     list_display = (
@@ -237,6 +239,11 @@ class DiagnosisRunAdmin(admin.ModelAdmin):
                 wrap(self.trace_json_view),
                 name="{}_{}_trace_json".format(*info),
             ),
+            path(
+                "<path:object_id>/evidence.json",
+                wrap(self.evidence_view),
+                name="{}_{}_evidence".format(*info),
+            ),
             *super().get_urls(),
         ]
 
@@ -274,6 +281,7 @@ class DiagnosisRunAdmin(admin.ModelAdmin):
             "can_read_reasoning": request.user.has_perm(REASONING_PERMISSION),
             "reasoning_url": reverse("admin:{}_{}_reasoning".format(*info), args=[run.pk]),
             "trace_json_url": reverse("admin:{}_{}_trace_json".format(*info), args=[run.pk]),
+            "evidence_url": reverse("admin:{}_{}_evidence".format(*info), args=[run.pk]),
             "session_url": reverse("admin:diagnosis_chatsession_change", args=[run.session.pk]),
             "events_url": reverse("admin:audit_traceevent_changelist") + "?" + urlencode({"q": run.run_id}),
             **(extra_context or {}),
@@ -314,6 +322,12 @@ class DiagnosisRunAdmin(admin.ModelAdmin):
         run = self._viewable_run(request, object_id)
         return _traces_download([run_trace(run, viewer=request.user)], f"trace-{run.run_id}.json")
 
+    def evidence_view(self, request, object_id):
+        """The run's evidence bundle, exactly the API's (`audit.transparency.evidence`); verify it with
+        `python -m audit.verify_bundle FILE --public-key KEY`."""
+        run = self._viewable_run(request, object_id)
+        return _download(build_bundle(run=run), f"evidence-{run.run_id}.json")
+
     @admin.action(
         description="Export selected runs' traces as JSON (API trace shape, no reasoning)",
         permissions=["view"],
@@ -333,7 +347,11 @@ class DiagnosisRunAdmin(admin.ModelAdmin):
 
 def _traces_download(traces: list[dict[str, Any]], filename: str) -> HttpResponse:
     """`{"traces": [...]}`, each element exactly the API's trace response, rendered by DRF's renderer."""
-    body = JSONRenderer().render({"traces": traces})
+    return _download({"traces": traces}, filename)
+
+
+def _download(data: dict[str, Any], filename: str) -> HttpResponse:
+    body = JSONRenderer().render(data)
     response = HttpResponse(body, content_type="application/json")
     response["Content-Disposition"] = f'attachment; filename="{filename}"'
     response["Cache-Control"] = "no-store"

@@ -12,8 +12,12 @@ process owns it, and otherwise sends a control message to the run's control grou
 process joined when it launched the run, so the owner stops at once.
 
 Background duties, started lazily once per process (per event loop) by `ensure_background()`: the
-control listener (one channel per process) and the periodic sweeper (`diagnosis.runtime.sweeper`,
-every `RUN_SWEEP_INTERVAL_SECONDS`; 0 disables it).
+control listener (one channel per process), the periodic sweeper (`diagnosis.runtime.sweeper`,
+every `RUN_SWEEP_INTERVAL_SECONDS`; 0 disables it) and the transparency log's checkpointer
+(`audit.transparency.log.checkpoint`, every `AUDIT_CHECKPOINT_INTERVAL_SECONDS`; 0 disables it): it
+appends runs that finished since and signs a checkpoint, on the database pool, never on a run's path;
+the log's lock makes the processes that all do this take turns; and the retention purge
+(`audit.retention.purge_expired_runs`, every `AUDIT_PURGE_INTERVAL_SECONDS`; 0 disables it).
 """
 
 from __future__ import annotations
@@ -132,7 +136,8 @@ _background: _Background | None = None
 
 
 def ensure_background() -> None:
-    """Start this process's control listener and periodic sweeper once (again after a loop change)."""
+    """Start this process's control listener, periodic sweeper and checkpointer once (again after a loop
+    change)."""
     global _background
     loop = asyncio.get_running_loop()
     if (
@@ -147,6 +152,12 @@ def ensure_background() -> None:
     interval = float(getattr(settings, "RUN_SWEEP_INTERVAL_SECONDS", 15))
     if interval > 0:
         tasks.append(loop.create_task(_sweep_periodically(interval), name="runs:sweeper"))
+    every = float(getattr(settings, "AUDIT_CHECKPOINT_INTERVAL_SECONDS", 60))
+    if every > 0:
+        tasks.append(loop.create_task(_checkpoint_periodically(every), name="audit:checkpoint"))
+    purge_every = float(getattr(settings, "AUDIT_PURGE_INTERVAL_SECONDS", 3600))
+    if purge_every > 0:
+        tasks.append(loop.create_task(_purge_periodically(purge_every), name="audit:purge"))
     _background = _Background(loop=loop, channel=None, tasks=tasks, ready=ready)
 
 
@@ -220,6 +231,32 @@ async def _sweep_periodically(interval: float) -> None:
             raise
         except Exception as exc:
             logger.warning("periodic sweep failed error=%s", type(exc).__name__)
+
+
+async def _checkpoint_periodically(interval: float) -> None:
+    from audit.transparency.log import checkpoint
+
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await db(checkpoint)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.warning("periodic checkpoint failed error=%s", type(exc).__name__)
+
+
+async def _purge_periodically(interval: float) -> None:
+    from audit.retention import purge_expired_runs
+
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await db(purge_expired_runs, purged_by="server")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.warning("periodic audit purge failed error=%s", type(exc).__name__)
 
 
 async def stop_background() -> None:

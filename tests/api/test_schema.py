@@ -50,7 +50,44 @@ TRACE = {
         "chainValid": None,
         "rowsVerified": None,
         "rowsVerifiedCount": None,
+        "anchor": dict.fromkeys(["checkpoint", "treeSize", "leafIndex", "signedAt"]),
         "gaps": [None],
+    },
+}
+SIGNED = dict.fromkeys(["body", "signature"])
+CHECKPOINT = dict.fromkeys(
+    ["treeSize", "rootHash", "signedAt", "previousHash", "keyId", "checkpointHash", "body", "signature"]
+)
+EVIDENCE = {
+    "format": None,
+    "runId": None,
+    "sessionId": None,
+    "events": [
+        dict.fromkeys(
+            [
+                "runId",
+                "sessionId",
+                "sequenceNo",
+                "phase",
+                "eventType",
+                "status",
+                "summary",
+                "details",
+                "createdAt",
+                "prevHash",
+                "hash",
+            ]
+        )
+    ],
+    "rows": {
+        "steps": [dict.fromkeys(["digest", "form"])],
+        "tools": [dict.fromkeys(["digest", "form"])],
+        "reasoning": [dict.fromkeys(["stepIndex", "agentName", "digest"])],
+        "run": dict.fromkeys(["digest", "form"]),
+    },
+    "anchor": {
+        **dict.fromkeys(["leafIndex", "leafData", "leafHash", "treeSize", "inclusionProof"]),
+        "checkpoint": SIGNED,
     },
 }
 REASONING = {
@@ -86,6 +123,33 @@ CONTRACT = {
     },
     "/api/diagnosis/{sessionId}/runs/{runId}/feedback": {
         "post": {201: dict.fromkeys(["rating", "comment", "createdAt"]), 400: ERROR, 401: ERROR, 404: ERROR}
+    },
+    "/api/diagnosis/{sessionId}/runs/{runId}/evidence": {
+        "get": {200: EVIDENCE, 401: ERROR, 403: ERROR, 404: ERROR}
+    },
+    "/api/audit/checkpoints/": {
+        "get": {
+            200: {
+                **PAGE,
+                "results": [CHECKPOINT],
+                "publicKeys": [dict.fromkeys(["keyId", "algorithm", "publicKey", "signing"])],
+            },
+            401: ERROR,
+            403: ERROR,
+        }
+    },
+    "/api/audit/checkpoints/{treeSize}/consistency": {
+        "get": {
+            200: {
+                **dict.fromkeys(["fromTreeSize", "treeSize", "fromRootHash", "rootHash", "proof"]),
+                "checkpoint": SIGNED,
+                "fromCheckpoint": SIGNED,
+            },
+            400: ERROR,
+            401: ERROR,
+            403: ERROR,
+            404: ERROR,
+        }
     },
 }
 ENUMS = {

@@ -98,6 +98,7 @@ def test_trace_has_every_contract_key_and_is_complete(api_client, user, traced_r
         "chainValid": True,
         "rowsVerified": True,
         "rowsVerifiedCount": 7,  # 2 steps, 2 tools, 2 reasoning rows, the run's terminal summary
+        "anchor": None,  # no checkpoint yet (tests/api/test_evidence.py covers anchored runs)
         "gaps": [],
     }
     assert REASONING_MARKER not in json.dumps(body)
@@ -255,8 +256,8 @@ def test_trace_query_count_is_constant_from_5_to_500_events(
     counts = {}
     for run in (small, big):
         # Run with feedback, events, steps, tools, the reasoning rows' stored columns (for their digests,
-        # never decrypted), plus one or two for authentication.
-        with django_assert_max_num_queries(7) as captured:
+        # never decrypted), the run's leaf in the transparency log, plus one or two for authentication.
+        with django_assert_max_num_queries(8) as captured:
             body = _trace(api_client, run, runId=run.run_id)
         counts[run.run_id] = len(captured.captured_queries)
         assert body["summary"]["returned"]["events"] == _events_of(run)

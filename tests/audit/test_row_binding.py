@@ -479,3 +479,19 @@ def test_rows_written_on_the_production_paths_verify(user, group_commit):
     assert _assert_clean(run).rows_verified_count == ROWS_OF_A_FULL_RUN + 2
     ToolInvocation.objects.filter(run_id=run.run_id, tool_call_id="call_1").update(status=ToolStatus.FAILED)
     _assert_named(run, "tool call call_1: stored row does not match its digest")
+
+
+def test_the_pure_chain_reader_names_the_models_event_types_and_tool_statuses():
+    """`audit.bound` (shared with the offline bundle verifier) spells the choices of `audit.models`."""
+    from audit import bound
+    from audit.models import EventType, ToolStatus
+
+    for name in (
+        "AGENT_MODEL_STEP",
+        "TOOL_INVOCATION",
+        "RUN_FINISHED",
+        "REASONING_PURGED",
+        "REASONING_REKEYED",
+    ):
+        assert getattr(bound, name) == EventType[name].value
+    assert frozenset(ToolStatus.values) == bound.TOOL_STATUSES

@@ -71,3 +71,23 @@ def test_failed_incomplete_run_with_a_running_tool(run):
 
 def test_pending_run_without_records(run):
     _same(get_trace(run=run))
+
+
+def test_an_anchored_run_and_one_rewritten_after_anchoring(user, run, settings):
+    from audit.transparency import keys, log
+    from tests.audit.transparency.support import rewrite_tool_output
+
+    settings.AUDIT_SIGNING_KEYS = [keys.generate_key_text()]
+    record_full_run(run)
+    run.refresh_from_db()
+    assert get_trace(run=run).summary.anchor is None
+    log.checkpoint()
+    trace = get_trace(run=run)
+    anchor = trace.summary.anchor
+    assert (anchor.leaf_index, anchor.tree_size) == (0, 1) and trace.summary.audit_complete
+    _same(trace)
+    rewrite_tool_output(run, preview="forged")
+    trace = get_trace(run=run)
+    assert not trace.summary.audit_complete and trace.summary.chain_valid and trace.summary.rows_verified
+    assert any("differs from the anchored one (the run was rewritten)" in g for g in trace.summary.gaps)
+    _same(trace)

@@ -71,3 +71,27 @@ def test_loop_overhead_scenario_with_fast_model_calls():
 
     rows = b4_loop.loop_overhead(runs_per_rep=1, reps=1, call_seconds=0.01, log=lambda *_: None)
     assert rows[0].bench == "B4" and rows[0].ratio.n == 1 and rows[0].result.endswith("PUBLISHED")
+
+
+@pytest.mark.mariadb
+def test_transparency_log_scenarios_on_a_small_log(user, settings):
+    """B5's pieces on a 37-leaf log: the synthetic log is a valid RFC 9162 tree, 20 new runs become
+    leaves in one checkpoint, proofs verify and a bundle verifies."""
+    from django.db import connection
+
+    from audit.models import Checkpoint
+    from audit.transparency import bundle, keys, log, store
+    from audit.transparency.evidence import build_bundle
+    from bench import b5_tlog
+    from diagnosis.models import DiagnosisRun
+
+    settings.AUDIT_SIGNING_KEYS = [keys.generate_key_text()]
+    database = connection.settings_dict["NAME"]
+    b5_tlog.build_log(database, 37, log=lambda *_: None)
+    assert store.root(37).hex() == Checkpoint.objects.get().root_hash
+    ids = b5_tlog.add_finished_runs(20, user, "smoke")
+    assert log.checkpoint().appended == 20
+    rows = b5_tlog.proofs_and_bundles(database=database, reads=4)
+    assert rows[0].name == "inclusion proof at 57 leaves"
+    run = DiagnosisRun.objects.get(run_id=ids[0])
+    assert bundle.verify(build_bundle(run=run), [keys.current_key().public]).ok

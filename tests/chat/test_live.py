@@ -41,6 +41,8 @@ TIMEOUT = 10
 def in_memory_layer(settings):
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     settings.RUN_SWEEP_INTERVAL_SECONDS = 0
+    settings.AUDIT_CHECKPOINT_INTERVAL_SECONDS = 0
+    settings.AUDIT_PURGE_INTERVAL_SECONDS = 0
     yield
     shutdown_pools()
 

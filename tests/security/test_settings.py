@@ -34,6 +34,7 @@ from django.http import HttpResponse
 from django.test import RequestFactory
 from rest_framework.authtoken.models import Token
 
+from audit.transparency.keys import generate_key_text
 from config.csp import HEADER, ContentSecurityPolicyMiddleware, build_policy
 from diagnosis.runtime import db as runtime_db
 from tests.admin.support import grant_console
@@ -49,7 +50,7 @@ def _production_env(**extra: str) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("DJANGO_", "PYTEST", "LLM_", "REASONING_"))
+        if not k.startswith(("DJANGO_", "PYTEST", "LLM_", "REASONING_", "AUDIT_"))
         and k not in ("DATABASE_URL", "REDIS_URL")
     }
     env.update(
@@ -59,6 +60,7 @@ def _production_env(**extra: str) -> dict[str, str]:
             "SECRET_KEY": secrets.token_urlsafe(50),
             "ALLOWED_HOSTS": f"{PRODUCTION_HOST},testserver",
             "REASONING_ENCRYPTION_KEYS": Fernet.generate_key().decode(),
+            "AUDIT_SIGNING_KEYS": generate_key_text(),
             "DATABASE_URL": "sqlite:///:memory:",
             "LOG_LEVEL": "DEBUG",
         }
@@ -259,7 +261,8 @@ def test_no_key_like_literal_is_committed_and_secrets_come_from_the_environment(
     ignored = (BASE_DIR / ".gitignore").read_text()
     assert ".env" in ignored and ".local" in ignored
     source = (BASE_DIR / "config" / "settings.py").read_text()
-    for name in ("SECRET_KEY", "LLM_API_KEY", "REASONING_ENCRYPTION_KEYS", "DATABASE_URL", "REDIS_URL"):
+    names = ("SECRET_KEY", "LLM_API_KEY", "REASONING_ENCRYPTION_KEYS", "AUDIT_SIGNING_KEYS", "DATABASE_URL")
+    for name in (*names, "REDIS_URL"):
         assert re.search(rf'env\.\w+\("{name}"', source), name
 
 

@@ -1,9 +1,11 @@
-"""`manage.py verify_audit [--run RUN_ID]`: check sequence gaps, the hash chain and every row's digest;
-exit 1 on any problem."""
+"""`manage.py verify_audit [--run RUN_ID] [--witness FILE]`: check every run's rows and chain, its anchor
+in the transparency log, and the log itself; exit 1 on any problem."""
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from audit.models import TraceEvent
+from audit.models import LogLeaf, TraceEvent
+from audit.transparency.verify import UNANCHORED, prove_run, read_witness, verify_log
 from audit.verification import RUN_BATCH, verify_all_runs, verify_run
 from diagnosis.models import DiagnosisRun
 
@@ -12,14 +14,25 @@ class Command(BaseCommand):
     help = (
         "Verify the stored audit of one run (--run) or of every run: timeline sequence numbers 1..n "
         "without gap, the hash chain, every step, tool, reasoning row and the run's terminal summary "
-        "against the digest its chain carries, and for finished runs the stored counts against the "
-        "expected ones the chain records and recorded write failures. Prints problems (never content) "
-        "and notes (rows recorded before row digests, purged reasoning); exits 1 if there is a problem."
+        "against the digest its chain carries, for finished runs the stored counts against the expected "
+        "ones the chain records and recorded write failures, and each anchored run's chain head against "
+        "its leaf in the transparency log. Without --run, also the whole log: every leaf and stored "
+        "node, every checkpoint's signature and its chain, every checkpoint's root against the stored "
+        "leaves, no leaf missing or unsigned, no anchored run deleted, and the checkpoints of a witness "
+        "file (--witness, default AUDIT_WITNESS_PATH). With --run, the run's inclusion proof in the "
+        "newest checkpoint. Prints problems (never content) and notes (rows recorded before row digests, "
+        "purged reasoning; finished runs not yet anchored are counted, and listed with -v 2); exits 1 if "
+        "there is a problem."
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("--run", metavar="RUN_ID", help="verify only this run")
+        parser.add_argument("--run", metavar="RUN_ID", help="verify only this run, with its inclusion proof")
         parser.add_argument("--batch-size", type=int, default=RUN_BATCH, help="runs read per batch")
+        parser.add_argument(
+            "--witness",
+            metavar="FILE",
+            help="a witness file of checkpoints kept outside the database (default: AUDIT_WITNESS_PATH)",
+        )
 
     def handle(self, *args, **options):
         run_id = options["run"]
@@ -27,18 +40,22 @@ class Command(BaseCommand):
             if not (
                 DiagnosisRun.objects.filter(run_id=run_id).exists()
                 or TraceEvent.objects.filter(run_id=run_id).exists()
+                or LogLeaf.objects.filter(run_id=run_id).exists()
             ):
                 raise CommandError(f"no run {run_id}")
             results = iter([verify_run(run_id)])
         else:
             results = verify_all_runs(batch_size=max(1, options["batch_size"]))
 
-        total = failed = rows = 0
+        total = failed = rows = unanchored = 0
         for result in results:
             total += 1
             rows += result.rows_verified
+            unanchored += result.unanchored
             for note in result.notes:
                 self.stdout.write(f"run={result.run_id} NOTE {note}")
+            if result.unanchored and (run_id or options["verbosity"] > 1):
+                self.stdout.write(f"run={result.run_id} NOTE {UNANCHORED}")
             if result.ok:
                 continue
             failed += 1
@@ -47,7 +64,47 @@ class Command(BaseCommand):
             for problem in result.incomplete:
                 self.stdout.write(f"run={result.run_id} INCOMPLETE {problem}")
         self.stdout.write(
-            f"verified {total} run(s): {total - failed} ok, {failed} with problems; {rows} row(s) verified"
+            f"verified {total} run(s): {total - failed} ok, {failed} with problems; {rows} row(s) verified; "
+            f"{unanchored} finished run(s) not yet anchored"
         )
-        if failed:
-            raise CommandError(f"{failed} run(s) failed verification")
+        log_problems = 0
+        if run_id:
+            problems, summary = prove_run(run_id)
+            for problem in problems:
+                self.stdout.write(f"run={run_id} INVALID {problem}")
+            if summary:
+                self.stdout.write(f"run={run_id} {summary}")
+            log_problems = len(problems)
+            failed = failed or bool(problems)
+        else:
+            witness_path = options["witness"] or getattr(settings, "AUDIT_WITNESS_PATH", "")
+            try:
+                witness = read_witness(witness_path) if witness_path else []
+            except OSError as exc:
+                if options["witness"]:
+                    raise CommandError(f"cannot read the witness file: {type(exc).__name__}") from exc
+                witness = []  # the configured file does not exist yet: nothing witnessed
+            log = verify_log(witness=witness)
+            for problem in log.invalid:
+                self.stdout.write(f"log INVALID {problem}")
+            cp = log.newest
+            newest = (
+                f"newest checkpoint {cp.tree_size} signed {cp.signed_at.isoformat()} key {cp.key_id}"
+                if cp
+                else "no checkpoint"
+            )
+            witnessed = f"; {len(witness)} witnessed checkpoint(s)" if witness else ""
+            if log.purged:
+                witnessed += f"; {log.purged} anchored run(s) purged by retention (tombstones)"
+            self.stdout.write(
+                f"verified the log: {log.leaves} leaf(s), {log.checkpoints} checkpoint(s), {newest}"
+                f"{witnessed}: " + ("ok" if log.ok else f"{len(log.invalid)} problem(s)")
+            )
+            log_problems = len(log.invalid)
+        if failed or log_problems:
+            parts = []
+            if failed:
+                parts.append(f"{failed} run(s) failed verification")
+            if log_problems:
+                parts.append(f"the transparency log has {log_problems} problem(s)")
+            raise CommandError("; ".join(parts))

@@ -1,0 +1,246 @@
+"""Retention of trace records and legal holds (`manage.py purge_audit`, the API's and the admin's holds).
+
+**Retention.** A finished run's trace records (timeline events, model steps, tool rows, reasoning rows,
+feedback and the run row) are kept `AUDIT_RETENTION_DAYS` after it finished (default 183: EU AI Act
+Art. 19 and 26(6) ask for at least six months), then `purge_expired_runs` deletes them and writes a
+`RunTombstone` in the same transaction. Only anchored runs are purged (the purge checkpoints first), and
+their leaves stay in the transparency log, so the log, its checkpoints and every other run still verify;
+`verify_audit` accepts a missing anchored run only with a tombstone that was written after the run's
+anchored finish time plus the retention and while no legal hold covered it, and reports it as purged.
+Batches take the log's lock, so a purge never interleaves with a checkpoint (or another purge).
+
+**Legal holds.** An active hold (not lifted) on a session or run exempts its records from this purge and
+from the reasoning purge (`reasoning.services.purge_reasoning`) until it is lifted. Placing and lifting
+need `audit.place_legal_hold`; who, when and why are recorded, holds are never deleted.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
+from django.db.models import Count, Exists, OuterRef, Q, Subquery
+from django.utils import timezone
+
+from audit.models import (
+    AgentStep,
+    HoldScope,
+    LegalHold,
+    LogHead,
+    LogLeaf,
+    RunTombstone,
+    ToolInvocation,
+    TraceEvent,
+)
+from audit.transparency import keys, leafdata
+from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun, RunFeedback
+from reasoning.models import AgentReasoningAudit
+
+logger = logging.getLogger(__name__)
+
+HOLD_PERMISSION = "audit.place_legal_hold"
+_TABLES = (
+    ("events", TraceEvent),
+    ("steps", AgentStep),
+    ("tools", ToolInvocation),
+    ("reasoning", AgentReasoningAudit),
+    ("feedback", RunFeedback),
+)
+PURGE_BATCH = 200
+REASON_CHARS = 1000
+
+
+# --------------------------------------------------------------------------------------------------
+# Legal holds
+# --------------------------------------------------------------------------------------------------
+def held(*, run_field: str = "run_id", session_field: str = "session_id") -> Q:
+    """A filter true for rows whose run or session is under an active legal hold."""
+    on_run = LegalHold.objects.filter(
+        scope=HoldScope.RUN, target_id=OuterRef(run_field), lifted_at__isnull=True
+    )
+    on_session = LegalHold.objects.filter(
+        scope=HoldScope.SESSION, target_id=OuterRef(session_field), lifted_at__isnull=True
+    )
+    return Q(Exists(on_run)) | Q(Exists(on_session))
+
+
+def _check(user: AbstractBaseUser, reason: str) -> str:
+    if not (user.is_active and user.has_perm(HOLD_PERMISSION)):
+        raise PermissionDenied
+    reason = (reason or "").strip()
+    if not reason:
+        raise ValidationError({"reason": ["A reason is required."]})
+    if len(reason) > REASON_CHARS:
+        raise ValidationError({"reason": [f"At most {REASON_CHARS} characters."]})
+    return reason
+
+
+def place_hold(*, user: AbstractBaseUser, scope: str, target_id: str, reason: str) -> LegalHold:
+    """Place a hold on a session or run (its id as the API speaks it). PermissionDenied without
+    `audit.place_legal_hold`; ValidationError for an empty reason or an unknown scope."""
+    reason = _check(user, reason)
+    if scope not in HoldScope.values:
+        raise ValidationError({"scope": [f"One of {', '.join(HoldScope.values)}."]})
+    hold = LegalHold.objects.create(
+        scope=scope,
+        target_id=target_id,
+        reason=reason,
+        placed_by=user,
+        placed_by_username=user.get_username(),
+        placed_at=timezone.now(),
+    )
+    logger.info("legal hold placed hold=%s scope=%s target=%s user=%s", hold.pk, scope, target_id, user.pk)
+    return hold
+
+
+def lift_hold(*, user: AbstractBaseUser, hold: LegalHold, reason: str) -> LegalHold:
+    """Lift an active hold, recording who, when and why; lifting a lifted hold is refused."""
+    reason = _check(user, reason)
+    if hold.lifted_at is not None:
+        raise ValidationError({"hold": ["This hold was already lifted."]})
+    now = timezone.now()
+    updated = LegalHold.objects.filter(pk=hold.pk, lifted_at__isnull=True).update(
+        lifted_at=now, lifted_by=user, lifted_by_username=user.get_username(), lift_reason=reason
+    )
+    if not updated:
+        raise ValidationError({"hold": ["This hold was already lifted."]})
+    hold.refresh_from_db()
+    logger.info("legal hold lifted hold=%s user=%s", hold.pk, user.pk)
+    return hold
+
+
+def holds_of_session(*, session_id: str):
+    """Every hold (active or lifted) on the session or one of its runs, newest first."""
+    run_ids = DiagnosisRun.objects.filter(session_id=session_id).values("run_id")
+    return LegalHold.objects.filter(
+        Q(scope=HoldScope.SESSION, target_id=session_id) | Q(scope=HoldScope.RUN, target_id__in=run_ids)
+    ).order_by("-placed_at", "-id")
+
+
+def holds_at(*, run_id: str, session_id: str, at: dt.datetime) -> list[LegalHold]:
+    """Holds that covered the run at time `at` (placed before it and not lifted before it)."""
+    return list(
+        LegalHold.objects.filter(
+            Q(scope=HoldScope.RUN, target_id=run_id) | Q(scope=HoldScope.SESSION, target_id=session_id),
+            placed_at__lte=at,
+        ).filter(Q(lifted_at__isnull=True) | Q(lifted_at__gt=at))
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Retention
+# --------------------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class PurgeReport:
+    cutoff: dt.datetime
+    purged: list[str] = field(default_factory=list)
+    held: int = 0
+    unanchored: int = 0
+    rows: dict[str, int] = field(default_factory=dict)
+
+
+def _expired(cutoff: dt.datetime):
+    finished_before = Q(finished_at__lt=cutoff) | Q(finished_at__isnull=True, created_at__lt=cutoff)
+    return DiagnosisRun.objects.filter(finished_before, status__in=TERMINAL_RUN_STATUSES)
+
+
+def purge_expired_runs(
+    *,
+    now: dt.datetime | None = None,
+    retention_days: int | None = None,
+    purged_by: str = "purge_audit",
+    batch_size: int = PURGE_BATCH,
+) -> PurgeReport:
+    """Purge the trace records of every anchored run that finished more than `retention_days` (default
+    `AUDIT_RETENTION_DAYS`) before `now` and is not under a legal hold; see the module docstring."""
+    from audit.transparency.log import checkpoint
+
+    now = now or timezone.now()
+    days = settings.AUDIT_RETENTION_DAYS if retention_days is None else retention_days
+    if days < 0:
+        raise ValueError("retention must not be negative")
+    cutoff = now - dt.timedelta(days=days)
+    report = PurgeReport(cutoff=cutoff)
+    keys.current_key()
+    checkpoint()  # what finished is anchored before anything is purged
+    expired = _expired(cutoff)
+    report.held = expired.filter(held()).count()
+    anchored = LogLeaf.objects.filter(run_id=OuterRef("run_id"))
+    report.unanchored = expired.exclude(Exists(anchored)).count()
+    candidates = (
+        expired.filter(Exists(anchored))
+        .exclude(held())
+        .annotate(
+            leaf_index=Subquery(anchored.values("leaf_index")[:1]),
+            leaf_data=Subquery(anchored.values("data")[:1]),
+        )
+        .order_by("id")
+    )
+    while True:
+        with transaction.atomic():
+            LogHead.objects.select_for_update().filter(pk=1).first()
+            batch = list(candidates.only("id", "run_id", "session_id")[:batch_size])
+            if not batch:
+                break
+            ids = [r.run_id for r in batch]
+            per_run: dict[str, dict[str, int]] = {rid: {} for rid in ids}
+            for name, model in _TABLES:
+                rows = model.objects.filter(run_id__in=ids)
+                for rid, n in rows.values("run_id").annotate(n=Count("pk")).values_list("run_id", "n"):
+                    per_run[rid][name] = n
+                    report.rows[name] = report.rows.get(name, 0) + n
+                rows.delete()
+            RunTombstone.objects.bulk_create(
+                [
+                    RunTombstone(
+                        run_id=r.run_id,
+                        session_id=r.session_id,
+                        leaf_index=r.leaf_index,
+                        finished_at=leafdata.decode(r.leaf_data)["finishedAt"] or "",
+                        purged_at=now,
+                        retention_days=days,
+                        reason=f"retention: finished more than {days} day(s) before the purge",
+                        purged_by=purged_by[:150],
+                        rows_deleted=per_run[r.run_id],
+                    )
+                    for r in batch
+                ]
+            )
+            DiagnosisRun.objects.filter(run_id__in=ids).delete()
+            report.purged.extend(ids)
+    logger.info(
+        "audit purge runs=%d held=%d unanchored=%d retention_days=%d",
+        len(report.purged),
+        report.held,
+        report.unanchored,
+        days,
+    )
+    return report
+
+
+def tombstone_problems(
+    tombstone: RunTombstone, *, leaf_index: int, finished_at: str | None, signed_at
+) -> list[str]:
+    """Why a tombstone does not excuse its run's absence (empty: it does). `finished_at` is the leaf's
+    anchored finish time (None: use `signed_at`, the first checkpoint covering the leaf)."""
+    problems = []
+    where = f"tombstone of run {tombstone.run_id}"
+    if tombstone.leaf_index != leaf_index:
+        problems.append(f"{where}: names leaf {tombstone.leaf_index}, the run is at leaf {leaf_index}")
+    finished = dt.datetime.fromisoformat(finished_at) if finished_at else signed_at
+    if finished is not None:
+        days = settings.AUDIT_RETENTION_DAYS
+        if tombstone.purged_at < finished + dt.timedelta(days=days):
+            problems.append(
+                f"{where}: purged before the retention of {days} day(s) after its anchored finish"
+            )
+    if tombstone.purged_at > timezone.now() + dt.timedelta(minutes=5):
+        problems.append(f"{where}: purge time lies in the future")
+    for hold in holds_at(run_id=tombstone.run_id, session_id=tombstone.session_id, at=tombstone.purged_at):
+        problems.append(f"{where}: purged while legal hold {hold.pk} covered it")
+    return problems

@@ -1,0 +1,334 @@
+"""The evidence bundle of one run, and its verification without Django, settings or a database.
+
+A bundle (`diagnosis-audit-evidence/v1`, built by `audit.transparency.evidence`) is one JSON object:
+
+    {"format", "runId", "sessionId",
+     "events": [{<the hashed fields of each event: runId, sessionId, sequenceNo, phase, eventType, status,
+                 summary, details, createdAt>, "prevHash", "hash"}, ...],          # the whole chain
+     "rows": {"steps": [{"digest", "form"}], "tools": [{"digest", "form"}],     # form: what is hashed
+              "reasoning": [{"stepIndex", "agentName", "digest"}],                 # digests only
+              "run": {"digest", "form"} | null},                                    # terminal summary
+     "anchor": {"leafIndex", "leafData", "leafHash", "treeSize", "inclusionProof": [hex],
+                "checkpoint": {"body", "signature"}} | null}
+
+No reasoning or assistant text is in it, not even encrypted: reasoning rows appear as the digest the
+chain binds. The run's released content appears only as its SHA-256 (inside the run form).
+
+`verify(bundle, public_keys)` checks every field it is given, so that any change to a record is named
+with where it is (`events[3] (sequence 4): …`, `rows.tools[0] (tool call call_0): …`):
+
+1. the shape: exactly these keys, the v1 format;
+2. the chain: sequence numbers 1..n, each `prevHash` the previous `hash`, each `hash` recomputed
+   (`audit.integrity.chain_hash`), every event of the bundle's run and session;
+3. the rows: each form's digest recomputed and equal to the one listed and to the latest binding in the
+   chain (`audit.bound.collect`, the rules the server's `verify_audit` uses), each bound row present;
+4. the anchor: the leaf data recomputed from the chain up to its `lastSequenceNo` (only governance events
+   may follow), its RFC 9162 leaf hash, the inclusion proof up to the checkpoint's root, the checkpoint's
+   body (tree size and root) and its Ed25519 signature by one of the given public keys.
+
+It passes only when all of it holds and the run is anchored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from audit import bound
+from audit.integrity import EVENT_FIELDS, GENESIS_HASH, chain_hash
+from audit.payloads import canonical_json, sha256_hex
+from audit.transparency import leafdata, merkle, note
+
+FORMAT = "diagnosis-audit-evidence/v1"
+TOP_KEYS = {"format", "runId", "sessionId", "events", "rows", "anchor"}
+EVENT_KEYS = {*EVENT_FIELDS, "prevHash", "hash"}
+ROW_KEYS = {"digest", "form"}
+REASONING_KEYS = {"stepIndex", "agentName", "digest"}
+ANCHOR_KEYS = {"leafIndex", "leafData", "leafHash", "treeSize", "inclusionProof", "checkpoint"}
+
+
+@dataclass(slots=True)
+class Report:
+    """`passed` lines say what held; `failures` what did not, each starting with where."""
+
+    passed: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+class _Event:
+    """A bundle event with the attributes `audit.bound` and `audit.transparency.leafdata` read."""
+
+    __slots__ = ("created_at", "details", "event_type", "hash", "sequence_no", "status")
+
+    def __init__(self, item: Mapping[str, Any]) -> None:
+        self.sequence_no = item["sequenceNo"]
+        self.event_type = item["eventType"]
+        self.status = item["status"]
+        self.details = item["details"]
+        self.hash = item["hash"]
+        self.created_at = item["createdAt"]
+
+
+def _keys(value: Any, wanted: set[str], where: str, report: Report) -> bool:
+    if not isinstance(value, dict):
+        report.failures.append(f"{where}: not an object")
+        return False
+    if set(value) != wanted:
+        said = []
+        if wanted - set(value):
+            said.append("missing " + ", ".join(sorted(wanted - set(value))))
+        if set(value) - wanted:
+            said.append("unexpected " + ", ".join(sorted(set(value) - wanted)))
+        report.failures.append(f"{where}: {'; '.join(said)}")
+        return False
+    return True
+
+
+def _digest(document: Any) -> str:
+    return sha256_hex(canonical_json(document))
+
+
+def verify(bundle: Any, public_keys: Sequence[Any]) -> Report:
+    """Verify a parsed bundle against trusted Ed25519 public keys (see the module docstring)."""
+    report = Report()
+    if not _keys(bundle, TOP_KEYS, "bundle", report):
+        return report
+    if bundle["format"] != FORMAT:
+        report.failures.append(f"bundle: format is not {FORMAT}")
+        return report
+    run_id, session_id = bundle["runId"], bundle["sessionId"]
+    events = _verify_chain(bundle["events"], run_id, session_id, report)
+    if events is None:
+        return report
+    bindings = bound.collect(events)
+    _verify_rows(bundle["rows"], run_id, bindings, report)
+    _verify_anchor(bundle["anchor"], run_id, session_id, events, public_keys, report)
+    return report
+
+
+def _verify_chain(items: Any, run_id: str, session_id: str, report: Report) -> list[_Event] | None:
+    if not isinstance(items, list):
+        report.failures.append("events: not a list")
+        return None
+    events: list[_Event] = []
+    prev = GENESIS_HASH
+    failed = False
+    for i, item in enumerate(items):
+        seq = item.get("sequenceNo") if isinstance(item, dict) else None
+        where = f"events[{i}] (sequence {seq})"
+        if not _keys(item, EVENT_KEYS, where, report):
+            return None
+        if seq != i + 1:
+            report.failures.append(f"{where}: expected sequence {i + 1}")
+            failed = True
+        if item["runId"] != run_id or item["sessionId"] != session_id:
+            report.failures.append(f"{where}: belongs to another run or session")
+            failed = True
+        if item["prevHash"] != prev:
+            report.failures.append(f"{where}: prevHash is not the previous event's hash")
+            failed = True
+        payload = {k: item[k] for k in EVENT_FIELDS}
+        if chain_hash(item["prevHash"], payload) != item["hash"]:
+            report.failures.append(f"{where}: hash does not match the event's content")
+            failed = True
+        prev = item["hash"]
+        events.append(_Event(item))
+    if not failed:
+        report.passed.append(
+            f"chain: {len(events)} event(s), sequence 1..{len(events)}, every hash recomputed"
+        )
+    return events
+
+
+def _row_check(
+    entry: Any,
+    where: str,
+    form_name: str,
+    run_id: str,
+    binding: bound.Bound | None,
+    report: Report,
+) -> bool:
+    if not _keys(entry, ROW_KEYS, where, report):
+        return False
+    form = entry["form"]
+    if not isinstance(form, dict) or form.get("form") != form_name or not isinstance(form.get("row"), dict):
+        report.failures.append(f"{where}: not a {form_name} record")
+        return False
+    ok = True
+    if _digest(form) != entry["digest"]:
+        report.failures.append(f"{where}: the record does not match its digest")
+        ok = False
+    row_run = form["row"].get("run_id")
+    if row_run is not None and row_run != run_id:
+        report.failures.append(f"{where}: the record belongs to another run")
+        ok = False
+    if binding is None:
+        report.failures.append(f"{where}: not recorded in the chain")
+        return False
+    if binding.digest is None:
+        report.notes.append(f"{where}: recorded before row digests (not bound)")
+        return ok
+    if binding.digest != entry["digest"]:
+        report.failures.append(
+            f"{where}: digest differs from the one bound at sequence {binding.sequence_no}"
+        )
+        return False
+    return ok
+
+
+def _verify_rows(rows: Any, run_id: str, b: bound.Bindings, report: Report) -> None:
+    if not _keys(rows, {"steps", "tools", "reasoning", "run"}, "rows", report):
+        return
+    before = len(report.failures)
+    steps, tools = dict(b.steps), dict(b.tools)
+    reasoning = dict(b.reasoning)
+    checked = 0
+    for name, entries, label in (
+        ("steps", rows["steps"], "model step"),
+        ("tools", rows["tools"], "tool call"),
+    ):
+        if not isinstance(entries, list):
+            report.failures.append(f"rows.{name}: not a list")
+            continue
+        for i, entry in enumerate(entries):
+            row = entry.get("form", {}).get("row", {}) if isinstance(entry, dict) else {}
+            row = row if isinstance(row, dict) else {}
+            key = row.get("step_index") if name == "steps" else row.get("tool_call_id")
+            where = f"rows.{name}[{i}] ({label} {key})"
+            pool = steps if name == "steps" else tools
+            _row_check(
+                entry, where, "step" if name == "steps" else "tool", run_id, pool.pop(key, None), report
+            )
+            checked += 1
+    entries = rows["reasoning"]
+    if not isinstance(entries, list):
+        report.failures.append("rows.reasoning: not a list")
+        entries = []
+    for i, entry in enumerate(entries):
+        key = (entry.get("stepIndex"), entry.get("agentName")) if isinstance(entry, dict) else (None, None)
+        where = f"rows.reasoning[{i}] (step {key[0]} ({key[1]}))"
+        if not _keys(entry, REASONING_KEYS, where, report):
+            continue
+        binding = reasoning.pop(key, None)
+        checked += 1
+        if binding is None:
+            report.failures.append(f"{where}: not recorded in the chain")
+        elif binding.digest is None:
+            report.notes.append(f"{where}: recorded before row digests (not bound)")
+        elif binding.digest != entry["digest"]:
+            report.failures.append(
+                f"{where}: digest differs from the one bound at sequence {binding.sequence_no}"
+            )
+        elif binding.purged:
+            report.notes.append(f"{where}: content purged by governance (sequence {binding.sequence_no})")
+    run_entry = rows["run"]
+    if b.finished is not None:
+        seq, digest, _, form_name = b.finished
+        if run_entry is None:
+            if digest is not None:
+                report.failures.append(f"rows.run: the terminal summary bound at sequence {seq} is missing")
+        else:
+            where = "rows.run (terminal summary)"
+            _row_check(run_entry, where, form_name or "run", run_id, bound.Bound(seq, digest), report)
+            checked += 1
+    elif run_entry is not None:
+        report.failures.append("rows.run: the chain records no RUN_FINISHED to bind it")
+    for label, pool in (("model step", steps), ("tool call", tools)):
+        for key, binding in pool.items():
+            if binding.digest is not None:
+                report.failures.append(
+                    f"rows: {label} {key} bound at sequence {binding.sequence_no} is missing"
+                )
+    for (step_index, agent), binding in reasoning.items():
+        if binding.digest is not None:
+            report.failures.append(
+                f"rows: reasoning row for step {step_index} ({agent}) bound at sequence "
+                f"{binding.sequence_no} is missing"
+            )
+    if len(report.failures) == before:
+        report.passed.append(f"rows: {checked} record(s) match the digests their chain binds")
+
+
+def _verify_anchor(
+    anchor: Any,
+    run_id: str,
+    session_id: str,
+    events: list[_Event],
+    public_keys: Sequence[Any],
+    report: Report,
+) -> None:
+    if anchor is None:
+        report.failures.append("anchor: the run is not anchored in the transparency log yet")
+        return
+    if not _keys(anchor, ANCHOR_KEYS, "anchor", report):
+        return
+    before = len(report.failures)
+    try:
+        fields = leafdata.decode(anchor["leafData"])
+    except (ValueError, TypeError, AttributeError):
+        report.failures.append("anchor.leafData: not a run leaf")
+        return
+    last = fields["lastSequenceNo"]
+    prefix = leafdata.anchored_prefix(events, last) if isinstance(last, int) else []
+    expected = leafdata.run_leaf(run_id=run_id, session_id=session_id, events=prefix)
+    if fields != expected:
+        differing = ", ".join(k for k in leafdata.FIELDS if fields.get(k) != expected.get(k))
+        report.failures.append(f"anchor.leafData: differs from the chain up to sequence {last} ({differing})")
+    cut = last if isinstance(last, int) else 0
+    not_governance = [
+        e.sequence_no for e in events if e.sequence_no > cut and e.event_type not in bound.GOVERNANCE_EVENTS
+    ]
+    if not_governance:
+        report.failures.append(
+            f"events after the anchored sequence {last} are not governance events: {not_governance[:5]}"
+        )
+    leaf_hash = merkle.leaf_hash(anchor["leafData"].encode("utf-8"))
+    if leaf_hash.hex() != anchor["leafHash"]:
+        report.failures.append("anchor.leafHash: not the RFC 9162 hash of the leaf data")
+    checkpoint = anchor["checkpoint"]
+    if not _keys(checkpoint, {"body", "signature"}, "anchor.checkpoint", report):
+        return
+    try:
+        body = note.parse_body(checkpoint["body"])
+    except note.NoteError as exc:
+        report.failures.append(f"anchor.checkpoint.body: {exc}")
+        return
+    key = next((k for k in public_keys if note.key_id(k) == body.key_id), None)
+    if key is None:
+        given = ", ".join(note.key_id(k) for k in public_keys) or "none"
+        report.failures.append(
+            f"anchor.checkpoint: signed by key {body.key_id}, not by a key given ({given})"
+        )
+    else:
+        try:
+            note.verify(checkpoint["body"], checkpoint["signature"], key)
+        except note.NoteError as exc:
+            report.failures.append(f"anchor.checkpoint.signature: {exc}")
+    if anchor["treeSize"] != body.tree_size:
+        report.failures.append("anchor.treeSize: not the checkpoint's tree size")
+    proof = anchor["inclusionProof"]
+    try:
+        hashes = [bytes.fromhex(h) for h in proof]
+        index = anchor["leafIndex"]
+        if not isinstance(index, int) or isinstance(index, bool):
+            raise merkle.ProofError("leafIndex is not an integer")
+        merkle.verify_inclusion(leaf_hash, index, body.tree_size, hashes, bytes.fromhex(body.root_hash))
+    except (merkle.ProofError, ValueError, TypeError) as exc:
+        report.failures.append(f"anchor.inclusionProof: {exc}")
+    if len(report.failures) == before:
+        report.passed.append(
+            f"anchor: leaf {anchor['leafIndex']} recomputed from the chain (sequence 1..{last}), included in "
+            f"the checkpoint of tree size {body.tree_size} signed {body.signed_at} by key {body.key_id}"
+        )
+
+
+def bundle_hash(text: bytes) -> str:
+    """SHA-256 of a bundle file, to name exactly what was verified."""
+    return hashlib.sha256(text).hexdigest()

@@ -1,0 +1,96 @@
+"""Building a run's evidence bundle from the store (API `…/runs/{runId}/evidence`, `manage.py
+export_evidence`); its format and verification are `audit.transparency.bundle`.
+
+The bundle holds the run's whole chain, the canonical form of every step, tool row and the terminal
+summary (what their digests are taken of: `audit.rowdigest.Form.document`), the digest of each reasoning
+row (never its content, not even encrypted), the run's leaf, its inclusion proof in the newest
+checkpoint (O(log n) stored nodes) and that checkpoint's body and signature. A run not yet anchored has
+`anchor: null` (the verifier then fails and says so). Queries: the run's events, steps, tools and
+reasoning rows, its leaf and covering checkpoint, and the proof's two.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from audit import rowdigest
+from audit.integrity import event_payload
+from audit.models import AgentStep, EventType, ToolInvocation, TraceEvent
+from audit.rowdigest import stored_reasoning_rows
+from audit.transparency import bundle, store
+from audit.transparency.verify import anchor_of
+from diagnosis.models import DiagnosisRun
+
+
+def _event(e: TraceEvent) -> dict[str, Any]:
+    payload = event_payload(
+        run_id=e.run_id,
+        session_id=e.session_id,
+        sequence_no=e.sequence_no,
+        phase=e.phase,
+        event_type=e.event_type,
+        status=e.status,
+        summary=e.summary,
+        details=e.details,
+        created_at=e.created_at,
+    )
+    return {**payload, "prevHash": e.prev_hash, "hash": e.hash}
+
+
+def _row(form: rowdigest.Form, values: dict[str, Any]) -> dict[str, Any]:
+    return {"digest": form.digest(values), "form": form.document(values)}
+
+
+def build_bundle(*, run: DiagnosisRun) -> dict[str, Any]:
+    """The evidence bundle of `run` (the caller has decided the reader may see it)."""
+    run_id = run.run_id
+    events = list(TraceEvent.objects.filter(run_id=run_id).order_by("sequence_no"))
+    steps = AgentStep.objects.filter(run_id=run_id).order_by("step_index", "id")
+    tools = ToolInvocation.objects.filter(run_id=run_id).order_by("id")
+    reasoning = stored_reasoning_rows(run_id=run_id)
+    return {
+        "format": bundle.FORMAT,
+        "runId": run_id,
+        "sessionId": run.session_id,
+        "events": [_event(e) for e in events],
+        "rows": {
+            "steps": [_row(rowdigest.STEP, rowdigest.STEP.values_of(s)) for s in steps],
+            "tools": [_row(rowdigest.TOOL, rowdigest.TOOL.values_of(t)) for t in tools],
+            "reasoning": [
+                {
+                    "stepIndex": r["step_index"],
+                    "agentName": r["agent_name"],
+                    "digest": rowdigest.REASONING.digest(r),
+                }
+                for r in reasoning
+            ],
+            "run": _run_row(run, events),
+        },
+        "anchor": _anchor(run_id),
+    }
+
+
+def _run_row(run: DiagnosisRun, events: list[TraceEvent]) -> dict[str, Any] | None:
+    """The terminal summary in the form its RUN_FINISHED names (`runForm`; none: the first form)."""
+    if not run.is_terminal:
+        return None
+    finished = next((e for e in reversed(events) if e.event_type == EventType.RUN_FINISHED), None)
+    name = (finished.details or {}).get("runForm") if finished is not None else None
+    form = rowdigest.run_form(name) or rowdigest.RUN
+    return _row(form, form.values_of(run))
+
+
+def _anchor(run_id: str) -> dict[str, Any] | None:
+    anchor = anchor_of(run_id)
+    if anchor is None or anchor.newest is None:
+        return None
+    leaf, cp = anchor.leaf, anchor.newest
+    proof = store.inclusion_proof(leaf.leaf_index, cp.tree_size)
+    return {
+        "leafIndex": leaf.leaf_index,
+        "leafData": leaf.data,
+        "leafHash": leaf.leaf_hash,
+        "treeSize": cp.tree_size,
+        "inclusionProof": proof.hex,
+        "checkpoint": {"body": cp.body, "signature": cp.signature},
+    }

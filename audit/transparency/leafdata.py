@@ -1,0 +1,103 @@
+"""What a run's leaf in the transparency log commits to; no Django (the offline verifier uses it).
+
+A leaf's data is the canonical JSON (UTF-8) of
+
+    {"kind": "run", "runId", "sessionId",
+     "chainHead": <hash of the run's last timeline event when it was anchored (GENESIS for none)>,
+     "lastSequenceNo": <that event's sequence number, 0 for none>,
+     "runDigest": <RUN_FINISHED's details.runDigest: the digest of the run's terminal summary, or null>,
+     "finishedAt": <RUN_FINISHED's createdAt as hashed in the chain, or null>}
+
+and its hash is RFC 9162's `SHA-256(0x00 || data)`. The chain head commits to every event up to it, and
+through their digests to every row those events bind; `runDigest` and `finishedAt` are repeated so that
+the leaf says what it anchors without the chain. Everything is read from the chain itself, never from
+mutable run columns, so the leaf can be recomputed by anyone holding the events. Events appended after
+the anchored head may only be governance events (reasoning purged or re-encrypted), which chain from it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from audit.integrity import GENESIS_HASH, timestamp
+from audit.transparency.note import canonical
+
+KIND_RUN = "run"
+RUN_FINISHED = "RUN_FINISHED"
+FIELDS = ("kind", "runId", "sessionId", "chainHead", "lastSequenceNo", "runDigest", "finishedAt")
+
+
+class Event(Protocol):
+    sequence_no: int
+    event_type: str
+    details: Any
+    hash: str
+    created_at: dt.datetime | str
+
+
+def _time(value: dt.datetime | str) -> str:
+    return value if isinstance(value, str) else timestamp(value)
+
+
+def run_leaf(*, run_id: str, session_id: str, events: Sequence[Event]) -> dict[str, Any]:
+    """The leaf fields of a run whose stored timeline is `events` (in sequence order, possibly empty)."""
+    finished = None
+    for event in events:
+        if event.event_type == RUN_FINISHED:
+            finished = event
+    last = events[-1] if events else None
+    return leaf_fields(
+        run_id=run_id,
+        session_id=session_id,
+        head_hash=last.hash if last is not None else None,
+        head_sequence_no=last.sequence_no if last is not None else None,
+        finished_details=finished.details if finished is not None else None,
+        finished_at=finished.created_at if finished is not None else None,
+    )
+
+
+def leaf_fields(
+    *,
+    run_id: str,
+    session_id: str,
+    head_hash: str | None,
+    head_sequence_no: int | None,
+    finished_details: Any,
+    finished_at: dt.datetime | str | None,
+) -> dict[str, Any]:
+    """The leaf fields from the chain's head and its last RUN_FINISHED (None: the run has no such event)."""
+    details = finished_details if isinstance(finished_details, dict) else {}
+    return {
+        "kind": KIND_RUN,
+        "runId": run_id,
+        "sessionId": session_id,
+        "chainHead": head_hash if head_hash is not None else GENESIS_HASH,
+        "lastSequenceNo": int(head_sequence_no or 0),
+        "runDigest": details.get("runDigest"),
+        "finishedAt": _time(finished_at) if finished_at is not None else None,
+    }
+
+
+def encode(fields: dict[str, Any]) -> bytes:
+    return canonical(fields).encode("utf-8")
+
+
+def decode(data: str | bytes) -> dict[str, Any]:
+    """The fields of stored leaf data; ValueError unless it is exactly a canonical run leaf."""
+    text = data.decode("utf-8") if isinstance(data, bytes) else data
+    fields = json.loads(text)
+    if not isinstance(fields, dict) or tuple(sorted(fields)) != tuple(sorted(FIELDS)):
+        raise ValueError("leaf data does not have exactly the leaf fields")
+    if fields["kind"] != KIND_RUN:
+        raise ValueError(f"unknown leaf kind {fields['kind']!r}")
+    if canonical(fields) != text:
+        raise ValueError("leaf data is not in canonical form")
+    return fields
+
+
+def anchored_prefix(events: Sequence[Event], last_sequence_no: int) -> list[Event]:
+    """The events up to and including `last_sequence_no` (the part of the chain a leaf anchored)."""
+    return [e for e in events if e.sequence_no <= last_sequence_no]

@@ -1,0 +1,231 @@
+"""Appending finished runs to the transparency log and signing checkpoints (`manage.py audit_checkpoint`,
+and every `AUDIT_CHECKPOINT_INTERVAL_SECONDS` in each server process).
+
+`checkpoint()` works in batches, each one transaction:
+
+1. lock the log head (`SELECT … FOR UPDATE` on its one row; SQLite's write transaction serialises the
+   same way), so that one writer at a time appends, whichever process it runs in, and leaf indexes form
+   one gapless global order;
+2. find finished runs (SUCCESS, FAILED, CANCELLED) without a leaf, oldest finish first, with each run's
+   chain head and last RUN_FINISHED read in the same query (correlated subqueries on the unique
+   `(run_id, sequence_no)` index); only runs created at or after the head's `scan_from` are searched;
+3. append their leaves (`audit.transparency.leafdata`) and the complete subtrees they complete, starting
+   from the stored right edge of the tree (O(log n) rows read);
+4. sign a checkpoint of the new size with the newest key, naming the previous checkpoint's hash, and
+   store it; then commit. Every stored leaf is therefore covered by a checkpoint signed in the
+   transaction that stored it.
+
+After commit the checkpoint is appended as one JSON line to `AUDIT_WITNESS_PATH` when set (the operator
+ships that file to write-once storage: a copy an attacker holding the database cannot rewrite). A failed
+witness write is logged, never raised: the checkpoint is already durable.
+
+`scan_from` moves forward to the creation time of the oldest run still unfinished (at most to
+`SCAN_GRACE` before now, so that a run row committed late is still found); `full_scan=True` searches
+every run (`audit_checkpoint --full`). The run's own path never waits on any of this: runs are appended
+only after they finished, by whoever checkpoints next.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Exists, JSONField, Min, OuterRef, Subquery
+from django.utils import timezone
+
+from audit.integrity import timestamp
+from audit.models import Checkpoint, EventType, LogHead, LogLeaf, LogNode, TraceEvent
+from audit.transparency import keys, leafdata, merkle, note, store
+from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun
+
+logger = logging.getLogger(__name__)
+
+APPEND_BATCH = 2000
+SCAN_GRACE = dt.timedelta(minutes=10)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointResult:
+    """What one `checkpoint()` call did: leaves appended, checkpoints signed (oldest first), the size."""
+
+    appended: int
+    checkpoints: list[Checkpoint]
+    tree_size: int
+
+    @property
+    def newest(self) -> Checkpoint | None:
+        return self.checkpoints[-1] if self.checkpoints else None
+
+
+def ensure_head() -> None:
+    """Create the head row if it does not exist (a fresh or flushed database); safe under races."""
+    if LogHead.objects.filter(pk=1).exists():
+        return
+    try:
+        with transaction.atomic():
+            LogHead.objects.create(pk=1)
+    except IntegrityError:
+        pass  # another process created it
+
+
+def checkpoint(
+    *, now: dt.datetime | None = None, full_scan: bool = False, batch_size: int = APPEND_BATCH
+) -> CheckpointResult:
+    """Append every finished run not yet in the log and sign a checkpoint per batch (see the module
+    docstring). Signs nothing when no run is waiting. Raises `keys.SigningKeysMissing` without keys."""
+    keys.current_key()  # fail before taking the lock when nothing could be signed
+    ensure_head()
+    appended, signed = 0, []
+    done = False
+    while not done:
+        with transaction.atomic():
+            head = LogHead.objects.select_for_update().get(pk=1)
+            stamp = now or timezone.now()
+            scan_from = None if full_scan else head.scan_from
+            runs = _waiting_runs(scan_from, batch_size)
+            if runs:
+                appended += _append(head, runs, stamp)
+                signed.append(_sign(head, stamp))
+            if len(runs) < batch_size:
+                _advance_scan(head, scan_from, stamp)
+                done = True
+    for cp in signed:
+        _witness(cp)
+    tree_size = LogHead.objects.values_list("tree_size", flat=True).get(pk=1)
+    return CheckpointResult(appended=appended, checkpoints=signed, tree_size=tree_size)
+
+
+def _waiting_runs(scan_from: dt.datetime | None, limit: int) -> list[DiagnosisRun]:
+    last = TraceEvent.objects.filter(run_id=OuterRef("run_id")).order_by("-sequence_no")
+    finish = TraceEvent.objects.filter(run_id=OuterRef("run_id"), event_type=EventType.RUN_FINISHED).order_by(
+        "-sequence_no"
+    )
+    anchored = LogLeaf.objects.filter(run_id=OuterRef("run_id"))
+    runs = DiagnosisRun.objects.filter(status__in=TERMINAL_RUN_STATUSES)
+    if scan_from is not None:
+        runs = runs.filter(created_at__gte=scan_from)
+    return list(
+        runs.filter(~Exists(anchored))
+        .annotate(
+            head_hash=Subquery(last.values("hash")[:1]),
+            head_sequence_no=Subquery(last.values("sequence_no")[:1]),
+            finished_details=Subquery(finish.values("details")[:1], output_field=JSONField()),
+            finished_event_at=Subquery(finish.values("created_at")[:1]),
+        )
+        .only("run_id", "session_id", "finished_at", "created_at")
+        .order_by("finished_at", "id")[:limit]
+    )
+
+
+def _append(head: LogHead, runs: list[DiagnosisRun], now: dt.datetime) -> int:
+    edge = store.frontier(head.tree_size)
+    leaves, nodes = [], []
+    for run in runs:
+        fields = leafdata.leaf_fields(
+            run_id=run.run_id,
+            session_id=run.session_id,
+            head_hash=run.head_hash,
+            head_sequence_no=run.head_sequence_no,
+            finished_details=_details(run.finished_details),
+            finished_at=run.finished_event_at,
+        )
+        data = leafdata.encode(fields)
+        leaf = merkle.leaf_hash(data)
+        index = edge.size
+        nodes.extend(edge.append(leaf))
+        leaves.append(
+            LogLeaf(
+                leaf_index=index,
+                run_id=run.run_id,
+                session_id=run.session_id,
+                leaf_hash=leaf.hex(),
+                data=data.decode("utf-8"),
+                appended_at=now,
+            )
+        )
+    LogLeaf.objects.bulk_create(leaves, batch_size=500)
+    LogNode.objects.bulk_create(
+        [LogNode(level=level, node_index=index, hash=h.hex()) for level, index, h in nodes], batch_size=500
+    )
+    head.tree_size = edge.size
+    head.root_hash = edge.root().hex()
+    head.updated_at = now
+    head.save(update_fields=["tree_size", "root_hash", "updated_at"])
+    return len(leaves)
+
+
+def _details(value):
+    """A JSON subquery's value: decoded by the field on most backends, a string on some."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return None
+    return value
+
+
+def _sign(head: LogHead, now: dt.datetime) -> Checkpoint:
+    key = keys.current_key()
+    previous = Checkpoint.objects.order_by("-tree_size").values_list("checkpoint_hash", flat=True).first()
+    body = note.Body(
+        origin=settings.AUDIT_LOG_ORIGIN,
+        tree_size=head.tree_size,
+        root_hash=head.root_hash,
+        signed_at=timestamp(now),
+        previous=previous or "",
+        key_id=key.key_id,
+    )
+    text = body.text()
+    return Checkpoint.objects.create(
+        tree_size=body.tree_size,
+        root_hash=body.root_hash,
+        signed_at=now,
+        previous_hash=body.previous,
+        key_id=key.key_id,
+        body=text,
+        signature=note.sign(text, key.private),
+        checkpoint_hash=note.body_hash(text),
+    )
+
+
+def _advance_scan(head: LogHead, scanned_from: dt.datetime | None, now: dt.datetime) -> None:
+    """Every run created before the returned time is terminal and anchored (see the module docstring)."""
+    open_runs = DiagnosisRun.objects.exclude(status__in=TERMINAL_RUN_STATUSES)
+    if scanned_from is not None:
+        open_runs = open_runs.filter(created_at__gte=scanned_from)
+    oldest_open = open_runs.aggregate(at=Min("created_at"))["at"]
+    bound = now - SCAN_GRACE
+    new = min(oldest_open, bound) if oldest_open is not None else bound
+    if scanned_from is not None and new < scanned_from:
+        new = scanned_from
+    if head.scan_from != new:
+        head.scan_from = new
+        head.save(update_fields=["scan_from"])
+
+
+def witness_line(cp: Checkpoint) -> str:
+    """The witness file's line for a checkpoint: its body and signature, exactly as signed."""
+    return json.dumps({"body": cp.body, "signature": cp.signature}, sort_keys=True, separators=(",", ":"))
+
+
+def _witness(cp: Checkpoint) -> None:
+    path = getattr(settings, "AUDIT_WITNESS_PATH", "")
+    if not path:
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, (witness_line(cp) + "\n").encode("utf-8"))  # one write: lines never interleave
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        logger.warning("witness write failed tree_size=%s error=%s", cp.tree_size, type(exc).__name__)
+
+
+def newest_checkpoint() -> Checkpoint | None:
+    return Checkpoint.objects.order_by("-tree_size").first()

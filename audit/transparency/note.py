@@ -1,0 +1,173 @@
+"""The signed checkpoint: its exact text, its hash, Ed25519 keys and signature verification.
+
+No Django: the offline verifier (`python -m audit.verify_bundle`) uses this module with `cryptography`.
+
+A checkpoint's **body** is the canonical JSON (sorted keys, no whitespace, UTF-8) of
+
+    {"format": "diagnosis-audit-checkpoint/v1", "origin": <the log's name>, "treeSize": n,
+     "rootHash": <hex MTH of the first n leaves>, "signedAt": <UTC ISO 8601, microseconds>,
+     "previous": <hex hash of the previous checkpoint's body, "" for the first>, "keyId": <key id>}
+
+The **signature** is Ed25519 over the body's UTF-8 bytes (base64 in storage and bundles); the
+checkpoint's **hash** is the hex SHA-256 of the body bytes, and each checkpoint names its predecessor's,
+so the checkpoints form a chain of their own (like CloudTrail's digest files). A **key id** is the first
+16 hex digits of the SHA-256 of the raw 32-byte public key: it names the key, it is not the key.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+FORMAT = "diagnosis-audit-checkpoint/v1"
+KEY_ID_CHARS = 16
+_BODY_KEYS = {"format", "origin", "treeSize", "rootHash", "signedAt", "previous", "keyId"}
+
+
+class NoteError(ValueError):
+    """A checkpoint or key that cannot be read or does not verify (the message names the field)."""
+
+
+def canonical(value: Any) -> str:
+    """The canonical JSON of the audit (the same rule as `audit.payloads.canonical_json`)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Body:
+    origin: str
+    tree_size: int
+    root_hash: str
+    signed_at: str
+    previous: str
+    key_id: str
+
+    def text(self) -> str:
+        return canonical(
+            {
+                "format": FORMAT,
+                "origin": self.origin,
+                "treeSize": self.tree_size,
+                "rootHash": self.root_hash,
+                "signedAt": self.signed_at,
+                "previous": self.previous,
+                "keyId": self.key_id,
+            }
+        )
+
+
+def body_hash(text: str) -> str:
+    """The checkpoint's hash: hex SHA-256 of its body bytes."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _hex(value: Any, field: str, *, empty: bool = False) -> str:
+    if not isinstance(value, str) or (value == "" and not empty):
+        raise NoteError(f"checkpoint {field} is not a hex hash")
+    if value and (len(value) != 64 or any(c not in "0123456789abcdef" for c in value)):
+        raise NoteError(f"checkpoint {field} is not a hex hash")
+    return value
+
+
+def parse_body(text: str) -> Body:
+    """The fields of a checkpoint body; NoteError unless it is exactly a canonical v1 body."""
+    try:
+        data = json.loads(text)
+    except (TypeError, ValueError) as exc:
+        raise NoteError("checkpoint body is not JSON") from exc
+    if not isinstance(data, dict) or set(data) != _BODY_KEYS:
+        raise NoteError("checkpoint body does not have exactly the v1 fields")
+    if data["format"] != FORMAT:
+        raise NoteError(f"checkpoint format is not {FORMAT}")
+    size = data["treeSize"]
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise NoteError("checkpoint treeSize is not a positive integer")
+    for field in ("origin", "signedAt", "keyId"):
+        if not isinstance(data[field], str) or not data[field]:
+            raise NoteError(f"checkpoint {field} is not a string")
+    body = Body(
+        origin=data["origin"],
+        tree_size=size,
+        root_hash=_hex(data["rootHash"], "rootHash"),
+        signed_at=data["signedAt"],
+        previous=_hex(data["previous"], "previous", empty=True),
+        key_id=data["keyId"],
+    )
+    if body.text() != text:
+        raise NoteError("checkpoint body is not in canonical form")
+    return body
+
+
+# --------------------------------------------------------------------------------------------------
+# Keys and signatures
+# --------------------------------------------------------------------------------------------------
+def raw_public(key: Ed25519PublicKey) -> bytes:
+    return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def key_id(key: Ed25519PublicKey) -> str:
+    return hashlib.sha256(raw_public(key)).hexdigest()[:KEY_ID_CHARS]
+
+
+def public_text(key: Ed25519PublicKey) -> str:
+    """The public key as it is published (API, `manage.py audit_keys`): base64 of its 32 raw bytes."""
+    return base64.b64encode(raw_public(key)).decode("ascii")
+
+
+def _b64(text: str) -> bytes:
+    text = text.strip().replace("-", "+").replace("_", "/")
+    try:
+        return base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise NoteError("not base64") from exc
+
+
+def load_public(text: str) -> Ed25519PublicKey:
+    """A public key from its published form (base64 of the 32 raw bytes) or a PEM SubjectPublicKeyInfo."""
+    text = text.strip()
+    if text.startswith("-----BEGIN"):
+        try:
+            key = serialization.load_pem_public_key(text.encode("ascii"))
+        except (ValueError, UnicodeError) as exc:
+            raise NoteError("not a PEM public key") from exc
+        if not isinstance(key, Ed25519PublicKey):
+            raise NoteError("not an Ed25519 public key")
+        return key
+    raw = _b64(text)
+    if len(raw) != 32:
+        raise NoteError("an Ed25519 public key is 32 bytes")
+    return Ed25519PublicKey.from_public_bytes(raw)
+
+
+def load_private(text: str) -> Ed25519PrivateKey:
+    """A signing key from its configured form: base64 (standard or URL-safe) of the 32-byte seed."""
+    raw = _b64(text)
+    if len(raw) != 32:
+        raise NoteError("an Ed25519 private key is a 32-byte seed")
+    return Ed25519PrivateKey.from_private_bytes(raw)
+
+
+def sign(text: str, key: Ed25519PrivateKey) -> str:
+    return base64.b64encode(key.sign(text.encode("utf-8"))).decode("ascii")
+
+
+def verify(text: str, signature: str, key: Ed25519PublicKey) -> None:
+    """NoteError unless `signature` (base64) is `key`'s Ed25519 signature of the body `text`."""
+    if not isinstance(signature, str):
+        raise NoteError("checkpoint signature is not a string")
+    try:
+        raw = base64.b64decode(signature, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise NoteError("checkpoint signature is not base64") from exc
+    try:
+        key.verify(raw, text.encode("utf-8"))
+    except InvalidSignature as exc:
+        raise NoteError("checkpoint signature does not verify") from exc

@@ -1,0 +1,422 @@
+"""Verification of the transparency log against the store (`manage.py verify_audit`).
+
+`verify_log` reads the whole log once, in leaf order and in batches (bounded memory), and checks:
+
+* the leaves are indexed 0..n-1 without a gap, each leaf hash is RFC 9162's hash of its stored data, and
+  every complete subtree stored in `audit_log_node` is the hash of its two children (recomputed while
+  streaming; a missing, altered or extra node is named with the leaves it covers);
+* every checkpoint: its body parses, its signature verifies with a key this deployment knows
+  (`AUDIT_SIGNING_KEYS` and `AUDIT_VERIFY_KEYS`; an unknown key id is named), it names the previous
+  checkpoint's hash, its columns repeat its body, and its root equals the MTH of the first `treeSize`
+  stored leaves. Roots recomputed from one sequence of leaves are consistent with each other by
+  construction, so this also proves every checkpoint consistent with the one before; the newest pair
+  is in addition checked with the consistency proof the API serves;
+* no leaf is stored beyond the newest checkpoint (the writer signs in the transaction that appends) and
+  none is missing below it (a truncated log), and the head row agrees;
+* every anchored run still exists: a leaf whose run row is gone is named (deleting a whole run is
+  detected), unless a tombstone says retention purged it, which is accepted only when the purge came
+  after the run's anchored finish plus `AUDIT_RETENTION_DAYS` and while no legal hold covered it;
+* optionally, every checkpoint of a witness file (the copy kept outside the database) verifies and is
+  in the database unchanged, or its root still matches the stored leaves: a log truncated together with
+  its checkpoints is detected only this way.
+
+`check_anchor` compares one run's stored chain with its leaf (a run rewritten and re-hashed after it was
+anchored has another chain head); `anchor_of` reads a run's leaf and the checkpoints that cover it.
+Messages name ids, indexes and sizes, never content.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db.models import Q
+
+from audit.binding import GOVERNANCE_EVENTS
+from audit.models import Checkpoint, LogHead, LogLeaf, LogNode, RunTombstone
+from audit.retention import tombstone_problems
+from audit.transparency import keys, leafdata, merkle, note, store
+from diagnosis.models import DiagnosisRun
+
+UNANCHORED = "finished, not yet anchored in the transparency log (the next checkpoint appends it)"
+LEAF_BATCH = 900  # below SQLite's 999 parameters per query
+MAX_NODE_PROBLEMS = 20
+
+
+@dataclass(slots=True)
+class LogVerification:
+    leaves: int = 0
+    checkpoints: int = 0
+    purged: int = 0  # anchored runs whose records were purged by retention (tombstones)
+    newest: Checkpoint | None = None
+    invalid: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.invalid
+
+
+@dataclass(frozen=True, slots=True)
+class WitnessEntry:
+    line: int
+    body: str
+    signature: str
+
+
+def read_witness(path: str) -> list[WitnessEntry]:
+    """The checkpoints of a witness file (one `{"body", "signature"}` JSON object per line)."""
+    entries = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+                entries.append(WitnessEntry(number, str(item["body"]), str(item["signature"])))
+            except (ValueError, KeyError, TypeError):
+                entries.append(WitnessEntry(number, "", ""))
+    return entries
+
+
+# --------------------------------------------------------------------------------------------------
+# Checkpoints
+# --------------------------------------------------------------------------------------------------
+def check_checkpoint(cp: Checkpoint, known: dict[str, Any]) -> list[str]:
+    """The problems of one stored checkpoint on its own (body, columns, key, signature)."""
+    where = f"checkpoint tree_size={cp.tree_size}"
+    try:
+        body = note.parse_body(cp.body)
+    except note.NoteError as exc:
+        return [f"{where}: {exc}"]
+    problems = []
+    columns = (cp.tree_size, cp.root_hash, cp.previous_hash, cp.key_id)
+    if columns != (body.tree_size, body.root_hash, body.previous, body.key_id):
+        problems.append(f"{where}: stored columns differ from its signed body")
+    if note.body_hash(cp.body) != cp.checkpoint_hash:
+        problems.append(f"{where}: stored hash is not the hash of its body")
+    public = known.get(body.key_id)
+    if public is None:
+        problems.append(f"{where}: signed by unknown key {body.key_id}")
+    else:
+        try:
+            note.verify(cp.body, cp.signature, public)
+        except note.NoteError as exc:
+            problems.append(f"{where}: {exc} (key {body.key_id})")
+    return problems
+
+
+def _witness_problems(entries: Sequence[WitnessEntry], known: dict[str, Any]) -> tuple[list[str], list]:
+    problems, bodies = [], []
+    for entry in entries:
+        where = f"witness line {entry.line}"
+        try:
+            body = note.parse_body(entry.body)
+        except note.NoteError as exc:
+            problems.append(f"{where}: {exc}")
+            continue
+        public = known.get(body.key_id)
+        if public is None:
+            problems.append(f"{where} (tree_size={body.tree_size}): signed by unknown key {body.key_id}")
+            continue
+        try:
+            note.verify(entry.body, entry.signature, public)
+        except note.NoteError as exc:
+            problems.append(f"{where} (tree_size={body.tree_size}): {exc}")
+            continue
+        bodies.append((entry, body))
+    return problems, bodies
+
+
+# --------------------------------------------------------------------------------------------------
+# The whole log
+# --------------------------------------------------------------------------------------------------
+def _leaf_batches(batch_size: int) -> Iterator[list[tuple[int, str, str, str]]]:
+    last = -1
+    while True:
+        rows = list(
+            LogLeaf.objects.filter(leaf_index__gt=last)
+            .order_by("leaf_index")
+            .values_list("leaf_index", "run_id", "leaf_hash", "data")[:batch_size]
+        )
+        if not rows:
+            return
+        last = rows[-1][0]
+        yield rows
+
+
+def _stored_nodes(first: int, end: int) -> dict[tuple[int, int], str]:
+    """Stored nodes (level ≥ 1) completed by the leaves [first, end)."""
+    match = Q()
+    level = 1
+    while (1 << level) <= end:
+        # Node (level, i) is completed by leaf (i + 1) * 2^level - 1: first <= that < end.
+        width = 1 << level
+        lo = -(-(first + 1) // width) - 1
+        hi = end // width - 1
+        if hi >= lo:
+            match |= Q(level=level, node_index__gte=lo, node_index__lte=hi)
+        level += 1
+    if not match:
+        return {}
+    return {
+        (lv, ix): h for lv, ix, h in LogNode.objects.filter(match).values_list("level", "node_index", "hash")
+    }
+
+
+def verify_log(*, witness: Sequence[WitnessEntry] = (), batch_size: int = LEAF_BATCH) -> LogVerification:
+    """Verify the whole log (see the module docstring)."""
+    result = LogVerification()
+    known = keys.verification_keys()
+    checkpoints = list(Checkpoint.objects.order_by("tree_size"))
+    result.checkpoints = len(checkpoints)
+    result.newest = checkpoints[-1] if checkpoints else None
+
+    # Checkpoints on their own, and their chain.
+    targets: dict[int, list[tuple[str, str]]] = {}
+    previous = ""
+    for cp in checkpoints:
+        result.invalid.extend(check_checkpoint(cp, known))
+        if cp.previous_hash != previous:
+            result.invalid.append(
+                f"checkpoint tree_size={cp.tree_size}: does not name the previous checkpoint"
+            )
+        previous = cp.checkpoint_hash
+        targets.setdefault(cp.tree_size, []).append((f"checkpoint tree_size={cp.tree_size}", cp.root_hash))
+    witness_problems, witnessed = _witness_problems(witness, known)
+    result.invalid.extend(witness_problems)
+    by_size = {cp.tree_size: cp for cp in checkpoints}
+    for entry, body in witnessed:
+        stored = by_size.get(body.tree_size)
+        if stored is not None and stored.body != entry.body:
+            result.invalid.append(
+                f"witness line {entry.line}: checkpoint tree_size={body.tree_size} in the database differs "
+                "from the witnessed one"
+            )
+        elif stored is None:
+            result.invalid.append(
+                f"witness line {entry.line}: checkpoint tree_size={body.tree_size} (signed {body.signed_at}) "
+                "is missing from the database"
+            )
+        targets.setdefault(body.tree_size, []).append(
+            (f"witnessed tree_size={body.tree_size}", body.root_hash)
+        )
+    head = LogHead.objects.filter(pk=1).first()
+    if head is not None and head.tree_size:
+        targets.setdefault(head.tree_size, []).append(("log head", head.root_hash))
+
+    # The leaves, in order: contiguity, leaf hashes, stored nodes, roots, anchored runs still present.
+    frontier = merkle.Frontier()
+    node_problems = 0
+    for rows in _leaf_batches(batch_size):
+        first = frontier.size
+        made: dict[tuple[int, int], str] = {}
+        for index, run_id, leaf_hex, data in rows:
+            if index != frontier.size:
+                gap = f"{frontier.size}" if index == frontier.size + 1 else f"{frontier.size}–{index - 1}"
+                result.invalid.append(f"log leaf index {gap} missing (the log was cut or reordered)")
+                # Continue from the stored index so later checks still run; roots will not match.
+                while frontier.size < index:
+                    frontier.append(merkle.EMPTY_ROOT)
+            computed = merkle.leaf_hash(data.encode("utf-8"))
+            if computed.hex() != leaf_hex:
+                result.invalid.append(f"log leaf {index} (run {run_id}): leaf hash does not match its data")
+            for level, node_index, h in frontier.append(bytes.fromhex(leaf_hex)):
+                made[(level, node_index)] = h.hex()
+            for label, root_hex in targets.get(frontier.size, ()):
+                if frontier.root().hex() != root_hex:
+                    result.invalid.append(
+                        f"{label}: root does not match the first {frontier.size} stored leaves"
+                    )
+        stored = _stored_nodes(first, frontier.size)
+        for node in sorted(set(made) | set(stored)):
+            if made.get(node) == stored.get(node):
+                continue
+            node_problems += 1
+            if node_problems > MAX_NODE_PROBLEMS:
+                continue
+            level, node_index = node
+            span = f"leaves {node_index << level}–{((node_index + 1) << level) - 1}"
+            if node not in stored:
+                result.invalid.append(f"log node level {level} index {node_index} ({span}) missing")
+            elif node not in made:
+                result.invalid.append(
+                    f"log node level {level} index {node_index} ({span}) stored but not expected"
+                )
+            else:
+                result.invalid.append(
+                    f"log node level {level} index {node_index} ({span}) does not match its leaves"
+                )
+        ids = [run_id for _, run_id, _, _ in rows]
+        present = set(DiagnosisRun.objects.filter(run_id__in=ids).values_list("run_id", flat=True))
+        gone = [(index, run_id, data) for index, run_id, _, data in rows if run_id not in present]
+        tombstones = (
+            {t.run_id: t for t in RunTombstone.objects.filter(run_id__in=[g[1] for g in gone])}
+            if gone
+            else {}
+        )
+        for index, run_id, data in gone:
+            tombstone = tombstones.get(run_id)
+            if tombstone is None:
+                result.invalid.append(f"anchored run {run_id} (leaf {index}) is missing from the store")
+                continue
+            result.purged += 1
+            first = next((cp for cp in checkpoints if cp.tree_size > index), None)
+            try:
+                finished = leafdata.decode(data)["finishedAt"]
+            except ValueError:
+                finished = None
+            result.invalid.extend(
+                tombstone_problems(
+                    tombstone,
+                    leaf_index=index,
+                    finished_at=finished,
+                    signed_at=first.signed_at if first else None,
+                )
+            )
+    if node_problems > MAX_NODE_PROBLEMS:
+        result.invalid.append(f"… and {node_problems - MAX_NODE_PROBLEMS} more log node problem(s)")
+    stored_nodes_total = LogNode.objects.count()
+    expected_nodes = sum(frontier.size >> level for level in range(1, frontier.size.bit_length()))
+    if stored_nodes_total > expected_nodes:
+        result.invalid.append(f"{stored_nodes_total - expected_nodes} log node(s) stored beyond the leaves")
+    result.leaves = frontier.size
+
+    for size in sorted(targets):
+        if size > frontier.size:
+            for label, _ in targets[size]:
+                result.invalid.append(
+                    f"{label}: covers {size} leaves but only {frontier.size} are stored "
+                    "(the log was truncated)"
+                )
+    if result.newest is not None and frontier.size > result.newest.tree_size:
+        result.invalid.append(
+            f"log leaves {result.newest.tree_size}–{frontier.size - 1} are not covered by a signed checkpoint"
+        )
+    if result.newest is None and frontier.size:
+        result.invalid.append(f"{frontier.size} log leaves but no checkpoint signs them")
+    if head is not None and head.tree_size != frontier.size:
+        result.invalid.append(f"log head says {head.tree_size} leaves, {frontier.size} are stored")
+    if len(checkpoints) >= 2 and not result.invalid:
+        older, newer = checkpoints[-2], checkpoints[-1]
+        try:
+            proof = store.consistency_proof(older.tree_size, newer.tree_size)
+            merkle.verify_consistency(
+                older.tree_size,
+                newer.tree_size,
+                bytes.fromhex(older.root_hash),
+                bytes.fromhex(newer.root_hash),
+                proof.hashes,
+            )
+        except (merkle.ProofError, store.TreeIncomplete) as exc:
+            result.invalid.append(f"consistency proof {older.tree_size} → {newer.tree_size}: {exc}")
+    return result
+
+
+# --------------------------------------------------------------------------------------------------
+# One run's anchor
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Anchor:
+    """A run's leaf and the checkpoints covering it: the first (when it was anchored) and the newest."""
+
+    leaf: LogLeaf
+    first: Checkpoint | None
+    newest: Checkpoint | None
+
+
+def anchor_of(run_id: str) -> Anchor | None:
+    """The run's leaf and covering checkpoints (three queries), or None when it is not in the log."""
+    leaf = LogLeaf.objects.filter(run_id=run_id).first()
+    if leaf is None:
+        return None
+    covering = Checkpoint.objects.filter(tree_size__gt=leaf.leaf_index)
+    return Anchor(
+        leaf=leaf,
+        first=covering.order_by("tree_size").first(),
+        newest=covering.order_by("-tree_size").first(),
+    )
+
+
+def check_anchor(
+    *, run: Any | None, events: Sequence[Any], leaf: LogLeaf | None
+) -> tuple[list[str], list[str]]:
+    """(problems, notes) of a run's stored chain against its leaf (`events` in sequence order)."""
+    if leaf is None:
+        if run is not None and run.is_terminal:
+            return [], [UNANCHORED]
+        return [], []
+    problems: list[str] = []
+    try:
+        anchored = leafdata.decode(leaf.data)
+    except ValueError:
+        return [f"leaf {leaf.leaf_index}: stored leaf data is not a run leaf"], []
+    where = f"anchored in log leaf {leaf.leaf_index}"
+    if anchored["runId"] != leaf.run_id:
+        problems.append(f"{where}: the leaf names another run")
+    last = anchored["lastSequenceNo"]
+    prefix = leafdata.anchored_prefix(events, last)
+    session_id = run.session_id if run is not None else prefix[0].session_id if prefix else ""
+    now = leafdata.run_leaf(run_id=leaf.run_id, session_id=session_id, events=prefix)
+    if now["lastSequenceNo"] != last:
+        problems.append(
+            f"{where}: events up to sequence {last} were anchored, the chain stops at {now['lastSequenceNo']}"
+        )
+    elif now["chainHead"] != anchored["chainHead"]:
+        problems.append(
+            f"{where}: the chain head at sequence {last} differs from the anchored one "
+            "(the run was rewritten)"
+        )
+    for key, label in (
+        ("runDigest", "terminal summary digest"),
+        ("finishedAt", "finish time"),
+        ("sessionId", "session"),
+    ):
+        if now[key] != anchored[key] and not problems:
+            problems.append(f"{where}: the {label} differs from the anchored one")
+    later = [e for e in events if e.sequence_no > last and e.event_type not in GOVERNANCE_EVENTS]
+    if later:
+        problems.append(
+            f"{where}: {len(later)} event(s) after the anchored head (sequence {last}) "
+            "that are not governance events"
+        )
+    if run is not None and not run.is_terminal:
+        problems.append(f"{where} as finished, but the run is stored as {run.status}")
+    return problems, []
+
+
+def leaves_of(run_ids: Iterable[str]) -> dict[str, LogLeaf]:
+    return {leaf.run_id: leaf for leaf in LogLeaf.objects.filter(run_id__in=list(run_ids))}
+
+
+def prove_run(run_id: str) -> tuple[list[str], str | None]:
+    """(problems, summary) of one run's inclusion in the newest checkpoint, proven from the stored tree
+    (O(log n) nodes) and the checkpoint's signature; summary None when the run is not in the log."""
+    anchor = anchor_of(run_id)
+    if anchor is None:
+        return [], None
+    leaf = anchor.leaf
+    newest = anchor.newest
+    if newest is None:
+        return [f"log leaf {leaf.leaf_index} is not covered by a signed checkpoint"], None
+    problems = check_checkpoint(newest, keys.verification_keys())
+    leaf_hash = merkle.leaf_hash(leaf.data.encode("utf-8"))
+    if leaf_hash.hex() != leaf.leaf_hash:
+        problems.append(f"log leaf {leaf.leaf_index}: leaf hash does not match its data")
+    try:
+        proof = store.inclusion_proof(leaf.leaf_index, newest.tree_size)
+        merkle.verify_inclusion(
+            leaf_hash, leaf.leaf_index, newest.tree_size, proof.hashes, bytes.fromhex(newest.root_hash)
+        )
+    except (merkle.ProofError, store.TreeIncomplete) as exc:
+        problems.append(
+            f"inclusion of log leaf {leaf.leaf_index} in checkpoint tree_size={newest.tree_size}: {exc}"
+        )
+    summary = (
+        f"anchored at log leaf {leaf.leaf_index}; inclusion in checkpoint tree_size={newest.tree_size} "
+        f"(signed {newest.signed_at.isoformat()}, key {newest.key_id}) "
+        + ("verified" if not problems else "FAILED")
+    )
+    return problems, summary

@@ -1,0 +1,344 @@
+"""B5 — the transparency log: checkpointing, proofs and evidence bundles at scale, and verify_audit.
+
+*Log at scale*: a log of `size` leaves (10 000 and 1 000 000) is built directly — synthetic leaf data,
+RFC 9162 leaf hashes and every complete subtree computed in Python and bulk-inserted with a raw
+connection (not runs through the runtime: the machine is small and shared), then signed by one
+checkpoint. On top of it, each repetition stores 1 000 finished runs (run row, RUN_STARTED and
+RUN_FINISHED with a valid chain, bulk-inserted) and times `audit.transparency.log.checkpoint()` appending
+them and signing: **seconds per 1 000 leaves**, and the queries it sent. The 1 000 000-leaf log lives in
+its own database (`<db>_tlog_big`) and is kept between bench runs; the 10 000-leaf one (`<db>_tlog`) is
+rebuilt when its size differs.
+
+*Proofs and bundles at 1 000 000 leaves*: the inclusion proof of random leaves and the consistency proof
+between random sizes from the stored tree (median latency and rows read, which stay O(log n)), and the
+evidence bundle of an anchored run (`audit.transparency.evidence.build_bundle`: latency and queries).
+
+*verify_audit*: `manage.py verify_audit` over a store of 1 000 runs recorded through the real recorder
+(B1's workload: 23 events, 4 steps, 4 reasoning rows and 3 tools each) and anchored, in its own database
+(`<db>_tlog_verify`): seconds per 1 000 runs (every run's rows, chain and anchor, and the whole log).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import time
+
+from django.core.management import call_command
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from bench.env import raw_connect
+from bench.stats import Row, spread
+
+RUN_PREFIX = "tl"
+INSERT_CHUNK = 5000
+
+
+def _leaf_data(i: int) -> bytes:
+    from audit.transparency import leafdata
+
+    return leafdata.encode(
+        {
+            "kind": "run",
+            "runId": f"{RUN_PREFIX}{i:010d}",
+            "sessionId": f"{RUN_PREFIX}ses{i // 10:09d}",
+            "chainHead": f"{i:064x}",
+            "lastSequenceNo": 23,
+            "runDigest": f"{i * 7:064x}",
+            "finishedAt": "2026-11-01T10:00:00.000000+00:00",
+        }
+    )
+
+
+def log_size(database: str) -> int:
+    conn = raw_connect(database)
+    try:
+        cur = conn.cursor()
+        cur.execute("SELECT COUNT(*) FROM audit_log_leaf")
+        return int(cur.fetchone()[0])
+    finally:
+        conn.close()
+
+
+def build_log(database: str, size: int, log=print) -> float:
+    """Empty the log tables of `database` and fill them with `size` synthetic leaves and their nodes;
+    seconds. The head row and one signed checkpoint of that size are written through Django."""
+    from audit.transparency import merkle
+
+    start = time.perf_counter()
+    conn = raw_connect(database, autocommit=False)
+    cur = conn.cursor()
+    for table in ("audit_checkpoint", "audit_log_node", "audit_log_leaf", "audit_log_head"):
+        cur.execute(f"TRUNCATE TABLE {table}")
+    frontier = merkle.Frontier()
+    leaves, nodes = [], []
+    now = timezone.now().strftime("%Y-%m-%d %H:%M:%S.%f")
+
+    def flush():
+        if leaves:
+            cur.executemany(
+                "INSERT INTO audit_log_leaf (leaf_index, run_id, session_id, leaf_hash, data, appended_at) "
+                "VALUES (%s, %s, %s, %s, %s, %s)",
+                leaves,
+            )
+        if nodes:
+            cur.executemany("INSERT INTO audit_log_node (level, node_index, hash) VALUES (%s, %s, %s)", nodes)
+        conn.commit()
+        leaves.clear()
+        nodes.clear()
+
+    for i in range(size):
+        data = _leaf_data(i)
+        h = merkle.leaf_hash(data)
+        leaves.append(
+            (i, f"{RUN_PREFIX}{i:010d}", f"{RUN_PREFIX}ses{i // 10:09d}", h.hex(), data.decode(), now)
+        )
+        nodes.extend((lv, ix, nh.hex()) for lv, ix, nh in frontier.append(h))
+        if len(leaves) >= INSERT_CHUNK:
+            flush()
+        if (i + 1) % 200_000 == 0:
+            log(f"  B5 log: {i + 1:,} leaves in {database} ({time.perf_counter() - start:.0f} s)")
+    flush()
+    cur.execute("ANALYZE TABLE audit_log_leaf, audit_log_node")
+    cur.fetchall()
+    conn.close()
+    _sign_head(size, frontier.root().hex())
+    return time.perf_counter() - start
+
+
+def _sign_head(size: int, root_hex: str) -> None:
+    from django.db import transaction
+
+    from audit.models import LogHead
+    from audit.transparency import log
+
+    log.ensure_head()
+    with transaction.atomic():
+        head = LogHead.objects.select_for_update().get(pk=1)
+        head.tree_size, head.root_hash, head.scan_from = size, root_hex, timezone.now()
+        head.save()
+        log._sign(head, timezone.now())
+
+
+def add_finished_runs(n: int, owner, tag: str) -> list[str]:
+    """`n` finished runs with a valid two-event chain (RUN_STARTED, RUN_FINISHED), bulk-inserted."""
+    from audit import rowdigest
+    from audit.integrity import GENESIS_HASH, chain_hash, event_payload
+    from audit.models import TraceEvent
+    from diagnosis import services
+    from diagnosis.models import DiagnosisRun
+
+    session = services.create_session(owner=owner, title=f"bench B5 {tag}")
+    now = timezone.now()
+    runs, events = [], []
+    for k in range(n):
+        run = DiagnosisRun(
+            run_id=f"b5{tag}{k:06d}{random.randrange(16**6):06x}"[:64],
+            session=session,
+            query="q",
+            status="SUCCESS",
+            content="answer",
+            finished_at=now,
+            expected_events=2,
+        )
+        runs.append(run)
+        prev = GENESIS_HASH
+        for seq, (etype, details) in enumerate(
+            (
+                ("RUN_STARTED", {}),
+                ("RUN_FINISHED", {"runDigest": rowdigest.RUN.digest_of(run), "runForm": rowdigest.RUN.name}),
+            ),
+            start=1,
+        ):
+            payload = event_payload(
+                run_id=run.run_id,
+                session_id=session.session_id,
+                sequence_no=seq,
+                phase="RUN",
+                event_type=etype,
+                status="SUCCESS",
+                summary=etype.lower(),
+                details=details,
+                created_at=now,
+            )
+            h = chain_hash(prev, payload)
+            events.append(
+                TraceEvent(
+                    run_id=run.run_id,
+                    session_id=session.session_id,
+                    sequence_no=seq,
+                    phase="RUN",
+                    event_type=etype,
+                    status="SUCCESS",
+                    summary=etype.lower(),
+                    details=details,
+                    prev_hash=prev,
+                    hash=h,
+                    created_at=now,
+                )
+            )
+            prev = h
+    DiagnosisRun.objects.bulk_create(runs, batch_size=500)
+    TraceEvent.objects.bulk_create(events, batch_size=1000)
+    return [r.run_id for r in runs]
+
+
+def _owner():
+    from django.contrib.auth import get_user_model
+
+    user, _ = get_user_model().objects.get_or_create(username="bench-tlog")
+    return user
+
+
+def checkpoint_cost(*, database: str, size: int, reps: int, log=print) -> tuple[Row, dict]:
+    """Seconds per 1 000 leaves appended and signed on top of a log of `size` leaves."""
+    from audit.transparency.log import checkpoint
+    from bench.b2_trace import migrate_database
+
+    migrate_database(database)
+    have = log_size(database)
+    if not (size <= have < size + 100_000):
+        log(f"  B5: building a log of {size:,} leaves in {database}")
+        build_log(database, size, log=log)
+    owner = _owner()
+    size = log_size(database)
+    times, queries = [], []
+    for rep in range(reps):
+        add_finished_runs(1000, owner, f"r{rep}")
+        with CaptureQueriesContext(connection) as ctx:
+            started = time.perf_counter()
+            result = checkpoint()
+            times.append(time.perf_counter() - started)
+        assert result.appended == 1000, result
+        queries.append(len(ctx.captured_queries))
+    s = spread(times)
+    row = Row(
+        "B5",
+        f"checkpoint 1,000 new runs onto a log of {size:,} leaves",
+        f"{s.median * 1000:.0f} ms per 1,000 leaves; {int(spread(queries).median)} queries",
+        spread([t * 1000 for t in times]),
+        None,
+        ratio_unit=" ms",
+    )
+    return row, {"size": size, "seconds": times, "queries": queries}
+
+
+def proofs_and_bundles(*, database: str, reads: int, log=print) -> list[Row]:
+    """Inclusion and consistency proof latency and rows read, and bundle latency, on `database`'s log."""
+    from audit.models import Checkpoint, LogLeaf
+    from audit.transparency import merkle, store
+    from audit.transparency.evidence import build_bundle
+    from bench.b2_trace import use_database
+    from diagnosis.models import DiagnosisRun
+
+    use_database(database)
+    newest = Checkpoint.objects.order_by("-tree_size").first()
+    size = newest.tree_size
+    root = bytes.fromhex(newest.root_hash)
+    rng = random.Random(5)
+    inc_t, inc_rows, con_t, con_rows = [], [], [], []
+    for _ in range(reads):
+        index = rng.randrange(size)
+        started = time.perf_counter()
+        proof = store.inclusion_proof(index, size)
+        inc_t.append(time.perf_counter() - started)
+        inc_rows.append(proof.rows_read)
+        leaf = bytes.fromhex(LogLeaf.objects.values_list("leaf_hash", flat=True).get(leaf_index=index))
+        merkle.verify_inclusion(leaf, index, size, proof.hashes, root)
+        old = rng.randrange(1, size)
+        started = time.perf_counter()
+        proof = store.consistency_proof(old, size)
+        con_t.append(time.perf_counter() - started)
+        con_rows.append(proof.rows_read)
+    run = DiagnosisRun.objects.filter(run_id__startswith="b5").order_by("-id").first()
+    bundle_t, bundle_q = [], []
+    for _ in range(max(5, reads // 4)):
+        with CaptureQueriesContext(connection) as ctx:
+            started = time.perf_counter()
+            body = build_bundle(run=run)
+            bundle_t.append(time.perf_counter() - started)
+        bundle_q.append(len(ctx.captured_queries))
+    assert body["anchor"] is not None
+    bundle_bytes = len(json.dumps(body))
+    inc, con, bun = (
+        spread([t * 1000 for t in inc_t]),
+        spread([t * 1000 for t in con_t]),
+        spread([t * 1000 for t in bundle_t]),
+    )
+    return [
+        Row(
+            "B5",
+            f"inclusion proof at {size:,} leaves",
+            f"{inc.median:.2f} ms; {int(spread(inc_rows).median)} rows read (max {max(inc_rows)})",
+            inc,
+            None,
+            ratio_unit=" ms",
+        ),
+        Row(
+            "B5",
+            f"consistency proof at {size:,} leaves",
+            f"{con.median:.2f} ms; {int(spread(con_rows).median)} rows read (max {max(con_rows)})",
+            con,
+            None,
+            ratio_unit=" ms",
+        ),
+        Row(
+            "B5",
+            f"evidence bundle of a run at {size:,} leaves",
+            f"{bun.median:.1f} ms; {int(spread(bundle_q).median)} queries; {bundle_bytes:,} bytes",
+            bun,
+            None,
+            ratio_unit=" ms",
+        ),
+    ]
+
+
+def verify_cost(*, database: str, runs: int, reps: int, log=print) -> Row:
+    """`manage.py verify_audit` seconds per 1 000 recorded, anchored runs."""
+    from audit.transparency.log import checkpoint
+    from bench import b1_recording, workload
+    from bench.b2_trace import migrate_database
+    from diagnosis import services
+    from diagnosis.models import DiagnosisRun
+
+    migrate_database(database)
+    have = DiagnosisRun.objects.filter(status="SUCCESS").count()
+    if have != runs:
+        if have:
+            raise RuntimeError(f"{database} holds {have} runs, not {runs}: drop it to rebuild")
+        session = services.create_session(owner=_owner(), title="bench B5 verify")
+        inputs = workload.make_inputs()
+        made = b1_recording.new_runs(session, runs, "b5v")
+        b1_recording.run_recorder(made, inputs, group_commit=False)
+        log(f"  B5 verify: recorded {runs} runs in {database}")
+    checkpoint(full_scan=True)
+    times = []
+    for _ in range(reps):
+        out = io.StringIO()
+        started = time.perf_counter()
+        call_command("verify_audit", stdout=out)
+        times.append(time.perf_counter() - started)
+    per = spread([t * 1000 / runs for t in times])
+    return Row(
+        "B5",
+        f"verify_audit over {runs:,} recorded, anchored runs",
+        f"{per.median:.2f} s per 1,000 runs (rows, chain, anchor, whole log)",
+        spread([t / runs * 1000 for t in times]),
+        None,
+        ratio_unit=" s",
+    )
+
+
+def run_all(*, database: str, quick: bool, log=print) -> list[Row]:
+    rows = []
+    small, _ = checkpoint_cost(database=f"{database}_tlog", size=10_000, reps=3 if quick else 5, log=log)
+    rows.append(small)
+    big_size = 100_000 if quick else 1_000_000
+    big, _ = checkpoint_cost(database=f"{database}_tlog_big", size=big_size, reps=3 if quick else 5, log=log)
+    rows.append(big)
+    rows += proofs_and_bundles(database=f"{database}_tlog_big", reads=50 if quick else 200, log=log)
+    rows.append(verify_cost(database=f"{database}_tlog_verify", runs=1000, reps=2 if quick else 3, log=log))
+    return rows

@@ -1,0 +1,106 @@
+"""Helpers of the transparency log tests: finished runs through the real recorder, the database URL of
+this test database for subprocesses."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from django.conf import settings
+from django.db import connection
+
+from tests.factories import make_recorded_run
+
+
+def finished_runs(owner, n: int, **kwargs):
+    return [make_recorded_run(owner, **kwargs) for _ in range(n)]
+
+
+def database_url() -> str:
+    db = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{db['NAME']}"
+    host = f"{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 3306}"
+    return f"mysql://{db['USER']}:{db['PASSWORD']}@{host}/{db['NAME']}"
+
+
+def manage(*args: str, env: dict[str, str] | None = None, popen: bool = False):
+    """`manage.py ARGS` in another process on this test database (a CompletedProcess, or a Popen)."""
+    full_env = {**os.environ, "DATABASE_URL": database_url(), **(env or {})}
+    command = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), *args, "--skip-checks"]
+    if popen:
+        return subprocess.Popen(
+            command, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+    return subprocess.run(command, env=full_env, capture_output=True, text=True, timeout=120)
+
+
+# --------------------------------------------------------------------------------------------------
+# Attacks by someone who can write the database
+# --------------------------------------------------------------------------------------------------
+def rehash_chain(run_id: str, *, start: int = 1) -> None:
+    """Recompute `prev_hash` and `hash` of the run's events from sequence `start` on, as an attacker who
+    changed an event (or a row and its digest) would, so that the chain verifies again."""
+    from audit.integrity import GENESIS_HASH, link_hash
+    from audit.models import TraceEvent
+
+    prev = GENESIS_HASH
+    for event in TraceEvent.objects.filter(run_id=run_id).order_by("sequence_no"):
+        if event.sequence_no >= start:
+            event.prev_hash = prev
+            event.hash = link_hash(event)
+            TraceEvent.objects.filter(pk=event.pk).update(prev_hash=event.prev_hash, hash=event.hash)
+        prev = event.hash
+
+
+def rewrite_tool_output(run, *, preview: str) -> int:
+    """Change a tool row's output preview, put its new digest into the event that binds it and re-hash the
+    chain from there: every per-run check passes afterwards. Returns the rewritten event's sequence."""
+    from audit import rowdigest
+    from audit.models import EventType, ToolInvocation, TraceEvent
+
+    tool = ToolInvocation.objects.filter(run_id=run.run_id).order_by("id").first()
+    ToolInvocation.objects.filter(pk=tool.pk).update(output_preview=preview)
+    tool.refresh_from_db()
+    event = (
+        TraceEvent.objects.filter(run_id=run.run_id, event_type=EventType.TOOL_INVOCATION)
+        .exclude(status="RUNNING")
+        .filter(details__toolCallId=tool.tool_call_id)
+        .get()
+    )
+    details = dict(event.details)
+    details["rowDigest"] = rowdigest.TOOL.digest_of(tool)
+    TraceEvent.objects.filter(pk=event.pk).update(details=details)
+    rehash_chain(run.run_id, start=event.sequence_no)
+    return event.sequence_no
+
+
+def delete_run(run_id: str) -> None:
+    """Delete a whole run: its row, events, steps, tools, reasoning rows and feedback."""
+    from audit.models import AgentStep, ToolInvocation, TraceEvent
+    from diagnosis.models import DiagnosisRun, RunFeedback
+    from reasoning.models import AgentReasoningAudit
+
+    for model in (TraceEvent, AgentStep, ToolInvocation, AgentReasoningAudit, RunFeedback):
+        model.objects.filter(run_id=run_id).delete()
+    DiagnosisRun.objects.filter(run_id=run_id).delete()
+
+
+def rebuild_tree() -> None:
+    """Recompute every stored node and the head from the stored leaves, as an attacker who changed leaves
+    would (they cannot re-sign the checkpoints)."""
+    from audit.models import LogHead, LogLeaf, LogNode
+    from audit.transparency import merkle
+
+    LogNode.objects.all().delete()
+    frontier = merkle.Frontier()
+    nodes = []
+    for leaf in LogLeaf.objects.order_by("leaf_index"):
+        nodes += [
+            LogNode(level=lv, node_index=ix, hash=h.hex())
+            for lv, ix, h in frontier.append(bytes.fromhex(leaf.leaf_hash))
+        ]
+    LogNode.objects.bulk_create(nodes)
+    LogHead.objects.filter(pk=1).update(tree_size=frontier.size, root_hash=frontier.root().hex())

@@ -1,0 +1,252 @@
+"""The transparency log: finished runs appended in one gapless order by one writer at a time, checkpoints
+signed with the configured key and chained, proofs from the stored tree, the witness file, keys and
+their system checks, and the server's periodic checkpointer."""
+
+import asyncio
+import datetime as dt
+import io
+import itertools
+import json
+import time
+
+import pytest
+from django.core.management import call_command
+from django.db import transaction
+from django.utils import timezone
+
+from audit.checks import check_signing_keys
+from audit.models import Checkpoint, LogHead, LogLeaf, LogNode, TraceEvent
+from audit.recorder import RunRecorder
+from audit.transparency import keys, leafdata, log, merkle, note, store
+from diagnosis import services
+from diagnosis.models import DiagnosisRun
+from tests.audit.transparency.support import finished_runs, manage
+
+pytestmark = pytest.mark.django_db
+
+
+def _leaves():
+    return list(LogLeaf.objects.order_by("leaf_index"))
+
+
+def _verify_checkpoint(cp, public):
+    note.verify(cp.body, cp.signature, public)
+    body = note.parse_body(cp.body)
+    assert (body.tree_size, body.root_hash, body.previous) == (cp.tree_size, cp.root_hash, cp.previous_hash)
+    assert note.body_hash(cp.body) == cp.checkpoint_hash
+    return body
+
+
+def test_finished_runs_are_appended_in_finish_order_and_signed(user, signing_key):
+    first, second = finished_runs(user, 2)
+    running = services.create_run(session=first.session, query="still running")
+    RunRecorder.for_run(running).run_started()
+
+    result = log.checkpoint()
+    assert result.appended == 2 and result.tree_size == 2 and len(result.checkpoints) == 1
+    leaves = _leaves()
+    assert [leaf.run_id for leaf in leaves] == [first.run_id, second.run_id]
+    assert [leaf.leaf_index for leaf in leaves] == [0, 1]
+    for leaf, run in zip(leaves, (first, second), strict=True):
+        events = list(TraceEvent.objects.filter(run_id=run.run_id).order_by("sequence_no"))
+        fields = leafdata.run_leaf(run_id=run.run_id, session_id=run.session_id, events=events)
+        assert leaf.data == leafdata.encode(fields).decode()
+        assert fields["chainHead"] == events[-1].hash and fields["lastSequenceNo"] == events[-1].sequence_no
+        assert fields["runDigest"] == events[-1].details["runDigest"]
+        assert leaf.leaf_hash == merkle.leaf_hash(leaf.data.encode()).hex()
+
+    cp = result.newest
+    public = keys.current_key().public
+    body = _verify_checkpoint(cp, public)
+    assert body.key_id == keys.current_key().key_id and body.previous == ""
+    assert cp.root_hash == merkle.mth([bytes.fromhex(leaf.leaf_hash) for leaf in leaves]).hex()
+    head = LogHead.objects.get(pk=1)
+    assert (head.tree_size, head.root_hash) == (2, cp.root_hash)
+
+    # Nothing waiting: nothing signed. The running run joins once it finished.
+    assert log.checkpoint().checkpoints == []
+    RunRecorder.resume(running.run_id).finish(status="FAILED", error_code="X")
+    later = log.checkpoint().newest
+    assert later.tree_size == 3 and later.previous_hash == cp.checkpoint_hash
+    _verify_checkpoint(later, public)
+    assert _leaves()[-1].run_id == running.run_id
+
+
+def test_batches_sign_consecutive_checkpoints_that_are_consistent(user, signing_key):
+    finished_runs(user, 5)
+    result = log.checkpoint(batch_size=2)
+    assert [cp.tree_size for cp in result.checkpoints] == [2, 4, 5]
+    for older, newer in itertools.pairwise(result.checkpoints):
+        assert newer.previous_hash == older.checkpoint_hash
+        proof = store.consistency_proof(older.tree_size, newer.tree_size)
+        merkle.verify_consistency(
+            older.tree_size,
+            newer.tree_size,
+            bytes.fromhex(older.root_hash),
+            bytes.fromhex(newer.root_hash),
+            proof.hashes,
+        )
+    leaves = [bytes.fromhex(leaf.leaf_hash) for leaf in _leaves()]
+    for cp in result.checkpoints:
+        for index in range(cp.tree_size):
+            proof = store.inclusion_proof(index, cp.tree_size)
+            merkle.verify_inclusion(
+                leaves[index], index, cp.tree_size, proof.hashes, bytes.fromhex(cp.root_hash)
+            )
+            assert proof.rows_read <= 2 * cp.tree_size.bit_length()
+    # Every complete subtree is stored once: 5 leaves make nodes 1/0, 1/1 and 2/0.
+    assert sorted(LogNode.objects.values_list("level", "node_index")) == [(1, 0), (1, 1), (2, 0)]
+
+
+def test_the_search_window_moves_forward_and_full_finds_a_run_before_it(user, signing_key):
+    old = finished_runs(user, 1)[0]
+    long_ago = timezone.now() - dt.timedelta(days=2)
+    DiagnosisRun.objects.filter(pk=old.pk).update(created_at=long_ago)
+    open_run = services.create_run(session=old.session, query="open")
+    hour_ago = timezone.now() - dt.timedelta(hours=1)
+    DiagnosisRun.objects.filter(pk=open_run.pk).update(created_at=hour_ago)
+    log.checkpoint()
+    assert LogHead.objects.get(pk=1).scan_from == hour_ago  # the oldest run still open
+    assert LogLeaf.objects.filter(run_id=old.run_id).exists()  # the first scan searches everything
+
+    late = finished_runs(user, 1)[0]
+    DiagnosisRun.objects.filter(pk=late.pk).update(created_at=long_ago)  # a row older than the window
+    assert log.checkpoint().appended == 0
+    out = io.StringIO()
+    call_command("audit_checkpoint", "--full", stdout=out)
+    assert "appended 1 run(s); log holds 2" in out.getvalue()
+
+
+def test_a_run_whose_every_event_was_lost_is_anchored_with_an_empty_chain(user, signing_key):
+    run = services.create_run(session=services.create_session(owner=user), query="q")
+    DiagnosisRun.objects.filter(pk=run.pk).update(status="FAILED")
+    log.checkpoint()
+    fields = leafdata.decode(LogLeaf.objects.get(run_id=run.run_id).data)
+    assert fields["lastSequenceNo"] == 0 and fields["runDigest"] is None and fields["finishedAt"] is None
+
+
+def test_each_checkpoint_is_appended_to_the_witness_file(user, signing_key, settings, tmp_path):
+    settings.AUDIT_WITNESS_PATH = str(tmp_path / "witness.jsonl")
+    finished_runs(user, 3)
+    signed = log.checkpoint(batch_size=2).checkpoints
+    lines = [json.loads(line) for line in (tmp_path / "witness.jsonl").read_text().splitlines()]
+    assert lines == [{"body": cp.body, "signature": cp.signature} for cp in signed]
+    settings.AUDIT_WITNESS_PATH = str(tmp_path / "missing-dir" / "witness.jsonl")
+    finished_runs(user, 1)
+    assert log.checkpoint().newest.tree_size == 4  # a failed witness write is logged, not raised
+
+
+def test_the_command_reports_what_it_signed(user, signing_key):
+    out = io.StringIO()
+    call_command("audit_checkpoint", stdout=out)
+    assert "no finished run waiting; no checkpoint yet" in out.getvalue()
+    finished_runs(user, 2)
+    out = io.StringIO()
+    call_command("audit_checkpoint", stdout=out)
+    cp = Checkpoint.objects.get()
+    assert f"checkpoint tree_size=2 root={cp.root_hash} key={cp.key_id}" in out.getvalue()
+    assert "appended 2 run(s); log holds 2" in out.getvalue()
+
+
+# --------------------------------------------------------------------------------------------------
+# Keys
+# --------------------------------------------------------------------------------------------------
+def test_rotation_signs_with_the_newest_key_and_old_keys_still_verify(user, settings, signing_key):
+    old = keys.current_key()
+    finished_runs(user, 1)
+    first = log.checkpoint().newest
+    new_text = keys.generate_key_text()
+    settings.AUDIT_SIGNING_KEYS = [new_text, signing_key]
+    finished_runs(user, 1)
+    second = log.checkpoint().newest
+    assert second.key_id == keys.current_key().key_id != old.key_id
+    assert set(keys.verification_keys()) == {old.key_id, second.key_id}
+    # The old private key removed, its public key kept as a verification key.
+    settings.AUDIT_SIGNING_KEYS = [new_text]
+    settings.AUDIT_VERIFY_KEYS = [note.public_text(old.public)]
+    verifying = keys.verification_keys()
+    note.verify(first.body, first.signature, verifying[first.key_id])
+    note.verify(second.body, second.signature, verifying[second.key_id])
+    with pytest.raises(note.NoteError):
+        note.verify(first.body, first.signature, verifying[second.key_id])
+
+
+def test_the_development_key_is_generated_once_and_reused(settings, tmp_path):
+    key_file = tmp_path / ".local" / "audit-signing.key"
+    settings.AUDIT_SIGNING_KEYS = []
+    settings.AUDIT_DEV_SIGNING_KEY_FILE = key_file
+    first = keys.current_key()
+    assert key_file.exists() and (key_file.stat().st_mode & 0o777) == 0o600
+    keys._dev_key.cache_clear()  # as a new process would
+    assert keys.current_key().key_id == first.key_id
+    settings.AUDIT_DEV_SIGNING_KEY_FILE = None
+    with pytest.raises(keys.SigningKeysMissing):
+        keys.current_key()
+
+
+def test_system_checks_require_valid_keys_when_debug_is_off(settings):
+    settings.DEBUG = False
+    settings.AUDIT_SIGNING_KEYS = []
+    assert [e.id for e in check_signing_keys()] == ["audit.E001"]
+    settings.AUDIT_SIGNING_KEYS = [keys.generate_key_text(), "not-a-key"]
+    settings.AUDIT_VERIFY_KEYS = ["also-not-a-key"]
+    errors = check_signing_keys()
+    assert [e.id for e in errors] == ["audit.E002", "audit.E003"]
+    assert all("not-a-key" not in e.msg for e in errors)
+    settings.AUDIT_SIGNING_KEYS = [keys.generate_key_text()]
+    settings.AUDIT_VERIFY_KEYS = [note.public_text(keys.current_key().public)]
+    assert check_signing_keys() == []
+
+
+# --------------------------------------------------------------------------------------------------
+# Several writers
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.django_db(transaction=True)
+def test_two_processes_checkpointing_at_once_make_one_gapless_log(user, signing_key):
+    runs = finished_runs(user, 24, tools=0)
+    env = {"AUDIT_SIGNING_KEYS": signing_key}
+    log.ensure_head()
+    # Hold the log's lock while both start, so that they queue on it and then take turns batch by batch.
+    with transaction.atomic():
+        LogHead.objects.select_for_update().filter(pk=1).update(updated_at=timezone.now())
+        procs = [manage("audit_checkpoint", "--batch-size", "3", env=env, popen=True) for _ in range(2)]
+        time.sleep(3)
+    outputs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    leaves = _leaves()
+    assert [leaf.leaf_index for leaf in leaves] == list(range(24))
+    assert sorted(leaf.run_id for leaf in leaves) == sorted(r.run_id for r in runs)
+    checkpoints = list(Checkpoint.objects.order_by("tree_size"))
+    assert checkpoints[-1].tree_size == 24
+    assert all(b.previous_hash == a.checkpoint_hash for a, b in itertools.pairwise(checkpoints))
+    hashes = [bytes.fromhex(leaf.leaf_hash) for leaf in leaves]
+    public = keys.current_key().public
+    for cp in checkpoints:
+        _verify_checkpoint(cp, public)
+        assert cp.root_hash == merkle.mth(hashes[: cp.tree_size]).hex()
+    signed = [line for out, _ in outputs for line in out.splitlines() if line.startswith("checkpoint ")]
+    assert len(signed) == len(checkpoints) == 8  # every batch signed once, by one of the two
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.asyncio
+async def test_every_server_process_checkpoints_periodically(user, settings, signing_key):
+    from asgiref.sync import sync_to_async
+
+    from diagnosis.runtime import supervisor
+    from diagnosis.runtime.db import shutdown_pools
+
+    settings.RUN_SWEEP_INTERVAL_SECONDS = 0
+    settings.AUDIT_CHECKPOINT_INTERVAL_SECONDS = 0.1
+    await sync_to_async(finished_runs)(user, 2)
+    supervisor.ensure_background()
+    try:
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if await Checkpoint.objects.filter(tree_size=2).aexists():
+                break
+        assert await Checkpoint.objects.filter(tree_size=2).aexists()
+        assert len([t for t in asyncio.all_tasks() if t.get_name() == "audit:checkpoint"]) == 1
+    finally:
+        await supervisor.stop_background()
+        shutdown_pools()
