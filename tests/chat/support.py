@@ -181,7 +181,15 @@ class DaphneServer:
         env.update(self.extra_env)
         self.log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(
-            [str(Path(sys.executable).with_name("daphne")), "-b", "127.0.0.1", "-p", "0", self.app],
+            # Twisted's default listen backlog (50) overflows when a test opens hundreds of connections
+            # at once: the kernel then resets connections the server never saw (a deployment sets it
+            # the same way, docs/deployment.md).
+            [
+                str(Path(sys.executable).with_name("daphne")),
+                "-e",
+                "tcp:port=0:interface=127.0.0.1:backlog=1024",
+                self.app,
+            ],
             cwd=BASE_DIR,
             env=env,
             stdout=self.log,

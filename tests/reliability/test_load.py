@@ -157,6 +157,8 @@ def test_200_concurrent_chats_all_finish_and_lose_no_record(server, tokens):
         "runsPerSecond": round(CHATS / wall, 1),
         "errors": len(failures),
         "terminal": sum(1 for run in runs.values() if run.is_terminal),
+        # Runs the server created, whether or not their client saw the stream to its end.
+        "runsInDatabase": DiagnosisRun.objects.count(),
         "persistedEqualsExpected": complete,
         "statuses": {
             s: sum(1 for r in finished if r["status"] == s) for s in ("SUCCESS", "FAILED", "CANCELLED")
