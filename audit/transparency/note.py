@@ -167,6 +167,10 @@ def verify(text: str, signature: str, key: Ed25519PublicKey) -> None:
         raw = base64.b64decode(signature, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise NoteError("checkpoint signature is not base64") from exc
+    # Canonical base64 only: the last character before padding has unused bits, so another text can
+    # decode to the same bytes; a signature is accepted only in the exact form it was issued.
+    if base64.b64encode(raw).decode("ascii") != signature:
+        raise NoteError("checkpoint signature is not in canonical base64")
     try:
         key.verify(raw, text.encode("utf-8"))
     except InvalidSignature as exc:
