@@ -141,6 +141,19 @@ class LegalHoldForm(forms.ModelForm):
         fields = ("scope", "target_id", "reason")
 
 
+# What a hold records once placed (and lifted): shown, never editable.
+_HOLD_RECORD = (
+    "scope",
+    "target_id",
+    "reason",
+    "placed_by_username",
+    "placed_at",
+    "lifted_by_username",
+    "lifted_at",
+    "lift_reason",
+)
+
+
 @admin.register(LegalHold)
 class LegalHoldAdmin(admin.ModelAdmin):
     """Legal holds on sessions and runs (`audit.retention`): placed and lifted only by holders of
@@ -171,31 +184,12 @@ class LegalHoldAdmin(admin.ModelAdmin):
     def get_fields(self, request, obj=None):
         if obj is None:
             return ("scope", "target_id", "reason")
-        return (
-            "scope",
-            "target_id",
-            "reason",
-            "placed_by_username",
-            "placed_at",
-            "lifted_by_username",
-            "lifted_at",
-            "lift_reason",
-            *(("lift",) if obj.active and self._may(request) else ()),
-        )
+        return (*_HOLD_RECORD, *(("lift",) if obj.active and self._may(request) else ()))
 
     def get_readonly_fields(self, request, obj=None):
         if obj is None:
             return ()
-        return (
-            "scope",
-            "target_id",
-            "reason",
-            "placed_by_username",
-            "placed_at",
-            "lifted_by_username",
-            "lifted_at",
-            "lift_reason",
-        )
+        return _HOLD_RECORD
 
     def save_model(self, request, obj, form, change):
         if not change:
