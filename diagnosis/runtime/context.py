@@ -40,18 +40,28 @@ class RunContext:
     registry: ToolRegistry
     canonical: CanonicalStore
     release_mode: ReleaseMode = ReleaseMode.VERIFIED
-    step_index: int = 0
+    # Steps taken so far per agent name: each agent counts its own steps 1, 2, … (seed 003).
+    step_counts: dict[str, int] = field(default_factory=dict)
     canonical_degraded: bool = False
     running_tools: dict[str, str] = field(default_factory=dict)
+    # Evidence ids the run's tools returned and the canonical store accepted, in the order they came.
+    gathered_evidence: list[str] = field(default_factory=list)
     first_output_marked: bool = False
 
     def __post_init__(self) -> None:
         if self.recorder.committed is None:
             self.recorder.committed = deque()
 
-    def next_step_index(self) -> int:
-        self.step_index += 1
-        return self.step_index
+    def next_step_index(self, agent_name: str) -> int:
+        """The next step index of `agent_name` (its first step is 1), counted as taken."""
+        self.step_counts[agent_name] = self.step_counts.get(agent_name, 0) + 1
+        return self.step_counts[agent_name]
+
+    def steps_taken(self, agent_name: str | None = None) -> int:
+        """Model steps `agent_name` took in this run (all agents' steps when None)."""
+        if agent_name is None:
+            return sum(self.step_counts.values())
+        return self.step_counts.get(agent_name, 0)
 
     async def before_model_request(self, stage: str | None = None, *, step_index: int | None = None) -> None:
         """A safe point before every model call, which the run's `model_calls` counts as it starts
