@@ -1,11 +1,11 @@
 """The evidence guard (citations proven against the canonical store) and the semantic guard's verdict.
 
-Answers cite evidence as `[kb:<slug>#<n>]` (several ids in one bracket, separated by commas or
-semicolons, are accepted). The evidence guard requires, for a DIAGNOSIS or KNOWLEDGE answer, at least
-one citation (else NO_CITATION) and every cited id to be present in this run's canonical store (else
-UNKNOWN_CITATION). When the store cannot be read, or a write to it failed earlier in the run and a cited
-id is missing (it may be one that was lost), the reason is CANONICAL_UNAVAILABLE: the evidence cannot
-be proven, so the release is blocked (fail-closed).
+Answers cite evidence as `[kb:<slug>#<n>]` or, for a metric result, `[prom:<id>]` (several ids in one
+bracket, separated by commas or semicolons, are accepted). The evidence guard requires, for a DIAGNOSIS
+or KNOWLEDGE answer, at least one citation (else NO_CITATION) and every cited id to be present in this
+run's canonical store (else UNKNOWN_CITATION). When the store cannot be read, or a write to it failed
+earlier in the run and a cited id is missing (it may be one that was lost), the reason is
+CANONICAL_UNAVAILABLE: the evidence cannot be proven, so the release is blocked (fail-closed).
 
 The semantic guard model answers `{"supported": bool, "unsupportedClaims": [str], "reason": str}`;
 `parse_semantic_verdict` accepts it bare or wrapped in prose/fences, and anything else is unusable
@@ -26,7 +26,7 @@ NO_CITATION = "NO_CITATION"
 UNKNOWN_CITATION = "UNKNOWN_CITATION"
 CANONICAL_UNAVAILABLE = "CANONICAL_UNAVAILABLE"
 
-_ID = r"kb:[^\[\]\s,;#]+#\d+"
+_ID = r"(?:kb:[^\[\]\s,;#]+#\d+|prom:[^\[\]\s,;]+)"
 CITATION_RE = re.compile(rf"\[\s*({_ID}(?:\s*[,;]\s*{_ID})*)\s*\]")
 _ID_RE = re.compile(_ID)
 
