@@ -122,7 +122,7 @@ class Agent:
     ) -> ModelResult:
         ctx = self.ctx
         step_index = ctx.steps_taken(self.agent_name) + 1
-        await ctx.before_model_request(Stage.MODEL_STEP, step_index=step_index)
+        await ctx.before_model_request(Stage.MODEL_STEP, step_index=step_index, agent_name=self.agent_name)
         ctx.next_step_index(self.agent_name)
         model = ctx.client.roles.agent
         sent = list(messages)

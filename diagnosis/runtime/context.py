@@ -63,15 +63,24 @@ class RunContext:
             return sum(self.step_counts.values())
         return self.step_counts.get(agent_name, 0)
 
-    async def before_model_request(self, stage: str | None = None, *, step_index: int | None = None) -> None:
+    async def before_model_request(
+        self, stage: str | None = None, *, step_index: int | None = None, agent_name: str | None = None
+    ) -> None:
         """A safe point before every model call, which the run's `model_calls` counts as it starts
         (the first one also stamps `first_model_request_at`). With `stage`, the call starts that stage:
-        a STARTED progress event tells the run's readers what it now waits for (live only)."""
+        a STARTED progress event tells the run's readers what it now waits for (live only); a model step
+        names its agent and the agent's step index."""
         self.token.raise_if_cancelled()
         await db(self.recorder.model_call_started)
         if stage is not None:
             await self.sink.emit(
-                ProgressEvent(run_id=self.run_id, stage=stage, status=STARTED, step_index=step_index)
+                ProgressEvent(
+                    run_id=self.run_id,
+                    stage=stage,
+                    status=STARTED,
+                    step_index=step_index,
+                    agent_name=agent_name,
+                )
             )
 
     async def record(self, write: Callable[..., T], /, **kwargs: Any) -> T:

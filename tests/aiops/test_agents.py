@@ -17,6 +17,7 @@ from audit.models import AgentStep, EventType, Phase, ToolInvocation, ToolStatus
 from audit.rowdigest import stored_reasoning_rows
 from audit.verification import verify_run
 from diagnosis.models import ReleaseDecision, RunStatus
+from diagnosis.runtime.events import ProgressEvent
 from diagnosis.runtime.guards import extract_citations
 from diagnosis.runtime.pipeline import BLOCKED_MESSAGE
 from reasoning.models import AgentReasoningAudit
@@ -63,10 +64,18 @@ def demo(settings, corpus):
 # The demo provider drives the whole flow
 # --------------------------------------------------------------------------------------------------
 def test_demo_analysis_records_planner_and_executor_apart_and_verifies(demo, user):
-    run, outcome, _sink = run_aiops(user, registry=aiops_registry())
+    run, outcome, sink = run_aiops(user, registry=aiops_registry())
 
     assert outcome.status == run.status == RunStatus.SUCCESS
     assert run.release_decision == ReleaseDecision.PUBLISHED and run.intent == "DIAGNOSIS"
+    # Live progress names the agent of each model step, STARTED and FINISHED alike.
+    for status in ("STARTED", "FINISHED"):
+        steps_seen = [
+            (e.agent_name, e.step_index)
+            for e in sink.of_type(ProgressEvent)
+            if e.stage == "MODEL_STEP" and e.status == status
+        ]
+        assert steps_seen == [("planner", 1), ("executor", 1), ("executor", 2), ("executor", 3)], status
     for section in ("## Summary", "## Evidence", "## Likely cause", "## Next steps"):
         assert section in run.content
 
