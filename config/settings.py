@@ -283,6 +283,7 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "RunStatusEnum": "diagnosis.models.RunStatus.values",
         "ToolStatusEnum": "audit.models.ToolStatus.values",
+        "AlertStatusEnum": "diagnosis.aiops.apis.ALERT_STATUSES",
     },
 }
 

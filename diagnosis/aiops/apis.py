@@ -32,6 +32,7 @@ from diagnosis.aiops import intake
 from diagnosis.models import ReleaseDecision, RunStatus
 
 MAX_ALERTS = 1000
+ALERT_STATUSES = ["firing", "resolved"]
 MAX_GROUP_KEY_CHARS = 4000
 
 
@@ -73,7 +74,7 @@ class _LabelsField(serializers.DictField):
 
 
 class AlertSerializer(serializers.Serializer):
-    status = serializers.ChoiceField(choices=["firing", "resolved"])
+    status = serializers.ChoiceField(choices=ALERT_STATUSES)
     labels = _LabelsField()
     annotations = _LabelsField(required=False, default=dict)
     startsAt = serializers.CharField(required=False, allow_blank=True, default="", max_length=64)
@@ -89,7 +90,7 @@ class AlertmanagerNotificationSerializer(serializers.Serializer):
     version = serializers.ChoiceField(choices=["4"])
     groupKey = serializers.CharField(max_length=MAX_GROUP_KEY_CHARS)
     truncatedAlerts = serializers.IntegerField(required=False, default=0, min_value=0)
-    status = serializers.ChoiceField(choices=["firing", "resolved"])
+    status = serializers.ChoiceField(choices=ALERT_STATUSES)
     receiver = serializers.CharField(required=False, allow_blank=True, default="", max_length=200)
     groupLabels = _LabelsField(required=False, default=dict)
     commonLabels = _LabelsField(required=False, default=dict)
@@ -193,7 +194,10 @@ class AlertInputField(serializers.Field):
 
     def to_internal_value(self, data):
         if isinstance(data, str):
-            return services.validate_query(data)
+            try:
+                return services.validate_query(data)
+            except services.InvalidQuery as exc:
+                raise serializers.ValidationError(str(exc)) from None
         if isinstance(data, dict):
             labels = _LabelsField().run_validation(data.get("labels", serializers.empty))
             annotations = _LabelsField().run_validation(data.get("annotations") or {})
@@ -243,7 +247,8 @@ class AnalysesApi(APIView):
     """Staff only (401 anonymous; 403 not staff). `POST`: start an AI Ops analysis of `{"query": str}` or
     `{"alert": str | {"labels", "annotations"?}}` (exactly one): 202 the queued run, 400 an invalid
     body. `GET`: AI Ops analyses newest first with their alert, filterable by `alertname`, `severity`,
-    `status` and `releaseDecision`, paginated (`?page=`, `?pageSize=` ≤ 100): 400 an invalid filter."""
+    `status` and `releaseDecision`, paginated (`?page=`, `?pageSize=` ≤ 100): 400 an invalid filter, 404 a
+    page beyond the last."""
 
     permission_classes = [IsAdminUser]
 
@@ -305,7 +310,7 @@ class AnalysesApi(APIView):
         ],
         responses={
             200: paginated_serializer(AnalysisSerializer, "AiOpsAnalysis"),
-            **error_responses(400, 401, 403),
+            **error_responses(400, 401, 403, 404),
         },
         tags=["aiops"],
     )

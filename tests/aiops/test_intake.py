@@ -18,7 +18,7 @@ WEBHOOK = "/api/aiops/alertmanager"
 ANALYSES = "/api/aiops/analyses"
 
 
-def notification(*, fingerprints=("a1b2c3",), status="firing", group="{}:{alertname=\"HighLatency\"}"):
+def notification(*, fingerprints=("a1b2c3",), status="firing", group='{}:{alertname="HighLatency"}'):
     """Alertmanager's webhook payload (version 4), as Alertmanager 0.25 sends it."""
     return {
         "version": "4",
@@ -181,10 +181,18 @@ def test_staff_start_an_analysis_of_a_question_or_an_alert(staff_user):
     assert response.status_code == 202
     body = response.json()
     run = DiagnosisRun.objects.get(run_id=body["runId"])
-    assert body == {"sessionId": run.session_id, "runId": run.run_id, "status": "PENDING", "agentFlow": "AI_OPS"}
+    assert body == {
+        "sessionId": run.session_id,
+        "runId": run.run_id,
+        "status": "PENDING",
+        "agentFlow": "AI_OPS",
+    }
     assert run.session.owner == staff_user and run.aiops_alert.source == AlertSource.STAFF
 
-    alert = {"labels": {"alertname": "DiskFull", "severity": "warning"}, "annotations": {"summary": "/var 95%"}}
+    alert = {
+        "labels": {"alertname": "DiskFull", "severity": "warning"},
+        "annotations": {"summary": "/var 95%"},
+    }
     response = client.post(ANALYSES, {"alert": alert}, format="json")
     assert response.status_code == 202
     run = DiagnosisRun.objects.get(run_id=response.json()["runId"])
@@ -234,3 +242,12 @@ def test_the_admin_lists_analyses_filtered_by_alert_name_and_severity(client, su
     assert disk in page and paged not in page
     page = client.get(url, {"alertname": "HighLatency"}).content.decode()
     assert paged in page and disk not in page
+
+
+def test_a_blank_alert_text_is_a_400_not_a_server_error(staff_user):
+    client = APIClient()
+    client.force_authenticate(staff_user)
+    for body in ({"alert": ""}, {"alert": " "}, {"query": "x", "alert": ""}):
+        response = client.post(ANALYSES, body, format="json")
+        assert response.status_code == 400, body
+    assert not DiagnosisRun.objects.exists()

@@ -140,3 +140,12 @@ def test_manage_aiops_runs_an_analysis_and_queue_leaves_it_to_run_worker(superus
     call_command("run_worker", "--until-idle", "--poll", "0.05", stdout=out)
     queued.refresh_from_db()
     assert queued.status == RunStatus.SUCCESS and "worker stopped after 1 run(s)" in out.getvalue()
+
+
+def test_queued_analyses_do_not_count_against_the_users_active_chats(settings, staff_user):
+    from diagnosis.chat.service import active_run_count, start_chat
+
+    settings.CHAT_MAX_ACTIVE_RUNS_PER_USER = 1
+    queue(staff_user, 3)
+    assert active_run_count(user=staff_user) == 0
+    assert start_chat(user=staff_user, query="Nginx 502 after deploy").agent_flow == AgentFlow.DIAGNOSIS_AGENT
