@@ -88,7 +88,8 @@ class AlertSerializer(serializers.Serializer):
 
 class AlertmanagerNotificationSerializer(serializers.Serializer):
     version = serializers.ChoiceField(choices=["4"])
-    groupKey = serializers.CharField(max_length=MAX_GROUP_KEY_CHARS)
+    # An opaque key: kept exactly as sent (never trimmed), so dedupe sees what Alertmanager sent.
+    groupKey = serializers.CharField(min_length=1, max_length=MAX_GROUP_KEY_CHARS, trim_whitespace=False)
     truncatedAlerts = serializers.IntegerField(required=False, default=0, min_value=0)
     status = serializers.ChoiceField(choices=ALERT_STATUSES)
     receiver = serializers.CharField(required=False, allow_blank=True, default="", max_length=200)
