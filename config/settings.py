@@ -202,6 +202,21 @@ CHAT_SSE_HEARTBEAT_SECONDS = env.float("CHAT_SSE_HEARTBEAT_SECONDS", default=15.
 CHAT_RELEASE = env.str("CHAT_RELEASE", default="verified").strip().lower()
 
 # ---------------------------------------------------------------------------------------------------
+# AI Ops analyses (docs/aiops.md)
+# ---------------------------------------------------------------------------------------------------
+# Bearer token Alertmanager sends to POST /api/aiops/alertmanager (http_config.authorization). Empty: the
+# webhook refuses every request (401).
+AIOPS_WEBHOOK_TOKEN = env.str("AIOPS_WEBHOOK_TOKEN", default="")
+# The user that owns the sessions of alert groups (created on first use, with no usable password).
+AIOPS_SERVICE_USER = env.str("AIOPS_SERVICE_USER", default="alertmanager")
+# Queued analyses each server process executes at once (0: this process never claims any; then run
+# `manage.py run_worker`), how often it looks for new ones, and how long a run may wait for a worker
+# before the sweeper fails it (QUEUE_EXPIRED).
+AIOPS_WORKER_CONCURRENCY = env.int("AIOPS_WORKER_CONCURRENCY", default=2)
+AIOPS_POLL_INTERVAL_SECONDS = env.float("AIOPS_POLL_INTERVAL_SECONDS", default=2.0)
+AIOPS_QUEUE_TIMEOUT_SECONDS = env.int("AIOPS_QUEUE_TIMEOUT_SECONDS", default=3600)
+
+# ---------------------------------------------------------------------------------------------------
 # Reasoning governance
 # ---------------------------------------------------------------------------------------------------
 REASONING_ENCRYPTION_KEYS = env.list("REASONING_ENCRYPTION_KEYS", default=[])
@@ -268,6 +283,7 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "RunStatusEnum": "diagnosis.models.RunStatus.values",
         "ToolStatusEnum": "audit.models.ToolStatus.values",
+        "AlertStatusEnum": "diagnosis.aiops.apis.ALERT_STATUSES",
     },
 }
 

@@ -1,0 +1,1 @@
+"""AI Ops analyses: what starts them (`intake`) and the outside systems their tools read."""
