@@ -2,9 +2,10 @@
 
 `MonitoringHTTP(base_url, name=..., timeout=..., max_bytes=...)` does one GET or POST at a time with
 httpx: connect/read/write/pool timeouts of `timeout` seconds, the body read in chunks and refused once it
-exceeds `max_bytes` (never buffered whole first), JSON decoded. Credentials in the URL's userinfo are
-sent as HTTP basic auth (httpx does this) and never appear in an error message: errors name the server
-(`name`, e.g. "Prometheus") and the failure, not the URL.
+exceeds `max_bytes` (never buffered whole first), JSON decoded. Credentials in the URL's userinfo
+(`https://user:secret@prometheus.example`) are taken out of the URL and sent as HTTP basic auth, so they
+are in no request URL that httpx logs; errors name the server (`name`, e.g. "Prometheus") and the
+failure, never the URL.
 
 Errors (`AiOpsError` subclasses; the tool boundary records `<ClassName>: <message>` as the tool's failure):
 
@@ -75,7 +76,12 @@ class MonitoringHTTP:
     def __init__(self, base_url: str, *, name: str, timeout: float, max_bytes: int) -> None:
         if not base_url:
             raise NotConfigured(f"{name} is not configured")
-        self.base_url = base_url.rstrip("/")
+        try:
+            url = httpx.URL(base_url)
+        except (httpx.InvalidURL, TypeError):
+            raise NotConfigured(f"{name} is configured with an invalid URL") from None
+        self.auth = httpx.BasicAuth(url.username, url.password) if url.username or url.password else None
+        self.base_url = str(url.copy_with(username=None, password=None)).rstrip("/")
         self.name = name
         self.timeout = timeout
         self.max_bytes = max_bytes
@@ -95,6 +101,7 @@ class MonitoringHTTP:
                 httpx.Client(
                     timeout=httpx.Timeout(self.timeout),
                     headers={"User-Agent": USER_AGENT},
+                    auth=self.auth,
                     follow_redirects=False,
                 ) as client,
                 client.stream(method, f"{self.base_url}{path}", params=params, json=json_body) as response,

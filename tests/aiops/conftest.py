@@ -9,8 +9,8 @@
 - `alertmanager_webhook` (function): `route(url, bearer_token=None, **options) -> receiver name`;
   routes Alertmanager's notifications to that webhook for this test, and nowhere again afterwards.
 
-Without the binaries the tests that use these fixtures are skipped, or fail when `CI=true` (CI must run
-them: scripts/setup.sh dev installs the packages).
+Without the binaries the tests that use these fixtures are skipped, or fail when `CI=true` or
+`AIOPS_REQUIRE_SERVERS=1` (scripts/test.sh sets it: scripts/setup.sh dev installs the packages).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def _require_binaries() -> None:
         return
     reason = f"not installed: {', '.join(missing)} (scripts/setup.sh dev installs the Debian packages)"
     if ci_requires_servers():
-        pytest.fail(f"CI=true and {reason}", pytrace=False)
+        pytest.fail(f"required (CI / AIOPS_REQUIRE_SERVERS) but {reason}", pytrace=False)
     pytest.skip(reason)
 
 

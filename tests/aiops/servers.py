@@ -12,6 +12,7 @@ already notified elsewhere are notified again) and reloads it (`POST /-/reload`,
 evaluating rules every second, with the rule file `RULES`: the alert `ALERT_NAME` (severity
 `warning`, summary and description annotations) fires from the first scrape on
 (`scrape_duration_seconds{job="prometheus"} > 0`, `for: 0s`), sent to that Alertmanager.
+With `basic_auth=(user, password)` it requires HTTP basic auth (`--web.config.file`).
 `stop()` / `start()` stop it and start it again on the same port and storage; `stopped()` is the
 context manager for "Prometheus goes down mid-test" (started again on exit).
 
@@ -90,6 +91,7 @@ class _Process:
         self.port = free_port()
         self.log_path = workdir / "server.log"
         self.process: subprocess.Popen[bytes] | None = None
+        self.auth: tuple[str, str] | None = None  # basic auth the server requires, if any
 
     @property
     def address(self) -> str:
@@ -121,7 +123,7 @@ class _Process:
             if self.process is not None and self.process.poll() is not None:
                 raise ServerFailed(f"{self.name} exited with {self.process.returncode}:\n{self.log_tail()}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/-/ready", timeout=1.0).status_code == 200:
+                if httpx.get(f"{self.url}/-/ready", timeout=1.0, auth=self.auth).status_code == 200:
                     return
             time.sleep(0.05)
         self.close()
@@ -242,9 +244,23 @@ class PrometheusServer(_Process):
 
     name = "Prometheus"
 
-    def __init__(self, workdir: Path, *, alertmanager_url: str | None = None, rules: str = RULES) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        alertmanager_url: str | None = None,
+        rules: str = RULES,
+        basic_auth: tuple[str, str] | None = None,
+    ) -> None:
         super().__init__(workdir)
         self.binary = shutil.which(PROMETHEUS_BIN)
+        self.web_config_path: Path | None = None
+        if basic_auth is not None:
+            user, password = basic_auth
+            self.auth = basic_auth
+            self.web_config_path = workdir / "web.yml"
+            web = {"basic_auth_users": {user: _bcrypt(password)}}
+            self.web_config_path.write_text(json.dumps(web))
         self.config_path = workdir / "prometheus.yml"
         rules_path = workdir / "rules.yml"
         rules_path.write_text(rules)
@@ -266,7 +282,7 @@ class PrometheusServer(_Process):
             "--storage.tsdb.retention.time=2h",
             f"--web.listen-address={self.address}",
             "--log.level=warn",
-        ]
+        ] + ([f"--web.config.file={self.web_config_path}"] if self.web_config_path else [])
 
     @contextlib.contextmanager
     def stopped(self) -> Iterator[None]:
@@ -289,6 +305,19 @@ class PrometheusServer(_Process):
         raise ServerFailed(f"Prometheus has no samples for {query} after {timeout:g} s:\n{self.log_tail()}")
 
 
+def _bcrypt(password: str) -> str:
+    """A bcrypt hash (cost 4: fast, it is a test) for Prometheus' web configuration."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import crypt  # Python 3.11's libcrypt binding; bcrypt through libxcrypt
+
+    return crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=16))
+
+
 def ci_requires_servers() -> bool:
-    """In CI (`CI=true`) the servers are installed by scripts/setup.sh: a missing binary is a failure."""
-    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+    """In CI (`CI=true`) and under scripts/test.sh (`AIOPS_REQUIRE_SERVERS=1`) the servers are installed
+    by scripts/setup.sh dev, so a missing binary is a failure, not a skip."""
+    flags = (os.environ.get("CI", ""), os.environ.get("AIOPS_REQUIRE_SERVERS", ""))
+    return any(flag.strip().lower() in ("true", "1", "yes") for flag in flags)

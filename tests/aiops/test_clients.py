@@ -19,7 +19,7 @@ from diagnosis.aiops.http import (
     Unreachable,
 )
 from diagnosis.aiops.prometheus import PrometheusClient
-from tests.aiops.servers import ALERT_DEADLINE, ALERT_NAME, ALERT_SEVERITY, free_port
+from tests.aiops.servers import ALERT_DEADLINE, ALERT_NAME, ALERT_SEVERITY, PrometheusServer, free_port
 
 
 def _prom(url: str, **kw) -> PrometheusClient:
@@ -60,6 +60,17 @@ def test_an_error_status_is_an_http_error_with_its_status(prometheus):
 def test_a_body_over_the_bound_is_refused_while_it_is_read(prometheus):
     with pytest.raises(ResponseTooLarge):
         _prom(prometheus.url, max_bytes=200).query('{__name__=~"prometheus_.+"}', time=time.time())
+
+
+def test_credentials_in_the_url_are_basic_auth_and_never_in_a_logged_url(prometheus, tmp_path, caplog):
+    with PrometheusServer(tmp_path, basic_auth=("ops", "s3cret:pw")) as guarded:
+        good = _prom(f"http://ops:s3cret%3Apw@{guarded.address}")
+        with caplog.at_level("DEBUG", logger="httpx"):
+            assert good.query("vector(7)", time=time.time()).result[0]["value"][1] == "7"
+        assert "s3cret" not in caplog.text and guarded.address in caplog.text
+        with pytest.raises(HTTPError) as caught:
+            _prom(f"http://ops:wrong@{guarded.address}").query("vector(7)", time=time.time())
+        assert caught.value.status == 401 and "wrong" not in str(caught.value)
 
 
 def test_nothing_listening_is_unreachable():
