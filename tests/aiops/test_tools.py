@@ -80,7 +80,8 @@ def test_an_instant_query_is_cited_evidence_in_the_canonical_store(aiops_setting
     outcome, row = tools.call("query_metrics", query='up{job="prometheus"}')
     assert outcome.status == row.status == ToolStatus.SUCCEEDED
     model_view = json.loads(outcome.content)
-    evidence_id = model_view["evidenceId"]
+    [item] = model_view["evidence"]
+    evidence_id = item["id"]
     assert EVIDENCE_ID_RE.fullmatch(evidence_id)
     assert f"[{evidence_id}]" in model_view["note"]
 
@@ -106,7 +107,7 @@ def test_an_instant_query_is_cited_evidence_in_the_canonical_store(aiops_setting
 
 def test_a_prom_id_not_in_this_run_is_refused(aiops_settings, tools):
     outcome, _row = tools.call("query_metrics", query="up")
-    real = json.loads(outcome.content)["evidenceId"]
+    real = json.loads(outcome.content)["evidence"][0]["id"]
     forged = "prom:" + ("0" if real[5] != "0" else "1") + real[6:]
     for text in (
         f"Up [{forged}].",
@@ -209,6 +210,6 @@ def test_list_alerts_shows_the_firing_rule(aiops_settings, tools):
 
 def test_the_model_sees_no_more_than_the_bounded_result(aiops_settings, tools):
     outcome, _row = tools.call("query_metrics", query='{__name__=~"prometheus_.+"}')
-    view = json.loads(outcome.content)
-    assert len(view["result"]) == SERIES_MAX
-    assert re.fullmatch(r"prom:[0-9a-f]{16}", view["evidenceId"])
+    [item] = json.loads(outcome.content)["evidence"]
+    assert len(item["result"]) == SERIES_MAX and "(truncated)" in item["text"]
+    assert re.fullmatch(r"prom:[0-9a-f]{16}", item["id"])

@@ -2,17 +2,17 @@
 
 Without `range_minutes` it is an instant query evaluated now; with it, a range query over the last
 `range_minutes` minutes ending now, one point every `step_seconds` (default: the smallest whole step
-that gives at most `diagnosis.aiops.prometheus.POINTS_MAX` points; a step that would ask Prometheus for
-more than `FETCH_POINTS_MAX` points per series is raised to fit, and `stepAdjusted` says so). The evaluation
-time (or start, end, step) is fixed here and sent to Prometheus, so it is part of the result.
+that gives at most `diagnosis.aiops.prometheus.POINTS_MAX` points; a step that would ask Prometheus
+for more than `FETCH_POINTS_MAX` points per series is raised to fit, and `stepAdjusted` says so). The
+evaluation time (or start, end, step) is fixed here and sent to Prometheus, so it is part of the result.
 
 The result (bounded by `diagnosis.aiops.prometheus.metric_evidence`: series × points, label sizes,
 with `truncated`) is one citable evidence record `prom:<16 hex>` stored in the run's canonical store,
-and the tool's canonical data. The model sees the evidence id, the query, the readable text of the
-result, the bounded series and the citation format. A Prometheus that is not configured, unreachable,
-slow, answering an error status or refusing the query makes the tool raise the typed error of
-`diagnosis.aiops.http`: the boundary records it as FAILED (`TOOL_ERROR`, "<ErrorType>: <message>").
-Offered to AI Ops analyses only.
+and the tool's canonical data. The model sees it as the one item of `evidence` (id, title, heading,
+text, the bounded result: the shape `lookup_knowledge` uses) with the citation format. A Prometheus
+that is not configured, unreachable, slow, answering an error status or refusing the query makes the
+tool raise the typed error of `diagnosis.aiops.http`: the boundary records it as FAILED (`TOOL_ERROR`,
+"<ErrorType>: <message>"). Offered to AI Ops analyses only.
 """
 
 from __future__ import annotations
@@ -90,16 +90,23 @@ def query_metrics(
         result = client.query(query, time=window["time"])
     evidence = metric_evidence(query=query, window=window, result=result)
     data = {**evidence, "stepAdjusted": step_adjusted}
+    # The same shape as lookup_knowledge's view: evidence items with id, title, heading and text.
     model_view = {
-        "evidenceId": evidence["id"],
         "query": query,
         "kind": evidence["kind"],
-        "resultType": evidence["resultType"],
         "seriesTotal": evidence["seriesTotal"],
         "truncated": evidence["truncated"],
         "warnings": evidence["warnings"],
-        "text": evidence["text"],
-        "result": evidence["result"],
+        "evidence": [
+            {
+                "id": evidence["id"],
+                "title": evidence["title"],
+                "heading": evidence["heading"],
+                "text": evidence["text"],
+                "resultType": evidence["resultType"],
+                "result": evidence["result"],
+            }
+        ],
         "note": f"Cite this result as [{evidence['id']}]."
         + (" It was truncated: narrow the query to see every series." if evidence["truncated"] else ""),
     }
