@@ -33,7 +33,7 @@ apt_install pkg-config libmariadb-dev gcc
 # they are kept from starting during the install and are stopped and disabled if they run.
 install_without_services() {
   local policy=/usr/sbin/policy-rc.d
-  if [ "$(id -u)" -eq 0 ] && [ ! -e "$policy" ]; then
+  if ! dpkg -s "$@" >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ] && [ ! -e "$policy" ]; then
     printf '#!/bin/sh\n# scripts/setup.sh: no service starts while it installs packages\nexit 101\n' > "$policy"
     chmod 755 "$policy"
     trap 'rm -f /usr/sbin/policy-rc.d' EXIT
