@@ -17,7 +17,8 @@ With `basic_auth=(user, password)` it requires HTTP basic auth (`--web.config.fi
 context manager for "Prometheus goes down mid-test" (started again on exit).
 
 Both wait for `/-/ready` (`READY_TIMEOUT` s) and raise `ServerFailed` with the tail of the process log
-otherwise; `close()` terminates the process (then kills it) and is idempotent. `missing_binaries()` names
+otherwise; `close()` terminates the process (then kills it) and is idempotent, and a server also gets
+SIGTERM if the test process dies. `missing_binaries()` names
 what is not installed; see `tests/aiops/conftest.py` for how that skips (or, with `CI=true`, fails).
 """
 
@@ -74,6 +75,15 @@ def missing_binaries() -> list[str]:
     return missing
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the test process dies, so a killed test run (a timeout,
+    SIGKILL) leaves no server behind (Linux `prctl(PR_SET_PDEATHSIG)`; elsewhere a no-op)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -113,7 +123,12 @@ class _Process:
             return
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                self.argv(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.workdir
+                self.argv(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.workdir,
+                preexec_fn=_die_with_parent,
             )
         self.wait_ready()
 
