@@ -178,6 +178,17 @@ LLM_TIMEOUT_SECONDS = env.float("LLM_TIMEOUT_SECONDS", default=60.0)
 LLM_MAX_RETRIES = env.int("LLM_MAX_RETRIES", default=3)
 
 # ---------------------------------------------------------------------------------------------------
+# AI Ops: the monitoring servers the `query_metrics` and `list_alerts` tools read (docs/aiops.md).
+# Empty = not configured: the tools then fail with "not configured", never with invented data.
+# ---------------------------------------------------------------------------------------------------
+PROMETHEUS_URL = env.str("PROMETHEUS_URL", default="")
+ALERTMANAGER_URL = env.str("ALERTMANAGER_URL", default="")
+# Per HTTP request to either server (below TOOL_TIMEOUT, so a slow server is a typed RequestTimeout).
+AIOPS_HTTP_TIMEOUT_SECONDS = env.float("AIOPS_HTTP_TIMEOUT_SECONDS", default=10.0)
+# A larger response body is refused (ResponseTooLarge) while it is read, never buffered whole.
+AIOPS_MAX_RESPONSE_BYTES = env.int("AIOPS_MAX_RESPONSE_BYTES", default=4 * 1024 * 1024)
+
+# ---------------------------------------------------------------------------------------------------
 # Agent runtime
 # ---------------------------------------------------------------------------------------------------
 AGENT_MAX_STEPS = env.int("AGENT_MAX_STEPS", default=6)

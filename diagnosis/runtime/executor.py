@@ -230,7 +230,7 @@ async def execute_run(
             details: dict[str, Any] = {"leaseOwner": _OWNER}
             try:
                 client = client if client is not None else get_model_client()
-                registry = registry if registry is not None else default_registry()
+                registry = registry if registry is not None else default_registry(flow=run.agent_flow)
                 details.update(
                     provider=client.provider,
                     models={
