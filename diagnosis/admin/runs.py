@@ -29,7 +29,7 @@ from audit.selectors import DEMO_PROVIDER, annotate_audit_completeness, get_trac
 from audit.serializers import serialize_trace
 from audit.transparency.evidence import build_bundle
 from diagnosis.admin.display import QUERY_PREVIEW_CHARS, delivery_note, format_ms
-from diagnosis.admin.display import tone as status_tone
+from diagnosis.admin.display import chip as _chip
 from diagnosis.admin.run_page import build_run_page
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunFeedback
 from reasoning.models import REASONING_PERMISSION, AccessChannel
@@ -88,12 +88,6 @@ class ReconciledFilter(admin.BooleanFieldListFilter):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.title = "reconciled"
-
-
-def _chip(value: str | None, tone: str | None = None):
-    if not value:
-        return "—"
-    return format_html('<span class="dc-chip dc-{}">{}</span>', tone or status_tone(value), value)
 
 
 @admin.register(DiagnosisRun)

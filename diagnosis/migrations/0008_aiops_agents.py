@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('diagnosis', '0006_run_delivery'),
+        ('diagnosis', '0009_aiops_alerts'),
     ]
 
     operations = [

@@ -28,6 +28,7 @@ from typing import Any
 
 from django.conf import settings
 
+from diagnosis.models import AgentFlow
 from diagnosis.runtime import prompts
 from diagnosis.runtime.agent import Agent
 from diagnosis.runtime.context import RunContext
@@ -37,7 +38,7 @@ from diagnosis.runtime.pipeline import PipelineResult, verify_and_release
 from diagnosis.runtime.plan import Plan, default_plan, parse_plan, strip_plan_blocks
 from diagnosis.runtime.selfeval import self_evaluation
 
-AGENT_FLOW = "AI_OPS"
+AGENT_FLOW = AgentFlow.AI_OPS
 PLANNER = "planner"
 EXECUTOR = "executor"
 INTENT = "DIAGNOSIS"
@@ -174,7 +175,7 @@ async def run_aiops(ctx: RunContext, *, created_at: Any = None) -> PipelineResul
         repair=prompts.report_repair_message,
         draft_of=strip_plan_blocks,
         release_details={
-            "agentFlow": AGENT_FLOW,
+            "agentFlow": str(AGENT_FLOW),
             "stepsByAgent": dict(ctx.step_counts),
             "planSteps": len(in_force.steps),
             "planRevisions": in_force.revisions,

@@ -521,15 +521,20 @@ class DemoModelClient:
 # ---------------------------------------------------------------------------------------------------
 # AI Ops: the planner and the executor
 # ---------------------------------------------------------------------------------------------------
-_ALERT_NAME_RE = re.compile(r"\balert(?:name)?\s*[:=]?\s*\"?([A-Za-z_][A-Za-z0-9_:]*)", re.I)
+_ALERT_NAME_RES = (
+    re.compile(r"\balertname\s*[=:]\s*\"?([A-Za-z_][A-Za-z0-9_:]*)"),
+    re.compile(r"^\s*-\s+([A-Za-z_][A-Za-z0-9_:]*)(?=\s*(?:\[severity|since\b|$))", re.M),
+    re.compile(r"\bAlert\s+([A-Z][A-Za-z0-9_:]*)"),
+)
 _EXPR_RE = re.compile(r"^\s*(?:expression|expr|query)\s*:\s*(.+?)\s*$", re.I | re.M)
 _TOOLS_LINE_RE = re.compile(r"can use these tools:\s*([^.\n]*)")
-_STOP_NAMES = frozenset({"firing", "resolved", "is", "the", "a"})
+_STOP_NAMES = frozenset({"firing", "resolved", "group", "is", "the", "a"})
 
 
 def alert_facts(text: str) -> tuple[str | None, str | None]:
     """The alert's name and PromQL expression as the alert text states them (None when it does not)."""
-    name = next((m for m in _ALERT_NAME_RE.findall(text or "") if m.lower() not in _STOP_NAMES), None)
+    names = (m for pattern in _ALERT_NAME_RES for m in pattern.findall(text or ""))
+    name = next((m for m in names if m.lower() not in _STOP_NAMES), None)
     expr = _EXPR_RE.search(text or "")
     return name, (expr.group(1)[:500] if expr else None)
 
@@ -605,15 +610,28 @@ def _tool_results(messages: Sequence[dict[str, Any]], start: int) -> list[tuple[
     return out
 
 
-def _metric_lines(results: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
-    """Sentences of each metric result's text, cited with the id the tool returned."""
-    lines = []
+def _metric_items(results: Sequence[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The metric results the tools returned, `{"id": "prom:…", "text"}`: an evidence item of the
+    result (`query_metrics`' shape, as `lookup_knowledge`'s) or a bare `evidenceId` beside its text."""
+    items = []
     for _name, data in results:
-        evidence_id = data.get("evidenceId")
-        text = data.get("text")
-        if isinstance(evidence_id, str) and evidence_id.startswith("prom:") and isinstance(text, str):
-            sentences = [unit for unit, is_command in _units(text) if not is_command][:2]
-            lines.extend(f"- {sentence} [{evidence_id}]" for sentence in sentences)
+        candidates = [i for i in data.get("evidence") or [] if isinstance(i, dict)]
+        if isinstance(data.get("evidenceId"), str):
+            candidates.append({"id": data["evidenceId"], "text": data.get("text")})
+        items.extend(
+            {"id": i["id"], "text": i["text"]}
+            for i in candidates
+            if str(i.get("id", "")).startswith("prom:") and isinstance(i.get("text"), str)
+        )
+    return items
+
+
+def _metric_lines(items: Sequence[dict[str, Any]]) -> list[str]:
+    """Lines of each metric result's readable text (its first three), cited with the id it came with."""
+    lines = []
+    for item in items:
+        text_lines = [" ".join(line.split()) for line in item["text"].splitlines() if line.strip()]
+        lines.extend(f"- {line.rstrip(':')} [{item['id']}]" for line in text_lines[:3])
     return lines
 
 
@@ -634,7 +652,7 @@ def aiops_execute(
     if may_call and not results:
         calls = []
         if "list_alerts" in offered:
-            arguments = {"filter": [f"alertname={name}"]} if name else {}
+            arguments = {"filter": [f'alertname="{name}"']} if name else {}
             calls.append(("list_alerts", arguments))
         if "query_metrics" in offered:
             query = _metric_query(name, expr)
@@ -686,13 +704,20 @@ def _report(
     seen: set[str] = set()
     for _tool, data in results:
         for item in data.get("evidence") or []:
-            if isinstance(item, dict) and item.get("id") and item["id"] not in seen:
+            if (
+                isinstance(item, dict)
+                and str(item.get("id", "")).startswith("kb:")
+                and item["id"] not in seen
+            ):
                 seen.add(item["id"])
                 items.append(item)
     items.sort(key=lambda item: -float(item.get("score") or 0))
     kb_text, used = answer_from_evidence(alert, items)
     kb_lines = [line for line in kb_text.splitlines()[1:] if line.startswith("- ")]
-    metric_lines = _metric_lines(results)
+    metrics = _metric_items(results)
+    metric_lines = _metric_lines(metrics)
+    # A metric result that matched no series confirms nothing about the alert.
+    confirmed = [m for m in metrics if not re.search(r"\b0 series\b|no series matched", m["text"])]
     failed = [tool for tool, data in results if isinstance(data.get("error"), dict)]
     if not kb_lines and not metric_lines:
         text = (
@@ -705,7 +730,7 @@ def _report(
     cause = [line for line in kb_lines if "`" not in line][:1] or kb_lines[:1] or metric_lines[:1]
     steps = commands[:2] or kb_lines[-1:] or metric_lines[-1:]
     summary = (metric_lines or kb_lines)[:1]
-    confidence = "high" if kb_lines and metric_lines else "medium"
+    confidence = "high" if kb_lines and confirmed else ("medium" if kb_lines or confirmed else "low")
     sections = [
         "## Summary",
         *summary,

@@ -203,11 +203,18 @@ async def execute_run(
     cancel: CancelToken | None = None,
     client: ModelClient | None = None,
     registry: ToolRegistry | None = None,
+    claimed: DiagnosisRun | None = None,
 ) -> RunOutcome:
-    """Claim and execute the run to its terminal state (see the module docstring)."""
+    """Claim and execute the run to its terminal state (see the module docstring). `claimed` is the run
+    as this process already claimed it (a queue worker claims while it picks: `claim_next_queued`)."""
     token = cancel if cancel is not None else CancelToken()
     claimed_at = time.monotonic()
-    run = await db(services.claim_run, run_id=run_id, owner=_OWNER)
+    if claimed is not None:
+        if claimed.run_id != run_id or claimed.lease_owner != _OWNER:
+            raise RunNotClaimable(run_id)
+        run = claimed
+    else:
+        run = await db(services.claim_run, run_id=run_id, owner=_OWNER)
     if run is None:
         raise RunNotClaimable(run_id)
     if run.cancel_requested:  # cancelled while it waited: stop at the first safe point
@@ -225,7 +232,7 @@ async def execute_run(
             details: dict[str, Any] = {"leaseOwner": _OWNER}
             try:
                 client = client if client is not None else get_model_client()
-                registry = registry if registry is not None else default_registry()
+                registry = registry if registry is not None else default_registry(flow=run.agent_flow)
                 details.update(
                     provider=client.provider,
                     models={

@@ -18,9 +18,12 @@ ALERT = (
     "Labels: instance=web-1:9100, job=node, mountpoint=/var/log\n"
     'Expression: node_filesystem_avail_bytes{mountpoint="/var/log"} < 1e6'
 )
+# The readable account `query_metrics` gives of a range result (`diagnosis.aiops.prometheus.describe`).
 METRIC_TEXT = (
-    "The filesystem on /var/log of web-1 has 0.4 percent of its space available. "
-    "Available bytes on /var/log fell from 2 GiB to 8 MiB within the last 30 minutes."
+    "matrix result range 2026-12-01T12:30:00Z .. 2026-12-01T13:00:00Z step 30s: 1 series\n"
+    'node_filesystem_avail_bytes{instance="web-1:9100",mountpoint="/var/log"}: 61 samples '
+    "2026-12-01T12:30:00Z .. 2026-12-01T13:00:00Z: first 2147483648, last 8388608, min 8388608, "
+    "max 2147483648"
 )
 
 
@@ -34,12 +37,8 @@ def metric_result(query: str) -> ToolResult:
         "heading": query,
         "text": METRIC_TEXT,
     }
-    view = {
-        "evidenceId": evidence_id,
-        "query": query,
-        "text": METRIC_TEXT,
-        "note": f"Cite as [{evidence_id}].",
-    }
+    item = {key: payload[key] for key in ("id", "title", "heading", "text")}
+    view = {"query": query, "evidence": [item], "note": f"Cite this result as [{evidence_id}]."}
     return ToolResult(
         data=payload,
         evidence=[EvidenceRecord(id=evidence_id, payload=payload)],
@@ -57,7 +56,7 @@ def aiops_registry(*, metrics_fail: bool = False) -> ToolRegistry:
             raise ConnectionError("Prometheus at 127.0.0.1:9 refused the connection")
         return metric_result(query)
 
-    def list_alerts(filter: list[str] | None = None) -> dict[str, Any]:
+    def list_alerts(active_only: bool = True, filter: list[str] | None = None) -> dict[str, Any]:
         return {
             "alerts": [{"labels": {"alertname": "DiskFull", "instance": "web-1:9100"}, "state": "active"}]
         }
@@ -81,7 +80,10 @@ def aiops_registry(*, metrics_fail: bool = False) -> ToolRegistry:
         description="List the alerts Alertmanager holds.",
         parameters={
             "type": "object",
-            "properties": {"filter": {"type": "array", "items": {"type": "string"}}},
+            "properties": {
+                "active_only": {"type": "boolean", "default": True},
+                "filter": {"type": "array", "items": {"type": "string"}},
+            },
             "additionalProperties": False,
         },
     )(list_alerts)

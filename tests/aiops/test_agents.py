@@ -218,12 +218,12 @@ def _report(ids, confidence="low"):
 
 
 def _metric_ids(request):
+    """The `prom:` ids of the metric results in the tool messages of a request, in order."""
     ids = []
     for message in request.messages:
         if message.get("role") == "tool":
             data = json.loads(message.get("content") or "{}")
-            if str(data.get("evidenceId", "")).startswith("prom:"):
-                ids.append(data["evidenceId"])
+            ids += [i["id"] for i in data.get("evidence") or [] if str(i.get("id", "")).startswith("prom:")]
     return ids
 
 

@@ -53,3 +53,19 @@ def test_stated_confidence_is_read_from_the_report_only_when_stated():
     assert stated_confidence("## Next steps\n- rotate\n\nConfidence: High") == "high"
     assert stated_confidence("**Confidence:** low") == "low"
     assert stated_confidence("I am confident the disk is full.") is None
+
+
+def test_the_demo_reads_the_alert_name_from_the_intake_description():
+    from diagnosis.aiops.intake import Alert, describe_alerts
+    from diagnosis.runtime.demo import alert_facts
+
+    alert = Alert(
+        status="firing",
+        labels={"alertname": "PrometheusScrapeSlow", "severity": "warning", "job": "prometheus"},
+        annotations={"summary": "Scrapes take long"},
+        starts_at="2026-12-01T13:00:00Z",
+    )
+    assert alert_facts(describe_alerts(alerts=[alert])) == ("PrometheusScrapeSlow", None)
+    grouped = describe_alerts(alerts=[alert], group_labels={"alertname": "PrometheusScrapeSlow"})
+    assert alert_facts(grouped)[0] == "PrometheusScrapeSlow"
+    assert alert_facts("Alert DiskFull firing\nExpression: up == 0") == ("DiskFull", "up == 0")
