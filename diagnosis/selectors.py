@@ -9,10 +9,12 @@ with the same 404.
 from __future__ import annotations
 
 import datetime as dt
+import re
 from dataclasses import dataclass
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db.models import Count, Max, OuterRef, QuerySet, Subquery
+from django.db import connections
+from django.db.models import BooleanField, Func, OuterRef, Q, QuerySet, Subquery
 
 from diagnosis.models import ChatSession, DiagnosisRun, RunFeedback
 
@@ -59,13 +61,10 @@ def visible_sessions(*, user: AbstractBaseUser | AnonymousUser) -> QuerySet[Chat
 
 
 def session_list(*, user: AbstractBaseUser | AnonymousUser) -> QuerySet[ChatSession]:
-    """Visible sessions, newest first, with `run_count` and `last_run_at` (one query per page)."""
-    return (
-        visible_sessions(user=user)
-        .select_related("owner")
-        .annotate(run_count=Count("runs"), last_run_at=Max("runs__created_at"))
-        .order_by("-created_at", "-id")
-    )
+    """Visible sessions, newest first (`(-created_at, -id)`, an index range: `(owner, created_at)` for an
+    owner, `(created_at)` for staff), with their stored `run_count` and `last_run_at`; one query per
+    page."""
+    return visible_sessions(user=user).select_related("owner").order_by("-created_at", "-id")
 
 
 def _valid_id(value: object) -> bool:
@@ -101,6 +100,74 @@ def run_list(*, session: ChatSession, filters: RunFilters | None = None) -> Quer
     if filters.created_before:
         qs = qs.filter(created_at__lt=filters.created_before)
     return qs.order_by("-created_at", "-id")
+
+
+# --------------------------------------------------------------------------------------------------
+# Run search (the admin's run list)
+# --------------------------------------------------------------------------------------------------
+ID_SHAPE = re.compile(r"^[A-Za-z0-9_-]{3,64}$")
+WORD = re.compile(r"\w+")
+FULLTEXT_MIN_WORD = 3  # InnoDB's innodb_ft_min_token_size (default 3): shorter words are not indexed
+RECENT_WINDOW = 20_000
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af]")
+
+
+class _Match(Func):
+    """`MATCH (query) AGAINST (%s IN BOOLEAN MODE)`: served by the FULLTEXT index `ft_run_query`."""
+
+    template = "MATCH (%(expressions)s) AGAINST (%(against)s IN BOOLEAN MODE)"
+    output_field = BooleanField()
+    conditional = True
+
+    def __init__(self, column: str, against: str):
+        super().__init__(column, against=against)
+        self.against = against
+
+    def as_sql(self, compiler, connection, **extra):
+        sql, params = super().as_sql(compiler, connection, against="%s", **extra)
+        return sql, (*params, self.against)
+
+
+def search_runs(*, queryset: QuerySet[DiagnosisRun], term: str) -> QuerySet[DiagnosisRun]:
+    """`queryset` narrowed to what `term` names, each way on an index:
+
+    1. a run id or its beginning (`run_id LIKE 'term%'`, a range of the unique index), when one exists;
+    2. else a session id or its beginning (the runs' `session_id` index), when one exists;
+    3. else the words of the question: on MariaDB/MySQL every word of at least 3 characters as a prefix
+       in the FULLTEXT index (`MATCH … AGAINST ('+word*' IN BOOLEAN MODE)`); Chinese, Japanese or
+       Korean text (which InnoDB's parser does not cut into words) and words shorter than 3 characters
+       fall back to a substring match over the newest `RECENT_WINDOW` runs only (a bounded range of the
+       `created_at` index); on SQLite a substring match (`LIKE`) of every word.
+
+    Two index probes decide between 1, 2 and 3 when `term` has the shape of an id."""
+    term = (term or "").strip()
+    if not term:
+        return queryset
+    if ID_SHAPE.match(term):
+        if DiagnosisRun.objects.filter(run_id__startswith=term).exists():
+            return queryset.filter(run_id__startswith=term)
+        if DiagnosisRun.objects.filter(session__session_id__startswith=term).exists():
+            return queryset.filter(session__session_id__startswith=term)
+    words = WORD.findall(term)
+    if not words:
+        return queryset.none()
+    vendor = connections[queryset.db].vendor
+    indexed = [w for w in words if len(w) >= FULLTEXT_MIN_WORD and not _CJK.search(w)]
+    if vendor == "mysql" and indexed and len(indexed) == len(words):
+        against = " ".join(f"+{w}*" for w in indexed)
+        return queryset.filter(_Match("query", against))
+    if vendor == "mysql":
+        boundary = list(
+            DiagnosisRun.objects.order_by("-created_at", "-id").values_list("created_at", flat=True)[
+                RECENT_WINDOW - 1 : RECENT_WINDOW
+            ]
+        )
+        if boundary:
+            queryset = queryset.filter(created_at__gte=boundary[0])
+    condition = Q()
+    for word in words:
+        condition &= Q(query__icontains=word)
+    return queryset.filter(condition)
 
 
 def get_visible_run(

@@ -20,6 +20,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from audit import rowdigest
+from audit.facts import refresh_run_facts
 from audit.group_commit import get_committer
 from audit.integrity import GENESIS_HASH, event_payload_json
 from audit.models import AgentStep, EventType, ToolInvocation, TraceEvent
@@ -27,7 +28,7 @@ from audit.payloads import bound_json_text, clip, sha256_hex
 from audit.recorder.facts import SUMMARY_CHARS, Committed, Usage, _Event
 from audit.write_ops import Fence, Insert, RawJSON, Update, WriteFenced, WriteOp, execute
 from audit.write_ops import Table as RowTable
-from diagnosis.models import DiagnosisRun
+from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun
 from reasoning import crypto
 from reasoning.fields import Ciphertext, EncryptedTextField
 from reasoning.models import AgentReasoningAudit
@@ -183,12 +184,13 @@ class ChainWriter:
             "audit_write_failures": self.audit_write_failures,
         }
 
-    def _update_run(self, what: str, **fields: Any) -> bool:
+    def _update_run(self, what: str, *, after: Sequence[tuple[str, tuple]] = (), **fields: Any) -> bool:
+        """Update the run row (fenced, fail-open); `after`: statements of the same transaction."""
         with self._lock:
             fields.update(self._count_fields())
             update = Update(_tables().run, tuple(fields), tuple(fields.values()), ("run_id",), (self.run_id,))
             try:
-                self._submit(WriteOp(updates=[update], fence=self._fence()))
+                self._submit(WriteOp(updates=[update], fence=self._fence(), after=list(after)))
                 return True
             except WriteFenced:
                 self._fenced(what)
@@ -225,6 +227,10 @@ class ChainWriter:
         try:
             DiagnosisRun.objects.filter(run_id=self.run_id).update(
                 audit_write_failures=F("audit_write_failures") + 1
+            )
+            # A failure after the run's end (e.g. a late tool terminal) changes its stored list facts.
+            refresh_run_facts(
+                runs=DiagnosisRun.objects.filter(run_id=self.run_id, status__in=TERMINAL_RUN_STATUSES)
             )
         except Exception:
             _recover_connection()

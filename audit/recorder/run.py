@@ -53,6 +53,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from audit import rowdigest
+from audit.facts import fact_update_sql
 from audit.integrity import GENESIS_HASH
 from audit.models import AgentStep, EventType, Phase, ToolInvocation, ToolStatus, TraceEvent, UsageSource
 from audit.payloads import canonical_json, clip
@@ -423,9 +424,12 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
                 )
             )
             sequence_no = self._write("run_finished", events)
-            if not self._update_run("finish", **fields) and not self.fenced:
+            # The run's stored list facts (`audit.facts`), decided from the stored rows in the
+            # transaction of the terminal row.
+            facts = [fact_update_sql(self.run_id)]
+            if not self._update_run("finish", after=facts, **fields) and not self.fenced:
                 # The terminal row is the business result: one more try after a failed write.
-                self._update_run("finish_retry", **fields)
+                self._update_run("finish_retry", after=facts, **fields)
             return sequence_no
 
     def _reconcile(self) -> Reconciliation:
