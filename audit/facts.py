@@ -143,9 +143,11 @@ def annotate_recomputed(queryset: QuerySet[DiagnosisRun]) -> QuerySet[DiagnosisR
 
 def disagreements(run: DiagnosisRun) -> list[str]:
     """How the run's stored facts differ from the recomputed ones (`annotate_recomputed` must have
-    annotated `run`); empty when they agree. Worded without content."""
+    annotated `run`); empty when they agree. Worded without content. For a run not yet ended only
+    `audit_complete` (False) is compared."""
     problems = []
-    for name in FACT_FIELDS:
+    # Before the run ends its counts are not written yet (0): only the flag is compared.
+    for name in FACT_FIELDS if run.is_terminal else ("audit_complete",):
         stored, recomputed = getattr(run, name), getattr(run, f"recomputed_{name}")
         if name == "audit_complete":
             stored, recomputed = bool(stored), bool(recomputed)

@@ -7,10 +7,15 @@ rows, the access log, feedback) mixes in `ScalableListAdmin`:
   the paginator counts at most `CappedCountPaginator.cap` matching rows (`SELECT COUNT(*) FROM (SELECT …
   LIMIT cap + 1)`, which reads at most that many index entries); beyond it the list says "more than
   10000" and pages up to the cap (narrow the list with a filter or a date range to go further back);
-* a deterministic order the indexes serve: Django appends a descending primary key to an ordering
-  without a unique column; here the key follows the direction of the first column, so that
-  `ORDER BY x ASC, id ASC` and `ORDER BY x DESC, id DESC` both read an index on `x` (InnoDB appends the
-  primary key to every secondary index) forwards or backwards, with no filesort.
+* a deterministic order the indexes serve: a list sorted by a column is ordered by that column and the
+  primary key only (Django would append the default ordering, and a descending primary key), the key in
+  the direction of the column, so that `ORDER BY x ASC, id ASC` and `ORDER BY x DESC, id DESC` both read
+  an index on `x` (InnoDB appends the primary key to every secondary index) forwards or backwards, with
+  no filesort;
+* no join that could make the optimizer read another table first: related rows a list shows are
+  fetched by a second query on their primary or unique key (`list_prefetch_related`) instead of
+  `select_related` (with a join, MariaDB may scan the joined table and sort, instead of reading the
+  list's index backwards up to the LIMIT).
 
 Which columns are sortable and which filters exist is each list's choice; each must be served by an index
 (`tests/admin/test_list_scaling.py` checks the plans on MariaDB).
@@ -18,7 +23,7 @@ Which columns are sortable and which filters exist is each list's choice; each m
 
 from __future__ import annotations
 
-from django.contrib.admin.views.main import ChangeList
+from django.contrib.admin.views.main import ORDER_VAR, ChangeList
 from django.core.paginator import Paginator
 from django.utils.functional import cached_property
 
@@ -33,13 +38,30 @@ class CappedCountPaginator(Paginator):
 
     @cached_property
     def count(self) -> int:
-        n = self.object_list[: self.cap + 1].count()
+        # Without ORDER BY: how many rows match does not depend on the order, and none is sorted.
+        n = self.object_list.order_by()[: self.cap + 1].count()
         self.capped = n > self.cap
         return min(n, self.cap)
 
 
 class ScalableChangeList(ChangeList):
-    """A change list whose tie-breaking primary key follows the direction of the first ordering column."""
+    """A change list ordered by the chosen column and the primary key in its direction, whose related
+    rows are prefetched (see the module docstring)."""
+
+    def get_ordering(self, request, queryset):
+        ordering = super().get_ordering(request, queryset)
+        chosen = [p for p in self.params.get(ORDER_VAR, "").split(".") if p]
+        if chosen:
+            # Only the chosen columns (Django appends the default ordering after them).
+            ordering = self._get_deterministic_ordering(ordering[: len(chosen)])
+        return ordering
+
+    def get_queryset(self, request, exclude_parameters=None):
+        queryset = super().get_queryset(request, exclude_parameters)
+        prefetch = getattr(self.model_admin, "list_prefetch_related", ())
+        if prefetch:
+            queryset = queryset.select_related(None).prefetch_related(*prefetch)
+        return queryset
 
     def _get_deterministic_ordering(self, ordering):
         ordering = super()._get_deterministic_ordering(ordering)
@@ -57,6 +79,7 @@ class ScalableListAdmin:
 
     show_full_result_count = False
     paginator = CappedCountPaginator
+    list_prefetch_related: tuple[str, ...] = ()
 
     def get_changelist(self, request, **kwargs):
         return ScalableChangeList

@@ -183,6 +183,7 @@ class DiagnosisRun(models.Model):
             models.Index(fields=["audit_complete", "created_at"], name="idx_run_complete_created"),
             models.Index(fields=["tokens_reconciled", "created_at"], name="idx_run_reconciled_created"),
             models.Index(fields=["draft_chars", "created_at"], name="idx_run_draft_created"),
+            models.Index(fields=["release_decision", "draft_chars"], name="idx_run_release_draft"),
             # The list's sortable number columns.
             models.Index(fields=["tokens_total"], name="idx_run_tokens"),
             models.Index(fields=["total_duration_ms"], name="idx_run_duration"),

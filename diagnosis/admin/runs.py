@@ -138,12 +138,14 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
         AuditCompleteFilter,
         UnverifiedDeliveredFilter,
     )
-    # The session row by its unique key (eq_ref), for the link to its page.
-    list_select_related = ("session",)
+    # The sessions of the page's runs by a second query on their unique key, for the links to their
+    # pages (a join made MariaDB scan chat_session first).
+    list_select_related = False
+    list_prefetch_related = ("session",)
     search_fields = ("run_id",)  # enables the search box; `get_search_results` decides what it matches
     search_help_text = (
-        "A run id or session id (or its beginning), or words of the question (Chinese: the newest "
-        "20,000 runs)."
+        "A run id or session id (or its beginning), or words of the question. Words found in more than "
+        "1,000 runs, and Chinese text, are searched in the newest 20,000 runs."
     )
     ordering = ("-created_at", "-id")
     list_per_page = 100
@@ -381,7 +383,8 @@ class RunFeedbackAdmin(ScalableListAdmin, admin.ModelAdmin):
 
     list_display = ("run_id", "user", "rating", "comment", "created_at")
     list_filter = ("rating",)
-    list_select_related = ("user",)
+    list_select_related = False
+    list_prefetch_related = ("user",)
     search_fields = ("=run__run_id",)
     ordering = ("-id",)
     sortable_by = ("run_id",)

@@ -55,7 +55,8 @@ class ChatSessionAdmin(ScalableListAdmin, admin.ModelAdmin):
     sortable_by = ("session_id", "last_run_at", "created_at")
     search_fields = ("^session_id",)
     search_help_text = "A session id or its beginning."
-    list_select_related = ("owner",)
+    list_select_related = False
+    list_prefetch_related = ("owner",)  # a second query by primary key: no join in the page query
     readonly_fields = ("session_id", "owner", "run_count", "last_run_at", "created_at", "updated_at")
     ordering = ("-created_at", "-id")
     inlines = [RunInline]

@@ -165,5 +165,9 @@ class Migration(migrations.Migration):
             model_name='diagnosisrun',
             index=models.Index(fields=['total_duration_ms'], name='idx_run_duration'),
         ),
+        migrations.AddIndex(
+            model_name='diagnosisrun',
+            index=models.Index(fields=['release_decision', 'draft_chars'], name='idx_run_release_draft'),
+        ),
         migrations.RunPython(add_fulltext, drop_fulltext, atomic=False),
     ]
