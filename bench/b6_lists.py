@@ -27,7 +27,14 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from bench.b2_trace import BG_PREFIX, RUNS_PER_SESSION, _bench_owner, generate_background, migrate_database
+from bench.b2_trace import (
+    BG_PREFIX,
+    RUNS_PER_SESSION,
+    _bench_owner,
+    background_count,
+    generate_background,
+    migrate_database,
+)
 from bench.b2_trace import use_database as _use
 from bench.env import raw_connect
 from bench.stats import Row, spread
@@ -192,7 +199,10 @@ def _queries(client: Client, url: str) -> list[str]:
     return [q["sql"] for q in ctx.captured_queries]
 
 
-def prepare(database: str, sizes: dict[int, str], log=print) -> None:
+def prepare(database: str, sizes: dict[int, str], log=print) -> dict[int, str]:
+    """Both databases migrated and holding at least their sizes of background runs; returns them keyed
+    by the number of background runs they actually hold (a kept big database may hold more)."""
+    held = {}
     for n, name in sizes.items():
         migrate_database(name)
         owner = _bench_owner()
@@ -200,13 +210,16 @@ def prepare(database: str, sizes: dict[int, str], log=print) -> None:
         if took:
             log(f"  B6 background: {n:,} runs generated in {took:.0f} s")
         _staff()
+        conn = raw_connect(name)
+        held[background_count(conn.cursor())] = name
+        conn.close()
     _use(database)
+    return held
 
 
 def run_all(*, database: str, quick: bool, big: int | None = None, log=print) -> tuple[list[Row], dict]:
-    small_n, big_n = 10_000, big or 1_000_000
-    sizes = {small_n: database, big_n: f"{database}_big"}
-    prepare(database, sizes, log=log)
+    sizes = prepare(database, {10_000: database, big or 1_000_000: f"{database}_big"}, log=log)
+    small_n, big_n = sorted(sizes)
     reps, reads = (3, 2) if quick else (5, 3)
     todo = pages()
     times: dict[str, dict[int, list[float]]] = {p.name: {n: [] for n in sizes} for p in todo}

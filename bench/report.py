@@ -135,6 +135,72 @@ def _b3_release_table(evidence: dict) -> str:
     return "\n".join(out)
 
 
+B6_START = "<!-- B6 -->"
+B6_END = "<!-- /B6 -->"
+
+
+def b6_section(res: Results) -> str:
+    """The B6 section of docs/performance.md: every list page at both sizes, with its plan."""
+    ev = res.evidence.get("b6")
+    if not ev:
+        return f"{B6_START}\n{B6_END}"
+    small, big = ev["sizes"]
+    rows = [r for r in res.rows if r.bench == "B6"]
+    lines = [
+        "| page | "
+        + f"{small:,} runs | {big:,} runs | growth | queries | target | met | EXPLAIN at {big:,} runs |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for page, row in zip(ev["pages"], rows, strict=True):
+        problems = f" **{'; '.join(page['problems'])}**" if page["problems"] else ""
+        queries = " / ".join(str(page["queries"][n]) for n in sorted(page["queries"]))
+        lines.append(
+            f"| {page['name']} | {page['small_ms']:.1f} ms | {page['big_ms']:.1f} ms | "
+            f"{row.ratio_text} | {queries} | ≤ {page['limit']:g} ms, ≤ 1.5× | {row.met_text} | "
+            f"{page['plan'] or '–'}{problems} |"
+        )
+    when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return f"""{B6_START}
+## B6: staff lists and list APIs at {small:,} and {big:,} runs
+
+Measured {when}{" (quick run)" if res.quick else ""} by `python -m bench --only b6` (`bench/b6_lists.py`).
+Each page through Django's test client as a logged-in superuser (REST: also as the owner of every
+session), in `<db>` ({small:,} background runs) and `<db>_big` ({big:,}), B2's generator with a mix of
+statuses, release decisions, intents, providers, failed audit writes (0.1 %), drafts shown (2 %) and
+questions naming Redis (1 %) or in Chinese (1 %), one session per 10 runs; the runs' stored list facts
+are what `audit.facts` decides. Times are medians of the repetitions (each the mean of several reads),
+growth is big / small per repetition; queries are per request (small / big: constant per page). The
+EXPLAIN column summarises, per table, the access type, the key and the estimated rows of every SELECT
+the page sends on the big database (`index … ~N` with a LIMIT reads only up to the LIMIT; a
+`filesort` sorts only the rows the key range found); a full scan or a filesort of more than 100 000
+estimated rows would be flagged in bold. The machine's buffer pool ({res.machine.innodb}) is far
+smaller than the big database, so what a page reads from disk shows.
+
+{chr(10).join(lines)}
+
+How the lists stay flat: stored per-run facts (`audit_complete`, the persisted counts) and session facts
+(`run_count`, `last_run_at`) instead of per-row subqueries and GROUP BYs; ascending indexes `(filter,
+created_at)` read backwards for `ORDER BY created_at DESC, id DESC` (InnoDB appends the ascending
+primary key); a count capped at 10 000 rows without ORDER BY; sorting only by indexed columns, tied by
+the primary key in the same direction; related rows prefetched by key instead of joined; date-range
+filters instead of the date hierarchy; run and session ids by exact or prefix match on their indexes;
+question words through the FULLTEXT index when they match at most 1 000 runs, otherwise (and for
+Chinese) as substrings among the newest 20 000 runs; REST lists with cursor pages.
+{B6_END}"""
+
+
+def write_b6(path, res: Results) -> None:
+    """Rewrite (or append) the B6 section of the existing docs/performance.md."""
+    text = path.read_text(encoding="utf-8") if path.exists() else "# Performance\n"
+    section = b6_section(res)
+    if B6_START in text and B6_END in text:
+        head, rest = text.split(B6_START, 1)
+        text = head + section + rest.split(B6_END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    path.write_text(text, encoding="utf-8")
+
+
 def markdown(res: Results) -> str:
     m = res.machine
     when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -226,6 +292,8 @@ and anchored. The 1 000 000-leaf log is kept between runs (`<db>_tlog_big`).
 ### B3 draft release, per level
 
 {_b3_table(res.evidence.get("b3", {}))}
+
+{b6_section(res)}
 
 ## What limits each figure
 
