@@ -178,6 +178,12 @@ smaller than the big database, so what a page reads from disk shows.
 
 {chr(10).join(lines)}
 
+A filter that matches fewer runs than one page (100) at {small:,} runs renders fewer rows there than at
+{big:,}: its growth is the rendering of the rows missing at the small size, not the table (in this data
+set: audit complete "no" matches 10 runs at {small:,} and 1,000 at {big:,}, draft shown and blocked
+likewise; the rare word matches 100 runs at {small:,}, found through the FULLTEXT index, and 10,000 at
+{big:,}, more than 1,000, so it is searched among the newest 20,000 runs).
+
 How the lists stay flat: stored per-run facts (`audit_complete`, the persisted counts) and session facts
 (`run_count`, `last_run_at`) instead of per-row subqueries and GROUP BYs; ascending indexes `(filter,
 created_at)` read backwards for `ORDER BY created_at DESC, id DESC` (InnoDB appends the ascending
@@ -236,7 +242,8 @@ like `tests/factories.py::record_full_run`). Every recorder method returns only 
 durable (committed; `innodb_flush_log_at_trx_commit=1`). **Floor**: the recorder's own rows, captured
 statement by statement (with the same values: ciphertexts, JSON, timestamps), replayed for a fresh run id
 as single-row autocommit statements over a raw `MySQLdb` connection in the same process — one durable
-statement per record, no Python work but the driver's; it has 43 statements (records) per run.
+statement per record, no Python work but the driver's; it has 44 statements (records, and the
+update of the run's stored list facts) per run.
 Repetitions alternate which side runs first. *Concurrent*: 200 runs recorded at once from one asyncio
 loop, every decision awaited through the runtime's database pool (`diagnosis.runtime.db.db`, 8 threads
 by default), with and without group commit; the figure is the floor's time per record divided by the
@@ -297,7 +304,7 @@ and anchored. The 1 000 000-leaf log is kept between runs (`<db>_tlog_big`).
 
 ## What limits each figure
 
-**B1, one run at a time.** The floor pays one redo-log flush per record (43 per run); the recorder pays
+**B1, one run at a time.** The floor pays one redo-log flush per record (44 per run); the recorder pays
 one per decision (20 per run) because a decision's rows share a transaction, and on MariaDB each
 decision is **one round trip**: the transaction is sent as one compound statement (`BEGIN NOT ATOMIC …
 START TRANSACTION; INSERT …; UPDATE …; COMMIT; END`, rolled back and re-raised by an exit handler on any
@@ -382,7 +389,7 @@ Trace endpoint, 500-event run, 20 reads (pyinstrument):
 ## Running it
 
 `make bench` (or `.venv/bin/python -m bench`) starts MariaDB if needed (`scripts/mariadb.sh`), creates
-and migrates `diagnosis_bench`, runs B1–B5 and writes this page; `--quick` runs short repetitions (B2
+and migrates `diagnosis_bench`, runs B1–B6 and writes this page; `--quick` runs short repetitions (B2
 growth to 100 000 runs, B3 at 50 chats) without writing it; `--only b1,b4` runs a subset. The profiler
 is pyinstrument (pinned in `requirements-dev.txt`). `tests/bench/test_bench_smoke.py` runs the cheapest
 scenarios with tiny sizes in the test suite so that the bench cannot rot.

@@ -171,3 +171,24 @@ def test_sessions_count_their_runs_and_the_purge_recounts(user):
     session.refresh_from_db()
     assert session.run_count == 1 and session.last_run_at == first.created_at
     assert ChatSession.objects.get(pk=session.pk).run_count == 1
+
+
+def test_the_backfill_migration_writes_the_facts_of_existing_runs(user):
+    import importlib
+
+    from django.apps import apps
+
+    backfill = importlib.import_module("diagnosis.migrations.0007_list_facts").backfill
+    complete = make_recorded_run(user, tools=1)
+    failed = make_recorded_run(user)
+    DiagnosisRun.objects.filter(pk=failed.pk).update(audit_write_failures=1)
+    # As before the migration: no facts stored, sessions uncounted.
+    DiagnosisRun.objects.update(
+        audit_complete=False, persisted_events=0, persisted_steps=0, persisted_tools=0
+    )
+    ChatSession.objects.update(run_count=0, last_run_at=None)
+    backfill(apps, None)
+    assert _assert_agree(complete)["audit_complete"] is True
+    assert _assert_agree(failed)["audit_complete"] is False
+    session = ChatSession.objects.get(session_id=complete.session_id)
+    assert session.run_count == 1 and session.last_run_at == complete.created_at
