@@ -20,7 +20,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from audit import rowdigest
-from audit.facts import refresh_run_facts
+from audit.facts import fact_update_sql, refresh_run_facts
 from audit.group_commit import get_committer
 from audit.integrity import GENESIS_HASH, event_payload_json
 from audit.models import AgentStep, EventType, ToolInvocation, TraceEvent
@@ -95,7 +95,7 @@ class ChainWriter:
         t = _tables()
         seq = self._next_sequence
         prev = self._prev_hash
-        op = WriteOp(inserts=list(inserts), updates=list(updates), fence=self._fence())
+        op = WriteOp(inserts=list(inserts), updates=list(updates), fence=self._fence(), after=self._late())
         for row in op.inserts:
             _seal(row)
         for upd in op.updates:
@@ -173,6 +173,10 @@ class ChainWriter:
         if op.error is not None:
             raise op.error
 
+    def _late(self) -> list[tuple[str, tuple]]:
+        """A write after the run's terminal row also rewrites its stored list facts (same transaction)."""
+        return [fact_update_sql(self.run_id)] if getattr(self, "finished", False) else []
+
     def _fence(self) -> Fence:
         return Fence(_tables().run, "run_id", self.run_id, "lease_epoch", self.lease_epoch)
 
@@ -190,7 +194,9 @@ class ChainWriter:
             fields.update(self._count_fields())
             update = Update(_tables().run, tuple(fields), tuple(fields.values()), ("run_id",), (self.run_id,))
             try:
-                self._submit(WriteOp(updates=[update], fence=self._fence(), after=list(after)))
+                self._submit(
+                    WriteOp(updates=[update], fence=self._fence(), after=list(after) or self._late())
+                )
                 return True
             except WriteFenced:
                 self._fenced(what)

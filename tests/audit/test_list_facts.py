@@ -192,3 +192,16 @@ def test_the_backfill_migration_writes_the_facts_of_existing_runs(user):
     assert _assert_agree(failed)["audit_complete"] is False
     session = ChatSession.objects.get(session_id=complete.session_id)
     assert session.run_count == 1 and session.last_run_at == complete.created_at
+
+
+def test_a_late_write_after_the_end_rewrites_the_facts_in_its_transaction(user):
+    session = services.create_session(owner=user)
+    run = services.create_run(session=session, query="q")
+    rec = record_full_run(run, tools=1)
+    run.refresh_from_db()
+    assert _assert_agree(run)["audit_complete"] is True
+    # A decision recorded after RUN_FINISHED: one event more than the chain's finish expected.
+    rec.evidence_guard(retry=False, passed=True, cited=[])
+    run.refresh_from_db()
+    facts = _assert_agree(run)
+    assert facts["audit_complete"] is False and facts["persisted_events"] == run.expected_events + 1
