@@ -141,7 +141,8 @@ def search_runs(*, queryset: QuerySet[DiagnosisRun], term: str) -> QuerySet[Diag
        FULLTEXT index (`MATCH … AGAINST ('+word …' IN BOOLEAN MODE)`), when they match at most
        `FULLTEXT_SORTED_MAX` runs, among the newest `RECENT_WINDOW` runs and overall (each probed with a
        LIMIT: InnoDB reads every matching row before it can sort them newest first, so a common word
-       would read most of the table). Words matching more runs, Chinese, Japanese or Korean text (which
+       would read most of the table). Words matching more runs or none in the index (a stopword),
+       Chinese, Japanese or Korean text (which
        InnoDB's parser does not cut into words) and words shorter than 3 characters are matched as
        substrings over the newest `RECENT_WINDOW` runs only (a bounded range of the `created_at`
        index, newest first). On SQLite: a substring match (`LIKE`) of every word over every run.
@@ -181,7 +182,9 @@ def search_runs(*, queryset: QuerySet[DiagnosisRun], term: str) -> QuerySet[Diag
         # Not common among the newest runs: the full-text index, unless the words are common overall
         # (InnoDB gathers every match of a word before the LIMIT, so each probe costs as much).
         matches = queryset.filter(query__ft_match=" ".join(f"+{w}" for w in indexed))
-        if not _more_than(matches, FULLTEXT_SORTED_MAX):
+        # Nothing in the index (a stopword, or rows of a transaction not committed yet, which InnoDB's
+        # full-text index does not see): the substring matches among the newest runs.
+        if _more_than(matches, 0) and not _more_than(matches, FULLTEXT_SORTED_MAX):
             return matches
     return recent
 
