@@ -182,7 +182,9 @@ A filter that matches fewer runs than one page (100) at {small:,} runs renders f
 {big:,}: its growth is the rendering of the rows missing at the small size, not the table (in this data
 set: audit complete "no" matches 10 runs at {small:,} and 1,000 at {big:,}, draft shown and blocked
 likewise; the rare word matches 100 runs at {small:,}, found through the FULLTEXT index, and 10,000 at
-{big:,}, more than 1,000, so it is searched among the newest 20,000 runs).
+{big:,}, more than 1,000, so it is searched among the newest 20,000 runs; a substring search reads
+the whole table at the small size, which is smaller than its bound of 20,000 runs, and 20,000 at the big
+one, whatever the table's size beyond).
 
 How the lists stay flat: stored per-run facts (`audit_complete`, the persisted counts) and session facts
 (`run_count`, `last_run_at`) instead of per-row subqueries and GROUP BYs; ascending indexes `(filter,
