@@ -37,6 +37,7 @@ class AgentStepAdmin(ReadOnlyAdmin):
     )
     list_filter = (
         ("created_at", admin.DateFieldListFilter),
+        "agent_name",
         "usage_available",
         "reasoning_available",
         "content_source",
@@ -51,6 +52,8 @@ class ToolInvocationAdmin(ReadOnlyAdmin):
     list_display = (
         "run_id",
         "tool_call_id",
+        "agent_name",
+        "step_index",
         "tool_name",
         "status",
         "retrieval_layer",

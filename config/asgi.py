@@ -9,6 +9,8 @@
   `AllowedHostsOriginValidator`; a handshake without `Origin` is accepted only when it authenticates with
   a token), then `ChatAuthMiddleware` (session cookie, or `Authorization: Token <key>` for scripts; never
   a token in the query string, so tokens stay out of access logs). See docs/chat.md.
+* `BackgroundDuties` starts the process's sweeper, checkpointer, purge and AI Ops queue worker with the
+  first connection (or at lifespan start-up), see `diagnosis.runtime.supervisor`.
 """
 
 import os
@@ -26,12 +28,17 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 
 from config.routing import websocket_urlpatterns  # noqa: E402
 from diagnosis.chat.auth import ChatAuthMiddleware, ChatOriginValidatorFromSettings  # noqa: E402
+from diagnosis.runtime.supervisor import BackgroundDuties  # noqa: E402
 
 http_app = ASGIStaticFilesHandler(django_asgi_app) if settings.DEBUG else django_asgi_app
 
-application = ProtocolTypeRouter(
-    {
-        "http": http_app,
-        "websocket": ChatOriginValidatorFromSettings(ChatAuthMiddleware(URLRouter(websocket_urlpatterns))),
-    }
+application = BackgroundDuties(
+    ProtocolTypeRouter(
+        {
+            "http": http_app,
+            "websocket": ChatOriginValidatorFromSettings(
+                ChatAuthMiddleware(URLRouter(websocket_urlpatterns))
+            ),
+        }
+    )
 )

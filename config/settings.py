@@ -178,6 +178,17 @@ LLM_TIMEOUT_SECONDS = env.float("LLM_TIMEOUT_SECONDS", default=60.0)
 LLM_MAX_RETRIES = env.int("LLM_MAX_RETRIES", default=3)
 
 # ---------------------------------------------------------------------------------------------------
+# AI Ops: the monitoring servers the `query_metrics` and `list_alerts` tools read (docs/aiops.md).
+# Empty = not configured: the tools then fail with "not configured", never with invented data.
+# ---------------------------------------------------------------------------------------------------
+PROMETHEUS_URL = env.str("PROMETHEUS_URL", default="")
+ALERTMANAGER_URL = env.str("ALERTMANAGER_URL", default="")
+# Per HTTP request to either server (below TOOL_TIMEOUT, so a slow server is a typed RequestTimeout).
+AIOPS_HTTP_TIMEOUT_SECONDS = env.float("AIOPS_HTTP_TIMEOUT_SECONDS", default=10.0)
+# A larger response body is refused (ResponseTooLarge) while it is read, never buffered whole.
+AIOPS_MAX_RESPONSE_BYTES = env.int("AIOPS_MAX_RESPONSE_BYTES", default=4 * 1024 * 1024)
+
+# ---------------------------------------------------------------------------------------------------
 # Agent runtime
 # ---------------------------------------------------------------------------------------------------
 AGENT_MAX_STEPS = env.int("AGENT_MAX_STEPS", default=6)
@@ -200,6 +211,21 @@ CHAT_SSE_HEARTBEAT_SECONDS = env.float("CHAT_SSE_HEARTBEAT_SECONDS", default=15.
 # sends no answer text before RELEASE_DECISION, the outcome carries it; `draft` streams unverified drafts
 # as `draft` events and records that it did (run.delivery). Anything else stops the server (check).
 CHAT_RELEASE = env.str("CHAT_RELEASE", default="verified").strip().lower()
+
+# ---------------------------------------------------------------------------------------------------
+# AI Ops analyses (docs/aiops.md)
+# ---------------------------------------------------------------------------------------------------
+# Bearer token Alertmanager sends to POST /api/aiops/alertmanager (http_config.authorization). Empty: the
+# webhook refuses every request (401).
+AIOPS_WEBHOOK_TOKEN = env.str("AIOPS_WEBHOOK_TOKEN", default="")
+# The user that owns the sessions of alert groups (created on first use, with no usable password).
+AIOPS_SERVICE_USER = env.str("AIOPS_SERVICE_USER", default="alertmanager")
+# Queued analyses each server process executes at once (0: this process never claims any; then run
+# `manage.py run_worker`), how often it looks for new ones, and how long a run may wait for a worker
+# before the sweeper fails it (QUEUE_EXPIRED).
+AIOPS_WORKER_CONCURRENCY = env.int("AIOPS_WORKER_CONCURRENCY", default=2)
+AIOPS_POLL_INTERVAL_SECONDS = env.float("AIOPS_POLL_INTERVAL_SECONDS", default=2.0)
+AIOPS_QUEUE_TIMEOUT_SECONDS = env.int("AIOPS_QUEUE_TIMEOUT_SECONDS", default=3600)
 
 # ---------------------------------------------------------------------------------------------------
 # Reasoning governance
@@ -268,6 +294,7 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "RunStatusEnum": "diagnosis.models.RunStatus.values",
         "ToolStatusEnum": "audit.models.ToolStatus.values",
+        "AlertStatusEnum": "diagnosis.aiops.apis.ALERT_STATUSES",
     },
 }
 

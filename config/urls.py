@@ -14,6 +14,7 @@ from audit.apis import (
     SessionAuditsApi,
     TraceApi,
 )
+from diagnosis.aiops.apis import AlertmanagerWebhookApi, AnalysesApi
 from diagnosis.apis import RunFeedbackApi, RunListApi, SessionListApi
 from diagnosis.chat import pages as chat_pages
 from diagnosis.chat import sse as chat_sse
@@ -54,6 +55,9 @@ urlpatterns = [
         ConsistencyApi.as_view(),
         name="api-checkpoint-consistency",
     ),
+    # AI Ops analyses (docs/aiops.md): Alertmanager's webhook and staff requests queue runs.
+    path("api/aiops/alertmanager", AlertmanagerWebhookApi.as_view(), name="api-aiops-alertmanager"),
+    path("api/aiops/analyses", AnalysesApi.as_view(), name="api-aiops-analyses"),
     # Chat stream, run events and cancel: async views, Server-Sent Events (docs/chat.md).
     path("api/chat", chat_sse.chat_stream, name="api-chat"),
     path("api/diagnosis/<str:sessionId>/runs/<str:runId>/events", chat_sse.run_events, name="api-run-events"),

@@ -9,10 +9,13 @@ markup, for the chat page (the `outcome` frame's `contentHtml`), the admin run p
 2. **Citations.** A core rule after `text_join` turns every bracket of evidence ids in *text* tokens —
    `[kb:slug#n]`, or several ids separated by `,` or `;` as the evidence guard accepts them — into
    `<a class="citation" href="/knowledge/<slug>/?chunk=<n>#chunk-<n>">kb:slug#n</a>` (the runbook view,
-   `knowledge-document`, with the cited chunk highlighted). Ids are matched by
-   `diagnosis.knowledge.retrieval.EVIDENCE_ID_RE`, the one id pattern. Code spans and code blocks are
-   not text tokens, so a citation written inside them stays literal; text inside a link is left alone
-   (no link inside a link).
+   `knowledge-document`, with the cited chunk highlighted). A metric citation `[prom:<hex>]` (a
+   Prometheus query result, which has no page of its own) becomes a labelled chip that is not a link:
+   `<code class="citation citation-metric">prom:<hex></code>`; kb and prom ids may share a bracket.
+   Ids are matched by `diagnosis.knowledge.retrieval.EVIDENCE_ID_RE` and
+   `diagnosis.aiops.prometheus.EVIDENCE_ID_RE`, the id patterns' one home each; a bracket holding
+   anything else stays text. Code spans and code blocks are not text tokens, so a citation written
+   inside them stays literal; text inside a link is left alone (no link inside a link).
 3. **Sanitize** the HTML with nh3 (ammonia) against an allowlist: the tags Markdown produces
    (`ALLOWED_TAGS`), `a[href, class]` and `code[class]` only, URL schemes `http`/`https` plus relative
    URLs, every link `rel="noopener noreferrer"`. Whatever slipped through the parser is dropped here.
@@ -34,10 +37,12 @@ from markdown_it import MarkdownIt
 from markdown_it.rules_core import StateCore
 from markdown_it.token import Token
 
+from diagnosis.aiops.prometheus import EVIDENCE_ID_RE as METRIC_ID_RE
 from diagnosis.knowledge.retrieval import EVIDENCE_ID_RE
 
 CACHE_SIZE = 512
 CITATION_CLASS = "citation"
+METRIC_CITATION_CLASS = "citation citation-metric"
 
 ALLOWED_TAGS = frozenset(
     {
@@ -69,9 +74,10 @@ ALLOWED_ATTRIBUTES = {"a": {"href", "class"}, "code": {"class"}}
 URL_SCHEMES = frozenset({"http", "https"})
 LINK_REL = "noopener noreferrer"
 
-# A bracket of evidence ids: `[` id (`,`|`;` id)* `]`, the ids being EVIDENCE_ID_RE's (composed from its
-# pattern, not restated).
-_ID = EVIDENCE_ID_RE.pattern
+# A bracket of evidence ids: `[` id (`,`|`;` id)* `]`, the ids being EVIDENCE_ID_RE's or METRIC_ID_RE's
+# (composed from their patterns, not restated).
+_ID = rf"(?:{EVIDENCE_ID_RE.pattern})|(?:{METRIC_ID_RE.pattern})"
+_ID_RE = re.compile(_ID)
 _BRACKET_RE = re.compile(rf"\[\s*(?:{_ID})(?:\s*[,;]\s*(?:{_ID}))*\s*\]")
 
 
@@ -96,13 +102,20 @@ def _citation_tokens(text: str) -> list[Token] | None:
         inner_start = bracket.start() + 1
         inner = text[inner_start : bracket.end() - 1]
         cursor = 0
-        for evidence in EVIDENCE_ID_RE.finditer(inner):
+        for evidence in _ID_RE.finditer(inner):
             separator = inner[cursor : evidence.start()].strip()
             if separator:  # `,` or `;` between two ids, kept as the model wrote it
                 out.append(_text_token(separator + " "))
-            link = Token("link_open", "a", 1)
-            link.attrs = {"class": CITATION_CLASS, "href": chunk_url(slug=evidence[1], ordinal=evidence[2])}
-            out.extend([link, _text_token(evidence[0]), Token("link_close", "a", -1)])
+            runbook = EVIDENCE_ID_RE.fullmatch(evidence[0])
+            if runbook is not None:
+                link = Token("link_open", "a", 1)
+                link.attrs = {"class": CITATION_CLASS, "href": chunk_url(slug=runbook[1], ordinal=runbook[2])}
+                out.extend([link, _text_token(evidence[0]), Token("link_close", "a", -1)])
+            else:  # a metric result: a chip, not a link (markdown-it escapes the content)
+                chip = Token("code_inline", "code", 0)
+                chip.attrs = {"class": METRIC_CITATION_CLASS}
+                chip.content = evidence[0]
+                out.append(chip)
             cursor = evidence.end()
         position = bracket.end()
     if not out:

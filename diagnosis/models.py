@@ -35,6 +35,14 @@ class ReleaseMode(models.TextChoices):
     DRAFT = "draft"
 
 
+class AgentFlow(models.TextChoices):
+    """Which pipeline executes a run: the chat's router and diagnosis agent, or an AI Ops analysis (a
+    planner and an executor agent, started by an alert or by staff, executed by a queue worker)."""
+
+    DIAGNOSIS_AGENT = "DIAGNOSIS_AGENT"
+    AI_OPS = "AI_OPS"
+
+
 class Intent(models.TextChoices):
     DIAGNOSIS = "DIAGNOSIS"
     KNOWLEDGE = "KNOWLEDGE"
@@ -106,7 +114,7 @@ class DiagnosisRun(models.Model):
     )
     query = models.TextField()
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.PENDING)
-    agent_flow = models.CharField(max_length=32, default="DIAGNOSIS_AGENT")
+    agent_flow = models.CharField(max_length=32, choices=AgentFlow.choices, default=AgentFlow.DIAGNOSIS_AGENT)
     # The model provider that executed the run ("demo" for the offline demo model), from RUN_STARTED.
     provider = models.CharField(max_length=32, blank=True, default="")
     intent = models.CharField(max_length=16, choices=Intent.choices, null=True, blank=True)
@@ -157,6 +165,11 @@ class DiagnosisRun(models.Model):
     persisted_tools = models.IntegerField(default=0)
     audit_complete = models.BooleanField(default=False)
 
+    # Self-evaluation (seed 003) of an AI Ops run: signals computed from the run's own record when it ends,
+    # plus the model's stated confidence, labelled as such (`diagnosis.runtime.selfeval`); NULL for chat
+    # runs. Written by the terminal update and bound by the run's terminal digest (form `run/3`).
+    self_evaluation = models.JSONField(null=True, blank=True, default=None)
+
     # Ownership of execution
     lease_owner = models.CharField(max_length=128, blank=True, default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
@@ -187,6 +200,8 @@ class DiagnosisRun(models.Model):
             # The list's sortable number columns.
             models.Index(fields=["tokens_total"], name="idx_run_tokens"),
             models.Index(fields=["total_duration_ms"], name="idx_run_duration"),
+            # The AI Ops queue: PENDING runs of a flow nobody holds yet, oldest first (diagnosis.queue).
+            models.Index(fields=["agent_flow", "status", "created_at"], name="idx_run_flow_status_created"),
         ]
 
     def __str__(self) -> str:
@@ -229,6 +244,67 @@ class RunFeedback(models.Model):
 
     def __str__(self) -> str:
         return f"{self.run_id}:{self.rating}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# AI Ops: the alert an analysis was started for
+# ---------------------------------------------------------------------------------------------------
+class AlertSource(models.TextChoices):
+    ALERTMANAGER = "alertmanager", "Alertmanager webhook"
+    STAFF = "staff", "Staff (API)"
+    SHELL = "shell", "manage.py aiops"
+
+
+class AiOpsAlert(models.Model):
+    """The alert (or question) one AI Ops run analyses, kept beside the run for lists and dedupe.
+
+    A notification of Alertmanager's webhook starts one run per distinct firing of an alert group:
+    `dedupe_key` is the sha256 of the group's `groupKey` and its firing alerts (fingerprint and
+    `startsAt` each), so a re-sent notification of the same firing finds this row (and only counts
+    `notifications`) instead of starting a second run, while an alert joining the group, or firing again
+    after it resolved, is a new firing. Staff and shell analyses have no `dedupe_key`. The run's own
+    record (query, timeline, report) lives in the run and the audit: this row is operational metadata,
+    written by `diagnosis.aiops.intake` only, and `labels`/`annotations` are bounded copies.
+    """
+
+    run = models.OneToOneField(
+        DiagnosisRun,
+        to_field="run_id",
+        db_column="run_id",
+        on_delete=models.PROTECT,
+        related_name="aiops_alert",
+    )
+    source = models.CharField(max_length=16, choices=AlertSource.choices)
+    dedupe_key = models.CharField(max_length=64, unique=True, null=True, blank=True)
+    group_key = models.CharField(max_length=1000, blank=True, default="")
+    group_key_sha256 = models.CharField(max_length=64, blank=True, default="")
+    receiver = models.CharField(max_length=200, blank=True, default="")
+    alertname = models.CharField(max_length=200, blank=True, default="")
+    severity = models.CharField(max_length=32, blank=True, default="")
+    alert_count = models.IntegerField(default=0)
+    fingerprints = models.JSONField(default=list, blank=True)
+    labels = models.JSONField(default=dict, blank=True)
+    annotations = models.JSONField(default=dict, blank=True)
+    external_url = models.CharField(max_length=500, blank=True, default="")
+    notifications = models.IntegerField(default=1)
+    last_notified_at = models.DateTimeField()
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "aiops_alert"
+        verbose_name = "AI Ops analysis"
+        verbose_name_plural = "AI Ops analyses"
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["-created_at"], name="idx_aiops_alert_created"),
+            models.Index(fields=["alertname", "-created_at"], name="idx_aiops_alert_name"),
+            models.Index(fields=["severity", "-created_at"], name="idx_aiops_alert_severity"),
+            models.Index(fields=["group_key_sha256"], name="idx_aiops_alert_group"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.alertname or self.source}:{self.run_id}"
 
 
 # ---------------------------------------------------------------------------------------------------

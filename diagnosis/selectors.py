@@ -16,7 +16,7 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import NotSupportedError, connections
 from django.db.models import Lookup, OuterRef, Q, QuerySet, Subquery
 
-from diagnosis.models import ChatSession, DiagnosisRun, RunFeedback
+from diagnosis.models import AiOpsAlert, ChatSession, DiagnosisRun, RunFeedback
 
 MAX_ID_CHARS = 64
 
@@ -254,3 +254,24 @@ def get_feedback(*, run_id: str, user: AbstractBaseUser) -> FeedbackView | None:
     )
     found = row.first()
     return FeedbackView(rating=found[0], comment=found[1], created_at=found[2]) if found else None
+
+
+def aiops_analyses(
+    *,
+    alertname: str | None = None,
+    severity: str | None = None,
+    status: str | None = None,
+    release_decision: str | None = None,
+) -> QuerySet[AiOpsAlert]:
+    """AI Ops analyses as their alert rows with the run, newest first (one query per page; the alert's
+    own indexes serve the order and the `alertname`/`severity` filters). Staff only: callers check."""
+    rows = AiOpsAlert.objects.select_related("run")
+    if alertname:
+        rows = rows.filter(alertname=alertname)
+    if severity:
+        rows = rows.filter(severity=severity)
+    if status:
+        rows = rows.filter(run__status=status)
+    if release_decision:
+        rows = rows.filter(run__release_decision=release_decision)
+    return rows.order_by("-created_at", "-id")

@@ -16,12 +16,20 @@ import time
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Count, F, IntegerField, Max, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
-from diagnosis.models import ChatSession, DiagnosisRun, FeedbackRating, ReleaseMode, RunFeedback, RunStatus
+from diagnosis.models import (
+    AgentFlow,
+    ChatSession,
+    DiagnosisRun,
+    FeedbackRating,
+    ReleaseMode,
+    RunFeedback,
+    RunStatus,
+)
 
 ACTIVE_RUN_STATUSES = (RunStatus.PENDING, RunStatus.RUNNING)
 
@@ -119,6 +127,39 @@ def claim_run(*, run_id: str, owner: str) -> DiagnosisRun | None:
         return None
     run.lease_owner, run.lease_expires_at, run.lease_epoch = owner, until, run.lease_epoch + 1
     return run
+
+
+QUEUED_FLOWS = (AgentFlow.AI_OPS,)
+
+
+def queued_runs(*, flows: tuple[str, ...] = QUEUED_FLOWS):
+    """PENDING runs of the queued flows that nobody has claimed yet, oldest first (the queue; served by
+    the index on (agent_flow, status, created_at)). Chat runs are never queued: the process that
+    created one executes it."""
+    return DiagnosisRun.objects.filter(
+        agent_flow__in=flows, status=RunStatus.PENDING, lease_owner="", cancel_requested=False
+    ).order_by("created_at", "id")
+
+
+def claim_next_queued(*, owner: str, flows: tuple[str, ...] = QUEUED_FLOWS) -> DiagnosisRun | None:
+    """Claim the oldest queued run (see `queued_runs`) for `owner`, with the next lease epoch, or None
+    when the queue is empty. On MariaDB/MySQL the candidate row is locked with `SELECT … FOR UPDATE
+    SKIP LOCKED`, so concurrent workers take different runs without waiting for each other; on SQLite
+    (no row locks) writers are serialised by the database and the claim's conditional update decides.
+    Either way two workers never hold the same run: the claim is `claim_run`'s conditional update."""
+    skip_locked = connection.features.has_select_for_update_skip_locked
+    for _attempt in range(5):
+        with transaction.atomic():
+            candidates = queued_runs(flows=flows).values_list("run_id", flat=True)
+            if skip_locked:
+                candidates = candidates.select_for_update(skip_locked=True)
+            run_id = candidates.first()
+            if run_id is None:
+                return None
+            run = claim_run(run_id=run_id, owner=owner)
+        if run is not None:
+            return run
+    return None
 
 
 def renew_lease(*, run_id: str, owner: str, epoch: int) -> str:

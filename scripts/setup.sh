@@ -28,6 +28,44 @@ apt_install pkg-config libmariadb-dev gcc
 # screenshots of Chinese runbooks are legible.
 [ "$want_dev" = "dev" ] && apt_install chromium fonts-noto-cjk
 
+# The AI Ops tests run real Prometheus and Alertmanager processes of their own on free 127.0.0.1 ports
+# (tests/aiops/servers.py). The packages' system services (ports 9090 and 9093) are never wanted here:
+# they are kept from starting during the install and are stopped and disabled if they run.
+install_without_services() {
+  local policy=/usr/sbin/policy-rc.d
+  if ! dpkg -s "$@" >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ] && [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\n# scripts/setup.sh: no service starts while it installs packages\nexit 101\n' > "$policy"
+    chmod 755 "$policy"
+    trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+    apt_install "$@"
+    rm -f "$policy"
+    trap - EXIT
+  else
+    apt_install "$@"
+  fi
+}
+disable_services() {
+  [ "$(id -u)" -eq 0 ] || return 0
+  for svc in "$@"; do
+    if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+      if systemctl is-enabled --quiet "$svc" 2>/dev/null || systemctl is-active --quiet "$svc" 2>/dev/null; then
+        echo "setup: stopping and disabling the $svc service"
+        systemctl disable --now --quiet "$svc" || true
+      fi
+    elif [ -x "/etc/init.d/$svc" ]; then
+      if "/etc/init.d/$svc" status >/dev/null 2>&1; then
+        echo "setup: stopping the $svc service"
+        "/etc/init.d/$svc" stop >/dev/null 2>&1 || true
+      fi
+      update-rc.d "$svc" disable >/dev/null 2>&1 || true
+    fi
+  done
+}
+if [ "$want_dev" = "dev" ]; then
+  install_without_services prometheus prometheus-alertmanager
+  disable_services prometheus prometheus-alertmanager
+fi
+
 PY=""
 for candidate in python3.11 python3; do
   if command -v "$candidate" >/dev/null 2>&1 && \

@@ -8,6 +8,8 @@ scripts/mariadb.sh
 scripts/redis.sh
 
 export DEBUG=true
+# setup.sh dev installed Prometheus and Alertmanager: their tests must run here, never be skipped.
+export AIOPS_REQUIRE_SERVERS=1
 unset DATABASE_URL REDIS_URL LLM_API_KEY LLM_PROVIDER || true
 
 echo "== ruff"

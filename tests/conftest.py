@@ -102,6 +102,14 @@ def _fresh_rate_limits():
 
 
 @pytest.fixture(autouse=True)
+def _no_queue_worker(settings):
+    """In-process tests do not serve the AI Ops queue from the supervisor's background (it would claim
+    runs a test creates); tests of the worker drive `diagnosis.runtime.worker` themselves. Server
+    processes the tests start keep the default."""
+    settings.AIOPS_WORKER_CONCURRENCY = 0
+
+
+@pytest.fixture(autouse=True)
 def _fast_password_hasher(settings):
     """The role fixtures create up to six users per test; PBKDF2's million rounds would dominate the suite
     (≈ 0.5 s per user). Tests do not measure password strength."""

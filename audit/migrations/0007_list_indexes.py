@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('audit', '0006_retention_and_legal_hold'),
+        ('audit', '0008_per_agent_steps'),
         ('diagnosis', '0007_list_facts'),
     ]
 
@@ -54,5 +54,9 @@ class Migration(migrations.Migration):
         migrations.AddIndex(
             model_name='traceevent',
             index=models.Index(fields=['phase', 'created_at'], name='idx_event_phase_created'),
+        ),
+        migrations.AddIndex(
+            model_name='agentstep',
+            index=models.Index(fields=['agent_name', 'created_at'], name='idx_step_agent_created'),
         ),
     ]

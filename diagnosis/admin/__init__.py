@@ -5,8 +5,9 @@
 - `display`: how a status, a duration or an instant is written, shared by the list and the page.
 - `sessions`: sessions with their runs inline.
 - `knowledge`: runbook documents and their chunks.
+- `aiops`: AI Ops analyses (their alert and run), filtered by alert name and severity.
 """
 
-from diagnosis.admin import knowledge, runs, sessions
+from diagnosis.admin import aiops, knowledge, runs, sessions
 
-__all__ = ["knowledge", "runs", "sessions"]
+__all__ = ["aiops", "knowledge", "runs", "sessions"]

@@ -9,6 +9,8 @@ import datetime as dt
 import json
 from typing import Any
 
+from django.utils.html import format_html
+
 from audit.models import ToolStatus
 from diagnosis.models import ReleaseDecision, RunStatus
 
@@ -36,6 +38,13 @@ BAD_STATUSES = frozenset(
 WARN_STATUSES = frozenset(
     {RunStatus.CANCELLED, RunStatus.RUNNING, RunStatus.PENDING, ToolStatus.RUNNING, *_WARN_EVENT_STATUSES}
 )
+
+
+def chip(value: str | None, tone_name: str | None = None):
+    """A status word as a coloured chip (its `tone` unless given), or an em dash for none."""
+    if not value:
+        return "—"
+    return format_html('<span class="dc-chip dc-{}">{}</span>', tone_name or tone(value), value)
 
 
 def tone(status: str | None) -> str:

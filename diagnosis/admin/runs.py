@@ -37,7 +37,7 @@ from audit.serializers import serialize_trace
 from audit.transparency.evidence import build_bundle
 from config.admin_lists import ScalableListAdmin
 from diagnosis.admin.display import QUERY_PREVIEW_CHARS, delivery_note, format_ms
-from diagnosis.admin.display import tone as status_tone
+from diagnosis.admin.display import chip as _chip
 from diagnosis.admin.run_page import build_run_page
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunFeedback
 from diagnosis.selectors import search_runs
@@ -95,12 +95,6 @@ class ReconciledFilter(admin.BooleanFieldListFilter):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.title = "reconciled"
-
-
-def _chip(value: str | None, tone: str | None = None):
-    if not value:
-        return "—"
-    return format_html('<span class="dc-chip dc-{}">{}</span>', tone or status_tone(value), value)
 
 
 @admin.register(DiagnosisRun)

@@ -26,7 +26,7 @@ from django.db import transaction
 from diagnosis import services
 from diagnosis.chat.protocol import ChatRefused
 from diagnosis.chat.throttle import check_chat_rate
-from diagnosis.models import DiagnosisRun
+from diagnosis.models import AgentFlow, DiagnosisRun
 from diagnosis.runtime.db import db
 from diagnosis.runtime.executor import prepare_run
 from diagnosis.runtime.live import RunFollower
@@ -70,7 +70,11 @@ def validate_after(value: Any, *, strings: bool = True) -> int:
 
 
 def active_run_count(*, user: AbstractBaseUser) -> int:
-    return DiagnosisRun.objects.filter(session__owner=user, status__in=ACTIVE_STATUSES).count()
+    """The user's chat runs PENDING or RUNNING (queued AI Ops analyses wait for a worker, not for the
+    user, and do not count against their chats)."""
+    return DiagnosisRun.objects.filter(
+        session__owner=user, status__in=ACTIVE_STATUSES, agent_flow=AgentFlow.DIAGNOSIS_AGENT
+    ).count()
 
 
 def start_chat(*, user: AbstractBaseUser, query: Any, session_id: Any = None) -> DiagnosisRun:
@@ -78,7 +82,7 @@ def start_chat(*, user: AbstractBaseUser, query: Any, session_id: Any = None) ->
 
     Refuses (ChatRefused), in this order: too many chats started (429 `throttled`), an invalid query or
     id (400), a session the user does not own (404, as for one that does not exist) and a user who
-    already has `CHAT_MAX_ACTIVE_RUNS_PER_USER` runs PENDING or RUNNING (429). The count and the creation
+    already has `CHAT_MAX_ACTIVE_RUNS_PER_USER` chat runs PENDING or RUNNING (429). The count and the creation
     happen under a lock on the user's row, so concurrent requests of one user cannot overshoot the limit.
     """
     check_chat_rate(user=user)

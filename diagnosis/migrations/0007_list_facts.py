@@ -56,8 +56,8 @@ def drop_fulltext(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('diagnosis', '0006_run_delivery'),
-        ('audit', '0006_retention_and_legal_hold'),
+        ('diagnosis', '0008_aiops_agents'),
+        ('audit', '0008_per_agent_steps'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

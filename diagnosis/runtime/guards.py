@@ -1,15 +1,20 @@
 """The evidence guard (citations proven against the canonical store) and the semantic guard's verdict.
 
-Answers cite evidence as `[kb:<slug>#<n>]` (several ids in one bracket, separated by commas or
-semicolons, are accepted). The evidence guard requires, for a DIAGNOSIS or KNOWLEDGE answer, at least
-one citation (else NO_CITATION) and every cited id to be present in this run's canonical store (else
-UNKNOWN_CITATION). When the store cannot be read, or a write to it failed earlier in the run and a cited
-id is missing (it may be one that was lost), the reason is CANONICAL_UNAVAILABLE: the evidence cannot
-be proven, so the release is blocked (fail-closed).
+Answers cite evidence as `[kb:<slug>#<n>]` (a runbook chunk, `lookup_knowledge`) or `[prom:<hex>]` (a
+Prometheus query result, `query_metrics`); several ids in one bracket, of either kind, separated by
+commas or semicolons, are accepted. Ids are extracted in a deliberately loose form (`prom:` followed by
+any characters but brackets, blanks, `,` and `;`), so a malformed id counts as cited and is refused as
+unknown instead of being overlooked. The evidence guard requires, for a DIAGNOSIS or KNOWLEDGE answer
+(and an AI Ops report), at least one citation (else NO_CITATION) and every cited id, of either kind, to
+be present in this run's canonical store (else UNKNOWN_CITATION). When the store cannot be read, or a
+write to it failed earlier in the run and a cited id is missing (it may be one that was lost), the
+reason is CANONICAL_UNAVAILABLE: the evidence cannot be proven, so the release is blocked (fail-closed).
 
 The semantic guard model answers `{"supported": bool, "unsupportedClaims": [str], "reason": str}`;
 `parse_semantic_verdict` accepts it bare or wrapped in prose/fences, and anything else is unusable
-(`supported=None`), which the release treats as not supported.
+(`supported=None`), which the release treats as not supported. `guard_evidence` gives that model each
+cited item as id, title, heading and text, the text cut at `GUARD_TEXT_CHARS` (a metric result's text is
+the readable account `diagnosis.aiops.prometheus` wrote into its payload, never the raw series).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from audit.payloads import clip
 from diagnosis.runtime.canonical import CanonicalStore, CanonicalUnavailable
 from diagnosis.runtime.llm import parse_json_object
 
@@ -26,7 +32,9 @@ NO_CITATION = "NO_CITATION"
 UNKNOWN_CITATION = "UNKNOWN_CITATION"
 CANONICAL_UNAVAILABLE = "CANONICAL_UNAVAILABLE"
 
-_ID = r"kb:[^\[\]\s,;#]+#\d+"
+GUARD_TEXT_CHARS = 4000
+
+_ID = r"(?:kb:[^\[\]\s,;#]+#\d+|prom:[^\[\]\s,;]+)"
 CITATION_RE = re.compile(rf"\[\s*({_ID}(?:\s*[,;]\s*{_ID})*)\s*\]")
 _ID_RE = re.compile(_ID)
 
@@ -116,7 +124,7 @@ def guard_evidence(evidence: dict[str, dict[str, Any]], cited: Sequence[str]) ->
                 "id": evidence_id,
                 "title": payload.get("title", ""),
                 "heading": payload.get("heading", ""),
-                "text": payload.get("text", ""),
+                "text": clip(str(payload.get("text", "")), GUARD_TEXT_CHARS),
             }
         )
     return items

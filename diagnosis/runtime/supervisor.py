@@ -11,13 +11,16 @@ its next beat, whatever process owns the run), fires the run's in-process `Cance
 process owns it, and otherwise sends a control message to the run's control group, which the owning
 process joined when it launched the run, so the owner stops at once.
 
-Background duties, started lazily once per process (per event loop) by `ensure_background()`: the
+Background duties, started once per process (per event loop) by `ensure_background()` (with the first
+connection, through `BackgroundDuties` in `config.asgi`, or the first run launched): the
 control listener (one channel per process), the periodic sweeper (`diagnosis.runtime.sweeper`,
 every `RUN_SWEEP_INTERVAL_SECONDS`; 0 disables it) and the transparency log's checkpointer
 (`audit.transparency.log.checkpoint`, every `AUDIT_CHECKPOINT_INTERVAL_SECONDS`; 0 disables it): it
 appends runs that finished since and signs a checkpoint, on the database pool, never on a run's path;
-the log's lock makes the processes that all do this take turns; and the retention purge
-(`audit.retention.purge_expired_runs`, every `AUDIT_PURGE_INTERVAL_SECONDS`; 0 disables it).
+the log's lock makes the processes that all do this take turns; the retention purge
+(`audit.retention.purge_expired_runs`, every `AUDIT_PURGE_INTERVAL_SECONDS`; 0 disables it); and the
+queue worker (`diagnosis.runtime.worker`, up to `AIOPS_WORKER_CONCURRENCY` queued AI Ops runs at once;
+0 disables it).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 
 from diagnosis import services
-from diagnosis.models import TERMINAL_RUN_STATUSES, RunStatus
+from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun, RunStatus
 from diagnosis.runtime.cancel import CancelToken
 from diagnosis.runtime.db import db
 from diagnosis.runtime.events import SafeSink
@@ -56,15 +59,18 @@ class _Owned:
 _runs: dict[str, _Owned] = {}
 
 
-def launch(run_id: str) -> asyncio.Task:
-    """Execute the run in a task of this process (the executor takes the run's lease). The task is
-    referenced by the registry until it ends; nothing a connection does can cancel it."""
+def launch(run_id: str, *, claimed: DiagnosisRun | None = None) -> asyncio.Task:
+    """Execute the run in a task of this process (the executor takes the run's lease, unless `claimed`
+    is the run as this process already claimed it). The task is referenced by the registry until it
+    ends; nothing a connection does can cancel it."""
     existing = _runs.get(run_id)
     if existing is not None and not existing.task.done():
         return existing.task
     ensure_background()
     token = CancelToken()
-    task = asyncio.get_running_loop().create_task(_execute(run_id, token), name=f"run:{run_id}")
+    task = asyncio.get_running_loop().create_task(
+        _execute(run_id, token, claimed=claimed), name=f"run:{run_id}"
+    )
     _runs[run_id] = _Owned(task=task, token=token)
     task.add_done_callback(lambda t, run_id=run_id: _forget(run_id, t))
     return task
@@ -76,11 +82,16 @@ def _forget(run_id: str, task: asyncio.Task) -> None:
         del _runs[run_id]
 
 
-async def _execute(run_id: str, token: CancelToken) -> None:
+def running_count() -> int:
+    """Runs this process is executing now."""
+    return sum(1 for owned in _runs.values() if not owned.task.done())
+
+
+async def _execute(run_id: str, token: CancelToken, *, claimed: DiagnosisRun | None = None) -> None:
     sink = SafeSink(ChannelLayerSink(run_id), run_id=run_id)
     joined = await _control_join(run_id)
     try:
-        await execute_run(run_id=run_id, sink=sink, cancel=token)
+        await execute_run(run_id=run_id, sink=sink, cancel=token, claimed=claimed)
     except asyncio.CancelledError:
         raise
     except RunNotClaimable:
@@ -135,8 +146,9 @@ class _Background:
 _background: _Background | None = None
 
 
-def ensure_background() -> None:
-    """Start this process's control listener, periodic sweeper and checkpointer once (again after a loop
+def ensure_background(*, serve_queue: bool = True) -> None:
+    """Start this process's control listener, periodic sweeper, checkpointer, purge and (unless
+    `serve_queue` is false, or `AIOPS_WORKER_CONCURRENCY` is 0) queue worker once (again after a loop
     change)."""
     global _background
     loop = asyncio.get_running_loop()
@@ -158,6 +170,9 @@ def ensure_background() -> None:
     purge_every = float(getattr(settings, "AUDIT_PURGE_INTERVAL_SECONDS", 3600))
     if purge_every > 0:
         tasks.append(loop.create_task(_purge_periodically(purge_every), name="audit:purge"))
+    workers = int(getattr(settings, "AIOPS_WORKER_CONCURRENCY", 2))
+    if workers > 0 and serve_queue:
+        tasks.append(loop.create_task(_work_queue(workers), name="runs:queue-worker"))
     _background = _Background(loop=loop, channel=None, tasks=tasks, ready=ready)
 
 
@@ -257,6 +272,43 @@ async def _purge_periodically(interval: float) -> None:
             raise
         except Exception as exc:
             logger.warning("periodic audit purge failed error=%s", type(exc).__name__)
+
+
+async def _work_queue(concurrency: int) -> None:
+    from diagnosis.runtime.worker import work
+
+    interval = float(getattr(settings, "AIOPS_POLL_INTERVAL_SECONDS", 2.0))
+    while True:
+        try:
+            await work(concurrency=concurrency, poll_interval=interval)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.warning("queue worker failed error=%s", type(exc).__name__)
+            await asyncio.sleep(interval)
+
+
+class BackgroundDuties:
+    """ASGI wrapper that starts the process's background duties (`ensure_background`) with the first
+    connection or at lifespan start-up (servers that send it, e.g. uvicorn), so a server process serves
+    the queue and sweeps leases even when no chat has run in it. Lifespan shutdown stops them."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    ensure_background()
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await stop_background()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        ensure_background()
+        return await self.app(scope, receive, send)
 
 
 async def stop_background() -> None:

@@ -11,7 +11,8 @@ attempted after the takeover and the fence refused are noted (WRITE_FENCED), too
 closed FAILED with `LEASE_EXPIRED`, `RUN_FINISHED` is written and the run ends FAILED with error
 `LEASE_EXPIRED`. The old owner, should it wake up, can land no row any more. A PENDING run that no
 process claimed within `RUN_LEASE_SECONDS` of its creation is treated the same way (its lease never
-started, so it has expired too).
+started, so it has expired too), except a queued run (AI Ops: it waits for a queue worker,
+`diagnosis.runtime.worker`), which fails with `QUEUE_EXPIRED` only after `AIOPS_QUEUE_TIMEOUT_SECONDS`.
 
 It runs periodically inside every server process (`diagnosis.runtime.supervisor`) and on demand as
 `manage.py sweep_runs`. `publish_swept` then sends each swept run's `error` and `outcome` frames to its
@@ -26,6 +27,7 @@ import logging
 import os
 import socket
 
+from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
@@ -40,6 +42,8 @@ logger = logging.getLogger(__name__)
 
 LEASE_EXPIRED = "LEASE_EXPIRED"
 LEASE_EXPIRED_MESSAGE = "The process executing the run stopped before finishing it."
+QUEUE_EXPIRED = "QUEUE_EXPIRED"
+QUEUE_EXPIRED_MESSAGE = "No worker took the queued run in time (AIOPS_QUEUE_TIMEOUT_SECONDS)."
 SWEEP_BATCH = 100
 
 
@@ -47,16 +51,26 @@ def sweeper_owner() -> str:
     return f"sweeper:{socket.gethostname()}:{os.getpid()}"[:128]
 
 
+def queue_timeout_seconds() -> float:
+    """How long a queued run may wait for a worker (`AIOPS_QUEUE_TIMEOUT_SECONDS`, default one hour)."""
+    return float(getattr(settings, "AIOPS_QUEUE_TIMEOUT_SECONDS", 3600))
+
+
 def expired_runs(*, now: dt.datetime | None = None, limit: int = SWEEP_BATCH) -> list[DiagnosisRun]:
     """Active runs whose lease expired, or that nobody claimed within a lease period (one query)."""
     now = now or timezone.now()
     stale = now - dt.timedelta(seconds=services.lease_seconds())
+    queue_stale = now - dt.timedelta(seconds=queue_timeout_seconds())
+    queued = Q(agent_flow__in=services.QUEUED_FLOWS)
+    never_claimed = Q(lease_expires_at__isnull=True)
     return list(
         DiagnosisRun.objects.filter(
-            Q(lease_expires_at__lt=now) | Q(lease_expires_at__isnull=True, created_at__lt=stale),
+            Q(lease_expires_at__lt=now)
+            | (never_claimed & ~queued & Q(created_at__lt=stale))
+            | (never_claimed & queued & Q(created_at__lt=queue_stale)),
             status__in=(RunStatus.PENDING, RunStatus.RUNNING),
         )
-        .only("run_id", "status", "lease_owner", "lease_expires_at", "lease_epoch")
+        .only("run_id", "status", "agent_flow", "lease_owner", "lease_expires_at", "lease_epoch")
         .order_by("lease_expires_at", "id")[:limit]
     )
 
@@ -86,13 +100,15 @@ def sweep_expired_runs(*, now: dt.datetime | None = None, limit: int = SWEEP_BAT
     now = now or timezone.now()
     swept = []
     for run in expired_runs(now=now, limit=limit):
+        unserved = run.lease_expires_at is None and run.agent_flow in services.QUEUED_FLOWS
+        code, message = (
+            (QUEUE_EXPIRED, QUEUE_EXPIRED_MESSAGE) if unserved else (LEASE_EXPIRED, LEASE_EXPIRED_MESSAGE)
+        )
         epoch = _claim(run, now)
         if epoch is None:
             continue
         try:
-            if fail_run(
-                run.run_id, error_code=LEASE_EXPIRED, error_message=LEASE_EXPIRED_MESSAGE, lease_epoch=epoch
-            ):
+            if fail_run(run.run_id, error_code=code, error_message=message, lease_epoch=epoch):
                 swept.append(run.run_id)
                 logger.warning("run swept run=%s previous_owner=%s", run.run_id, run.lease_owner or "-")
         except Exception as exc:  # one bad run must not stop the sweep of the others

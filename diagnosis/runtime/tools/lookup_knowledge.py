@@ -4,7 +4,7 @@ Wraps `diagnosis.knowledge.retrieval.search_knowledge`. The full result (every i
 layers, counts and details) is the tool's canonical data; each item is a citable evidence record under
 its id `kb:<slug>#<n>`; the retrieval facts (layer, L0/L1 match counts, details, truncation) go onto the
 tool invocation. The model sees the items' ids, titles, headings, scores and text, and a reminder of
-the citation format.
+the citation format. Offered to the chat and to AI Ops analyses.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import json
 
 from audit.recorder import RetrievalFacts
 from diagnosis.knowledge.retrieval import search_knowledge
-from diagnosis.runtime.tools.registry import EvidenceRecord, ToolResult, register_tool
+from diagnosis.runtime.tools.registry import FLOW_AI_OPS, FLOW_CHAT, EvidenceRecord, ToolResult, register_tool
 
 QUERY_MAX_CHARS = 500
 TOP_K_MAX = 10
@@ -46,6 +46,7 @@ TOP_K_MAX = 10
         "required": ["query"],
         "additionalProperties": False,
     },
+    flows=(FLOW_CHAT, FLOW_AI_OPS),
 )
 def lookup_knowledge(query: str, top_k: int = 5) -> ToolResult:
     result = search_knowledge(query, top_k)

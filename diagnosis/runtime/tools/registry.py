@@ -7,17 +7,21 @@ A tool is one module in `diagnosis/runtime/tools/` with one decorated function::
         description="Search the operations runbooks ...",
         parameters={"type": "object", "properties": {...}, "required": [...]},
         timeout=None,  # seconds; None = settings.TOOL_TIMEOUT
+        flows=(FLOW_CHAT, FLOW_AI_OPS),  # the agent flows that may use it; default (FLOW_CHAT,)
     )
     def lookup_knowledge(query: str, top_k: int = 5) -> ToolResult: ...
 
 The function receives the validated arguments as keyword arguments and returns a `ToolResult` (or any
 JSON-serialisable value, wrapped as `ToolResult(data=value)`). It may be synchronous (run on the runtime's
-bounded tool thread pool) or `async def`. `default_registry()` imports every module of the package, so a
-new module is all it takes; tests and special flows can build their own `ToolRegistry`.
+bounded tool thread pool) or `async def`. `default_registry(flow=...)` imports every module of the package
+and returns the tools of that agent flow (a run's `agent_flow`: `FLOW_CHAT` = "DIAGNOSIS_AGENT", the
+default, or `FLOW_AI_OPS` = "AI_OPS"), so a new module is all it takes; a tool that names no flows is
+a chat tool only. Tests and special flows can build their own `ToolRegistry`.
 
 Arguments are validated against the schema's subset the runtime relies on: `type` (object, string,
 integer, number, boolean, array), `properties`, `required`, `additionalProperties: false`, `enum`,
-`minLength`/`maxLength`, `minimum`/`maximum`, and `default` (applied when absent).
+`minLength`/`maxLength`, `minimum`/`maximum`, `items`/`maxItems` (arrays), and `default` (applied when
+absent).
 """
 
 from __future__ import annotations
@@ -34,6 +38,10 @@ from typing import Any
 from audit.recorder import RetrievalFacts
 
 SKIP_MODULES = frozenset({"registry", "boundary"})
+
+# Agent flows (the values of `DiagnosisRun.agent_flow`) a tool may be offered to.
+FLOW_CHAT = "DIAGNOSIS_AGENT"
+FLOW_AI_OPS = "AI_OPS"
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +81,7 @@ class ToolSpec:
     func: Callable[..., Any]
     timeout: float | None = None
     is_async: bool = field(default=False)
+    flows: frozenset[str] = frozenset({FLOW_CHAT})
 
     def openai_schema(self) -> dict[str, Any]:
         return {
@@ -116,9 +125,12 @@ class ToolRegistry:
         description: str,
         parameters: Mapping[str, Any],
         timeout: float | None = None,
+        flows: Sequence[str] = (FLOW_CHAT,),
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         if parameters.get("type") != "object":
             raise ValueError("a tool's parameters schema must be of type object")
+        if isinstance(flows, str) or not flows:
+            raise ValueError("a tool's flows must be a non-empty sequence of flow names")
 
         def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
             self.register(
@@ -129,6 +141,7 @@ class ToolRegistry:
                     func=func,
                     timeout=timeout,
                     is_async=inspect.iscoroutinefunction(func),
+                    flows=frozenset(flows),
                 )
             )
             return func
@@ -147,6 +160,10 @@ class ToolRegistry:
     def copy(self) -> ToolRegistry:
         return ToolRegistry(list(self._specs.values()))
 
+    def for_flow(self, flow: str) -> ToolRegistry:
+        """A new registry of the tools that declare `flow`."""
+        return ToolRegistry([spec for spec in self._specs.values() if flow in spec.flows])
+
     def __contains__(self, name: object) -> bool:
         return name in self._specs
 
@@ -160,14 +177,22 @@ _discover_lock = threading.Lock()
 
 
 def register_tool(
-    *, name: str, description: str, parameters: Mapping[str, Any], timeout: float | None = None
+    *,
+    name: str,
+    description: str,
+    parameters: Mapping[str, Any],
+    timeout: float | None = None,
+    flows: Sequence[str] = (FLOW_CHAT,),
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated function in the default registry (see the module docstring)."""
-    return _default.tool(name=name, description=description, parameters=parameters, timeout=timeout)
+    return _default.tool(
+        name=name, description=description, parameters=parameters, timeout=timeout, flows=flows
+    )
 
 
-def default_registry() -> ToolRegistry:
-    """The default registry, with every tool module of this package imported."""
+def default_registry(*, flow: str = FLOW_CHAT) -> ToolRegistry:
+    """The tools of agent flow `flow` (a new registry each call), every tool module of this package
+    imported first."""
     global _discovered
     if not _discovered:
         with _discover_lock:
@@ -177,7 +202,7 @@ def default_registry() -> ToolRegistry:
                     if module.name not in SKIP_MODULES and not module.name.startswith("_"):
                         importlib.import_module(f"diagnosis.runtime.tools.{module.name}")
                 _discovered = True
-    return _default
+    return _default.for_flow(flow)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -232,6 +257,11 @@ def _validate_value(value: Any, schema: Mapping[str, Any], where: str) -> Any:
             raise ToolArgumentsError(f"{where} must be ≥ {schema['minimum']}")
         if "maximum" in schema and value > schema["maximum"]:
             raise ToolArgumentsError(f"{where} must be ≤ {schema['maximum']}")
+    if isinstance(value, list):
+        if "maxItems" in schema and len(value) > schema["maxItems"]:
+            raise ToolArgumentsError(f"{where} must have at most {schema['maxItems']} item(s)")
+        if "items" in schema:
+            value = [_validate_value(item, schema["items"], f"{where}[{i}]") for i, item in enumerate(value)]
     if kind == "object":
         value = _validate_object(value, schema, where)
     return value

@@ -1,0 +1,148 @@
+"""The HTTP path to the monitoring servers and the errors it raises.
+
+`MonitoringHTTP(base_url, name=..., timeout=..., max_bytes=...)` does one GET or POST at a time with
+httpx: connect/read/write/pool timeouts of `timeout` seconds, the body read in chunks and refused once it
+exceeds `max_bytes` (never buffered whole first), JSON decoded. Credentials in the URL's userinfo
+(`https://user:secret@prometheus.example`) are taken out of the URL and sent as HTTP basic auth, so they
+are in no request URL that httpx logs; errors name the server (`name`, e.g. "Prometheus") and the
+failure, never the URL.
+
+Errors (`AiOpsError` subclasses; the tool boundary records `<ClassName>: <message>` as the tool's failure):
+
+- `NotConfigured`: the server's URL setting is empty;
+- `Unreachable`: no connection (refused, DNS, reset, protocol error);
+- `RequestTimeout`: no answer within the timeout;
+- `HTTPError`: a non-2xx status (`status`; `detail` bounded);
+- `BadQuery`: the server refused the query itself (`error_type`, `error` as the server gave them);
+- `ResponseTooLarge`: the body exceeded `max_bytes`;
+- `BadResponse`: the body is not the JSON the API documents.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import httpx
+
+from audit.payloads import clip
+
+DETAIL_CHARS = 300
+USER_AGENT = "diagnosis-aiops/1"
+
+
+class AiOpsError(Exception):
+    """A monitoring server could not give the answer asked for (see the module docstring)."""
+
+
+class NotConfigured(AiOpsError):
+    pass
+
+
+class Unreachable(AiOpsError):
+    pass
+
+
+class RequestTimeout(AiOpsError):
+    pass
+
+
+class ResponseTooLarge(AiOpsError):
+    pass
+
+
+class BadResponse(AiOpsError):
+    pass
+
+
+class HTTPError(AiOpsError):
+    def __init__(self, message: str, *, status: int, detail: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.detail = detail
+
+
+class BadQuery(AiOpsError):
+    def __init__(self, message: str, *, error_type: str, error: str) -> None:
+        super().__init__(message)
+        self.error_type = error_type
+        self.error = error
+
+
+class MonitoringHTTP:
+    """One monitoring server's HTTP API (see the module docstring)."""
+
+    def __init__(self, base_url: str, *, name: str, timeout: float, max_bytes: int) -> None:
+        if not base_url:
+            raise NotConfigured(f"{name} is not configured")
+        try:
+            url = httpx.URL(base_url)
+        except (httpx.InvalidURL, TypeError):
+            raise NotConfigured(f"{name} is configured with an invalid URL") from None
+        self.auth = httpx.BasicAuth(url.username, url.password) if url.username or url.password else None
+        self.base_url = str(url.copy_with(username=None, password=None)).rstrip("/")
+        self.name = name
+        self.timeout = timeout
+        self.max_bytes = max_bytes
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | Sequence[tuple[str, Any]] | None = None,
+        json_body: Any = None,
+    ) -> tuple[int, Any]:
+        """`(status, decoded JSON body or None)` for any status; transport failures raise."""
+        name = self.name
+        try:
+            with (
+                httpx.Client(
+                    timeout=httpx.Timeout(self.timeout),
+                    headers={"User-Agent": USER_AGENT},
+                    auth=self.auth,
+                    follow_redirects=False,
+                ) as client,
+                client.stream(method, f"{self.base_url}{path}", params=params, json=json_body) as response,
+            ):
+                body = self._read(response)
+                status = response.status_code
+        except httpx.TimeoutException as exc:
+            raise RequestTimeout(
+                f"{name} did not answer within {self.timeout:g} s ({type(exc).__name__})"
+            ) from None
+        except (httpx.TransportError, httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
+            raise Unreachable(f"{name} is unreachable ({type(exc).__name__})") from None
+        if not body:
+            return status, None
+        try:
+            return status, json.loads(body)
+        except ValueError:
+            return status, _NotJSON(body.decode("utf-8", "replace"))
+
+    def _read(self, response: httpx.Response) -> bytes:
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            raise ResponseTooLarge(f"{self.name} answered with more than {self.max_bytes} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        for chunk in response.iter_bytes():
+            size += len(chunk)
+            if size > self.max_bytes:
+                raise ResponseTooLarge(f"{self.name} answered with more than {self.max_bytes} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def http_error(self, status: int, body: Any) -> HTTPError:
+        detail = (
+            clip(body.text if isinstance(body, _NotJSON) else json.dumps(body), DETAIL_CHARS) if body else ""
+        )
+        return HTTPError(f"{self.name} answered HTTP {status}", status=status, detail=detail)
+
+
+class _NotJSON:
+    """A body that did not decode as JSON (kept for error details; never a successful result)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text

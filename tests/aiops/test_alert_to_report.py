@@ -1,0 +1,91 @@
+"""End to end on real components: a Prometheus rule fires, the real Alertmanager notifies the product's
+webhook on a daphne server process, and that process's queue worker runs the AI Ops analysis against
+the live Prometheus and Alertmanager, with no client connected (demo provider, test database)."""
+
+from __future__ import annotations
+
+import time
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+
+from audit.models import AgentStep, EventType, ToolInvocation, ToolStatus, TraceEvent
+from audit.verification import verify_run
+from diagnosis.models import AgentFlow, AiOpsAlert, DiagnosisRun, ReleaseDecision, RunStatus
+from diagnosis.runtime.guards import extract_citations
+from tests.aiops import servers
+from tests.chat.support import DaphneServer
+
+pytestmark = pytest.mark.django_db(transaction=True)
+TOKEN = "e2e-webhook-token"
+
+
+@pytest.fixture
+def product(prometheus, alertmanager):
+    call_command("load_knowledge", "diagnosis/runbooks", stdout=StringIO())
+    server = DaphneServer(
+        env={
+            "AIOPS_WEBHOOK_TOKEN": TOKEN,
+            "AIOPS_WORKER_CONCURRENCY": "2",
+            "AIOPS_POLL_INTERVAL_SECONDS": "0.2",
+            "PROMETHEUS_URL": prometheus.url,
+            "ALERTMANAGER_URL": alertmanager.url,
+            "RUN_SWEEP_INTERVAL_SECONDS": "0",
+            "AUDIT_CHECKPOINT_INTERVAL_SECONDS": "0",
+        },
+        name="aiops-e2e",
+    ).start()
+    yield server
+    server.stop()
+
+
+def wait_for(predicate, *, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_firing_rule_reaches_the_webhook_and_is_analysed_against_live_metrics(
+    product, alertmanager_webhook
+):
+    alertmanager_webhook(f"{product.url}/api/aiops/alertmanager", bearer_token=TOKEN)
+    alert = wait_for(
+        lambda: AiOpsAlert.objects.filter(alertname=servers.ALERT_NAME).select_related("run").first(),
+        timeout=servers.ALERT_DEADLINE,
+        what="Alertmanager's notification",
+    )
+    assert alert.source == "alertmanager" and alert.severity == "warning" and alert.receiver
+    run = wait_for(
+        lambda: DiagnosisRun.objects.filter(run_id=alert.run_id, status__in=["SUCCESS", "FAILED"]).first(),
+        timeout=60,
+        what="the analysis to finish",
+    )
+    assert run.agent_flow == AgentFlow.AI_OPS and run.status == RunStatus.SUCCESS, run.error_code
+    assert servers.ALERT_NAME in run.query
+    assert run.release_decision in ReleaseDecision.values and run.content
+    tools = list(ToolInvocation.objects.filter(run_id=run.run_id))
+    assert tools and all(t.status == ToolStatus.SUCCEEDED for t in tools)
+    # The planner, then the executor, each counting its own steps; the plan is on the timeline.
+    steps = list(
+        AgentStep.objects.filter(run_id=run.run_id).order_by("id").values_list("agent_name", "step_index")
+    )
+    assert steps[0] == ("planner", 1) and steps[1] == ("executor", 1), steps
+    assert {t.agent_name for t in tools} == {"executor"} and {t.tool_name for t in tools} >= {"query_metrics"}
+    assert TraceEvent.objects.filter(run_id=run.run_id, event_type=EventType.PLAN_DECISION).exists()
+    assert run.self_evaluation["tools"]["failed"] == 0
+    if run.release_decision == ReleaseDecision.PUBLISHED:
+        assert any(c.startswith("prom:") for c in extract_citations(run.content)), run.content
+    assert verify_run(run.run_id).ok
+    # Alertmanager re-sends the group (a new receiver notifies again): the same firing, no second run.
+    alertmanager_webhook(f"{product.url}/api/aiops/alertmanager", bearer_token=TOKEN)
+    wait_for(
+        lambda: AiOpsAlert.objects.filter(pk=alert.pk, notifications__gte=2).exists(),
+        timeout=servers.ALERT_DEADLINE,
+        what="the re-sent notification",
+    )
+    assert DiagnosisRun.objects.filter(session_id=run.session_id).count() == 1
