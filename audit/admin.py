@@ -13,10 +13,11 @@ from audit.transparency.verify import check_checkpoint, verify_log
 @admin.register(TraceEvent)
 class TraceEventAdmin(ReadOnlyAdmin):
     list_display = ("run_id", "sequence_no", "phase", "event_type", "status", "summary", "created_at")
-    list_filter = ("phase", "event_type")
+    list_filter = (("created_at", admin.DateFieldListFilter), "phase", "event_type")
     search_fields = ("=run__run_id", "=session_id")
     list_select_related = False
     ordering = ("-created_at",)
+    sortable_by = ("created_at",)  # every order and filter is an index (`audit.models`)
 
 
 @admin.register(AgentStep)
@@ -34,9 +35,16 @@ class AgentStepAdmin(ReadOnlyAdmin):
         "content_source",
         "created_at",
     )
-    list_filter = ("agent_name", "usage_available", "reasoning_available", "content_source")
+    list_filter = (
+        ("created_at", admin.DateFieldListFilter),
+        "agent_name",
+        "usage_available",
+        "reasoning_available",
+        "content_source",
+    )
     search_fields = ("=run__run_id", "=session_id")
     ordering = ("-created_at",)
+    sortable_by = ("created_at",)
 
 
 @admin.register(ToolInvocation)
@@ -53,9 +61,10 @@ class ToolInvocationAdmin(ReadOnlyAdmin):
         "duration_ms",
         "started_at",
     )
-    list_filter = ("status", "tool_name", "retrieval_layer")
-    search_fields = ("=run__run_id", "=session_id", "=tool_call_id")
+    list_filter = (("created_at", admin.DateFieldListFilter), "status", "tool_name", "retrieval_layer")
+    search_fields = ("=run__run_id", "=session_id")
     ordering = ("-created_at",)
+    sortable_by = ()  # newest first by the indexed created_at only
 
 
 @admin.register(Checkpoint)

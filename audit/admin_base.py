@@ -1,9 +1,12 @@
-"""Admin base for append-only records: visible, never added, changed or deleted — superusers included."""
+"""Admin base for append-only records: visible, never added, changed or deleted — superusers included.
+Their lists count at most 10 000 rows and break ties in index order (`config.admin_lists`)."""
 
 from django.contrib import admin
 
+from config.admin_lists import ScalableListAdmin
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+
+class ReadOnlyAdmin(ScalableListAdmin, admin.ModelAdmin):
     """Every field read-only and no add/change/delete for anyone (django-auditlog's rule for audit rows).
 
     `has_change_permission` stays False, so Django renders the change form as a read-only view for users

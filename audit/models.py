@@ -106,7 +106,13 @@ class TraceEvent(models.Model):
         db_table = "diagnosis_trace_event"
         ordering = ["run_id", "sequence_no"]
         constraints = [models.UniqueConstraint(fields=["run", "sequence_no"], name="uniq_event_run_sequence")]
-        indexes = [models.Index(fields=["session_id", "created_at"], name="idx_event_session_created")]
+        indexes = [
+            models.Index(fields=["session_id", "created_at"], name="idx_event_session_created"),
+            # The admin list: newest first, and each filter followed by that order.
+            models.Index(fields=["created_at"], name="idx_event_created"),
+            models.Index(fields=["event_type", "created_at"], name="idx_event_type_created"),
+            models.Index(fields=["phase", "created_at"], name="idx_event_phase_created"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.run_id}#{self.sequence_no} {self.event_type}"
@@ -158,7 +164,15 @@ class AgentStep(models.Model):
                 fields=["run", "agent_name", "step_index"], name="uniq_step_run_agent_index"
             )
         ]
-        indexes = [models.Index(fields=["session_id", "created_at"], name="idx_step_session_created")]
+        indexes = [
+            models.Index(fields=["session_id", "created_at"], name="idx_step_session_created"),
+            # The admin list: newest first, and each filter followed by that order.
+            models.Index(fields=["created_at"], name="idx_step_created"),
+            models.Index(fields=["agent_name", "created_at"], name="idx_step_agent_created"),
+            models.Index(fields=["usage_available", "created_at"], name="idx_step_usage_created"),
+            models.Index(fields=["reasoning_available", "created_at"], name="idx_step_reasoning_created"),
+            models.Index(fields=["content_source", "created_at"], name="idx_step_source_created"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.run_id} {self.agent_name} step {self.step_index}"
@@ -208,7 +222,14 @@ class ToolInvocation(models.Model):
         db_table = "tool_invocation"
         ordering = ["run_id", "started_at", "id"]
         constraints = [models.UniqueConstraint(fields=["run", "tool_call_id"], name="uniq_tool_run_call")]
-        indexes = [models.Index(fields=["session_id", "created_at"], name="idx_tool_session_created")]
+        indexes = [
+            models.Index(fields=["session_id", "created_at"], name="idx_tool_session_created"),
+            # The admin list: newest first, and each filter followed by that order.
+            models.Index(fields=["created_at"], name="idx_tool_created"),
+            models.Index(fields=["status", "created_at"], name="idx_tool_status_created"),
+            models.Index(fields=["tool_name", "created_at"], name="idx_tool_name_created"),
+            models.Index(fields=["retrieval_layer", "created_at"], name="idx_tool_layer_created"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.run_id} {self.tool_name} {self.tool_call_id}"

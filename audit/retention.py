@@ -39,6 +39,7 @@ from audit.models import (
 )
 from audit.transparency import keys, leafdata
 from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun, RunFeedback
+from diagnosis.services import refresh_session_facts
 from reasoning.models import AgentReasoningAudit
 
 logger = logging.getLogger(__name__)
@@ -212,6 +213,8 @@ def purge_expired_runs(
                 ]
             )
             DiagnosisRun.objects.filter(run_id__in=ids).delete()
+            # Their sessions' stored run counts, in the purge's transaction.
+            refresh_session_facts(session_ids={r.session_id for r in batch})
             report.purged.extend(ids)
     logger.info(
         "audit purge runs=%d held=%d unanchored=%d retention_days=%d",

@@ -62,22 +62,11 @@ from dataclasses import dataclass, field, replace
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import (
-    BooleanField,
-    Case,
-    Count,
-    Exists,
-    F,
-    IntegerField,
     OuterRef,
-    Q,
-    QuerySet,
     Subquery,
-    Value,
-    When,
 )
-from django.db.models.functions import Coalesce
 
-from audit.binding import GOVERNANCE_EVENTS, verify_rows
+from audit.binding import verify_rows
 from audit.integrity import verify_chain
 from audit.models import (
     TOOL_CONFLICT,
@@ -92,7 +81,7 @@ from audit.models import (
 from audit.reconcile import CallUsage, KeptLedger, Reconciliation, reconcile
 from audit.rowdigest import stored_reasoning_rows
 from audit.transparency.verify import check_anchor
-from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun, RunStatus
+from diagnosis.models import DiagnosisRun, RunStatus
 from diagnosis.selectors import FeedbackView, RunResolution, get_feedback, viewer_feedback
 
 SESSION_AUDITS_LIMIT = 500
@@ -412,58 +401,6 @@ def reconcile_trace(*, run: DiagnosisRun, events: list[TraceEvent], steps: list[
     )
     verdict = reconcile(stored=stored, steps=step_usage, started_calls=run.model_calls, kept=kept)
     return replace(verdict, reconciled=verdict.reconciled and bool(run.tokens_reconciled))
-
-
-def _persisted_count(model, rows: QuerySet | None = None) -> Coalesce:
-    """Correlated COUNT of a run's rows in an audit table (one subquery in the run list's single SELECT)."""
-    counted = (
-        (model.objects.all() if rows is None else rows)
-        .filter(run_id=OuterRef("run_id"))
-        .order_by()
-        .values("run_id")
-        .annotate(n=Count("pk"))
-        .values("n")[:1]
-    )
-    return Coalesce(Subquery(counted, output_field=IntegerField()), Value(0))
-
-
-def annotate_audit_completeness(queryset: QuerySet[DiagnosisRun]) -> QuerySet[DiagnosisRun]:
-    """`persisted_events/steps/tools` and `audit_complete` on every run, in SQL (subqueries of one SELECT).
-
-    `summarize`'s rule as far as SQL can decide it: the run is terminal, every event, step and tool the
-    recorder attempted is stored (no more, no fewer), no audit write failed, no tool is still
-    RUNNING, and a FAILED or CANCELLED run carries no release decision or content. Three checks need
-    every row's content and are made by `get_trace` only: the hash chain, rows stored under the run's
-    id but another session, and every row against its digest in the chain (with the expected counts
-    the chain records; governance events, which no run expects, are not counted here).
-    `tests/audit/test_audit_complete_rule.py` holds both
-    to the same answer over a matrix of runs.
-    """
-    running_tool = ToolInvocation.objects.filter(run_id=OuterRef("run_id"), status=ToolStatus.RUNNING)
-    events = TraceEvent.objects.exclude(event_type__in=GOVERNANCE_EVENTS)
-    return queryset.annotate(
-        persisted_events=_persisted_count(TraceEvent, events),
-        persisted_steps=_persisted_count(AgentStep),
-        persisted_tools=_persisted_count(ToolInvocation),
-    ).annotate(
-        audit_complete=Case(
-            When(
-                Q(status__in=TERMINAL_RUN_STATUSES)
-                & ~Exists(running_tool)
-                & ~(
-                    Q(status__in=(RunStatus.FAILED, RunStatus.CANCELLED))
-                    & (Q(release_decision__isnull=False) | ~Q(content=""))
-                ),
-                persisted_events=F("expected_events"),
-                persisted_steps=F("expected_steps"),
-                persisted_tools=F("expected_tools"),
-                audit_write_failures=0,
-                then=Value(True),
-            ),
-            default=Value(False),
-            output_field=BooleanField(),
-        )
-    )
 
 
 # --------------------------------------------------------------------------------------------------

@@ -10,7 +10,9 @@ write failed; and, for a run in the transparency log, that its stored chain stil
 anchored (`audit.transparency.verify.check_anchor`; a finished run not yet anchored is a note). The log
 itself (leaves, nodes, checkpoints, runs deleted whole) is checked by `audit.transparency.verify`.
 Problems are worded without content (ids, sequence numbers, counts only). Reasoning rows are read as
-stored (ciphertext), never decrypted.
+stored (ciphertext), never decrypted. Every run's stored list facts (`persisted_*`, `audit_complete`) are
+recomputed by the rule of `audit.facts` and any disagreement is a problem (`facts`), so that the flag
+lists filter on can be trusted; `refresh_facts` rewrites them from the rule.
 
 Runs are read in primary-key batches, each batch's events, steps, tools and reasoning rows in one query
 each, so memory is bounded by the batch size whatever the number of runs.
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from audit.binding import verify_rows
+from audit.facts import annotate_recomputed, disagreements, refresh_run_facts
 from audit.integrity import verify_chain
 from audit.models import AgentStep, Checkpoint, LogLeaf, RunTombstone, ToolInvocation, TraceEvent
 from audit.retention import tombstone_problems
@@ -43,19 +46,20 @@ class RunVerification:
     rows_verified: int = 0
     invalid: list[str] = field(default_factory=list)  # tampering, deletion, reordering
     incomplete: list[str] = field(default_factory=list)  # lost writes of a finished run
+    facts: list[str] = field(default_factory=list)  # stored list facts that disagree with the rule
     notes: list[str] = field(default_factory=list)  # no failure: rows before row digests, purges
     leaf_index: int | None = None  # its leaf in the transparency log, None when not anchored
     unanchored: bool = False  # finished but not yet in the log (a note, not a failure)
 
     @property
     def ok(self) -> bool:
-        return not self.invalid and not self.incomplete
+        return not self.invalid and not self.incomplete and not self.facts
 
 
 def verify_run(run_id: str) -> RunVerification:
     """Verify one run (its events are checked even when the run row is missing; a run purged by
     retention is checked through its tombstone)."""
-    run = DiagnosisRun.objects.filter(run_id=run_id).first()
+    run = annotate_recomputed(DiagnosisRun.objects.filter(run_id=run_id)).first()
     events = list(TraceEvent.objects.filter(run_id=run_id).order_by("sequence_no"))
     leaf = LogLeaf.objects.filter(run_id=run_id).first()
     tombstone = RunTombstone.objects.filter(run_id=run_id).first() if run is None and not events else None
@@ -101,7 +105,7 @@ def verify_all_runs(*, batch_size: int = RUN_BATCH) -> Iterator[RunVerification]
     """Verify every run, oldest first, `batch_size` runs at a time."""
     last = 0
     while True:
-        runs = list(DiagnosisRun.objects.filter(pk__gt=last).order_by("pk")[:batch_size])
+        runs = list(annotate_recomputed(DiagnosisRun.objects.filter(pk__gt=last)).order_by("pk")[:batch_size])
         if not runs:
             return
         last = runs[-1].pk
@@ -157,6 +161,8 @@ def _check(
     result.rows_verified = rows.verified
     result.invalid.extend(rows.problems)
     result.notes.extend(rows.notes)
+    if run is not None and hasattr(run, "recomputed_audit_complete"):
+        result.facts.extend(disagreements(run))
     if run is not None and run.is_terminal:
         if rows.unfinished:
             result.incomplete.append(rows.unfinished)
@@ -176,3 +182,9 @@ def _check(
         if run.audit_write_failures:
             result.incomplete.append(f"{run.audit_write_failures} audit write failure(s) recorded")
     return result
+
+
+def refresh_facts(results: list[RunVerification]) -> int:
+    """Rewrite the stored list facts of the runs among `results` whose facts disagreed; returns how
+    many run rows were rewritten."""
+    return refresh_run_facts(run_ids=[r.run_id for r in results if r.facts])

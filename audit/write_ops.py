@@ -261,6 +261,9 @@ class WriteOp:
     updates: list[Update] = field(default_factory=list)
     error: BaseException | None = None
     fence: Fence | None = None
+    # Statements (SQL with `%s` parameters) run after the rows, in the same transaction: an update
+    # derived from what the op wrote (the run's stored list facts, `audit.facts.fact_update_sql`).
+    after: list[tuple[str, tuple]] = field(default_factory=list)
 
 
 def _grouped(ops: Sequence[WriteOp]) -> tuple[dict[Table, list[Insert]], list[Update]]:
@@ -286,7 +289,8 @@ def execute(ops: Sequence[WriteOp], connection: BaseDatabaseWrapper) -> None:
     error, after rolling back, when anything failed. Sets the ids asked for only once committed."""
     by_table, updates = _grouped(ops)
     fences = _fences(ops)
-    single = len(by_table) + len(updates) == 1 and not any(u.fallback for u in updates)
+    after = [statement for op in ops for statement in op.after]
+    single = len(by_table) + len(updates) == 1 and not after and not any(u.fallback for u in updates)
     # A fenced single statement carries its guard: an INSERT, or an UPDATE of the fenced row itself.
     guarded = not fences or (len(fences) == 1 and (bool(by_table) or _guards_any(fences[0], updates)))
     if (
@@ -302,11 +306,11 @@ def execute(ops: Sequence[WriteOp], connection: BaseDatabaseWrapper) -> None:
         # (instrumentation, fault injection), Django's own transaction so that the wrappers see each
         # statement and nothing else, exactly as with `atomic()`; or SQLite.
         with transaction.atomic(using=connection.alias):
-            _apply(by_table, updates, connection, fences)
+            _apply(by_table, updates, connection, fences, after)
     elif connection.mysql_is_mariadb:
-        _apply_compound(by_table, updates, connection, fences)
+        _apply_compound(by_table, updates, connection, fences, after)
     else:
-        _apply_begin_commit(by_table, updates, connection, fences)
+        _apply_begin_commit(by_table, updates, connection, fences, after)
 
 
 def _guards_any(fence: Fence, updates: Sequence[Update]) -> bool:
@@ -333,7 +337,11 @@ def _check_fences(fences: Sequence[Fence], connection) -> None:
 
 
 def _apply(
-    by_table: dict[Table, list[Insert]], updates: list[Update], connection, fences: Sequence[Fence] = ()
+    by_table: dict[Table, list[Insert]],
+    updates: list[Update],
+    connection,
+    fences: Sequence[Fence] = (),
+    after: Sequence[tuple[str, tuple]] = (),
 ) -> None:
     """One statement per table and per UPDATE, in the caller's transaction (or autocommit). With one
     fence (one recorder's op), the first INSERT is guarded by it and every UPDATE of the fenced row too;
@@ -365,6 +373,8 @@ def _apply(
                 raise WriteFenced(FENCED_ERRNO, "fenced")
             if not cursor.rowcount and upd.fallback is not None:
                 _insert_rows(cursor, connection, upd.fallback.table, [upd.fallback], ids)
+        for sql, params in after:
+            cursor.execute(sql, params)
     if check and not check_first:
         _check_fences(fences, connection)
     for row, pk in ids:
@@ -396,13 +406,13 @@ class _Guard:
         return next((f for f in self.fences if f.guards(upd.table, upd.where, upd.where_values)), None)
 
 
-def _apply_begin_commit(by_table, updates, connection, fences=()) -> None:
+def _apply_begin_commit(by_table, updates, connection, fences=(), after=()) -> None:
     """MySQL: START TRANSACTION … COMMIT on a connection left in autocommit mode."""
     connection.ensure_connection()
     with connection.cursor() as cursor:
         cursor.execute("START TRANSACTION")
         try:
-            _apply(by_table, updates, connection, fences)
+            _apply(by_table, updates, connection, fences, after)
             cursor.execute("COMMIT")
         except BaseException:
             try:
@@ -425,7 +435,7 @@ _COMPOUND_FENCE = (
 )
 
 
-def _apply_compound(by_table, updates, connection, fences=()) -> None:
+def _apply_compound(by_table, updates, connection, fences=(), after=()) -> None:
     """MariaDB outside any atomic block: every statement of the transaction in one compound statement.
     Rows whose ids are wanted come back from `INSERT … RETURNING` result sets, read in order."""
     parts: list[str] = [_COMPOUND_HEAD]
@@ -454,6 +464,10 @@ def _apply_compound(by_table, updates, connection, fences=()) -> None:
             parts.append(fb.table.insert_sql(connection, 1, False))
             parts.append("; END IF; ")
             params.extend(fb.table.prep(connection, fb.values))
+    for sql, statement_params in after:
+        parts.append(sql)
+        parts.append("; ")
+        params.extend(statement_params)
     parts.append(_COMPOUND_TAIL)
     try:
         with connection.cursor() as cursor:

@@ -4,8 +4,10 @@
                                     # the 1 000 000-run data set of B2, which is kept for later runs)
     python -m bench --quick         # short repetitions, B2 growth to 100 000 runs, B3 at 50 chats
     python -m bench --only b1,b4    # some benchmarks (b5: the transparency log; builds a 1 000 000-leaf
-                                    # log once, kept for later runs; b7: AI Ops analyses through the
-                                    # queue worker)
+                                    # log once, kept for later runs; b6: the staff lists and list APIs at
+                                    # 10 000 and 1 000 000 runs, on B2's data sets; b7: AI Ops analyses
+                                    # through the queue worker)
+    python -m bench --only b6 --write  # B6 alone, its section of docs/performance.md rewritten
     python -m bench --no-write      # print the table only (a full run writes docs/performance.md)
 
 Every figure is a ratio measured side by side in one run, as the median of several repetitions with its
@@ -21,13 +23,13 @@ from pathlib import Path
 
 from bench import env
 
-ALL = ("b1", "b2", "b3", "b4", "b5", "b7")
+ALL = ("b1", "b2", "b3", "b4", "b5", "b6", "b7")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="short repetitions and smaller sizes")
-    p.add_argument("--only", default=",".join(ALL), help="comma-separated subset of b1,b2,b3,b4,b5,b7")
+    p.add_argument("--only", default=",".join(ALL), help="comma-separated subset of b1,…,b7")
     p.add_argument("--database", default=env.DEFAULT_DB, help="bench database (created and migrated)")
     p.add_argument("--no-write", action="store_true", help="do not write docs/performance.md")
     p.add_argument("--write", action="store_true", help="write docs/performance.md even with --quick")
@@ -114,6 +116,16 @@ def main(argv: list[str] | None = None) -> int:
         print("B5: transparency log")
         results.rows += b5_tlog.run_all(database=args.database, quick=q, log=log)
 
+    if "b6" in only:
+        from bench import b6_lists
+
+        print("B6: staff lists and list APIs")
+        rows, evidence = b6_lists.run_all(
+            database=args.database, quick=q, big=args.big or (100_000 if q else 1_000_000), log=log
+        )
+        results.rows += rows
+        results.evidence["b6"] = evidence
+
     if "b7" in only:
         from bench import b7_aiops
 
@@ -128,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         path = Path(env.ROOT) / "docs" / "performance.md"
         path.write_text(report.markdown(results), encoding="utf-8")
         print(f"bench: wrote {path.relative_to(env.ROOT)}")
+    elif "b6" in only and not args.no_write and (not q or args.write):
+        path = Path(env.ROOT) / "docs" / "performance.md"
+        report.write_b6(path, results)
+        print(f"bench: wrote the B6 section of {path.relative_to(env.ROOT)}")
     elif not args.no_write:
         print("bench: docs/performance.md not written (needs a full run of every benchmark)")
     return 0

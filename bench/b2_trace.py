@@ -254,13 +254,27 @@ def generate_background(database: str, total: int, owner_id: int, log=print) -> 
     run_id = f"CONCAT('{BG_PREFIX}', LPAD(s.seq, 10, '0'))"
     session_id = f"CONCAT('{BG_PREFIX}ses', LPAD(s.seq DIV {RUNS_PER_SESSION}, 9, '0'))"
     created = "NOW(6) - INTERVAL s.seq SECOND"
+    session_created = f"NOW(6) - INTERVAL ((s.seq DIV {RUNS_PER_SESSION}) * {RUNS_PER_SESSION} + 9) SECOND"
+    # A mix the lists can filter on (B6): 1 % FAILED and 1 % CANCELLED (no release, no content), 5 % of
+    # the successes BLOCKED, intents and providers in fixed shares, 0.1 % with a failed audit write
+    # (their stored `audit_complete` is false), 2 % with draft text shown; 1 % of the questions name
+    # Redis and 1 % are in Chinese (the search cases). Every stored list fact is what `audit.facts`
+    # decides for such a row.
+    status = "CASE s.seq % 100 WHEN 7 THEN 'FAILED' WHEN 13 THEN 'CANCELLED' ELSE 'SUCCESS' END"
+    ok = "s.seq % 100 NOT IN (7, 13)"
+    query = (
+        "CASE s.seq % 100 WHEN 42 THEN 'Redis latency spikes on the session cache cluster' "
+        "WHEN 43 THEN '为什么报表副本的复制延迟这么高？' "
+        "ELSE 'Why is replication lagging on the reporting replica?' END"
+    )
     for lo in range(have + 1, total + 1, CHUNK):
         hi = min(total, lo + CHUNK - 1)
         seq = f"seq_{lo}_to_{hi}"
         # Sessions: one per RUNS_PER_SESSION runs (INSERT IGNORE: a session may span two chunks).
         cur.execute(
-            "INSERT IGNORE INTO chat_session (session_id, owner_id, title, created_at, updated_at) "
-            f"SELECT DISTINCT {session_id}, %s, 'background', NOW(6), NOW(6) FROM {seq} s",
+            "INSERT IGNORE INTO chat_session (session_id, owner_id, title, created_at, updated_at, "
+            f"run_count) SELECT DISTINCT {session_id}, %s, 'background', {session_created}, NOW(6), 0 "
+            f"FROM {seq} s",
             (owner_id,),
         )
         cols, sel = _select_list(
@@ -269,18 +283,30 @@ def generate_background(database: str, total: int, owner_id: int, log=print) -> 
             {
                 "run_id": run_id,
                 "session_id": session_id,
-                "query": "'Why is replication lagging on the reporting replica?'",
-                "status": "'SUCCESS'",
-                "intent": "'DIAGNOSIS'",
-                "release_decision": "'PUBLISHED'",
-                "content": f"'{workload.ANSWER}'",
+                "query": query,
+                "status": status,
+                "intent": (
+                    "CASE s.seq % 10 WHEN 1 THEN 'KNOWLEDGE' WHEN 2 THEN 'CHITCHAT' ELSE 'DIAGNOSIS' END"
+                ),
+                "provider": "IF(s.seq % 4 = 0, 'demo', 'openai')",
+                "release_decision": f"IF({ok}, IF(s.seq % 20 = 3, 'BLOCKED', 'PUBLISHED'), NULL)",
+                "content": f"IF({ok} AND s.seq % 20 <> 3, '{workload.ANSWER}', '')",
                 "created_at": created,
                 "started_at": created,
                 "finished_at": created,
                 "updated_at": created,
+                "total_duration_ms": "(s.seq * 104729) % 60000",
+                "tokens_total": "(s.seq * 7919) % 5000",
+                "tokens_reconciled": "1",
+                "draft_chars": "IF(s.seq % 50 = 0, 120, 0)",
                 "expected_events": str(BG_EVENTS),
                 "expected_steps": str(BG_STEPS),
                 "expected_tools": str(BG_TOOLS),
+                "audit_write_failures": "IF(s.seq % 1000 = 5, 1, 0)",
+                "persisted_events": str(BG_EVENTS),
+                "persisted_steps": str(BG_STEPS),
+                "persisted_tools": str(BG_TOOLS),
+                "audit_complete": "IF(s.seq % 1000 = 5, 0, 1)",
             },
         )
         cur.execute(f"INSERT INTO diagnosis_run ({cols}) SELECT {sel} FROM {seq} s")
@@ -350,7 +376,15 @@ def generate_background(database: str, total: int, owner_id: int, log=print) -> 
         cur.execute(f"INSERT INTO tool_invocation ({cols}) SELECT {sel} FROM {seq} s")
         if (hi - have) % 200_000 < CHUNK or hi == total:
             log(f"  B2 background: {hi:,} runs in {database} ({time.perf_counter() - start:.0f} s)")
-    cur.execute("ANALYZE TABLE diagnosis_run, diagnosis_trace_event, agent_step, tool_invocation")
+    # The sessions' stored run counts and newest runs (`diagnosis.services.create_run` keeps them live).
+    cur.execute(
+        "UPDATE chat_session c JOIN (SELECT session_id, COUNT(*) n, MAX(created_at) m FROM diagnosis_run "
+        f"WHERE run_id LIKE '{BG_PREFIX}%%' GROUP BY session_id) r ON r.session_id = c.session_id "
+        "SET c.run_count = r.n, c.last_run_at = r.m"
+    )
+    cur.execute(
+        "ANALYZE TABLE diagnosis_run, chat_session, diagnosis_trace_event, agent_step, tool_invocation"
+    )
     cur.fetchall()
     conn.close()
     return time.perf_counter() - start

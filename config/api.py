@@ -290,6 +290,40 @@ def paginated_response(*, serializer_class, queryset, request, view) -> Response
     return paginator.get_paginated_response(serializer_class(page, many=True).data)
 
 
+class NewestFirstCursorPagination(pagination.CursorPagination):
+    """`?cursor=` (opaque, from `next`/`previous`) and optional `?pageSize=` (≤ 100); body `next`,
+    `previous`, `results`, no count. Newest first by `(-created_at, -id)`: each page is one range of an
+    index whose key starts with `created_at` (after the list's equality filters), whatever the page's
+    depth, and a cursor keeps its place while new rows arrive (they sort before it). An invalid cursor
+    is a 404."""
+
+    page_size = 20
+    page_size_query_param = "pageSize"
+    max_page_size = 100
+    ordering = ("-created_at", "-id")
+
+
+def cursor_response(*, serializer_class, queryset, request, view) -> Response:
+    """One cursor page of `queryset` (see `NewestFirstCursorPagination`) through `serializer_class`."""
+    paginator = NewestFirstCursorPagination()
+    page = paginator.paginate_queryset(queryset, request, view=view)
+    return paginator.get_paginated_response(serializer_class(page, many=True).data)
+
+
+def cursor_serializer(serializer_class, name: str) -> type[serializers.Serializer]:
+    """The schema of a cursor page of `serializer_class` (for `extend_schema`)."""
+    return type(
+        f"{name}CursorPageSerializer",
+        (serializers.Serializer,),
+        {
+            "next": serializers.URLField(allow_null=True, help_text="The next (older) page, or null."),
+            "previous": serializers.URLField(allow_null=True, help_text="The previous (newer) page."),
+            "results": serializer_class(many=True),
+            "Meta": type("Meta", (), {"ref_name": f"{name}CursorPage"}),
+        },
+    )
+
+
 def paginated_serializer(serializer_class, name: str) -> type[serializers.Serializer]:
     """The schema of a page of `serializer_class` (for `extend_schema`)."""
     return type(

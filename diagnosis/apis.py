@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from audit.serializers import RunIdentitySerializer
-from config.api import error_responses, paginated_response, paginated_serializer
+from config.api import cursor_response, cursor_serializer, error_responses
 from diagnosis import selectors, services
 from diagnosis.models import FeedbackRating, Intent, ReleaseDecision, RunStatus
 
@@ -48,21 +48,22 @@ class RunSummarySerializer(RunIdentitySerializer):
 
 
 class SessionListApi(APIView):
-    """The sessions the user may see (own sessions; staff: all), newest first, paginated (`?page=`,
-    optional `?pageSize=` ≤ 100). 401 anonymous; 404 for a page beyond the last."""
+    """The sessions the user may see (own sessions; staff: all), newest first by creation, cursor
+    paginated (`?cursor=` from `next`/`previous`, optional `?pageSize=` ≤ 100; no count). `runCount` and
+    `lastRunAt` are the session's stored facts. 401 anonymous; 404 an invalid cursor."""
 
     @extend_schema(
         operation_id="sessions_list",
         summary="Sessions visible to the user",
         parameters=[
-            OpenApiParameter("page", int, OpenApiParameter.QUERY, required=False),
+            OpenApiParameter("cursor", str, OpenApiParameter.QUERY, required=False),
             OpenApiParameter("pageSize", int, OpenApiParameter.QUERY, required=False),
         ],
-        responses={200: paginated_serializer(SessionSerializer, "Session"), **error_responses(401, 404)},
+        responses={200: cursor_serializer(SessionSerializer, "Session"), **error_responses(401, 404)},
         tags=["trace"],
     )
     def get(self, request):
-        return paginated_response(
+        return cursor_response(
             serializer_class=SessionSerializer,
             queryset=selectors.session_list(user=request.user),
             request=request,
@@ -71,10 +72,10 @@ class SessionListApi(APIView):
 
 
 class RunListApi(APIView):
-    """A session's runs, newest first, paginated, filterable by `status`, `releaseDecision`, `intent`,
-    `createdAfter` (inclusive) and `createdBefore` (exclusive), ISO 8601 times. 401 anonymous; 400 an
-    invalid filter value; 404 the session is absent or not visible (same body), or a page beyond the
-    last."""
+    """A session's runs, newest first, cursor paginated (`?cursor=`, optional `?pageSize=` ≤ 100; no
+    count), filterable by `status`, `releaseDecision`, `intent`, `createdAfter` (inclusive) and
+    `createdBefore` (exclusive), ISO 8601 times. 401 anonymous; 400 an invalid filter value; 404 the
+    session is absent or not visible (same body), or an invalid cursor."""
 
     class FilterSerializer(serializers.Serializer):
         status = serializers.ChoiceField(choices=RunStatus.values, required=False)
@@ -95,11 +96,11 @@ class RunListApi(APIView):
         parameters=[
             OpenApiParameter("sessionId", str, OpenApiParameter.PATH),
             FilterSerializer,
-            OpenApiParameter("page", int, OpenApiParameter.QUERY, required=False),
+            OpenApiParameter("cursor", str, OpenApiParameter.QUERY, required=False),
             OpenApiParameter("pageSize", int, OpenApiParameter.QUERY, required=False),
         ],
         responses={
-            200: paginated_serializer(RunSummarySerializer, "RunSummary"),
+            200: cursor_serializer(RunSummarySerializer, "RunSummary"),
             **error_responses(400, 401, 404),
         },
         tags=["trace"],
@@ -121,7 +122,7 @@ class RunListApi(APIView):
                 created_before=data.get("createdBefore"),
             ),
         )
-        return paginated_response(
+        return cursor_response(
             serializer_class=RunSummarySerializer, queryset=runs, request=request, view=self
         )
 

@@ -60,11 +60,23 @@ class ChatSession(models.Model):
     title = models.CharField(max_length=200, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # Stored list facts (`diagnosis.services.create_run` counts each new run in the same transaction;
+    # the retention purge takes purged runs off): how many runs the session holds and when the newest
+    # was created (NULL: none yet).
+    run_count = models.IntegerField(default=0)
+    last_run_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "chat_session"
         ordering = ["-created_at"]
-        indexes = [models.Index(fields=["owner", "-created_at"], name="idx_session_owner_created")]
+        indexes = [
+            # Ascending, so that `(-created_at, -id)` and `(-last_run_at, -id)` are backward index scans
+            # (InnoDB appends the ascending primary key).
+            models.Index(fields=["owner", "created_at"], name="idx_session_owner_created"),
+            models.Index(fields=["created_at"], name="idx_session_created"),
+            models.Index(fields=["owner", "last_run_at"], name="idx_session_owner_last_run"),
+            models.Index(fields=["last_run_at"], name="idx_session_last_run"),
+        ]
 
     def __str__(self) -> str:
         return self.session_id
@@ -85,6 +97,11 @@ class DiagnosisRun(models.Model):
     `fenced_writes` counts the writes refused that way (a stale owner's, after a takeover).
     `release_mode`, `draft_chars`, `last_token_at` and `release_latency_ms` record what the reader could
     see before the release and what waiting for the guards cost.
+
+    `persisted_events/steps/tools` and `audit_complete` are stored list facts: what the list rule of
+    `audit.facts` decides from the stored audit rows, written with the run's terminal row and again by
+    whatever changes them later (a failed write after the end, a purge, `verify_audit --refresh-facts`);
+    before the run ends they are 0 and False. `verify_audit` recomputes them and reports a disagreement.
     """
 
     run_id = models.CharField(max_length=64, unique=True)
@@ -142,6 +159,12 @@ class DiagnosisRun(models.Model):
     expected_tools = models.IntegerField(default=0)
     audit_write_failures = models.IntegerField(default=0)
 
+    # Stored list facts (`audit.facts`)
+    persisted_events = models.IntegerField(default=0)
+    persisted_steps = models.IntegerField(default=0)
+    persisted_tools = models.IntegerField(default=0)
+    audit_complete = models.BooleanField(default=False)
+
     # Self-evaluation (seed 003) of an AI Ops run: signals computed from the run's own record when it ends,
     # plus the model's stated confidence, labelled as such (`diagnosis.runtime.selfeval`); NULL for chat
     # runs. Written by the terminal update and bound by the run's terminal digest (form `run/3`).
@@ -160,9 +183,23 @@ class DiagnosisRun(models.Model):
         db_table = "diagnosis_run"
         ordering = ["-created_at"]
         indexes = [
-            models.Index(fields=["session", "-created_at"], name="idx_run_session_created"),
+            models.Index(fields=["session", "created_at"], name="idx_run_session_created"),
             models.Index(fields=["status", "lease_expires_at"], name="idx_run_status_lease"),
-            models.Index(fields=["-created_at"], name="idx_run_created"),
+            models.Index(fields=["created_at"], name="idx_run_created"),
+            # Ascending on purpose: InnoDB appends the primary key `id` (ascending) to every secondary
+            # index, so `ORDER BY created_at DESC, id DESC` is a backward scan of (…, created_at, id);
+            # a DESC index would need a filesort. The list's filters, each followed by its order:
+            models.Index(fields=["status", "created_at"], name="idx_run_status_created"),
+            models.Index(fields=["release_decision", "created_at"], name="idx_run_release_created"),
+            models.Index(fields=["intent", "created_at"], name="idx_run_intent_created"),
+            models.Index(fields=["provider", "created_at"], name="idx_run_provider_created"),
+            models.Index(fields=["audit_complete", "created_at"], name="idx_run_complete_created"),
+            models.Index(fields=["tokens_reconciled", "created_at"], name="idx_run_reconciled_created"),
+            models.Index(fields=["draft_chars", "created_at"], name="idx_run_draft_created"),
+            models.Index(fields=["release_decision", "draft_chars"], name="idx_run_release_draft"),
+            # The list's sortable number columns.
+            models.Index(fields=["tokens_total"], name="idx_run_tokens"),
+            models.Index(fields=["total_duration_ms"], name="idx_run_duration"),
             # The AI Ops queue: PENDING runs of a flow nobody holds yet, oldest first (diagnosis.queue).
             models.Index(fields=["agent_flow", "status", "created_at"], name="idx_run_flow_status_created"),
         ]
@@ -260,9 +297,11 @@ class AiOpsAlert(models.Model):
         verbose_name_plural = "AI Ops analyses"
         ordering = ["-created_at"]
         indexes = [
-            models.Index(fields=["-created_at"], name="idx_aiops_alert_created"),
-            models.Index(fields=["alertname", "-created_at"], name="idx_aiops_alert_name"),
-            models.Index(fields=["severity", "-created_at"], name="idx_aiops_alert_severity"),
+            # Ascending: InnoDB appends the primary key ascending, so ORDER BY created_at DESC, id DESC
+            # reads these backwards with no sort (config/admin_lists.py).
+            models.Index(fields=["created_at"], name="idx_aiops_alert_created"),
+            models.Index(fields=["alertname", "created_at"], name="idx_aiops_alert_name"),
+            models.Index(fields=["severity", "created_at"], name="idx_aiops_alert_severity"),
             models.Index(fields=["group_key_sha256"], name="idx_aiops_alert_group"),
         ]
 

@@ -9,10 +9,12 @@ with the same 404.
 from __future__ import annotations
 
 import datetime as dt
+import re
 from dataclasses import dataclass
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db.models import Count, Max, OuterRef, QuerySet, Subquery
+from django.db import NotSupportedError, connections
+from django.db.models import Lookup, OuterRef, Q, QuerySet, Subquery
 
 from diagnosis.models import AiOpsAlert, ChatSession, DiagnosisRun, RunFeedback
 
@@ -59,13 +61,10 @@ def visible_sessions(*, user: AbstractBaseUser | AnonymousUser) -> QuerySet[Chat
 
 
 def session_list(*, user: AbstractBaseUser | AnonymousUser) -> QuerySet[ChatSession]:
-    """Visible sessions, newest first, with `run_count` and `last_run_at` (one query per page)."""
-    return (
-        visible_sessions(user=user)
-        .select_related("owner")
-        .annotate(run_count=Count("runs"), last_run_at=Max("runs__created_at"))
-        .order_by("-created_at", "-id")
-    )
+    """Visible sessions, newest first (`(-created_at, -id)`, an index range: `(owner, created_at)` for an
+    owner, `(created_at)` for staff), with their stored `run_count` and `last_run_at`; one query per
+    page, and one for their owners (by primary key: a join made MariaDB scan and sort the sessions)."""
+    return visible_sessions(user=user).prefetch_related("owner").order_by("-created_at", "-id")
 
 
 def _valid_id(value: object) -> bool:
@@ -101,6 +100,98 @@ def run_list(*, session: ChatSession, filters: RunFilters | None = None) -> Quer
     if filters.created_before:
         qs = qs.filter(created_at__lt=filters.created_before)
     return qs.order_by("-created_at", "-id")
+
+
+# --------------------------------------------------------------------------------------------------
+# Run search (the admin's run list)
+# --------------------------------------------------------------------------------------------------
+ID_SHAPE = re.compile(r"^[A-Za-z0-9_-]{3,64}$")
+WORD = re.compile(r"\w+")
+FULLTEXT_MIN_WORD = 3  # InnoDB's innodb_ft_min_token_size (default 3): shorter words are not indexed
+RECENT_WINDOW = 20_000
+FULLTEXT_SORTED_MAX = 1_000  # more matches than this are not all read and sorted (see `search_runs`)
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af]")
+
+
+class _FullTextMatch(Lookup):
+    """`query__ft_match="+word* …"`: `MATCH (query) AGAINST (%s IN BOOLEAN MODE)` on MariaDB/MySQL, as a
+    bare condition (a boolean expression compared with `= 1` would not use the FULLTEXT index
+    `ft_run_query`). Only `search_runs` uses it, and only on MariaDB/MySQL."""
+
+    lookup_name = "ft_match"
+
+    def as_mysql(self, compiler, connection):
+        lhs, lhs_params = self.process_lhs(compiler, connection)
+        rhs, rhs_params = self.process_rhs(compiler, connection)
+        return f"MATCH ({lhs}) AGAINST ({rhs} IN BOOLEAN MODE)", (*lhs_params, *rhs_params)
+
+    def as_sql(self, compiler, connection):
+        raise NotSupportedError("full-text search needs MariaDB/MySQL")
+
+
+DiagnosisRun._meta.get_field("query").register_lookup(_FullTextMatch)
+
+
+def search_runs(*, queryset: QuerySet[DiagnosisRun], term: str) -> QuerySet[DiagnosisRun]:
+    """`queryset` narrowed to what `term` names, each way on an index:
+
+    1. a run id, or its beginning (`run_id LIKE 'term%'`, a range of the unique index), when one exists;
+    2. else a session id or its beginning (the runs' `session_id` index), when one exists;
+    3. else the words of the question: on MariaDB/MySQL every word (of at least 3 characters) in the
+       FULLTEXT index (`MATCH … AGAINST ('+word …' IN BOOLEAN MODE)`), when they match at most
+       `FULLTEXT_SORTED_MAX` runs, among the newest `RECENT_WINDOW` runs and overall (each probed with a
+       LIMIT: InnoDB reads every matching row before it can sort them newest first, so a common word
+       would read most of the table). Words matching more runs or none in the index (a stopword),
+       Chinese, Japanese or Korean text (which
+       InnoDB's parser does not cut into words) and words shorter than 3 characters are matched as
+       substrings over the newest `RECENT_WINDOW` runs only (a bounded range of the `created_at`
+       index, newest first). On SQLite: a substring match (`LIKE`) of every word over every run.
+
+    At most four index probes (exact, then prefix, for runs then sessions) decide between 1, 2 and 3
+    when `term` has the shape of an id."""
+    term = (term or "").strip()
+    if not term:
+        return queryset
+    if ID_SHAPE.match(term):
+        # `istartswith` is `LIKE 'term%'` under the column's case-insensitive collation, a range of the
+        # index (Django's `startswith` is `LIKE BINARY`, which MariaDB cannot serve from it); ids are
+        # lowercase, so the two find the same rows.
+        for lookup in ("run_id", "session__session_id"):
+            if DiagnosisRun.objects.filter(**{lookup: term}).exists():
+                return queryset.filter(**{lookup: term})
+            if DiagnosisRun.objects.filter(**{f"{lookup}__istartswith": term}).exists():
+                return queryset.filter(**{f"{lookup}__istartswith": term})
+    words = WORD.findall(term)
+    if not words:
+        return queryset.none()
+    substring = Q()
+    for word in words:
+        substring &= Q(query__icontains=word)
+    if connections[queryset.db].vendor != "mysql":
+        return queryset.filter(substring)
+    boundary = list(
+        DiagnosisRun.objects.order_by("-created_at", "-id").values_list("created_at", flat=True)[
+            RECENT_WINDOW - 1 : RECENT_WINDOW
+        ]
+    )
+    recent = (
+        queryset.filter(substring, created_at__gte=boundary[0]) if boundary else queryset.filter(substring)
+    )
+    indexed = [w for w in words if len(w) >= FULLTEXT_MIN_WORD and not _CJK.search(w)]
+    if indexed and len(indexed) == len(words) and not _more_than(recent, FULLTEXT_SORTED_MAX):
+        # Not common among the newest runs: the full-text index, unless the words are common overall
+        # (InnoDB gathers every match of a word before the LIMIT, so each probe costs as much).
+        matches = queryset.filter(query__ft_match=" ".join(f"+{w}" for w in indexed))
+        # Nothing in the index (a stopword, or rows of a transaction not committed yet, which InnoDB's
+        # full-text index does not see): the substring matches among the newest runs.
+        if _more_than(matches, 0) and not _more_than(matches, FULLTEXT_SORTED_MAX):
+            return matches
+    return recent
+
+
+def _more_than(queryset: QuerySet, n: int) -> bool:
+    """Whether `queryset` has more than `n` rows, reading at most `n + 1` (no ORDER BY)."""
+    return queryset.order_by()[: n + 1].count() > n
 
 
 def get_visible_run(

@@ -17,7 +17,8 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
-from django.db.models import F, Q
+from django.db.models import Count, F, IntegerField, Max, OuterRef, Q, Subquery, Value
+from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from diagnosis.models import (
@@ -61,12 +62,32 @@ def create_session(*, owner: AbstractBaseUser, title: str = "", session_id: str 
 
 
 def create_run(*, session: ChatSession, query: str, agent_flow: str = "DIAGNOSIS_AGENT") -> DiagnosisRun:
-    """A PENDING run of `query` in `session`; the session takes the first query as its title."""
-    if not session.title:
-        session.title = " ".join(query.split())[:TITLE_CHARS]
-        session.save(update_fields=["title", "updated_at"])
-    return DiagnosisRun.objects.create(
-        run_id=new_id("run"), session=session, query=query, agent_flow=agent_flow
+    """A PENDING run of `query` in `session`; the session takes the first query as its title and counts
+    the run in its stored `run_count` and `last_run_at` (one transaction)."""
+    with transaction.atomic():
+        if not session.title:
+            session.title = " ".join(query.split())[:TITLE_CHARS]
+            session.save(update_fields=["title", "updated_at"])
+        run = DiagnosisRun.objects.create(
+            run_id=new_id("run"), session=session, query=query, agent_flow=agent_flow
+        )
+        # The session's stored list facts, in the run's transaction.
+        ChatSession.objects.filter(pk=session.pk).update(
+            run_count=F("run_count") + 1,
+            last_run_at=Greatest(Coalesce("last_run_at", Value(run.created_at)), Value(run.created_at)),
+        )
+    return run
+
+
+def refresh_session_facts(*, session_ids) -> int:
+    """Recount the stored `run_count` and `last_run_at` of the sessions `session_ids` from their runs
+    (after runs were deleted: the retention purge); one UPDATE, each session through its runs' index."""
+    runs = DiagnosisRun.objects.filter(session_id=OuterRef("session_id")).order_by().values("session_id")
+    return ChatSession.objects.filter(session_id__in=list(session_ids)).update(
+        run_count=Coalesce(
+            Subquery(runs.annotate(n=Count("pk")).values("n")[:1], output_field=IntegerField()), 0
+        ),
+        last_run_at=Subquery(runs.annotate(m=Max("created_at")).values("m")[:1]),
     )
 
 

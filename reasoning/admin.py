@@ -19,10 +19,11 @@ class AgentReasoningAuditAdmin(ReadOnlyAdmin):
         "purged_at",
         "created_at",
     )
-    list_filter = ("reasoning_available", "content_source")
+    list_filter = (("created_at", admin.DateFieldListFilter), "reasoning_available", "content_source")
     search_fields = ("=run_id", "=session_id")
     exclude = ("reasoning_content", "assistant_text")
     ordering = ("-created_at",)
+    sortable_by = ("created_at",)  # every order and filter is an index (`reasoning.models`)
 
     def get_queryset(self, request):
         # The text columns are not even read (nor decrypted) for these views.
@@ -42,10 +43,10 @@ class ReasoningAccessLogAdmin(ReadOnlyAdmin):
         "channel",
         "client_address",
     )
-    list_filter = ("channel",)
-    search_fields = ("=run_id", "=session_id", "username")
-    date_hierarchy = "accessed_at"
+    list_filter = (("accessed_at", admin.DateFieldListFilter), "channel")
+    search_fields = ("=run_id", "=session_id", "=username")
     ordering = ("-accessed_at",)
+    sortable_by = ("accessed_at",)
 
     def has_module_permission(self, request) -> bool:
         return request.user.is_active and request.user.is_superuser

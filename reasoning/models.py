@@ -53,6 +53,10 @@ class AgentReasoningAudit(models.Model):
         indexes = [
             models.Index(fields=["run_id", "step_index"], name="idx_reasoning_run_step"),
             models.Index(fields=["session_id", "created_at"], name="idx_reasoning_session_created"),
+            # The admin list: newest first, and each filter followed by that order.
+            models.Index(fields=["created_at"], name="idx_reasoning_created"),
+            models.Index(fields=["reasoning_available", "created_at"], name="idx_reasoning_avail_created"),
+            models.Index(fields=["content_source", "created_at"], name="idx_reasoning_source_created"),
         ]
         permissions = [("view_reasoning_content", "Can read provider reasoning and assistant text")]
 
@@ -88,6 +92,9 @@ class ReasoningAccessLog(models.Model):
         indexes = [
             models.Index(fields=["run_id", "accessed_at"], name="idx_access_run_time"),
             models.Index(fields=["user", "accessed_at"], name="idx_access_user_time"),
+            models.Index(fields=["accessed_at"], name="idx_access_time"),
+            models.Index(fields=["channel", "accessed_at"], name="idx_access_channel_time"),
+            models.Index(fields=["username", "accessed_at"], name="idx_access_username_time"),
         ]
 
     def __str__(self) -> str:

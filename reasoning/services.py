@@ -19,6 +19,7 @@ from django.db.models import Q
 from django.db.models.functions import Cast
 from django.utils import timezone
 
+from audit.facts import refresh_run_facts
 from audit.models import EventType
 from audit.recorder import record_reasoning_change
 from audit.retention import held
@@ -157,9 +158,10 @@ def purge_reasoning(
             AgentReasoningAudit.objects.filter(pk__in=locked).update(
                 reasoning_content=None, assistant_text=None, purged_at=now
             )
-            record_reasoning_change(
-                event_type=EventType.REASONING_PURGED, rows=stored_reasoning_rows(pk__in=locked)
-            )
+            rows = stored_reasoning_rows(pk__in=locked)
+            record_reasoning_change(event_type=EventType.REASONING_PURGED, rows=rows)
+            # The purge appends to the runs' chains: their stored list facts are decided again.
+            refresh_run_facts(run_ids={row["run_id"] for row in rows})
         purged += len(locked)
     logger.info(
         "reasoning purged rows=%d older_than_days=%s run=%s",

@@ -20,6 +20,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from audit import rowdigest
+from audit.facts import fact_update_sql, refresh_run_facts
 from audit.group_commit import get_committer
 from audit.integrity import GENESIS_HASH, event_payload_json
 from audit.models import AgentStep, EventType, ToolInvocation, TraceEvent
@@ -27,7 +28,7 @@ from audit.payloads import bound_json_text, clip, sha256_hex
 from audit.recorder.facts import SUMMARY_CHARS, Committed, Usage, _Event
 from audit.write_ops import Fence, Insert, RawJSON, Update, WriteFenced, WriteOp, execute
 from audit.write_ops import Table as RowTable
-from diagnosis.models import DiagnosisRun
+from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun
 from reasoning import crypto
 from reasoning.fields import Ciphertext, EncryptedTextField
 from reasoning.models import AgentReasoningAudit
@@ -95,7 +96,7 @@ class ChainWriter:
         t = _tables()
         seq = self._next_sequence
         prev = self._prev_hash
-        op = WriteOp(inserts=list(inserts), updates=list(updates), fence=self._fence())
+        op = WriteOp(inserts=list(inserts), updates=list(updates), fence=self._fence(), after=self._late())
         for row in op.inserts:
             _seal(row)
         for upd in op.updates:
@@ -173,6 +174,10 @@ class ChainWriter:
         if op.error is not None:
             raise op.error
 
+    def _late(self) -> list[tuple[str, tuple]]:
+        """A write after the run's terminal row also rewrites its stored list facts (same transaction)."""
+        return [fact_update_sql(self.run_id)] if getattr(self, "finished", False) else []
+
     def _fence(self) -> Fence:
         return Fence(_tables().run, "run_id", self.run_id, "lease_epoch", self.lease_epoch)
 
@@ -184,12 +189,15 @@ class ChainWriter:
             "audit_write_failures": self.audit_write_failures,
         }
 
-    def _update_run(self, what: str, **fields: Any) -> bool:
+    def _update_run(self, what: str, *, after: Sequence[tuple[str, tuple]] = (), **fields: Any) -> bool:
+        """Update the run row (fenced, fail-open); `after`: statements of the same transaction."""
         with self._lock:
             fields.update(self._count_fields())
             update = Update(_tables().run, tuple(fields), tuple(fields.values()), ("run_id",), (self.run_id,))
             try:
-                self._submit(WriteOp(updates=[update], fence=self._fence()))
+                self._submit(
+                    WriteOp(updates=[update], fence=self._fence(), after=list(after) or self._late())
+                )
                 return True
             except WriteFenced:
                 self._fenced(what)
@@ -226,6 +234,10 @@ class ChainWriter:
         try:
             DiagnosisRun.objects.filter(run_id=self.run_id).update(
                 audit_write_failures=F("audit_write_failures") + 1
+            )
+            # A failure after the run's end (e.g. a late tool terminal) changes its stored list facts.
+            refresh_run_facts(
+                runs=DiagnosisRun.objects.filter(run_id=self.run_id, status__in=TERMINAL_RUN_STATUSES)
             )
         except Exception:
             _recover_connection()

@@ -53,6 +53,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from audit import rowdigest
+from audit.facts import fact_update_sql
 from audit.integrity import GENESIS_HASH
 from audit.models import (
     CHAT_AGENT_NAME,
@@ -132,6 +133,8 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
         self.expected_tools = 0
         self.expected_reasoning = 0
         self.audit_write_failures = 0
+        # Set once the terminal row is written: every later write also rewrites the stored list facts.
+        self.finished = False
 
     # ----------------------------------------------------------------------------------------------
     # Construction
@@ -437,9 +440,14 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
                 )
             )
             sequence_no = self._write("run_finished", events)
-            if not self._update_run("finish", **fields) and not self.fenced:
+            # The run's stored list facts (`audit.facts`), decided from the stored rows in the
+            # transaction of the terminal row.
+            facts = [fact_update_sql(self.run_id)]
+            written = self._update_run("finish", after=facts, **fields)
+            if not written and not self.fenced:
                 # The terminal row is the business result: one more try after a failed write.
-                self._update_run("finish_retry", **fields)
+                written = self._update_run("finish_retry", after=facts, **fields)
+            self.finished = self.finished or written
             return sequence_no
 
     def _reconcile(self) -> Reconciliation:

@@ -73,8 +73,8 @@ class AiOpsAnalysisAdmin(ReadOnlyAdmin):
         "run__status",
         "run__release_decision",
     )
-    list_select_related = ("run",)
-    search_fields = ("=run__run_id", "=alertname")
+    list_prefetch_related = ("run",)
+    search_fields = ("=run_id", "=alertname")
     search_help_text = "Exact run id or alert name."
     ordering = ("-created_at", "-id")
     list_per_page = 100

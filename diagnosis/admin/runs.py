@@ -1,5 +1,12 @@
-"""Runs in the admin: a dense list with SQL-computed audit completeness, the one-page run view, the
-reasoning panel, the trace download and export; and users' feedback on runs.
+"""Runs in the admin: a dense list over the runs' stored facts, the one-page run view, the reasoning panel,
+the trace download and export; and users' feedback on runs.
+
+The run list stays flat at a million runs (`config.admin_lists`): it reads only `diagnosis_run` columns
+(audit completeness is the stored fact of `audit.facts`, the session is joined by its unique key), orders
+by the indexed `(-created_at, -id)`, counts at most 10 000 rows, filters on indexed columns (a date range
+on `created_at` replaces the date hierarchy), sorts only by indexed columns, and searches through
+`diagnosis.selectors.search_runs` (id prefixes on the unique indexes, question words in the full-text
+index).
 
 The run page draws the trace read model (`audit.selectors.get_trace`) as `diagnosis.admin.run_page`
 shapes it; nothing on it is reconstructed from logs. The downloads are the API's trace body (same
@@ -25,13 +32,15 @@ from django.utils.http import urlencode
 from django.utils.text import Truncator
 from rest_framework.renderers import JSONRenderer
 
-from audit.selectors import annotate_audit_completeness, get_trace
+from audit.selectors import get_trace
 from audit.serializers import serialize_trace
 from audit.transparency.evidence import build_bundle
+from config.admin_lists import ScalableListAdmin
 from diagnosis.admin.display import QUERY_PREVIEW_CHARS, delivery_note, format_ms, provider_chip
 from diagnosis.admin.display import chip as _chip
 from diagnosis.admin.run_page import build_run_page
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunFeedback
+from diagnosis.selectors import search_runs
 from reasoning.models import REASONING_PERMISSION, AccessChannel
 from reasoning.services import read_reasoning
 
@@ -47,7 +56,7 @@ def run_trace(run: DiagnosisRun, *, viewer) -> dict[str, Any]:
 
 
 class AuditCompleteFilter(admin.SimpleListFilter):
-    """Runs whose audit is complete by `annotate_audit_completeness` (terminal, counts match, no failure)."""
+    """Runs whose stored `audit_complete` fact (`audit.facts`) is true or false (an indexed column)."""
 
     title = "audit complete"
     parameter_name = "audit_complete"
@@ -57,8 +66,6 @@ class AuditCompleteFilter(admin.SimpleListFilter):
 
     def queryset(self, request, queryset):
         if self.value() in ("yes", "no"):
-            if "audit_complete" not in queryset.query.annotations:
-                queryset = annotate_audit_completeness(queryset)
             return queryset.filter(audit_complete=self.value() == "yes")
         return queryset
 
@@ -91,8 +98,8 @@ class ReconciledFilter(admin.BooleanFieldListFilter):
 
 
 @admin.register(DiagnosisRun)
-class DiagnosisRunAdmin(admin.ModelAdmin):
-    """Runs: a dense list with SQL-computed audit completeness, and a read-only one-page run view.
+class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
+    """Runs: a dense list over stored facts (see the module docstring), and a read-only one-page run view.
 
     Nobody adds, changes or deletes a run here. `change_view` is replaced by the run page; `reasoning/`
     (POST, CSRF-protected) returns the reasoning panel to holders of `reasoning.view_reasoning_content` and
@@ -116,17 +123,24 @@ class DiagnosisRunAdmin(admin.ModelAdmin):
     # The first cell links the run page and, below it, the session page (two links, so no automatic one).
     list_display_links = None
     list_filter = (
+        ("created_at", admin.DateFieldListFilter),
         "status",
         "release_decision",
         "intent",
+        "provider",
         ("tokens_reconciled", ReconciledFilter),
         AuditCompleteFilter,
         UnverifiedDeliveredFilter,
     )
-    list_select_related = ("session",)
-    search_fields = ("=run_id", "=session__session_id", "query")
-    search_help_text = "Exact run id or session id, or words of the question."
-    date_hierarchy = "created_at"
+    # The sessions of the page's runs by a second query on their unique key, for the links to their
+    # pages (a join made MariaDB scan chat_session first).
+    list_select_related = False
+    list_prefetch_related = ("session",)
+    search_fields = ("run_id",)  # enables the search box; `get_search_results` decides what it matches
+    search_help_text = (
+        "A run id or session id (or its beginning), or words of the question. Words found in more than "
+        "1,000 runs, and Chinese text, are searched in the newest 20,000 runs."
+    )
     ordering = ("-created_at", "-id")
     list_per_page = 100
     actions = ["export_traces"]
@@ -136,7 +150,11 @@ class DiagnosisRunAdmin(admin.ModelAdmin):
         return super().media + CONSOLE_MEDIA
 
     def get_queryset(self, request):
-        return annotate_audit_completeness(super().get_queryset(request).select_related("session"))
+        # The run page links the session too: its row by the unique key, in the same query (eq_ref).
+        return super().get_queryset(request).select_related("session")
+
+    def get_search_results(self, request, queryset, search_term):
+        return search_runs(queryset=queryset, term=search_term), False
 
     def changelist_view(self, request, extra_context=None):
         # The run list and run page are wide tables and a time axis: they use the full width (the
@@ -155,11 +173,11 @@ class DiagnosisRunAdmin(admin.ModelAdmin):
             run.session_id,
         )
 
-    @admin.display(description="intent", ordering="intent")
+    @admin.display(description="intent")
     def intent_label(self, run: DiagnosisRun) -> str:
         return run.intent or "—"
 
-    @admin.display(description="provider", ordering="provider")
+    @admin.display(description="provider")
     def provider_label(self, run: DiagnosisRun):
         return provider_chip(run.provider)
 
@@ -176,11 +194,11 @@ class DiagnosisRunAdmin(admin.ModelAdmin):
     def query_preview(self, run: DiagnosisRun) -> str:
         return Truncator(" ".join(run.query.split())).chars(QUERY_PREVIEW_CHARS)
 
-    @admin.display(description="status", ordering="status")
+    @admin.display(description="status")
     def status_chip(self, run: DiagnosisRun):
         return _chip(run.status)
 
-    @admin.display(description="release", ordering="release_decision")
+    @admin.display(description="release")
     def release_chip(self, run: DiagnosisRun):
         chip = _chip(run.release_decision)
         if not run.draft_chars:
@@ -194,11 +212,11 @@ class DiagnosisRunAdmin(admin.ModelAdmin):
             note[1] if note else "",
         )
 
-    @admin.display(description="reconciled", boolean=True, ordering="tokens_reconciled")
+    @admin.display(description="reconciled", boolean=True)
     def reconciled(self, run: DiagnosisRun) -> bool:
         return run.tokens_reconciled
 
-    @admin.display(description="audit complete", boolean=True, ordering="audit_complete")
+    @admin.display(description="audit complete", boolean=True)
     def audit_complete_flag(self, run: DiagnosisRun) -> bool:
         return run.audit_complete
 
@@ -351,13 +369,17 @@ def _download(data: dict[str, Any], filename: str) -> HttpResponse:
 
 
 @admin.register(RunFeedback)
-class RunFeedbackAdmin(admin.ModelAdmin):
-    """Users' verdicts on runs, read-only fields; written through the API (`services.submit_feedback`)."""
+class RunFeedbackAdmin(ScalableListAdmin, admin.ModelAdmin):
+    """Users' verdicts on runs, read-only fields; written through the API (`services.submit_feedback`).
+    Newest first by primary key; the rating filter and the run id search are indexed."""
 
     list_display = ("run_id", "user", "rating", "comment", "created_at")
     list_filter = ("rating",)
-    list_select_related = ("user",)
+    list_select_related = False
+    list_prefetch_related = ("user",)
     search_fields = ("=run__run_id",)
+    ordering = ("-id",)
+    sortable_by = ("run_id",)
     readonly_fields = ("run", "user", "rating", "comment", "created_at", "updated_at")
 
     def has_add_permission(self, request) -> bool:

@@ -1,12 +1,16 @@
 """Sessions in the admin: folders of runs, each with its runs inline (newest first, linking to their run
-pages). Read-only: a session is never added or deleted here."""
+pages). Read-only: a session is never added or deleted here.
+
+The list reads the session's stored `run_count` and `last_run_at` (no join over runs), orders by the
+indexed `(-created_at, -id)`, counts at most 10 000 rows (`config.admin_lists`), filters by indexed date
+ranges and searches a session id by its beginning on the unique index."""
 
 from __future__ import annotations
 
 from django.contrib import admin
-from django.db.models import Count
 from django.utils.text import Truncator
 
+from config.admin_lists import ScalableListAdmin
 from diagnosis.admin.display import QUERY_PREVIEW_CHARS
 from diagnosis.models import ChatSession, DiagnosisRun
 
@@ -43,22 +47,19 @@ class RunInline(admin.TabularInline):
 
 
 @admin.register(ChatSession)
-class ChatSessionAdmin(admin.ModelAdmin):
+class ChatSessionAdmin(ScalableListAdmin, admin.ModelAdmin):
     """Sessions (folders of runs) with their runs inline; never added or deleted here."""
 
-    list_display = ("session_id", "owner", "title", "run_count", "created_at")
-    search_fields = ("=session_id", "title")
-    list_select_related = ("owner",)
-    readonly_fields = ("session_id", "owner", "created_at", "updated_at")
-    date_hierarchy = "created_at"
+    list_display = ("session_id", "owner", "title", "run_count", "last_run_at", "created_at")
+    list_filter = (("created_at", admin.DateFieldListFilter), ("last_run_at", admin.DateFieldListFilter))
+    sortable_by = ("session_id", "last_run_at", "created_at")
+    search_fields = ("^session_id",)
+    search_help_text = "A session id or its beginning."
+    list_select_related = False
+    list_prefetch_related = ("owner",)  # a second query by primary key: no join in the page query
+    readonly_fields = ("session_id", "owner", "run_count", "last_run_at", "created_at", "updated_at")
+    ordering = ("-created_at", "-id")
     inlines = [RunInline]
-
-    def get_queryset(self, request):
-        return super().get_queryset(request).annotate(_run_count=Count("runs"))
-
-    @admin.display(description="runs", ordering="_run_count")
-    def run_count(self, session: ChatSession) -> int:
-        return session._run_count
 
     def has_add_permission(self, request) -> bool:
         return False

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('diagnosis', '0009_aiops_alerts'),
+        ('diagnosis', '0007_aiops_alerts'),
     ]
 
     operations = [

@@ -242,6 +242,8 @@ def test_the_admin_lists_analyses_filtered_by_alert_name_and_severity(client, su
     assert disk in page and paged not in page
     page = client.get(url, {"alertname": "HighLatency"}).content.decode()
     assert paged in page and disk not in page
+    page = client.get(url, {"q": disk}).content.decode()
+    assert disk in page and paged not in page
 
 
 def test_a_blank_alert_text_is_a_400_not_a_server_error(staff_user):

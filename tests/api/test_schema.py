@@ -22,6 +22,8 @@ pytestmark = pytest.mark.django_db
 
 ERROR = {"error": {"code": None, "message": None}}
 PAGE = {"count": None, "next": None, "previous": None, "results": [None]}
+# Sessions and runs: cursor pages (no count), see docs/api.md.
+CURSOR_PAGE = {"next": None, "previous": None, "results": [None]}
 TRACE = {
     "sessionId": None,
     "runResolution": None,
@@ -113,8 +115,8 @@ REASONING = {
 
 # path -> method -> status -> required key tree (None: any leaf)
 CONTRACT = {
-    "/api/diagnosis/sessions/": {"get": {200: PAGE, 401: ERROR}},
-    "/api/diagnosis/{sessionId}/runs/": {"get": {200: PAGE, 400: ERROR, 401: ERROR, 404: ERROR}},
+    "/api/diagnosis/sessions/": {"get": {200: CURSOR_PAGE, 401: ERROR}},
+    "/api/diagnosis/{sessionId}/runs/": {"get": {200: CURSOR_PAGE, 400: ERROR, 401: ERROR, 404: ERROR}},
     "/api/diagnosis/{sessionId}/trace": {"get": {200: TRACE, 400: ERROR, 401: ERROR, 404: ERROR}},
     "/api/diagnosis/{sessionId}/trace/reasoning": {
         "get": {200: REASONING, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 429: ERROR}
@@ -246,7 +248,8 @@ def test_query_parameters_are_documented(schema):
     runs = {p["name"] for p in schema["paths"]["/api/diagnosis/{sessionId}/runs/"]["get"]["parameters"]}
     assert {
         "sessionId",
-        "page",
+        "cursor",
+        "pageSize",
         "status",
         "releaseDecision",
         "intent",

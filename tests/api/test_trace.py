@@ -285,22 +285,24 @@ def many_runs(chat_session):
     return runs
 
 
-def test_runs_are_paginated_newest_first(api_client, user, chat_session, many_runs):
+def test_runs_are_cursor_paginated_newest_first(api_client, user, chat_session, many_runs):
     api_client.force_login(user)
     url = f"/api/diagnosis/{chat_session.session_id}/runs/"
     first = api_client.get(url).json()
-    assert set(first) == {"count", "next", "previous", "results"}
-    assert first["count"] == 25 and len(first["results"]) == 20 and first["previous"] is None
+    assert set(first) == {"next", "previous", "results"}
+    assert len(first["results"]) == 20 and first["previous"] is None
     assert first["results"][0]["runId"] == many_runs[-1].run_id
-    assert "page=2" in first["next"]
-    second = api_client.get(url + "?page=2").json()
+    assert "cursor=" in first["next"]
+    second = api_client.get(first["next"]).json()
     assert len(second["results"]) == 5 and second["next"] is None and second["previous"]
     assert second["results"][-1]["runId"] == many_runs[0].run_id
     assert {r["runId"] for r in first["results"] + second["results"]} == {r.run_id for r in many_runs}
-    small = api_client.get(url + "?pageSize=7&page=4").json()
-    assert len(small["results"]) == 4
-    beyond = api_client.get(url + "?page=9")
-    assert beyond.status_code == 404 and beyond.json()["error"]["code"] == "not_found"
+    back = api_client.get(second["previous"]).json()
+    assert [r["runId"] for r in back["results"]] == [r["runId"] for r in first["results"]]
+    small = api_client.get(url + "?pageSize=7").json()
+    assert len(small["results"]) == 7
+    invalid = api_client.get(url + "?cursor=not-a-cursor")
+    assert invalid.status_code == 404 and invalid.json()["error"]["code"] == "not_found"
 
 
 def test_runs_filters(api_client, user, chat_session, many_runs):

@@ -1,5 +1,6 @@
-"""The audit-complete rule has two implementations that must agree: the run list's SQL annotation
-(`audit.selectors.annotate_audit_completeness`) and the trace summary (`audit.selectors.summarize`, through
+"""The audit-complete rule has two implementations that must agree: the run list's stored fact, decided in
+SQL by `audit.facts` (here recomputed by `annotate_recomputed`, the expressions the recorder stores) and the
+trace summary (`audit.selectors.summarize`, through
 `get_trace`). Over a matrix of runs — every status, each audit table with a row missing, an extra row,
 or the count it expects, a failed audit write, a tool left RUNNING, provider-side notes — both give the
 same answer (each state rebound into the chain as if recorded). The checks only the trace can make (the
@@ -13,9 +14,10 @@ import itertools
 import pytest
 
 from audit import rowdigest
+from audit.facts import annotate_recomputed
 from audit.integrity import GENESIS_HASH, link_hash
 from audit.models import AgentStep, EventType, ToolInvocation, ToolStatus, TraceEvent
-from audit.selectors import annotate_audit_completeness, get_trace
+from audit.selectors import get_trace
 from diagnosis import services
 from diagnosis.models import DiagnosisRun, RunStatus
 from tests.factories import make_recorded_run
@@ -33,9 +35,9 @@ COUNT_CHANGES = [
 
 
 def _both(run: DiagnosisRun) -> tuple[bool, bool]:
-    annotated = annotate_audit_completeness(DiagnosisRun.objects.filter(pk=run.pk)).get()
+    annotated = annotate_recomputed(DiagnosisRun.objects.filter(pk=run.pk)).get()
     run.refresh_from_db()
-    return annotated.audit_complete, get_trace(run=run).summary.audit_complete
+    return annotated.recomputed_audit_complete, get_trace(run=run).summary.audit_complete
 
 
 def _as_recorded(run: DiagnosisRun) -> None:

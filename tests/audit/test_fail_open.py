@@ -61,9 +61,12 @@ class RaiseFor:
 
     def __call__(self, execute, sql, params, many, context):
         values = list(params or ())
+        # The statement's target table (an UPDATE of the run's stored facts names the audit tables in
+        # its subqueries only).
+        target = sql.split(" SET ", 1)[0] if self.verb == "UPDATE" else sql
         if (
             sql.lstrip().upper().startswith(self.verb)
-            and self.table in sql
+            and self.table in target
             and self.sql_has in sql
             and self.run_id in values
             and (self.param is None or self.param in values)

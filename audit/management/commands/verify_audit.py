@@ -1,12 +1,13 @@
-"""`manage.py verify_audit [--run RUN_ID] [--witness FILE]`: check every run's rows and chain, its anchor
-in the transparency log, and the log itself; exit 1 on any problem."""
+"""`manage.py verify_audit [--run RUN_ID] [--witness FILE] [--refresh-facts]`: check every run's rows and
+chain, its stored list facts, its anchor in the transparency log, and the log itself; exit 1 on any
+problem (a disagreeing fact rewritten by `--refresh-facts` is still reported, and still fails)."""
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from audit.models import LogLeaf, TraceEvent
 from audit.transparency.verify import UNANCHORED, prove_run, read_witness, verify_log
-from audit.verification import RUN_BATCH, verify_all_runs, verify_run
+from audit.verification import RUN_BATCH, refresh_facts, verify_all_runs, verify_run
 from diagnosis.models import DiagnosisRun
 
 
@@ -16,7 +17,9 @@ class Command(BaseCommand):
         "without gap, the hash chain, every step, tool, reasoning row and the run's terminal summary "
         "against the digest its chain carries, for finished runs the stored counts against the expected "
         "ones the chain records and recorded write failures, and each anchored run's chain head against "
-        "its leaf in the transparency log. Without --run, also the whole log: every leaf and stored "
+        "its leaf in the transparency log, and each run's stored list facts (persisted counts, audit "
+        "complete) against the rule recomputed (--refresh-facts rewrites those that disagree). "
+        "Without --run, also the whole log: every leaf and stored "
         "node, every checkpoint's signature and its chain, every checkpoint's root against the stored "
         "leaves, no leaf missing or unsigned, no anchored run deleted, and the checkpoints of a witness "
         "file (--witness, default AUDIT_WITNESS_PATH). With --run, the run's inclusion proof in the "
@@ -33,6 +36,11 @@ class Command(BaseCommand):
             metavar="FILE",
             help="a witness file of checkpoints kept outside the database (default: AUDIT_WITNESS_PATH)",
         )
+        parser.add_argument(
+            "--refresh-facts",
+            action="store_true",
+            help="rewrite the stored list facts that disagree with the rule (reported all the same)",
+        )
 
     def handle(self, *args, **options):
         run_id = options["run"]
@@ -48,6 +56,7 @@ class Command(BaseCommand):
             results = verify_all_runs(batch_size=max(1, options["batch_size"]))
 
         total = failed = rows = unanchored = 0
+        stale: list = []
         for result in results:
             total += 1
             rows += result.rows_verified
@@ -63,10 +72,18 @@ class Command(BaseCommand):
                 self.stdout.write(f"run={result.run_id} INVALID {problem}")
             for problem in result.incomplete:
                 self.stdout.write(f"run={result.run_id} INCOMPLETE {problem}")
+            for problem in result.facts:
+                self.stdout.write(f"run={result.run_id} FACTS {problem}")
+            if result.facts:
+                stale.append(result)
         self.stdout.write(
             f"verified {total} run(s): {total - failed} ok, {failed} with problems; {rows} row(s) verified; "
             f"{unanchored} finished run(s) not yet anchored"
         )
+        if stale:
+            self.stdout.write(f"{len(stale)} run(s) with stored list facts that disagree with the rule")
+            if options["refresh_facts"]:
+                self.stdout.write(f"rewrote the stored list facts of {refresh_facts(stale)} run(s)")
         log_problems = 0
         if run_id:
             problems, summary = prove_run(run_id)

@@ -55,15 +55,15 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name='aiopsalert',
-            index=models.Index(fields=['-created_at'], name='idx_aiops_alert_created'),
+            index=models.Index(fields=['created_at'], name='idx_aiops_alert_created'),
         ),
         migrations.AddIndex(
             model_name='aiopsalert',
-            index=models.Index(fields=['alertname', '-created_at'], name='idx_aiops_alert_name'),
+            index=models.Index(fields=['alertname', 'created_at'], name='idx_aiops_alert_name'),
         ),
         migrations.AddIndex(
             model_name='aiopsalert',
-            index=models.Index(fields=['severity', '-created_at'], name='idx_aiops_alert_severity'),
+            index=models.Index(fields=['severity', 'created_at'], name='idx_aiops_alert_severity'),
         ),
         migrations.AddIndex(
             model_name='aiopsalert',

@@ -1,0 +1,166 @@
+"""Stored per-run list facts: the one home of the list's "audit complete" rule, written and recomputed.
+
+Lists (the admin's run list, its filters) read `DiagnosisRun.persisted_events/steps/tools` and
+`audit_complete` as columns instead of recomputing them per row. This module holds the rule that decides
+them, as SQL expressions over the stored audit rows, and everything that applies it:
+
+* `fact_expressions` — the rule: the persisted counts (governance events, which no run expects, are not
+  counted) and `audit_complete`, true exactly when the run is terminal, every event, step and tool the
+  recorder attempted is stored (no more, no fewer), no audit write failed, no tool is still RUNNING, and a
+  FAILED or CANCELLED run carries no release decision or content. Three checks need every row's content
+  and are made by the trace summary only (`audit.selectors.summarize`): the hash chain, rows stored under
+  the run's id but another session, and every row against its digest in the chain.
+  `tests/audit/test_audit_complete_rule.py` holds the rule and the summary to the same answer.
+* `fact_update_sql` — the rule as one `UPDATE` of one run, which the recorder runs in the transaction of
+  the run's terminal row (`audit.recorder.run.RunRecorder.finish`).
+* `refresh_run_facts` — the same `UPDATE` for any set of runs: after a failed write that follows the
+  run's end, a reasoning purge, the backfill migration and `verify_audit --refresh-facts`.
+* `annotate_recomputed` — the rule evaluated at read time under `recomputed_*` names, so that
+  `verify_audit` can compare it with what is stored (`disagreements`).
+
+Before a run ends its facts are 0 and False (the model's defaults): the rule is false for a run that is
+not terminal, and the counts are written when it ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import connections
+from django.db.models import (
+    BooleanField,
+    Case,
+    Count,
+    Exists,
+    IntegerField,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Value,
+    When,
+)
+from django.db.models.functions import Coalesce
+
+from audit.bound import GOVERNANCE_EVENTS
+from audit.models import AgentStep, ToolInvocation, ToolStatus, TraceEvent
+from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun, RunStatus
+
+COUNT_FIELDS = ("persisted_events", "persisted_steps", "persisted_tools")
+FACT_FIELDS = (*COUNT_FIELDS, "audit_complete")
+REFRESH_BATCH = 2000
+
+
+def _count(rows: QuerySet) -> Coalesce:
+    counted = (
+        rows.filter(run_id=OuterRef("run_id"))
+        .order_by()
+        .values("run_id")
+        .annotate(n=Count("pk"))
+        .values("n")[:1]
+    )
+    return Coalesce(Subquery(counted, output_field=IntegerField()), Value(0))
+
+
+def fact_expressions(
+    *,
+    prefix: str = "",
+    events=TraceEvent,
+    steps=AgentStep,
+    tools=ToolInvocation,
+) -> dict[str, Any]:
+    """The rule (see the module docstring) as expressions over a `DiagnosisRun` queryset, keyed by
+    `prefix` + the stored field's name. The model arguments let the backfill migration pass its
+    historical models."""
+    n_events = _count(events.objects.exclude(event_type__in=GOVERNANCE_EVENTS))
+    n_steps = _count(steps.objects.all())
+    n_tools = _count(tools.objects.all())
+    running_tool = tools.objects.filter(run_id=OuterRef("run_id"), status=ToolStatus.RUNNING)
+    complete = Case(
+        When(
+            Q(status__in=TERMINAL_RUN_STATUSES)
+            & Q(audit_write_failures=0)
+            & ~Exists(running_tool)
+            & ~(
+                Q(status__in=(RunStatus.FAILED, RunStatus.CANCELLED))
+                & (Q(release_decision__isnull=False) | ~Q(content=""))
+            )
+            & Q(expected_events=n_events)
+            & Q(expected_steps=n_steps)
+            & Q(expected_tools=n_tools),
+            then=Value(True),
+        ),
+        default=Value(False),
+        output_field=BooleanField(),
+    )
+    return {
+        f"{prefix}persisted_events": n_events,
+        f"{prefix}persisted_steps": n_steps,
+        f"{prefix}persisted_tools": n_tools,
+        f"{prefix}audit_complete": complete,
+    }
+
+
+def refresh_run_facts(*, runs: QuerySet[DiagnosisRun] | None = None, run_ids: Iterable[str] = ()) -> int:
+    """Write the rule's facts on `runs` (or the runs `run_ids`), in primary-key batches of
+    `REFRESH_BATCH`; returns how many rows were updated."""
+    if runs is None:
+        runs = DiagnosisRun.objects.filter(run_id__in=list(run_ids))
+    return refresh_facts_of(runs)
+
+
+def refresh_facts_of(runs: QuerySet, **models: Any) -> int:
+    """`refresh_run_facts` for a queryset of any `DiagnosisRun` model (the migration's historical one);
+    `models` as for `fact_expressions`."""
+    updated = 0
+    last = 0
+    while True:
+        ids = list(runs.filter(pk__gt=last).order_by("pk").values_list("pk", flat=True)[:REFRESH_BATCH])
+        if not ids:
+            return updated
+        last = ids[-1]
+        updated += runs.model.objects.filter(pk__in=ids).update(**fact_expressions(**models))
+
+
+def fact_update_sql(run_id: str, *, using: str = "default") -> tuple[str, tuple]:
+    """The rule as one `UPDATE` statement of the run `run_id` (SQL and parameters), for a caller that
+    runs it inside its own transaction."""
+    from django.db.models.sql import UpdateQuery
+
+    query = UpdateQuery(DiagnosisRun)
+    query.add_q(Q(run_id=run_id))
+    query.add_update_values(fact_expressions())
+    sql, params = query.get_compiler(connection=connections[using]).as_sql()
+    return sql, tuple(params)
+
+
+def annotate_recomputed(queryset: QuerySet[DiagnosisRun]) -> QuerySet[DiagnosisRun]:
+    """The rule recomputed at read time, as `recomputed_persisted_events/steps/tools` and
+    `recomputed_audit_complete` (subqueries of one SELECT)."""
+    return queryset.annotate(**fact_expressions(prefix="recomputed_"))
+
+
+def disagreements(run: DiagnosisRun) -> list[str]:
+    """How the run's stored facts differ from the recomputed ones (`annotate_recomputed` must have
+    annotated `run`); empty when they agree. Worded without content. For a run not yet ended only
+    `audit_complete` (False) is compared."""
+    problems = []
+    # Before the run ends its counts are not written yet (0): only the flag is compared.
+    for name in FACT_FIELDS if run.is_terminal else ("audit_complete",):
+        stored, recomputed = getattr(run, name), getattr(run, f"recomputed_{name}")
+        if name == "audit_complete":
+            stored, recomputed = bool(stored), bool(recomputed)
+        if stored != recomputed:
+            problems.append(f"stored {name} is {stored}, recomputed {recomputed}")
+    return problems
+
+
+__all__ = [
+    "FACT_FIELDS",
+    "annotate_recomputed",
+    "disagreements",
+    "fact_expressions",
+    "fact_update_sql",
+    "refresh_run_facts",
+]
