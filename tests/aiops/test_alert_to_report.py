@@ -1,6 +1,9 @@
 """End to end on real components: a Prometheus rule fires, the real Alertmanager notifies the product's
 webhook on a daphne server process, and that process's queue worker runs the AI Ops analysis against
-the live Prometheus and Alertmanager, with no client connected (demo provider, test database)."""
+the live Prometheus and Alertmanager, with no client connected (test database). Once with the offline
+demo model, once with the local OpenAI-compatible server through the real `openai` SDK (the bench's
+scripted AI Ops provider). And Prometheus down during an analysis: the metric tool FAILED as such, and
+no report cites a metric it never got."""
 
 from __future__ import annotations
 
@@ -12,20 +15,29 @@ from django.core.management import call_command
 
 from audit.models import AgentStep, EventType, ToolInvocation, ToolStatus, TraceEvent
 from audit.verification import verify_run
+from bench.b7_aiops import AiOpsBenchProvider
 from diagnosis.models import AgentFlow, AiOpsAlert, DiagnosisRun, ReleaseDecision, RunStatus
 from diagnosis.runtime.guards import extract_citations
 from tests.aiops import servers
 from tests.chat.support import DaphneServer
+from tests.fakes.openai_server import FakeLLMServer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 TOKEN = "e2e-webhook-token"
 
 
-@pytest.fixture
-def product(prometheus, alertmanager):
+@pytest.fixture(params=["demo", "openai-sdk"])
+def product(request, prometheus, alertmanager):
     call_command("load_knowledge", "diagnosis/runbooks", stdout=StringIO())
+    llm: dict[str, str] = {}
+    fake = None
+    if request.param == "openai-sdk":
+        provider = AiOpsBenchProvider(call_seconds=0.01, chunk_interval=0.0)
+        fake = FakeLLMServer(handler=provider).__enter__()
+        llm = provider.env(fake.base_url)
     server = DaphneServer(
         env={
+            **llm,
             "AIOPS_WEBHOOK_TOKEN": TOKEN,
             "AIOPS_WORKER_CONCURRENCY": "2",
             "AIOPS_POLL_INTERVAL_SECONDS": "0.2",
@@ -34,10 +46,14 @@ def product(prometheus, alertmanager):
             "RUN_SWEEP_INTERVAL_SECONDS": "0",
             "AUDIT_CHECKPOINT_INTERVAL_SECONDS": "0",
         },
-        name="aiops-e2e",
+        name=f"aiops-e2e-{request.param}",
     ).start()
+    server.provider = request.param
     yield server
     server.stop()
+    if fake is not None:
+        fake.__exit__(None, None, None)
+        assert not fake.errors
 
 
 def wait_for(predicate, *, timeout: float, what: str):
@@ -67,7 +83,11 @@ def test_a_firing_rule_reaches_the_webhook_and_is_analysed_against_live_metrics(
     )
     assert run.agent_flow == AgentFlow.AI_OPS and run.status == RunStatus.SUCCESS, run.error_code
     assert servers.ALERT_NAME in run.query
-    assert run.release_decision in ReleaseDecision.values and run.content
+    assert run.release_decision == ReleaseDecision.PUBLISHED and run.content
+    assert run.provider == ("demo" if product.provider == "demo" else "openai")
+    assert "[prom:" in run.content and "[kb:" in run.content
+    agents = set(AgentStep.objects.filter(run_id=run.run_id).values_list("agent_name", flat=True))
+    assert agents == {"planner", "executor"}
     tools = list(ToolInvocation.objects.filter(run_id=run.run_id))
     assert tools and all(t.status == ToolStatus.SUCCEEDED for t in tools)
     # The planner, then the executor, each counting its own steps; the plan is on the timeline.
@@ -89,3 +109,38 @@ def test_a_firing_rule_reaches_the_webhook_and_is_analysed_against_live_metrics(
         what="the re-sent notification",
     )
     assert DiagnosisRun.objects.filter(session_id=run.session_id).count() == 1
+
+
+def test_prometheus_down_during_an_analysis_is_a_failed_tool_and_no_invented_metric(
+    aiops_settings, prometheus, staff_user, settings
+):
+    import asyncio
+
+    from diagnosis.aiops import intake
+    from diagnosis.runtime import supervisor
+    from diagnosis.runtime.llm import aclose_clients
+    from diagnosis.runtime.worker import work
+
+    call_command("load_knowledge", "diagnosis/runbooks", stdout=StringIO())
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    run = intake.start_staff_analysis(
+        user=staff_user, alert={"labels": {"alertname": servers.ALERT_NAME, "severity": "warning"}}
+    )
+
+    async def drain():
+        supervisor.ensure_background(serve_queue=False)
+        try:
+            return await work(concurrency=1, poll_interval=0.05, until_idle=True)
+        finally:
+            await supervisor.stop_background()
+            await aclose_clients()
+
+    with prometheus.stopped():
+        assert asyncio.run(drain()) == 1
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCESS
+    metrics = ToolInvocation.objects.get(run_id=run.run_id, tool_name="query_metrics")
+    assert metrics.status == ToolStatus.FAILED and "Unreachable" in metrics.error_message
+    # Nothing cites a metric result that was never stored: the report either says so or was blocked.
+    assert "[prom:" not in run.content
+    assert verify_run(run.run_id).ok
