@@ -74,7 +74,7 @@ class AiOpsAnalysisAdmin(ReadOnlyAdmin):
         "run__release_decision",
     )
     list_prefetch_related = ("run",)
-    search_fields = ("=run_id", "=alertname")
+    search_fields = ("=alertname",)
     search_help_text = "Exact run id or alert name."
     ordering = ("-created_at", "-id")
     list_per_page = 100
@@ -83,6 +83,13 @@ class AiOpsAnalysisAdmin(ReadOnlyAdmin):
     @property
     def media(self):
         return super().media + CONSOLE_MEDIA
+
+    def get_search_results(self, request, queryset, search_term):
+        # A run id is matched exactly on the row's own unique column (no join, no case folding).
+        term = search_term.strip()
+        if term.startswith("run_"):
+            return queryset.filter(run_id=term), False
+        return super().get_search_results(request, queryset, search_term)
 
     def changelist_view(self, request, extra_context=None):
         return super().changelist_view(request, {"is_nav_sidebar_enabled": False, **(extra_context or {})})

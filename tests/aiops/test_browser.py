@@ -22,6 +22,7 @@ TIMEOUT_MS = 15_000
 PASSWORD = "pw-root-browser-1"
 
 
+@pytest.mark.parametrize("product", ["demo"], indirect=True)
 def test_staff_find_an_alerts_analysis_and_read_its_cited_report(product, alertmanager_webhook, superuser):  # noqa: F811
     alertmanager_webhook(f"{product.url}/api/aiops/alertmanager", bearer_token=TOKEN)
     alert = wait_for(
