@@ -140,10 +140,12 @@ def main(argv: list[str] | None = None) -> int:
         path = Path(env.ROOT) / "docs" / "performance.md"
         path.write_text(report.markdown(results), encoding="utf-8")
         print(f"bench: wrote {path.relative_to(env.ROOT)}")
-    elif "b6" in only and not args.no_write and (not q or args.write):
+    elif {"b6", "b7"} & set(only) and not args.no_write and (not q or args.write):
         path = Path(env.ROOT) / "docs" / "performance.md"
-        report.write_b6(path, results)
-        print(f"bench: wrote the B6 section of {path.relative_to(env.ROOT)}")
+        for name, write in (("b6", report.write_b6), ("b7", report.write_b7)):
+            if name in only:
+                write(path, results)
+                print(f"bench: wrote the {name.upper()} section of {path.relative_to(env.ROOT)}")
     elif not args.no_write:
         print("bench: docs/performance.md not written (needs a full run of every benchmark)")
     return 0
