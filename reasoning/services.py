@@ -19,6 +19,7 @@ from django.db.models import Q
 from django.db.models.functions import Cast
 from django.utils import timezone
 
+from access.stepup import OTP_MESSAGE, otp_satisfied
 from audit.models import EventType
 from audit.recorder import record_reasoning_change
 from audit.retention import held
@@ -46,9 +47,13 @@ def read_reasoning(*, user: AbstractBaseUser, run: Any, request: Any, channel: s
     contract orders it; this checks it again (PermissionDenied), so no path reads unguarded. The row
     records who read what from where (`request`: its client address and user agent, `channel`: API or
     ADMIN). If that write fails, the exception propagates and nothing is returned (no unlogged read).
+    With `REASONING_REQUIRE_OTP` on, the request must also carry a verified second factor
+    (`access.stepup.otp_satisfied`; PermissionDenied otherwise).
     """
     if not (user.is_active and user.has_perm(REASONING_PERMISSION)):
         raise PermissionDenied
+    if not otp_satisfied(request):
+        raise PermissionDenied(OTP_MESSAGE)
     records = get_reasoning_records(run_id=run.run_id)
     record_reasoning_read(
         user=user,

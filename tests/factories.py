@@ -104,3 +104,10 @@ def make_recorded_run(owner, *, query: str = "Why is replication lagging?", **kw
     record_full_run(run, **kwargs)
     run.refresh_from_db()
     return run
+
+
+def issue_token(user, *, otp_verified: bool = False, ttl_hours: float | None = None) -> str:
+    """An API token for `user` through the real service (stored hashed); returns its plaintext."""
+    from access.services import issue_token as issue
+
+    return issue(user=user, actor="tests", otp_verified=otp_verified, ttl_hours=ttl_hours).plaintext

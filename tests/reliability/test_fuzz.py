@@ -22,7 +22,6 @@ import schemathesis
 from django.core.management import call_command
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
-from rest_framework.authtoken.models import Token
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
@@ -35,7 +34,7 @@ from audit.retention import place_hold
 from audit.transparency.log import checkpoint
 from diagnosis.models import DiagnosisRun
 from tests.chat.support import DaphneServer
-from tests.factories import make_recorded_run
+from tests.factories import issue_token, make_recorded_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -108,7 +107,7 @@ def _fuzz(strategy, *, examples: int, counter: collections.Counter, checks: list
 
 
 def test_schemathesis_finds_no_server_error_on_any_operation(server, superuser, user):
-    token = Token.objects.create(user=superuser).key
+    token = issue_token(superuser)
     auth = {"Authorization": f"Token {token}"}
     schema = schemathesis.openapi.from_url(f"{server.url}/api/schema/?format=json", headers=auth, timeout=10)
     statuses: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
