@@ -168,3 +168,22 @@ def test_verify_audit_detects_an_edited_a_deleted_and_a_relinked_event(user):
     _, problems = verify_governance()
     assert f"governance sequence gap: {second.sequence_no}–{second.sequence_no} missing" in problems
     assert any("prev_hash does not match" in p for p in problems)
+
+
+def test_legal_holds_and_purges_are_governance_events(superuser, traced_run):
+    from audit.retention import lift_hold, place_hold
+    from reasoning.services import purge_reasoning
+
+    mark = _mark()
+    hold = place_hold(user=superuser, scope="RUN", target_id=traced_run.run_id, reason="litigation")
+    lift_hold(user=superuser, hold=hold, reason="settled")
+    assert purge_reasoning(run_id=traced_run.run_id) == 2
+    events = list(GovernanceEvent.objects.filter(sequence_no__gt=mark).order_by("sequence_no"))
+    assert [(e.event_type, e.actor) for e in events] == [
+        (T.LEGAL_HOLD_PLACED, "root"),
+        (T.LEGAL_HOLD_LIFTED, "root"),
+        (T.REASONING_ROWS_PURGED, "purge_reasoning"),
+    ]
+    assert events[0].details == {"holdId": hold.pk, "scope": "RUN", "targetId": traced_run.run_id}
+    assert events[2].details["rows"] == 2 and events[2].details["runIds"] == [traced_run.run_id]
+    assert verify_governance()[1] == []
