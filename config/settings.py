@@ -333,6 +333,8 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "diagnosis.chat.schema.add_chat_paths",
+        # Every token-authenticated operation can answer 429 `locked_out` (access/lockout.py).
+        "access.schema.add_locked_out",
     ],
     "ENUM_NAME_OVERRIDES": {
         "RunStatusEnum": "diagnosis.models.RunStatus.values",
