@@ -134,9 +134,14 @@ def group_permissions(sender, instance, action, reverse, pk_set, **kwargs) -> No
 # --------------------------------------------------------------------------------------------------
 # Superuser, staff and active flags
 # --------------------------------------------------------------------------------------------------
+def _flags_untouched(update_fields) -> bool:
+    """A save limited to other fields (e.g. `last_login` at every login) cannot change a flag."""
+    return update_fields is not None and not ({f for f, _, _ in _FLAGS} & set(update_fields))
+
+
 @receiver(pre_save, sender=User, dispatch_uid="access.user_flags_before")
-def user_flags_before(sender, instance, raw=False, **kwargs) -> None:
-    if raw:
+def user_flags_before(sender, instance, raw=False, update_fields=None, **kwargs) -> None:
+    if raw or _flags_untouched(update_fields):
         return
     before = None
     if instance.pk is not None:
@@ -145,8 +150,8 @@ def user_flags_before(sender, instance, raw=False, **kwargs) -> None:
 
 
 @receiver(post_save, sender=User, dispatch_uid="access.user_flags_after")
-def user_flags_after(sender, instance, created, raw=False, **kwargs) -> None:
-    if raw:
+def user_flags_after(sender, instance, created, raw=False, update_fields=None, **kwargs) -> None:
+    if raw or _flags_untouched(update_fields):
         return
     before = getattr(instance, "_access_flags_before", None)
     for flag, on, off in _FLAGS:

@@ -187,3 +187,15 @@ def test_legal_holds_and_purges_are_governance_events(superuser, traced_run):
     assert events[0].details == {"holdId": hold.pk, "scope": "RUN", "targetId": traced_run.run_id}
     assert events[2].details["rows"] == 2 and events[2].details["runIds"] == [traced_run.run_id]
     assert verify_governance()[1] == []
+
+
+def test_a_save_of_other_fields_costs_no_flag_lookup(user, django_assert_num_queries):
+    from django.utils import timezone
+
+    user.last_login = timezone.now()
+    with django_assert_num_queries(1):  # the UPDATE alone, as at every login
+        user.save(update_fields=["last_login"])
+    mark = _mark()
+    user.is_staff = True
+    user.save(update_fields=["is_staff"])
+    assert _events_after(mark) == [(T.STAFF_GRANTED, "owner", "", "")]
