@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('audit', '0006_retention_and_legal_hold'),
+        ('audit', '0008_per_agent_steps'),
     ]
 
     operations = [
