@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
+from django.http import HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import path
 
 from access.models import ApiToken
+from access.review import access_review, parse_since, to_csv
 from access.services import revoke_token
 from audit.admin_base import ReadOnlyAdmin
 
@@ -64,15 +66,17 @@ class ApiTokenAdmin(ReadOnlyAdmin):
 
     def access_review_view(self, request):
         """Per sensitive permission: holders during the period, users, grants never used (`?since=`)."""
-        from access.review import access_review, parse_since, to_csv
-
         if not (request.user.is_active and request.user.is_superuser):
             raise PermissionDenied
-        since = parse_since(request.GET.get("since"))
+        try:
+            since = parse_since(request.GET.get("since"))
+        except ValueError:
+            since = parse_since(None)
+            self.message_user(
+                request, "Not an ISO date or datetime; showing the last 90 days.", messages.WARNING
+            )
         review = access_review(since=since)
         if request.GET.get("format") == "csv":
-            from django.http import HttpResponse
-
             response = HttpResponse(to_csv(review), content_type="text/csv; charset=utf-8")
             response["Content-Disposition"] = 'attachment; filename="access-review.csv"'
             return response
