@@ -3,7 +3,16 @@ from django.contrib import admin, messages
 from django.utils.html import format_html
 
 from audit.admin_base import ReadOnlyAdmin
-from audit.models import AgentStep, Checkpoint, LegalHold, LogLeaf, RunTombstone, ToolInvocation, TraceEvent
+from audit.models import (
+    AgentStep,
+    Checkpoint,
+    GovernanceEvent,
+    LegalHold,
+    LogLeaf,
+    RunTombstone,
+    ToolInvocation,
+    TraceEvent,
+)
 from audit.retention import HOLD_PERMISSION, lift_hold, place_hold
 from audit.transparency import store
 from audit.transparency.keys import verification_keys
@@ -224,3 +233,29 @@ class RunTombstoneAdmin(ReadOnlyAdmin):
     list_display = ("run_id", "session_id", "leaf_index", "finished_at", "purged_at", "purged_by")
     search_fields = ("=run_id", "=session_id")
     ordering = ("-purged_at",)
+
+
+@admin.register(GovernanceEvent)
+class GovernanceEventAdmin(ReadOnlyAdmin):
+    """The governance chain: every change to who may do what (access.signals, access.services). Read
+    only for everyone; superusers only, like the reasoning access log."""
+
+    list_display = (
+        "sequence_no",
+        "created_at",
+        "event_type",
+        "actor",
+        "subject_user",
+        "group",
+        "permission",
+    )
+    list_filter = ("event_type",)
+    search_fields = ("subject_user", "actor", "group", "permission")
+    date_hierarchy = "created_at"
+    ordering = ("-sequence_no",)
+
+    def has_module_permission(self, request) -> bool:
+        return request.user.is_active and request.user.is_superuser
+
+    def has_view_permission(self, request, obj=None) -> bool:
+        return request.user.is_active and request.user.is_superuser

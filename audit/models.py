@@ -398,3 +398,62 @@ class LegalHold(models.Model):
     @property
     def active(self) -> bool:
         return self.lifted_at is None
+
+
+# --------------------------------------------------------------------------------------------------
+# Access governance: who may do what, and every change to it (access/, docs/security.md)
+# --------------------------------------------------------------------------------------------------
+class GovernanceEventType(models.TextChoices):
+    GROUP_MEMBER_ADDED = "GROUP_MEMBER_ADDED"
+    GROUP_MEMBER_REMOVED = "GROUP_MEMBER_REMOVED"
+    PERMISSION_GRANTED = "PERMISSION_GRANTED"
+    PERMISSION_REVOKED = "PERMISSION_REVOKED"
+    SUPERUSER_GRANTED = "SUPERUSER_GRANTED"
+    SUPERUSER_REVOKED = "SUPERUSER_REVOKED"
+    STAFF_GRANTED = "STAFF_GRANTED"
+    STAFF_REVOKED = "STAFF_REVOKED"
+    USER_DEACTIVATED = "USER_DEACTIVATED"
+    USER_REACTIVATED = "USER_REACTIVATED"
+    TOKEN_ISSUED = "TOKEN_ISSUED"  # noqa: S105 (an event name, not a secret)
+    TOKEN_REVOKED = "TOKEN_REVOKED"  # noqa: S105
+    OTP_DEVICE_ADDED = "OTP_DEVICE_ADDED"
+    OTP_DEVICE_REMOVED = "OTP_DEVICE_REMOVED"
+    LOCKED_OUT = "LOCKED_OUT"
+    LOCKOUT_LIFTED = "LOCKOUT_LIFTED"
+    LEGAL_HOLD_PLACED = "LEGAL_HOLD_PLACED"
+    LEGAL_HOLD_LIFTED = "LEGAL_HOLD_LIFTED"
+    AUDIT_RUNS_PURGED = "AUDIT_RUNS_PURGED"
+    REASONING_ROWS_PURGED = "REASONING_ROWS_PURGED"
+    REASONING_KEYS_ROTATED = "REASONING_KEYS_ROTATED"
+
+
+class GovernanceEvent(models.Model):
+    """One change to who may do what (`audit_governance_event`), in one global hash chain.
+
+    `sequence_no` is 1, 2, 3 … without gap; `hash` is sha256(prev_hash + canonical JSON of
+    `audit.recorder.governance.governance_payload`), the first chaining to GENESIS, exactly as a run's
+    timeline. `actor` is who made the change (a username snapshot; "" for the system, e.g. a migration),
+    `subject_user` whose rights changed (username snapshot; "" for a change to a group), `group` and
+    `permission` the group and permission (`app_label.codename`) concerned. `details` holds ids and
+    counts, never secrets (a token appears by its prefix only). Append-only: written by
+    `audit.recorder.governance.record_governance_event` alone, read-only in the admin, checked by
+    `verify_audit`."""
+
+    sequence_no = models.PositiveIntegerField(unique=True)
+    event_type = models.CharField(max_length=32, choices=GovernanceEventType.choices)
+    actor = models.CharField(max_length=150, blank=True, default="")
+    subject_user = models.CharField(max_length=150, blank=True, default="", db_index=True)
+    group = models.CharField(max_length=150, blank=True, default="")
+    permission = models.CharField(max_length=200, blank=True, default="")
+    details = models.JSONField(default=dict, blank=True)
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "audit_governance_event"
+        ordering = ["sequence_no"]
+        indexes = [models.Index(fields=["created_at"], name="idx_governance_created")]
+
+    def __str__(self) -> str:
+        return f"governance #{self.sequence_no} {self.event_type}"

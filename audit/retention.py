@@ -29,6 +29,7 @@ from django.utils import timezone
 
 from audit.models import (
     AgentStep,
+    GovernanceEventType,
     HoldScope,
     LegalHold,
     LogHead,
@@ -37,6 +38,7 @@ from audit.models import (
     ToolInvocation,
     TraceEvent,
 )
+from audit.recorder.governance import record_governance_event
 from audit.transparency import keys, leafdata
 from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun, RunFeedback
 from diagnosis.services import refresh_session_facts
@@ -87,14 +89,21 @@ def place_hold(*, user: AbstractBaseUser, scope: str, target_id: str, reason: st
     reason = _check(user, reason)
     if scope not in HoldScope.values:
         raise ValidationError({"scope": [f"One of {', '.join(HoldScope.values)}."]})
-    hold = LegalHold.objects.create(
-        scope=scope,
-        target_id=target_id,
-        reason=reason,
-        placed_by=user,
-        placed_by_username=user.get_username(),
-        placed_at=timezone.now(),
-    )
+    with transaction.atomic():
+        hold = LegalHold.objects.create(
+            scope=scope,
+            target_id=target_id,
+            reason=reason,
+            placed_by=user,
+            placed_by_username=user.get_username(),
+            placed_at=timezone.now(),
+        )
+        record_governance_event(
+            event_type=GovernanceEventType.LEGAL_HOLD_PLACED,
+            actor=user.get_username(),
+            permission=HOLD_PERMISSION,
+            details={"holdId": hold.pk, "scope": scope, "targetId": target_id},
+        )
     logger.info("legal hold placed hold=%s scope=%s target=%s user=%s", hold.pk, scope, target_id, user.pk)
     return hold
 
@@ -105,11 +114,18 @@ def lift_hold(*, user: AbstractBaseUser, hold: LegalHold, reason: str) -> LegalH
     if hold.lifted_at is not None:
         raise ValidationError({"hold": ["This hold was already lifted."]})
     now = timezone.now()
-    updated = LegalHold.objects.filter(pk=hold.pk, lifted_at__isnull=True).update(
-        lifted_at=now, lifted_by=user, lifted_by_username=user.get_username(), lift_reason=reason
-    )
-    if not updated:
-        raise ValidationError({"hold": ["This hold was already lifted."]})
+    with transaction.atomic():
+        updated = LegalHold.objects.filter(pk=hold.pk, lifted_at__isnull=True).update(
+            lifted_at=now, lifted_by=user, lifted_by_username=user.get_username(), lift_reason=reason
+        )
+        if not updated:
+            raise ValidationError({"hold": ["This hold was already lifted."]})
+        record_governance_event(
+            event_type=GovernanceEventType.LEGAL_HOLD_LIFTED,
+            actor=user.get_username(),
+            permission=HOLD_PERMISSION,
+            details={"holdId": hold.pk, "scope": hold.scope, "targetId": hold.target_id},
+        )
     hold.refresh_from_db()
     logger.info("legal hold lifted hold=%s user=%s", hold.pk, user.pk)
     return hold
@@ -215,6 +231,11 @@ def purge_expired_runs(
             DiagnosisRun.objects.filter(run_id__in=ids).delete()
             # Their sessions' stored run counts, in the purge's transaction.
             refresh_session_facts(session_ids={r.session_id for r in batch})
+            record_governance_event(
+                event_type=GovernanceEventType.AUDIT_RUNS_PURGED,
+                actor=purged_by,
+                details={"runs": len(ids), "runIds": ids, "retentionDays": days},
+            )
             report.purged.extend(ids)
     logger.info(
         "audit purge runs=%d held=%d unanchored=%d retention_days=%d",

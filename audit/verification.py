@@ -8,7 +8,8 @@ whether the stored events, steps, tools and reasoning rows match the counts the 
 attempted (older runs without counts in their chain: the run's `expected_*` columns) and whether any audit
 write failed; and, for a run in the transparency log, that its stored chain still has the head its leaf
 anchored (`audit.transparency.verify.check_anchor`; a finished run not yet anchored is a note). The log
-itself (leaves, nodes, checkpoints, runs deleted whole) is checked by `audit.transparency.verify`.
+itself (leaves, nodes, checkpoints, runs deleted whole) is checked by `audit.transparency.verify`; the
+global governance chain of access changes by `verify_governance`.
 Problems are worded without content (ids, sequence numbers, counts only). Reasoning rows are read as
 stored (ciphertext), never decrypted. Every run's stored list facts (`persisted_*`, `audit_complete`) are
 recomputed by the rule of `audit.facts` and any disagreement is a problem (`facts`), so that the flag
@@ -28,8 +29,17 @@ from typing import Any
 
 from audit.binding import verify_rows
 from audit.facts import annotate_recomputed, disagreements, refresh_run_facts
-from audit.integrity import verify_chain
-from audit.models import AgentStep, Checkpoint, LogLeaf, RunTombstone, ToolInvocation, TraceEvent
+from audit.integrity import GENESIS_HASH, verify_chain
+from audit.models import (
+    AgentStep,
+    Checkpoint,
+    GovernanceEvent,
+    LogLeaf,
+    RunTombstone,
+    ToolInvocation,
+    TraceEvent,
+)
+from audit.recorder.governance import governance_hash
 from audit.retention import tombstone_problems
 from audit.rowdigest import stored_reasoning_rows
 from audit.transparency.verify import check_anchor, leaves_of
@@ -188,3 +198,28 @@ def refresh_facts(results: list[RunVerification]) -> int:
     """Rewrite the stored list facts of the runs among `results` whose facts disagreed; returns how
     many run rows were rewritten."""
     return refresh_run_facts(run_ids=[r.run_id for r in results if r.facts])
+
+
+def verify_governance(*, batch_size: int = 1000) -> tuple[int, list[str]]:
+    """(events checked, problems) of the whole governance chain: sequence numbers 1..n without gap or
+    repeat, each `prev_hash` the previous event's hash, each hash recomputed from the stored fields.
+    Problems name sequence numbers only. Reads `batch_size` events at a time."""
+    problems: list[str] = []
+    expected, prev, checked, last_seen = 1, GENESIS_HASH, 0, 0
+    while True:
+        batch = list(
+            GovernanceEvent.objects.filter(sequence_no__gt=last_seen).order_by("sequence_no")[:batch_size]
+        )
+        if not batch:
+            break
+        for event in batch:
+            checked += 1
+            seq = event.sequence_no
+            if seq > expected:
+                problems.append(f"governance sequence gap: {expected}–{seq - 1} missing")
+            if event.prev_hash != prev:
+                problems.append(f"governance event {seq}: prev_hash does not match the previous event's hash")
+            if governance_hash(event) != event.hash:
+                problems.append(f"governance event {seq}: stored hash does not match its content")
+            prev, expected, last_seen = event.hash, seq + 1, seq
+    return checked, problems

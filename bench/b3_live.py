@@ -125,9 +125,11 @@ def start_daphne(provider_port: int, logs: Path, extra: dict[str, str]) -> tuple
 
 
 def users_with_tokens(n: int) -> list[str]:
-    """`n` chat users (bench-chat-0 …) with DRF tokens; returns the tokens."""
+    """`n` chat users (bench-chat-0 …), each issued a fresh API token for this run (tokens are stored
+    hashed, so earlier ones cannot be read back); returns the tokens."""
     from django.contrib.auth import get_user_model
-    from rest_framework.authtoken.models import Token
+
+    from access.services import issue_token
 
     model = get_user_model()
     existing = set(
@@ -137,9 +139,7 @@ def users_with_tokens(n: int) -> list[str]:
         [model(username=f"bench-chat-{i}") for i in range(n) if f"bench-chat-{i}" not in existing]
     )
     users = list(model.objects.filter(username__in=[f"bench-chat-{i}" for i in range(n)]).order_by("id"))
-    have = set(Token.objects.filter(user__in=users).values_list("user_id", flat=True))
-    Token.objects.bulk_create([Token(user=u, key=Token.generate_key()) for u in users if u.pk not in have])
-    return list(Token.objects.filter(user__in=users).values_list("key", flat=True))
+    return [issue_token(user=u, actor="bench", ttl_hours=2, name="bench").plaintext for u in users]
 
 
 async def _chat(url: str, token: str, start: asyncio.Event, delays: list[float], out: dict) -> None:

@@ -13,10 +13,11 @@ Every 4xx/5xx body under `/api/` is ``{"error": {"code": str, "message": str}}``
   escaping a view into the same 500 without the traceback. `handler404`/`handler500` (wired in
   `config.urls`) do the same for Django's own error paths with DEBUG off.
 
-Codes: `invalid_request` (400), `not_authenticated` / `authentication_failed` (401), `permission_denied`
-(403), `not_found` (404), `method_not_allowed` (405), `not_acceptable` (406), `request_too_large` (413: a
-body over `DATA_UPLOAD_MAX_MEMORY_SIZE`), `unsupported_media_type` (415), `throttled` (429), `server_error`
-(500). Django's other `SuspiciousOperation`s are the client's fault too: 400, never a 500.
+Codes: `invalid_request` (400), `not_authenticated` / `authentication_failed` (401), `permission_denied` /
+`otp_required` (403; the latter `access.stepup`), `not_found` (404), `method_not_allowed` (405),
+`not_acceptable` (406), `request_too_large` (413: a body over `DATA_UPLOAD_MAX_MEMORY_SIZE`),
+`unsupported_media_type` (415), `throttled` / `locked_out` (429; the latter `access.lockout`),
+`server_error` (500). Django's other `SuspiciousOperation`s are the client's fault too: 400, never a 500.
 """
 
 from __future__ import annotations
@@ -261,9 +262,15 @@ class ErrorSerializer(serializers.Serializer):
 ERROR_DESCRIPTIONS = {
     400: "Invalid request (`invalid_request`).",
     401: "Not authenticated (`not_authenticated`, `authentication_failed`).",
-    403: "Authenticated but not allowed (`permission_denied`).",
+    403: (
+        "Authenticated but not allowed (`permission_denied`; `otp_required` for reasoning without a "
+        "second factor)."
+    ),
     404: "No such resource, or one the user may not see (`not_found`; identical in both cases).",
-    429: "Too many requests (`throttled`); see `Retry-After`.",
+    429: (
+        "Too many requests (`throttled`), or too many failed authentications (`locked_out`); see "
+        "`Retry-After`."
+    ),
 }
 
 

@@ -5,6 +5,7 @@ Development defaults (DEBUG on, embedded SQLite, demo model, in-memory channel l
 let a fresh clone run with no configuration; production hardening switches on whenever DEBUG is off.
 """
 
+import datetime as dt
 import os
 
 from config.env import BASE_DIR, env
@@ -47,13 +48,18 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "channels",
+    # Lockout of repeated failed logins and token authentications (access/lockout.py, docs/security.md).
+    "axes",
+    # TOTP second factor for reading reasoning (access/stepup.py).
+    "django_otp",
+    "django_otp.plugins.otp_totp",
     "diagnosis",
     "audit",
     "reasoning",
+    "access",
 ]
 
 MIDDLEWARE = [
@@ -64,10 +70,22 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # request.user.is_verified(): whether this session passed a TOTP check (django-otp).
+    "django_otp.middleware.OTPMiddleware",
+    # Who makes a change, for the governance events that signals write (access/middleware.py).
+    "access.middleware.CurrentActorMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Answers a request that axes marked locked out (access.lockout.lockout_response).
+    "axes.middleware.AxesMiddleware",
     # Innermost: any non-JSON error response under /api/ becomes {"error": {"code", "message"}}.
     "config.api.ApiErrorMiddleware",
+]
+
+# axes first: a locked-out username or address is refused before any password is checked.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
 ]
 
 TEMPLATES = [
@@ -242,6 +260,31 @@ REASONING_THROTTLE_RATE = env.str("REASONING_THROTTLE_RATE", default="60/min")
 TRUSTED_PROXY_COUNT = env.int("TRUSTED_PROXY_COUNT", default=0)
 
 # ---------------------------------------------------------------------------------------------------
+# Access governance (access/, docs/security.md)
+# ---------------------------------------------------------------------------------------------------
+# API tokens (access.models.ApiToken): lifetime of a newly issued token, in hours.
+API_TOKEN_TTL_HOURS = env.int("API_TOKEN_TTL_HOURS", default=24 * 30)
+# Reading reasoning content also needs a verified TOTP second factor (session or OTP-issued token).
+REASONING_REQUIRE_OTP = env.bool("REASONING_REQUIRE_OTP", default=not DEBUG)
+# Permissions whose holders the governance log and the access review follow (besides superusers).
+SENSITIVE_PERMISSIONS = env.list(
+    "SENSITIVE_PERMISSIONS",
+    default=["reasoning.view_reasoning_content", "audit.place_legal_hold"],
+)
+# django-axes: failed logins and failed token authentications, counted per username and per client
+# address (access.lockout.lockout_parameters); at the limit both are refused until the cool-off ends.
+AXES_ENABLED = env.bool("AXES_ENABLED", default=True)
+AXES_FAILURE_LIMIT = env.int("AXES_FAILURE_LIMIT", default=5)
+AXES_COOLOFF_TIME = dt.timedelta(minutes=env.float("AXES_COOLOFF_MINUTES", default=15.0))
+AXES_LOCKOUT_PARAMETERS = "access.lockout.lockout_parameters"
+AXES_LOCKOUT_CALLABLE = "access.lockout.lockout_response"
+AXES_CLIENT_IP_CALLABLE = "access.lockout.client_ip"
+AXES_RESET_ON_SUCCESS = False
+AXES_VERBOSE = False
+# A username is not a secret but POST bodies may hold passwords: axes stores neither GET nor POST data.
+AXES_SENSITIVE_PARAMETERS = ["password", "otp_token", "token"]
+
+# ---------------------------------------------------------------------------------------------------
 # Transparency log (audit/transparency/, docs/audit-integrity.md)
 # ---------------------------------------------------------------------------------------------------
 # Ed25519 signing keys of checkpoints, newest first (base64 of 32-byte seeds); never in the database.
@@ -268,7 +311,7 @@ AUDIT_PURGE_INTERVAL_SECONDS = env.float("AUDIT_PURGE_INTERVAL_SECONDS", default
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.SessionAuthentication",
-        "rest_framework.authentication.TokenAuthentication",
+        "access.authentication.ApiTokenAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
@@ -290,6 +333,8 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "diagnosis.chat.schema.add_chat_paths",
+        # Every token-authenticated operation can answer 429 `locked_out` (access/lockout.py).
+        "access.schema.add_locked_out",
     ],
     "ENUM_NAME_OVERRIDES": {
         "RunStatusEnum": "diagnosis.models.RunStatus.values",

@@ -5,6 +5,8 @@ from django.contrib import admin
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
+from access.apis import ApiTokensApi, RevokeApiTokenApi
+from access.views import verify_otp
 from audit.apis import (
     CheckpointListApi,
     ConsistencyApi,
@@ -22,6 +24,8 @@ from reasoning.apis import ReasoningApi
 
 urlpatterns = [
     path("", chat_pages.front_door, name="front-door"),
+    # The admin's TOTP step-up for reading reasoning (access/views.py), before the admin's own URLs.
+    path("admin/verify-otp/", verify_otp, name="verify-otp"),
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     # The split view serves Swagger UI's init script as its own request: no inline script (config/csp.py).
@@ -48,6 +52,9 @@ urlpatterns = [
         LiftLegalHoldApi.as_view(),
         name="api-legal-hold-lift",
     ),
+    # The user's own API tokens (access/apis.py).
+    path("api/auth/tokens/", ApiTokensApi.as_view(), name="api-tokens"),
+    path("api/auth/tokens/<int:tokenId>/revoke", RevokeApiTokenApi.as_view(), name="api-token-revoke"),
     # The transparency log (docs/audit-integrity.md).
     path("api/audit/checkpoints/", CheckpointListApi.as_view(), name="api-checkpoints"),
     path(

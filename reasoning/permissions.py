@@ -5,14 +5,17 @@ visible (`check_object_permissions`), so the order is 401 → 400 → 404 → 40
 permission never learns whether a run exists in a session they cannot see (docs/api.md).
 """
 
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.permissions import BasePermission
 
+from access.stepup import OTP_MESSAGE, OTP_REQUIRED, otp_satisfied
 from reasoning.models import REASONING_PERMISSION
 
 
 class CanReadReasoningContent(BasePermission):
     """Allows reading provider reasoning and assistant text: `reasoning.view_reasoning_content` (held by
-    the group "Reasoning Auditors"; superusers hold every permission)."""
+    the group "Reasoning Auditors"; superusers hold every permission), and, when `REASONING_REQUIRE_OTP`
+    is on, a verified second factor (`access.stepup`; 403 `otp_required` otherwise)."""
 
     message = "Reading reasoning requires the permission reasoning.view_reasoning_content."
 
@@ -20,4 +23,8 @@ class CanReadReasoningContent(BasePermission):
         return bool(request.user and request.user.is_authenticated)
 
     def has_object_permission(self, request, view, obj) -> bool:
-        return bool(request.user.is_active and request.user.has_perm(REASONING_PERMISSION))
+        if not (request.user.is_active and request.user.has_perm(REASONING_PERMISSION)):
+            return False
+        if not otp_satisfied(request):
+            raise PermissionDenied(OTP_MESSAGE, code=OTP_REQUIRED)
+        return True

@@ -19,9 +19,10 @@ from django.db.models import Q
 from django.db.models.functions import Cast
 from django.utils import timezone
 
+from access.stepup import OTP_MESSAGE, otp_satisfied
 from audit.facts import refresh_run_facts
-from audit.models import EventType
-from audit.recorder import record_reasoning_change
+from audit.models import EventType, GovernanceEventType
+from audit.recorder import record_governance_event, record_reasoning_change
 from audit.retention import held
 from audit.rowdigest import stored_reasoning_rows
 from reasoning import crypto
@@ -47,9 +48,13 @@ def read_reasoning(*, user: AbstractBaseUser, run: Any, request: Any, channel: s
     contract orders it; this checks it again (PermissionDenied), so no path reads unguarded. The row
     records who read what from where (`request`: its client address and user agent, `channel`: API or
     ADMIN). If that write fails, the exception propagates and nothing is returned (no unlogged read).
+    With `REASONING_REQUIRE_OTP` on, the request must also carry a verified second factor
+    (`access.stepup.otp_satisfied`; PermissionDenied otherwise).
     """
     if not (user.is_active and user.has_perm(REASONING_PERMISSION)):
         raise PermissionDenied
+    if not otp_satisfied(request):
+        raise PermissionDenied(OTP_MESSAGE)
     records = get_reasoning_records(run_id=run.run_id)
     record_reasoning_read(
         user=user,
@@ -119,6 +124,7 @@ def purge_reasoning(
     run_id: str | None = None,
     now: dt.datetime | None = None,
     batch_size: int = PURGE_BATCH,
+    actor: str = "purge_reasoning",
 ) -> int:
     """Erase reasoning and assistant text and mark the rows purged; returns how many rows were purged.
 
@@ -130,7 +136,7 @@ def purge_reasoning(
     transaction, a `REASONING_PURGED` event into the chain of every run it touched, with the new digests
     of the purged rows (`audit.recorder.record_reasoning_change`), so that they verify as purged. Rows
     of a run or session under an active legal hold (`audit.retention`) are never purged, not even when
-    `run_id` names the run.
+    `run_id` names the run. Each batch also writes one `REASONING_ROWS_PURGED` governance event (`actor`).
     """
     if older_than_days is None and not run_id:
         raise ValueError("purge_reasoning needs older_than_days, run_id or both")
@@ -162,6 +168,16 @@ def purge_reasoning(
             record_reasoning_change(event_type=EventType.REASONING_PURGED, rows=rows)
             # The purge appends to the runs' chains: their stored list facts are decided again.
             refresh_run_facts(run_ids={row["run_id"] for row in rows})
+            if locked:
+                record_governance_event(
+                    event_type=GovernanceEventType.REASONING_ROWS_PURGED,
+                    actor=actor,
+                    details={
+                        "rows": len(locked),
+                        "runIds": sorted({row["run_id"] for row in rows}),
+                        "olderThanDays": older_than_days,
+                    },
+                )
         purged += len(locked)
     logger.info(
         "reasoning purged rows=%d older_than_days=%s run=%s",
@@ -193,12 +209,15 @@ class RotationReport:
     skipped: int = 0
 
 
-def rotate_reasoning_keys(*, batch_size: int = ROTATE_BATCH) -> RotationReport:
+def rotate_reasoning_keys(
+    *, batch_size: int = ROTATE_BATCH, actor: str = "rotate_reasoning_keys"
+) -> RotationReport:
     """Re-encrypt under the newest configured key every row that is not: rows under an older key are
     rotated, legacy plaintext rows are encrypted. Idempotent (a second run finds nothing to do), in
     batches of `batch_size` rows, one transaction per batch. A row purged meanwhile is skipped, never
     given its content back. Each batch writes a `REASONING_REKEYED` event into the chain of every run it
-    changed, with the rows' new digests (`audit.recorder.record_reasoning_change`)."""
+    changed, with the rows' new digests (`audit.recorder.record_reasoning_change`), and one
+    `REASONING_KEYS_ROTATED` governance event (`actor`)."""
     keyring = crypto.keyring()
     prefix = keyring.current_prefix
     report = RotationReport(key_id=keyring.current_kid)
@@ -243,6 +262,11 @@ def rotate_reasoning_keys(*, batch_size: int = ROTATE_BATCH) -> RotationReport:
             if changed:
                 record_reasoning_change(
                     event_type=EventType.REASONING_REKEYED, rows=stored_reasoning_rows(pk__in=changed)
+                )
+                record_governance_event(
+                    event_type=GovernanceEventType.REASONING_KEYS_ROTATED,
+                    actor=actor,
+                    details={"rows": len(changed), "keyId": report.key_id},
                 )
     logger.info(
         "reasoning keys rotated key=%s scanned=%d rotated=%d encrypted=%d unreadable=%d skipped=%d",

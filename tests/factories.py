@@ -104,3 +104,28 @@ def make_recorded_run(owner, *, query: str = "Why is replication lagging?", **kw
     record_full_run(run, **kwargs)
     run.refresh_from_db()
     return run
+
+
+def issue_token(user, *, otp_verified: bool = False, ttl_hours: float | None = None) -> str:
+    """An API token for `user` through the real service (stored hashed); returns its plaintext."""
+    from access.services import issue_token as issue
+
+    return issue(user=user, actor="tests", otp_verified=otp_verified, ttl_hours=ttl_hours).plaintext
+
+
+def totp_device(user):
+    """A confirmed TOTP device for `user` (django-otp), as an administrator registers one."""
+    from django_otp.plugins.otp_totp.models import TOTPDevice
+
+    return TOTPDevice.objects.create(user=user, name="authenticator", confirmed=True)
+
+
+def totp_code(device, *, at: float | None = None) -> str:
+    """The device's current TOTP code, computed as an authenticator app does (RFC 6238)."""
+    import time
+
+    from django_otp.oath import TOTP
+
+    totp = TOTP(device.bin_key, device.step, device.t0, device.digits, device.drift)
+    totp.time = time.time() if at is None else at
+    return f"{totp.token():0{device.digits}d}"

@@ -6,7 +6,8 @@
 * `chain`: sequence numbers, hash chain, one write per decision, fail-open accounting;
 * `tools`: the tool lifecycle of seed 002;
 * `ledger`: the token ledger kept while the run executes;
-* `governance`: chained events of reasoning purges and key rotations (outside a run's execution).
+* `governance`: chained events of reasoning purges and key rotations (outside a run's execution), and
+  the global governance chain of access changes (`record_governance_event`).
 """
 
 from audit.recorder.facts import (
@@ -19,7 +20,7 @@ from audit.recorder.facts import (
     Usage,
     _Event,
 )
-from audit.recorder.governance import record_reasoning_change
+from audit.recorder.governance import record_governance_event, record_reasoning_change
 from audit.recorder.run import RunRecorder
 
 __all__ = [
@@ -32,5 +33,6 @@ __all__ = [
     "ToolLifecycleConflict",
     "Usage",
     "_Event",
+    "record_governance_event",
     "record_reasoning_change",
 ]

@@ -1,7 +1,13 @@
-"""Chained events written by governance, outside a run's execution: a reasoning purge or key rotation
-changes stored reasoning rows, and records the new digests of those rows in each affected run's chain
-(`REASONING_PURGED`, `REASONING_REKEYED`), so that a purged or re-encrypted row verifies as such and any
-other change to it is still named.
+"""Chained events written by governance, outside a run's execution, in two chains:
+
+* a run's own chain: a reasoning purge or key rotation changes stored reasoning rows, and records the new
+  digests of those rows in each affected run's chain (`REASONING_PURGED`, `REASONING_REKEYED`), so that a
+  purged or re-encrypted row verifies as such and any other change to it is still named;
+* the global governance chain (`audit.models.GovernanceEvent`, `record_governance_event`): every change
+  to who may do what — membership of groups holding a sensitive permission, grants of sensitive
+  permissions, superuser/staff/active flags, API tokens issued and revoked, OTP devices, lockouts and
+  their lifting — hashed exactly like a run's timeline (`audit.integrity.chain_hash` over canonical
+  JSON) and verified by `audit.verification.verify_governance` (`verify_audit`).
 
 Unlike the recorder's decisions these writes are **not** fail-open: they run inside the caller's
 transaction with the row changes they describe, and an error rolls both back (a purge whose event could
@@ -10,15 +16,17 @@ not be written would look like tampering).
 
 from __future__ import annotations
 
+import datetime as dt
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from audit import rowdigest
-from audit.integrity import GENESIS_HASH
-from audit.models import EventType, Phase, TraceEvent
+from audit.integrity import GENESIS_HASH, chain_hash, timestamp
+from audit.models import EventType, GovernanceEvent, GovernanceEventType, Phase, TraceEvent
 from audit.recorder.facts import _Event
 from audit.recorder.run import RunRecorder
 
@@ -74,4 +82,96 @@ def _append(*, run_id: str, session_id: str, event: _Event) -> int:
                 raise
             continue
         return writer._next_sequence - 1
+    raise AssertionError("unreachable")
+
+
+# --------------------------------------------------------------------------------------------------
+# The global governance chain
+# --------------------------------------------------------------------------------------------------
+def governance_payload(
+    *,
+    sequence_no: int,
+    event_type: str,
+    actor: str,
+    subject_user: str,
+    group: str,
+    permission: str,
+    details: Any,
+    created_at: dt.datetime,
+) -> dict[str, Any]:
+    """What a governance event's hash covers: every stored field but the hashes themselves."""
+    return {
+        "sequenceNo": sequence_no,
+        "eventType": event_type,
+        "actor": actor,
+        "subjectUser": subject_user,
+        "group": group,
+        "permission": permission,
+        "details": details,
+        "createdAt": timestamp(created_at),
+    }
+
+
+def governance_hash(event: GovernanceEvent) -> str:
+    """Recompute the hash a stored governance event should carry, from its own stored fields."""
+    return chain_hash(
+        event.prev_hash,
+        governance_payload(
+            sequence_no=event.sequence_no,
+            event_type=event.event_type,
+            actor=event.actor,
+            subject_user=event.subject_user,
+            group=event.group,
+            permission=event.permission,
+            details=event.details,
+            created_at=event.created_at,
+        ),
+    )
+
+
+def record_governance_event(
+    *,
+    event_type: str,
+    actor: str = "",
+    subject_user: str = "",
+    group: str = "",
+    permission: str = "",
+    details: Mapping[str, Any] | None = None,
+) -> GovernanceEvent:
+    """Append one event at the head of the governance chain and return it.
+
+    Fail-closed: it runs inside the caller's transaction (opening one if there is none), so a change
+    whose event could not be written is rolled back with it. Concurrent writers are ordered by a
+    locking read of the head (on SQLite by the write transaction itself); a writer that loses the race
+    for a sequence number retries."""
+    if event_type not in GovernanceEventType.values:
+        raise ValueError(f"not a governance event type: {event_type!r}")
+    for attempt in range(1, APPEND_ATTEMPTS + 1):
+        try:
+            with transaction.atomic():
+                last = (
+                    GovernanceEvent.objects.select_for_update()
+                    .order_by("-sequence_no")
+                    .values_list("sequence_no", "hash")
+                    .first()
+                )
+                sequence_no, prev_hash = (last[0] + 1, last[1]) if last else (1, GENESIS_HASH)
+                event = GovernanceEvent(
+                    sequence_no=sequence_no,
+                    event_type=event_type,
+                    actor=actor or "",
+                    subject_user=subject_user or "",
+                    group=group or "",
+                    permission=permission or "",
+                    details=dict(details or {}),
+                    prev_hash=prev_hash,
+                    # The database keeps microseconds; hash what it will give back.
+                    created_at=timezone.now(),
+                )
+                event.hash = governance_hash(event)
+                event.save(force_insert=True)
+                return event
+        except IntegrityError:
+            if attempt == APPEND_ATTEMPTS:
+                raise
     raise AssertionError("unreachable")

@@ -32,6 +32,7 @@ from django.utils.http import urlencode
 from django.utils.text import Truncator
 from rest_framework.renderers import JSONRenderer
 
+from access.stepup import OTP_MESSAGE, otp_satisfied
 from audit.selectors import get_trace
 from audit.serializers import serialize_trace
 from audit.transparency.evidence import build_bundle
@@ -307,9 +308,21 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
         if request.method != "POST":
             return HttpResponse(status=405, headers={"Allow": "POST"})
         run = self._viewable_run(request, object_id)
+        partial = request.headers.get("X-Requested-With") == "fetch"
+        run_url = reverse("admin:diagnosis_diagnosisrun_change", args=[run.pk])
+        if not otp_satisfied(request):
+            # REASONING_REQUIRE_OTP: this session has not passed a TOTP check (access.stepup).
+            context = {
+                **self.admin_site.each_context(request),
+                "run": run,
+                "run_url": run_url,
+                "verify_url": reverse("verify-otp") + "?" + urlencode({"next": run_url}),
+                "message": OTP_MESSAGE,
+            }
+            template = "admin/access/otp_required_panel.html" if partial else "admin/access/otp_required.html"
+            return TemplateResponse(request, template, context, status=403, headers={"X-Step-Up": "otp"})
         # Logged before the content leaves the process: if that write fails, nothing is returned.
         records = read_reasoning(user=request.user, run=run, request=request, channel=AccessChannel.ADMIN)
-        partial = request.headers.get("X-Requested-With") == "fetch"
         template = (
             "admin/diagnosis/diagnosisrun/reasoning_panel.html"
             if partial
@@ -321,7 +334,7 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
             "title": f"Reasoning of run {run.run_id}",
             "run": run,
             "records": records,
-            "run_url": reverse("admin:diagnosis_diagnosisrun_change", args=[run.pk]),
+            "run_url": run_url,
         }
         request.current_app = self.admin_site.name
         response = TemplateResponse(request, template, context)

@@ -1,20 +1,25 @@
-"""Who is on the other end of a chat, over either transport: a DRF token for scripts, the session cookie
-for pages. DRF's own authenticators decide, on the runtime's bounded database pool (`runtime.db.db`).
+"""Who is on the other end of a chat, over either transport: an API token for scripts, the session
+cookie for pages. The REST API's own authenticators decide, on the runtime's bounded database pool
+(`runtime.db.db`).
 
-* HTTP (`authenticate_http`, the SSE views): DRF's `TokenAuthentication`, then `SessionAuthentication`
-  with its CSRF enforcement on unsafe methods — the REST API's authenticators, tried token first, so a
-  request with `Authorization: Token <key>` is decided by the token alone. A failure is the contract's
-  JSON error: 401 `not_authenticated` / `authentication_failed` (with `WWW-Authenticate: Token`), 403
-  `permission_denied` (CSRF).
+* HTTP (`authenticate_http`, the SSE views): `access.authentication.ApiTokenAuthentication` (hashed,
+  expiring, revocable tokens; failures counted by axes), then DRF's `SessionAuthentication` with its CSRF
+  enforcement on unsafe methods — the REST API's authenticators, tried token first, so a request with
+  `Authorization: Token <token>` is decided by the token alone. A failure is the contract's JSON error:
+  401 `not_authenticated` / `authentication_failed` (with `WWW-Authenticate: Token`), 403
+  `permission_denied` (CSRF), 429 `locked_out` (too many failures, `access.lockout`).
 * WebSocket (`ChatAuthMiddleware`): channels' session authentication (cookie), overridden when the
-  handshake carries `Authorization`: that header alone then decides, through DRF's `TokenAuthentication`
-  (an unknown key, an inactive user or another scheme is anonymous; the session cookie is not
-  consulted). Tokens never travel in the URL, so they stay out of access logs. CSRF does not apply to a
-  handshake; `ChatOriginValidator` protects cookie-authenticated sockets against cross-site WebSocket
-  hijacking instead: browsers always send `Origin`, and it must name a host of `ALLOWED_HOSTS` (as
-  channels' `AllowedHostsOriginValidator`). A handshake without `Origin` cannot come from a web page; it
-  is accepted only when it authenticates with a token (browsers cannot set `Authorization` on a
-  WebSocket handshake), so scripts need not invent an origin.
+  handshake carries `Authorization`: that header alone then decides, through the same
+  `access.authentication.authenticate_token` (an unknown, expired or revoked token, an inactive user or
+  another scheme is anonymous, and the failure is counted against the client address and the token's
+  owner; a locked-out handshake is marked `scope["auth_refusal"] = "locked_out"`, which the consumer
+  answers with a `locked_out` error frame and close code 4429; the session cookie is not consulted).
+  Tokens never travel in the URL, so they stay out of access logs. CSRF does not apply to a handshake;
+  `ChatOriginValidator` protects cookie-authenticated sockets against cross-site WebSocket hijacking
+  instead: browsers always send `Origin`, and it must name a host of `ALLOWED_HOSTS` (as channels'
+  `AllowedHostsOriginValidator`). A handshake without `Origin` cannot come from a web page; it is accepted
+  only when it authenticates with a token (browsers cannot set `Authorization` on a WebSocket handshake), so
+  scripts need not invent an origin.
 """
 
 from __future__ import annotations
@@ -25,16 +30,17 @@ from channels.security.websocket import OriginValidator
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.http import HttpRequest, JsonResponse
-from django.http.request import HttpHeaders
-from rest_framework.authentication import SessionAuthentication, TokenAuthentication
+from rest_framework.authentication import SessionAuthentication
 from rest_framework.exceptions import APIException, NotAuthenticated
 from rest_framework.parsers import BaseParser
 from rest_framework.request import Request
 
+from access import lockout
+from access.authentication import ApiTokenAuthentication, authenticate_token, token_from_header
 from config.api import json_error
 from diagnosis.runtime.db import db
 
-AUTHENTICATORS = (TokenAuthentication, SessionAuthentication)
+AUTHENTICATORS = (ApiTokenAuthentication, SessionAuthentication)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -68,6 +74,8 @@ async def authenticate_http(request: HttpRequest) -> tuple[AbstractBaseUser | No
         response = json_error(exc.status_code, str(exc.detail), str(exc.get_codes()))
         if exc.status_code == 401:
             response["WWW-Authenticate"] = AUTHENTICATORS[0]().authenticate_header(request)
+        if getattr(exc, "wait", None):
+            response["Retry-After"] = str(int(exc.wait))
         return None, response
 
 
@@ -88,20 +96,22 @@ def has_token(scope) -> bool:
     return len(parts) == 2 and parts[0].lower() == "token"
 
 
-class _Handshake:
-    """What DRF's `TokenAuthentication` reads of a request: its `Authorization` header."""
-
-    def __init__(self, authorization: bytes) -> None:
-        self.META = {"HTTP_AUTHORIZATION": authorization.decode("latin1")}
-        self.headers = HttpHeaders(self.META)
+LOCKED_OUT = lockout.LOCKED_OUT
 
 
-def _token_user(authorization: bytes) -> AbstractBaseUser | AnonymousUser:
+def _token_scope(scope, authorization: bytes) -> dict:
+    """The scope with the token's user (anonymous on any failure), and `auth_refusal` when locked out."""
+    request = lockout.handshake_request(scope)
     try:
-        found = TokenAuthentication().authenticate(_Handshake(authorization))
+        token = token_from_header(authorization)
+        if token is None:
+            return dict(scope, user=AnonymousUser())
+        user, _row = authenticate_token(request, token)
+    except lockout.LockedOut:
+        return dict(scope, user=AnonymousUser(), auth_refusal=LOCKED_OUT)
     except APIException:
-        found = None
-    return found[0] if found is not None else AnonymousUser()
+        return dict(scope, user=AnonymousUser())
+    return dict(scope, user=user)
 
 
 class _TokenMiddleware(BaseMiddleware):
@@ -110,7 +120,7 @@ class _TokenMiddleware(BaseMiddleware):
     async def __call__(self, scope, receive, send):
         authorization = _header(scope, b"authorization")
         if authorization is not None:
-            scope = dict(scope, user=await db(_token_user, authorization))
+            scope = await db(_token_scope, scope, authorization)
         return await super().__call__(scope, receive, send)
 
 

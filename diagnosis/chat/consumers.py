@@ -9,7 +9,9 @@ Client → server (JSON text frames of at most 64 KiB)::
 Server → client: `run`, `delta`, `tool`, `outcome`, `error` frames (`diagnosis.chat.protocol`).
 
 Authentication happens in the handshake (`diagnosis.chat.auth`: session cookie or `Authorization: Token`);
-an anonymous connection is accepted and closed at once with code 4401 so the client can tell why. A
+an anonymous connection is accepted and closed at once with code 4401 so the client can tell why (4429
+after a `locked_out` error frame when the client address or the token's owner is locked out after too
+many failed authentications, `access.lockout`). A
 malformed, binary, oversized or unknown frame is answered with an `error` frame and the socket stays
 usable. `chat` starts a run in this process and follows it; `attach` follows a run (replay after `after`,
 then live until its outcome) from any process; `cancel` asks a run to stop, and the outcome reaches
@@ -37,6 +39,7 @@ logger = logging.getLogger(__name__)
 MAX_FRAME_BYTES = 64 * 1024
 MAX_FOLLOWS_PER_SOCKET = 16
 CLOSE_UNAUTHENTICATED = 4401
+CLOSE_LOCKED_OUT = 4429
 
 
 class ChatConsumer(AsyncJsonWebsocketConsumer):
@@ -47,6 +50,10 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         self.followers: dict[str, tuple[asyncio.Task, RunFollower]] = {}
         self.user = self.scope.get("user")
         await self.accept()
+        if self.scope.get("auth_refusal") == "locked_out":
+            await self._error("locked_out", "Too many failed authentication attempts; try again later.")
+            await self.close(code=CLOSE_LOCKED_OUT)
+            return
         if self.user is None or not self.user.is_authenticated or not self.user.is_active:
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return

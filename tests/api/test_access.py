@@ -7,12 +7,11 @@ a superuser. What a user may not see is 404 with exactly the body of something t
 import pytest
 from django.contrib.auth.models import Group
 from django.core.cache import cache
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from diagnosis import services
 from reasoning.models import ReasoningAccessLog
-from tests.factories import make_recorded_run
+from tests.factories import issue_token, make_recorded_run
 
 pytestmark = pytest.mark.django_db
 
@@ -51,8 +50,7 @@ EXPECTED = {
 def _client_for(role, users):
     client = APIClient()
     if role != "anonymous":
-        token, _ = Token.objects.get_or_create(user=users[role])
-        client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+        client.credentials(HTTP_AUTHORIZATION=f"Token {issue_token(users[role])}")
     return client
 
 
@@ -108,21 +106,21 @@ def test_a_wrong_token_is_401_authentication_failed(api_client, traced_run):
 
 
 def test_an_inactive_users_token_is_refused(api_client, user, traced_run):
-    token = Token.objects.create(user=user)
+    token = issue_token(user)
     user.is_active = False
     user.save()
-    api_client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    api_client.credentials(HTTP_AUTHORIZATION=f"Token {token}")
     assert api_client.get("/api/diagnosis/sessions/").status_code == 401
 
 
-def test_drf_create_token_command_gives_a_working_token(api_client, user, traced_run):
+def test_issue_token_command_gives_a_working_token(api_client, user, traced_run):
     from io import StringIO
 
     from django.core.management import call_command
 
     out = StringIO()
-    call_command("drf_create_token", user.username, stdout=out)
-    key = out.getvalue().split()[2]
+    call_command("issue_token", user.username, stdout=out, stderr=StringIO())
+    key = out.getvalue().strip()
     api_client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
     response = api_client.get(f"/api/diagnosis/{traced_run.session_id}/trace")
     assert response.status_code == 200

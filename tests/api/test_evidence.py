@@ -4,11 +4,10 @@ contract's shape."""
 
 import pytest
 from django.contrib.auth.models import Group
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from audit.transparency import bundle, keys, log, merkle, note
-from tests.factories import REASONING_MARKER, make_recorded_run
+from tests.factories import REASONING_MARKER, issue_token, make_recorded_run
 
 pytestmark = pytest.mark.django_db
 
@@ -35,8 +34,7 @@ def users(user, other_user, staff_user, auditor, superuser):
 def _client(user=None):
     client = APIClient()
     if user is not None:
-        token, _ = Token.objects.get_or_create(user=user)
-        client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+        client.credentials(HTTP_AUTHORIZATION=f"Token {issue_token(user)}")
     return client
 
 

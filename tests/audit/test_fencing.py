@@ -32,7 +32,6 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import OperationalError, connection
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
 
 from audit.group_commit import get_committer
 from audit.models import AgentStep, EventType, ToolInvocation, ToolStatus, TraceEvent
@@ -49,7 +48,7 @@ from diagnosis.runtime.tools.registry import default_registry
 from reasoning.capture import build_capture
 from reasoning.models import AgentReasoningAudit
 from tests.chat.support import DaphneServer, ScriptedProvider, iter_sse, wait_for
-from tests.factories import usage
+from tests.factories import issue_token, usage
 from tests.fakes.openai_server import FakeLLMServer, stream_tool_calls
 from tests.runtime.support import AGENT, ask, in_every_runtime_thread
 
@@ -396,7 +395,7 @@ def _freeze_between_renewal_and_tool_end(server: DaphneServer, run_id: str, tool
 
 
 def test_a_frozen_process_swept_and_woken_lands_nothing(provider, user):
-    token = Token.objects.create(user=user).key
+    token = issue_token(user)
     provider.tools = (("slow_probe", {"seconds": PROBE_SECONDS}),)
     env = {
         **provider.env(provider.base_url),

@@ -20,13 +20,13 @@ import pytest
 import redis
 from django.core.management import call_command
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
 
 from audit.models import EventType, ToolInvocation, ToolStatus, TraceEvent
 from audit.selectors import get_trace
 from diagnosis.models import DiagnosisRun, RunStatus
 from diagnosis.runtime.sweeper import LEASE_EXPIRED
 from tests.chat.support import DaphneServer, ScriptedProvider, iter_sse, wait_for
+from tests.factories import issue_token
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -36,7 +36,7 @@ REDIS_URL = "redis://127.0.0.1:6379/0"
 
 @pytest.fixture
 def token(user):
-    return Token.objects.create(user=user).key
+    return issue_token(user)
 
 
 @pytest.fixture

@@ -9,8 +9,9 @@ import threading
 import pytest
 from asgiref.sync import sync_to_async
 from django.test import AsyncClient
-from rest_framework.authentication import SessionAuthentication, TokenAuthentication
+from rest_framework.authentication import SessionAuthentication
 
+from access.authentication import ApiTokenAuthentication
 from audit.models import EventType, TraceEvent
 from diagnosis.answers import render_answer
 from diagnosis.models import DiagnosisRun, RunStatus
@@ -153,7 +154,7 @@ async def test_authentication_is_drf_s_on_the_runtime_database_pool(user, monkey
 
         monkeypatch.setattr(cls, "authenticate", authenticate)
 
-    spy(TokenAuthentication)
+    spy(ApiTokenAuthentication)
     spy(SessionAuthentication)
     run = await sync_to_async(make_recorded_run)(user)
     url = f"/api/diagnosis/{run.session_id}/runs/{run.run_id}/cancel"

@@ -13,7 +13,6 @@ import json
 import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
-from rest_framework.authtoken.models import Token
 
 from audit.models import EventType, ToolInvocation, ToolStatus, TraceEvent
 from audit.selectors import get_trace
@@ -26,7 +25,7 @@ from tests.chat.support import assert_frame_keys, owned_runs, text_before_releas
 from tests.chat.transports import ORIGIN, TIMEOUT
 from tests.chat.transports import ws_connect as _connect
 from tests.chat.transports import ws_frames_until_outcome as _frames_until_outcome
-from tests.factories import REASONING_MARKER, make_recorded_run
+from tests.factories import REASONING_MARKER, issue_token, make_recorded_run
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -82,8 +81,8 @@ async def test_session_cookie_authenticates_and_a_foreign_origin_is_refused(user
 
 
 async def test_token_header_authenticates_scripts_without_origin(user):
-    token = await sync_to_async(Token.objects.create)(user=user)
-    comm = await _connect(headers=[(b"authorization", f"Token {token.key}".encode())])
+    token = await sync_to_async(issue_token)(user)
+    comm = await _connect(headers=[(b"authorization", f"Token {token}".encode())])
     await comm.send_to(text_data=json.dumps({"type": "attach", "runId": "run_nope"}))
     assert await comm.receive_json_from(timeout=TIMEOUT) == {
         "type": "error",

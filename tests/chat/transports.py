@@ -10,11 +10,11 @@ import json
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.test import AsyncClient
-from rest_framework.authtoken.models import Token
 
 from config.asgi import application
 from diagnosis.runtime import supervisor
 from tests.chat.support import assert_frame_keys, owned_runs, parse_sse
+from tests.factories import issue_token
 
 TIMEOUT = 15
 ORIGIN = (b"origin", b"http://127.0.0.1")
@@ -53,9 +53,8 @@ class TokenClient(AsyncClient):
 
 
 async def token_client(user) -> AsyncClient:
-    """A client authenticated by `user`'s API token (created on first use)."""
-    token, _ = await sync_to_async(Token.objects.get_or_create)(user=user)
-    return TokenClient(token.key)
+    """A client authenticated by `user`'s API token (issued for this client)."""
+    return TokenClient(await sync_to_async(issue_token)(user))
 
 
 async def sse_read(response, *, until_outcome: bool = True, stop_after=None) -> tuple[str, list]:

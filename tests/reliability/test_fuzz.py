@@ -20,9 +20,10 @@ from io import StringIO
 import pytest
 import schemathesis
 from django.core.management import call_command
+from django.test import Client
+from django.utils.crypto import get_random_string
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
-from rest_framework.authtoken.models import Token
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
@@ -30,12 +31,13 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from access.models import ApiToken
 from audit.models import LegalHold
 from audit.retention import place_hold
 from audit.transparency.log import checkpoint
 from diagnosis.models import DiagnosisRun
 from tests.chat.support import DaphneServer
-from tests.factories import make_recorded_run
+from tests.factories import issue_token, make_recorded_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -49,9 +51,22 @@ def json_schema_conformance(ctx, response, case):
     return None
 
 
+def refused_by_daphne(response) -> bool:
+    """Refused by daphne's HTTP parser before the application saw it (e.g. control characters in a
+    generated header or the decoded path): an empty 400 without headers, no response of ours to check."""
+    return response.status_code == 400 and not response.headers and not response.text
+
+
+def declared_content_type(ctx, response, case):
+    """Schemathesis' content-type check, for every response the application itself sent."""
+    if refused_by_daphne(response):
+        return None
+    return content_type_conformance(ctx, response, case)
+
+
 WEBHOOK_TOKEN = "fuzz-webhook-token"
 WEBHOOK_PATH = "/api/aiops/alertmanager"
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, json_schema_conformance]
+CHECKS = [not_a_server_error, status_code_conformance, declared_content_type, json_schema_conformance]
 
 
 @pytest.fixture
@@ -68,6 +83,9 @@ def server(superuser, user):
             # The webhook is fuzzed with its own bearer token; fuzzed analyses stay queued.
             "AIOPS_WEBHOOK_TOKEN": WEBHOOK_TOKEN,
             "AIOPS_WORKER_CONCURRENCY": "0",
+            # Negative cases send invalid tokens by design; locking the fuzzer's address out would leave
+            # every later case a 429 (lockout itself: tests/access/test_lockout.py).
+            "AXES_FAILURE_LIMIT": "1000000",
         },
         name="fuzz",
     ).start()
@@ -78,9 +96,7 @@ def server(superuser, user):
 def error_shape(ctx, response, case):
     """Every 4xx/5xx body is `{"error": {"code", "message"}}`."""
     if response.status_code >= 400:
-        if not response.headers and not response.text:
-            # Refused by daphne's HTTP parser before the application saw it (e.g. control characters in
-            # the decoded path): there is no response of ours to shape.
+        if refused_by_daphne(response):
             return
         body = response.json()
         assert isinstance(body, dict) and set(body) == {"error"}, body
@@ -108,7 +124,7 @@ def _fuzz(strategy, *, examples: int, counter: collections.Counter, checks: list
 
 
 def test_schemathesis_finds_no_server_error_on_any_operation(server, superuser, user):
-    token = Token.objects.create(user=superuser).key
+    token = issue_token(superuser)
     auth = {"Authorization": f"Token {token}"}
     schema = schemathesis.openapi.from_url(f"{server.url}/api/schema/?format=json", headers=auth, timeout=10)
     statuses: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
@@ -122,6 +138,18 @@ def test_schemathesis_finds_no_server_error_on_any_operation(server, superuser, 
         "runId": run.run_id,
         "treeSize": 1,
         "holdId": LegalHold.objects.get().pk,
+        # A token of `user` the revoke operation may revoke (its fuzzing authenticates as `user`, so no
+        # generated id can revoke the superuser's token every other operation uses).
+        "tokenId": ApiToken.objects.get(prefix=issue_token(user)[:8]).pk,
+    }
+    # Issuing a token needs a session (a token cannot mint tokens): that operation is fuzzed with the
+    # superuser's session cookie and a CSRF token, as a browser sends them.
+    session = Client()
+    session.force_login(superuser)
+    csrf = get_random_string(32)
+    session_auth = {
+        "Cookie": f"sessionid={session.cookies['sessionid'].value}; csrftoken={csrf}",
+        "X-CSRFToken": csrf,
     }
     passes = [(mode, ids) for mode in EXAMPLES for ids in ("generated", "real")]
 
@@ -133,8 +161,16 @@ def test_schemathesis_finds_no_server_error_on_any_operation(server, superuser, 
                 fixed_query = {"from": 1}
             if ids == "real" and not (fixed_path or fixed_query):
                 continue
-            # The webhook authenticates only with its bearer token, every other operation with the token.
-            op_auth = {"Authorization": f"Bearer {WEBHOOK_TOKEN}"} if operation.path == WEBHOOK_PATH else auth
+            # The webhook authenticates only with its bearer token, issuing a token with a session, revoking
+            # one with a fresh token of `user` per pass, every other operation with the superuser's token.
+            if operation.path == WEBHOOK_PATH:
+                op_auth = {"Authorization": f"Bearer {WEBHOOK_TOKEN}"}
+            elif operation.label == "POST /api/auth/tokens/":
+                op_auth = session_auth
+            elif operation.path.endswith("/revoke"):
+                op_auth = {"Authorization": f"Token {issue_token(user)}"}
+            else:
+                op_auth = auth
             strategy = operation.as_strategy(
                 generation_mode=mode,
                 headers=op_auth,

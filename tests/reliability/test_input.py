@@ -23,7 +23,6 @@ import json
 from urllib.parse import quote
 
 import pytest
-from rest_framework.authtoken.models import Token
 
 from audit.models import ToolInvocation, TraceEvent
 from audit.selectors import get_trace
@@ -31,7 +30,7 @@ from diagnosis import services
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunFeedback, RunStatus
 from reasoning.models import ReasoningAccessLog
 from tests.admin.support import grant_console
-from tests.factories import make_recorded_run
+from tests.factories import issue_token, make_recorded_run
 from tests.fakes.openai_server import stream_answer, stream_tool_calls
 from tests.runtime.support import AGENT, ask, evidence_ids, load_corpus
 
@@ -52,7 +51,7 @@ HOSTILE_IDS = {
 
 @pytest.fixture
 def token_client(client, user):
-    key = Token.objects.create(user=user).key
+    key = issue_token(user)
     client.defaults["HTTP_AUTHORIZATION"] = f"Token {key}"
     return client
 

@@ -28,11 +28,11 @@ import websockets
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.db import connection
-from rest_framework.authtoken.models import Token
 
 from audit.selectors import get_trace
 from diagnosis.models import DiagnosisRun
 from tests.chat.support import ARTIFACTS, DaphneServer, parse_sse
+from tests.factories import issue_token
 
 pytestmark = [pytest.mark.load, pytest.mark.django_db(transaction=True)]
 
@@ -51,8 +51,7 @@ def tokens(db):
     users = get_user_model().objects.bulk_create(
         [get_user_model()(username=f"load-{i:03d}", is_active=True) for i in range(CHATS)]
     )
-    keys = Token.objects.bulk_create([Token(user=u, key=Token.generate_key()) for u in users])
-    return [t.key for t in keys]
+    return [issue_token(u) for u in users]
 
 
 @pytest.fixture

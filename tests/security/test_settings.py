@@ -32,13 +32,12 @@ from cryptography.fernet import Fernet
 from django.conf import settings as django_settings
 from django.http import HttpResponse
 from django.test import RequestFactory
-from rest_framework.authtoken.models import Token
 
 from audit.transparency.keys import generate_key_text
 from config.csp import HEADER, ContentSecurityPolicyMiddleware, build_policy
 from diagnosis.runtime import db as runtime_db
 from tests.admin.support import grant_console
-from tests.factories import make_recorded_run
+from tests.factories import issue_token, make_recorded_run
 from tests.fakes.openai_server import stream_answer, stream_tool_calls, usage
 from tests.runtime.support import AGENT, ask, evidence_ids, load_corpus
 
@@ -311,8 +310,8 @@ def test_no_reasoning_answer_or_token_reaches_any_log_line_at_debug(
         ),
     )
     llm.supported()
-    token = Token.objects.create(user=auditor).key
-    user_token = Token.objects.create(user=user).key
+    token = issue_token(auditor)
+    user_token = issue_token(user)
     with caplog.at_level(logging.DEBUG):
         run, outcome, _sink = ask(user, "nginx answers 502 after the deploy")
         assert any(m.get("reasoning_content") == REASONING for m in llm.requests[AGENT][1].messages)
@@ -339,8 +338,11 @@ def test_no_reasoning_answer_or_token_reaches_any_log_line_at_debug(
     assert len(caplog.records) > 10  # the logs were really captured at DEBUG
     for secret in (REASONING[:24], answer_marker, token, user_token, "sk-test"):
         assert secret not in text, secret
-    # The guard: it is the logging configuration that keeps SQL (and its parameters) out. With the
-    # database logger opened to DEBUG, the token would be in the log through the auth query.
+    # The logging configuration keeps SQL (and its parameters: questions, answers) out. Tokens are not
+    # in SQL at all: with the database logger opened to DEBUG, the auth query shows the token's clear
+    # prefix (access.models.ApiToken) and never the token.
+    caplog.clear()
     with caplog.at_level(logging.DEBUG, logger="django.db.backends"):
         Client(HTTP_AUTHORIZATION=f"Token {user_token}").get("/api/diagnosis/sessions/")
-    assert user_token in caplog.text
+    assert "access_api_token" in caplog.text and user_token[:8] in caplog.text
+    assert user_token not in caplog.text

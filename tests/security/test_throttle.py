@@ -15,12 +15,12 @@ import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.test import AsyncClient
-from rest_framework.authtoken.models import Token
 
 from config.asgi import application
 from diagnosis.chat.throttle import ChatRateThrottle
 from diagnosis.models import DiagnosisRun
 from tests.chat.support import owned_runs, parse_sse
+from tests.factories import issue_token
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -40,7 +40,7 @@ def throttle_settings(chat_settings):
 
 
 async def _token(user) -> str:
-    return (await sync_to_async(Token.objects.create)(user=user)).key
+    return await sync_to_async(issue_token)(user)
 
 
 async def _post_chat(key: str, query: str):

@@ -7,7 +7,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from audit.models import LogLeaf, TraceEvent
 from audit.transparency.verify import UNANCHORED, prove_run, read_witness, verify_log
-from audit.verification import RUN_BATCH, refresh_facts, verify_all_runs, verify_run
+from audit.verification import RUN_BATCH, refresh_facts, verify_all_runs, verify_governance, verify_run
 from diagnosis.models import DiagnosisRun
 
 
@@ -22,7 +22,8 @@ class Command(BaseCommand):
         "Without --run, also the whole log: every leaf and stored "
         "node, every checkpoint's signature and its chain, every checkpoint's root against the stored "
         "leaves, no leaf missing or unsigned, no anchored run deleted, and the checkpoints of a witness "
-        "file (--witness, default AUDIT_WITNESS_PATH). With --run, the run's inclusion proof in the "
+        "file (--witness, default AUDIT_WITNESS_PATH), and the governance chain of access changes. "
+        "With --run, the run's inclusion proof in the "
         "newest checkpoint. Prints problems (never content) and notes (rows recorded before row digests, "
         "purged reasoning; finished runs not yet anchored are counted, and listed with -v 2); exits 1 if "
         "there is a problem."
@@ -118,10 +119,20 @@ class Command(BaseCommand):
                 f"{witnessed}: " + ("ok" if log.ok else f"{len(log.invalid)} problem(s)")
             )
             log_problems = len(log.invalid)
-        if failed or log_problems:
+        governance_events, governance_problems = (0, []) if run_id else verify_governance()
+        for problem in governance_problems:
+            self.stdout.write(f"governance INVALID {problem}")
+        if not run_id:
+            self.stdout.write(
+                f"verified the governance log: {governance_events} event(s): "
+                + ("ok" if not governance_problems else f"{len(governance_problems)} problem(s)")
+            )
+        if failed or log_problems or governance_problems:
             parts = []
             if failed:
                 parts.append(f"{failed} run(s) failed verification")
             if log_problems:
                 parts.append(f"the transparency log has {log_problems} problem(s)")
+            if governance_problems:
+                parts.append(f"the governance log has {len(governance_problems)} problem(s)")
             raise CommandError("; ".join(parts))

@@ -1,6 +1,8 @@
-"""Demo accounts for a development machine: `admin`, `staff` and `auditor`, passwords printed once;
+"""Demo accounts for a development machine: `admin`, `staff` and `auditor`, passwords printed once; the
+auditor's TOTP device (second factor for reading reasoning, docs/security.md), its secret printed once;
 then the runbook corpus (`diagnosis/runbooks`) is loaded into the knowledge base (idempotent)."""
 
+import base64
 import secrets
 from pathlib import Path
 
@@ -9,6 +11,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
+from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from audit.signals import STAFF_VIEWERS_GROUP
 from reasoning.signals import AUDITOR_GROUP
@@ -53,8 +56,25 @@ class Command(BaseCommand):
                 self.stdout.write(f"  {username:8} {password}")
         else:
             self.stdout.write("Demo accounts exist already (admin, staff, auditor).")
+        self._auditor_totp(User)
         call_command("load_knowledge", str(RUNBOOKS_DIR), stdout=self.stdout)
         self._demo_runs(User)
+
+    def _auditor_totp(self, User) -> None:
+        """The demo auditor's TOTP device, created once; its secret is printed only then."""
+        auditor = User.objects.filter(username="auditor").first()
+        if auditor is None or TOTPDevice.objects.filter(user=auditor).exists():
+            return
+        device = TOTPDevice.objects.create(user=auditor, name="demo authenticator", confirmed=True)
+        secret = base64.b32encode(device.bin_key).decode().rstrip("=")
+        self.stdout.write(
+            "TOTP for auditor (shown only now; add it to an authenticator app, or compute a code with "
+            "`oathtool --totp -b SECRET`):"
+        )
+        self.stdout.write(f"  secret {secret}")
+        self.stdout.write(f"  {device.config_url}")
+        if not getattr(settings, "REASONING_REQUIRE_OTP", False):
+            self.stdout.write("  (REASONING_REQUIRE_OTP is off in development: set it to true to require it)")
 
     def _demo_runs(self, User) -> None:
         """On a database without runs, a few runs of the offline demo model for `staff`, so that the

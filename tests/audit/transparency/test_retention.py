@@ -11,7 +11,6 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from audit.models import AgentStep, LegalHold, LogLeaf, RunTombstone, TraceEvent
@@ -23,7 +22,7 @@ from reasoning.models import AgentReasoningAudit
 from reasoning.services import purge_reasoning
 from tests.admin.support import grant_console
 from tests.audit.transparency.support import delete_run
-from tests.factories import make_recorded_run, record_full_run
+from tests.factories import issue_token, make_recorded_run, record_full_run
 
 pytestmark = pytest.mark.django_db
 
@@ -152,7 +151,7 @@ def test_only_anchored_runs_are_purged_and_the_purge_checkpoints_first(user, sig
 # --------------------------------------------------------------------------------------------------
 def _api(user):
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.get_or_create(user=user)[0].key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {issue_token(user)}")
     return client
 
 

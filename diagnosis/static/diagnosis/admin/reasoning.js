@@ -17,7 +17,8 @@ document.addEventListener("DOMContentLoaded", () => {
         headers: {"X-Requested-With": "fetch"},
         credentials: "same-origin",
       });
-      if (!response.ok) throw new Error(`HTTP ${response.status}`);
+      // 403 with X-Step-Up: otp is the server's "verify a second factor first" panel (access.stepup).
+      if (!response.ok && response.headers.get("X-Step-Up") !== "otp") throw new Error(`HTTP ${response.status}`);
       target.innerHTML = await response.text();
       form.hidden = true;
     } catch (error) {

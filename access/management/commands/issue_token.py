@@ -1,0 +1,52 @@
+"""`manage.py issue_token USERNAME [--ttl-hours H] [--name NAME] [--otp CODE]`: issue an API token and
+print it once (it is stored only as a digest). With `--otp`, the code of the user's TOTP device is
+checked first and the token carries that verification (it then satisfies `REASONING_REQUIRE_OTP`)."""
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError
+from django_otp.plugins.otp_totp.models import TOTPDevice
+
+from access.services import issue_token
+
+
+class Command(BaseCommand):
+    help = (
+        "Issue an API token for USERNAME and print it once (only its SHA-256 digest is stored). "
+        "Expires after --ttl-hours (default API_TOKEN_TTL_HOURS). --otp CODE checks a TOTP code of the "
+        "user's device first; the token then carries the verification reading reasoning needs when "
+        "REASONING_REQUIRE_OTP is on. List and revoke tokens in the admin (Access governance › API "
+        "tokens) or with the API (/api/auth/tokens/)."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("username")
+        parser.add_argument("--ttl-hours", type=float, default=None)
+        parser.add_argument("--name", default="", help="a label shown in token lists")
+        parser.add_argument("--otp", metavar="CODE", help="a current TOTP code of the user's device")
+
+    def handle(self, *args, **options):
+        user = get_user_model().objects.filter(username=options["username"]).first()
+        if user is None or not user.is_active:
+            raise CommandError(f"no active user {options['username']!r}")
+        verified = False
+        if options["otp"] is not None:
+            devices = TOTPDevice.objects.devices_for_user(user, confirmed=True)
+            if not any(d.verify_token(options["otp"].strip()) for d in devices):
+                raise CommandError("the TOTP code is not valid for this user's devices")
+            verified = True
+        try:
+            issued = issue_token(
+                user=user,
+                actor="manage.py issue_token",
+                ttl_hours=options["ttl_hours"],
+                name=options["name"],
+                otp_verified=verified,
+            )
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
+        token = issued.token
+        self.stdout.write(issued.plaintext)
+        self.stderr.write(
+            f"token {token.prefix}… for {user.get_username()}, expires {token.expires_at.isoformat()}"
+            f"{', OTP-verified' if verified else ''} (shown only now; stored as a digest)"
+        )

@@ -1,0 +1,84 @@
+"""Writes of access governance: issuing and revoking API tokens. Each write and its governance event
+(`audit.recorder.record_governance_event`) commit together or not at all. Keyword-only arguments; log
+lines name users by id and tokens by prefix, never a token's text."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from access.models import ApiToken
+from access.tokens import digest_of, new_token, prefix_of
+from audit.models import GovernanceEventType
+from audit.recorder import record_governance_event
+
+logger = logging.getLogger(__name__)
+
+MAX_TTL_HOURS = 24 * 366
+
+
+@dataclass(frozen=True, slots=True)
+class IssuedToken:
+    """A new token: `plaintext` exists only here, to be shown once; `token` is the stored row."""
+
+    token: ApiToken
+    plaintext: str
+
+
+def issue_token(
+    *, user, actor: str = "", ttl_hours: float | None = None, name: str = "", otp_verified: bool = False
+) -> IssuedToken:
+    """Issue a token to `user`, valid for `ttl_hours` (default `API_TOKEN_TTL_HOURS`; at most a year).
+    `otp_verified` is set only by callers that have just seen the user pass a TOTP check."""
+    hours = settings.API_TOKEN_TTL_HOURS if ttl_hours is None else ttl_hours
+    if not 0 < hours <= MAX_TTL_HOURS:
+        raise ValueError(f"ttl_hours must be in (0, {MAX_TTL_HOURS}]")
+    plaintext = new_token()
+    now = timezone.now()
+    with transaction.atomic():
+        token = ApiToken.objects.create(
+            user=user,
+            name=name[:100],
+            prefix=prefix_of(plaintext),
+            digest=digest_of(plaintext),
+            otp_verified=otp_verified,
+            created_at=now,
+            expires_at=now + dt.timedelta(hours=hours),
+        )
+        record_governance_event(
+            event_type=GovernanceEventType.TOKEN_ISSUED,
+            actor=actor or user.get_username(),
+            subject_user=user.get_username(),
+            details={
+                "tokenId": token.pk,
+                "prefix": token.prefix,
+                "expiresAt": token.expires_at.isoformat(),
+                "otpVerified": otp_verified,
+            },
+        )
+    logger.info("api token issued user=%s prefix=%s otp=%s", user.pk, token.prefix, otp_verified)
+    return IssuedToken(token=token, plaintext=plaintext)
+
+
+def revoke_token(*, token: ApiToken, actor: str) -> bool:
+    """Revoke `token` (kept, with who revoked it and when); False when it was revoked already."""
+    with transaction.atomic():
+        updated = ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(
+            revoked_at=timezone.now(), revoked_by=actor[:150]
+        )
+        if not updated:
+            return False
+        token.refresh_from_db()
+        record_governance_event(
+            event_type=GovernanceEventType.TOKEN_REVOKED,
+            actor=actor,
+            subject_user=token.user.get_username(),
+            details={"tokenId": token.pk, "prefix": token.prefix},
+        )
+    logger.info("api token revoked user=%s prefix=%s", token.user_id, token.prefix)
+    return True

@@ -1,0 +1,225 @@
+"""Governance events from signals: every change to who may do what that the ORM can see.
+
+* group membership (`User.groups`, from either side) of a group that grants a sensitive permission
+  (`SENSITIVE_PERMISSIONS`; "Reasoning Auditors", and any other group given one) — one event per user
+  and group;
+* sensitive permissions granted to or taken from a user (`User.user_permissions`) or a group
+  (`Group.permissions`) — one event per permission and user or group;
+* the superuser, staff and active flags of a user (a new superuser included);
+* TOTP devices added to and removed from a user;
+* lockouts (axes' `user_locked_out`, once when the limit is reached) and their lifting (an
+  `AccessAttempt` at or over the limit deleted: by `axes_reset`, the admin, or the cool-off cleanup).
+
+Token issue and revoke are recorded by `access.services`. The actor is the user of the request in whose
+thread the change happens (`access.middleware.current_actor`), "" for the system (shell, migrations).
+Events are written by `audit.recorder.record_governance_event` in the transaction of the change.
+"""
+
+from __future__ import annotations
+
+from axes.models import AccessAttempt
+from axes.signals import user_locked_out
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group, Permission
+from django.db.models.signals import m2m_changed, post_delete, post_save, pre_save
+from django.dispatch import receiver
+from django_otp.plugins.otp_totp.models import TOTPDevice
+
+from access.middleware import current_actor
+from access.selectors import is_sensitive, permission_name, sensitive_permissions_of_group
+from audit.models import GovernanceEventType as T
+from audit.recorder import record_governance_event
+
+User = get_user_model()
+
+_FLAGS = (
+    ("is_superuser", T.SUPERUSER_GRANTED, T.SUPERUSER_REVOKED),
+    ("is_staff", T.STAFF_GRANTED, T.STAFF_REVOKED),
+    ("is_active", T.USER_REACTIVATED, T.USER_DEACTIVATED),
+)
+
+
+def _record(**kwargs) -> None:
+    record_governance_event(actor=current_actor(), **kwargs)
+
+
+# --------------------------------------------------------------------------------------------------
+# Group membership
+# --------------------------------------------------------------------------------------------------
+@receiver(m2m_changed, sender=User.groups.through, dispatch_uid="access.group_membership")
+def group_membership(sender, instance, action, reverse, model, pk_set, **kwargs) -> None:
+    if action == "pre_clear":
+        # What a clear removes, captured before it happens (post_clear has no pk_set).
+        instance._access_cleared = set(
+            (instance.user_set if reverse else instance.groups).values_list("pk", flat=True)
+        )
+        return
+    if action not in ("post_add", "post_remove", "post_clear"):
+        return
+    if action == "post_clear":
+        pk_set = getattr(instance, "_access_cleared", set())
+    added = action == "post_add"
+    if reverse:  # group.user_set.add(users)
+        pairs = [(user, instance) for user in User.objects.filter(pk__in=pk_set or ())]
+    else:  # user.groups.add(groups)
+        pairs = [(instance, group) for group in Group.objects.filter(pk__in=pk_set or ())]
+    for user, group in pairs:
+        granted = sensitive_permissions_of_group(group)
+        if not granted:
+            continue
+        _record(
+            event_type=T.GROUP_MEMBER_ADDED if added else T.GROUP_MEMBER_REMOVED,
+            subject_user=user.get_username(),
+            group=group.name,
+            details={"userId": user.pk, "groupId": group.pk, "sensitivePermissions": granted},
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# Permission grants to users and groups
+# --------------------------------------------------------------------------------------------------
+def _permission_change(instance, action, reverse, pk_set, *, holder_kind: str) -> None:
+    if action == "pre_clear":
+        instance._access_cleared = set(
+            (
+                (instance.user_set if holder_kind == "user" else instance.group_set)
+                if reverse
+                else (instance.user_permissions if holder_kind == "user" else instance.permissions)
+            ).values_list("pk", flat=True)
+        )
+        return
+    if action not in ("post_add", "post_remove", "post_clear"):
+        return
+    if action == "post_clear":
+        pk_set = getattr(instance, "_access_cleared", set())
+    granted = action == "post_add"
+    holder_model = User if holder_kind == "user" else Group
+    if reverse:  # permission.user_set.add(...) / permission.group_set.add(...)
+        pairs = [(holder, instance) for holder in holder_model.objects.filter(pk__in=pk_set or ())]
+    else:
+        perms = Permission.objects.select_related("content_type").filter(pk__in=pk_set or ())
+        pairs = [(instance, perm) for perm in perms]
+    for holder, perm in pairs:
+        if not is_sensitive(perm):
+            continue
+        name = permission_name(perm)
+        if holder_kind == "user":
+            _record(
+                event_type=T.PERMISSION_GRANTED if granted else T.PERMISSION_REVOKED,
+                subject_user=holder.get_username(),
+                permission=name,
+                details={"userId": holder.pk, "via": "user"},
+            )
+        else:
+            members = list(holder.user_set.order_by("username").values_list("username", flat=True))
+            _record(
+                event_type=T.PERMISSION_GRANTED if granted else T.PERMISSION_REVOKED,
+                group=holder.name,
+                permission=name,
+                details={"groupId": holder.pk, "via": "group", "members": members},
+            )
+
+
+@receiver(m2m_changed, sender=User.user_permissions.through, dispatch_uid="access.user_permissions")
+def user_permissions(sender, instance, action, reverse, pk_set, **kwargs) -> None:
+    _permission_change(instance, action, reverse, pk_set, holder_kind="user")
+
+
+@receiver(m2m_changed, sender=Group.permissions.through, dispatch_uid="access.group_permissions")
+def group_permissions(sender, instance, action, reverse, pk_set, **kwargs) -> None:
+    _permission_change(instance, action, reverse, pk_set, holder_kind="group")
+
+
+# --------------------------------------------------------------------------------------------------
+# Superuser, staff and active flags
+# --------------------------------------------------------------------------------------------------
+def _flags_untouched(update_fields) -> bool:
+    """A save limited to other fields (e.g. `last_login` at every login) cannot change a flag."""
+    return update_fields is not None and not ({f for f, _, _ in _FLAGS} & set(update_fields))
+
+
+@receiver(pre_save, sender=User, dispatch_uid="access.user_flags_before")
+def user_flags_before(sender, instance, raw=False, update_fields=None, **kwargs) -> None:
+    if raw or _flags_untouched(update_fields):
+        return
+    before = None
+    if instance.pk is not None:
+        before = User.objects.filter(pk=instance.pk).values(*(f for f, _, _ in _FLAGS)).first()
+    instance._access_flags_before = before
+
+
+@receiver(post_save, sender=User, dispatch_uid="access.user_flags_after")
+def user_flags_after(sender, instance, created, raw=False, update_fields=None, **kwargs) -> None:
+    if raw or _flags_untouched(update_fields):
+        return
+    before = getattr(instance, "_access_flags_before", None)
+    for flag, on, off in _FLAGS:
+        now = bool(getattr(instance, flag))
+        if before is None:
+            # A new account: a superuser or staff flag is a grant; being active is not news.
+            if now and flag != "is_active":
+                _record(event_type=on, subject_user=instance.get_username(), details={"userId": instance.pk})
+            continue
+        if bool(before[flag]) != now:
+            _record(
+                event_type=on if now else off,
+                subject_user=instance.get_username(),
+                details={"userId": instance.pk},
+            )
+    instance._access_flags_before = {f: bool(getattr(instance, f)) for f, _, _ in _FLAGS}
+
+
+# --------------------------------------------------------------------------------------------------
+# Second-factor devices
+# --------------------------------------------------------------------------------------------------
+@receiver(post_save, sender=TOTPDevice, dispatch_uid="access.otp_device_added")
+def otp_device_added(sender, instance, created, raw=False, **kwargs) -> None:
+    if created and not raw:
+        _record(
+            event_type=T.OTP_DEVICE_ADDED,
+            subject_user=instance.user.get_username(),
+            details={"deviceId": instance.pk, "kind": "totp", "confirmed": instance.confirmed},
+        )
+
+
+@receiver(post_delete, sender=TOTPDevice, dispatch_uid="access.otp_device_removed")
+def otp_device_removed(sender, instance, **kwargs) -> None:
+    _record(
+        event_type=T.OTP_DEVICE_REMOVED,
+        subject_user=User.objects.filter(pk=instance.user_id).values_list("username", flat=True).first()
+        or "",
+        details={"deviceId": instance.pk, "kind": "totp"},
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Lockouts
+# --------------------------------------------------------------------------------------------------
+@receiver(user_locked_out, dispatch_uid="access.locked_out")
+def locked_out(sender, request=None, username=None, ip_address=None, **kwargs) -> None:
+    # axes signals every failure at or over the limit; the event is the one that reached it.
+    if getattr(request, "axes_failures_since_start", None) != settings.AXES_FAILURE_LIMIT:
+        return
+    record_governance_event(
+        event_type=T.LOCKED_OUT,
+        actor="",
+        subject_user=username or "",
+        details={
+            "clientAddress": ip_address or "",
+            "path": getattr(request, "axes_path_info", "")[:200],
+            "failures": settings.AXES_FAILURE_LIMIT,
+        },
+    )
+
+
+@receiver(post_delete, sender=AccessAttempt, dispatch_uid="access.lockout_lifted")
+def lockout_lifted(sender, instance, **kwargs) -> None:
+    if instance.failures_since_start < settings.AXES_FAILURE_LIMIT:
+        return
+    record_governance_event(
+        event_type=T.LOCKOUT_LIFTED,
+        actor=current_actor(),
+        subject_user=instance.username or "",
+        details={"clientAddress": instance.ip_address or "", "failures": instance.failures_since_start},
+    )

@@ -1,0 +1,50 @@
+"""The admin's TOTP step-up page (`/admin/verify-otp/`): a staff user enters a code from their TOTP
+device; a right code marks the session verified (`django_otp.login`), which `access.stepup` requires for
+reading reasoning when `REASONING_REQUIRE_OTP` is on. A wrong code is a failed authentication counted by
+axes for the user and the address (`access.lockout`), so codes cannot be guessed without bound either.
+"""
+
+from __future__ import annotations
+
+import django_otp
+from django.contrib.admin import site
+from django.contrib.admin.views.decorators import staff_member_required
+from django.shortcuts import redirect
+from django.template.response import TemplateResponse
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.cache import never_cache
+from django_otp.plugins.otp_totp.models import TOTPDevice
+
+from access import lockout
+from access.stepup import session_verified
+
+
+@never_cache
+@staff_member_required
+def verify_otp(request):
+    user = request.user
+    next_url = request.POST.get("next") or request.GET.get("next") or ""
+    if not url_has_allowed_host_and_scheme(next_url, allowed_hosts={request.get_host()}):
+        next_url = ""
+    devices = list(TOTPDevice.objects.devices_for_user(user, confirmed=True))
+    error = ""
+    if request.method == "POST" and devices:
+        if lockout.is_locked(request, username=user.get_username()):
+            return lockout.lockout_response(request)
+        code = (request.POST.get("otp_token") or "").strip()
+        device = next((d for d in devices if code and d.verify_token(code)), None)
+        if device is not None:
+            django_otp.login(request, device)
+            return redirect(next_url or "admin:index")
+        if lockout.record_failure(request, username=user.get_username()):
+            return lockout.lockout_response(request)
+        error = "That code is not valid. Enter the current code of your authenticator."
+    context = {
+        **site.each_context(request),
+        "title": "Verify second factor",
+        "has_device": bool(devices),
+        "verified": session_verified(request),
+        "next": next_url,
+        "error": error,
+    }
+    return TemplateResponse(request, "admin/access/verify_otp.html", context)
