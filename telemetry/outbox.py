@@ -14,7 +14,7 @@
   the same trace.
 
 The exporter is `OTLPSpanExporter` configured by the standard `OTEL_EXPORTER_OTLP_*` variables
-(`exporter_enabled()` is false when no endpoint is set).
+(`telemetry.selectors.exporter_enabled()` is false when no endpoint is set).
 """
 
 from __future__ import annotations
@@ -43,10 +43,6 @@ SCAN_BATCH = 1000
 BACKOFF_BASE_SECONDS = 2.0
 # A claimed row is due again after this long if its exporter never came back (a killed process).
 CLAIM_SECONDS = 120.0
-
-
-def exporter_enabled() -> bool:
-    return bool(getattr(settings, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", ""))
 
 
 def make_exporter(endpoint: str | None = None):

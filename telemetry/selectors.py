@@ -5,10 +5,16 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db.models import Count, Min
 from django.utils import timezone
 
 from telemetry.models import ExportState, TraceExport
+
+
+def exporter_enabled() -> bool:
+    """Whether an OTLP traces endpoint is configured (`OTEL_EXPORTER_OTLP_*`)."""
+    return bool(getattr(settings, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", ""))
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,8 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 from django.utils.dateparse import parse_datetime
 
-from telemetry.outbox import enqueue_finished_runs, export_due, exporter_enabled, make_exporter, requeue
+from telemetry.outbox import enqueue_finished_runs, export_due, make_exporter, requeue
+from telemetry.selectors import exporter_enabled
 
 
 class Command(BaseCommand):
