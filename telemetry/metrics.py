@@ -6,7 +6,7 @@ Two kinds, kept apart on purpose:
   and release; run and release latency histograms; tokens by source and model; audit write failures;
   fenced writes; tool calls by tool and status; swept runs; the OTLP export backlog and lag; the age of
   the newest signed checkpoint). They are read at scrape time from the database with a fixed number of
-  aggregate queries (one GROUP BY or conditional aggregate each, eleven in all) and reused for
+  aggregate queries (one GROUP BY or conditional aggregate each, ten in all) and reused for
   `METRICS_CACHE_SECONDS`, so any process answers with the same numbers and a scrape costs the same
   however many runs are live. They are gauges: they describe the stored record, which the retention
   purge shrinks (its tables are bounded by `AUDIT_RETENTION_DAYS`).
