@@ -43,6 +43,7 @@ SCAN_BATCH = 1000
 BACKOFF_BASE_SECONDS = 2.0
 # A claimed row is due again after this long if its exporter never came back (a killed process).
 CLAIM_SECONDS = 120.0
+REQUEUE_CHUNK = 500
 
 
 def make_exporter(endpoint: str | None = None):
@@ -214,17 +215,21 @@ def requeue(*, run_ids: Iterable[str] = (), since: dt.datetime | None = None) ->
     if since is not None:
         runs = runs.filter(finished_at__gte=since)
     found = list(runs.values_list("run_id", "finished_at"))
-    with transaction.atomic():
-        TraceExport.objects.bulk_create(
-            [
-                TraceExport(run_id=run_id, run_finished_at=finished, enqueued_at=now, next_attempt_at=now)
-                for run_id, finished in found
-            ],
-            ignore_conflicts=True,
-        )
-        return TraceExport.objects.filter(run_id__in=[r for r, _ in found]).update(
-            state=ExportState.PENDING, next_attempt_at=now, last_error=""
-        )
+    pending = 0
+    for start in range(0, len(found), REQUEUE_CHUNK):
+        chunk = found[start : start + REQUEUE_CHUNK]
+        with transaction.atomic():
+            TraceExport.objects.bulk_create(
+                [
+                    TraceExport(run_id=run_id, run_finished_at=finished, enqueued_at=now, next_attempt_at=now)
+                    for run_id, finished in chunk
+                ],
+                ignore_conflicts=True,
+            )
+            pending += TraceExport.objects.filter(run_id__in=[r for r, _ in chunk]).update(
+                state=ExportState.PENDING, next_attempt_at=now, last_error=""
+            )
+    return pending
 
 
 def run_export_pass(*, exporter: Any = None) -> ExportPass:

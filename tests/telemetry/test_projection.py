@@ -216,3 +216,10 @@ def test_purged_run_is_skipped(user):
     TraceExport.objects.create(run_id="run-gone", enqueued_at=timezone.now(), next_attempt_at=timezone.now())
     assert export_due(exporter=InMemorySpanExporter()).skipped == 1
     assert TraceExport.objects.get(run_id="run-gone").state == ExportState.SKIPPED
+
+
+def test_backoff_doubles_up_to_its_cap(settings):
+    from telemetry.outbox import backoff_seconds
+
+    settings.OTEL_EXPORT_MAX_BACKOFF_SECONDS = 30
+    assert [backoff_seconds(n) for n in (1, 2, 3, 4, 5, 6)] == [2, 4, 8, 16, 30, 30]
