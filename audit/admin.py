@@ -34,7 +34,7 @@ class AgentStepAdmin(ReadOnlyAdmin):
         "content_source",
         "created_at",
     )
-    list_filter = ("usage_available", "reasoning_available", "content_source")
+    list_filter = ("agent_name", "usage_available", "reasoning_available", "content_source")
     search_fields = ("=run__run_id", "=session_id")
     ordering = ("-created_at",)
 
@@ -44,6 +44,8 @@ class ToolInvocationAdmin(ReadOnlyAdmin):
     list_display = (
         "run_id",
         "tool_call_id",
+        "agent_name",
+        "step_index",
         "tool_name",
         "status",
         "retrieval_layer",

@@ -2,12 +2,13 @@
 
 The recorder puts each row's digest into the details of the event that records it:
 
-* `AGENT_MODEL_STEP`: `stepDigest` (the step row) and `reasoningDigest` (the reasoning row of the same
-  `stepIndex` and `agentName`); any other event carrying `reasoningDigest` with `agentName` and
+* `AGENT_MODEL_STEP`: `stepDigest` (the step row named by its `agentName` and `stepIndex`: each agent
+  counts its steps from 1) and `reasoningDigest` (the reasoning row of the same `stepIndex` and
+  `agentName`); any other event carrying `reasoningDigest` with `agentName` and
   `reasoningStepIndex` (router and semantic-guard decisions) or `stepIndex` binds a reasoning row the
   same way;
 * `TOOL_INVOCATION` with a tool status: `rowDigest`, the RUNNING row at start, the row after its terminal
-  update at terminal (the latest one binds);
+  update at terminal (the latest one binds), in the form `rowForm` names (`tool/2`; none: `tool`);
 * `REASONING_PURGED` / `REASONING_REKEYED`: `rows`, each `{id, stepIndex, agentName, digest}` of what is
   stored after the purge or re-encryption;
 * `RUN_FINISHED`: `runDigest` (the run's terminal summary, in the form named by `runForm`; see
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from audit import rowdigest
-from audit.bound import GOVERNANCE_EVENTS, Bound, collect
+from audit.bound import GOVERNANCE_EVENTS, Bound, collect, step_key, step_label
 
 NOT_BOUND = "not bound (recorded before row digests)"
 __all__ = ["GOVERNANCE_EVENTS", "NOT_BOUND", "Expected", "RowVerdict", "verify_rows"]
@@ -100,21 +101,24 @@ def verify_rows(
             )
 
     for step in steps:
+        key = step_key(step.step_index, step.agent_name)
+        label = step_label(key)
         check(
             "model step",
-            str(step.step_index),
-            f"model step {step.step_index}",
-            bound_steps.pop(step.step_index, None),
+            label.removeprefix("model step "),
+            label,
+            bound_steps.pop(key, None),
             rowdigest.STEP.digest_of(step),
         )
     for tool in tools:
-        check(
-            "tool call",
-            tool.tool_call_id,
-            f"tool call {tool.tool_call_id}",
-            bound_tools.pop(tool.tool_call_id, None),
-            rowdigest.TOOL.digest_of(tool),
-        )
+        bound = bound_tools.pop(tool.tool_call_id, None)
+        form = rowdigest.tool_form(bound.form if bound is not None else None)
+        if form is None:
+            verdict.problems.append(
+                f"tool call {tool.tool_call_id}: bound at sequence {bound.sequence_no} in an unknown form"
+            )
+            continue
+        check("tool call", tool.tool_call_id, f"tool call {tool.tool_call_id}", bound, form.digest_of(tool))
     for row in reasoning:
         key = (row["step_index"], row["agent_name"])
         check(
@@ -125,9 +129,9 @@ def verify_rows(
             rowdigest.REASONING.digest(row),
         )
 
-    for index, bound in bound_steps.items():
+    for key, bound in bound_steps.items():
         if bound.digest is not None:
-            verdict.problems.append(f"model step {index} missing (recorded at sequence {bound.sequence_no})")
+            verdict.problems.append(f"{step_label(key)} missing (recorded at sequence {bound.sequence_no})")
     for tool_call_id, bound in bound_tools.items():
         if bound.digest is not None:
             verdict.problems.append(

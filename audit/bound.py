@@ -19,6 +19,22 @@ REASONING_PURGED = "REASONING_PURGED"
 REASONING_REKEYED = "REASONING_REKEYED"
 GOVERNANCE_EVENTS = frozenset({REASONING_PURGED, REASONING_REKEYED})
 TOOL_STATUSES = frozenset({"RUNNING", "SUCCEEDED", "FAILED", "INTERRUPTED", "ABANDONED"})
+# `audit.models.CHAT_AGENT_NAME`: the agent of a step event that names none.
+CHAT_AGENT_NAME = "diagnosis_agent"
+
+
+def step_key(step_index: Any, agent_name: Any) -> tuple[Any, str]:
+    """A model step's key in its run: (step index, agent name); each agent counts its steps from 1."""
+    return (step_index, str(agent_name or CHAT_AGENT_NAME))
+
+
+def step_label(key: tuple[Any, Any]) -> str:
+    """`model step 2` for the chat agent's steps (as before per-agent counters), `model step 2
+    (executor)` for another agent's."""
+    step_index, agent_name = key
+    if agent_name in (None, "", CHAT_AGENT_NAME):
+        return f"model step {step_index}"
+    return f"model step {step_index} ({agent_name})"
 
 
 @dataclass(slots=True)
@@ -26,6 +42,8 @@ class Bound:
     sequence_no: int
     digest: str | None
     purged: bool = False
+    # The row form the event names (`rowForm` of tool events; None: the form's first version).
+    form: str | None = None
 
 
 @dataclass(slots=True)
@@ -36,7 +54,7 @@ class Bindings:
     `runForm` of None means the first run form, `run`); `digests_seen`:
     whether any event carries a row digest (a run recorded before row digests carries none)."""
 
-    steps: dict[Any, Bound] = field(default_factory=dict)
+    steps: dict[tuple[Any, str], Bound] = field(default_factory=dict)
     tools: dict[str, Bound] = field(default_factory=dict)
     reasoning: dict[tuple[Any, Any], Bound] = field(default_factory=dict)
     finished: tuple[int, str | None, dict | None, str | None] | None = None
@@ -55,12 +73,12 @@ def collect(events: Sequence[Any]) -> Bindings:
         seq, kind = event.sequence_no, event.event_type
         if kind == AGENT_MODEL_STEP:
             b.step_events += 1
-            b.steps[d.get("stepIndex")] = Bound(seq, d.get("stepDigest"))
+            b.steps[step_key(d.get("stepIndex"), d.get("agentName"))] = Bound(seq, d.get("stepDigest"))
             b.digests_seen |= "stepDigest" in d
             if "reasoningDigest" not in d:
                 b.reasoning[(d.get("stepIndex"), d.get("agentName"))] = Bound(seq, None)
         elif kind == TOOL_INVOCATION and event.status in TOOL_STATUSES and "toolCallId" in d:
-            b.tools[d["toolCallId"]] = Bound(seq, d.get("rowDigest"))
+            b.tools[d["toolCallId"]] = Bound(seq, d.get("rowDigest"), form=d.get("rowForm"))
             b.digests_seen |= "rowDigest" in d
             b.tool_starts += event.status == "RUNNING"
         elif kind in GOVERNANCE_EVENTS:

@@ -14,6 +14,8 @@ from django.db import models
 from diagnosis.models import DiagnosisRun
 
 PREVIEW_CHARS = 500
+# The agent of the chat flow: every step recorded before per-agent step counters carries this name.
+CHAT_AGENT_NAME = "diagnosis_agent"
 
 
 class Phase(models.TextChoices):
@@ -36,6 +38,7 @@ class EventType(models.TextChoices):
     EVIDENCE_GUARD_RETRY = "EVIDENCE_GUARD_RETRY"
     SEMANTIC_GUARD_DECISION = "SEMANTIC_GUARD_DECISION"
     RELEASE_DECISION = "RELEASE_DECISION"
+    PLAN_DECISION = "PLAN_DECISION"
     RUN_CANCELLED = "RUN_CANCELLED"
     RUN_FINISHED = "RUN_FINISHED"
     WRITE_FENCED = "WRITE_FENCED"
@@ -110,7 +113,9 @@ class TraceEvent(models.Model):
 
 
 class AgentStep(models.Model):
-    """One model call of the diagnosis agent (`agent_step`): bounded input/output summaries, usage, and
+    """One model call of an agent (`agent_step`): `step_index` counts 1, 2, … per agent of the run
+    (`agent_name`: `diagnosis_agent` in the chat flow, `planner` and `executor` in AI Ops), so a step is
+    named by (run, agent_name, step_index). Bounded input/output summaries, usage, and
     reasoning *metadata* only (availability, byte counts, content source). The reasoning and assistant text
     themselves live in `reasoning.AgentReasoningAudit`. Token fields are NULL, not 0, when the provider
     reported no usage (`usage_available=false`). `attempts` lists each provider attempt (retries included).
@@ -148,11 +153,15 @@ class AgentStep(models.Model):
     class Meta:
         db_table = "agent_step"
         ordering = ["run_id", "step_index"]
-        constraints = [models.UniqueConstraint(fields=["run", "step_index"], name="uniq_step_run_index")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "agent_name", "step_index"], name="uniq_step_run_agent_index"
+            )
+        ]
         indexes = [models.Index(fields=["session_id", "created_at"], name="idx_step_session_created")]
 
     def __str__(self) -> str:
-        return f"{self.run_id} step {self.step_index}"
+        return f"{self.run_id} {self.agent_name} step {self.step_index}"
 
 
 class ToolInvocation(models.Model):
@@ -162,7 +171,9 @@ class ToolInvocation(models.Model):
     `input_params` is the effective input; the output is kept as a ≤ 500-character preview with its full
     length and sha256 (the full result lives only in the run's canonical store). `duration_ms` comes from
     `time.monotonic()` in the executing process, NULL when no such start exists (e.g. closed by a sweeper).
-    `step_id` logically references `agent_step.id` (no constraint) and `step_index` the declaring step.
+    `step_id` logically references `agent_step.id` (no constraint) and (`agent_name`, `step_index`) the
+    declaring step (`agent_name` is blank on rows recorded before per-agent step counters: their
+    declaring step is the chat agent's).
     `tool_call_id` is unique in the run; `provider_tool_call_id` is the id as the provider sent it (some
     providers reuse ids such as `call_0` in every response).
     """
@@ -171,6 +182,7 @@ class ToolInvocation(models.Model):
     session_id = models.CharField(max_length=64)
     step_id = models.BigIntegerField(null=True, blank=True)
     step_index = models.IntegerField(null=True, blank=True)
+    agent_name = models.CharField(max_length=64, blank=True, default="")
     tool_call_id = models.CharField(max_length=128)
     provider_tool_call_id = models.CharField(max_length=128, blank=True, default="")
     tool_name = models.CharField(max_length=64)

@@ -35,6 +35,8 @@ _FIELDS = (
     ("cachedTokens", "cached_tokens"),
 )
 _LABEL = {"ROUTER": "router call", "GUARD": "semantic guard call"}
+CHAT_AGENT_NAME = "diagnosis_agent"  # audit.models.CHAT_AGENT_NAME (this module imports no models)
+_DEFAULT_AGENT = {"AGENT": CHAT_AGENT_NAME, "ROUTER": "router", "GUARD": "semantic_guard"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,15 +51,29 @@ class CallUsage:
     total_tokens: int | None = None
     reasoning_tokens: int | None = None
     cached_tokens: int | None = None
+    # The calling agent (`agentName`); records written before per-agent counters name none.
+    agent_name: str | None = None
 
     @classmethod
     def from_details(cls, details: Mapping[str, Any]) -> CallUsage:
+        agent = details.get("agentName")
         return cls(
             source=str(details.get("source") or ""),
             step_index=_int(details.get("stepIndex")),
             available=bool(details.get("usageAvailable")),
             **{attr: _int(details.get(key)) for key, attr in _FIELDS},
+            agent_name=str(agent) if agent else None,
         )
+
+    @property
+    def agent(self) -> str:
+        """The calling agent; a record that names none is its source's only agent (the chat agent for
+        AGENT, `router` and `semantic_guard` for the others)."""
+        return self.agent_name or _DEFAULT_AGENT.get(self.source, self.source.lower())
+
+    @property
+    def step_key(self) -> tuple[str, int | None]:
+        return (self.agent, self.step_index)
 
     @property
     def has_total(self) -> bool:
@@ -96,6 +112,9 @@ class Reconciliation:
     without_usage: list[str] = field(default_factory=list)
     differences: list[str] = field(default_factory=list)
     lost_calls: int = 0
+    # Tokens of the stored records per calling agent (`router`, `diagnosis_agent`, `planner`,
+    # `executor`, `semantic_guard`), in the order the agents first called.
+    by_agent: dict[str, int] = field(default_factory=dict)
 
     def notes(self) -> list[str]:
         """Sentences for the trace's gaps: each call without usage, then each difference."""
@@ -105,14 +124,16 @@ class Reconciliation:
 
 
 def call_names(calls: Sequence[CallUsage]) -> list[str]:
-    """A readable name per call: `agent step N`, `router call N`, `semantic guard call N` (N counts the
-    source's calls from 1 in order)."""
+    """A readable name per call: `agent step N` (the chat agent), `planner step N` / `executor step N`
+    (AI Ops agents), `router call N`, `semantic guard call N` (N counts the source's calls from 1 in
+    order)."""
     seen: dict[str, int] = {}
     names = []
     for call in calls:
         seen[call.source] = seen.get(call.source, 0) + 1
         if call.source == "AGENT" and call.step_index is not None:
-            names.append(f"agent step {call.step_index}")
+            agent = "agent" if call.agent == CHAT_AGENT_NAME else call.agent
+            names.append(f"{agent} step {call.step_index}")
         else:
             names.append(f"{_LABEL.get(call.source, call.source.lower() + ' call')} {seen[call.source]}")
     return names
@@ -132,7 +153,9 @@ def reconcile(
     reported: Sequence[CallUsage] | None = None,
 ) -> Reconciliation:
     """Compare the stored usage records (`stored`, in timeline order) with the agent step rows (`steps`:
-    `(step_index, usage as the row states it)`), the kept ledger and the provider's reports.
+    `(step_index, usage as the row states it, its `agent_name` set)`), the kept ledger and the
+    provider's reports. A step row and a usage record belong together when they name the same agent
+    and step index.
 
     `started_calls` is the number of model calls counted when they started; `reported`, when given, is
     the provider's usage of every call in the order the recorder received them.
@@ -141,11 +164,11 @@ def reconcile(
     differences: list[str] = []
     without_usage = [name for name, call in zip(names, stored, strict=True) if not call.has_total]
 
-    by_step = {c.step_index: (n, c) for n, c in zip(names, stored, strict=True) if c.source == "AGENT"}
+    by_step = {c.step_key: (n, c) for n, c in zip(names, stored, strict=True) if c.source == "AGENT"}
     for step_index, row in steps:
-        entry = by_step.pop(step_index, None)
+        entry = by_step.pop((row.agent, step_index), None)
         if entry is None:
-            differences.append(f"agent step {step_index}: step row has no usage record")
+            differences.append(f"{call_names([row])[0]}: step row has no usage record")
             continue
         name, call = entry
         for (_key, attr), got, want in zip(_FIELDS, row.counts()[1:], call.counts()[1:], strict=True):
@@ -180,6 +203,9 @@ def reconcile(
         s: sum(c.total_tokens or 0 for c in stored if c.source == s and c.has_total) for s in SOURCES
     }
     total = sum(by_source.values())
+    by_agent: dict[str, int] = {}
+    for c in stored:
+        by_agent[c.agent] = by_agent.get(c.agent, 0) + ((c.total_tokens or 0) if c.has_total else 0)
     reasoning = _sum(c.reasoning_tokens for c in stored)
     cached = _sum(c.cached_tokens for c in stored)
     unreported_base = lost + (recorded - len(stored))
@@ -225,6 +251,7 @@ def reconcile(
         without_usage=without_usage,
         differences=differences,
         lost_calls=lost,
+        by_agent=by_agent,
     )
 
 
@@ -248,22 +275,26 @@ def stored_usage(run_id: str) -> tuple[list[CallUsage], list[tuple[int, CallUsag
     step_cols = ("usage_available", *(attr for _key, attr in _FIELDS))
     # Identifiers come from the models and are quoted; values are parameters.
     sql = (
-        f"SELECT 0, {q('sequence_no')}, {q('details')}, {', '.join('NULL' for _ in step_cols)} "  # noqa: S608
+        f"SELECT 0, {q('sequence_no')}, {q('details')}, NULL, "  # noqa: S608
+        f"{', '.join('NULL' for _ in step_cols)} "
         f"FROM {q(TraceEvent._meta.db_table)} WHERE {q('run_id')} = %s AND {q('event_type')} = %s "
-        f"UNION ALL SELECT 1, {q('step_index')}, NULL, {', '.join(q(c) for c in step_cols)} "
+        f"UNION ALL SELECT 1, {q('step_index')}, NULL, {q('agent_name')}, "
+        f"{', '.join(q(c) for c in step_cols)} "
         f"FROM {q(AgentStep._meta.db_table)} WHERE {q('run_id')} = %s"
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, [run_id, str(EventType.MODEL_TOKEN_USAGE), run_id])
         rows = cursor.fetchall()
     events, steps = [], []
-    for kind, order, details, available, *counts in rows:
+    for kind, order, details, agent_name, available, *counts in rows:
         if int(kind) == 0:
             data = json.loads(details) if isinstance(details, (str, bytes)) else details
             events.append((int(order), CallUsage.from_details(data or {})))
         else:
-            usage = CallUsage("AGENT", int(order), bool(available), *(_int(c) for c in counts))
+            usage = CallUsage(
+                "AGENT", int(order), bool(available), *(_int(c) for c in counts), agent_name=agent_name
+            )
             steps.append((int(order), usage))
     events.sort(key=lambda e: e[0])
-    steps.sort(key=lambda s: s[0])
+    steps.sort(key=lambda s: (s[1].agent, s[0]))
     return [call for _seq, call in events], steps

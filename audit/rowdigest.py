@@ -13,17 +13,22 @@ writes equals the digest recomputed from the stored row:
 
 Forms:
 
-* `step` (`agent_step`), `tool` (`tool_invocation`: bound once as the RUNNING row inserted, once as the
-  row after its terminal update), `reasoning` (`agent_reasoning_audit`, what is stored);
+* `step` (`agent_step`, named by its agent and step index), `reasoning` (`agent_reasoning_audit`, what is
+  stored);
+* `tool/2` (`tool_invocation`: bound once as the RUNNING row inserted, once as the row after its terminal
+  update): the declaring step's `agent_name` beside its `step_index`. Tool events name their form
+  (`rowForm`); without one it is `tool`, the form of rows recorded before per-agent step counters;
 * `run`: the run's terminal summary as `finish` writes it: status, release decision, error code, the
   sha256 of the released `content` (not the content), the token ledger, the counts of model calls and
   calls without usage, the reconciliation verdict and the expected counts;
 * `run/2` (runs recorded since the release policy): `run` plus what the reader could see: the release
   mode, the unverified draft characters sent, the answer's last token time and the release latency.
+* `run/3` (runs recorded since AI Ops analyses): `run/2` plus the run's `self_evaluation` (NULL for chat
+  runs), written by the same terminal update.
   RUN_FINISHED names its form (`runForm`); without one it is `run`.
 
 Auto-increment ids are not part of any form (they are assigned by the database after the digest is
-taken); rows are named by their run-scoped keys (step index, tool call id, step index + agent name).
+taken); rows are named by their run-scoped keys (agent name + step index, tool call id).
 Changing a form's column list changes the digest of every row recorded before: add a new form then.
 """
 
@@ -129,6 +134,7 @@ RUN_COLUMNS = (
     "expected_tools",
 )
 RUN_DELIVERY_COLUMNS = ("release_mode", "draft_chars", "last_token_at", "release_latency_ms")
+RUN_EVALUATION_COLUMNS = ("self_evaluation",)
 
 
 class Form:
@@ -167,16 +173,24 @@ class _RunForm(Form):
 
 
 STEP = Form("step", AgentStep, STEP_COLUMNS)
-TOOL = Form("tool", ToolInvocation, TOOL_COLUMNS)
+TOOL_V1 = Form("tool", ToolInvocation, TOOL_COLUMNS)
+TOOL = Form("tool/2", ToolInvocation, (*TOOL_COLUMNS, "agent_name"))
+_TOOL_FORMS = {f.name: f for f in (TOOL_V1, TOOL)}
 REASONING = Form("reasoning", AgentReasoningAudit, REASONING_COLUMNS)
 RUN_V1 = _RunForm("run", DiagnosisRun, RUN_COLUMNS)
-RUN = _RunForm("run/2", DiagnosisRun, RUN_COLUMNS + RUN_DELIVERY_COLUMNS)
-_RUN_FORMS = {f.name: f for f in (RUN_V1, RUN)}
+RUN_V2 = _RunForm("run/2", DiagnosisRun, RUN_COLUMNS + RUN_DELIVERY_COLUMNS)
+RUN = _RunForm("run/3", DiagnosisRun, RUN_COLUMNS + RUN_DELIVERY_COLUMNS + RUN_EVALUATION_COLUMNS)
+_RUN_FORMS = {f.name: f for f in (RUN_V1, RUN_V2, RUN)}
 
 
 def run_form(name: str | None) -> Form | None:
     """The run form a RUN_FINISHED event names (`runForm`; absent: the first form), None if unknown."""
     return _RUN_FORMS.get(name or RUN_V1.name)
+
+
+def tool_form(name: str | None) -> Form | None:
+    """The tool form a TOOL_INVOCATION event names (`rowForm`; absent: the first form), None if unknown."""
+    return _TOOL_FORMS.get(name or TOOL_V1.name)
 
 
 _BY_MODEL = {f.model: f for f in (STEP, TOOL, REASONING)}

@@ -180,7 +180,7 @@ def get_trace(
     given, else it is None."""
     events = list(TraceEvent.objects.filter(run_id=run.run_id).order_by("sequence_no"))
     # Every column of the step rows: their digests cover them (`audit.rowdigest.STEP`).
-    steps = list(AgentStep.objects.filter(run_id=run.run_id).order_by("step_index", "id"))
+    steps = list(AgentStep.objects.filter(run_id=run.run_id).order_by("id"))
     tools = list(ToolInvocation.objects.filter(run_id=run.run_id).order_by("started_at", "id"))
     reasoning = stored_reasoning_rows(run_id=run.run_id)
     leaf = anchored_leaf(run_id=run.run_id)
@@ -394,6 +394,7 @@ def reconcile_trace(*, run: DiagnosisRun, events: list[TraceEvent], steps: list[
                 s.total_tokens,
                 s.reasoning_tokens,
                 s.cached_tokens,
+                agent_name=s.agent_name,
             ),
         )
         for s in steps

@@ -10,7 +10,7 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from audit.models import EventType, Phase, ToolStatus
+from audit.models import CHAT_AGENT_NAME, EventType, Phase, ToolStatus
 from diagnosis.models import Intent, ReleaseDecision, RunStatus
 from diagnosis.selectors import RunResolution
 from reasoning.models import ContentSource
@@ -104,6 +104,11 @@ class RunTokensSerializer(serializers.Serializer):
     differences = serializers.SerializerMethodField(
         help_text="Each stored record that disagrees with another or with the ledger, in words."
     )
+    byAgent = serializers.SerializerMethodField(
+        help_text="Tokens of the stored usage records per calling agent (`router`, `diagnosis_agent`, "
+        "`planner`, `executor`, `semantic_guard`), in the order the agents first called; calls without "
+        "usage add nothing."
+    )
 
     class Meta:
         ref_name = "RunTokens"
@@ -128,6 +133,10 @@ class RunTokensSerializer(serializers.Serializer):
 
     def get_differences(self, run) -> list[str]:
         return list(self._ledger().differences)
+
+    @extend_schema_field(serializers.DictField(child=serializers.IntegerField()))
+    def get_byAgent(self, run) -> dict[str, int]:
+        return dict(self._ledger().by_agent)
 
 
 class ProviderSerializer(serializers.Serializer):
@@ -173,6 +182,14 @@ class TraceRunSerializer(RunIdentitySerializer):
     stepCount = serializers.SerializerMethodField()
     toolCallCount = serializers.SerializerMethodField()
     feedback = serializers.SerializerMethodField()
+    selfEvaluation = serializers.JSONField(
+        source="self_evaluation",
+        allow_null=True,
+        help_text="AI Ops runs: signals computed from the run's own record when it ended (evidence cited "
+        "vs gathered, tool failures, guard retries, calls without usage, plan steps planned vs done) and "
+        "the model's own stated confidence under `statedByModel` (its claim, not a measurement). Null "
+        "for chat runs.",
+    )
 
     class Meta:
         ref_name = "TraceRun"
@@ -241,6 +258,9 @@ class ToolSerializer(serializers.Serializer):
         help_text="The id as the provider sent it (some providers reuse ids across responses).",
     )
     stepIndex = serializers.IntegerField(source="step_index", allow_null=True)
+    agentName = serializers.SerializerMethodField(
+        help_text="The agent whose step (`stepIndex`) declared the call; each agent counts its own steps."
+    )
     toolName = serializers.CharField(source="tool_name")
     status = serializers.ChoiceField(choices=ToolStatus.values)
     inputParams = serializers.JSONField(source="input_params")
@@ -260,6 +280,9 @@ class ToolSerializer(serializers.Serializer):
 
     class Meta:
         ref_name = "TraceTool"
+
+    def get_agentName(self, tool) -> str:
+        return tool.agent_name or CHAT_AGENT_NAME
 
 
 class CountsSerializer(serializers.Serializer):

@@ -15,6 +15,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
+from audit.models import CHAT_AGENT_NAME
 from audit.selectors import Counts, Trace
 
 
@@ -87,6 +88,7 @@ def _run(trace: Trace) -> dict[str, Any]:
             "cachedUnreportedCalls": int(ledger.cached_unreported),
             "callsWithoutUsage": [str(n) for n in ledger.without_usage],
             "differences": [str(d) for d in ledger.differences],
+            "byAgent": {str(k): int(v) for k, v in ledger.by_agent.items()},
         },
         "delivery": {
             "releaseMode": run.release_mode or None,
@@ -100,6 +102,7 @@ def _run(trace: Trace) -> dict[str, Any]:
             if fb is not None
             else None
         ),
+        "selfEvaluation": run.self_evaluation,
     }
 
 
@@ -149,6 +152,7 @@ def trace_data(trace: Trace) -> dict[str, Any]:
                 "toolCallId": _str(t.tool_call_id),
                 "providerToolCallId": _str(t.provider_tool_call_id),
                 "stepIndex": _int(t.step_index),
+                "agentName": _str(t.agent_name or CHAT_AGENT_NAME),
                 "toolName": _str(t.tool_name),
                 "status": _str(t.status),
                 "inputParams": t.input_params,

@@ -4,7 +4,8 @@
                                     # the 1 000 000-run data set of B2, which is kept for later runs)
     python -m bench --quick         # short repetitions, B2 growth to 100 000 runs, B3 at 50 chats
     python -m bench --only b1,b4    # some benchmarks (b5: the transparency log; builds a 1 000 000-leaf
-                                    # log once, kept for later runs)
+                                    # log once, kept for later runs; b7: AI Ops analyses through the
+                                    # queue worker)
     python -m bench --no-write      # print the table only (a full run writes docs/performance.md)
     python -m bench --only b8       # trace export into a real Phoenix (needs .venv-phoenix; not in the
                                     # default set)
@@ -22,14 +23,14 @@ from pathlib import Path
 
 from bench import env
 
-ALL = ("b1", "b2", "b3", "b4", "b5")
+ALL = ("b1", "b2", "b3", "b4", "b5", "b7")
 OPTIONAL = ("b8",)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="short repetitions and smaller sizes")
-    p.add_argument("--only", default=",".join(ALL), help="comma-separated subset of b1,b2,b3,b4,b5,b8")
+    p.add_argument("--only", default=",".join(ALL), help="comma-separated subset of b1,b2,b3,b4,b5,b7,b8")
     p.add_argument("--database", default=env.DEFAULT_DB, help="bench database (created and migrated)")
     p.add_argument("--no-write", action="store_true", help="do not write docs/performance.md")
     p.add_argument("--write", action="store_true", help="write docs/performance.md even with --quick")
@@ -115,6 +116,12 @@ def main(argv: list[str] | None = None) -> int:
 
         print("B5: transparency log")
         results.rows += b5_tlog.run_all(database=args.database, quick=q, log=log)
+
+    if "b7" in only:
+        from bench import b7_aiops
+
+        print("B7: AI Ops analyses")
+        results.rows += b7_aiops.run_all(runs_per_rep=3 if q else 6, reps=2 if q else 4, log=log)
 
     if "b8" in only:
         from bench import b8_otel

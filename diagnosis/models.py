@@ -142,6 +142,11 @@ class DiagnosisRun(models.Model):
     expected_tools = models.IntegerField(default=0)
     audit_write_failures = models.IntegerField(default=0)
 
+    # Self-evaluation (seed 003) of an AI Ops run: signals computed from the run's own record when it ends,
+    # plus the model's stated confidence, labelled as such (`diagnosis.runtime.selfeval`); NULL for chat
+    # runs. Written by the terminal update and bound by the run's terminal digest (form `run/3`).
+    self_evaluation = models.JSONField(null=True, blank=True, default=None)
+
     # Ownership of execution
     lease_owner = models.CharField(max_length=128, blank=True, default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)

@@ -61,7 +61,8 @@ class ChainWriter:
             self.expected_events += len(events)
             usage_event = next((e for e in events if e.event_type == EventType.MODEL_TOKEN_USAGE), None)
             if usage is not None and usage_event is not None:
-                self._ledger.add(usage_event.details["source"], usage, usage_event.details.get("stepIndex"))
+                d = usage_event.details
+                self._ledger.add(d["source"], usage, d.get("stepIndex"), d.get("agentName"))
             for attempt in (1, 2):
                 try:
                     self._commit(events, inserts, updates, run_fields)

@@ -9,7 +9,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from audit.models import EventType, Phase, UsageSource
+from audit.models import CHAT_AGENT_NAME, EventType, Phase, UsageSource
 from audit.payloads import bound_json, bound_text, clip
 from audit.recorder.chain import _tables
 from audit.recorder.facts import (
@@ -90,31 +90,42 @@ class DecisionRecords:
                     details,
                     bind=bind,
                 ),
-                self._usage_event(UsageSource.ROUTER, model, usage, phase=Phase.ROUTING),
+                self._usage_event(
+                    UsageSource.ROUTER, model, usage, phase=Phase.ROUTING, agent_name=ROUTER_AGENT_NAME
+                ),
             ],
             inserts=inserts,
             usage=usage,
         )
 
     def routing_decision(
-        self, *, intent: str, confidence: float | None, reason: str, fallback: bool
+        self,
+        *,
+        intent: str,
+        confidence: float | None,
+        reason: str,
+        fallback: bool,
+        not_applicable: bool = False,
     ) -> int | None:
-        """ROUTING_DECISION; the run's `intent` is set in the same transaction."""
+        """ROUTING_DECISION; the run's `intent` is set in the same transaction. `not_applicable`: no
+        router ran, the flow fixes the intent (an AI Ops analysis is a DIAGNOSIS): status
+        NOT_APPLICABLE, `notApplicable: true`."""
         summary = f"{intent}" + (" (fallback: router answer unusable)" if fallback else f" ({confidence})")
+        status = "FALLBACK" if fallback else "DECIDED"
+        details: dict[str, Any] = {
+            "intent": intent,
+            "confidence": confidence,
+            "reason": clip(reason, 300),
+            "fallback": fallback,
+        }
+        if not_applicable:
+            status, summary = "NOT_APPLICABLE", f"{intent} (routing not applicable: {clip(reason, 120)})"
+            details["notApplicable"] = True
         return self._write(
             "routing_decision",
             [
                 _Event(
-                    Phase.ROUTING,
-                    EventType.ROUTING_DECISION,
-                    "FALLBACK" if fallback else "DECIDED",
-                    summary,
-                    {
-                        "intent": intent,
-                        "confidence": confidence,
-                        "reason": clip(reason, 300),
-                        "fallback": fallback,
-                    },
+                    Phase.ROUTING, EventType.ROUTING_DECISION, status, clip(summary, SUMMARY_CHARS), details
                 )
             ],
             run_fields={"intent": intent},
@@ -150,12 +161,13 @@ class DecisionRecords:
         now = timezone.now()
         with self._lock:
             for call in tool_calls:
-                self._declared[call.tool_call_id] = step_index
+                self._declared[call.tool_call_id] = (agent_name, step_index)
                 self._provider_ids[call.tool_call_id] = call.provider_id
             self.expected_steps += 1
             self.expected_reasoning += 1
             names = [c.name for c in tool_calls]
-            summary = f"step {step_index}: {model}, finish {finish_reason or 'unknown'}"
+            named = "" if agent_name == CHAT_AGENT_NAME else f"{agent_name} "
+            summary = f"{named}step {step_index}: {model}, finish {finish_reason or 'unknown'}"
             if names:
                 summary += f", {len(names)} tool call(s): {', '.join(names)}"
             t = _tables()
@@ -229,7 +241,14 @@ class DecisionRecords:
                     },
                     bind={"stepDigest": step, "reasoningDigest": reasoning_row},
                 ),
-                self._usage_event(UsageSource.AGENT, model, usage, phase=Phase.AGENT, step_index=step_index),
+                self._usage_event(
+                    UsageSource.AGENT,
+                    model,
+                    usage,
+                    phase=Phase.AGENT,
+                    step_index=step_index,
+                    agent_name=agent_name,
+                ),
             ]
 
             if finished_at is not None:
@@ -237,8 +256,59 @@ class DecisionRecords:
                 self._last_token_at = finished_at
             sequence_no = self._write("model_step", events, inserts=[step, reasoning_row], usage=usage)
             if step.id is not None:
-                self._step_ids[step_index] = step.id
+                self._step_ids[(agent_name, step_index)] = step.id
             return sequence_no
+
+    # ----------------------------------------------------------------------------------------------
+    # Plan (AI Ops)
+    # ----------------------------------------------------------------------------------------------
+    def plan_decision(
+        self,
+        *,
+        agent_name: str,
+        status: str,
+        steps: Sequence[dict[str, Any]],
+        revision: int = 0,
+        step_index: int | None = None,
+        source: str = "model",
+        problems: Iterable[str] = (),
+        reason: str = "",
+    ) -> int | None:
+        """PLAN_DECISION (phase AGENT): the plan an agent wrote or revised, or why it could not be used.
+
+        `status`: ACCEPTED (the planner's plan, revision 0), UNUSABLE (the answer held no usable plan;
+        `problems` say why, `steps` is empty), FALLBACK (the default plan used instead, `source`
+        `default`) or REVISED (the executor's revision `revision` ≥ 1). `step_index` is the writing
+        agent's step whose text held the plan (`planStepIndex`). `steps` are already bounded by the
+        caller (`diagnosis.runtime.plan`); the event bounds them again like every detail."""
+        steps = [dict(step) for step in steps]
+        problems = [clip(p, 200) for p in problems]
+        summary = f"{status}: {len(steps)} step(s) from {agent_name}" + (
+            f", revision {revision}" if revision else ""
+        )
+        if problems:
+            summary += f" ({clip(problems[0], 120)})"
+        return self._write(
+            "plan_decision",
+            [
+                _Event(
+                    Phase.AGENT,
+                    EventType.PLAN_DECISION,
+                    status,
+                    clip(summary, SUMMARY_CHARS),
+                    {
+                        "agentName": agent_name,
+                        "planStepIndex": step_index,
+                        "revision": revision,
+                        "source": source,
+                        "stepCount": len(steps),
+                        "steps": bound_json(steps),
+                        "problems": problems,
+                        "reason": clip(reason, 300),
+                    },
+                )
+            ],
+        )
 
     # ----------------------------------------------------------------------------------------------
     # Guards and release
@@ -336,7 +406,9 @@ class DecisionRecords:
                         details,
                         bind=bind,
                     ),
-                    self._usage_event(UsageSource.GUARD, model, usage, phase=Phase.GUARD),
+                    self._usage_event(
+                        UsageSource.GUARD, model, usage, phase=Phase.GUARD, agent_name=GUARD_AGENT_NAME
+                    ),
                 ],
                 inserts=inserts,
                 usage=usage,
@@ -386,7 +458,14 @@ class DecisionRecords:
         )
 
     def _usage_event(
-        self, source: str, model: str, usage: Usage, *, phase: str, step_index: int | None = None
+        self,
+        source: str,
+        model: str,
+        usage: Usage,
+        *,
+        phase: str,
+        step_index: int | None = None,
+        agent_name: str,
     ) -> _Event:
         if usage.available:
             summary = (
@@ -395,7 +474,13 @@ class DecisionRecords:
             )
         else:
             summary = f"{source}: usage not reported by the provider"
-        details = {"source": str(source), "model": model, "stepIndex": step_index, **usage.as_details()}
+        details = {
+            "source": str(source),
+            "agentName": agent_name,
+            "model": model,
+            "stepIndex": step_index,
+            **usage.as_details(),
+        }
         return _Event(
             phase,
             EventType.MODEL_TOKEN_USAGE,

@@ -18,8 +18,10 @@ class _Ledger:
     calls: list[CallUsage] = field(default_factory=list)
     started: int = 0
 
-    def add(self, source: str, usage: Usage, step_index: int | None = None) -> None:
-        self.calls.append(call_usage(source, usage, step_index))
+    def add(
+        self, source: str, usage: Usage, step_index: int | None = None, agent_name: str | None = None
+    ) -> None:
+        self.calls.append(call_usage(source, usage, step_index, agent_name))
 
     @property
     def model_calls(self) -> int:
@@ -60,7 +62,9 @@ class _Ledger:
         )
 
 
-def call_usage(source: str, usage: Usage, step_index: int | None = None) -> CallUsage:
+def call_usage(
+    source: str, usage: Usage, step_index: int | None = None, agent_name: str | None = None
+) -> CallUsage:
     return CallUsage(
         source=str(source),
         step_index=step_index,
@@ -70,4 +74,5 @@ def call_usage(source: str, usage: Usage, step_index: int | None = None) -> Call
         total_tokens=usage.total_tokens,
         reasoning_tokens=usage.reasoning_tokens,
         cached_tokens=usage.cached_tokens,
+        agent_name=agent_name,
     )

@@ -54,8 +54,17 @@ from django.utils import timezone
 
 from audit import rowdigest
 from audit.integrity import GENESIS_HASH
-from audit.models import AgentStep, EventType, Phase, ToolInvocation, ToolStatus, TraceEvent, UsageSource
-from audit.payloads import canonical_json, clip
+from audit.models import (
+    CHAT_AGENT_NAME,
+    AgentStep,
+    EventType,
+    Phase,
+    ToolInvocation,
+    ToolStatus,
+    TraceEvent,
+    UsageSource,
+)
+from audit.payloads import bound_json, canonical_json, clip
 from audit.reconcile import CallUsage, Reconciliation, reconcile, stored_usage
 from audit.recorder.chain import ChainWriter, _ms, _recover_connection, _tables, logger
 from audit.recorder.decisions import DecisionRecords
@@ -102,9 +111,10 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
         self._lock = threading.RLock()
         self._next_sequence = 1
         self._prev_hash = GENESIS_HASH
-        self._declared: dict[str, int] = {}
+        # tool_call_id -> the declaring step, (agent_name, step_index).
+        self._declared: dict[str, tuple[str, int]] = {}
         self._provider_ids: dict[str, str] = {}
-        self._step_ids: dict[int, int] = {}
+        self._step_ids: dict[tuple[str, int], int] = {}
         self._tools: dict[str, _ToolState] = {}
         self._ledger = _Ledger()
         self._guard_calls = 0
@@ -163,14 +173,14 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
         # Drafts a previous owner sent were counted in its memory only: unknown unless none could be sent.
         rec.draft_chars = 0 if run.release_mode == ReleaseMode.VERIFIED else None
         rec._reload_head()
-        for step_index, step_id, ids, output, finished_at in AgentStep.objects.filter(
+        for agent_name, step_index, step_id, ids, output, finished_at in AgentStep.objects.filter(
             run_id=run_id
-        ).values_list("step_index", "id", "tool_call_ids", "model_output", "finished_at"):
-            rec._step_ids[step_index] = step_id
+        ).values_list("agent_name", "step_index", "id", "tool_call_ids", "model_output", "finished_at"):
+            rec._step_ids[(agent_name, step_index)] = step_id
             if finished_at is not None and (rec._last_token_at is None or finished_at > rec._last_token_at):
                 rec._last_token_at = finished_at
             for tool_call_id in ids or []:
-                rec._declared[tool_call_id] = step_index
+                rec._declared[tool_call_id] = (agent_name, step_index)
             for call in (output or {}).get("toolCalls") or []:
                 if isinstance(call, dict) and call.get("providerToolCallId"):
                     rec._provider_ids[str(call.get("id"))] = str(call["providerToolCallId"])
@@ -180,6 +190,7 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
                 name=tool.tool_name,
                 input_key=canonical_json(tool.input_params),
                 step_index=tool.step_index,
+                agent_name=tool.agent_name or CHAT_AGENT_NAME,
                 started_monotonic=None,
                 started_at=tool.started_at,
                 input_params=tool.input_params,
@@ -333,9 +344,11 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
         content: str = "",
         error_code: str = "",
         error_message: str = "",
+        self_evaluation: dict[str, Any] | None = None,
     ) -> int | None:
         """Close dangling tools, write RUN_FINISHED, then the run's terminal row: status, content,
-        release decision, error, timing, token ledger (with its reconciliation verdict) and counts.
+        release decision, error, timing, token ledger (with its reconciliation verdict), counts and the
+        run's self-evaluation (AI Ops; None otherwise), all bound by the terminal digest (`run/3`).
 
         Only a SUCCESS run carries a release decision and content. A decision recorded before a run
         ended FAILED or CANCELLED is withdrawn: a RELEASE_DECISION event with status WITHDRAWN precedes
@@ -388,6 +401,7 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
                 "expected_events": self.expected_events + len(events) + 1,
                 "expected_steps": self.expected_steps,
                 "expected_tools": self.expected_tools,
+                "self_evaluation": bound_json(self_evaluation) if self_evaluation is not None else None,
             }
             if self._created_at is not None:
                 fields["total_duration_ms"] = _ms(now - self._created_at)

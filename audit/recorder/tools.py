@@ -12,6 +12,7 @@ from typing import Any
 
 from django.utils import timezone
 
+from audit import rowdigest
 from audit.models import TOOL_CONFLICT, EventType, Phase, ToolStatus
 from audit.payloads import bound_json, bound_text, canonical_json, clip
 from audit.recorder.chain import _tables
@@ -41,6 +42,7 @@ class _ToolState:
     step_index: int | None
     started_monotonic: float | None
     started_at: Any
+    agent_name: str = ""
     input_params: Any = None
     provider_id: str = ""
     status: str = ToolStatus.RUNNING
@@ -137,13 +139,14 @@ class ToolLifecycle:
                 )
                 raise ToolCallNotDeclared(f"tool call {tool_call_id} was not declared by a recorded step")
 
-            step_index = self._declared[tool_call_id]
+            agent_name, step_index = self._declared[tool_call_id]
             provider_id = self._provider_ids.get(tool_call_id, tool_call_id)
             now = timezone.now()
             state = _ToolState(
                 name=tool_name,
                 input_key=input_key,
                 step_index=step_index,
+                agent_name=agent_name,
                 started_monotonic=None,
                 started_at=now,
                 input_params=effective_input,
@@ -157,8 +160,9 @@ class ToolLifecycle:
                 t.tool.row(
                     run_id=self.run_id,
                     session_id=self.session_id,
-                    step_id=self._step_ids.get(step_index),
+                    step_id=self._step_ids.get((agent_name, step_index)),
                     step_index=step_index,
+                    agent_name=agent_name,
                     tool_call_id=tool_call_id,
                     provider_tool_call_id=provider_id,
                     tool_name=tool_name,
@@ -183,7 +187,9 @@ class ToolLifecycle:
                             "providerToolCallId": provider_id,
                             "toolName": tool_name,
                             "stepIndex": step_index,
+                            "agentName": agent_name,
                             "input": effective_input,
+                            "rowForm": rowdigest.TOOL.name,
                         },
                         bind={"rowDigest": row},
                     )
@@ -313,6 +319,7 @@ class ToolLifecycle:
             "providerToolCallId": state.provider_id or tool_call_id,
             "toolName": state.name,
             "stepIndex": state.step_index,
+            "agentName": state.agent_name or None,
             "durationMs": duration_ms,
             "outputLength": bounded.length if bounded else None,
             "outputSha256": bounded.sha256 if bounded else None,
@@ -349,7 +356,7 @@ class ToolLifecycle:
                     EventType.TOOL_INVOCATION,
                     status,
                     clip(", ".join(parts), SUMMARY_CHARS),
-                    details,
+                    {**details, "rowForm": rowdigest.TOOL.name},
                     bind={"rowDigest": fallback},
                 )
             ],

@@ -200,12 +200,17 @@ def _verify_rows(rows: Any, run_id: str, b: bound.Bindings, report: Report) -> N
         for i, entry in enumerate(entries):
             row = entry.get("form", {}).get("row", {}) if isinstance(entry, dict) else {}
             row = row if isinstance(row, dict) else {}
-            key = row.get("step_index") if name == "steps" else row.get("tool_call_id")
-            where = f"rows.{name}[{i}] ({label} {key})"
-            pool = steps if name == "steps" else tools
-            _row_check(
-                entry, where, "step" if name == "steps" else "tool", run_id, pool.pop(key, None), report
-            )
+            if name == "steps":
+                key = bound.step_key(row.get("step_index"), row.get("agent_name"))
+                where = f"rows.{name}[{i}] ({bound.step_label(key)})"
+                binding = steps.pop(key, None)
+                form_name = "step"
+            else:
+                key = row.get("tool_call_id")
+                where = f"rows.{name}[{i}] ({label} {key})"
+                binding = tools.pop(key, None)
+                form_name = (binding.form if binding is not None else None) or "tool"
+            _row_check(entry, where, form_name, run_id, binding, report)
             checked += 1
     entries = rows["reasoning"]
     if not isinstance(entries, list):
@@ -240,12 +245,16 @@ def _verify_rows(rows: Any, run_id: str, b: bound.Bindings, report: Report) -> N
             checked += 1
     elif run_entry is not None:
         report.failures.append("rows.run: the chain records no RUN_FINISHED to bind it")
-    for label, pool in (("model step", steps), ("tool call", tools)):
-        for key, binding in pool.items():
-            if binding.digest is not None:
-                report.failures.append(
-                    f"rows: {label} {key} bound at sequence {binding.sequence_no} is missing"
-                )
+    for key, binding in steps.items():
+        if binding.digest is not None:
+            report.failures.append(
+                f"rows: {bound.step_label(key)} bound at sequence {binding.sequence_no} is missing"
+            )
+    for key, binding in tools.items():
+        if binding.digest is not None:
+            report.failures.append(
+                f"rows: tool call {key} bound at sequence {binding.sequence_no} is missing"
+            )
     for (step_index, agent), binding in reasoning.items():
         if binding.digest is not None:
             report.failures.append(

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from audit import rowdigest
+from audit.bound import collect
 from audit.integrity import event_payload
 from audit.models import AgentStep, EventType, ToolInvocation, TraceEvent
 from audit.rowdigest import stored_reasoning_rows
@@ -45,7 +46,7 @@ def build_bundle(*, run: DiagnosisRun) -> dict[str, Any]:
     """The evidence bundle of `run` (the caller has decided the reader may see it)."""
     run_id = run.run_id
     events = list(TraceEvent.objects.filter(run_id=run_id).order_by("sequence_no"))
-    steps = AgentStep.objects.filter(run_id=run_id).order_by("step_index", "id")
+    steps = AgentStep.objects.filter(run_id=run_id).order_by("id")
     tools = ToolInvocation.objects.filter(run_id=run_id).order_by("id")
     reasoning = stored_reasoning_rows(run_id=run_id)
     return {
@@ -55,7 +56,7 @@ def build_bundle(*, run: DiagnosisRun) -> dict[str, Any]:
         "events": [_event(e) for e in events],
         "rows": {
             "steps": [_row(rowdigest.STEP, rowdigest.STEP.values_of(s)) for s in steps],
-            "tools": [_row(rowdigest.TOOL, rowdigest.TOOL.values_of(t)) for t in tools],
+            "tools": [_row(form, form.values_of(t)) for t, form in _tool_forms(tools, events)],
             "reasoning": [
                 {
                     "stepIndex": r["step_index"],
@@ -68,6 +69,17 @@ def build_bundle(*, run: DiagnosisRun) -> dict[str, Any]:
         },
         "anchor": _anchor(run_id),
     }
+
+
+def _tool_forms(tools: Any, events: list[TraceEvent]) -> list[tuple[ToolInvocation, rowdigest.Form]]:
+    """Each tool row with the form its latest binding names (`rowForm`; none: the first form)."""
+    bindings = collect(events).tools
+    out = []
+    for tool in tools:
+        binding = bindings.get(tool.tool_call_id)
+        form = rowdigest.tool_form(binding.form if binding is not None else None) or rowdigest.TOOL
+        out.append((tool, form))
+    return out
 
 
 def _run_row(run: DiagnosisRun, events: list[TraceEvent]) -> dict[str, Any] | None:

@@ -11,7 +11,8 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from audit.admin_base import ReadOnlyAdmin
-from diagnosis.admin.display import chip
+from diagnosis.admin.display import chip, provider_chip
+from diagnosis.admin.runs import CONSOLE_MEDIA
 from diagnosis.models import AiOpsAlert
 
 MAX_FILTER_CHOICES = 50
@@ -57,6 +58,7 @@ class AiOpsAnalysisAdmin(ReadOnlyAdmin):
         "alertname_label",
         "severity_label",
         "source",
+        "provider_label",
         "status_chip",
         "release_chip",
         "alert_count",
@@ -77,6 +79,17 @@ class AiOpsAnalysisAdmin(ReadOnlyAdmin):
     ordering = ("-created_at", "-id")
     list_per_page = 100
     show_full_result_count = False
+
+    @property
+    def media(self):
+        return super().media + CONSOLE_MEDIA
+
+    def changelist_view(self, request, extra_context=None):
+        return super().changelist_view(request, {"is_nav_sidebar_enabled": False, **(extra_context or {})})
+
+    @admin.display(description="provider")
+    def provider_label(self, alert: AiOpsAlert):
+        return provider_chip(alert.run.provider)
 
     @admin.display(description="run", ordering="run_id")
     def run_link(self, alert: AiOpsAlert):

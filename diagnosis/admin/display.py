@@ -47,6 +47,16 @@ def chip(value: str | None, tone_name: str | None = None):
     return format_html('<span class="dc-chip dc-{}">{}</span>', tone_name or tone(value), value)
 
 
+def provider_chip(provider: str | None):
+    """A run's provider: the DEMO chip for the offline demo model (labelled wherever a run is listed),
+    else its name."""
+    from audit.selectors import DEMO_PROVIDER
+
+    if provider == DEMO_PROVIDER:
+        return format_html('<span class="dc-chip dc-warn" title="{}">DEMO</span>', "offline demo model")
+    return provider or "—"
+
+
 def tone(status: str | None) -> str:
     """The colour family of a status word: good, bad, warn or neutral."""
     if not status:

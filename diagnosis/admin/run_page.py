@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from audit.models import EventType, Phase, ToolInvocation, UsageSource
+from audit.reconcile import CallUsage
 from audit.selectors import AnchorView, Trace
 from diagnosis.admin.display import (
     compact_json,
@@ -205,6 +206,7 @@ def build_timing(run: DiagnosisRun) -> list[tuple[str, str, str]]:
 class LedgerCall:
     sequence_no: int
     source: str
+    agent: str
     model: str
     step_index: int | None
     available: bool
@@ -224,9 +226,20 @@ class LedgerRow:
 
 
 @dataclass(slots=True)
+class AgentTokens:
+    """One agent's line of the ledger: its calls and the tokens their usage records report."""
+
+    agent: str
+    calls: int
+    without_usage: int
+    tokens: int
+
+
+@dataclass(slots=True)
 class Ledger:
     rows: list[LedgerRow]
     calls: list[LedgerCall]
+    by_agent: list[AgentTokens]
     reconciled: bool
     verdict: str
     problems: list[str]
@@ -234,8 +247,8 @@ class Ledger:
 
 def build_ledger(trace: Trace) -> Ledger:
     """Per-call usage from every MODEL_TOKEN_USAGE event (router, agent and guard), summed per source and
-    compared with the run's ledger; the recorder's own verdict (`tokens_reconciled`) is shown with the
-    reasons."""
+    compared with the run's ledger, and summed per calling agent (planner, executor, … one line each);
+    the recorder's own verdict (`tokens_reconciled`) is shown with the reasons."""
     run = trace.run
     calls = []
     for event in trace.timeline:
@@ -246,6 +259,7 @@ def build_ledger(trace: Trace) -> Ledger:
             LedgerCall(
                 sequence_no=event.sequence_no,
                 source=str(d.get("source") or "?"),
+                agent=CallUsage.from_details(d).agent,
                 model=str(d.get("model") or ""),
                 step_index=d.get("stepIndex"),
                 available=bool(d.get("usageAvailable")),
@@ -303,7 +317,80 @@ def build_ledger(trace: Trace) -> Ledger:
         verdict = "not reconciled"
     else:
         verdict = "not reconciled (the run has no terminal ledger yet, or a usage write failed)"
-    return Ledger(rows=rows, calls=calls, reconciled=reconciled, verdict=verdict, problems=problems)
+    by_agent: dict[str, AgentTokens] = {}
+    for c in calls:
+        line = by_agent.setdefault(c.agent, AgentTokens(agent=c.agent, calls=0, without_usage=0, tokens=0))
+        line.calls += 1
+        line.without_usage += not c.available
+        line.tokens += (c.total or 0) if c.available else 0
+    return Ledger(
+        rows=rows,
+        calls=calls,
+        by_agent=list(by_agent.values()),
+        reconciled=reconciled,
+        verdict=verdict,
+        problems=problems,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# Self-evaluation (AI Ops)
+# ---------------------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class SelfEvaluation:
+    """The run's stored self-evaluation as rows (signal, value, tone); `stated` is the model's own
+    confidence, shown apart because it is a claim, not a measurement."""
+
+    rows: list[tuple[str, str, str]]
+    stated: str | None
+
+
+def build_self_evaluation(run: DiagnosisRun) -> SelfEvaluation | None:
+    data = run.self_evaluation
+    if not isinstance(data, dict):
+        return None
+
+    def get(section: str) -> dict[str, Any]:
+        value = data.get(section)
+        return value if isinstance(value, dict) else {}
+
+    ev, tools, guards, calls, plan = (get(k) for k in ("evidence", "tools", "guards", "modelCalls", "plan"))
+    not_gathered = ev.get("citedNotGathered") or []
+    rows = [
+        (
+            "evidence cited / gathered",
+            f"{ev.get('cited', '—')} / {ev.get('gathered', '—')}"
+            + (f" · cited but not gathered: {', '.join(map(str, not_gathered))}" if not_gathered else ""),
+            "bad" if not_gathered or not ev.get("cited") else "good",
+        ),
+        (
+            "tool calls failed / total",
+            f"{tools.get('failed', '—')} / {tools.get('total', '—')}",
+            "bad" if tools.get("failed") else "good",
+        ),
+        (
+            "guards",
+            f"evidence {guards.get('evidence') or '—'} · semantic {guards.get('semantic') or '—'} · "
+            f"{guards.get('evidenceRetries', 0)} repair round(s)",
+            "good" if guards.get("evidence") == "PASS" and guards.get("semantic") == "PASS" else "bad",
+        ),
+        (
+            "model calls without usage",
+            f"{calls.get('withoutUsage', '—')} of {calls.get('total', '—')}",
+            "bad" if calls.get("withoutUsage") else "good",
+        ),
+        (
+            "plan steps done / planned",
+            f"{plan.get('done', '—')} / {plan.get('planned', '—')}"
+            + (f" · {plan.get('withoutTool')} without a tool" if plan.get("withoutTool") else "")
+            + (f" · {plan.get('revisions')} revision(s)" if plan.get("revisions") else "")
+            + (" · default plan (the planner's was unusable)" if plan.get("fallback") else ""),
+            "good" if plan.get("done") == plan.get("planned") else "warn",
+        ),
+    ]
+    stated = data.get("statedByModel")
+    confidence = stated.get("confidence") if isinstance(stated, dict) else None
+    return SelfEvaluation(rows=rows, stated=str(confidence) if confidence else None)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -445,6 +532,7 @@ class RunPage:
     verdict: Verdict
     timing: list[tuple[str, str, str]]
     ledger: Ledger
+    self_evaluation: SelfEvaluation | None
     timeline: list[TimelineRow]
     waterfall: Waterfall
     tools: list[ToolRow]
@@ -472,6 +560,7 @@ def build_run_page(trace: Trace) -> RunPage:
         verdict=build_verdict(trace),
         timing=build_timing(run),
         ledger=build_ledger(trace),
+        self_evaluation=build_self_evaluation(run),
         timeline=timeline,
         waterfall=build_waterfall(trace),
         tools=build_tools(trace),

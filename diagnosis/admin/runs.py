@@ -25,10 +25,10 @@ from django.utils.http import urlencode
 from django.utils.text import Truncator
 from rest_framework.renderers import JSONRenderer
 
-from audit.selectors import DEMO_PROVIDER, annotate_audit_completeness, get_trace
+from audit.selectors import annotate_audit_completeness, get_trace
 from audit.serializers import serialize_trace
 from audit.transparency.evidence import build_bundle
-from diagnosis.admin.display import QUERY_PREVIEW_CHARS, delivery_note, format_ms
+from diagnosis.admin.display import QUERY_PREVIEW_CHARS, delivery_note, format_ms, provider_chip
 from diagnosis.admin.display import chip as _chip
 from diagnosis.admin.run_page import build_run_page
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunFeedback
@@ -162,9 +162,7 @@ class DiagnosisRunAdmin(admin.ModelAdmin):
 
     @admin.display(description="provider", ordering="provider")
     def provider_label(self, run: DiagnosisRun):
-        if run.provider == DEMO_PROVIDER:
-            return format_html('<span class="dc-chip dc-warn" title="{}">DEMO</span>', "offline demo model")
-        return run.provider or "—"
+        return provider_chip(run.provider)
 
     @admin.display(description="tokens", ordering="tokens_total")
     def tokens(self, run: DiagnosisRun) -> int:

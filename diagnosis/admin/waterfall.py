@@ -1,4 +1,6 @@
-"""The run page's waterfall: model steps, tool calls, router and semantic-guard calls on one time axis.
+"""The run page's waterfall: model steps, tool calls, router and semantic-guard calls on one time axis,
+one lane per agent (`router`, `planner`, `executor` or the chat's `diagnosis_agent`, `semantic_guard`):
+each lane holds its agent's calls, a step's tools under it.
 
 Built from the trace read model's rows (`audit.selectors.Trace`); pure, no query. Nothing here invents a
 time: a bar whose start is derived from a recorded end minus a recorded duration is marked *derived*, a
@@ -9,9 +11,9 @@ open-ended and hatched (*unknown*).
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from audit.models import AgentStep, EventType, ToolInvocation, TraceEvent
+from audit.models import CHAT_AGENT_NAME, AgentStep, EventType, ToolInvocation, TraceEvent
 from audit.selectors import Trace
 from diagnosis.admin.display import format_duration, format_instant, format_ms, ms_between, tone
 
@@ -40,6 +42,7 @@ class Bar:
     title: str = ""
     nested: bool = False
     anchor: str = ""
+    lane: str = ""
 
     @property
     def label_pos(self) -> str:
@@ -64,13 +67,27 @@ class Marker:
 
 
 @dataclass(slots=True)
-class Waterfall:
+class Lane:
+    """One agent's calls, in time order."""
+
+    name: str
     bars: list[Bar]
+
+
+@dataclass(slots=True)
+class Waterfall:
+    bars: list[Bar]  # every lane's bars, lane after lane
     ticks: list[tuple[float, str]]
     markers: list[Marker]
     span: str
     origin: str
     notes: list[str]
+    lanes: list[Lane] = field(default_factory=list)
+
+
+# Lanes in pipeline order; an agent not named here comes after the known agents, before the guard.
+LANE_ORDER = ("router", "planner", "executor", CHAT_AGENT_NAME)
+GUARD_LANE = "semantic_guard"
 
 
 def _nice_step(span_ms: float) -> float:
@@ -98,6 +115,14 @@ class _Span:
     title: str
     anchor: str
     nested: bool = False
+    lane: str = ""
+
+
+def step_anchor(agent_name: str, step_index: int) -> str:
+    """The run page's anchor of a model step: `step-2` for the chat agent's, `step-executor-2` else."""
+    if agent_name in ("", CHAT_AGENT_NAME):
+        return f"step-{step_index}"
+    return f"step-{agent_name}-{step_index}"
 
 
 def _model_call_spans(timeline: list[TraceEvent]) -> list[_Span]:
@@ -123,6 +148,7 @@ def _model_call_spans(timeline: list[TraceEvent]) -> list[_Span]:
                 mode="derived" if known else "point",
                 title=DERIVED_TITLE if known else "the call's duration was not recorded",
                 anchor=f"ev-{event.sequence_no}",
+                lane="router" if router else GUARD_LANE,
             )
         )
     return spans
@@ -152,6 +178,7 @@ def _tool_span(tool: ToolInvocation, *, nested: bool) -> _Span:
         title=title,
         anchor=f"tool-{tool.tool_call_id}",
         nested=nested,
+        lane=tool.agent_name or CHAT_AGENT_NAME,
     )
 
 
@@ -175,13 +202,14 @@ def _step_span(step: AgentStep, event_at: dt.datetime | None) -> _Span:
         kind="step",
         label=f"step {step.step_index}",
         sublabel=f"{step.agent_name or ''} · {step.model or ''}",
+        lane=step.agent_name or CHAT_AGENT_NAME,
         status="TOOL_CALLS" if step.has_tool_call else (step.finish_reason or "").upper(),
         start=start,
         end=end,
         duration_ms=duration_ms,
         mode=mode,
         title=title,
-        anchor=f"step-{step.step_index}",
+        anchor=step_anchor(step.agent_name, step.step_index),
     )
 
 
@@ -197,18 +225,22 @@ def build_waterfall(trace: Trace) -> Waterfall:
     origin = run.created_at or run.started_at
     finished = run.finished_at
 
-    tools_by_step: dict[int | None, list[ToolInvocation]] = {}
+    tools_by_step: dict[tuple[str, int | None], list[ToolInvocation]] = {}
     for tool in trace.tools:
-        tools_by_step.setdefault(tool.step_index, []).append(tool)
+        tools_by_step.setdefault((tool.agent_name or CHAT_AGENT_NAME, tool.step_index), []).append(tool)
     step_events = {
-        (e.details or {}).get("stepIndex"): e.created_at
+        (
+            str((e.details or {}).get("agentName") or CHAT_AGENT_NAME),
+            (e.details or {}).get("stepIndex"),
+        ): e.created_at
         for e in trace.timeline
         if e.event_type == EventType.AGENT_MODEL_STEP
     }
     groups: list[list[_Span]] = [[span] for span in _model_call_spans(trace.timeline)]
     for step in trace.steps:
-        group = [_step_span(step, step_events.get(step.step_index))]
-        group.extend(_tool_span(t, nested=True) for t in tools_by_step.pop(step.step_index, []))
+        key = (step.agent_name or CHAT_AGENT_NAME, step.step_index)
+        group = [_step_span(step, step_events.get(key))]
+        group.extend(_tool_span(t, nested=True) for t in tools_by_step.pop(key, []))
         groups.append(group)
     for leftover in tools_by_step.values():
         groups.extend([_tool_span(t, nested=False)] for t in leftover)
@@ -228,8 +260,20 @@ def build_waterfall(trace: Trace) -> Waterfall:
     def pct(value: dt.datetime) -> float:
         return max(0.0, min(100.0, offset_ms(value) / span_ms * 100))
 
-    # A group (a step and its tools, or one router/guard call) sorts by its first span's start.
-    groups.sort(key=lambda g: offset_ms(g[0].start) if g[0].start is not None else float("inf"))
+    # Lanes in pipeline order; within a lane a group (a step and its tools, or one router/guard call)
+    # sorts by its first span's start.
+    def lane_rank(lane: str) -> int:
+        if lane == GUARD_LANE:
+            return len(LANE_ORDER) + 1
+        return LANE_ORDER.index(lane) if lane in LANE_ORDER else len(LANE_ORDER)
+
+    groups.sort(
+        key=lambda g: (
+            lane_rank(g[0].lane),
+            g[0].lane,
+            offset_ms(g[0].start) if g[0].start is not None else float("inf"),
+        )
+    )
     bars: list[Bar] = []
     notes: list[str] = []
     for span in (s for group in groups for s in group):
@@ -263,8 +307,14 @@ def build_waterfall(trace: Trace) -> Waterfall:
                 title=span.title,
                 nested=span.nested,
                 anchor=span.anchor,
+                lane=span.lane,
             )
         )
+    lanes: list[Lane] = []
+    for bar in bars:
+        if not lanes or lanes[-1].name != bar.lane:
+            lanes.append(Lane(name=bar.lane, bars=[]))
+        lanes[-1].bars.append(bar)
 
     step = _nice_step(span_ms)
     ticks = []
@@ -288,4 +338,5 @@ def build_waterfall(trace: Trace) -> Waterfall:
         span=format_ms(span_ms),
         origin=format_instant(origin),
         notes=notes,
+        lanes=lanes,
     )

@@ -19,12 +19,13 @@ published answers only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from django.utils import timezone
 
+from audit.models import CHAT_AGENT_NAME
 from audit.recorder import Usage
 from diagnosis.runtime.cancel import RunCancelled
 from diagnosis.runtime.context import RunContext
@@ -33,7 +34,8 @@ from diagnosis.runtime.llm import LLMError, ModelResult, StreamProgress
 from diagnosis.runtime.tools.boundary import ToolBoundary
 from reasoning.capture import build_capture
 
-AGENT_NAME = "diagnosis_agent"
+AGENT_NAME = CHAT_AGENT_NAME
+StepCallback = Callable[[ModelResult, int], Awaitable[None]]
 # Reasoning keys whose text DeepSeek-style providers expect back as `reasoning_content`.
 ROUND_TRIP_KEYS = frozenset({"attribute", "reasoning_content"})
 
@@ -82,10 +84,17 @@ def assistant_message(result: ModelResult) -> dict[str, Any]:
 
 
 class Agent:
-    """The diagnosis agent of one run."""
+    """One agent of a run: `agent_name` names its steps (`diagnosis_agent` in the chat flow, `planner`
+    and `executor` in AI Ops), which it numbers 1, 2, … on its own counter (`RunContext.step_counts`)."""
 
-    def __init__(self, ctx: RunContext) -> None:
+    def __init__(
+        self, ctx: RunContext, *, agent_name: str = AGENT_NAME, on_step: StepCallback | None = None
+    ) -> None:
         self.ctx = ctx
+        self.agent_name = agent_name
+        # Awaited with each completed step's result and index once the step is recorded (before its
+        # tools run): AI Ops records a plan revision the executor wrote there.
+        self.on_step = on_step
         self.boundary = ToolBoundary(ctx)
 
     async def run(self, messages: list[dict[str, Any]], *, tools: bool, max_steps: int) -> AgentAnswer:
@@ -112,9 +121,9 @@ class Agent:
         tool_choice: str | None,
     ) -> ModelResult:
         ctx = self.ctx
-        step_index = ctx.step_index + 1
-        await ctx.before_model_request(Stage.MODEL_STEP, step_index=step_index)
-        ctx.next_step_index()
+        step_index = ctx.steps_taken(self.agent_name) + 1
+        await ctx.before_model_request(Stage.MODEL_STEP, step_index=step_index, agent_name=self.agent_name)
+        ctx.next_step_index(self.agent_name)
         model = ctx.client.roles.agent
         sent = list(messages)
         progress = StreamProgress()
@@ -133,7 +142,7 @@ class Agent:
             await ctx.record(
                 ctx.recorder.model_step,
                 step_index=step_index,
-                agent_name=AGENT_NAME,
+                agent_name=self.agent_name,
                 model=model,
                 usage=Usage.unavailable(),
                 reasoning=build_capture(
@@ -159,7 +168,7 @@ class Agent:
         await ctx.record(
             ctx.recorder.model_step,
             step_index=step_index,
-            agent_name=AGENT_NAME,
+            agent_name=self.agent_name,
             model=result.model,
             usage=result.usage,
             reasoning=build_capture(
@@ -177,4 +186,6 @@ class Agent:
             text_length=len(result.text),
             provider_attempts=result.attempts,
         )
+        if self.on_step is not None:
+            await self.on_step(result, step_index)
         return result

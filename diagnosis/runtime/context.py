@@ -40,28 +40,47 @@ class RunContext:
     registry: ToolRegistry
     canonical: CanonicalStore
     release_mode: ReleaseMode = ReleaseMode.VERIFIED
-    step_index: int = 0
+    # Steps taken so far per agent name: each agent counts its own steps 1, 2, … (seed 003).
+    step_counts: dict[str, int] = field(default_factory=dict)
     canonical_degraded: bool = False
     running_tools: dict[str, str] = field(default_factory=dict)
+    # Evidence ids the run's tools returned and the canonical store accepted, in the order they came.
+    gathered_evidence: list[str] = field(default_factory=list)
     first_output_marked: bool = False
 
     def __post_init__(self) -> None:
         if self.recorder.committed is None:
             self.recorder.committed = deque()
 
-    def next_step_index(self) -> int:
-        self.step_index += 1
-        return self.step_index
+    def next_step_index(self, agent_name: str) -> int:
+        """The next step index of `agent_name` (its first step is 1), counted as taken."""
+        self.step_counts[agent_name] = self.step_counts.get(agent_name, 0) + 1
+        return self.step_counts[agent_name]
 
-    async def before_model_request(self, stage: str | None = None, *, step_index: int | None = None) -> None:
+    def steps_taken(self, agent_name: str | None = None) -> int:
+        """Model steps `agent_name` took in this run (all agents' steps when None)."""
+        if agent_name is None:
+            return sum(self.step_counts.values())
+        return self.step_counts.get(agent_name, 0)
+
+    async def before_model_request(
+        self, stage: str | None = None, *, step_index: int | None = None, agent_name: str | None = None
+    ) -> None:
         """A safe point before every model call, which the run's `model_calls` counts as it starts
         (the first one also stamps `first_model_request_at`). With `stage`, the call starts that stage:
-        a STARTED progress event tells the run's readers what it now waits for (live only)."""
+        a STARTED progress event tells the run's readers what it now waits for (live only); a model step
+        names its agent and the agent's step index."""
         self.token.raise_if_cancelled()
         await db(self.recorder.model_call_started)
         if stage is not None:
             await self.sink.emit(
-                ProgressEvent(run_id=self.run_id, stage=stage, status=STARTED, step_index=step_index)
+                ProgressEvent(
+                    run_id=self.run_id,
+                    stage=stage,
+                    status=STARTED,
+                    step_index=step_index,
+                    agent_name=agent_name,
+                )
             )
 
     async def record(self, write: Callable[..., T], /, **kwargs: Any) -> T:

@@ -13,8 +13,9 @@
    the lease it last renewed has expired, cancels with `lease_lost`; so does a recorder write refused by
    the fence. The run then stops without writing anything more (the new owner writes its terminal state).
 3. Records RUN_STARTED (with the release policy, `CHAT_RELEASE`), emits `RunEvent`, runs the pipeline
-   (`diagnosis.runtime.pipeline`), and ends the run exactly once through `recorder.finish`, then emits
-   `OutcomeEvent` (under the `verified` policy the first answer text any reader gets):
+   (`diagnosis.runtime.pipeline`; an `AI_OPS` run: `diagnosis.runtime.aiops.run_aiops`), and ends the
+   run exactly once through `recorder.finish`, then emits `OutcomeEvent` (under the `verified` policy
+   the first answer text any reader gets):
    * pipeline completed → SUCCESS with the release decision and the released content;
    * `RunCancelled` (token, column, or a cancelled task) → running tool tasks are cancelled, the recorder
      closes the tools still RUNNING as INTERRUPTED (`close_tools`), RUN_CANCELLED, CANCELLED;
@@ -48,6 +49,7 @@ from audit.models import ToolStatus
 from audit.recorder import RunRecorder
 from diagnosis import services
 from diagnosis.models import ChatSession, DiagnosisRun, RunStatus
+from diagnosis.runtime.aiops import is_aiops, run_aiops
 from diagnosis.runtime.cancel import CancelToken, RunCancelled
 from diagnosis.runtime.canonical import CanonicalStore
 from diagnosis.runtime.context import RunContext
@@ -262,7 +264,9 @@ async def execute_run(
                 release_mode=mode,
             )
             ending.ctx = ctx
-            result = await run_pipeline(ctx, created_at=run.created_at)
+            result = await (run_aiops if is_aiops(run.agent_flow) else run_pipeline)(
+                ctx, created_at=run.created_at
+            )
         except RunCancelled:
             return await ending.cancelled()
         except LLMError as exc:
@@ -275,7 +279,7 @@ async def execute_run(
         except Exception as exc:
             logger.error("run failed run=%s error=%s", run_id, type(exc).__name__)
             return await ending.failed(INTERNAL_ERROR, INTERNAL_ERROR_MESSAGE)
-        return await ending.succeeded(result.release_decision, result.content)
+        return await ending.succeeded(result.release_decision, result.content, result.self_evaluation)
     finally:
         heartbeat.cancel()
 
@@ -319,12 +323,16 @@ class _Ending:
         """Another process claimed the run (the heartbeat or a refused write found out): end quietly."""
         return self.token.lease_lost or self.recorder.fenced
 
-    async def succeeded(self, release: str, content: str) -> RunOutcome:
+    async def succeeded(
+        self, release: str, content: str, self_evaluation: dict[str, Any] | None = None
+    ) -> RunOutcome:
         self.heartbeat.cancel()
         self.done = True
         if self._fenced():
             return await self._lease_lost()
-        seq = await db(self.recorder.finish, status=RunStatus.SUCCESS, content=content)
+        seq = await db(
+            self.recorder.finish, status=RunStatus.SUCCESS, content=content, self_evaluation=self_evaluation
+        )
         return await self._emit_outcome(self._outcome(RunStatus.SUCCESS, release, content), seq)
 
     async def failed(self, code: str, message: str) -> RunOutcome:

@@ -27,7 +27,8 @@ released content only: never reasoning, drafts or tool output).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.conf import settings
@@ -85,6 +86,10 @@ class PipelineResult:
     intent: str
     release_decision: str
     content: str
+    # The final draft the guards checked (the content when PUBLISHED).
+    draft: str = ""
+    # What the run's terminal update records beside the outcome (AI Ops: its self-evaluation).
+    self_evaluation: dict[str, Any] | None = None
 
 
 def previous_turns(*, session_id: str, run_id: str, before: Any, limit: int = PREVIOUS_TURNS) -> list:
@@ -131,13 +136,40 @@ async def run_pipeline(ctx: RunContext, *, created_at: Any) -> PipelineResult:
 
     answer = await agent.run(messages, tools=True, max_steps=int(settings.AGENT_MAX_STEPS))
     ctx.token.raise_if_cancelled()
+    return await verify_and_release(ctx, intent=intent, agent=agent, messages=messages, answer=answer)
+
+
+async def verify_and_release(
+    ctx: RunContext,
+    *,
+    intent: str,
+    agent: Agent,
+    messages: list[dict[str, Any]],
+    answer: AgentAnswer,
+    repair: Callable[[Sequence[str], Sequence[str]], str] = prompts.repair_message,
+    draft_of: Callable[[str], str] | None = None,
+    release_details: dict[str, Any] | None = None,
+) -> PipelineResult:
+    """The guards and the release of a drafted answer, for every flow that drafts one (the chat agent's
+    answer, the AI Ops executor's report): the evidence guard (EVIDENCE_GUARD_INITIAL); on a repairable
+    failure the draft and a repair request (`repair(reasons, unknown)`) are appended to `messages` and
+    `agent` gets one repair
+    round of at most `REPAIR_MAX_STEPS` calls (EVIDENCE_GUARD_RETRY); then the semantic guard and
+    RELEASE_DECISION (`release_details` are added to its details). `draft_of` turns the agent's final
+    text into the draft the guards check and the release publishes (AI Ops: the report without its
+    plan blocks); by default the text itself."""
+    if draft_of is not None:
+        answer = replace(answer, text=draft_of(answer.text))
     verdict = await _evidence_guard(ctx, answer, retry=False)
     if not verdict.passed and verdict.repairable:
         messages.append({"role": "assistant", "content": answer.text})
-        messages.append({"role": "user", "content": prompts.repair_message(verdict.reasons, verdict.unknown)})
+        messages.append({"role": "user", "content": repair(verdict.reasons, verdict.unknown)})
         answer = await agent.run(messages, tools=True, max_steps=REPAIR_MAX_STEPS)
         ctx.token.raise_if_cancelled()
+        if draft_of is not None:
+            answer = replace(answer, text=draft_of(answer.text))
         verdict = await _evidence_guard(ctx, answer, retry=True)
+    extra = release_details or {}
     if not verdict.passed:
         return await _release(
             ctx,
@@ -146,6 +178,7 @@ async def run_pipeline(ctx: RunContext, *, created_at: Any) -> PipelineResult:
             answer,
             f"evidence guard failed ({', '.join(verdict.reasons)})",
             evidence="FAIL",
+            extra=extra,
         )
     semantic = await _semantic_guard(ctx, answer.text, verdict)
     if semantic.supported is True:
@@ -157,6 +190,7 @@ async def run_pipeline(ctx: RunContext, *, created_at: Any) -> PipelineResult:
             "evidence and semantic guards passed",
             evidence="PASS",
             semantic="PASS",
+            extra=extra,
         )
     reason = (
         f"semantic guard found {len(semantic.unsupported_claims)} unsupported claim(s)"
@@ -171,6 +205,7 @@ async def run_pipeline(ctx: RunContext, *, created_at: Any) -> PipelineResult:
         reason,
         evidence="PASS",
         semantic="FAIL" if semantic.supported is False else "ERROR",
+        extra=extra,
     )
 
 
@@ -255,6 +290,7 @@ async def _release(
     evidence: str = "NOT_REQUIRED",
     semantic: str | None = None,
     fixed_reply: bool = False,
+    extra: dict[str, Any] | None = None,
 ) -> PipelineResult:
     content = answer.text if decision == ReleaseDecision.PUBLISHED else BLOCKED_MESSAGE
     await ctx.record(
@@ -267,8 +303,9 @@ async def _release(
             "semanticGuard": semantic,
             "draftLength": len(answer.text),
             "contentLength": len(content),
-            "agentSteps": ctx.step_index,
+            "agentSteps": ctx.steps_taken(),
             "fixedReply": fixed_reply,
+            **(extra or {}),
         },
     )
-    return PipelineResult(intent=intent, release_decision=decision, content=content)
+    return PipelineResult(intent=intent, release_decision=decision, content=content, draft=answer.text)

@@ -96,3 +96,91 @@ def intent_of(messages: Sequence[dict[str, Any]]) -> str | None:
                 if line.startswith(INTENT_PREFIX):
                     return line[len(INTENT_PREFIX) :].strip()
     return None
+
+
+# ---------------------------------------------------------------------------------------------------
+# AI Ops analyses (diagnosis.runtime.aiops): the planner and the executor
+# ---------------------------------------------------------------------------------------------------
+PLANNER_MARKER = "You plan the investigation of an operations alert."
+EXECUTOR_MARKER = "You carry out the investigation of an operations alert."
+PLAN_FENCE = "plan"
+PLAN_MAX_STEPS = 8
+REPORT_SECTIONS = ("Summary", "Evidence", "Likely cause", "Next steps")
+CONFIDENCE_PREFIX = "Confidence:"
+
+PLANNER_SYSTEM = (
+    PLANNER_MARKER
+    + """
+You do not investigate yourself and you call no tools. Read the alert and write a short plan for the
+executor, who can use these tools: {tools}.
+Reply with one JSON object and nothing else, for example:
+{{"steps": [{{"check": "<what to check>", "why": "<why it matters for this alert>", "tool": "<tool name>"}}]}}
+- At most {max_steps} steps, in the order to carry them out; "tool" is optional and must be one of the
+  tools above.
+- Keep "check" under 200 characters and "why" under 300."""
+)
+
+REPORT_FORMAT = """Write the report in Markdown with exactly these sections:
+## Summary
+## Evidence
+## Likely cause
+## Next steps
+- In Evidence, every claim cites the id of the tool result that supports it, in square brackets:
+  [prom:<id>] for a metric result, [kb:<slug>#<n>] for a runbook chunk. Use only ids that appear in
+  tool results of this conversation; never invent one.
+- Likely cause and Next steps also cite the evidence they rest on.
+- End with one line `Confidence: high`, `Confidence: medium` or `Confidence: low` (your own estimate).
+- If the evidence does not explain the alert, say so plainly instead of guessing."""
+
+EXECUTOR_SYSTEM = (
+    EXECUTOR_MARKER
+    + """
+Follow the plan in the user message step by step with the tools (you may call several in parallel).
+If what you find makes a step pointless or calls for another one, revise the plan: put the whole revised
+plan in your message as a fenced block
+```plan
+{"steps": [{"check": "...", "why": "...", "tool": "..."}]}
+```
+and carry on. When you are done, write the report.
+"""
+    + REPORT_FORMAT
+)
+
+REPORT_REPAIR = (
+    REPAIR_MARKER + ": {problems} Rewrite the report (same sections) so that every claim cites the id of "
+    "evidence returned by a tool in this conversation, as [prom:<id>] or [kb:<slug>#<n>]. You may call "
+    "the tools again, or say that the evidence does not explain the alert."
+)
+
+
+def planner_system(tool_names: Sequence[str]) -> str:
+    return PLANNER_SYSTEM.format(tools=", ".join(tool_names) or "none", max_steps=PLAN_MAX_STEPS)
+
+
+def executor_user(alert: str, plan_steps: Sequence[dict[str, Any]]) -> str:
+    """The executor's task: the alert and the plan it carries out (numbered, JSON for the model)."""
+    plan = json.dumps({"steps": list(plan_steps)}, ensure_ascii=False)
+    return f"Alert:\n{alert}\n\nPlan:\n{plan}"
+
+
+def report_repair_message(reasons: Sequence[str], unknown: Sequence[str]) -> str:
+    problems = []
+    if "NO_CITATION" in reasons:
+        problems.append("the report cites no evidence.")
+    if "UNKNOWN_CITATION" in reasons:
+        problems.append(f"these cited ids were not returned by any tool: {', '.join(unknown[:10])}.")
+    return REPORT_REPAIR.format(problems=" ".join(problems) or "the citations could not be verified.")
+
+
+def role_of(messages: Sequence[dict[str, Any]]) -> str | None:
+    """`planner` or `executor` when the first system message is that AI Ops agent's (used by the demo
+    model), else None."""
+    for message in messages:
+        if message.get("role") == "system":
+            content = str(message.get("content") or "")
+            if content.startswith(PLANNER_MARKER):
+                return "planner"
+            if content.startswith(EXECUTOR_MARKER):
+                return "executor"
+            return None
+    return None

@@ -10,9 +10,10 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 
-from audit.models import ToolInvocation, ToolStatus
+from audit.models import AgentStep, EventType, ToolInvocation, ToolStatus, TraceEvent
 from audit.verification import verify_run
 from diagnosis.models import AgentFlow, AiOpsAlert, DiagnosisRun, ReleaseDecision, RunStatus
+from diagnosis.runtime.guards import extract_citations
 from tests.aiops import servers
 from tests.chat.support import DaphneServer
 
@@ -69,6 +70,16 @@ def test_a_firing_rule_reaches_the_webhook_and_is_analysed_against_live_metrics(
     assert run.release_decision in ReleaseDecision.values and run.content
     tools = list(ToolInvocation.objects.filter(run_id=run.run_id))
     assert tools and all(t.status == ToolStatus.SUCCEEDED for t in tools)
+    # The planner, then the executor, each counting its own steps; the plan is on the timeline.
+    steps = list(
+        AgentStep.objects.filter(run_id=run.run_id).order_by("id").values_list("agent_name", "step_index")
+    )
+    assert steps[0] == ("planner", 1) and steps[1] == ("executor", 1), steps
+    assert {t.agent_name for t in tools} == {"executor"} and {t.tool_name for t in tools} >= {"query_metrics"}
+    assert TraceEvent.objects.filter(run_id=run.run_id, event_type=EventType.PLAN_DECISION).exists()
+    assert run.self_evaluation["tools"]["failed"] == 0
+    if run.release_decision == ReleaseDecision.PUBLISHED:
+        assert any(c.startswith("prom:") for c in extract_citations(run.content)), run.content
     assert verify_run(run.run_id).ok
     # Alertmanager re-sends the group (a new receiver notifies again): the same firing, no second run.
     alertmanager_webhook(f"{product.url}/api/aiops/alertmanager", bearer_token=TOKEN)

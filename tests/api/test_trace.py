@@ -19,7 +19,7 @@ pytestmark = pytest.mark.django_db
 
 RUN_KEYS = {
     "runId", "sessionId", "query", "status", "agentFlow", "intent", "releaseDecision", "content", "error",
-    "provider", "timing", "tokens", "delivery", "stepCount", "toolCallCount", "feedback",
+    "provider", "timing", "tokens", "delivery", "stepCount", "toolCallCount", "feedback", "selfEvaluation",
 }  # fmt: skip
 DELIVERY_KEYS = {"releaseMode", "unverifiedTextDelivered", "draftChars"}
 PROVIDER_KEYS = {"name", "demo"}
@@ -30,7 +30,7 @@ TIMING_KEYS = {
 TOKEN_KEYS = {
     "router", "agent", "guard", "total", "reasoning", "cachedInput", "usageAvailable", "reconciled",
     "unavailableCalls", "modelCalls", "reasoningUnreportedCalls", "cachedUnreportedCalls",
-    "callsWithoutUsage", "differences",
+    "callsWithoutUsage", "differences", "byAgent",
 }  # fmt: skip
 EVENT_KEYS = {"sequenceNo", "phase", "eventType", "status", "summary", "details", "createdAt", "hash"}
 STEP_KEYS = {
@@ -39,9 +39,9 @@ STEP_KEYS = {
     "reasoningAvailable", "reasoningBytes", "assistantBytes", "contentSource",
 }  # fmt: skip
 TOOL_KEYS = {
-    "toolCallId", "providerToolCallId", "stepIndex", "toolName", "status", "inputParams", "outputPreview",
-    "outputLength", "outputSha256", "isTruncated", "retrievalLayer", "l0MatchCount", "l1MatchCount",
-    "retrievalDetails", "startedAt", "finishedAt", "durationMs", "errorCode", "errorMessage",
+    "toolCallId", "providerToolCallId", "stepIndex", "agentName", "toolName", "status", "inputParams",
+    "outputPreview", "outputLength", "outputSha256", "isTruncated", "retrievalLayer", "l0MatchCount",
+    "l1MatchCount", "retrievalDetails", "startedAt", "finishedAt", "durationMs", "errorCode", "errorMessage",
 }  # fmt: skip
 
 

@@ -95,3 +95,11 @@ def test_transparency_log_scenarios_on_a_small_log(user, settings):
     assert rows[0].name == "inclusion proof at 57 leaves"
     run = DiagnosisRun.objects.get(run_id=ids[0])
     assert bundle.verify(build_bundle(run=run), [keys.current_key().public]).ok
+
+
+def test_aiops_scenario_with_fast_model_calls():
+    from bench import b7_aiops
+
+    rows = b7_aiops.run_all(runs_per_rep=1, reps=1, call_seconds=0.01, log=lambda *_: None)
+    assert [r.bench for r in rows] == ["B7", "B7", "B7"]
+    assert all(r.ratio.n == 1 for r in rows) and rows[-1].result.endswith("PUBLISHED")

@@ -209,6 +209,7 @@ class ToolBoundary:
                 result_json=result_json,
                 evidence={record.id: dict(record.payload) for record in result.evidence},
             )
+            ctx.gathered_evidence.extend(record.id for record in result.evidence)
         except CanonicalUnavailable:
             ctx.canonical_degraded = True
             note = "canonical store unavailable"
