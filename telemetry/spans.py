@@ -49,13 +49,13 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from audit.models import AgentStep, EventType, ToolInvocation, ToolStatus, TraceEvent
+from audit.models import CHAT_AGENT_NAME, AgentStep, EventType, ToolInvocation, ToolStatus, TraceEvent
 from audit.payloads import canonical_json, clip
 from audit.selectors import Trace
 from diagnosis.models import AgentFlow, RunStatus
 
 SCOPE = InstrumentationScope("diagnosis.telemetry", "1")
-ROOT_AGENT = "diagnosis_agent"
+ROOT_AGENT = CHAT_AGENT_NAME
 PREVIEW_CHARS = 500
 GUARDRAIL_DRAFT = "apply_guardrail: GenAI security guardian draft (semantic-conventions PR 3233)"
 DEFAULT_SERVICE_NAME = "diagnosis-agent"
@@ -222,12 +222,18 @@ def project_trace(trace: Trace, *, resource_: Resource | None = None) -> list[Re
     root = builder.context("run")
 
     # Agents: in a workflow one invoke_agent span per agent name of the steps, else the root itself.
-    agent_of_step = {step.step_index: step.agent_name for step in trace.steps}
+    # Step indexes count per agent; a tool names its declaring step by id, and its agent (blank on
+    # rows recorded before per-agent counters: the chat agent's).
+    agent_of_step_id = {step.id: step.agent_name for step in trace.steps}
+
+    def agent_of(tool: ToolInvocation) -> str:
+        return agent_of_step_id.get(tool.step_id) or tool.agent_name or CHAT_AGENT_NAME
+
     parents: dict[str, SpanContext] = {}
     if workflow:
         for name in dict.fromkeys(step.agent_name for step in trace.steps):
             steps = [s for s in trace.steps if s.agent_name == name]
-            tools = [t for t in trace.tools if agent_of_step.get(t.step_index) == name]
+            tools = [t for t in trace.tools if agent_of(t) == name]
             times = [m for s in steps for m in (s.started_at, s.finished_at, s.created_at) if m]
             times += [m for t in tools for m in (t.started_at, t.finished_at) if m]
             parents[name] = builder.add(
@@ -257,7 +263,7 @@ def project_trace(trace: Trace, *, resource_: Resource | None = None) -> list[Re
     for step in trace.steps:
         _agent_step(builder, step, parents.get(step.agent_name, root), provider, ref, end)
     for tool in trace.tools:
-        parent = parents.get(agent_of_step.get(tool.step_index, ""), root)
+        parent = parents.get(agent_of(tool), root)
         _tool_call(builder, tool, parent, end)
 
     # The root encloses its children (a call's start is its event's time less its recorded duration).
@@ -469,6 +475,7 @@ def _tool_call(builder, tool: ToolInvocation, parent, run_end) -> None:
         "gen_ai.tool.type": "function",
         "diagnosis.tool.status": tool.status,
         "diagnosis.tool.step_index": tool.step_index,
+        "diagnosis.tool.agent_name": tool.agent_name,
         "diagnosis.tool.output_length": tool.output_length,
         "diagnosis.tool.output_sha256": tool.output_sha256,
         "error.type": (tool.error_code or tool.status) if failed else None,

@@ -83,7 +83,7 @@ def record_aiops_run(owner) -> DiagnosisRun:
         tool_call_id="call_q", name="query_metrics", arguments=json.dumps({"query": "up"})
     )
     rec.model_step(
-        step_index=2,
+        step_index=1,
         agent_name="executor",
         model="executor-m",
         usage=usage(500, 30, cached=64),
@@ -94,7 +94,7 @@ def record_aiops_run(owner) -> DiagnosisRun:
     rec.tool_started(tool_call_id="call_q", tool_name="query_metrics", input_params={"query": "up"})
     rec.tool_finished(tool_call_id="call_q", status="SUCCEEDED", output=json.dumps({"result": [1]}))
     rec.model_step(
-        step_index=3,
+        step_index=2,
         agent_name="executor",
         model="executor-m",
         usage=usage(700, 80),

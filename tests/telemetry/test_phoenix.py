@@ -149,3 +149,45 @@ def test_phoenix_down_then_up_the_outbox_drains_with_nothing_lost(user, phoenix_
     for run in runs:
         spans, _ = stored(phoenix_up, run)
         assert any(s["name"] == "invoke_agent diagnosis_agent" for s in spans)
+
+
+@pytest.mark.usefixtures("runtime_pools")
+def test_a_demo_ai_ops_analysis_opens_in_phoenix_as_a_workflow(user, phoenix_up, settings, corpus):
+    """The real runtime's planner and executor (offline demo provider), exported from their record."""
+    from audit.models import AgentStep, ToolInvocation
+    from tests.aiops.support import aiops_registry, run_aiops
+
+    settings.LLM_PROVIDER = "demo"
+    run, _, _ = run_aiops(user, registry=aiops_registry())
+    assert run.status == "SUCCESS"
+    export_all(phoenix_up)
+    spans, by_id = stored(phoenix_up, run)
+    root = next(s for s in spans if not s.get("parent_id"))
+    assert root["name"] == "invoke_workflow"
+    agents = {s["attributes"]["gen_ai.agent.name"] for s in spans if s["name"].startswith("invoke_agent ")}
+    assert agents == {"planner", "executor"}
+    steps = AgentStep.objects.filter(run_id=run.run_id)
+    model_calls = [
+        s
+        for s in spans
+        if s["name"].startswith("chat ") and parent(by_id, s) != "apply_guardrail semantic_guard"
+    ]
+    agent_calls = [s for s in model_calls if s["attributes"].get("diagnosis.call.source") == "agent"]
+    assert len(agent_calls) == steps.count()
+    for call in agent_calls:
+        assert parent(by_id, call) == f"invoke_agent {call['attributes']['gen_ai.agent.name']}"
+    for tool in ToolInvocation.objects.filter(run_id=run.run_id):
+        (span,) = [s for s in spans if s["attributes"].get("gen_ai.tool.call.id") == tool.tool_call_id]
+        assert parent(by_id, span) == f"invoke_agent {tool.agent_name}"
+    # The demo model's reasoning and assistant text, as stored (decrypted), appear nowhere in Phoenix.
+    from reasoning.models import AgentReasoningAudit
+
+    stored_text = json.dumps(spans)
+    texts = [
+        text
+        for row in AgentReasoningAudit.objects.filter(run_id=run.run_id)
+        for text in (row.reasoning_content, row.assistant_text)
+        if text and len(text) >= 20
+    ]
+    assert texts
+    assert not [t for t in texts if t[:60] in stored_text]
