@@ -9,6 +9,8 @@
                                     # through the queue worker)
     python -m bench --only b6 --write  # B6 alone, its section of docs/performance.md rewritten
     python -m bench --no-write      # print the table only (a full run writes docs/performance.md)
+    python -m bench --only b8       # trace export into a real Phoenix (needs .venv-phoenix; not in the
+                                    # default set)
 
 Every figure is a ratio measured side by side in one run, as the median of several repetitions with its
 min and max; see docs/performance.md for the method of each.
@@ -24,12 +26,13 @@ from pathlib import Path
 from bench import env
 
 ALL = ("b1", "b2", "b3", "b4", "b5", "b6", "b7")
+OPTIONAL = ("b8",)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="short repetitions and smaller sizes")
-    p.add_argument("--only", default=",".join(ALL), help="comma-separated subset of b1,…,b7")
+    p.add_argument("--only", default=",".join(ALL), help="comma-separated subset of b1,…,b8")
     p.add_argument("--database", default=env.DEFAULT_DB, help="bench database (created and migrated)")
     p.add_argument("--no-write", action="store_true", help="do not write docs/performance.md")
     p.add_argument("--write", action="store_true", help="write docs/performance.md even with --quick")
@@ -40,7 +43,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     only = [b.strip().lower() for b in args.only.split(",") if b.strip()]
-    unknown = set(only) - set(ALL)
+    unknown = set(only) - set(ALL) - set(OPTIONAL)
     if unknown:
         print(f"bench: unknown benchmark(s) {', '.join(sorted(unknown))}", file=sys.stderr)
         return 2
@@ -131,6 +134,12 @@ def main(argv: list[str] | None = None) -> int:
 
         print("B7: AI Ops analyses")
         results.rows += b7_aiops.run_all(runs_per_rep=3 if q else 6, reps=2 if q else 4, log=log)
+
+    if "b8" in only:
+        from bench import b8_otel
+
+        print("B8: trace export")
+        results.rows += b8_otel.run_all(runs=50 if q else 200, reps=3 if q else 5, log=log)
 
     results.seconds = time.perf_counter() - started
     print()

@@ -60,6 +60,7 @@ INSTALLED_APPS = [
     "audit",
     "reasoning",
     "access",
+    "telemetry",
 ]
 
 MIDDLEWARE = [
@@ -304,6 +305,35 @@ AUDIT_WITNESS_PATH = env.str("AUDIT_WITNESS_PATH", default="")
 AUDIT_RETENTION_DAYS = env.int("AUDIT_RETENTION_DAYS", default=183)
 # How often each server process runs that purge (0 = off; the log's lock makes processes take turns).
 AUDIT_PURGE_INTERVAL_SECONDS = env.float("AUDIT_PURGE_INTERVAL_SECONDS", default=3600.0)
+
+# ---------------------------------------------------------------------------------------------------
+# Telemetry (docs/observability.md): finished runs as OpenTelemetry GenAI traces, and /metrics
+# ---------------------------------------------------------------------------------------------------
+# The standard OTLP variables: the traces endpoint, or the base endpoint + /v1/traces. Unset: no export.
+# Headers, timeout, compression and certificates are read by the OTLP exporter itself
+# (OTEL_EXPORTER_OTLP_HEADERS, OTEL_EXPORTER_OTLP_TIMEOUT, ...), the resource from OTEL_SERVICE_NAME and
+# OTEL_RESOURCE_ATTRIBUTES.
+OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = env.str("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", default="") or (
+    env.str("OTEL_EXPORTER_OTLP_ENDPOINT", default="").rstrip("/") + "/v1/traces"
+    if env.str("OTEL_EXPORTER_OTLP_ENDPOINT", default="")
+    else ""
+)
+# How often each server process enqueues finished runs and exports due ones (0 = off).
+OTEL_EXPORT_INTERVAL_SECONDS = env.float("OTEL_EXPORT_INTERVAL_SECONDS", default=10.0)
+# Runs exported per pass, and the longest back-off between attempts of a failed export.
+OTEL_EXPORT_BATCH = env.int("OTEL_EXPORT_BATCH", default=50)
+OTEL_EXPORT_MAX_BACKOFF_SECONDS = env.float("OTEL_EXPORT_MAX_BACKOFF_SECONDS", default=300.0)
+# Opt-in (the GenAI conventions' variable): tool arguments and results as bounded previews.
+OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT = env.bool(
+    "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", default=False
+)
+# Bearer token a scraper sends to GET /metrics. Empty: anonymous scrapes are allowed with DEBUG on
+# (development) and refused with DEBUG off, unless METRICS_ALLOW_ANONYMOUS is set (bound to an
+# internal address only; docs/observability.md).
+METRICS_TOKEN = env.str("METRICS_TOKEN", default="")
+METRICS_ALLOW_ANONYMOUS = env.bool("METRICS_ALLOW_ANONYMOUS", default=DEBUG)
+# Seconds the database aggregates behind /metrics are reused between scrapes.
+METRICS_CACHE_SECONDS = env.float("METRICS_CACHE_SECONDS", default=5.0)
 
 # ---------------------------------------------------------------------------------------------------
 # REST framework: authenticated by default, errors in the contract's shape

@@ -1,5 +1,5 @@
-"""URL map: admin, REST API (trace, reasoning, chat), the OpenAPI schema with Swagger UI, the chat page
-and the runbook view."""
+"""URL map: admin, REST API (trace, reasoning, chat), the OpenAPI schema with Swagger UI, the chat page,
+the runbook view and the service metrics."""
 
 from django.contrib import admin
 from django.urls import path
@@ -21,6 +21,7 @@ from diagnosis.apis import RunFeedbackApi, RunListApi, SessionListApi
 from diagnosis.chat import pages as chat_pages
 from diagnosis.chat import sse as chat_sse
 from reasoning.apis import ReasoningApi
+from telemetry import views as telemetry_views
 
 urlpatterns = [
     path("", chat_pages.front_door, name="front-door"),
@@ -73,6 +74,8 @@ urlpatterns = [
     path("chat/runs/<str:run_id>/admin/", chat_pages.run_admin_redirect, name="chat-run-admin"),
     # The runbook a citation names, read-only, the cited chunk highlighted (diagnosis.answers links here).
     path("knowledge/<slug:slug>/", chat_pages.knowledge_document, name="knowledge-document"),
+    # Service metrics for Prometheus (docs/observability.md): bearer METRICS_TOKEN, or internal only.
+    path("metrics", telemetry_views.metrics, name="metrics"),
 ]
 
 # Errors under /api/ in the contract's JSON shape (config.api); other paths keep Django's pages.

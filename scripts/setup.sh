@@ -94,3 +94,17 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$digest" ]; then
   .venv/bin/python -m pip install -q -r "$reqs"
   echo "$digest" > "$stamp"
 fi
+
+# Arize Phoenix, the trace store the telemetry tests export to (tests/telemetry/phoenix.py): too heavy for
+# the app's venv (and never a runtime dependency), so it lives in a venv of its own. About 45 s once.
+PHOENIX_VERSION=20.26.1
+if [ "$want_dev" = "dev" ]; then
+  phoenix_stamp=".venv-phoenix/.installed-arize-phoenix"
+  if [ ! -f "$phoenix_stamp" ] || [ "$(cat "$phoenix_stamp")" != "$PHOENIX_VERSION" ]; then
+    echo "setup: installing arize-phoenix $PHOENIX_VERSION into .venv-phoenix"
+    [ -x .venv-phoenix/bin/python ] || "$PY" -m venv .venv-phoenix
+    .venv-phoenix/bin/python -m pip install -q --upgrade pip
+    .venv-phoenix/bin/python -m pip install -q "arize-phoenix==$PHOENIX_VERSION"
+    echo "$PHOENIX_VERSION" > "$phoenix_stamp"
+  fi
+fi

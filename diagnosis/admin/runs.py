@@ -44,6 +44,7 @@ from diagnosis.models import DiagnosisRun, ReleaseDecision, RunFeedback
 from diagnosis.selectors import search_runs
 from reasoning.models import REASONING_PERMISSION, AccessChannel
 from reasoning.services import read_reasoning
+from telemetry.selectors import export_of_run, exporter_enabled
 
 # An export renders each run's full trace; more than this in one download belongs to the API.
 EXPORT_MAX_RUNS = 200
@@ -293,6 +294,9 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
             "reasoning_url": reverse("admin:{}_{}_reasoning".format(*info), args=[run.pk]),
             "trace_json_url": reverse("admin:{}_{}_trace_json".format(*info), args=[run.pk]),
             "evidence_url": reverse("admin:{}_{}_evidence".format(*info), args=[run.pk]),
+            # One query more, only where traces are exported (docs/observability.md).
+            "trace_export": export_of_run(run_id=run.run_id) if exporter_enabled() else None,
+            "otel_enabled": exporter_enabled(),
             "session_url": reverse("admin:diagnosis_chatsession_change", args=[run.session.pk]),
             "events_url": reverse("admin:audit_traceevent_changelist") + "?" + urlencode({"q": run.run_id}),
             **(extra_context or {}),

@@ -5,7 +5,8 @@ through `db()`, which runs them on a small dedicated pool (`RUNTIME_DB_THREADS`,
 thread keeps one database connection, so however many runs are in flight (hundreds of coroutines in one
 process) this process holds at most that many connections for audit writes. Every write is awaited
 before the run takes its next decision. Synchronous tools run on a second bounded pool
-(`RUNTIME_TOOL_THREADS`), so a slow tool can never starve the audit writes.
+(`RUNTIME_TOOL_THREADS`), so a slow tool can never starve the audit writes; `background()` runs duties
+that wait on the network (the trace exporter) on a third, one-thread pool.
 
 Pool threads live outside Django's request cycle, so nothing checks their connections between jobs the
 way Django does around each request. `_job` does it instead, so that a restarted or unreachable database
@@ -54,9 +55,12 @@ def _pool(kind: str) -> ThreadPoolExecutor:
         with _lock:
             pool = _pools.get(kind)
             if pool is None:
-                size = int(
-                    getattr(settings, "RUNTIME_DB_THREADS" if kind == "db" else "RUNTIME_TOOL_THREADS", 8)
-                )
+                if kind == "background":
+                    size = 1
+                else:
+                    size = int(
+                        getattr(settings, "RUNTIME_DB_THREADS" if kind == "db" else "RUNTIME_TOOL_THREADS", 8)
+                    )
                 pool = ThreadPoolExecutor(max_workers=max(1, size), thread_name_prefix=f"runtime-{kind}")
                 _pools[kind] = pool
     return pool
@@ -94,6 +98,13 @@ async def db(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     """Run synchronous ORM code `fn(*args, **kwargs)` on the runtime's database pool and await it."""
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(_pool("db"), functools.partial(_job, fn, args, kwargs))
+
+
+async def background(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """Run synchronous ORM code that also waits on the network (the trace exporter's OTLP requests) on
+    a one-thread pool of its own, so that an outage it waits out never holds a thread of `db()`."""
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_pool("background"), functools.partial(_job, fn, args, kwargs))
 
 
 def run_blocking(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> asyncio.Future[T]:

@@ -197,6 +197,14 @@ def persisted_frames(run_id: str, *, after: int) -> Replay:
 # -------------------------------------------------------------------------------------------------
 # Following
 # -------------------------------------------------------------------------------------------------
+_followers = 0
+
+
+def live_followers() -> int:
+    """Run followers subscribed in this process now (the `/metrics` gauge of live connections)."""
+    return _followers
+
+
 class RunFollower:
     """Replay a run after `after`, then follow it live until its outcome (see the module docstring).
 
@@ -223,6 +231,9 @@ class RunFollower:
         self._watchdog: asyncio.TimerHandle | None = None
 
     async def __aenter__(self) -> RunFollower:
+        global _followers
+        _followers += 1
+        self._counted = True
         self._watchdog = asyncio.get_running_loop().call_later(ABANDON_SECONDS, self._abandon_if_unread)
         self._layer = get_channel_layer()
         if self._layer is not None:
@@ -245,9 +256,13 @@ class RunFollower:
 
     async def __aexit__(self, *exc: Any) -> None:
         """Unsubscribe (idempotent; safe to call from any task)."""
+        global _followers
         if self._closed:
             return
         self._closed = True
+        if getattr(self, "_counted", False):
+            self._counted = False
+            _followers -= 1
         if self._watchdog is not None:
             self._watchdog.cancel()
         if self._pump is not None:

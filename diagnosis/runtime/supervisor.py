@@ -20,7 +20,9 @@ appends runs that finished since and signs a checkpoint, on the database pool, n
 the log's lock makes the processes that all do this take turns; the retention purge
 (`audit.retention.purge_expired_runs`, every `AUDIT_PURGE_INTERVAL_SECONDS`; 0 disables it); and the
 queue worker (`diagnosis.runtime.worker`, up to `AIOPS_WORKER_CONCURRENCY` queued AI Ops runs at once;
-0 disables it).
+0 disables it); and the trace exporter (`telemetry.outbox.run_export_pass`, every
+`OTEL_EXPORT_INTERVAL_SECONDS`, only when an OTLP endpoint is configured): it enqueues runs that finished
+and exports them from their durable record, on a one-thread pool of its own, never on a run's path.
 """
 
 from __future__ import annotations
@@ -147,7 +149,8 @@ _background: _Background | None = None
 
 
 def ensure_background(*, serve_queue: bool = True) -> None:
-    """Start this process's control listener, periodic sweeper, checkpointer, purge and (unless
+    """Start this process's control listener, periodic sweeper, checkpointer, purge, trace exporter
+    (when an OTLP endpoint is set) and (unless
     `serve_queue` is false, or `AIOPS_WORKER_CONCURRENCY` is 0) queue worker once (again after a loop
     change)."""
     global _background
@@ -171,6 +174,9 @@ def ensure_background(*, serve_queue: bool = True) -> None:
     if purge_every > 0:
         tasks.append(loop.create_task(_purge_periodically(purge_every), name="audit:purge"))
     workers = int(getattr(settings, "AIOPS_WORKER_CONCURRENCY", 2))
+    export_every = float(getattr(settings, "OTEL_EXPORT_INTERVAL_SECONDS", 10))
+    if export_every > 0 and getattr(settings, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", ""):
+        tasks.append(loop.create_task(_export_periodically(export_every), name="telemetry:export"))
     if workers > 0 and serve_queue:
         tasks.append(loop.create_task(_work_queue(workers), name="runs:queue-worker"))
     _background = _Background(loop=loop, channel=None, tasks=tasks, ready=ready)
@@ -272,6 +278,20 @@ async def _purge_periodically(interval: float) -> None:
             raise
         except Exception as exc:
             logger.warning("periodic audit purge failed error=%s", type(exc).__name__)
+
+
+async def _export_periodically(interval: float) -> None:
+    from diagnosis.runtime.db import background
+    from telemetry.outbox import run_export_pass
+
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await background(run_export_pass)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.warning("periodic trace export failed error=%s", type(exc).__name__)
 
 
 async def _work_queue(concurrency: int) -> None:

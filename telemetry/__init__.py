@@ -1,0 +1,1 @@
+"""OpenTelemetry export of finished runs (a projection of the durable record) and service metrics."""

@@ -1,0 +1,241 @@
+"""Service metrics in Prometheus' text format (`GET /metrics`, `telemetry.views.metrics`).
+
+Two kinds, kept apart on purpose:
+
+* **Record metrics** (`RecordCollector`): values every process must report alike (runs by flow, status
+  and release; run and release latency histograms; tokens by source and model; audit write failures;
+  fenced writes; tool calls by tool and status; swept runs; the OTLP export backlog and lag; the age of
+  the newest signed checkpoint). They are read at scrape time from the database with a fixed number of
+  aggregate queries (one GROUP BY or conditional aggregate each, ten in all) and reused for
+  `METRICS_CACHE_SECONDS`, so any process answers with the same numbers and a scrape costs the same
+  however many runs are live. They are gauges: they describe the stored record, which the retention
+  purge shrinks (its tables are bounded by `AUDIT_RETENTION_DAYS`).
+* **Process metrics**: runs this process executes now and live run followers (stream subscribers) in
+  it, plus prometheus_client's process collector (CPU, memory, file descriptors). Scrape every process.
+
+Nothing here reads or exposes content: labels are enumerations, model names and tool names.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Count, Max, Q, Sum
+from django.utils import timezone
+from prometheus_client import CollectorRegistry, Gauge, ProcessCollector
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+RUN_SECONDS_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
+RELEASE_SECONDS_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30)
+SWEEP_CODES = ("LEASE_EXPIRED", "QUEUE_EXPIRED")
+
+
+def _histogram(name: str, doc: str, queryset, field: str, buckets: tuple[float, ...]) -> Metric:
+    """A cumulative histogram of `field` (milliseconds) over `queryset`, in one aggregate query."""
+    aggregates: dict[str, Any] = {
+        f"le{i}": Count("id", filter=Q(**{f"{field}__lte": bound * 1000})) for i, bound in enumerate(buckets)
+    }
+    aggregates["count"] = Count("id", filter=Q(**{f"{field}__isnull": False}))
+    aggregates["sum"] = Sum(field)
+    row = queryset.aggregate(**aggregates)
+    family = HistogramMetricFamily(name, doc, unit="")
+    family.add_metric(
+        [],
+        [(str(bound), row[f"le{i}"]) for i, bound in enumerate(buckets)] + [("+Inf", row["count"])],
+        sum_value=(row["sum"] or 0) / 1000.0,
+    )
+    return family
+
+
+def record_metrics() -> list[Metric]:
+    """The record metrics as of now (see the module docstring)."""
+    from audit.models import AgentStep, Checkpoint, ToolInvocation
+    from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun
+    from telemetry.selectors import export_backlog
+
+    families: list[Metric] = []
+    runs = GaugeMetricFamily(
+        "diagnosis_runs",
+        "Stored runs by flow, status and release decision.",
+        labels=["flow", "status", "release"],
+    )
+    for row in (
+        DiagnosisRun.objects.values("agent_flow", "status", "release_decision")
+        .annotate(n=Count("id"))
+        .order_by()
+    ):
+        runs.add_metric([row["agent_flow"], row["status"], row["release_decision"] or ""], row["n"])
+    families.append(runs)
+
+    finished = DiagnosisRun.objects.filter(status__in=TERMINAL_RUN_STATUSES)
+    families.append(
+        _histogram(
+            "diagnosis_run_duration_seconds",
+            "Finished runs by total duration (creation to finish).",
+            finished,
+            "total_duration_ms",
+            RUN_SECONDS_BUCKETS,
+        )
+    )
+    families.append(
+        _histogram(
+            "diagnosis_release_latency_seconds",
+            "Runs by the time from the answer's last token to the release decision (the guards).",
+            finished,
+            "release_latency_ms",
+            RELEASE_SECONDS_BUCKETS,
+        )
+    )
+
+    ledger = DiagnosisRun.objects.aggregate(
+        router=Sum("tokens_router"),
+        agent=Sum("tokens_agent"),
+        guard=Sum("tokens_guard"),
+        failures=Sum("audit_write_failures"),
+        fenced=Sum("fenced_writes"),
+        unavailable=Sum("usage_unavailable_calls"),
+    )
+    tokens = GaugeMetricFamily(
+        "diagnosis_tokens", "Tokens in the runs' ledgers by source.", labels=["source"]
+    )
+    for source in ("router", "agent", "guard"):
+        tokens.add_metric([source], ledger[source] or 0)
+    families.append(tokens)
+    by_model = GaugeMetricFamily(
+        "diagnosis_model_tokens",
+        "Tokens of agent model calls by model and kind, as the provider reported them.",
+        labels=["source", "model", "kind"],
+    )
+    for row in (
+        AgentStep.objects.filter(usage_available=True)
+        .values("model")
+        .annotate(
+            i=Sum("prompt_tokens"),
+            o=Sum("completion_tokens"),
+            r=Sum("reasoning_tokens"),
+            c=Sum("cached_tokens"),
+        )
+        .order_by()
+    ):
+        for kind, key in (("input", "i"), ("output", "o"), ("reasoning", "r"), ("cache_read", "c")):
+            if row[key] is not None:
+                by_model.add_metric(["agent", row["model"], kind], row[key])
+    families.append(by_model)
+    families.append(
+        GaugeMetricFamily(
+            "diagnosis_usage_unavailable_calls",
+            "Model calls whose provider reported no token usage.",
+            value=ledger["unavailable"] or 0,
+        )
+    )
+    families.append(
+        GaugeMetricFamily(
+            "diagnosis_audit_write_failures",
+            "Durable audit writes that failed (fail-open), summed over the stored runs.",
+            value=ledger["failures"] or 0,
+        )
+    )
+    families.append(
+        GaugeMetricFamily(
+            "diagnosis_fenced_writes",
+            "Writes of stale lease owners refused by the lease fence, summed over the stored runs.",
+            value=ledger["fenced"] or 0,
+        )
+    )
+
+    tools = GaugeMetricFamily(
+        "diagnosis_tool_calls", "Tool invocations by tool and status.", labels=["tool", "status"]
+    )
+    for row in ToolInvocation.objects.values("tool_name", "status").annotate(n=Count("id")).order_by():
+        tools.add_metric([row["tool_name"], row["status"]], row["n"])
+    families.append(tools)
+
+    swept = GaugeMetricFamily(
+        "diagnosis_runs_swept", "Runs failed by the sweeper, by reason.", labels=["reason"]
+    )
+    counts = {
+        row["error_code"]: row["n"]
+        for row in DiagnosisRun.objects.filter(error_code__in=SWEEP_CODES)
+        .values("error_code")
+        .annotate(n=Count("id"))
+        .order_by()
+    }
+    for code in SWEEP_CODES:
+        swept.add_metric([code], counts.get(code, 0))
+    families.append(swept)
+
+    backlog = export_backlog()
+    exports = GaugeMetricFamily(
+        "diagnosis_otlp_exports", "Runs in the OTLP export outbox by state.", labels=["state"]
+    )
+    for state, n in backlog.by_state.items():
+        exports.add_metric([state], n)
+    families.append(exports)
+    families.append(
+        GaugeMetricFamily(
+            "diagnosis_otlp_export_lag_seconds",
+            "How long the oldest finished run not yet exported has waited (0: none waits).",
+            value=backlog.lag_seconds,
+        )
+    )
+
+    newest = Checkpoint.objects.aggregate(at=Max("signed_at"))["at"]
+    if newest is not None:
+        families.append(
+            GaugeMetricFamily(
+                "diagnosis_checkpoint_age_seconds",
+                "Seconds since the newest signed checkpoint of the transparency log.",
+                value=max(0.0, (timezone.now() - newest).total_seconds()),
+            )
+        )
+    return families
+
+
+class RecordCollector(Collector):
+    """The record metrics, recomputed at most every `METRICS_CACHE_SECONDS` (per process)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._at = 0.0
+        self._families: list[Metric] = []
+
+    def collect(self) -> Iterator[Metric]:
+        ttl = float(getattr(settings, "METRICS_CACHE_SECONDS", 5.0))
+        with self._lock:
+            if not self._families or time.monotonic() - self._at >= ttl:
+                self._families = record_metrics()
+                self._at = time.monotonic()
+            families = list(self._families)
+        yield from families
+
+
+_registry: CollectorRegistry | None = None
+_registry_lock = threading.Lock()
+
+
+def registry() -> CollectorRegistry:
+    """This process's registry: the record collector, the process gauges and the process collector."""
+    global _registry
+    with _registry_lock:
+        if _registry is None:
+            from diagnosis.runtime.live import live_followers
+            from diagnosis.runtime.supervisor import running_count
+
+            built = CollectorRegistry(auto_describe=False)
+            built.register(RecordCollector())
+            Gauge(
+                "diagnosis_process_active_runs", "Runs this process is executing now.", registry=built
+            ).set_function(running_count)
+            Gauge(
+                "diagnosis_process_live_followers",
+                "Live run followers (chat streams, WebSocket subscriptions) in this process.",
+                registry=built,
+            ).set_function(live_followers)
+            ProcessCollector(registry=built)
+            _registry = built
+        return _registry

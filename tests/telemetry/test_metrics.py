@@ -1,0 +1,85 @@
+"""`GET /metrics`: refused without the configured token, and the record metrics agree with the record."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+from prometheus_client.parser import text_string_to_metric_families
+
+from diagnosis.models import RunStatus
+from telemetry.outbox import enqueue_finished_runs
+from tests.telemetry.support import make_recorded_run, record_aiops_run, record_failed_run
+
+pytestmark = pytest.mark.django_db(transaction=True)
+TOKEN = "metrics-token-7c1e"
+
+
+def samples(text: str) -> dict[tuple[str, tuple], float]:
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+@pytest.fixture
+def scrape(settings):
+    settings.METRICS_TOKEN = TOKEN
+    settings.METRICS_CACHE_SECONDS = 0
+
+    def get(token: str | None = TOKEN):
+        headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+        return Client().get("/metrics", headers=headers)
+
+    return get
+
+
+def test_anonymous_and_wrong_token_scrapes_are_refused(scrape, settings):
+    assert scrape(None).status_code == 401
+    assert scrape(None)["WWW-Authenticate"].startswith("Bearer")
+    assert scrape("wrong").status_code == 401
+    assert scrape(TOKEN[:-1]).status_code == 401
+    assert Client().get("/metrics", headers={"Authorization": f"Token {TOKEN}"}).status_code == 401
+    assert scrape().status_code == 200
+
+
+def test_without_a_token_production_refuses_and_development_serves(settings):
+    settings.METRICS_TOKEN = ""
+    settings.METRICS_ALLOW_ANONYMOUS = False
+    assert Client().get("/metrics").status_code == 403
+    settings.METRICS_ALLOW_ANONYMOUS = True
+    assert Client().get("/metrics").status_code == 200
+
+
+def test_record_metrics_agree_with_the_record(scrape, user):
+    make_recorded_run(user, tools=2)
+    make_recorded_run(user, tools=1)
+    record_failed_run(user)
+    record_aiops_run(user)
+    enqueue_finished_runs()
+    response = scrape()
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain")
+    found = samples(response.content.decode())
+
+    def value(name, **labels):
+        return found[(name, tuple(sorted(labels.items())))]
+
+    assert value("diagnosis_runs", flow="DIAGNOSIS_AGENT", status=RunStatus.SUCCESS, release="PUBLISHED") == 2
+    assert value("diagnosis_runs", flow="DIAGNOSIS_AGENT", status=RunStatus.FAILED, release="") == 1
+    assert value("diagnosis_runs", flow="AI_OPS", status=RunStatus.SUCCESS, release="PUBLISHED") == 1
+    assert value("diagnosis_tool_calls", tool="lookup_knowledge", status="SUCCEEDED") == 3
+    assert value("diagnosis_tool_calls", tool="lookup_knowledge", status="FAILED") == 1
+    assert value("diagnosis_tool_calls", tool="query_metrics", status="SUCCEEDED") == 1
+    # factories: router 140 per run, agent 800+60 + 1500+90, guard 625
+    assert value("diagnosis_tokens", source="router") == 2 * 140
+    assert value("diagnosis_tokens", source="guard") == 2 * 625
+    assert value("diagnosis_model_tokens", source="agent", model="agent-m", kind="cache_read") == 2 * 128
+    assert value("diagnosis_model_tokens", source="agent", model="executor-m", kind="input") == 1200
+    assert value("diagnosis_run_duration_seconds_count") == 4
+    assert value("diagnosis_otlp_exports", state="PENDING") == 4
+    assert value("diagnosis_otlp_export_lag_seconds") >= 0
+    assert value("diagnosis_audit_write_failures") == 0
+    assert value("diagnosis_fenced_writes") == 0
+    assert value("diagnosis_process_active_runs") == 0
+    assert ("diagnosis_process_live_followers", ()) in found
