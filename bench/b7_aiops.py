@@ -123,6 +123,7 @@ async def drain(user, n: int, *, concurrency: int) -> tuple[float, list[str]]:
     """Queue `n` analyses, then run one worker until the queue is empty; (wall seconds, run ids). Runs in
     the caller's event loop, which stays up across repetitions as a server process's does."""
     from diagnosis.aiops import intake
+    from diagnosis.runtime import supervisor
     from diagnosis.runtime.worker import work
 
     ids = [
@@ -130,7 +131,9 @@ async def drain(user, n: int, *, concurrency: int) -> tuple[float, list[str]]:
         for _ in range(n)
     ]
     start = time.perf_counter()
-    launched = await work(concurrency=concurrency, poll_interval=0.02, until_idle=True)
+    launched = await work(
+        launch=supervisor.launch, concurrency=concurrency, poll_interval=0.02, until_idle=True
+    )
     wall = time.perf_counter() - start
     if launched != n:
         raise RuntimeError(f"worker launched {launched} of {n} analyses")

@@ -300,7 +300,7 @@ async def _work_queue(concurrency: int) -> None:
     interval = float(getattr(settings, "AIOPS_POLL_INTERVAL_SECONDS", 2.0))
     while True:
         try:
-            await work(concurrency=concurrency, poll_interval=interval)
+            await work(launch=launch, concurrency=concurrency, poll_interval=interval)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

@@ -2,9 +2,10 @@
 
 Queued runs are PENDING runs of a queued flow that nobody has claimed (`services.queued_runs`). A worker
 claims the oldest one (`services.claim_next_queued`: `SELECT … FOR UPDATE SKIP LOCKED` on MariaDB, the
-claim's conditional update on SQLite; the same lease and fencing epoch as any run) and executes it through
-the supervisor (`supervisor.launch(run_id, claimed=run)`), so the run is in the process's registry, can
-be cancelled from any process, and its live events reach anyone who follows it. A worker never holds
+claim's conditional update on SQLite; the same lease and fencing epoch as any run) and hands it to the
+process's supervisor to execute (`launch`, which is `supervisor.launch`: the run is then in the process's
+registry, can be cancelled from any process, and its live events reach anyone who follows it; the
+supervisor passes it in, so this module does not import the supervisor that runs it). A worker never holds
 more than `concurrency` runs of its own at once; when one ends it claims the next.
 
 Where workers run:
@@ -21,16 +22,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from diagnosis import services
-from diagnosis.runtime import supervisor
 from diagnosis.runtime.db import db
 from diagnosis.runtime.executor import lease_owner
 
 logger = logging.getLogger(__name__)
 
 
-async def claim_and_launch(*, capacity: int, mine: set[asyncio.Task]) -> int:
+Launch = Callable[..., asyncio.Task]  # supervisor.launch(run_id, *, claimed=run)
+
+
+async def claim_and_launch(*, launch: Launch, capacity: int, mine: set[asyncio.Task]) -> int:
     """Claim queued runs until `mine` holds `capacity` live tasks or the queue is empty; returns how many
     were launched. `mine` keeps this worker's tasks (done ones are dropped)."""
     mine.difference_update({t for t in mine if t.done()})
@@ -40,13 +44,14 @@ async def claim_and_launch(*, capacity: int, mine: set[asyncio.Task]) -> int:
         if run is None:
             break
         logger.info("queued run claimed run=%s flow=%s", run.run_id, run.agent_flow)
-        mine.add(supervisor.launch(run.run_id, claimed=run))
+        mine.add(launch(run.run_id, claimed=run))
         launched += 1
     return launched
 
 
 async def work(
     *,
+    launch: Launch,
     concurrency: int,
     poll_interval: float,
     stop: asyncio.Event | None = None,
@@ -59,7 +64,7 @@ async def work(
     stop = stop or asyncio.Event()
     while not stop.is_set():
         try:
-            total += await claim_and_launch(capacity=max(1, concurrency), mine=mine)
+            total += await claim_and_launch(launch=launch, capacity=max(1, concurrency), mine=mine)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a database hiccup must not end the worker

@@ -130,7 +130,7 @@ def test_prometheus_down_during_an_analysis_is_a_failed_tool_and_no_invented_met
     async def drain():
         supervisor.ensure_background(serve_queue=False)
         try:
-            return await work(concurrency=1, poll_interval=0.05, until_idle=True)
+            return await work(launch=supervisor.launch, concurrency=1, poll_interval=0.05, until_idle=True)
         finally:
             await supervisor.stop_background()
             await aclose_clients()

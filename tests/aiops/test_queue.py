@@ -38,7 +38,9 @@ def queue(user, n: int, text: str = "Nginx returns 502 Bad Gateway after the dep
 def drain(*, concurrency: int = 2) -> int:
     async def main() -> int:
         try:
-            return await work(concurrency=concurrency, poll_interval=0.05, until_idle=True)
+            return await work(
+                launch=supervisor.launch, concurrency=concurrency, poll_interval=0.05, until_idle=True
+            )
         finally:
             await supervisor.stop_background()
             await aclose_clients()

@@ -50,7 +50,11 @@ class Command(BaseCommand):
             supervisor.ensure_background(serve_queue=False)
             try:
                 return await work(
-                    concurrency=max(1, concurrency), poll_interval=poll, stop=stop, until_idle=until_idle
+                    launch=supervisor.launch,
+                    concurrency=max(1, concurrency),
+                    poll_interval=poll,
+                    stop=stop,
+                    until_idle=until_idle,
                 )
             finally:
                 await supervisor.stop_background()
