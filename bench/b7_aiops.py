@@ -181,7 +181,16 @@ def run_all(*, runs_per_rep: int, reps: int, call_seconds: float = 0.3, log=prin
     with monitoring() as prom, FakeLLMServer(handler=provider) as server:
         provider.metrics = prom is not None
         extra = {"PROMETHEUS_URL": prom.url} if prom is not None else {}
-        with override_settings(**provider.settings(server.base_url), **extra, AIOPS_WORKER_CONCURRENCY=0):
+        # The process's other periodic duties (sweep, checkpoint, purge) stay off, as in B4, so that
+        # what is measured is the worker and the analyses.
+        quiet = {
+            "AIOPS_WORKER_CONCURRENCY": 0,
+            "RUN_SWEEP_INTERVAL_SECONDS": 0,
+            "AUDIT_CHECKPOINT_INTERVAL_SECONDS": 0,
+            "AUDIT_PURGE_INTERVAL_SECONDS": 0,
+            "OTEL_EXPORT_INTERVAL_SECONDS": 0,
+        }
+        with override_settings(**provider.settings(server.base_url), **extra, **quiet):
             shares, overheads, per_minute = [], [], {1: [], 2: []}
             decisions: set[str] = set()
 
