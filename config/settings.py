@@ -334,6 +334,8 @@ METRICS_TOKEN = env.str("METRICS_TOKEN", default="")
 METRICS_ALLOW_ANONYMOUS = env.bool("METRICS_ALLOW_ANONYMOUS", default=DEBUG)
 # Seconds the database aggregates behind /metrics are reused between scrapes.
 METRICS_CACHE_SECONDS = env.float("METRICS_CACHE_SECONDS", default=5.0)
+# The record metrics cover the runs, steps and tool calls created in this window (telemetry/metrics.py).
+METRICS_WINDOW_SECONDS = env.int("METRICS_WINDOW_SECONDS", default=3600)
 
 # ---------------------------------------------------------------------------------------------------
 # REST framework: authenticated by default, errors in the contract's shape

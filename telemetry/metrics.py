@@ -7,9 +7,11 @@ Two kinds, kept apart on purpose:
   fenced writes; tool calls by tool and status; swept runs; the OTLP export backlog and lag; the age of
   the newest signed checkpoint). They are read at scrape time from the database with a fixed number of
   aggregate queries (one GROUP BY or conditional aggregate each, ten in all) and reused for
-  `METRICS_CACHE_SECONDS`, so any process answers with the same numbers and a scrape costs the same
-  however many runs are live. They are gauges: they describe the stored record, which the retention
-  purge shrinks (its tables are bounded by `AUDIT_RETENTION_DAYS`).
+  `METRICS_CACHE_SECONDS`, so any process answers with the same numbers. They are gauges over a
+  sliding window: the runs, steps and tool calls created in the last `METRICS_WINDOW_SECONDS` (default
+  one hour, `diagnosis_metrics_window_seconds`), read through the `created_at` indexes, so a scrape
+  reads the window's rows only and costs the same at a thousand stored runs as at a million (the
+  export backlog and the checkpoint age are read whole: their own queries are bounded).
 * **Process metrics**: runs this process executes now and live run followers (stream subscribers) in
   it, plus prometheus_client's process collector (CPU, memory, file descriptors). Scrape every process.
 
@@ -18,6 +20,7 @@ Nothing here reads or exposes content: labels are enumerations, model names and 
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 import time
 from collections.abc import Iterator
@@ -33,6 +36,11 @@ from prometheus_client.registry import Collector
 RUN_SECONDS_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
 RELEASE_SECONDS_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30)
 SWEEP_CODES = ("LEASE_EXPIRED", "QUEUE_EXPIRED")
+
+
+def window_seconds() -> int:
+    """The record metrics' window (`METRICS_WINDOW_SECONDS`, default 3600, at least 60)."""
+    return max(60, int(getattr(settings, "METRICS_WINDOW_SECONDS", 3600)))
 
 
 def _histogram(name: str, doc: str, queryset, field: str, buckets: tuple[float, ...]) -> Metric:
@@ -59,24 +67,32 @@ def record_metrics() -> list[Metric]:
     from telemetry.selectors import export_backlog
 
     families: list[Metric] = []
+    window = window_seconds()
+    since = timezone.now() - dt.timedelta(seconds=window)
+    recent_runs = DiagnosisRun.objects.filter(created_at__gte=since)
+    families.append(
+        GaugeMetricFamily(
+            "diagnosis_metrics_window_seconds",
+            "The sliding window the record metrics cover (runs, steps and tool calls created in it).",
+            value=window,
+        )
+    )
     runs = GaugeMetricFamily(
         "diagnosis_runs",
-        "Stored runs by flow, status and release decision.",
+        "Runs created in the window by flow, status and release decision.",
         labels=["flow", "status", "release"],
     )
     for row in (
-        DiagnosisRun.objects.values("agent_flow", "status", "release_decision")
-        .annotate(n=Count("id"))
-        .order_by()
+        recent_runs.values("agent_flow", "status", "release_decision").annotate(n=Count("id")).order_by()
     ):
         runs.add_metric([row["agent_flow"], row["status"], row["release_decision"] or ""], row["n"])
     families.append(runs)
 
-    finished = DiagnosisRun.objects.filter(status__in=TERMINAL_RUN_STATUSES)
+    finished = recent_runs.filter(status__in=TERMINAL_RUN_STATUSES)
     families.append(
         _histogram(
             "diagnosis_run_duration_seconds",
-            "Finished runs by total duration (creation to finish).",
+            "Finished runs of the window by total duration (creation to finish).",
             finished,
             "total_duration_ms",
             RUN_SECONDS_BUCKETS,
@@ -85,14 +101,14 @@ def record_metrics() -> list[Metric]:
     families.append(
         _histogram(
             "diagnosis_release_latency_seconds",
-            "Runs by the time from the answer's last token to the release decision (the guards).",
+            "Runs of the window by the time from the answer's last token to the release decision.",
             finished,
             "release_latency_ms",
             RELEASE_SECONDS_BUCKETS,
         )
     )
 
-    ledger = DiagnosisRun.objects.aggregate(
+    ledger = recent_runs.aggregate(
         router=Sum("tokens_router"),
         agent=Sum("tokens_agent"),
         guard=Sum("tokens_guard"),
@@ -101,18 +117,18 @@ def record_metrics() -> list[Metric]:
         unavailable=Sum("usage_unavailable_calls"),
     )
     tokens = GaugeMetricFamily(
-        "diagnosis_tokens", "Tokens in the runs' ledgers by source.", labels=["source"]
+        "diagnosis_tokens", "Tokens in the ledgers of the window's runs by source.", labels=["source"]
     )
     for source in ("router", "agent", "guard"):
         tokens.add_metric([source], ledger[source] or 0)
     families.append(tokens)
     by_model = GaugeMetricFamily(
         "diagnosis_model_tokens",
-        "Tokens of agent model calls by model and kind, as the provider reported them.",
+        "Tokens of the window's agent model calls by model and kind, as reported.",
         labels=["source", "model", "kind"],
     )
     for row in (
-        AgentStep.objects.filter(usage_available=True)
+        AgentStep.objects.filter(usage_available=True, created_at__gte=since)
         .values("model")
         .annotate(
             i=Sum("prompt_tokens"),
@@ -129,38 +145,45 @@ def record_metrics() -> list[Metric]:
     families.append(
         GaugeMetricFamily(
             "diagnosis_usage_unavailable_calls",
-            "Model calls whose provider reported no token usage.",
+            "Model calls of the window's runs whose provider reported no token usage.",
             value=ledger["unavailable"] or 0,
         )
     )
     families.append(
         GaugeMetricFamily(
             "diagnosis_audit_write_failures",
-            "Durable audit writes that failed (fail-open), summed over the stored runs.",
+            "Durable audit writes that failed (fail-open), summed over the runs of the window.",
             value=ledger["failures"] or 0,
         )
     )
     families.append(
         GaugeMetricFamily(
             "diagnosis_fenced_writes",
-            "Writes of stale lease owners refused by the lease fence, summed over the stored runs.",
+            "Writes of stale lease owners refused by the lease fence, summed over the runs of the window.",
             value=ledger["fenced"] or 0,
         )
     )
 
     tools = GaugeMetricFamily(
-        "diagnosis_tool_calls", "Tool invocations by tool and status.", labels=["tool", "status"]
+        "diagnosis_tool_calls",
+        "Tool invocations of the window by tool and status.",
+        labels=["tool", "status"],
     )
-    for row in ToolInvocation.objects.values("tool_name", "status").annotate(n=Count("id")).order_by():
+    for row in (
+        ToolInvocation.objects.filter(created_at__gte=since)
+        .values("tool_name", "status")
+        .annotate(n=Count("id"))
+        .order_by()
+    ):
         tools.add_metric([row["tool_name"], row["status"]], row["n"])
     families.append(tools)
 
     swept = GaugeMetricFamily(
-        "diagnosis_runs_swept", "Runs failed by the sweeper, by reason.", labels=["reason"]
+        "diagnosis_runs_swept", "Runs of the window failed by the sweeper, by reason.", labels=["reason"]
     )
     counts = {
         row["error_code"]: row["n"]
-        for row in DiagnosisRun.objects.filter(error_code__in=SWEEP_CODES)
+        for row in recent_runs.filter(error_code__in=SWEEP_CODES)
         .values("error_code")
         .annotate(n=Count("id"))
         .order_by()

@@ -83,3 +83,35 @@ def test_record_metrics_agree_with_the_record(scrape, user):
     assert value("diagnosis_fenced_writes") == 0
     assert value("diagnosis_process_active_runs") == 0
     assert ("diagnosis_process_live_followers", ()) in found
+
+
+def test_record_metrics_cover_the_window_only_with_a_constant_number_of_queries(scrape, user, settings):
+    import datetime as dt
+
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+    from django.utils import timezone
+
+    from audit.models import AgentStep, ToolInvocation
+    from diagnosis.models import DiagnosisRun
+
+    old = make_recorded_run(user, tools=1)
+    long_ago = timezone.now() - dt.timedelta(hours=3)
+    DiagnosisRun.objects.filter(run_id=old.run_id).update(created_at=long_ago)
+    AgentStep.objects.filter(run_id=old.run_id).update(created_at=long_ago)
+    ToolInvocation.objects.filter(run_id=old.run_id).update(created_at=long_ago)
+    make_recorded_run(user, tools=2)
+    settings.METRICS_WINDOW_SECONDS = 3600
+    with CaptureQueriesContext(connection) as first:
+        found = samples(scrape().content.decode())
+    assert found[("diagnosis_metrics_window_seconds", ())] == 3600
+    assert found[("diagnosis_run_duration_seconds_count", ())] == 1  # the run of three hours ago is out
+    assert found[("diagnosis_tool_calls", (("status", "SUCCEEDED"), ("tool", "lookup_knowledge")))] == 2
+    for _ in range(5):
+        make_recorded_run(user, tools=1)
+    with CaptureQueriesContext(connection) as second:
+        scrape()
+    assert len(second) == len(first)
+    settings.METRICS_WINDOW_SECONDS = 4 * 3600
+    found = samples(scrape().content.decode())
+    assert found[("diagnosis_run_duration_seconds_count", ())] == 7
