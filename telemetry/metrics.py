@@ -6,7 +6,7 @@ Two kinds, kept apart on purpose:
   and release; run and release latency histograms; tokens by source and model; audit write failures;
   fenced writes; tool calls by tool and status; swept runs; the OTLP export backlog and lag; the age of
   the newest signed checkpoint). They are read at scrape time from the database with a fixed number of
-  aggregate queries (one GROUP BY or conditional aggregate each, ten in all) and reused for
+  aggregate queries (one GROUP BY or conditional aggregate each, eleven in all) and reused for
   `METRICS_CACHE_SECONDS`, so any process answers with the same numbers. They are gauges over a
   sliding window: the runs, steps and tool calls created in the last `METRICS_WINDOW_SECONDS` (default
   one hour, `diagnosis_metrics_window_seconds`), read through the `created_at` indexes, so a scrape
@@ -27,7 +27,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, Max, Q, Sum
+from django.db.models import BigIntegerField, Count, Max, Q, Sum
+from django.db.models.fields.json import KT
+from django.db.models.functions import Cast
 from django.utils import timezone
 from prometheus_client import CollectorRegistry, Gauge, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -43,8 +45,18 @@ def window_seconds() -> int:
     return max(60, int(getattr(settings, "METRICS_WINDOW_SECONDS", 3600)))
 
 
+def _reported(path: str) -> Q:
+    """The JSON key at `path` holds a value: present and not JSON null (casting null would give 0)."""
+    return Q(**{f"{path}__isnull": False}) & ~Q(**{path: None})
+
+
 def _histogram(name: str, doc: str, queryset, field: str, buckets: tuple[float, ...]) -> Metric:
-    """A cumulative histogram of `field` (milliseconds) over `queryset`, in one aggregate query."""
+    """A cumulative histogram of `field` (milliseconds) over `queryset`, in one aggregate query (a JSON
+    key of `details` is annotated as an integer first)."""
+    if field.startswith("details__"):
+        # Only a stored number counts: a missing key or JSON null (not measured) is left out, never 0.
+        queryset = queryset.filter(_reported(field)).annotate(_ms=Cast(KT(field), BigIntegerField()))
+        field = "_ms"
     aggregates: dict[str, Any] = {
         f"le{i}": Count("id", filter=Q(**{f"{field}__lte": bound * 1000})) for i, bound in enumerate(buckets)
     }
@@ -62,7 +74,7 @@ def _histogram(name: str, doc: str, queryset, field: str, buckets: tuple[float, 
 
 def record_metrics() -> list[Metric]:
     """The record metrics as of now (see the module docstring)."""
-    from audit.models import AgentStep, Checkpoint, ToolInvocation
+    from audit.models import Checkpoint, EventType, ToolInvocation, TraceEvent
     from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun
     from telemetry.selectors import export_backlog
 
@@ -124,24 +136,40 @@ def record_metrics() -> list[Metric]:
     families.append(tokens)
     by_model = GaugeMetricFamily(
         "diagnosis_model_tokens",
-        "Tokens of the window's agent model calls by model and kind, as reported.",
+        "Tokens of the window's model calls (router, agents, semantic guard) by source, model and kind, "
+        "as the provider reported them (a kind no call reported is absent, never 0).",
         labels=["source", "model", "kind"],
     )
+    # One row per (source, model) from the calls' MODEL_TOKEN_USAGE events (the ledger's own record),
+    # read through the (event_type, created_at) index.
+    kinds = (("input", "promptTokens"), ("output", "completionTokens"))
+    kinds += (("reasoning", "reasoningTokens"), ("cache_read", "cachedTokens"))
     for row in (
-        AgentStep.objects.filter(usage_available=True, created_at__gte=since)
-        .values("model")
+        TraceEvent.objects.filter(
+            event_type=EventType.MODEL_TOKEN_USAGE, status="REPORTED", created_at__gte=since
+        )
+        .values(source=KT("details__source"), model=KT("details__model"))
         .annotate(
-            i=Sum("prompt_tokens"),
-            o=Sum("completion_tokens"),
-            r=Sum("reasoning_tokens"),
-            c=Sum("cached_tokens"),
+            **{
+                kind: Sum(Cast(KT(f"details__{key}"), BigIntegerField()), filter=_reported(f"details__{key}"))
+                for kind, key in kinds
+            }
         )
         .order_by()
     ):
-        for kind, key in (("input", "i"), ("output", "o"), ("reasoning", "r"), ("cache_read", "c")):
-            if row[key] is not None:
-                by_model.add_metric(["agent", row["model"], kind], row[key])
+        for kind, _key in kinds:
+            if row[kind] is not None:
+                by_model.add_metric([str(row["source"]).lower(), str(row["model"]), kind], row[kind])
     families.append(by_model)
+    families.append(
+        _histogram(
+            "diagnosis_guard_duration_seconds",
+            "Semantic guard model calls of the window by their recorded duration.",
+            TraceEvent.objects.filter(event_type=EventType.SEMANTIC_GUARD_DECISION, created_at__gte=since),
+            "details__durationMs",
+            RELEASE_SECONDS_BUCKETS,
+        )
+    )
     families.append(
         GaugeMetricFamily(
             "diagnosis_usage_unavailable_calls",

@@ -76,6 +76,33 @@ def test_record_metrics_agree_with_the_record(scrape, user):
     assert value("diagnosis_tokens", source="guard") == 2 * 625
     assert value("diagnosis_model_tokens", source="agent", model="agent-m", kind="cache_read") == 2 * 128
     assert value("diagnosis_model_tokens", source="agent", model="executor-m", kind="input") == 1200
+    # Router and semantic guard calls by their own models too; the guard's recorded durations.
+    assert any(k[0] == "diagnosis_model_tokens" and ("source", "router") in k[1] for k in found)
+    assert any(k[0] == "diagnosis_model_tokens" and ("source", "guard") in k[1] for k in found)
+    from audit.models import EventType, TraceEvent
+
+    guards = TraceEvent.objects.filter(event_type=EventType.SEMANTIC_GUARD_DECISION)
+    timed = [e.details["durationMs"] for e in guards if e.details.get("durationMs") is not None]
+    # Guard calls without a recorded duration (JSON null) are left out, never counted as 0 ms.
+    assert value("diagnosis_guard_duration_seconds_count") == len(timed)
+    assert value("diagnosis_guard_duration_seconds_sum") == pytest.approx(sum(timed) / 1000)
+    # Per (source, model) exactly the kinds some call reported, summed; a kind none reported is absent.
+    usage = TraceEvent.objects.filter(event_type=EventType.MODEL_TOKEN_USAGE, status="REPORTED")
+    expected: dict[tuple, int] = {}
+    keys = {"input": "promptTokens", "output": "completionTokens"}
+    keys |= {"reasoning": "reasoningTokens", "cache_read": "cachedTokens"}
+    for event in usage:
+        d = event.details
+        for kind, key in keys.items():
+            if d.get(key) is not None:
+                label = (d["source"].lower(), d["model"], kind)
+                expected[label] = expected.get(label, 0) + d[key]
+    exported = {
+        (dict(k[1])["source"], dict(k[1])["model"], dict(k[1])["kind"]): v
+        for k, v in found.items()
+        if k[0] == "diagnosis_model_tokens"
+    }
+    assert exported == expected
     assert value("diagnosis_run_duration_seconds_count") == 4
     assert value("diagnosis_otlp_exports", state="PENDING") == 4
     assert value("diagnosis_otlp_export_lag_seconds") >= 0
