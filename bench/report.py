@@ -225,8 +225,11 @@ outcome. Overhead: wall time − the model time the runtime measured itself − 
 Outside the models and tools an analysis spends its time in about 22 durable decisions (the AI Ops run
 records a plan decision and three tool calls at start and end besides what a chat records), the claim,
 the self-evaluation (computed from the run's own record) and the hand-over from one analysis to the
-next. The figure is taken on this shared 2-core machine with the database's durable commit
-(`innodb_flush_log_at_trx_commit=1`); each durable decision is one commit.
+next, and the openai SDK's own work outside the measured call (building each request from a conversation
+that grows with the tool results, parsing the stream): a pyinstrument profile of one worker puts that
+SDK work at the largest share of the event loop's CPU. The figure is taken on this shared 2-core machine
+with the database's durable commit (`innodb_flush_log_at_trx_commit=1`); each durable decision is one
+commit.
 {B7_END}"""
 
 
