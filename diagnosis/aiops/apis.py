@@ -2,7 +2,8 @@
 
 * `POST /api/aiops/alertmanager` — Alertmanager's webhook (payload version 4), authenticated only by
   `Authorization: Bearer <AIOPS_WEBHOOK_TOKEN>` (`WebhookTokenAuthentication`, constant-time compare;
-  every other request, and every request while the token is unset, is 401). 202 with the run the
+  every other request, and every request while the token is unset, is 401; wrong tokens count towards
+  the client address's lockout, `access.lockout`: 429 `locked_out` once locked). 202 with the run the
   notification started, or the one it duplicates (`deduplicated: true`); 200 with `run: null` when
   nothing in the group fires. Sessions and cookies are not accepted here.
 * `POST /api/aiops/analyses` — staff start an analysis of a free question (`query`) or an alert
@@ -26,6 +27,7 @@ from rest_framework.permissions import IsAdminUser, IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from access import lockout
 from config.api import error_responses, paginated_response, paginated_serializer
 from diagnosis import selectors, services
 from diagnosis.aiops import intake
@@ -47,8 +49,15 @@ class WebhookTokenAuthentication(authentication.BaseAuthentication):
         header = authentication.get_authorization_header(request).split()
         if not header or header[0].lower() != self.keyword.lower().encode():
             raise exceptions.NotAuthenticated("Send Authorization: Bearer <AIOPS_WEBHOOK_TOKEN>.")
+        raw = getattr(request, "_request", request)
+        # Guessing the webhook token is bounded like any token (access.lockout): a locked-out address is
+        # refused even with the right token, and every wrong one counts.
+        if lockout.is_locked(raw):
+            raise lockout.LockedOut()
         given = header[1] if len(header) == 2 else b""
         if not configured or not hmac.compare_digest(given, configured.encode()):
+            if lockout.record_failure(raw):
+                raise lockout.LockedOut()
             raise exceptions.AuthenticationFailed("Invalid webhook token.")
         return intake.service_user(), None
 
@@ -147,7 +156,8 @@ class WebhookResponseSerializer(serializers.Serializer):
 
 class AlertmanagerWebhookApi(APIView):
     """Alertmanager's webhook (see the module docstring): 202 a run was started or found for the
-    group's firing alerts; 200 nothing fires; 400 not a version 4 payload; 401 no or a wrong token."""
+    group's firing alerts; 200 nothing fires; 400 not a version 4 payload; 401 no or a wrong token; 429
+    the client address is locked out after repeated wrong tokens."""
 
     authentication_classes = [WebhookTokenAuthentication]
     permission_classes = [IsAuthenticated]
@@ -159,7 +169,7 @@ class AlertmanagerWebhookApi(APIView):
         responses={
             200: WebhookResponseSerializer,
             202: WebhookResponseSerializer,
-            **error_responses(400, 401),
+            **error_responses(400, 401, 429),
         },
         tags=["aiops"],
     )

@@ -253,3 +253,17 @@ def test_a_blank_alert_text_is_a_400_not_a_server_error(staff_user):
         response = client.post(ANALYSES, body, format="json")
         assert response.status_code == 400, body
     assert not DiagnosisRun.objects.exists()
+
+
+def test_guessing_the_webhook_token_is_locked_out_like_any_token(settings):
+    settings.AIOPS_WEBHOOK_TOKEN = TOKEN
+    settings.AXES_FAILURE_LIMIT = 3
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION="Bearer guess")
+    statuses = [client.post(WEBHOOK, notification(), format="json").status_code for _ in range(3)]
+    assert statuses == [401, 401, 429]
+    # Locked out: even the right token is refused now, so no guess is ever confirmed.
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    response = client.post(WEBHOOK, notification(), format="json")
+    assert response.status_code == 429 and response.json()["error"]["code"] == "locked_out"
+    assert not DiagnosisRun.objects.exists()
