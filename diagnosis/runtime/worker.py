@@ -71,10 +71,11 @@ async def work(
             logger.warning("queue poll failed error=%s", type(exc).__name__)
         live = {t for t in mine if not t.done()}
         if until_idle and not live:
-            # Nothing of ours is running and the last claim found the queue empty (or full capacity
-            # was reached and everything has since ended: poll once more before leaving).
+            # Nothing of ours is running: leave once the queue is empty; otherwise (a claim that failed,
+            # a run another worker is about to take) wait a poll interval and claim again.
             if not await db(services.queued_runs().exists):
                 break
+            await asyncio.sleep(poll_interval)
             continue
         waiters = [asyncio.ensure_future(stop.wait())]
         try:
