@@ -164,19 +164,32 @@ def ensure_background(*, serve_queue: bool = True) -> None:
         return
     ready = asyncio.Event()
     tasks = [loop.create_task(_control_listener(ready), name="runs:control")]
-    interval = float(getattr(settings, "RUN_SWEEP_INTERVAL_SECONDS", 15))
-    if interval > 0:
-        tasks.append(loop.create_task(_sweep_periodically(interval), name="runs:sweeper"))
-    every = float(getattr(settings, "AUDIT_CHECKPOINT_INTERVAL_SECONDS", 60))
-    if every > 0:
-        tasks.append(loop.create_task(_checkpoint_periodically(every), name="audit:checkpoint"))
-    purge_every = float(getattr(settings, "AUDIT_PURGE_INTERVAL_SECONDS", 3600))
-    if purge_every > 0:
-        tasks.append(loop.create_task(_purge_periodically(purge_every), name="audit:purge"))
+    exporting = bool(getattr(settings, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", ""))
+    duties = (
+        ("runs:sweeper", "sweep", _sweep, float(getattr(settings, "RUN_SWEEP_INTERVAL_SECONDS", 15))),
+        (
+            "audit:checkpoint",
+            "checkpoint",
+            _checkpoint,
+            float(getattr(settings, "AUDIT_CHECKPOINT_INTERVAL_SECONDS", 60)),
+        ),
+        (
+            "audit:purge",
+            "audit purge",
+            _purge,
+            float(getattr(settings, "AUDIT_PURGE_INTERVAL_SECONDS", 3600)),
+        ),
+        (
+            "telemetry:export",
+            "trace export",
+            _export,
+            float(getattr(settings, "OTEL_EXPORT_INTERVAL_SECONDS", 10)) if exporting else 0.0,
+        ),
+    )
+    for name, what, job, every in duties:  # an interval of 0 turns a duty off
+        if every > 0:
+            tasks.append(loop.create_task(_periodically(every, what, job), name=name))
     workers = int(getattr(settings, "AIOPS_WORKER_CONCURRENCY", 2))
-    export_every = float(getattr(settings, "OTEL_EXPORT_INTERVAL_SECONDS", 10))
-    if export_every > 0 and getattr(settings, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", ""):
-        tasks.append(loop.create_task(_export_periodically(export_every), name="telemetry:export"))
     if workers > 0 and serve_queue:
         tasks.append(loop.create_task(_work_queue(workers), name="runs:queue-worker"))
     _background = _Background(loop=loop, channel=None, tasks=tasks, ready=ready)
@@ -240,58 +253,43 @@ async def _control_leave(run_id: str) -> None:
         await asyncio.shield(asyncio.wait_for(layer.group_discard(control_group(run_id), channel), 5.0))
 
 
-async def _sweep_periodically(interval: float) -> None:
+async def _periodically(interval: float, what: str, job) -> None:
+    """Run `job()` every `interval` seconds (the first time after one interval); a failing pass is
+    logged by its exception class only and the next one runs on time."""
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await job()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.warning("periodic %s failed error=%s", what, type(exc).__name__)
+
+
+async def _sweep() -> None:
     from diagnosis.runtime.sweeper import publish_swept, sweep_expired_runs
 
-    while True:
-        await asyncio.sleep(interval)
-        try:
-            swept = await db(sweep_expired_runs)
-            await publish_swept(swept)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            logger.warning("periodic sweep failed error=%s", type(exc).__name__)
+    await publish_swept(await db(sweep_expired_runs))
 
 
-async def _checkpoint_periodically(interval: float) -> None:
+async def _checkpoint() -> None:
     from audit.transparency.log import checkpoint
 
-    while True:
-        await asyncio.sleep(interval)
-        try:
-            await db(checkpoint)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            logger.warning("periodic checkpoint failed error=%s", type(exc).__name__)
+    await db(checkpoint)
 
 
-async def _purge_periodically(interval: float) -> None:
+async def _purge() -> None:
     from audit.retention import purge_expired_runs
 
-    while True:
-        await asyncio.sleep(interval)
-        try:
-            await db(purge_expired_runs, purged_by="server")
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            logger.warning("periodic audit purge failed error=%s", type(exc).__name__)
+    await db(purge_expired_runs, purged_by="server")
 
 
-async def _export_periodically(interval: float) -> None:
+async def _export() -> None:
+    # On its own pool: an OTLP endpoint that hangs never takes a thread from the audit writes.
     from diagnosis.runtime.db import background
     from telemetry.outbox import run_export_pass
 
-    while True:
-        await asyncio.sleep(interval)
-        try:
-            await background(run_export_pass)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            logger.warning("periodic trace export failed error=%s", type(exc).__name__)
+    await background(run_export_pass)
 
 
 async def _work_queue(concurrency: int) -> None:
