@@ -17,7 +17,10 @@ TOOL_INVOCATION = "TOOL_INVOCATION"
 RUN_FINISHED = "RUN_FINISHED"
 REASONING_PURGED = "REASONING_PURGED"
 REASONING_REKEYED = "REASONING_REKEYED"
-GOVERNANCE_EVENTS = frozenset({REASONING_PURGED, REASONING_REKEYED})
+REVIEW_RECORDED = "REVIEW_RECORDED"
+# Events appended to a finished run's chain by others than its recorder (never expected by it, allowed
+# after the anchored head): reasoning purges and key rotations, and human reviews.
+GOVERNANCE_EVENTS = frozenset({REASONING_PURGED, REASONING_REKEYED, REVIEW_RECORDED})
 TOOL_STATUSES = frozenset({"RUNNING", "SUCCEEDED", "FAILED", "INTERRUPTED", "ABANDONED"})
 # `audit.models.CHAT_AGENT_NAME`: the agent of a step event that names none.
 CHAT_AGENT_NAME = "diagnosis_agent"
@@ -57,6 +60,8 @@ class Bindings:
     steps: dict[tuple[Any, str], Bound] = field(default_factory=dict)
     tools: dict[str, Bound] = field(default_factory=dict)
     reasoning: dict[tuple[Any, Any], Bound] = field(default_factory=dict)
+    # reviewId -> the REVIEW_RECORDED event that binds the review row (`reviewDigest`).
+    reviews: dict[str, Bound] = field(default_factory=dict)
     finished: tuple[int, str | None, dict | None, str | None] | None = None
     digests_seen: bool = False
     governance: int = 0
@@ -81,6 +86,10 @@ def collect(events: Sequence[Any]) -> Bindings:
             b.tools[d["toolCallId"]] = Bound(seq, d.get("rowDigest"), form=d.get("rowForm"))
             b.digests_seen |= "rowDigest" in d
             b.tool_starts += event.status == "RUNNING"
+        elif kind == REVIEW_RECORDED:
+            b.governance += 1
+            if "reviewId" in d:
+                b.reviews[str(d["reviewId"])] = Bound(seq, d.get("reviewDigest"))
         elif kind in GOVERNANCE_EVENTS:
             b.governance += 1
             for row in d.get("rows") or []:

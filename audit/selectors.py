@@ -3,12 +3,12 @@
 `get_trace` turns a run into a `Trace`: the run row (with the viewer's feedback), its ordered timeline,
 its model steps and its tool invocations, and a `TraceSummary` that compares what is stored with what the
 recorder expected to write, and every stored row with the digest its chain carries, so that an
-incomplete or altered audit is visible and never silent (seed 001, sections 6–8). It costs five queries
-whatever the run's size (events, steps, tools, the reasoning rows' stored columns, and the run's leaf in
-the transparency log; plus one for the feedback only when the caller did not annotate it on the run). No
-reasoning or assistant text is read: the reasoning rows (`reasoning.AgentReasoningAudit`) are read as
-stored, ciphertext cast to plain text and never decrypted, only to recompute their digests; nothing of
-them enters the trace.
+incomplete or altered audit is visible and never silent (seed 001, sections 6–8). It costs six queries
+whatever the run's size (events, steps, tools, the reasoning rows' stored columns, the run's reviews and
+its leaf in the transparency log; plus one for the feedback only when the caller did not annotate it on
+the run). No reasoning or assistant text is read: the reasoning rows (`reasoning.AgentReasoningAudit`)
+are read as stored, ciphertext cast to plain text and never decrypted, only to recompute their digests;
+nothing of them enters the trace.
 
 The API (`audit.apis.TraceApi`) and the admin's "export as JSON" both call `get_trace` and render it with
 `audit.serializers.TraceSerializer`, so both produce the same shape.
@@ -74,6 +74,7 @@ from audit.models import (
     Checkpoint,
     EventType,
     LogLeaf,
+    RunReview,
     ToolInvocation,
     ToolStatus,
     TraceEvent,
@@ -135,6 +136,37 @@ class ProviderLabel:
 
 
 @dataclass(frozen=True, slots=True)
+class ReviewView:
+    """One human review of the run (`audit.RunReview`) as the trace shows it: `superseded` when a later
+    review of the run exists (display only: every review is kept)."""
+
+    review_id: str
+    verdict: str
+    note: str
+    reviewer: str
+    sequence_no: int
+    created_at: dt.datetime
+    superseded: bool
+
+
+def review_views(reviews: Sequence[RunReview]) -> list[ReviewView]:
+    """The run's reviews, oldest first; every one but the latest is superseded."""
+    ordered = sorted(reviews, key=lambda r: r.sequence_no)
+    return [
+        ReviewView(
+            review_id=r.review_id,
+            verdict=r.verdict,
+            note=r.note,
+            reviewer=r.reviewer_username,
+            sequence_no=r.sequence_no,
+            created_at=r.created_at,
+            superseded=i < len(ordered) - 1,
+        )
+        for i, r in enumerate(ordered)
+    ]
+
+
+@dataclass(frozen=True, slots=True)
 class Trace:
     session_id: str
     run_resolution: str
@@ -145,6 +177,7 @@ class Trace:
     tools: list[ToolInvocation]
     summary: TraceSummary
     provider: ProviderLabel | None = None
+    reviews: list[ReviewView] = field(default_factory=list)
 
 
 def provider_of(events: list[TraceEvent]) -> ProviderLabel | None:
@@ -172,6 +205,7 @@ def get_trace(
     steps = list(AgentStep.objects.filter(run_id=run.run_id).order_by("id"))
     tools = list(ToolInvocation.objects.filter(run_id=run.run_id).order_by("started_at", "id"))
     reasoning = stored_reasoning_rows(run_id=run.run_id)
+    reviews = list(RunReview.objects.filter(run_id=run.run_id).order_by("sequence_no"))
     leaf = anchored_leaf(run_id=run.run_id)
 
     if hasattr(run, "viewer_feedback_rating"):
@@ -193,6 +227,7 @@ def get_trace(
         tools=tools,
         steps=steps,
         reasoning=reasoning,
+        reviews=reviews,
         leaf=leaf,
     )
     return Trace(
@@ -205,6 +240,7 @@ def get_trace(
         tools=returned_tools,
         summary=summary,
         provider=provider_of(events),
+        reviews=review_views(reviews),
     )
 
 
@@ -236,13 +272,14 @@ def summarize(
     tools: list[ToolInvocation],
     steps: Sequence[AgentStep] = (),
     reasoning: Sequence[dict] = (),
+    reviews: Sequence[RunReview] = (),
     leaf: LogLeaf | None = None,
 ) -> TraceSummary:
     """Compare stored, expected and returned records of `run`, and every stored row with its digest in
     the chain, and the chain with its leaf in the transparency log; see the module docstring.
     `reasoning`: the run's reasoning rows as stored (`audit.rowdigest.stored_reasoning_rows`); `leaf`:
     the run's leaf as `anchored_leaf` reads it (None: not anchored)."""
-    rows = verify_rows(events=events, run=run, steps=steps, tools=tools, reasoning=reasoning)
+    rows = verify_rows(events=events, run=run, steps=steps, tools=tools, reasoning=reasoning, reviews=reviews)
     if rows.expected is not None:
         expected = Counts(rows.expected.events, rows.expected.steps, rows.expected.tools)
     else:

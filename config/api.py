@@ -267,6 +267,7 @@ ERROR_DESCRIPTIONS = {
         "second factor)."
     ),
     404: "No such resource, or one the user may not see (`not_found`; identical in both cases).",
+    409: "The resource is not in a state that allows this (`conflict`).",
     429: (
         "Too many requests (`throttled`), or too many failed authentications (`locked_out`); see "
         "`Retry-After`."

@@ -186,6 +186,7 @@ ENUMS = {
         "WRITE_FENCED",
         "REASONING_PURGED",
         "REASONING_REKEYED",
+        "REVIEW_RECORDED",
     },
 }
 
