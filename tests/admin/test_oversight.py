@@ -301,3 +301,39 @@ def test_compare_action_needs_exactly_two_runs_and_the_page_shows_them(client, u
     assert "Select exactly two runs to compare." in three.content.decode()
     unknown = client.get(reverse("admin:diagnosis_diagnosisrun_compare") + "?a=run_nope&b=" + a.run_id)
     assert unknown.status_code == 302
+
+
+@pytest.mark.skipif(connection.vendor != "mysql", reason="needs MariaDB/MySQL (DATABASE_URL=mysql://…)")
+def test_the_queue_page_reads_the_flags_index_without_a_sort(client, user, reviewer):
+    from diagnosis.review_queue import refresh_needs_review
+    from tests.admin.test_list_scaling import add_runs
+
+    add_runs(user, 0, 30_000, audit_rows=False)
+    DiagnosisRun.objects.update(tokens_reconciled=True)  # blocked, drafts and incomplete audits remain
+    refresh_needs_review(runs=DiagnosisRun.objects.all())
+    assert 0 < DiagnosisRun.objects.filter(needs_review=True).count() < 30_000
+    client.force_login(reviewer)
+    checked = 0
+    for url in (
+        reverse("admin:diagnosis_diagnosisrun_queue"),
+        reverse("admin:diagnosis_diagnosisrun_queue") + "?reason=blocked",
+    ):
+        with CaptureQueriesContext(connection) as ctx:
+            assert client.get(url).status_code == 200
+        for query in ctx.captured_queries:
+            sql = query["sql"]
+            if not sql.startswith("SELECT") or "LIMIT 50" not in sql or "diagnosis_run" not in sql:
+                continue
+            with connection.cursor() as cur:
+                cur.execute("EXPLAIN " + sql)
+                names = [c[0] for c in cur.description]
+                plan = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+            for step in plan:
+                if step["table"] == "diagnosis_run":
+                    checked += 1
+                    # The flag's index, or (one reason) the reason's own `(column, created_at)` index.
+                    assert step["key"] and step["type"] != "ALL", (url, step)
+                    if "reason=" not in url:
+                        assert step["key"] == "idx_run_needs_review", (url, step)
+                    assert "filesort" not in (step.get("Extra") or ""), (url, step)
+    assert checked == 2
