@@ -337,3 +337,14 @@ def test_the_queue_page_reads_the_flags_index_without_a_sort(client, user, revie
                         assert step["key"] == "idx_run_needs_review", (url, step)
                     assert "filesort" not in (step.get("Extra") or ""), (url, step)
     assert checked == 2
+
+
+def test_verify_audit_reports_a_queue_flag_that_disagrees_and_refresh_rewrites_it(user):
+    from audit.verification import refresh_facts, verify_run
+
+    run = make_blocked_run(user)
+    DiagnosisRun.objects.filter(pk=run.pk).update(needs_review=False)  # behind the rule's back
+    result = verify_run(run.run_id)
+    assert result.facts == ["stored needs_review is False, recomputed True"]
+    assert refresh_facts([result]) == 1
+    assert _fresh(run).needs_review and verify_run(run.run_id).ok
