@@ -25,9 +25,11 @@ import datetime as dt
 import functools
 import logging
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from audit.integrity import GENESIS_HASH
@@ -158,8 +160,6 @@ def _review_table():
 # reviewers from working the same run at once; the review itself is what is recorded and chained)
 # --------------------------------------------------------------------------------------------------
 def claim_minutes() -> float:
-    from django.conf import settings
-
     return float(getattr(settings, "REVIEW_CLAIM_MINUTES", CLAIM_MINUTES_DEFAULT))
 
 
@@ -169,8 +169,6 @@ def claim_run(*, run_id: str, user: AbstractBaseUser) -> bool:
     conditional UPDATE, so two reviewers never both win."""
     if not may_review(user):
         raise PermissionDenied(f"Reviews need the permission {REVIEW_PERMISSION}.")
-    from django.db.models import Q
-
     now = timezone.now()
     username = user.get_username()
     free = Q(review_claimed_by="") | Q(review_claim_expires_at__lt=now) | Q(review_claimed_by=username)
@@ -194,8 +192,6 @@ def next_in_queue(*, user: AbstractBaseUser, reason_q=None) -> DiagnosisRun | No
     """Claim and return the oldest queued run nobody else holds (optionally of one reason), or None.
     Each attempt is one indexed read and one conditional UPDATE; a run taken by another reviewer in
     between is skipped."""
-    from django.db.models import Q
-
     username = user.get_username()
     for _ in range(APPEND_ATTEMPTS):
         now = timezone.now()

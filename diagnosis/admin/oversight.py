@@ -75,8 +75,6 @@ def review_view(model_admin, request, object_id):
             verdict=request.POST.get("verdict", ""),
             note=request.POST.get("note", ""),
         )
-    except PermissionDenied:
-        raise
     except (ValidationError, RunNotFinished) as exc:
         text = "; ".join(exc.messages) if isinstance(exc, ValidationError) else "the run has not finished"
         model_admin.message_user(request, f"Review not recorded: {text}.", messages.ERROR)
