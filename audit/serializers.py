@@ -504,6 +504,9 @@ class EvidenceRowsSerializer(serializers.Serializer):
     tools = EvidenceRowSerializer(many=True)
     reasoning = EvidenceReasoningSerializer(many=True)
     run = EvidenceRowSerializer(allow_null=True, help_text="The terminal summary (content as its SHA-256).")
+    reviews = EvidenceRowSerializer(
+        many=True, required=False, help_text="The run's review rows (form `review`); absent in older bundles."
+    )
 
     class Meta:
         ref_name = "EvidenceRows"

@@ -191,3 +191,23 @@ def test_membership_of_reviewers_is_governed(django_user_model):
     assert event.event_type == GovernanceEventType.GROUP_MEMBER_ADDED
     assert (event.subject_user, event.group) == ("newreviewer", "Reviewers")
     assert REVIEW_PERMISSION in event.details["sensitivePermissions"]
+
+
+def test_the_evidence_bundle_carries_the_review_rows_and_verifies_offline(traced_run, reviewer):
+    from audit.transparency import bundle, keys
+    from audit.transparency.evidence import build_bundle
+
+    checkpoint()
+    review = record_review(run=traced_run, user=reviewer, verdict="needs_follow_up", note="Ask the DBA.")
+    public = [keys.current_key().public]
+    built = build_bundle(run=DiagnosisRun.objects.get(pk=traced_run.pk))
+    assert [r["form"]["row"]["review_id"] for r in built["rows"]["reviews"]] == [review.review_id]
+    report = bundle.verify(built, public)
+    assert report.ok, report.failures
+
+    built["rows"]["reviews"][0]["form"]["row"]["verdict"] = "correct"
+    assert any("rows.reviews[0]" in f for f in bundle.verify(built, public).failures)
+    built["rows"]["reviews"] = []
+    assert any(
+        f"review {review.review_id} bound at sequence" in f for f in bundle.verify(built, public).failures
+    )
