@@ -8,8 +8,8 @@ API client sees. Pure: no query, no request. Each section is a list of rows (lab
 
 Sections: the run (question, status, flow, provider, route), steps per agent (count and models), tools
 in call order with their inputs, citations (the evidence guard's cited ids), guard verdicts, release,
-tokens, cost, latency, audit and reviews. Cost is the run's `cost` when the trace carries one;
-otherwise it says "not recorded" (the cost of a call is not part of this trace yet).
+tokens, cost, latency, audit and reviews. Cost is the run's `cost` when the trace carries one (its
+amount and currency, or its status when no amount is known); otherwise it says "not recorded".
 """
 
 from __future__ import annotations
@@ -116,14 +116,19 @@ def _citations(trace: Mapping[str, Any]) -> list[str]:
 
 
 def _cost(run: Mapping[str, Any]) -> Any:
-    if "cost" not in run:
+    """The run's cost as the trace carries it (`run.cost`: amount, currency, status, unpriced calls);
+    "not recorded" when the trace has no cost, the status when no amount is known (never 0)."""
+    if "cost" not in run or run["cost"] is None:
         return NOT_RECORDED
     cost = run["cost"]
-    if isinstance(cost, Mapping):
-        total = cost.get("total", cost.get("amount"))
-        currency = cost.get("currency", "")
-        return NOT_RECORDED if total is None else f"{total} {currency}".strip()
-    return NOT_RECORDED if cost is None else cost
+    if not isinstance(cost, Mapping):
+        return cost
+    amount = cost.get("amount", cost.get("total"))
+    if amount is None:
+        return f"unavailable ({cost['status']})" if cost.get("status") else NOT_RECORDED
+    text = f"{amount} {cost.get('currency') or ''}".strip()
+    unpriced = cost.get("unpricedCalls")
+    return f"{text} ({unpriced} call(s) unpriced)" if unpriced else text
 
 
 def _ms(value: Any) -> str:

@@ -348,3 +348,20 @@ def test_verify_audit_reports_a_queue_flag_that_disagrees_and_refresh_rewrites_i
     assert result.facts == ["stored needs_review is False, recomputed True"]
     assert refresh_facts([result]) == 1
     assert _fresh(run).needs_review and verify_run(run.run_id).ok
+
+
+def test_compare_shows_a_run_cost_when_the_trace_carries_one(user):
+    body = trace_data(get_trace(run=_fresh(make_recorded_run(user))))
+    priced = {
+        **body,
+        "run": {**body["run"], "cost": {"amount": "0.0123", "currency": "USD", "status": "priced"}},
+    }
+    unpriced = {
+        **body,
+        "run": {
+            **body["run"],
+            "cost": {"amount": None, "currency": "USD", "status": "not_priced", "unpricedCalls": 2},
+        },
+    }
+    row = next(r for s in compare_traces(priced, unpriced).sections if s.key == "cost" for r in s.rows)
+    assert (row.left, row.right, row.differs) == ("0.0123 USD", "unavailable (not_priced)", True)
