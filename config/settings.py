@@ -61,6 +61,8 @@ INSTALLED_APPS = [
     "reasoning",
     "access",
     "telemetry",
+    # What model calls cost: the pricing rule, price overrides, runs' stored cost (pricing/).
+    "pricing",
 ]
 
 MIDDLEWARE = [
