@@ -83,6 +83,8 @@ from audit.rowdigest import stored_reasoning_rows
 from audit.transparency.verify import check_anchor
 from diagnosis.models import DiagnosisRun, RunStatus
 from diagnosis.selectors import FeedbackView, RunResolution, get_feedback, viewer_feedback
+from pricing.costs import load_price_book, price_of_run
+from pricing.rules import CallCost, PriceBook
 
 SESSION_AUDITS_LIMIT = 500
 
@@ -135,6 +137,15 @@ class ProviderLabel:
 
 
 @dataclass(frozen=True, slots=True)
+class CallCostView:
+    """One model call's cost by the pricing rule (`pricing.rules`) under the prices in force now, next to
+    the usage record (`event`, MODEL_TOKEN_USAGE) it prices."""
+
+    event: TraceEvent
+    cost: CallCost
+
+
+@dataclass(frozen=True, slots=True)
 class Trace:
     session_id: str
     run_resolution: str
@@ -145,6 +156,8 @@ class Trace:
     tools: list[ToolInvocation]
     summary: TraceSummary
     provider: ProviderLabel | None = None
+    # Each model call's cost (usage records in timeline order); the run's stored cost is on `run`.
+    call_costs: tuple[CallCostView, ...] = ()
 
 
 def provider_of(events: list[TraceEvent]) -> ProviderLabel | None:
@@ -173,6 +186,7 @@ def get_trace(
     tools = list(ToolInvocation.objects.filter(run_id=run.run_id).order_by("started_at", "id"))
     reasoning = stored_reasoning_rows(run_id=run.run_id)
     leaf = anchored_leaf(run_id=run.run_id)
+    book = load_price_book()  # the price overrides: one small query
 
     if hasattr(run, "viewer_feedback_rating"):
         feedback = viewer_feedback(run)
@@ -205,7 +219,17 @@ def get_trace(
         tools=returned_tools,
         summary=summary,
         provider=provider_of(events),
+        call_costs=call_costs_of(run, returned_events, book=book),
     )
+
+
+def call_costs_of(
+    run: DiagnosisRun, events: list[TraceEvent], *, book: PriceBook
+) -> tuple[CallCostView, ...]:
+    """The cost of each usage record among `events` (`pricing.costs.price_of_run`)."""
+    usage = [e for e in events if e.event_type == EventType.MODEL_TOKEN_USAGE]
+    _run_cost, costs = price_of_run(run, [e.details or {} for e in usage], book=book)
+    return tuple(CallCostView(event=e, cost=c) for e, c in zip(usage, costs, strict=True))
 
 
 _LABELS = {"events": "timeline event", "steps": "model step", "tools": "tool invocation"}

@@ -374,6 +374,8 @@ SPECTACULAR_SETTINGS = {
         "RunStatusEnum": "diagnosis.models.RunStatus.values",
         "ToolStatusEnum": "audit.models.ToolStatus.values",
         "AlertStatusEnum": "diagnosis.aiops.apis.ALERT_STATUSES",
+        "CostStatusEnum": "audit.serializers.COST_STATUSES",
+        "CallCostStatusEnum": "audit.serializers.CALL_COST_STATUSES",
     },
 }
 

@@ -17,6 +17,7 @@ like the API.
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from django import forms
@@ -39,9 +40,10 @@ from audit.transparency.evidence import build_bundle
 from config.admin_lists import ScalableListAdmin
 from diagnosis.admin.display import QUERY_PREVIEW_CHARS, delivery_note, format_ms, provider_chip
 from diagnosis.admin.display import chip as _chip
-from diagnosis.admin.run_page import build_run_page
+from diagnosis.admin.run_page import build_run_page, run_cost_label
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunFeedback
 from diagnosis.selectors import search_runs
+from pricing.rules import CostStatus
 from reasoning.models import REASONING_PERMISSION, AccessChannel
 from reasoning.services import read_reasoning
 from telemetry.selectors import export_of_run, exporter_enabled
@@ -91,6 +93,43 @@ class UnverifiedDeliveredFilter(admin.SimpleListFilter):
         return queryset
 
 
+class CostFilter(admin.SimpleListFilter):
+    """The run's stored cost (`pricing`): why it has none, or a range (indexed: `cost_status` with
+    `created_at`, `cost`)."""
+
+    title = "cost"
+    parameter_name = "cost"
+    RANGES = {
+        "lt0.001": ("< $0.001", None, Decimal("0.001")),
+        "0.001-0.01": ("$0.001 – $0.01", Decimal("0.001"), Decimal("0.01")),
+        "0.01-0.1": ("$0.01 – $0.10", Decimal("0.01"), Decimal("0.1")),
+        "ge0.1": ("≥ $0.10", Decimal("0.1"), None),
+    }
+
+    def lookups(self, request, model_admin):
+        return (
+            ("unavailable", "Unavailable (a call not priced)"),
+            ("demo", "Demo (no price)"),
+            ("not_priced", "Not priced yet"),
+            *((key, label) for key, (label, _lo, _hi) in self.RANGES.items()),
+        )
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value in (CostStatus.UNAVAILABLE, CostStatus.DEMO):
+            return queryset.filter(cost_status=value)
+        if value == "not_priced":
+            return queryset.filter(cost_status=CostStatus.NOT_PRICED)
+        if value in self.RANGES:
+            _label, lo, hi = self.RANGES[value]
+            queryset = queryset.filter(cost__isnull=False)
+            if lo is not None:
+                queryset = queryset.filter(cost__gte=lo)
+            if hi is not None:
+                queryset = queryset.filter(cost__lt=hi)
+        return queryset
+
+
 class ReconciledFilter(admin.BooleanFieldListFilter):
     """`tokens_reconciled`, titled as the console names it."""
 
@@ -120,6 +159,7 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
         "reconciled",
         "audit_complete_flag",
         "duration",
+        "cost_cell",
         "created",
     )
     # The first cell links the run page and, below it, the session page (two links, so no automatic one).
@@ -131,6 +171,7 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
         "intent",
         "provider",
         ("tokens_reconciled", ReconciledFilter),
+        CostFilter,
         AuditCompleteFilter,
         UnverifiedDeliveredFilter,
     )
@@ -186,6 +227,13 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
     @admin.display(description="tokens", ordering="tokens_total")
     def tokens(self, run: DiagnosisRun) -> int:
         return run.tokens_total
+
+    @admin.display(description="cost", ordering="cost")
+    def cost_cell(self, run: DiagnosisRun):
+        text, priced, note = run_cost_label(run)
+        return format_html(
+            '<span class="dc-cost{}" title="{}">{}</span>', "" if priced else " dc-quiet", note, text
+        )
 
     @admin.display(description="created", ordering="created_at")
     def created(self, run: DiagnosisRun):

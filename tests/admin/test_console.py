@@ -42,8 +42,9 @@ pytestmark = pytest.mark.django_db
 
 READ_ONLY_MODELS = [TraceEvent, AgentStep, ToolInvocation, AgentReasoningAudit, ReasoningAccessLog]
 # Session, user, the user's two permission sets, then: run, events, steps, tools, the reasoning rows'
-# stored columns (for their digests, never decrypted), the run's leaf in the transparency log, feedback.
-RUN_PAGE_MAX_QUERIES = 11
+# stored columns (for their digests, never decrypted), the run's leaf in the transparency log, feedback,
+# the price overrides (for each call's cost).
+RUN_PAGE_MAX_QUERIES = 12
 # Session, user, permissions (2), two counts, the page of runs, the date hierarchy (2).
 CHANGELIST_MAX_QUERIES = 9
 
