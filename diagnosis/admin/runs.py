@@ -21,10 +21,10 @@ from decimal import Decimal
 from typing import Any
 
 from django import forms
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpResponse
+from django.http import Http404, HttpResponse, StreamingHttpResponse
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
@@ -34,6 +34,7 @@ from django.utils.text import Truncator
 from rest_framework.renderers import JSONRenderer
 
 from access.stepup import OTP_MESSAGE, otp_satisfied
+from audit.export import jsonl_lines
 from audit.selectors import get_trace
 from audit.serializers import serialize_trace
 from audit.transparency.evidence import build_bundle
@@ -48,8 +49,6 @@ from reasoning.models import REASONING_PERMISSION, AccessChannel
 from reasoning.services import read_reasoning
 from telemetry.selectors import export_of_run, exporter_enabled
 
-# An export renders each run's full trace; more than this in one download belongs to the API.
-EXPORT_MAX_RUNS = 200
 CONSOLE_MEDIA = forms.Media(css={"all": ("diagnosis/admin/console.css",)})
 
 
@@ -404,20 +403,22 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
         return _download(build_bundle(run=run), f"evidence-{run.run_id}.json")
 
     @admin.action(
-        description="Export selected runs' traces as JSON (API trace shape, no reasoning)",
+        description="Export selected runs' traces as JSON Lines (API trace shape, no reasoning; "
+        "“select all” exports the whole filtered list)",
         permissions=["view"],
     )
     def export_traces(self, request, queryset):
-        runs = list(queryset.order_by("created_at", "id")[: EXPORT_MAX_RUNS + 1])
-        if len(runs) > EXPORT_MAX_RUNS:
-            self.message_user(
-                request,
-                f"Select at most {EXPORT_MAX_RUNS} runs per export (or page through the trace API).",
-                messages.ERROR,
-            )
-            return None
+        """Streamed, one trace per line, read `audit.export`'s chunk at a time: any number of runs (the
+        filtered list with Django's "select all"), in memory bounded by one chunk. Each line is the API's
+        trace body for this user (with their own feedback)."""
         stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
-        return _traces_download([run_trace(run, viewer=request.user) for run in runs], f"traces-{stamp}.json")
+        response = StreamingHttpResponse(
+            jsonl_lines(queryset.select_related(None), viewer=request.user),
+            content_type="application/x-ndjson",
+        )
+        response["Content-Disposition"] = f'attachment; filename="traces-{stamp}.jsonl"'
+        response["Cache-Control"] = "no-store"
+        return response
 
 
 def _traces_download(traces: list[dict[str, Any]], filename: str) -> HttpResponse:
