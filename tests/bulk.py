@@ -18,7 +18,7 @@ DAY0 = dt.datetime(2026, 10, 1, tzinfo=dt.UTC)
 def bulk_runs(owner, n: int, *, days: int = 7, prefix: str = "bulk", readers=()) -> list[str]:
     """`n` runs created over `days` days from `DAY0` (run i on day i % days, at noon); returns their ids.
     Run i: FAILED when i % 13 == 0 (no release), else BLOCKED when i % 5 == 0, else PUBLISHED; provider
-    demo when i % 6 == 0; cost priced (i % 100 / 10000 $) except demo and i % 9 == 0 (unavailable);
+    demo when i % 6 == 0; cost priced (i % 100 µ$) except demo and i % 9 == 0 (unavailable);
     a ROUTER usage record (deepseek-chat) and an AGENT one (gpt-4o-mini when i % 3 == 0, else
     deepseek-chat; not reported when i % 19 == 0); one tool, FAILED when i % 8 == 0; audit incomplete
     when i % 11 == 0, unreconciled when i % 7 == 0; each of `readers` read run i's reasoning when
@@ -48,7 +48,7 @@ def bulk_runs(owner, n: int, *, days: int = 7, prefix: str = "bulk", readers=())
             model_calls=2,
             tokens_reconciled=i % 7 != 0,
             audit_complete=i % 11 != 0,
-            cost=None if demo or unavailable else Decimal(i % 100) / 10000,
+            cost=None if demo or unavailable else Decimal(i % 100) / 1_000_000,
             cost_status="demo" if demo else "unavailable" if unavailable else "priced",
             cost_unpriced_calls=2 if demo else 1 if unavailable else 0,
         )

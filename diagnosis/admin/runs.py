@@ -39,6 +39,7 @@ from audit.selectors import get_trace
 from audit.serializers import serialize_trace
 from audit.transparency.evidence import build_bundle
 from config.admin_lists import ScalableListAdmin
+from diagnosis.admin.dashboard import dashboard_view
 from diagnosis.admin.display import QUERY_PREVIEW_CHARS, delivery_note, format_ms, provider_chip
 from diagnosis.admin.display import chip as _chip
 from diagnosis.admin.run_page import build_run_page, run_cost_label
@@ -289,6 +290,11 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
         wrap = self.admin_site.admin_view
         return [
             path(
+                "dashboard/",
+                wrap(self.dashboard),
+                name="{}_{}_dashboard".format(*info),
+            ),
+            path(
                 "<path:object_id>/reasoning/",
                 wrap(self.reasoning_view),  # admin_view adds login, staff, never_cache and csrf_protect
                 name="{}_{}_reasoning".format(*info),
@@ -305,6 +311,12 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
             ),
             *super().get_urls(),
         ]
+
+    def dashboard(self, request):
+        """The oversight dashboard (`diagnosis.admin.dashboard`): staff who may view runs."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return dashboard_view(self, request)
 
     def _viewable_run(self, request, object_id) -> DiagnosisRun:
         run = self.get_object(request, unquote(object_id))
