@@ -32,7 +32,7 @@ from django.db.models.functions import Cast, TruncDate
 from audit.models import EventType, ToolInvocation, ToolStatus, TraceEvent
 from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun, ReleaseDecision
 from pricing.costs import load_price_book
-from pricing.rules import CallTokens, CostStatus
+from pricing.rules import CallTokens, CostStatus, PriceBook
 from reasoning.models import ReasoningAccessLog
 
 FAILED_TOOL_STATUSES = (ToolStatus.FAILED, ToolStatus.INTERRUPTED, ToolStatus.ABANDONED)
@@ -62,7 +62,7 @@ class DayRuns:
 
 @dataclass(slots=True)
 class TokenRow:
-    day: dt.date
+    day: dt.date | None  # None when summed over the whole period
     source: str
     model: str
     provider: str
@@ -154,60 +154,7 @@ def get_dashboard(*, since: dt.datetime, until: dt.datetime) -> Dashboard:
         "first_output": _percentiles(runs, "first_output_latency_ms"),
     }
 
-    def tokens(key: str):
-        return Sum(Cast(KT(f"details__{key}"), BigIntegerField()), filter=Q(status="REPORTED"))
-
-    provider = DiagnosisRun.objects.filter(run_id=OuterRef("run_id")).values("provider")[:1]
-    usage_rows = (
-        TraceEvent.objects.filter(
-            event_type=EventType.MODEL_TOKEN_USAGE, created_at__gte=since, created_at__lt=until
-        )
-        .annotate(day=TruncDate("created_at"), run_provider=Subquery(provider))
-        .values("day", "run_provider", source=KT("details__source"), model=KT("details__model"))
-        .annotate(
-            calls=Count("id"),
-            without_usage=Count("id", filter=~Q(status="REPORTED"), output_field=IntegerField()),
-            prompt=tokens("promptTokens"),
-            completion=tokens("completionTokens"),
-            cached=tokens("cachedTokens"),
-            reasoning=tokens("reasoningTokens"),
-            total=tokens("totalTokens"),
-        )
-        .order_by("day", "source", "model")
-    )
-    book = load_price_book()
-    token_rows = []
-    for row in usage_rows:
-        noon = dt.datetime.combine(row["day"], dt.time(12), tzinfo=dt.UTC)
-        priced = book.price_call(
-            provider=row["run_provider"] or "",
-            model=row["model"] or "",
-            tokens=CallTokens(
-                prompt=row["prompt"] or 0,
-                completion=row["completion"] or 0,
-                reasoning=None,  # inside the completion counts already
-                cached=row["cached"] or 0,
-                available=row["calls"] > row["without_usage"],
-            ),
-            at=noon,
-        )
-        token_rows.append(
-            TokenRow(
-                day=row["day"],
-                source=str(row["source"] or ""),
-                model=str(row["model"] or ""),
-                provider=str(row["run_provider"] or ""),
-                calls=row["calls"],
-                without_usage=row["without_usage"],
-                prompt=row["prompt"] or 0,
-                completion=row["completion"] or 0,
-                cached=row["cached"] or 0,
-                reasoning=row["reasoning"] or 0,
-                total=row["total"] or 0,
-                cost=priced.amount,
-                cost_status=priced.status,
-            )
-        )
+    token_rows = priced_usage(since=since, until=until, book=load_price_book())
 
     tools = [
         ToolRow(tool=row["tool_name"], calls=row["calls"], failed=row["failed"])
@@ -237,4 +184,71 @@ def get_dashboard(*, since: dt.datetime, until: dt.datetime) -> Dashboard:
     )
 
 
-__all__ = ["Dashboard", "DayRuns", "TokenRow", "ToolRow", "get_dashboard"]
+def priced_usage(
+    *, since: dt.datetime, until: dt.datetime, book: PriceBook, by_day: bool = True
+) -> list[TokenRow]:
+    """The MODEL_TOKEN_USAGE records created in [since, until), summed per (day,) source, model and the
+    run's provider in one query (read through the `(event_type, created_at)` index), each sum priced by
+    the pricing rule at that day's noon (or at `until` when not `by_day`). Also `/metrics`' cost."""
+
+    def tokens(key: str):
+        return Sum(Cast(KT(f"details__{key}"), BigIntegerField()), filter=Q(status="REPORTED"))
+
+    provider = DiagnosisRun.objects.filter(run_id=OuterRef("run_id")).values("provider")[:1]
+    events = TraceEvent.objects.filter(
+        event_type=EventType.MODEL_TOKEN_USAGE, created_at__gte=since, created_at__lt=until
+    ).annotate(run_provider=Subquery(provider))
+    group = ["run_provider"]
+    if by_day:
+        events = events.annotate(day=TruncDate("created_at"))
+        group.insert(0, "day")
+    rows = (
+        events.values(*group, source=KT("details__source"), model=KT("details__model"))
+        .annotate(
+            calls=Count("id"),
+            without_usage=Count("id", filter=~Q(status="REPORTED"), output_field=IntegerField()),
+            prompt=tokens("promptTokens"),
+            completion=tokens("completionTokens"),
+            cached=tokens("cachedTokens"),
+            reasoning=tokens("reasoningTokens"),
+            total=tokens("totalTokens"),
+        )
+        .order_by(*group, "source", "model")
+    )
+    out = []
+    for row in rows:
+        day = row.get("day")
+        at = dt.datetime.combine(day, dt.time(12), tzinfo=dt.UTC) if day else until
+        priced = book.price_call(
+            provider=row["run_provider"] or "",
+            model=row["model"] or "",
+            tokens=CallTokens(
+                prompt=row["prompt"] or 0,
+                completion=row["completion"] or 0,
+                reasoning=None,  # inside the completion counts already
+                cached=row["cached"] or 0,
+                available=row["calls"] > row["without_usage"],
+            ),
+            at=at,
+        )
+        out.append(
+            TokenRow(
+                day=day,
+                source=str(row["source"] or ""),
+                model=str(row["model"] or ""),
+                provider=str(row["run_provider"] or ""),
+                calls=row["calls"],
+                without_usage=row["without_usage"],
+                prompt=row["prompt"] or 0,
+                completion=row["completion"] or 0,
+                cached=row["cached"] or 0,
+                reasoning=row["reasoning"] or 0,
+                total=row["total"] or 0,
+                cost=priced.amount,
+                cost_status=priced.status,
+            )
+        )
+    return out
+
+
+__all__ = ["Dashboard", "DayRuns", "TokenRow", "ToolRow", "get_dashboard", "priced_usage"]
