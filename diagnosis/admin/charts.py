@@ -62,10 +62,7 @@ def stacked_bars(
         "",
         '<rect x="{}" y="0" width="10" height="10" fill="{}"/>'
         '<text x="{}" y="9" font-size="10" fill="#333">{}</text>',
-        (
-            (PAD_LEFT + k * 120, colour, PAD_LEFT + k * 120 + 14, name)
-            for k, (name, _v, colour) in enumerate(series)
-        ),
+        ((x, colour, x + 14, name) for x, (name, _v, colour) in zip(_legend_x(series), series, strict=True)),
     )
     return format_html(
         '<svg class="dc-chart" role="img" viewBox="0 0 {w} {h}" width="{w}" height="{h}" '
@@ -88,6 +85,15 @@ def stacked_bars(
         legend=legend,
         lg=HEIGHT + 2,
     )
+
+
+def _legend_x(series) -> list[int]:
+    """Each legend entry's x: after the previous one's text (about 6 px a character at 10 px)."""
+    xs, x = [], PAD_LEFT
+    for name, _v, _c in series:
+        xs.append(x)
+        x += 24 + 6 * len(name)
+    return xs
 
 
 def _amount(value: float, unit: str) -> str:
