@@ -10,6 +10,7 @@ import tracemalloc
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.utils import timezone
 
 from audit.export import jsonl_lines
 from audit.selectors import get_trace
@@ -30,7 +31,7 @@ def _export(*args) -> list[dict]:
 def test_export_is_the_api_trace_of_each_run_of_the_period_without_reasoning(user):
     runs = [make_recorded_run(user), make_recorded_run(user)]
     DiagnosisRun.objects.filter(pk=runs[1].pk).update(created_at=DAY0)  # outside the period
-    today = dt.date.today()
+    today = timezone.now().date()
     traces = _export(
         "--since", str(today - dt.timedelta(days=1)), "--until", str(today + dt.timedelta(days=1))
     )
