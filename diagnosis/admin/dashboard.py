@@ -9,8 +9,10 @@ from collections import defaultdict
 from decimal import Decimal
 
 from django.template.response import TemplateResponse
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.dateparse import parse_date
+from django.utils.http import urlencode
 
 from audit.dashboard import get_dashboard
 from diagnosis.admin.charts import empty_chart, stacked_bars
@@ -119,6 +121,15 @@ def dashboard_view(model_admin, request):
         if t.cost is not None:
             cost_by_day[t.day] += t.cost
     totals = board.totals
+    runs_url = reverse("admin:diagnosis_diagnosisrun_changelist")
+    period = {
+        "created_at__gte": start.isoformat(),
+        "created_at__lt": end.isoformat(),
+    }
+
+    def runs_link(**filters: str) -> str:
+        return runs_url + "?" + urlencode({**filters, **period})
+
     context = {
         **model_admin.admin_site.each_context(request),
         "opts": model_admin.opts,
@@ -143,6 +154,14 @@ def dashboard_view(model_admin, request):
         ],
         "day_rows": [{"d": d, "cost": format_usd(d.cost)} for d in board.days],
         "readers": readers,
+        # The run list narrowed to the period and each figure's filter.
+        "links": {
+            "runs": runs_link(),
+            "incomplete": runs_link(audit_complete="no"),
+            "unreconciled": runs_link(tokens_reconciled__exact="0"),
+            "no_cost": runs_link(cost="unavailable"),
+            "blocked": runs_link(release_decision__exact="BLOCKED"),
+        },
         "read_rows": [(d, [board.reads[d].get(r, 0) for r in readers]) for d in read_days],
         "media": model_admin.media,
         "is_nav_sidebar_enabled": False,

@@ -148,6 +148,12 @@ def test_dashboard_page_draws_svg_charts_with_their_tables_and_is_linked_from_th
     for section in ("dc-runs", "dc-tokens", "dc-tools", "dc-reads", "dc-summary"):
         assert f'id="{section}"' in html
     assert "deepseek-chat" in html and "lookup_knowledge" in html
+    # The incomplete-audit figure links the run list narrowed to the period and that filter, which agrees.
+    link = html.split('id="dc-link-incomplete"')[0].rsplit('href="', 1)[1].split('"')[0].replace("&amp;", "&")
+    shown = html.split('id="dc-link-incomplete">')[1].split("<")[0]
+    assert "audit_complete=no" in link and "created_at__lt=2026-10-08" in link
+    listed = client.get(link).content.decode()
+    assert f"{shown} diagnosis run" in listed or f"{shown} result" in listed
 
 
 def test_dashboard_needs_view_permission_on_runs(client, django_user_model):
