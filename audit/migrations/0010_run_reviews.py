@@ -9,7 +9,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('audit', '0009_access_governance'),
-        ('diagnosis', '0010_review_facts'),
+        ('diagnosis', '0011_review_facts'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

@@ -8,8 +8,9 @@ API client sees. Pure: no query, no request. Each section is a list of rows (lab
 
 Sections: the run (question, status, flow, provider, route), steps per agent (count and models), tools
 in call order with their inputs, citations (the evidence guard's cited ids), guard verdicts, release,
-tokens, cost, latency, audit and reviews. Cost is the run's `cost` when the trace carries one (its
-amount and currency, or its status when no amount is known); otherwise it says "not recorded".
+tokens, cost, latency, audit and reviews. Cost is the trace's `run.cost`, worded as on the run page
+(the amount, or why there is none: demo, unavailable with the calls that could not be priced, not priced
+yet); "not recorded" only for a trace without it.
 """
 
 from __future__ import annotations
@@ -17,9 +18,12 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
+from types import SimpleNamespace
 from typing import Any
 
 from audit.models import EventType
+from diagnosis.admin.run_page import run_cost_label
 
 NOT_RECORDED = "not recorded"
 GUARDS = (
@@ -116,19 +120,21 @@ def _citations(trace: Mapping[str, Any]) -> list[str]:
 
 
 def _cost(run: Mapping[str, Any]) -> Any:
-    """The run's cost as the trace carries it (`run.cost`: amount, currency, status, unpriced calls);
-    "not recorded" when the trace has no cost, the status when no amount is known (never 0)."""
-    if "cost" not in run or run["cost"] is None:
-        return NOT_RECORDED
-    cost = run["cost"]
+    """The run's cost as the run page words it (`diagnosis.admin.run_page.run_cost_label`, one home),
+    from the trace's `run.cost` (amount, status, unpriced calls); "not recorded" when the trace has none.
+    No amount is never shown as 0."""
+    cost = run.get("cost")
     if not isinstance(cost, Mapping):
-        return cost
-    amount = cost.get("amount", cost.get("total"))
-    if amount is None:
-        return f"unavailable ({cost['status']})" if cost.get("status") else NOT_RECORDED
-    text = f"{amount} {cost.get('currency') or ''}".strip()
-    unpriced = cost.get("unpricedCalls")
-    return f"{text} ({unpriced} call(s) unpriced)" if unpriced else text
+        return NOT_RECORDED
+    amount = cost.get("amount")
+    status = cost.get("status") or ""
+    stored = SimpleNamespace(
+        cost=None if amount is None else Decimal(str(amount)),
+        cost_status="" if status == "not_priced" else status,
+        cost_unpriced_calls=int(cost.get("unpricedCalls") or 0),
+    )
+    text, _priced, note = run_cost_label(stored)
+    return f"{text} ({note})" if note else text
 
 
 def _ms(value: Any) -> str:

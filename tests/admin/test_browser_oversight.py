@@ -115,6 +115,6 @@ def test_compare_two_runs_of_the_same_question(browser, live_server, oversight):
     expect(page.locator("#cmp-tools")).to_contain_text("lookup_knowledge")
     expect(page.locator("#cmp-citations")).to_contain_text("kb:deploy-rollback#1")
     expect(page.locator("#cmp-guards")).to_contain_text("semantic guard")
-    expect(page.locator("#cmp-cost")).to_contain_text("not recorded")
+    expect(page.locator("#cmp-cost")).to_contain_text("unavailable")  # the test models have no price
     expect(page.locator("#cmp-latency")).to_contain_text("ms")
     page.screenshot(path=str(ARTIFACTS / "compare-runs.png"), full_page=True)

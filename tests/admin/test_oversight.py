@@ -282,7 +282,8 @@ def test_compare_marks_what_differs(user):
     assert rows[("citations", "cited")].left == "kb:mysql-replication-lag#1"
     assert rows[("guards", "semantic guard")].left == rows[("guards", "semantic guard")].right
     assert rows[("steps", "diagnosis_agent: steps")].left == "2"
-    assert rows[("cost", "run cost")].left == NOT_RECORDED
+    # The test models have no price: the run's cost is unavailable, never 0.
+    assert rows[("cost", "run cost")].left.startswith("unavailable (")
     assert comparison.differences >= 2
 
 
@@ -350,18 +351,24 @@ def test_verify_audit_reports_a_queue_flag_that_disagrees_and_refresh_rewrites_i
     assert _fresh(run).needs_review and verify_run(run.run_id).ok
 
 
-def test_compare_shows_a_run_cost_when_the_trace_carries_one(user):
+def test_compare_shows_the_run_cost_as_the_run_page_words_it(user):
     body = trace_data(get_trace(run=_fresh(make_recorded_run(user))))
     priced = {
         **body,
-        "run": {**body["run"], "cost": {"amount": "0.0123", "currency": "USD", "status": "priced"}},
+        "run": {**body["run"], "cost": {**body["run"]["cost"], "amount": "0.012300", "status": "priced"}},
     }
     unpriced = {
         **body,
         "run": {
             **body["run"],
-            "cost": {"amount": None, "currency": "USD", "status": "not_priced", "unpricedCalls": 2},
+            "cost": {**body["run"]["cost"], "amount": None, "status": "unavailable", "unpricedCalls": 2},
         },
     }
-    row = next(r for s in compare_traces(priced, unpriced).sections if s.key == "cost" for r in s.rows)
-    assert (row.left, row.right, row.differs) == ("0.0123 USD", "unavailable (not_priced)", True)
+    without = {**body, "run": {k: v for k, v in body["run"].items() if k != "cost"}}
+    rows = [
+        next(r for s in compare_traces(a, b).sections if s.key == "cost" for r in s.rows)
+        for a, b in ((priced, unpriced), (without, without))
+    ]
+    assert rows[0].left.startswith("$0.0123") and rows[0].right == "unavailable (2 calls could not be priced)"
+    assert rows[0].differs
+    assert (rows[1].left, rows[1].differs) == (NOT_RECORDED, False)
