@@ -61,7 +61,6 @@ from audit.models import (
     EventType,
     Phase,
     ToolInvocation,
-    ToolStatus,
     TraceEvent,
     UsageSource,
 )
@@ -77,9 +76,13 @@ from audit.recorder.facts import (
     _Event,
 )
 from audit.recorder.ledger import _Ledger
-from audit.recorder.tools import ToolLifecycle, _ToolState, terminal_key
+from audit.recorder.tools import OPEN_TOOL_STATUSES, ToolLifecycle, _ToolState, terminal_key
 from diagnosis.models import DiagnosisRun, ReleaseMode, RunStatus
 from reasoning.models import AgentReasoningAudit
+
+
+class DecisionNotRecorded(Exception):
+    """An approval decision whose event did not commit: it does not stand."""
 
 
 class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
@@ -201,7 +204,7 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
                 status=tool.status,
                 terminal_key=(
                     None
-                    if tool.status == ToolStatus.RUNNING
+                    if tool.status in OPEN_TOOL_STATUSES
                     else terminal_key(tool.status, tool.output_sha256, tool.error_code, tool.error_message)
                 ),
                 row={c: getattr(tool, c) for c in columns},
@@ -314,6 +317,97 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
                     )
                 ],
             )
+
+    # ----------------------------------------------------------------------------------------------
+    # Interruption for approval, decisions, resumption (docs/aiops.md, *Approvals*)
+    # ----------------------------------------------------------------------------------------------
+    def interrupt(self, *, pending: list[str], checkpoint_sha256: str, reason: str) -> int | None:
+        """RUN_INTERRUPTED: the attempt ends waiting for decisions on the `pending` calls; the run
+        becomes INTERRUPTED and its lease is released in the same transaction (no RUN_FINISHED: the
+        run is not over). `checkpoint_sha256` names the executor's saved state the resumption must
+        find unchanged."""
+        with self._lock:
+            return self._write(
+                "run_interrupted",
+                [
+                    _Event(
+                        Phase.RUN,
+                        EventType.RUN_INTERRUPTED,
+                        RunStatus.INTERRUPTED,
+                        clip(f"run interrupted: {len(pending)} call(s) wait for approval", SUMMARY_CHARS),
+                        {
+                            "pending": list(pending),
+                            "checkpointSha256": checkpoint_sha256,
+                            "reason": clip(reason, 300),
+                        },
+                    )
+                ],
+                run_fields={"status": RunStatus.INTERRUPTED, "lease_owner": "", "lease_expires_at": None},
+            )
+
+    def approval_decided(
+        self,
+        *,
+        tool_call_id: str,
+        tool_name: str,
+        decision: str,
+        decided_by: str,
+        note: str,
+        arguments: Any,
+        arguments_digest: str,
+        requested_sequence_no: int | None,
+        claimable_until: Any = None,
+    ) -> int:
+        """APPROVAL_DECIDED (APPROVED, REJECTED or EXPIRED): who decided (a username; "" for the
+        system's expiry), when (the event's time), the note, the exact arguments decided and their
+        digest. With `claimable_until` (no other call of the run still waits), the run becomes PENDING
+        with a free lease in the same transaction, so a worker resumes it (the sweeper fails it if none
+        claims it by then); else it stays INTERRUPTED. Not fail-open: a decision that did not commit
+        raises `DecisionNotRecorded` (nothing changed, the call still waits)."""
+        with self._lock:
+            seq = self._write(
+                "approval_decided",
+                [
+                    _Event(
+                        Phase.TOOL,
+                        EventType.APPROVAL_DECIDED,
+                        decision,
+                        clip(
+                            f"{tool_name} {decision.lower()}"
+                            + (f" by {decided_by}" if decided_by else "")
+                            + f" ({tool_call_id})",
+                            SUMMARY_CHARS,
+                        ),
+                        {
+                            "toolCallId": tool_call_id,
+                            "toolName": tool_name,
+                            "decision": decision,
+                            "decidedBy": decided_by or None,
+                            "decidedAt": timezone.now().isoformat(),
+                            "note": clip(note, 1000),
+                            "arguments": bound_json(arguments),
+                            "argumentsDigest": arguments_digest,
+                            "requestedAt": requested_sequence_no,
+                        },
+                    )
+                ],
+                run_fields=(
+                    {"status": RunStatus.PENDING, "lease_owner": "", "lease_expires_at": claimable_until}
+                    if claimable_until is not None
+                    else {"status": RunStatus.INTERRUPTED, "lease_owner": "", "lease_expires_at": None}
+                ),
+            )
+            if seq is None:
+                raise DecisionNotRecorded(tool_call_id)
+            return seq
+
+    def run_resumed(self, *, details: dict[str, Any]) -> int | None:
+        """RUN_RESUMED: a worker claimed the interrupted run (a new lease and epoch) and continues it."""
+        return self._write(
+            "run_resumed",
+            [_Event(Phase.RUN, EventType.RUN_RESUMED, RunStatus.RUNNING, "run resumed", dict(details))],
+            run_fields={"status": RunStatus.RUNNING},
+        )
 
     def run_cancelled(self, *, reason: str) -> int | None:
         """RUN_CANCELLED: the run stops at a safe point; `finish(status=CANCELLED)` follows."""

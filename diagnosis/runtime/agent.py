@@ -25,8 +25,9 @@ from typing import Any
 
 from django.utils import timezone
 
-from audit.models import CHAT_AGENT_NAME
+from audit.models import CHAT_AGENT_NAME, ToolStatus
 from audit.recorder import Usage
+from diagnosis.runtime.approvals import RunInterrupted
 from diagnosis.runtime.cancel import RunCancelled
 from diagnosis.runtime.context import RunContext
 from diagnosis.runtime.events import Stage
@@ -108,6 +109,22 @@ class Agent:
             if result.tool_calls and specs and not last:
                 messages.append(assistant_message(result))
                 outcomes = await self.boundary.run(result.tool_calls)
+                pending = [o.call.tool_call_id for o in outcomes if o.status == ToolStatus.AWAITING_APPROVAL]
+                if pending:
+                    # Calls wait for a person: the attempt ends here (the caller saves the state).
+                    raise RunInterrupted(
+                        agent_name=self.agent_name,
+                        messages=list(messages),
+                        calls=list(result.tool_calls),
+                        results={
+                            o.call.tool_call_id: o.message()
+                            for o in outcomes
+                            if o.status != ToolStatus.AWAITING_APPROVAL
+                        },
+                        pending=pending,
+                        steps_used=step,
+                        max_steps=max_steps,
+                    )
                 messages.extend(outcome.message() for outcome in outcomes)
                 ctx.token.raise_if_cancelled()
                 continue

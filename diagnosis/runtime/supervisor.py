@@ -117,6 +117,18 @@ async def request_cancel(run_id: str) -> str:
     status = await db(services.request_run_cancel, run_id=run_id)
     if status in TERMINAL_RUN_STATUSES:
         return status
+    if status == RunStatus.INTERRUPTED:
+        # Nobody executes a run that waits for approval: this process ends it (pending calls closed).
+        from diagnosis.runtime.approvals import cancel_waiting
+        from diagnosis.runtime.sweeper import publish_swept
+
+        run = await db(DiagnosisRun.objects.filter(run_id=run_id).first)
+        if run is not None and await db(cancel_waiting, run=run):
+            await publish_swept([run_id])
+            return RunStatus.CANCELLED
+        return await db(
+            lambda: DiagnosisRun.objects.filter(run_id=run_id).values_list("status", flat=True).first() or ""
+        )
     owned = _runs.get(run_id)
     if owned is not None and not owned.task.done():
         owned.token.cancel("cancel requested")
@@ -267,9 +279,12 @@ async def _periodically(interval: float, what: str, job) -> None:
 
 
 async def _sweep() -> None:
+    from diagnosis.runtime.approvals import expire_due
     from diagnosis.runtime.sweeper import publish_swept, sweep_expired_runs
 
     await publish_swept(await db(sweep_expired_runs))
+    # Approval requests past APPROVAL_TIMEOUT_SECONDS: recorded EXPIRED (treated as rejected).
+    await db(expire_due)
 
 
 async def _checkpoint() -> None:

@@ -21,6 +21,14 @@ For each declared call of a model step (parallel calls run concurrently with `as
    recorder records the refusal as a CONFLICT event) never stops the run: it is logged without content,
    and live clients still get the tool's terminal frame.
 
+A tool that `requires_approval` is never executed here when the model calls it: with valid arguments the
+call is recorded AWAITING_APPROVAL with APPROVAL_REQUESTED (`recorder.tool_awaiting_approval`) and its
+outcome says so; the agent loop then interrupts the run (`diagnosis.runtime.approvals`). Once decided,
+the resumed run hands the call to `run_decided`: approved, it starts under the same `tool_call_id`
+(`recorder.approved_tool_started`: the declaring step must be in this run, fail-closed) and executes
+once; rejected or expired, its recorded refusal is the result. Where no approval may be asked
+(`ctx.approvals_allowed` off) such a call is refused (TOOL_REFUSED).
+
 The model receives a bounded tool message: the tool's `model_content` (evidence ids, titles, text), or
 `{"error": {"code", "message"}}`. A cancel while tools run raises `RunCancelled` once every call has
 stopped waiting; the executor then closes the still-RUNNING tools as INTERRUPTED.
@@ -42,6 +50,7 @@ from django.db import DatabaseError
 from audit.models import ToolStatus
 from audit.payloads import canonical_json, clip
 from audit.recorder import DeclaredToolCall, ToolCallNotDeclared, ToolCallRepeated, ToolLifecycleConflict
+from diagnosis.runtime.approvals import APPROVED, EXPIRED, approval_request
 from diagnosis.runtime.cancel import RunCancelled
 from diagnosis.runtime.canonical import CanonicalUnavailable
 from diagnosis.runtime.context import RunContext
@@ -56,6 +65,9 @@ TOOL_TIMEOUT = "TOOL_TIMEOUT"
 TOOL_REFUSED = "TOOL_REFUSED"
 TOOL_BAD_ARGUMENTS = "TOOL_BAD_ARGUMENTS"
 TOOL_REPEATED = "TOOL_REPEATED"
+APPROVAL_REJECTED = "APPROVAL_REJECTED"
+APPROVAL_EXPIRED = "APPROVAL_EXPIRED"
+APPROVAL_UNRECORDED = "APPROVAL_UNRECORDED"
 
 ERROR_MESSAGE_CHARS = 300
 MODEL_CONTENT_CHARS = 12000
@@ -151,6 +163,8 @@ class ToolBoundary:
                 arguments = spec.validate(call.arguments)
             except ToolArgumentsError as exc:
                 argument_error = clip(str(exc), ERROR_MESSAGE_CHARS)
+        if arguments is not None and spec.requires_approval and ctx.approvals_allowed:
+            return await self._request_approval(call, arguments)
         if arguments is not None:
             input_params: dict[str, Any] = arguments
         else:
@@ -186,7 +200,90 @@ class ToolBoundary:
             return await self._fail(call, TOOL_REFUSED, f"unknown tool {clip(call.name, 80)!r}")
         if arguments is None:
             return await self._fail(call, TOOL_BAD_ARGUMENTS, argument_error or "invalid arguments")
+        if spec.requires_approval:
+            # Reached only where no approval may be asked (ctx.approvals_allowed is off: the repair
+            # round, the chat): the call is refused, never executed unapproved.
+            message = "this tool requires a person's approval, which cannot be asked at this point"
+            return await self._fail(call, TOOL_REFUSED, message)
+        return await self._execute_started(call, spec, arguments)
 
+    async def _request_approval(self, call: DeclaredToolCall, arguments: dict[str, Any]) -> ToolOutcome:
+        """Record the call AWAITING_APPROVAL with APPROVAL_REQUESTED (nothing executes); the run is then
+        interrupted by the agent loop. A request whose record did not commit does not exist: the model
+        gets an error instead and the run goes on without the call."""
+        ctx = self.ctx
+        approvers, expires_at = await db(approval_request, session_id=ctx.session_id)
+        try:
+            seq = await db(
+                ctx.recorder.tool_awaiting_approval,
+                tool_call_id=call.tool_call_id,
+                tool_name=call.name,
+                input_params=arguments,
+                approvers=approvers,
+                expires_at=expires_at,
+            )
+        except (ToolCallNotDeclared, ToolLifecycleConflict, ToolCallRepeated) as exc:
+            logger.warning(
+                "approval request refused run=%s tool=%s error=%s", ctx.run_id, call.name, type(exc).__name__
+            )
+            return ToolOutcome(
+                call, "REFUSED", _error_content(TOOL_REFUSED, "the tool call was refused"), TOOL_REFUSED
+            )
+        if seq is None:
+            message = "the approval request could not be recorded; the call was not made"
+            return ToolOutcome(
+                call, ToolStatus.FAILED, _error_content(APPROVAL_UNRECORDED, message), APPROVAL_UNRECORDED
+            )
+        await self._emit(call, ToolStatus.AWAITING_APPROVAL, seq - 1)
+        await ctx.flush_progress()
+        return ToolOutcome(call, ToolStatus.AWAITING_APPROVAL, "")
+
+    async def run_decided(self, call: DeclaredToolCall, decision: dict[str, Any]) -> ToolOutcome:
+        """A call that waited for approval, once decided (`decision`: the APPROVAL_DECIDED details).
+        Approved: started under its own `tool_call_id` (the recorder checks the declaring step and the
+        approved digest, fail-closed) and executed exactly once. Rejected or expired: its recorded
+        refusal (FAILED with APPROVAL_REJECTED / APPROVAL_EXPIRED) is the tool's result."""
+        ctx = self.ctx
+        spec = ctx.registry.get(call.name)
+        verdict = str(decision.get("decision") or "")
+        if verdict != APPROVED or spec is None:
+            code = APPROVAL_EXPIRED if verdict == EXPIRED else APPROVAL_REJECTED
+            who = decision.get("decidedBy")
+            message = (
+                "the approval request expired before anyone decided; the call was not made"
+                if verdict == EXPIRED
+                else f"a person ({who or 'unknown'}) rejected the call; it was not made"
+            )
+            note = str(decision.get("note") or "")
+            if note:
+                message += f". Note: {note}"
+            message = clip(message, ERROR_MESSAGE_CHARS)
+            return await self._fail(call, code, message)
+        try:
+            arguments = spec.validate(call.arguments)
+            seq = await db(
+                ctx.recorder.approved_tool_started,
+                tool_call_id=call.tool_call_id,
+                tool_name=call.name,
+                input_params=arguments,
+                approved_digest=str(decision.get("argumentsDigest") or ""),
+            )
+        except (ToolArgumentsError, ToolCallNotDeclared, ToolLifecycleConflict, ToolCallRepeated) as exc:
+            logger.warning(
+                "approved start refused run=%s tool=%s error=%s", ctx.run_id, call.name, type(exc).__name__
+            )
+            return ToolOutcome(
+                call, "REFUSED", _error_content(TOOL_REFUSED, "the tool call was refused"), TOOL_REFUSED
+            )
+        ctx.running_tools[call.tool_call_id] = call.name
+        await self._emit(call, ToolStatus.RUNNING, seq)
+        return await self._execute_started(call, spec, arguments)
+
+    async def _execute_started(
+        self, call: DeclaredToolCall, spec: ToolSpec, arguments: dict[str, Any]
+    ) -> ToolOutcome:
+        """Execute a started call and record its terminal (steps 3–6 of the module docstring)."""
+        ctx = self.ctx
         ctx.token.raise_if_cancelled()
         timeout = spec.timeout if spec.timeout is not None else float(settings.TOOL_TIMEOUT)
         try:

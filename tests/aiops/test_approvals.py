@@ -1,0 +1,279 @@
+"""Human approval of a risky tool call (issue 16, seed 002) on real components: an AI Ops analysis whose
+alert asks for a silence proposes `create_silence`; the call is recorded AWAITING_APPROVAL and the run
+INTERRUPTED with nothing executed; a person with `diagnosis.approve_tool_call` decides through the API;
+a queue worker resumes the run under a new lease epoch and executes the approved call, under the same
+`tool_call_id`, exactly once — the silence then exists in the real Alertmanager — or, rejected, the model
+gets the recorded refusal and no silence exists. Double decisions, stale arguments, self-approval, expiry
+and a cancel while waiting are refused or recorded; `verify_audit` passes across the interruption."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import io
+from pathlib import Path
+
+import httpx
+import pytest
+from django.conf import settings as django_settings
+from django.contrib.auth.models import Group
+from django.core.management import call_command
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from audit.models import EventType, ToolInvocation, ToolStatus, TraceEvent
+from audit.verification import verify_run
+from diagnosis.aiops import intake
+from diagnosis.aiops.alertmanager import AlertmanagerClient
+from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
+from diagnosis.runtime import approvals, supervisor
+from diagnosis.runtime.llm import aclose_clients
+from diagnosis.runtime.worker import work
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("chat_settings", "runtime_pools", "aiops_settings"),
+]
+RUNBOOKS = Path(django_settings.BASE_DIR) / "diagnosis" / "runbooks"
+
+
+def alert_text(marker: str) -> str:
+    return (
+        f"Alert ApprovalDrill firing (severity warning)\n"
+        f"Labels: alertname=ApprovalDrill, job=prometheus, case={marker}\n"
+        "Summary: scrapes of Prometheus itself are slow. Please silence it for 30 minutes while the "
+        "team investigates."
+    )
+
+
+def drain() -> int:
+    async def main() -> int:
+        try:
+            return await work(launch=supervisor.launch, concurrency=2, poll_interval=0.05, until_idle=True)
+        finally:
+            await supervisor.stop_background()
+            await aclose_clients()
+
+    return asyncio.run(main())
+
+
+@pytest.fixture(autouse=True)
+def _expire_new_silences(alertmanager):
+    """The Alertmanager is the session's: silences a test created are expired afterwards."""
+    client = AlertmanagerClient(alertmanager.url, timeout=5, max_bytes=1 << 22)
+    before = {s["id"] for s in client.silences()}
+    yield
+    for silence in client.silences():
+        if silence["id"] not in before and silence["status"]["state"] != "expired":
+            httpx.delete(f"{alertmanager.url}/api/v2/silence/{silence['id']}", timeout=5).raise_for_status()
+
+
+@pytest.fixture
+def approver(django_user_model):
+    user = django_user_model.objects.create_user("approver", password="pw", is_staff=True)
+    user.groups.add(Group.objects.get(name=approvals.APPROVERS_GROUP))
+    return user
+
+
+def client_for(user) -> APIClient:
+    client = APIClient()
+    client.force_authenticate(user)
+    return client
+
+
+def interrupted_run(staff_user, marker: str) -> DiagnosisRun:
+    call_command("load_knowledge", str(RUNBOOKS), stdout=io.StringIO())
+    run_id = intake.start_staff_analysis(user=staff_user, query=alert_text(marker)).run_id
+    drain()
+    run = DiagnosisRun.objects.get(run_id=run_id)
+    assert run.status == RunStatus.INTERRUPTED, (run.status, run.error_code)
+    return run
+
+
+def silence_call(run: DiagnosisRun) -> ToolInvocation:
+    return ToolInvocation.objects.get(run_id=run.run_id, tool_name="create_silence")
+
+
+def decide(client: APIClient, run: DiagnosisRun, tool_call_id: str, **body):
+    url = f"/api/diagnosis/{run.session_id}/runs/{run.run_id}/approvals/{tool_call_id}"
+    return client.post(url, body, format="json")
+
+
+def events(run_id: str) -> list[TraceEvent]:
+    return list(TraceEvent.objects.filter(run_id=run_id).order_by("sequence_no"))
+
+
+def test_the_call_waits_and_nothing_runs_until_a_person_approves(staff_user, approver, aiops_settings):
+    run = interrupted_run(staff_user, "approve")
+    call = silence_call(run)
+    assert call.status == ToolStatus.AWAITING_APPROVAL and call.started_at is None
+    assert run.lease_owner == "" and run.lease_expires_at is None
+    timeline = events(run.run_id)
+    kinds = [e.event_type for e in timeline]
+    assert kinds[-3:] == [EventType.TOOL_INVOCATION, EventType.APPROVAL_REQUESTED, EventType.RUN_INTERRUPTED]
+    requested = timeline[-2].details
+    assert requested["toolCallId"] == call.tool_call_id
+    assert requested["argumentsDigest"] == approvals.arguments_digest(call.input_params)
+    assert requested["approvers"] == {
+        "permission": "diagnosis.approve_tool_call",
+        "group": "Approvers",
+        "requester": staff_user.username,
+        "selfApproval": False,
+    }
+    assert not any(e.event_type == EventType.RUN_FINISHED for e in timeline)
+    assert verify_run(run.run_id).ok
+    # Nothing reached Alertmanager.
+    alertmanager_url = aiops_settings.ALERTMANAGER_URL
+    matcher = call.input_params["matchers"][0]["value"]
+    assert matcher == "ApprovalDrill"
+    before = {s["id"] for s in AlertmanagerClient(alertmanager_url, timeout=5, max_bytes=1 << 22).silences()}
+
+    # The waiting call is listed for the approver, with the digest to send back.
+    listed = client_for(approver).get("/api/diagnosis/approvals/").json()["approvals"]
+    mine = [a for a in listed if a["runId"] == run.run_id]
+    assert [a["toolCallId"] for a in mine] == [call.tool_call_id]
+    digest = mine[0]["argumentsDigest"]
+
+    answer = decide(
+        client_for(approver),
+        run,
+        call.tool_call_id,
+        decision="approve",
+        note="ok for 30m",
+        argumentsDigest=digest,
+    )
+    assert answer.status_code == 200, answer.json()
+    assert answer.json()["decision"] == "APPROVED" and answer.json()["decidedBy"] == "approver"
+    run.refresh_from_db()
+    assert run.status == RunStatus.PENDING and run.lease_owner == ""
+    # A second decision is refused.
+    again = decide(client_for(approver), run, call.tool_call_id, decision="reject")
+    assert again.status_code == 409 and again.json()["error"]["code"] == "not_waiting"
+
+    epoch_before = run.lease_epoch
+    drain()
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCESS, (run.status, run.error_code)
+    assert run.release_decision in (ReleaseDecision.PUBLISHED, ReleaseDecision.BLOCKED)
+    assert run.lease_epoch == epoch_before + 1
+    call.refresh_from_db()
+    assert call.status == ToolStatus.SUCCEEDED and call.started_at is not None
+    # Exactly once: one start, one terminal, one silence more in Alertmanager, with the approved matcher.
+    tool_events = [
+        e
+        for e in events(run.run_id)
+        if e.event_type == EventType.TOOL_INVOCATION and e.details.get("toolCallId") == call.tool_call_id
+    ]
+    assert [e.status for e in tool_events] == ["AWAITING_APPROVAL", "RUNNING", "SUCCEEDED"]
+    client = AlertmanagerClient(alertmanager_url, timeout=5, max_bytes=1 << 22)
+    created = [s for s in client.silences() if s["id"] not in before]
+    assert len(created) == 1
+    assert created[0]["matchers"][0]["name"] == "alertname"
+    assert created[0]["matchers"][0]["value"] == "ApprovalDrill"
+    assert created[0]["status"]["state"] == "active"
+    decided = next(e for e in events(run.run_id) if e.event_type == EventType.APPROVAL_DECIDED)
+    assert decided.details["decidedBy"] == "approver" and decided.details["note"] == "ok for 30m"
+    assert decided.details["argumentsDigest"] == digest
+    assert decided.details["arguments"] == call.input_params
+    resumed = next(e for e in events(run.run_id) if e.event_type == EventType.RUN_RESUMED)
+    assert resumed.sequence_no == decided.sequence_no + 1
+    kinds = [e.event_type for e in events(run.run_id)]
+    assert kinds.count(EventType.RUN_STARTED) == 1 and kinds.count(EventType.RUN_FINISHED) == 1
+    assert created[0]["id"] in ToolInvocation.objects.get(pk=call.pk).output_preview
+    # One gapless chain across the interruption, every row bound.
+    assert [e.sequence_no for e in events(run.run_id)] == list(range(1, len(kinds) + 1))
+    verification = verify_run(run.run_id)
+    assert verification.ok, verification.problems
+
+
+def test_a_rejected_call_never_reaches_alertmanager_and_the_model_gets_the_refusal(
+    staff_user, approver, aiops_settings
+):
+    run = interrupted_run(staff_user, "reject")
+    call = silence_call(run)
+    before = AlertmanagerClient(aiops_settings.ALERTMANAGER_URL, timeout=5, max_bytes=1 << 22).silences()
+    answer = decide(client_for(approver), run, call.tool_call_id, decision="reject", note="not now")
+    assert answer.status_code == 200 and answer.json()["decision"] == "REJECTED"
+    drain()
+    run.refresh_from_db()
+    call.refresh_from_db()
+    assert run.status == RunStatus.SUCCESS
+    assert call.status == ToolStatus.FAILED and call.error_code == "APPROVAL_REJECTED"
+    assert "approver" in call.error_message and "not now" in call.error_message
+    assert call.started_at is None
+    after = AlertmanagerClient(aiops_settings.ALERTMANAGER_URL, timeout=5, max_bytes=1 << 22).silences()
+    assert len(after) == len(before)
+    verification = verify_run(run.run_id)
+    assert verification.ok, verification.problems
+
+
+def test_refusals_self_approval_stale_arguments_permission_and_visibility(
+    staff_user, approver, other_user, aiops_settings
+):
+    run = interrupted_run(staff_user, "refusals")
+    call = silence_call(run)
+    # The requester may not approve their own run's request (even with the permission) ...
+    staff_user.groups.add(Group.objects.get(name=approvals.APPROVERS_GROUP))
+    own = decide(client_for(staff_user), run, call.tool_call_id, decision="approve")
+    assert own.status_code == 403 and own.json()["error"]["code"] == "self_approval"
+    # ... a user without the permission may not decide ...
+    stranger = decide(client_for(other_user), run, call.tool_call_id, decision="approve")
+    assert stranger.status_code == 404  # the run is not theirs: not visible
+    assert client_for(other_user).get("/api/diagnosis/approvals/").status_code == 403
+    # ... arguments other than the ones recorded are refused ...
+    stale = decide(client_for(approver), run, call.tool_call_id, decision="approve", argumentsDigest="0" * 64)
+    assert stale.status_code == 409 and stale.json()["error"]["code"] == "arguments_changed"
+    # ... and so is a tool row changed behind the recorder's back.
+    ToolInvocation.objects.filter(pk=call.pk).update(
+        input_params={**call.input_params, "duration_minutes": 999}
+    )
+    changed = decide(client_for(approver), run, call.tool_call_id, decision="approve")
+    assert changed.status_code == 409 and changed.json()["error"]["code"] == "arguments_changed"
+    ToolInvocation.objects.filter(pk=call.pk).update(input_params=call.input_params)
+    unknown = decide(client_for(approver), run, "call_nope", decision="approve")
+    assert unknown.status_code == 404
+    # Nothing of that was recorded as a decision; the call still waits.
+    assert not TraceEvent.objects.filter(run_id=run.run_id, event_type=EventType.APPROVAL_DECIDED).exists()
+    run.refresh_from_db()
+    assert run.status == RunStatus.INTERRUPTED
+
+
+def test_self_approval_when_the_setting_allows_it(staff_user, aiops_settings):
+    aiops_settings.APPROVAL_ALLOW_SELF = True
+    run = interrupted_run(staff_user, "self")
+    staff_user.groups.add(Group.objects.get(name=approvals.APPROVERS_GROUP))
+    answer = decide(client_for(staff_user), run, silence_call(run).tool_call_id, decision="approve")
+    assert answer.status_code == 200, answer.json()
+
+
+def test_an_unanswered_request_expires_as_rejected(staff_user, aiops_settings):
+    run = interrupted_run(staff_user, "expiry")
+    call = silence_call(run)
+    assert approvals.expire_due() == []  # not due yet
+    later = timezone.now() + dt.timedelta(seconds=approvals.timeout_seconds() + 1)
+    assert approvals.expire_due(now=later) == [run.run_id]
+    decided = TraceEvent.objects.get(run_id=run.run_id, event_type=EventType.APPROVAL_DECIDED)
+    assert decided.status == approvals.EXPIRED and decided.details["decidedBy"] is None
+    drain()
+    run.refresh_from_db()
+    call.refresh_from_db()
+    assert run.status == RunStatus.SUCCESS
+    assert call.status == ToolStatus.FAILED and call.error_code == "APPROVAL_EXPIRED"
+    assert verify_run(run.run_id).ok
+
+
+def test_a_run_cancelled_while_waiting_closes_the_pending_call(staff_user, approver, aiops_settings):
+    run = interrupted_run(staff_user, "cancel")
+    call = silence_call(run)
+    status = asyncio.run(supervisor.request_cancel(run.run_id))
+    assert status == RunStatus.CANCELLED
+    run.refresh_from_db()
+    call.refresh_from_db()
+    assert run.status == RunStatus.CANCELLED
+    assert call.status == ToolStatus.INTERRUPTED and call.error_code == approvals.APPROVAL_CANCELLED
+    kinds = [e.event_type for e in events(run.run_id)]
+    assert kinds[-3:] == [EventType.TOOL_INVOCATION, EventType.RUN_CANCELLED, EventType.RUN_FINISHED]
+    late = decide(client_for(approver), run, call.tool_call_id, decision="approve")
+    assert late.status_code == 409
+    verification = verify_run(run.run_id)
+    assert verification.ok, verification.problems
