@@ -12,6 +12,8 @@ from django.dispatch import receiver
 
 APPROVERS_GROUP = "Approvers"
 APPROVE_PERMISSION = "diagnosis.approve_tool_call"
+# An approver reads the run page (the call, its arguments, the run's record) before deciding.
+VIEW_RUNS_PERMISSION = "diagnosis.view_diagnosisrun"
 
 
 @receiver(post_migrate, dispatch_uid="diagnosis.create_approvers_group")
@@ -23,7 +25,8 @@ def create_approvers_group(sender, using="default", apps=global_apps, **kwargs) 
     create_permissions(sender, verbosity=0, using=using, apps=apps)
     Group = apps.get_model("auth", "Group")
     Permission = apps.get_model("auth", "Permission")
-    app_label, codename = APPROVE_PERMISSION.split(".")
-    permission = Permission.objects.using(using).get(content_type__app_label=app_label, codename=codename)
     group, _ = Group.objects.using(using).get_or_create(name=APPROVERS_GROUP)
-    group.permissions.add(permission)
+    for name in (APPROVE_PERMISSION, VIEW_RUNS_PERMISSION):
+        app_label, codename = name.split(".")
+        permission = Permission.objects.using(using).get(content_type__app_label=app_label, codename=codename)
+        group.permissions.add(permission)

@@ -205,8 +205,9 @@ def test_membership_of_the_approvers_group_is_governed(user):
     """ "Approvers" (created on migrate) holds `diagnosis.approve_tool_call`, a sensitive permission: who
     joins or leaves it is in the governance chain."""
     approvers = Group.objects.get(name="Approvers")
-    assert [f"{p.content_type.app_label}.{p.codename}" for p in approvers.permissions.all()] == [
-        "diagnosis.approve_tool_call"
+    assert sorted(f"{p.content_type.app_label}.{p.codename}" for p in approvers.permissions.all()) == [
+        "diagnosis.approve_tool_call",
+        "diagnosis.view_diagnosisrun",
     ]
     mark = _mark()
     user.groups.add(approvers)

@@ -277,3 +277,44 @@ def test_a_run_cancelled_while_waiting_closes_the_pending_call(staff_user, appro
     assert late.status_code == 409
     verification = verify_run(run.run_id)
     assert verification.ok, verification.problems
+
+
+def test_the_admin_lists_the_waiting_call_and_its_buttons_decide_it(staff_user, approver, client):
+    run = interrupted_run(staff_user, "admin")
+    call = silence_call(run)
+    client.force_login(approver)
+    listing = client.get("/admin/diagnosis/diagnosisrun/approvals/")
+    assert listing.status_code == 200 and run.run_id in listing.content.decode()
+    page = client.get(f"/admin/diagnosis/diagnosisrun/{run.pk}/change/")
+    html = page.content.decode()
+    assert page.status_code == 200 and 'id="approvals"' in html
+    assert approvals.arguments_digest(call.input_params) in html and 'value="approve"' in html
+    answer = client.post(
+        f"/admin/diagnosis/diagnosisrun/{run.pk}/approvals/{call.tool_call_id}/",
+        {
+            "decision": "reject",
+            "note": "from the admin",
+            "argumentsDigest": approvals.arguments_digest(call.input_params),
+        },
+    )
+    assert answer.status_code == 302
+    decided = TraceEvent.objects.get(run_id=run.run_id, event_type=EventType.APPROVAL_DECIDED)
+    assert decided.status == approvals.REJECTED and decided.details["note"] == "from the admin"
+    run.refresh_from_db()
+    assert run.status == RunStatus.PENDING
+
+
+def test_the_progress_stream_reports_the_approval(staff_user, approver):
+    from diagnosis.runtime.events import ProgressEvent, Stage
+    from diagnosis.runtime.live import persisted_frames
+
+    run = interrupted_run(staff_user, "progress")
+    frames = persisted_frames(run.run_id, after=0).frames
+    approval = [f for f in frames if isinstance(f, ProgressEvent) and f.stage == Stage.APPROVAL]
+    assert [f.verdict for f in approval] == ["WAITING"]
+    tool = [f for f in frames if getattr(f, "name", None) == "create_silence"]
+    assert [f.status for f in tool] == ["AWAITING_APPROVAL"]
+    decide(client_for(approver), run, silence_call(run).tool_call_id, decision="approve")
+    frames = persisted_frames(run.run_id, after=0).frames
+    approval = [f for f in frames if isinstance(f, ProgressEvent) and f.stage == Stage.APPROVAL]
+    assert [f.verdict for f in approval] == ["WAITING", "APPROVED"]
