@@ -126,11 +126,13 @@ def new_silences(alertmanager):
 
 def start_interrupted(user, name: str) -> DiagnosisRun:
     run_id = intake.start_staff_analysis(user=user, query=alert(name)).run_id
-    return wait_for(
+    run = wait_for(
         lambda: DiagnosisRun.objects.filter(run_id=run_id, status=RunStatus.INTERRUPTED).first(),
         timeout=60,
         what="the run to wait for approval",
     )
+    run.tool_call_id = ToolInvocation.objects.get(run_id=run_id, tool_name="create_silence").tool_call_id
+    return run
 
 
 def owner_of(run_id: str, event_type: str) -> str:
@@ -242,3 +244,41 @@ def test_approve_and_reject_with_the_admin_buttons_in_chromium(
     assert decided[rejected.run_id].status == "REJECTED"
     assert decided[rejected.run_id].details["note"] == "not during the drill"
     assert decided[approved.run_id].details["decidedBy"] == "approver"
+
+
+@pytest.mark.browser
+@requires_chromium
+def test_the_chat_page_shows_the_waiting_call_and_approves_it(
+    product_env, servers, staff_user, approver, new_silences
+):
+    server = servers(product_env, "approval-chat")
+    run = start_interrupted(staff_user, "ApprovalFromChat")
+    with sync_playwright() as playwright:
+        browser = launch_chromium(playwright)
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 900})
+            page.set_default_timeout(15_000)
+            page.goto(f"{server.url}/admin/login/")
+            page.fill("#id_username", "approver")
+            page.fill("#id_password", PASSWORD)
+            page.click("input[type=submit]")
+            page.goto(f"{server.url}/chat/")
+            panel = page.locator("#approvals")
+            expect(panel).to_be_visible()
+            item = panel.locator(f'li[data-tool-call-id="{run.tool_call_id}"]')
+            expect(item).to_contain_text("create_silence")
+            expect(item).to_contain_text("ApprovalFromChat")
+            page.screenshot(path=str(ARTIFACTS / "approval-chat-panel.png"), full_page=True)
+            item.locator("input.approval-note").fill("from the chat")
+            item.get_by_role("button", name="Approve").click()
+            expect(panel).to_contain_text("APPROVED")
+        finally:
+            browser.close()
+    wait_for(
+        lambda: DiagnosisRun.objects.filter(run_id=run.run_id, status=RunStatus.SUCCESS).exists(),
+        timeout=60,
+        what="the approved run to finish",
+    )
+    assert [s["matchers"][0]["value"] for s in new_silences()] == ["ApprovalFromChat"]
+    decided = TraceEvent.objects.get(run_id=run.run_id, event_type=EventType.APPROVAL_DECIDED)
+    assert decided.details["note"] == "from the chat" and decided.details["decidedBy"] == "approver"
