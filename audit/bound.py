@@ -80,7 +80,12 @@ def collect(events: Sequence[Any]) -> Bindings:
         elif kind == TOOL_INVOCATION and event.status in TOOL_STATUSES and "toolCallId" in d:
             b.tools[d["toolCallId"]] = Bound(seq, d.get("rowDigest"), form=d.get("rowForm"))
             b.digests_seen |= "rowDigest" in d
-            b.tool_starts += event.status == "RUNNING"
+            # A call that waited for approval is one tool row: its AWAITING_APPROVAL event counts it, the
+            # RUNNING of its approved start does not count it again.
+            if event.status == "AWAITING_APPROVAL" or (
+                event.status == "RUNNING" and "approvedDigest" not in d
+            ):
+                b.tool_starts += 1
         elif kind in GOVERNANCE_EVENTS:
             b.governance += 1
             for row in d.get("rows") or []:

@@ -122,6 +122,10 @@ def test_the_call_waits_and_nothing_runs_until_a_person_approves(staff_user, app
     }
     assert not any(e.event_type == EventType.RUN_FINISHED for e in timeline)
     assert verify_run(run.run_id).ok
+    from audit.selectors import get_trace
+
+    summary = get_trace(run=run, viewer=approver).summary
+    assert summary.persisted == summary.expected and summary.chain_valid
     # Nothing reached Alertmanager.
     alertmanager_url = aiops_settings.ALERTMANAGER_URL
     matcher = call.input_params["matchers"][0]["value"]
@@ -318,3 +322,20 @@ def test_the_progress_stream_reports_the_approval(staff_user, approver):
     frames = persisted_frames(run.run_id, after=0).frames
     approval = [f for f in frames if isinstance(f, ProgressEvent) and f.stage == Stage.APPROVAL]
     assert [f.verdict for f in approval] == ["WAITING", "APPROVED"]
+
+
+def test_the_waterfall_shows_the_wait_for_approval(staff_user, approver):
+    from audit.selectors import get_trace
+    from diagnosis.admin.waterfall import build_waterfall
+
+    run = interrupted_run(staff_user, "waterfall")
+    call = silence_call(run)
+    waiting = [b for b in build_waterfall(get_trace(run=run, viewer=approver)).bars if b.kind == "approval"]
+    assert [(b.sublabel, b.status, b.mode) for b in waiting] == [(call.tool_call_id, "WAITING", "unknown")]
+    decide(client_for(approver), run, call.tool_call_id, decision="approve")
+    drain()
+    run.refresh_from_db()
+    waterfall = build_waterfall(get_trace(run=run, viewer=approver))
+    (bar,) = [b for b in waterfall.bars if b.kind == "approval"]
+    assert (bar.status, bar.mode, bar.lane) == ("APPROVED", "measured", "executor")
+    assert {m.label for m in waterfall.markers} >= {"interrupted", "resumed"}
