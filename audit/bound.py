@@ -18,6 +18,7 @@ RUN_FINISHED = "RUN_FINISHED"
 REASONING_PURGED = "REASONING_PURGED"
 REASONING_REKEYED = "REASONING_REKEYED"
 GOVERNANCE_EVENTS = frozenset({REASONING_PURGED, REASONING_REKEYED})
+# (A bare tool error kept until the run's verdict, ERROR_OBSERVED, binds no row: the row is unchanged.)
 TOOL_STATUSES = frozenset({"AWAITING_APPROVAL", "RUNNING", "SUCCEEDED", "FAILED", "INTERRUPTED", "ABANDONED"})
 # `audit.models.CHAT_AGENT_NAME`: the agent of a step event that names none.
 CHAT_AGENT_NAME = "diagnosis_agent"
@@ -83,7 +84,7 @@ def collect(events: Sequence[Any]) -> Bindings:
             # A call that waited for approval is one tool row: its AWAITING_APPROVAL event counts it, the
             # RUNNING of its approved start does not count it again.
             if event.status == "AWAITING_APPROVAL" or (
-                event.status == "RUNNING" and "approvedDigest" not in d
+                event.status == "RUNNING" and "approvedDigest" not in d and not d.get("restarted")
             ):
                 b.tool_starts += 1
         elif kind in GOVERNANCE_EVENTS:

@@ -61,6 +61,7 @@ from audit.models import (
     EventType,
     Phase,
     ToolInvocation,
+    ToolStatus,
     TraceEvent,
     UsageSource,
 )
@@ -76,7 +77,7 @@ from audit.recorder.facts import (
     _Event,
 )
 from audit.recorder.ledger import _Ledger
-from audit.recorder.tools import OPEN_TOOL_STATUSES, ToolLifecycle, _ToolState, terminal_key
+from audit.recorder.tools import ERROR_OBSERVED, OPEN_TOOL_STATUSES, ToolLifecycle, _ToolState, terminal_key
 from diagnosis.models import DiagnosisRun, ReleaseMode, RunStatus
 from reasoning.models import AgentReasoningAudit
 
@@ -209,6 +210,20 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
                 ),
                 row={c: getattr(tool, c) for c in columns},
             )
+        # Bare errors observed and kept until the run's verdict (seed 002): the last event of such a
+        # call is its ERROR_OBSERVED.
+        last: dict[str, tuple[str, dict]] = {}
+        for status, details in (
+            TraceEvent.objects.filter(run_id=run_id, event_type=EventType.TOOL_INVOCATION)
+            .order_by("sequence_no")
+            .values_list("status", "details")
+        ):
+            if isinstance(details, dict) and details.get("toolCallId"):
+                last[str(details["toolCallId"])] = (status, details)
+        for tool_call_id, (status, details) in last.items():
+            state = rec._tools.get(tool_call_id)
+            if status == ERROR_OBSERVED and state is not None and state.status == ToolStatus.RUNNING:
+                state.observed = (str(details.get("errorCode") or ""), str(details.get("errorMessage") or ""))
         persisted = rec._persisted_counts()
         rec.expected_events = max(run.expected_events, persisted["events"])
         rec.expected_steps = max(run.expected_steps, persisted["steps"])
@@ -321,7 +336,9 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
     # ----------------------------------------------------------------------------------------------
     # Interruption for approval, decisions, resumption (docs/aiops.md, *Approvals*)
     # ----------------------------------------------------------------------------------------------
-    def interrupt(self, *, pending: list[str], checkpoint_sha256: str, reason: str) -> int | None:
+    def interrupt(
+        self, *, pending: list[str], checkpoint_sha256: str, reason: str, kept: list[str] = ()
+    ) -> int | None:
         """RUN_INTERRUPTED: the attempt ends waiting for decisions on the `pending` calls; the run
         becomes INTERRUPTED and its lease is released in the same transaction (no RUN_FINISHED: the
         run is not over). `checkpoint_sha256` names the executor's saved state the resumption must
@@ -337,6 +354,8 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
                         clip(f"run interrupted: {len(pending)} call(s) wait for approval", SUMMARY_CHARS),
                         {
                             "pending": list(pending),
+                            # Calls whose bare error was observed: kept pending for the resumption.
+                            "keptPending": list(kept),
                             "checkpointSha256": checkpoint_sha256,
                             "reason": clip(reason, 300),
                         },

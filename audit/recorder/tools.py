@@ -33,6 +33,8 @@ from diagnosis.models import RunStatus
 TOOL_CALL_ID_CHARS = 128
 # Tool states that have no terminal yet: executing, or recorded and waiting for a person's decision.
 OPEN_TOOL_STATUSES = frozenset({ToolStatus.RUNNING.value, ToolStatus.AWAITING_APPROVAL.value})
+# Status of the TOOL_INVOCATION event that records a bare tool error kept until the run's verdict.
+ERROR_OBSERVED = "ERROR_OBSERVED"
 APPROVAL_REQUESTED_STATUS = "WAITING"
 
 
@@ -60,6 +62,9 @@ class _ToolState:
     terminal_key: tuple | None = None
     # The tool row as last written (column -> value): the start of its terminal image.
     row: dict[str, Any] = field(default_factory=dict)
+    # A bare error observed while the run may still be interrupted: (code, message), no terminal yet;
+    # the run's verdict decides (seed 002, `tool_error_observed`).
+    observed: tuple[str, str] | None = None
 
 
 def terminal_key(status: str, output_sha256: str | None, error_code: str, error_message: str) -> tuple:
@@ -449,12 +454,104 @@ class ToolLifecycle:
         which = ToolStatus.AWAITING_APPROVAL if awaiting else ToolStatus.RUNNING
         with self._lock:
             running = [(k, s) for k, s in self._tools.items() if s.status == which]
+            # A call whose bare error was observed is closed with that error (the verdict is the run's).
             return {
                 tool_call_id: self._terminate(
-                    tool_call_id, state, status, None, error_code, error_message, None, ""
+                    tool_call_id,
+                    state,
+                    status,
+                    None,
+                    state.observed[0] if state.observed else error_code,
+                    state.observed[1] if state.observed else error_message,
+                    None,
+                    "",
                 )
                 for tool_call_id, state in running
             }
+
+    def tool_error_observed(self, *, tool_call_id: str, error_code: str, error_message: str) -> int | None:
+        """Seed 002: a bare tool error (the tool raised) observed while the run may still be interrupted
+        (a call of the same step waits for approval) is recorded as an observation — a TOOL_INVOCATION
+        event ERROR_OBSERVED with `awaitingRunTerminal: true` — and the call keeps no terminal: the run's
+        verdict decides. FAILED, CANCELLED and a lease expiry close it with the observed error
+        (`close_tools`); an interruption keeps it pending and the resumption runs it again
+        (`tool_restarted`); a run that goes on uninterrupted gives it the observed error as its
+        terminal (`tool_finished`)."""
+        with self._lock:
+            state = self._tools.get(tool_call_id)
+            if state is None or state.status != ToolStatus.RUNNING:
+                raise ToolLifecycleConflict(f"tool call {tool_call_id} is not running")
+            code, message = clip(error_code, 64), clip(error_message, ERROR_MESSAGE_CHARS)
+            state.observed = (code, message)
+            return self._write(
+                "tool_error_observed",
+                [
+                    _Event(
+                        Phase.TOOL,
+                        EventType.TOOL_INVOCATION,
+                        ERROR_OBSERVED,
+                        clip(f"{state.name} error observed, awaiting the run's verdict", SUMMARY_CHARS),
+                        {
+                            "toolCallId": tool_call_id,
+                            "toolName": state.name,
+                            "errorCode": code,
+                            "errorMessage": message,
+                            "awaitingRunTerminal": True,
+                        },
+                    )
+                ],
+            )
+
+    def tool_restarted(self, *, tool_call_id: str) -> int | None:
+        """A call kept pending across an interruption (its bare error observed) runs again in the
+        resumed run under its own id: TOOL_INVOCATION RUNNING (`restarted: true`, the row's new start
+        bound). Only such a call: anything else raises ToolCallRepeated (never executed twice)."""
+        with self._lock:
+            state = self._tools.get(tool_call_id)
+            if state is None or state.status != ToolStatus.RUNNING or state.observed is None:
+                raise ToolCallRepeated(tool_call_id, state.status if state else "")
+            now = timezone.now()
+            fields = {"started_at": now, "updated_at": now}
+            t = _tables()
+            image = {**state.row, **fields}
+            seq = self._write(
+                "tool_restarted",
+                [
+                    _Event(
+                        Phase.TOOL,
+                        EventType.TOOL_INVOCATION,
+                        ToolStatus.RUNNING,
+                        clip(
+                            f"{state.name} started again after the resumption ({tool_call_id})", SUMMARY_CHARS
+                        ),
+                        {
+                            "toolCallId": tool_call_id,
+                            "providerToolCallId": state.provider_id or tool_call_id,
+                            "toolName": state.name,
+                            "stepIndex": state.step_index,
+                            "agentName": state.agent_name,
+                            "input": state.input_params,
+                            "restarted": True,
+                            "rowForm": rowdigest.TOOL.name,
+                        },
+                        bind={"rowDigest": Insert(t.tool, t.tool.row(**image))},
+                    )
+                ],
+                updates=[
+                    Update(
+                        t.tool,
+                        tuple(fields),
+                        tuple(fields.values()),
+                        ("run_id", "tool_call_id", "status"),
+                        (self.run_id, tool_call_id, ToolStatus.RUNNING.value),
+                    )
+                ],
+            )
+            state.observed = None
+            state.row = image
+            state.started_at = now
+            state.started_monotonic = time.monotonic()
+            return seq
 
     def _close_dangling_tools(self, run_status: str) -> None:
         closing = {

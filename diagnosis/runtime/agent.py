@@ -32,7 +32,7 @@ from diagnosis.runtime.cancel import RunCancelled
 from diagnosis.runtime.context import RunContext
 from diagnosis.runtime.events import Stage
 from diagnosis.runtime.llm import LLMError, ModelResult, StreamProgress
-from diagnosis.runtime.tools.boundary import ToolBoundary
+from diagnosis.runtime.tools.boundary import ERROR_OBSERVED, ToolBoundary
 from reasoning.capture import build_capture
 
 AGENT_NAME = CHAT_AGENT_NAME
@@ -119,9 +119,10 @@ class Agent:
                         results={
                             o.call.tool_call_id: o.message()
                             for o in outcomes
-                            if o.status != ToolStatus.AWAITING_APPROVAL
+                            if o.status not in (ToolStatus.AWAITING_APPROVAL, ERROR_OBSERVED)
                         },
                         pending=pending,
+                        kept=[o.call.tool_call_id for o in outcomes if o.status == ERROR_OBSERVED],
                         steps_used=step,
                         max_steps=max_steps,
                     )

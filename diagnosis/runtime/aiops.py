@@ -270,6 +270,7 @@ async def _resume(ctx: RunContext, tool_names: list[str]) -> tuple[list[dict[str
     messages = list(state.get("messages") or [])
     results = state.get("results") or {}
     pending = set(state.get("pending") or [])
+    kept = set(state.get("kept") or [])
     for raw in state.get("calls") or []:
         call = DeclaredToolCall(
             tool_call_id=str(raw["toolCallId"]),
@@ -284,6 +285,10 @@ async def _resume(ctx: RunContext, tool_names: list[str]) -> tuple[list[dict[str
             if decision is None:
                 raise ResumeStateUnavailable(f"no decision recorded for {call.tool_call_id}")
             outcome = await executor.boundary.run_decided(call, decision)
+            messages.append(outcome.message())
+            ctx.token.raise_if_cancelled()
+        elif call.tool_call_id in kept:
+            outcome = await executor.boundary.rerun_pending(call)
             messages.append(outcome.message())
             ctx.token.raise_if_cancelled()
     return messages, in_force, executor

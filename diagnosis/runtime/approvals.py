@@ -91,6 +91,8 @@ class RunInterrupted(Exception):
     pending: list[str]
     steps_used: int
     max_steps: int
+    # Calls whose bare error was observed: kept pending, run again by the resumption (seed 002).
+    kept: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     checkpoint_sha256: str = ""
 
@@ -120,6 +122,7 @@ def checkpoint_of(interrupted: RunInterrupted, *, step_counts: dict[str, int], g
             ],
             "results": interrupted.results,
             "pending": interrupted.pending,
+            "kept": interrupted.kept,
             "stepsUsed": interrupted.steps_used,
             "maxSteps": interrupted.max_steps,
             "stepCounts": step_counts,

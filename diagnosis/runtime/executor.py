@@ -378,6 +378,7 @@ class _Ending:
         await db(
             self.recorder.interrupt,
             pending=interrupted.pending,
+            kept=interrupted.kept,
             checkpoint_sha256=interrupted.checkpoint_sha256,
             reason="tool call(s) wait for approval",
         )

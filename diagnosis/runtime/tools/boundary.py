@@ -29,6 +29,12 @@ the resumed run hands the call to `run_decided`: approved, it starts under the s
 once; rejected or expired, its recorded refusal is the result. Where no approval may be asked
 (`ctx.approvals_allowed` off) such a call is refused (TOOL_REFUSED).
 
+Seed 002's terminal rule for a bare tool error: in a step that may end in an interruption (one of its
+calls asks for approval), a tool that raises is recorded as an observation (ERROR_OBSERVED), not a
+terminal. Interrupted, the call is kept pending and the resumed run runs it again (`rerun_pending`);
+FAILED, CANCELLED or a lease expiry close it with the observed error; a step that was not interrupted
+after all gives it the observed error as its FAILED terminal.
+
 The model receives a bounded tool message: the tool's `model_content` (evidence ids, titles, text), or
 `{"error": {"code", "message"}}`. A cancel while tools run raises `RunCancelled` once every call has
 stopped waiting; the executor then closes the still-RUNNING tools as INTERRUPTED.
@@ -68,6 +74,7 @@ TOOL_REPEATED = "TOOL_REPEATED"
 APPROVAL_REJECTED = "APPROVAL_REJECTED"
 APPROVAL_EXPIRED = "APPROVAL_EXPIRED"
 APPROVAL_UNRECORDED = "APPROVAL_UNRECORDED"
+ERROR_OBSERVED = "ERROR_OBSERVED"
 
 ERROR_MESSAGE_CHARS = 300
 MODEL_CONTENT_CHARS = 12000
@@ -112,9 +119,13 @@ class ToolBoundary:
 
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
+        self.may_interrupt = False
 
     async def run(self, calls: Sequence[DeclaredToolCall]) -> list[ToolOutcome]:
         self.ctx.token.raise_if_cancelled()
+        # A step with a call that will ask for approval may end in an interruption: its other calls'
+        # bare errors then wait for the run's verdict (seed 002; `_observe`).
+        self.may_interrupt = self.ctx.approvals_allowed and any(self._asks_approval(c) for c in calls)
         results = await asyncio.gather(*(self._run_one(call) for call in calls), return_exceptions=True)
         for result in results:
             if isinstance(result, RunCancelled):
@@ -123,7 +134,61 @@ class ToolBoundary:
             if isinstance(result, BaseException):
                 raise result
         self.ctx.token.raise_if_cancelled()
-        return list(results)
+        outcomes = list(results)
+        if not any(o.status == ToolStatus.AWAITING_APPROVAL for o in outcomes):
+            # No interruption after all: an observed error becomes the call's terminal now.
+            outcomes = [await self._settle(o) if o.status == ERROR_OBSERVED else o for o in outcomes]
+        return outcomes
+
+    def _asks_approval(self, call: DeclaredToolCall) -> bool:
+        spec = self.ctx.registry.get(call.name)
+        if spec is None or not spec.requires_approval:
+            return False
+        try:
+            spec.validate(call.arguments)
+        except ToolArgumentsError:
+            return False
+        return True
+
+    async def _observe(self, call: DeclaredToolCall, code: str, message: str) -> ToolOutcome:
+        """A bare tool error while the run may still be interrupted: recorded as an observation, no
+        terminal (the run's verdict decides: `recorder.tool_error_observed`)."""
+        try:
+            await db(
+                self.ctx.recorder.tool_error_observed,
+                tool_call_id=call.tool_call_id,
+                error_code=code,
+                error_message=message,
+            )
+        except ToolLifecycleConflict:
+            return await self._fail(call, code, message)
+        return ToolOutcome(call, ERROR_OBSERVED, _error_content(code, message), code)
+
+    async def _settle(self, outcome: ToolOutcome) -> ToolOutcome:
+        """The run went on uninterrupted: the observed error is the call's FAILED terminal."""
+        message = json.loads(outcome.content)["error"]["message"]
+        return await self._fail(outcome.call, outcome.error_code, message)
+
+    async def rerun_pending(self, call: DeclaredToolCall) -> ToolOutcome:
+        """In the resumed run: a call the interruption kept pending (its bare error observed) runs again
+        under its own id (`recorder.tool_restarted`), once."""
+        ctx = self.ctx
+        spec = ctx.registry.get(call.name)
+        try:
+            if spec is None:
+                raise ToolArgumentsError("unknown tool")
+            arguments = spec.validate(call.arguments)
+            seq = await db(ctx.recorder.tool_restarted, tool_call_id=call.tool_call_id)
+        except (ToolArgumentsError, ToolCallRepeated) as exc:
+            logger.warning(
+                "pending rerun refused run=%s tool=%s error=%s", ctx.run_id, call.name, type(exc).__name__
+            )
+            message = "the tool call could not be run again"
+            return ToolOutcome(call, "REFUSED", _error_content(TOOL_REFUSED, message), TOOL_REFUSED)
+        ctx.running_tools[call.tool_call_id] = call.name
+        await self._emit(call, ToolStatus.RUNNING, seq)
+        self.may_interrupt = False
+        return await self._execute_started(call, spec, arguments)
 
     async def _emit(self, call: DeclaredToolCall, status: str, sequence_no: int | None) -> None:
         await self.ctx.sink.emit(
@@ -296,6 +361,8 @@ class ToolBoundary:
             return await self._fail(call, TOOL_TIMEOUT, f"the tool did not finish within {timeout:g} s")
         except Exception as exc:
             logger.warning("tool failed run=%s tool=%s error=%s", ctx.run_id, call.name, type(exc).__name__)
+            if self.may_interrupt:
+                return await self._observe(call, TOOL_ERROR, _exception_message(exc))
             return await self._fail(call, TOOL_ERROR, _exception_message(exc))
 
         note = ""

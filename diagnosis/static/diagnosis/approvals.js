@@ -11,6 +11,7 @@
   var panel = document.getElementById("approvals");
   if (!panel) { return; }
   var list = document.getElementById("approval-list");
+  var result = document.getElementById("approval-result");
   var csrf = panel.dataset.csrf;
   var REFRESH_MS = 5000;
 
@@ -32,8 +33,11 @@
       body: JSON.stringify({decision: decision, note: note.value, argumentsDigest: item.argumentsDigest})
     });
     var body = await response.json().catch(function () { return {}; });
+    // The outcome stays in the panel's status line: the decided call leaves the list on refresh.
     if (response.ok) {
-      status.textContent = body.decision + " (recorded at #" + body.sequenceNo + ")";
+      status.textContent = "";
+      result.textContent = item.toolName + " " + item.toolCallId + ": " + body.decision +
+        " (recorded at #" + body.sequenceNo + ")";
     } else {
       var error = body.error || {};
       status.textContent = "Not decided: " + (error.message || response.status);
@@ -63,7 +67,7 @@
       [note, approve, reject, status].forEach(function (n) { li.appendChild(n); });
       list.appendChild(li);
     });
-    panel.classList.toggle("hidden", items.length === 0);
+    panel.classList.toggle("hidden", items.length === 0 && !result.textContent);
   }
 
   async function refresh() {
