@@ -202,3 +202,31 @@ def test_without_an_interruption_the_observed_error_is_the_terminal(staff_user, 
     assert (flaky.status, flaky.error_code) == (ToolStatus.FAILED, "TOOL_ERROR")
     assert statuses(run, flaky.tool_call_id) == ["RUNNING", "FAILED"]
     assert verify_run(run.run_id).ok
+
+
+def test_lease_expiry_of_the_resuming_worker_closes_the_pending_calls(staff_user, approver):
+    import datetime as dt
+
+    from django.utils import timezone
+
+    from audit.recorder import RunRecorder
+    from diagnosis import services
+    from diagnosis.runtime.sweeper import LEASE_EXPIRED, sweep_expired_runs
+
+    run = interrupted(staff_user, Probe())
+    approve(run, approver)
+    # A worker claims the decided run, records RUN_RESUMED and dies before running anything.
+    claimed = services.claim_next_queued(owner="dead-worker")
+    assert claimed.run_id == run.run_id
+    RunRecorder.resume(run.run_id, lease_epoch=claimed.lease_epoch).run_resumed(
+        details={"leaseOwner": "dead"}
+    )
+    later = timezone.now() + dt.timedelta(seconds=services.lease_seconds() + 1)
+    assert sweep_expired_runs(now=later) == [run.run_id]
+    run.refresh_from_db()
+    assert (run.status, run.error_code) == (RunStatus.FAILED, LEASE_EXPIRED)
+    silence, flaky = tool(run, "create_silence"), tool(run, "flaky_probe")
+    assert silence.status == ToolStatus.FAILED and silence.started_at is None  # never executed
+    assert (flaky.status, flaky.error_code) == (ToolStatus.FAILED, "TOOL_ERROR")
+    verification = verify_run(run.run_id)
+    assert verification.ok, verification.problems
