@@ -339,3 +339,36 @@ def test_the_waterfall_shows_the_wait_for_approval(staff_user, approver):
     (bar,) = [b for b in waterfall.bars if b.kind == "approval"]
     assert (bar.status, bar.mode, bar.lane) == ("APPROVED", "measured", "executor")
     assert {m.label for m in waterfall.markers} >= {"interrupted", "resumed"}
+
+
+def test_an_approved_call_whose_declaring_step_is_not_in_the_run_is_refused(
+    staff_user, approver, aiops_settings
+):
+    """Fail-closed: the approved start looks for the declaring step in the database, in this run and its
+    session; a step moved to another session (a tampered record) makes the start refused, never run."""
+    from audit.models import AgentStep
+
+    run = interrupted_run(staff_user, "fail-closed")
+    call = silence_call(run)
+    before = {
+        s["id"]
+        for s in AlertmanagerClient(aiops_settings.ALERTMANAGER_URL, timeout=5, max_bytes=1 << 22).silences()
+    }
+    assert decide(client_for(approver), run, call.tool_call_id, decision="approve").status_code == 200
+    AgentStep.objects.filter(
+        run_id=run.run_id, agent_name=call.agent_name, step_index=call.step_index
+    ).update(session_id="ses_someone_else")
+    drain()
+    call.refresh_from_db()
+    assert call.started_at is None and call.status != ToolStatus.SUCCEEDED
+    refused = TraceEvent.objects.get(
+        run_id=run.run_id, event_type=EventType.TOOL_INVOCATION, status="REFUSED"
+    )
+    assert refused.details["reason"] == "DECLARING_STEP_NOT_FOUND"
+    after = {
+        s["id"]
+        for s in AlertmanagerClient(aiops_settings.ALERTMANAGER_URL, timeout=5, max_bytes=1 << 22).silences()
+    }
+    assert after == before
+    # The tampering itself is named by the verification.
+    assert not verify_run(run.run_id).ok
