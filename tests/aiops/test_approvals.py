@@ -372,3 +372,37 @@ def test_an_approved_call_whose_declaring_step_is_not_in_the_run_is_refused(
     assert after == before
     # The tampering itself is named by the verification.
     assert not verify_run(run.run_id).ok
+
+
+def test_a_connected_client_is_told_live_that_the_run_waits_for_approval(staff_user):
+    """The live events of the attempt that ends waiting: the tool frame AWAITING_APPROVAL and the
+    APPROVAL progress frame (WAITING) right after APPROVAL_REQUESTED committed; no outcome."""
+    from diagnosis.runtime.events import OutcomeEvent, ProgressEvent, Stage, ToolEvent
+    from diagnosis.runtime.executor import execute_run
+
+    class Collect:
+        def __init__(self) -> None:
+            self.events = []
+
+        async def emit(self, event) -> None:
+            self.events.append(event)
+
+    call_command("load_knowledge", str(RUNBOOKS), stdout=io.StringIO())
+    run_id = intake.start_staff_analysis(user=staff_user, query=alert_text("live")).run_id
+    sink = Collect()
+
+    async def main():
+        try:
+            return await execute_run(run_id=run_id, sink=sink)
+        finally:
+            await supervisor.stop_background()
+            await aclose_clients()
+
+    assert asyncio.run(main()).status == RunStatus.INTERRUPTED
+    waiting = [e for e in sink.events if isinstance(e, ProgressEvent) and e.stage == Stage.APPROVAL]
+    assert [(e.verdict, e.sequence_no is not None) for e in waiting] == [("WAITING", True)]
+    requested = TraceEvent.objects.get(run_id=run_id, event_type=EventType.APPROVAL_REQUESTED)
+    assert waiting[0].sequence_no == requested.sequence_no
+    tools = [e for e in sink.events if isinstance(e, ToolEvent) and e.name == "create_silence"]
+    assert [e.status for e in tools] == ["AWAITING_APPROVAL"]
+    assert not any(isinstance(e, OutcomeEvent) for e in sink.events)
