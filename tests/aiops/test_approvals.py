@@ -188,6 +188,11 @@ def test_the_call_waits_and_nothing_runs_until_a_person_approves(staff_user, app
     assert [e.sequence_no for e in events(run.run_id)] == list(range(1, len(kinds) + 1))
     verification = verify_run(run.run_id)
     assert verification.ok, verification.problems
+    # The command too, with the run anchored in the transparency log after it finished.
+    call_command("audit_checkpoint", stdout=io.StringIO())
+    out = io.StringIO()
+    call_command("verify_audit", "--run", run.run_id, stdout=out)
+    assert "FAIL" not in out.getvalue()
 
 
 def test_a_rejected_call_never_reaches_alertmanager_and_the_model_gets_the_refusal(
