@@ -290,4 +290,5 @@ class ApprovalDecisionApi(APIView):
             )
         except approvals.ApprovalError as exc:
             raise ApprovalError(exc) from None
+        approvals.publish_decision(decided)
         return Response(self.OutputSerializer(decided).data)

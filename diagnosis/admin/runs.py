@@ -304,6 +304,7 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
         except approvals.ApprovalError as exc:
             messages.error(request, f"Not decided ({exc.code}): {exc}")
         else:
+            approvals.publish_decision(decided)
             messages.success(
                 request, f"{decided.decision}: {tool_call_id} (recorded at sequence {decided.sequence_no})."
             )

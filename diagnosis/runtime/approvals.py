@@ -291,6 +291,31 @@ def decide(
     return Decided(run.run_id, tool_call_id, decision, username, stored_digest, seq)
 
 
+def publish_decision(decided: Decided) -> bool:
+    """Tell the run's connected clients (its channel-layer group) that the call was decided: the APPROVAL
+    progress frame of the committed APPROVAL_DECIDED; best effort (followers also catch up from the
+    timeline). For synchronous callers (the API and admin views, the sweeper's expiry)."""
+    from asgiref.sync import async_to_sync
+
+    from diagnosis.runtime.live import publish
+
+    event = decision_event(decided)
+    return event is not None and async_to_sync(publish)(decided.run_id, event)
+
+
+def decision_event(decided: Decided):
+    """The APPROVAL progress frame of a committed decision (the one mapping replay uses too)."""
+    from diagnosis.runtime.events import progress_of
+
+    return progress_of(
+        run_id=decided.run_id,
+        event_type=EventType.APPROVAL_DECIDED,
+        status=decided.decision,
+        details={},
+        sequence_no=decided.sequence_no,
+    )
+
+
 def _claimable_until() -> dt.datetime:
     """A decided run waits for a queue worker at most the queue timeout (then the sweeper fails it)."""
     return timezone.now() + dt.timedelta(seconds=int(getattr(settings, "AIOPS_QUEUE_TIMEOUT_SECONDS", 3600)))
@@ -326,9 +351,10 @@ def _claim_interrupted(run: DiagnosisRun, *, owner: str) -> int | None:
     return run.lease_epoch + 1 if taken else None
 
 
-def expire_due(*, now: dt.datetime | None = None, limit: int = 100) -> list[str]:
+def expire_due(*, now: dt.datetime | None = None, limit: int = 100) -> list[Decided]:
     """Record EXPIRED for every call that waited longer than `APPROVAL_TIMEOUT_SECONDS` (treated as
-    rejected: the resumed run gives the model the refusal); the sweeper's duty. Returns the run ids."""
+    rejected: the resumed run gives the model the refusal); the sweeper's duty. Returns the decisions
+    (the caller tells connected clients: `decision_event`)."""
     now = now or timezone.now()
     cutoff = now - dt.timedelta(seconds=timeout_seconds())
     due = list(
@@ -342,8 +368,7 @@ def expire_due(*, now: dt.datetime | None = None, limit: int = 100) -> list[str]
         if run is None:
             continue
         try:
-            decide(run=run, tool_call_id=tool_call_id, decision=EXPIRED, user=None)
-            expired.append(run_id)
+            expired.append(decide(run=run, tool_call_id=tool_call_id, decision=EXPIRED, user=None))
         except ApprovalError as exc:  # decided meanwhile, or the record failed: next sweep
             logger.info("approval expiry skipped run=%s code=%s", run_id, exc.code)
     return expired

@@ -279,12 +279,14 @@ async def _periodically(interval: float, what: str, job) -> None:
 
 
 async def _sweep() -> None:
-    from diagnosis.runtime.approvals import expire_due
+    from diagnosis.runtime.approvals import decision_event, expire_due
+    from diagnosis.runtime.live import publish
     from diagnosis.runtime.sweeper import publish_swept, sweep_expired_runs
 
     await publish_swept(await db(sweep_expired_runs))
     # Approval requests past APPROVAL_TIMEOUT_SECONDS: recorded EXPIRED (treated as rejected).
-    await db(expire_due)
+    for decided in await db(expire_due):
+        await publish(decided.run_id, decision_event(decided))
 
 
 async def _checkpoint() -> None:

@@ -260,7 +260,7 @@ def test_an_unanswered_request_expires_as_rejected(staff_user, aiops_settings):
     call = silence_call(run)
     assert approvals.expire_due() == []  # not due yet
     later = timezone.now() + dt.timedelta(seconds=approvals.timeout_seconds() + 1)
-    assert approvals.expire_due(now=later) == [run.run_id]
+    assert [d.run_id for d in approvals.expire_due(now=later)] == [run.run_id]
     decided = TraceEvent.objects.get(run_id=run.run_id, event_type=EventType.APPROVAL_DECIDED)
     assert decided.status == approvals.EXPIRED and decided.details["decidedBy"] is None
     drain()

@@ -32,7 +32,7 @@ from diagnosis.aiops.alertmanager import AlertmanagerClient
 from diagnosis.models import DiagnosisRun, RunStatus
 from diagnosis.runtime import approvals
 from tests.browser import launch_chromium, requires_chromium
-from tests.chat.support import ARTIFACTS, DaphneServer
+from tests.chat.support import ARTIFACTS, DaphneServer, iter_sse
 from tests.factories import issue_token
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -151,13 +151,30 @@ def test_a_run_interrupted_in_one_process_resumes_in_another(
 
     second = servers(product_env, "approval-b")
     token = issue_token(approver)
-    answer = httpx.post(
-        f"{second.url}/api/diagnosis/{run.session_id}/runs/{run.run_id}/approvals/{call.tool_call_id}",
-        json={"decision": "approve", "note": "across processes"},
-        headers={"Authorization": f"Token {token}"},
-        timeout=20,
-    )
-    assert answer.status_code == 200, answer.text
+    headers = {"Authorization": f"Token {token}"}
+    base = f"{second.url}/api/diagnosis/{run.session_id}/runs/{run.run_id}"
+    after = TraceEvent.objects.get(run_id=run.run_id, event_type=EventType.RUN_INTERRUPTED).sequence_no
+    # A client follows the waiting run (from after the interruption) while the decision is taken.
+    with (
+        httpx.Client(timeout=30) as client,
+        client.stream("GET", f"{base}/events", params={"after": after}, headers=headers) as stream,
+    ):
+        answer = client.post(
+            f"{base}/approvals/{call.tool_call_id}",
+            json={"decision": "approve", "note": "across processes"},
+            headers=headers,
+        )
+        assert answer.status_code == 200, answer.text
+        frames = []
+        for event in iter_sse(stream):
+            frames.append((event.event, event.data))
+            if event.event == "outcome":
+                break
+    approval = [d for kind, d in frames if kind == "progress" and d.get("stage") == "APPROVAL"]
+    assert [d["verdict"] for d in approval] == ["APPROVED"]
+    tool_frames = [(d["name"], d["status"]) for kind, d in frames if kind == "tool"]
+    assert ("create_silence", "RUNNING") in tool_frames and ("create_silence", "SUCCEEDED") in tool_frames
+    assert frames[-1][1]["status"] == "SUCCESS"
     done = wait_for(
         lambda: DiagnosisRun.objects.filter(
             run_id=run.run_id, status__in=[RunStatus.SUCCESS, RunStatus.FAILED]

@@ -6,7 +6,7 @@ operator after a crash. It also expires approval requests older than `APPROVAL_T
 from asgiref.sync import async_to_sync
 from django.core.management.base import BaseCommand
 
-from diagnosis.runtime.approvals import expire_due
+from diagnosis.runtime.approvals import expire_due, publish_decision
 from diagnosis.runtime.sweeper import SWEEP_BATCH, publish_swept, sweep_expired_runs
 
 
@@ -26,6 +26,8 @@ class Command(BaseCommand):
             if len(swept) < limit:
                 break
         expired = expire_due()
+        for decided in expired:
+            publish_decision(decided)
         self.stdout.write(
             f"swept {total} run(s)" + (f", expired {len(expired)} approval request(s)" if expired else "")
         )
