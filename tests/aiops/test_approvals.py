@@ -214,6 +214,12 @@ def test_a_rejected_call_never_reaches_alertmanager_and_the_model_gets_the_refus
     assert len(after) == len(before)
     verification = verify_run(run.run_id)
     assert verification.ok, verification.problems
+    # The finished run projects into OpenTelemetry spans like any other (the rejected call never ran).
+    from audit.selectors import get_trace
+    from telemetry.spans import project_trace
+
+    spans = project_trace(get_trace(run=run, viewer=approver))
+    assert any("create_silence" in span.name for span in spans)
 
 
 def test_refusals_self_approval_stale_arguments_permission_and_visibility(
