@@ -341,13 +341,17 @@ def _decided_already(run_id: str, tool_call_id: str, *, after: int) -> bool:
     )
 
 
-def _claim_interrupted(run: DiagnosisRun, *, owner: str) -> int | None:
-    """Take an INTERRUPTED run's lease to write a decision (or a cancel): conditional on the status and
-    the epoch as read, so of two deciders one wins; the new epoch, or None."""
+def _claim_interrupted(run: DiagnosisRun, *, owner: str, decided: bool = False) -> int | None:
+    """Take an INTERRUPTED run's lease to write a decision (or a cancel; `decided`: also a decided run
+    no worker claimed yet): conditional on the status and the epoch as read, so of two writers one wins;
+    the new epoch, or None."""
     until = timezone.now() + dt.timedelta(seconds=60)
-    taken = DiagnosisRun.objects.filter(
-        pk=run.pk, status=RunStatus.INTERRUPTED, lease_epoch=run.lease_epoch
-    ).update(lease_owner=owner, lease_expires_at=until, lease_epoch=F("lease_epoch") + 1)
+    waiting = Q(status=RunStatus.INTERRUPTED)
+    if decided:
+        waiting |= Q(status=RunStatus.PENDING, started_at__isnull=False, lease_owner="")
+    taken = DiagnosisRun.objects.filter(waiting, pk=run.pk, lease_epoch=run.lease_epoch).update(
+        lease_owner=owner, lease_expires_at=until, lease_epoch=F("lease_epoch") + 1
+    )
     return run.lease_epoch + 1 if taken else None
 
 
@@ -374,11 +378,19 @@ def expire_due(*, now: dt.datetime | None = None, limit: int = 100) -> list[Deci
     return expired
 
 
+def is_waiting(run: DiagnosisRun) -> bool:
+    """Whether nobody executes the run because it waits: INTERRUPTED, or decided and not yet claimed by a
+    worker (PENDING again after it started, no lease owner)."""
+    return run.status == RunStatus.INTERRUPTED or (
+        run.status == RunStatus.PENDING and run.started_at is not None and not run.lease_owner
+    )
+
+
 def cancel_waiting(*, run: DiagnosisRun, reason: str = "cancel requested") -> bool:
-    """Cancel an INTERRUPTED run: under its own claim, close the pending calls INTERRUPTED
+    """Cancel a run that waits (`is_waiting`): under its own claim, close the pending calls INTERRUPTED
     (`APPROVAL_CANCELLED`: never executed, a refusal recorded), RUN_CANCELLED, RUN_FINISHED CANCELLED.
-    False when the run was not waiting (decided or cancelled meanwhile)."""
-    epoch = _claim_interrupted(run, owner=decider_owner("cancel"))
+    False when the run was not waiting any more (claimed, decided or cancelled meanwhile)."""
+    epoch = _claim_interrupted(run, owner=decider_owner("cancel"), decided=True)
     if epoch is None:
         return False
     recorder = RunRecorder.resume(run.run_id, lease_epoch=epoch)

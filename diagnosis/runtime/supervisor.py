@@ -117,13 +117,15 @@ async def request_cancel(run_id: str) -> str:
     status = await db(services.request_run_cancel, run_id=run_id)
     if status in TERMINAL_RUN_STATUSES:
         return status
-    if status == RunStatus.INTERRUPTED:
-        # Nobody executes a run that waits for approval: this process ends it (pending calls closed).
-        from diagnosis.runtime.approvals import cancel_waiting
+    from diagnosis.runtime.approvals import cancel_waiting, is_waiting
+
+    run = await db(DiagnosisRun.objects.filter(run_id=run_id).first)
+    if run is not None and is_waiting(run):
+        # Nobody executes a run that waits for approval (or for a worker after its decision): this
+        # process ends it, its pending calls closed.
         from diagnosis.runtime.sweeper import publish_swept
 
-        run = await db(DiagnosisRun.objects.filter(run_id=run_id).first)
-        if run is not None and await db(cancel_waiting, run=run):
+        if await db(cancel_waiting, run=run):
             await publish_swept([run_id])
             return RunStatus.CANCELLED
         return await db(

@@ -417,3 +417,18 @@ def test_a_connected_client_is_told_live_that_the_run_waits_for_approval(staff_u
     tools = [e for e in sink.events if isinstance(e, ToolEvent) and e.name == "create_silence"]
     assert [e.status for e in tools] == ["AWAITING_APPROVAL"]
     assert not any(isinstance(e, OutcomeEvent) for e in sink.events)
+
+
+def test_a_decided_run_cancelled_before_a_worker_claims_it_never_runs_the_call(staff_user, approver):
+    run = interrupted_run(staff_user, "cancel-decided")
+    call = silence_call(run)
+    assert decide(client_for(approver), run, call.tool_call_id, decision="approve").status_code == 200
+    run.refresh_from_db()
+    assert run.status == RunStatus.PENDING
+    assert asyncio.run(supervisor.request_cancel(run.run_id)) == RunStatus.CANCELLED
+    drain()  # nothing left for a worker
+    run.refresh_from_db()
+    call.refresh_from_db()
+    assert run.status == RunStatus.CANCELLED and call.started_at is None
+    assert (call.status, call.error_code) == (ToolStatus.INTERRUPTED, approvals.APPROVAL_CANCELLED)
+    assert verify_run(run.run_id).ok
