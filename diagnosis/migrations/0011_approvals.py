@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('diagnosis', '0009_list_facts'),
+        ('diagnosis', '0010_run_cost'),
     ]
 
     operations = [
