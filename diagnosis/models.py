@@ -17,6 +17,9 @@ class RunStatus(models.TextChoices):
     SUCCESS = "SUCCESS"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
+    # Not terminal: the run's attempt ended waiting for a person to decide a tool call that requires
+    # approval; its lease is released and a decision makes it claimable again (docs/aiops.md, *Approvals*).
+    INTERRUPTED = "INTERRUPTED"
 
 
 TERMINAL_RUN_STATUSES = frozenset({RunStatus.SUCCESS, RunStatus.FAILED, RunStatus.CANCELLED})
@@ -227,6 +230,8 @@ class DiagnosisRun(models.Model):
             # The review queue (`audit.review_queue`): runs that need a human, oldest first.
             models.Index(fields=["needs_review", "created_at"], name="idx_run_needs_review"),
         ]
+        # Deciding a tool call that waits for approval (held by the group "Approvers", created on migrate).
+        permissions = [("approve_tool_call", "Can approve or reject tool calls that require approval")]
 
     def __str__(self) -> str:
         return self.run_id

@@ -8,8 +8,8 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('audit', '0009_access_governance'),
-        ('diagnosis', '0011_review_facts'),
+        ('audit', '0010_approvals'),
+        ('diagnosis', '0012_review_facts'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
@@ -17,7 +17,7 @@ class Migration(migrations.Migration):
         migrations.AlterField(
             model_name='traceevent',
             name='event_type',
-            field=models.CharField(choices=[('RUN_STARTED', 'Run Started'), ('ROUTING_ATTEMPT', 'Routing Attempt'), ('ROUTING_DECISION', 'Routing Decision'), ('MODEL_TOKEN_USAGE', 'Model Token Usage'), ('AGENT_MODEL_STEP', 'Agent Model Step'), ('TOOL_INVOCATION', 'Tool Invocation'), ('EVIDENCE_GUARD_INITIAL', 'Evidence Guard Initial'), ('EVIDENCE_GUARD_RETRY', 'Evidence Guard Retry'), ('SEMANTIC_GUARD_DECISION', 'Semantic Guard Decision'), ('RELEASE_DECISION', 'Release Decision'), ('PLAN_DECISION', 'Plan Decision'), ('RUN_CANCELLED', 'Run Cancelled'), ('RUN_FINISHED', 'Run Finished'), ('WRITE_FENCED', 'Write Fenced'), ('REASONING_PURGED', 'Reasoning Purged'), ('REASONING_REKEYED', 'Reasoning Rekeyed'), ('REVIEW_RECORDED', 'Review Recorded')], max_length=48),
+            field=models.CharField(choices=[('RUN_STARTED', 'Run Started'), ('ROUTING_ATTEMPT', 'Routing Attempt'), ('ROUTING_DECISION', 'Routing Decision'), ('MODEL_TOKEN_USAGE', 'Model Token Usage'), ('AGENT_MODEL_STEP', 'Agent Model Step'), ('TOOL_INVOCATION', 'Tool Invocation'), ('EVIDENCE_GUARD_INITIAL', 'Evidence Guard Initial'), ('EVIDENCE_GUARD_RETRY', 'Evidence Guard Retry'), ('SEMANTIC_GUARD_DECISION', 'Semantic Guard Decision'), ('RELEASE_DECISION', 'Release Decision'), ('PLAN_DECISION', 'Plan Decision'), ('RUN_CANCELLED', 'Run Cancelled'), ('RUN_FINISHED', 'Run Finished'), ('WRITE_FENCED', 'Write Fenced'), ('APPROVAL_REQUESTED', 'Approval Requested'), ('APPROVAL_DECIDED', 'Approval Decided'), ('RUN_INTERRUPTED', 'Run Interrupted'), ('RUN_RESUMED', 'Run Resumed'), ('REASONING_PURGED', 'Reasoning Purged'), ('REASONING_REKEYED', 'Reasoning Rekeyed'), ('REVIEW_RECORDED', 'Review Recorded')], max_length=48),
         ),
         migrations.CreateModel(
             name='RunReview',

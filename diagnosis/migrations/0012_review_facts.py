@@ -19,7 +19,7 @@ def backfill_review_facts(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('diagnosis', '0010_run_cost'),
+        ('diagnosis', '0011_approvals'),
     ]
 
     operations = [
