@@ -11,6 +11,7 @@
     python -m bench --no-write      # print the table only (a full run writes docs/performance.md)
     python -m bench --only b8       # trace export into a real Phoenix (needs .venv-phoenix; not in the
                                     # default set)
+    python -m bench --only b3p      # py-spy profile of one daphne under 50 and 200 chats (not default)
 
 Every figure is a ratio measured side by side in one run, as the median of several repetitions with its
 min and max; see docs/performance.md for the method of each.
@@ -26,13 +27,13 @@ from pathlib import Path
 from bench import env
 
 ALL = ("b1", "b2", "b3", "b4", "b5", "b6", "b7")
-OPTIONAL = ("b8",)
+OPTIONAL = ("b8", "b3p")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="short repetitions and smaller sizes")
-    p.add_argument("--only", default=",".join(ALL), help="comma-separated subset of b1,…,b8")
+    p.add_argument("--only", default=",".join(ALL), help="comma-separated subset of b1,…,b8, b3p")
     p.add_argument("--database", default=env.DEFAULT_DB, help="bench database (created and migrated)")
     p.add_argument("--no-write", action="store_true", help="do not write docs/performance.md")
     p.add_argument("--write", action="store_true", help="write docs/performance.md even with --quick")
@@ -112,6 +113,14 @@ def main(argv: list[str] | None = None) -> int:
         rows, evidence = b3_live.live_runs(levels=(50,) if q else (50, 100, 200), log=log)
         results.rows += rows
         results.evidence["b3"] = evidence
+
+    if "b3p" in only:
+        from bench import b3_profile
+
+        print("B3 profile: CPU per run in one daphne")
+        evidence = b3_profile.run_all(levels=(50,) if q else (50, 200), log=log)
+        results.evidence["b3_profile"] = evidence
+        print(b3_profile.markdown(evidence))
 
     if "b5" in only:
         from bench import b5_tlog
