@@ -12,6 +12,8 @@
     python -m bench --only b8       # trace export into a real Phoenix (needs .venv-phoenix; not in the
                                     # default set)
     python -m bench --only b3p      # py-spy profile of one daphne under 50 and 200 chats (not default)
+    python -m bench --only b0       # peers: MLflow tracing on the same MariaDB, Phoenix over OTLP (needs
+                                    # `make bench-peers`; skipped when absent; not in the default set)
 
 Every figure is a ratio measured side by side in one run, as the median of several repetitions with its
 min and max; see docs/performance.md for the method of each.
@@ -27,7 +29,7 @@ from pathlib import Path
 from bench import env
 
 ALL = ("b1", "b2", "b3", "b4", "b5", "b6", "b7")
-OPTIONAL = ("b8", "b3p")
+OPTIONAL = ("b8", "b3p", "b0")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -71,6 +73,13 @@ def main(argv: list[str] | None = None) -> int:
     results = report.Results(machine=machine, quick=q)
     log = print
 
+    if "b0" in only:
+        from bench import b0_peers
+
+        print("B0: peers (MLflow, Phoenix) against B1's floor")
+        results.rows += b0_peers.run_all(
+            runs_per_rep=10 if q else 20, reps=3 if q else 5, database=args.database, log=log
+        )
     if "b1" in only:
         from bench import b1_recording
 
@@ -158,9 +167,9 @@ def main(argv: list[str] | None = None) -> int:
         path = Path(env.ROOT) / "docs" / "performance.md"
         path.write_text(report.markdown(results), encoding="utf-8")
         print(f"bench: wrote {path.relative_to(env.ROOT)}")
-    elif {"b6", "b7"} & set(only) and not args.no_write and (not q or args.write):
+    elif {"b6", "b7", "b3p"} & set(only) and not args.no_write and (not q or args.write):
         path = Path(env.ROOT) / "docs" / "performance.md"
-        for name, write in (("b6", report.write_b6), ("b7", report.write_b7)):
+        for name, write in (("b6", report.write_b6), ("b7", report.write_b7), ("b3p", report.write_b3p)):
             if name in only:
                 write(path, results)
                 print(f"bench: wrote the {name.upper()} section of {path.relative_to(env.ROOT)}")

@@ -180,6 +180,23 @@ def timed_reads(fn, n: int) -> float:
     return times[len(times) // 2]
 
 
+def paired_reads(raw, endpoint, n: int) -> tuple[float, float]:
+    """Median seconds of `n` calls of each, interleaved call by call (after two warm-up calls each), so
+    that both sides see the same load on a shared machine."""
+    for _ in range(2):
+        raw()
+        endpoint()
+    raws, ends = [], []
+    for i in range(n):
+        for fn, out in ((raw, raws), (endpoint, ends)) if i % 2 == 0 else ((endpoint, ends), (raw, raws)):
+            start = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - start)
+    raws.sort()
+    ends.sort()
+    return raws[n // 2], ends[n // 2]
+
+
 def login_client(user) -> Client:
     client = Client()
     client.force_login(user)
@@ -447,8 +464,9 @@ def endpoint_vs_raw(*, reads: int, reps: int, database: str, log=print) -> tuple
     ms: dict[int, tuple[list[float], list[float]]] = {t.events: ([], []) for t in targets}
     for rep in range(reps):
         for t in targets:
-            r = timed_reads(lambda t=t: raw_read(cur, t, auth), reads)
-            e = timed_reads(lambda t=t: endpoint_read(client, t), reads)
+            r, e = paired_reads(
+                lambda t=t: raw_read(cur, t, auth), lambda t=t: endpoint_read(client, t), reads
+            )
             ratios[t.events].append(e / r)
             ms[t.events][0].append(e * 1e3)
             ms[t.events][1].append(r * 1e3)
