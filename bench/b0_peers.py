@@ -87,6 +87,31 @@ class MLflowPeer:
             self.proc.wait(30)
 
 
+class CountingExporter:
+    """The OTLP exporter, counting the spans it was handed and those whose export failed (the SDK logs a
+    failed export and carries on: the caller never learns of it)."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.handed = 0
+        self.failed = 0
+
+    def export(self, spans):
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        self.handed += len(spans)
+        result = self.inner.export(spans)
+        if result != SpanExportResult.SUCCESS:
+            self.failed += len(spans)
+        return result
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+
 class PhoenixPeer:
     """One tracer provider per processor kind, each on its own Phoenix project."""
 
@@ -99,7 +124,8 @@ class PhoenixPeer:
         self.server = server
         self.project = f"bench-b0-{kind}-{int(time.time())}"
         self.provider = TracerProvider(resource=Resource.create({"openinference.project.name": self.project}))
-        exporter = OTLPSpanExporter(endpoint=server.otlp_endpoint)
+        exporter = CountingExporter(OTLPSpanExporter(endpoint=server.otlp_endpoint))
+        self.exporter = exporter
         processor = SimpleSpanProcessor(exporter) if kind == "simple" else BatchSpanProcessor(exporter)
         self.provider.add_span_processor(processor)
         self.tracer = self.provider.get_tracer("bench.b0")
@@ -157,8 +183,9 @@ class PhoenixPeer:
             if not cursor:
                 return total
 
-    def settled_count(self, expected: int, timeout: float = 60.0) -> int:
-        """The project's stored spans once the count reaches `expected` or stops growing for 3 s."""
+    def settled_count(self, expected: int, timeout: float = 120.0, quiet: float = 15.0) -> int:
+        """The project's stored spans once the count reaches `expected` or stops growing for `quiet`
+        seconds (Phoenix stores what it accepted asynchronously, slowly on a loaded machine)."""
         self.provider.force_flush()
         deadline = time.monotonic() + timeout
         last, since = -1, time.monotonic()
@@ -168,7 +195,7 @@ class PhoenixPeer:
                 return n
             if n != last:
                 last, since = n, time.monotonic()
-            elif time.monotonic() - since > 3.0:
+            elif time.monotonic() - since > quiet:
                 return n
             time.sleep(0.5)
         return last
@@ -248,13 +275,16 @@ def run_all(*, runs_per_rep: int, reps: int, database: str, log=print) -> list[R
             )
         for kind, peer in peers.items():
             before = peer.settled_count(peer.runs * peer_shape.SPANS_PER_RUN)
+            handed, failed = peer.exporter.handed, peer.exporter.failed
             took = peer.burst(BURST, counter)
             counter += BURST
             expected = before + BURST * peer_shape.SPANS_PER_RUN
             stored = peer.settled_count(expected) - before
+            handed, failed = peer.exporter.handed - handed, peer.exporter.failed - failed
             lost[kind] = (
                 f"{BURST * peer_shape.SPANS_PER_RUN - stored} of {BURST * peer_shape.SPANS_PER_RUN} spans "
-                f"lost after {took:.1f} s"
+                f"lost after {took:.1f} s ({BURST * peer_shape.SPANS_PER_RUN - handed} never handed to the "
+                f"exporter, {failed} in failed exports; {before} stored before the burst)"
             )
         for kind, values in ratios.items():
             if not values:
