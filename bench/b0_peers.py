@@ -21,6 +21,7 @@ its count is stable) against 200 × 12. Skipped, with the reason, when a peer is
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import tempfile
 import time
@@ -58,9 +59,11 @@ class MLflowPeer:
         name = f"{database}_mlflow"
         create_database(name)
         uri = f"mysql+mysqldb://{USER}@{HOST}:{PORT}/{name}"
+        # Run in test-artifacts/, where MLflow puts its artifact store (./mlruns).
         self.proc = subprocess.Popen(
             [str(PEERS_PYTHON), "-m", "bench.peers_mlflow", uri, f"bench-b0-{int(time.time())}"],
-            cwd=ROOT,
+            cwd=ROOT / "test-artifacts",
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=open(ROOT / "test-artifacts" / "bench-mlflow.log", "wb"),  # noqa: SIM115
