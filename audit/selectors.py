@@ -205,6 +205,10 @@ class StoredEvent:
         ) = values
         self.details = json.loads(self.details_text) if self.details_text is not None else None
 
+    @property
+    def pk(self) -> int:
+        return self.id
+
     def __repr__(self) -> str:
         return f"<StoredEvent {self.run_id}#{self.sequence_no} {self.event_type}>"
 
@@ -239,9 +243,11 @@ def timeline_of(*, run_id: str) -> list[StoredEvent]:
 
 def _stored_rows(model, order: Sequence[str], **filters: Any) -> list[Any]:
     """Rows of `model` in `order` as attribute bags of every concrete column under its attribute name (the
-    digests cover every column), without model instances."""
+    digests cover every column) and `pk`, without model instances."""
     names = [f.attname for f in model._meta.concrete_fields]
-    return [SimpleNamespace(**row) for row in model.objects.filter(**filters).order_by(*order).values(*names)]
+    pk = model._meta.pk.attname
+    rows = model.objects.filter(**filters).order_by(*order).values(*names)
+    return [SimpleNamespace(pk=row[pk], **row) for row in rows]
 
 
 def provider_of(events: list[TraceEvent]) -> ProviderLabel | None:
