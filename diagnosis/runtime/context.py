@@ -47,6 +47,9 @@ class RunContext:
     # Evidence ids the run's tools returned and the canonical store accepted, in the order they came.
     gathered_evidence: list[str] = field(default_factory=list)
     first_output_marked: bool = False
+    # Whether a call of a tool that requires approval may interrupt the run here (the AI Ops executor's
+    # investigation); elsewhere such a call is refused (diagnosis.runtime.approvals).
+    approvals_allowed: bool = False
 
     def __post_init__(self) -> None:
         if self.recorder.committed is None:
