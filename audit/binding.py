@@ -129,7 +129,7 @@ def verify_rows(
             _reasoning_name(key),
             f"reasoning row for {_reasoning_name(key)}",
             bound_reasoning.pop(key, None),
-            rowdigest.REASONING.digest(row),
+            rowdigest.REASONING.digest(row, stored=True),
         )
 
     for review in reviews:
