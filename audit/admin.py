@@ -9,6 +9,7 @@ from audit.models import (
     GovernanceEvent,
     LegalHold,
     LogLeaf,
+    RunReview,
     RunTombstone,
     ToolInvocation,
     TraceEvent,
@@ -27,6 +28,19 @@ class TraceEventAdmin(ReadOnlyAdmin):
     list_select_related = False
     ordering = ("-created_at",)
     sortable_by = ("created_at",)  # every order and filter is an index (`audit.models`)
+
+
+@admin.register(RunReview)
+class RunReviewAdmin(ReadOnlyAdmin):
+    """Human reviews of runs (`audit.reviews`): append-only, never edited or deleted, for anyone; each is
+    bound into its run's chain by digest. Reviews are recorded on the run page or through the API."""
+
+    list_display = ("run_id", "sequence_no", "verdict", "reviewer_username", "created_at")
+    list_filter = (("created_at", admin.DateFieldListFilter),)
+    search_fields = ("=run__run_id", "=review_id")
+    list_select_related = False
+    ordering = ("-created_at",)
+    sortable_by = ("created_at",)
 
 
 @admin.register(AgentStep)

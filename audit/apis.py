@@ -1,7 +1,8 @@
 """Trace endpoints (`GET /api/diagnosis/{sessionId}/trace`, `…/audits`) and the transparency log's
 (`GET /api/diagnosis/{sessionId}/runs/{runId}/evidence`, `GET /api/audit/checkpoints/`,
 `GET /api/audit/checkpoints/{treeSize}/consistency?from=M`) and legal holds
-(`GET|POST /api/diagnosis/{sessionId}/holds`, `POST …/holds/{holdId}/lift`).
+(`GET|POST /api/diagnosis/{sessionId}/holds`, `POST …/holds/{holdId}/lift`) and reviews
+(`POST /api/diagnosis/{sessionId}/runs/{runId}/reviews`).
 
 Thin views: validate the request, ask a selector, render through a serializer. Visibility and 404s come
 from `diagnosis.selectors`; the read model from `audit.selectors`; the shapes from `audit.serializers`.
@@ -11,14 +12,15 @@ from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
-from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.exceptions import APIException, NotFound, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from audit.models import Checkpoint, HoldScope
-from audit.permissions import CanPlaceLegalHold, CanReadEvidence, IsSuperuser
+from audit.models import REVIEW_NOTE_CHARS, Checkpoint, HoldScope, ReviewVerdict
+from audit.permissions import CanPlaceLegalHold, CanReadEvidence, CanReviewRun, IsSuperuser
 from audit.retention import holds_of_session, lift_hold, place_hold
-from audit.selectors import AuditKind, get_session_audits, get_trace
+from audit.reviews import RunNotFinished, record_review
+from audit.selectors import AuditKind, get_session_audits, get_trace, review_views
 from audit.serializers import (
     CheckpointPageSerializer,
     CheckpointSerializer,
@@ -26,6 +28,7 @@ from audit.serializers import (
     ConsistencySerializer,
     EvidenceBundleSerializer,
     LegalHoldSerializer,
+    ReviewSerializer,
     StepSerializer,
     ToolSerializer,
     TraceSerializer,
@@ -336,3 +339,59 @@ class LiftLegalHoldApi(APIView):
                 lift_hold(user=request.user, hold=hold, reason=body.validated_data["reason"])
             ).data
         )
+
+
+# --------------------------------------------------------------------------------------------------
+# Reviews
+# --------------------------------------------------------------------------------------------------
+class Conflict(APIException):
+    status_code = 409
+    default_code = "conflict"
+    default_detail = "Conflict."
+
+
+class RunReviewsApi(APIView):
+    """Record a review of a finished run: `{"verdict": "correct" | "incorrect" | "unsafe" |
+    "needs_follow_up", "note"?: str ≤ 2000}` → 201 with the review. Append-only: a later review
+    supersedes an earlier one in the trace's `reviews`, none is changed. Recorded as a chained
+    `REVIEW_RECORDED` event of the run and a review row bound to it (`audit.reviews`).
+
+    401 anonymous; 400 invalid body; 404 the session or run is absent or not visible (same body); 403
+    visible but without `audit.review_run`; 409 the run has not finished yet.
+    """
+
+    permission_classes = [CanReviewRun]
+
+    class InputSerializer(serializers.Serializer):
+        verdict = serializers.ChoiceField(choices=ReviewVerdict.values)
+        note = serializers.CharField(
+            max_length=REVIEW_NOTE_CHARS, required=False, allow_blank=True, default=""
+        )
+
+        class Meta:
+            ref_name = "ReviewInput"
+
+    @extend_schema(
+        operation_id="record_review",
+        summary="Record a review of a finished run (audit.review_run)",
+        parameters=[
+            OpenApiParameter("sessionId", str, OpenApiParameter.PATH),
+            OpenApiParameter("runId", str, OpenApiParameter.PATH),
+        ],
+        request=InputSerializer,
+        responses={201: ReviewSerializer, **error_responses(400, 401, 403, 404, 409)},
+        tags=["trace"],
+    )
+    def post(self, request, sessionId, runId):
+        body = self.InputSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        run = get_visible_run(user=request.user, session_id=sessionId, run_id=runId)
+        if run is None:
+            raise NotFound(NOT_FOUND_RUN)
+        self.check_object_permissions(request, run)
+        try:
+            review = record_review(run=run, user=request.user, **body.validated_data)
+        except RunNotFinished as exc:
+            raise Conflict("The run has not finished; only finished runs are reviewed.") from exc
+        (view,) = review_views([review])
+        return Response(ReviewSerializer(view).data, status=201)

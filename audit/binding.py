@@ -11,6 +11,7 @@ The recorder puts each row's digest into the details of the event that records i
   update at terminal (the latest one binds), in the form `rowForm` names (`tool/2`; none: `tool`);
 * `REASONING_PURGED` / `REASONING_REKEYED`: `rows`, each `{id, stepIndex, agentName, digest}` of what is
   stored after the purge or re-encryption;
+* `REVIEW_RECORDED`: `reviewDigest`, the review row (`audit.RunReview`) named by its `reviewId`;
 * `RUN_FINISHED`: `runDigest` (the run's terminal summary, in the form named by `runForm`; see
   `audit.rowdigest`) and `expected` (events, steps, tools and reasoning rows the recorder attempted).
 
@@ -71,11 +72,13 @@ def verify_rows(
     steps: Iterable[Any],
     tools: Iterable[Any],
     reasoning: Iterable[Mapping[str, Any]],
+    reviews: Iterable[Any] = (),
 ) -> RowVerdict:
     """Verify one run's stored rows against the digests in its (ordered) events."""
     verdict = RowVerdict()
     bindings = collect(events)
     bound_steps, bound_tools, bound_reasoning = bindings.steps, bindings.tools, bindings.reasoning
+    bound_reviews = bindings.reviews
     finished, digests_seen, governance = bindings.finished, bindings.digests_seen, bindings.governance
 
     legacy: dict[str, list[str]] = {}
@@ -128,6 +131,17 @@ def verify_rows(
             bound_reasoning.pop(key, None),
             rowdigest.REASONING.digest(row, stored=True),
         )
+
+    for review in reviews:
+        what = f"review {review.review_id}"
+        bound = bound_reviews.pop(review.review_id, None)
+        if bound is None:
+            # Reviews exist only since row digests: one outside the chain is never "legacy".
+            verdict.problems.append(f"{what}: stored row not recorded in the chain")
+        else:
+            check("review", review.review_id, what, bound, rowdigest.REVIEW.digest_of(review))
+    for review_id, bound in bound_reviews.items():
+        verdict.problems.append(f"review {review_id} missing (recorded at sequence {bound.sequence_no})")
 
     for key, bound in bound_steps.items():
         if bound.digest is not None:

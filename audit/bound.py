@@ -17,7 +17,10 @@ TOOL_INVOCATION = "TOOL_INVOCATION"
 RUN_FINISHED = "RUN_FINISHED"
 REASONING_PURGED = "REASONING_PURGED"
 REASONING_REKEYED = "REASONING_REKEYED"
-GOVERNANCE_EVENTS = frozenset({REASONING_PURGED, REASONING_REKEYED})
+REVIEW_RECORDED = "REVIEW_RECORDED"
+# Events appended to a finished run's chain by others than its recorder (never expected by it, allowed
+# after the anchored head): reasoning purges and key rotations, and human reviews.
+GOVERNANCE_EVENTS = frozenset({REASONING_PURGED, REASONING_REKEYED, REVIEW_RECORDED})
 # (A bare tool error kept until the run's verdict, ERROR_OBSERVED, binds no row: the row is unchanged.)
 TOOL_STATUSES = frozenset({"AWAITING_APPROVAL", "RUNNING", "SUCCEEDED", "FAILED", "INTERRUPTED", "ABANDONED"})
 # `audit.models.CHAT_AGENT_NAME`: the agent of a step event that names none.
@@ -58,6 +61,8 @@ class Bindings:
     steps: dict[tuple[Any, str], Bound] = field(default_factory=dict)
     tools: dict[str, Bound] = field(default_factory=dict)
     reasoning: dict[tuple[Any, Any], Bound] = field(default_factory=dict)
+    # reviewId -> the REVIEW_RECORDED event that binds the review row (`reviewDigest`).
+    reviews: dict[str, Bound] = field(default_factory=dict)
     finished: tuple[int, str | None, dict | None, str | None] | None = None
     digests_seen: bool = False
     governance: int = 0
@@ -87,6 +92,10 @@ def collect(events: Sequence[Any]) -> Bindings:
                 event.status == "RUNNING" and "approvedDigest" not in d and not d.get("restarted")
             ):
                 b.tool_starts += 1
+        elif kind == REVIEW_RECORDED:
+            b.governance += 1
+            if "reviewId" in d:
+                b.reviews[str(d["reviewId"])] = Bound(seq, d.get("reviewDigest"))
         elif kind in GOVERNANCE_EVENTS:
             b.governance += 1
             for row in d.get("rows") or []:

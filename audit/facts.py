@@ -15,8 +15,11 @@ them, as SQL expressions over the stored audit rows, and everything that applies
   the run's terminal row (`audit.recorder.run.RunRecorder.finish`).
 * `refresh_run_facts` — the same `UPDATE` for any set of runs: after a failed write that follows the
   run's end, a reasoning purge, the backfill migration and `verify_audit --refresh-facts`.
-* `annotate_recomputed` — the rule evaluated at read time under `recomputed_*` names, so that
-  `verify_audit` can compare it with what is stored (`disagreements`).
+* `fact_statements` — what the recorder runs after a terminal or late write: `fact_update_sql` and then
+  the review queue's flag (`diagnosis.review_queue.needs_review_update`, which reads `audit_complete`),
+  each its own statement; `refresh_run_facts` rewrites that flag too.
+* `annotate_recomputed` — the rule evaluated at read time under `recomputed_*` names (and the review
+  queue's flag), so that `verify_audit` can compare it with what is stored (`disagreements`).
 
 Before a run ends its facts are 0 and False (the model's defaults): the rule is false for a run that is
 not terminal, and the counts are written when it ends.
@@ -46,6 +49,7 @@ from django.db.models.functions import Coalesce
 from audit.bound import GOVERNANCE_EVENTS
 from audit.models import AgentStep, ToolInvocation, ToolStatus, TraceEvent
 from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun, RunStatus
+from diagnosis.review_queue import needs_review_expression, needs_review_update, refresh_needs_review
 
 COUNT_FIELDS = ("persisted_events", "persisted_steps", "persisted_tools")
 FACT_FIELDS = (*COUNT_FIELDS, "audit_complete")
@@ -107,7 +111,10 @@ def refresh_run_facts(*, runs: QuerySet[DiagnosisRun] | None = None, run_ids: It
     `REFRESH_BATCH`; returns how many rows were updated."""
     if runs is None:
         runs = DiagnosisRun.objects.filter(run_id__in=list(run_ids))
-    return refresh_facts_of(runs)
+    updated = refresh_facts_of(runs)
+    # The review queue's flag reads `audit_complete`: its own statement, after the facts.
+    refresh_needs_review(runs=runs)
+    return updated
 
 
 def refresh_facts_of(runs: QuerySet, **models: Any) -> int:
@@ -135,10 +142,18 @@ def fact_update_sql(run_id: str, *, using: str = "default") -> tuple[str, tuple]
     return sql, tuple(params)
 
 
+def fact_statements(run_id: str, *, using: str = "default") -> list[tuple[str, tuple]]:
+    """The statements that rewrite the run's stored list facts in the caller's transaction: the rule of
+    this module, then the review queue's flag (which reads the fact just written)."""
+    return [fact_update_sql(run_id, using=using), needs_review_update(run_id, using=using)]
+
+
 def annotate_recomputed(queryset: QuerySet[DiagnosisRun]) -> QuerySet[DiagnosisRun]:
     """The rule recomputed at read time, as `recomputed_persisted_events/steps/tools` and
     `recomputed_audit_complete` (subqueries of one SELECT)."""
-    return queryset.annotate(**fact_expressions(prefix="recomputed_"))
+    return queryset.annotate(
+        **fact_expressions(prefix="recomputed_"), recomputed_needs_review=needs_review_expression()
+    )
 
 
 def disagreements(run: DiagnosisRun) -> list[str]:
@@ -146,10 +161,11 @@ def disagreements(run: DiagnosisRun) -> list[str]:
     annotated `run`); empty when they agree. Worded without content. For a run not yet ended only
     `audit_complete` (False) is compared."""
     problems = []
-    # Before the run ends its counts are not written yet (0): only the flag is compared.
-    for name in FACT_FIELDS if run.is_terminal else ("audit_complete",):
+    # Before the run ends its counts are not written yet (0): only the flags are compared. The review
+    # queue's flag is recomputed from the run's stored columns (its rule: `diagnosis.review_queue`).
+    for name in (*FACT_FIELDS, "needs_review") if run.is_terminal else ("audit_complete", "needs_review"):
         stored, recomputed = getattr(run, name), getattr(run, f"recomputed_{name}")
-        if name == "audit_complete":
+        if name in ("audit_complete", "needs_review"):
             stored, recomputed = bool(stored), bool(recomputed)
         if stored != recomputed:
             problems.append(f"stored {name} is {stored}, recomputed {recomputed}")
@@ -161,6 +177,7 @@ __all__ = [
     "annotate_recomputed",
     "disagreements",
     "fact_expressions",
+    "fact_statements",
     "fact_update_sql",
     "refresh_run_facts",
 ]

@@ -48,6 +48,7 @@ class EventType(models.TextChoices):
     RUN_RESUMED = "RUN_RESUMED"
     REASONING_PURGED = "REASONING_PURGED"
     REASONING_REKEYED = "REASONING_REKEYED"
+    REVIEW_RECORDED = "REVIEW_RECORDED"
 
 
 class ToolStatus(models.TextChoices):
@@ -243,6 +244,54 @@ class ToolInvocation(models.Model):
     @property
     def success(self) -> bool:
         return self.status == ToolStatus.SUCCEEDED
+
+
+# --------------------------------------------------------------------------------------------------
+# Human reviews of runs (audit/reviews.py, docs/admin.md "Reviews")
+# --------------------------------------------------------------------------------------------------
+REVIEW_PERMISSION = "audit.review_run"
+REVIEW_NOTE_CHARS = 2000
+
+
+class ReviewVerdict(models.TextChoices):
+    CORRECT = "correct"
+    INCORRECT = "incorrect"
+    UNSAFE = "unsafe"
+    NEEDS_FOLLOW_UP = "needs_follow_up"
+
+
+class RunReview(models.Model):
+    """One reviewer's verdict on a finished run (`audit_run_review`): append-only, never updated.
+
+    Written by `audit.reviews.record_review` alone, in the transaction that appends its
+    `REVIEW_RECORDED` event to the run's chain (`sequence_no` is that event's); the event carries the
+    digest of this row (form `review`, `audit.rowdigest`), so an edited or deleted review is named by
+    `verify_audit` and the trace summary. A later review supersedes an earlier one in display; both
+    stay. `reviewer_username` is a snapshot (the user may be renamed or deleted later)."""
+
+    review_id = models.CharField(max_length=64, unique=True)
+    run = _run_fk("reviews")
+    session_id = models.CharField(max_length=64)
+    verdict = models.CharField(max_length=24, choices=ReviewVerdict.choices)
+    note = models.TextField(blank=True, default="")
+    reviewer = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+", db_constraint=False
+    )
+    reviewer_username = models.CharField(max_length=150)
+    sequence_no = models.PositiveIntegerField()
+    created_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "audit_run_review"
+        ordering = ["run_id", "sequence_no"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "sequence_no"], name="uniq_review_run_sequence")
+        ]
+        indexes = [models.Index(fields=["created_at"], name="idx_review_created")]
+        permissions = [("review_run", "Can record a review of a run")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id} review {self.verdict}"
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
-"""DRF permissions of the audit endpoints: session audits (superusers only) and evidence and checkpoints
-(staff and reasoning auditors), checked on the object after it was found visible where there is one, so
-the order is 401 → 404 → 403 (see docs/api.md)."""
+"""DRF permissions of the audit endpoints: session audits (superusers only), evidence and checkpoints
+(staff and reasoning auditors) and reviews (`audit.review_run`), checked on the object after it was
+found visible where there is one, so the order is 401 → 404 → 403 (see docs/api.md)."""
 
 from rest_framework.permissions import BasePermission
 
@@ -48,3 +48,18 @@ class CanPlaceLegalHold(BasePermission):
 
     def has_object_permission(self, request, view, obj) -> bool:
         return bool(request.user.is_active and request.user.has_perm("audit.place_legal_hold"))
+
+
+class CanReviewRun(BasePermission):
+    """Reviews: `audit.review_run` ("Reviewers", "Reasoning Auditors"), checked on the run after it was
+    found visible (401 → 400 → 404 → 403)."""
+
+    message = "Reviews need the permission audit.review_run."
+
+    def has_permission(self, request, view) -> bool:
+        return bool(request.user and request.user.is_authenticated)
+
+    def has_object_permission(self, request, view, obj) -> bool:
+        from audit.reviews import may_review
+
+        return may_review(request.user)

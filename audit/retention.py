@@ -1,7 +1,7 @@
 """Retention of trace records and legal holds (`manage.py purge_audit`, the API's and the admin's holds).
 
 **Retention.** A finished run's trace records (timeline events, model steps, tool rows, reasoning rows,
-feedback and the run row) are kept `AUDIT_RETENTION_DAYS` after it finished (default 183: EU AI Act
+feedback, reviews and the run row) are kept `AUDIT_RETENTION_DAYS` after it finished (default 183: EU AI Act
 Art. 19 and 26(6) ask for at least six months), then `purge_expired_runs` deletes them and writes a
 `RunTombstone` in the same transaction. Only anchored runs are purged (the purge checkpoints first), and
 their leaves stay in the transparency log, so the log, its checkpoints and every other run still verify;
@@ -34,6 +34,7 @@ from audit.models import (
     LegalHold,
     LogHead,
     LogLeaf,
+    RunReview,
     RunTombstone,
     ToolInvocation,
     TraceEvent,
@@ -53,6 +54,7 @@ _TABLES = (
     ("tools", ToolInvocation),
     ("reasoning", AgentReasoningAudit),
     ("feedback", RunFeedback),
+    ("reviews", RunReview),
 )
 PURGE_BATCH = 200
 REASON_CHARS = 1000

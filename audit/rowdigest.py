@@ -26,6 +26,8 @@ Forms:
 * `run/3` (runs recorded since AI Ops analyses): `run/2` plus the run's `self_evaluation` (NULL for chat
   runs), written by the same terminal update.
   RUN_FINISHED names its form (`runForm`); without one it is `run`.
+* `review` (`audit_run_review`): every column but the reviewer's user id (a snapshot of the username is
+  bound instead), bound by its `REVIEW_RECORDED` event (`reviewDigest`).
 
 Auto-increment ids are not part of any form (they are assigned by the database after the digest is
 taken); rows are named by their run-scoped keys (agent name + step index, tool call id).
@@ -43,7 +45,7 @@ from django.db import models
 from django.db.models.functions import Cast
 
 from audit.integrity import timestamp
-from audit.models import AgentStep, ToolInvocation
+from audit.models import AgentStep, RunReview, ToolInvocation
 from audit.payloads import canonical_json, sha256_hex
 from diagnosis.models import DiagnosisRun
 from reasoning.fields import Ciphertext, EncryptedTextField
@@ -132,6 +134,16 @@ RUN_COLUMNS = (
     "expected_events",
     "expected_steps",
     "expected_tools",
+)
+REVIEW_COLUMNS = (
+    "review_id",
+    "run_id",
+    "session_id",
+    "verdict",
+    "note",
+    "reviewer_username",
+    "sequence_no",
+    "created_at",
 )
 RUN_DELIVERY_COLUMNS = ("release_mode", "draft_chars", "last_token_at", "release_latency_ms")
 RUN_EVALUATION_COLUMNS = ("self_evaluation",)
@@ -232,11 +244,12 @@ def tool_form(name: str | None) -> Form | None:
     return _TOOL_FORMS.get(name or TOOL_V1.name)
 
 
-_BY_MODEL = {f.model: f for f in (STEP, TOOL, REASONING)}
+REVIEW = Form("review", RunReview, REVIEW_COLUMNS)
+_BY_MODEL = {f.model: f for f in (STEP, TOOL, REASONING, REVIEW)}
 
 
 def form_of(model: type[models.Model]) -> Form | None:
-    """The form of a row of `model` bound at insert (step, tool, reasoning), or None."""
+    """The form of a row of `model` bound at insert (step, tool, reasoning, review), or None."""
     return _BY_MODEL.get(model)
 
 

@@ -3,12 +3,12 @@
 `get_trace` turns a run into a `Trace`: the run row (with the viewer's feedback), its ordered timeline,
 its model steps and its tool invocations, and a `TraceSummary` that compares what is stored with what the
 recorder expected to write, and every stored row with the digest its chain carries, so that an
-incomplete or altered audit is visible and never silent (seed 001, sections 6–8). It costs five queries
-whatever the run's size (events, steps, tools, the reasoning rows' stored columns, and the run's leaf in
-the transparency log; plus one for the feedback only when the caller did not annotate it on the run). No
-reasoning or assistant text is read: the reasoning rows (`reasoning.AgentReasoningAudit`) are read as
-stored, ciphertext cast to plain text and never decrypted, only to recompute their digests; nothing of
-them enters the trace.
+incomplete or altered audit is visible and never silent (seed 001, sections 6–8). It costs seven queries
+whatever the run's size (events, steps, tools, the reasoning rows' stored columns, the run's reviews, its
+leaf in the transparency log and the price overrides; plus one for the feedback only when the caller did
+not annotate it on the run). No reasoning or assistant text is read: the reasoning rows
+(`reasoning.AgentReasoningAudit`) are read as stored, ciphertext cast to plain text and never decrypted,
+only to recompute their digests; nothing of them enters the trace.
 
 The API (`audit.apis.TraceApi`) and the admin's "export as JSON" both call `get_trace` and render it with
 `audit.serializers.TraceSerializer`, so both produce the same shape.
@@ -81,6 +81,7 @@ from audit.models import (
     Checkpoint,
     EventType,
     LogLeaf,
+    RunReview,
     ToolInvocation,
     ToolStatus,
     TraceEvent,
@@ -144,6 +145,37 @@ class ProviderLabel:
 
 
 @dataclass(frozen=True, slots=True)
+class ReviewView:
+    """One human review of the run (`audit.RunReview`) as the trace shows it: `superseded` when a later
+    review of the run exists (display only: every review is kept)."""
+
+    review_id: str
+    verdict: str
+    note: str
+    reviewer: str
+    sequence_no: int
+    created_at: dt.datetime
+    superseded: bool
+
+
+def review_views(reviews: Sequence[RunReview]) -> list[ReviewView]:
+    """The run's reviews, oldest first; every one but the latest is superseded."""
+    ordered = sorted(reviews, key=lambda r: r.sequence_no)
+    return [
+        ReviewView(
+            review_id=r.review_id,
+            verdict=r.verdict,
+            note=r.note,
+            reviewer=r.reviewer_username,
+            sequence_no=r.sequence_no,
+            created_at=r.created_at,
+            superseded=i < len(ordered) - 1,
+        )
+        for i, r in enumerate(ordered)
+    ]
+
+
+@dataclass(frozen=True, slots=True)
 class CallCostView:
     """One model call's cost by the pricing rule (`pricing.rules`) under the prices in force now, next to
     the usage record (`event`, MODEL_TOKEN_USAGE) it prices."""
@@ -163,6 +195,7 @@ class Trace:
     tools: list[Any]  # every ToolInvocation column by attribute name
     summary: TraceSummary
     provider: ProviderLabel | None = None
+    reviews: list[ReviewView] = field(default_factory=list)
     # Each model call's cost (usage records in timeline order); the run's stored cost is on `run`.
     call_costs: tuple[CallCostView, ...] = ()
 
@@ -275,6 +308,7 @@ def get_trace(
     steps = _stored_rows(AgentStep, ("id",), run_id=run.run_id)
     tools = _stored_rows(ToolInvocation, ("started_at", "id"), run_id=run.run_id)
     reasoning = stored_reasoning_rows(run_id=run.run_id)
+    reviews = list(RunReview.objects.filter(run_id=run.run_id).order_by("sequence_no"))
     leaf = anchored_leaf(run_id=run.run_id)
     book = load_price_book()  # the price overrides: one small query
 
@@ -292,6 +326,7 @@ def get_trace(
         steps=steps,
         tools=tools,
         reasoning=reasoning,
+        reviews=reviews,
         leaf=leaf,
         book=book,
     )
@@ -306,6 +341,7 @@ def _assemble(
     steps: list[AgentStep],
     tools: list[ToolInvocation],
     reasoning: list[dict],
+    reviews: list[RunReview],
     leaf: LogLeaf | None,
     book: PriceBook,
 ) -> Trace:
@@ -321,6 +357,7 @@ def _assemble(
         tools=tools,
         steps=steps,
         reasoning=reasoning,
+        reviews=reviews,
         leaf=leaf,
     )
     return Trace(
@@ -333,6 +370,7 @@ def _assemble(
         tools=returned_tools,
         summary=summary,
         provider=provider_of(events),
+        reviews=review_views(reviews),
         call_costs=call_costs_of(run, returned_events, book=book),
     )
 
@@ -344,9 +382,9 @@ def iter_traces(
     runs: QuerySet[DiagnosisRun], *, viewer: AbstractBaseUser | None = None, chunk: int = EXPORT_CHUNK
 ) -> Iterator[Trace]:
     """The trace of each run of `runs`, in primary-key order, `chunk` runs at a time: per chunk one
-    query each for the runs, their events, steps, tools, reasoning rows' stored columns, leaves and (with
-    a `viewer`) the viewer's feedback, so memory holds one chunk whatever the number of runs (`manage.py
-    export_traces`, the admin's export). Each trace equals `get_trace(run=run, viewer=viewer)`."""
+    query each for the runs, their events, steps, tools, reasoning rows' stored columns, reviews, leaves
+    and (with a `viewer`) the viewer's feedback, so memory holds one chunk whatever the number of runs
+    (`manage.py export_traces`, the admin's export). Each trace equals `get_trace(run=run, viewer=viewer)`."""
     book = load_price_book()
     last = 0
     while True:
@@ -367,6 +405,9 @@ def iter_traces(
         reasoning: dict[str, list[dict]] = defaultdict(list)
         for row in stored_reasoning_rows(run_id__in=ids):
             reasoning[row["run_id"]].append(row)
+        reviews: dict[str, list[RunReview]] = defaultdict(list)
+        for review in RunReview.objects.filter(run_id__in=ids).order_by("run_id", "sequence_no"):
+            reviews[review.run_id].append(review)
         leaves = {leaf.run_id: leaf for leaf in _anchored_leaves(LogLeaf.objects.filter(run_id__in=ids))}
         feedback = feedback_of(run_ids=ids, user=viewer) if viewer is not None else {}
         for run in batch:
@@ -378,6 +419,7 @@ def iter_traces(
                 steps=steps.pop(run.run_id, []),
                 tools=tools.pop(run.run_id, []),
                 reasoning=reasoning.pop(run.run_id, []),
+                reviews=reviews.pop(run.run_id, []),
                 leaf=leaves.get(run.run_id),
                 book=book,
             )
@@ -420,13 +462,14 @@ def summarize(
     tools: list[ToolInvocation],
     steps: Sequence[AgentStep] = (),
     reasoning: Sequence[dict] = (),
+    reviews: Sequence[RunReview] = (),
     leaf: LogLeaf | None = None,
 ) -> TraceSummary:
     """Compare stored, expected and returned records of `run`, and every stored row with its digest in
     the chain, and the chain with its leaf in the transparency log; see the module docstring.
     `reasoning`: the run's reasoning rows as stored (`audit.rowdigest.stored_reasoning_rows`); `leaf`:
     the run's leaf as `anchored_leaf` reads it (None: not anchored)."""
-    rows = verify_rows(events=events, run=run, steps=steps, tools=tools, reasoning=reasoning)
+    rows = verify_rows(events=events, run=run, steps=steps, tools=tools, reasoning=reasoning, reviews=reviews)
     if rows.expected is not None:
         expected = Counts(rows.expected.events, rows.expected.steps, rows.expected.tools)
     else:

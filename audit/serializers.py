@@ -10,7 +10,7 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from audit.models import CHAT_AGENT_NAME, EventType, Phase, ToolStatus
+from audit.models import CHAT_AGENT_NAME, EventType, Phase, ReviewVerdict, ToolStatus
 from diagnosis.models import Intent, ReleaseDecision, RunStatus
 from diagnosis.selectors import RunResolution
 from pricing.rules import CURRENCY, CostStatus
@@ -419,6 +419,24 @@ class TraceSummarySerializer(serializers.Serializer):
         ref_name = "TraceSummary"
 
 
+class ReviewSerializer(serializers.Serializer):
+    """One human review of the run (`audit.selectors.ReviewView`); reviews are append-only, a later one
+    supersedes an earlier one in display (`superseded`), none is ever changed."""
+
+    reviewId = serializers.CharField(source="review_id")
+    verdict = serializers.ChoiceField(choices=ReviewVerdict.values)
+    note = serializers.CharField(allow_blank=True)
+    reviewer = serializers.CharField(help_text="The reviewer's username when the review was recorded.")
+    sequenceNo = serializers.IntegerField(
+        source="sequence_no", help_text="The REVIEW_RECORDED event of the run's timeline that binds it."
+    )
+    createdAt = serializers.DateTimeField(source="created_at")
+    superseded = serializers.BooleanField(help_text="A later review of this run exists.")
+
+    class Meta:
+        ref_name = "RunReview"
+
+
 class TraceSerializer(serializers.Serializer):
     """A `audit.selectors.Trace` in the contract's shape."""
 
@@ -431,6 +449,7 @@ class TraceSerializer(serializers.Serializer):
     steps = StepSerializer(many=True)
     tools = ToolSerializer(many=True)
     summary = TraceSummarySerializer()
+    reviews = ReviewSerializer(many=True, help_text="Human reviews of the run, oldest first.")
 
     class Meta:
         ref_name = "Trace"
@@ -561,6 +580,9 @@ class EvidenceRowsSerializer(serializers.Serializer):
     tools = EvidenceRowSerializer(many=True)
     reasoning = EvidenceReasoningSerializer(many=True)
     run = EvidenceRowSerializer(allow_null=True, help_text="The terminal summary (content as its SHA-256).")
+    reviews = EvidenceRowSerializer(
+        many=True, required=False, help_text="The run's review rows (form `review`); absent in older bundles."
+    )
 
     class Meta:
         ref_name = "EvidenceRows"

@@ -1,4 +1,6 @@
-"""Creates the "Staff viewers" role after every migrate: read access to the console, nothing more.
+"""Creates the "Staff viewers" role after every migrate: read access to the console, nothing more; and
+the reviewers' permission `audit.review_run` on the "Reviewers" group (created here) and on "Reasoning
+Auditors" (created by `reasoning.signals`, or here when this app's signal comes first).
 
 Staff accounts need the `view_*` permissions of the diagnosis, audit and reasoning models to browse runs
 in the admin. This group holds exactly those, except two: `view_reasoning_content` (the auditors' group
@@ -13,6 +15,9 @@ from django.db.models.signals import post_migrate
 from django.dispatch import receiver
 
 STAFF_VIEWERS_GROUP = "Staff viewers"
+REVIEWERS_GROUP = "Reviewers"
+# The groups that hold `audit.review_run` (audit.models.REVIEW_PERMISSION).
+REVIEW_GROUPS = (REVIEWERS_GROUP, "Reasoning Auditors")
 CONSOLE_APPS = ("diagnosis", "audit", "reasoning")
 # Never granted by this group, whatever models the apps gain later.
 WITHHELD_CODENAMES = frozenset({"view_reasoning_content", "view_reasoningaccesslog"})
@@ -36,3 +41,7 @@ def create_staff_viewers_group(sender, using="default", apps=global_apps, **kwar
     )
     group, _ = Group.objects.using(using).get_or_create(name=STAFF_VIEWERS_GROUP)
     group.permissions.set(list(permissions))
+    review = Permission.objects.using(using).get(content_type__app_label="audit", codename="review_run")
+    for name in REVIEW_GROUPS:
+        holder, _ = Group.objects.using(using).get_or_create(name=name)
+        holder.permissions.add(review)

@@ -274,6 +274,18 @@ def _rest(trace: Trace, tz: dt.tzinfo) -> dict[str, Any]:
             ),
             "gaps": [str(g) for g in s.gaps],
         },
+        "reviews": [
+            {
+                "reviewId": _str(r.review_id),
+                "verdict": _str(r.verdict),
+                "note": _str(r.note),
+                "reviewer": _str(r.reviewer),
+                "sequenceNo": int(r.sequence_no),
+                "createdAt": _dt(r.created_at),
+                "superseded": bool(r.superseded),
+            }
+            for r in trace.reviews
+        ],
     }
 
 

@@ -2,7 +2,7 @@
 
 For each run: the timeline's hash chain and sequence numbers (`audit.integrity.verify_chain`: 1..n
 without gap or repeat, `prev_hash` links, each hash recomputed from its own fields); every durable row
-(steps, tools, reasoning rows, the run's terminal summary) against the digest its chain carries
+(steps, tools, reasoning rows, reviews, the run's terminal summary) against the digest its chain carries
 (`audit.binding.verify_rows`: a changed, deleted or unrecorded row is named); and, for a finished run,
 whether the stored events, steps, tools and reasoning rows match the counts the chain says the recorder
 attempted (older runs without counts in their chain: the run's `expected_*` columns) and whether any audit
@@ -36,6 +36,7 @@ from audit.models import (
     EventType,
     GovernanceEvent,
     LogLeaf,
+    RunReview,
     RunTombstone,
     ToolInvocation,
     TraceEvent,
@@ -79,7 +80,7 @@ def verify_run(run_id: str) -> RunVerification:
     tombstone = RunTombstone.objects.filter(run_id=run_id).first() if run is None and not events else None
     if tombstone is not None:
         return _purged(run_id, tombstone, leaf)
-    steps, tools, reasoning = _rows([run_id])
+    steps, tools, reasoning, reviews = _rows([run_id])
     result = _check(
         run_id,
         events,
@@ -87,6 +88,7 @@ def verify_run(run_id: str) -> RunVerification:
         steps=steps[run_id],
         tools=tools[run_id],
         reasoning=reasoning[run_id],
+        reviews=reviews[run_id],
         leaf=leaf,
         book=load_price_book(),
     )
@@ -129,7 +131,7 @@ def verify_all_runs(*, batch_size: int = RUN_BATCH) -> Iterator[RunVerification]
         by_run: dict[str, list[TraceEvent]] = defaultdict(list)
         for event in TraceEvent.objects.filter(run_id__in=ids).order_by("run_id", "sequence_no"):
             by_run[event.run_id].append(event)
-        steps, tools, reasoning = _rows(ids)
+        steps, tools, reasoning, reviews = _rows(ids)
         leaves = leaves_of(ids)
         for run in runs:
             yield _check(
@@ -139,13 +141,17 @@ def verify_all_runs(*, batch_size: int = RUN_BATCH) -> Iterator[RunVerification]
                 steps=steps.pop(run.run_id, []),
                 tools=tools.pop(run.run_id, []),
                 reasoning=reasoning.pop(run.run_id, []),
+                reviews=reviews.pop(run.run_id, []),
                 leaf=leaves.get(run.run_id),
                 book=book,
             )
 
 
-def _rows(run_ids: list[str]) -> tuple[dict[str, list], dict[str, list], dict[str, list]]:
+def _rows(run_ids: list[str]) -> tuple[dict[str, list], dict[str, list], dict[str, list], dict[str, list]]:
     steps: dict[str, list[AgentStep]] = defaultdict(list)
+    reviews: dict[str, list[RunReview]] = defaultdict(list)
+    for review in RunReview.objects.filter(run_id__in=run_ids).order_by("run_id", "sequence_no"):
+        reviews[review.run_id].append(review)
     tools: dict[str, list[ToolInvocation]] = defaultdict(list)
     reasoning: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for step in AgentStep.objects.filter(run_id__in=run_ids).order_by("run_id", "step_index", "id"):
@@ -154,7 +160,7 @@ def _rows(run_ids: list[str]) -> tuple[dict[str, list], dict[str, list], dict[st
         tools[tool.run_id].append(tool)
     for row in stored_reasoning_rows(run_id__in=run_ids):
         reasoning[row["run_id"]].append(row)
-    return steps, tools, reasoning
+    return steps, tools, reasoning, reviews
 
 
 def _check(
@@ -165,6 +171,7 @@ def _check(
     steps: list[AgentStep],
     tools: list[ToolInvocation],
     reasoning: list[dict[str, Any]],
+    reviews: list[RunReview] = (),
     leaf: LogLeaf | None = None,
     book: PriceBook | None = None,
 ) -> RunVerification:
@@ -175,7 +182,7 @@ def _check(
     result.invalid.extend(anchor_problems)
     result.leaf_index = leaf.leaf_index if leaf is not None else None
     result.unanchored = bool(anchor_notes)
-    rows = verify_rows(events=events, run=run, steps=steps, tools=tools, reasoning=reasoning)
+    rows = verify_rows(events=events, run=run, steps=steps, tools=tools, reasoning=reasoning, reviews=reviews)
     result.rows_verified = rows.verified
     result.invalid.extend(rows.problems)
     result.notes.extend(rows.notes)

@@ -268,8 +268,8 @@ ERROR_DESCRIPTIONS = {
     ),
     404: "No such resource, or one the user may not see (`not_found`; identical in both cases).",
     409: (
-        "The resource is not in a state that allows this (`not_waiting`: an approval decided already or "
-        "expired; `arguments_changed`)."
+        "The resource is not in a state that allows this (`conflict`: a review of a run that has not "
+        "finished; `not_waiting`: an approval decided already or expired; `arguments_changed`)."
     ),
     429: (
         "Too many requests (`throttled`), or too many failed authentications (`locked_out`); see "

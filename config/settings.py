@@ -285,8 +285,15 @@ REASONING_REQUIRE_OTP = env.bool("REASONING_REQUIRE_OTP", default=not DEBUG)
 # Permissions whose holders the governance log and the access review follow (besides superusers).
 SENSITIVE_PERMISSIONS = env.list(
     "SENSITIVE_PERMISSIONS",
-    default=["reasoning.view_reasoning_content", "audit.place_legal_hold", "diagnosis.approve_tool_call"],
+    default=[
+        "reasoning.view_reasoning_content",
+        "audit.place_legal_hold",
+        "diagnosis.approve_tool_call",
+        "audit.review_run",
+    ],
 )
+# The review queue (audit.reviews): how long a reviewer's claim on a queued run keeps others off it.
+REVIEW_CLAIM_MINUTES = env.float("REVIEW_CLAIM_MINUTES", default=30.0)
 # django-axes: failed logins and failed token authentications, counted per username and per client
 # address (access.lockout.lockout_parameters); at the limit both are refused until the cool-off ends.
 AXES_ENABLED = env.bool("AXES_ENABLED", default=True)

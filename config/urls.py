@@ -13,6 +13,7 @@ from audit.apis import (
     EvidenceApi,
     LegalHoldsApi,
     LiftLegalHoldApi,
+    RunReviewsApi,
     SessionAuditsApi,
     TraceApi,
 )
@@ -52,6 +53,11 @@ urlpatterns = [
         "api/diagnosis/<str:sessionId>/runs/<str:runId>/evidence",
         EvidenceApi.as_view(),
         name="api-run-evidence",
+    ),
+    path(
+        "api/diagnosis/<str:sessionId>/runs/<str:runId>/reviews",
+        RunReviewsApi.as_view(),
+        name="api-run-reviews",
     ),
     path("api/diagnosis/<str:sessionId>/holds", LegalHoldsApi.as_view(), name="api-legal-holds"),
     path(

@@ -182,6 +182,17 @@ class DiagnosisRun(models.Model):
     # runs. Written by the terminal update and bound by the run's terminal digest (form `run/3`).
     self_evaluation = models.JSONField(null=True, blank=True, default=None)
 
+    # Review facts (`audit.reviews`, `audit.review_queue`): whether any user voted the run down, the
+    # latest review's verdict and time (the reviews themselves are `audit.RunReview`, chained), the
+    # current claim of a reviewer working the queue (a username snapshot and its expiry), and
+    # `needs_review`, the queue's rule stored for the list (written by whatever changes its inputs).
+    downvoted = models.BooleanField(default=False)
+    review_verdict = models.CharField(max_length=24, blank=True, default="")
+    reviewed_at = models.DateTimeField(null=True, blank=True)
+    review_claimed_by = models.CharField(max_length=150, blank=True, default="")
+    review_claim_expires_at = models.DateTimeField(null=True, blank=True)
+    needs_review = models.BooleanField(default=False)
+
     # Ownership of execution
     lease_owner = models.CharField(max_length=128, blank=True, default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
@@ -216,6 +227,8 @@ class DiagnosisRun(models.Model):
             models.Index(fields=["cost_status", "created_at"], name="idx_run_cost_status_created"),
             # The AI Ops queue: PENDING runs of a flow nobody holds yet, oldest first (diagnosis.queue).
             models.Index(fields=["agent_flow", "status", "created_at"], name="idx_run_flow_status_created"),
+            # The review queue (`audit.review_queue`): runs that need a human, oldest first.
+            models.Index(fields=["needs_review", "created_at"], name="idx_run_needs_review"),
         ]
         # Deciding a tool call that waits for approval (held by the group "Approvers", created on migrate).
         permissions = [("approve_tool_call", "Can approve or reject tool calls that require approval")]

@@ -17,7 +17,7 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
-from django.db.models import Count, F, IntegerField, Max, OuterRef, Q, Subquery, Value
+from django.db.models import Count, Exists, F, IntegerField, Max, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
@@ -30,6 +30,7 @@ from diagnosis.models import (
     RunFeedback,
     RunStatus,
 )
+from diagnosis.review_queue import refresh_needs_review
 
 ACTIVE_RUN_STATUSES = (RunStatus.PENDING, RunStatus.RUNNING)
 
@@ -203,13 +204,20 @@ def submit_feedback(
     *, run: DiagnosisRun, user: AbstractBaseUser, rating: str, comment: str = ""
 ) -> RunFeedback:
     """Record `user`'s verdict on `run`: one feedback per user and run, a second submission replaces the
-    first (rating, comment and `created_at` become the new verdict's). Safe under concurrent submissions
-    (the unique constraint decides; `update_or_create` retries as an update)."""
+    first (rating, comment and `created_at` become the new verdict's). The run's `downvoted` and
+    `needs_review` facts are rewritten in the same transaction (`diagnosis.review_queue`). Safe under
+    concurrent submissions (the unique constraint decides; `update_or_create` retries as an update)."""
     if rating not in FeedbackRating.values:
         raise ValidationError({"rating": f"must be one of {', '.join(FeedbackRating.values)}"})
     if len(comment) > FEEDBACK_COMMENT_CHARS:
         raise ValidationError({"comment": f"at most {FEEDBACK_COMMENT_CHARS} characters"})
-    feedback, _ = RunFeedback.objects.update_or_create(
-        run=run, user=user, defaults={"rating": rating, "comment": comment, "created_at": timezone.now()}
-    )
+    with transaction.atomic():
+        feedback, _ = RunFeedback.objects.update_or_create(
+            run=run, user=user, defaults={"rating": rating, "comment": comment, "created_at": timezone.now()}
+        )
+        # The run's stored review facts: voted down by anyone, and the review queue's flag.
+        down = RunFeedback.objects.filter(run_id=run.run_id, rating=FeedbackRating.DOWN)
+        runs = DiagnosisRun.objects.filter(run_id=run.run_id)
+        runs.update(downvoted=Exists(down))
+        refresh_needs_review(runs=runs)
     return feedback

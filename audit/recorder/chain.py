@@ -20,7 +20,8 @@ from django.db.models import F
 from django.utils import timezone
 
 from audit import rowdigest
-from audit.facts import fact_update_sql, refresh_run_facts
+from audit.bound import GOVERNANCE_EVENTS
+from audit.facts import fact_statements, refresh_run_facts
 from audit.group_commit import get_committer
 from audit.integrity import GENESIS_HASH, event_payload_json
 from audit.models import AgentStep, EventType, ToolInvocation, TraceEvent
@@ -176,7 +177,7 @@ class ChainWriter:
 
     def _late(self) -> list[tuple[str, tuple]]:
         """A write after the run's terminal row also rewrites its stored list facts (same transaction)."""
-        return [fact_update_sql(self.run_id)] if getattr(self, "finished", False) else []
+        return fact_statements(self.run_id) if getattr(self, "finished", False) else []
 
     def _fence(self) -> Fence:
         return Fence(_tables().run, "run_id", self.run_id, "lease_epoch", self.lease_epoch)
@@ -259,9 +260,9 @@ class ChainWriter:
 
     def _persisted_counts(self) -> dict[str, int]:
         return {
-            # Governance events (purge, key rotation) are appended by others, never expected by the run.
+            # Governance events (purge, key rotation, review): appended by others, never expected.
             "events": TraceEvent.objects.filter(run_id=self.run_id)
-            .exclude(event_type__in=(EventType.REASONING_PURGED, EventType.REASONING_REKEYED))
+            .exclude(event_type__in=GOVERNANCE_EVENTS)
             .count(),
             "steps": AgentStep.objects.filter(run_id=self.run_id).count(),
             "tools": ToolInvocation.objects.filter(run_id=self.run_id).count(),

@@ -53,7 +53,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from audit import rowdigest
-from audit.facts import fact_update_sql
+from audit.facts import fact_statements
 from audit.integrity import GENESIS_HASH
 from audit.models import (
     CHAT_AGENT_NAME,
@@ -565,8 +565,8 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
             )
             sequence_no = self._write("run_finished", events)
             # The run's stored list facts (`audit.facts`), decided from the stored rows in the
-            # transaction of the terminal row.
-            facts = [fact_update_sql(self.run_id)]
+            # transaction of the terminal row (and the review queue's flag, which reads them).
+            facts = fact_statements(self.run_id)
             written = self._update_run("finish", after=facts, **fields)
             if not written and not self.fenced:
                 # The terminal row is the business result: one more try after a failed write.

@@ -7,7 +7,8 @@ A bundle (`diagnosis-audit-evidence/v1`, built by `audit.transparency.evidence`)
                  summary, details, createdAt>, "prevHash", "hash"}, ...],          # the whole chain
      "rows": {"steps": [{"digest", "form"}], "tools": [{"digest", "form"}],     # form: what is hashed
               "reasoning": [{"stepIndex", "agentName", "digest"}],                 # digests only
-              "run": {"digest", "form"} | null},                                    # terminal summary
+              "run": {"digest", "form"} | null,                                     # terminal summary
+              "reviews": [{"digest", "form"}]},                  # review rows (absent in older bundles)
      "anchor": {"leafIndex", "leafData", "leafHash", "treeSize", "inclusionProof": [hex],
                 "checkpoint": {"body", "signature"}} | null}
 
@@ -23,8 +24,8 @@ with where it is (`events[3] (sequence 4): …`, `rows.tools[0] (tool call call_
 3. the rows: each form's digest recomputed and equal to the one listed and to the latest binding in the
    chain (`audit.bound.collect`, the rules the server's `verify_audit` uses), each bound row present;
 4. the anchor: the leaf data recomputed from the chain up to its `lastSequenceNo` (only governance events
-   may follow), its RFC 9162 leaf hash, the inclusion proof up to the checkpoint's root, the checkpoint's
-   body (tree size and root) and its Ed25519 signature by one of the given public keys.
+   and reviews may follow), its RFC 9162 leaf hash, the inclusion proof up to the checkpoint's root, the
+   checkpoint's body (tree size and root) and its Ed25519 signature by one of the given public keys.
 
 It passes only when all of it holds and the run is anchored.
 """
@@ -184,7 +185,11 @@ def _row_check(
 
 
 def _verify_rows(rows: Any, run_id: str, b: bound.Bindings, report: Report) -> None:
-    if not _keys(rows, {"steps", "tools", "reasoning", "run"}, "rows", report):
+    # `reviews` (the run's review rows) is in every bundle built since reviews exist; older bundles
+    # have none, and their review events are checked with the chain only.
+    with_reviews = isinstance(rows, dict) and "reviews" in rows
+    wanted = {"steps", "tools", "reasoning", "run"} | ({"reviews"} if with_reviews else set())
+    if not _keys(rows, wanted, "rows", report):
         return
     before = len(report.failures)
     steps, tools = dict(b.steps), dict(b.tools)
@@ -233,6 +238,20 @@ def _verify_rows(rows: Any, run_id: str, b: bound.Bindings, report: Report) -> N
             )
         elif binding.purged:
             report.notes.append(f"{where}: content purged by governance (sequence {binding.sequence_no})")
+    if with_reviews:
+        reviews = dict(b.reviews)
+        entries = rows["reviews"] if isinstance(rows["reviews"], list) else []
+        if not isinstance(rows["reviews"], list):
+            report.failures.append("rows.reviews: not a list")
+        for i, entry in enumerate(entries):
+            row = entry.get("form", {}).get("row", {}) if isinstance(entry, dict) else {}
+            key = str(row.get("review_id")) if isinstance(row, dict) else "None"
+            _row_check(
+                entry, f"rows.reviews[{i}] (review {key})", "review", run_id, reviews.pop(key, None), report
+            )
+            checked += 1
+        for key, binding in reviews.items():
+            report.failures.append(f"rows: review {key} bound at sequence {binding.sequence_no} is missing")
     run_entry = rows["run"]
     if b.finished is not None:
         seq, digest, _, form_name = b.finished

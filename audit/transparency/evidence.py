@@ -16,7 +16,7 @@ from typing import Any
 from audit import rowdigest
 from audit.bound import collect
 from audit.integrity import event_payload
-from audit.models import AgentStep, EventType, ToolInvocation, TraceEvent
+from audit.models import AgentStep, EventType, RunReview, ToolInvocation, TraceEvent
 from audit.rowdigest import stored_reasoning_rows
 from audit.transparency import bundle, store
 from audit.transparency.verify import anchor_of
@@ -66,6 +66,10 @@ def build_bundle(*, run: DiagnosisRun) -> dict[str, Any]:
                 for r in reasoning
             ],
             "run": _run_row(run, events),
+            "reviews": [
+                _row(rowdigest.REVIEW, rowdigest.REVIEW.values_of(r))
+                for r in RunReview.objects.filter(run_id=run_id).order_by("sequence_no")
+            ],
         },
         "anchor": _anchor(run_id),
     }

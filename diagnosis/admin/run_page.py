@@ -17,7 +17,7 @@ from typing import Any
 
 from audit.models import EventType, Phase, ToolInvocation, UsageSource
 from audit.reconcile import CallUsage
-from audit.selectors import AnchorView, Trace
+from audit.selectors import AnchorView, ReviewView, Trace
 from diagnosis.admin.display import (
     compact_json,
     delivery_note,
@@ -583,6 +583,8 @@ class RunPage:
     audit: AuditSummary
     phase_counts: list[tuple[str, int]]
     created_at: str
+    # Human reviews, newest first (the latest is current; earlier ones are superseded, all kept).
+    reviews: list[ReviewView] = field(default_factory=list)
 
 
 def build_run_page(trace: Trace) -> RunPage:
@@ -611,4 +613,5 @@ def build_run_page(trace: Trace) -> RunPage:
         audit=build_audit(trace),
         phase_counts=sorted(counts.items(), key=lambda item: PHASE_ORDER.get(item[0], len(PHASE_ORDER))),
         created_at=format_instant(origin),
+        reviews=list(reversed(trace.reviews)),
     )

@@ -39,6 +39,7 @@ from audit.selectors import get_trace
 from audit.serializers import serialize_trace
 from audit.transparency.evidence import build_bundle
 from config.admin_lists import ScalableListAdmin
+from diagnosis.admin import oversight
 from diagnosis.admin.dashboard import dashboard_view
 from diagnosis.admin.display import QUERY_PREVIEW_CHARS, delivery_note, format_ms, provider_chip
 from diagnosis.admin.display import chip as _chip
@@ -187,7 +188,7 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
     )
     ordering = ("-created_at", "-id")
     list_per_page = 100
-    actions = ["export_traces"]
+    actions = ["export_traces", "compare_runs"]
 
     @property
     def media(self):
@@ -290,6 +291,12 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
         info = self.opts.app_label, self.opts.model_name
         wrap = self.admin_site.admin_view
         return [
+            # The review queue and the comparison of two runs (diagnosis.admin.oversight).
+            path("queue/", wrap(self.queue_view), name="{}_{}_queue".format(*info)),
+            path("queue/claim/", wrap(self.queue_claim_view), name="{}_{}_queue_claim".format(*info)),
+            path("queue/next/", wrap(self.queue_next_view), name="{}_{}_queue_next".format(*info)),
+            path("compare/", wrap(self.compare_view), name="{}_{}_compare".format(*info)),
+            path("<path:object_id>/review/", wrap(self.review_view), name="{}_{}_review".format(*info)),
             path("approvals/", wrap(self.approvals_view), name="{}_{}_approvals".format(*info)),
             path(
                 "<path:object_id>/approvals/<str:tool_call_id>/",
@@ -417,10 +424,35 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
             ],
             "can_approve": approvals.may_approve(request.user),
             "events_url": reverse("admin:audit_traceevent_changelist") + "?" + urlencode({"q": run.run_id}),
+            **oversight.review_form_context(request, run),
             **(extra_context or {}),
         }
         request.current_app = self.admin_site.name
         return TemplateResponse(request, "admin/diagnosis/diagnosisrun/run_page.html", context)
+
+    # -- reviews, the review queue, compare (diagnosis.admin.oversight) ------------------------------
+    def review_view(self, request, object_id):
+        return oversight.review_view(self, request, object_id)
+
+    def queue_view(self, request):
+        return oversight.queue_view(self, request)
+
+    def queue_claim_view(self, request):
+        return oversight.claim_view(self, request)
+
+    def queue_next_view(self, request):
+        return oversight.next_view(self, request)
+
+    def compare_view(self, request):
+        return oversight.compare_view(self, request)
+
+    @admin.action(description="Compare the two selected runs side by side", permissions=["view"])
+    def compare_runs(self, request, queryset):
+        ids = list(queryset.order_by("created_at", "id").values_list("run_id", flat=True)[:3])
+        if len(ids) != 2:
+            self.message_user(request, "Select exactly two runs to compare.", messages.ERROR)
+            return None
+        return HttpResponseRedirect(oversight.compare_url(ids[0], ids[1]))
 
     def reasoning_view(self, request, object_id):
         """The reasoning panel: 403 without `reasoning.view_reasoning_content`; one access-log row

@@ -54,7 +54,7 @@ def test_sensitive_group_membership_from_either_side_writes_one_event_each(user,
         (T.GROUP_MEMBER_REMOVED, "other", AUDITORS, ""),
     ]
     event = GovernanceEvent.objects.get(sequence_no=mark + 1)
-    assert event.details["sensitivePermissions"] == ["reasoning.view_reasoning_content"]
+    assert event.details["sensitivePermissions"] == ["audit.review_run", "reasoning.view_reasoning_content"]
 
 
 def test_a_group_given_a_sensitive_permission_becomes_sensitive(user):

@@ -197,6 +197,7 @@ ENUMS = {
         "RUN_RESUMED",
         "REASONING_PURGED",
         "REASONING_REKEYED",
+        "REVIEW_RECORDED",
     },
 }
 

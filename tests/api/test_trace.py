@@ -60,7 +60,16 @@ def _trace(client, run, **params):
 def test_trace_has_every_contract_key_and_is_complete(api_client, user, traced_run):
     api_client.force_login(user)
     body = _trace(api_client, traced_run, runId=traced_run.run_id)
-    assert set(body) == {"sessionId", "runResolution", "run", "timeline", "steps", "tools", "summary"}
+    assert set(body) == {
+        "sessionId",
+        "runResolution",
+        "run",
+        "timeline",
+        "steps",
+        "tools",
+        "summary",
+        "reviews",
+    }
     assert body["sessionId"] == traced_run.session_id and body["runResolution"] == "EXACT"
     run = body["run"]
     assert set(run) == RUN_KEYS
@@ -266,10 +275,10 @@ def test_trace_query_count_is_constant_from_5_to_500_events(
     counts = {}
     for run in (small, big):
         # Run with feedback, events, steps, tools, the reasoning rows' stored columns (for their digests,
-        # never decrypted), the run's leaf in the transparency log, the price overrides, plus two for the
-        # session, or three for a token (its row by prefix, and axes' lockout counts for the address and
-        # the user).
-        with django_assert_max_num_queries(9 if auth == "session" else 10) as captured:
+        # never decrypted), its reviews, the run's leaf in the transparency log, the price overrides, plus
+        # two for the session, or three for a token (its row by prefix, and axes' lockout counts for the
+        # address and the user).
+        with django_assert_max_num_queries(10 if auth == "session" else 11) as captured:
             body = _trace(api_client, run, runId=run.run_id)
         counts[run.run_id] = len(captured.captured_queries)
         assert body["summary"]["returned"]["events"] == _events_of(run)

@@ -39,8 +39,9 @@ def test_floor_is_the_recorders_own_rows_one_statement_each(user):
     session = services.create_session(owner=user)
     statements, template_run = b1_recording.capture_floor(session, workload.make_inputs())
     # 23 events + 4 steps + 4 reasoning rows + 3 tool rows, 3 tool updates, 6 run-row updates and the
-    # update of the run's stored list facts (`audit.facts`, in the terminal row's transaction).
-    assert len(statements) == 44
+    # updates of the run's stored list facts (`audit.facts`) and of its review-queue flag
+    # (`diagnosis.review_queue`), both in the terminal row's transaction.
+    assert len(statements) == 45
     assert sum(s.sql.startswith("INSERT INTO") for s in statements) == 34
     assert all(template_run in s.params for s in statements)
     if connection.vendor == "mysql":

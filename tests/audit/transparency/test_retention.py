@@ -13,8 +13,9 @@ from django.urls import reverse
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from audit.models import AgentStep, LegalHold, LogLeaf, RunTombstone, TraceEvent
+from audit.models import AgentStep, LegalHold, LogLeaf, RunReview, RunTombstone, TraceEvent
 from audit.retention import place_hold, purge_expired_runs
+from audit.reviews import record_review
 from audit.transparency import log
 from diagnosis import services
 from diagnosis.models import DiagnosisRun
@@ -52,9 +53,10 @@ def later(monkeypatch):
 
 
 def test_a_purge_after_retention_keeps_verify_audit_green_and_holds_exempt(
-    user, keeper, signing_key, monkeypatch
+    user, keeper, superuser, signing_key, monkeypatch
 ):
     plain, run_held, session_held = (make_recorded_run(user) for _ in range(3))
+    record_review(run=plain, user=superuser, verdict="correct", note="reviews go with their run")
     place_hold(user=keeper, scope="RUN", target_id=run_held.run_id, reason="litigation 42")
     place_hold(user=keeper, scope="SESSION", target_id=session_held.session_id, reason="regulator request")
     log.checkpoint()
@@ -70,7 +72,10 @@ def test_a_purge_after_retention_keeps_verify_audit_green_and_holds_exempt(
     assert not AgentReasoningAudit.objects.filter(run_id=plain.run_id).exists()
     tombstone = RunTombstone.objects.get(run_id=plain.run_id)
     assert tombstone.leaf_index == LogLeaf.objects.get(run_id=plain.run_id).leaf_index
-    assert tombstone.rows_deleted["events"] == 17 and tombstone.rows_deleted["steps"] == 2
+    assert tombstone.rows_deleted["events"] == 18 and tombstone.rows_deleted["steps"] == 2
+    assert (
+        tombstone.rows_deleted["reviews"] == 1 and not RunReview.objects.filter(run_id=plain.run_id).exists()
+    )
     for kept in (run_held, session_held, recent):
         assert DiagnosisRun.objects.filter(run_id=kept.run_id).exists()
 

@@ -1,0 +1,207 @@
+"""Human reviews of finished runs: the write (`record_review`) and the queue's claims (`claim_run`,
+`next_in_queue`); the trace reads them (`audit.selectors.get_trace`, `Trace.reviews`).
+
+A review is recorded twice, in one transaction, fail-closed (a review whose event could not be written
+is not recorded at all):
+
+* as a `REVIEW_RECORDED` event appended to the head of the run's own hash chain (after its
+  `RUN_FINISHED`, like a reasoning purge: `audit.bound.GOVERNANCE_EVENTS` are the events others append
+  to a finished run; they are never expected by the run's recorder and are allowed after the head the
+  transparency log anchored). The event carries the verdict, the reviewer, the note's length and sha256
+  (never the note: timeline details stay bounded) and `reviewDigest`, the digest of the review row;
+* as a row of `audit.RunReview` (append-only, read-only in the admin), with the event's sequence number.
+
+So an edited, deleted or inserted review row is named by `verify_audit` and the trace summary
+(`audit.binding.verify_rows`), and an edited event breaks the chain. The run's stored review facts
+(`review_verdict`, `reviewed_at`, the claim, `needs_review`) are rewritten in the same transaction.
+
+The write is fenced like every write of a run: it holds the run row's lock (`SELECT … FOR UPDATE`) and
+commits under the lease epoch it read there. Only terminal runs are reviewed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import logging
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from audit.integrity import GENESIS_HASH
+from audit.models import (
+    REVIEW_NOTE_CHARS,
+    REVIEW_PERMISSION,
+    EventType,
+    Phase,
+    ReviewVerdict,
+    RunReview,
+    TraceEvent,
+)
+from audit.payloads import sha256_hex
+from audit.recorder.chain import _table
+from audit.recorder.facts import _Event
+from audit.recorder.run import RunRecorder
+from audit.write_ops import Insert
+from diagnosis.models import DiagnosisRun
+from diagnosis.review_queue import CLAIM_MINUTES_DEFAULT, refresh_needs_review
+from diagnosis.services import new_id
+
+logger = logging.getLogger("audit.reviews")
+APPEND_ATTEMPTS = 5
+
+
+class RunNotFinished(Exception):
+    """Only a terminal run is reviewed."""
+
+
+def may_review(user: AbstractBaseUser) -> bool:
+    return bool(user.is_active and user.has_perm(REVIEW_PERMISSION))
+
+
+def record_review(*, run: DiagnosisRun, user: AbstractBaseUser, verdict: str, note: str = "") -> RunReview:
+    """Record `user`'s verdict on the finished `run` (see the module docstring) and return the review.
+
+    PermissionDenied without `audit.review_run`; ValidationError for an unknown verdict or a note
+    longer than 2000 characters; RunNotFinished for a run still PENDING or RUNNING."""
+    if not may_review(user):
+        raise PermissionDenied(f"Reviews need the permission {REVIEW_PERMISSION}.")
+    if verdict not in ReviewVerdict.values:
+        raise ValidationError({"verdict": [f"One of {', '.join(ReviewVerdict.values)}."]})
+    note = note or ""
+    if len(note) > REVIEW_NOTE_CHARS:
+        raise ValidationError({"note": [f"At most {REVIEW_NOTE_CHARS} characters."]})
+    reviewer = user.get_username()
+    for attempt in range(1, APPEND_ATTEMPTS + 1):
+        try:
+            with transaction.atomic():
+                return _append_review(
+                    run_id=run.run_id, user=user, reviewer=reviewer, verdict=verdict, note=note
+                )
+        except IntegrityError:
+            # Another writer took the sequence number between the locking read and the insert.
+            if attempt == APPEND_ATTEMPTS:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _append_review(
+    *, run_id: str, user: AbstractBaseUser, reviewer: str, verdict: str, note: str
+) -> RunReview:
+    locked = (
+        DiagnosisRun.objects.select_for_update()
+        .only("run_id", "session_id", "status", "lease_epoch")
+        .get(run_id=run_id)
+    )
+    if not locked.is_terminal:
+        raise RunNotFinished(f"run {run_id} is still {locked.status}")
+    last = (
+        TraceEvent.objects.select_for_update()
+        .filter(run_id=run_id)
+        .order_by("-sequence_no")
+        .values_list("sequence_no", "hash")
+        .first()
+    )
+    writer = RunRecorder(
+        run_id=run_id, session_id=locked.session_id, group_commit=False, lease_epoch=locked.lease_epoch
+    )
+    writer._next_sequence, writer._prev_hash = (last[0] + 1, last[1]) if last else (1, GENESIS_HASH)
+    sequence_no = writer._next_sequence
+    now = timezone.now()
+    review = RunReview(
+        review_id=new_id("rev"),
+        run_id=run_id,
+        session_id=locked.session_id,
+        verdict=verdict,
+        note=note,
+        reviewer=user,
+        reviewer_username=reviewer,
+        sequence_no=sequence_no,
+        created_at=now,
+    )
+    table = _review_table()
+    row = Insert(table, tuple(getattr(review, c) for c in table.columns))
+    event = _Event(
+        Phase.RUN,
+        EventType.REVIEW_RECORDED,
+        verdict.upper(),
+        f"reviewed by {reviewer}: {verdict}",
+        {
+            "reviewId": review.review_id,
+            "verdict": verdict,
+            "reviewer": reviewer,
+            "noteChars": len(note),
+            "noteSha256": sha256_hex(note),
+        },
+        bind={"reviewDigest": row},
+    )
+    writer._commit([event], [row], (), None)
+    DiagnosisRun.objects.filter(run_id=run_id).update(
+        review_verdict=verdict, reviewed_at=now, review_claimed_by="", review_claim_expires_at=None
+    )
+    refresh_needs_review(run_ids=[run_id])
+    logger.info(
+        "review recorded run=%s review=%s verdict=%s user=%s", run_id, review.review_id, verdict, user.pk
+    )
+    return RunReview.objects.get(review_id=review.review_id)
+
+
+@functools.cache
+def _review_table():
+    return _table(RunReview)
+
+
+# --------------------------------------------------------------------------------------------------
+# The queue's claims (operational state on the run row, not audit facts: a claim only keeps two
+# reviewers from working the same run at once; the review itself is what is recorded and chained)
+# --------------------------------------------------------------------------------------------------
+def claim_minutes() -> float:
+    return float(getattr(settings, "REVIEW_CLAIM_MINUTES", CLAIM_MINUTES_DEFAULT))
+
+
+def claim_run(*, run_id: str, user: AbstractBaseUser) -> bool:
+    """Claim a queued run for `user` until now + `REVIEW_CLAIM_MINUTES`: true when the claim is
+    `user`'s now (it was free, expired or already theirs), false when someone else holds it. One
+    conditional UPDATE, so two reviewers never both win."""
+    if not may_review(user):
+        raise PermissionDenied(f"Reviews need the permission {REVIEW_PERMISSION}.")
+    now = timezone.now()
+    username = user.get_username()
+    free = Q(review_claimed_by="") | Q(review_claim_expires_at__lt=now) | Q(review_claimed_by=username)
+    return bool(
+        DiagnosisRun.objects.filter(free, run_id=run_id).update(
+            review_claimed_by=username, review_claim_expires_at=now + dt.timedelta(minutes=claim_minutes())
+        )
+    )
+
+
+def release_claim(*, run_id: str, user: AbstractBaseUser) -> bool:
+    """Give up `user`'s own claim on a run."""
+    return bool(
+        DiagnosisRun.objects.filter(run_id=run_id, review_claimed_by=user.get_username()).update(
+            review_claimed_by="", review_claim_expires_at=None
+        )
+    )
+
+
+def next_in_queue(*, user: AbstractBaseUser, reason_q=None) -> DiagnosisRun | None:
+    """Claim and return the oldest queued run nobody else holds (optionally of one reason), or None.
+    Each attempt is one indexed read and one conditional UPDATE; a run taken by another reviewer in
+    between is skipped."""
+    username = user.get_username()
+    for _ in range(APPEND_ATTEMPTS):
+        now = timezone.now()
+        free = Q(review_claimed_by="") | Q(review_claim_expires_at__lt=now) | Q(review_claimed_by=username)
+        queued = DiagnosisRun.objects.filter(free, needs_review=True)
+        if reason_q is not None:
+            queued = queued.filter(reason_q)
+        run = queued.order_by("created_at", "id").only("pk", "run_id").first()
+        if run is None:
+            return None
+        if claim_run(run_id=run.run_id, user=user):
+            return DiagnosisRun.objects.get(pk=run.pk)
+    return None

@@ -1,0 +1,151 @@
+"""The review queue's rule: which finished runs need a human, as SQL over the run's own stored columns.
+
+One home for the rule (the admin's queue page, its counts on the admin index, the stored flag):
+
+* `REASONS`: each reason a run needs a human, as a `Q` over `diagnosis_run` columns only (no join):
+  BLOCKED by the guards; voted down by a user (`downvoted`, written with the feedback); audit incomplete
+  (the stored fact `audit_complete` of `audit.facts`); token ledger not reconciled
+  (`tokens_reconciled`); an unverified draft delivered to a reader (`draft_chars > 0`: the release
+  policy `draft` streamed text before the guards decided, `diagnosis.models.ReleaseMode`); an AI Ops
+  report (every AI Ops analysis is reviewed once).
+* `needs_review`: stored on the run and indexed with `created_at` (`idx_run_needs_review`), true exactly
+  when the run is terminal, has no review yet (`reviewed_at` NULL) and at least one reason holds. A review
+  takes the run off the queue for good (a down-vote after the review does not bring it back: the
+  reviewer saw the run as it is; the vote stays visible on the run).
+* `needs_review_update` / `refresh_needs_review`: the rule as one `UPDATE` of the flag, run by whatever
+  changes an input: the recorder's terminal write and every late write after it (same transaction,
+  after the list facts), the feedback service, the review service, `refresh_run_facts`
+  (`verify_audit --refresh-facts`, purges) and the migration that added the flag.
+
+The flag reads only columns of its own row, so the statement gives the same answer on every backend
+whatever order a database evaluates a multi-column `UPDATE` in (it is always its own statement).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from django.db import connections
+from django.db.models import BooleanField, Case, Q, QuerySet, Value, When
+
+from diagnosis.models import TERMINAL_RUN_STATUSES, AgentFlow, DiagnosisRun, ReleaseDecision
+
+# How long a reviewer's claim on a queued run keeps others from taking it (`claim_run`).
+CLAIM_MINUTES_DEFAULT = 30
+
+
+@dataclass(frozen=True, slots=True)
+class Reason:
+    key: str
+    label: str
+    q: Q
+
+
+REASONS: tuple[Reason, ...] = (
+    Reason("blocked", "blocked by the guards", Q(release_decision=ReleaseDecision.BLOCKED)),
+    Reason("downvoted", "voted down by a user", Q(downvoted=True)),
+    Reason("audit_incomplete", "audit incomplete", Q(audit_complete=False)),
+    Reason("unreconciled", "tokens not reconciled", Q(tokens_reconciled=False)),
+    Reason("draft_delivered", "unverified draft delivered", Q(draft_chars__gt=0)),
+    Reason("aiops_report", "AI Ops report", Q(agent_flow=AgentFlow.AI_OPS)),
+)
+REASON_KEYS = tuple(r.key for r in REASONS)
+
+
+def reason(key: str) -> Reason | None:
+    return next((r for r in REASONS if r.key == key), None)
+
+
+def any_reason() -> Q:
+    q = Q(pk__in=[])
+    for r in REASONS:
+        q |= r.q
+    return q
+
+
+def needs_review_expression() -> Case:
+    """The rule (module docstring) over the run's own columns."""
+    return Case(
+        When(
+            Q(status__in=TERMINAL_RUN_STATUSES) & Q(reviewed_at__isnull=True) & any_reason(), then=Value(True)
+        ),
+        default=Value(False),
+        output_field=BooleanField(),
+    )
+
+
+def needs_review_update(run_id: str, *, using: str = "default") -> tuple[str, tuple]:
+    """The rule as one `UPDATE` of the run `run_id` (SQL and parameters), for a caller that runs it in
+    its own transaction (the recorder)."""
+    from django.db.models.sql import UpdateQuery
+
+    query = UpdateQuery(DiagnosisRun)
+    query.add_q(Q(run_id=run_id))
+    query.add_update_values({"needs_review": needs_review_expression()})
+    sql, params = query.get_compiler(connection=connections[using]).as_sql()
+    return sql, tuple(params)
+
+
+def refresh_needs_review(*, runs: QuerySet | None = None, run_ids: Iterable[str] = ()) -> int:
+    """Rewrite the stored flag of `runs` (or the runs `run_ids`); returns how many rows were updated."""
+    if runs is None:
+        runs = DiagnosisRun.objects.filter(run_id__in=list(run_ids))
+    return runs.update(needs_review=needs_review_expression())
+
+
+def annotate_reasons(queryset: QuerySet) -> QuerySet:
+    """Each reason as a boolean `reason_<key>` computed by the database in the list's own query."""
+    return queryset.annotate(
+        **{
+            f"reason_{r.key}": Case(
+                When(r.q, then=Value(True)), default=Value(False), output_field=BooleanField()
+            )
+            for r in REASONS
+        }
+    )
+
+
+def reasons_of(run) -> list[Reason]:
+    """The reasons of a run annotated by `annotate_reasons`."""
+    return [r for r in REASONS if getattr(run, f"reason_{r.key}", False)]
+
+
+# --------------------------------------------------------------------------------------------------
+# Reads: the queue in index order and its capped counts (`config.admin_lists`: no join, no full count)
+# --------------------------------------------------------------------------------------------------
+COUNT_CAP = 1000
+
+
+def queued_runs(*, reason_key: str | None = None) -> QuerySet:
+    """The queue, oldest first (`idx_run_needs_review`), each row with its reasons annotated; only
+    `diagnosis_run` columns are read (the session is not joined)."""
+    runs = DiagnosisRun.objects.filter(needs_review=True)
+    chosen = reason(reason_key) if reason_key else None
+    if chosen is not None:
+        runs = runs.filter(chosen.q)
+    return annotate_reasons(runs.order_by("created_at", "id"))
+
+
+@dataclass(frozen=True, slots=True)
+class QueueCount:
+    key: str
+    label: str
+    count: int
+    capped: bool
+
+    @property
+    def shown(self) -> str:
+        return f"{self.count}+" if self.capped else str(self.count)
+
+
+def queue_counts(*, cap: int = COUNT_CAP) -> tuple[QueueCount, list[QueueCount]]:
+    """(all queued runs, per reason): each a capped count over the flag's index, one query each."""
+
+    def count(key: str, label: str, runs: QuerySet) -> QueueCount:
+        n = runs.order_by()[: cap + 1].count()
+        return QueueCount(key, label, min(n, cap), n > cap)
+
+    queued = DiagnosisRun.objects.filter(needs_review=True)
+    total = count("", "need a human", queued)
+    return total, [count(r.key, r.label, queued.filter(r.q)) for r in REASONS]
