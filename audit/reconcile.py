@@ -53,6 +53,8 @@ class CallUsage:
     cached_tokens: int | None = None
     # The calling agent (`agentName`); records written before per-agent counters name none.
     agent_name: str | None = None
+    # The model the call named (`model`; what `pricing` prices it by); not compared.
+    model: str | None = None
 
     @classmethod
     def from_details(cls, details: Mapping[str, Any]) -> CallUsage:
@@ -63,6 +65,7 @@ class CallUsage:
             available=bool(details.get("usageAvailable")),
             **{attr: _int(details.get(key)) for key, attr in _FIELDS},
             agent_name=str(agent) if agent else None,
+            model=str(details["model"]) if details.get("model") else None,
         )
 
     @property

@@ -57,12 +57,14 @@ Summary semantics (documented in docs/api.md):
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Sequence
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import (
     OuterRef,
+    QuerySet,
     Subquery,
 )
 
@@ -82,7 +84,9 @@ from audit.reconcile import CallUsage, KeptLedger, Reconciliation, reconcile
 from audit.rowdigest import stored_reasoning_rows
 from audit.transparency.verify import check_anchor
 from diagnosis.models import DiagnosisRun, RunStatus
-from diagnosis.selectors import FeedbackView, RunResolution, get_feedback, viewer_feedback
+from diagnosis.selectors import FeedbackView, RunResolution, feedback_of, get_feedback, viewer_feedback
+from pricing.costs import load_price_book, price_of_run
+from pricing.rules import CallCost, PriceBook
 
 SESSION_AUDITS_LIMIT = 500
 
@@ -135,6 +139,15 @@ class ProviderLabel:
 
 
 @dataclass(frozen=True, slots=True)
+class CallCostView:
+    """One model call's cost by the pricing rule (`pricing.rules`) under the prices in force now, next to
+    the usage record (`event`, MODEL_TOKEN_USAGE) it prices."""
+
+    event: TraceEvent
+    cost: CallCost
+
+
+@dataclass(frozen=True, slots=True)
 class Trace:
     session_id: str
     run_resolution: str
@@ -145,6 +158,8 @@ class Trace:
     tools: list[ToolInvocation]
     summary: TraceSummary
     provider: ProviderLabel | None = None
+    # Each model call's cost (usage records in timeline order); the run's stored cost is on `run`.
+    call_costs: tuple[CallCostView, ...] = ()
 
 
 def provider_of(events: list[TraceEvent]) -> ProviderLabel | None:
@@ -173,6 +188,7 @@ def get_trace(
     tools = list(ToolInvocation.objects.filter(run_id=run.run_id).order_by("started_at", "id"))
     reasoning = stored_reasoning_rows(run_id=run.run_id)
     leaf = anchored_leaf(run_id=run.run_id)
+    book = load_price_book()  # the price overrides: one small query
 
     if hasattr(run, "viewer_feedback_rating"):
         feedback = viewer_feedback(run)
@@ -180,7 +196,31 @@ def get_trace(
         feedback = get_feedback(run_id=run.run_id, user=viewer)
     else:
         feedback = None
+    return _assemble(
+        run,
+        run_resolution=run_resolution,
+        feedback=feedback,
+        events=events,
+        steps=steps,
+        tools=tools,
+        reasoning=reasoning,
+        leaf=leaf,
+        book=book,
+    )
 
+
+def _assemble(
+    run: DiagnosisRun,
+    *,
+    run_resolution: str,
+    feedback: FeedbackView | None,
+    events: list[TraceEvent],
+    steps: list[AgentStep],
+    tools: list[ToolInvocation],
+    reasoning: list[dict],
+    leaf: LogLeaf | None,
+    book: PriceBook,
+) -> Trace:
     session_id = run.session_id
     returned_events = [e for e in events if e.session_id == session_id]
     returned_steps = [s for s in steps if s.session_id == session_id]
@@ -205,7 +245,63 @@ def get_trace(
         tools=returned_tools,
         summary=summary,
         provider=provider_of(events),
+        call_costs=call_costs_of(run, returned_events, book=book),
     )
+
+
+EXPORT_CHUNK = 200
+
+
+def iter_traces(
+    runs: QuerySet[DiagnosisRun], *, viewer: AbstractBaseUser | None = None, chunk: int = EXPORT_CHUNK
+) -> Iterator[Trace]:
+    """The trace of each run of `runs`, in primary-key order, `chunk` runs at a time: per chunk one
+    query each for the runs, their events, steps, tools, reasoning rows' stored columns, leaves and (with
+    a `viewer`) the viewer's feedback, so memory holds one chunk whatever the number of runs (`manage.py
+    export_traces`, the admin's export). Each trace equals `get_trace(run=run, viewer=viewer)`."""
+    book = load_price_book()
+    last = 0
+    while True:
+        batch = list(runs.filter(pk__gt=last).order_by("pk")[:chunk])
+        if not batch:
+            return
+        last = batch[-1].pk
+        ids = [r.run_id for r in batch]
+        events: dict[str, list[TraceEvent]] = defaultdict(list)
+        for e in TraceEvent.objects.filter(run_id__in=ids).order_by("run_id", "sequence_no"):
+            events[e.run_id].append(e)
+        steps: dict[str, list[AgentStep]] = defaultdict(list)
+        for st in AgentStep.objects.filter(run_id__in=ids).order_by("run_id", "id"):
+            steps[st.run_id].append(st)
+        tools: dict[str, list[ToolInvocation]] = defaultdict(list)
+        for t in ToolInvocation.objects.filter(run_id__in=ids).order_by("run_id", "started_at", "id"):
+            tools[t.run_id].append(t)
+        reasoning: dict[str, list[dict]] = defaultdict(list)
+        for row in stored_reasoning_rows(run_id__in=ids):
+            reasoning[row["run_id"]].append(row)
+        leaves = {leaf.run_id: leaf for leaf in _anchored_leaves(LogLeaf.objects.filter(run_id__in=ids))}
+        feedback = feedback_of(run_ids=ids, user=viewer) if viewer is not None else {}
+        for run in batch:
+            yield _assemble(
+                run,
+                run_resolution=RunResolution.EXACT,
+                feedback=feedback.get(run.run_id),
+                events=events.pop(run.run_id, []),
+                steps=steps.pop(run.run_id, []),
+                tools=tools.pop(run.run_id, []),
+                reasoning=reasoning.pop(run.run_id, []),
+                leaf=leaves.get(run.run_id),
+                book=book,
+            )
+
+
+def call_costs_of(
+    run: DiagnosisRun, events: list[TraceEvent], *, book: PriceBook
+) -> tuple[CallCostView, ...]:
+    """The cost of each usage record among `events` (`pricing.costs.price_of_run`)."""
+    usage = [e for e in events if e.event_type == EventType.MODEL_TOKEN_USAGE]
+    _run_cost, costs = price_of_run(run, [e.details or {} for e in usage], book=book)
+    return tuple(CallCostView(event=e, cost=c) for e, c in zip(usage, costs, strict=True))
 
 
 _LABELS = {"events": "timeline event", "steps": "model step", "tools": "tool invocation"}
@@ -342,15 +438,15 @@ def summarize(
 def anchored_leaf(*, run_id: str) -> LogLeaf | None:
     """The run's leaf in the transparency log with the first checkpoint that covers it annotated
     (`covering_hash`, `covering_size`, `covering_signed_at`; None when none does yet); one query."""
+    return _anchored_leaves(LogLeaf.objects.filter(run_id=run_id)).first()
+
+
+def _anchored_leaves(leaves: QuerySet[LogLeaf]) -> QuerySet[LogLeaf]:
     covering = Checkpoint.objects.filter(tree_size__gt=OuterRef("leaf_index")).order_by("tree_size")
-    return (
-        LogLeaf.objects.filter(run_id=run_id)
-        .annotate(
-            covering_hash=Subquery(covering.values("checkpoint_hash")[:1]),
-            covering_size=Subquery(covering.values("tree_size")[:1]),
-            covering_signed_at=Subquery(covering.values("signed_at")[:1]),
-        )
-        .first()
+    return leaves.annotate(
+        covering_hash=Subquery(covering.values("checkpoint_hash")[:1]),
+        covering_size=Subquery(covering.values("tree_size")[:1]),
+        covering_signed_at=Subquery(covering.values("signed_at")[:1]),
     )
 
 

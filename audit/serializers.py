@@ -13,7 +13,17 @@ from rest_framework import serializers
 from audit.models import CHAT_AGENT_NAME, EventType, Phase, ToolStatus
 from diagnosis.models import Intent, ReleaseDecision, RunStatus
 from diagnosis.selectors import RunResolution
+from pricing.rules import CURRENCY, CostStatus
 from reasoning.models import ContentSource
+
+MONEY = {"max_digits": 20, "decimal_places": 10}
+COST_STATUSES = ["priced", "unavailable", "demo", "not_priced"]
+CALL_COST_STATUSES = [
+    CostStatus.PRICED,
+    CostStatus.USAGE_UNAVAILABLE,
+    CostStatus.UNKNOWN_MODEL,
+    CostStatus.DEMO,
+]
 
 
 class RunErrorSerializer(serializers.Serializer):
@@ -158,6 +168,71 @@ class FeedbackSerializer(serializers.Serializer):
         ref_name = "Feedback"
 
 
+class RunCostSerializer(serializers.Serializer):
+    """The run's stored cost (`pricing`): the sum of its calls' costs when every call was priced."""
+
+    amount = serializers.DecimalField(
+        source="cost",
+        allow_null=True,
+        help_text="US dollars, as a decimal string; null when not every model call could be priced "
+        "(unknown model, usage not reported, the demo model) or the run is not priced yet. Never 0 for "
+        "an unknown price.",
+        **MONEY,
+    )
+    currency = serializers.SerializerMethodField()
+    status = serializers.SerializerMethodField(
+        help_text="`priced`, `unavailable` (see `unpricedCalls`), `demo` (the demo model has no price), "
+        "`not_priced` (recorded before pricing, or pricing failed)."
+    )
+    unpricedCalls = serializers.IntegerField(source="cost_unpriced_calls")
+
+    class Meta:
+        ref_name = "RunCost"
+
+    def get_currency(self, run) -> str:
+        return CURRENCY
+
+    @extend_schema_field(serializers.ChoiceField(choices=COST_STATUSES))
+    def get_status(self, run) -> str:
+        return run.cost_status or "not_priced"
+
+
+class CallCostSerializer(serializers.Serializer):
+    """One model call's cost under the prices in force now (the run's stored `amount` was decided when it
+    ended; `verify_audit` reports where the two differ)."""
+
+    sequenceNo = serializers.IntegerField(
+        source="event.sequence_no", help_text="Its MODEL_TOKEN_USAGE event."
+    )
+    source = serializers.SerializerMethodField()
+    model = serializers.SerializerMethodField()
+    amount = serializers.DecimalField(source="cost.amount", allow_null=True, **MONEY)
+    status = serializers.ChoiceField(source="cost.status", choices=CALL_COST_STATUSES)
+    priceSource = serializers.CharField(
+        source="cost.source", help_text="`override`, `genai-prices`, or empty when not priced."
+    )
+
+    class Meta:
+        ref_name = "CallCost"
+
+    def get_source(self, view) -> str:
+        return str((view.event.details or {}).get("source") or "")
+
+    def get_model(self, view) -> str:
+        return str((view.event.details or {}).get("model") or "")
+
+
+class TraceCostSerializer(RunCostSerializer):
+    calls = serializers.SerializerMethodField()
+
+    class Meta:
+        ref_name = "TraceCost"
+
+    @extend_schema_field(CallCostSerializer(many=True))
+    def get_calls(self, run):
+        return CallCostSerializer(self.context["trace"].call_costs, many=True).data
+
+
 class RunIdentitySerializer(serializers.Serializer):
     """The fields that name a run and its decisions, shared by the run list and the trace."""
 
@@ -178,6 +253,7 @@ class TraceRunSerializer(RunIdentitySerializer):
     provider = serializers.SerializerMethodField()
     timing = RunTimingSerializer(source="*")
     tokens = RunTokensSerializer(source="*")
+    cost = TraceCostSerializer(source="*")
     delivery = RunDeliverySerializer(source="*")
     stepCount = serializers.SerializerMethodField()
     toolCallCount = serializers.SerializerMethodField()

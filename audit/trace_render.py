@@ -10,6 +10,7 @@ the two to equality on complete, failed, incomplete and feedback-carrying traces
 from __future__ import annotations
 
 import datetime as dt
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
@@ -17,6 +18,9 @@ from django.utils import timezone
 
 from audit.models import CHAT_AGENT_NAME
 from audit.selectors import Counts, Trace
+from pricing.rules import CURRENCY
+
+_MONEY_PLACES = Decimal("1e-10")  # audit.serializers.MONEY: DRF quantizes to them and renders `{:f}`
 
 
 def _dt(value: dt.datetime | None) -> str | None:
@@ -35,6 +39,31 @@ def _str(value: Any) -> str | None:
 
 def _int(value: Any) -> int | None:
     return None if value is None else int(value)
+
+
+def _money(value: Decimal | None) -> str | None:
+    return None if value is None else f"{Decimal(value).quantize(_MONEY_PLACES):f}"
+
+
+def _cost(trace: Trace) -> dict[str, Any]:
+    run = trace.run
+    return {
+        "amount": _money(run.cost),
+        "currency": CURRENCY,
+        "status": run.cost_status or "not_priced",
+        "unpricedCalls": int(run.cost_unpriced_calls),
+        "calls": [
+            {
+                "sequenceNo": int(v.event.sequence_no),
+                "source": str((v.event.details or {}).get("source") or ""),
+                "model": str((v.event.details or {}).get("model") or ""),
+                "amount": _money(v.cost.amount),
+                "status": str(v.cost.status),
+                "priceSource": str(v.cost.source),
+            }
+            for v in trace.call_costs
+        ],
+    }
 
 
 def _counts(c: Counts) -> dict[str, int]:
@@ -90,6 +119,7 @@ def _run(trace: Trace) -> dict[str, Any]:
             "differences": [str(d) for d in ledger.differences],
             "byAgent": {str(k): int(v) for k, v in ledger.by_agent.items()},
         },
+        "cost": _cost(trace),
         "delivery": {
             "releaseMode": run.release_mode or None,
             "unverifiedTextDelivered": run.unverified_text_delivered,

@@ -36,6 +36,7 @@ from audit.integrity import GENESIS_HASH, timestamp, verify_chain
 from audit.models import (
     AgentStep,
     Checkpoint,
+    EventType,
     GovernanceEvent,
     LogLeaf,
     RunTombstone,
@@ -48,6 +49,8 @@ from audit.rowdigest import stored_reasoning_rows
 from audit.transparency import leafdata
 from audit.transparency.verify import check_anchor, leaves_of
 from diagnosis.models import DiagnosisRun
+from pricing.costs import cost_disagreements, load_price_book, price_of_run, refresh_run_costs
+from pricing.rules import CostStatus, PriceBook
 
 RUN_BATCH = 200
 
@@ -61,6 +64,7 @@ class RunVerification:
     invalid: list[str] = field(default_factory=list)  # tampering, deletion, reordering
     incomplete: list[str] = field(default_factory=list)  # lost writes of a finished run
     facts: list[str] = field(default_factory=list)  # stored list facts that disagree with the rule
+    unpriced: bool = False  # a terminal run whose cost was never priced (`pricing.costs`)
     notes: list[str] = field(default_factory=list)  # no failure: rows before row digests, purges
     leaf_index: int | None = None  # its leaf in the transparency log, None when not anchored
     unanchored: bool = False  # finished but not yet in the log (a note, not a failure)
@@ -88,6 +92,7 @@ def verify_run(run_id: str) -> RunVerification:
         tools=tools[run_id],
         reasoning=reasoning[run_id],
         leaf=leaf,
+        book=load_price_book(),
     )
     if run is None:
         result.incomplete.append("no run row for these events")
@@ -118,6 +123,7 @@ def _purged(run_id: str, tombstone: RunTombstone, leaf: LogLeaf | None) -> RunVe
 def verify_all_runs(*, batch_size: int = RUN_BATCH) -> Iterator[RunVerification]:
     """Verify every run, oldest first, `batch_size` runs at a time."""
     last = 0
+    book = load_price_book()
     while True:
         runs = list(annotate_recomputed(DiagnosisRun.objects.filter(pk__gt=last)).order_by("pk")[:batch_size])
         if not runs:
@@ -138,6 +144,7 @@ def verify_all_runs(*, batch_size: int = RUN_BATCH) -> Iterator[RunVerification]
                 tools=tools.pop(run.run_id, []),
                 reasoning=reasoning.pop(run.run_id, []),
                 leaf=leaves.get(run.run_id),
+                book=book,
             )
 
 
@@ -163,6 +170,7 @@ def _check(
     tools: list[ToolInvocation],
     reasoning: list[dict[str, Any]],
     leaf: LogLeaf | None = None,
+    book: PriceBook | None = None,
 ) -> RunVerification:
     verdict = verify_chain(events)
     result = RunVerification(run_id=run_id, events=verdict.events, chain_valid=verdict.valid)
@@ -177,6 +185,12 @@ def _check(
     result.notes.extend(rows.notes)
     if run is not None and hasattr(run, "recomputed_audit_complete"):
         result.facts.extend(disagreements(run))
+    if run is not None and book is not None and run.is_terminal:
+        # The stored cost (`pricing.costs`), recomputed from the chained usage records.
+        usage = [e.details or {} for e in events if e.event_type == EventType.MODEL_TOKEN_USAGE]
+        recomputed, _calls = price_of_run(run, usage, book=book)
+        result.facts.extend(cost_disagreements(run, recomputed))
+        result.unpriced = run.cost_status == CostStatus.NOT_PRICED
     if run is not None and run.is_terminal:
         if rows.unfinished:
             result.incomplete.append(rows.unfinished)
@@ -201,7 +215,9 @@ def _check(
 def refresh_facts(results: list[RunVerification]) -> int:
     """Rewrite the stored list facts of the runs among `results` whose facts disagreed; returns how
     many run rows were rewritten."""
-    return refresh_run_facts(run_ids=[r.run_id for r in results if r.facts])
+    stale = [r.run_id for r in results if r.facts or r.unpriced]
+    refresh_run_costs(run_ids=stale)
+    return refresh_run_facts(run_ids=stale)
 
 
 def verify_governance(*, batch_size: int = 1000) -> tuple[int, list[str]]:

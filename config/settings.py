@@ -61,6 +61,8 @@ INSTALLED_APPS = [
     "reasoning",
     "access",
     "telemetry",
+    # What model calls cost: the pricing rule, price overrides, runs' stored cost (pricing/).
+    "pricing",
 ]
 
 MIDDLEWARE = [
@@ -378,6 +380,8 @@ SPECTACULAR_SETTINGS = {
         "RunStatusEnum": "diagnosis.models.RunStatus.values",
         "ToolStatusEnum": "audit.models.ToolStatus.values",
         "AlertStatusEnum": "diagnosis.aiops.apis.ALERT_STATUSES",
+        "CostStatusEnum": "audit.serializers.COST_STATUSES",
+        "CallCostStatusEnum": "audit.serializers.CALL_COST_STATUSES",
     },
 }
 

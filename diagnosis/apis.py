@@ -13,7 +13,7 @@ from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from audit.serializers import RunIdentitySerializer
+from audit.serializers import RunCostSerializer, RunIdentitySerializer
 from config.api import cursor_response, cursor_serializer, error_responses
 from diagnosis import selectors, services
 from diagnosis.models import FeedbackRating, Intent, ReleaseDecision, RunStatus
@@ -41,6 +41,7 @@ class RunSummarySerializer(RunIdentitySerializer):
     finishedAt = serializers.DateTimeField(source="finished_at", allow_null=True)
     totalDurationMs = serializers.IntegerField(source="total_duration_ms", allow_null=True)
     tokensTotal = serializers.IntegerField(source="tokens_total")
+    cost = RunCostSerializer(source="*")
     auditWriteFailures = serializers.IntegerField(source="audit_write_failures")
 
     class Meta:

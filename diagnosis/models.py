@@ -165,6 +165,15 @@ class DiagnosisRun(models.Model):
     persisted_tools = models.IntegerField(default=0)
     audit_complete = models.BooleanField(default=False)
 
+    # Cost (`pricing`): US dollars by the pricing rule (`pricing.rules`), written with the terminal row and
+    # recomputed by `verify_audit` like the list facts. NULL when not every call could be priced
+    # (`cost_status` says why: `unavailable` with `cost_unpriced_calls`, `demo`), never 0 for an unknown
+    # price; `cost_status` "" = not priced (recorded before pricing, or pricing failed). Outside the digest:
+    # derived from the chained usage records.
+    cost = models.DecimalField(max_digits=20, decimal_places=10, null=True, blank=True, default=None)
+    cost_status = models.CharField(max_length=16, blank=True, default="")
+    cost_unpriced_calls = models.IntegerField(default=0)
+
     # Self-evaluation (seed 003) of an AI Ops run: signals computed from the run's own record when it ends,
     # plus the model's stated confidence, labelled as such (`diagnosis.runtime.selfeval`); NULL for chat
     # runs. Written by the terminal update and bound by the run's terminal digest (form `run/3`).
@@ -200,6 +209,8 @@ class DiagnosisRun(models.Model):
             # The list's sortable number columns.
             models.Index(fields=["tokens_total"], name="idx_run_tokens"),
             models.Index(fields=["total_duration_ms"], name="idx_run_duration"),
+            models.Index(fields=["cost"], name="idx_run_cost"),
+            models.Index(fields=["cost_status", "created_at"], name="idx_run_cost_status_created"),
             # The AI Ops queue: PENDING runs of a flow nobody holds yet, oldest first (diagnosis.queue).
             models.Index(fields=["agent_flow", "status", "created_at"], name="idx_run_flow_status_created"),
         ]

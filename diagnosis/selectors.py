@@ -256,6 +256,16 @@ def get_feedback(*, run_id: str, user: AbstractBaseUser) -> FeedbackView | None:
     return FeedbackView(rating=found[0], comment=found[1], created_at=found[2]) if found else None
 
 
+def feedback_of(*, run_ids: list[str], user: AbstractBaseUser) -> dict[str, FeedbackView]:
+    """One user's feedback on each of `run_ids` that has some (one query), for batched trace reads."""
+    return {
+        run_id: FeedbackView(rating=rating, comment=comment, created_at=created_at)
+        for run_id, rating, comment, created_at in RunFeedback.objects.filter(
+            run_id__in=run_ids, user_id=user.pk
+        ).values_list("run_id", "rating", "comment", "created_at")
+    }
+
+
 def aiops_analyses(
     *,
     alertname: str | None = None,

@@ -3,15 +3,16 @@
 Two kinds, kept apart on purpose:
 
 * **Record metrics** (`RecordCollector`): values every process must report alike (runs by flow, status
-  and release; run and release latency histograms; tokens by source and model; audit write failures;
-  fenced writes; tool calls by tool and status; swept runs; the OTLP export backlog and lag; the age of
-  the newest signed checkpoint). They are read at scrape time from the database with a fixed number of
-  aggregate queries (one GROUP BY or conditional aggregate each, eleven in all) and reused for
-  `METRICS_CACHE_SECONDS`, so any process answers with the same numbers. They are gauges over a
-  sliding window: the runs, steps and tool calls created in the last `METRICS_WINDOW_SECONDS` (default
-  one hour, `diagnosis_metrics_window_seconds`), read through the `created_at` indexes, so a scrape
-  reads the window's rows only and costs the same at a thousand stored runs as at a million (the
-  export backlog and the checkpoint age are read whole: their own queries are bounded).
+  and release; run and release latency histograms; tokens by source and model; cost by source and
+  model; audit write failures; fenced writes; tool calls by tool and status; swept runs; the OTLP
+  export backlog and lag; the age of the newest signed checkpoint). They are read at scrape time from
+  the database with a fixed number of aggregate queries (one GROUP BY or conditional aggregate each,
+  twelve in all, plus the price overrides) and reused for `METRICS_CACHE_SECONDS`, so any process
+  answers with the same numbers. They are gauges over a sliding window: the runs, steps and tool calls
+  created in the last `METRICS_WINDOW_SECONDS` (default one hour, `diagnosis_metrics_window_seconds`),
+  read through the `created_at` indexes, so a scrape reads the window's rows only and costs the same at
+  a thousand stored runs as at a million (the export backlog and the checkpoint age are read whole:
+  their own queries are bounded).
 * **Process metrics**: runs this process executes now and live run followers (stream subscribers) in
   it, plus prometheus_client's process collector (CPU, memory, file descriptors). Scrape every process.
 
@@ -74,8 +75,10 @@ def _histogram(name: str, doc: str, queryset, field: str, buckets: tuple[float, 
 
 def record_metrics() -> list[Metric]:
     """The record metrics as of now (see the module docstring)."""
+    from audit.dashboard import priced_usage
     from audit.models import Checkpoint, EventType, ToolInvocation, TraceEvent
     from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun
+    from pricing.costs import load_price_book
     from telemetry.selectors import export_backlog
 
     families: list[Metric] = []
@@ -161,6 +164,31 @@ def record_metrics() -> list[Metric]:
             if row[kind] is not None:
                 by_model.add_metric([str(row["source"]).lower(), str(row["model"]), kind], row[kind])
     families.append(by_model)
+    # Cost by the pricing rule (`pricing.rules`) of the window's calls, summed per source and model
+    # (`audit.dashboard.priced_usage`: one GROUP BY, plus the price overrides); calls that cannot be
+    # priced (unknown model, no usage, the demo model) are counted, never priced at 0.
+    cost = GaugeMetricFamily(
+        "diagnosis_model_cost_dollars",
+        "Cost in US dollars of the window's model calls by source and model (priced calls only).",
+        labels=["source", "model"],
+    )
+    unpriced = GaugeMetricFamily(
+        "diagnosis_model_calls_unpriced",
+        "Model calls of the window whose cost is unavailable, by source, model and reason.",
+        labels=["source", "model", "reason"],
+    )
+    priced_sum: dict[tuple[str, str], float] = {}
+    for row in priced_usage(since=since, until=timezone.now(), book=load_price_book(), by_day=False):
+        key = (row.source.lower(), row.model)
+        if row.cost is not None:
+            priced_sum[key] = priced_sum.get(key, 0.0) + float(row.cost)
+            if row.without_usage:
+                unpriced.add_metric([*key, "usage_unavailable"], row.without_usage)
+        else:
+            unpriced.add_metric([*key, row.cost_status], row.calls)
+    for key, value in sorted(priced_sum.items()):
+        cost.add_metric(list(key), value)
+    families.extend((cost, unpriced))
     families.append(
         _histogram(
             "diagnosis_guard_duration_seconds",

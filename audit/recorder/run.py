@@ -79,6 +79,8 @@ from audit.recorder.facts import (
 from audit.recorder.ledger import _Ledger
 from audit.recorder.tools import ToolLifecycle, _ToolState, terminal_key
 from diagnosis.models import DiagnosisRun, ReleaseMode, RunStatus
+from pricing.costs import cost_fields, load_price_book
+from pricing.rules import CallTokens
 from reasoning.models import AgentReasoningAudit
 
 
@@ -94,6 +96,7 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
         created_at: Any = None,
         group_commit: bool | None = None,
         lease_epoch: int = 0,
+        provider: str = "",
     ) -> None:
         self.run_id = run_id
         self.session_id = session_id
@@ -106,6 +109,9 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
         # from another thread; see `diagnosis.runtime.context.RunContext.record`). None: nothing kept.
         self.committed: deque[Committed] | None = None
         self._created_at = created_at
+        # The provider that executes the run (RUN_STARTED names it; a resumed run's row holds it): what
+        # the run's cost is priced under (`pricing`).
+        self.provider = provider
         self._group_commit = (
             bool(getattr(settings, "AUDIT_GROUP_COMMIT", False)) if group_commit is None else group_commit
         )
@@ -149,6 +155,7 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
             created_at=run.created_at,
             group_commit=group_commit,
             lease_epoch=run.lease_epoch,
+            provider=run.provider,
         )
 
     @classmethod
@@ -167,6 +174,7 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
             session_id=run.session_id,
             created_at=run.created_at,
             lease_epoch=run.lease_epoch if lease_epoch is None else lease_epoch,
+            provider=run.provider,
         )
         rec._started_at = run.started_at
         rec._first_model_request_at = run.first_model_request_at
@@ -239,6 +247,7 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
         details = dict(details or {})
         if self.release_mode:
             details["releaseMode"] = self.release_mode
+        self.provider = clip(str(details.get("provider") or ""), 32)
         return self._write(
             "run_started",
             [_Event(Phase.RUN, EventType.RUN_STARTED, RunStatus.RUNNING, "run started", details)],
@@ -378,7 +387,7 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
                         )
                     )
             ledger = self._ledger
-            verdict = self._reconcile()
+            verdict, stored = self._reconcile()
             now = timezone.now()
             by_source = ledger.by_source
             fields: dict[str, Any] = {
@@ -408,6 +417,8 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
             }
             if self._created_at is not None:
                 fields["total_duration_ms"] = _ms(now - self._created_at)
+                if stored is not None:
+                    fields.update(self._cost_fields(stored, ledger.model_calls))
             events.append(
                 _Event(
                     Phase.RUN,
@@ -450,9 +461,27 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
             self.finished = self.finished or written
             return sequence_no
 
-    def _reconcile(self) -> Reconciliation:
-        """The ledger kept while running, compared with what is stored (see `audit.reconcile`); not
-        reconciled when the stored rows cannot be read."""
+    def _cost_fields(self, stored: list[CallUsage], model_calls: int) -> dict[str, Any]:
+        """The run's cost (`pricing.costs`) from the usage records re-read for reconciliation, priced at
+        the run's creation; fail-open: when the overrides cannot be read, the run stays not priced
+        (`cost_status` "") for `verify_audit --refresh-facts` to price."""
+        try:
+            book = load_price_book()
+            cost, _calls = book.price_run(
+                provider=self.provider,
+                calls=[(c.model or "", CallTokens.from_usage(c)) for c in stored],
+                started_calls=model_calls,
+                at=self._created_at,
+            )
+        except Exception as exc:  # a derived fact: its failure costs only the stored cost
+            logger.warning("run pricing failed run=%s error=%s", self.run_id, type(exc).__name__)
+            _recover_connection()
+            return {}
+        return cost_fields(cost)
+
+    def _reconcile(self) -> tuple[Reconciliation, list[CallUsage] | None]:
+        """The ledger kept while running, compared with what is stored (see `audit.reconcile`), and the
+        stored usage records (None when they cannot be read; then not reconciled)."""
         try:
             stored, steps = stored_usage(self.run_id)
         except Exception as exc:  # a read for the verdict: its failure only costs the verdict
@@ -469,5 +498,5 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
             reported=self._ledger.calls,
         )
         if stored is None:
-            return replace(verdict, reconciled=False)
-        return verdict
+            return replace(verdict, reconciled=False), None
+        return verdict, stored

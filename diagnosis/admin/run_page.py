@@ -32,6 +32,7 @@ from diagnosis.admin.waterfall import Waterfall, build_waterfall
 from diagnosis.answers import render_answer
 from diagnosis.models import DiagnosisRun, FeedbackRating, ReleaseDecision, RunStatus
 from diagnosis.selectors import FeedbackView
+from pricing.rules import CallCost, CostStatus, format_usd
 
 PHASE_ORDER = {phase: n for n, phase in enumerate(Phase)}
 GUARD_EVENT_LABELS = {
@@ -215,6 +216,10 @@ class LedgerCall:
     reasoning: int | None
     cached: int | None
     total: int | None
+    # The call's cost by the pricing rule (`pricing.rules`): "$0.000740", or why it has none.
+    cost: str = ""
+    cost_priced: bool = False
+    cost_title: str = ""
 
 
 @dataclass(slots=True)
@@ -243,6 +248,36 @@ class Ledger:
     reconciled: bool
     verdict: str
     problems: list[str]
+    cost: str = ""  # the run's stored cost, or why it has none
+    cost_priced: bool = False
+    cost_note: str = ""
+
+
+def _cost_title(cost: CallCost | None) -> str:
+    """Where a call's price came from (the cell's tooltip)."""
+    if cost is None or cost.amount is None:
+        return ""
+    rate = (
+        f": ${cost.rate.input}/M in, ${cost.rate.cached_input}/M cached, ${cost.rate.output}/M out"
+        if cost.rate
+        else ""
+    )
+    origin = (
+        f"override #{cost.override_id}" if cost.source == "override" else cost.matched_model or cost.source
+    )
+    return f"{cost.source} ({origin}){rate}"
+
+
+def run_cost_label(run) -> tuple[str, bool, str]:
+    """The run's stored cost as the console shows it: (text, priced, note)."""
+    if run.cost is not None:
+        return format_usd(run.cost), True, ""
+    if run.cost_status == CostStatus.DEMO:
+        return "demo", False, "the demo model has no price"
+    if run.cost_status == CostStatus.UNAVAILABLE:
+        n = run.cost_unpriced_calls
+        return "unavailable", False, f"{n} call{'' if n == 1 else 's'} could not be priced"
+    return "not priced", False, "not priced yet (verify_audit --refresh-facts prices it)"
 
 
 def build_ledger(trace: Trace) -> Ledger:
@@ -251,10 +286,12 @@ def build_ledger(trace: Trace) -> Ledger:
     the recorder's own verdict (`tokens_reconciled`) is shown with the reasons."""
     run = trace.run
     calls = []
+    costs = {v.event.sequence_no: v.cost for v in trace.call_costs}
     for event in trace.timeline:
         if event.event_type != EventType.MODEL_TOKEN_USAGE:
             continue
         d = event.details or {}
+        cost = costs.get(event.sequence_no)
         calls.append(
             LedgerCall(
                 sequence_no=event.sequence_no,
@@ -268,6 +305,9 @@ def build_ledger(trace: Trace) -> Ledger:
                 reasoning=d.get("reasoningTokens"),
                 cached=d.get("cachedTokens"),
                 total=d.get("totalTokens"),
+                cost=cost.label if cost else "",
+                cost_priced=bool(cost and cost.amount is not None),
+                cost_title=_cost_title(cost),
             )
         )
     reported = [c for c in calls if c.available]
@@ -323,9 +363,13 @@ def build_ledger(trace: Trace) -> Ledger:
         line.calls += 1
         line.without_usage += not c.available
         line.tokens += (c.total or 0) if c.available else 0
+    cost, cost_priced, cost_note = run_cost_label(run)
     return Ledger(
         rows=rows,
         calls=calls,
+        cost=cost,
+        cost_priced=cost_priced,
+        cost_note=cost_note,
         by_agent=list(by_agent.values()),
         reconciled=reconciled,
         verdict=verdict,

@@ -17,13 +17,14 @@ like the API.
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from django import forms
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpResponse
+from django.http import Http404, HttpResponse, StreamingHttpResponse
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
@@ -33,21 +34,22 @@ from django.utils.text import Truncator
 from rest_framework.renderers import JSONRenderer
 
 from access.stepup import OTP_MESSAGE, otp_satisfied
+from audit.export import jsonl_lines
 from audit.selectors import get_trace
 from audit.serializers import serialize_trace
 from audit.transparency.evidence import build_bundle
 from config.admin_lists import ScalableListAdmin
+from diagnosis.admin.dashboard import dashboard_view
 from diagnosis.admin.display import QUERY_PREVIEW_CHARS, delivery_note, format_ms, provider_chip
 from diagnosis.admin.display import chip as _chip
-from diagnosis.admin.run_page import build_run_page
+from diagnosis.admin.run_page import build_run_page, run_cost_label
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunFeedback
 from diagnosis.selectors import search_runs
+from pricing.rules import CostStatus
 from reasoning.models import REASONING_PERMISSION, AccessChannel
 from reasoning.services import read_reasoning
 from telemetry.selectors import export_of_run, exporter_enabled
 
-# An export renders each run's full trace; more than this in one download belongs to the API.
-EXPORT_MAX_RUNS = 200
 CONSOLE_MEDIA = forms.Media(css={"all": ("diagnosis/admin/console.css",)})
 
 
@@ -91,6 +93,43 @@ class UnverifiedDeliveredFilter(admin.SimpleListFilter):
         return queryset
 
 
+class CostFilter(admin.SimpleListFilter):
+    """The run's stored cost (`pricing`): why it has none, or a range (indexed: `cost_status` with
+    `created_at`, `cost`)."""
+
+    title = "cost"
+    parameter_name = "cost"
+    RANGES = {
+        "lt0.001": ("< $0.001", None, Decimal("0.001")),
+        "0.001-0.01": ("$0.001 – $0.01", Decimal("0.001"), Decimal("0.01")),
+        "0.01-0.1": ("$0.01 – $0.10", Decimal("0.01"), Decimal("0.1")),
+        "ge0.1": ("≥ $0.10", Decimal("0.1"), None),
+    }
+
+    def lookups(self, request, model_admin):
+        return (
+            ("unavailable", "Unavailable (a call not priced)"),
+            ("demo", "Demo (no price)"),
+            ("not_priced", "Not priced yet"),
+            *((key, label) for key, (label, _lo, _hi) in self.RANGES.items()),
+        )
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value in (CostStatus.UNAVAILABLE, CostStatus.DEMO):
+            return queryset.filter(cost_status=value)
+        if value == "not_priced":
+            return queryset.filter(cost_status=CostStatus.NOT_PRICED)
+        if value in self.RANGES:
+            _label, lo, hi = self.RANGES[value]
+            queryset = queryset.filter(cost__isnull=False)
+            if lo is not None:
+                queryset = queryset.filter(cost__gte=lo)
+            if hi is not None:
+                queryset = queryset.filter(cost__lt=hi)
+        return queryset
+
+
 class ReconciledFilter(admin.BooleanFieldListFilter):
     """`tokens_reconciled`, titled as the console names it."""
 
@@ -120,6 +159,7 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
         "reconciled",
         "audit_complete_flag",
         "duration",
+        "cost_cell",
         "created",
     )
     # The first cell links the run page and, below it, the session page (two links, so no automatic one).
@@ -131,6 +171,7 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
         "intent",
         "provider",
         ("tokens_reconciled", ReconciledFilter),
+        CostFilter,
         AuditCompleteFilter,
         UnverifiedDeliveredFilter,
     )
@@ -187,6 +228,13 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
     def tokens(self, run: DiagnosisRun) -> int:
         return run.tokens_total
 
+    @admin.display(description="cost", ordering="cost")
+    def cost_cell(self, run: DiagnosisRun):
+        text, priced, note = run_cost_label(run)
+        return format_html(
+            '<span class="dc-cost{}" title="{}">{}</span>', "" if priced else " dc-quiet", note, text
+        )
+
     @admin.display(description="created", ordering="created_at")
     def created(self, run: DiagnosisRun):
         at = timezone.localtime(run.created_at)
@@ -242,6 +290,11 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
         wrap = self.admin_site.admin_view
         return [
             path(
+                "dashboard/",
+                wrap(self.dashboard),
+                name="{}_{}_dashboard".format(*info),
+            ),
+            path(
                 "<path:object_id>/reasoning/",
                 wrap(self.reasoning_view),  # admin_view adds login, staff, never_cache and csrf_protect
                 name="{}_{}_reasoning".format(*info),
@@ -258,6 +311,12 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
             ),
             *super().get_urls(),
         ]
+
+    def dashboard(self, request):
+        """The oversight dashboard (`diagnosis.admin.dashboard`): staff who may view runs."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return dashboard_view(self, request)
 
     def _viewable_run(self, request, object_id) -> DiagnosisRun:
         run = self.get_object(request, unquote(object_id))
@@ -356,20 +415,22 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
         return _download(build_bundle(run=run), f"evidence-{run.run_id}.json")
 
     @admin.action(
-        description="Export selected runs' traces as JSON (API trace shape, no reasoning)",
+        description="Export selected runs' traces as JSON Lines (API trace shape, no reasoning; "
+        "“select all” exports the whole filtered list)",
         permissions=["view"],
     )
     def export_traces(self, request, queryset):
-        runs = list(queryset.order_by("created_at", "id")[: EXPORT_MAX_RUNS + 1])
-        if len(runs) > EXPORT_MAX_RUNS:
-            self.message_user(
-                request,
-                f"Select at most {EXPORT_MAX_RUNS} runs per export (or page through the trace API).",
-                messages.ERROR,
-            )
-            return None
+        """Streamed, one trace per line, read `audit.export`'s chunk at a time: any number of runs (the
+        filtered list with Django's "select all"), in memory bounded by one chunk. Each line is the API's
+        trace body for this user (with their own feedback)."""
         stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
-        return _traces_download([run_trace(run, viewer=request.user) for run in runs], f"traces-{stamp}.json")
+        response = StreamingHttpResponse(
+            jsonl_lines(queryset.select_related(None), viewer=request.user),
+            content_type="application/x-ndjson",
+        )
+        response["Content-Disposition"] = f'attachment; filename="traces-{stamp}.jsonl"'
+        response["Cache-Control"] = "no-store"
+        return response
 
 
 def _traces_download(traces: list[dict[str, Any]], filename: str) -> HttpResponse:

@@ -23,7 +23,6 @@ from audit.selectors import get_trace
 from audit.serializers import serialize_trace
 from audit.signals import STAFF_VIEWERS_GROUP, WITHHELD_CODENAMES, create_staff_viewers_group
 from diagnosis import services
-from diagnosis.admin import runs as runs_admin
 from diagnosis.admin.display import format_ms
 from diagnosis.admin.run_page import build_run_page
 from diagnosis.models import DiagnosisRun, RunStatus
@@ -42,8 +41,9 @@ pytestmark = pytest.mark.django_db
 
 READ_ONLY_MODELS = [TraceEvent, AgentStep, ToolInvocation, AgentReasoningAudit, ReasoningAccessLog]
 # Session, user, the user's two permission sets, then: run, events, steps, tools, the reasoning rows'
-# stored columns (for their digests, never decrypted), the run's leaf in the transparency log, feedback.
-RUN_PAGE_MAX_QUERIES = 11
+# stored columns (for their digests, never decrypted), the run's leaf in the transparency log, feedback,
+# the price overrides (for each call's cost).
+RUN_PAGE_MAX_QUERIES = 12
 # Session, user, permissions (2), two counts, the page of runs, the date hierarchy (2).
 CHANGELIST_MAX_QUERIES = 9
 
@@ -515,7 +515,7 @@ def test_reasoning_view_of_a_missing_run_is_404(console_auditor):
 # --------------------------------------------------------------------------------------------------
 # Export
 # --------------------------------------------------------------------------------------------------
-def test_export_action_downloads_the_api_trace_of_each_selected_run(console_staff, user, api_client):
+def test_export_action_streams_the_api_trace_of_each_selected_run(console_staff, user, api_client):
     published = make_recorded_run(user)
     blocked = make_blocked_run(user)
     make_recorded_run(user)  # not selected
@@ -524,12 +524,12 @@ def test_export_action_downloads_the_api_trace_of_each_selected_run(console_staf
         reverse("admin:diagnosis_diagnosisrun_changelist"),
         {"action": "export_traces", "_selected_action": [published.pk, blocked.pk]},
     )
-    assert response.status_code == 200
-    assert response["Content-Type"] == "application/json"
+    assert response.status_code == 200 and response.streaming
+    assert response["Content-Type"] == "application/x-ndjson"
     assert response["Content-Disposition"].startswith('attachment; filename="traces-')
-    body = response.content.decode()
+    body = b"".join(response.streaming_content).decode()
     assert REASONING_MARKER not in body
-    traces = json.loads(body)["traces"]
+    traces = [json.loads(line) for line in body.splitlines()]
     assert [t["run"]["runId"] for t in traces] == [published.run_id, blocked.run_id]
 
     api_client.force_login(console_staff)
@@ -540,16 +540,16 @@ def test_export_action_downloads_the_api_trace_of_each_selected_run(console_staf
     assert traces[1]["run"]["feedback"]["comment"] == "wrong citation"
 
 
-def test_export_refuses_more_runs_than_its_limit(console_staff, user, monkeypatch):
-    monkeypatch.setattr(runs_admin, "EXPORT_MAX_RUNS", 1)
-    runs = [make_recorded_run(user), make_recorded_run(user)]
+def test_export_action_with_select_all_exports_the_filtered_list(console_staff, user):
+    blocked = [make_blocked_run(user), make_blocked_run(user)]
+    make_recorded_run(user)  # published: filtered out
     response = _login(console_staff).post(
-        reverse("admin:diagnosis_diagnosisrun_changelist"),
-        {"action": "export_traces", "_selected_action": [r.pk for r in runs]},
-        follow=True,
+        reverse("admin:diagnosis_diagnosisrun_changelist") + "?release_decision__exact=BLOCKED",
+        {"action": "export_traces", "select_across": "1", "_selected_action": [blocked[0].pk]},
     )
-    assert response.status_code == 200 and response["Content-Type"].startswith("text/html")
-    assert "Select at most 1 runs per export" in response.content.decode()
+    assert response.status_code == 200
+    lines = b"".join(response.streaming_content).decode().splitlines()
+    assert [json.loads(line)["run"]["runId"] for line in lines] == [r.run_id for r in blocked]
 
 
 def test_single_run_trace_download_equals_the_api(console_staff, user, api_client):

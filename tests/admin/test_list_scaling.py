@@ -32,6 +32,10 @@ PAGES = [
     RUNS + "?unverified=yes",
     RUNS + "?o=7",
     RUNS + "?o=-10",
+    RUNS + "?o=11",  # cost
+    RUNS + "?o=-11",
+    RUNS + "?cost=unavailable",
+    RUNS + "?cost=not_priced",
     RUNS + "?q=bulk0000000005",
     RUNS + "?q=bulk000000000",
     RUNS + "?q=redis",
@@ -201,6 +205,8 @@ EXPLAINED = [
     RUNS + "?status__exact=FAILED",
     RUNS + "?audit_complete=no",
     RUNS + "?o=7",
+    RUNS + "?o=-11",  # cost, descending
+    RUNS + "?cost=unavailable",
     RUNS + "?q=bulk0000000042",
 ]
 # Sessions and audit rows are too few here (3,000) for the optimizer to prefer the index over sorting

@@ -18,8 +18,11 @@ pytestmark = pytest.mark.django_db
 
 RUN_KEYS = {
     "runId", "sessionId", "query", "status", "agentFlow", "intent", "releaseDecision", "content", "error",
-    "provider", "timing", "tokens", "delivery", "stepCount", "toolCallCount", "feedback", "selfEvaluation",
+    "provider", "timing", "tokens", "cost", "delivery", "stepCount", "toolCallCount", "feedback",
+    "selfEvaluation",
 }  # fmt: skip
+COST_KEYS = {"amount", "currency", "status", "unpricedCalls", "calls"}
+CALL_COST_KEYS = {"sequenceNo", "source", "model", "amount", "status", "priceSource"}
 DELIVERY_KEYS = {"releaseMode", "unverifiedTextDelivered", "draftChars"}
 PROVIDER_KEYS = {"name", "demo"}
 TIMING_KEYS = {
@@ -76,6 +79,14 @@ def test_trace_has_every_contract_key_and_is_complete(api_client, user, traced_r
         tokens["usageAvailable"] is True and tokens["reconciled"] is True and tokens["unavailableCalls"] == 0
     )
     assert tokens["total"] == tokens["router"] + tokens["agent"] + tokens["guard"] == traced_run.tokens_total
+    # The fixture's models (router-m, agent-m, guard-m) have no price: cost unavailable, each call named.
+    cost = run["cost"]
+    assert set(cost) == COST_KEYS and all(set(c) == CALL_COST_KEYS for c in cost["calls"])
+    assert (cost["amount"], cost["status"], cost["currency"]) == (None, "unavailable", "USD")
+    assert cost["unpricedCalls"] == len(cost["calls"]) == traced_run.model_calls
+    assert {c["status"] for c in cost["calls"]} == {"unknown_model"}
+    usage_seqs = [e["sequenceNo"] for e in body["timeline"] if e["eventType"] == "MODEL_TOKEN_USAGE"]
+    assert [c["sequenceNo"] for c in cost["calls"]] == usage_seqs
     assert all(set(e) == EVENT_KEYS for e in body["timeline"])
     assert [e["sequenceNo"] for e in body["timeline"]] == list(range(1, len(body["timeline"]) + 1))
     assert body["timeline"][0]["eventType"] == "RUN_STARTED"
@@ -255,9 +266,10 @@ def test_trace_query_count_is_constant_from_5_to_500_events(
     counts = {}
     for run in (small, big):
         # Run with feedback, events, steps, tools, the reasoning rows' stored columns (for their digests,
-        # never decrypted), the run's leaf in the transparency log, plus two for the session, or three
-        # for a token (its row by prefix, and axes' lockout counts for the address and the user).
-        with django_assert_max_num_queries(8 if auth == "session" else 9) as captured:
+        # never decrypted), the run's leaf in the transparency log, the price overrides, plus two for the
+        # session, or three for a token (its row by prefix, and axes' lockout counts for the address and
+        # the user).
+        with django_assert_max_num_queries(9 if auth == "session" else 10) as captured:
             body = _trace(api_client, run, runId=run.run_id)
         counts[run.run_id] = len(captured.captured_queries)
         assert body["summary"]["returned"]["events"] == _events_of(run)

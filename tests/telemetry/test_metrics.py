@@ -142,3 +142,28 @@ def test_record_metrics_cover_the_window_only_with_a_constant_number_of_queries(
     settings.METRICS_WINDOW_SECONDS = 4 * 3600
     found = samples(scrape().content.decode())
     assert found[("diagnosis_run_duration_seconds_count", ())] == 7
+
+
+def test_cost_by_source_and_model_is_the_pricing_rule_and_unpriced_calls_are_counted(scrape, user):
+    from decimal import Decimal
+
+    from audit.recorder import Usage
+    from pricing.rules import CallTokens, PriceBook
+    from tests.pricing.test_cost import _recorded_run
+
+    usage = Usage(
+        available=True, prompt_tokens=1000, completion_tokens=500, total_tokens=1500, reasoning_tokens=200,
+        cached_tokens=400,
+    )  # fmt: skip
+    run = _recorded_run(user, provider="openai", model="deepseek-chat", usages=[usage, usage])
+    make_recorded_run(user, tools=1)  # router-m, agent-m, guard-m: no price
+    found = samples(scrape().content.decode())
+    one = PriceBook().price_call(
+        provider="openai", model="deepseek-chat", tokens=CallTokens.from_usage(usage), at=run.created_at
+    )
+    cost = found[("diagnosis_model_cost_dollars", (("model", "deepseek-chat"), ("source", "agent")))]
+    assert Decimal(str(cost)).quantize(Decimal("1e-9")) == (2 * one.amount).quantize(Decimal("1e-9"))
+    unpriced = {k[1]: v for k, v in found.items() if k[0] == "diagnosis_model_calls_unpriced"}
+    assert unpriced[(("model", "agent-m"), ("reason", "unknown_model"), ("source", "agent"))] == 2
+    assert unpriced[(("model", "router-m"), ("reason", "unknown_model"), ("source", "router"))] == 1
+    assert not any(dict(k).get("model") == "deepseek-chat" for k in unpriced)

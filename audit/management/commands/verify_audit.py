@@ -25,7 +25,7 @@ class Command(BaseCommand):
         "against the digest its chain carries, for finished runs the stored counts against the expected "
         "ones the chain records and recorded write failures, and each anchored run's chain head against "
         "its leaf in the transparency log, and each run's stored list facts (persisted counts, audit "
-        "complete) against the rule recomputed (--refresh-facts rewrites those that disagree). "
+        "complete, cost) against the rule recomputed (--refresh-facts rewrites those that disagree). "
         "Without --run, also the whole log: every leaf and stored "
         "node, every checkpoint's signature and its chain, every checkpoint's root against the stored "
         "leaves, no leaf missing or unsigned, no anchored run deleted, and the checkpoints of a witness "
@@ -66,8 +66,11 @@ class Command(BaseCommand):
 
         total = failed = rows = unanchored = 0
         stale: list = []
+        unpriced: list = []
         for result in results:
             total += 1
+            if result.unpriced:
+                unpriced.append(result)
             rows += result.rows_verified
             unanchored += result.unanchored
             for note in result.notes:
@@ -89,10 +92,12 @@ class Command(BaseCommand):
             f"verified {total} run(s): {total - failed} ok, {failed} with problems; {rows} row(s) verified; "
             f"{unanchored} finished run(s) not yet anchored"
         )
+        if unpriced:
+            self.stdout.write(f"{len(unpriced)} finished run(s) whose cost is not priced yet")
         if stale:
             self.stdout.write(f"{len(stale)} run(s) with stored list facts that disagree with the rule")
-            if options["refresh_facts"]:
-                self.stdout.write(f"rewrote the stored list facts of {refresh_facts(stale)} run(s)")
+        if options["refresh_facts"] and (stale or unpriced):
+            self.stdout.write(f"rewrote the stored list facts of {refresh_facts(stale + unpriced)} run(s)")
         log_problems = 0
         if run_id:
             problems, summary = prove_run(run_id)

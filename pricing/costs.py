@@ -1,0 +1,135 @@
+"""The rule of `pricing.rules` applied to stored records: the price book from the override table, a run's
+cost from its MODEL_TOKEN_USAGE records, and the run's stored cost (`DiagnosisRun.cost`, `cost_status`,
+`cost_unpriced_calls`) written and recomputed.
+
+The recorder prices a run in the transaction of its terminal row (`audit.recorder.run.RunRecorder.finish`,
+from the usage records it re-reads there for reconciliation, plus one query for the overrides). The stored
+cost is a list fact like `audit_complete`: `verify_audit` recomputes it from the chained usage records
+and reports a disagreement (an override edited after the run, a price table upgrade), and
+`verify_audit --refresh-facts` (or `refresh_run_costs`) rewrites it. The usage records are bound into the
+hash chain; the cost columns are derived and outside the run's digest.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from decimal import Decimal
+from typing import Any
+
+from audit.models import EventType, TraceEvent
+from diagnosis.models import DiagnosisRun
+from pricing.models import PriceOverride
+from pricing.rules import CallCost, CallTokens, CostStatus, Override, PriceBook, Rate, RunCost
+
+COST_FIELDS = ("cost", "cost_status", "cost_unpriced_calls")
+REFRESH_BATCH = 500
+
+
+def load_price_book() -> PriceBook:
+    """The overrides as they are now (one query) over `genai-prices`' bundled table."""
+    return PriceBook(
+        Override(
+            id=o.id,
+            model_pattern=o.model_pattern,
+            provider=o.provider,
+            rate=Rate(
+                o.input_per_mtok,
+                o.cached_input_per_mtok if o.cached_input_per_mtok is not None else o.input_per_mtok,
+                o.output_per_mtok,
+            ),
+            effective_from=o.effective_from,
+            effective_to=o.effective_to,
+        )
+        for o in PriceOverride.objects.all()
+    )
+
+
+def usage_calls(details_list: Iterable[dict[str, Any]]) -> list[tuple[str, CallTokens]]:
+    """(model, tokens) of each MODEL_TOKEN_USAGE record's details, in the order given."""
+    return [(str(d.get("model") or ""), CallTokens.from_details(d)) for d in details_list]
+
+
+def price_of_run(
+    run: DiagnosisRun, usage_details: Iterable[dict[str, Any]], *, book: PriceBook
+) -> tuple[RunCost, list[CallCost]]:
+    """The run's cost and each call's, from its usage records' details (timeline order)."""
+    return book.price_run(
+        provider=run.provider,
+        calls=usage_calls(usage_details),
+        started_calls=run.model_calls,
+        at=run.created_at,
+    )
+
+
+def cost_fields(cost: RunCost) -> dict[str, Any]:
+    """The stored columns of a run's cost."""
+    return {"cost": cost.amount, "cost_status": cost.status, "cost_unpriced_calls": cost.unpriced_calls}
+
+
+def cost_disagreements(run: DiagnosisRun, recomputed: RunCost) -> list[str]:
+    """How the run's stored cost differs from `recomputed` (empty when it agrees or the run is not
+    terminal). A run never priced (`cost_status` "") is not a disagreement: `verify_audit` notes it."""
+    if not run.is_terminal or run.cost_status == CostStatus.NOT_PRICED:
+        return []
+    stored = (_q(run.cost), run.cost_status, run.cost_unpriced_calls)
+    wanted = (_q(recomputed.amount), recomputed.status, recomputed.unpriced_calls)
+    if stored == wanted:
+        return []
+    return [f"stored cost is {stored[0]} ({stored[1]}), recomputed {wanted[0]} ({wanted[1]})"]
+
+
+def _q(value: Decimal | None) -> Decimal | None:
+    # As the column stores it (10 decimal places).
+    return None if value is None else Decimal(value).quantize(Decimal("1e-10"))
+
+
+def usage_details_of(run_ids: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """The usage records' details of `run_ids`, per run in timeline order (one query)."""
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for run_id, details in (
+        TraceEvent.objects.filter(run_id__in=run_ids, event_type=EventType.MODEL_TOKEN_USAGE)
+        .order_by("run_id", "sequence_no")
+        .values_list("run_id", "details")
+    ):
+        out[run_id].append(details or {})
+    return out
+
+
+def refresh_run_costs(*, run_ids: Iterable[str] | None = None, only_unpriced: bool = False) -> int:
+    """Write the stored cost of the terminal runs `run_ids` (every terminal run when None; with
+    `only_unpriced`, only those not priced yet), `REFRESH_BATCH` runs per read; returns how many."""
+    from diagnosis.models import TERMINAL_RUN_STATUSES
+
+    runs = DiagnosisRun.objects.filter(status__in=TERMINAL_RUN_STATUSES)
+    if run_ids is not None:
+        runs = runs.filter(run_id__in=list(run_ids))
+    if only_unpriced:
+        runs = runs.filter(cost_status=CostStatus.NOT_PRICED)
+    book = load_price_book()
+    written, last = 0, 0
+    while True:
+        batch = list(
+            runs.filter(pk__gt=last)
+            .order_by("pk")
+            .only("pk", "run_id", "provider", "model_calls", "created_at", "status")[:REFRESH_BATCH]
+        )
+        if not batch:
+            return written
+        last = batch[-1].pk
+        details = usage_details_of([r.run_id for r in batch])
+        for run in batch:
+            cost, _calls = price_of_run(run, details.get(run.run_id, []), book=book)
+            written += DiagnosisRun.objects.filter(pk=run.pk).update(**cost_fields(cost))
+
+
+__all__ = [
+    "COST_FIELDS",
+    "cost_disagreements",
+    "cost_fields",
+    "load_price_book",
+    "price_of_run",
+    "refresh_run_costs",
+    "usage_calls",
+    "usage_details_of",
+]
