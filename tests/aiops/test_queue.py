@@ -126,7 +126,11 @@ def test_the_next_run_is_claimed_while_one_finishes_and_calls_no_model_before_it
     log: list[tuple[str, str]] = []  # list.append is atomic: written from the loop and pool threads
     real_db, real_started, real_finish = worker.db, RunRecorder.model_call_started, RunRecorder.finish
 
+    claims = iter(range(100))
+
     async def logged_db(fn, /, *args, **kwargs):
+        if fn is services.claim_next_queued:
+            log.append(("claiming", next(claims)))  # asked for, on the loop
         result = await real_db(fn, *args, **kwargs)
         if fn is services.claim_next_queued and result is not None:
             log.append(("claimed", result.run_id))
@@ -157,10 +161,11 @@ def test_the_next_run_is_claimed_while_one_finishes_and_calls_no_model_before_it
             assert len(calling) <= concurrency, log  # never more runs calling models than slots
         elif what == "finished":
             calling.discard(run)
-    # With one slot, each later run was claimed before the one before it began its terminal write.
+    # With one slot, each later run was asked for before the one before it began its terminal write,
+    # and made its first model call only after that one's end.
     if concurrency == 1:
-        for before, after in itertools.pairwise(ids):
-            assert log.index(("claimed", after)) < log.index(("finishing", before)), log
+        for n, (before, after) in enumerate(itertools.pairwise(ids), start=1):
+            assert log.index(("claiming", n)) < log.index(("finishing", before)), log
             assert log.index(("finished", before)) < log.index(("model call", after)), log
     assert all(verify_run(run_id).ok for run_id in ids)
 
