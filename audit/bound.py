@@ -18,7 +18,8 @@ RUN_FINISHED = "RUN_FINISHED"
 REASONING_PURGED = "REASONING_PURGED"
 REASONING_REKEYED = "REASONING_REKEYED"
 GOVERNANCE_EVENTS = frozenset({REASONING_PURGED, REASONING_REKEYED})
-TOOL_STATUSES = frozenset({"RUNNING", "SUCCEEDED", "FAILED", "INTERRUPTED", "ABANDONED"})
+# (A bare tool error kept until the run's verdict, ERROR_OBSERVED, binds no row: the row is unchanged.)
+TOOL_STATUSES = frozenset({"AWAITING_APPROVAL", "RUNNING", "SUCCEEDED", "FAILED", "INTERRUPTED", "ABANDONED"})
 # `audit.models.CHAT_AGENT_NAME`: the agent of a step event that names none.
 CHAT_AGENT_NAME = "diagnosis_agent"
 
@@ -80,7 +81,12 @@ def collect(events: Sequence[Any]) -> Bindings:
         elif kind == TOOL_INVOCATION and event.status in TOOL_STATUSES and "toolCallId" in d:
             b.tools[d["toolCallId"]] = Bound(seq, d.get("rowDigest"), form=d.get("rowForm"))
             b.digests_seen |= "rowDigest" in d
-            b.tool_starts += event.status == "RUNNING"
+            # A call that waited for approval is one tool row: its AWAITING_APPROVAL event counts it, the
+            # RUNNING of its approved start does not count it again.
+            if event.status == "AWAITING_APPROVAL" or (
+                event.status == "RUNNING" and "approvedDigest" not in d and not d.get("restarted")
+            ):
+                b.tool_starts += 1
         elif kind in GOVERNANCE_EVENTS:
             b.governance += 1
             for row in d.get("rows") or []:

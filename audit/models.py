@@ -42,11 +42,17 @@ class EventType(models.TextChoices):
     RUN_CANCELLED = "RUN_CANCELLED"
     RUN_FINISHED = "RUN_FINISHED"
     WRITE_FENCED = "WRITE_FENCED"
+    APPROVAL_REQUESTED = "APPROVAL_REQUESTED"
+    APPROVAL_DECIDED = "APPROVAL_DECIDED"
+    RUN_INTERRUPTED = "RUN_INTERRUPTED"
+    RUN_RESUMED = "RUN_RESUMED"
     REASONING_PURGED = "REASONING_PURGED"
     REASONING_REKEYED = "REASONING_REKEYED"
 
 
 class ToolStatus(models.TextChoices):
+    # A call of a tool that requires approval, recorded and not executed until a person approves it.
+    AWAITING_APPROVAL = "AWAITING_APPROVAL"
     RUNNING = "RUNNING"
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
@@ -200,7 +206,7 @@ class ToolInvocation(models.Model):
     tool_call_id = models.CharField(max_length=128)
     provider_tool_call_id = models.CharField(max_length=128, blank=True, default="")
     tool_name = models.CharField(max_length=64)
-    status = models.CharField(max_length=16, choices=ToolStatus.choices, default=ToolStatus.RUNNING)
+    status = models.CharField(max_length=24, choices=ToolStatus.choices, default=ToolStatus.RUNNING)
     input_params = models.JSONField(default=dict, blank=True)
     output_preview = models.CharField(max_length=PREVIEW_CHARS, blank=True, default="")
     output_length = models.IntegerField(null=True, blank=True)

@@ -267,10 +267,15 @@ ERROR_DESCRIPTIONS = {
         "second factor)."
     ),
     404: "No such resource, or one the user may not see (`not_found`; identical in both cases).",
+    409: (
+        "The resource is not in a state that allows this (`not_waiting`: an approval decided already or "
+        "expired; `arguments_changed`)."
+    ),
     429: (
         "Too many requests (`throttled`), or too many failed authentications (`locked_out`); see "
         "`Retry-After`."
     ),
+    503: "The decision could not be recorded; nothing changed (`service_unavailable`).",
 }
 
 

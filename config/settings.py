@@ -247,6 +247,12 @@ AIOPS_SERVICE_USER = env.str("AIOPS_SERVICE_USER", default="alertmanager")
 AIOPS_WORKER_CONCURRENCY = env.int("AIOPS_WORKER_CONCURRENCY", default=2)
 AIOPS_POLL_INTERVAL_SECONDS = env.float("AIOPS_POLL_INTERVAL_SECONDS", default=2.0)
 AIOPS_QUEUE_TIMEOUT_SECONDS = env.int("AIOPS_QUEUE_TIMEOUT_SECONDS", default=3600)
+# Tool calls that require a person's approval (create_silence; docs/aiops.md, *Approvals*): how long a
+# request waits before it expires (recorded, treated as rejected), whether the requester of a run may
+# approve its own request, and the longest silence the tool may ask Alertmanager for.
+APPROVAL_TIMEOUT_SECONDS = env.int("APPROVAL_TIMEOUT_SECONDS", default=1800)
+APPROVAL_ALLOW_SELF = env.bool("APPROVAL_ALLOW_SELF", default=False)
+APPROVAL_SILENCE_MAX_SECONDS = env.int("APPROVAL_SILENCE_MAX_SECONDS", default=4 * 3600)
 
 # ---------------------------------------------------------------------------------------------------
 # Reasoning governance
@@ -272,7 +278,7 @@ REASONING_REQUIRE_OTP = env.bool("REASONING_REQUIRE_OTP", default=not DEBUG)
 # Permissions whose holders the governance log and the access review follow (besides superusers).
 SENSITIVE_PERMISSIONS = env.list(
     "SENSITIVE_PERMISSIONS",
-    default=["reasoning.view_reasoning_content", "audit.place_legal_hold"],
+    default=["reasoning.view_reasoning_content", "audit.place_legal_hold", "diagnosis.approve_tool_call"],
 )
 # Groups whose membership the governance log always records, whether or not they hold a sensitive
 # permission (yet) or exist (yet); any other group is followed the moment it holds a sensitive permission.

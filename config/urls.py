@@ -17,7 +17,7 @@ from audit.apis import (
     TraceApi,
 )
 from diagnosis.aiops.apis import AlertmanagerWebhookApi, AnalysesApi
-from diagnosis.apis import RunFeedbackApi, RunListApi, SessionListApi
+from diagnosis.apis import ApprovalDecisionApi, ApprovalListApi, RunFeedbackApi, RunListApi, SessionListApi
 from diagnosis.chat import pages as chat_pages
 from diagnosis.chat import sse as chat_sse
 from reasoning.apis import ReasoningApi
@@ -33,6 +33,12 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="swagger-ui"),
     # Trace and reasoning API. Path parameters are named as in the API contract.
     path("api/diagnosis/sessions/", SessionListApi.as_view(), name="api-session-list"),
+    path("api/diagnosis/approvals/", ApprovalListApi.as_view(), name="api-approvals"),
+    path(
+        "api/diagnosis/<str:sessionId>/runs/<str:runId>/approvals/<str:toolCallId>",
+        ApprovalDecisionApi.as_view(),
+        name="api-run-approval",
+    ),
     path("api/diagnosis/<str:sessionId>/runs/", RunListApi.as_view(), name="api-run-list"),
     path("api/diagnosis/<str:sessionId>/trace", TraceApi.as_view(), name="api-trace"),
     path("api/diagnosis/<str:sessionId>/trace/reasoning", ReasoningApi.as_view(), name="api-trace-reasoning"),

@@ -1,7 +1,9 @@
 """Session, run-list and feedback endpoints (API contract, *Trace*).
 
 `GET /api/diagnosis/sessions/`, `GET /api/diagnosis/{sessionId}/runs/` and
-`POST /api/diagnosis/{sessionId}/runs/{runId}/feedback`. Thin views over `diagnosis.selectors` (reads)
+`POST /api/diagnosis/{sessionId}/runs/{runId}/feedback`, and the approvals of tool calls that require a
+person: `GET /api/diagnosis/approvals/` and `POST /api/diagnosis/{sessionId}/runs/{runId}/approvals/
+{toolCallId}` (over `diagnosis.runtime.approvals`). Thin views over `diagnosis.selectors` (reads)
 and `diagnosis.services` (writes). The chat stream and cancel endpoints live in `diagnosis.chat`.
 """
 
@@ -9,7 +11,7 @@ from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
-from rest_framework.exceptions import NotFound
+from rest_framework.exceptions import APIException, NotFound, PermissionDenied
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -17,6 +19,7 @@ from audit.serializers import RunCostSerializer, RunIdentitySerializer
 from config.api import cursor_response, cursor_serializer, error_responses
 from diagnosis import selectors, services
 from diagnosis.models import FeedbackRating, Intent, ReleaseDecision, RunStatus
+from diagnosis.runtime import approvals
 
 NOT_FOUND_SESSION = "No such session."
 NOT_FOUND_RUN = "No such session or run."
@@ -171,3 +174,122 @@ class RunFeedbackApi(APIView):
             raise NotFound(NOT_FOUND_RUN)
         feedback = services.submit_feedback(run=run, user=request.user, **body.validated_data)
         return Response(self.OutputSerializer(feedback).data, status=status.HTTP_201_CREATED)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Approvals of tool calls that require a person (docs/aiops.md, *Approvals*)
+# ---------------------------------------------------------------------------------------------------
+class ApprovalError(APIException):
+    """A refused decision in the contract's error shape, with the decision service's status and code."""
+
+    def __init__(self, exc: approvals.ApprovalError) -> None:
+        self.status_code = exc.status
+        super().__init__(detail=str(exc), code=exc.code)
+
+
+class WaitingApprovalSerializer(serializers.Serializer):
+    runId = serializers.CharField(source="run_id")
+    sessionId = serializers.CharField(source="session_id")
+    toolCallId = serializers.CharField(source="tool_call_id")
+    toolName = serializers.CharField(source="tool_name")
+    arguments = serializers.JSONField(help_text="The call's effective input as recorded (bounded).")
+    argumentsDigest = serializers.CharField(
+        source="arguments_digest",
+        help_text="sha256 of the arguments' canonical JSON: send it back to decide.",
+    )
+    requester = serializers.CharField(help_text="The run's requester (its session's owner).")
+    requestedAt = serializers.DateTimeField(source="requested_at")
+    expiresAt = serializers.DateTimeField(source="expires_at")
+
+    class Meta:
+        ref_name = "WaitingApproval"
+
+
+class ApprovalListApi(APIView):
+    """The tool calls waiting for a decision in runs the user may see, oldest first (at most 100), for
+    users with `diagnosis.approve_tool_call`. 401 anonymous; 403 without the permission."""
+
+    class OutputSerializer(serializers.Serializer):
+        approvals = WaitingApprovalSerializer(many=True)
+
+        class Meta:
+            ref_name = "WaitingApprovals"
+
+    @extend_schema(
+        operation_id="approvals_list",
+        summary="Tool calls waiting for approval",
+        responses={200: OutputSerializer, **error_responses(401, 403)},
+        tags=["trace"],
+    )
+    def get(self, request):
+        if not approvals.may_approve(request.user):
+            raise PermissionDenied("You may not decide tool calls (diagnosis.approve_tool_call).")
+        waiting = approvals.waiting_approvals(user=request.user)
+        return Response(self.OutputSerializer({"approvals": waiting}).data)
+
+
+class ApprovalDecisionApi(APIView):
+    """Decide a tool call that waits for approval: `{"decision": "approve" | "reject", "note"?: str ≤ 1000,
+    "argumentsDigest"?: str}` → 200 with the recorded decision (APPROVAL_DECIDED); approving resumes the
+    run (a queue worker executes the call under the same id). `argumentsDigest` is the digest of the
+    arguments the decider saw (as listed); when given it must be the recorded one.
+
+    401 anonymous; 403 without `diagnosis.approve_tool_call` (`permission_denied`), or approving one's own
+    run's request unless `APPROVAL_ALLOW_SELF` (`self_approval`), or a session-authenticated request
+    without a valid CSRF token; 400 invalid body; 404 the session, run or call is absent or not visible
+    (same body); 409 a call that is not waiting — decided already, expired, or its run not interrupted
+    (`not_waiting`) — or arguments that changed (`arguments_changed`); 503 the decision could not be
+    recorded (nothing changed)."""
+
+    class InputSerializer(serializers.Serializer):
+        decision = serializers.ChoiceField(choices=sorted(approvals.DECISIONS))
+        note = serializers.CharField(
+            max_length=approvals.NOTE_CHARS, required=False, allow_blank=True, default=""
+        )
+        argumentsDigest = serializers.RegexField(r"^[0-9a-f]{64}\Z", required=False)
+
+        class Meta:
+            ref_name = "ApprovalDecisionInput"
+
+    class OutputSerializer(serializers.Serializer):
+        runId = serializers.CharField(source="run_id")
+        toolCallId = serializers.CharField(source="tool_call_id")
+        decision = serializers.ChoiceField(choices=[approvals.APPROVED, approvals.REJECTED])
+        decidedBy = serializers.CharField(source="decided_by")
+        argumentsDigest = serializers.CharField(source="arguments_digest")
+        sequenceNo = serializers.IntegerField(source="sequence_no", help_text="APPROVAL_DECIDED's sequence.")
+
+        class Meta:
+            ref_name = "ApprovalDecided"
+
+    @extend_schema(
+        operation_id="run_approval_decide",
+        summary="Approve or reject a tool call that waits for approval",
+        parameters=[
+            OpenApiParameter("sessionId", str, OpenApiParameter.PATH),
+            OpenApiParameter("runId", str, OpenApiParameter.PATH),
+            OpenApiParameter("toolCallId", str, OpenApiParameter.PATH),
+        ],
+        request=InputSerializer,
+        responses={200: OutputSerializer, **error_responses(400, 401, 403, 404, 409, 503)},
+        tags=["trace"],
+    )
+    def post(self, request, sessionId, runId, toolCallId):
+        body = self.InputSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        run = selectors.get_visible_run(user=request.user, session_id=sessionId, run_id=runId)
+        if run is None:
+            raise NotFound(NOT_FOUND_RUN)
+        try:
+            decided = approvals.decide(
+                run=run,
+                tool_call_id=toolCallId,
+                decision=approvals.DECISIONS[body.validated_data["decision"]],
+                user=request.user,
+                note=body.validated_data["note"],
+                arguments_digest_seen=body.validated_data.get("argumentsDigest"),
+            )
+        except approvals.ApprovalError as exc:
+            raise ApprovalError(exc) from None
+        approvals.publish_decision(decided)
+        return Response(self.OutputSerializer(decided).data)

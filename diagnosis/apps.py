@@ -8,4 +8,4 @@ class DiagnosisConfig(AppConfig):
     verbose_name = "Diagnosis"
 
     def ready(self) -> None:
-        from diagnosis import checks  # noqa: F401  (registers the system checks)
+        from diagnosis import checks, signals  # noqa: F401  (registers the system checks, the approvers group)

@@ -17,6 +17,9 @@ class RunStatus(models.TextChoices):
     SUCCESS = "SUCCESS"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
+    # Not terminal: the run's attempt ended waiting for a person to decide a tool call that requires
+    # approval; its lease is released and a decision makes it claimable again (docs/aiops.md, *Approvals*).
+    INTERRUPTED = "INTERRUPTED"
 
 
 TERMINAL_RUN_STATUSES = frozenset({RunStatus.SUCCESS, RunStatus.FAILED, RunStatus.CANCELLED})
@@ -214,6 +217,8 @@ class DiagnosisRun(models.Model):
             # The AI Ops queue: PENDING runs of a flow nobody holds yet, oldest first (diagnosis.queue).
             models.Index(fields=["agent_flow", "status", "created_at"], name="idx_run_flow_status_created"),
         ]
+        # Deciding a tool call that waits for approval (held by the group "Approvers", created on migrate).
+        permissions = [("approve_tool_call", "Can approve or reject tool calls that require approval")]
 
     def __str__(self) -> str:
         return self.run_id

@@ -129,3 +129,46 @@ def totp_code(device, *, at: float | None = None) -> str:
     totp = TOTP(device.bin_key, device.step, device.t0, device.digits, device.drift)
     totp.time = time.time() if at is None else at
     return f"{totp.token():0{device.digits}d}"
+
+
+def make_waiting_approval(owner) -> tuple[DiagnosisRun, str]:
+    """An AI Ops run interrupted with one `create_silence` call waiting for approval, recorded through
+    the recorder as the runtime records it (no model, no Alertmanager); returns the run and the call id."""
+    import datetime as dt
+
+    from django.utils import timezone
+
+    from diagnosis.models import AgentFlow
+
+    session = services.create_session(owner=owner)
+    run = services.create_run(session=session, query="Alert Drill: silence it", agent_flow=AgentFlow.AI_OPS)
+    claimed = services.claim_run(run_id=run.run_id, owner="tests")
+    rec = RunRecorder.for_run(claimed)
+    rec.run_started(release_mode="verified")
+    arguments = {
+        "matchers": [{"name": "alertname", "value": "Drill", "isRegex": False, "isEqual": True}],
+        "duration_minutes": 30,
+        "comment": "drill",
+    }
+    call = DeclaredToolCall(
+        tool_call_id="call_silence", name="create_silence", arguments=json.dumps(arguments)
+    )
+    rec.model_step(
+        step_index=1,
+        agent_name="executor",
+        model="agent-m",
+        usage=usage(100, 10),
+        reasoning=build_capture(reasoning="", text="", tool_calls=[call.plan()]),
+        tool_calls=[call],
+        finish_reason="tool_calls",
+    )
+    rec.tool_awaiting_approval(
+        tool_call_id=call.tool_call_id,
+        tool_name=call.name,
+        input_params=arguments,
+        approvers={"permission": "diagnosis.approve_tool_call", "group": "Approvers", "requester": ""},
+        expires_at=timezone.now() + dt.timedelta(hours=1),
+    )
+    rec.interrupt(pending=[call.tool_call_id], checkpoint_sha256="0" * 64, reason="tests")
+    run.refresh_from_db()
+    return run, call.tool_call_id

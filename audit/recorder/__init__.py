@@ -21,10 +21,12 @@ from audit.recorder.facts import (
     _Event,
 )
 from audit.recorder.governance import record_governance_event, record_reasoning_change
-from audit.recorder.run import RunRecorder
+from audit.recorder.run import DecisionNotRecorded, RunRecorder
+from audit.recorder.tools import arguments_digest
 
 __all__ = [
     "Committed",
+    "DecisionNotRecorded",
     "DeclaredToolCall",
     "RetrievalFacts",
     "RunRecorder",
@@ -33,6 +35,7 @@ __all__ = [
     "ToolLifecycleConflict",
     "Usage",
     "_Event",
+    "arguments_digest",
     "record_governance_event",
     "record_reasoning_change",
 ]

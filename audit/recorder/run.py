@@ -77,11 +77,15 @@ from audit.recorder.facts import (
     _Event,
 )
 from audit.recorder.ledger import _Ledger
-from audit.recorder.tools import ToolLifecycle, _ToolState, terminal_key
+from audit.recorder.tools import ERROR_OBSERVED, OPEN_TOOL_STATUSES, ToolLifecycle, _ToolState, terminal_key
 from diagnosis.models import DiagnosisRun, ReleaseMode, RunStatus
 from pricing.costs import cost_fields, load_price_book
 from pricing.rules import CallTokens
 from reasoning.models import AgentReasoningAudit
+
+
+class DecisionNotRecorded(Exception):
+    """An approval decision whose event did not commit: it does not stand."""
 
 
 class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
@@ -209,11 +213,25 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
                 status=tool.status,
                 terminal_key=(
                     None
-                    if tool.status == ToolStatus.RUNNING
+                    if tool.status in OPEN_TOOL_STATUSES
                     else terminal_key(tool.status, tool.output_sha256, tool.error_code, tool.error_message)
                 ),
                 row={c: getattr(tool, c) for c in columns},
             )
+        # Bare errors observed and kept until the run's verdict (seed 002): the last event of such a
+        # call is its ERROR_OBSERVED.
+        last: dict[str, tuple[str, dict]] = {}
+        for status, details in (
+            TraceEvent.objects.filter(run_id=run_id, event_type=EventType.TOOL_INVOCATION)
+            .order_by("sequence_no")
+            .values_list("status", "details")
+        ):
+            if isinstance(details, dict) and details.get("toolCallId"):
+                last[str(details["toolCallId"])] = (status, details)
+        for tool_call_id, (status, details) in last.items():
+            state = rec._tools.get(tool_call_id)
+            if status == ERROR_OBSERVED and state is not None and state.status == ToolStatus.RUNNING:
+                state.observed = (str(details.get("errorCode") or ""), str(details.get("errorMessage") or ""))
         persisted = rec._persisted_counts()
         rec.expected_events = max(run.expected_events, persisted["events"])
         rec.expected_steps = max(run.expected_steps, persisted["steps"])
@@ -323,6 +341,101 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
                     )
                 ],
             )
+
+    # ----------------------------------------------------------------------------------------------
+    # Interruption for approval, decisions, resumption (docs/aiops.md, *Approvals*)
+    # ----------------------------------------------------------------------------------------------
+    def interrupt(
+        self, *, pending: list[str], checkpoint_sha256: str, reason: str, kept: list[str] = ()
+    ) -> int | None:
+        """RUN_INTERRUPTED: the attempt ends waiting for decisions on the `pending` calls; the run
+        becomes INTERRUPTED and its lease is released in the same transaction (no RUN_FINISHED: the
+        run is not over). `checkpoint_sha256` names the executor's saved state the resumption must
+        find unchanged."""
+        with self._lock:
+            return self._write(
+                "run_interrupted",
+                [
+                    _Event(
+                        Phase.RUN,
+                        EventType.RUN_INTERRUPTED,
+                        RunStatus.INTERRUPTED,
+                        clip(f"run interrupted: {len(pending)} call(s) wait for approval", SUMMARY_CHARS),
+                        {
+                            "pending": list(pending),
+                            # Calls whose bare error was observed: kept pending for the resumption.
+                            "keptPending": list(kept),
+                            "checkpointSha256": checkpoint_sha256,
+                            "reason": clip(reason, 300),
+                        },
+                    )
+                ],
+                run_fields={"status": RunStatus.INTERRUPTED, "lease_owner": "", "lease_expires_at": None},
+            )
+
+    def approval_decided(
+        self,
+        *,
+        tool_call_id: str,
+        tool_name: str,
+        decision: str,
+        decided_by: str,
+        note: str,
+        arguments: Any,
+        arguments_digest: str,
+        requested_sequence_no: int | None,
+        claimable_until: Any = None,
+    ) -> int:
+        """APPROVAL_DECIDED (APPROVED, REJECTED or EXPIRED): who decided (a username; "" for the
+        system's expiry), when (the event's time), the note, the exact arguments decided and their
+        digest. With `claimable_until` (no other call of the run still waits), the run becomes PENDING
+        with a free lease in the same transaction, so a worker resumes it (the sweeper fails it if none
+        claims it by then); else it stays INTERRUPTED. Not fail-open: a decision that did not commit
+        raises `DecisionNotRecorded` (nothing changed, the call still waits)."""
+        with self._lock:
+            seq = self._write(
+                "approval_decided",
+                [
+                    _Event(
+                        Phase.TOOL,
+                        EventType.APPROVAL_DECIDED,
+                        decision,
+                        clip(
+                            f"{tool_name} {decision.lower()}"
+                            + (f" by {decided_by}" if decided_by else "")
+                            + f" ({tool_call_id})",
+                            SUMMARY_CHARS,
+                        ),
+                        {
+                            "toolCallId": tool_call_id,
+                            "toolName": tool_name,
+                            "decision": decision,
+                            "decidedBy": decided_by or None,
+                            "decidedAt": timezone.now().isoformat(),
+                            "note": clip(note, 1000),
+                            "arguments": bound_json(arguments),
+                            "argumentsDigest": arguments_digest,
+                            "requestedAt": requested_sequence_no,
+                        },
+                    )
+                ],
+                run_fields=(
+                    {"status": RunStatus.PENDING, "lease_owner": "", "lease_expires_at": claimable_until}
+                    if claimable_until is not None
+                    else {"status": RunStatus.INTERRUPTED, "lease_owner": "", "lease_expires_at": None}
+                ),
+            )
+            if seq is None:
+                raise DecisionNotRecorded(tool_call_id)
+            return seq
+
+    def run_resumed(self, *, details: dict[str, Any]) -> int | None:
+        """RUN_RESUMED: a worker claimed the interrupted run (a new lease and epoch) and continues it."""
+        return self._write(
+            "run_resumed",
+            [_Event(Phase.RUN, EventType.RUN_RESUMED, RunStatus.RUNNING, "run resumed", dict(details))],
+            run_fields={"status": RunStatus.RUNNING},
+        )
 
     def run_cancelled(self, *, reason: str) -> int | None:
         """RUN_CANCELLED: the run stops at a safe point; `finish(status=CANCELLED)` follows."""

@@ -13,8 +13,8 @@ from typing import Any
 from django.utils import timezone
 
 from audit import rowdigest
-from audit.models import TOOL_CONFLICT, EventType, Phase, ToolStatus
-from audit.payloads import bound_json, bound_text, canonical_json, clip
+from audit.models import TOOL_CONFLICT, AgentStep, EventType, Phase, ToolInvocation, ToolStatus
+from audit.payloads import bound_json, bound_text, canonical_json, clip, sha256_hex
 from audit.recorder.chain import _tables
 from audit.recorder.facts import (
     ERROR_MESSAGE_CHARS,
@@ -31,6 +31,19 @@ from audit.write_ops import Insert, Update
 from diagnosis.models import RunStatus
 
 TOOL_CALL_ID_CHARS = 128
+# Tool states that have no terminal yet: executing, or recorded and waiting for a person's decision.
+OPEN_TOOL_STATUSES = frozenset({ToolStatus.RUNNING.value, ToolStatus.AWAITING_APPROVAL.value})
+# Status of the TOOL_INVOCATION event that records a bare tool error kept until the run's verdict.
+ERROR_OBSERVED = "ERROR_OBSERVED"
+APPROVAL_REQUESTED_STATUS = "WAITING"
+
+
+def arguments_digest(effective_input: Any) -> str:
+    """sha256 of the canonical JSON of a call's effective input as recorded (the digest an approval
+    names: a decision applies to exactly these arguments)."""
+    return sha256_hex(canonical_json(effective_input))
+
+
 # Room kept for the suffix of a run-unique id (`~s<step>` and, rarely, `.<n>`).
 _SUFFIX_CHARS = 24
 
@@ -49,6 +62,9 @@ class _ToolState:
     terminal_key: tuple | None = None
     # The tool row as last written (column -> value): the start of its terminal image.
     row: dict[str, Any] = field(default_factory=dict)
+    # A bare error observed while the run may still be interrupted: (code, message), no terminal yet;
+    # the run's verdict decides (seed 002, `tool_error_observed`).
+    observed: tuple[str, str] | None = None
 
 
 def terminal_key(status: str, output_sha256: str | None, error_code: str, error_message: str) -> tuple:
@@ -94,6 +110,212 @@ class ToolLifecycle:
                     )
                 )
             return tuple(out)
+
+    def tool_awaiting_approval(
+        self,
+        *,
+        tool_call_id: str,
+        tool_name: str,
+        input_params: dict[str, Any],
+        approvers: dict[str, Any],
+        expires_at: Any,
+    ) -> int | None:
+        """Record a declared call of a tool that requires approval, without executing it: its row with
+        status AWAITING_APPROVAL (no `started_at`: nothing ran), its TOOL_INVOCATION event and
+        APPROVAL_REQUESTED (the tool, its bounded arguments and their digest, who may decide, when the
+        request expires), in one transaction. The same refusals as `tool_started` apply (undeclared id,
+        a repeat). Returns the sequence of APPROVAL_REQUESTED, or None when the write failed (then no
+        request exists: the caller must not wait for one)."""
+        effective_input = bound_json(input_params, max_string=INPUT_STRING_CHARS)
+        input_key = canonical_json(effective_input)
+        with self._lock:
+            self._refuse_start(tool_call_id, tool_name, input_key)
+            agent_name, step_index = self._declared[tool_call_id]
+            provider_id = self._provider_ids.get(tool_call_id, tool_call_id)
+            now = timezone.now()
+            state = _ToolState(
+                name=tool_name,
+                input_key=input_key,
+                step_index=step_index,
+                agent_name=agent_name,
+                started_monotonic=None,
+                started_at=None,
+                input_params=effective_input,
+                provider_id=provider_id,
+                status=ToolStatus.AWAITING_APPROVAL,
+            )
+            t = _tables()
+            row = Insert(
+                t.tool,
+                t.tool.row(
+                    run_id=self.run_id,
+                    session_id=self.session_id,
+                    step_id=self._step_ids.get((agent_name, step_index)),
+                    step_index=step_index,
+                    agent_name=agent_name,
+                    tool_call_id=tool_call_id,
+                    provider_tool_call_id=provider_id,
+                    tool_name=tool_name,
+                    status=ToolStatus.AWAITING_APPROVAL,
+                    input_params=effective_input,
+                    started_at=None,
+                    created_at=now,
+                    updated_at=now,
+                ),
+            )
+            digest = arguments_digest(effective_input)
+            common = {
+                "toolCallId": tool_call_id,
+                "providerToolCallId": provider_id,
+                "toolName": tool_name,
+                "stepIndex": step_index,
+                "agentName": agent_name,
+            }
+            sequence_no = self._write(
+                "tool_awaiting_approval",
+                [
+                    _Event(
+                        Phase.TOOL,
+                        EventType.TOOL_INVOCATION,
+                        ToolStatus.AWAITING_APPROVAL,
+                        clip(f"{tool_name} awaiting approval ({tool_call_id})", SUMMARY_CHARS),
+                        {**common, "input": effective_input, "rowForm": rowdigest.TOOL.name},
+                        bind={"rowDigest": row},
+                    ),
+                    _Event(
+                        Phase.TOOL,
+                        EventType.APPROVAL_REQUESTED,
+                        APPROVAL_REQUESTED_STATUS,
+                        clip(f"approval requested for {tool_name} ({tool_call_id})", SUMMARY_CHARS),
+                        {
+                            **common,
+                            "arguments": effective_input,
+                            "argumentsDigest": digest,
+                            "approvers": dict(approvers),
+                            "expiresAt": expires_at.isoformat() if expires_at is not None else None,
+                        },
+                    ),
+                ],
+                inserts=[row],
+            )
+            if sequence_no is None:
+                return None
+            self.expected_tools += 1
+            state.row = dict(zip(t.tool.columns, row.values, strict=True))
+            self._tools[tool_call_id] = state
+            return sequence_no
+
+    def _refuse_start(self, tool_call_id: str, tool_name: str, input_key: str) -> None:
+        """The refusals every start shares: a repeat (same facts: ToolCallRepeated, nothing written;
+        other facts: ToolLifecycleConflict, a CONFLICT event) and an id no recorded step declared
+        (ToolCallNotDeclared, a REFUSED event)."""
+        existing = self._tools.get(tool_call_id)
+        if existing is not None:
+            if existing.name == tool_name and existing.input_key == input_key:
+                raise ToolCallRepeated(tool_call_id, existing.status)
+            self._conflict(
+                tool_call_id,
+                tool_name,
+                "CONFLICTING_START",
+                {"recordedStatus": existing.status, "recordedToolName": existing.name},
+            )
+            raise ToolLifecycleConflict(f"tool call {tool_call_id} was already started with other facts")
+        if tool_call_id not in self._declared:
+            self._refused(tool_call_id, tool_name, "UNDECLARED_TOOL_CALL", "not declared by a recorded step")
+            raise ToolCallNotDeclared(f"tool call {tool_call_id} was not declared by a recorded step")
+
+    def _refused(self, tool_call_id: str, tool_name: str, reason: str, why: str) -> None:
+        self._write(
+            "tool_refused",
+            [
+                _Event(
+                    Phase.TOOL,
+                    EventType.TOOL_INVOCATION,
+                    "REFUSED",
+                    clip(f"{tool_name} refused: call {tool_call_id} {why}", SUMMARY_CHARS),
+                    {"toolCallId": tool_call_id, "toolName": tool_name, "reason": reason},
+                )
+            ],
+        )
+
+    def approved_tool_started(
+        self, *, tool_call_id: str, tool_name: str, input_params: dict[str, Any], approved_digest: str
+    ) -> int | None:
+        """Start a call that waited for approval and was approved, under its own `tool_call_id`: the row
+        goes from AWAITING_APPROVAL to RUNNING (TOOL_INVOCATION RUNNING with the new row digest) before
+        the tool executes.
+
+        Fail-closed (seed 002): the declaring step must be found *in the database* in this run — its
+        resume ancestry is the run's own earlier attempts — with the run's session, and the waiting row
+        too; otherwise ToolCallNotDeclared (a REFUSED event). The name, the input and the digest the
+        approval named must be the recorded ones, else ToolLifecycleConflict (a CONFLICT event); a call
+        that is no longer waiting raises ToolCallRepeated (it is never executed twice)."""
+        effective_input = bound_json(input_params, max_string=INPUT_STRING_CHARS)
+        input_key = canonical_json(effective_input)
+        with self._lock:
+            state = self._tools.get(tool_call_id)
+            if state is None or tool_call_id not in self._declared:
+                self._refused(tool_call_id, tool_name, "NO_WAITING_CALL", "has no recorded waiting call")
+                raise ToolCallNotDeclared(f"tool call {tool_call_id} has no recorded waiting call")
+            if state.status != ToolStatus.AWAITING_APPROVAL:
+                raise ToolCallRepeated(tool_call_id, state.status)
+            if (
+                state.name != tool_name
+                or state.input_key != input_key
+                or arguments_digest(state.input_params) != approved_digest
+            ):
+                self._conflict(
+                    tool_call_id,
+                    tool_name,
+                    "APPROVED_ARGUMENTS_DIFFER",
+                    {"recordedToolName": state.name, "approvedDigest": approved_digest},
+                )
+                raise ToolLifecycleConflict(f"tool call {tool_call_id}: not the arguments approved")
+            agent_name, step_index = self._declared[tool_call_id]
+            if not _declared_in_store(self, tool_call_id, agent_name, step_index):
+                self._refused(
+                    tool_call_id, tool_name, "DECLARING_STEP_NOT_FOUND", "has no declaring step in this run"
+                )
+                raise ToolCallNotDeclared(f"tool call {tool_call_id}: no declaring step in this run")
+            now = timezone.now()
+            fields = {"status": ToolStatus.RUNNING.value, "started_at": now, "updated_at": now}
+            update = Update(
+                _tables().tool,
+                tuple(fields),
+                tuple(fields.values()),
+                ("run_id", "tool_call_id", "status"),
+                (self.run_id, tool_call_id, ToolStatus.AWAITING_APPROVAL.value),
+            )
+            image = {**state.row, **fields}
+            t = _tables()
+            sequence_no = self._write(
+                "approved_tool_started",
+                [
+                    _Event(
+                        Phase.TOOL,
+                        EventType.TOOL_INVOCATION,
+                        ToolStatus.RUNNING,
+                        clip(f"{tool_name} started after approval ({tool_call_id})", SUMMARY_CHARS),
+                        {
+                            "toolCallId": tool_call_id,
+                            "providerToolCallId": state.provider_id or tool_call_id,
+                            "toolName": tool_name,
+                            "stepIndex": step_index,
+                            "agentName": agent_name,
+                            "input": effective_input,
+                            "approvedDigest": approved_digest,
+                            "rowForm": rowdigest.TOOL.name,
+                        },
+                        bind={"rowDigest": Insert(t.tool, t.tool.row(**image))},
+                    )
+                ],
+                updates=[update],
+            )
+            state.status = ToolStatus.RUNNING
+            state.started_at = now
+            state.row = image
+            state.started_monotonic = time.monotonic()
+            return sequence_no
 
     def tool_started(self, *, tool_call_id: str, tool_name: str, input_params: dict[str, Any]) -> int | None:
         """Commit the RUNNING row and its TOOL_INVOCATION event before the tool executes.
@@ -224,19 +446,112 @@ class ToolLifecycle:
             )
 
     def close_tools(
-        self, *, status: str, error_code: str = "", error_message: str = ""
+        self, *, status: str, error_code: str = "", error_message: str = "", awaiting: bool = False
     ) -> dict[str, int | None]:
-        """Give every still-RUNNING tool the terminal `status` (e.g. INTERRUPTED on cancel). Returns each
-        closed tool's `tool_call_id` with the `sequence_no` of its terminal event (None if the write
-        failed)."""
+        """Give every still-RUNNING tool (with `awaiting`, every call waiting for approval instead) the
+        terminal `status` (e.g. INTERRUPTED on cancel). Returns each closed tool's `tool_call_id` with
+        the `sequence_no` of its terminal event (None if the write failed)."""
+        which = ToolStatus.AWAITING_APPROVAL if awaiting else ToolStatus.RUNNING
         with self._lock:
-            running = [(k, s) for k, s in self._tools.items() if s.status == ToolStatus.RUNNING]
+            running = [(k, s) for k, s in self._tools.items() if s.status == which]
+            # A call whose bare error was observed is closed with that error (the verdict is the run's).
             return {
                 tool_call_id: self._terminate(
-                    tool_call_id, state, status, None, error_code, error_message, None, ""
+                    tool_call_id,
+                    state,
+                    status,
+                    None,
+                    state.observed[0] if state.observed else error_code,
+                    state.observed[1] if state.observed else error_message,
+                    None,
+                    "",
                 )
                 for tool_call_id, state in running
             }
+
+    def tool_error_observed(self, *, tool_call_id: str, error_code: str, error_message: str) -> int | None:
+        """Seed 002: a bare tool error (the tool raised) observed while the run may still be interrupted
+        (a call of the same step waits for approval) is recorded as an observation — a TOOL_INVOCATION
+        event ERROR_OBSERVED with `awaitingRunTerminal: true` — and the call keeps no terminal: the run's
+        verdict decides. FAILED, CANCELLED and a lease expiry close it with the observed error
+        (`close_tools`); an interruption keeps it pending and the resumption runs it again
+        (`tool_restarted`); a run that goes on uninterrupted gives it the observed error as its
+        terminal (`tool_finished`)."""
+        with self._lock:
+            state = self._tools.get(tool_call_id)
+            if state is None or state.status != ToolStatus.RUNNING:
+                raise ToolLifecycleConflict(f"tool call {tool_call_id} is not running")
+            code, message = clip(error_code, 64), clip(error_message, ERROR_MESSAGE_CHARS)
+            state.observed = (code, message)
+            return self._write(
+                "tool_error_observed",
+                [
+                    _Event(
+                        Phase.TOOL,
+                        EventType.TOOL_INVOCATION,
+                        ERROR_OBSERVED,
+                        clip(f"{state.name} error observed, awaiting the run's verdict", SUMMARY_CHARS),
+                        {
+                            "toolCallId": tool_call_id,
+                            "toolName": state.name,
+                            "errorCode": code,
+                            "errorMessage": message,
+                            "awaitingRunTerminal": True,
+                        },
+                    )
+                ],
+            )
+
+    def tool_restarted(self, *, tool_call_id: str) -> int | None:
+        """A call kept pending across an interruption (its bare error observed) runs again in the
+        resumed run under its own id: TOOL_INVOCATION RUNNING (`restarted: true`, the row's new start
+        bound). Only such a call: anything else raises ToolCallRepeated (never executed twice)."""
+        with self._lock:
+            state = self._tools.get(tool_call_id)
+            if state is None or state.status != ToolStatus.RUNNING or state.observed is None:
+                raise ToolCallRepeated(tool_call_id, state.status if state else "")
+            now = timezone.now()
+            fields = {"started_at": now, "updated_at": now}
+            t = _tables()
+            image = {**state.row, **fields}
+            seq = self._write(
+                "tool_restarted",
+                [
+                    _Event(
+                        Phase.TOOL,
+                        EventType.TOOL_INVOCATION,
+                        ToolStatus.RUNNING,
+                        clip(
+                            f"{state.name} started again after the resumption ({tool_call_id})", SUMMARY_CHARS
+                        ),
+                        {
+                            "toolCallId": tool_call_id,
+                            "providerToolCallId": state.provider_id or tool_call_id,
+                            "toolName": state.name,
+                            "stepIndex": state.step_index,
+                            "agentName": state.agent_name,
+                            "input": state.input_params,
+                            "restarted": True,
+                            "rowForm": rowdigest.TOOL.name,
+                        },
+                        bind={"rowDigest": Insert(t.tool, t.tool.row(**image))},
+                    )
+                ],
+                updates=[
+                    Update(
+                        t.tool,
+                        tuple(fields),
+                        tuple(fields.values()),
+                        ("run_id", "tool_call_id", "status"),
+                        (self.run_id, tool_call_id, ToolStatus.RUNNING.value),
+                    )
+                ],
+            )
+            state.observed = None
+            state.row = image
+            state.started_at = now
+            state.started_monotonic = time.monotonic()
+            return seq
 
     def _close_dangling_tools(self, run_status: str) -> None:
         closing = {
@@ -245,6 +560,13 @@ class ToolLifecycle:
         }.get(str(run_status), (ToolStatus.ABANDONED, "RUN_ENDED"))
         self.close_tools(
             status=closing[0], error_code=closing[1], error_message="the run ended while the tool was running"
+        )
+        # Seed 002: a pending call the run's terminal verdict closes (FAILED, CANCELLED, lease expiry).
+        self.close_tools(
+            status=closing[0],
+            error_code=closing[1],
+            error_message="the run ended while the call waited for approval",
+            awaiting=True,
         )
 
     def _terminate(
@@ -260,7 +582,7 @@ class ToolLifecycle:
     ) -> int | None:
         bounded = bound_text(output) if output is not None else None
         key = terminal_key(status, bounded.sha256 if bounded else None, error_code, error_message)
-        if state.status != ToolStatus.RUNNING:
+        if state.status not in OPEN_TOOL_STATUSES:
             if state.terminal_key == key:
                 return
             self._conflict(
@@ -281,6 +603,7 @@ class ToolLifecycle:
             if state.started_monotonic is not None
             else None
         )
+        prior = str(state.status)
         state.status = status
         state.terminal_key = key
         fields: dict[str, Any] = {
@@ -344,7 +667,7 @@ class ToolLifecycle:
             tuple(fields),
             tuple(fields.values()),
             ("run_id", "tool_call_id", "status"),
-            (self.run_id, tool_call_id, ToolStatus.RUNNING.value),
+            (self.run_id, tool_call_id, prior),
             fallback=fallback,
         )
 
@@ -381,3 +704,19 @@ class ToolLifecycle:
                 )
             ],
         )
+
+
+def _declared_in_store(rec: Any, tool_call_id: str, agent_name: str, step_index: int) -> bool:
+    """Whether a stored model step of the recorder's run, in its session, declared `tool_call_id`, and
+    the stored call waits in that session (read from the database, not from memory)."""
+    steps = AgentStep.objects.filter(
+        run_id=rec.run_id, session_id=rec.session_id, agent_name=agent_name, step_index=step_index
+    ).values_list("tool_call_ids", flat=True)
+    declared = any(tool_call_id in (ids or []) for ids in steps)
+    waiting = ToolInvocation.objects.filter(
+        run_id=rec.run_id,
+        session_id=rec.session_id,
+        tool_call_id=tool_call_id,
+        status=ToolStatus.AWAITING_APPROVAL,
+    ).exists()
+    return declared and waiting

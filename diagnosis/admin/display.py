@@ -19,9 +19,9 @@ QUERY_PREVIEW_CHARS = 80
 
 # Statuses of single events are words the recorder writes (guard verdicts, routing and usage outcomes,
 # a step's outcome); runs, release decisions and tools have enums.
-_GOOD_EVENT_STATUSES = ("PASS", "OK", "DECIDED", "REPORTED", "ANSWER")
-_BAD_EVENT_STATUSES = ("FAIL", "ERROR", "REFUSED", "INVALID", "UNAVAILABLE")
-_WARN_EVENT_STATUSES = ("FALLBACK", "TOOL_CALLS")
+_GOOD_EVENT_STATUSES = ("PASS", "OK", "DECIDED", "REPORTED", "ANSWER", "APPROVED")
+_BAD_EVENT_STATUSES = ("FAIL", "ERROR", "REFUSED", "INVALID", "UNAVAILABLE", "REJECTED", "EXPIRED")
+_WARN_EVENT_STATUSES = ("FALLBACK", "TOOL_CALLS", "WAITING", "AWAITING_APPROVAL", "INTERRUPTED")
 GOOD_STATUSES = frozenset(
     {RunStatus.SUCCESS, ReleaseDecision.PUBLISHED, ToolStatus.SUCCEEDED, *_GOOD_EVENT_STATUSES}
 )

@@ -21,10 +21,10 @@ from decimal import Decimal
 from typing import Any
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpResponse, StreamingHttpResponse
+from django.http import Http404, HttpResponse, HttpResponseRedirect, StreamingHttpResponse
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
@@ -43,7 +43,8 @@ from diagnosis.admin.dashboard import dashboard_view
 from diagnosis.admin.display import QUERY_PREVIEW_CHARS, delivery_note, format_ms, provider_chip
 from diagnosis.admin.display import chip as _chip
 from diagnosis.admin.run_page import build_run_page, run_cost_label
-from diagnosis.models import DiagnosisRun, ReleaseDecision, RunFeedback
+from diagnosis.models import DiagnosisRun, ReleaseDecision, RunFeedback, RunStatus
+from diagnosis.runtime import approvals
 from diagnosis.selectors import search_runs
 from pricing.rules import CostStatus
 from reasoning.models import REASONING_PERMISSION, AccessChannel
@@ -289,6 +290,12 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
         info = self.opts.app_label, self.opts.model_name
         wrap = self.admin_site.admin_view
         return [
+            path("approvals/", wrap(self.approvals_view), name="{}_{}_approvals".format(*info)),
+            path(
+                "<path:object_id>/approvals/<str:tool_call_id>/",
+                wrap(self.decide_view),  # POST only, CSRF-protected by admin_view
+                name="{}_{}_decide".format(*info),
+            ),
             path(
                 "dashboard/",
                 wrap(self.dashboard),
@@ -311,6 +318,51 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
             ),
             *super().get_urls(),
         ]
+
+    def approvals_view(self, request):
+        """The tool calls waiting for a decision (for users with `diagnosis.approve_tool_call`)."""
+        if not approvals.may_approve(request.user):
+            raise PermissionDenied
+        info = self.opts.app_label, self.opts.model_name
+        waiting = [
+            (item, reverse("admin:{}_{}_change".format(*info), args=[pk]))
+            for item, pk in _with_pks(approvals.waiting_approvals(user=request.user))
+        ]
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": "Tool calls waiting for approval",
+            "waiting": waiting,
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, "admin/diagnosis/diagnosisrun/approvals.html", context)
+
+    def decide_view(self, request, object_id, tool_call_id):
+        """Approve or reject a waiting call from the run page (the same service as the API)."""
+        if request.method != "POST":
+            raise PermissionDenied
+        run = self._viewable_run(request, object_id)
+        decision = approvals.DECISIONS.get(request.POST.get("decision", ""))
+        if decision is None:
+            raise PermissionDenied
+        try:
+            decided = approvals.decide(
+                run=run,
+                tool_call_id=tool_call_id,
+                decision=decision,
+                user=request.user,
+                note=request.POST.get("note", "")[: approvals.NOTE_CHARS],
+                arguments_digest_seen=request.POST.get("argumentsDigest") or None,
+            )
+        except approvals.ApprovalError as exc:
+            messages.error(request, f"Not decided ({exc.code}): {exc}")
+        else:
+            approvals.publish_decision(decided)
+            messages.success(
+                request, f"{decided.decision}: {tool_call_id} (recorded at sequence {decided.sequence_no})."
+            )
+        info = self.opts.app_label, self.opts.model_name
+        return HttpResponseRedirect(reverse("admin:{}_{}_change".format(*info), args=[run.pk]))
 
     def dashboard(self, request):
         """The oversight dashboard (`diagnosis.admin.dashboard`): staff who may view runs."""
@@ -357,6 +409,13 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
             "trace_export": export_of_run(run_id=run.run_id) if exporter_enabled() else None,
             "otel_enabled": exporter_enabled(),
             "session_url": reverse("admin:diagnosis_chatsession_change", args=[run.session.pk]),
+            "waiting_approvals": [
+                (w, reverse("admin:{}_{}_decide".format(*info), args=[run.pk, w.tool_call_id]))
+                for w in (
+                    approvals.waiting_in_run(run_id=run.run_id) if run.status == RunStatus.INTERRUPTED else []
+                )
+            ],
+            "can_approve": approvals.may_approve(request.user),
             "events_url": reverse("admin:audit_traceevent_changelist") + "?" + urlencode({"q": run.run_id}),
             **(extra_context or {}),
         }
@@ -462,3 +521,11 @@ class RunFeedbackAdmin(ScalableListAdmin, admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:
         return False
+
+
+def _with_pks(waiting):
+    """Each waiting call with its run's primary key (one query for the page)."""
+    pks = dict(
+        DiagnosisRun.objects.filter(run_id__in={w.run_id for w in waiting}).values_list("run_id", "pk")
+    )
+    return [(w, pks[w.run_id]) for w in waiting if w.run_id in pks]

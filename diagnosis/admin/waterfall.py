@@ -182,6 +182,43 @@ def _tool_span(tool: ToolInvocation, *, nested: bool) -> _Span:
     )
 
 
+def _approval_spans(timeline: list[TraceEvent]) -> dict[tuple[str, int | None], list[_Span]]:
+    """The waits for a person: from each APPROVAL_REQUESTED to its call's APPROVAL_DECIDED (still waiting:
+    open-ended), by the declaring step, so they are drawn under the call's step beside its tools."""
+    decided = {}
+    for event in timeline:
+        if event.event_type == EventType.APPROVAL_DECIDED:
+            decided[str((event.details or {}).get("toolCallId"))] = event
+    spans: dict[tuple[str, int | None], list[_Span]] = {}
+    for event in timeline:
+        if event.event_type != EventType.APPROVAL_REQUESTED:
+            continue
+        details = event.details or {}
+        call = str(details.get("toolCallId") or "")
+        answer = decided.get(call)
+        end = answer.created_at if answer is not None else None
+        key = (str(details.get("agentName") or CHAT_AGENT_NAME), details.get("stepIndex"))
+        spans.setdefault(key, []).append(
+            _Span(
+                kind="approval",
+                label=f"waiting for approval ({details.get('toolName') or 'tool'})",
+                sublabel=call,
+                status=answer.status if answer is not None else "WAITING",
+                start=event.created_at,
+                end=end,
+                duration_ms=ms_between(event.created_at, end) if end is not None else None,
+                mode="measured" if end is not None else "unknown",
+                title="from the request to the decision"
+                if end is not None
+                else "no decision yet: the run is interrupted",
+                anchor=f"ev-{event.sequence_no}",
+                nested=True,
+                lane=key[0],
+            )
+        )
+    return spans
+
+
 def _step_span(step: AgentStep, event_at: dt.datetime | None) -> _Span:
     """`event_at`: when the step's AGENT_MODEL_STEP event was written (right after the call returned);
     the step row's own `created_at` is the same moment, and either stands in for an unrecorded end."""
@@ -219,7 +256,9 @@ def build_waterfall(trace: Trace) -> Waterfall:
     Times used, in order of preference: the recorded start and end; otherwise the recorded end (the row's
     or event's creation) minus the recorded duration, drawn as *derived*; a tool whose duration was not
     measured (closed by another process, or still running) is drawn from its start to its recorded close
-    or to the end of the axis, hatched and labelled. Tools are listed under the step that declared them.
+    or to the end of the axis, hatched and labelled. Tools are listed under the step that declared them,
+    and so is a call's wait for a person's approval (request → decision, open-ended while it waits), with
+    markers where the run was interrupted and resumed.
     """
     run = trace.run
     origin = run.created_at or run.started_at
@@ -237,10 +276,12 @@ def build_waterfall(trace: Trace) -> Waterfall:
         if e.event_type == EventType.AGENT_MODEL_STEP
     }
     groups: list[list[_Span]] = [[span] for span in _model_call_spans(trace.timeline)]
+    waits = _approval_spans(trace.timeline)
     for step in trace.steps:
         key = (step.agent_name or CHAT_AGENT_NAME, step.step_index)
         group = [_step_span(step, step_events.get(key))]
         group.extend(_tool_span(t, nested=True) for t in tools_by_step.pop(key, []))
+        group.extend(waits.pop(key, []))
         groups.append(group)
     for leftover in tools_by_step.values():
         groups.extend([_tool_span(t, nested=False)] for t in leftover)
@@ -323,6 +364,9 @@ def build_waterfall(trace: Trace) -> Waterfall:
         ticks.append((round(t / span_ms * 100, 3), format_ms(t)))
         t += step
     instants = [("first output", run.first_output_at, "good"), ("finished", finished, "neutral")]
+    for event in trace.timeline:
+        if event.event_type in (EventType.RUN_INTERRUPTED, EventType.RUN_RESUMED):
+            instants.append((event.event_type.lower().replace("run_", ""), event.created_at, "warn"))
     release = next((e for e in trace.timeline if e.event_type == EventType.RELEASE_DECISION), None)
     if release is not None:
         instants.append((f"release {release.status}", release.created_at, tone(release.status)))

@@ -7,6 +7,9 @@ filters=())` is `GET /api/v2/alerts`: by default only active alerts (not silence
 which must match. A matcher Alertmanager refuses (HTTP 400) raises `BadQuery` (`error_type`
 "bad_filter"); other error statuses raise `HTTPError` (see `diagnosis.aiops.http`).
 
+`create_silence(...)` is `POST /api/v2/silences` (the `create_silence` tool, which runs only once a
+person approved the call) and `silences()` is `GET /api/v2/silences`.
+
 `bound_alerts(alerts)` keeps at most `ALERTS_MAX` alerts, most recently started first, each reduced to
 the fields an analysis reads (fingerprint, state, labels, annotations, times, generator URL, receivers)
 with bounded label and annotation values, and says how many there were and whether any were cut.
@@ -58,6 +61,43 @@ class AlertmanagerClient:
         if not isinstance(body, list):
             raise BadResponse(f"{NAME} answered without an alert list")
         return [alert for alert in body if isinstance(alert, dict)]
+
+    def create_silence(
+        self,
+        *,
+        matchers: Sequence[dict[str, Any]],
+        starts_at: str,
+        ends_at: str,
+        created_by: str,
+        comment: str,
+    ) -> str:
+        """`POST /api/v2/silences`: the new silence's id. A silence Alertmanager refuses (HTTP 400: a
+        bad matcher or time range) raises `BadQuery` (`error_type` "bad_silence")."""
+        payload = {
+            "matchers": [dict(m) for m in matchers],
+            "startsAt": starts_at,
+            "endsAt": ends_at,
+            "createdBy": created_by,
+            "comment": comment,
+        }
+        status, body = self.http.request("POST", "/api/v2/silences", json_body=payload)
+        if status == 400:
+            error = clip(body if isinstance(body, str) else str(getattr(body, "text", body) or ""), 500)
+            raise BadQuery(f"bad_silence: {error}", error_type="bad_silence", error=error)
+        if not 200 <= status < 300:
+            raise self.http.http_error(status, body)
+        if not isinstance(body, dict) or not isinstance(body.get("silenceID"), str):
+            raise BadResponse(f"{NAME} answered without a silence id")
+        return body["silenceID"]
+
+    def silences(self) -> list[dict[str, Any]]:
+        """`GET /api/v2/silences`: every silence Alertmanager holds (active, pending and expired)."""
+        status, body = self.http.request("GET", "/api/v2/silences")
+        if not 200 <= status < 300:
+            raise self.http.http_error(status, body)
+        if not isinstance(body, list):
+            raise BadResponse(f"{NAME} answered without a silence list")
+        return [silence for silence in body if isinstance(silence, dict)]
 
 
 def _bound_map(value: Any, chars: int) -> tuple[dict[str, str], bool]:

@@ -25,6 +25,7 @@ from diagnosis.answers import render_answer
 from diagnosis.chat.service import max_active_runs
 from diagnosis.knowledge.selectors import get_runbook
 from diagnosis.models import DiagnosisRun
+from diagnosis.runtime.approvals import may_approve
 from diagnosis.services import QUERY_MAX_CHARS
 
 
@@ -49,6 +50,8 @@ def chat_page(request: HttpRequest) -> HttpResponse:
             "query_max_chars": QUERY_MAX_CHARS,
             "max_active_runs": max_active_runs(),
             "show_admin_links": request.user.is_staff,
+            # The waiting approvals panel (diagnosis/static/diagnosis/approvals.js) for approvers.
+            "can_approve": may_approve(request.user),
         },
     )
 

@@ -78,13 +78,14 @@ _SCHEMAS: dict[str, Any] = {
     },
     "ChatToolEvent": {
         "type": "object",
-        "description": "`event: tool` — RUNNING, then a terminal status; no input or output.",
+        "description": "`event: tool` — RUNNING (or AWAITING_APPROVAL for a call that waits for a "
+        "person), then a terminal status; no input or output.",
         "properties": {
             "toolCallId": _STRING,
             "name": _STRING,
             "status": {
                 "type": "string",
-                "enum": ["RUNNING", "SUCCEEDED", "FAILED", "INTERRUPTED", "ABANDONED"],
+                "enum": ["AWAITING_APPROVAL", "RUNNING", "SUCCEEDED", "FAILED", "INTERRUPTED", "ABANDONED"],
             },
         },
         "required": ["toolCallId", "name", "status"],
@@ -117,8 +118,9 @@ _SCHEMAS: dict[str, Any] = {
             "runId": _STRING,
             "status": {
                 "type": "string",
-                "enum": ["PENDING", "RUNNING", "SUCCESS", "FAILED", "CANCELLED"],
-                "description": "The run's status when the cancel was requested.",
+                "enum": ["PENDING", "RUNNING", "SUCCESS", "FAILED", "CANCELLED", "INTERRUPTED"],
+                "description": "The run's status when the cancel was requested (CANCELLED at once for a "
+                "run that waited for an approval).",
             },
         },
         "required": ["runId", "status"],

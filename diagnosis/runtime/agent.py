@@ -25,13 +25,14 @@ from typing import Any
 
 from django.utils import timezone
 
-from audit.models import CHAT_AGENT_NAME
+from audit.models import CHAT_AGENT_NAME, ToolStatus
 from audit.recorder import Usage
+from diagnosis.runtime.approvals import RunInterrupted
 from diagnosis.runtime.cancel import RunCancelled
 from diagnosis.runtime.context import RunContext
 from diagnosis.runtime.events import Stage
 from diagnosis.runtime.llm import LLMError, ModelResult, StreamProgress
-from diagnosis.runtime.tools.boundary import ToolBoundary
+from diagnosis.runtime.tools.boundary import ERROR_OBSERVED, ToolBoundary
 from reasoning.capture import build_capture
 
 AGENT_NAME = CHAT_AGENT_NAME
@@ -108,6 +109,23 @@ class Agent:
             if result.tool_calls and specs and not last:
                 messages.append(assistant_message(result))
                 outcomes = await self.boundary.run(result.tool_calls)
+                pending = [o.call.tool_call_id for o in outcomes if o.status == ToolStatus.AWAITING_APPROVAL]
+                if pending:
+                    # Calls wait for a person: the attempt ends here (the caller saves the state).
+                    raise RunInterrupted(
+                        agent_name=self.agent_name,
+                        messages=list(messages),
+                        calls=list(result.tool_calls),
+                        results={
+                            o.call.tool_call_id: o.message()
+                            for o in outcomes
+                            if o.status not in (ToolStatus.AWAITING_APPROVAL, ERROR_OBSERVED)
+                        },
+                        pending=pending,
+                        kept=[o.call.tool_call_id for o in outcomes if o.status == ERROR_OBSERVED],
+                        steps_used=step,
+                        max_steps=max_steps,
+                    )
                 messages.extend(outcome.message() for outcome in outcomes)
                 ctx.token.raise_if_cancelled()
                 continue

@@ -15,6 +15,10 @@ guards and release → self-evaluation. `execute_run` calls `run_aiops` instead 
   `revision` n (1, 2, …), recorded right after that step (an unreadable block: `UNUSABLE`, the plan
   stays). The last step's text is the report (Markdown: Summary, Evidence, Likely cause, Next steps,
   every claim cited), without its ```plan blocks.
+* **Approvals**: a call of a tool that requires approval (`create_silence`) interrupts the executor
+  (`diagnosis.runtime.approvals`): its state is saved, the attempt ends INTERRUPTED; once the call is
+  decided, a worker resumes the run here (`resuming=True`): the decided calls go through the boundary and
+  the executor continues with the steps it has left.
 * **Guards and release**: `pipeline.verify_and_release`, the chat pipeline's own (evidence guard, one
   repair round by the executor, semantic guard, RELEASE_DECISION).
 * **Self-evaluation** (`diagnosis.runtime.selfeval`): computed from the run's record once the release is
@@ -28,9 +32,20 @@ from typing import Any
 
 from django.conf import settings
 
+from audit.payloads import sha256_hex
+from audit.recorder import DeclaredToolCall
 from diagnosis.models import AgentFlow
 from diagnosis.runtime import prompts
 from diagnosis.runtime.agent import Agent
+from diagnosis.runtime.approvals import (
+    ResumeStateUnavailable,
+    RunInterrupted,
+    checkpoint_of,
+    interrupted_record,
+    load_checkpoint,
+    timeout_seconds,
+)
+from diagnosis.runtime.canonical import CanonicalUnavailable
 from diagnosis.runtime.context import RunContext
 from diagnosis.runtime.db import db
 from diagnosis.runtime.llm import ModelResult
@@ -144,28 +159,32 @@ async def _plan(ctx: RunContext, tool_names: list[str]) -> tuple[Plan, bool]:
     return fallback, True
 
 
-async def run_aiops(ctx: RunContext, *, created_at: Any = None) -> PipelineResult:
+async def run_aiops(ctx: RunContext, *, created_at: Any = None, resuming: bool = False) -> PipelineResult:
     """The AI Ops analysis (see the module docstring). `created_at` is accepted for the executor's one
-    call shape; an analysis does not read earlier turns."""
-    await ctx.record(
-        ctx.recorder.routing_decision,
-        intent=INTENT,
-        confidence=None,
-        reason="AI Ops analysis: an alert to diagnose, no router call",
-        fallback=False,
-        not_applicable=True,
-    )
+    call shape; an analysis does not read earlier turns. `resuming`: the run was interrupted for an
+    approval and decided; it continues from its saved state (`_resume`)."""
     tool_names = ctx.registry.names()
-    plan, fallback = await _plan(ctx, tool_names)
-    in_force = _PlanInForce(ctx=ctx, tool_names=tool_names, steps=plan.as_list(), fallback=fallback)
-
-    executor = Agent(ctx, agent_name=EXECUTOR, on_step=in_force.on_step)
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": prompts.EXECUTOR_SYSTEM},
-        {"role": "user", "content": prompts.executor_user(ctx.query, in_force.steps)},
-    ]
-    answer = await executor.run(messages, tools=True, max_steps=int(settings.AGENT_MAX_STEPS))
+    if resuming:
+        messages, in_force, executor = await _resume(ctx, tool_names)
+    else:
+        await ctx.record(
+            ctx.recorder.routing_decision,
+            intent=INTENT,
+            confidence=None,
+            reason="AI Ops analysis: an alert to diagnose, no router call",
+            fallback=False,
+            not_applicable=True,
+        )
+        plan, fallback = await _plan(ctx, tool_names)
+        in_force = _PlanInForce(ctx=ctx, tool_names=tool_names, steps=plan.as_list(), fallback=fallback)
+        executor = Agent(ctx, agent_name=EXECUTOR, on_step=in_force.on_step)
+        messages = [
+            {"role": "system", "content": prompts.EXECUTOR_SYSTEM},
+            {"role": "user", "content": prompts.executor_user(ctx.query, in_force.steps)},
+        ]
+    answer = await _investigate(ctx, executor, messages, in_force)
     ctx.token.raise_if_cancelled()
+    fallback = in_force.fallback
     result = await verify_and_release(
         ctx,
         intent=INTENT,
@@ -194,3 +213,83 @@ async def run_aiops(ctx: RunContext, *, created_at: Any = None) -> PipelineResul
         executor=EXECUTOR,
     )
     return replace(result, self_evaluation=evaluation)
+
+
+async def _investigate(
+    ctx: RunContext, executor: Agent, messages: list[dict[str, Any]], in_force: _PlanInForce
+):
+    """The executor's loop with the steps it has left. A call that requires approval interrupts it: the
+    state is saved to the run's canonical store (read back; its sha256 goes into RUN_INTERRUPTED) and
+    `RunInterrupted` reaches the executor, which ends the attempt. Only here may a call ask for approval
+    (not in the repair round)."""
+    remaining = max(1, int(settings.AGENT_MAX_STEPS) - ctx.steps_taken(EXECUTOR))
+    ctx.approvals_allowed = True
+    try:
+        return await executor.run(messages, tools=True, max_steps=remaining)
+    except RunInterrupted as interrupted:
+        interrupted.extra = {
+            "plan": {"steps": in_force.steps, "fallback": in_force.fallback, "revisions": in_force.revisions},
+            "canonicalDegraded": ctx.canonical_degraded,
+        }
+        text = checkpoint_of(
+            interrupted, step_counts=dict(ctx.step_counts), gathered=list(ctx.gathered_evidence)
+        )
+        try:
+            await db(ctx.canonical.put_state, "checkpoint", text, timeout=timeout_seconds() + 3600)
+        except CanonicalUnavailable:
+            raise ResumeStateUnavailable(
+                "the executor's state could not be saved for the resumption"
+            ) from None
+        interrupted.checkpoint_sha256 = sha256_hex(text)
+        raise
+    finally:
+        ctx.approvals_allowed = False
+
+
+async def _resume(ctx: RunContext, tool_names: list[str]) -> tuple[list[dict[str, Any]], _PlanInForce, Agent]:
+    """The executor as it was interrupted: its saved state, read back and checked against the digest
+    RUN_INTERRUPTED names (fail-closed: `ResumeStateUnavailable`), then each decided call through the
+    boundary (approved: executed once under its own id; rejected or expired: the recorded refusal), the
+    tool messages in the order of the step's calls."""
+    interrupted, decisions = await db(interrupted_record, ctx.run_id)
+    state = await db(
+        load_checkpoint, ctx.canonical, expected_sha256=str(interrupted.get("checkpointSha256") or "")
+    )
+    ctx.step_counts.update({str(k): int(v) for k, v in (state.get("stepCounts") or {}).items()})
+    ctx.gathered_evidence.extend(state.get("gatheredEvidence") or [])
+    extra = state.get("extra") or {}
+    ctx.canonical_degraded = bool(extra.get("canonicalDegraded"))
+    plan = extra.get("plan") or {}
+    in_force = _PlanInForce(
+        ctx=ctx,
+        tool_names=tool_names,
+        steps=list(plan.get("steps") or []),
+        fallback=bool(plan.get("fallback")),
+        revisions=int(plan.get("revisions") or 0),
+    )
+    executor = Agent(ctx, agent_name=EXECUTOR, on_step=in_force.on_step)
+    messages = list(state.get("messages") or [])
+    results = state.get("results") or {}
+    pending = set(state.get("pending") or [])
+    kept = set(state.get("kept") or [])
+    for raw in state.get("calls") or []:
+        call = DeclaredToolCall(
+            tool_call_id=str(raw["toolCallId"]),
+            name=str(raw["name"]),
+            arguments=str(raw["arguments"]),
+            provider_tool_call_id=str(raw.get("providerToolCallId") or raw["toolCallId"]),
+        )
+        if call.tool_call_id in results:
+            messages.append(results[call.tool_call_id])
+        elif call.tool_call_id in pending:
+            decision = decisions.get(call.tool_call_id)
+            if decision is None:
+                raise ResumeStateUnavailable(f"no decision recorded for {call.tool_call_id}")
+            outcome = await executor.boundary.run_decided(call, decision)
+            messages.append(outcome.message())
+            ctx.token.raise_if_cancelled()
+        elif call.tool_call_id in kept:
+            outcome = await executor.boundary.rerun_pending(call)
+            messages.append(outcome.message())
+            ctx.token.raise_if_cancelled()
+    return messages, in_force, executor

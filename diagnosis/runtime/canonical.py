@@ -5,6 +5,8 @@ keys per run and the TTL `CANONICAL_TTL_SECONDS`:
 
     run:<run_id>:tool:<tool_call_id>     the tool's full result (canonical JSON)
     run:<run_id>:evidence:<evidence_id>  one citable evidence item (canonical JSON)
+    run:<run_id>:state:checkpoint        the executor's state when the run was interrupted for an approval
+                                         (kept at least APPROVAL_TIMEOUT_SECONDS; its sha256 is chained)
 
 It is **fail-closed** (seed 001, section 7): every write is read back and compared; a write or read that
 fails, or a read-back that differs, raises `CanonicalUnavailable`. The tool boundary then records the tool
@@ -94,6 +96,30 @@ class CanonicalStore:
             self._log("read", exc)
             raise CanonicalUnavailable(f"canonical store read failed ({type(exc).__name__})") from None
         return None if value is None else json.loads(value)
+
+    def state_key(self, name: str) -> str:
+        return f"run:{self.run_id}:state:{name}"
+
+    def put_state(self, name: str, text: str, *, timeout: int | None = None) -> None:
+        """Store a piece of the run's own working state (the executor's checkpoint at an interruption),
+        read it back and compare; kept at least `timeout` seconds."""
+        key = self.state_key(name)
+        try:
+            cache = self._cache()
+            cache.set(key, text, timeout=max(self._timeout(), int(timeout or 0)))
+            back = cache.get(key)
+        except Exception as exc:
+            self._log("write", exc)
+            raise CanonicalUnavailable(f"canonical store write failed ({type(exc).__name__})") from None
+        if back != text:
+            raise CanonicalUnavailable("canonical store read-back did not match what was written")
+
+    def get_state(self, name: str) -> str | None:
+        try:
+            return self._cache().get(self.state_key(name))
+        except Exception as exc:
+            self._log("read", exc)
+            raise CanonicalUnavailable(f"canonical store read failed ({type(exc).__name__})") from None
 
     def _log(self, op: str, exc: Exception) -> None:
         logger.error("canonical store %s failed run=%s error=%s", op, self.run_id, type(exc).__name__)

@@ -48,6 +48,9 @@ class RunContext:
     # Evidence ids the run's tools returned and the canonical store accepted, in the order they came.
     gathered_evidence: list[str] = field(default_factory=list)
     first_output_marked: bool = False
+    # Whether a call of a tool that requires approval may interrupt the run here (the AI Ops executor's
+    # investigation); elsewhere such a call is refused (diagnosis.runtime.approvals).
+    approvals_allowed: bool = False
     # Called once when the run has no model call or tool left, only its last records (the queue worker
     # claims its next run meanwhile: `diagnosis.runtime.worker`). A scheduling hint, never a decision.
     on_finishing: Callable[[], None] | None = None

@@ -671,6 +671,21 @@ def aiops_execute(
             reasoning = f"Following the plan: {', '.join(tool for tool, _a in calls)} first."
             return "", reasoning, declared
 
+    if may_call and "create_silence" in offered and "create_silence" not in called:
+        minutes = silence_minutes(alert)
+        if minutes is not None:
+            arguments = {
+                "matchers": [{"name": "alertname", "value": name or "unknown", "isRegex": False}],
+                "duration_minutes": minutes,
+                "comment": f"Silence {name or 'the alert'} for {minutes} min while it is investigated",
+            }
+            call = DeclaredToolCall(
+                tool_call_id=f"call_demo_{count + 1}",
+                name="create_silence",
+                arguments=json.dumps(arguments, ensure_ascii=False),
+            )
+            return "", f"The alert asks for a silence: I propose one for {minutes} minutes.", [call]
+
     if may_call and "lookup_knowledge" in offered and "lookup_knowledge" not in called:
         failed = [tool for tool, data in results if isinstance(data.get("error"), dict)]
         text = ""
@@ -694,6 +709,18 @@ def aiops_execute(
         return text, reasoning + "; now the runbooks for this alert.", [call]
 
     return _report(alert, results)
+
+
+_SILENCE_RE = re.compile(r"\bsilence\b(?:[^.\n]*?\bfor\s+(\d{1,4})\s*(?:min|minutes?)\b)?", re.IGNORECASE)
+
+
+def silence_minutes(alert: str) -> int | None:
+    """How long the alert text asks a silence for (`… silence it for 30 minutes …`; 60 when it names
+    no duration), or None when it asks for none: the demo executor then proposes `create_silence`."""
+    found = _SILENCE_RE.search(alert or "")
+    if found is None:
+        return None
+    return int(found.group(1)) if found.group(1) else 60
 
 
 def _report(

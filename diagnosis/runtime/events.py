@@ -14,8 +14,10 @@ outcome is the first text a reader gets.
 A progress event is either a stage that STARTED (live only, no sequence number: the model step, the
 semantic check) or a stage that FINISHED, which is exactly one committed timeline event
 (`progress_of`: ROUTING_DECISION, AGENT_MODEL_STEP, EVIDENCE_GUARD_*, SEMANTIC_GUARD_DECISION,
-RELEASE_DECISION) with a few bounded fields (intent, step index, agent name, verdict), so that replay
-rebuilds from the timeline exactly what the live stream sent. Never answer text, reasons or reasoning.
+RELEASE_DECISION, and APPROVAL_REQUESTED / APPROVAL_DECIDED as stage APPROVAL with verdict WAITING, then
+APPROVED / REJECTED / EXPIRED) with a few bounded fields (intent, step index, agent name, verdict), so
+that replay rebuilds from the timeline exactly what the live stream sent. Never answer text, reasons
+or reasoning.
 
 `RunEvent`, `ToolEvent`, FINISHED `ProgressEvent`s and `OutcomeEvent` are emitted only after the timeline
 event they correspond to (RUN_STARTED, TOOL_INVOCATION, the stage's decision, RUN_FINISHED) committed, and
@@ -163,6 +165,9 @@ _FINISHES: dict[str, str] = {
     EventType.EVIDENCE_GUARD_RETRY: Stage.EVIDENCE_GUARD,
     EventType.SEMANTIC_GUARD_DECISION: Stage.SEMANTIC_GUARD,
     EventType.RELEASE_DECISION: Stage.RELEASE,
+    # A call waits for a person (verdict WAITING), then its decision (APPROVED / REJECTED / EXPIRED).
+    EventType.APPROVAL_REQUESTED: Stage.APPROVAL,
+    EventType.APPROVAL_DECIDED: Stage.APPROVAL,
 }
 # Every timeline event type a chat frame is made from (replay reads only these).
 CHAT_TIMELINE_TYPES = frozenset(

@@ -17,6 +17,9 @@
    run exactly once through `recorder.finish`, then emits `OutcomeEvent` (under the `verified` policy
    the first answer text any reader gets):
    * pipeline completed → SUCCESS with the release decision and the released content;
+   * `RunInterrupted` (AI Ops: a call waits for approval) → RUN_INTERRUPTED, the run INTERRUPTED with
+     its lease released; a decision makes it PENDING again and the next claim *resumes* it (RUN_RESUMED
+     instead of RUN_STARTED, the recorder rebuilt from the store; `diagnosis.runtime.approvals`);
    * `RunCancelled` (token, column, or a cancelled task) → running tool tasks are cancelled, the recorder
      closes the tools still RUNNING as INTERRUPTED (`close_tools`), RUN_CANCELLED, CANCELLED;
    * `LLMError` (the provider kept failing) → FAILED with its code (`LLM_*`), `ErrorEvent` first;
@@ -51,6 +54,7 @@ from audit.recorder import RunRecorder
 from diagnosis import services
 from diagnosis.models import ChatSession, DiagnosisRun, RunStatus
 from diagnosis.runtime.aiops import is_aiops, run_aiops
+from diagnosis.runtime.approvals import ResumeStateUnavailable, RunInterrupted
 from diagnosis.runtime.cancel import CancelToken, RunCancelled
 from diagnosis.runtime.canonical import CanonicalStore
 from diagnosis.runtime.context import RunContext
@@ -75,6 +79,8 @@ logger = logging.getLogger(__name__)
 INTERNAL_ERROR = "INTERNAL_ERROR"
 LEASE_LOST = "LEASE_LOST"
 INTERNAL_ERROR_MESSAGE = "The run failed because of an internal error."
+RESUME_STATE_UNAVAILABLE = "RESUME_STATE_UNAVAILABLE"
+RESUME_STATE_MESSAGE = "The interrupted run could not be resumed: its saved state is missing or changed."
 
 _OWNER = f"{socket.gethostname()[:60]}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
@@ -228,7 +234,14 @@ async def execute_run(
     if run.cancel_requested:  # cancelled while it waited: stop at the first safe point
         token.cancel("cancel requested")
     out = sink if isinstance(sink, SafeSink) else SafeSink(sink, run_id=run_id)
-    recorder = RunRecorder.for_run(run)
+    # A run that started before and is PENDING again was interrupted for an approval and decided: it is
+    # resumed (its recorder rebuilt from the store, fenced by this claim's epoch), not started again.
+    resuming = run.started_at is not None
+    recorder = (
+        await db(RunRecorder.resume, run_id, lease_epoch=run.lease_epoch)
+        if resuming
+        else RunRecorder.for_run(run)
+    )
     _trip_on_fence(recorder, token)
     heartbeat = asyncio.create_task(
         _heartbeat(run_id, run.lease_epoch, token, claimed_at=claimed_at), name=f"lease:{run_id}"
@@ -255,9 +268,13 @@ async def execute_run(
             except Exception as exc:  # reported after RUN_STARTED, so the run still reads in order
                 setup_error = exc
             mode = services.release_mode()
-            seq = await db(
-                recorder.run_started, agent_flow=run.agent_flow, release_mode=mode, details=details
-            )
+            if resuming:
+                mode = recorder.release_mode or mode
+                seq = await db(recorder.run_resumed, details={**details, "leaseEpoch": run.lease_epoch})
+            else:
+                seq = await db(
+                    recorder.run_started, agent_flow=run.agent_flow, release_mode=mode, details=details
+                )
             await out.emit(RunEvent(session_id=run.session_id, run_id=run_id, sequence_no=seq))
             if setup_error is not None:
                 raise setup_error
@@ -276,9 +293,16 @@ async def execute_run(
                 gate=gate,
             )
             ending.ctx = ctx
-            result = await (run_aiops if is_aiops(run.agent_flow) else run_pipeline)(
-                ctx, created_at=run.created_at
-            )
+            if is_aiops(run.agent_flow):
+                result = await run_aiops(ctx, created_at=run.created_at, resuming=resuming)
+            elif resuming:
+                raise ResumeStateUnavailable("only AI Ops analyses are resumed")
+            else:
+                result = await run_pipeline(ctx, created_at=run.created_at)
+        except RunInterrupted as interrupted:
+            return await ending.interrupted(interrupted)
+        except ResumeStateUnavailable:
+            return await ending.failed(RESUME_STATE_UNAVAILABLE, RESUME_STATE_MESSAGE)
         except RunCancelled:
             return await ending.cancelled()
         except LLMError as exc:
@@ -368,6 +392,23 @@ class _Ending:
         seq = await db(self.recorder.finish, status=RunStatus.FAILED, error_code=code, error_message=message)
         await self.sink.emit(ErrorEvent(code=code, message=message, run_id=self.run.run_id))
         return await self._emit_outcome(self._outcome(RunStatus.FAILED, None, "", code, message), seq)
+
+    async def interrupted(self, interrupted: RunInterrupted) -> RunOutcome:
+        """Calls wait for approval: RUN_INTERRUPTED, the run INTERRUPTED and its lease released in one
+        write; no outcome frame (the run is not over: a resumed attempt sends it)."""
+        self.heartbeat.cancel()
+        self.finishing()
+        self.done = True
+        if self._fenced():
+            return await self._lease_lost()
+        await db(
+            self.recorder.interrupt,
+            pending=interrupted.pending,
+            kept=interrupted.kept,
+            checkpoint_sha256=interrupted.checkpoint_sha256,
+            reason="tool call(s) wait for approval",
+        )
+        return self._outcome(RunStatus.INTERRUPTED, None, "")
 
     async def cancelled(self) -> RunOutcome:
         self.heartbeat.cancel()

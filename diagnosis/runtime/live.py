@@ -63,7 +63,8 @@ FRAME_MESSAGE_TYPE = "run.frame"
 CATCHUP_SECONDS = 2.0
 # RUN_FINISHED commits just before the run row's terminal update; wait this long for the row.
 FINISH_ROW_WAIT_SECONDS = 3.0
-_NOT_TOOL_STATUSES = frozenset({"REFUSED"})
+# REFUSED starts are not tool calls; ERROR_OBSERVED is an observation, not a status change of the call.
+_NOT_TOOL_STATUSES = frozenset({"REFUSED", "ERROR_OBSERVED"})
 _SUBSCRIBE_TIMEOUT = 10.0
 # A follower whose frames nobody started reading within this long unsubscribes (an abandoned request).
 ABANDON_SECONDS = 60.0

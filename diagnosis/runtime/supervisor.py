@@ -133,6 +133,20 @@ async def request_cancel(run_id: str) -> str:
     status = await db(services.request_run_cancel, run_id=run_id)
     if status in TERMINAL_RUN_STATUSES:
         return status
+    from diagnosis.runtime.approvals import cancel_waiting, is_waiting
+
+    run = await db(DiagnosisRun.objects.filter(run_id=run_id).first)
+    if run is not None and is_waiting(run):
+        # Nobody executes a run that waits for approval (or for a worker after its decision): this
+        # process ends it, its pending calls closed.
+        from diagnosis.runtime.sweeper import publish_swept
+
+        if await db(cancel_waiting, run=run):
+            await publish_swept([run_id])
+            return RunStatus.CANCELLED
+        return await db(
+            lambda: DiagnosisRun.objects.filter(run_id=run_id).values_list("status", flat=True).first() or ""
+        )
     owned = _runs.get(run_id)
     if owned is not None and not owned.task.done():
         owned.token.cancel("cancel requested")
@@ -283,9 +297,14 @@ async def _periodically(interval: float, what: str, job) -> None:
 
 
 async def _sweep() -> None:
+    from diagnosis.runtime.approvals import decision_event, expire_due
+    from diagnosis.runtime.live import publish
     from diagnosis.runtime.sweeper import publish_swept, sweep_expired_runs
 
     await publish_swept(await db(sweep_expired_runs))
+    # Approval requests past APPROVAL_TIMEOUT_SECONDS: recorded EXPIRED (treated as rejected).
+    for decided in await db(expire_due):
+        await publish(decided.run_id, decision_event(decided))
 
 
 async def _checkpoint() -> None:

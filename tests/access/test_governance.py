@@ -58,21 +58,21 @@ def test_sensitive_group_membership_from_either_side_writes_one_event_each(user,
 
 
 def test_a_group_given_a_sensitive_permission_becomes_sensitive(user):
-    approvers = Group.objects.create(name="Approvers")
-    user.groups.add(approvers)
+    keepers = Group.objects.create(name="Hold Keepers")
+    user.groups.add(keepers)
     mark = _mark()
-    approvers.permissions.add(_perm("audit.place_legal_hold"), _perm("auth.view_user"))
-    user.groups.remove(approvers)
+    keepers.permissions.add(_perm("audit.place_legal_hold"), _perm("auth.view_user"))
+    user.groups.remove(keepers)
     events = _events_after(mark)
     assert events == [
-        (T.PERMISSION_GRANTED, "", "Approvers", "audit.place_legal_hold"),
-        (T.GROUP_MEMBER_REMOVED, "owner", "Approvers", ""),
+        (T.PERMISSION_GRANTED, "", "Hold Keepers", "audit.place_legal_hold"),
+        (T.GROUP_MEMBER_REMOVED, "owner", "Hold Keepers", ""),
     ]
     granted = GovernanceEvent.objects.get(sequence_no=mark + 1)
     assert granted.details["members"] == ["owner"]
     mark = _mark()
-    approvers.permissions.remove(_perm("audit.place_legal_hold"))
-    assert _events_after(mark) == [(T.PERMISSION_REVOKED, "", "Approvers", "audit.place_legal_hold")]
+    keepers.permissions.remove(_perm("audit.place_legal_hold"))
+    assert _events_after(mark) == [(T.PERMISSION_REVOKED, "", "Hold Keepers", "audit.place_legal_hold")]
 
 
 def test_direct_grants_of_sensitive_permissions_to_users(user):
@@ -199,3 +199,20 @@ def test_a_save_of_other_fields_costs_no_flag_lookup(user, django_assert_num_que
     user.is_staff = True
     user.save(update_fields=["is_staff"])
     assert _events_after(mark) == [(T.STAFF_GRANTED, "owner", "", "")]
+
+
+def test_membership_of_the_approvers_group_is_governed(user):
+    """ "Approvers" (created on migrate) holds `diagnosis.approve_tool_call`, a sensitive permission: who
+    joins or leaves it is in the governance chain."""
+    approvers = Group.objects.get(name="Approvers")
+    assert sorted(f"{p.content_type.app_label}.{p.codename}" for p in approvers.permissions.all()) == [
+        "diagnosis.approve_tool_call",
+        "diagnosis.view_diagnosisrun",
+    ]
+    mark = _mark()
+    user.groups.add(approvers)
+    user.groups.remove(approvers)
+    assert _events_after(mark) == [
+        (T.GROUP_MEMBER_ADDED, "owner", "Approvers", ""),
+        (T.GROUP_MEMBER_REMOVED, "owner", "Approvers", ""),
+    ]

@@ -18,7 +18,7 @@ from diagnosis.runtime.tools.registry import (
 from tests.runtime.support import execute
 
 CHAT_TOOLS = ["lookup_knowledge"]
-AI_OPS_TOOLS = ["list_alerts", "lookup_knowledge", "query_metrics"]
+AI_OPS_TOOLS = ["create_silence", "list_alerts", "lookup_knowledge", "query_metrics"]
 
 
 def test_each_flow_gets_its_tools_and_the_chat_is_unchanged():

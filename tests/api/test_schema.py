@@ -156,11 +156,18 @@ CONTRACT = {
     },
 }
 ENUMS = {
-    ("TraceRun", "status"): {"PENDING", "RUNNING", "SUCCESS", "FAILED", "CANCELLED"},
+    ("TraceRun", "status"): {"PENDING", "RUNNING", "SUCCESS", "FAILED", "CANCELLED", "INTERRUPTED"},
     ("TraceRun", "intent"): {"DIAGNOSIS", "KNOWLEDGE", "CHITCHAT", "OUT_OF_SCOPE"},
     ("TraceRun", "releaseDecision"): {"PUBLISHED", "BLOCKED"},
     ("TimelineEvent", "phase"): {"RUN", "ROUTING", "AGENT", "TOOL", "GUARD", "RELEASE"},
-    ("TraceTool", "status"): {"RUNNING", "SUCCEEDED", "FAILED", "INTERRUPTED", "ABANDONED"},
+    ("TraceTool", "status"): {
+        "AWAITING_APPROVAL",
+        "RUNNING",
+        "SUCCEEDED",
+        "FAILED",
+        "INTERRUPTED",
+        "ABANDONED",
+    },
     ("TraceStep", "contentSource"): {
         "PROVIDER_REASONING+ASSISTANT_TEXT",
         "PROVIDER_REASONING",
@@ -184,6 +191,10 @@ ENUMS = {
         "RUN_CANCELLED",
         "RUN_FINISHED",
         "WRITE_FENCED",
+        "APPROVAL_REQUESTED",
+        "APPROVAL_DECIDED",
+        "RUN_INTERRUPTED",
+        "RUN_RESUMED",
         "REASONING_PURGED",
         "REASONING_REKEYED",
     },

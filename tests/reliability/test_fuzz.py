@@ -37,7 +37,7 @@ from audit.retention import place_hold
 from audit.transparency.log import checkpoint
 from diagnosis.models import DiagnosisRun
 from tests.chat.support import DaphneServer
-from tests.factories import issue_token, make_recorded_run
+from tests.factories import issue_token, make_recorded_run, make_waiting_approval
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -72,6 +72,7 @@ CHECKS = [not_a_server_error, status_code_conformance, declared_content_type, js
 @pytest.fixture
 def server(superuser, user):
     run = make_recorded_run(user)  # something to list, page through and address by its real ids
+    make_waiting_approval(user)  # a tool call that waits for a decision (the approvals endpoints)
     # A checkpoint (consistency proofs: the run's leaf, and the governance chain's head the superuser's
     # creation started) and a hold to lift.
     checkpoint()
@@ -134,7 +135,8 @@ def test_schemathesis_finds_no_server_error_on_any_operation(server, superuser, 
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 9  # sessions, runs, trace, reasoning, audits, feedback, chat, events, cancel
 
-    run = DiagnosisRun.objects.get()
+    run = DiagnosisRun.objects.exclude(status="INTERRUPTED").get()
+    waiting = DiagnosisRun.objects.get(status="INTERRUPTED")
     real = {
         "sessionId": run.session_id,
         "runId": run.run_id,
@@ -158,6 +160,12 @@ def test_schemathesis_finds_no_server_error_on_any_operation(server, superuser, 
     for operation in operations:
         for mode, ids in passes:
             fixed_path = {k: v for k, v in real.items() if f"{{{k}}}" in operation.path}
+            if "{toolCallId}" in operation.path:  # the decision: the run whose call waits
+                fixed_path = {
+                    "sessionId": waiting.session_id,
+                    "runId": waiting.run_id,
+                    "toolCallId": "call_silence",
+                }
             fixed_query = {"runId": run.run_id} if operation.path.endswith(("/trace", "/reasoning")) else {}
             if operation.path.endswith("/consistency"):
                 fixed_query = {"from": 1}

@@ -1,10 +1,12 @@
 """`manage.py sweep_runs`: fail runs whose lease expired and close their tools (see
 `diagnosis.runtime.sweeper`). Server processes do this periodically; the command is for cron or an
-operator after a crash."""
+operator after a crash. It also expires approval requests older than `APPROVAL_TIMEOUT_SECONDS`
+(recorded APPROVAL_DECIDED EXPIRED, treated as rejected; `diagnosis.runtime.approvals.expire_due`)."""
 
 from asgiref.sync import async_to_sync
 from django.core.management.base import BaseCommand
 
+from diagnosis.runtime.approvals import expire_due, publish_decision
 from diagnosis.runtime.sweeper import SWEEP_BATCH, publish_swept, sweep_expired_runs
 
 
@@ -23,4 +25,9 @@ class Command(BaseCommand):
             total += len(swept)
             if len(swept) < limit:
                 break
-        self.stdout.write(f"swept {total} run(s)")
+        expired = expire_due()
+        for decided in expired:
+            publish_decision(decided)
+        self.stdout.write(
+            f"swept {total} run(s)" + (f", expired {len(expired)} approval request(s)" if expired else "")
+        )

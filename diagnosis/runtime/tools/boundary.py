@@ -21,6 +21,20 @@ For each declared call of a model step (parallel calls run concurrently with `as
    recorder records the refusal as a CONFLICT event) never stops the run: it is logged without content,
    and live clients still get the tool's terminal frame.
 
+A tool that `requires_approval` is never executed here when the model calls it: with valid arguments the
+call is recorded AWAITING_APPROVAL with APPROVAL_REQUESTED (`recorder.tool_awaiting_approval`) and its
+outcome says so; the agent loop then interrupts the run (`diagnosis.runtime.approvals`). Once decided,
+the resumed run hands the call to `run_decided`: approved, it starts under the same `tool_call_id`
+(`recorder.approved_tool_started`: the declaring step must be in this run, fail-closed) and executes
+once; rejected or expired, its recorded refusal is the result. Where no approval may be asked
+(`ctx.approvals_allowed` off) such a call is refused (TOOL_REFUSED).
+
+Seed 002's terminal rule for a bare tool error: in a step that may end in an interruption (one of its
+calls asks for approval), a tool that raises is recorded as an observation (ERROR_OBSERVED), not a
+terminal. Interrupted, the call is kept pending and the resumed run runs it again (`rerun_pending`);
+FAILED, CANCELLED or a lease expiry close it with the observed error; a step that was not interrupted
+after all gives it the observed error as its FAILED terminal.
+
 The model receives a bounded tool message: the tool's `model_content` (evidence ids, titles, text), or
 `{"error": {"code", "message"}}`. A cancel while tools run raises `RunCancelled` once every call has
 stopped waiting; the executor then closes the still-RUNNING tools as INTERRUPTED.
@@ -42,6 +56,7 @@ from django.db import DatabaseError
 from audit.models import ToolStatus
 from audit.payloads import canonical_json, clip
 from audit.recorder import DeclaredToolCall, ToolCallNotDeclared, ToolCallRepeated, ToolLifecycleConflict
+from diagnosis.runtime.approvals import APPROVED, EXPIRED, approval_request
 from diagnosis.runtime.cancel import RunCancelled
 from diagnosis.runtime.canonical import CanonicalUnavailable
 from diagnosis.runtime.context import RunContext
@@ -56,6 +71,10 @@ TOOL_TIMEOUT = "TOOL_TIMEOUT"
 TOOL_REFUSED = "TOOL_REFUSED"
 TOOL_BAD_ARGUMENTS = "TOOL_BAD_ARGUMENTS"
 TOOL_REPEATED = "TOOL_REPEATED"
+APPROVAL_REJECTED = "APPROVAL_REJECTED"
+APPROVAL_EXPIRED = "APPROVAL_EXPIRED"
+APPROVAL_UNRECORDED = "APPROVAL_UNRECORDED"
+ERROR_OBSERVED = "ERROR_OBSERVED"
 
 ERROR_MESSAGE_CHARS = 300
 MODEL_CONTENT_CHARS = 12000
@@ -100,9 +119,13 @@ class ToolBoundary:
 
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
+        self.may_interrupt = False
 
     async def run(self, calls: Sequence[DeclaredToolCall]) -> list[ToolOutcome]:
         self.ctx.token.raise_if_cancelled()
+        # A step with a call that will ask for approval may end in an interruption: its other calls'
+        # bare errors then wait for the run's verdict (seed 002; `_observe`).
+        self.may_interrupt = self.ctx.approvals_allowed and any(self._asks_approval(c) for c in calls)
         results = await asyncio.gather(*(self._run_one(call) for call in calls), return_exceptions=True)
         for result in results:
             if isinstance(result, RunCancelled):
@@ -111,7 +134,61 @@ class ToolBoundary:
             if isinstance(result, BaseException):
                 raise result
         self.ctx.token.raise_if_cancelled()
-        return list(results)
+        outcomes = list(results)
+        if not any(o.status == ToolStatus.AWAITING_APPROVAL for o in outcomes):
+            # No interruption after all: an observed error becomes the call's terminal now.
+            outcomes = [await self._settle(o) if o.status == ERROR_OBSERVED else o for o in outcomes]
+        return outcomes
+
+    def _asks_approval(self, call: DeclaredToolCall) -> bool:
+        spec = self.ctx.registry.get(call.name)
+        if spec is None or not spec.requires_approval:
+            return False
+        try:
+            spec.validate(call.arguments)
+        except ToolArgumentsError:
+            return False
+        return True
+
+    async def _observe(self, call: DeclaredToolCall, code: str, message: str) -> ToolOutcome:
+        """A bare tool error while the run may still be interrupted: recorded as an observation, no
+        terminal (the run's verdict decides: `recorder.tool_error_observed`)."""
+        try:
+            await db(
+                self.ctx.recorder.tool_error_observed,
+                tool_call_id=call.tool_call_id,
+                error_code=code,
+                error_message=message,
+            )
+        except ToolLifecycleConflict:
+            return await self._fail(call, code, message)
+        return ToolOutcome(call, ERROR_OBSERVED, _error_content(code, message), code)
+
+    async def _settle(self, outcome: ToolOutcome) -> ToolOutcome:
+        """The run went on uninterrupted: the observed error is the call's FAILED terminal."""
+        message = json.loads(outcome.content)["error"]["message"]
+        return await self._fail(outcome.call, outcome.error_code, message)
+
+    async def rerun_pending(self, call: DeclaredToolCall) -> ToolOutcome:
+        """In the resumed run: a call the interruption kept pending (its bare error observed) runs again
+        under its own id (`recorder.tool_restarted`), once."""
+        ctx = self.ctx
+        spec = ctx.registry.get(call.name)
+        try:
+            if spec is None:
+                raise ToolArgumentsError("unknown tool")
+            arguments = spec.validate(call.arguments)
+            seq = await db(ctx.recorder.tool_restarted, tool_call_id=call.tool_call_id)
+        except (ToolArgumentsError, ToolCallRepeated) as exc:
+            logger.warning(
+                "pending rerun refused run=%s tool=%s error=%s", ctx.run_id, call.name, type(exc).__name__
+            )
+            message = "the tool call could not be run again"
+            return ToolOutcome(call, "REFUSED", _error_content(TOOL_REFUSED, message), TOOL_REFUSED)
+        ctx.running_tools[call.tool_call_id] = call.name
+        await self._emit(call, ToolStatus.RUNNING, seq)
+        self.may_interrupt = False
+        return await self._execute_started(call, spec, arguments)
 
     async def _emit(self, call: DeclaredToolCall, status: str, sequence_no: int | None) -> None:
         await self.ctx.sink.emit(
@@ -151,6 +228,8 @@ class ToolBoundary:
                 arguments = spec.validate(call.arguments)
             except ToolArgumentsError as exc:
                 argument_error = clip(str(exc), ERROR_MESSAGE_CHARS)
+        if arguments is not None and spec.requires_approval and ctx.approvals_allowed:
+            return await self._request_approval(call, arguments)
         if arguments is not None:
             input_params: dict[str, Any] = arguments
         else:
@@ -186,7 +265,90 @@ class ToolBoundary:
             return await self._fail(call, TOOL_REFUSED, f"unknown tool {clip(call.name, 80)!r}")
         if arguments is None:
             return await self._fail(call, TOOL_BAD_ARGUMENTS, argument_error or "invalid arguments")
+        if spec.requires_approval:
+            # Reached only where no approval may be asked (ctx.approvals_allowed is off: the repair
+            # round, the chat): the call is refused, never executed unapproved.
+            message = "this tool requires a person's approval, which cannot be asked at this point"
+            return await self._fail(call, TOOL_REFUSED, message)
+        return await self._execute_started(call, spec, arguments)
 
+    async def _request_approval(self, call: DeclaredToolCall, arguments: dict[str, Any]) -> ToolOutcome:
+        """Record the call AWAITING_APPROVAL with APPROVAL_REQUESTED (nothing executes); the run is then
+        interrupted by the agent loop. A request whose record did not commit does not exist: the model
+        gets an error instead and the run goes on without the call."""
+        ctx = self.ctx
+        approvers, expires_at = await db(approval_request, session_id=ctx.session_id)
+        try:
+            seq = await db(
+                ctx.recorder.tool_awaiting_approval,
+                tool_call_id=call.tool_call_id,
+                tool_name=call.name,
+                input_params=arguments,
+                approvers=approvers,
+                expires_at=expires_at,
+            )
+        except (ToolCallNotDeclared, ToolLifecycleConflict, ToolCallRepeated) as exc:
+            logger.warning(
+                "approval request refused run=%s tool=%s error=%s", ctx.run_id, call.name, type(exc).__name__
+            )
+            return ToolOutcome(
+                call, "REFUSED", _error_content(TOOL_REFUSED, "the tool call was refused"), TOOL_REFUSED
+            )
+        if seq is None:
+            message = "the approval request could not be recorded; the call was not made"
+            return ToolOutcome(
+                call, ToolStatus.FAILED, _error_content(APPROVAL_UNRECORDED, message), APPROVAL_UNRECORDED
+            )
+        await self._emit(call, ToolStatus.AWAITING_APPROVAL, seq - 1)
+        await ctx.flush_progress()
+        return ToolOutcome(call, ToolStatus.AWAITING_APPROVAL, "")
+
+    async def run_decided(self, call: DeclaredToolCall, decision: dict[str, Any]) -> ToolOutcome:
+        """A call that waited for approval, once decided (`decision`: the APPROVAL_DECIDED details).
+        Approved: started under its own `tool_call_id` (the recorder checks the declaring step and the
+        approved digest, fail-closed) and executed exactly once. Rejected or expired: its recorded
+        refusal (FAILED with APPROVAL_REJECTED / APPROVAL_EXPIRED) is the tool's result."""
+        ctx = self.ctx
+        spec = ctx.registry.get(call.name)
+        verdict = str(decision.get("decision") or "")
+        if verdict != APPROVED or spec is None:
+            code = APPROVAL_EXPIRED if verdict == EXPIRED else APPROVAL_REJECTED
+            who = decision.get("decidedBy")
+            message = (
+                "the approval request expired before anyone decided; the call was not made"
+                if verdict == EXPIRED
+                else f"a person ({who or 'unknown'}) rejected the call; it was not made"
+            )
+            note = str(decision.get("note") or "")
+            if note:
+                message += f". Note: {note}"
+            message = clip(message, ERROR_MESSAGE_CHARS)
+            return await self._fail(call, code, message)
+        try:
+            arguments = spec.validate(call.arguments)
+            seq = await db(
+                ctx.recorder.approved_tool_started,
+                tool_call_id=call.tool_call_id,
+                tool_name=call.name,
+                input_params=arguments,
+                approved_digest=str(decision.get("argumentsDigest") or ""),
+            )
+        except (ToolArgumentsError, ToolCallNotDeclared, ToolLifecycleConflict, ToolCallRepeated) as exc:
+            logger.warning(
+                "approved start refused run=%s tool=%s error=%s", ctx.run_id, call.name, type(exc).__name__
+            )
+            return ToolOutcome(
+                call, "REFUSED", _error_content(TOOL_REFUSED, "the tool call was refused"), TOOL_REFUSED
+            )
+        ctx.running_tools[call.tool_call_id] = call.name
+        await self._emit(call, ToolStatus.RUNNING, seq)
+        return await self._execute_started(call, spec, arguments)
+
+    async def _execute_started(
+        self, call: DeclaredToolCall, spec: ToolSpec, arguments: dict[str, Any]
+    ) -> ToolOutcome:
+        """Execute a started call and record its terminal (steps 3–6 of the module docstring)."""
+        ctx = self.ctx
         ctx.token.raise_if_cancelled()
         timeout = spec.timeout if spec.timeout is not None else float(settings.TOOL_TIMEOUT)
         try:
@@ -199,6 +361,8 @@ class ToolBoundary:
             return await self._fail(call, TOOL_TIMEOUT, f"the tool did not finish within {timeout:g} s")
         except Exception as exc:
             logger.warning("tool failed run=%s tool=%s error=%s", ctx.run_id, call.name, type(exc).__name__)
+            if self.may_interrupt:
+                return await self._observe(call, TOOL_ERROR, _exception_message(exc))
             return await self._fail(call, TOOL_ERROR, _exception_message(exc))
 
         note = ""

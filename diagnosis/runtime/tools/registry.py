@@ -8,6 +8,7 @@ A tool is one module in `diagnosis/runtime/tools/` with one decorated function::
         parameters={"type": "object", "properties": {...}, "required": [...]},
         timeout=None,  # seconds; None = settings.TOOL_TIMEOUT
         flows=(FLOW_CHAT, FLOW_AI_OPS),  # the agent flows that may use it; default (FLOW_CHAT,)
+        requires_approval=False,  # True: a person approves each call before it executes
     )
     def lookup_knowledge(query: str, top_k: int = 5) -> ToolResult: ...
 
@@ -82,6 +83,11 @@ class ToolSpec:
     timeout: float | None = None
     is_async: bool = field(default=False)
     flows: frozenset[str] = frozenset({FLOW_CHAT})
+    # A tool that changes the world waits for a person: the boundary records the call AWAITING_APPROVAL
+    # and interrupts the run instead of executing it (docs/aiops.md, *Approvals*).
+    requires_approval: bool = False
+    # Checks the schema cannot state (e.g. a bound that is a setting); raises ToolArgumentsError.
+    check: Callable[[dict[str, Any]], None] | None = None
 
     def openai_schema(self) -> dict[str, Any]:
         return {
@@ -100,7 +106,10 @@ class ToolSpec:
                 raise ToolArgumentsError(f"arguments are not valid JSON ({exc.msg})") from None
         else:
             value = dict(arguments)
-        return _validate_object(value, self.parameters, "arguments")
+        validated = _validate_object(value, self.parameters, "arguments")
+        if self.check is not None:
+            self.check(validated)
+        return validated
 
 
 class ToolRegistry:
@@ -126,6 +135,8 @@ class ToolRegistry:
         parameters: Mapping[str, Any],
         timeout: float | None = None,
         flows: Sequence[str] = (FLOW_CHAT,),
+        requires_approval: bool = False,
+        check: Callable[[dict[str, Any]], None] | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         if parameters.get("type") != "object":
             raise ValueError("a tool's parameters schema must be of type object")
@@ -142,6 +153,8 @@ class ToolRegistry:
                     timeout=timeout,
                     is_async=inspect.iscoroutinefunction(func),
                     flows=frozenset(flows),
+                    requires_approval=requires_approval,
+                    check=check,
                 )
             )
             return func
@@ -183,10 +196,18 @@ def register_tool(
     parameters: Mapping[str, Any],
     timeout: float | None = None,
     flows: Sequence[str] = (FLOW_CHAT,),
+    requires_approval: bool = False,
+    check: Callable[[dict[str, Any]], None] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated function in the default registry (see the module docstring)."""
     return _default.tool(
-        name=name, description=description, parameters=parameters, timeout=timeout, flows=flows
+        name=name,
+        description=description,
+        parameters=parameters,
+        timeout=timeout,
+        flows=flows,
+        requires_approval=requires_approval,
+        check=check,
     )
 
 

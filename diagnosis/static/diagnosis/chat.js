@@ -128,7 +128,8 @@
         if (!finished) { return "Releasing…"; }
         return verdict === "PUBLISHED" ? "Released" : verdict === "BLOCKED" ? "Blocked" : "Release: " + lower(verdict);
       case "APPROVAL":
-        return finished ? "Approval" + (verdict ? ": " + lower(verdict) : "") : "Waiting for approval…";
+        if (verdict === "WAITING" || !finished) { return "Waiting for approval by Approvers…"; }
+        return "Approval" + (verdict ? ": " + lower(verdict) : "");
       default:
         return lower(data.stage).replace(/_/g, " ") + (finished ? "" : "…");
     }
