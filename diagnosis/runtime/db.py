@@ -20,13 +20,6 @@ costs at most one failed job per thread, never a thread that fails forever:
 * after a job during which a database error occurred, a connection that no longer answers is closed
   (Django's `close_if_unusable_or_obsolete`, as at the end of a request), so the next job reconnects.
 
-The database pool hands each job to the thread that became idle **last** (`_WarmPool`), not to the one
-idle longest as a `ThreadPoolExecutor` does: a run's decisions follow each other within milliseconds, so
-they reuse one warm connection, which needs no ping (each ping is a round trip before the write); with
-first-in-first-out hand-out every decision landed on a thread idle for more than `PING_IDLE_SECONDS` and
-paid one (B7 measured 12 pings per AI Ops analysis). Threads are still created up to the pool's size when
-every thread is busy, and the check before each job is unchanged.
-
 `shutdown_pools()` closes every pool thread's connection and stops the pools; they are recreated on next
 use (tests call it between cases).
 """
@@ -37,12 +30,10 @@ import asyncio
 import contextlib
 import contextvars
 import functools
-import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from django.conf import settings
@@ -54,82 +45,11 @@ IDLE_CLOSE_SECONDS = 300.0
 PING_IDLE_SECONDS = 0.1
 
 _lock = threading.Lock()
-_pools: dict[str, Executor] = {}
+_pools: dict[str, ThreadPoolExecutor] = {}
 _local = threading.local()
 
 
-class _WarmPool(Executor):
-    """A fixed-size thread pool that gives each job to the most recently idle thread (see the module
-    docstring). Jobs beyond the pool's size wait in submission order."""
-
-    def __init__(self, max_workers: int, thread_name_prefix: str) -> None:
-        self._max = max(1, max_workers)
-        self._prefix = thread_name_prefix
-        self._mutex = threading.Lock()
-        self._idle: list[queue.SimpleQueue] = []  # inboxes of idle threads, most recently idle last
-        self._backlog: deque = deque()
-        self._threads: list[threading.Thread] = []
-        self._closed = False
-        # As `ThreadPoolExecutor` does: at interpreter exit, running jobs finish and idle threads end.
-        threading._register_atexit(self.shutdown)
-
-    def submit(self, fn, /, *args, **kwargs) -> Future:
-        future: Future = Future()
-        item = (future, fn, args, kwargs)
-        with self._mutex:
-            if self._closed:
-                raise RuntimeError("cannot schedule new futures after shutdown")
-            if self._idle:
-                self._idle.pop().put(item)
-            elif len(self._threads) < self._max:
-                inbox: queue.SimpleQueue = queue.SimpleQueue()
-                inbox.put(item)
-                thread = threading.Thread(
-                    target=self._work, args=(inbox,), name=f"{self._prefix}_{len(self._threads)}"
-                )
-                self._threads.append(thread)
-                thread.start()
-            else:
-                self._backlog.append(item)
-        return future
-
-    def _work(self, inbox: queue.SimpleQueue) -> None:
-        item = inbox.get()
-        while item is not None:
-            future, fn, args, kwargs = item
-            if future.set_running_or_notify_cancel():
-                try:
-                    result = fn(*args, **kwargs)
-                except BaseException as exc:
-                    future.set_exception(exc)
-                else:
-                    future.set_result(result)
-            del item, future, fn, args, kwargs
-            with self._mutex:
-                if self._backlog:
-                    item = self._backlog.popleft()
-                    continue
-                if self._closed:
-                    return
-                self._idle.append(inbox)
-            item = inbox.get()
-
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        with self._mutex:
-            self._closed = True
-            if cancel_futures:
-                while self._backlog:
-                    self._backlog.popleft()[0].cancel()
-            idle, self._idle = self._idle, []
-            threads = list(self._threads)
-        for inbox in idle:
-            inbox.put(None)
-        if wait:
-            for thread in threads:
-                thread.join()
-
-
-def _pool(kind: str) -> Executor:
+def _pool(kind: str) -> ThreadPoolExecutor:
     pool = _pools.get(kind)
     if pool is None:
         with _lock:
@@ -141,8 +61,7 @@ def _pool(kind: str) -> Executor:
                     size = int(
                         getattr(settings, "RUNTIME_DB_THREADS" if kind == "db" else "RUNTIME_TOOL_THREADS", 8)
                     )
-                factory = _WarmPool if kind == "db" else ThreadPoolExecutor
-                pool = factory(max_workers=max(1, size), thread_name_prefix=f"runtime-{kind}")
+                pool = ThreadPoolExecutor(max_workers=max(1, size), thread_name_prefix=f"runtime-{kind}")
                 _pools[kind] = pool
     return pool
 
