@@ -229,17 +229,19 @@ and the CPU of the pool thread that writes (canonical JSON, hashing, reasoning e
 own request building and stream parsing, the largest share of the event loop's CPU in a pyinstrument
 profile, lies inside the model time the runtime measures (from before the request to the last chunk).
 What the profile of issue 15's target found and the worker now avoids (`diagnosis/runtime/worker.py`,
-`diagnosis/runtime/db.py`, `audit/facts.py`):
+`audit/facts.py`):
 
 * **The hand-over**: the claim's transaction and the next run's first records (RUN_STARTED, the routing
   decision) sat between one analysis and the next. A run now says when its last model call is made; the
   worker claims its next run then and launches it behind a gate that its first model call waits on, so
   both overlap the end of the run before (no more runs call models at once than the worker's slots).
-* **Pings**: the pool handed each job to the thread idle longest, so nearly every decision paid a ping
-  round trip first (12.5 per analysis measured); it now hands jobs to the most recently idle thread, whose
-  connection is warm (a ping remains after each model call, where the database may have restarted).
 * **The terminal write's stored-facts UPDATE** was compiled by the ORM at every run's finish (several ms
   of CPU); it is compiled once per database.
+
+Measured and left: the runtime's database pool (`ThreadPoolExecutor`) hands each job to the thread idle
+longest, so most decisions pay a ping round trip first (12.5 per analysis); a pool handing jobs to the most
+recently idle thread saved about two of them, but changed the order in which parallel tool starts reach
+the recorder, and was reverted.
 
 Every decision is still durable before the next, fenced by the lease epoch and bound into the chain; the
 audit stays fail-open. The machine is shared (2 cores, other helpers' benches and test suites running at
@@ -247,8 +249,9 @@ load 2–8), so the share moves with the load more than with the code: before (m
 changes, alternated run by run on 2026-12-01, measured 5.32 % / 3.84 % (72 / 51 ms per analysis, load ≈ 3),
 6.61 % / 5.61 %, 9.85 % / 7.60 %, 8.88 % / 7.14 % (load 4–8), and once 5.72 % / 7.55 % (load rising during
 the second run). Before these changes, at the calmest moment of the day, main measured 4.38 % (58 ms).
-Per analysis the database pool now spends about 12 ms of CPU and waits for about 22 commits and 10 pings;
-what is left outside the model and tool time is those round trips to a database on a loaded machine.
+Per analysis the database pool spends about 12 ms of CPU and waits for about 22 commits and 12 pings;
+what is left outside the model and tool time is those round trips to a database on a loaded machine. (The
+side-by-side figures above include the reverted pool change.)
 {B7_END}"""
 
 
