@@ -1,5 +1,5 @@
 # The two commands of the README, and a few helpers.
-.PHONY: run test lint bench
+.PHONY: run test lint bench bench-peers
 
 run:  ## install what is missing, migrate, create demo data and serve on http://127.0.0.1:8000
 	scripts/run.sh
@@ -14,3 +14,9 @@ bench:  ## benchmarks on MariaDB (B1–B6), prints the table and writes docs/per
 	scripts/setup.sh dev
 	scripts/mariadb.sh
 	.venv/bin/python -m bench $(BENCH_ARGS)
+
+bench-peers:  ## B0: install MLflow into .venv-peers (Phoenix: .venv-phoenix), then run B0 against B1's floor
+	scripts/setup.sh dev
+	scripts/peers.sh
+	scripts/mariadb.sh
+	.venv/bin/python -m bench --only b0 --no-write $(BENCH_ARGS)

@@ -30,7 +30,7 @@ from audit.serializers import (
     ToolSerializer,
     TraceSerializer,
 )
-from audit.trace_render import trace_data
+from audit.trace_render import TraceRenderer
 from audit.transparency import store
 from audit.transparency.evidence import build_bundle
 from audit.transparency.keys import published_keys
@@ -49,6 +49,8 @@ class TraceApi(APIView):
     characters; 404 the session is absent or not the user's (staff see all), or the run is not in it.
     Never carries reasoning or assistant text. Constant query count whatever the run's size.
     """
+
+    renderer_classes = [TraceRenderer]
 
     class QuerySerializer(serializers.Serializer):
         runId = serializers.CharField(max_length=64, required=False)
@@ -80,8 +82,9 @@ class TraceApi(APIView):
             run=run, run_resolution=RunResolution.EXACT if run_id is not None else RunResolution.LATEST
         )
         # Same body as TraceSerializer(trace).data (the documented shape), built without DRF's per-field
-        # dispatch, which dominated long traces (audit/trace_render.py, docs/performance.md).
-        return Response(trace_data(trace))
+        # dispatch and with the events' stored details text, which dominated long traces
+        # (audit/trace_render.py, docs/performance.md).
+        return Response(trace)
 
 
 class AuditRecordSerializer(serializers.Serializer):

@@ -126,7 +126,7 @@ def verify_rows(
             _reasoning_name(key),
             f"reasoning row for {_reasoning_name(key)}",
             bound_reasoning.pop(key, None),
-            rowdigest.REASONING.digest(row),
+            rowdigest.REASONING.digest(row, stored=True),
         )
 
     for key, bound in bound_steps.items():

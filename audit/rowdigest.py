@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from django.db import models
@@ -137,6 +137,38 @@ RUN_DELIVERY_COLUMNS = ("release_mode", "draft_chars", "last_token_at", "release
 RUN_EVALUATION_COLUMNS = ("self_evaluation",)
 
 
+def _normaliser(f: models.Field, *, stored: bool) -> Callable[[Any], Any]:
+    """The normalisation of one column's values (chosen once per column, not per value).
+
+    `stored`: the value is what the database gave back. A JSON column's value is then already the result
+    of `json.loads` of the stored text, for which the `json.dumps` / `json.loads` round trip is the
+    identity, so it is taken as it is (written values still go through the round trip)."""
+    if isinstance(f, models.ForeignKey):
+        return _normaliser(f.target_field, stored=stored)
+    if isinstance(f, EncryptedTextField):
+        return lambda v: None if v is None else v.token if isinstance(v, Ciphertext) else str(v)
+    if isinstance(f, models.JSONField):
+        if stored and f.decoder is None:
+            return lambda v: v
+        encoder = f.encoder
+        return lambda v: None if v is None else json.loads(json.dumps(v, cls=encoder))
+    if isinstance(f, models.DateTimeField):
+        return _datetime
+    if isinstance(f, models.BooleanField):
+        return lambda v: None if v is None else bool(v)
+    if isinstance(f, models.IntegerField | models.BigIntegerField):
+        return lambda v: None if v is None else int(v)
+    return lambda v: None if v is None else str(v)
+
+
+def _datetime(value: Any) -> Any:
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=dt.UTC)
+    return timestamp(value)
+
+
 class Form:
     """One canonical form: its name, model and columns, and the normalisation of each column."""
 
@@ -145,29 +177,36 @@ class Form:
         self.model = model
         self.columns = columns
         self.fields = {c: model._meta.get_field(c) for c in columns}
+        self._written = tuple((c, _normaliser(self.fields[c], stored=False)) for c in columns)
+        self._stored = tuple((c, _normaliser(self.fields[c], stored=True)) for c in columns)
+        self._attnames = tuple((c, self.fields[c].attname) for c in columns)
 
-    def canonical(self, values: Mapping[str, Any]) -> dict[str, Any]:
-        """The row's canonical form from column values (written or stored); every column is required."""
-        return {c: _normalise(self.fields[c], values[c]) for c in self.columns}
+    def canonical(self, values: Mapping[str, Any], *, stored: bool = False) -> dict[str, Any]:
+        """The row's canonical form from column values (written, or `stored`: as the database gave them
+        back); every column is required."""
+        return {c: norm(values[c]) for c, norm in (self._stored if stored else self._written)}
 
-    def document(self, values: Mapping[str, Any]) -> dict[str, Any]:
+    def document(self, values: Mapping[str, Any], *, stored: bool = False) -> dict[str, Any]:
         """What the digest is taken of: `{"form": <name>, "row": <canonical form>}` (evidence bundles
         carry it, so that anyone can recompute the digest without the database)."""
-        return {"form": self.name, "row": self.canonical(values)}
+        return {"form": self.name, "row": self.canonical(values, stored=stored)}
 
-    def digest(self, values: Mapping[str, Any]) -> str:
-        return sha256_hex(canonical_json(self.document(values)))
+    def digest(self, values: Mapping[str, Any], *, stored: bool = False) -> str:
+        return sha256_hex(canonical_json(self.document(values, stored=stored)))
 
-    def values_of(self, instance: models.Model) -> dict[str, Any]:
-        return {c: getattr(instance, self.fields[c].attname) for c in self.columns}
+    def values_of(self, instance: Any) -> dict[str, Any]:
+        """Column values of a row object (a model instance, or any object with the columns' attribute
+        names)."""
+        return {c: getattr(instance, attname) for c, attname in self._attnames}
 
-    def digest_of(self, instance: models.Model) -> str:
-        return self.digest(self.values_of(instance))
+    def digest_of(self, instance: Any) -> str:
+        """The digest of a row read from the database."""
+        return self.digest(self.values_of(instance), stored=True)
 
 
 class _RunForm(Form):
-    def canonical(self, values: Mapping[str, Any]) -> dict[str, Any]:
-        row = super().canonical(values)
+    def canonical(self, values: Mapping[str, Any], *, stored: bool = False) -> dict[str, Any]:
+        row = super().canonical(values, stored=stored)
         row["content"] = sha256_hex(row["content"] or "")
         return row
 
@@ -199,26 +238,6 @@ _BY_MODEL = {f.model: f for f in (STEP, TOOL, REASONING)}
 def form_of(model: type[models.Model]) -> Form | None:
     """The form of a row of `model` bound at insert (step, tool, reasoning), or None."""
     return _BY_MODEL.get(model)
-
-
-def _normalise(f: models.Field, value: Any) -> Any:
-    if value is None:
-        return None
-    if isinstance(f, EncryptedTextField):
-        return value.token if isinstance(value, Ciphertext) else str(value)
-    if isinstance(f, models.JSONField):
-        return json.loads(json.dumps(value, cls=f.encoder))
-    if isinstance(f, models.DateTimeField):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=dt.UTC)
-        return timestamp(value)
-    if isinstance(f, models.BooleanField):
-        return bool(value)
-    if isinstance(f, models.IntegerField | models.BigIntegerField):
-        return int(value)
-    if isinstance(f, models.ForeignKey):
-        return _normalise(f.target_field, value)
-    return str(value)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -257,7 +276,7 @@ def reasoning_bindings(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]
             "id": row["id"],
             "stepIndex": row["step_index"],
             "agentName": row["agent_name"],
-            "digest": REASONING.digest(row),
+            "digest": REASONING.digest(row, stored=True),
         }
         for row in rows
     ]

@@ -57,16 +57,21 @@ Summary semantics (documented in docs/api.md):
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
+from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import (
     OuterRef,
     QuerySet,
     Subquery,
+    TextField,
 )
+from django.db.models.functions import Cast
 
 from audit.binding import verify_rows
 from audit.integrity import verify_chain
@@ -153,13 +158,96 @@ class Trace:
     run_resolution: str
     run: DiagnosisRun
     feedback: FeedbackView | None
-    timeline: list[TraceEvent]
-    steps: list[AgentStep]
-    tools: list[ToolInvocation]
+    timeline: list[StoredEvent]  # like TraceEvent rows (same attributes), read as stored
+    steps: list[Any]  # every AgentStep column by attribute name
+    tools: list[Any]  # every ToolInvocation column by attribute name
     summary: TraceSummary
     provider: ProviderLabel | None = None
     # Each model call's cost (usage records in timeline order); the run's stored cost is on `run`.
     call_costs: tuple[CallCostView, ...] = ()
+
+
+class StoredEvent:
+    """One timeline event as stored, read without a model instance: the `TraceEvent` fields under their
+    names, `details` decoded, and `details_text`, the details column's text as stored (the canonical JSON
+    the recorder hashed), which `audit.integrity.verify_chain` checks the hash over first."""
+
+    __slots__ = (
+        "created_at",
+        "details",
+        "details_text",
+        "event_type",
+        "hash",
+        "id",
+        "phase",
+        "prev_hash",
+        "run_id",
+        "sequence_no",
+        "session_id",
+        "status",
+        "summary",
+    )
+
+    def __init__(self, *values: Any) -> None:
+        (
+            self.id,
+            self.run_id,
+            self.session_id,
+            self.sequence_no,
+            self.phase,
+            self.event_type,
+            self.status,
+            self.summary,
+            self.prev_hash,
+            self.hash,
+            self.created_at,
+            self.details_text,
+        ) = values
+        self.details = json.loads(self.details_text) if self.details_text is not None else None
+
+    @property
+    def pk(self) -> int:
+        return self.id
+
+    def __repr__(self) -> str:
+        return f"<StoredEvent {self.run_id}#{self.sequence_no} {self.event_type}>"
+
+
+# The columns `timeline_of` reads, in `StoredEvent.__init__`'s order (the details text follows them).
+_EVENT_VALUES = (
+    "id",
+    "run_id",
+    "session_id",
+    "sequence_no",
+    "phase",
+    "event_type",
+    "status",
+    "summary",
+    "prev_hash",
+    "hash",
+    "created_at",
+)
+
+
+def timeline_of(*, run_id: str) -> list[StoredEvent]:
+    """The run's timeline in sequence order, one query, no model instances (a long trace spent most of
+    its read building them and decoding JSON through the field)."""
+    rows = (
+        TraceEvent.objects.filter(run_id=run_id)
+        .order_by("sequence_no")
+        .annotate(details_text=Cast("details", output_field=TextField()))
+        .values_list(*_EVENT_VALUES, "details_text")
+    )
+    return [StoredEvent(*row) for row in rows]
+
+
+def _stored_rows(model, order: Sequence[str], **filters: Any) -> list[Any]:
+    """Rows of `model` in `order` as attribute bags of every concrete column under its attribute name (the
+    digests cover every column) and `pk`, without model instances."""
+    names = [f.attname for f in model._meta.concrete_fields]
+    pk = model._meta.pk.attname
+    rows = model.objects.filter(**filters).order_by(*order).values(*names)
+    return [SimpleNamespace(pk=row[pk], **row) for row in rows]
 
 
 def provider_of(events: list[TraceEvent]) -> ProviderLabel | None:
@@ -182,10 +270,10 @@ def get_trace(
     """The trace of `run`. The viewer's feedback comes from the run's annotations
     (`diagnosis.selectors.get_visible_run(with_feedback=True)`), else from one query when `viewer` is
     given, else it is None."""
-    events = list(TraceEvent.objects.filter(run_id=run.run_id).order_by("sequence_no"))
-    # Every column of the step rows: their digests cover them (`audit.rowdigest.STEP`).
-    steps = list(AgentStep.objects.filter(run_id=run.run_id).order_by("id"))
-    tools = list(ToolInvocation.objects.filter(run_id=run.run_id).order_by("started_at", "id"))
+    events = timeline_of(run_id=run.run_id)
+    # Every column of the step and tool rows: their digests cover them (`audit.rowdigest`).
+    steps = _stored_rows(AgentStep, ("id",), run_id=run.run_id)
+    tools = _stored_rows(ToolInvocation, ("started_at", "id"), run_id=run.run_id)
     reasoning = stored_reasoning_rows(run_id=run.run_id)
     leaf = anchored_leaf(run_id=run.run_id)
     book = load_price_book()  # the price overrides: one small query

@@ -10,11 +10,14 @@ the two to equality on complete, failed, incomplete and feedback-carrying traces
 from __future__ import annotations
 
 import datetime as dt
+import json
 from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
+from rest_framework.renderers import JSONRenderer
+from rest_framework.utils.encoders import JSONEncoder as DRFEncoder
 
 from audit.models import CHAT_AGENT_NAME
 from audit.selectors import Counts, Trace
@@ -23,12 +26,13 @@ from pricing.rules import CURRENCY
 _MONEY_PLACES = Decimal("1e-10")  # audit.serializers.MONEY: DRF quantizes to them and renders `{:f}`
 
 
-def _dt(value: dt.datetime | None) -> str | None:
+def _dt(value: dt.datetime | None, tz: dt.tzinfo | None = None) -> str | None:
+    """A date-time as DRF renders it; `tz`: the current time zone when the caller looked it up once."""
     if not value:
         return None
     if settings.USE_TZ:
-        tz = timezone.get_current_timezone()
-        value = value.astimezone(tz) if timezone.is_aware(value) else timezone.make_aware(value, tz)
+        tz = tz or timezone.get_current_timezone()
+        value = value.astimezone(tz) if value.utcoffset() is not None else timezone.make_aware(value, tz)
     text = value.isoformat()
     return text[:-6] + "Z" if text.endswith("+00:00") else text
 
@@ -138,24 +142,70 @@ def _run(trace: Trace) -> dict[str, Any]:
 
 def trace_data(trace: Trace) -> dict[str, Any]:
     """The API body of `trace` (equal to `TraceSerializer(trace).data`)."""
-    s = trace.summary
+    tz = timezone.get_current_timezone()
+    return {**_head(trace, tz), "timeline": _timeline(trace, tz), **_rest(trace, tz)}
+
+
+def trace_json(trace: Trace) -> bytes:
+    """`trace_data(trace)` rendered as DRF's `JSONRenderer` renders it (compact, UTF-8 kept, U+2028 and
+    U+2029 escaped, no NaN), with each event's details written as their stored text instead of being
+    encoded again: the stored text is the canonical JSON the chain verified (or, for details stored in
+    another spelling, valid JSON of the same value; `timeline_of` decoded it). The timeline comes last."""
+    tz = timezone.get_current_timezone()
+    head = {**_head(trace, tz), **_rest(trace, tz)}
+    text = json.dumps(head, cls=DRFEncoder, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    items = ",".join(_event_json(e, tz) for e in trace.timeline)
+    text = f'{text[:-1]},"timeline":[{items}]}}'
+    return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029").encode("utf-8")
+
+
+_enc = json.encoder.encode_basestring
+
+
+def _js(value: Any) -> str:
+    return "null" if value is None else _enc(str(value))
+
+
+def _event_json(e: Any, tz: dt.tzinfo) -> str:
+    details = getattr(e, "details_text", None)
+    if details is None or "NaN" in details or "Infinity" in details:
+        details = json.dumps(e.details, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    created = _dt(e.created_at, tz)
+    return (
+        f'{{"sequenceNo":{int(e.sequence_no)},"phase":{_js(e.phase)},'
+        f'"eventType":{_js(e.event_type)},"status":{_js(e.status)},'
+        f'"summary":{_js(e.summary)},"details":{details},'
+        f'"createdAt":{_js(created)},"hash":{_js(e.hash)}}}'
+    )
+
+
+def _head(trace: Trace, tz: dt.tzinfo) -> dict[str, Any]:
     return {
         "sessionId": _str(trace.session_id),
         "runResolution": _str(trace.run_resolution),
         "run": _run(trace),
-        "timeline": [
-            {
-                "sequenceNo": int(e.sequence_no),
-                "phase": _str(e.phase),
-                "eventType": _str(e.event_type),
-                "status": _str(e.status),
-                "summary": _str(e.summary),
-                "details": e.details,
-                "createdAt": _dt(e.created_at),
-                "hash": _str(e.hash),
-            }
-            for e in trace.timeline
-        ],
+    }
+
+
+def _timeline(trace: Trace, tz: dt.tzinfo) -> list[dict[str, Any]]:
+    return [
+        {
+            "sequenceNo": int(e.sequence_no),
+            "phase": _str(e.phase),
+            "eventType": _str(e.event_type),
+            "status": _str(e.status),
+            "summary": _str(e.summary),
+            "details": e.details,
+            "createdAt": _dt(e.created_at, tz),
+            "hash": _str(e.hash),
+        }
+        for e in trace.timeline
+    ]
+
+
+def _rest(trace: Trace, tz: dt.tzinfo) -> dict[str, Any]:
+    s = trace.summary
+    return {
         "steps": [
             {
                 "stepIndex": _int(st.step_index),
@@ -194,8 +244,8 @@ def trace_data(trace: Trace) -> dict[str, Any]:
                 "l0MatchCount": _int(t.l0_match_count),
                 "l1MatchCount": _int(t.l1_match_count),
                 "retrievalDetails": t.retrieval_details,
-                "startedAt": _dt(t.started_at),
-                "finishedAt": _dt(t.finished_at),
+                "startedAt": _dt(t.started_at, tz),
+                "finishedAt": _dt(t.finished_at, tz),
                 "durationMs": _int(t.duration_ms),
                 "errorCode": _str(t.error_code),
                 "errorMessage": _str(t.error_message),
@@ -225,3 +275,15 @@ def trace_data(trace: Trace) -> dict[str, Any]:
             "gaps": [str(g) for g in s.gaps],
         },
     }
+
+
+class TraceRenderer(JSONRenderer):
+    """The trace endpoint's renderer: a `Trace` is rendered by `trace_json` (or, when the client asks for
+    indentation, as `trace_data`); anything else (error bodies) as by `JSONRenderer`."""
+
+    def render(self, data, accepted_media_type=None, renderer_context=None):
+        if isinstance(data, Trace):
+            if self.get_indent(accepted_media_type, renderer_context or {}) is None:
+                return trace_json(data)
+            data = trace_data(data)
+        return super().render(data, accepted_media_type, renderer_context)

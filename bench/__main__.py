@@ -11,6 +11,9 @@
     python -m bench --no-write      # print the table only (a full run writes docs/performance.md)
     python -m bench --only b8       # trace export into a real Phoenix (needs .venv-phoenix; not in the
                                     # default set)
+    python -m bench --only b3p      # py-spy profile of one daphne under 50 and 200 chats (not default)
+    python -m bench --only b0       # peers: MLflow tracing on the same MariaDB, Phoenix over OTLP (needs
+                                    # `make bench-peers`; skipped when absent; not in the default set)
 
 Every figure is a ratio measured side by side in one run, as the median of several repetitions with its
 min and max; see docs/performance.md for the method of each.
@@ -26,13 +29,13 @@ from pathlib import Path
 from bench import env
 
 ALL = ("b1", "b2", "b3", "b4", "b5", "b6", "b7")
-OPTIONAL = ("b8",)
+OPTIONAL = ("b8", "b3p", "b0")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="short repetitions and smaller sizes")
-    p.add_argument("--only", default=",".join(ALL), help="comma-separated subset of b1,…,b8")
+    p.add_argument("--only", default=",".join(ALL), help="comma-separated subset of b1,…,b8, b3p")
     p.add_argument("--database", default=env.DEFAULT_DB, help="bench database (created and migrated)")
     p.add_argument("--no-write", action="store_true", help="do not write docs/performance.md")
     p.add_argument("--write", action="store_true", help="write docs/performance.md even with --quick")
@@ -70,6 +73,13 @@ def main(argv: list[str] | None = None) -> int:
     results = report.Results(machine=machine, quick=q)
     log = print
 
+    if "b0" in only:
+        from bench import b0_peers
+
+        print("B0: peers (MLflow, Phoenix) against B1's floor")
+        results.rows += b0_peers.run_all(
+            runs_per_rep=10 if q else 20, reps=3 if q else 5, database=args.database, log=log
+        )
     if "b1" in only:
         from bench import b1_recording
 
@@ -113,6 +123,14 @@ def main(argv: list[str] | None = None) -> int:
         results.rows += rows
         results.evidence["b3"] = evidence
 
+    if "b3p" in only:
+        from bench import b3_profile
+
+        print("B3 profile: CPU per run in one daphne")
+        evidence = b3_profile.run_all(levels=(50,) if q else (50, 200), log=log)
+        results.evidence["b3_profile"] = evidence
+        print(b3_profile.markdown(evidence))
+
     if "b5" in only:
         from bench import b5_tlog
 
@@ -149,9 +167,9 @@ def main(argv: list[str] | None = None) -> int:
         path = Path(env.ROOT) / "docs" / "performance.md"
         path.write_text(report.markdown(results), encoding="utf-8")
         print(f"bench: wrote {path.relative_to(env.ROOT)}")
-    elif {"b6", "b7"} & set(only) and not args.no_write and (not q or args.write):
+    elif {"b6", "b7", "b3p"} & set(only) and not args.no_write and (not q or args.write):
         path = Path(env.ROOT) / "docs" / "performance.md"
-        for name, write in (("b6", report.write_b6), ("b7", report.write_b7)):
+        for name, write in (("b6", report.write_b6), ("b7", report.write_b7), ("b3p", report.write_b3p)):
             if name in only:
                 write(path, results)
                 print(f"bench: wrote the {name.upper()} section of {path.relative_to(env.ROOT)}")

@@ -4,8 +4,9 @@
 middleware stack, URL routing, session authentication of a logged-in owner, the DRF view, the selector,
 chain verification, the serializer and JSON rendering), for runs of 10, 100 and 500 timeline events
 recorded through the real recorder. *Floor*: a raw `MySQLdb` connection fetching the same rows — the
-session and user rows the request authenticates with, the run row, its events, steps and tools, every
-column — with the same WHERE clauses and orders.
+session and user rows the request authenticates with, the run row, its events, steps and tools, and
+what the endpoint reads besides to verify the run (its reasoning rows as stored, its transparency-log
+leaf with the covering checkpoint), every column — with the same WHERE clauses and orders.
 
 *Scale*: the same reads with 10 000 and with 1 000 000 background runs stored. Background runs are
 bulk-generated server side (`INSERT … SELECT` from MariaDB's `seq_1_to_N` sequence tables, in chunks),
@@ -128,6 +129,14 @@ RAW_QUERIES = (
     ("SELECT * FROM diagnosis_trace_event WHERE run_id = %s ORDER BY sequence_no", "events"),
     ("SELECT * FROM agent_step WHERE run_id = %s ORDER BY step_index, id", "steps"),
     ("SELECT * FROM tool_invocation WHERE run_id = %s ORDER BY started_at, id", "tools"),
+    # What the endpoint reads besides to verify the run (since row digests and the transparency log):
+    # its reasoning rows as stored, and its log leaf with the first checkpoint covering it.
+    ("SELECT * FROM agent_reasoning_audit WHERE run_id = %s ORDER BY run_id, step_index, id", "reasoning"),
+    (
+        "SELECT l.*, (SELECT c.checkpoint_hash FROM audit_checkpoint c WHERE c.tree_size > l.leaf_index "
+        "ORDER BY c.tree_size LIMIT 1) FROM audit_log_leaf l WHERE l.run_id = %s",
+        "leaf",
+    ),
 )
 
 
@@ -169,6 +178,23 @@ def timed_reads(fn, n: int) -> float:
         times.append(time.perf_counter() - start)
     times.sort()
     return times[len(times) // 2]
+
+
+def paired_reads(raw, endpoint, n: int) -> tuple[float, float]:
+    """Median seconds of `n` calls of each, interleaved call by call (after two warm-up calls each), so
+    that both sides see the same load on a shared machine."""
+    for _ in range(2):
+        raw()
+        endpoint()
+    raws, ends = [], []
+    for i in range(n):
+        for fn, out in ((raw, raws), (endpoint, ends)) if i % 2 == 0 else ((endpoint, ends), (raw, raws)):
+            start = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - start)
+    raws.sort()
+    ends.sort()
+    return raws[n // 2], ends[n // 2]
 
 
 def login_client(user) -> Client:
@@ -438,8 +464,9 @@ def endpoint_vs_raw(*, reads: int, reps: int, database: str, log=print) -> tuple
     ms: dict[int, tuple[list[float], list[float]]] = {t.events: ([], []) for t in targets}
     for rep in range(reps):
         for t in targets:
-            r = timed_reads(lambda t=t: raw_read(cur, t, auth), reads)
-            e = timed_reads(lambda t=t: endpoint_read(client, t), reads)
+            r, e = paired_reads(
+                lambda t=t: raw_read(cur, t, auth), lambda t=t: endpoint_read(client, t), reads
+            )
             ratios[t.events].append(e / r)
             ms[t.events][0].append(e * 1e3)
             ms[t.events][1].append(r * 1e3)

@@ -255,6 +255,44 @@ side-by-side figures above include the reverted pool change.)
 {B7_END}"""
 
 
+B3P_START = "<!-- B3P -->"
+B3P_END = "<!-- /B3P -->"
+
+
+def b3p_section(res: Results) -> str:
+    """The B3 profile section of docs/performance.md: one daphne's CPU per run by category."""
+    from bench import b3_profile
+
+    evidence = res.evidence.get("b3_profile")
+    if not evidence:
+        return f"{B3P_START}\n{B3P_END}"
+    when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return f"""{B3P_START}
+## B3 profile: where one daphne's CPU goes per run
+
+Measured {when}{" (quick run)" if res.quick else ""} by `python -m bench --only b3p`
+(`bench/b3_profile.py`), on this shared 2-core machine. The B3 harness (fake provider streaming a chunk
+every 20 ms, one daphne, N WebSocket chats sent at once) with py-spy attached to the daphne process for
+the level (`--gil`: only the thread holding the GIL is sampled, so the samples partition the process's
+Python CPU; `--nonblocking`). CPU per run = the process's user + system CPU over the level / runs; a
+category's cost = its share of samples × CPU per run. A sample belongs to the knowledge search, the
+recorder or the model SDK when any frame of its stack is theirs (they own what runs beneath them: a
+`json` frame under the recorder is the recorder's), otherwise to the first of SDK transport (httpx,
+httpcore, h11, pydantic, anyio), frames (channels, daphne, autobahn, twisted, the consumer, live
+frames), other database work (token authentication, lockout, run setup), thread-pool hops
+(concurrent.futures, asgiref, the runtime's pool), runtime and event loop found from the innermost frame
+outwards. The SDK is split by whether `openai/_streaming.py` is on the stack (chunk parsing) or not
+(request building and HTTP).
+
+{b3_profile.markdown(evidence)}
+{B3P_END}"""
+
+
+def write_b3p(path, res: Results) -> None:
+    """Rewrite (or append) the B3 profile section of the existing docs/performance.md."""
+    write_section(path, b3p_section(res), B3P_START, B3P_END)
+
+
 def write_section(path, section: str, start: str, end: str) -> None:
     """Rewrite (or append) one marked section of the existing docs/performance.md."""
     text = path.read_text(encoding="utf-8") if path.exists() else "# Performance\n"
@@ -323,7 +361,9 @@ equal expected, no write failure, hash chain valid.
 middleware, session authentication of the run's owner, the DRF view, selectors, chain verification,
 serialisation, JSON), for runs of 10, 100 and 500 events recorded through the recorder; **floor**: a raw
 `MySQLdb` connection fetching the same rows (the session and user rows that authenticate the request,
-the run, its events, steps and tools; `SELECT *`) with the same WHERE and ORDER BY. Queries per
+the run, its events, steps and tools, and what the endpoint reads besides to verify the run: its
+reasoning rows and its log leaf with the covering checkpoint; `SELECT *`) with the same WHERE and ORDER
+BY. Floor and endpoint reads are interleaved call by call, so both see the same load. Queries per
 request: {queries}.
 *Scale*: the same reads with 10 000 and with 1 000 000 background runs stored, bulk-generated server side
 (`INSERT … SELECT` from MariaDB's `seq_1_to_N` tables, 50 000 runs per statement), each background run
@@ -403,29 +443,40 @@ runtime's `await db(recorder.method)` call sites). Tried, measured and not kept:
 `threading.Event` (whose `Condition.notify` was a fifth of the GIL time under load).
 
 **B2.** The floor reads rows; the endpoint also runs Django's middleware and DRF's dispatch, loads the
-session and the user (two of its six queries), builds model objects, decodes every JSON column, verifies
-the whole hash chain (canonical JSON and SHA-256 of every event) and encodes the body. A 10-event request
-costs about 6 ms, of which the queries are under 1 ms: the rest is roughly 16 000 Python function calls
-of framework code per request (cProfile), and each further event adds ≈ 65 µs. The fixed cost bounds the
-short runs and the per-event Python work the long ones; neither is about the database, which is why the
-query count is constant, every query uses an index (EXPLAIN above; steps and tools sort their few rows
-after the index lookup) and reads do not slow down with 100× more stored runs. Tried and kept: the body
-is built without DRF's per-field serializer dispatch (`audit/trace_render.py`, held equal to
-`TraceSerializer` by `tests/audit/test_trace_render.py`): 500 events 45 → 36 ms, 10 events 8 → 6 ms. Not done:
-caching verified chains (it would weaken what the summary proves) or serving the stored JSON text
-unparsed (a larger rewrite of the read model).
+session and the user, compiles eight ORM queries, verifies the whole hash chain and every bound row's
+digest, and encodes the body (≈ 520 kB for 500 events). Since issue 19 the read keeps what the recorder
+wrote as written: each event's hash is checked over its details **as stored** (the canonical JSON that
+was hashed; `audit.integrity.verify_chain` falls back to re-encoding the decoded value only when that
+does not match, so the verdict is the same), the body carries that text instead of encoding the details
+again (`audit.trace_render.TraceRenderer`), rows are read as values instead of model instances, and the
+JSON columns of stored rows skip a dumps/loads round trip in their digests. No cache: every read
+verifies every event and row. What is left of a 500-event read (parts timed one by one on the loaded
+machine, ≈ 28 ms in all): reading the rows through the ORM ≈ 12 ms (events 4.7, tools 3.6, steps 1.8,
+reasoning rows 1.4, log leaf 1.0; the floor reads the same rows in ≈ 4–5 ms), verification ≈ 8 ms (the
+row digests of 82 steps, 164 tools and 82 reasoning rows 5.9 — canonical JSON of each —, the chain 1.6,
+the ledger 0.6) and the body ≈ 4 ms; at 10 events it is the fixed cost of the stack (client, middleware,
+DRF, ≈ 0.2 ms of ORM compilation per query), about 6 ms against a floor under 1 ms, which bounds the
+short runs at ≈ 8–10× whatever the per-event work. The query count stays constant, every query uses an
+index (EXPLAIN above) and reads do not slow down with 100× more stored runs. Next levers, not done:
+storing each bound row's canonical text so that its digest is one SHA-256 (its columns still have to be
+compared with it on read, or only by `verify_audit`), and answering the trace with one raw SQL statement
+per table instead of the ORM.
 
 **B3.** One daphne process is one Python thread of CPU for everything: for every streamed chunk the SDK
 parses the SSE chunk, the runtime emits a delta, the channel layer fans it out and the consumer encodes
-and sends a WebSocket frame; each run besides makes 4 model calls through the SDK (several ms of CPU each
-for request building and response parsing), ~20 durable decisions and a knowledge search. With N chats
-streaming a chunk every 20 ms the process must forward 50·N chunks per second on top of that; at 5 chats
-the extra delay is p50 ≈ 1 ms, p99 ≈ 5 ms (see the per-level table), and from a few tens of chats on the
-process is saturated and chunks queue, which is what the percentiles at 50/100/200 show. Nothing is lost
-at any level: the audit is written before frames are published, and followers re-read the database when
-live frames lag. More chats per machine need more processes (several daphne workers share the database
-and, with `REDIS_URL`, the channel layer); the target of p99 ≤ 5 ms at 200 chats in one process is not
-reachable with this stack on this machine.
+and sends a WebSocket frame; each run besides makes 4 model calls through the SDK, ~20 durable
+decisions and a knowledge search. The B3 profile section below puts a run at ≈ 45–65 ms of CPU: the
+model SDK (request building and HTTP, chunk parsing) about 40 %, the recorder about 20 %, the event loop
+about 10 %, frames and the channel layer 6–25 %; knowledge search and the thread-pool hops are a few
+per cent. At 200 chats channels' in-memory layer swept every channel and group on each frame (O(chats)
+per frame, 64 % of the frame cost); `config.channel_layers.InMemoryChannelLayer` sweeps at most once a
+second (frames 16.8 → 6.2 ms, 64 → 54 ms CPU per run). With ≈ 50 ms of CPU per run and 200 runs
+starting at once, one core needs ≈ 10 s for the batch, so chunks queue for seconds: p99 ≤ 50 ms at 200
+chats would need ≈ 5 ms of CPU per run, which no single lever here gives; the largest remaining one is
+the SDK (a hand-written request and SSE parser for the one provider shape would remove most of its
+≈ 20 ms), then the recorder's ≈ 10 ms (an async write path). Nothing is lost at any level. More chats per
+machine need more processes (several daphne workers share the database and, with `REDIS_URL`, the
+channel layer).
 
 **B3, verified release.** Under the default release policy no chunk is forwarded to the reader, so the
 figure that matters is the wait between the answer's last token and the outcome: the evidence check (a
@@ -461,7 +512,8 @@ Trace endpoint, 500-event run, 20 reads (pyinstrument):
 
 `make bench` (or `.venv/bin/python -m bench`) starts MariaDB if needed (`scripts/mariadb.sh`), creates
 and migrates `diagnosis_bench`, runs B1–B6 and writes this page; `--quick` runs short repetitions (B2
-growth to 100 000 runs, B3 at 50 chats) without writing it; `--only b1,b4` runs a subset. The profiler
-is pyinstrument (pinned in `requirements-dev.txt`). `tests/bench/test_bench_smoke.py` runs the cheapest
-scenarios with tiny sizes in the test suite so that the bench cannot rot.
+growth to 100 000 runs, B3 at 50 chats) without writing it; `--only b1,b4` runs a subset; `--only b3p`
+profiles one daphne under 50 and 200 chats with py-spy and rewrites its section. The profilers are
+pyinstrument and py-spy (pinned in `requirements-dev.txt`). `tests/bench/test_bench_smoke.py` runs the
+cheapest scenarios with tiny sizes in the test suite so that the bench cannot rot.
 """

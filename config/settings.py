@@ -184,7 +184,14 @@ else:
             "OPTIONS": {"MAX_ENTRIES": 100_000},
         },
     }
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    # One process: channels' in-memory layer with its per-frame expiry sweep amortised
+    # (config/channel_layers.py).
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "config.channel_layers.InMemoryChannelLayer",
+            "CONFIG": {"sweep_interval": env.float("CHANNEL_LAYER_SWEEP_SECONDS", default=1.0)},
+        }
+    }
 
 # ---------------------------------------------------------------------------------------------------
 # Model provider (OpenAI-compatible, or the offline `demo` model)

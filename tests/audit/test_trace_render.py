@@ -9,7 +9,7 @@ from django.db import OperationalError, connection
 from audit.recorder import RunRecorder
 from audit.selectors import get_trace
 from audit.serializers import TraceSerializer
-from audit.trace_render import trace_data
+from audit.trace_render import TraceRenderer, trace_data, trace_json
 from diagnosis import services
 from diagnosis.models import RunStatus
 from diagnosis.selectors import get_visible_run
@@ -22,6 +22,13 @@ def _same(trace):
     fast = json.dumps(trace_data(trace), ensure_ascii=False)
     drf = json.dumps(TraceSerializer(trace).data, ensure_ascii=False)
     assert fast == drf
+    # The endpoint's body: the events' details as stored text, the timeline last; the same value.
+    body = trace_json(trace)
+    assert json.loads(body) == json.loads(drf)
+    assert TraceRenderer().render(trace) == body
+    assert "\u2028" not in body.decode() and "\u2029" not in body.decode()
+    indented = TraceRenderer().render(trace, "application/json; indent=2")
+    assert json.loads(indented) == json.loads(drf) and indented.startswith(b'{\n  "sessionId"')
 
 
 def test_complete_run_with_feedback(user, run):
@@ -90,4 +97,26 @@ def test_an_anchored_run_and_one_rewritten_after_anchoring(user, run, settings):
     trace = get_trace(run=run)
     assert not trace.summary.audit_complete and trace.summary.chain_valid and trace.summary.rows_verified
     assert any("differs from the anchored one (the run was rewritten)" in g for g in trace.summary.gaps)
+    _same(trace)
+
+
+def test_details_stored_in_another_spelling_render_as_their_value(run):
+    """Details with non-ASCII text are stored ASCII-escaped, a line separator is escaped as DRF does, and
+    details stored in a non-canonical spelling (an older writer) still verify and render as their value."""
+    from audit.models import TraceEvent
+
+    rec = RunRecorder.for_run(run)
+    rec.run_started()
+    rec.release(decision="BLOCKED", reason="原因\u2028next line")
+    rec.finish(status=RunStatus.SUCCESS, content="")
+    run.refresh_from_db()
+    trace = get_trace(run=run)
+    assert trace.summary.chain_valid
+    _same(trace)
+    first = TraceEvent.objects.get(run_id=run.run_id, sequence_no=1)
+    spaced = json.dumps(first.details, indent=1)  # the same value, another spelling
+    with connection.cursor() as cur:
+        cur.execute("UPDATE diagnosis_trace_event SET details = %s WHERE id = %s", [spaced, first.pk])
+    trace = get_trace(run=run)
+    assert trace.timeline[0].details_text == spaced and trace.summary.chain_valid
     _same(trace)

@@ -49,6 +49,46 @@ def test_a_tampered_event_fails_with_exit_code_1(user):
     assert _verify("--run", bad.run_id)[0] is False
 
 
+def _trace_read(run):
+    from audit.selectors import get_trace
+
+    return get_trace(run=DiagnosisRun.objects.get(pk=run.pk)).summary
+
+
+def test_an_edited_details_text_fails_the_trace_read_and_verify_audit(user):
+    """The trace read verifies each event's hash over its details as stored text first; an edit of that
+    text (still valid, canonical JSON) is caught there and by verify_audit, which recomputes from the
+    decoded value."""
+    run = make_recorded_run(user)
+    assert _trace_read(run).chain_valid
+    event = TraceEvent.objects.get(run_id=run.run_id, sequence_no=2)
+    with connection.cursor() as cur:
+        cur.execute("SELECT details FROM diagnosis_trace_event WHERE id = %s", [event.pk])
+        text = cur.fetchone()[0]
+        edited = text.replace("}", ',"zz":1}', 1) if text != "{}" else '{"zz":1}'
+        cur.execute("UPDATE diagnosis_trace_event SET details = %s WHERE id = %s", [edited, event.pk])
+    summary = _trace_read(run)
+    assert not summary.chain_valid and not summary.audit_complete
+    assert "hash chain: sequence 2: stored hash does not match its content" in summary.gaps
+    ok, out, _ = _verify("--run", run.run_id)
+    assert not ok and f"run={run.run_id} INVALID sequence 2: stored hash does not match its content" in out
+
+
+@pytest.mark.parametrize(
+    "field,value", [("status", "EDITED"), ("summary", "edited"), ("phase", "RELEASE"), ("session_id", "x")]
+)
+def test_an_edited_field_fails_the_trace_read_and_verify_audit(user, field, value):
+    """A field edited beside an untouched details text: the hash over the stored text no longer matches,
+    nor does the recomputation from the decoded value."""
+    run = make_recorded_run(user)
+    TraceEvent.objects.filter(run_id=run.run_id, sequence_no=4).update(**{field: value})
+    summary = _trace_read(run)
+    assert not summary.chain_valid
+    assert "hash chain: sequence 4: stored hash does not match its content" in summary.gaps
+    ok, out, _ = _verify("--run", run.run_id)
+    assert not ok and f"run={run.run_id} INVALID sequence 4: stored hash does not match its content" in out
+
+
 def test_a_deleted_event_is_a_gap_and_a_missing_write(user):
     run = make_recorded_run(user)
     TraceEvent.objects.filter(run_id=run.run_id, sequence_no=5).delete()

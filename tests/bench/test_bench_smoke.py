@@ -104,3 +104,59 @@ def test_aiops_scenario_with_fast_model_calls():
     rows = b7_aiops.run_all(runs_per_rep=1, reps=1, call_seconds=0.01, log=lambda *_: None)
     assert [r.bench for r in rows] == ["B7", "B7", "B7"]
     assert all(r.ratio.n == 1 for r in rows) and rows[-1].result.endswith("PUBLISHED")
+
+
+def test_b3_profile_categories_of_a_collapsed_profile():
+    """py-spy's collapsed stacks are put in the category that owns them (recorder, SDK, …) or, else, in
+    the first one found from the innermost frame outwards; the section renders."""
+    from collections import Counter
+
+    from bench import b3_profile
+
+    loop = "<module> (daphne:6);BaseEventLoop._run_once (asyncio/base_events.py:1922)"
+    raw = "\n".join(
+        [
+            f"{loop};RunRecorder._commit (audit/recorder/chain.py:120);dumps (json/__init__.py:231) 5",
+            f"{loop};Stream.__anext__ (openai/_streaming.py:40);BaseModel.construct (pydantic/main.py:1) 3",
+            f"{loop};AsyncAPIClient.request (openai/_base_client.py:1500);build (httpx2/_models.py:9) 2",
+            f"{loop};InMemoryChannelLayer._clean_expired (channels/layers.py:330) 4",
+            f"{loop};search (diagnosis/knowledge/search.py:10);sub (re/__init__.py:1) 1",
+            f"{loop} 1",
+        ]
+    )
+    per, _, total = b3_profile.categorise(raw)
+    assert total == 16
+    assert per == Counter(
+        {
+            "recorder (audit rows, chain, digests, encryption, its SQL)": 5,
+            "model SDK: stream (chunk) parsing": 3,
+            "model SDK: request building and HTTP": 2,
+            "frames, consumer and channel layer": 4,
+            "knowledge search": 1,
+            "event loop": 1,
+        }
+    )
+    evidence = {
+        ("draft", 50): {
+            "cpu_ms_per_run": 10.0,
+            "samples": total,
+            "categories": per,
+            "chats": 50,
+            "succeeded": 50,
+            "cpu_s": 0.5,
+            "wall_s": 1.0,
+        }
+    }
+    assert (
+        "| recorder (audit rows, chain, digests, encryption, its SQL) | 3.1 (31%) |"
+        in b3_profile.markdown(evidence)
+    )
+
+
+def test_b0_peer_shape_is_b1s_run():
+    """The peers record the run B1 records: 23 timeline events (as span events) in 12 spans."""
+    from bench import peer_shape
+
+    assert peer_shape.EVENTS_PER_RUN == workload.EVENTS_PER_RUN == 23
+    assert peer_shape.SPANS_PER_RUN == 12
+    assert [s["parent"] for s in peer_shape.spans(1)][:2] == [None, 0]
