@@ -3,7 +3,8 @@
 A token is shown once, in the response that issues it (`token`); lists show its prefix, name, times,
 state and whether it carries a TOTP verification, never its text or digest. Issuing needs a session
 (the admin login): a token cannot mint further tokens, so a stolen one cannot outlive its own expiry.
-The new token carries `otpVerified` when that session passed a TOTP check (`access.stepup`). Another
+The new token carries `otpVerified` when that session passed a TOTP check (`access.stepup`); a user who
+may read reasoning gets one only then while `REASONING_REQUIRE_OTP` is on (403 `otp_required`). Another
 user's token is 404, as if it did not exist.
 """
 
@@ -17,8 +18,8 @@ from rest_framework.views import APIView
 
 from access.models import ApiToken
 from access.selectors import tokens_of
-from access.services import MAX_TTL_HOURS, issue_token, revoke_token
-from access.stepup import session_verified
+from access.services import MAX_TTL_HOURS, TokenNeedsOtp, issue_token, revoke_token
+from access.stepup import OTP_REQUIRED, session_verified
 from config.api import error_responses
 
 
@@ -68,7 +69,7 @@ class ApiTokensApi(APIView):
 
     @extend_schema(
         operation_id="issue_api_token",
-        summary="Issue an API token (session only; shown once)",
+        summary="Issue an API token (session only; shown once; auditors: TOTP-verified session)",
         request=InputSerializer,
         responses={201: IssuedTokenSerializer, **error_responses(400, 401, 403)},
         tags=["auth"],
@@ -78,13 +79,16 @@ class ApiTokensApi(APIView):
             raise PermissionDenied("Tokens are issued to a logged-in session, not to another token.")
         body = self.InputSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        issued = issue_token(
-            user=request.user,
-            actor=request.user.get_username(),
-            ttl_hours=body.validated_data.get("ttlHours"),
-            name=body.validated_data["name"],
-            otp_verified=session_verified(request),
-        )
+        try:
+            issued = issue_token(
+                user=request.user,
+                actor=request.user.get_username(),
+                ttl_hours=body.validated_data.get("ttlHours"),
+                name=body.validated_data["name"],
+                otp_verified=session_verified(request),
+            )
+        except TokenNeedsOtp as exc:
+            raise PermissionDenied(str(exc), code=OTP_REQUIRED) from exc
         data = ApiTokenSerializer(issued.token).data
         data["token"] = issued.plaintext
         return Response(data, status=status.HTTP_201_CREATED)

@@ -30,7 +30,14 @@ from reasoning.models import REASONING_PERMISSION, ReasoningAccessLog
 
 DEFAULT_DAYS = 90
 HOLD_PERMISSION = "audit.place_legal_hold"
-_LOSSES = (T.GROUP_MEMBER_REMOVED, T.PERMISSION_REVOKED, T.SUPERUSER_REVOKED, T.USER_DEACTIVATED)
+_LOSSES = (
+    T.GROUP_MEMBER_REMOVED,
+    T.PERMISSION_REVOKED,
+    T.SUPERUSER_REVOKED,
+    T.USER_DEACTIVATED,
+    T.GROUP_DELETED,
+    T.USER_DELETED,
+)
 
 
 @dataclass(slots=True)
@@ -98,6 +105,13 @@ def _lost_in_period(permission: str, since: dt.datetime) -> set[str]:
     for event in events.iterator():
         if event.event_type == T.GROUP_MEMBER_REMOVED:
             if permission in event.details.get("sensitivePermissions", ()):
+                lost.add(event.subject_user)
+        elif event.event_type == T.GROUP_DELETED:
+            if permission in event.details.get("sensitivePermissions", ()):
+                lost.update(event.details.get("members", ()))
+        elif event.event_type == T.USER_DELETED:
+            held = event.details.get("sensitivePermissions", ())
+            if event.details.get("superuser") or permission in held:
                 lost.add(event.subject_user)
         elif event.event_type == T.PERMISSION_REVOKED:
             if event.permission != permission:

@@ -52,6 +52,55 @@ def is_sensitive(permission: Permission) -> bool:
     return permission_name(permission) in sensitive_permissions()
 
 
+def governed_group_names() -> list[str]:
+    """Groups whose membership is always recorded (`GOVERNED_GROUPS`), existing yet or not."""
+    return list(getattr(settings, "GOVERNED_GROUPS", []))
+
+
+def is_governed_group(group: Group, granted: list[str] | None = None) -> bool:
+    """A group named in `GOVERNED_GROUPS` or holding a sensitive permission (`granted`: its sensitive
+    permissions when the caller has them already)."""
+    if group.name in governed_group_names():
+        return True
+    return bool(sensitive_permissions_of_group(group) if granted is None else granted)
+
+
+def sensitive_rights_of_user(user) -> dict:
+    """What sensitive rights `user` holds now: superuser and staff flags, sensitive permissions held
+    directly or through a group, and membership of governed groups. Empty values: none."""
+    direct = sorted(
+        permission_name(p)
+        for p in user.user_permissions.select_related("content_type").filter(sensitive_permission_filter())
+    )
+    via_groups = sorted(
+        {
+            permission_name(p)
+            for p in Permission.objects.select_related("content_type")
+            .filter(sensitive_permission_filter())
+            .filter(group__user=user)
+        }
+    )
+    governed = governed_group_names()
+    groups = sorted(
+        user.groups.filter(
+            Q(name__in=governed) | Q(permissions__in=Permission.objects.filter(sensitive_permission_filter()))
+        )
+        .values_list("name", flat=True)
+        .distinct()
+    )
+    return {
+        "superuser": bool(user.is_superuser),
+        "staff": bool(user.is_staff),
+        "sensitivePermissions": sorted(set(direct) | set(via_groups)),
+        "directPermissions": direct,
+        "groups": groups,
+    }
+
+
+def holds_sensitive_rights(rights: dict) -> bool:
+    return bool(rights["superuser"] or rights["staff"] or rights["sensitivePermissions"] or rights["groups"])
+
+
 def sensitive_permissions_of_group(group: Group) -> list[str]:
     """The sensitive permissions a group grants (a group holding one is a sensitive group)."""
     return sorted(

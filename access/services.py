@@ -13,6 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from access.models import ApiToken
+from access.stepup import ISSUE_OTP_MESSAGE, token_needs_otp
 from access.tokens import digest_of, new_token, prefix_of
 from audit.models import GovernanceEventType
 from audit.recorder import record_governance_event
@@ -20,6 +21,13 @@ from audit.recorder import record_governance_event
 logger = logging.getLogger(__name__)
 
 MAX_TTL_HOURS = 24 * 366
+
+
+class TokenNeedsOtp(PermissionError):
+    """The user may read reasoning and `REASONING_REQUIRE_OTP` is on: no token without a TOTP check."""
+
+    def __init__(self, message: str = ISSUE_OTP_MESSAGE) -> None:
+        super().__init__(message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,10 +42,15 @@ def issue_token(
     *, user, actor: str = "", ttl_hours: float | None = None, name: str = "", otp_verified: bool = False
 ) -> IssuedToken:
     """Issue a token to `user`, valid for `ttl_hours` (default `API_TOKEN_TTL_HOURS`; at most a year).
-    `otp_verified` is set only by callers that have just seen the user pass a TOTP check."""
+    `otp_verified` is set only by callers that have just seen the user pass a TOTP check; without it a
+    user who may read reasoning gets no token while `REASONING_REQUIRE_OTP` is on (`TokenNeedsOtp`,
+    `access.stepup.token_needs_otp`)."""
     hours = settings.API_TOKEN_TTL_HOURS if ttl_hours is None else ttl_hours
     if not 0 < hours <= MAX_TTL_HOURS:
         raise ValueError(f"ttl_hours must be in (0, {MAX_TTL_HOURS}]")
+    if not otp_verified and token_needs_otp(user):
+        logger.info("api token refused user=%s: may read reasoning, no TOTP check", user.pk)
+        raise TokenNeedsOtp()
     plaintext = new_token()
     now = timezone.now()
     with transaction.atomic():

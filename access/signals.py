@@ -1,8 +1,13 @@
 """Governance events from signals: every change to who may do what that the ORM can see.
 
-* group membership (`User.groups`, from either side) of a group that grants a sensitive permission
-  (`SENSITIVE_PERMISSIONS`; "Reasoning Auditors", and any other group given one) — one event per user
+* group membership (`User.groups`, from either side) of a governed group: one named in
+  `GOVERNED_GROUPS` ("Reasoning Auditors", "Approvers", "Reviewers", "Staff viewers", whether they exist
+  yet or not) or one that grants a sensitive permission (`SENSITIVE_PERMISSIONS`) — one event per user
   and group;
+* a governed group deleted (`GROUP_DELETED`, with its members and sensitive permissions), and a user who
+  held sensitive rights deleted (`USER_DELETED`: superuser or staff, a sensitive permission directly or
+  through a group, membership of a governed group; with what they held) — Django removes their
+  memberships without `m2m_changed`, so `pre_delete` records them;
 * sensitive permissions granted to or taken from a user (`User.user_permissions`) or a group
   (`Group.permissions`) — one event per permission and user or group;
 * the superuser, staff and active flags of a user (a new superuser included);
@@ -22,12 +27,19 @@ from axes.signals import user_locked_out
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
-from django.db.models.signals import m2m_changed, post_delete, post_save, pre_save
+from django.db.models.signals import m2m_changed, post_delete, post_save, pre_delete, pre_save
 from django.dispatch import receiver
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from access.middleware import current_actor
-from access.selectors import is_sensitive, permission_name, sensitive_permissions_of_group
+from access.selectors import (
+    holds_sensitive_rights,
+    is_governed_group,
+    is_sensitive,
+    permission_name,
+    sensitive_permissions_of_group,
+    sensitive_rights_of_user,
+)
 from audit.models import GovernanceEventType as T
 from audit.recorder import record_governance_event
 
@@ -66,7 +78,7 @@ def group_membership(sender, instance, action, reverse, model, pk_set, **kwargs)
         pairs = [(instance, group) for group in Group.objects.filter(pk__in=pk_set or ())]
     for user, group in pairs:
         granted = sensitive_permissions_of_group(group)
-        if not granted:
+        if not is_governed_group(group, granted):
             continue
         _record(
             event_type=T.GROUP_MEMBER_ADDED if added else T.GROUP_MEMBER_REMOVED,
@@ -74,6 +86,31 @@ def group_membership(sender, instance, action, reverse, model, pk_set, **kwargs)
             group=group.name,
             details={"userId": user.pk, "groupId": group.pk, "sensitivePermissions": granted},
         )
+
+
+@receiver(pre_delete, sender=Group, dispatch_uid="access.group_deleted")
+def group_deleted(sender, instance, **kwargs) -> None:
+    granted = sensitive_permissions_of_group(instance)
+    if not is_governed_group(instance, granted):
+        return
+    members = list(instance.user_set.order_by("username").values_list("username", flat=True))
+    _record(
+        event_type=T.GROUP_DELETED,
+        group=instance.name,
+        details={"groupId": instance.pk, "members": members, "sensitivePermissions": granted},
+    )
+
+
+@receiver(pre_delete, sender=User, dispatch_uid="access.user_deleted")
+def user_deleted(sender, instance, **kwargs) -> None:
+    rights = sensitive_rights_of_user(instance)
+    if not holds_sensitive_rights(rights):
+        return
+    _record(
+        event_type=T.USER_DELETED,
+        subject_user=instance.get_username(),
+        details={"userId": instance.pk, **rights},
+    )
 
 
 # --------------------------------------------------------------------------------------------------

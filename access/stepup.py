@@ -9,6 +9,12 @@ reasoning on a password alone:
   check (`request.user.is_verified()`; the admin's *Verify second factor* page, `access.views`).
 
 With `REASONING_REQUIRE_OTP` off (the default in DEBUG/development and tests) every request satisfies it.
+
+`token_needs_otp(user)` is the rule for issuing tokens: with `REASONING_REQUIRE_OTP` on, a user who may
+read reasoning (`reasoning.view_reasoning_content` directly or through a group; superusers hold every
+permission) gets an API token only after a TOTP check, and the token carries that fact (`otp_verified`):
+`access.services.issue_token` refuses otherwise, so every way of issuing one (the API, `manage.py
+issue_token`) obeys it.
 """
 
 from __future__ import annotations
@@ -16,8 +22,14 @@ from __future__ import annotations
 from django.conf import settings
 
 from access.models import ApiToken
+from reasoning.models import REASONING_PERMISSION
 
 OTP_REQUIRED = "otp_required"
+ISSUE_OTP_MESSAGE = (
+    "This user may read reasoning: a token for them is issued only after a TOTP check. Verify a TOTP "
+    "code for this session (/admin/verify-otp/) and issue it again, or use manage.py issue_token USER "
+    "--otp CODE."
+)
 OTP_MESSAGE = (
     "Reading reasoning requires a verified second factor: verify a TOTP code for this session, or use "
     "an API token issued after TOTP verification (manage.py issue_token USER --otp CODE)."
@@ -44,3 +56,8 @@ def session_verified(request) -> bool:
     user = getattr(request, "user", None)
     is_verified = getattr(user, "is_verified", None)
     return bool(callable(is_verified) and is_verified())
+
+
+def token_needs_otp(user) -> bool:
+    """Whether a token for `user` may be issued only after a TOTP check (see the module docstring)."""
+    return otp_required() and bool(user.is_active and user.has_perm(REASONING_PERMISSION))

@@ -155,12 +155,21 @@ class CheckpointAdmin(ReadOnlyAdmin):
 
 @admin.register(LogLeaf)
 class LogLeafAdmin(ReadOnlyAdmin):
-    """The log's leaves: which run sits at which index, and what its leaf commits to."""
+    """The log's leaves: which run (or which governance chain head) sits at which index, and what its
+    leaf commits to."""
 
-    list_display = ("leaf_index", "run_id", "session_id", "appended_at")
+    list_display = ("leaf_index", "run_id", "governance_sequence_no", "session_id", "appended_at")
     search_fields = ("=run_id", "=session_id")
     ordering = ("-leaf_index",)
-    readonly_fields = ("leaf_index", "run_id", "session_id", "leaf_hash", "data", "appended_at")
+    readonly_fields = (
+        "leaf_index",
+        "run_id",
+        "governance_sequence_no",
+        "session_id",
+        "leaf_hash",
+        "data",
+        "appended_at",
+    )
 
 
 class LegalHoldForm(forms.ModelForm):

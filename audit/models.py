@@ -319,16 +319,20 @@ class LogHead(models.Model):
 
 
 class LogLeaf(models.Model):
-    """One leaf of the log: a finished run's chain head and terminal digest (`audit_log_leaf`).
+    """One leaf of the log (`audit_log_leaf`): a finished run's chain head and terminal digest, or the
+    head of the governance chain (`GovernanceEvent`) when a checkpoint anchored it.
 
-    `data` is the canonical JSON the leaf hash commits to (`audit.transparency.leafdata`), `leaf_hash`
-    its RFC 9162 leaf hash (hex). Append-only: written by `audit.transparency.log` under the head's lock,
-    never updated or deleted (a purged run keeps its leaf; `RunTombstone` says it was purged).
+    A run's leaf has `run_id` (unique) and `session_id`; a governance leaf has no run (`run_id` NULL) and
+    `governance_sequence_no`, the sequence number of the anchored head (unique). `data` is the canonical
+    JSON the leaf hash commits to (`audit.transparency.leafdata`), `leaf_hash` its RFC 9162 leaf hash
+    (hex). Append-only: written by `audit.transparency.log` under the head's lock, never updated or
+    deleted (a purged run keeps its leaf; `RunTombstone` says it was purged).
     """
 
     leaf_index = models.BigIntegerField(unique=True)
-    run_id = models.CharField(max_length=64, unique=True)
-    session_id = models.CharField(max_length=64)
+    run_id = models.CharField(max_length=64, unique=True, null=True, blank=True)
+    session_id = models.CharField(max_length=64, blank=True, default="")
+    governance_sequence_no = models.PositiveIntegerField(unique=True, null=True, blank=True)
     leaf_hash = models.CharField(max_length=64)
     data = models.TextField()
     appended_at = models.DateTimeField()
@@ -338,6 +342,8 @@ class LogLeaf(models.Model):
         ordering = ["leaf_index"]
 
     def __str__(self) -> str:
+        if self.run_id is None:
+            return f"leaf {self.leaf_index} (governance event {self.governance_sequence_no})"
         return f"leaf {self.leaf_index} ({self.run_id})"
 
 
@@ -480,6 +486,8 @@ class GovernanceEventType(models.TextChoices):
     AUDIT_RUNS_PURGED = "AUDIT_RUNS_PURGED"
     REASONING_ROWS_PURGED = "REASONING_ROWS_PURGED"
     REASONING_KEYS_ROTATED = "REASONING_KEYS_ROTATED"
+    GROUP_DELETED = "GROUP_DELETED"
+    USER_DELETED = "USER_DELETED"
 
 
 class GovernanceEvent(models.Model):

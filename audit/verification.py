@@ -9,7 +9,8 @@ attempted (older runs without counts in their chain: the run's `expected_*` colu
 write failed; and, for a run in the transparency log, that its stored chain still has the head its leaf
 anchored (`audit.transparency.verify.check_anchor`; a finished run not yet anchored is a note). The log
 itself (leaves, nodes, checkpoints, runs deleted whole) is checked by `audit.transparency.verify`; the
-global governance chain of access changes by `verify_governance`.
+global governance chain of access changes by `verify_governance`, which also checks every anchor of that
+chain's head in the transparency log.
 Problems are worded without content (ids, sequence numbers, counts only). Reasoning rows are read as
 stored (ciphertext), never decrypted. Every run's stored list facts (`persisted_*`, `audit_complete`) are
 recomputed by the rule of `audit.facts` and any disagreement is a problem (`facts`), so that the flag
@@ -27,9 +28,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.db.models import Max
+
 from audit.binding import verify_rows
 from audit.facts import annotate_recomputed, disagreements, refresh_run_facts
-from audit.integrity import GENESIS_HASH, verify_chain
+from audit.integrity import GENESIS_HASH, timestamp, verify_chain
 from audit.models import (
     AgentStep,
     Checkpoint,
@@ -44,6 +47,7 @@ from audit.models import (
 from audit.recorder.governance import governance_hash
 from audit.retention import tombstone_problems
 from audit.rowdigest import stored_reasoning_rows
+from audit.transparency import leafdata
 from audit.transparency.verify import check_anchor, leaves_of
 from diagnosis.models import DiagnosisRun
 from pricing.costs import cost_disagreements, load_price_book, price_of_run, refresh_run_costs
@@ -225,9 +229,14 @@ def refresh_facts(results: list[RunVerification]) -> int:
 
 def verify_governance(*, batch_size: int = 1000) -> tuple[int, list[str]]:
     """(events checked, problems) of the whole governance chain: sequence numbers 1..n without gap or
-    repeat, each `prev_hash` the previous event's hash, each hash recomputed from the stored fields.
-    Problems name sequence numbers only. Reads `batch_size` events at a time."""
+    repeat, each `prev_hash` the previous event's hash, each hash recomputed from the stored fields, and
+    every anchor of the chain's head in the transparency log (a governance leaf: the event it names must
+    still exist with the hash and time the leaf committed to, so a chain rewritten and re-hashed after a
+    checkpoint anchored it is named, as is one cut below an anchor). That the leaves themselves are
+    the signed ones is `audit.transparency.verify.verify_log`'s check. Problems name sequence numbers and
+    leaf indexes only. Reads `batch_size` events at a time."""
     problems: list[str] = []
+    anchors = governance_anchors()
     expected, prev, checked, last_seen = 1, GENESIS_HASH, 0, 0
     while True:
         batch = list(
@@ -244,5 +253,46 @@ def verify_governance(*, batch_size: int = 1000) -> tuple[int, list[str]]:
                 problems.append(f"governance event {seq}: prev_hash does not match the previous event's hash")
             if governance_hash(event) != event.hash:
                 problems.append(f"governance event {seq}: stored hash does not match its content")
+            for leaf_index, fields in anchors.pop(seq, ()):
+                if fields is None:
+                    problems.append(f"log leaf {leaf_index}: not a canonical governance leaf")
+                elif fields["chainHead"] != event.hash or fields["lastEventAt"] != timestamp(
+                    event.created_at
+                ):
+                    problems.append(
+                        f"governance event {seq}: differs from the head anchored in the transparency log "
+                        f"(leaf {leaf_index}): the chain was rewritten after it was anchored"
+                    )
             prev, expected, last_seen = event.hash, seq + 1, seq
+    for seq, leaves in sorted(anchors.items()):
+        for leaf_index, _ in leaves:
+            problems.append(
+                f"governance event {seq}: anchored in the transparency log (leaf {leaf_index}) but missing "
+                "from the chain"
+            )
     return checked, problems
+
+
+def governance_anchors() -> dict[int, list[tuple[int, dict[str, Any] | None]]]:
+    """The governance leaves of the transparency log: sequence number → [(leaf index, decoded fields or
+    None when the data is not a canonical governance leaf)]. One per checkpoint that found the chain grown."""
+    anchors: dict[int, list[tuple[int, dict[str, Any] | None]]] = defaultdict(list)
+    rows = (
+        LogLeaf.objects.filter(governance_sequence_no__isnull=False)
+        .order_by("leaf_index")
+        .values_list("leaf_index", "governance_sequence_no", "data")
+    )
+    for leaf_index, seq, data in rows:
+        try:
+            fields = leafdata.decode_governance(data)
+        except ValueError:
+            fields = None
+        if fields is not None and fields["lastSequenceNo"] != seq:
+            fields = None
+        anchors[seq].append((leaf_index, fields))
+    return dict(anchors)
+
+
+def newest_governance_anchor() -> int:
+    """The sequence number of the newest anchored governance event (0: none anchored yet)."""
+    return LogLeaf.objects.aggregate(at=Max("governance_sequence_no"))["at"] or 0

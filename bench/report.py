@@ -222,14 +222,36 @@ outcome. Overhead: wall time − the model time the runtime measured itself − 
 
 {_md_table(rows)}
 
-Outside the models and tools an analysis spends its time in about 22 durable decisions (the AI Ops run
-records a plan decision and three tool calls at start and end besides what a chat records), the claim,
-the self-evaluation (computed from the run's own record) and the hand-over from one analysis to the
-next, and the openai SDK's own work outside the measured call (building each request from a conversation
-that grows with the tool results, parsing the stream): a pyinstrument profile of one worker puts that
-SDK work at the largest share of the event loop's CPU. The figure is taken on this shared 2-core machine
-with the database's durable commit (`innodb_flush_log_at_trx_commit=1`); each durable decision is one
-commit.
+Outside the models and tools an analysis spends its time in about 22 durable decisions, each one commit
+(the AI Ops run records a plan decision and two tool calls at start and end besides what a chat records;
+`innodb_flush_log_at_trx_commit=1`), the ping of a pool connection that was idle through a model call,
+and the CPU of the pool thread that writes (canonical JSON, hashing, reasoning encryption). The openai SDK's
+own request building and stream parsing, the largest share of the event loop's CPU in a pyinstrument
+profile, lies inside the model time the runtime measures (from before the request to the last chunk).
+What the profile of issue 15's target found and the worker now avoids (`diagnosis/runtime/worker.py`,
+`audit/facts.py`):
+
+* **The hand-over**: the claim's transaction and the next run's first records (RUN_STARTED, the routing
+  decision) sat between one analysis and the next. A run now says when its last model call is made; the
+  worker claims its next run then and launches it behind a gate that its first model call waits on, so
+  both overlap the end of the run before (no more runs call models at once than the worker's slots).
+* **The terminal write's stored-facts UPDATE** was compiled by the ORM at every run's finish (several ms
+  of CPU); it is compiled once per database.
+
+Measured and left: the runtime's database pool (`ThreadPoolExecutor`) hands each job to the thread idle
+longest, so most decisions pay a ping round trip first (12.5 per analysis); a pool handing jobs to the most
+recently idle thread saved about two of them, but changed the order in which parallel tool starts reach
+the recorder, and was reverted.
+
+Every decision is still durable before the next, fenced by the lease epoch and bound into the chain; the
+audit stays fail-open. The machine is shared (2 cores, other helpers' benches and test suites running at
+load 2–8), so the share moves with the load more than with the code: before (main) and after these
+changes, alternated run by run on 2026-12-01, measured 5.32 % / 3.84 % (72 / 51 ms per analysis, load ≈ 3),
+6.61 % / 5.61 %, 9.85 % / 7.60 %, 8.88 % / 7.14 % (load 4–8), and once 5.72 % / 7.55 % (load rising during
+the second run). Before these changes, at the calmest moment of the day, main measured 4.38 % (58 ms).
+Per analysis the database pool spends about 12 ms of CPU and waits for about 22 commits and 12 pings;
+what is left outside the model and tool time is those round trips to a database on a loaded machine. (The
+side-by-side figures above include the reverted pool change.)
 {B7_END}"""
 
 

@@ -294,6 +294,12 @@ SENSITIVE_PERMISSIONS = env.list(
 )
 # The review queue (audit.reviews): how long a reviewer's claim on a queued run keeps others off it.
 REVIEW_CLAIM_MINUTES = env.float("REVIEW_CLAIM_MINUTES", default=30.0)
+# Groups whose membership the governance log always records, whether or not they hold a sensitive
+# permission (yet) or exist (yet); any other group is followed the moment it holds a sensitive permission.
+GOVERNED_GROUPS = env.list(
+    "GOVERNED_GROUPS",
+    default=["Reasoning Auditors", "Approvers", "Reviewers", "Staff viewers"],
+)
 # django-axes: failed logins and failed token authentications, counted per username and per client
 # address (access.lockout.lockout_parameters); at the limit both are refused until the cool-off ends.
 AXES_ENABLED = env.bool("AXES_ENABLED", default=True)

@@ -13,6 +13,15 @@ through their digests to every row those events bind; `runDigest` and `finishedA
 the leaf says what it anchors without the chain. Everything is read from the chain itself, never from
 mutable run columns, so the leaf can be recomputed by anyone holding the events. Events appended after
 the anchored head may only be governance events (reasoning purged or re-encrypted), which chain from it.
+
+A governance leaf anchors the head of the global governance chain (`audit.models.GovernanceEvent`) as a
+checkpoint found it:
+
+    {"kind": "governance", "chainHead": <hash of the governance event anchored>,
+     "lastSequenceNo": <its sequence number>, "lastEventAt": <its createdAt as hashed in the chain>}
+
+The chain head commits to every governance event up to it, so a governance chain rewritten and
+re-hashed after a checkpoint anchored it no longer ends in that hash at that sequence number.
 """
 
 from __future__ import annotations
@@ -26,8 +35,10 @@ from audit.integrity import GENESIS_HASH, timestamp
 from audit.transparency.note import canonical
 
 KIND_RUN = "run"
+KIND_GOVERNANCE = "governance"
 RUN_FINISHED = "RUN_FINISHED"
 FIELDS = ("kind", "runId", "sessionId", "chainHead", "lastSequenceNo", "runDigest", "finishedAt")
+GOVERNANCE_FIELDS = ("kind", "chainHead", "lastSequenceNo", "lastEventAt")
 
 
 class Event(Protocol):
@@ -81,6 +92,18 @@ def leaf_fields(
     }
 
 
+def governance_fields(
+    *, head_hash: str, head_sequence_no: int, created_at: dt.datetime | str
+) -> dict[str, Any]:
+    """The leaf fields anchoring the governance chain's head (its last event's hash, number and time)."""
+    return {
+        "kind": KIND_GOVERNANCE,
+        "chainHead": head_hash,
+        "lastSequenceNo": int(head_sequence_no),
+        "lastEventAt": _time(created_at),
+    }
+
+
 def encode(fields: dict[str, Any]) -> bytes:
     return canonical(fields).encode("utf-8")
 
@@ -93,6 +116,19 @@ def decode(data: str | bytes) -> dict[str, Any]:
         raise ValueError("leaf data does not have exactly the leaf fields")
     if fields["kind"] != KIND_RUN:
         raise ValueError(f"unknown leaf kind {fields['kind']!r}")
+    if canonical(fields) != text:
+        raise ValueError("leaf data is not in canonical form")
+    return fields
+
+
+def decode_governance(data: str | bytes) -> dict[str, Any]:
+    """The fields of a stored governance leaf; ValueError unless it is exactly a canonical one."""
+    text = data.decode("utf-8") if isinstance(data, bytes) else data
+    fields = json.loads(text)
+    if not isinstance(fields, dict) or tuple(sorted(fields)) != tuple(sorted(GOVERNANCE_FIELDS)):
+        raise ValueError("leaf data does not have exactly the governance leaf fields")
+    if fields["kind"] != KIND_GOVERNANCE:
+        raise ValueError(f"not a governance leaf: kind {fields['kind']!r}")
     if canonical(fields) != text:
         raise ValueError("leaf data is not in canonical form")
     return fields

@@ -9,8 +9,10 @@ and every `AUDIT_CHECKPOINT_INTERVAL_SECONDS` in each server process).
 2. find finished runs (SUCCESS, FAILED, CANCELLED) without a leaf, oldest finish first, with each run's
    chain head and last RUN_FINISHED read in the same query (correlated subqueries on the unique
    `(run_id, sequence_no)` index); only runs created at or after the head's `scan_from` are searched;
-3. append their leaves (`audit.transparency.leafdata`) and the complete subtrees they complete, starting
-   from the stored right edge of the tree (O(log n) rows read);
+3. append their leaves (`audit.transparency.leafdata`), then — when the governance chain
+   (`audit.models.GovernanceEvent`) has grown since it was last anchored — one governance leaf anchoring
+   its head, and the complete subtrees they complete, starting from the stored right edge of the tree
+   (O(log n) rows read);
 4. sign a checkpoint of the new size with the newest key, naming the previous checkpoint's hash, and
    store it; then commit. Every stored leaf is therefore covered by a checkpoint signed in the
    transaction that stored it.
@@ -35,11 +37,11 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, JSONField, Min, OuterRef, Subquery
+from django.db.models import Exists, JSONField, Max, Min, OuterRef, Subquery
 from django.utils import timezone
 
 from audit.integrity import timestamp
-from audit.models import Checkpoint, EventType, LogHead, LogLeaf, LogNode, TraceEvent
+from audit.models import Checkpoint, EventType, GovernanceEvent, LogHead, LogLeaf, LogNode, TraceEvent
 from audit.transparency import keys, leafdata, merkle, note, store
 from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun
 
@@ -51,11 +53,14 @@ SCAN_GRACE = dt.timedelta(minutes=10)
 
 @dataclass(frozen=True, slots=True)
 class CheckpointResult:
-    """What one `checkpoint()` call did: leaves appended, checkpoints signed (oldest first), the size."""
+    """What one `checkpoint()` call did: run leaves appended, checkpoints signed (oldest first), the size,
+    and the sequence number of the governance event it anchored (None: the governance chain had not
+    grown since its last anchor)."""
 
     appended: int
     checkpoints: list[Checkpoint]
     tree_size: int
+    governance_anchored: int | None = None
 
     @property
     def newest(self) -> Checkpoint | None:
@@ -77,10 +82,11 @@ def checkpoint(
     *, now: dt.datetime | None = None, full_scan: bool = False, batch_size: int = APPEND_BATCH
 ) -> CheckpointResult:
     """Append every finished run not yet in the log and sign a checkpoint per batch (see the module
-    docstring). Signs nothing when no run is waiting. Raises `keys.SigningKeysMissing` without keys."""
+    docstring). Signs nothing when no run is waiting and the governance chain has not grown. Raises
+    `keys.SigningKeysMissing` without keys."""
     keys.current_key()  # fail before taking the lock when nothing could be signed
     ensure_head()
-    appended, signed = 0, []
+    appended, signed, governance = 0, [], None
     done = False
     while not done:
         with transaction.atomic():
@@ -88,16 +94,36 @@ def checkpoint(
             stamp = now or timezone.now()
             scan_from = None if full_scan else head.scan_from
             runs = _waiting_runs(scan_from, batch_size)
-            if runs:
-                appended += _append(head, runs, stamp)
-                signed.append(_sign(head, stamp))
             if len(runs) < batch_size:
-                _advance_scan(head, scan_from, stamp)
                 done = True
+            # The governance head is anchored once per call, with the last batch of runs.
+            gov_head = _unanchored_governance_head() if done else None
+            if runs or gov_head:
+                appended += _append(head, runs, stamp, gov_head)
+                signed.append(_sign(head, stamp))
+                if gov_head:
+                    governance = gov_head[0]
+            if done:
+                _advance_scan(head, scan_from, stamp)
     for cp in signed:
         _witness(cp)
     tree_size = LogHead.objects.values_list("tree_size", flat=True).get(pk=1)
-    return CheckpointResult(appended=appended, checkpoints=signed, tree_size=tree_size)
+    return CheckpointResult(
+        appended=appended, checkpoints=signed, tree_size=tree_size, governance_anchored=governance
+    )
+
+
+def _unanchored_governance_head() -> tuple[int, str, dt.datetime] | None:
+    """(sequence_no, hash, created_at) of the governance chain's head when no leaf anchors it yet."""
+    last = (
+        GovernanceEvent.objects.order_by("-sequence_no")
+        .values_list("sequence_no", "hash", "created_at")
+        .first()
+    )
+    if last is None:
+        return None
+    anchored = LogLeaf.objects.aggregate(at=Max("governance_sequence_no"))["at"] or 0
+    return last if last[0] > anchored else None
 
 
 def _waiting_runs(scan_from: dt.datetime | None, limit: int) -> list[DiagnosisRun]:
@@ -122,7 +148,13 @@ def _waiting_runs(scan_from: dt.datetime | None, limit: int) -> list[DiagnosisRu
     )
 
 
-def _append(head: LogHead, runs: list[DiagnosisRun], now: dt.datetime) -> int:
+def _append(
+    head: LogHead,
+    runs: list[DiagnosisRun],
+    now: dt.datetime,
+    governance: tuple[int, str, dt.datetime] | None = None,
+) -> int:
+    """Append the runs' leaves, then the governance head's (if any); returns how many runs."""
     edge = store.frontier(head.tree_size)
     leaves, nodes = [], []
     for run in runs:
@@ -148,6 +180,27 @@ def _append(head: LogHead, runs: list[DiagnosisRun], now: dt.datetime) -> int:
                 appended_at=now,
             )
         )
+    if governance is not None:
+        sequence_no, head_hash, created_at = governance
+        data = leafdata.encode(
+            leafdata.governance_fields(
+                head_hash=head_hash, head_sequence_no=sequence_no, created_at=created_at
+            )
+        )
+        leaf = merkle.leaf_hash(data)
+        index = edge.size
+        nodes.extend(edge.append(leaf))
+        leaves.append(
+            LogLeaf(
+                leaf_index=index,
+                run_id=None,
+                session_id="",
+                governance_sequence_no=sequence_no,
+                leaf_hash=leaf.hex(),
+                data=data.decode("utf-8"),
+                appended_at=now,
+            )
+        )
     LogLeaf.objects.bulk_create(leaves, batch_size=500)
     LogNode.objects.bulk_create(
         [LogNode(level=level, node_index=index, hash=h.hex()) for level, index, h in nodes], batch_size=500
@@ -156,7 +209,7 @@ def _append(head: LogHead, runs: list[DiagnosisRun], now: dt.datetime) -> int:
     head.root_hash = edge.root().hex()
     head.updated_at = now
     head.save(update_fields=["tree_size", "root_hash", "updated_at"])
-    return len(leaves)
+    return len(runs)
 
 
 def _details(value):

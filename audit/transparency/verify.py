@@ -13,8 +13,9 @@
   is in addition checked with the consistency proof the API serves;
 * no leaf is stored beyond the newest checkpoint (the writer signs in the transaction that appends) and
   none is missing below it (a truncated log), and the head row agrees;
-* every anchored run still exists: a leaf whose run row is gone is named (deleting a whole run is
-  detected), unless a tombstone says retention purged it, which is accepted only when the purge came
+* every anchored run still exists (governance leaves anchor no run: `audit.verification.verify_governance`
+  checks them against the governance chain): a leaf whose run row is gone is named (deleting a whole run
+  is detected), unless a tombstone says retention purged it, which is accepted only when the purge came
   after the run's anchored finish plus `AUDIT_RETENTION_DAYS` and while no legal hold covered it;
 * optionally, every checkpoint of a witness file (the copy kept outside the database) verifies and is
   in the database unchanged, or its root still matches the stored leaves: a log truncated together with
@@ -222,7 +223,8 @@ def verify_log(*, witness: Sequence[WitnessEntry] = (), batch_size: int = LEAF_B
                     frontier.append(merkle.EMPTY_ROOT)
             computed = merkle.leaf_hash(data.encode("utf-8"))
             if computed.hex() != leaf_hex:
-                result.invalid.append(f"log leaf {index} (run {run_id}): leaf hash does not match its data")
+                what = f"run {run_id}" if run_id is not None else "governance"
+                result.invalid.append(f"log leaf {index} ({what}): leaf hash does not match its data")
             for level, node_index, h in frontier.append(bytes.fromhex(leaf_hex)):
                 made[(level, node_index)] = h.hex()
             for label, root_hex in targets.get(frontier.size, ()):
@@ -249,9 +251,13 @@ def verify_log(*, witness: Sequence[WitnessEntry] = (), batch_size: int = LEAF_B
                 result.invalid.append(
                     f"log node level {level} index {node_index} ({span}) does not match its leaves"
                 )
-        ids = [run_id for _, run_id, _, _ in rows]
+        ids = [run_id for _, run_id, _, _ in rows if run_id is not None]  # None: a governance leaf
         present = set(DiagnosisRun.objects.filter(run_id__in=ids).values_list("run_id", flat=True))
-        gone = [(index, run_id, data) for index, run_id, _, data in rows if run_id not in present]
+        gone = [
+            (index, run_id, data)
+            for index, run_id, _, data in rows
+            if run_id is not None and run_id not in present
+        ]
         tombstones = (
             {t.run_id: t for t in RunTombstone.objects.filter(run_id__in=[g[1] for g in gone])}
             if gone

@@ -201,6 +201,7 @@ async def run_aiops(ctx: RunContext, *, created_at: Any = None, resuming: bool =
             "planFallback": fallback,
         },
     )
+    ctx.finishing()  # said already by the release; the self-evaluation and the terminal row remain
     evaluation = await db(
         self_evaluation,
         run_id=ctx.run_id,

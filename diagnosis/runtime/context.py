@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,6 +51,17 @@ class RunContext:
     # Whether a call of a tool that requires approval may interrupt the run here (the AI Ops executor's
     # investigation); elsewhere such a call is refused (diagnosis.runtime.approvals).
     approvals_allowed: bool = False
+    # Called once when the run has no model call or tool left, only its last records (the queue worker
+    # claims its next run meanwhile: `diagnosis.runtime.worker`). A scheduling hint, never a decision.
+    on_finishing: Callable[[], None] | None = None
+    # The first model call waits until this is set (a run launched while its predecessor finishes).
+    gate: asyncio.Event | None = None
+
+    def finishing(self) -> None:
+        """The run is finishing (see `on_finishing`); safe to call more than once."""
+        hook, self.on_finishing = self.on_finishing, None
+        if hook is not None:
+            hook()  # the executor's, which never raises (`executor._Ending.finishing`)
 
     def __post_init__(self) -> None:
         if self.recorder.committed is None:
@@ -72,8 +84,12 @@ class RunContext:
         """A safe point before every model call, which the run's `model_calls` counts as it starts
         (the first one also stamps `first_model_request_at`). With `stage`, the call starts that stage:
         a STARTED progress event tells the run's readers what it now waits for (live only); a model step
-        names its agent and the agent's step index."""
+        names its agent and the agent's step index. The run's first call waits for its `gate`, if any
+        (cancellable), before it is counted."""
         self.token.raise_if_cancelled()
+        gate, self.gate = self.gate, None
+        if gate is not None and not gate.is_set():
+            await self.token.race(gate.wait())
         await db(self.recorder.model_call_started)
         if stage is not None:
             await self.sink.emit(

@@ -42,6 +42,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -210,9 +211,16 @@ async def execute_run(
     client: ModelClient | None = None,
     registry: ToolRegistry | None = None,
     claimed: DiagnosisRun | None = None,
+    on_finishing: Callable[[], None] | None = None,
+    gate: asyncio.Event | None = None,
 ) -> RunOutcome:
     """Claim and execute the run to its terminal state (see the module docstring). `claimed` is the run
-    as this process already claimed it (a queue worker claims while it picks: `claim_next_queued`)."""
+    as this process already claimed it (a queue worker claims while it picks: `claim_next_queued`).
+    `on_finishing` is called once, on the event loop, when the run has no model call or tool left and
+    only writes its last records (after the semantic guard's call, at the latest when the release or the
+    run's end is recorded; the queue worker claims its next run meanwhile); it changes nothing
+    the run records or when. `gate`: the run's first model call waits until it is set (a queue worker's
+    run claimed while another finishes records its start meanwhile)."""
     token = cancel if cancel is not None else CancelToken()
     claimed_at = time.monotonic()
     if claimed is not None:
@@ -238,7 +246,9 @@ async def execute_run(
     heartbeat = asyncio.create_task(
         _heartbeat(run_id, run.lease_epoch, token, claimed_at=claimed_at), name=f"lease:{run_id}"
     )
-    ending = _Ending(run=run, recorder=recorder, sink=out, token=token, heartbeat=heartbeat)
+    ending = _Ending(
+        run=run, recorder=recorder, sink=out, token=token, heartbeat=heartbeat, hint=on_finishing
+    )
     try:
         try:
             setup_error: Exception | None = None
@@ -279,6 +289,8 @@ async def execute_run(
                 registry=registry,
                 canonical=CanonicalStore(run_id),
                 release_mode=mode,
+                on_finishing=ending.finishing,
+                gate=gate,
             )
             ending.ctx = ctx
             if is_aiops(run.agent_flow):
@@ -319,6 +331,17 @@ class _Ending:
     heartbeat: asyncio.Task
     ctx: RunContext | None = None
     done: bool = False
+    hint: Callable[[], None] | None = None
+
+    def finishing(self) -> None:
+        """Tell `execute_run`'s `on_finishing` (once) that only the run's last records remain."""
+        hint, self.hint = self.hint, None
+        if hint is None:
+            return
+        try:
+            hint()
+        except Exception as exc:  # a scheduling hint must never cost the run
+            logger.error("finishing hint failed run=%s error=%s", self.run.run_id, type(exc).__name__)
 
     def _outcome(self, status: str, release: str | None, content: str, code: str = "", message: str = ""):
         return RunOutcome(
@@ -351,6 +374,7 @@ class _Ending:
         self, release: str, content: str, self_evaluation: dict[str, Any] | None = None
     ) -> RunOutcome:
         self.heartbeat.cancel()
+        self.finishing()
         self.done = True
         if self._fenced():
             return await self._lease_lost()
@@ -361,6 +385,7 @@ class _Ending:
 
     async def failed(self, code: str, message: str) -> RunOutcome:
         self.heartbeat.cancel()
+        self.finishing()
         self.done = True
         if self._fenced():
             return await self._lease_lost()
@@ -372,6 +397,7 @@ class _Ending:
         """Calls wait for approval: RUN_INTERRUPTED, the run INTERRUPTED and its lease released in one
         write; no outcome frame (the run is not over: a resumed attempt sends it)."""
         self.heartbeat.cancel()
+        self.finishing()
         self.done = True
         if self._fenced():
             return await self._lease_lost()
@@ -386,6 +412,7 @@ class _Ending:
 
     async def cancelled(self) -> RunOutcome:
         self.heartbeat.cancel()
+        self.finishing()
         if self.done:
             return self._outcome(RunStatus.CANCELLED, None, "")
         self.done = True

@@ -262,6 +262,7 @@ async def _semantic_guard(ctx: RunContext, answer: str, verdict: EvidenceVerdict
         if cancelled:
             raise
         return semantic
+    ctx.finishing()  # the run's last model call: only its records remain (see `RunContext.on_finishing`)
     semantic = parse_semantic_verdict(result.text)
     await ctx.record(
         ctx.recorder.semantic_guard,
@@ -292,6 +293,7 @@ async def _release(
     fixed_reply: bool = False,
     extra: dict[str, Any] | None = None,
 ) -> PipelineResult:
+    ctx.finishing()  # no model call or tool follows a release decision
     content = answer.text if decision == ReleaseDecision.PUBLISHED else BLOCKED_MESSAGE
     await ctx.record(
         ctx.recorder.release,

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from channels.layers import get_channel_layer
@@ -61,17 +62,23 @@ class _Owned:
 _runs: dict[str, _Owned] = {}
 
 
-def launch(run_id: str, *, claimed: DiagnosisRun | None = None) -> asyncio.Task:
+def launch(
+    run_id: str,
+    *,
+    claimed: DiagnosisRun | None = None,
+    on_finishing: Callable[[], None] | None = None,
+    gate: asyncio.Event | None = None,
+) -> asyncio.Task:
     """Execute the run in a task of this process (the executor takes the run's lease, unless `claimed`
     is the run as this process already claimed it). The task is referenced by the registry until it
-    ends; nothing a connection does can cancel it."""
+    ends; nothing a connection does can cancel it. `on_finishing`, `gate`: see `execute_run`."""
     existing = _runs.get(run_id)
     if existing is not None and not existing.task.done():
         return existing.task
     ensure_background()
     token = CancelToken()
     task = asyncio.get_running_loop().create_task(
-        _execute(run_id, token, claimed=claimed), name=f"run:{run_id}"
+        _execute(run_id, token, claimed=claimed, on_finishing=on_finishing, gate=gate), name=f"run:{run_id}"
     )
     _runs[run_id] = _Owned(task=task, token=token)
     task.add_done_callback(lambda t, run_id=run_id: _forget(run_id, t))
@@ -89,11 +96,20 @@ def running_count() -> int:
     return sum(1 for owned in _runs.values() if not owned.task.done())
 
 
-async def _execute(run_id: str, token: CancelToken, *, claimed: DiagnosisRun | None = None) -> None:
+async def _execute(
+    run_id: str,
+    token: CancelToken,
+    *,
+    claimed: DiagnosisRun | None = None,
+    on_finishing: Callable[[], None] | None = None,
+    gate: asyncio.Event | None = None,
+) -> None:
     sink = SafeSink(ChannelLayerSink(run_id), run_id=run_id)
     joined = await _control_join(run_id)
     try:
-        await execute_run(run_id=run_id, sink=sink, cancel=token, claimed=claimed)
+        await execute_run(
+            run_id=run_id, sink=sink, cancel=token, claimed=claimed, on_finishing=on_finishing, gate=gate
+        )
     except asyncio.CancelledError:
         raise
     except RunNotClaimable:

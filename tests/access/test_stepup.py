@@ -38,16 +38,71 @@ def test_off_by_default_in_development_and_tests(settings, api_client, auditor, 
     assert api_client.get(_url(traced_run)).status_code == 200
 
 
-def test_api_refuses_a_password_only_session_and_a_plain_token(require_otp, api_client, auditor, traced_run):
+def test_api_refuses_a_password_only_session_and_a_plain_token(
+    require_otp, api_client, django_user_model, traced_run
+):
+    from django.contrib.auth.models import Group
+
+    auditor = django_user_model.objects.create_user("auditor", password="pw-auditor-1", is_staff=True)
+    plain = issue_token(auditor)  # issued while they could not read reasoning: carries no TOTP check
+    auditor.groups.add(Group.objects.get(name="Reasoning Auditors"))
     api_client.force_login(auditor)
     refused = api_client.get(_url(traced_run))
     assert refused.status_code == 403
     assert refused.json()["error"]["code"] == "otp_required"
     assert REASONING_MARKER not in refused.content.decode()
     api_client.logout()
-    api_client.credentials(HTTP_AUTHORIZATION=f"Token {issue_token(auditor)}")
+    api_client.credentials(HTTP_AUTHORIZATION=f"Token {plain}")
     assert api_client.get(_url(traced_run)).json()["error"]["code"] == "otp_required"
     assert not ReasoningAccessLog.objects.exists()
+
+
+def test_no_token_for_an_auditor_without_a_totp_check_through_the_api(require_otp, client, auditor, user):
+    from audit.models import GovernanceEvent
+
+    client.force_login(auditor)  # a password-only session
+    events = GovernanceEvent.objects.count()
+    refused = client.post("/api/auth/tokens/", {"name": "audit"}, content_type="application/json")
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "otp_required"
+    assert not ApiToken.objects.exists() and GovernanceEvent.objects.count() == events
+    # A user who cannot read reasoning still gets one (it carries no TOTP check).
+    client.force_login(user)
+    issued = client.post("/api/auth/tokens/", {}, content_type="application/json")
+    assert issued.status_code == 201 and issued.json()["otpVerified"] is False
+
+
+def test_the_rule_covers_the_permission_held_directly_and_superusers(require_otp, user, superuser):
+    from django.contrib.auth.models import Permission
+
+    from access.services import TokenNeedsOtp
+    from access.services import issue_token as issue
+
+    for holder in (user, superuser):
+        if holder is user:
+            user.user_permissions.add(
+                Permission.objects.get(content_type__app_label="reasoning", codename="view_reasoning_content")
+            )
+        with pytest.raises(TokenNeedsOtp):
+            issue(user=holder, actor="tests")
+        assert issue(user=holder, actor="tests", otp_verified=True).token.otp_verified
+    assert ApiToken.objects.count() == 2
+
+
+def test_issue_token_command_refuses_an_auditor_without_otp(require_otp, auditor, user):
+    with pytest.raises(CommandError, match=r"may read reasoning and REASONING_REQUIRE_OTP is on.*--otp CODE"):
+        call_command("issue_token", "auditor", stdout=StringIO(), stderr=StringIO())
+    with pytest.raises(CommandError, match="has no confirmed TOTP device"):
+        call_command("issue_token", "auditor", "--otp", "123456", stdout=StringIO(), stderr=StringIO())
+    assert not ApiToken.objects.exists()
+    out = StringIO()
+    call_command("issue_token", user.username, stdout=out, stderr=StringIO())  # not an auditor
+    assert ApiToken.objects.get(prefix=out.getvalue().strip()[:8]).otp_verified is False
+
+
+def test_with_the_step_up_off_an_auditor_gets_a_plain_token(auditor):
+    out = StringIO()
+    call_command("issue_token", "auditor", stdout=out, stderr=StringIO())
+    assert ApiToken.objects.get(prefix=out.getvalue().strip()[:8]).otp_verified is False
 
 
 def test_a_user_without_the_permission_is_still_plain_permission_denied(

@@ -73,7 +73,10 @@ def test_the_checkpoint_list_shows_verification_and_verifies_the_whole_log(conso
     html = console_staff.get(url).content.decode()
     assert html.count("verified: signed by key") == 2
 
-    forged = Checkpoint.objects.get(tree_size=3)
+    # The newest: 3 runs, and the governance head (the console's staff user was given the staff flag
+    # and "Staff viewers").
+    forged = Checkpoint.objects.order_by("-tree_size").first()
+    assert forged.tree_size == 4
     body = json.loads(forged.body)
     body["rootHash"] = "cd" * 32
     Checkpoint.objects.filter(pk=forged.pk).update(body=note.canonical(body), root_hash=body["rootHash"])
@@ -87,7 +90,7 @@ def test_the_checkpoint_list_shows_verification_and_verifies_the_whole_log(conso
     text = response.content.decode()
     # (the admin capitalises each message)
     assert f"Anchored run {runs[0].run_id} (leaf 0) is missing from the store" in text
-    assert "Checkpoint tree_size=3: checkpoint signature does not verify" in text
+    assert "Checkpoint tree_size=4: checkpoint signature does not verify" in text
     # Read-only: nothing is added, changed or deleted here.
     assert console_staff.get(reverse("admin:audit_checkpoint_add")).status_code == 403
     assert console_staff.get(reverse("admin:audit_checkpoint_change", args=[forged.pk])).status_code == 200

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import io
+import itertools
 import threading
 from pathlib import Path
 
@@ -107,6 +108,66 @@ def test_a_worker_executes_queued_analyses_with_no_client_connected(staff_user):
         assert run.agent_flow == AgentFlow.AI_OPS and run.lease_epoch == 1 and run.lease_owner == ""
         assert run.release_decision and run.content
         assert verify_run(run.run_id).ok
+
+
+@pytest.mark.parametrize("concurrency", [1, 2])
+def test_the_next_run_is_claimed_while_one_finishes_and_calls_no_model_before_it_ended(
+    monkeypatch, staff_user, concurrency
+):
+    """The hand-over overlaps the end of a run: the worker claims (and launches) its next run once the
+    finishing one has made its last model call, and the new run's first model call waits until a slot
+    is free. So at no moment do more than `concurrency` of the worker's runs call models, and every
+    claimed run is executed."""
+    from audit.recorder import RunRecorder
+    from diagnosis.runtime import worker
+
+    call_command("load_knowledge", str(RUNBOOKS), stdout=io.StringIO())
+    ids = queue(staff_user, 5)
+    log: list[tuple[str, str]] = []  # list.append is atomic: written from the loop and pool threads
+    real_db, real_started, real_finish = worker.db, RunRecorder.model_call_started, RunRecorder.finish
+
+    claims = iter(range(100))
+
+    async def logged_db(fn, /, *args, **kwargs):
+        if fn is services.claim_next_queued:
+            log.append(("claiming", next(claims)))  # asked for, on the loop
+        result = await real_db(fn, *args, **kwargs)
+        if fn is services.claim_next_queued and result is not None:
+            log.append(("claimed", result.run_id))
+        return result
+
+    def started(self):
+        log.append(("model call", self.run_id))
+        return real_started(self)
+
+    def finish(self, **kwargs):
+        log.append(("finishing", self.run_id))
+        try:
+            return real_finish(self, **kwargs)
+        finally:
+            log.append(("finished", self.run_id))
+
+    monkeypatch.setattr(worker, "db", logged_db)
+    monkeypatch.setattr(RunRecorder, "model_call_started", started)
+    monkeypatch.setattr(RunRecorder, "finish", finish)
+    assert drain(concurrency=concurrency) == 5
+
+    assert {r.status for r in DiagnosisRun.objects.filter(run_id__in=ids)} == {RunStatus.SUCCESS}
+    assert [run for what, run in log if what == "claimed"] == ids  # each claimed once, oldest first
+    calling: set[str] = set()
+    for what, run in log:
+        if what == "model call":
+            calling.add(run)
+            assert len(calling) <= concurrency, log  # never more runs calling models than slots
+        elif what == "finished":
+            calling.discard(run)
+    # With one slot, each later run was asked for before the one before it began its terminal write,
+    # and made its first model call only after that one's end.
+    if concurrency == 1:
+        for n, (before, after) in enumerate(itertools.pairwise(ids), start=1):
+            assert log.index(("claiming", n)) < log.index(("finishing", before)), log
+            assert log.index(("finished", before)) < log.index(("model call", after)), log
+    assert all(verify_run(run_id).ok for run_id in ids)
 
 
 def test_a_queued_run_waits_for_a_worker_and_fails_only_after_the_queue_timeout(settings, staff_user):

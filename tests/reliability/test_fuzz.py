@@ -32,7 +32,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from access.models import ApiToken
-from audit.models import LegalHold
+from audit.models import Checkpoint, LegalHold
 from audit.retention import place_hold
 from audit.transparency.log import checkpoint
 from diagnosis.models import DiagnosisRun
@@ -73,7 +73,9 @@ CHECKS = [not_a_server_error, status_code_conformance, declared_content_type, js
 def server(superuser, user):
     run = make_recorded_run(user)  # something to list, page through and address by its real ids
     make_waiting_approval(user)  # a tool call that waits for a decision (the approvals endpoints)
-    checkpoint()  # a checkpoint of tree size 1 (consistency proofs) and a hold to lift
+    # A checkpoint (consistency proofs: the run's leaf, and the governance chain's head the superuser's
+    # creation started) and a hold to lift.
+    checkpoint()
     place_hold(user=superuser, scope="RUN", target_id=run.run_id, reason="fuzz")
     call_command("load_knowledge", "diagnosis/runbooks", stdout=StringIO())
     daphne = DaphneServer(
@@ -138,7 +140,7 @@ def test_schemathesis_finds_no_server_error_on_any_operation(server, superuser, 
     real = {
         "sessionId": run.session_id,
         "runId": run.run_id,
-        "treeSize": 1,
+        "treeSize": Checkpoint.objects.order_by("-tree_size").values_list("tree_size", flat=True).first(),
         "holdId": LegalHold.objects.get().pk,
         # A token of `user` the revoke operation may revoke (its fuzzing authenticates as `user`, so no
         # generated id can revoke the superuser's token every other operation uses).

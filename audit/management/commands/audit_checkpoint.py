@@ -38,4 +38,9 @@ class Command(BaseCommand):
             )
             self.stdout.write(f"no finished run waiting; {where}")
         else:
-            self.stdout.write(f"appended {result.appended} run(s); log holds {result.tree_size}")
+            governance = (
+                f", the governance chain up to event {result.governance_anchored}"
+                if result.governance_anchored
+                else ""
+            )
+            self.stdout.write(f"appended {result.appended} run(s){governance}; log holds {result.tree_size}")

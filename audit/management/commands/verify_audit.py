@@ -7,7 +7,14 @@ from django.core.management.base import BaseCommand, CommandError
 
 from audit.models import LogLeaf, TraceEvent
 from audit.transparency.verify import UNANCHORED, prove_run, read_witness, verify_log
-from audit.verification import RUN_BATCH, refresh_facts, verify_all_runs, verify_governance, verify_run
+from audit.verification import (
+    RUN_BATCH,
+    newest_governance_anchor,
+    refresh_facts,
+    verify_all_runs,
+    verify_governance,
+    verify_run,
+)
 from diagnosis.models import DiagnosisRun
 
 
@@ -22,7 +29,8 @@ class Command(BaseCommand):
         "Without --run, also the whole log: every leaf and stored "
         "node, every checkpoint's signature and its chain, every checkpoint's root against the stored "
         "leaves, no leaf missing or unsigned, no anchored run deleted, and the checkpoints of a witness "
-        "file (--witness, default AUDIT_WITNESS_PATH), and the governance chain of access changes. "
+        "file (--witness, default AUDIT_WITNESS_PATH), and the governance chain of access changes with "
+        "its anchors in the log. "
         "With --run, the run's inclusion proof in the "
         "newest checkpoint. Prints problems (never content) and notes (rows recorded before row digests, "
         "purged reasoning; finished runs not yet anchored are counted, and listed with -v 2); exits 1 if "
@@ -128,8 +136,16 @@ class Command(BaseCommand):
         for problem in governance_problems:
             self.stdout.write(f"governance INVALID {problem}")
         if not run_id:
+            anchored = newest_governance_anchor()
             self.stdout.write(
-                f"verified the governance log: {governance_events} event(s): "
+                f"verified the governance log: {governance_events} event(s), anchored in the transparency "
+                f"log up to event {anchored}"
+                + (
+                    f" ({governance_events - anchored} newer, anchored by the next checkpoint)"
+                    if governance_events > anchored
+                    else ""
+                )
+                + ": "
                 + ("ok" if not governance_problems else f"{len(governance_problems)} problem(s)")
             )
         if failed or log_problems or governance_problems:
