@@ -206,7 +206,12 @@ def test_deleting_a_user_who_held_sensitive_rights_writes_one_event(auditor, dja
         "userId": user_id,
         "superuser": False,
         "staff": True,
-        "sensitivePermissions": ["audit.place_legal_hold", "reasoning.view_reasoning_content"],
+        # Reasoning Auditors also review runs (audit.review_run, granted on migrate).
+        "sensitivePermissions": [
+            "audit.place_legal_hold",
+            "audit.review_run",
+            "reasoning.view_reasoning_content",
+        ],
         "directPermissions": ["audit.place_legal_hold"],
         "groups": ["Reasoning Auditors"],
     }
