@@ -244,7 +244,7 @@ recently idle thread saved about two of them, but changed the order in which par
 the recorder, and was reverted.
 
 Every decision is still durable before the next, fenced by the lease epoch and bound into the chain; the
-audit stays fail-open. The machine is shared (2 cores, other helpers' benches and test suites running at
+audit stays fail-open. The machine is shared (2 cores, other benches and test suites running at
 load 2–8), so the share moves with the load more than with the code: before (main) and after these
 changes, alternated run by run on 2026-12-01, measured 5.32 % / 3.84 % (72 / 51 ms per analysis, load ≈ 3),
 6.61 % / 5.61 %, 9.85 % / 7.60 %, 8.88 % / 7.14 % (load 4–8), and once 5.72 % / 7.55 % (load rising during

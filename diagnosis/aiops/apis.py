@@ -34,6 +34,7 @@ from diagnosis.aiops import intake
 from diagnosis.models import ReleaseDecision, RunStatus
 
 MAX_ALERTS = 1000
+MAX_TRUNCATED_ALERTS = 2**31 - 1 - MAX_ALERTS
 ALERT_STATUSES = ["firing", "resolved"]
 MAX_GROUP_KEY_CHARS = 4000
 
@@ -99,7 +100,11 @@ class AlertmanagerNotificationSerializer(serializers.Serializer):
     version = serializers.ChoiceField(choices=["4"])
     # An opaque key: kept exactly as sent (never trimmed), so dedupe sees what Alertmanager sent.
     groupKey = serializers.CharField(min_length=1, max_length=MAX_GROUP_KEY_CHARS, trim_whitespace=False)
-    truncatedAlerts = serializers.IntegerField(required=False, default=0, min_value=0)
+    # The alerts Alertmanager left out (its `max_alerts`); with the ones sent it must fit the stored alert
+    # count, a 32-bit column.
+    truncatedAlerts = serializers.IntegerField(
+        required=False, default=0, min_value=0, max_value=MAX_TRUNCATED_ALERTS
+    )
     status = serializers.ChoiceField(choices=ALERT_STATUSES)
     receiver = serializers.CharField(required=False, allow_blank=True, default="", max_length=200)
     groupLabels = _LabelsField(required=False, default=dict)
