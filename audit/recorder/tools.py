@@ -145,24 +145,11 @@ class ToolLifecycle:
                 status=ToolStatus.AWAITING_APPROVAL,
             )
             t = _tables()
-            row = Insert(
-                t.tool,
-                t.tool.row(
-                    run_id=self.run_id,
-                    session_id=self.session_id,
-                    step_id=self._step_ids.get((agent_name, step_index)),
-                    step_index=step_index,
-                    agent_name=agent_name,
-                    tool_call_id=tool_call_id,
-                    provider_tool_call_id=provider_id,
-                    tool_name=tool_name,
-                    status=ToolStatus.AWAITING_APPROVAL,
-                    input_params=effective_input,
-                    started_at=None,
-                    created_at=now,
-                    updated_at=now,
-                ),
-            )
+            row = self._new_tool_row(
+                t, tool_call_id=tool_call_id, tool_name=tool_name, provider_id=provider_id,
+                agent_name=agent_name, step_index=step_index, status=ToolStatus.AWAITING_APPROVAL,
+                input_params=effective_input, started_at=None, now=now,
+            )  # fmt: skip
             digest = arguments_digest(effective_input)
             common = {
                 "toolCallId": tool_call_id,
@@ -204,6 +191,40 @@ class ToolLifecycle:
             state.row = dict(zip(t.tool.columns, row.values, strict=True))
             self._tools[tool_call_id] = state
             return sequence_no
+
+    def _new_tool_row(
+        self,
+        t,
+        *,
+        tool_call_id,
+        tool_name,
+        provider_id,
+        agent_name,
+        step_index,
+        status,
+        input_params,
+        started_at,
+        now,
+    ) -> Insert:
+        """The INSERT of a tool call's first row (RUNNING, or AWAITING_APPROVAL with no start yet)."""
+        return Insert(
+            t.tool,
+            t.tool.row(
+                run_id=self.run_id,
+                session_id=self.session_id,
+                step_id=self._step_ids.get((agent_name, step_index)),
+                step_index=step_index,
+                agent_name=agent_name,
+                tool_call_id=tool_call_id,
+                provider_tool_call_id=provider_id,
+                tool_name=tool_name,
+                status=status,
+                input_params=input_params,
+                started_at=started_at,
+                created_at=now,
+                updated_at=now,
+            ),
+        )  # fmt: skip
 
     def _refuse_start(self, tool_call_id: str, tool_name: str, input_key: str) -> None:
         """The refusals every start shares: a repeat (same facts: ToolCallRepeated, nothing written;
@@ -377,24 +398,11 @@ class ToolLifecycle:
             self._tools[tool_call_id] = state
             self.expected_tools += 1
             t = _tables()
-            row = Insert(
-                t.tool,
-                t.tool.row(
-                    run_id=self.run_id,
-                    session_id=self.session_id,
-                    step_id=self._step_ids.get((agent_name, step_index)),
-                    step_index=step_index,
-                    agent_name=agent_name,
-                    tool_call_id=tool_call_id,
-                    provider_tool_call_id=provider_id,
-                    tool_name=tool_name,
-                    status=ToolStatus.RUNNING,
-                    input_params=effective_input,
-                    started_at=now,
-                    created_at=now,
-                    updated_at=now,
-                ),
-            )
+            row = self._new_tool_row(
+                t, tool_call_id=tool_call_id, tool_name=tool_name, provider_id=provider_id,
+                agent_name=agent_name, step_index=step_index, status=ToolStatus.RUNNING,
+                input_params=effective_input, started_at=now, now=now,
+            )  # fmt: skip
             state.row = dict(zip(t.tool.columns, row.values, strict=True))
             sequence_no = self._write(
                 "tool_started",
