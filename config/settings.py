@@ -239,6 +239,9 @@ CHAT_SSE_HEARTBEAT_SECONDS = env.float("CHAT_SSE_HEARTBEAT_SECONDS", default=15.
 # sends no answer text before RELEASE_DECISION, the outcome carries it; `draft` streams unverified drafts
 # as `draft` events and records that it did (run.delivery). Anything else stops the server (check).
 CHAT_RELEASE = env.str("CHAT_RELEASE", default="verified").strip().lower()
+# Under `draft`, answer text the model writes within this many milliseconds of a run's first held piece
+# goes out as one `draft` frame (diagnosis/runtime/live.py, ChannelLayerSink; 0 = one frame per piece).
+CHAT_DRAFT_COALESCE_MS = env.float("CHAT_DRAFT_COALESCE_MS", default=0.0)
 
 # ---------------------------------------------------------------------------------------------------
 # AI Ops analyses (docs/aiops.md)
