@@ -110,13 +110,16 @@ class ChannelLayerSink:
     timeline is the record (followers catch up from the database). An event of another run is refused
     (ValueError), so a sink cannot leak one run's frames into another's stream.
 
-    Draft coalescing (`coalesce_seconds` > 0, default `CHAT_DRAFT_COALESCE_MS`): a `DraftEvent` is held
-    and later drafts of the run are appended to it, so that the pieces the model wrote within the window
-    go out as one `draft` frame whose text is their concatenation in order. The held text is published
-    (a) `coalesce_seconds` after its first piece (a timer), (b) as soon as it reaches
-    `MAX_COALESCED_DRAFT_CHARS`, and (c) before any other event of the run, which therefore never
-    overtakes answer text written before it. Nothing is dropped or reordered: every publish happens under
-    one lock, taking whatever text is held at that moment. Drafts carry no sequence number and are not
+    Draft coalescing (`coalesce_seconds` > 0, default `CHAT_DRAFT_COALESCE_MS`): at most one `draft`
+    frame per window. A draft that finds the run quiet (no draft frame published within the window and
+    none held) goes out at once; otherwise its text is held, later drafts of the run are appended, and
+    the held text goes out as one `draft` frame, their concatenation in order, (a) when the window since
+    the last draft frame ends (a timer), (b) as soon as it reaches `MAX_COALESCED_DRAFT_CHARS`, and
+    (c) before any other event of the run, which therefore never overtakes answer text written before
+    it. So a piece waits at most one window (plus the event loop's own delay), a model that writes more
+    slowly than one piece per window is not delayed at all, and a burst (a loaded process reading several
+    chunks at once) costs one frame. Nothing is dropped or reordered: every publish happens under one
+    lock, taking whatever text is held at that moment. Drafts carry no sequence number and are not
     persisted, so the contract's `draft {"text"}` frames are unchanged but for how the text is split;
     every other frame is published exactly as before.
     """
@@ -129,6 +132,7 @@ class ChannelLayerSink:
         self._timer: asyncio.TimerHandle | None = None
         self._flushing: set[asyncio.Task] = set()
         self._lock = asyncio.Lock()
+        self._last_draft_at = float("-inf")
 
     async def emit(self, event: Event) -> None:
         event_run = getattr(event, "run_id", "")
@@ -138,12 +142,15 @@ class ChannelLayerSink:
             await publish(self.run_id, event)
             return
         if isinstance(event, DraftEvent):
+            loop = asyncio.get_running_loop()
             self._held.append(event.text)
             self._held_chars += len(event.text)
-            if self._held_chars >= MAX_COALESCED_DRAFT_CHARS:
+            quiet = loop.time() - self._last_draft_at >= self.coalesce_seconds
+            if (quiet and len(self._held) == 1) or self._held_chars >= MAX_COALESCED_DRAFT_CHARS:
                 await self.flush()
             elif self._timer is None:
-                self._timer = asyncio.get_running_loop().call_later(self.coalesce_seconds, self._on_timer)
+                wait = max(0.0, self._last_draft_at + self.coalesce_seconds - loop.time())
+                self._timer = loop.call_later(wait, self._on_timer)
             return
         async with self._lock:
             await self._publish_held()
@@ -170,6 +177,7 @@ class ChannelLayerSink:
         text = "".join(self._held)
         self._held.clear()
         self._held_chars = 0
+        self._last_draft_at = asyncio.get_running_loop().time()
         await publish(self.run_id, DraftEvent(run_id=self.run_id, text=text))
 
 

@@ -1,8 +1,8 @@
 """Draft coalescing in the executor's sink (`diagnosis.runtime.live.ChannelLayerSink`,
-`CHAT_DRAFT_COALESCE_MS`): pieces of answer text written within the window go out as one `draft` frame;
-nothing is lost or reordered, no other event overtakes held text, and held text goes out on its own
-(timer) or when it reaches the size bound. Asserted by what the run's group receives, in order, never by
-how long it took.
+`CHAT_DRAFT_COALESCE_MS`): a draft that finds the run quiet goes out at once; pieces written within the
+window after a draft frame go out as one `draft` frame; nothing is lost or reordered, no other event
+overtakes held text, and held text goes out on its own (timer) or when it reaches the size bound.
+Asserted by what the run's group receives, in order, never by how long it took.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def _outcome(seq: int) -> OutcomeEvent:
     )
 
 
-def test_pieces_within_the_window_become_one_frame_and_the_next_event_follows_them():
+def test_the_first_piece_goes_out_at_once_and_the_rest_of_the_window_becomes_one_frame():
     async def scenario():
         channel = await _subscribe()
         sink = ChannelLayerSink(RUN, coalesce_seconds=NEVER)
@@ -65,8 +65,12 @@ def test_pieces_within_the_window_become_one_frame_and_the_next_event_follows_th
         return held, await _drain(channel)
 
     held, frames = asyncio.run(scenario())
-    assert held == 0  # nothing published while the text was held
-    assert frames == [DraftEvent(run_id=RUN, text="Check the replica."), _outcome(9)]
+    assert held == 1  # the quiet run's first piece; the rest was held
+    assert frames == [
+        DraftEvent(run_id=RUN, text="Check "),
+        DraftEvent(run_id=RUN, text="the replica."),
+        _outcome(9),
+    ]
 
 
 def test_no_event_overtakes_text_written_before_it_and_nothing_is_lost():
@@ -92,7 +96,8 @@ def test_no_event_overtakes_text_written_before_it_and_nothing_is_lost():
     frames = asyncio.run(scenario())
     assert frames == [
         script[0],
-        DraftEvent(run_id=RUN, text="".join(pieces[:10])),
+        DraftEvent(run_id=RUN, text=pieces[0]),
+        DraftEvent(run_id=RUN, text="".join(pieces[1:10])),
         _tool("RUNNING", 4),
         DraftEvent(run_id=RUN, text="".join(pieces[10:25])),
         _tool("SUCCESS", 5),
@@ -104,31 +109,31 @@ def test_no_event_overtakes_text_written_before_it_and_nothing_is_lost():
 
 def test_held_text_goes_out_on_its_own_when_the_window_ends():
     """No later event is needed: the timer publishes the held text (the run may sit in a tool call)."""
+    text = "Check the replica. Then the relay log."
 
     async def scenario():
         channel = await _subscribe()
         sink = ChannelLayerSink(RUN, coalesce_seconds=0.001)
-        await sink.emit(DraftEvent(run_id=RUN, text="Check "))
-        await sink.emit(DraftEvent(run_id=RUN, text="the replica."))
-        first = from_message(await asyncio.wait_for(get_channel_layer().receive(channel), 10))
-        await sink.emit(DraftEvent(run_id=RUN, text=" Then the relay log."))
-        second = from_message(await asyncio.wait_for(get_channel_layer().receive(channel), 10))
-        return first, second, _queued(channel)
+        for piece in text.split(" "):
+            await sink.emit(DraftEvent(run_id=RUN, text=piece + " "))
+        frames = []
+        while "".join(f.text for f in frames) != text + " ":
+            frames.append(from_message(await asyncio.wait_for(get_channel_layer().receive(channel), 10)))
+        return frames, _queued(channel)
 
-    first, second, left = asyncio.run(scenario())
-    assert first == DraftEvent(run_id=RUN, text="Check the replica.")
-    assert second == DraftEvent(run_id=RUN, text=" Then the relay log.")
+    frames, left = asyncio.run(scenario())
+    assert all(isinstance(f, DraftEvent) and f.run_id == RUN for f in frames)
     assert left == 0
 
 
 def test_held_text_goes_out_at_once_when_it_reaches_the_size_bound():
     piece = "x" * 1000
-    count = MAX_COALESCED_DRAFT_CHARS // len(piece) + 1
+    count = MAX_COALESCED_DRAFT_CHARS // len(piece) + 1  # held after the first one (sent at once)
 
     async def scenario():
         channel = await _subscribe()
         sink = ChannelLayerSink(RUN, coalesce_seconds=NEVER)
-        for _ in range(count):
+        for _ in range(1 + count):
             await sink.emit(DraftEvent(run_id=RUN, text=piece))
         at_bound = await _drain(channel)
         await sink.emit(DraftEvent(run_id=RUN, text="tail"))
@@ -136,7 +141,7 @@ def test_held_text_goes_out_at_once_when_it_reaches_the_size_bound():
         return at_bound, await _drain(channel)
 
     at_bound, rest = asyncio.run(scenario())
-    assert at_bound == [DraftEvent(run_id=RUN, text=piece * count)]
+    assert at_bound == [DraftEvent(run_id=RUN, text=piece), DraftEvent(run_id=RUN, text=piece * count)]
     assert rest == [DraftEvent(run_id=RUN, text="tail")]
 
 
@@ -161,11 +166,15 @@ def test_the_window_comes_from_the_setting(settings):
 def test_an_event_of_another_run_is_refused_even_while_text_is_held():
     async def scenario():
         sink = ChannelLayerSink(RUN, coalesce_seconds=NEVER)
+        channel = await _subscribe()
+        await sink.emit(DraftEvent(run_id=RUN, text="sent "))
         await sink.emit(DraftEvent(run_id=RUN, text="held"))
         with pytest.raises(ValueError):
             await sink.emit(DraftEvent(run_id="other", text="leak"))
-        channel = await _subscribe()
         await sink.flush()
         return await _drain(channel)
 
-    assert asyncio.run(scenario()) == [DraftEvent(run_id=RUN, text="held")]
+    assert asyncio.run(scenario()) == [
+        DraftEvent(run_id=RUN, text="sent "),
+        DraftEvent(run_id=RUN, text="held"),
+    ]
