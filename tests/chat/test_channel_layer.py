@@ -77,3 +77,22 @@ def test_interval_zero_sweeps_on_every_call_as_channels_does(sweeps):
 
     asyncio.run(calls())
     assert sweeps["n"] == 5
+
+
+def test_group_send_gives_every_member_its_own_copy_and_skips_a_full_one():
+    layer = InMemoryChannelLayer(sweep_interval=1.0, clock=Clock(), capacity=1)
+
+    async def scenario():
+        for member in ("specific.a!1", "specific.b!1", "specific.c!1"):
+            await layer.group_add("run.x", member)
+        await layer.send("specific.b!1", {"type": "filler"})  # b is full (capacity 1)
+        message = {"type": "frame", "fields": {"text": "x"}}
+        await layer.group_send("run.x", message)
+        message["fields"]["text"] = "changed by the sender"
+        a, b, c = [await layer.receive(m) for m in ("specific.a!1", "specific.b!1", "specific.c!1")]
+        return a, b, c, {m: layer.channels.get(m) for m in ("specific.a!1", "specific.b!1", "specific.c!1")}
+
+    a, b, c, left = asyncio.run(scenario())
+    assert a == c == {"type": "frame", "fields": {"text": "x"}} and a is not c
+    assert b == {"type": "filler"}
+    assert all(queue is None or queue.empty() for queue in left.values())
