@@ -96,3 +96,48 @@ def test_group_send_gives_every_member_its_own_copy_and_skips_a_full_one():
     assert a == c == {"type": "frame", "fields": {"text": "x"}} and a is not c
     assert b == {"type": "filler"}
     assert all(queue is None or queue.empty() for queue in left.values())
+
+
+def test_the_redis_layer_waits_longer_than_its_blocking_pop_and_receives_after_an_idle_period():
+    """redis-py 8 defaults the socket timeout to 5 s, channels_redis blocks 5 s per pop: the configured
+    timeout must exceed the pop's, else every idle receive fails (TimeoutError) and live frames stall.
+    With Redis running, a receive that idles through one whole blocking pop still gets its message."""
+    import importlib
+    import os
+
+    import redis
+    from channels_redis.core import RedisChannelLayer
+    from channels_redis.utils import create_pool
+
+    import config.settings as project_settings
+
+    url = "redis://127.0.0.1:6379/12"
+    os.environ["REDIS_URL"] = url
+    try:
+        layers = importlib.reload(project_settings).CHANNEL_LAYERS
+    finally:
+        del os.environ["REDIS_URL"]
+        importlib.reload(project_settings)
+    assert layers["default"]["BACKEND"] == "channels_redis.core.RedisChannelLayer"
+    layer = RedisChannelLayer(**layers["default"]["CONFIG"])
+    layer.brpop_timeout = 1  # one whole pop idles in a second
+    timeout = create_pool(layer.hosts[0]).connection_kwargs["socket_timeout"]
+    assert timeout is None or timeout > 5  # channels_redis's own pop timeout
+    try:
+        redis.Redis.from_url(url, socket_timeout=1).ping()
+    except redis.RedisError:
+        pytest.skip("needs Redis on 127.0.0.1:6379")
+    layer.hosts[0]["socket_timeout"] = 1.5  # scaled with the pop, as the setting is
+
+    async def idle_then_receive():
+        channel = await layer.new_channel(prefix="test.")
+        waiting = asyncio.ensure_future(layer.receive(channel))
+        # The receiver's pop comes back empty twice (nothing to read) before anything is sent.
+        done, _ = await asyncio.wait({waiting}, timeout=2.5)
+        assert not done
+        await layer.send(channel, {"type": "late"})
+        message = await asyncio.wait_for(waiting, 10)
+        await layer.flush()
+        return message
+
+    assert asyncio.run(idle_then_receive()) == {"type": "late"}
