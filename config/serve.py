@@ -1,5 +1,7 @@
-"""`python -m bench.serve SERVER LOOP ARGS…`: serve `config.asgi:application` with daphne or uvicorn on
-the asyncio or the uvloop event loop, so that B3 compares servers and loops on the same application.
+"""`python -m config.serve SERVER LOOP ARGS…`: serve `config.asgi:application` with daphne (or uvicorn, a
+development dependency) on the asyncio or the uvloop event loop; B3 compares them on the same
+application (docs/performance.md, issue 19), and `daphne uvloop` is the measured faster way to run one
+process: `python -m config.serve daphne uvloop -b 0.0.0.0 -p 8000 config.asgi:application`.
 
 * `daphne asyncio ARGS` is exactly `daphne ARGS`; `daphne uvloop ARGS` installs uvloop's event-loop
   policy before daphne imports Twisted's asyncio reactor (which creates its loop with
