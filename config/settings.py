@@ -180,7 +180,10 @@ if REDIS_URL:
                         "address": REDIS_URL,
                         "socket_timeout": env.float("REDIS_CHANNEL_SOCKET_TIMEOUT", default=15.0),
                     }
-                ]
+                ],
+                # All of a process's followers share one Redis list (its process-local channels): the
+                # default of 100 messages dropped frames of a few dozen streaming chats (B3).
+                "capacity": env.int("REDIS_CHANNEL_CAPACITY", default=5000),
             },
         }
     }

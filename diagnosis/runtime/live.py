@@ -311,7 +311,9 @@ class RunFollower:
         self._layer = get_channel_layer()
         if self._layer is not None:
             try:
-                self._channel = await self._layer.new_channel(prefix="follow.")
+                # The layer's default prefix, shared with every process-local channel of this process
+                # (see `diagnosis.runtime.supervisor._control_listener`).
+                self._channel = await self._layer.new_channel()
                 await asyncio.wait_for(
                     self._layer.group_add(run_group(self.run_id), self._channel), _SUBSCRIBE_TIMEOUT
                 )

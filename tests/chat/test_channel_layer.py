@@ -141,3 +141,46 @@ def test_the_redis_layer_waits_longer_than_its_blocking_pop_and_receives_after_a
         return message
 
     assert asyncio.run(idle_then_receive()) == {"type": "late"}
+
+
+def test_a_follower_receives_while_the_control_listener_blocks_in_its_pop(settings):
+    """channels_redis lets one receiver at a time pop the Redis list of a channel-name prefix: the run
+    followers and the cancel listener must share the layer's default prefix, or every live frame waits
+    behind the listener's blocking pop (here 30 s, so a wrong prefix fails the 10 s wait)."""
+    import redis
+
+    from diagnosis.runtime import supervisor
+    from diagnosis.runtime.events import DraftEvent
+    from diagnosis.runtime.live import RunFollower, publish
+
+    url = "redis://127.0.0.1:6379/12"
+    try:
+        redis.Redis.from_url(url, socket_timeout=1).ping()
+    except redis.RedisError:
+        pytest.skip("needs Redis on 127.0.0.1:6379")
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [{"address": url, "socket_timeout": 60}]},
+        }
+    }
+
+    async def scenario():
+        from channels.layers import get_channel_layer
+
+        layer = get_channel_layer()
+        layer.brpop_timeout = 30
+        ready = asyncio.Event()
+        listener = asyncio.ensure_future(supervisor._control_listener(ready))
+        await ready.wait()
+        while not layer.receive_lock or not layer.receive_lock.locked():
+            await asyncio.sleep(0.01)  # the listener is in its blocking pop
+        try:
+            async with RunFollower("run_prefix") as follower:
+                await publish("run_prefix", DraftEvent(run_id="run_prefix", text="live"))
+                return await asyncio.wait_for(follower._queue.get(), 10)
+        finally:
+            listener.cancel()
+            await layer.flush()
+
+    assert asyncio.run(scenario()) == DraftEvent(run_id="run_prefix", text="live")
