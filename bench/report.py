@@ -486,7 +486,9 @@ chats would need ≈ 5 ms of CPU per run, which no single lever here gives; the 
 the SDK (a hand-written request and SSE parser for the one provider shape would remove most of its
 ≈ 20 ms), then the recorder's ≈ 10 ms (an async write path). Nothing is lost at any level. More chats per
 machine need more processes (several daphne workers share the database and, with `REDIS_URL`, the
-channel layer).
+channel layer), but channels_redis costs ≈ 30–75 ms of CPU per run more than the in-memory layer, so a
+process on Redis holds fewer chats than one without (issue 19, "Live capacity (item 2)": capacity 5–10
+chats per process at p99 ≤ 50 ms, and the profile).
 
 **B3, verified release.** Under the default release policy no chunk is forwarded to the reader, so the
 figure that matters is the wait between the answer's last token and the outcome: the evidence check (a
