@@ -524,8 +524,10 @@ Trace endpoint, 500-event run, 20 reads (pyinstrument):
 
 `make bench` (or `.venv/bin/python -m bench`) starts MariaDB if needed (`scripts/mariadb.sh`), creates
 and migrates `diagnosis_bench`, runs B1–B6 and writes this page; `--quick` runs short repetitions (B2
-growth to 100 000 runs, B3 at 50 chats) without writing it; `--only b1,b4` runs a subset; `--only b3p`
-profiles one daphne under 50 and 200 chats with py-spy and rewrites its section. The profilers are
+growth to 100 000 runs, B3's sweep up to 50 chats) without writing it; `--only b1,b4` runs a subset;
+`--only b3p` profiles one daphne under 50 and 200 chats with py-spy and rewrites its section.
+`--only b3l` runs B3's levers side by side (daphne or uvicorn, asyncio or uvloop, draft coalescing;
+uvicorn is a development dependency, skipped when absent). The profilers are
 pyinstrument and py-spy (pinned in `requirements-dev.txt`). `tests/bench/test_bench_smoke.py` runs the
 cheapest scenarios with tiny sizes in the test suite so that the bench cannot rot.
 """
