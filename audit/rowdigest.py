@@ -47,6 +47,7 @@ from django.db.models.functions import Cast
 from audit.integrity import timestamp
 from audit.models import AgentStep, RunReview, ToolInvocation
 from audit.payloads import canonical_json, sha256_hex
+from config.compiled import CompiledQuery
 from diagnosis.models import DiagnosisRun
 from reasoning.fields import Ciphertext, EncryptedTextField
 from reasoning.models import AgentReasoningAudit
@@ -266,19 +267,40 @@ def stored_reasoning_rows(**filters: Any) -> list[dict[str, Any]]:
     The encrypted columns are read as stored (cast to plain text, so nothing is decrypted); the values
     serve only to recompute digests and never leave the caller.
     """
-    stored = {f"stored_{c}": Cast(c, output_field=models.TextField()) for c in _ENCRYPTED}
-    rows = (
-        AgentReasoningAudit.objects.filter(**filters)
-        .annotate(**stored)
-        .order_by("run_id", "step_index", "id")
-        .values("id", *_PLAIN, *stored)
-    )
+    if filters.keys() == {"run_id"}:  # one run's rows (the trace): the query compiled once
+        names = _REASONING_OF_RUN.names()
+        return [
+            dict(zip(names, row, strict=True)) for row in _REASONING_OF_RUN.rows(run_id=filters["run_id"])
+        ]
     out = []
-    for row in rows:
+    for row in _reasoning_rows(AgentReasoningAudit.objects.filter(**filters)):
         for c in _ENCRYPTED:
             row[c] = row.pop(f"stored_{c}")
         out.append(row)
     return out
+
+
+def _reasoning_rows(rows: models.QuerySet) -> models.QuerySet:
+    stored = {f"stored_{c}": Cast(c, output_field=models.TextField()) for c in _ENCRYPTED}
+    return rows.annotate(**stored).order_by("run_id", "step_index", "id").values("id", *_PLAIN, *stored)
+
+
+class _ReasoningOfRun:
+    """`stored_reasoning_rows(run_id=…)`'s query, compiled once; column names without `stored_`."""
+
+    def __init__(self) -> None:
+        self._query = CompiledQuery(
+            lambda run_id: _reasoning_rows(AgentReasoningAudit.objects.filter(run_id=run_id)), run_id=str
+        )
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(n.removeprefix("stored_") for n in self._query.names())
+
+    def rows(self, run_id: str) -> list:
+        return self._query.rows(run_id=run_id)
+
+
+_REASONING_OF_RUN = _ReasoningOfRun()
 
 
 def reasoning_bindings(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
