@@ -46,8 +46,8 @@ class CompiledQuery:
         sql, params = compiler.as_sql()
         by_value = {(type(v), v): k for k, v in sentinels.items()}
         slots = tuple(by_value.get((type(p), p)) for p in params)
-        if sorted(s for s in slots if s is not None) != sorted(self._params):
-            raise ValueError(f"each parameter must appear in the compiled SQL exactly once: {slots}")
+        if {s for s in slots if s is not None} != set(self._params):
+            raise ValueError(f"a parameter does not appear in the compiled SQL: {slots}")
         names = (*query.extra_select, *query.values_select, *query.annotation_select)
         if not query.values_select:  # a model QuerySet: its select is the concrete fields
             names = (
