@@ -57,7 +57,6 @@ Summary semantics (documented in docs/api.md):
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -89,7 +88,7 @@ from audit.models import (
 from audit.reconcile import CallUsage, KeptLedger, Reconciliation, reconcile
 from audit.rowdigest import stored_reasoning_rows
 from audit.transparency.verify import check_anchor
-from config.compiled import CompiledQuery
+from config.compiled import CompiledQuery, json_loads
 from diagnosis.models import DiagnosisRun, RunStatus
 from diagnosis.selectors import FeedbackView, RunResolution, feedback_of, get_feedback, viewer_feedback
 from pricing.costs import load_price_book, price_of_run
@@ -237,7 +236,7 @@ class StoredEvent:
             self.created_at,
             self.details_text,
         ) = values
-        self.details = json.loads(self.details_text) if self.details_text is not None else None
+        self.details = json_loads(self.details_text) if self.details_text is not None else None
 
     @property
     def pk(self) -> int:

@@ -53,3 +53,24 @@ def test_a_parameter_missing_from_the_sql_is_refused():
     query = CompiledQuery(lambda run_id: DiagnosisRun.objects.filter(run_id="fixed"), run_id=str)
     with pytest.raises(ValueError, match="does not appear"):
         query.rows(run_id="x")
+
+
+@pytest.mark.parametrize("text", ['{"a": [1, 2.5, "é"]}', ' {"a": 1}', "[1, 2] ", '"x"', "null", "1e3", "{}"])
+def test_json_loads_is_json_loads(text):
+    import json
+
+    from config.compiled import json_loads
+
+    assert json_loads(text) == json.loads(text)
+
+
+@pytest.mark.parametrize("text", ['{"a": 1}x', "", "{", "[1,]"])
+def test_json_loads_refuses_what_json_loads_refuses(text):
+    import json
+
+    from config.compiled import json_loads
+
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(text)
+    with pytest.raises(json.JSONDecodeError):
+        json_loads(text)
