@@ -145,6 +145,9 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
         self.audit_write_failures = 0
         # Set once the terminal row is written: every later write also rewrites the stored list facts.
         self.finished = False
+        # Decisions chained but not committed yet (`hold`), and whether the current one is held.
+        self._held: list = []
+        self._holding = False
 
     # ----------------------------------------------------------------------------------------------
     # Construction
@@ -316,6 +319,7 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
         refused so far (the run's `fenced_writes` counter), when that grew since the last note. Refusals
         after RUN_FINISHED are only counted: nothing is chained after the run's end."""
         with self._lock:
+            self.flush()
             stored = DiagnosisRun.objects.filter(run_id=self.run_id)
             total = stored.values_list("fenced_writes", flat=True).first() or 0
             noted = max(
@@ -483,6 +487,7 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
         database (one query; `audit.reconcile`)."""
         with self._lock:
             self._close_dangling_tools(status)
+            self.flush()  # the reconciliation below reads the usage records
             events: list[_Event] = []
             if status != RunStatus.SUCCESS:
                 content = ""
@@ -563,11 +568,18 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
                     },
                 )
             )
-            sequence_no = self._write("run_finished", events)
-            # The run's stored list facts (`audit.facts`), decided from the stored rows in the
-            # transaction of the terminal row (and the review queue's flag, which reads them).
+            # RUN_FINISHED is held and commits with the terminal row, in one transaction (each on its
+            # own if that fails). The run's stored list facts (`audit.facts`), decided from the stored
+            # rows in the transaction of the terminal row (and the review queue's flag, which reads them).
+            self._holding = True
+            try:
+                self._write("run_finished", events)
+            finally:
+                self._holding = False
+            held = self._held[-1] if self._held else None
             facts = fact_statements(self.run_id)
             written = self._update_run("finish", after=facts, **fields)
+            sequence_no = held.result if held is not None else None
             if not written and not self.fenced:
                 # The terminal row is the business result: one more try after a failed write.
                 written = self._update_run("finish_retry", after=facts, **fields)

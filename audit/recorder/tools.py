@@ -293,6 +293,7 @@ class ToolLifecycle:
                 )
                 raise ToolLifecycleConflict(f"tool call {tool_call_id}: not the arguments approved")
             agent_name, step_index = self._declared[tool_call_id]
+            self.flush()  # what is read next must include every decision recorded
             if not _declared_in_store(self, tool_call_id, agent_name, step_index):
                 self._refused(
                     tool_call_id, tool_name, "DECLARING_STEP_NOT_FOUND", "has no declaring step in this run"
