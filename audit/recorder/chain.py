@@ -126,6 +126,33 @@ class ChainWriter:
             finally:
                 self._holding = False
 
+    def record_together(self, writes: Sequence[tuple[Callable[..., Any], dict[str, Any]]]) -> list[Any]:
+        """Record several decisions (`(method, kwargs)`, each of `HOLDABLE` or `TOGETHER`, methods of this
+        recorder) in order, in one transaction with whatever is held, committed before returning. Each
+        entry's result is what its method returns when called alone, known once written: the sequence
+        number of its last event (None when not written), or the exception it raised (returned in its
+        place; a refusal it recorded is written with the others)."""
+        outcomes: list[tuple[Any, list[_Held]]] = []
+        with self._lock:
+            for write, kwargs in writes:
+                name = getattr(write, "__name__", "")
+                if name not in HOLDABLE | TOGETHER or getattr(write, "__self__", None) is not self:
+                    raise ValueError(f"not a decision that can be written together: {name or write!r}")
+                before = len(self._held)
+                self._holding = not (name == "model_step" and kwargs.get("tool_calls"))
+                try:
+                    result: Any = write(**kwargs)
+                except Exception as exc:
+                    result = exc
+                finally:
+                    self._holding = False
+                outcomes.append((result, self._held[before:]))
+            self.flush()
+        return [
+            result if isinstance(result, Exception) or not held else held[-1].result
+            for result, held in outcomes
+        ]
+
     def holds(self) -> bool:
         """Whether decisions wait for their commit (the owner then flushes before a frame leaves)."""
         return bool(self._held)
@@ -404,6 +431,11 @@ class ChainWriter:
 # The decisions `ChainWriter.hold` accepts: their callers need no outcome (fail-open, nothing raised, the
 # sequence number unused but for progress frames, which follow the commit).
 HOLDABLE = frozenset({"routing_decision", "plan_decision", "model_step", "evidence_guard", "semantic_guard"})
+
+
+# Decisions `ChainWriter.record_together` also accepts: their callers need the outcome, which it returns
+# once the decisions written together committed (the starts of one step's parallel tool calls).
+TOGETHER = frozenset({"tool_started"})
 
 
 def _merged(ops: Sequence[WriteOp]) -> WriteOp:

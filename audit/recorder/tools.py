@@ -426,9 +426,11 @@ class ToolLifecycle:
                     )
                 ],
                 inserts=[row],
+                on_commit=lambda: _start_timing(state),
             )
-            # Starting is the moment the executing process begins timing.
-            state.started_monotonic = time.monotonic()
+            # Starting is the moment the executing process begins timing (again once the RUNNING row
+            # committed, when it was written with other decisions: `record_together`).
+            _start_timing(state)
             return sequence_no
 
     def tool_finished(
@@ -713,6 +715,10 @@ class ToolLifecycle:
                 )
             ],
         )
+
+
+def _start_timing(state: _ToolState) -> None:
+    state.started_monotonic = time.monotonic()
 
 
 def _declared_in_store(rec: Any, tool_call_id: str, agent_name: str, step_index: int) -> bool:

@@ -12,8 +12,8 @@ import pytest
 from django.db import connection
 
 from audit.integrity import verify_chain
-from audit.models import AgentStep, EventType, TraceEvent
-from audit.recorder import DeclaredToolCall, RunRecorder
+from audit.models import AgentStep, EventType, ToolInvocation, TraceEvent
+from audit.recorder import DeclaredToolCall, RunRecorder, ToolCallNotDeclared
 from audit.verification import verify_run
 from diagnosis.models import DiagnosisRun, RunStatus
 from reasoning.capture import build_capture
@@ -55,15 +55,17 @@ def _hold_plan_and_guard(rec):
 
 
 class FailInserts:
-    """Execute wrapper: an INSERT of timeline events whose parameters hold every one of `types` raises."""
+    """Execute wrapper: an INSERT into `table` (timeline events by default) whose parameters hold every
+    one of `values` raises."""
 
-    def __init__(self, *types):
-        self.types = types
+    def __init__(self, *values, table="diagnosis_trace_event"):
+        self.types = values
+        self.table = table
         self.fired = 0
 
     def __call__(self, execute, sql, params, many, context):
         values = list(params or ())
-        insert = sql.lstrip().upper().startswith("INSERT") and "diagnosis_trace_event" in sql
+        insert = sql.lstrip().upper().startswith("INSERT") and self.table in sql
         if insert and all(t in values for t in self.types):
             self.fired += 1
             raise RuntimeError("injected")
@@ -188,3 +190,46 @@ def test_only_decisions_whose_callers_need_no_outcome_are_held(run):
     step = AgentStep.objects.get(run_id=run.run_id)
     rec.tool_started(tool_call_id="c1", tool_name="t", input_params={})
     assert rec._step_ids[("executor", 1)] == step.id
+
+
+def _two_calls(rec):
+    rec.model_step(
+        step_index=1,
+        agent_name="executor",
+        model="m",
+        usage=usage(1, 1),
+        reasoning=build_capture(reasoning=None, text=""),
+        tool_calls=[
+            DeclaredToolCall(tool_call_id="c1", name="t", arguments="{}"),
+            DeclaredToolCall(tool_call_id="c2", name="t", arguments="{}"),
+        ],
+    )
+
+
+@pytest.mark.parametrize("combined_fails", [False, True])
+def test_tool_starts_written_together_return_what_each_returns_alone(run, combined_fails):
+    rec = RunRecorder.for_run(run)
+    rec.run_started()
+    _two_calls(rec)
+    submitted = _counted(rec)
+    fail = FailInserts("c1", "c2", table="tool_invocation" if combined_fails else "never")
+    with connection.execute_wrapper(fail):
+        results = rec.record_together(
+            [
+                (rec.tool_started, {"tool_call_id": "c1", "tool_name": "t", "input_params": {"q": 1}}),
+                (rec.tool_started, {"tool_call_id": "undeclared", "tool_name": "t", "input_params": {}}),
+                (rec.tool_started, {"tool_call_id": "c2", "tool_name": "t", "input_params": {"q": 2}}),
+            ]
+        )
+    # One transaction (then, when it failed, each start on its own).
+    assert len(submitted) == (4 if combined_fails else 1) and fail.fired == int(combined_fails)
+    assert isinstance(results[1], ToolCallNotDeclared)
+    events = list(TraceEvent.objects.filter(run_id=run.run_id).order_by("sequence_no"))
+    by_seq = {e.sequence_no: e for e in events}
+    assert by_seq[results[0]].details["toolCallId"] == "c1" and by_seq[results[0]].status == "RUNNING"
+    assert by_seq[results[2]].details["toolCallId"] == "c2" and by_seq[results[2]].status == "RUNNING"
+    assert [e.details.get("toolCallId") for e in events[-3:]] == ["c1", "undeclared", "c2"]
+    assert [e.sequence_no for e in events] == list(range(1, len(events) + 1)) and verify_chain(events).valid
+    assert ToolInvocation.objects.filter(run_id=run.run_id, status="RUNNING").count() == 2
+    assert rec.audit_write_failures == 0
+    assert rec._tools["c1"].started_monotonic is not None
