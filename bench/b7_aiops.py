@@ -104,27 +104,31 @@ class AiOpsBenchProvider(BenchProvider):
 
 
 class RoundTrips:
-    """Durable commits and connection pings the process paid while open (counted, not timed), so that
-    the figure shows what changed independent of the machine's noise. Counted at the MySQL backend's
-    cursor and connection (no execute wrapper, so every write takes its usual path): a write statement in
-    autocommit mode (the single-statement path, the MariaDB compound transaction) or a COMMIT is one
-    commit; `is_usable` is one ping. With `B7_TRACE=1` each commit is also named by the recorder method
-    (or runtime function) that paid it, printed per analysis."""
+    """Durable commits, connection pings and pool jobs the process paid while open (counted, not timed),
+    so that the figure shows what changed independent of the machine's noise. Counted at the MySQL
+    backend's cursor and connection (no execute wrapper, so every write takes its usual path): a write
+    statement in autocommit mode (the single-statement path, the MariaDB compound transaction) or a
+    COMMIT is one commit; `is_usable` is one ping; a job handed to the runtime's pools
+    (`diagnosis.runtime.db`) is one job. With `B7_TRACE=1` each commit is also named by the recorder
+    method (or runtime function) that paid it, printed per analysis."""
 
     WRITES = ("INSERT", "UPDATE", "DELETE", "REPLACE", "BEGIN NOT ATOMIC")
 
     def __init__(self) -> None:
         self.commits = 0
         self.pings = 0
+        self.jobs = 0
+        self.job_wall = self.job_cpu = 0.0
         self.names: Counter[str] = Counter()
-        # (commits, pings, names) when the last drain ended.
-        self.frozen: tuple[int, int, Counter[str]] = (0, 0, Counter())
+        # (commits, pings, pool jobs, their wall and CPU seconds, names) when the last drain ended.
+        self.frozen: tuple[int, int, int, float, float, Counter[str]] = (0, 0, 0, 0.0, 0.0, Counter())
         self.trace = bool(os.environ.get("B7_TRACE"))
         self._lock = threading.Lock()
 
     def reset(self) -> None:
         with self._lock:
-            self.commits = self.pings = 0
+            self.commits = self.pings = self.jobs = 0
+            self.job_wall = self.job_cpu = 0.0
             self.names.clear()
 
     def _commit(self) -> None:
@@ -137,13 +141,29 @@ class RoundTrips:
         with self._lock:
             self.pings += 1
 
+    def _job(self, wall: float, cpu: float) -> None:
+        with self._lock:
+            self.jobs += 1
+            self.job_wall += wall
+            self.job_cpu += cpu
+
     @contextlib.contextmanager
     def installed(self):
         from django.db.backends.mysql import base
 
+        from diagnosis.runtime import db as runtime_db
+
         execute, is_usable = base.CursorWrapper.execute, base.DatabaseWrapper.is_usable
         commit = base.DatabaseWrapper._commit
+        job = runtime_db._job
         counter = self
+
+        def counted_job(fn, args, kwargs):
+            wall, cpu = time.perf_counter(), time.thread_time()
+            try:
+                return job(fn, args, kwargs)
+            finally:
+                counter._job(time.perf_counter() - wall, time.thread_time() - cpu)
 
         def counted_execute(cursor, query, args=None):
             head = query.lstrip()[:16].upper()
@@ -164,9 +184,11 @@ class RoundTrips:
         base.CursorWrapper.execute = counted_execute
         base.DatabaseWrapper.is_usable = counted_is_usable
         base.DatabaseWrapper._commit = counted_commit
+        runtime_db._job = counted_job
         try:
             yield self
         finally:
+            runtime_db._job = job
             base.CursorWrapper.execute = execute
             base.DatabaseWrapper.is_usable = is_usable
             base.DatabaseWrapper._commit = commit
@@ -229,7 +251,14 @@ async def drain(
     )
     wall = time.perf_counter() - start
     if counts is not None:
-        counts.frozen = (counts.commits, counts.pings, Counter(counts.names))
+        counts.frozen = (
+            counts.commits,
+            counts.pings,
+            counts.jobs,
+            counts.job_wall,
+            counts.job_cpu,
+            Counter(counts.names),
+        )
     if launched != n:
         raise RuntimeError(f"worker launched {launched} of {n} analyses")
     return wall, ids
@@ -300,9 +329,10 @@ def run_all(*, runs_per_rep: int, reps: int, call_seconds: float = 0.3, log=prin
                     await drain(user, 1, concurrency=1)  # warm-up: index, SDK client, connections
                     for rep in range(reps):
                         wall, ids = await drain(user, runs_per_rep, concurrency=1, counts=counts)
-                        n_commits, n_pings, names = counts.frozen
+                        n_commits, n_pings, n_jobs, job_wall, job_cpu, names = counts.frozen
                         commits.append(n_commits / runs_per_rep)
                         pings.append(n_pings / runs_per_rep)
+                        jobs = n_jobs / runs_per_rep
                         if counts.trace:
                             for name, k in sorted(names.items(), key=lambda kv: -kv[1]):
                                 log(f"    {k / runs_per_rep:5.1f} commits per analysis: {name}")
@@ -323,7 +353,9 @@ def run_all(*, runs_per_rep: int, reps: int, call_seconds: float = 0.3, log=prin
                             f"model {model / runs_per_rep * 1e3:.0f} ms, "
                             f"tools {tools / runs_per_rep * 1e3:.1f} ms, "
                             f"outside {overheads[-1]:.1f} ms ({shares[-1]:.2f} %), "
-                            f"{commits[-1]:.1f} commits and {pings[-1]:.1f} pings per analysis; "
+                            f"{commits[-1]:.1f} commits, {pings[-1]:.1f} pings, "
+                            f"{jobs:.1f} pool jobs ({job_wall / runs_per_rep * 1e3:.1f} ms, "
+                            f"{job_cpu / runs_per_rep * 1e3:.1f} ms CPU) per analysis; "
                             f"{per_minute[1][-1]:.0f}/min at concurrency 1, {per_minute[2][-1]:.0f}/min at 2"
                         )
                 finally:
