@@ -110,7 +110,8 @@ class RoundTrips:
     statement in autocommit mode (the single-statement path, the MariaDB compound transaction) or a
     COMMIT is one commit; `is_usable` is one ping; a job handed to the runtime's pools
     (`diagnosis.runtime.db`) is one job. With `B7_TRACE=1` each commit is also named by the recorder
-    method (or runtime function) that paid it, printed per analysis."""
+    method (or runtime function) that paid it, and the jobs' CPU time is split by pool, printed per
+    analysis."""
 
     WRITES = ("INSERT", "UPDATE", "DELETE", "REPLACE", "BEGIN NOT ATOMIC")
 
@@ -146,6 +147,9 @@ class RoundTrips:
             self.jobs += 1
             self.job_wall += wall
             self.job_cpu += cpu
+            if self.trace:
+                pool = threading.current_thread().name.split("_")[0]
+                self.names[f"{pool} CPU ms"] += cpu * 1e3
 
     @contextlib.contextmanager
     def installed(self):
@@ -335,7 +339,7 @@ def run_all(*, runs_per_rep: int, reps: int, call_seconds: float = 0.3, log=prin
                         jobs = n_jobs / runs_per_rep
                         if counts.trace:
                             for name, k in sorted(names.items(), key=lambda kv: -kv[1]):
-                                log(f"    {k / runs_per_rep:5.1f} commits per analysis: {name}")
+                                log(f"    {k / runs_per_rep:6.1f} per analysis: {name}")
                         decisions.update(await asyncio.to_thread(check, ids))
                         per_minute[1].append(runs_per_rep / wall * 60)
                         model = tools = 0.0

@@ -192,11 +192,16 @@ class ChainWriter:
                 self._fenced(spec.what)
             return None
         except Exception:
-            # Nothing of the transaction was written: each decision on its own, from the first held.
-            self._next_sequence, self._prev_hash = held[0].start
-            for h in held:
-                h.result = self._attempt(h.spec)
-            return self._attempt(spec) if spec is not None else None
+            end = (self._next_sequence, self._prev_hash)
+            _recover_connection()
+            if not self._landed(held[0]):
+                # Nothing of the transaction was written: each decision on its own, from the first held.
+                self._next_sequence, self._prev_hash = held[0].start
+                for h in held:
+                    h.result = self._attempt(h.spec)
+                return self._attempt(spec) if spec is not None else None
+            # It committed, and only its outcome was lost (with the connection): nothing is written twice.
+            self._next_sequence, self._prev_hash = end
         for h in held:
             self._committed(h.entries, h.spec)
             h.result = h.last
@@ -204,6 +209,22 @@ class ChainWriter:
             return None
         self._committed(entries, spec)
         return self._next_sequence - 1
+
+    def _landed(self, held: _Held) -> bool:
+        """Whether the first event of `held` is stored as chained here: a transaction whose outcome was
+        lost with its connection may have committed (then it holds every decision written with it)."""
+        t = _tables().event
+        index = t.columns.index("hash")
+        digest = next((row.values[index] for row in held.op.inserts if row.table is t), None)
+        if digest is None:
+            return False
+        try:
+            return TraceEvent.objects.filter(
+                run_id=self.run_id, sequence_no=held.start[0], hash=digest
+            ).exists()
+        except DatabaseError:
+            _recover_connection()
+            return False
 
     def _attempt(self, spec: _Spec) -> int | None:
         """Write one decision on its own (the retry after a taken sequence, the fail-open accounting)."""

@@ -8,7 +8,10 @@ for their decision at the moment they decide. The recorder:
 * chains `hash = sha256(prev_hash + canonical JSON of the event)` (see `audit.integrity`);
 * bounds every payload (`audit.payloads`: previews ≤ 500 characters plus full length and sha256);
 * writes a decision's rows in one transaction, durable before the method returns (a model step is its
-  step row, its reasoning row and its two timeline events);
+  step row, its reasoning row and its two timeline events); a decision recorded through `hold` (no effect
+  of the run follows it before its next record) is chained at once and commits in the transaction of
+  the run's next write, or at `flush` (see `audit.recorder.chain.ChainWriter`); `record_together`
+  writes several decisions in one transaction and returns each one's outcome;
 * keeps the run's *expected* counts (what it attempted) beside what committed, and its token ledger;
 * is **fail-open**: any exception of the durable path (a database error, a reasoning row whose
   encryption fails, the write path itself, serialisation) costs only that decision's record: it is

@@ -27,8 +27,9 @@ class RunContext:
     degradation, tools currently running, the first-output mark already written).
 
     Decision owners record through `record`, which also tells the run's listeners what finished
-    (`ProgressEvent`s built by `events.progress_of` from what committed); a model call that starts a
-    stage says so to `before_model_request`. Answer text goes through `emit_text`, which sends it only
+    (`ProgressEvent`s built by `events.progress_of` from what committed), or through `hold` when no
+    effect of the run follows the decision before its next record; a model call that starts a stage says
+    so to `before_model_request`. Answer text goes through `emit_text`, which sends it only
     under the `draft` release policy."""
 
     run_id: str

@@ -9,7 +9,7 @@ statement)."""
 from __future__ import annotations
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection
 
 from audit.integrity import verify_chain
 from audit.models import AgentStep, EventType, ToolInvocation, TraceEvent
@@ -233,3 +233,32 @@ def test_tool_starts_written_together_return_what_each_returns_alone(run, combin
     assert ToolInvocation.objects.filter(run_id=run.run_id, status="RUNNING").count() == 2
     assert rec.audit_write_failures == 0
     assert rec._tools["c1"].started_monotonic is not None
+
+
+def test_a_combined_write_that_committed_but_lost_its_outcome_is_not_written_twice(run):
+    rec = RunRecorder.for_run(run)
+    rec.run_started()
+    _hold_plan_and_guard(rec)
+    inner = rec._submit
+    lost = []
+
+    def submit(op):
+        inner(op)
+        if not lost:  # committed, then the connection went away before the answer arrived
+            lost.append(op)
+            raise OperationalError(2013, "Lost connection to server during query")
+
+    rec._submit = submit
+    rec.model_call_started()
+    events = list(TraceEvent.objects.filter(run_id=run.run_id).order_by("sequence_no"))
+    assert [e.event_type for e in events] == [
+        "RUN_STARTED",
+        "ROUTING_DECISION",
+        "AGENT_MODEL_STEP",
+        "MODEL_TOKEN_USAGE",
+        "PLAN_DECISION",
+    ]
+    assert verify_chain(events).valid and rec.audit_write_failures == 0
+    rec.release(decision="PUBLISHED", reason="ok")
+    assert rec.finish(status=RunStatus.SUCCESS, content="answer") == 7
+    assert verify_run(run.run_id).ok
