@@ -272,9 +272,10 @@ load 6.0 / 8.0), 8.63 % / 5.63 % (125 / 79 ms, load 8.5 / 5.6), 3.73 % / 3.63 % 
 fell from 20.3 to 12.3–12.5 (counted in every repetition), the pings stayed at 11–19, the pool jobs
 at about 25 (24.5 now: the tool starts are one job); the time did not measurably follow: at load ≈ 2
 both sides spend about 50 ms outside the model and tool time, while the jobs of the runtime's pools use
-45–55 ms of thread CPU per analysis (the tools' own included, partly inside the tool time) on a 2-core
-machine shared with other processes. The target is not met; what bounds the figure here is CPU and
-scheduling on a loaded machine more than the database's round trips.
+45–55 ms of thread CPU per analysis (`B7_TRACE=1` at load ≈ 5: 30 ms in the tool threads, mostly inside
+the tool time, and 22 ms in the database pool) on a 2-core machine shared with other processes. The
+target is not met; what bounds the figure here is CPU and scheduling on a loaded machine more than the
+database's round trips.
 {B7_END}"""
 
 
