@@ -489,24 +489,23 @@ runtime's `await db(recorder.method)` call sites). Tried, measured and not kept:
 `threading.Event` (whose `Condition.notify` was a fifth of the GIL time under load).
 
 **B2.** The floor reads rows; the endpoint also runs Django's middleware and DRF's dispatch, loads the
-session and the user, compiles eight ORM queries, verifies the whole hash chain and every bound row's
-digest, and encodes the body (≈ 520 kB for 500 events). Since issue 19 the read keeps what the recorder
-wrote as written: each event's hash is checked over its details **as stored** (the canonical JSON that
-was hashed; `audit.integrity.verify_chain` falls back to re-encoding the decoded value only when that
-does not match, so the verdict is the same), the body carries that text instead of encoding the details
-again (`audit.trace_render.TraceRenderer`), rows are read as values instead of model instances, and the
-JSON columns of stored rows skip a dumps/loads round trip in their digests. No cache: every read
-verifies every event and row. What is left of a 500-event read (parts timed one by one on the loaded
-machine, ≈ 28 ms in all): reading the rows through the ORM ≈ 12 ms (events 4.7, tools 3.6, steps 1.8,
-reasoning rows 1.4, log leaf 1.0; the floor reads the same rows in ≈ 4–5 ms), verification ≈ 8 ms (the
-row digests of 82 steps, 164 tools and 82 reasoning rows 5.9 — canonical JSON of each —, the chain 1.6,
-the ledger 0.6) and the body ≈ 4 ms; at 10 events it is the fixed cost of the stack (client, middleware,
-DRF, ≈ 0.2 ms of ORM compilation per query), about 6 ms against a floor under 1 ms, which bounds the
-short runs at ≈ 8–10× whatever the per-event work. The query count stays constant, every query uses an
-index (EXPLAIN above) and reads do not slow down with 100× more stored runs. Next levers, not done:
-storing each bound row's canonical text so that its digest is one SHA-256 (its columns still have to be
-compared with it on read, or only by `verify_audit`), and answering the trace with one raw SQL statement
-per table instead of the ORM.
+session and the user, runs eight queries of its own, verifies the whole hash chain and every bound
+row's digest, and encodes the body (≈ 520 kB for 500 events). Since issue 19 the read keeps what the
+recorder wrote as written: each event's hash is checked over its details **as stored** (the canonical
+JSON that was hashed; `audit.integrity.verify_chain` falls back to re-encoding the decoded value only
+when that does not match, so the verdict is the same), the body carries that text instead of encoding
+the details again (`audit.trace_render.TraceRenderer`), rows are read as values instead of model
+instances, and the trace's eight queries are compiled by the ORM once per process
+(`config.compiled.CompiledQuery`) instead of built and compiled on every read. No cache of data: every
+read verifies every event and row. What is left (issue 19 section above, profile there): at 10 events
+the stack the trace runs in — middleware, session and user loaded through Django's auth (two ORM queries
+built per request), DRF — ≈ 2.5 ms of CPU against a floor of ≈ 1.6 ms wall, which alone bounds short
+runs near 2.5–3.5×; at 500 events the per-row work, ≈ 30 ms (rows read and converted 9, the row digests'
+canonical JSON 8, the body 5, the chain 2.5, pricing 1.5). The query count stays constant, every query
+uses an index (EXPLAIN above) and reads do not slow down with 10–100× more stored runs. Next levers, not
+done: the session and user reads compiled too; storing each bound row's canonical text so that its
+digest is one SHA-256 (its columns still have to be compared with it on read, or only by
+`verify_audit`), which would also let the body carry the JSON columns as stored.
 
 **B3.** One daphne process is one Python thread of CPU for everything: for every streamed chunk the SDK
 parses the SSE chunk, the runtime emits a delta, the channel layer fans it out and the consumer encodes
