@@ -11,6 +11,8 @@
     python -m bench --no-write      # print the table only (a full run writes docs/performance.md)
     python -m bench --only b8       # trace export into a real Phoenix (needs .venv-phoenix; not in the
                                     # default set)
+    python -m bench --only b3l      # B3's levers side by side: daphne/uvicorn, asyncio/uvloop, draft
+                                    # coalescing (uvicorn and uvloop optional; not default)
     python -m bench --only b3p      # py-spy profile of one daphne under 50 and 200 chats (not default)
     python -m bench --only b0       # peers: MLflow tracing on the same MariaDB, Phoenix over OTLP (needs
                                     # `make bench-peers`; skipped when absent; not in the default set)
@@ -29,7 +31,7 @@ from pathlib import Path
 from bench import env
 
 ALL = ("b1", "b2", "b3", "b4", "b5", "b6", "b7")
-OPTIONAL = ("b8", "b3p", "b0")
+OPTIONAL = ("b8", "b3p", "b3l", "b0")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -115,13 +117,18 @@ def main(argv: list[str] | None = None) -> int:
     if "b3" in only:
         from bench import b3_live
 
-        print("B3: live runs")
-        rows, evidence = b3_live.release_latency(levels=(1, 50) if q else (1, 50, 200), log=log)
-        results.rows += rows
-        results.evidence["b3_release"] = evidence
-        rows, evidence = b3_live.live_runs(levels=(50,) if q else (50, 100, 200), log=log)
+        print("B3: live capacity (largest level with p99 extra delay per frame ≤ 50 ms)")
+        levels = (5, 10, 25, 50) if q else b3_live.SWEEP
+        rows, evidence = b3_live.capacity(levels=levels, log=log)
         results.rows += rows
         results.evidence["b3"] = evidence
+    if "b3l" in only:
+        from bench import b3_live
+
+        print("B3 levers: servers, event loops and draft coalescing side by side")
+        evidence = b3_live.levers(levels=(25, 50) if q else (50, 100), reps=2, log=log)
+        results.evidence["b3_levers"] = evidence
+        print(b3_live.lever_markdown(evidence))
 
     if "b3p" in only:
         from bench import b3_profile

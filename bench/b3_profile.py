@@ -36,6 +36,7 @@ OWNERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 # Otherwise the first of these that a frame matches, innermost frame first.
 LEAFWARD: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Redis channel layer (channels_redis, redis-py, msgpack)", ("/channels_redis/", "/redis/", "/msgpack/")),
     ("model SDK", ("/httpx", "/httpcore", "/h11/", "/pydantic/", "/pydantic_core/", "/anyio/")),
     (
         "frames, consumer and channel layer",
@@ -160,8 +161,15 @@ def profile_level(url: str, tokens: list[str], pid: int, out: Path, rate: int = 
     }
 
 
-def run_all(*, levels: tuple[int, ...] = (50, 200), modes=("draft", "verified"), log=print) -> dict:
-    """Profiles of each release mode at each level; evidence for docs/performance.md."""
+def run_all(
+    *,
+    levels: tuple[int, ...] = (50, 200),
+    modes=("draft", "verified"),
+    extra: dict[str, str] | None = None,
+    log=print,
+) -> dict:
+    """Profiles of each release mode at each level (`extra`: more settings of the daphne, e.g.
+    `REDIS_URL`); evidence for docs/performance.md."""
     from bench.b4_loop import load_runbooks
 
     if not available():
@@ -175,7 +183,7 @@ def run_all(*, levels: tuple[int, ...] = (50, 200), modes=("draft", "verified"),
     evidence: dict = {}
     try:
         for mode in modes:
-            daphne, dport = b3_live.start_daphne(pport, logs, {"CHAT_RELEASE": mode})
+            daphne, dport = b3_live.start_daphne(pport, logs, {"CHAT_RELEASE": mode, **(extra or {})})
             try:
                 url = f"ws://127.0.0.1:{dport}/ws/chat/"
                 asyncio.run(b3_live._level(url, tokens[:2]))  # warm-up

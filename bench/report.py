@@ -102,36 +102,22 @@ def _b2_explain(evidence: dict) -> str:
 
 
 def _b3_table(evidence: dict) -> str:
+    """B3's sweeps (`bench.b3_live.capacity`): every level of every configuration, capacity marked."""
     if not evidence:
         return "(not run)"
     out = [
-        "| chats | runs SUCCESS | draft chunks measured | extra delay p50 | p99 | max | wall "
-        "| runs with lost records |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for n, e in sorted(evidence.items()):
-        out.append(
-            f"| {n} | {e['succeeded']}/{e['chats']} | {e['deltas']} | {e['p50']:.1f} ms "
-            f"| {e['p99']:.1f} ms | {e['max']:.1f} ms | {e['wall']:.1f} s "
-            f"| {e['bad_runs']} ({e['missing']} records) |"
-        )
-    return "\n".join(out)
-
-
-def _b3_release_table(evidence: dict) -> str:
-    if not evidence:
-        return "(not run)"
-    out = [
-        "| chats | runs SUCCESS | draft frames | release latency at the client p50 | p99 "
-        "| recorded per run p50 | p99 | wall | runs with lost records |",
+        "| release, servers | chats | SUCCESS | extra delay per frame p50 | p99 | release latency p99 "
+        "| CPU per run | draft frames / chunks | lost records |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for n, e in sorted(evidence.items()):
-        out.append(
-            f"| {n} | {e['succeeded']}/{e['chats']} | {e['drafts']} | {e['client_p50']:.0f} ms "
-            f"| {e['client_p99']:.0f} ms | {e['server_p50']:.0f} ms | {e['server_p99']:.0f} ms "
-            f"| {e['wall']:.1f} s | {e['bad_runs']} ({e['missing']} records) |"
-        )
+    for name, sweep in evidence.items():
+        for e in sweep["levels"]:
+            mark = " (capacity)" if e["chats"] == sweep["capacity"] else ""
+            out.append(
+                f"| {name} | {e['chats']}{mark} | {e['succeeded']}/{e['chats']} | {e['p50']:.1f} ms "
+                f"| {e['p99']:.1f} ms | {e['release_p99']:.0f} ms | {e['cpu_per_run_ms']:.1f} ms "
+                f"| {e['draft_frames']} / {e['chunks']} | {e['missing']} ({e['bad_runs']} runs) |"
+            )
     return "\n".join(out)
 
 
@@ -415,15 +401,21 @@ reads alternate between the two databases within every repetition.
 
 {size_lines}
 
-**B3 live runs.** One daphne process (`config.asgi:application`, production settings, in-memory channel
-layer as for one process), the fake provider in its own process (`python -m bench.provider`, which
-streams every response a chunk every 20 ms and writes the wall-clock time at which it *sends* a chunk
-into the chunk's text), and N authenticated WebSocket clients (`websockets`, DRF token in the handshake)
-in the bench process: all connect, then all send their `chat` frame at once. Extra delay per chunk =
-time the client received the `draft` frame − time the provider sent that chunk (draft release; under the
-default verified release the figure is the release latency: outcome at the client − the answer's last
-chunk sent, and the recorded `release_latency_ms` beside it). Records lost: for every
-run, stored events/steps/tools vs the recorder's expected counts, write failures and the hash chain.
+**B3 live capacity.** ASGI servers on `config.asgi:application` (production settings; daphne unless
+said), the fake provider in its own process (`python -m bench.provider`, which streams every response a
+chunk every 20 ms and writes the wall-clock time at which it *sends* a chunk into the chunk's text), and
+N authenticated WebSocket clients (`websockets`, DRF token in the handshake) in the bench process: all
+connect, then all send their `chat` frame at once. *Extra delay per frame*: under draft release, time
+the client received a `draft` frame − time the provider sent each chunk it carries; under verified
+release (no answer text before the outcome) the outcome's release latency − the same latency of one
+chat alone on the same servers. *Release latency*: outcome at the client − the provider's send time of
+the released answer's last chunk. *Capacity*: the sweep 5, 10, 25, 50, 100, 150, 200 chats stops at the
+first level whose p99 extra delay per frame exceeds 50 ms (or that loses a record or a run); capacity is
+the level before it. Configurations: one process on the in-memory layer; one and two processes on the
+Redis channel layer (`REDIS_URL`, the clients split across the two), one MariaDB. CPU per run: the
+servers' CPU time over the level / N. Records lost: for every run, stored events/steps/tools vs the
+recorder's expected counts, write failures and the hash chain. `--only b3l` runs the levers side by side
+(daphne or uvicorn, asyncio or uvloop, draft coalescing), alternating configurations.
 
 **B4 loop overhead.** Full diagnosis runs executed one after another in one event loop by the real
 runtime (lease, router, agent loop with the real `lookup_knowledge` tool over the shipped runbooks,
@@ -443,11 +435,7 @@ and anchored. The 1 000 000-leaf log is kept between runs (`<db>_tlog_big`).
 
 {_b2_explain(res.evidence.get("b2", {}))}
 
-### B3 verified release: what waiting for the guards costs
-
-{_b3_release_table(res.evidence.get("b3_release", {}))}
-
-### B3 draft release, per level
+### B3 per level (each sweep stops at the first level over the bound)
 
 {_b3_table(res.evidence.get("b3", {}))}
 
@@ -521,7 +509,9 @@ chats would need ≈ 5 ms of CPU per run, which no single lever here gives; the 
 the SDK (a hand-written request and SSE parser for the one provider shape would remove most of its
 ≈ 20 ms), then the recorder's ≈ 10 ms (an async write path). Nothing is lost at any level. More chats per
 machine need more processes (several daphne workers share the database and, with `REDIS_URL`, the
-channel layer).
+channel layer), but channels_redis costs ≈ 30–75 ms of CPU per run more than the in-memory layer, so a
+process on Redis holds fewer chats than one without (issue 19, "Live capacity (item 2)": capacity 5–10
+chats per process at p99 ≤ 50 ms, and the profile).
 
 **B3, verified release.** Under the default release policy no chunk is forwarded to the reader, so the
 figure that matters is the wait between the answer's last token and the outcome: the evidence check (a
@@ -557,8 +547,10 @@ Trace endpoint, 500-event run, 20 reads (pyinstrument):
 
 `make bench` (or `.venv/bin/python -m bench`) starts MariaDB if needed (`scripts/mariadb.sh`), creates
 and migrates `diagnosis_bench`, runs B1–B6 and writes this page; `--quick` runs short repetitions (B2
-growth to 100 000 runs, B3 at 50 chats) without writing it; `--only b1,b4` runs a subset; `--only b3p`
-profiles one daphne under 50 and 200 chats with py-spy and rewrites its section. The profilers are
+growth to 100 000 runs, B3's sweep up to 50 chats) without writing it; `--only b1,b4` runs a subset;
+`--only b3p` profiles one daphne under 50 and 200 chats with py-spy and rewrites its section.
+`--only b3l` runs B3's levers side by side (daphne or uvicorn, asyncio or uvloop, draft coalescing;
+uvicorn is a development dependency, skipped when absent). The profilers are
 pyinstrument and py-spy (pinned in `requirements-dev.txt`). `tests/bench/test_bench_smoke.py` runs the
 cheapest scenarios with tiny sizes in the test suite so that the bench cannot rot.
 """

@@ -168,10 +168,23 @@ if REDIS_URL:
             "TIMEOUT": CANONICAL_TTL_SECONDS,
         },
     }
+    # The socket timeout must outlast channels_redis's blocking pop (BZPOPMIN, 5 s): redis-py 8 defaults it
+    # to 5 s, which made every idle `receive` fail with TimeoutError and live frames wait for the
+    # followers' database catch-up (docs/performance.md, issue 19). Still finite, so a dead Redis is seen.
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL]},
+            "CONFIG": {
+                "hosts": [
+                    {
+                        "address": REDIS_URL,
+                        "socket_timeout": env.float("REDIS_CHANNEL_SOCKET_TIMEOUT", default=15.0),
+                    }
+                ],
+                # All of a process's followers share one Redis list (its process-local channels): the
+                # default of 100 messages dropped frames of a few dozen streaming chats (B3).
+                "capacity": env.int("REDIS_CHANNEL_CAPACITY", default=5000),
+            },
         }
     }
 else:
@@ -239,6 +252,10 @@ CHAT_SSE_HEARTBEAT_SECONDS = env.float("CHAT_SSE_HEARTBEAT_SECONDS", default=15.
 # sends no answer text before RELEASE_DECISION, the outcome carries it; `draft` streams unverified drafts
 # as `draft` events and records that it did (run.delivery). Anything else stops the server (check).
 CHAT_RELEASE = env.str("CHAT_RELEASE", default="verified").strip().lower()
+# Under `draft`, answer text the model writes within this many milliseconds of a run's first held piece
+# goes out as one `draft` frame (diagnosis/runtime/live.py, ChannelLayerSink; 0 = one frame per piece;
+# 10 ms measured best in B3, docs/performance.md).
+CHAT_DRAFT_COALESCE_MS = env.float("CHAT_DRAFT_COALESCE_MS", default=10.0)
 
 # ---------------------------------------------------------------------------------------------------
 # AI Ops analyses (docs/aiops.md)

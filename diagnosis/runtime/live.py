@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from channels.layers import get_channel_layer
+from django.conf import settings
 
 from audit.models import EventType
 from audit.selectors import chat_timeline, finished_by
@@ -44,6 +45,7 @@ from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun, RunStatus
 from diagnosis.runtime.db import db
 from diagnosis.runtime.events import (
     CHAT_TIMELINE_TYPES,
+    DraftEvent,
     ErrorEvent,
     Event,
     OutcomeEvent,
@@ -91,22 +93,92 @@ async def publish(run_id: str, event: Event) -> bool:
     return True
 
 
+def draft_coalesce_seconds() -> float:
+    """How long the sink may hold a run's draft text to send several pieces as one frame
+    (`CHAT_DRAFT_COALESCE_MS`; 0 = one frame per piece)."""
+    return max(0.0, float(getattr(settings, "CHAT_DRAFT_COALESCE_MS", 0) or 0)) / 1000.0
+
+
+# A coalesced draft frame is sent at once when its text reaches this many characters.
+MAX_COALESCED_DRAFT_CHARS = 4096
+
+
 class ChannelLayerSink:
-    """The executor's `EventSink` for live runs: every event goes to the run's group.
+    """The executor's `EventSink` for live runs: every event goes to the run's group, in emit order.
 
     A channel-layer failure never raises out of `emit`: the live stream is best effort and the durable
     timeline is the record (followers catch up from the database). An event of another run is refused
     (ValueError), so a sink cannot leak one run's frames into another's stream.
+
+    Draft coalescing (`coalesce_seconds` > 0, default `CHAT_DRAFT_COALESCE_MS`): at most one `draft`
+    frame per window. A draft that finds the run quiet (no draft frame published within the window and
+    none held) goes out at once; otherwise its text is held, later drafts of the run are appended, and
+    the held text goes out as one `draft` frame, their concatenation in order, (a) when the window since
+    the last draft frame ends (a timer), (b) as soon as it reaches `MAX_COALESCED_DRAFT_CHARS`, and
+    (c) before any other event of the run, which therefore never overtakes answer text written before
+    it. So a piece waits at most one window (plus the event loop's own delay), a model that writes more
+    slowly than one piece per window is not delayed at all, and a burst (a loaded process reading several
+    chunks at once) costs one frame. Nothing is dropped or reordered: every publish happens under one
+    lock, taking whatever text is held at that moment. Drafts carry no sequence number and are not
+    persisted, so the contract's `draft {"text"}` frames are unchanged but for how the text is split;
+    every other frame is published exactly as before.
     """
 
-    def __init__(self, run_id: str) -> None:
+    def __init__(self, run_id: str, *, coalesce_seconds: float | None = None) -> None:
         self.run_id = run_id
+        self.coalesce_seconds = draft_coalesce_seconds() if coalesce_seconds is None else coalesce_seconds
+        self._held: list[str] = []
+        self._held_chars = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._flushing: set[asyncio.Task] = set()
+        self._lock = asyncio.Lock()
+        self._last_draft_at = float("-inf")
 
     async def emit(self, event: Event) -> None:
         event_run = getattr(event, "run_id", "")
         if event_run and event_run != self.run_id:
             raise ValueError("event of another run")
-        await publish(self.run_id, event)
+        if self.coalesce_seconds <= 0:
+            await publish(self.run_id, event)
+            return
+        if isinstance(event, DraftEvent):
+            loop = asyncio.get_running_loop()
+            self._held.append(event.text)
+            self._held_chars += len(event.text)
+            quiet = loop.time() - self._last_draft_at >= self.coalesce_seconds
+            if (quiet and len(self._held) == 1) or self._held_chars >= MAX_COALESCED_DRAFT_CHARS:
+                await self.flush()
+            elif self._timer is None:
+                wait = max(0.0, self._last_draft_at + self.coalesce_seconds - loop.time())
+                self._timer = loop.call_later(wait, self._on_timer)
+            return
+        async with self._lock:
+            await self._publish_held()
+            await publish(self.run_id, event)
+
+    async def flush(self) -> None:
+        """Publish the held draft text now (nothing when none is held)."""
+        async with self._lock:
+            await self._publish_held()
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        task = asyncio.ensure_future(self.flush())
+        self._flushing.add(task)
+        task.add_done_callback(self._flushing.discard)
+
+    async def _publish_held(self) -> None:
+        """Under the lock: publish the held text as one draft and forget it."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._held:
+            return
+        text = "".join(self._held)
+        self._held.clear()
+        self._held_chars = 0
+        self._last_draft_at = asyncio.get_running_loop().time()
+        await publish(self.run_id, DraftEvent(run_id=self.run_id, text=text))
 
 
 # -------------------------------------------------------------------------------------------------
@@ -239,7 +311,9 @@ class RunFollower:
         self._layer = get_channel_layer()
         if self._layer is not None:
             try:
-                self._channel = await self._layer.new_channel(prefix="follow.")
+                # The layer's default prefix, shared with every process-local channel of this process
+                # (see `diagnosis.runtime.supervisor._control_listener`).
+                self._channel = await self._layer.new_channel()
                 await asyncio.wait_for(
                     self._layer.group_add(run_group(self.run_id), self._channel), _SUBSCRIBE_TIMEOUT
                 )

@@ -230,7 +230,10 @@ async def _control_listener(ready: asyncio.Event) -> None:
     if layer is None:
         ready.set()
         return
-    channel = await layer.new_channel(prefix="runctl.")
+    # The default prefix, like the followers' channels: channels_redis pops one Redis list per prefix and
+    # lets one receiver at a time do it, so a second prefix would hold every follower's frames behind
+    # this listener's blocking pop (up to 5 s per round).
+    channel = await layer.new_channel()
     if _background is not None:
         _background.channel = channel
     ready.set()

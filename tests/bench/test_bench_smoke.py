@@ -182,3 +182,32 @@ def test_full_report_keeps_the_dated_notes_and_the_profile_it_did_not_rerun():
     # A first run (no previous file) leaves empty markers for the next one to fill.
     first = markdown(Results(machine=machine, quick=False))
     assert "<!-- NOTES -->\n<!-- /NOTES -->" in first
+
+
+def test_b3_sweep_stops_at_the_first_level_over_the_bound_and_reports_the_level_before(monkeypatch):
+    """The capacity rule of `bench.b3_live.sweep`: levels in order, stop at the first whose p99 extra
+    delay per frame exceeds the bound or that lost a run or a record; capacity is the level before."""
+    from bench import b3_live
+
+    p99_at = {5: 10.0, 10: 49.0, 25: 51.0, 50: 1.0}
+    measured: list[int] = []
+    rest = dict.fromkeys(("p50", "release_p50", "release_p99", "cpu_per_run_ms", "wall"), 1.0)
+    rest.update(dict.fromkeys(("draft_frames", "chunks", "missing"), 0))
+
+    def fake_measure(urls, pids, tokens, *, mode, baseline_ms):
+        n = len(tokens)
+        measured.append(n)
+        return {**rest, "chats": n, "succeeded": n, "p99": p99_at.get(n, 0.0), "ok": True}
+
+    monkeypatch.setattr(b3_live, "measure", fake_measure)
+    result = b3_live.sweep([], [], ["t"] * 50, mode="draft", levels=(5, 10, 25, 50), log=lambda *_: None)
+    assert result["capacity"] == 10 and result["at_capacity"]["chats"] == 10
+    assert measured == [1, 1, 1, 5, 10, 25]  # the single-chat baseline three times, then up to the failure
+
+    p99_at[10] = 1.0
+    lost = {**rest, "chats": 10, "succeeded": 9, "p99": 1.0, "ok": False}
+    monkeypatch.setattr(
+        b3_live, "measure", lambda u, p, t, **k: lost if len(t) == 10 else fake_measure(u, p, t, **k)
+    )
+    result = b3_live.sweep([], [], ["t"] * 50, mode="draft", levels=(5, 10, 25), log=lambda *_: None)
+    assert result["capacity"] == 5

@@ -155,6 +155,7 @@ async def test_draft_release_streams_drafts_and_records_that_a_blocked_draft_was
     user, llm_server, knowledge, chat_settings
 ):
     chat_settings.CHAT_RELEASE = "draft"
+    chat_settings.CHAT_DRAFT_COALESCE_MS = 0
     _script(llm_server, "blocked-uncited")
     live = await _live_ws(user, "Replication lag on db-3")
     run_id = live[0]["runId"]
@@ -183,6 +184,30 @@ async def test_draft_release_streams_drafts_and_records_that_a_blocked_draft_was
         "draftChars": len(UNCITED) * 2,
     }
     assert body["summary"]["rowsVerified"] is True and body["summary"]["auditComplete"] is True
+
+
+@pytest.mark.parametrize("transport", ["ws", "sse"])
+async def test_coalesced_drafts_carry_the_same_text_in_order_and_leave_the_outcome_unchanged(
+    user, llm_server, knowledge, chat_settings, transport
+):
+    """With a window longer than the run, the first piece goes out at once (the run was quiet) and the
+    rest is held until the next other event: the rest of each answer the model wrote is one `draft`
+    frame, just before that step's FINISHED frame (never after)."""
+    chat_settings.CHAT_RELEASE = "draft"
+    chat_settings.CHAT_DRAFT_COALESCE_MS = 10**7
+    _script(llm_server, "blocked-uncited")
+    live = await (_live_ws if transport == "ws" else _live_sse)(user, "Replication lag on db-3")
+    run_id = live[0]["runId"]
+    await settle(run_id)
+    run = await DiagnosisRun.objects.aget(run_id=run_id)
+    drafts = [i for i, f in enumerate(live) if f["type"] == "draft"]
+    texts = [live[i]["text"] for i in drafts]
+    assert len(texts) == 3 and texts[0] + texts[1] == UNCITED and texts[2] == UNCITED
+    for i in drafts[1:]:
+        assert (live[i + 1]["stage"], live[i + 1]["status"]) == ("MODEL_STEP", "FINISHED")
+    assert live[-1]["type"] == "outcome" and live[-1]["runId"] == run_id
+    assert (live[-1]["releaseDecision"], live[-1]["content"]) == ("BLOCKED", BLOCKED_MESSAGE)
+    assert run.draft_chars == len(UNCITED) * 2 and run.unverified_text_delivered is True
 
 
 async def test_draft_chars_are_bound_into_the_chain(user, llm_server, knowledge, chat_settings):
