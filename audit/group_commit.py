@@ -94,7 +94,7 @@ class GroupCommitter:
         next batch (`LoopBatcher`) instead: the job is suspended, its pool thread is free for other
         runs' jobs, and it resumes once that batch committed."""
         current = greenlet.getcurrent()
-        if isinstance(current, Bridged):
+        if isinstance(current, Bridged) and not connection.in_atomic_block:
             current.suspend(Commit(op))
             return
         me = _Waiter(op)
@@ -277,7 +277,8 @@ class RecorderLock:
     Owned by a greenlet: a plain thread (its main greenlet) or a `Bridged` job, which may be suspended
     while holding it (its decision waits for a batch). Another bridged job that wants it suspends with a
     `WaitFor` until it is released (never blocking a pool thread that the owner may need to resume on);
-    a plain thread blocks as on `threading.RLock`."""
+    a plain thread blocks as on `threading.RLock`, and so does a job inside an atomic block (it must not
+    suspend with a transaction open on its thread's connection)."""
 
     __slots__ = ("_cond", "_depth", "_owner", "_waiters")
 
@@ -295,7 +296,12 @@ class RecorderLock:
                     self._owner = me
                     self._depth += 1
                     return self
-                if not isinstance(me, Bridged):
+                if not isinstance(me, Bridged) or connection.in_atomic_block:
+                    # A thread, or a job inside a transaction (which must not suspend: other jobs
+                    # would run in it): wait as on a thread lock, unless the owner can only resume
+                    # on this very thread.
+                    if self._owner.parent is me.parent and isinstance(self._owner, Bridged):
+                        raise RuntimeError("recorder used concurrently inside a transaction")
                     self._cond.wait()
                     continue
             me.suspend(WaitFor(self))
@@ -343,21 +349,39 @@ class LoopBatcher:
         self.writers = writers
         self._pending: list[tuple[WriteOp, asyncio.Future[None]]] = []
         self._in_flight = 0
+        self._held = 0
 
     def commit(self, op: WriteOp) -> asyncio.Future[None]:
         """Queue `op`; the future resolves once it is durable, or with `op.error` set (never raises)."""
         fut = self.loop.create_future()
         self._pending.append((op, fut))
-        if self._in_flight < self.writers:
+        self._start()
+        return fut
+
+    def queued(self) -> int:
+        """Ops waiting for a batch (not counting the ones being written)."""
+        return len(self._pending)
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """While open, no batch starts (ops queue up); on exit everything queued is written. For tests."""
+        self._held += 1
+        try:
+            yield
+        finally:
+            self._held -= 1
+            self._start()
+
+    def _start(self) -> None:
+        if self._pending and not self._held and self._in_flight < self.writers:
             self._in_flight += 1
             self.loop.create_task(self._drain())
-        return fut
 
     async def _drain(self) -> None:
         try:
             # Let the ops of jobs resumed in this loop iteration join the batch.
             await asyncio.sleep(0)
-            while self._pending:
+            while self._pending and not self._held:
                 batch = self._pending[: self.max_batch]
                 del self._pending[: self.max_batch]
                 ops = [op for op, _ in batch]

@@ -167,6 +167,11 @@ def _db_workers() -> _Workers:
     return workers
 
 
+def loop_batcher() -> LoopBatcher:
+    """The running event loop's group-commit batcher (counters and `hold()` for tests)."""
+    return _batcher(asyncio.get_running_loop())
+
+
 def _batcher(loop: asyncio.AbstractEventLoop) -> LoopBatcher:
     batcher = _batchers.get(loop)
     if batcher is None:
@@ -229,12 +234,36 @@ async def db(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     recorder decision: until it is durable; see "Suspended writes" above)."""
     loop = asyncio.get_running_loop()
     worker = _db_workers().pick()
-    job, (done, value) = await worker.call(loop, _start, functools.partial(_job, fn, args, kwargs))
+    started = worker.call(loop, _start, functools.partial(_job, fn, args, kwargs))
+    try:
+        job, (done, value) = await asyncio.shield(started)
+    except asyncio.CancelledError:
+        # The job runs anyway (as a thread would finish the call): if it suspends, drive it to its
+        # end in the background, so that its write is resolved and its recorder's lock released.
+        started.add_done_callback(functools.partial(_abandoned, loop, worker))
+        raise
     if done:
         return value
-    # Suspended: drive it to its end even if this caller is cancelled meanwhile (as a thread would
-    # finish the call), so that its write is resolved and its recorder's lock released.
-    return await asyncio.shield(loop.create_task(_drive(loop, worker, job, value)))
+    # Suspended: driven to its end even if this caller is cancelled meanwhile.
+    return await asyncio.shield(_background_task(loop, _drive(loop, worker, job, value)))
+
+
+_driving: set[asyncio.Task] = set()
+
+
+def _background_task(loop: asyncio.AbstractEventLoop, coro) -> asyncio.Task:
+    task = loop.create_task(coro)
+    _driving.add(task)
+    task.add_done_callback(_driving.discard)
+    return task
+
+
+def _abandoned(loop: asyncio.AbstractEventLoop, worker: _Worker, started: asyncio.Future) -> None:
+    if started.cancelled() or started.exception() is not None:
+        return
+    job, (done, request) = started.result()
+    if not done:
+        _background_task(loop, _drive(loop, worker, job, request))
 
 
 def _start(job: Callable[[], T]) -> tuple[Bridged, tuple[bool, Any]]:
