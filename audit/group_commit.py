@@ -23,8 +23,17 @@ Ops are taken only from callers whose connection is in autocommit mode: an op su
 atomic block belongs to that caller's transaction and is written directly by the recorder (this is
 also why group commit is invisible to pytest-django's transaction-wrapped tests).
 
+**On an event loop** (the runtime: `diagnosis.runtime.db.db()` runs every job as a `Bridged` greenlet on
+a pool thread) a writer does not lead or follow on its thread: `submit` suspends its job, the op joins
+the loop's `LoopBatcher`, which writes everything queued as one batch through the same `write_ops`
+(one transaction, op-by-op retry), and the job resumes once its batch committed. A pool thread is then
+never parked on a COMMIT, so a batch holds the decisions of every run waiting at that moment (hundreds)
+instead of at most one per pool thread. `RecorderLock` keeps one run's decisions one at a time when a
+job holding it is suspended.
+
 `execute_wrapper(fn)` installs a Django execute wrapper on whichever connection writes batches while the
-context is open (tests inject database faults through it). Switch: `settings.AUDIT_GROUP_COMMIT`.
+context is open (tests inject database faults through it). Switch: `settings.AUDIT_GROUP_COMMIT` (per
+recorder; off: every decision is its own transaction on the caller's thread, on a loop as elsewhere).
 """
 
 from __future__ import annotations
@@ -334,15 +343,7 @@ class LoopBatcher:
     run has at most one op in flight (its job waits for it), so batches in flight never hold two ops of
     one run, and each run's decisions commit in order. Loop-only."""
 
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        executor: Executor,
-        committer: GroupCommitter,
-        *,
-        writers: int = 1,
-    ) -> None:
-        self.loop = loop
+    def __init__(self, executor: Executor, committer: GroupCommitter, *, writers: int = 1) -> None:
         self.executor = executor
         self.committer = committer
         self.max_batch = committer.max_batch
@@ -350,10 +351,11 @@ class LoopBatcher:
         self._pending: list[tuple[WriteOp, asyncio.Future[None]]] = []
         self._in_flight = 0
         self._held = 0
+        self._drains: set[asyncio.Task] = set()
 
     def commit(self, op: WriteOp) -> asyncio.Future[None]:
         """Queue `op`; the future resolves once it is durable, or with `op.error` set (never raises)."""
-        fut = self.loop.create_future()
+        fut = asyncio.get_running_loop().create_future()
         self._pending.append((op, fut))
         self._start()
         return fut
@@ -375,7 +377,9 @@ class LoopBatcher:
     def _start(self) -> None:
         if self._pending and not self._held and self._in_flight < self.writers:
             self._in_flight += 1
-            self.loop.create_task(self._drain())
+            task = asyncio.get_running_loop().create_task(self._drain())
+            self._drains.add(task)
+            task.add_done_callback(self._drains.discard)
 
     async def _drain(self) -> None:
         try:
@@ -386,7 +390,8 @@ class LoopBatcher:
                 del self._pending[: self.max_batch]
                 ops = [op for op, _ in batch]
                 try:
-                    await self.loop.run_in_executor(self.executor, self.committer.write_ops, ops)
+                    loop = asyncio.get_running_loop()
+                    await loop.run_in_executor(self.executor, self.committer.write_ops, ops)
                 except BaseException as exc:  # the pool is gone (shutdown): nobody waits forever
                     for op in ops:
                         if op.error is None:

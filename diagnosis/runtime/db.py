@@ -109,7 +109,8 @@ class _Completions:
     once per burst instead of once per result."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
+        # Weak: this object is the value of a weak mapping keyed by the loop.
+        self._loop = weakref.ref(loop)
         self._lock = threading.Lock()
         self._items: list[tuple[asyncio.Future, bool, Any]] = []
 
@@ -117,9 +118,10 @@ class _Completions:
         with self._lock:
             self._items.append((fut, ok, value))
             wake = len(self._items) == 1
-        if wake:
+        loop = self._loop()
+        if wake and loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-                self.loop.call_soon_threadsafe(self._settle)
+                loop.call_soon_threadsafe(self._settle)
 
     def _settle(self) -> None:
         with self._lock:
@@ -177,7 +179,7 @@ def _batcher(loop: asyncio.AbstractEventLoop) -> LoopBatcher:
     if batcher is None:
         writers = int(getattr(settings, "AUDIT_BATCH_WRITERS", 1))
         batcher = _batchers[loop] = LoopBatcher(
-            loop, _pool("audit-writer"), get_committer(), writers=max(1, writers)
+            _pool("audit-writer"), get_committer(), writers=max(1, writers)
         )
     return batcher
 
