@@ -165,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nbench: {results.seconds:.0f} s in all")
     if not args.no_write and (not q or args.write) and set(only) == set(ALL):
         path = Path(env.ROOT) / "docs" / "performance.md"
-        path.write_text(report.markdown(results), encoding="utf-8")
+        previous = path.read_text(encoding="utf-8") if path.exists() else ""
+        path.write_text(report.markdown(results, previous), encoding="utf-8")
         print(f"bench: wrote {path.relative_to(env.ROOT)}")
     elif {"b6", "b7", "b3p"} & set(only) and not args.no_write and (not q or args.write):
         path = Path(env.ROOT) / "docs" / "performance.md"

@@ -314,7 +314,25 @@ def write_b7(path, res: Results) -> None:
     write_section(path, b7_section(res), B7_START, B7_END)
 
 
-def markdown(res: Results) -> str:
+NOTES_START = "<!-- NOTES -->"
+NOTES_END = "<!-- /NOTES -->"
+
+
+def kept_section(text: str, start: str, end: str) -> str:
+    """The marked section of an existing docs/performance.md, markers included ("" when absent)."""
+    if start in text and end in text:
+        return start + text.split(start, 1)[1].split(end, 1)[0] + end
+    return ""
+
+
+def markdown(res: Results, previous: str = "") -> str:
+    """The whole docs/performance.md of a full run. `previous` is the file it replaces: its dated notes
+    (and the B3 profile, when this run did not profile) are carried over as written."""
+    notes = kept_section(previous, NOTES_START, NOTES_END) or f"{NOTES_START}\n{NOTES_END}"
+    if res.evidence.get("b3_profile"):
+        profile = b3p_section(res)
+    else:
+        profile = kept_section(previous, B3P_START, B3P_END) or f"{B3P_START}\n{B3P_END}"
     m = res.machine
     when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     sizes = res.evidence.get("b2_sizes", {})
@@ -409,9 +427,13 @@ and anchored. The 1 000 000-leaf log is kept between runs (`<db>_tlog_big`).
 
 {_b3_table(res.evidence.get("b3", {}))}
 
+{notes}
+
 {b6_section(res)}
 
 {b7_section(res)}
+
+{profile}
 
 ## What limits each figure
 

@@ -165,3 +165,20 @@ def test_b0_peer_shape_is_b1s_run():
     assert peer_shape.EVENTS_PER_RUN == workload.EVENTS_PER_RUN == 23
     assert peer_shape.SPANS_PER_RUN == 12
     assert [s["parent"] for s in peer_shape.spans(1)][:2] == [None, 0]
+
+
+def test_full_report_keeps_the_dated_notes_and_the_profile_it_did_not_rerun():
+    from bench.env import Machine
+    from bench.report import Results, markdown
+
+    machine = Machine(2, 1.0, "cpu", "3.11", "5.2", "10.11", "2.3", "innodb", "linux")
+    previous = (
+        "# Performance\n\nold table\n\n<!-- NOTES -->\n## Measured by hand, dated\n\nnote 2026-12-01\n"
+        "<!-- /NOTES -->\n\n<!-- B3P -->\n## B3 profile\n\nprofile rows\n<!-- /B3P -->\n"
+    )
+    text = markdown(Results(machine=machine, quick=False), previous)
+    assert "note 2026-12-01" in text and "profile rows" in text and "old table" not in text
+    assert text.count("<!-- NOTES -->") == 1 and text.count("<!-- B3P -->") == 1
+    # A first run (no previous file) leaves empty markers for the next one to fill.
+    first = markdown(Results(machine=machine, quick=False))
+    assert "<!-- NOTES -->\n<!-- /NOTES -->" in first
