@@ -317,6 +317,8 @@ class RecorderLock:
 
     def __exit__(self, *exc: object) -> None:
         with self._cond:
+            if self._owner is not greenlet.getcurrent():
+                raise RuntimeError("cannot release a recorder lock held by another job or thread")
             self._depth -= 1
             if self._depth:
                 return
