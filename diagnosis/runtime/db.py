@@ -77,11 +77,18 @@ class _Worker:
 
     def __init__(self, name: str) -> None:
         self._jobs: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
+        # Jobs handed to this thread and jobs it finished; each counter is written by one thread only.
+        self.given = 0
+        self.finished = 0
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
+    def idle(self) -> bool:
+        return self.given == self.finished
+
     def call(self, loop: asyncio.AbstractEventLoop, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         fut = loop.create_future()
+        self.given += 1
         self._jobs.put((_completions(loop), fut, fn, args))
         return fut
 
@@ -93,9 +100,13 @@ class _Worker:
                 return
             done, fut, fn, args = item
             try:
-                done.post(fut, True, fn(*args))
+                result = fn(*args)
             except BaseException as exc:
+                self.finished += 1
                 done.post(fut, False, exc)
+            else:
+                self.finished += 1
+                done.post(fut, True, result)
 
     def stop(self, *, wait: bool) -> None:
         """Close the thread's connections and end it once the jobs queued before have run."""
@@ -148,13 +159,18 @@ def _completions(loop: asyncio.AbstractEventLoop) -> _Completions:
 
 
 class _Workers:
-    """The database pool: `size` `_Worker` threads; new jobs go round-robin."""
+    """The database pool: `size` `_Worker` threads. A new job goes to the first idle thread (as a thread
+    pool reuses its idle threads: one run at a time keeps using one thread and one connection), else
+    round-robin."""
 
     def __init__(self, size: int) -> None:
         self.threads = [_Worker(f"runtime-db-{i}") for i in range(max(1, size))]
         self._turn = itertools.count()
 
     def pick(self) -> _Worker:
+        for worker in self.threads:
+            if worker.idle():
+                return worker
         return self.threads[next(self._turn) % len(self.threads)]
 
 
