@@ -16,7 +16,7 @@ them, as SQL expressions over the stored audit rows, and everything that applies
 * `refresh_run_facts` — the same `UPDATE` for any set of runs: after a failed write that follows the
   run's end, a reasoning purge, the backfill migration and `verify_audit --refresh-facts`.
 * `fact_statements` — what the recorder runs after a terminal or late write: `fact_update_sql` and then
-  the review queue's flag (`diagnosis.review_queue.needs_review_update`, which reads `audit_complete`),
+  the review queue's flag (`diagnosis.review_queue.needs_review_expression`, which reads `audit_complete`),
   each its own statement; `refresh_run_facts` rewrites that flag too.
 * `annotate_recomputed` — the rule evaluated at read time under `recomputed_*` names (and the review
   queue's flag), so that `verify_audit` can compare it with what is stored (`disagreements`).
@@ -172,8 +172,7 @@ def fact_update_sql(run_id: str, *, using: str = "default") -> tuple[str, tuple]
 
 def fact_statements(run_id: str, *, using: str = "default") -> list[tuple[str, tuple]]:
     """The statements that rewrite the run's stored list facts in the caller's transaction: the rule of
-    this module, then the review queue's flag (which reads the fact just written; the statement of
-    `diagnosis.review_queue.needs_review_update`, compiled once)."""
+    this module, then the review queue's flag (which reads the fact just written), each compiled once."""
     return [
         fact_update_sql(run_id, using=using),
         _run_update("needs_review", lambda: {"needs_review": needs_review_expression()}, run_id, using),
