@@ -289,9 +289,12 @@ class RecorderLock:
     a plain thread blocks as on `threading.RLock`, and so does a job inside an atomic block (it must not
     suspend with a transaction open on its thread's connection)."""
 
-    __slots__ = ("_cond", "_depth", "_owner", "_waiters")
+    __slots__ = ("_cond", "_depth", "_owner", "_waiters", "home")
 
     def __init__(self) -> None:
+        # The pool thread of this recorder's last job (`diagnosis.runtime.db` sends its next concurrent
+        # job there, so one run's concurrent decisions start in the order they were asked for).
+        self.home: Any = None
         self._cond = threading.Condition(threading.Lock())
         self._owner: greenlet.greenlet | None = None
         self._depth = 0

@@ -55,7 +55,7 @@ from typing import Any, TypeVar
 from django.conf import settings
 from django.db import connections
 
-from audit.group_commit import Bridged, Commit, LoopBatcher, WaitFor, get_committer
+from audit.group_commit import Bridged, Commit, LoopBatcher, RecorderLock, WaitFor, get_committer
 
 T = TypeVar("T")
 
@@ -167,11 +167,20 @@ class _Workers:
         self.threads = [_Worker(f"runtime-db-{i}") for i in range(max(1, size))]
         self._turn = itertools.count()
 
-    def pick(self) -> _Worker:
-        for worker in self.threads:
-            if worker.idle():
-                return worker
-        return self.threads[next(self._turn) % len(self.threads)]
+    def pick(self, fn: Callable[..., Any]) -> _Worker:
+        # A recorder's method goes behind its recorder's previous job while that one is still on its
+        # thread: one run's concurrent decisions (parallel tool calls) then start in the order they
+        # were asked for, as they would queue on the recorder's lock.
+        lock = getattr(getattr(fn, "__self__", None), "_lock", None)
+        home = lock.home if isinstance(lock, RecorderLock) else None
+        if home is not None and not home.idle() and home in self.threads:  # not a stopped pool's
+            return home
+        worker = next((w for w in self.threads if w.idle()), None)
+        if worker is None:
+            worker = self.threads[next(self._turn) % len(self.threads)]
+        if isinstance(lock, RecorderLock):
+            lock.home = worker
+        return worker
 
 
 def _db_workers() -> _Workers:
@@ -251,7 +260,7 @@ async def db(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     """Run synchronous ORM code `fn(*args, **kwargs)` on the runtime's database pool and await it (a
     recorder decision: until it is durable; see "Suspended writes" above)."""
     loop = asyncio.get_running_loop()
-    worker = _db_workers().pick()
+    worker = _db_workers().pick(fn)
     started = worker.call(loop, _start, functools.partial(_job, fn, args, kwargs))
     try:
         job, (done, value) = await asyncio.shield(started)
