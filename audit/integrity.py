@@ -47,6 +47,8 @@ class ChainLink(Protocol):
 
 def timestamp(value: dt.datetime) -> str:
     """The hashed form of a time: UTC, microseconds, as the database stores it."""
+    if value.tzinfo is dt.UTC:  # already UTC (every stored time read back): the same text, no conversion
+        return value.isoformat(timespec="microseconds")
     return value.astimezone(dt.UTC).isoformat(timespec="microseconds")
 
 

@@ -47,6 +47,7 @@ from django.db.models.functions import Cast
 from audit.integrity import timestamp
 from audit.models import AgentStep, RunReview, ToolInvocation
 from audit.payloads import canonical_json, sha256_hex
+from config.compiled import CompiledQuery
 from diagnosis.models import DiagnosisRun
 from reasoning.fields import Ciphertext, EncryptedTextField
 from reasoning.models import AgentReasoningAudit
@@ -173,6 +174,29 @@ def _normaliser(f: models.Field, *, stored: bool) -> Callable[[Any], Any]:
     return lambda v: None if v is None else str(v)
 
 
+class _Any:
+    """Marks a normaliser that is the identity for every stored value (a stored JSON column's)."""
+
+
+def _canonical_type(f: models.Field, *, stored: bool) -> type | None:
+    """The type whose values (exactly that class) a column's normaliser returns unchanged, so that they
+    need not pass through it (`_Any`: every value; None: no shortcut). Only a shortcut: the normalised
+    value is the same either way."""
+    if isinstance(f, models.ForeignKey):
+        return _canonical_type(f.target_field, stored=stored)
+    if isinstance(f, EncryptedTextField):
+        return str
+    if isinstance(f, models.JSONField):
+        return _Any if stored and f.decoder is None else None
+    if isinstance(f, models.DateTimeField):
+        return None
+    if isinstance(f, models.BooleanField):
+        return bool
+    if isinstance(f, models.IntegerField | models.BigIntegerField):
+        return int
+    return str
+
+
 def _datetime(value: Any) -> Any:
     if value is None:
         return None
@@ -192,11 +216,31 @@ class Form:
         self._written = tuple((c, _normaliser(self.fields[c], stored=False)) for c in columns)
         self._stored = tuple((c, _normaliser(self.fields[c], stored=True)) for c in columns)
         self._attnames = tuple((c, self.fields[c].attname) for c in columns)
+        # Stored values: (column, attribute name, normaliser, the type it leaves unchanged).
+        self._stored_fast = tuple(
+            (c, self.fields[c].attname, norm, _canonical_type(self.fields[c], stored=True))
+            for c, norm in self._stored
+        )
 
     def canonical(self, values: Mapping[str, Any], *, stored: bool = False) -> dict[str, Any]:
         """The row's canonical form from column values (written, or `stored`: as the database gave them
         back); every column is required."""
-        return {c: norm(values[c]) for c, norm in (self._stored if stored else self._written)}
+        if stored:
+            return self._canonical_stored(values.__getitem__, 0)
+        return {c: norm(values[c]) for c, norm in self._written}
+
+    def _canonical_stored(self, get: Callable[[str], Any], key: int) -> dict[str, Any]:
+        """The canonical form of stored values, `get(name)` reading each by column (key 0) or attribute
+        name (key 1): values of the type their normaliser leaves unchanged are taken as they are (the
+        trace verifies every row's digest on every read)."""
+        row = {}
+        for names in self._stored_fast:
+            value = get(names[key])
+            kind = names[3]
+            row[names[0]] = (
+                value if value is None or kind is _Any or value.__class__ is kind else names[2](value)
+            )
+        return row
 
     def document(self, values: Mapping[str, Any], *, stored: bool = False) -> dict[str, Any]:
         """What the digest is taken of: `{"form": <name>, "row": <canonical form>}` (evidence bundles
@@ -213,12 +257,19 @@ class Form:
 
     def digest_of(self, instance: Any) -> str:
         """The digest of a row read from the database."""
-        return self.digest(self.values_of(instance), stored=True)
+        row = self._canonical_stored(instance.__getattribute__, 1)
+        return sha256_hex(canonical_json({"form": self.name, "row": self._finish(row)}))
+
+    def _finish(self, row: dict[str, Any]) -> dict[str, Any]:
+        """What a form adds to the canonical row (the run form: its content as a digest)."""
+        return row
 
 
 class _RunForm(Form):
     def canonical(self, values: Mapping[str, Any], *, stored: bool = False) -> dict[str, Any]:
-        row = super().canonical(values, stored=stored)
+        return self._finish(super().canonical(values, stored=stored))
+
+    def _finish(self, row: dict[str, Any]) -> dict[str, Any]:
         row["content"] = sha256_hex(row["content"] or "")
         return row
 
@@ -266,19 +317,40 @@ def stored_reasoning_rows(**filters: Any) -> list[dict[str, Any]]:
     The encrypted columns are read as stored (cast to plain text, so nothing is decrypted); the values
     serve only to recompute digests and never leave the caller.
     """
-    stored = {f"stored_{c}": Cast(c, output_field=models.TextField()) for c in _ENCRYPTED}
-    rows = (
-        AgentReasoningAudit.objects.filter(**filters)
-        .annotate(**stored)
-        .order_by("run_id", "step_index", "id")
-        .values("id", *_PLAIN, *stored)
-    )
+    if filters.keys() == {"run_id"}:  # one run's rows (the trace): the query compiled once
+        names = _REASONING_OF_RUN.names()
+        return [
+            dict(zip(names, row, strict=True)) for row in _REASONING_OF_RUN.rows(run_id=filters["run_id"])
+        ]
     out = []
-    for row in rows:
+    for row in _reasoning_rows(AgentReasoningAudit.objects.filter(**filters)):
         for c in _ENCRYPTED:
             row[c] = row.pop(f"stored_{c}")
         out.append(row)
     return out
+
+
+def _reasoning_rows(rows: models.QuerySet) -> models.QuerySet:
+    stored = {f"stored_{c}": Cast(c, output_field=models.TextField()) for c in _ENCRYPTED}
+    return rows.annotate(**stored).order_by("run_id", "step_index", "id").values("id", *_PLAIN, *stored)
+
+
+class _ReasoningOfRun:
+    """`stored_reasoning_rows(run_id=…)`'s query, compiled once; column names without `stored_`."""
+
+    def __init__(self) -> None:
+        self._query = CompiledQuery(
+            lambda run_id: _reasoning_rows(AgentReasoningAudit.objects.filter(run_id=run_id)), run_id=str
+        )
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(n.removeprefix("stored_") for n in self._query.names())
+
+    def rows(self, run_id: str) -> list:
+        return self._query.rows(run_id=run_id)
+
+
+_REASONING_OF_RUN = _ReasoningOfRun()
 
 
 def reasoning_bindings(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:

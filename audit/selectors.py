@@ -57,7 +57,6 @@ Summary semantics (documented in docs/api.md):
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -89,6 +88,7 @@ from audit.models import (
 from audit.reconcile import CallUsage, KeptLedger, Reconciliation, reconcile
 from audit.rowdigest import stored_reasoning_rows
 from audit.transparency.verify import check_anchor
+from config.compiled import CompiledQuery, json_loads
 from diagnosis.models import DiagnosisRun, RunStatus
 from diagnosis.selectors import FeedbackView, RunResolution, feedback_of, get_feedback, viewer_feedback
 from pricing.costs import load_price_book, price_of_run
@@ -236,7 +236,7 @@ class StoredEvent:
             self.created_at,
             self.details_text,
         ) = values
-        self.details = json.loads(self.details_text) if self.details_text is not None else None
+        self.details = json_loads(self.details_text) if self.details_text is not None else None
 
     @property
     def pk(self) -> int:
@@ -262,25 +262,47 @@ _EVENT_VALUES = (
 )
 
 
-def timeline_of(*, run_id: str) -> list[StoredEvent]:
-    """The run's timeline in sequence order, one query, no model instances (a long trace spent most of
-    its read building them and decoding JSON through the field)."""
-    rows = (
+_TIMELINE = CompiledQuery(
+    lambda run_id: (
         TraceEvent.objects.filter(run_id=run_id)
         .order_by("sequence_no")
         .annotate(details_text=Cast("details", output_field=TextField()))
         .values_list(*_EVENT_VALUES, "details_text")
-    )
-    return [StoredEvent(*row) for row in rows]
+    ),
+    run_id=str,
+)
 
 
-def _stored_rows(model, order: Sequence[str], **filters: Any) -> list[Any]:
-    """Rows of `model` in `order` as attribute bags of every concrete column under its attribute name (the
-    digests cover every column) and `pk`, without model instances."""
-    names = [f.attname for f in model._meta.concrete_fields]
-    pk = model._meta.pk.attname
-    rows = model.objects.filter(**filters).order_by(*order).values(*names)
-    return [SimpleNamespace(pk=row[pk], **row) for row in rows]
+def timeline_of(*, run_id: str) -> list[StoredEvent]:
+    """The run's timeline in sequence order, one query (compiled once: `config.compiled`), no model
+    instances (a long trace spent most of its read building them and decoding JSON through the field)."""
+    return [StoredEvent(*row) for row in _TIMELINE.rows(run_id=run_id)]
+
+
+class _RowsOfRun:
+    """The rows of `model` stored under one run id, in `order`, as attribute bags of every concrete
+    column under its attribute name (the digests cover every column) and `pk`, without model instances;
+    one query compiled once (`config.compiled`), with `annotations` (name → expression) added."""
+
+    def __init__(self, model, order: Sequence[str], **annotations: Any) -> None:
+        self._pk = model._meta.pk.attname
+        self._query = CompiledQuery(
+            lambda run_id: model.objects.filter(run_id=run_id).order_by(*order).annotate(**annotations),
+            run_id=str,
+        )
+
+    def __call__(self, run_id: str) -> list[SimpleNamespace]:
+        names = self._query.names()
+        pk = names.index(self._pk)
+        return [
+            SimpleNamespace(pk=row[pk], **dict(zip(names, row, strict=True)))
+            for row in self._query.rows(run_id=run_id)
+        ]
+
+
+_STEPS_OF_RUN = _RowsOfRun(AgentStep, ("id",))
+_TOOLS_OF_RUN = _RowsOfRun(ToolInvocation, ("started_at", "id"))
+_REVIEWS_OF_RUN = _RowsOfRun(RunReview, ("sequence_no",))
 
 
 def provider_of(events: list[TraceEvent]) -> ProviderLabel | None:
@@ -305,10 +327,10 @@ def get_trace(
     given, else it is None."""
     events = timeline_of(run_id=run.run_id)
     # Every column of the step and tool rows: their digests cover them (`audit.rowdigest`).
-    steps = _stored_rows(AgentStep, ("id",), run_id=run.run_id)
-    tools = _stored_rows(ToolInvocation, ("started_at", "id"), run_id=run.run_id)
+    steps = _STEPS_OF_RUN(run.run_id)
+    tools = _TOOLS_OF_RUN(run.run_id)
     reasoning = stored_reasoning_rows(run_id=run.run_id)
-    reviews = list(RunReview.objects.filter(run_id=run.run_id).order_by("sequence_no"))
+    reviews = _REVIEWS_OF_RUN(run.run_id)
     leaf = anchored_leaf(run_id=run.run_id)
     book = load_price_book()  # the price overrides: one small query
 
@@ -566,10 +588,12 @@ def summarize(
     )
 
 
-def anchored_leaf(*, run_id: str) -> LogLeaf | None:
-    """The run's leaf in the transparency log with the first checkpoint that covers it annotated
-    (`covering_hash`, `covering_size`, `covering_signed_at`; None when none does yet); one query."""
-    return _anchored_leaves(LogLeaf.objects.filter(run_id=run_id)).first()
+def anchored_leaf(*, run_id: str) -> Any | None:
+    """The run's leaf in the transparency log (its columns by attribute name, not a model instance) with
+    the first checkpoint that covers it annotated (`covering_hash`, `covering_size`,
+    `covering_signed_at`; None when none does yet); one query. A run has at most one leaf (unique)."""
+    found = _LEAF_OF_RUN(run_id)
+    return found[0] if found else None
 
 
 def _anchored_leaves(leaves: QuerySet[LogLeaf]) -> QuerySet[LogLeaf]:
@@ -579,6 +603,16 @@ def _anchored_leaves(leaves: QuerySet[LogLeaf]) -> QuerySet[LogLeaf]:
         covering_size=Subquery(covering.values("tree_size")[:1]),
         covering_signed_at=Subquery(covering.values("signed_at")[:1]),
     )
+
+
+_COVERING = Checkpoint.objects.filter(tree_size__gt=OuterRef("leaf_index")).order_by("tree_size")
+_LEAF_OF_RUN = _RowsOfRun(
+    LogLeaf,
+    ("pk",),
+    covering_hash=Subquery(_COVERING.values("checkpoint_hash")[:1]),
+    covering_size=Subquery(_COVERING.values("tree_size")[:1]),
+    covering_signed_at=Subquery(_COVERING.values("signed_at")[:1]),
+)
 
 
 def _anchor_view(leaf: LogLeaf | None) -> AnchorView | None:

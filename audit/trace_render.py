@@ -26,10 +26,18 @@ from pricing.rules import CURRENCY
 _MONEY_PLACES = Decimal("1e-10")  # audit.serializers.MONEY: DRF quantizes to them and renders `{:f}`
 
 
+def _utc(tz: dt.tzinfo) -> bool:
+    return tz is dt.UTC or getattr(tz, "key", None) in ("UTC", "Etc/UTC")
+
+
 def _dt(value: dt.datetime | None, tz: dt.tzinfo | None = None) -> str | None:
     """A date-time as DRF renders it; `tz`: the current time zone when the caller looked it up once."""
     if not value:
         return None
+    if value.tzinfo is dt.UTC and settings.USE_TZ and _utc(tz or timezone.get_current_timezone()):
+        # A stored time read back (UTC) shown in UTC: the same text as converting it first.
+        text = value.isoformat()
+        return text[:-6] + "Z"
     if settings.USE_TZ:
         tz = tz or timezone.get_current_timezone()
         value = value.astimezone(tz) if value.utcoffset() is not None else timezone.make_aware(value, tz)

@@ -20,9 +20,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import tempfile
+import threading
 import time
+import traceback
+from collections import Counter
 from pathlib import Path
 
 from django.test.utils import override_settings
@@ -99,6 +103,116 @@ class AiOpsBenchProvider(BenchProvider):
         return self._stream(chunks, prompt=1800, completion=120, interval=self.chunk_interval)
 
 
+class RoundTrips:
+    """Durable commits, connection pings and pool jobs the process paid while open (counted, not timed),
+    so that the figure shows what changed independent of the machine's noise. Counted at the MySQL
+    backend's cursor and connection (no execute wrapper, so every write takes its usual path): a write
+    statement in autocommit mode (the single-statement path, the MariaDB compound transaction) or a
+    COMMIT is one commit; `is_usable` is one ping; a job handed to the runtime's pools
+    (`diagnosis.runtime.db`) is one job. With `B7_TRACE=1` each commit is also named by the recorder
+    method (or runtime function) that paid it, and the jobs' CPU time is split by pool, printed per
+    analysis."""
+
+    WRITES = ("INSERT", "UPDATE", "DELETE", "REPLACE", "BEGIN NOT ATOMIC")
+
+    def __init__(self) -> None:
+        self.commits = 0
+        self.pings = 0
+        self.jobs = 0
+        self.job_wall = self.job_cpu = 0.0
+        self.names: Counter[str] = Counter()
+        # (commits, pings, pool jobs, their wall and CPU seconds, names) when the last drain ended.
+        self.frozen: tuple[int, int, int, float, float, Counter[str]] = (0, 0, 0, 0.0, 0.0, Counter())
+        self.trace = bool(os.environ.get("B7_TRACE"))
+        self._lock = threading.Lock()
+
+    def reset(self) -> None:
+        with self._lock:
+            self.commits = self.pings = self.jobs = 0
+            self.job_wall = self.job_cpu = 0.0
+            self.names.clear()
+
+    def _commit(self) -> None:
+        with self._lock:
+            self.commits += 1
+            if self.trace:
+                self.names[_payer()] += 1
+
+    def _ping(self) -> None:
+        with self._lock:
+            self.pings += 1
+
+    def _job(self, wall: float, cpu: float) -> None:
+        with self._lock:
+            self.jobs += 1
+            self.job_wall += wall
+            self.job_cpu += cpu
+            if self.trace:
+                pool = threading.current_thread().name.split("_")[0]
+                self.names[f"{pool} CPU ms"] += cpu * 1e3
+
+    @contextlib.contextmanager
+    def installed(self):
+        from django.db.backends.mysql import base
+
+        from diagnosis.runtime import db as runtime_db
+
+        execute, is_usable = base.CursorWrapper.execute, base.DatabaseWrapper.is_usable
+        commit = base.DatabaseWrapper._commit
+        job = runtime_db._job
+        counter = self
+
+        def counted_job(fn, args, kwargs):
+            wall, cpu = time.perf_counter(), time.thread_time()
+            try:
+                return job(fn, args, kwargs)
+            finally:
+                counter._job(time.perf_counter() - wall, time.thread_time() - cpu)
+
+        def counted_execute(cursor, query, args=None):
+            head = query.lstrip()[:16].upper()
+            autocommit = cursor.cursor.connection.get_autocommit()
+            if (autocommit and head.startswith(counter.WRITES)) or head.startswith("COMMIT"):
+                counter._commit()
+            return execute(cursor, query, args)
+
+        def counted_is_usable(conn):
+            counter._ping()
+            return is_usable(conn)
+
+        def counted_commit(conn):
+            if conn.connection is not None:
+                counter._commit()
+            return commit(conn)
+
+        base.CursorWrapper.execute = counted_execute
+        base.DatabaseWrapper.is_usable = counted_is_usable
+        base.DatabaseWrapper._commit = counted_commit
+        runtime_db._job = counted_job
+        try:
+            yield self
+        finally:
+            runtime_db._job = job
+            base.CursorWrapper.execute = execute
+            base.DatabaseWrapper.is_usable = is_usable
+            base.DatabaseWrapper._commit = commit
+
+
+def _payer() -> str:
+    """The outermost recorder method and the one it called (else the innermost runtime or service
+    function) on the stack."""
+    found, recorder = "", []
+    for frame in traceback.extract_stack():
+        path = frame.filename.replace(os.sep, "/")
+        if "/audit/recorder/" in path:
+            recorder.append(frame.name)
+        elif not recorder and "/diagnosis/" in path and not path.endswith("runtime/db.py"):
+            found = f"{Path(path).stem}.{frame.name}"
+    if recorder:
+        return "/".join(recorder[:2])
+    return found or "?"
+
+
 def model_and_tool_seconds(run_id: str) -> tuple[float, float]:
     """The run's model-call time as the runtime measured it (agent steps of every agent and the semantic
     guard), and its tool time (per declaring step, the longest of its tools: parallel calls overlap)."""
@@ -119,9 +233,12 @@ def model_and_tool_seconds(run_id: str) -> tuple[float, float]:
     return model_ms / 1000, sum(per_step.values()) / 1000
 
 
-async def drain(user, n: int, *, concurrency: int) -> tuple[float, list[str]]:
+async def drain(
+    user, n: int, *, concurrency: int, counts: RoundTrips | None = None
+) -> tuple[float, list[str]]:
     """Queue `n` analyses, then run one worker until the queue is empty; (wall seconds, run ids). Runs in
-    the caller's event loop, which stays up across repetitions as a server process's does."""
+    the caller's event loop, which stays up across repetitions as a server process's does. `counts` is
+    reset when the worker starts and holds what it paid when it is done."""
     from diagnosis.aiops import intake
     from diagnosis.runtime import supervisor
     from diagnosis.runtime.worker import work
@@ -130,11 +247,22 @@ async def drain(user, n: int, *, concurrency: int) -> tuple[float, list[str]]:
         (await asyncio.to_thread(intake.start_staff_analysis, user=user, alert=ALERT)).run_id
         for _ in range(n)
     ]
+    if counts is not None:
+        counts.reset()
     start = time.perf_counter()
     launched = await work(
         launch=supervisor.launch, concurrency=concurrency, poll_interval=0.02, until_idle=True
     )
     wall = time.perf_counter() - start
+    if counts is not None:
+        counts.frozen = (
+            counts.commits,
+            counts.pings,
+            counts.jobs,
+            counts.job_wall,
+            counts.job_cpu,
+            Counter(counts.names),
+        )
     if launched != n:
         raise RuntimeError(f"worker launched {launched} of {n} analyses")
     return wall, ids
@@ -192,6 +320,8 @@ def run_all(*, runs_per_rep: int, reps: int, call_seconds: float = 0.3, log=prin
         }
         with override_settings(**provider.settings(server.base_url), **extra, **quiet):
             shares, overheads, per_minute = [], [], {1: [], 2: []}
+            commits, pings = [], []
+            counts = RoundTrips()
             decisions: set[str] = set()
 
             async def measure() -> None:
@@ -202,7 +332,14 @@ def run_all(*, runs_per_rep: int, reps: int, call_seconds: float = 0.3, log=prin
                 try:
                     await drain(user, 1, concurrency=1)  # warm-up: index, SDK client, connections
                     for rep in range(reps):
-                        wall, ids = await drain(user, runs_per_rep, concurrency=1)
+                        wall, ids = await drain(user, runs_per_rep, concurrency=1, counts=counts)
+                        n_commits, n_pings, n_jobs, job_wall, job_cpu, names = counts.frozen
+                        commits.append(n_commits / runs_per_rep)
+                        pings.append(n_pings / runs_per_rep)
+                        jobs = n_jobs / runs_per_rep
+                        if counts.trace:
+                            for name, k in sorted(names.items(), key=lambda kv: -kv[1]):
+                                log(f"    {k / runs_per_rep:6.1f} per analysis: {name}")
                         decisions.update(await asyncio.to_thread(check, ids))
                         per_minute[1].append(runs_per_rep / wall * 60)
                         model = tools = 0.0
@@ -219,14 +356,18 @@ def run_all(*, runs_per_rep: int, reps: int, call_seconds: float = 0.3, log=prin
                             f"  B7 rep {rep + 1}/{reps}: {wall / runs_per_rep * 1e3:.0f} ms per analysis, "
                             f"model {model / runs_per_rep * 1e3:.0f} ms, "
                             f"tools {tools / runs_per_rep * 1e3:.1f} ms, "
-                            f"outside {overheads[-1]:.1f} ms ({shares[-1]:.2f} %); "
+                            f"outside {overheads[-1]:.1f} ms ({shares[-1]:.2f} %), "
+                            f"{commits[-1]:.1f} commits, {pings[-1]:.1f} pings, "
+                            f"{jobs:.1f} pool jobs ({job_wall / runs_per_rep * 1e3:.1f} ms, "
+                            f"{job_cpu / runs_per_rep * 1e3:.1f} ms CPU) per analysis; "
                             f"{per_minute[1][-1]:.0f}/min at concurrency 1, {per_minute[2][-1]:.0f}/min at 2"
                         )
                 finally:
                     await supervisor.stop_background()
                     await aclose_clients()
 
-            asyncio.run(measure())
+            with counts.installed():
+                asyncio.run(measure())
         if server.errors:
             raise RuntimeError(f"fake provider errors: {server.errors}")
     tools_note = (
@@ -251,7 +392,8 @@ def run_all(*, runs_per_rep: int, reps: int, call_seconds: float = 0.3, log=prin
             "B7",
             f"worker overhead outside model and tool time "
             f"({call_seconds * 1e3:.0f} ms per model call, 4 calls)",
-            f"{spread(overheads).median:.1f} ms per analysis; release {', '.join(sorted(decisions))}",
+            f"{spread(overheads).median:.1f} ms per analysis; {spread(commits).median:.1f} commits and "
+            f"{spread(pings).median:.1f} pings per analysis; release {', '.join(sorted(decisions))}",
             spread(shares),
             3.0,
             ratio_unit=" %",

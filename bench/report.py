@@ -222,14 +222,16 @@ outcome. Overhead: wall time − the model time the runtime measured itself − 
 
 {_md_table(rows)}
 
-Outside the models and tools an analysis spends its time in about 22 durable decisions, each one commit
-(the AI Ops run records a plan decision and two tool calls at start and end besides what a chat records;
-`innodb_flush_log_at_trx_commit=1`), the ping of a pool connection that was idle through a model call,
+Outside the models and tools an analysis spends its time in its durable decisions
+(`innodb_flush_log_at_trx_commit=1`), the ping of a pool connection that was idle through a model call,
 and the CPU of the pool thread that writes (canonical JSON, hashing, reasoning encryption). The openai SDK's
 own request building and stream parsing, the largest share of the event loop's CPU in a pyinstrument
 profile, lies inside the model time the runtime measures (from before the request to the last chunk).
-What the profile of issue 15's target found and the worker now avoids (`diagnosis/runtime/worker.py`,
-`audit/facts.py`):
+The overhead row also gives the commits and pings per analysis, counted (not timed) at the MySQL
+backend's cursor and connection while the worker runs (the worker's claims included; `B7_TRACE=1`
+names the decision that paid each commit): they do not move with the machine's load. What the
+profile of issue 15's target found and the worker now avoids (`diagnosis/runtime/worker.py`,
+`audit/facts.py`, `audit/recorder/chain.py`, `diagnosis/runtime/tools/boundary.py`):
 
 * **The hand-over**: the claim's transaction and the next run's first records (RUN_STARTED, the routing
   decision) sat between one analysis and the next. A run now says when its last model call is made; the
@@ -237,21 +239,43 @@ What the profile of issue 15's target found and the worker now avoids (`diagnosi
   both overlap the end of the run before (no more runs call models at once than the worker's slots).
 * **The terminal write's stored-facts UPDATE** was compiled by the ORM at every run's finish (several ms
   of CPU); it is compiled once per database.
+* **One commit per decision**: 20.3 commits per analysis. A decision that no effect of the run follows
+  before its next record (the routing decision, a model step that calls no tool, the plan decisions,
+  the evidence and semantic guards' verdicts) is now *held* (`RunContext.hold`, `RunRecorder.hold`):
+  chained at once, with the sequence numbers, hash, timestamps and counts of the moment it was decided,
+  and committed in one transaction with the run's next write (the count of the next model call before
+  its request, the release, another decision). A frame to a reader, the run's end and every read of the
+  run's own rows commit what is held first; RUN_FINISHED commits with the terminal row; a step's parallel
+  tool starts commit together, in the order of the calls, before any of them runs
+  (`RunRecorder.record_together`). A combined write that fails is written again decision by decision, so
+  only what fails alone is counted and shown as lost; a fenced one counts one refused write per
+  decision. 12.3 commits per analysis (12.5 when the worker claims once more).
 
-Measured and left: the runtime's database pool (`ThreadPoolExecutor`) hands each job to the thread idle
-longest, so most decisions pay a ping round trip first (12.5 per analysis); a pool handing jobs to the most
-recently idle thread saved about two of them, but changed the order in which parallel tool starts reach
-the recorder, and was reverted.
+Measured and left: what still commits alone is each model call's count before its request (4), the step
+that declares the tool calls (their rows name its row id, which only its commit returns), the tool
+starts, each tool's terminal (its live frame follows it), the release (the self-evaluation reads it),
+the terminal row, RUN_STARTED (its frame follows it) and the worker's claims. The runtime's database
+pool (`ThreadPoolExecutor`) hands each job to the thread idle longest, so most jobs after a model call
+pay a ping round trip first (11–19 per analysis); a pool handing jobs to the most recently idle thread
+saved about two of them but changed the order in which parallel tool starts reached the recorder, and
+was reverted. The starts are now one job, so that no longer stands in its way.
 
-Every decision is still durable before the next, fenced by the lease epoch and bound into the chain; the
-audit stays fail-open. The machine is shared (2 cores, other benches and test suites running at
-load 2–8), so the share moves with the load more than with the code: before (main) and after these
-changes, alternated run by run on 2026-12-01, measured 5.32 % / 3.84 % (72 / 51 ms per analysis, load ≈ 3),
-6.61 % / 5.61 %, 9.85 % / 7.60 %, 8.88 % / 7.14 % (load 4–8), and once 5.72 % / 7.55 % (load rising during
-the second run). Before these changes, at the calmest moment of the day, main measured 4.38 % (58 ms).
-Per analysis the database pool spends about 12 ms of CPU and waits for about 22 commits and 12 pings;
-what is left outside the model and tool time is those round trips to a database on a loaded machine. (The
-side-by-side figures above include the reverted pool change.)
+Every decision is still durable before the next effect of the run (a model request, a tool run, a frame,
+the release) and never after a later decision (a held one commits in the transaction of the next),
+fenced by the lease epoch and bound into the chain in order, with gapless sequence numbers; the audit
+stays fail-open. The machine is shared (2 cores, other benches and test suites running), so the share
+moves with the load more than with the code. Main (before held decisions) and this change, alternated
+run by run on 2026-12-01 19:12–19:25 UTC (`python -m bench --only b7 --no-write` each; load average at
+each start): 6.36 % / 7.16 % (89 / 104 ms per analysis, load 5.0 / 4.5), 8.70 % / 9.52 % (132 / 144 ms,
+load 6.0 / 8.0), 8.63 % / 5.63 % (125 / 79 ms, load 8.5 / 5.6), 3.73 % / 3.63 % (50 / 48 ms, load
+2.8 / 1.9); the best single repetitions 2.67 % (main) and 2.87 % (this change). The commits per analysis
+fell from 20.3 to 12.3–12.5 (counted in every repetition), the pings stayed at 11–19, the pool jobs
+at about 25 (24.5 now: the tool starts are one job); the time did not measurably follow: at load ≈ 2
+both sides spend about 50 ms outside the model and tool time, while the jobs of the runtime's pools use
+45–55 ms of thread CPU per analysis (`B7_TRACE=1` at load ≈ 5: 30 ms in the tool threads, mostly inside
+the tool time, and 22 ms in the database pool) on a 2-core machine shared with other processes. The
+target is not met; what bounds the figure here is CPU and scheduling on a loaded machine more than the
+database's round trips.
 {B7_END}"""
 
 
@@ -465,24 +489,23 @@ runtime's `await db(recorder.method)` call sites). Tried, measured and not kept:
 `threading.Event` (whose `Condition.notify` was a fifth of the GIL time under load).
 
 **B2.** The floor reads rows; the endpoint also runs Django's middleware and DRF's dispatch, loads the
-session and the user, compiles eight ORM queries, verifies the whole hash chain and every bound row's
-digest, and encodes the body (≈ 520 kB for 500 events). Since issue 19 the read keeps what the recorder
-wrote as written: each event's hash is checked over its details **as stored** (the canonical JSON that
-was hashed; `audit.integrity.verify_chain` falls back to re-encoding the decoded value only when that
-does not match, so the verdict is the same), the body carries that text instead of encoding the details
-again (`audit.trace_render.TraceRenderer`), rows are read as values instead of model instances, and the
-JSON columns of stored rows skip a dumps/loads round trip in their digests. No cache: every read
-verifies every event and row. What is left of a 500-event read (parts timed one by one on the loaded
-machine, ≈ 28 ms in all): reading the rows through the ORM ≈ 12 ms (events 4.7, tools 3.6, steps 1.8,
-reasoning rows 1.4, log leaf 1.0; the floor reads the same rows in ≈ 4–5 ms), verification ≈ 8 ms (the
-row digests of 82 steps, 164 tools and 82 reasoning rows 5.9 — canonical JSON of each —, the chain 1.6,
-the ledger 0.6) and the body ≈ 4 ms; at 10 events it is the fixed cost of the stack (client, middleware,
-DRF, ≈ 0.2 ms of ORM compilation per query), about 6 ms against a floor under 1 ms, which bounds the
-short runs at ≈ 8–10× whatever the per-event work. The query count stays constant, every query uses an
-index (EXPLAIN above) and reads do not slow down with 100× more stored runs. Next levers, not done:
-storing each bound row's canonical text so that its digest is one SHA-256 (its columns still have to be
-compared with it on read, or only by `verify_audit`), and answering the trace with one raw SQL statement
-per table instead of the ORM.
+session and the user, runs eight queries of its own, verifies the whole hash chain and every bound
+row's digest, and encodes the body (≈ 520 kB for 500 events). Since issue 19 the read keeps what the
+recorder wrote as written: each event's hash is checked over its details **as stored** (the canonical
+JSON that was hashed; `audit.integrity.verify_chain` falls back to re-encoding the decoded value only
+when that does not match, so the verdict is the same), the body carries that text instead of encoding
+the details again (`audit.trace_render.TraceRenderer`), rows are read as values instead of model
+instances, and the trace's eight queries are compiled by the ORM once per process
+(`config.compiled.CompiledQuery`) instead of built and compiled on every read. No cache of data: every
+read verifies every event and row. What is left (issue 19 section above, profile there): at 10 events
+the stack the trace runs in — middleware, session and user loaded through Django's auth (two ORM queries
+built per request), DRF — ≈ 2.5 ms of CPU against a floor of ≈ 1.6 ms wall, which alone bounds short
+runs near 2.5–3.5×; at 500 events the per-row work, ≈ 30 ms (rows read and converted 9, the row digests'
+canonical JSON 8, the body 5, the chain 2.5, pricing 1.5). The query count stays constant, every query
+uses an index (EXPLAIN above) and reads do not slow down with 10–100× more stored runs. Next levers, not
+done: the session and user reads compiled too; storing each bound row's canonical text so that its
+digest is one SHA-256 (its columns still have to be compared with it on read, or only by
+`verify_audit`), which would also let the body carry the JSON columns as stored.
 
 **B3.** One daphne process is one Python thread of CPU for everything: for every streamed chunk the SDK
 parses the SSE chunk, the runtime emits a delta, the channel layer fans it out and the consumer encodes

@@ -9,13 +9,16 @@ with the same 404.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import NotSupportedError, connections
 from django.db.models import Lookup, OuterRef, Q, QuerySet, Subquery
 
+from config.compiled import CompiledQuery
 from diagnosis.models import AiOpsAlert, ChatSession, DiagnosisRun, RunFeedback
 
 MAX_ID_CHARS = 64
@@ -216,23 +219,71 @@ def get_visible_run(
         return None
     if not user.is_authenticated or not user.is_active:
         return None
-    qs = (
-        DiagnosisRun.objects.all()
-        if session_id is None
-        else DiagnosisRun.objects.filter(session_id=session_id)
-    )
-    if not sees_all_sessions(user):
-        qs = qs.filter(session__owner=user)
+    owned = not sees_all_sessions(user)
+    query = _visible_run_query(session_id is not None, owned, with_feedback, run_id is not None)
+    params: dict[str, Any] = {}
+    if session_id is not None:
+        params["session_id"] = session_id
+    if owned:
+        params["owner"] = user.pk
     if with_feedback:
-        mine = RunFeedback.objects.filter(run_id=OuterRef("run_id"), user_id=user.pk)
-        qs = qs.annotate(
-            viewer_feedback_rating=Subquery(mine.values("rating")[:1]),
-            viewer_feedback_comment=Subquery(mine.values("comment")[:1]),
-            viewer_feedback_created_at=Subquery(mine.values("created_at")[:1]),
-        )
+        params["viewer"] = user.pk
     if run_id is not None:
-        return qs.filter(run_id=run_id).first()
-    return qs.order_by("-created_at", "-id").first()
+        params["run_id"] = run_id
+    rows = query.rows(**params)
+    if not rows:
+        return None
+    names = query.names()
+    fields = len(_RUN_ATTNAMES)
+    run = DiagnosisRun.from_db("default", _RUN_ATTNAMES, rows[0][:fields])
+    for name, value in zip(names[fields:], rows[0][fields:], strict=True):
+        setattr(run, name, value)
+    return run
+
+
+_RUN_ATTNAMES = tuple(f.attname for f in DiagnosisRun._meta.concrete_fields)
+
+
+@functools.cache
+def _visible_run_query(by_session: bool, owned: bool, with_feedback: bool, by_run: bool) -> CompiledQuery:
+    """`get_visible_run`'s query for one shape of request, compiled once (`config.compiled`): it is
+    sent on every trace read and chat frame replay, and building it cost more than running it."""
+
+    def build(
+        session_id: str | None = None,
+        owner: int | None = None,
+        viewer: int | None = None,
+        run_id: str | None = None,
+    ) -> QuerySet:
+        qs = (
+            DiagnosisRun.objects.all()
+            if session_id is None
+            else DiagnosisRun.objects.filter(session_id=session_id)
+        )
+        if owner is not None:
+            qs = qs.filter(session__owner_id=owner)
+        if viewer is not None:
+            mine = RunFeedback.objects.filter(run_id=OuterRef("run_id"), user_id=viewer)
+            qs = qs.annotate(
+                viewer_feedback_rating=Subquery(mine.values("rating")[:1]),
+                viewer_feedback_comment=Subquery(mine.values("comment")[:1]),
+                viewer_feedback_created_at=Subquery(mine.values("created_at")[:1]),
+            )
+        if run_id is not None:
+            qs = qs.filter(run_id=run_id)
+            return (qs if qs.ordered else qs.order_by("pk"))[:1]  # as `.first()`
+        return qs.order_by("-created_at", "-id")[:1]
+
+    params: dict[str, type] = {}
+    if by_session:
+        params["session_id"] = str
+    if owned:
+        params["owner"] = int
+    if with_feedback:
+        params["viewer"] = int
+    if by_run:
+        params["run_id"] = str
+    return CompiledQuery(build, **params)
 
 
 def viewer_feedback(run: DiagnosisRun) -> FeedbackView | None:

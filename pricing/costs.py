@@ -18,6 +18,7 @@ from decimal import Decimal
 from typing import Any
 
 from audit.models import EventType, TraceEvent
+from config.compiled import CompiledQuery
 from diagnosis.models import DiagnosisRun
 from pricing.models import PriceOverride
 from pricing.rules import CallCost, CallTokens, CostStatus, Override, PriceBook, Rate, RunCost
@@ -26,22 +27,32 @@ COST_FIELDS = ("cost", "cost_status", "cost_unpriced_calls")
 REFRESH_BATCH = 500
 
 
+_OVERRIDE_COLUMNS = (
+    "id",
+    "model_pattern",
+    "provider",
+    "input_per_mtok",
+    "cached_input_per_mtok",
+    "output_per_mtok",
+    "effective_from",
+    "effective_to",
+)
+# Read on every trace: compiled once (`config.compiled`), rows as `values_list` gives them.
+_OVERRIDES = CompiledQuery(lambda: PriceOverride.objects.values_list(*_OVERRIDE_COLUMNS))
+
+
 def load_price_book() -> PriceBook:
     """The overrides as they are now (one query) over `genai-prices`' bundled table."""
     return PriceBook(
         Override(
-            id=o.id,
-            model_pattern=o.model_pattern,
-            provider=o.provider,
-            rate=Rate(
-                o.input_per_mtok,
-                o.cached_input_per_mtok if o.cached_input_per_mtok is not None else o.input_per_mtok,
-                o.output_per_mtok,
-            ),
-            effective_from=o.effective_from,
-            effective_to=o.effective_to,
+            id=pk,
+            model_pattern=pattern,
+            provider=provider,
+            rate=Rate(inp, cached if cached is not None else inp, out),
+            effective_from=start,
+            effective_to=end,
         )
-        for o in PriceOverride.objects.all()
+        for pk, pattern, provider, inp, cached, out, start, end in _OVERRIDES.rows()
     )
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connection
@@ -37,8 +38,47 @@ from reasoning.models import AgentReasoningAudit
 logger = logging.getLogger("audit.recorder")
 
 
+@dataclass(eq=False, slots=True)
+class _Spec:
+    """One decision as its owner handed it to `ChainWriter._write` (kept to write it again on its own)."""
+
+    what: str
+    events: Sequence[_Event]
+    inserts: Sequence[Insert] = ()
+    updates: Sequence[Update] = ()
+    run_fields: dict[str, Any] | None = None
+    # Statements of the same transaction; None: the stored list facts once the run has ended (`_late`).
+    after: list[tuple[str, tuple]] | None = None
+    # Called once the decision committed (state that needs what the database returned, e.g. row ids).
+    on_commit: Callable[[], None] | None = None
+
+
+@dataclass(eq=False, slots=True)
+class _Held:
+    """A decision chained but not committed yet: its op, its events as committed, where the chain stood
+    before it, and once written, what `_write` would have returned for it (None: not written)."""
+
+    spec: _Spec
+    op: WriteOp
+    entries: list[Committed]
+    start: tuple[int, str]
+    last: int
+    result: int | None = None
+
+
 class ChainWriter:
-    """The write half of `RunRecorder`: state it relies on is set by `RunRecorder.__init__`."""
+    """The write half of `RunRecorder`: state it relies on is set by `RunRecorder.__init__`.
+
+    **Held decisions.** A decision recorded through `hold` (no effect of the run follows it before the
+    run's next record) is chained at once (its sequence numbers, hash, timestamps and counts are those
+    of that moment) but committed together with the next decision this recorder writes, in one
+    transaction, or by `flush`. The owner must flush before anything leaves the process (a frame; a
+    model request or a tool execution is always preceded by a write, which takes the held decisions
+    with it); `finish` and every read of the run's own rows flush first. If that transaction fails
+    (other than by the fence), nothing of it was written: the chain goes back to the first held
+    decision and each decision is written on its own as if none had been held, so exactly the ones
+    that fail on their own are counted as audit write failures. A refused (fenced) transaction counts
+    one fenced write per decision in it."""
 
     def _write(
         self,
@@ -49,12 +89,13 @@ class ChainWriter:
         updates: Sequence[Update] = (),
         run_fields: dict[str, Any] | None = None,
         usage: Usage | None = None,
+        on_commit: Callable[[], None] | None = None,
     ) -> int | None:
         """Write the decision's rows (`inserts`, `updates`), its events and the run fields in one
         transaction, durable before returning; fail-open.
 
         Returns the `sequence_no` of the last event written (transports use it as the resumption id of
-        live events), or None when the write failed.
+        live events), or None when the write failed (or the decision is held: see the class docstring).
 
         The usage, when given, enters the ledger whether or not the write commits (the call happened);
         `finish` reconciles the ledger with the usage records that did commit.
@@ -65,27 +106,155 @@ class ChainWriter:
             if usage is not None and usage_event is not None:
                 d = usage_event.details
                 self._ledger.add(d["source"], usage, d.get("stepIndex"), d.get("agentName"))
-            for attempt in (1, 2):
+            spec = _Spec(what, events, inserts, updates, run_fields, on_commit=on_commit)
+            if self._holding:
+                self._hold(spec)
+                return None
+            return self._write_now(spec)
+
+    def hold(self, write: Callable[..., Any], /, **kwargs: Any) -> None:
+        """Record the decision `write(**kwargs)` (one of `HOLDABLE`, a method of this recorder) as a held
+        decision (see the class docstring); returns nothing, as the decision has no committed sequence
+        yet. A model step that declares tool calls is written at once: its calls' rows name its row id."""
+        name = getattr(write, "__name__", "")
+        if name not in HOLDABLE or getattr(write, "__self__", None) is not self:
+            raise ValueError(f"not a decision that can be held: {name or write!r}")
+        with self._lock:
+            self._holding = not (name == "model_step" and kwargs.get("tool_calls"))
+            try:
+                write(**kwargs)
+            finally:
+                self._holding = False
+
+    def record_together(self, writes: Sequence[tuple[Callable[..., Any], dict[str, Any]]]) -> list[Any]:
+        """Record several decisions (`(method, kwargs)`, each of `HOLDABLE` or `TOGETHER`, methods of this
+        recorder) in order, in one transaction with whatever is held, committed before returning. Each
+        entry's result is what its method returns when called alone, known once written: the sequence
+        number of its last event (None when not written), or the exception it raised (returned in its
+        place; a refusal it recorded is written with the others)."""
+        outcomes: list[tuple[Any, list[_Held]]] = []
+        with self._lock:
+            for write, kwargs in writes:
+                name = getattr(write, "__name__", "")
+                if name not in HOLDABLE | TOGETHER or getattr(write, "__self__", None) is not self:
+                    raise ValueError(f"not a decision that can be written together: {name or write!r}")
+                before = len(self._held)
+                self._holding = not (name == "model_step" and kwargs.get("tool_calls"))
                 try:
-                    self._commit(events, inserts, updates, run_fields)
-                except WriteFenced:
-                    self._fenced(what)
-                    return None
-                except IntegrityError as exc:
-                    # Another process wrote this run's timeline (e.g. a sweeper that thought it dead):
-                    # reload the chain head once and retry; anything else is an audit failure.
-                    if attempt == 1 and self._sequence_taken():
-                        self._reload_head()
-                        continue
-                    self._failed(what, exc)
-                    return None
+                    result: Any = write(**kwargs)
                 except Exception as exc:
-                    # Any failure of the durable path (database, encryption of a reasoning row, the
-                    # write path itself, serialisation) costs this decision's record, never the run.
-                    self._failed(what, exc)
-                    return None
-                return self._next_sequence - 1
+                    result = exc
+                finally:
+                    self._holding = False
+                outcomes.append((result, self._held[before:]))
+            self.flush()
+        return [
+            result if isinstance(result, Exception) or not held else held[-1].result
+            for result, held in outcomes
+        ]
+
+    def holds(self) -> bool:
+        """Whether decisions wait for their commit (the owner then flushes before a frame leaves)."""
+        return bool(self._held)
+
+    def flush(self) -> None:
+        """Commit the held decisions (one transaction; see the class docstring). Fail-open."""
+        with self._lock:
+            if self._held:
+                self._write_now(None)
+
+    def _hold(self, spec: _Spec) -> None:
+        start = (self._next_sequence, self._prev_hash)
+        try:
+            op, entries = self._build(spec)
+        except Exception as exc:  # serialisation or encryption: this decision is lost, as when written
+            self._next_sequence, self._prev_hash = start
+            self._failed(spec.what, exc)
+            return
+        self._held.append(_Held(spec, op, entries, start, self._next_sequence - 1))
+
+    def _write_now(self, spec: _Spec | None) -> int | None:
+        """Write `spec` (None: nothing but the held decisions) together with the held decisions."""
+        held, self._held = self._held, []
+        if not held:
+            return self._attempt(spec)
+        ops = [h.op for h in held]
+        try:
+            if spec is not None:
+                op, entries = self._build(spec)
+                ops.append(op)
+            self._submit(_merged(ops))
+        except WriteFenced:
+            self._next_sequence, self._prev_hash = held[0].start
+            for h in held:
+                self._fenced(h.spec.what)
+            if spec is not None:
+                self._fenced(spec.what)
             return None
+        except Exception:
+            end = (self._next_sequence, self._prev_hash)
+            _recover_connection()
+            if not self._landed(held[0]):
+                # Nothing of the transaction was written: each decision on its own, from the first held.
+                self._next_sequence, self._prev_hash = held[0].start
+                for h in held:
+                    h.result = self._attempt(h.spec)
+                return self._attempt(spec) if spec is not None else None
+            # It committed, and only its outcome was lost (with the connection): nothing is written twice.
+            self._next_sequence, self._prev_hash = end
+        for h in held:
+            self._committed(h.entries, h.spec)
+            h.result = h.last
+        if spec is None:
+            return None
+        self._committed(entries, spec)
+        return self._next_sequence - 1
+
+    def _landed(self, held: _Held) -> bool:
+        """Whether the first event of `held` is stored as chained here: a transaction whose outcome was
+        lost with its connection may have committed (then it holds every decision written with it)."""
+        t = _tables().event
+        index = t.columns.index("hash")
+        digest = next((row.values[index] for row in held.op.inserts if row.table is t), None)
+        if digest is None:
+            return False
+        try:
+            return TraceEvent.objects.filter(
+                run_id=self.run_id, sequence_no=held.start[0], hash=digest
+            ).exists()
+        except DatabaseError:
+            _recover_connection()
+            return False
+
+    def _attempt(self, spec: _Spec) -> int | None:
+        """Write one decision on its own (the retry after a taken sequence, the fail-open accounting)."""
+        for attempt in (1, 2):
+            start = (self._next_sequence, self._prev_hash)
+            try:
+                op, entries = self._build(spec)
+                self._submit(op)
+            except WriteFenced:
+                self._next_sequence, self._prev_hash = start
+                self._fenced(spec.what)
+                return None
+            except IntegrityError as exc:
+                self._next_sequence, self._prev_hash = start
+                # Another process wrote this run's timeline (e.g. a sweeper that thought it dead):
+                # reload the chain head once and retry; anything else is an audit failure.
+                if attempt == 1 and self._sequence_taken():
+                    self._reload_head()
+                    continue
+                self._failed(spec.what, exc)
+                return None
+            except Exception as exc:
+                self._next_sequence, self._prev_hash = start
+                # Any failure of the durable path (database, encryption of a reasoning row, the
+                # write path itself, serialisation) costs this decision's record, never the run.
+                self._failed(spec.what, exc)
+                return None
+            self._committed(entries, spec)
+            return self._next_sequence - 1
+        return None
 
     def _commit(
         self,
@@ -94,10 +263,33 @@ class ChainWriter:
         updates: Sequence[Update],
         run_fields: dict[str, Any] | None,
     ) -> None:
+        """Chain and write one decision now, raising whatever kept it from committing (the chain then
+        stays where it was): for writers with their own transaction and retries (governance events,
+        reviews), never fail-open."""
+        spec = _Spec("", events, inserts, updates, run_fields)
+        start = (self._next_sequence, self._prev_hash)
+        try:
+            op, entries = self._build(spec)
+            self._submit(op)
+        except BaseException:
+            self._next_sequence, self._prev_hash = start
+            raise
+        self._committed(entries, spec)
+
+    def _committed(self, entries: list[Committed], spec: _Spec) -> None:
+        if self.committed is not None:
+            self.committed.extend(entries)
+        if spec.on_commit is not None:
+            spec.on_commit()
+
+    def _build(self, spec: _Spec) -> tuple[WriteOp, list[Committed]]:
+        """The decision's op with its events chained from the current head, which it advances."""
+        events, run_fields = spec.events, spec.run_fields
         t = _tables()
         seq = self._next_sequence
         prev = self._prev_hash
-        op = WriteOp(inserts=list(inserts), updates=list(updates), fence=self._fence(), after=self._late())
+        after = spec.after if spec.after is not None else self._late()
+        op = WriteOp(inserts=list(spec.inserts), updates=list(spec.updates), fence=self._fence(), after=after)
         for row in op.inserts:
             _seal(row)
         for upd in op.updates:
@@ -152,15 +344,13 @@ class ChainWriter:
             op.updates.append(
                 Update(t.run, tuple(fields), tuple(fields.values()), ("run_id",), (self.run_id,))
             )
-        self._submit(op)
-        if self.committed is not None:
-            first = self._next_sequence
-            self.committed.extend(
-                Committed(first + i, str(e.event_type), str(e.status), e.details)
-                for i, e in enumerate(events)
-            )
+        first = self._next_sequence
+        entries = [
+            Committed(first + i, str(e.event_type), str(e.status), e.details) for i, e in enumerate(events)
+        ]
         self._next_sequence = seq
         self._prev_hash = prev
+        return op, entries
 
     def _submit(self, op: WriteOp) -> None:
         """Write `op` durably (group commit when enabled and the caller is in autocommit mode, else
@@ -191,21 +381,11 @@ class ChainWriter:
         }
 
     def _update_run(self, what: str, *, after: Sequence[tuple[str, tuple]] = (), **fields: Any) -> bool:
-        """Update the run row (fenced, fail-open); `after`: statements of the same transaction."""
+        """Update the run row (fenced, fail-open), with the held decisions; `after`: statements of the
+        same transaction."""
         with self._lock:
-            fields.update(self._count_fields())
-            update = Update(_tables().run, tuple(fields), tuple(fields.values()), ("run_id",), (self.run_id,))
-            try:
-                self._submit(
-                    WriteOp(updates=[update], fence=self._fence(), after=list(after) or self._late())
-                )
-                return True
-            except WriteFenced:
-                self._fenced(what)
-                return False
-            except Exception as exc:
-                self._failed(what, exc)
-                return False
+            spec = _Spec(what, (), run_fields=fields, after=list(after) or None)
+            return self._write_now(spec) is not None
 
     def _fenced(self, what: str) -> None:
         """A write refused by the fence: count it (a counter, not a decision) and tell the owner."""
@@ -267,6 +447,47 @@ class ChainWriter:
             "steps": AgentStep.objects.filter(run_id=self.run_id).count(),
             "tools": ToolInvocation.objects.filter(run_id=self.run_id).count(),
         }
+
+
+# The decisions `ChainWriter.hold` accepts: their callers need no outcome (fail-open, nothing raised, the
+# sequence number unused but for progress frames, which follow the commit).
+HOLDABLE = frozenset({"routing_decision", "plan_decision", "model_step", "evidence_guard", "semantic_guard"})
+
+
+# Decisions `ChainWriter.record_together` also accepts: their callers need the outcome, which it returns
+# once the decisions written together committed (the starts of one step's parallel tool calls).
+TOGETHER = frozenset({"tool_started"})
+
+
+def _merged(ops: Sequence[WriteOp]) -> WriteOp:
+    """Several decisions' ops of one run as one op (one transaction): rows in chain order, consecutive
+    updates of the same row folded into one (the later values win), each statement run after once."""
+    updates: list[Update] = []
+    after: list[tuple[str, tuple]] = []
+    for op in ops:
+        for upd in op.updates:
+            last = updates[-1] if updates else None
+            if (
+                last is not None
+                and last.fallback is None
+                and upd.fallback is None
+                and last.table is upd.table
+                and last.where == upd.where
+                and last.where_values == upd.where_values
+            ):
+                values = dict(zip(last.columns, last.values, strict=True))
+                values.update(zip(upd.columns, upd.values, strict=True))
+                updates[-1] = Update(
+                    last.table, tuple(values), tuple(values.values()), last.where, last.where_values
+                )
+            else:
+                updates.append(upd)
+        for statement in op.after:
+            if statement not in after:
+                after.append(statement)
+    return WriteOp(
+        inserts=[row for op in ops for row in op.inserts], updates=updates, fence=ops[-1].fence, after=after
+    )
 
 
 def _seal(row: Insert) -> None:

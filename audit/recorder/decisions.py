@@ -254,10 +254,14 @@ class DecisionRecords:
             if finished_at is not None:
                 # The latest agent step's end is the answer's last token once the guards take over.
                 self._last_token_at = finished_at
-            sequence_no = self._write("model_step", events, inserts=[step, reasoning_row], usage=usage)
-            if step.id is not None:
-                self._step_ids[(agent_name, step_index)] = step.id
-            return sequence_no
+
+            def step_id() -> None:  # the row id, once the step committed (its tool calls' rows name it)
+                if step.id is not None:
+                    self._step_ids[(agent_name, step_index)] = step.id
+
+            return self._write(
+                "model_step", events, inserts=[step, reasoning_row], usage=usage, on_commit=step_id
+            )
 
     # ----------------------------------------------------------------------------------------------
     # Plan (AI Ops)

@@ -8,7 +8,10 @@ for their decision at the moment they decide. The recorder:
 * chains `hash = sha256(prev_hash + canonical JSON of the event)` (see `audit.integrity`);
 * bounds every payload (`audit.payloads`: previews ≤ 500 characters plus full length and sha256);
 * writes a decision's rows in one transaction, durable before the method returns (a model step is its
-  step row, its reasoning row and its two timeline events);
+  step row, its reasoning row and its two timeline events); a decision recorded through `hold` (no effect
+  of the run follows it before its next record) is chained at once and commits in the transaction of
+  the run's next write, or at `flush` (see `audit.recorder.chain.ChainWriter`); `record_together`
+  writes several decisions in one transaction and returns each one's outcome;
 * keeps the run's *expected* counts (what it attempted) beside what committed, and its token ledger;
 * is **fail-open**: any exception of the durable path (a database error, a reasoning row whose
   encryption fails, the write path itself, serialisation) costs only that decision's record: it is
@@ -145,6 +148,9 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
         self.audit_write_failures = 0
         # Set once the terminal row is written: every later write also rewrites the stored list facts.
         self.finished = False
+        # Decisions chained but not committed yet (`hold`), and whether the current one is held.
+        self._held: list = []
+        self._holding = False
 
     # ----------------------------------------------------------------------------------------------
     # Construction
@@ -316,6 +322,7 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
         refused so far (the run's `fenced_writes` counter), when that grew since the last note. Refusals
         after RUN_FINISHED are only counted: nothing is chained after the run's end."""
         with self._lock:
+            self.flush()
             stored = DiagnosisRun.objects.filter(run_id=self.run_id)
             total = stored.values_list("fenced_writes", flat=True).first() or 0
             noted = max(
@@ -483,6 +490,7 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
         database (one query; `audit.reconcile`)."""
         with self._lock:
             self._close_dangling_tools(status)
+            self.flush()  # the reconciliation below reads the usage records
             events: list[_Event] = []
             if status != RunStatus.SUCCESS:
                 content = ""
@@ -563,11 +571,18 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
                     },
                 )
             )
-            sequence_no = self._write("run_finished", events)
-            # The run's stored list facts (`audit.facts`), decided from the stored rows in the
-            # transaction of the terminal row (and the review queue's flag, which reads them).
+            # RUN_FINISHED is held and commits with the terminal row, in one transaction (each on its
+            # own if that fails). The run's stored list facts (`audit.facts`), decided from the stored
+            # rows in the transaction of the terminal row (and the review queue's flag, which reads them).
+            self._holding = True
+            try:
+                self._write("run_finished", events)
+            finally:
+                self._holding = False
+            held = self._held[-1] if self._held else None
             facts = fact_statements(self.run_id)
             written = self._update_run("finish", after=facts, **fields)
+            sequence_no = held.result if held is not None else None
             if not written and not self.fenced:
                 # The terminal row is the business result: one more try after a failed write.
                 written = self._update_run("finish_retry", after=facts, **fields)

@@ -293,6 +293,7 @@ class ToolLifecycle:
                 )
                 raise ToolLifecycleConflict(f"tool call {tool_call_id}: not the arguments approved")
             agent_name, step_index = self._declared[tool_call_id]
+            self.flush()  # what is read next must include every decision recorded
             if not _declared_in_store(self, tool_call_id, agent_name, step_index):
                 self._refused(
                     tool_call_id, tool_name, "DECLARING_STEP_NOT_FOUND", "has no declaring step in this run"
@@ -425,9 +426,11 @@ class ToolLifecycle:
                     )
                 ],
                 inserts=[row],
+                on_commit=lambda: _start_timing(state),
             )
-            # Starting is the moment the executing process begins timing.
-            state.started_monotonic = time.monotonic()
+            # Starting is the moment the executing process begins timing (again once the RUNNING row
+            # committed, when it was written with other decisions: `record_together`).
+            _start_timing(state)
             return sequence_no
 
     def tool_finished(
@@ -712,6 +715,10 @@ class ToolLifecycle:
                 )
             ],
         )
+
+
+def _start_timing(state: _ToolState) -> None:
+    state.started_monotonic = time.monotonic()
 
 
 def _declared_in_store(rec: Any, tool_call_id: str, agent_name: str, step_index: int) -> bool:

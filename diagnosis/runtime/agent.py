@@ -157,7 +157,7 @@ class Agent:
                 )
             )
         except (LLMError, RunCancelled) as exc:
-            await ctx.record(
+            await ctx.hold(
                 ctx.recorder.model_step,
                 step_index=step_index,
                 agent_name=self.agent_name,
@@ -183,7 +183,7 @@ class Agent:
             result = replace(
                 result, tool_calls=ctx.recorder.run_unique_calls(result.tool_calls, step_index=step_index)
             )
-        await ctx.record(
+        await ctx.hold(
             ctx.recorder.model_step,
             step_index=step_index,
             agent_name=self.agent_name,

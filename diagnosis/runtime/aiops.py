@@ -87,7 +87,7 @@ class _PlanInForce:
         revised = parse_plan(text, tool_names=self.tool_names, fenced_only=True)
         rec = self.ctx.recorder
         if not revised.usable:
-            await self.ctx.record(
+            await self.ctx.hold(
                 rec.plan_decision,
                 agent_name=EXECUTOR,
                 status=UNUSABLE,
@@ -101,7 +101,7 @@ class _PlanInForce:
             return
         self.revisions += 1
         self.steps = revised.as_list()
-        await self.ctx.record(
+        await self.ctx.hold(
             rec.plan_decision,
             agent_name=EXECUTOR,
             status=REVISED,
@@ -128,7 +128,7 @@ async def _plan(ctx: RunContext, tool_names: list[str]) -> tuple[Plan, bool]:
     plan = parse_plan(answer.text, tool_names=tool_names)
     step_index = ctx.steps_taken(PLANNER)
     if plan.usable:
-        await ctx.record(
+        await ctx.hold(
             rec.plan_decision,
             agent_name=PLANNER,
             status=ACCEPTED,
@@ -138,7 +138,7 @@ async def _plan(ctx: RunContext, tool_names: list[str]) -> tuple[Plan, bool]:
             reason="the planner's plan",
         )
         return plan, False
-    await ctx.record(
+    await ctx.hold(
         rec.plan_decision,
         agent_name=PLANNER,
         status=UNUSABLE,
@@ -148,7 +148,7 @@ async def _plan(ctx: RunContext, tool_names: list[str]) -> tuple[Plan, bool]:
         reason="the planner's answer held no usable plan",
     )
     fallback = default_plan(tool_names)
-    await ctx.record(
+    await ctx.hold(
         rec.plan_decision,
         agent_name=EXECUTOR,
         status=FALLBACK,
@@ -167,7 +167,7 @@ async def run_aiops(ctx: RunContext, *, created_at: Any = None, resuming: bool =
     if resuming:
         messages, in_force, executor = await _resume(ctx, tool_names)
     else:
-        await ctx.record(
+        await ctx.hold(
             ctx.recorder.routing_decision,
             intent=INTENT,
             confidence=None,

@@ -27,8 +27,9 @@ class RunContext:
     degradation, tools currently running, the first-output mark already written).
 
     Decision owners record through `record`, which also tells the run's listeners what finished
-    (`ProgressEvent`s built by `events.progress_of` from what committed); a model call that starts a
-    stage says so to `before_model_request`. Answer text goes through `emit_text`, which sends it only
+    (`ProgressEvent`s built by `events.progress_of` from what committed), or through `hold` when no
+    effect of the run follows the decision before its next record; a model call that starts a stage says
+    so to `before_model_request`. Answer text goes through `emit_text`, which sends it only
     under the `draft` release policy."""
 
     run_id: str
@@ -91,6 +92,7 @@ class RunContext:
         if gate is not None and not gate.is_set():
             await self.token.race(gate.wait())
         await db(self.recorder.model_call_started)
+        await self.flush_progress()  # of the held decisions that committed with it
         if stage is not None:
             await self.sink.emit(
                 ProgressEvent(
@@ -109,6 +111,13 @@ class RunContext:
         result = await db(write, **kwargs)
         await self.flush_progress()
         return result
+
+    async def hold(self, write: Callable[..., Any], /, **kwargs: Any) -> None:
+        """Record a decision that no effect of the run follows before its next record (a model call
+        counted, a tool started, another decision): chained now, committed with that record in one
+        transaction (`RunRecorder.hold`; a frame sent meanwhile commits it first). Its progress events
+        follow that commit."""
+        await db(self.recorder.hold, write, **kwargs)
 
     async def flush_progress(self) -> None:
         """Emit the progress of what the recorder committed since the last flush (in commit order)."""

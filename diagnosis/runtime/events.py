@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -247,8 +248,13 @@ class SafeSink:
         self.inner = inner
         self.run_id = run_id
         self.failures = 0
+        # Awaited before every frame (the executor's: commit the run's held decisions first, so that
+        # nothing leaves the process before the decisions recorded so far are durable).
+        self.before_emit: Callable[[], Awaitable[None]] | None = None
 
     async def emit(self, event: Event) -> None:
+        if self.before_emit is not None:
+            await self.before_emit()
         try:
             await self.inner.emit(event)
         except Exception as exc:

@@ -249,6 +249,7 @@ async def execute_run(
     ending = _Ending(
         run=run, recorder=recorder, sink=out, token=token, heartbeat=heartbeat, hint=on_finishing
     )
+    out.before_emit = ending.commit_held
     try:
         try:
             setup_error: Exception | None = None
@@ -366,6 +367,14 @@ class _Ending:
         )
         return outcome
 
+    async def commit_held(self) -> None:
+        """The run's held decisions (`RunContext.hold`) commit now, then their progress frames: before
+        any frame leaves and before the run's end is written (as if each had been written at once)."""
+        if self.recorder.holds():
+            await db(self.recorder.flush)
+            if self.ctx is not None:
+                await self.ctx.flush_progress()
+
     def _fenced(self) -> bool:
         """Another process claimed the run (the heartbeat or a refused write found out): end quietly."""
         return self.token.lease_lost or self.recorder.fenced
@@ -375,6 +384,7 @@ class _Ending:
     ) -> RunOutcome:
         self.heartbeat.cancel()
         self.finishing()
+        await self.commit_held()
         self.done = True
         if self._fenced():
             return await self._lease_lost()
@@ -386,6 +396,7 @@ class _Ending:
     async def failed(self, code: str, message: str) -> RunOutcome:
         self.heartbeat.cancel()
         self.finishing()
+        await self.commit_held()
         self.done = True
         if self._fenced():
             return await self._lease_lost()
@@ -398,6 +409,7 @@ class _Ending:
         write; no outcome frame (the run is not over: a resumed attempt sends it)."""
         self.heartbeat.cancel()
         self.finishing()
+        await self.commit_held()
         self.done = True
         if self._fenced():
             return await self._lease_lost()
@@ -413,6 +425,7 @@ class _Ending:
     async def cancelled(self) -> RunOutcome:
         self.heartbeat.cancel()
         self.finishing()
+        await self.commit_held()
         if self.done:
             return self._outcome(RunStatus.CANCELLED, None, "")
         self.done = True

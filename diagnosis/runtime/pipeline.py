@@ -124,7 +124,7 @@ async def run_pipeline(ctx: RunContext, *, created_at: Any) -> PipelineResult:
     if intent not in prompts.EVIDENCE_INTENTS:
         answer = AgentAnswer(text=fixed_reply(intent, ctx.query), steps=0, finish_reason="fixed")
         # A fixed reply is not model text: it is never a draft, the outcome carries it.
-        await ctx.record(rec.evidence_guard, retry=False, passed=True, cited=[], required=False)
+        await ctx.hold(rec.evidence_guard, retry=False, passed=True, cited=[], required=False)
         return await _release(
             ctx,
             intent,
@@ -217,7 +217,7 @@ async def _evidence_guard(ctx: RunContext, answer: AgentAnswer, *, retry: bool) 
         required=True,
         store_degraded=ctx.canonical_degraded,
     )
-    await ctx.record(
+    await ctx.hold(
         ctx.recorder.evidence_guard,
         retry=retry,
         passed=verdict.passed,
@@ -245,7 +245,7 @@ async def _semantic_guard(ctx: RunContext, answer: str, verdict: EvidenceVerdict
         semantic = SemanticVerdict(
             supported=None, error="cancelled" if cancelled else f"guard model failed ({exc.code})"
         )
-        await ctx.record(
+        await ctx.hold(
             ctx.recorder.semantic_guard,
             model=model,
             usage=Usage.unavailable(),
@@ -264,7 +264,7 @@ async def _semantic_guard(ctx: RunContext, answer: str, verdict: EvidenceVerdict
         return semantic
     ctx.finishing()  # the run's last model call: only its records remain (see `RunContext.on_finishing`)
     semantic = parse_semantic_verdict(result.text)
-    await ctx.record(
+    await ctx.hold(
         ctx.recorder.semantic_guard,
         model=result.model,
         usage=result.usage,

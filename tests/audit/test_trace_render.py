@@ -120,3 +120,60 @@ def test_details_stored_in_another_spelling_render_as_their_value(run):
     trace = get_trace(run=run)
     assert trace.timeline[0].details_text == spaced and trace.summary.chain_valid
     _same(trace)
+
+
+def _orm_trace(run, viewer):
+    """The same trace read through the ORM's model instances (the export's path, `iter_traces`), none of
+    the endpoint's compiled queries (`config.compiled`) or stored-text shortcuts."""
+    from audit.selectors import iter_traces
+    from diagnosis.models import DiagnosisRun
+
+    (trace,) = iter_traces(DiagnosisRun.objects.filter(pk=run.pk), viewer=viewer)
+    return trace
+
+
+def test_endpoint_body_is_byte_identical_to_the_orm_read_of_a_full_anchored_run(client, user, run, settings):
+    """The endpoint's body (compiled queries, stored details text) is byte for byte the body of the same
+    trace read through model instances, for a complete anchored run with feedback, a price override and a
+    review; and an edit the ORM read finds is found by the endpoint too."""
+    import datetime as dt
+    from decimal import Decimal
+
+    from audit.models import ReviewVerdict
+    from audit.reviews import record_review
+    from audit.transparency import keys, log
+    from pricing.models import PriceOverride
+
+    settings.AUDIT_SIGNING_KEYS = [keys.generate_key_text()]
+    record_full_run(run, tools=3, extra_steps=1)
+    services.submit_feedback(run=run, user=user, rating="down", comment="nope — 不对")
+    PriceOverride.objects.create(
+        model_pattern="*",
+        provider="",
+        input_per_mtok=Decimal("1.5"),
+        output_per_mtok=Decimal("2"),
+        effective_from=dt.datetime(2020, 1, 1, tzinfo=dt.UTC),
+    )
+    user.is_staff = user.is_superuser = True
+    user.save()
+    run.refresh_from_db()
+    record_review(run=run, user=user, verdict=ReviewVerdict.values[0], note="checked")
+    log.checkpoint()
+    client.force_login(user)
+    url = f"/api/diagnosis/{run.session_id}/trace?runId={run.run_id}"
+
+    body = client.get(url).content
+    reference = _orm_trace(run, user)
+    assert reference.summary.audit_complete and reference.summary.anchor is not None
+    assert reference.reviews and reference.feedback is not None and reference.call_costs
+    assert body == trace_json(reference)
+    assert json.loads(body) == json.loads(json.dumps(TraceSerializer(reference).data))
+
+    with connection.cursor() as cur:
+        cur.execute(
+            "UPDATE tool_invocation SET output_preview = %s WHERE run_id = %s", ["edited", run.run_id]
+        )
+    body = client.get(url).content
+    reference = _orm_trace(run, user)
+    assert not reference.summary.rows_verified
+    assert body == trace_json(reference)

@@ -3,7 +3,9 @@
 For each declared call of a model step (parallel calls run concurrently with `asyncio.gather`):
 
 1. the arguments are parsed and validated against the tool's schema;
-2. `recorder.tool_started` commits the `RUNNING` row and its TOOL_INVOCATION event *before* the tool runs
+2. `recorder.tool_started` commits the `RUNNING` row and its TOOL_INVOCATION event *before* the tool runs;
+   the step's calls that start are written in one transaction, in the order of the calls, before any of
+   them runs (`recorder.record_together`)
    (refused with `ToolCallNotDeclared` when no recorded step declared the id; a conflicting repeat raises
    `ToolLifecycleConflict`; a repeat with the same facts raises `ToolCallRepeated` and the tool is not
    run a second time: the model gets a TOOL_REPEATED refusal); the live `tool` event RUNNING follows
@@ -98,6 +100,18 @@ class _Timeout(Exception):
     pass
 
 
+@dataclass(frozen=True, slots=True)
+class _Checked:
+    """A call as checked before it starts: its tool (None: unknown), validated arguments (None: invalid,
+    `argument_error` says why), the input recorded, and whether it asks for a person's approval."""
+
+    spec: ToolSpec | None
+    arguments: dict[str, Any] | None
+    argument_error: str
+    input: dict[str, Any]
+    approval: bool
+
+
 def _error_content(code: str, message: str) -> str:
     return json.dumps({"error": {"code": code, "message": message}}, ensure_ascii=False)
 
@@ -126,7 +140,12 @@ class ToolBoundary:
         # A step with a call that will ask for approval may end in an interruption: its other calls'
         # bare errors then wait for the run's verdict (seed 002; `_observe`).
         self.may_interrupt = self.ctx.approvals_allowed and any(self._asks_approval(c) for c in calls)
-        results = await asyncio.gather(*(self._run_one(call) for call in calls), return_exceptions=True)
+        checked = [self._checked(call) for call in calls]
+        started = await self._start(calls, checked)
+        results = await asyncio.gather(
+            *(self._run_one(c, k, r) for c, k, r in zip(calls, checked, started, strict=True)),
+            return_exceptions=True,
+        )
         for result in results:
             if isinstance(result, RunCancelled):
                 raise result
@@ -218,9 +237,9 @@ class ToolBoundary:
         await self._terminal(call, ToolStatus.FAILED, error_code=code, error_message=message)
         return ToolOutcome(call, ToolStatus.FAILED, _error_content(code, message), code)
 
-    async def _run_one(self, call: DeclaredToolCall) -> ToolOutcome:
-        ctx = self.ctx
-        spec = ctx.registry.get(call.name)
+    def _checked(self, call: DeclaredToolCall) -> _Checked:
+        """The call's tool, its validated arguments (or why they are invalid) and the input recorded."""
+        spec = self.ctx.registry.get(call.name)
         arguments: dict[str, Any] | None = None
         argument_error = ""
         if spec is not None:
@@ -228,8 +247,7 @@ class ToolBoundary:
                 arguments = spec.validate(call.arguments)
             except ToolArgumentsError as exc:
                 argument_error = clip(str(exc), ERROR_MESSAGE_CHARS)
-        if arguments is not None and spec.requires_approval and ctx.approvals_allowed:
-            return await self._request_approval(call, arguments)
+        approval = arguments is not None and spec.requires_approval and self.ctx.approvals_allowed
         if arguments is not None:
             input_params: dict[str, Any] = arguments
         else:
@@ -238,26 +256,44 @@ class ToolBoundary:
             except ValueError:
                 parsed = None
             input_params = parsed if isinstance(parsed, dict) else {"arguments": call.arguments}
+        return _Checked(spec, arguments, argument_error, input_params, approval)
 
-        try:
-            seq = await db(
-                ctx.recorder.tool_started,
-                tool_call_id=call.tool_call_id,
-                tool_name=call.name,
-                input_params=input_params,
-            )
-        except (ToolCallNotDeclared, ToolLifecycleConflict) as exc:
+    async def _start(self, calls: Sequence[DeclaredToolCall], checked: Sequence[_Checked]) -> list[Any]:
+        """The RUNNING rows of the step's calls that start now (not those asking for approval), in the
+        order of the calls and in one transaction (`recorder.record_together`), committed before any of
+        them runs: per call, the sequence number of its start (None when not written, or not started
+        here) or the refusal raised."""
+        rec = self.ctx.recorder
+        writes = [
+            (rec.tool_started, {"tool_call_id": c.tool_call_id, "tool_name": c.name, "input_params": k.input})
+            for c, k in zip(calls, checked, strict=True)
+            if not k.approval
+        ]
+        results = iter(await db(rec.record_together, writes) if writes else ())
+        return [None if k.approval else next(results) for k in checked]
+
+    async def _run_one(self, call: DeclaredToolCall, checked: _Checked, started: Any) -> ToolOutcome:
+        ctx = self.ctx
+        spec, arguments, argument_error = checked.spec, checked.arguments, checked.argument_error
+        if checked.approval:
+            return await self._request_approval(call, arguments)
+        if isinstance(started, (ToolCallNotDeclared, ToolLifecycleConflict)):
             # Fail-closed: the tool never runs (the recorder recorded the refusal where it applies).
             code = TOOL_REFUSED
             logger.warning(
-                "tool start refused run=%s tool=%s error=%s", ctx.run_id, call.name, type(exc).__name__
+                "tool start refused run=%s tool=%s error=%s", ctx.run_id, call.name, type(started).__name__
             )
             return ToolOutcome(call, "REFUSED", _error_content(code, "the tool call was refused"), code)
-        except ToolCallRepeated as exc:
+        if isinstance(started, ToolCallRepeated):
             # The call was started before (its record stands): it is never executed a second time.
-            logger.warning("tool start repeated run=%s tool=%s status=%s", ctx.run_id, call.name, exc.status)
+            logger.warning(
+                "tool start repeated run=%s tool=%s status=%s", ctx.run_id, call.name, started.status
+            )
             message = "the tool call was already started; it is not run again"
             return ToolOutcome(call, "REFUSED", _error_content(TOOL_REPEATED, message), TOOL_REPEATED)
+        if isinstance(started, BaseException):
+            raise started
+        seq = started
         ctx.running_tools[call.tool_call_id] = call.name
         await self._emit(call, ToolStatus.RUNNING, seq)
 

@@ -1,0 +1,148 @@
+"""Read queries compiled once by the ORM and run again with other parameters.
+
+A hot read path that sends the same few queries on every request (the trace endpoint: eight of them)
+spent a large share of its time in Django's query construction and SQL compilation, repeated per request
+for the same SQL. `CompiledQuery` keeps what the ORM compiled: the QuerySet stays the one definition of
+each query (tables, columns, joins, orders, the database's dialect), it is compiled once per database
+alias, and every call executes that SQL with its own parameter values through the connection's cursor
+(so it is counted and logged like any other query) and converts each column with the converters Django's
+compiler would apply. The rows are exactly what `values_list()` of the same QuerySet returns.
+
+Only for queries whose SQL does not depend on parameter values (equality filters on strings and
+integers: Django compiles `None` or lists differently).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from django.db import connections
+from django.db.models import JSONField, QuerySet
+
+_scan = json.JSONDecoder().scan_once
+
+
+def json_loads(text: str) -> Any:
+    """`json.loads(text)` for text read from a JSON column, without its per-call overhead: the decoder's
+    scanner over the whole text when it starts with a value and the value ends the text (exactly what
+    `json.loads` returns then), `json.loads` itself otherwise (leading or trailing whitespace, errors)."""
+    if text and text[0] not in " \t\n\r":
+        try:
+            value, end = _scan(text, 0)
+        except (StopIteration, ValueError):
+            return json.loads(text)
+        if end == len(text):
+            return value
+    return json.loads(text)
+
+
+def _json_column(original: Callable) -> Callable:
+    def convert(value: Any, expression: Any, connection: Any) -> Any:
+        if value.__class__ is str:
+            try:
+                return json_loads(value)
+            except ValueError:
+                pass  # the field's own converter decides (Django returns the text it cannot decode)
+        return original(value, expression, connection)
+
+    return convert
+
+
+def _aware_utc(value: Any, expression: Any, connection: Any) -> Any:
+    return None if value is None else value.replace(tzinfo=dt.UTC)
+
+
+def _fast_converter(fn: Callable, connection: Any) -> Callable:
+    """`fn`, or an equivalent that costs less: a JSON column's decoding through `json_loads`; MySQL's
+    date-time converter makes the naive value the driver returns aware in the connection's time zone
+    (`timezone.make_aware`), which in UTC is `replace(tzinfo=UTC)`."""
+    owner = getattr(fn, "__self__", None)
+    if (
+        isinstance(owner, JSONField)
+        and owner.decoder is None
+        and type(owner).from_db_value is JSONField.from_db_value
+    ):
+        return _json_column(fn)
+    if (
+        connection.vendor == "mysql"
+        and getattr(fn, "__name__", "") == "convert_datetimefield_value"
+        and connection.timezone is dt.UTC
+    ):
+        return _aware_utc
+    return fn
+
+
+class CompiledQuery:
+    """A read-only query `build(**params)` compiled once per database alias, run with new `params`.
+
+    `build` returns a QuerySet (values(), values_list() or a model QuerySet) for the given keyword values;
+    it is called once per alias with a unique sentinel per parameter (`params`: name → `str` or `int`).
+    The compiled SQL's parameters that are a sentinel are replaced by the call's values; the others are
+    constants of the query.
+    `rows(**params)` returns tuples in the order of `names(alias)`: the select's extra columns, its field
+    columns, then its annotations (as `values_list()` without arguments orders them)."""
+
+    def __init__(self, build: Callable[..., QuerySet], **params: type) -> None:
+        self._build = build
+        self._params = params
+        self._compiled: dict[str, tuple] = {}
+
+    def _compile(self, alias: str) -> tuple:
+        sentinels: dict[str, Any] = {}
+        for i, (name, kind) in enumerate(self._params.items()):
+            sentinels[name] = f"\x00compiled:{name}\x00" if kind is str else -(2**62) - 7919 * i - 1
+        qs = self._build(**sentinels)
+        query = qs.query
+        compiler = query.get_compiler(using=alias)
+        sql, params = compiler.as_sql()
+        by_value = {(type(v), v): k for k, v in sentinels.items()}
+        slots = tuple(by_value.get((type(p), p)) for p in params)
+        if {s for s in slots if s is not None} != set(self._params):
+            raise ValueError(f"a parameter does not appear in the compiled SQL: {slots}")
+        names = (*query.extra_select, *query.values_select, *query.annotation_select)
+        if not query.values_select:  # a model QuerySet: its select is the concrete fields
+            names = (
+                *query.extra_select,
+                *(f.attname for f in qs.model._meta.concrete_fields),
+                *query.annotation_select,
+            )
+        fields = [s[0] for s in compiler.select[: compiler.col_count]]
+        if len(fields) != len(names):
+            raise ValueError("the compiled select does not match its column names")
+        connection = connections[alias]
+        converters = [
+            (i, [_fast_converter(fn, connection) for fn in fns], expr)
+            for i, (fns, expr) in compiler.get_converters(fields).items()
+        ]
+        template = tuple(p if s is None else s for p, s in zip(params, slots, strict=True))
+        compiled = (sql, tuple(slots), names, converters, template)
+        self._compiled[alias] = compiled
+        return compiled
+
+    def names(self, alias: str = "default") -> tuple[str, ...]:
+        compiled = self._compiled.get(alias) or self._compile(alias)
+        return compiled[2]
+
+    def rows(self, alias: str = "default", **params: Any) -> list[Sequence[Any]]:
+        """The query's rows for `params` (every parameter named at construction), converted."""
+        sql, slots, _names, converters, template = self._compiled.get(alias) or self._compile(alias)
+        args = [p if s is None else params[s] for p, s in zip(template, slots, strict=True)]
+        connection = connections[alias]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, args)
+            rows = cursor.fetchall()
+        if not converters:
+            return rows
+        out = []
+        for row in rows:
+            row = list(row)
+            for i, fns, expr in converters:
+                value = row[i]
+                for fn in fns:
+                    value = fn(value, expr, connection)
+                row[i] = value
+            out.append(row)
+        return out
