@@ -16,7 +16,7 @@ them, as SQL expressions over the stored audit rows, and everything that applies
 * `refresh_run_facts` — the same `UPDATE` for any set of runs: after a failed write that follows the
   run's end, a reasoning purge, the backfill migration and `verify_audit --refresh-facts`.
 * `fact_statements` — what the recorder runs after a terminal or late write: `fact_update_sql` and then
-  the review queue's flag (`diagnosis.review_queue.needs_review_update`, which reads `audit_complete`),
+  the review queue's flag (`diagnosis.review_queue.needs_review_expression`, which reads `audit_complete`),
   each its own statement; `refresh_run_facts` rewrites that flag too.
 * `annotate_recomputed` — the rule evaluated at read time under `recomputed_*` names (and the review
   queue's flag), so that `verify_audit` can compare it with what is stored (`disagreements`).
@@ -27,7 +27,7 @@ not terminal, and the counts are written when it ends.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.db import connections
@@ -49,7 +49,7 @@ from django.db.models.functions import Coalesce
 from audit.bound import GOVERNANCE_EVENTS
 from audit.models import AgentStep, ToolInvocation, ToolStatus, TraceEvent
 from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun, RunStatus
-from diagnosis.review_queue import needs_review_expression, needs_review_update, refresh_needs_review
+from diagnosis.review_queue import needs_review_expression, refresh_needs_review
 
 COUNT_FIELDS = ("persisted_events", "persisted_steps", "persisted_tools")
 FACT_FIELDS = (*COUNT_FIELDS, "audit_complete")
@@ -133,39 +133,50 @@ def refresh_facts_of(runs: QuerySet, **models: Any) -> int:
 # A run id no real run has (ids are `[A-Za-z0-9_]`): where it lands in the compiled parameters is where
 # a run's own id goes.
 _RUN_ID_SLOT = "\x00run_id\x00"
-_update_templates: dict[tuple[str, str], tuple[str, tuple, tuple[int, ...]]] = {}
+_update_templates: dict[tuple[str, str, str], tuple[str, tuple, tuple[int, ...]]] = {}
 
 
-def fact_update_sql(run_id: str, *, using: str = "default") -> tuple[str, tuple]:
-    """The rule as one `UPDATE` statement of the run `run_id` (SQL and parameters), for a caller that
-    runs it inside its own transaction (every run's terminal write). The ORM compiles the statement
-    once per database (compiling its subqueries costs milliseconds); each call puts the run's id into
-    the compiled parameters."""
+def _run_update(
+    name: str, values: Callable[[], dict[str, Any]], run_id: str, using: str
+) -> tuple[str, tuple]:
+    """`UPDATE diagnosis_run SET values() WHERE run_id = run_id`, compiled by the ORM once per database
+    and statement `name` (compiling the subqueries and CASE expressions costs milliseconds, and every
+    terminal and late write carries these statements); each call puts the run's id into the compiled
+    parameters."""
     connection = connections[using]
-    key = (using, connection.vendor)
+    key = (name, using, connection.vendor)
     template = _update_templates.get(key)
     if template is None:
         from django.db.models.sql import UpdateQuery
 
         query = UpdateQuery(DiagnosisRun)
         query.add_q(Q(run_id=_RUN_ID_SLOT))
-        query.add_update_values(fact_expressions())
+        query.add_update_values(values())
         sql, params = query.get_compiler(connection=connection).as_sql()
         slots = tuple(i for i, value in enumerate(params) if value == _RUN_ID_SLOT)
         template = _update_templates[key] = (sql, tuple(params), slots)
     sql, params, slots = template
     if not slots:
-        raise AssertionError("the compiled fact update names no run")
-    values = list(params)
+        raise AssertionError("the compiled run update names no run")
+    values_out = list(params)
     for i in slots:
-        values[i] = run_id
-    return sql, tuple(values)
+        values_out[i] = run_id
+    return sql, tuple(values_out)
+
+
+def fact_update_sql(run_id: str, *, using: str = "default") -> tuple[str, tuple]:
+    """The rule as one `UPDATE` statement of the run `run_id` (SQL and parameters), for a caller that
+    runs it inside its own transaction (every run's terminal write); compiled once (`_run_update`)."""
+    return _run_update("facts", fact_expressions, run_id, using)
 
 
 def fact_statements(run_id: str, *, using: str = "default") -> list[tuple[str, tuple]]:
     """The statements that rewrite the run's stored list facts in the caller's transaction: the rule of
-    this module, then the review queue's flag (which reads the fact just written)."""
-    return [fact_update_sql(run_id, using=using), needs_review_update(run_id, using=using)]
+    this module, then the review queue's flag (which reads the fact just written), each compiled once."""
+    return [
+        fact_update_sql(run_id, using=using),
+        _run_update("needs_review", lambda: {"needs_review": needs_review_expression()}, run_id, using),
+    ]
 
 
 def annotate_recomputed(queryset: QuerySet[DiagnosisRun]) -> QuerySet[DiagnosisRun]:

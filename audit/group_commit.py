@@ -23,17 +23,31 @@ Ops are taken only from callers whose connection is in autocommit mode: an op su
 atomic block belongs to that caller's transaction and is written directly by the recorder (this is
 also why group commit is invisible to pytest-django's transaction-wrapped tests).
 
+**On an event loop** (the runtime: `diagnosis.runtime.db.db()` runs every job as a `Bridged` greenlet on
+a pool thread) a writer does not lead or follow on its thread: `submit` suspends its job, the op joins
+the loop's `LoopBatcher`, which writes everything queued as one batch through the same `write_ops`
+(one transaction, op-by-op retry), and the job resumes once its batch committed. A pool thread is then
+never parked on a COMMIT, so a batch holds the decisions of every run waiting at that moment (hundreds)
+instead of at most one per pool thread. `RecorderLock` keeps one run's decisions one at a time when a
+job holding it is suspended.
+
 `execute_wrapper(fn)` installs a Django execute wrapper on whichever connection writes batches while the
-context is open (tests inject database faults through it). Switch: `settings.AUDIT_GROUP_COMMIT`.
+context is open (tests inject database faults through it). Switch: `settings.AUDIT_GROUP_COMMIT` (per
+recorder; off: every decision is its own transaction on the caller's thread, on a loop as elsewhere).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any
 
+import greenlet
 from django.db import connection
 
 from audit.write_ops import WriteOp, execute
@@ -83,7 +97,15 @@ class GroupCommitter:
 
     # ------------------------------------------------------------------------------------------------
     def submit(self, op: WriteOp) -> None:
-        """Write `op` as part of a group; returns once it committed, or with `op.error` set."""
+        """Write `op` as part of a group; returns once it committed, or with `op.error` set.
+
+        Called inside a bridged job (`Bridged`: the runtime's `db()`), the op joins the event loop's
+        next batch (`LoopBatcher`) instead: the job is suspended, its pool thread is free for other
+        runs' jobs, and it resumes once that batch committed."""
+        current = greenlet.getcurrent()
+        if isinstance(current, Bridged) and not connection.in_atomic_block:
+            current.suspend(Commit(op))
+            return
         me = _Waiter(op)
         with self._lock:
             lead = self._leaders < self.max_leaders
@@ -123,7 +145,12 @@ class GroupCommitter:
                     self._leaders -= 1
 
     def _write_batch(self, batch: list[_Waiter]) -> None:
-        ops = [w.op for w in batch]
+        self.write_ops([w.op for w in batch])
+
+    def write_ops(self, ops: list[WriteOp]) -> None:
+        """Write `ops` in one transaction on this thread's connection; on any failure retry them one by
+        one so that only a failing op gets its `error`. Never raises. (The thread leader's batch, and
+        the event loop's batches of `LoopBatcher`.)"""
         with self._lock:
             self.batches += 1
             self.ops += len(ops)
@@ -211,3 +238,182 @@ def get_committer() -> GroupCommitter:
             if _committer is None:
                 _committer = GroupCommitter()
     return _committer
+
+
+# ----------------------------------------------------------------------------------------------------
+# The event loop's write path: bridged jobs and per-loop batches
+# ----------------------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class Commit:
+    """A bridged job's request: write `op` in the loop's next batch, resume me once it committed."""
+
+    op: WriteOp
+
+
+@dataclass(slots=True)
+class WaitFor:
+    """A bridged job's request: resume me once `lock` (held by another job) was released."""
+
+    lock: RecorderLock
+
+
+class Bridged(greenlet.greenlet):
+    """A synchronous job (ORM code, a recorder method) run by the runtime's `db()` on a pool thread that
+    can **suspend** itself instead of blocking the thread: `GroupCommitter.submit` suspends with a
+    `Commit`, `RecorderLock` with a `WaitFor`. `step()` runs the job until it finishes (returns
+    `(True, value)`, or raises the job's exception) or suspends (returns `(False, request)`); the driver
+    (`diagnosis.runtime.db`) serves the request on the event loop and calls `step()` again **on the same
+    thread** (a greenlet lives on the thread that started it). A job suspends only outside any atomic
+    block, so the thread's connection holds no transaction of it while other jobs use that thread."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        super().__init__(self._body)
+        self._fn = fn
+
+    def _body(self) -> tuple[bool, Any]:
+        return True, self._fn()
+
+    def step(self) -> tuple[bool, Any]:
+        return self.switch()
+
+    def suspend(self, request: Commit | WaitFor) -> None:
+        self.parent.switch((False, request))
+
+
+class RecorderLock:
+    """The re-entrant lock of one recorder (one run's decisions happen one at a time, in order).
+
+    Owned by a greenlet: a plain thread (its main greenlet) or a `Bridged` job, which may be suspended
+    while holding it (its decision waits for a batch). Another bridged job that wants it suspends with a
+    `WaitFor` until it is released (never blocking a pool thread that the owner may need to resume on);
+    a plain thread blocks as on `threading.RLock`, and so does a job inside an atomic block (it must not
+    suspend with a transaction open on its thread's connection)."""
+
+    __slots__ = ("_cond", "_depth", "_owner", "_waiters", "home")
+
+    def __init__(self) -> None:
+        # The pool thread of this recorder's last job (`diagnosis.runtime.db` sends its next concurrent
+        # job there, so one run's concurrent decisions start in the order they were asked for).
+        self.home: Any = None
+        self._cond = threading.Condition(threading.Lock())
+        self._owner: greenlet.greenlet | None = None
+        self._depth = 0
+        self._waiters: list[Callable[[], None]] = []
+
+    def __enter__(self) -> RecorderLock:
+        me = greenlet.getcurrent()
+        while True:
+            with self._cond:
+                if self._owner is None or self._owner is me:
+                    self._owner = me
+                    self._depth += 1
+                    return self
+                if not isinstance(me, Bridged) or connection.in_atomic_block:
+                    # A thread, or a job inside a transaction (which must not suspend: other jobs
+                    # would run in it): wait as on a thread lock, unless the owner can only resume
+                    # on this very thread.
+                    if self._owner.parent is me.parent and isinstance(self._owner, Bridged):
+                        raise RuntimeError("recorder used concurrently inside a transaction")
+                    self._cond.wait()
+                    continue
+            me.suspend(WaitFor(self))
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cond:
+            if self._owner is not greenlet.getcurrent():
+                raise RuntimeError("cannot release a recorder lock held by another job or thread")
+            self._depth -= 1
+            if self._depth:
+                return
+            self._owner = None
+            waiters, self._waiters = self._waiters, []
+            self._cond.notify_all()
+        for wake in waiters:
+            wake()
+
+    def when_free(self, wake: Callable[[], None]) -> None:
+        """Call `wake` (from any thread) once the lock is free; at once when it already is."""
+        with self._cond:
+            if self._owner is not None:
+                self._waiters.append(wake)
+                return
+        wake()
+
+
+class LoopBatcher:
+    """Group commit on an event loop: ops of suspended jobs (`Commit`) are written in batches, at most
+    `writers` batches at a time (each one job on `executor`: `GroupCommitter.write_ops`, one transaction,
+    one multi-row INSERT per table, op-by-op retry on failure), and each op's future resolves on the loop
+    once its batch committed (or with `op.error` set). While batches are written the next one forms. A
+    run has at most one op in flight (its job waits for it), so batches in flight never hold two ops of
+    one run, and each run's decisions commit in order. Loop-only."""
+
+    def __init__(self, executor: Executor, committer: GroupCommitter, *, writers: int = 1) -> None:
+        self.executor = executor
+        self.committer = committer
+        self.max_batch = committer.max_batch
+        self.writers = writers
+        self._pending: list[tuple[WriteOp, asyncio.Future[None]]] = []
+        self._in_flight = 0
+        self._held = 0
+        self._drains: set[asyncio.Task] = set()
+
+    def commit(self, op: WriteOp) -> asyncio.Future[None]:
+        """Queue `op`; the future resolves once it is durable, or with `op.error` set (never raises)."""
+        fut = asyncio.get_running_loop().create_future()
+        self._pending.append((op, fut))
+        self._start()
+        return fut
+
+    def queued(self) -> int:
+        """Ops waiting for a batch (not counting the ones being written)."""
+        return len(self._pending)
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """While open, no batch starts (ops queue up); on exit everything queued is written. For tests."""
+        self._held += 1
+        try:
+            yield
+        finally:
+            self._held -= 1
+            self._start()
+
+    def _start(self) -> None:
+        if self._pending and not self._held and self._in_flight < self.writers:
+            self._in_flight += 1
+            task = asyncio.get_running_loop().create_task(self._drain())
+            self._drains.add(task)
+            task.add_done_callback(self._drains.discard)
+
+    async def _drain(self) -> None:
+        try:
+            # Let the ops of jobs resumed in this loop iteration join the batch.
+            await asyncio.sleep(0)
+            while self._pending and not self._held:
+                batch = self._pending[: self.max_batch]
+                del self._pending[: self.max_batch]
+                ops = [op for op, _ in batch]
+                try:
+                    loop = asyncio.get_running_loop()
+                    await loop.run_in_executor(self.executor, self.committer.write_ops, ops)
+                except BaseException as exc:  # the pool is gone (shutdown): nobody waits forever
+                    for op in ops:
+                        if op.error is None:
+                            op.error = exc if isinstance(exc, Exception) else RuntimeError("batch lost")
+                    if not isinstance(exc, Exception):
+                        self._fail_pending()
+                        raise
+                finally:
+                    for _, fut in batch:
+                        if not fut.done():
+                            fut.set_result(None)
+        finally:
+            self._in_flight -= 1
+
+    def _fail_pending(self) -> None:
+        pending, self._pending = self._pending, []
+        for op, fut in pending:
+            op.error = RuntimeError("batch lost")
+            if not fut.done():
+                fut.set_result(None)

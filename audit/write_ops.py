@@ -435,14 +435,39 @@ _COMPOUND_FENCE = (
 )
 
 
+def _compound_fence_checks(fences: Sequence[Fence], connection) -> list[tuple[str, list[Any], Any]]:
+    """The compound statement's fence checks: `(scalar SELECT, its params, the value it must equal)`.
+
+    One fence: its row's epoch, locked. Several fences on the same table and key column (a batch of
+    many runs' ops): **one** locking count over all their rows, `key IN (…)` through the key's unique
+    index (so the rows are locked in index order, as every writer locks them) and `(key, epoch) IN
+    (…)`, which must equal the number of fences; a batch with a stale op is refused whole and retried
+    op by op by its caller, as with one check per fence."""
+    if len(fences) > 1 and len({(f.table, f.key_column, f.epoch_column) for f in fences}) == 1:
+        qn = connection.ops.quote_name
+        t, first = fences[0].table, fences[0]
+        key, epoch = qn(t.column(first.key_column)), qn(t.column(first.epoch_column))
+        keys = ", ".join(["%s"] * len(fences))
+        pairs = ", ".join(["(%s, %s)"] * len(fences))
+        select = (
+            f"SELECT COUNT(*) FROM {qn(t.db_table)} WHERE {key} IN ({keys}) "  # noqa: S608
+            f"AND ({key}, {epoch}) IN ({pairs}) FOR UPDATE"
+        )
+        params: list[Any] = [f.key for f in fences]
+        for f in fences:
+            params.extend((f.key, f.epoch))
+        return [(select, params, len(fences))]
+    return [(f.select_sql(connection, lock=True), [f.key], f.epoch) for f in fences]
+
+
 def _apply_compound(by_table, updates, connection, fences=(), after=()) -> None:
     """MariaDB outside any atomic block: every statement of the transaction in one compound statement.
     Rows whose ids are wanted come back from `INSERT … RETURNING` result sets, read in order."""
     parts: list[str] = [_COMPOUND_HEAD]
     params: list[Any] = []
-    for fence in fences:
-        parts.append(_COMPOUND_FENCE.format(select=fence.select_sql(connection, lock=True)))
-        params.extend((fence.key, fence.epoch))
+    for select, select_params, expected in _compound_fence_checks(fences, connection):
+        parts.append(_COMPOUND_FENCE.format(select=select))
+        params.extend((*select_params, expected))
     returning: list[list[Insert]] = []
     for table, rows in by_table.items():
         want = any(r.want_id for r in rows)

@@ -245,6 +245,8 @@ RUNTIME_TOOL_THREADS = env.int("RUNTIME_TOOL_THREADS", default=8)
 # Group commit of concurrent audit writers (audit/group_commit.py, docs/performance.md): decisions of
 # several runs that wait for a COMMIT at the same time share one transaction.
 AUDIT_GROUP_COMMIT = env.bool("AUDIT_GROUP_COMMIT", default=False)
+# Batches of the event loop's group commit written at once (diagnosis/runtime/db.py; one connection each).
+AUDIT_BATCH_WRITERS = env.int("AUDIT_BATCH_WRITERS", default=1)
 # Live chat (docs/chat.md): in-process sweeper period (0 = off) and SSE keep-alive comment period.
 RUN_SWEEP_INTERVAL_SECONDS = env.float("RUN_SWEEP_INTERVAL_SECONDS", default=15.0)
 CHAT_SSE_HEARTBEAT_SECONDS = env.float("CHAT_SSE_HEARTBEAT_SECONDS", default=15.0)

@@ -12,10 +12,11 @@ One home for the rule (the admin's queue page, its counts on the admin index, th
   when the run is terminal, has no review yet (`reviewed_at` NULL) and at least one reason holds. A review
   takes the run off the queue for good (a down-vote after the review does not bring it back: the
   reviewer saw the run as it is; the vote stays visible on the run).
-* `needs_review_update` / `refresh_needs_review`: the rule as one `UPDATE` of the flag, run by whatever
-  changes an input: the recorder's terminal write and every late write after it (same transaction,
-  after the list facts), the feedback service, the review service, `refresh_run_facts`
-  (`verify_audit --refresh-facts`, purges) and the migration that added the flag.
+* `needs_review_expression` as one `UPDATE` of the flag (`audit.facts.fact_statements`, compiled once;
+  `refresh_needs_review` for querysets), run by whatever changes an input: the recorder's terminal
+  write and every late write after it (same transaction, after the list facts), the feedback
+  service, the review service, `refresh_run_facts` (`verify_audit --refresh-facts`, purges) and the
+  migration that added the flag.
 
 The flag reads only columns of its own row, so the statement gives the same answer on every backend
 whatever order a database evaluates a multi-column `UPDATE` in (it is always its own statement).
@@ -26,7 +27,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from django.db import connections
 from django.db.models import BooleanField, Case, Q, QuerySet, Value, When
 
 from diagnosis.models import TERMINAL_RUN_STATUSES, AgentFlow, DiagnosisRun, ReleaseDecision
@@ -73,18 +73,6 @@ def needs_review_expression() -> Case:
         default=Value(False),
         output_field=BooleanField(),
     )
-
-
-def needs_review_update(run_id: str, *, using: str = "default") -> tuple[str, tuple]:
-    """The rule as one `UPDATE` of the run `run_id` (SQL and parameters), for a caller that runs it in
-    its own transaction (the recorder)."""
-    from django.db.models.sql import UpdateQuery
-
-    query = UpdateQuery(DiagnosisRun)
-    query.add_q(Q(run_id=run_id))
-    query.add_update_values({"needs_review": needs_review_expression()})
-    sql, params = query.get_compiler(connection=connections[using]).as_sql()
-    return sql, tuple(params)
 
 
 def refresh_needs_review(*, runs: QuerySet | None = None, run_ids: Iterable[str] = ()) -> int:

@@ -46,7 +46,6 @@ synchronous Django ORM code; async callers run them on the runtime's bounded dat
 
 from __future__ import annotations
 
-import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
@@ -57,6 +56,7 @@ from django.utils import timezone
 
 from audit import rowdigest
 from audit.facts import fact_statements
+from audit.group_commit import RecorderLock
 from audit.integrity import GENESIS_HASH
 from audit.models import (
     CHAT_AGENT_NAME,
@@ -122,7 +122,7 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
         self._group_commit = (
             bool(getattr(settings, "AUDIT_GROUP_COMMIT", False)) if group_commit is None else group_commit
         )
-        self._lock = threading.RLock()
+        self._lock = RecorderLock()
         self._next_sequence = 1
         self._prev_hash = GENESIS_HASH
         # tool_call_id -> the declaring step, (agent_name, step_index).

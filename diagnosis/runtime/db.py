@@ -20,6 +20,19 @@ costs at most one failed job per thread, never a thread that fails forever:
 * after a job during which a database error occurred, a connection that no longer answers is closed
   (Django's `close_if_unusable_or_obsolete`, as at the end of a request), so the next job reconnects.
 
+**Suspended writes (the async write path).** Every `db()` job runs as an `audit.group_commit.Bridged`
+greenlet on one pool thread. When a recorder decision under group commit (`settings.AUDIT_GROUP_COMMIT`)
+reaches its write, the job does not block its thread: it suspends, its op joins this event loop's next
+batch (`audit.group_commit.LoopBatcher`, written by one job at a time on the `audit-writer` thread: one
+transaction and one multi-row INSERT per table for every op queued, whatever the number of runs), the
+pool thread takes other jobs meanwhile, and the job resumes **on the same thread** once the batch
+committed; so `await db(recorder.method)` still returns only when the decision is durable, and hundreds
+of runs share each COMMIT instead of at most one per pool thread. A job that wants a recorder's lock
+held by a suspended job suspends too (`RecorderLock`), so no pool thread ever waits on a job it would
+have to resume. Jobs that never suspend (any other ORM code, recorders without group commit) run as
+before. The pool is `RUNTIME_DB_THREADS` threads, each with its own job queue (`_Worker`); the
+writer thread holds one more connection.
+
 `shutdown_pools()` closes every pool thread's connection and stops the pools; they are recreated on next
 use (tests call it between cases).
 """
@@ -30,14 +43,19 @@ import asyncio
 import contextlib
 import contextvars
 import functools
+import itertools
+import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from django.conf import settings
 from django.db import connections
+
+from audit.group_commit import Bridged, Commit, LoopBatcher, RecorderLock, WaitFor, get_committer
 
 T = TypeVar("T")
 
@@ -47,6 +65,148 @@ PING_IDLE_SECONDS = 0.1
 _lock = threading.Lock()
 _pools: dict[str, ThreadPoolExecutor] = {}
 _local = threading.local()
+_workers: _Workers | None = None
+_batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopBatcher] = weakref.WeakKeyDictionary()
+
+
+class _Worker:
+    """One database pool thread with its own job queue (a suspended job is resumed on the thread that
+    holds it). Lighter than a one-thread `ThreadPoolExecutor` per call: a job is a queue entry and an
+    asyncio future, and results reach the loop through `_Completions` (one wake-up for all the results
+    that arrived meanwhile)."""
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
+        # Jobs handed to this thread and jobs it finished; each counter is written by one thread only.
+        self.given = 0
+        self.finished = 0
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    def idle(self) -> bool:
+        return self.given == self.finished
+
+    def call(self, loop: asyncio.AbstractEventLoop, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        fut = loop.create_future()
+        self.given += 1
+        self._jobs.put((_completions(loop), fut, fn, args))
+        return fut
+
+    def _serve(self) -> None:
+        while True:
+            item = self._jobs.get()
+            if item is None:
+                connections.close_all()
+                return
+            done, fut, fn, args = item
+            try:
+                result = fn(*args)
+            except BaseException as exc:
+                self.finished += 1
+                done.post(fut, False, exc)
+            else:
+                self.finished += 1
+                done.post(fut, True, result)
+
+    def stop(self, *, wait: bool) -> None:
+        """Close the thread's connections and end it once the jobs queued before have run."""
+        self._jobs.put(None)
+        if wait:
+            self._thread.join(timeout=5)
+
+
+class _Completions:
+    """Results of pool jobs for one event loop, settled on the loop in arrival order; the loop is woken
+    once per burst instead of once per result."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        # Weak: this object is the value of a weak mapping keyed by the loop.
+        self._loop = weakref.ref(loop)
+        self._lock = threading.Lock()
+        self._items: list[tuple[asyncio.Future, bool, Any]] = []
+
+    def post(self, fut: asyncio.Future, ok: bool, value: Any) -> None:
+        with self._lock:
+            self._items.append((fut, ok, value))
+            wake = len(self._items) == 1
+        loop = self._loop()
+        if wake and loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+                loop.call_soon_threadsafe(self._settle)
+
+    def _settle(self) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+        for fut, ok, value in items:
+            if fut.done():  # the caller was cancelled
+                continue
+            if ok:
+                fut.set_result(value)
+            else:
+                fut.set_exception(value)
+
+
+_completion_sets: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Completions] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _completions(loop: asyncio.AbstractEventLoop) -> _Completions:
+    found = _completion_sets.get(loop)
+    if found is None:
+        found = _completion_sets[loop] = _Completions(loop)
+    return found
+
+
+class _Workers:
+    """The database pool: `size` `_Worker` threads. A new job goes to the first idle thread (as a thread
+    pool reuses its idle threads: one run at a time keeps using one thread and one connection), else
+    round-robin."""
+
+    def __init__(self, size: int) -> None:
+        self.threads = [_Worker(f"runtime-db-{i}") for i in range(max(1, size))]
+        self._turn = itertools.count()
+
+    def pick(self, fn: Callable[..., Any]) -> _Worker:
+        # A recorder's method goes behind its recorder's previous job while that one is still on its
+        # thread: one run's concurrent decisions (parallel tool calls) then start in the order they
+        # were asked for, as they would queue on the recorder's lock.
+        lock = getattr(getattr(fn, "__self__", None), "_lock", None)
+        home = lock.home if isinstance(lock, RecorderLock) else None
+        if home is not None and not home.idle() and home in self.threads:  # not a stopped pool's
+            return home
+        worker = next((w for w in self.threads if w.idle()), None)
+        if worker is None:
+            worker = self.threads[next(self._turn) % len(self.threads)]
+        if isinstance(lock, RecorderLock):
+            lock.home = worker
+        return worker
+
+
+def _db_workers() -> _Workers:
+    global _workers
+    workers = _workers
+    if workers is None:
+        with _lock:
+            workers = _workers
+            if workers is None:
+                workers = _workers = _Workers(int(getattr(settings, "RUNTIME_DB_THREADS", 8)))
+    return workers
+
+
+def loop_batcher() -> LoopBatcher:
+    """The running event loop's group-commit batcher (counters and `hold()` for tests)."""
+    return _batcher(asyncio.get_running_loop())
+
+
+def _batcher(loop: asyncio.AbstractEventLoop) -> LoopBatcher:
+    batcher = _batchers.get(loop)
+    if batcher is None:
+        writers = int(getattr(settings, "AUDIT_BATCH_WRITERS", 1))
+        batcher = _batchers[loop] = LoopBatcher(
+            _pool("audit-writer"), get_committer(), writers=max(1, writers)
+        )
+    return batcher
 
 
 def _pool(kind: str) -> ThreadPoolExecutor:
@@ -57,6 +217,8 @@ def _pool(kind: str) -> ThreadPoolExecutor:
             if pool is None:
                 if kind == "background":
                     size = 1
+                elif kind == "audit-writer":
+                    size = max(1, int(getattr(settings, "AUDIT_BATCH_WRITERS", 1)))
                 else:
                     size = int(
                         getattr(settings, "RUNTIME_DB_THREADS" if kind == "db" else "RUNTIME_TOOL_THREADS", 8)
@@ -95,9 +257,75 @@ def _after_errors() -> None:
 
 
 async def db(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-    """Run synchronous ORM code `fn(*args, **kwargs)` on the runtime's database pool and await it."""
+    """Run synchronous ORM code `fn(*args, **kwargs)` on the runtime's database pool and await it (a
+    recorder decision: until it is durable; see "Suspended writes" above)."""
     loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(_pool("db"), functools.partial(_job, fn, args, kwargs))
+    worker = _db_workers().pick(fn)
+    started = worker.call(loop, _start, functools.partial(_job, fn, args, kwargs))
+    try:
+        job, (done, value) = await asyncio.shield(started)
+    except asyncio.CancelledError:
+        # The job runs anyway (as a thread would finish the call): if it suspends, drive it to its
+        # end in the background, so that its write is resolved and its recorder's lock released.
+        started.add_done_callback(functools.partial(_abandoned, loop, worker))
+        raise
+    if done:
+        return value
+    # Suspended: driven to its end even if this caller is cancelled meanwhile.
+    return await asyncio.shield(_background_task(loop, _drive(loop, worker, job, value)))
+
+
+_driving: set[asyncio.Task] = set()
+
+
+def _background_task(loop: asyncio.AbstractEventLoop, coro) -> asyncio.Task:
+    task = loop.create_task(coro)
+    _driving.add(task)
+    task.add_done_callback(_driving.discard)
+    return task
+
+
+def _abandoned(loop: asyncio.AbstractEventLoop, worker: _Worker, started: asyncio.Future) -> None:
+    if started.cancelled() or started.exception() is not None:
+        return
+    job, (done, request) = started.result()
+    if not done:
+        _background_task(loop, _drive(loop, worker, job, request))
+
+
+def _start(job: Callable[[], T]) -> tuple[Bridged, tuple[bool, Any]]:
+    bridged = Bridged(job)
+    return bridged, _resume(bridged)
+
+
+def _resume(job: Bridged) -> tuple[bool, Any]:
+    """Run `job` on this thread until it ends or suspends. A suspension counts as use of the thread's
+    connection (it was just used), so the next job does not ping it as if it had been idle."""
+    try:
+        return job.step()
+    finally:
+        _local.last_used = time.monotonic()
+
+
+async def _drive(loop: asyncio.AbstractEventLoop, worker: _Worker, job: Bridged, request: Any) -> Any:
+    """Serve a suspended job's requests on the loop, resuming it on its own thread, until it returns."""
+    while True:
+        if isinstance(request, Commit):
+            await _batcher(loop).commit(request.op)
+        elif isinstance(request, WaitFor):
+            free = loop.create_future()
+            request.lock.when_free(functools.partial(loop.call_soon_threadsafe, _resolve, free))
+            await free
+        else:
+            raise RuntimeError(f"unknown request from a suspended job: {request!r}")
+        done, request = await worker.call(loop, _resume, job)
+        if done:
+            return request
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 async def background(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
@@ -120,9 +348,15 @@ def run_blocking(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> asyncio.
 
 def shutdown_pools(*, wait: bool = True) -> None:
     """Close every pool thread's database connections, then stop the pools (recreated on next use)."""
+    global _workers
     with _lock:
         pools = dict(_pools)
         _pools.clear()
+        workers, _workers = _workers, None
+        _batchers.clear()
+    if workers is not None:
+        for worker in workers.threads:
+            worker.stop(wait=wait)
     for pool in pools.values():
         workers = len(getattr(pool, "_threads", ())) or 1
         barrier = threading.Barrier(workers)
