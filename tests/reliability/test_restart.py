@@ -61,7 +61,7 @@ def test_runs_before_and_after_a_mariadb_restart_share_one_pool_and_lose_nothing
             sink1 = CollectingSink()
             run1, task1 = await start_run(user=user, query="hello before the restart", sink=sink1)
             outcome1 = await task1
-            pool = runtime_db._pools["db"]
+            pool = runtime_db._db_workers()
             before = await _open_every_pool_connection(threading.Barrier(POOL_THREADS))
 
             downtime = await asyncio.to_thread(restart_mariadb)
@@ -69,7 +69,7 @@ def test_runs_before_and_after_a_mariadb_restart_share_one_pool_and_lose_nothing
             sink2 = CollectingSink()
             run2, task2 = await start_run(user=user, query="hello after the restart", sink=sink2)
             outcome2 = await task2
-            assert runtime_db._pools["db"] is pool  # the same long-lived pool, not a new one
+            assert runtime_db._db_workers() is pool  # the same long-lived pool, not a new one
             after = await _open_every_pool_connection(threading.Barrier(POOL_THREADS))
             return (run1, outcome1), (run2, outcome2), before, after, downtime
         finally:
