@@ -240,28 +240,29 @@ profile of issue 15's target found and the worker now avoids (`diagnosis/runtime
 Measured and left: what still commits alone is each model call's count before its request (4), the step
 that declares the tool calls (their rows name its row id, which only its commit returns), the tool
 starts, each tool's terminal (its live frame follows it), the release (the self-evaluation reads it),
-the terminal row, RUN_STARTED (its frame follows it) and the worker's claims. The runtime's database
-pool (`ThreadPoolExecutor`) hands each job to the thread idle longest, so most jobs after a model call
-pay a ping round trip first (11–19 per analysis); a pool handing jobs to the most recently idle thread
-saved about two of them but changed the order in which parallel tool starts reached the recorder, and
-was reverted. The starts are now one job, so that no longer stands in its way.
+the terminal row, RUN_STARTED (its frame follows it) and the worker's claims. **Pings**: the runtime's
+database pool used to be a `ThreadPoolExecutor`, which hands each job to the thread idle longest, so most
+jobs after a model call paid a ping round trip first (11–19 per analysis). Since the async write path
+(issue 19) the pool is `RUNTIME_DB_THREADS` threads with their own queues and a new job goes to the
+first idle thread, so one run at a time keeps using one thread and one connection, and a recorder's
+concurrent jobs go to the thread of its previous one (parallel tool starts keep their order): 6.1 pings
+per analysis. The rule that detects a restarted database is unchanged (a connection idle for longer
+than `PING_IDLE_SECONDS` is pinged before its next job; `tests/reliability/test_restart.py`).
 
 Every decision is still durable before the next effect of the run (a model request, a tool run, a frame,
 the release) and never after a later decision (a held one commits in the transaction of the next),
 fenced by the lease epoch and bound into the chain in order, with gapless sequence numbers; the audit
-stays fail-open. The machine is shared (2 cores, other benches and test suites running), so the share
-moves with the load more than with the code. Main (before held decisions) and this change, alternated
-run by run on 2026-12-01 19:12–19:25 UTC (`python -m bench --only b7 --no-write` each; load average at
-each start): 6.36 % / 7.16 % (89 / 104 ms per analysis, load 5.0 / 4.5), 8.70 % / 9.52 % (132 / 144 ms,
-load 6.0 / 8.0), 8.63 % / 5.63 % (125 / 79 ms, load 8.5 / 5.6), 3.73 % / 3.63 % (50 / 48 ms, load
-2.8 / 1.9); the best single repetitions 2.67 % (main) and 2.87 % (this change). The commits per analysis
-fell from 20.3 to 12.3–12.5 (counted in every repetition), the pings stayed at 11–19, the pool jobs
-at about 25 (24.5 now: the tool starts are one job); the time did not measurably follow: at load ≈ 2
-both sides spend about 50 ms outside the model and tool time, while the jobs of the runtime's pools use
-45–55 ms of thread CPU per analysis (`B7_TRACE=1` at load ≈ 5: 30 ms in the tool threads, mostly inside
-the tool time, and 22 ms in the database pool) on a 2-core machine shared with other processes. The
-target is not met; what bounds the figure here is CPU and scheduling on a loaded machine more than the
-database's round trips.
+stays fail-open. The machine is shared (2 cores), so the share moves with the load more than with the
+code: the table above is one full `make bench` on a quiet machine (load average 0.1 when it started).
+While the held decisions were built, main (before them) and that change alternated run by run on
+2026-12-01 19:12–19:25 UTC, with other sessions' suites on the same cores (`python -m bench --only b7
+--no-write` each; load average at each start): 6.36 % / 7.16 % (load 5.0 / 4.5), 8.70 % / 9.52 % (6.0 /
+8.0), 8.63 % / 5.63 % (8.5 / 5.6), 3.73 % / 3.63 % (2.8 / 1.9): under load CPU and scheduling dominate
+(the runtime's pools use 45–55 ms of thread CPU per analysis, `B7_TRACE=1`; 30 ms of it in the tool
+threads, mostly inside the tool time). On the quiet machine, with the held decisions (20.3 → 12.3
+commits per analysis), the pool that keeps one connection per run (≈ 12–19 → 6.1 pings) and the trace
+path's cheaper row digests and times, the overhead is 37.1 ms per analysis against 49.6 ms (3.76 %)
+measured the same way on a quiet machine before them.
 {B7_END}"""
 
 
