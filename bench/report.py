@@ -450,32 +450,36 @@ and anchored. The 1 000 000-leaf log is kept between runs (`<db>_tlog_big`).
 
 ## What limits each figure
 
-**B1, one run at a time.** The floor pays one redo-log flush per record (44 per run); the recorder pays
-one per decision (20 per run) because a decision's rows share a transaction, and on MariaDB each
-decision is **one round trip**: the transaction is sent as one compound statement (`BEGIN NOT ATOMIC …
-START TRANSACTION; INSERT …; UPDATE …; COMMIT; END`, rolled back and re-raised by an exit handler on any
-error), rows of one table go in one multi-row INSERT, and the statements are built once per table from
-the models' fields instead of through `Model.save()`/`bulk_create` (profile below: what remains is the
-server's statement execution and the driver's parameter escaping). What limits it now is the database:
-each statement costs the server ~0.1–0.2 ms on this machine whether or not it commits.
+**B1, one run at a time.** The floor pays one redo-log flush per record (45 per run); the recorder pays
+one per decision (21 statements per run) because a decision's rows share a transaction, and on MariaDB
+each decision is **one round trip**: the transaction is sent as one compound statement (`BEGIN NOT
+ATOMIC … START TRANSACTION; SELECT … FOR UPDATE (the lease fence); INSERT …; UPDATE …; COMMIT; END`,
+rolled back and re-raised by an exit handler on any error), rows of one table go in one multi-row
+INSERT, and the statements are built once per table from the models' fields. What the recorder adds to
+the floor is its Python work, serial with its round trips: measured 2026-12-01 on a quiet machine
+(`cProfile` and `time.process_time()` around `bench.b1_recording.run_recorder` for 40 runs), 18.8 ms
+wall and **8.7 ms of CPU per run**: the events, canonical JSON, hashes and row digests of every bound
+row, Fernet for the reasoning rows, the statements' parameters and their escaping (`_mogrify`), and
+`finish` (pricing, the stored facts). The ratio was 0.87–0.96× before the row digests and the lease
+fence, 1.12–1.15× just after them (dated notes below), and is 1.4–1.6× on this machine now, above the
+1.3× target (the code as it was at the start of this round and as it is now, back to back in the same
+minute: 1.59× and 1.39×; which later change cost what was not measured). Next
+levers: each bound row's canonical text built once (its digest and its stored JSON from one encoding),
+parameters prepared once per op and escaped in one pass, `finish`'s pricing read once per process.
 
-**B1, 200 concurrent runs.** Bounded by CPU, not by the database. Measured with `os.times()` and the
-server's `/proc` counters while 200 runs record: the bench process spends about 4–5 ms of CPU per run
-(recorder work ≈ 0.8 ms — events, canonical JSON, hashes, Fernet; building and escaping parameters
-≈ 0.6 ms; the hop into the runtime's thread pool and back ≈ 0.5 ms per 20 decisions; GIL hand-offs
-between the pool's threads and the event loop; the client library's socket work, ≈ 1 ms of it system
-time) and MariaDB about 4 ms without group commit, 2 ms with it — on 2 cores. Group commit
-(`AUDIT_GROUP_COMMIT=true`) halves the server's CPU per run (one compound statement and one COMMIT per
-batch: ~5 decisions per batch with the default 8 pool threads, ~10 with 16, ~20 with 32) and so wins
-some wall time here, but the Python side stays the bound; at one run at a time it costs nothing
-measurable (the first B1 rows: the writer that finds no batch in flight writes its own op directly). It
-stays **off by default** until a deployment shows it helps: switch it on for many concurrent runs on a
-machine with spare cores, or a database farther away (round trips cost more). Reaching 3× the floor
-here would need a decision to cost ≲ 1 ms of CPU end to end, i.e. an asynchronous write path that awaits
-its batch's commit on the event loop instead of parking a pool thread per decision (a change of the
-runtime's `await db(recorder.method)` call sites). Tried, measured and not kept: 16 and 32 pool threads
-(bigger batches, ~6 ms per run), two batches in flight (no gain). Kept: raw-lock wake-ups instead of
-`threading.Event` (whose `Condition.notify` was a fifth of the GIL time under load).
+**B1, 200 concurrent runs.** Bounded by CPU, not by the database. Since issue 19 every `db()` job runs as
+a greenlet on its pool thread: under group commit (`AUDIT_GROUP_COMMIT=true`) a decision does not park
+the thread on its COMMIT but suspends, its op joins the event loop's batch (`LoopBatcher`, one
+transaction per batch on the `audit-writer` thread, one locking fence check for all its runs), and the
+job resumes once the batch committed, so batches hold ≈ 80 ops (48 batches for 4 000 decisions, 878
+before) and every decision is still durable before the run's next one. That halves the wall time per
+run against the thread path, but the process still spends ≈ 7.5–9 ms of CPU per run, serialised by the
+GIL (profile, `py-spy --gil`: the recorder's own work 33 %, the batch's parameters and the driver 21 %,
+the two hand-offs per decision between loop and thread 22 %, the event loop 14 %, `finish` 8 %), against
+a floor of ≈ 14 ms per run: about 1.4–1.7× here, short of 3×, which needs ≲ 4.5 ms of CPU per run. Next
+levers: one hand-off per decision (continue the suspended jobs where the batch is written), parameters
+prepared once per op, and the one-at-a-time levers above, which every concurrent run pays too. Group
+commit stays **off by default**; two batch writers (`AUDIT_BATCH_WRITERS=2`) measured no gain.
 
 **B2.** The floor reads rows; the endpoint also runs Django's middleware and DRF's dispatch, loads the
 session and the user, runs eight queries of its own, verifies the whole hash chain and every bound
