@@ -96,7 +96,10 @@ def bound_json_text(
 
 
 def _prune(value: Any, max_string: int, max_items: int, depth: int) -> Any:
-    if value is None or isinstance(value, (bool, int)):
+    kind = type(value)
+    if kind is str and len(value) <= max_string:  # the common case first; the same result as below
+        return value
+    if kind is int or value is None or isinstance(value, (bool, int)):
         return value
     if isinstance(value, float):
         return value if math.isfinite(value) else str(value)
