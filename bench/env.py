@@ -54,6 +54,13 @@ def create_database(name: str) -> None:
         conn.close()
 
 
+def bench_key_path() -> Path:
+    """The bench's signing key: per user and machine (`$XDG_DATA_HOME/diagnosis-bench/`, by default
+    `~/.local/share/diagnosis-bench/`), like the bench databases it signs."""
+    data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data_home) / "diagnosis-bench" / "audit-signing.key"
+
+
 def prepare(database: str = DEFAULT_DB) -> None:
     """Environment for `config.settings` before `django.setup()`: MariaDB, production mode, bench keys."""
     from cryptography.fernet import Fernet
@@ -63,15 +70,17 @@ def prepare(database: str = DEFAULT_DB) -> None:
     os.environ["DEBUG"] = "false"
     os.environ.setdefault("SECRET_KEY", "bench-" + Fernet.generate_key().decode())
     os.environ.setdefault("REASONING_ENCRYPTION_KEYS", Fernet.generate_key().decode())
-    # One signing key for every bench run (kept in .local/, like the development key), so that the
-    # checkpoints of the kept B5 databases still verify in later runs.
+    # One signing key for every bench run on this machine, so that the checkpoints of the kept B5
+    # databases still verify in later runs. It lives beside what it signs: the databases belong to the
+    # machine's MariaDB, not to a checkout, so a key kept in the checkout made a fresh clone's first
+    # `make bench` refuse the datasets an earlier clone had built ("the transparency log has 1 problem").
     from audit.transparency.keys import generate_key_text, validate_private
     from config.devkeys import read_or_create
 
     os.environ.setdefault(
         "AUDIT_SIGNING_KEYS",
         read_or_create(
-            ROOT / ".local" / "bench-audit-signing.key",
+            bench_key_path(),
             generate=generate_key_text,
             validate=validate_private,
             what="an Ed25519 key",
