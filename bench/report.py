@@ -461,9 +461,10 @@ the floor is its Python work, serial with its round trips: measured 2026-12-01 o
 wall and **8.7 ms of CPU per run**: the events, canonical JSON, hashes and row digests of every bound
 row, Fernet for the reasoning rows, the statements' parameters and their escaping (`_mogrify`), and
 `finish` (pricing, the stored facts). The ratio was 0.87–0.96× before the row digests and the lease
-fence, 1.12–1.15× just after them (dated notes below), and is 1.4–1.6× on this machine now, above the
-1.3× target (the code as it was at the start of this round and as it is now, back to back in the same
-minute: 1.59× and 1.39×; which later change cost what was not measured). Next
+fence, 1.12–1.15× just after them (dated notes below), and 1.4–1.6× on the quiet machine of the
+earlier full runs, above the 1.3× target (the code as it was at the start of this round and as it was
+then, back to back in the same minute: 1.59× and 1.39×; which later change cost what was not measured;
+on the machine of the table above, whose commits are slower, 1.07–1.09×). Next
 levers: each bound row's canonical text built once (its digest and its stored JSON from one encoding),
 parameters prepared once per op and escaped in one pass, `finish`'s pricing read once per process.
 
