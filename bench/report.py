@@ -253,7 +253,7 @@ Every decision is still durable before the next effect of the run (a model reque
 the release) and never after a later decision (a held one commits in the transaction of the next),
 fenced by the lease epoch and bound into the chain in order, with gapless sequence numbers; the audit
 stays fail-open. The machine is shared (2 cores), so the share moves with the load more than with the
-code: the table above is one full `make bench` on a quiet machine (load average 0.1 when it started).
+code: the table above is one full `make bench` (its machine and load in the header and the notes).
 While the held decisions were built, main (before them) and that change alternated run by run on
 2026-12-01 19:12–19:25 UTC, with other sessions' suites on the same cores (`python -m bench --only b7
 --no-write` each; load average at each start): 6.36 % / 7.16 % (load 5.0 / 4.5), 8.70 % / 9.52 % (6.0 /
@@ -477,8 +477,9 @@ before) and every decision is still durable before the run's next one. That halv
 run against the thread path, but the process still spends ≈ 7.5–9 ms of CPU per run, serialised by the
 GIL (profile, `py-spy --gil`: the recorder's own work 33 %, the batch's parameters and the driver 21 %,
 the two hand-offs per decision between loop and thread 22 %, the event loop 14 %, `finish` 8 %), against
-a floor of ≈ 14 ms per run: about 1.4–1.7× here, short of 3×, which needs ≲ 4.5 ms of CPU per run. Next
-levers: one hand-off per decision (continue the suspended jobs where the batch is written), parameters
+a floor of ≈ 14 ms per run on the earlier quiet machine: 1.4–1.7× there, short of 3×, which needs
+≲ 4.5 ms of CPU per run (the table's machine: the dated notes). Next levers: one hand-off per decision
+(continue the suspended jobs where the batch is written), parameters
 prepared once per op, and the one-at-a-time levers above, which every concurrent run pays too. Group
 commit stays **off by default**; two batch writers (`AUDIT_BATCH_WRITERS=2`) measured no gain.
 
