@@ -25,11 +25,12 @@ also why group commit is invisible to pytest-django's transaction-wrapped tests)
 
 **On an event loop** (the runtime: `diagnosis.runtime.db.db()` runs every job as a `Bridged` greenlet on
 a pool thread) a writer does not lead or follow on its thread: `submit` suspends its job, the op joins
-the loop's `LoopBatcher`, which writes everything queued as one batch through the same `write_ops`
-(one transaction, op-by-op retry), and the job resumes once its batch committed. A pool thread is then
-never parked on a COMMIT, so a batch holds the decisions of every run waiting at that moment (hundreds)
-instead of at most one per pool thread. `RecorderLock` keeps one run's decisions one at a time when a
-job holding it is suspended.
+the process's `BatchWriter`, whose writer thread writes everything queued as one batch through the same
+`write_ops` (one transaction, op-by-op retry) and then queues each job's next step back on its own pool
+thread; the loop is not involved until the job returns. A pool thread is then never parked on a COMMIT,
+so a batch holds the decisions of every run waiting at that moment (hundreds) instead of at most one
+per pool thread. `RecorderLock` keeps one run's decisions one at a time when a job holding it is
+suspended.
 
 `execute_wrapper(fn)` installs a Django execute wrapper on whichever connection writes batches while the
 context is open (tests inject database faults through it). Switch: `settings.AUDIT_GROUP_COMMIT` (per
@@ -38,17 +39,15 @@ recorder; off: every decision is its own transaction on the caller's thread, on 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
 import greenlet
-from django.db import connection
+from django.db import connection, connections
 
 from audit.write_ops import WriteOp, execute
 
@@ -99,8 +98,8 @@ class GroupCommitter:
     def submit(self, op: WriteOp) -> None:
         """Write `op` as part of a group; returns once it committed, or with `op.error` set.
 
-        Called inside a bridged job (`Bridged`: the runtime's `db()`), the op joins the event loop's
-        next batch (`LoopBatcher`) instead: the job is suspended, its pool thread is free for other
+        Called inside a bridged job (`Bridged`: the runtime's `db()`), the op joins the process's
+        next batch (`BatchWriter`) instead: the job is suspended, its pool thread is free for other
         runs' jobs, and it resumes once that batch committed."""
         current = greenlet.getcurrent()
         if isinstance(current, Bridged) and not connection.in_atomic_block:
@@ -150,7 +149,7 @@ class GroupCommitter:
     def write_ops(self, ops: list[WriteOp]) -> None:
         """Write `ops` in one transaction on this thread's connection; on any failure retry them one by
         one so that only a failing op gets its `error`. Never raises. (The thread leader's batch, and
-        the event loop's batches of `LoopBatcher`.)"""
+        the batches of `BatchWriter`.)"""
         with self._lock:
             self.batches += 1
             self.ops += len(ops)
@@ -262,8 +261,9 @@ class Bridged(greenlet.greenlet):
     can **suspend** itself instead of blocking the thread: `GroupCommitter.submit` suspends with a
     `Commit`, `RecorderLock` with a `WaitFor`. `step()` runs the job until it finishes (returns
     `(True, value)`, or raises the job's exception) or suspends (returns `(False, request)`); the driver
-    (`diagnosis.runtime.db`) serves the request on the event loop and calls `step()` again **on the same
-    thread** (a greenlet lives on the thread that started it). A job suspends only outside any atomic
+    (`diagnosis.runtime.db`) hands the request on (to the `BatchWriter`, or to the lock's waiters) and
+    calls `step()` again **on the same thread** once it is served (a greenlet lives on the thread that
+    started it). A job suspends only outside any atomic
     block, so the thread's connection holds no transaction of it while other jobs use that thread."""
 
     def __init__(self, fn: Callable[[], Any]) -> None:
@@ -340,80 +340,88 @@ class RecorderLock:
         wake()
 
 
-class LoopBatcher:
-    """Group commit on an event loop: ops of suspended jobs (`Commit`) are written in batches, at most
-    `writers` batches at a time (each one job on `executor`: `GroupCommitter.write_ops`, one transaction,
-    one multi-row INSERT per table, op-by-op retry on failure), and each op's future resolves on the loop
-    once its batch committed (or with `op.error` set). While batches are written the next one forms. A
-    run has at most one op in flight (its job waits for it), so batches in flight never hold two ops of
-    one run, and each run's decisions commit in order. Loop-only."""
+class BatchWriter:
+    """Group commit of suspended jobs, off the event loop: pool threads queue the ops of their suspended
+    jobs (`Commit`) with `commit(op, resume)`, and `writers` writer threads write what is queued in
+    batches (`GroupCommitter.write_ops`: one transaction, one multi-row INSERT per table, op-by-op retry
+    on failure; at most `max_batch` ops each), then call each op's `resume` once its batch committed (or
+    with `op.error` set). `resume` queues the job's next step on the pool thread that holds it, so a
+    decision costs the event loop one hand-off to the pool and one back, whatever its writes. While a
+    batch is written the next one forms. A run has at most one op in flight (its job waits for it), so
+    batches in flight never hold two ops of one run, and each run's decisions commit in order.
+    Thread-safe; one per process (`diagnosis.runtime.db`); `stop()` writes what is queued and ends the
+    threads, each closing its own connection."""
 
-    def __init__(self, executor: Executor, committer: GroupCommitter, *, writers: int = 1) -> None:
-        self.executor = executor
+    def __init__(self, committer: GroupCommitter, *, writers: int = 1, name: str = "audit-writer") -> None:
         self.committer = committer
         self.max_batch = committer.max_batch
-        self.writers = writers
-        self._pending: list[tuple[WriteOp, asyncio.Future[None]]] = []
-        self._in_flight = 0
+        self._cond = threading.Condition(threading.Lock())
+        self._pending: list[tuple[WriteOp, Callable[[], None]]] = []
         self._held = 0
-        self._drains: set[asyncio.Task] = set()
+        self._stopping = False
+        self._threads = [
+            threading.Thread(target=self._serve, name=f"{name}-{i}", daemon=True)
+            for i in range(max(1, writers))
+        ]
+        for thread in self._threads:
+            thread.start()
 
-    def commit(self, op: WriteOp) -> asyncio.Future[None]:
-        """Queue `op`; the future resolves once it is durable, or with `op.error` set (never raises)."""
-        fut = asyncio.get_running_loop().create_future()
-        self._pending.append((op, fut))
-        self._start()
-        return fut
+    def commit(self, op: WriteOp, resume: Callable[[], None]) -> None:
+        """Queue `op`; `resume()` is called on a writer thread once it is durable, or with `op.error`
+        set. Never raises; after `stop()` the op is written on the caller's thread."""
+        with self._cond:
+            if not self._stopping:
+                self._pending.append((op, resume))
+                if len(self._pending) == 1:
+                    self._cond.notify()
+                return
+        self._write([(op, resume)])
 
     def queued(self) -> int:
         """Ops waiting for a batch (not counting the ones being written)."""
-        return len(self._pending)
+        with self._cond:
+            return len(self._pending)
 
     @contextlib.contextmanager
     def hold(self) -> Iterator[None]:
         """While open, no batch starts (ops queue up); on exit everything queued is written. For tests."""
-        self._held += 1
+        with self._cond:
+            self._held += 1
         try:
             yield
         finally:
-            self._held -= 1
-            self._start()
+            with self._cond:
+                self._held -= 1
+                self._cond.notify_all()
 
-    def _start(self) -> None:
-        if self._pending and not self._held and self._in_flight < self.writers:
-            self._in_flight += 1
-            task = asyncio.get_running_loop().create_task(self._drain())
-            self._drains.add(task)
-            task.add_done_callback(self._drains.discard)
+    def stop(self, *, wait: bool = True) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if wait:
+            for thread in self._threads:
+                thread.join(timeout=5)
 
-    async def _drain(self) -> None:
+    def _serve(self) -> None:
         try:
-            # Let the ops of jobs resumed in this loop iteration join the batch.
-            await asyncio.sleep(0)
-            while self._pending and not self._held:
-                batch = self._pending[: self.max_batch]
-                del self._pending[: self.max_batch]
-                ops = [op for op, _ in batch]
-                try:
-                    loop = asyncio.get_running_loop()
-                    await loop.run_in_executor(self.executor, self.committer.write_ops, ops)
-                except BaseException as exc:  # the pool is gone (shutdown): nobody waits forever
-                    for op in ops:
-                        if op.error is None:
-                            op.error = exc if isinstance(exc, Exception) else RuntimeError("batch lost")
-                    if not isinstance(exc, Exception):
-                        self._fail_pending()
-                        raise
-                finally:
-                    for _, fut in batch:
-                        if not fut.done():
-                            fut.set_result(None)
+            while True:
+                with self._cond:
+                    while not self._pending or (self._held and not self._stopping):
+                        if self._stopping and not self._pending:
+                            return
+                        self._cond.wait()
+                    batch = self._pending[: self.max_batch]
+                    del self._pending[: self.max_batch]
+                self._write(batch)
         finally:
-            self._in_flight -= 1
+            connections.close_all()
 
-    def _fail_pending(self) -> None:
-        pending, self._pending = self._pending, []
-        for op, fut in pending:
-            op.error = RuntimeError("batch lost")
-            if not fut.done():
-                fut.set_result(None)
+    def _write(self, batch: list[tuple[WriteOp, Callable[[], None]]]) -> None:
+        try:
+            self.committer.write_ops([op for op, _ in batch])
+        finally:
+            for _, resume in batch:
+                try:
+                    resume()
+                except Exception as exc:  # a stopped pool: its job is gone with it
+                    logger.error("group commit resume failed error=%s", type(exc).__name__)

@@ -22,16 +22,19 @@ costs at most one failed job per thread, never a thread that fails forever:
 
 **Suspended writes (the async write path).** Every `db()` job runs as an `audit.group_commit.Bridged`
 greenlet on one pool thread. When a recorder decision under group commit (`settings.AUDIT_GROUP_COMMIT`)
-reaches its write, the job does not block its thread: it suspends, its op joins this event loop's next
-batch (`audit.group_commit.LoopBatcher`, written by one job at a time on the `audit-writer` thread: one
-transaction and one multi-row INSERT per table for every op queued, whatever the number of runs), the
-pool thread takes other jobs meanwhile, and the job resumes **on the same thread** once the batch
-committed; so `await db(recorder.method)` still returns only when the decision is durable, and hundreds
-of runs share each COMMIT instead of at most one per pool thread. A job that wants a recorder's lock
-held by a suspended job suspends too (`RecorderLock`), so no pool thread ever waits on a job it would
-have to resume. Jobs that never suspend (any other ORM code, recorders without group commit) run as
-before. The pool is `RUNTIME_DB_THREADS` threads, each with its own job queue (`_Worker`); the
-writer thread holds one more connection.
+reaches its write, the job does not block its thread: it suspends, and its pool thread hands the op to
+the process's `audit.group_commit.BatchWriter` (one transaction and one multi-row INSERT per table for
+every op queued, whatever the number of runs, written on the `audit-writer` thread), then takes other
+jobs. Once the batch committed, the writer thread queues the job's next step back on **the same pool
+thread**, where it resumes; so `await db(recorder.method)` still returns only when the decision is
+durable, hundreds of runs share each COMMIT instead of at most one per pool thread, and the event loop
+pays one hand-off to the pool and one back per `db()` call, never one per write. A job that wants a
+recorder's lock held by a suspended job suspends too (`RecorderLock`) and is queued back on its thread
+when the lock is released, so no pool thread ever waits on a job it would have to resume. A suspended
+job does not depend on the loop: when its caller is cancelled it still runs to its end (its write is
+resolved, its recorder's lock released), as a thread would finish the call. Jobs that never suspend (any
+other ORM code, recorders without group commit) run as before. The pool is `RUNTIME_DB_THREADS` threads,
+each with its own job queue (`_Worker`); the writer thread holds one more connection.
 
 `shutdown_pools()` closes every pool thread's connection and stops the pools; they are recreated on next
 use (tests call it between cases).
@@ -55,7 +58,7 @@ from typing import Any, TypeVar
 from django.conf import settings
 from django.db import connections
 
-from audit.group_commit import Bridged, Commit, LoopBatcher, RecorderLock, WaitFor, get_committer
+from audit.group_commit import BatchWriter, Bridged, Commit, RecorderLock, WaitFor, get_committer
 
 T = TypeVar("T")
 
@@ -66,53 +69,103 @@ _lock = threading.Lock()
 _pools: dict[str, ThreadPoolExecutor] = {}
 _local = threading.local()
 _workers: _Workers | None = None
-_batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopBatcher] = weakref.WeakKeyDictionary()
+_writer: BatchWriter | None = None
+
+
+class _Job:
+    """One `db()` call on its pool thread: the job as a `Bridged` greenlet, and where its result goes
+    (the caller's future, settled on the caller's loop through `_Completions`)."""
+
+    __slots__ = ("done", "fn", "fut", "greenlet", "worker")
+
+    def __init__(
+        self, worker: _Worker, done: _Completions, fut: asyncio.Future, fn: Callable[[], Any]
+    ) -> None:
+        self.worker = worker
+        self.done = done
+        self.fut = fut
+        self.fn = fn
+        self.greenlet: Bridged | None = None
+
+    def step(self) -> None:
+        """Run the job on this (its) thread until it ends or suspends; hand a suspension's request on."""
+        worker = self.worker
+        try:
+            if self.greenlet is None:
+                self.greenlet = Bridged(self.fn)
+            else:
+                worker.suspended -= 1
+            finished, value = _resume(self.greenlet)
+        except BaseException as exc:
+            worker.finished += 1
+            self.done.post(self.fut, False, exc)
+            return
+        if finished:
+            worker.finished += 1
+            self.done.post(self.fut, True, value)
+            return
+        worker.suspended += 1
+        if isinstance(value, Commit):
+            _batch_writer().commit(value.op, self.requeue)
+        elif isinstance(value, WaitFor):
+            value.lock.when_free(self.requeue)
+        else:  # never: Commit and WaitFor are the only requests
+            worker.suspended -= 1
+            worker.finished += 1
+            self.done.post(self.fut, False, RuntimeError(f"unknown request from a suspended job: {value!r}"))
+
+    def requeue(self) -> None:
+        """Queue the job's next step on its thread (from any thread: the writer, a lock's releaser)."""
+        self.worker.jobs.put(self)
 
 
 class _Worker:
     """One database pool thread with its own job queue (a suspended job is resumed on the thread that
     holds it). Lighter than a one-thread `ThreadPoolExecutor` per call: a job is a queue entry and an
     asyncio future, and results reach the loop through `_Completions` (one wake-up for all the results
-    that arrived meanwhile)."""
+    that arrived meanwhile). Stopped, the thread still runs the jobs suspended on it to their ends."""
 
     def __init__(self, name: str) -> None:
-        self._jobs: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
-        # Jobs handed to this thread and jobs it finished; each counter is written by one thread only.
+        self.jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        # Jobs handed to this thread and jobs that ended on it (a suspended job has not ended); each
+        # counter is written by one thread only: `given` by the callers' loop, the others by this thread.
         self.given = 0
         self.finished = 0
+        # Jobs suspended on this thread.
+        self.suspended = 0
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
     def idle(self) -> bool:
         return self.given == self.finished
 
-    def call(self, loop: asyncio.AbstractEventLoop, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+    def call(self, loop: asyncio.AbstractEventLoop, fn: Callable[[], T]) -> asyncio.Future[T]:
         fut = loop.create_future()
         self.given += 1
-        self._jobs.put((_completions(loop), fut, fn, args))
+        self.jobs.put(_Job(self, _completions(loop), fut, fn))
         return fut
 
     def _serve(self) -> None:
+        stopping = False
         while True:
-            item = self._jobs.get()
-            if item is None:
+            if stopping and not self.suspended:
                 connections.close_all()
                 return
-            done, fut, fn, args = item
-            try:
-                result = fn(*args)
-            except BaseException as exc:
-                self.finished += 1
-                done.post(fut, False, exc)
+            job = self.jobs.get()
+            if job is None:
+                stopping = True
             else:
-                self.finished += 1
-                done.post(fut, True, result)
+                job.step()
 
     def stop(self, *, wait: bool) -> None:
-        """Close the thread's connections and end it once the jobs queued before have run."""
-        self._jobs.put(None)
+        """Close the thread's connections and end it once the jobs queued before have run and the jobs
+        suspended on it have ended."""
+        self.jobs.put(None)
         if wait:
-            self._thread.join(timeout=5)
+            self.join()
+
+    def join(self) -> None:
+        self._thread.join(timeout=5)
 
 
 class _Completions:
@@ -194,19 +247,21 @@ def _db_workers() -> _Workers:
     return workers
 
 
-def loop_batcher() -> LoopBatcher:
-    """The running event loop's group-commit batcher (counters and `hold()` for tests)."""
-    return _batcher(asyncio.get_running_loop())
+def batch_writer() -> BatchWriter:
+    """The process's group-commit batch writer for suspended jobs (counters and `hold()` for tests)."""
+    return _batch_writer()
 
 
-def _batcher(loop: asyncio.AbstractEventLoop) -> LoopBatcher:
-    batcher = _batchers.get(loop)
-    if batcher is None:
-        writers = int(getattr(settings, "AUDIT_BATCH_WRITERS", 1))
-        batcher = _batchers[loop] = LoopBatcher(
-            _pool("audit-writer"), get_committer(), writers=max(1, writers)
-        )
-    return batcher
+def _batch_writer() -> BatchWriter:
+    global _writer
+    writer = _writer
+    if writer is None:
+        with _lock:
+            writer = _writer
+            if writer is None:
+                writers = max(1, int(getattr(settings, "AUDIT_BATCH_WRITERS", 1)))
+                writer = _writer = BatchWriter(get_committer(), writers=writers)
+    return writer
 
 
 def _pool(kind: str) -> ThreadPoolExecutor:
@@ -217,8 +272,6 @@ def _pool(kind: str) -> ThreadPoolExecutor:
             if pool is None:
                 if kind == "background":
                     size = 1
-                elif kind == "audit-writer":
-                    size = max(1, int(getattr(settings, "AUDIT_BATCH_WRITERS", 1)))
                 else:
                     size = int(
                         getattr(settings, "RUNTIME_DB_THREADS" if kind == "db" else "RUNTIME_TOOL_THREADS", 8)
@@ -258,44 +311,13 @@ def _after_errors() -> None:
 
 async def db(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     """Run synchronous ORM code `fn(*args, **kwargs)` on the runtime's database pool and await it (a
-    recorder decision: until it is durable; see "Suspended writes" above)."""
-    loop = asyncio.get_running_loop()
-    worker = _db_workers().pick(fn)
-    started = worker.call(loop, _start, functools.partial(_job, fn, args, kwargs))
-    try:
-        job, (done, value) = await asyncio.shield(started)
-    except asyncio.CancelledError:
-        # The job runs anyway (as a thread would finish the call): if it suspends, drive it to its
-        # end in the background, so that its write is resolved and its recorder's lock released.
-        started.add_done_callback(functools.partial(_abandoned, loop, worker))
-        raise
-    if done:
-        return value
-    # Suspended: driven to its end even if this caller is cancelled meanwhile.
-    return await asyncio.shield(_background_task(loop, _drive(loop, worker, job, value)))
-
-
-_driving: set[asyncio.Task] = set()
-
-
-def _background_task(loop: asyncio.AbstractEventLoop, coro) -> asyncio.Task:
-    task = loop.create_task(coro)
-    _driving.add(task)
-    task.add_done_callback(_driving.discard)
-    return task
-
-
-def _abandoned(loop: asyncio.AbstractEventLoop, worker: _Worker, started: asyncio.Future) -> None:
-    if started.cancelled() or started.exception() is not None:
-        return
-    job, (done, request) = started.result()
-    if not done:
-        _background_task(loop, _drive(loop, worker, job, request))
-
-
-def _start(job: Callable[[], T]) -> tuple[Bridged, tuple[bool, Any]]:
-    bridged = Bridged(job)
-    return bridged, _resume(bridged)
+    recorder decision: until it is durable; see "Suspended writes" above). Cancelled, the caller stops
+    waiting; the job still runs to its end on its thread."""
+    return (
+        await _db_workers()
+        .pick(fn)
+        .call(asyncio.get_running_loop(), functools.partial(_job, fn, args, kwargs))
+    )
 
 
 def _resume(job: Bridged) -> tuple[bool, Any]:
@@ -305,27 +327,6 @@ def _resume(job: Bridged) -> tuple[bool, Any]:
         return job.step()
     finally:
         _local.last_used = time.monotonic()
-
-
-async def _drive(loop: asyncio.AbstractEventLoop, worker: _Worker, job: Bridged, request: Any) -> Any:
-    """Serve a suspended job's requests on the loop, resuming it on its own thread, until it returns."""
-    while True:
-        if isinstance(request, Commit):
-            await _batcher(loop).commit(request.op)
-        elif isinstance(request, WaitFor):
-            free = loop.create_future()
-            request.lock.when_free(functools.partial(loop.call_soon_threadsafe, _resolve, free))
-            await free
-        else:
-            raise RuntimeError(f"unknown request from a suspended job: {request!r}")
-        done, request = await worker.call(loop, _resume, job)
-        if done:
-            return request
-
-
-def _resolve(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
 
 
 async def background(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
@@ -348,15 +349,21 @@ def run_blocking(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> asyncio.
 
 def shutdown_pools(*, wait: bool = True) -> None:
     """Close every pool thread's database connections, then stop the pools (recreated on next use)."""
-    global _workers
+    global _workers, _writer
     with _lock:
         pools = dict(_pools)
         _pools.clear()
         workers, _workers = _workers, None
-        _batchers.clear()
+        writer, _writer = _writer, None
     if workers is not None:
+        # The pool threads first: their suspended jobs still need the writer to end.
         for worker in workers.threads:
-            worker.stop(wait=wait)
+            worker.stop(wait=False)
+        if wait:
+            for worker in workers.threads:
+                worker.join()
+    if writer is not None:
+        writer.stop(wait=wait)
     for pool in pools.values():
         workers = len(getattr(pool, "_threads", ())) or 1
         barrier = threading.Barrier(workers)

@@ -1,6 +1,6 @@
 """The event loop's write path (diagnosis/runtime/db.py "Suspended writes", audit/group_commit.py
-`LoopBatcher`): recorder decisions awaited through `db()` under group commit suspend instead of holding a
-pool thread and share the loop's batches. Nothing is lost with hundreds of runs in flight (more than the
+`BatchWriter`): recorder decisions awaited through `db()` under group commit suspend instead of holding a
+pool thread and share the writer's batches. Nothing is lost with hundreds of runs in flight (more than the
 pool has threads), a batch is one transaction, a bad op fails alone and is counted, a stale writer's op
 is refused by its fence while the others of its batch commit, and concurrent decisions of one run (the
 parallel tool calls) still commit one at a time, gapless and chained.
@@ -19,7 +19,7 @@ from audit.recorder import DeclaredToolCall, RunRecorder
 from diagnosis import services
 from diagnosis.models import DiagnosisRun, RunStatus
 from diagnosis.runtime import db as runtime_db
-from diagnosis.runtime.db import db, loop_batcher
+from diagnosis.runtime.db import batch_writer, db
 from reasoning.capture import build_capture
 from tests.audit.test_group_commit import _FailEventsOf
 from tests.factories import record_full_run, usage
@@ -42,8 +42,8 @@ def _events(run_id):
 
 
 async def _held_batch(recorders, decide):
-    """Every recorder's decision queued in the loop's batcher while it is held, then one release."""
-    batcher = loop_batcher()
+    """Every recorder's decision queued in the batch writer while it is held, then one release."""
+    batcher = batch_writer()
     with batcher.hold():
         tasks = [asyncio.ensure_future(db(decide, rec)) for rec in recorders]
         while batcher.queued() < len(recorders):
@@ -76,7 +76,7 @@ def test_200_concurrent_runs_through_db_lose_nothing_and_share_batches(session, 
         assert run.expected_steps == AgentStep.objects.filter(run_id=run.run_id).count()
         assert run.expected_tools == ToolInvocation.objects.filter(run_id=run.run_id).count() == 3
     written = committer.ops - ops
-    assert written >= 200 * 15  # every decision (17 per run) went through the loop's batches
+    assert written >= 200 * 15  # every decision (17 per run) went through the writer's batches
     # 200 runs in flight on 4 pool threads: batches far larger than the pool (a thread-bound group
     # commit could never batch more than one op per thread).
     assert committer.batches - batches < written / settings.RUNTIME_DB_THREADS
@@ -176,7 +176,7 @@ def test_concurrent_decisions_of_one_run_commit_one_at_a_time_in_order(session, 
                 for i in range(6)
             ],
         )
-        batcher = loop_batcher()
+        batcher = batch_writer()
         with batcher.hold():
             tasks = [
                 asyncio.ensure_future(
@@ -226,3 +226,29 @@ def test_shutdown_between_loops_recreates_the_pool(session):
     runtime_db.shutdown_pools()
     asyncio.run(db(rec.release, decision="PUBLISHED", reason="ok"))
     assert [e.sequence_no for e in _events(run.run_id)] == [1, 2]
+
+
+def test_a_cancelled_caller_s_suspended_decision_still_commits_and_frees_its_run(session):
+    """Cancelling the task that awaits a suspended decision (a client gone, a timeout) stops the wait
+    only: the job resumes on its thread once its batch committed, so the decision is durable and the
+    recorder's lock is free for the run's next decision."""
+    (run,) = _runs(session, 1)
+
+    async def main():
+        rec = RunRecorder.for_run(run, group_commit=True)
+        batcher = batch_writer()
+        with batcher.hold():
+            task = asyncio.ensure_future(db(rec.run_started))
+            while batcher.queued() < 1:
+                await asyncio.sleep(0.01)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        await db(rec.finish, status=RunStatus.SUCCESS, content="a")
+        return rec
+
+    rec = asyncio.run(main())
+    events = _events(run.run_id)
+    assert [e.event_type for e in events] == ["RUN_STARTED", "RUN_FINISHED"] and verify_chain(events).valid
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCESS and rec.audit_write_failures == 0
