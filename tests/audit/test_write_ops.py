@@ -29,3 +29,41 @@ def test_date_times_are_the_backends_own_parameters():
     ]
     for value in values:
         assert convert(value) == adapt(value), value
+
+
+@pytest.mark.django_db
+def test_the_compound_statements_parameters_are_bound_as_the_driver_binds_them():
+    """`_bound` (one pass over a compound write's parameters) gives the statement mysqlclient's own
+    binding gives: text with quotes, backslashes, NUL, `%` and non-BMP characters, NULL, integers, and
+    every other type through the driver's `literal`."""
+    if connection.vendor != "mysql":
+        pytest.skip("the compound statement is MariaDB's")
+    from decimal import Decimal
+
+    from audit.write_ops import _bound
+
+    values = [
+        "plain",
+        "it's \"quoted\" \\ back\\slashed",
+        "nul\x00byte and 100% and %s",
+        "日志 😀 naïve",
+        "",
+        None,
+        0,
+        -7,
+        2**63 - 1,
+        True,
+        False,
+        1.5,
+        Decimal("12.3400"),
+        dt.datetime(2026, 12, 2, 1, 2, 3, 456789),
+        b"\x00raw'bytes",
+    ]
+    sql = "SELECT " + ", ".join(["%s"] * len(values)) + " FROM DUAL WHERE '%%' = '%%'"
+    connection.ensure_connection()
+    with connection.cursor() as cursor:
+        expected = cursor.cursor._mogrify(sql, values)
+        assert _bound(connection.connection, sql, values) == expected
+        texts = values[:5]
+        cursor.execute(_bound(connection.connection, "SELECT " + ", ".join(["%s"] * len(texts)), texts))
+        assert list(cursor.fetchone()) == texts  # what the server reads back is what was bound
