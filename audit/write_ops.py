@@ -545,7 +545,8 @@ def _bound(raw: Any, sql: str, params: Sequence[Any]) -> bytes:
     value as `Connection.literal` escapes it, then `%` formatting), in one pass: text goes straight to
     the driver's `string_literal`, NULL and integers need no escaping, every other value takes
     `literal`. A compound write binds ≈ 40 values per decision; the driver's per-value dispatch was
-    about a tenth of a concurrent run's CPU (docs/performance.md, B1 concurrent)."""
+    about a tenth of a concurrent run's CPU (docs/performance.md, B1 concurrent). The statement is
+    bytes, as the driver sends it: code that wraps the driver's cursor sees bytes for these writes."""
     string_literal, encoding, literal = raw.string_literal, raw.encoding, raw.literal
     values = tuple(
         [

@@ -170,7 +170,12 @@ class RoundTrips:
                 counter._job(time.perf_counter() - wall, time.thread_time() - cpu)
 
         def counted_execute(cursor, query, args=None):
-            head = query.lstrip()[:16].upper()
+            # The recorder's compound writes arrive bound, as bytes (`audit.write_ops._bound`).
+            head = (
+                (query[:64].decode(errors="replace") if isinstance(query, bytes) else query)
+                .lstrip()[:16]
+                .upper()
+            )
             autocommit = cursor.cursor.connection.get_autocommit()
             if (autocommit and head.startswith(counter.WRITES)) or head.startswith("COMMIT"):
                 counter._commit()

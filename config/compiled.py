@@ -93,7 +93,9 @@ class CompiledQuery:
     def _compile(self, alias: str) -> tuple:
         sentinels: dict[str, Any] = {}
         for i, (name, kind) in enumerate(self._params.items()):
-            sentinels[name] = f"\x00compiled:{name}\x00" if kind is str else -(2**62) - 7919 * i - 1
+            # An integer sentinel inside a 32-bit column's range (Django compiles an out-of-range
+            # value of an integer lookup to an empty result, without SQL).
+            sentinels[name] = f"\x00compiled:{name}\x00" if kind is str else -(2**31) + 1 + 7919 * i
         qs = self._build(**sentinels)
         query = qs.query
         compiler = query.get_compiler(using=alias)

@@ -85,11 +85,14 @@ MIDDLEWARE = [
     "config.api.ApiErrorMiddleware",
 ]
 
-# axes first: a locked-out username or address is refused before any password is checked.
+# axes first: a locked-out username or address is refused before any password is checked. Then
+# Django's ModelBackend with its per-request user read compiled once (access/backends.py).
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
-    "django.contrib.auth.backends.ModelBackend",
+    "access.backends.ModelBackend",
 ]
+# Django's database sessions, their per-request read compiled once (access/sessions.py).
+SESSION_ENGINE = "access.sessions"
 
 TEMPLATES = [
     {

@@ -1,0 +1,43 @@
+"""The password and session authentication backend: Django's `ModelBackend`, with the user read that
+every session-authenticated request makes (`get_user`) compiled once (`config.compiled.CompiledQuery`).
+
+`ModelBackend.get_user` builds and compiles `User._default_manager.get(pk=…)` on every request, which
+cost more than the query itself (≈ 0.4 ms of a trace read's ≈ 5 ms; docs/performance.md, B2). This
+backend runs the same SELECT of every concrete column as compiled SQL and builds the instance as the ORM
+does (`Model.from_db`); whether the user may authenticate (`user_can_authenticate`), passwords,
+permissions and everything else are Django's.
+
+Sessions name the backend that logged them in; a session made under
+`django.contrib.auth.backends.ModelBackend` (before this backend) is not recognised and its user signs
+in again once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.backends import ModelBackend as DjangoModelBackend
+from django.db import DEFAULT_DB_ALIAS
+
+from config.compiled import CompiledQuery
+
+
+def _by_pk(pk: Any):
+    return get_user_model()._default_manager.filter(pk=pk)
+
+
+_USER = CompiledQuery(_by_pk, pk=int)
+
+
+class ModelBackend(DjangoModelBackend):
+    """Django's `ModelBackend` whose `get_user` reads the user through one compiled query."""
+
+    def get_user(self, user_id: Any):
+        if type(user_id) is not int:  # a primary key that is not an integer: Django's own read
+            return super().get_user(user_id)
+        rows = _USER.rows(pk=user_id)
+        if not rows:
+            return None
+        user = get_user_model().from_db(DEFAULT_DB_ALIAS, _USER.names(), rows[0])
+        return user if self.user_can_authenticate(user) else None
