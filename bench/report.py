@@ -466,22 +466,30 @@ earlier full runs, above the 1.3× target (the code as it was at the start of th
 then, back to back in the same minute: 1.59× and 1.39×; which later change cost what was not measured;
 on the machine of the table above, whose commits are slower, 1.07–1.09×). Next
 levers: each bound row's canonical text built once (its digest and its stored JSON from one encoding),
-parameters prepared once per op and escaped in one pass, `finish`'s pricing read once per process.
+parameters prepared once per op, `finish`'s pricing read once per process (the parameters of compound
+writes are bound in one pass since 2026-12-02: B1 concurrent below).
 
 **B1, 200 concurrent runs.** Bounded by CPU, not by the database. Since issue 19 every `db()` job runs as
 a greenlet on its pool thread: under group commit (`AUDIT_GROUP_COMMIT=true`) a decision does not park
-the thread on its COMMIT but suspends, its op joins the event loop's batch (`LoopBatcher`, one
-transaction per batch on the `audit-writer` thread, one locking fence check for all its runs), and the
-job resumes once the batch committed, so batches hold ≈ 80 ops (48 batches for 4 000 decisions, 878
-before) and every decision is still durable before the run's next one. That halves the wall time per
-run against the thread path, but the process still spends ≈ 7.5–9 ms of CPU per run, serialised by the
-GIL (profile, `py-spy --gil`: the recorder's own work 33 %, the batch's parameters and the driver 21 %,
-the two hand-offs per decision between loop and thread 22 %, the event loop 14 %, `finish` 8 %), against
-a floor of ≈ 14 ms per run on the earlier quiet machine: 1.4–1.7× there, short of 3×, which needs
-≲ 4.5 ms of CPU per run (the table's machine: the dated notes). Next levers: one hand-off per decision
-(continue the suspended jobs where the batch is written), parameters
-prepared once per op, and the one-at-a-time levers above, which every concurrent run pays too. Group
-commit stays **off by default**; two batch writers (`AUDIT_BATCH_WRITERS=2`) measured no gain.
+the thread on its COMMIT but suspends, its pool thread hands the op to the process's batch
+(`audit.group_commit.BatchWriter`, one transaction per batch on the `audit-writer` thread, one locking
+fence check for all its runs), and the writer thread queues the job back on its own pool thread once the
+batch committed, so batches hold ≈ 80 ops (48 batches for 4 000 decisions, 878 before) and every
+decision is still durable before the run's next one. Since 2026-12-02 the event loop is not involved in
+that round trip (before, each suspension came back to the loop, which queued the op, awaited the batch
+through `run_in_executor` and handed the job back), and a batch's ≈ 40 parameters per decision are bound
+in one pass (`audit.write_ops._bound`) instead of through the driver's per-value `literal()`: Python
+calls per run 8 480–8 695 → 5 915, C calls 9 512–9 679 → 6 160 (a profile hook on every thread), CPU per
+run 8.89 → 7.76 ms (medians of 12 alternating processes on one machine). The process still spends
+≈ 6–9 ms of CPU per run, serialised by the GIL (profile, `py-spy --gil`, 3 × 200 runs: the recorder's
+own work in the job greenlets 59 % — events, canonical JSON, hashes, row digests, Fernet, `finish` —,
+the batch writer 13 % — parameters, binding, the compound statement —, the event loop and `db()` 10 %,
+the pool threads' hand-offs 6 %), so the ratio is the floor's time per run over that CPU: a machine with
+fast commits (a floor of ≈ 10–12 ms per run) shows ≈ 1.3×, one with slow commits (38 ms) ≈ 2.7×; 3×
+needs the CPU per run below a third of the floor. Next lever: the recorder's per-decision work (each
+bound row's canonical text built once, for its digest and its stored JSON), which every run pays one
+at a time too. Group commit stays **off by default**; two batch writers (`AUDIT_BATCH_WRITERS=2`)
+measured no gain.
 
 **B2.** The floor reads rows; the endpoint also runs Django's middleware and DRF's dispatch, loads the
 session and the user, runs eight queries of its own, verifies the whole hash chain and every bound
@@ -492,15 +500,19 @@ when that does not match, so the verdict is the same), the body carries that tex
 the details again (`audit.trace_render.TraceRenderer`), rows are read as values instead of model
 instances, and the trace's eight queries are compiled by the ORM once per process
 (`config.compiled.CompiledQuery`) instead of built and compiled on every read. No cache of data: every
-read verifies every event and row. What is left (issue 19 section above, profile there): at 10 events
-the stack the trace runs in — middleware, session and user loaded through Django's auth (two ORM queries
-built per request), DRF — ≈ 2.5 ms of CPU against a floor of ≈ 1.6 ms wall, which alone bounds short
-runs near 2.5–3.5×; at 500 events the per-row work, ≈ 30 ms (rows read and converted 9, the row digests'
-canonical JSON 8, the body 5, the chain 2.5, pricing 1.5). The query count stays constant, every query
-uses an index (EXPLAIN above) and reads do not slow down with 10–100× more stored runs. Next levers, not
-done: the session and user reads compiled too; storing each bound row's canonical text so that its
-digest is one SHA-256 (its columns still have to be compared with it on read, or only by
-`verify_audit`), which would also let the body carry the JSON columns as stored.
+read verifies every event and row. Since 2026-12-02 the session and the user that authenticate the
+request are read the same way (`access.sessions.SessionStore`, `access.backends.ModelBackend`: Django's
+database sessions and `ModelBackend` with their one per-request read compiled once; 580–690 → 155 µs
+and 500 → 140 µs each, measured alone; the 10-event read under `cProfile` 2.78 → 2.20 s per 300 reads).
+What is left (issue 19 section above, profile there): at 10 events the stack the trace runs in —
+Django's middleware (axes, django-otp, the governance actor), DRF's dispatch, the ten queries' round
+trips — ≈ 3–4 ms of CPU against a floor of ≈ 1.1 ms wall on a machine whose queries are fast, which
+alone bounds short runs near 3×; at 500 events the per-row work, ≈ 30 ms (rows read and converted 9,
+the row digests' canonical JSON 8, the body 5, the chain 2.5, pricing 1.5). The query count stays
+constant, every query uses an index (EXPLAIN above) and reads do not slow down with 10–100× more stored
+runs. Next lever, not done: storing each bound row's canonical text so that its digest is one SHA-256
+(its columns still have to be compared with it on read, or only by `verify_audit`), which would also
+let the body carry the JSON columns as stored.
 
 **B3.** One daphne process is one Python thread of CPU for everything: for every streamed chunk the SDK
 parses the SSE chunk, the runtime emits a delta, the channel layer fans it out and the consumer encodes
