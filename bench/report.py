@@ -464,7 +464,9 @@ row, Fernet for the reasoning rows, the statements' parameters and their escapin
 fence, 1.12–1.15× just after them (dated notes below), and 1.4–1.6× on the quiet machine of the
 earlier full runs, above the 1.3× target (the code as it was at the start of this round and as it was
 then, back to back in the same minute: 1.59× and 1.39×; which later change cost what was not measured;
-on the machine of the table above, whose commits are slower, 1.07–1.09×). Next
+on a machine with slower commits, 38 ms of floor per run, 1.07–1.09×; on one with fast commits, 10–15
+ms, ≈ 2.1×: the dated notes). The limit of 1.3× needs the recorder's CPU per run below ≈ 0.3× the
+floor, ≲ 3–4 ms where commits are fast. Next
 levers: each bound row's canonical text built once (its digest and its stored JSON from one encoding),
 parameters prepared once per op, `finish`'s pricing read once per process (the parameters of compound
 writes are bound in one pass since 2026-12-02: B1 concurrent below).
