@@ -44,7 +44,7 @@ def test_the_compound_statements_parameters_are_bound_as_the_driver_binds_them()
 
     values = [
         "plain",
-        "it's \"quoted\" \\ back\\slashed",
+        'it\'s "quoted" \\ back\\slashed',
         "nul\x00byte and 100% and %s",
         "日志 😀 naïve",
         "",
