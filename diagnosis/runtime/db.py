@@ -106,7 +106,7 @@ class _Job:
             return
         worker.suspended += 1
         if isinstance(value, Commit):
-            _batch_writer().commit(value.op, self.requeue)
+            batch_writer().commit(value.op, self.requeue)
         elif isinstance(value, WaitFor):
             value.lock.when_free(self.requeue)
         else:  # never: Commit and WaitFor are the only requests
@@ -249,10 +249,6 @@ def _db_workers() -> _Workers:
 
 def batch_writer() -> BatchWriter:
     """The process's group-commit batch writer for suspended jobs (counters and `hold()` for tests)."""
-    return _batch_writer()
-
-
-def _batch_writer() -> BatchWriter:
     global _writer
     writer = _writer
     if writer is None:
