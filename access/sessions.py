@@ -11,11 +11,8 @@ Django's.
 
 from __future__ import annotations
 
-import logging
-
 from django.contrib.sessions.backends.db import SessionStore as DbSessionStore
 from django.contrib.sessions.models import Session
-from django.core.exceptions import SuspiciousOperation
 from django.utils import timezone
 
 from config.compiled import CompiledQuery
@@ -32,11 +29,7 @@ class SessionStore(DbSessionStore):
         model = self.get_model_class()
         if model is not Session or not isinstance(self.session_key, str):
             return super()._get_session_from_db()
-        try:
-            rows = _SESSION.rows(key=self.session_key)
-        except SuspiciousOperation as exc:  # as Django's store: logged, the session is absent
-            logging.getLogger(f"django.security.{exc.__class__.__name__}").warning(str(exc))
-            rows = []
+        rows = _SESSION.rows(key=self.session_key)
         if rows and rows[0][1] > timezone.now():
             data, expires = rows[0]
             return Session(session_key=self.session_key, session_data=data, expire_date=expires)

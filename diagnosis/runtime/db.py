@@ -58,7 +58,7 @@ from typing import Any, TypeVar
 from django.conf import settings
 from django.db import connections
 
-from audit.group_commit import BatchWriter, Bridged, Commit, RecorderLock, WaitFor, get_committer
+from audit.group_commit import BatchWriter, Bridged, Commit, RecorderLock, get_committer
 
 T = TypeVar("T")
 
@@ -69,7 +69,6 @@ _lock = threading.Lock()
 _pools: dict[str, ThreadPoolExecutor] = {}
 _local = threading.local()
 _workers: _Workers | None = None
-_writer: BatchWriter | None = None
 
 
 class _Job:
@@ -106,13 +105,9 @@ class _Job:
             return
         worker.suspended += 1
         if isinstance(value, Commit):
-            batch_writer().commit(value.op, self.requeue)
-        elif isinstance(value, WaitFor):
+            worker.writer.commit(value.op, self.requeue)
+        else:  # WaitFor (`Bridged.suspend` takes no other request)
             value.lock.when_free(self.requeue)
-        else:  # never: Commit and WaitFor are the only requests
-            worker.suspended -= 1
-            worker.finished += 1
-            self.done.post(self.fut, False, RuntimeError(f"unknown request from a suspended job: {value!r}"))
 
     def requeue(self) -> None:
         """Queue the job's next step on its thread (from any thread: the writer, a lock's releaser)."""
@@ -125,7 +120,9 @@ class _Worker:
     asyncio future, and results reach the loop through `_Completions` (one wake-up for all the results
     that arrived meanwhile). Stopped, the thread still runs the jobs suspended on it to their ends."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, writer: BatchWriter) -> None:
+        # Where this thread's suspended jobs send their writes: the pool's one writer.
+        self.writer = writer
         self.jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         # Jobs handed to this thread and jobs that ended on it (a suspended job has not ended); each
         # counter is written by one thread only: `given` by the callers' loop, the others by this thread.
@@ -212,12 +209,14 @@ def _completions(loop: asyncio.AbstractEventLoop) -> _Completions:
 
 
 class _Workers:
-    """The database pool: `size` `_Worker` threads. A new job goes to the first idle thread (as a thread
-    pool reuses its idle threads: one run at a time keeps using one thread and one connection), else
-    round-robin."""
+    """The database pool: `size` `_Worker` threads and the `BatchWriter` their suspended jobs write
+    through (its threads hold a connection only once they wrote a batch). A new job goes to the first
+    idle thread (as a thread pool reuses its idle threads: one run at a time keeps using one thread and
+    one connection), else round-robin."""
 
-    def __init__(self, size: int) -> None:
-        self.threads = [_Worker(f"runtime-db-{i}") for i in range(max(1, size))]
+    def __init__(self, size: int, writers: int) -> None:
+        self.writer = BatchWriter(get_committer(), writers=writers)
+        self.threads = [_Worker(f"runtime-db-{i}", self.writer) for i in range(max(1, size))]
         self._turn = itertools.count()
 
     def pick(self, fn: Callable[..., Any]) -> _Worker:
@@ -243,21 +242,16 @@ def _db_workers() -> _Workers:
         with _lock:
             workers = _workers
             if workers is None:
-                workers = _workers = _Workers(int(getattr(settings, "RUNTIME_DB_THREADS", 8)))
+                workers = _workers = _Workers(
+                    int(getattr(settings, "RUNTIME_DB_THREADS", 8)),
+                    max(1, int(getattr(settings, "AUDIT_BATCH_WRITERS", 1))),
+                )
     return workers
 
 
 def batch_writer() -> BatchWriter:
-    """The process's group-commit batch writer for suspended jobs (counters and `hold()` for tests)."""
-    global _writer
-    writer = _writer
-    if writer is None:
-        with _lock:
-            writer = _writer
-            if writer is None:
-                writers = max(1, int(getattr(settings, "AUDIT_BATCH_WRITERS", 1)))
-                writer = _writer = BatchWriter(get_committer(), writers=writers)
-    return writer
+    """The pool's group-commit batch writer for suspended jobs (counters and `hold()` for tests)."""
+    return _db_workers().writer
 
 
 def _pool(kind: str) -> ThreadPoolExecutor:
@@ -345,12 +339,11 @@ def run_blocking(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> asyncio.
 
 def shutdown_pools(*, wait: bool = True) -> None:
     """Close every pool thread's database connections, then stop the pools (recreated on next use)."""
-    global _workers, _writer
+    global _workers
     with _lock:
         pools = dict(_pools)
         _pools.clear()
         workers, _workers = _workers, None
-        writer, _writer = _writer, None
     if workers is not None:
         # The pool threads first: their suspended jobs still need the writer to end.
         for worker in workers.threads:
@@ -358,8 +351,7 @@ def shutdown_pools(*, wait: bool = True) -> None:
         if wait:
             for worker in workers.threads:
                 worker.join()
-    if writer is not None:
-        writer.stop(wait=wait)
+        workers.writer.stop(wait=wait)
     for pool in pools.values():
         workers = len(getattr(pool, "_threads", ())) or 1
         barrier = threading.Barrier(workers)
