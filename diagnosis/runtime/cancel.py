@@ -56,8 +56,11 @@ class CancelToken:
 
     async def race(self, awaitable: Awaitable[T]) -> T:
         """Await `awaitable`; if the token fires first, cancel it, wait for it to unwind and raise
-        RunCancelled."""
-        self.raise_if_cancelled()
+        RunCancelled. Already cancelled, a coroutine given is closed unstarted (never left un-awaited)."""
+        if self.cancelled:
+            if asyncio.iscoroutine(awaitable):
+                awaitable.close()
+            raise RunCancelled(self.reason)
         task = asyncio.ensure_future(awaitable)
         waiter = asyncio.ensure_future(self._event.wait())
         try:
