@@ -289,13 +289,18 @@ class RecorderLock:
     a plain thread blocks as on `threading.RLock`, and so does a job inside an atomic block (it must not
     suspend with a transaction open on its thread's connection)."""
 
-    __slots__ = ("_cond", "_depth", "_owner", "_waiters", "home")
+    __slots__ = ("_cond", "_depth", "_mutex", "_owner", "_sleepers", "_waiters", "home")
 
     def __init__(self) -> None:
         # The pool thread of this recorder's last job (`diagnosis.runtime.db` sends its next concurrent
         # job there, so one run's concurrent decisions start in the order they were asked for).
         self.home: Any = None
-        self._cond = threading.Condition(threading.Lock())
+        # The state is guarded by `_mutex` (entered as a C lock); `_cond`, on the same lock, is only
+        # waited on and notified when a thread actually sleeps on it (`_sleepers`), which is rare: every
+        # decision takes and releases this lock.
+        self._mutex = threading.Lock()
+        self._cond = threading.Condition(self._mutex)
+        self._sleepers = 0
         self._owner: greenlet.greenlet | None = None
         self._depth = 0
         self._waiters: list[Callable[[], None]] = []
@@ -303,7 +308,7 @@ class RecorderLock:
     def __enter__(self) -> RecorderLock:
         me = greenlet.getcurrent()
         while True:
-            with self._cond:
+            with self._mutex:
                 if self._owner is None or self._owner is me:
                     self._owner = me
                     self._depth += 1
@@ -314,12 +319,16 @@ class RecorderLock:
                     # on this very thread.
                     if self._owner.parent is me.parent and isinstance(self._owner, Bridged):
                         raise RuntimeError("recorder used concurrently inside a transaction")
-                    self._cond.wait()
+                    self._sleepers += 1
+                    try:
+                        self._cond.wait()
+                    finally:
+                        self._sleepers -= 1
                     continue
             me.suspend(WaitFor(self))
 
     def __exit__(self, *exc: object) -> None:
-        with self._cond:
+        with self._mutex:
             if self._owner is not greenlet.getcurrent():
                 raise RuntimeError("cannot release a recorder lock held by another job or thread")
             self._depth -= 1
@@ -327,13 +336,14 @@ class RecorderLock:
                 return
             self._owner = None
             waiters, self._waiters = self._waiters, []
-            self._cond.notify_all()
+            if self._sleepers:
+                self._cond.notify_all()
         for wake in waiters:
             wake()
 
     def when_free(self, wake: Callable[[], None]) -> None:
         """Call `wake` (from any thread) once the lock is free; at once when it already is."""
-        with self._cond:
+        with self._mutex:
             if self._owner is not None:
                 self._waiters.append(wake)
                 return

@@ -20,8 +20,25 @@ MAX_JSON_CHARS = 8000
 
 
 def canonical_json(value: Any) -> str:
-    """Deterministic JSON: sorted keys, no whitespace, UTF-8 characters kept as they are."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    """Deterministic JSON: sorted keys, no whitespace, UTF-8 characters kept as they are; anything JSON
+    has no type for as its `str` (`json.dumps(value, sort_keys=True, separators=(",", ":"),
+    ensure_ascii=False, default=str)`, the text every digest and chain hash covers)."""
+    return "".join(_canonical(value, 0))
+
+
+def _dumps_canonical(value: Any, _level: int) -> list[str]:
+    return [json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)]
+
+
+# The C encoder `json.dumps` builds for exactly those options, made once instead of per call (the
+# chain hashes and row digests call it dozens of times per decision). Without circular-reference
+# markers: a circular value raises RecursionError instead of ValueError, an error either way (nothing
+# the recorder writes is circular). Python's own encoder where the C one is missing.
+_canonical = (
+    json.encoder.c_make_encoder(None, str, json.encoder.encode_basestring, None, ":", ",", True, False, True)
+    if json.encoder.c_make_encoder is not None
+    else _dumps_canonical
+)
 
 
 def sha256_hex(text: str) -> str:
@@ -99,6 +116,18 @@ def _prune(value: Any, max_string: int, max_items: int, depth: int) -> Any:
     kind = type(value)
     if kind is str and len(value) <= max_string:  # the common case first; the same result as below
         return value
+    if kind is dict and depth > 0 and len(value) <= max_items:
+        # A small dict (every event's details): its short text, integers, booleans and nulls are kept
+        # here without a call each, exactly as the general case below keeps them.
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            t = type(v)
+            out[k if type(k) is str else str(k)] = (
+                v
+                if (t is str and len(v) <= max_string) or t is int or t is bool or v is None
+                else _prune(v, max_string, max_items, depth - 1)
+            )
+        return out
     if kind is int or value is None or isinstance(value, (bool, int)):
         return value
     if isinstance(value, float):

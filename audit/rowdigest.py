@@ -47,6 +47,7 @@ from django.db.models.functions import Cast
 from audit.integrity import timestamp
 from audit.models import AgentStep, RunReview, ToolInvocation
 from audit.payloads import canonical_json, sha256_hex
+from audit.write_ops import RawJSON
 from config.compiled import CompiledQuery
 from diagnosis.models import DiagnosisRun
 from reasoning.fields import Ciphertext, EncryptedTextField
@@ -164,7 +165,13 @@ def _normaliser(f: models.Field, *, stored: bool) -> Callable[[Any], Any]:
         if stored and f.decoder is None:
             return lambda v: v
         encoder = f.encoder
-        return lambda v: None if v is None else json.loads(json.dumps(v, cls=encoder))
+        return lambda v: (
+            None
+            if v is None
+            else json.loads(v.text)
+            if type(v) is RawJSON  # the column's text as the recorder writes it (`json.dumps` once)
+            else json.loads(json.dumps(v, cls=encoder))
+        )
     if isinstance(f, models.DateTimeField):
         return _datetime
     if isinstance(f, models.BooleanField):
@@ -197,6 +204,18 @@ def _canonical_type(f: models.Field, *, stored: bool) -> type | None:
     return str
 
 
+def _canonical(columns: tuple, get: Callable[[str], Any], key: int) -> dict[str, Any]:
+    """A row's canonical form: `columns` are `(column, attribute name, normaliser, the type it leaves
+    unchanged)`; a value of exactly that type (or None) is taken as it is, without a call (a shortcut
+    only: the normalised value is the same either way)."""
+    row = {}
+    for names in columns:
+        value = get(names[key])
+        kind = names[3]
+        row[names[0]] = value if value is None or kind is _Any or value.__class__ is kind else names[2](value)
+    return row
+
+
 def _datetime(value: Any) -> Any:
     if value is None:
         return None
@@ -221,26 +240,21 @@ class Form:
             (c, self.fields[c].attname, norm, _canonical_type(self.fields[c], stored=True))
             for c, norm in self._stored
         )
+        # Written values, the same way (the recorder takes a digest of every row it binds).
+        self._written_fast = tuple(
+            (c, self.fields[c].attname, norm, _canonical_type(self.fields[c], stored=False))
+            for c, norm in self._written
+        )
 
     def canonical(self, values: Mapping[str, Any], *, stored: bool = False) -> dict[str, Any]:
         """The row's canonical form from column values (written, or `stored`: as the database gave them
         back); every column is required."""
-        if stored:
-            return self._canonical_stored(values.__getitem__, 0)
-        return {c: norm(values[c]) for c, norm in self._written}
+        return _canonical(self._stored_fast if stored else self._written_fast, values.__getitem__, 0)
 
     def _canonical_stored(self, get: Callable[[str], Any], key: int) -> dict[str, Any]:
         """The canonical form of stored values, `get(name)` reading each by column (key 0) or attribute
-        name (key 1): values of the type their normaliser leaves unchanged are taken as they are (the
-        trace verifies every row's digest on every read)."""
-        row = {}
-        for names in self._stored_fast:
-            value = get(names[key])
-            kind = names[3]
-            row[names[0]] = (
-                value if value is None or kind is _Any or value.__class__ is kind else names[2](value)
-            )
-        return row
+        name (key 1)."""
+        return _canonical(self._stored_fast, get, key)
 
     def document(self, values: Mapping[str, Any], *, stored: bool = False) -> dict[str, Any]:
         """What the digest is taken of: `{"form": <name>, "row": <canonical form>}` (evidence bundles

@@ -106,7 +106,8 @@ class AiOpsBenchProvider(BenchProvider):
 class RoundTrips:
     """Durable commits, connection pings and pool jobs the process paid while open (counted, not timed),
     so that the figure shows what changed independent of the machine's noise. Counted at the MySQL
-    backend's cursor and connection (no execute wrapper, so every write takes its usual path): a write
+    backend's cursor and connection, and at the driver cursor the recorder's writes use in production
+    (`audit.write_ops._DriverCursor`; no execute wrapper, so every write takes its usual path): a write
     statement in autocommit mode (the single-statement path, the MariaDB compound transaction) or a
     COMMIT is one commit; `is_usable` is one ping; a job handed to the runtime's pools
     (`diagnosis.runtime.db`) is one job. With `B7_TRACE=1` each commit is also named by the recorder
@@ -155,9 +156,11 @@ class RoundTrips:
     def installed(self):
         from django.db.backends.mysql import base
 
+        from audit import write_ops
         from diagnosis.runtime import db as runtime_db
 
         execute, is_usable = base.CursorWrapper.execute, base.DatabaseWrapper.is_usable
+        driver_execute = write_ops._DriverCursor.execute
         commit = base.DatabaseWrapper._commit
         job = runtime_db._job
         counter = self
@@ -169,17 +172,23 @@ class RoundTrips:
             finally:
                 counter._job(time.perf_counter() - wall, time.thread_time() - cpu)
 
-        def counted_execute(cursor, query, args=None):
-            # The recorder's compound writes arrive bound, as bytes (`audit.write_ops._bound`).
+        def count(query, autocommit: bool) -> None:
+            # The recorder's compound writes may arrive bound, as bytes (`audit.write_ops._bound`).
             head = (
                 (query[:64].decode(errors="replace") if isinstance(query, bytes) else query)
                 .lstrip()[:16]
                 .upper()
             )
-            autocommit = cursor.cursor.connection.get_autocommit()
             if (autocommit and head.startswith(counter.WRITES)) or head.startswith("COMMIT"):
                 counter._commit()
+
+        def counted_execute(cursor, query, args=None):
+            count(query, cursor.cursor.connection.get_autocommit())
             return execute(cursor, query, args)
+
+        def counted_driver_execute(cursor, sql, params=None):
+            count(sql, cursor._raw.get_autocommit())
+            return driver_execute(cursor, sql, params)
 
         def counted_is_usable(conn):
             counter._ping()
@@ -191,6 +200,7 @@ class RoundTrips:
             return commit(conn)
 
         base.CursorWrapper.execute = counted_execute
+        write_ops._DriverCursor.execute = counted_driver_execute
         base.DatabaseWrapper.is_usable = counted_is_usable
         base.DatabaseWrapper._commit = counted_commit
         runtime_db._job = counted_job
@@ -199,6 +209,7 @@ class RoundTrips:
         finally:
             runtime_db._job = job
             base.CursorWrapper.execute = execute
+            write_ops._DriverCursor.execute = driver_execute
             base.DatabaseWrapper.is_usable = is_usable
             base.DatabaseWrapper._commit = commit
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connection
-from django.db.models import F
+from django.db.models import F, JSONField
 from django.utils import timezone
 
 from audit import rowdigest
@@ -370,7 +370,11 @@ class ChainWriter:
         return fact_statements(self.run_id) if getattr(self, "finished", False) else []
 
     def _fence(self) -> Fence:
-        return Fence(_tables().run, "run_id", self.run_id, "lease_epoch", self.lease_epoch)
+        fence = self._fence_made
+        if fence is None or fence.epoch != self.lease_epoch:
+            fence = Fence(_tables().run, "run_id", self.run_id, "lease_epoch", self.lease_epoch)
+            self._fence_made = fence
+        return fence
 
     def _count_fields(self) -> dict[str, int]:
         return {
@@ -492,14 +496,20 @@ def _merged(ops: Sequence[WriteOp]) -> WriteOp:
 
 def _seal(row: Insert) -> None:
     """Encrypt the row's plaintext reasoning columns here, so that the digest covers the ciphertext as
-    stored (a `Ciphertext` is written as is)."""
-    encrypted = _tables().encrypted.get(row.table)
-    if not encrypted:
+    stored (a `Ciphertext` is written as is), and serialise its JSON columns once, as the column stores
+    them (`RawJSON`: the digest reads the value back from that text, the write sends it as it is)."""
+    t = _tables()
+    encrypted = t.encrypted.get(row.table)
+    json_columns = t.json.get(row.table)
+    if not encrypted and not json_columns:
         return
     values = list(row.values)
-    for i in encrypted:
+    for i in encrypted or ():
         if values[i] is not None and not isinstance(values[i], Ciphertext):
             values[i] = Ciphertext(crypto.keyring().encrypt(str(values[i])))
+    for i, encoder in json_columns or ():
+        if values[i] is not None and type(values[i]) is not RawJSON:
+            values[i] = RawJSON(json.dumps(values[i], cls=encoder))
     row.values = tuple(values)
 
 
@@ -522,6 +532,11 @@ class _Tables:
         self.run = _table(DiagnosisRun)
         self.encrypted = {
             table: [i for i, f in enumerate(table.fields) if isinstance(f, EncryptedTextField)]
+            for table in (self.step, self.reasoning, self.tool)
+        }
+        # JSON columns of the rows bound by a digest, with the encoder their column writes with.
+        self.json = {
+            table: [(i, f.encoder) for i, f in enumerate(table.fields) if isinstance(f, JSONField)]
             for table in (self.step, self.reasoning, self.tool)
         }
 

@@ -81,6 +81,7 @@ from audit.recorder.facts import (
 )
 from audit.recorder.ledger import _Ledger
 from audit.recorder.tools import ERROR_OBSERVED, OPEN_TOOL_STATUSES, ToolLifecycle, _ToolState, terminal_key
+from audit.write_ops import Fence
 from diagnosis.models import DiagnosisRun, ReleaseMode, RunStatus
 from pricing.costs import cost_fields, load_price_book
 from pricing.rules import CallTokens
@@ -108,6 +109,7 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
         self.run_id = run_id
         self.session_id = session_id
         self.lease_epoch = lease_epoch
+        self._fence_made: Fence | None = None  # `ChainWriter._fence` for `lease_epoch`, made once
         # Set when a write was refused because another process claimed the run since `lease_epoch`.
         self.fenced = False
         self.fenced_writes = 0

@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from audit.models import TraceEvent
 from audit.write_ops import Table
+from reasoning.models import AgentReasoningAudit
 
 
 @pytest.mark.django_db
@@ -67,3 +68,93 @@ def test_the_compound_statements_parameters_are_bound_as_the_driver_binds_them()
         texts = values[:5]
         cursor.execute(_bound(connection.connection, "SELECT " + ", ".join(["%s"] * len(texts)), texts))
         assert list(cursor.fetchone()) == texts  # what the server reads back is what was bound
+
+
+@pytest.mark.mariadb
+@pytest.mark.django_db(transaction=True)
+def test_writes_outside_a_transaction_use_the_drivers_cursor_with_djangos_errors(user, monkeypatch):
+    """In production (no caller's transaction, no execute wrapper, queries not logged) the recorder's
+    statements run on the driver's cursor (`_DriverCursor`): the rows land, a server error is Django's
+    error class (the MySQL backend's IntegrityError codes included), nothing of a failed transaction is
+    stored; while queries are logged (DEBUG, a test capturing them) Django's cursor runs and logs them."""
+    from django.db import IntegrityError
+    from django.test.utils import CaptureQueriesContext
+
+    from audit import write_ops
+    from audit.integrity import verify_chain
+    from audit.recorder import RunRecorder
+    from audit.recorder.chain import _tables
+    from diagnosis import services
+    from tests.factories import record_full_run
+
+    seen = []
+    driver_execute = write_ops._DriverCursor.execute
+
+    def spy(cursor, sql, params=None):
+        seen.append(sql.lstrip()[:16])
+        return driver_execute(cursor, sql, params)
+
+    monkeypatch.setattr(write_ops._DriverCursor, "execute", spy)
+    session = services.create_session(owner=user)
+    run = services.create_run(session=session, query="driver cursor")
+    assert not connection.in_atomic_block and not connection.queries_logged
+    record_full_run(run, recorder=RunRecorder.for_run(run, group_commit=False))
+    assert any(s.startswith("BEGIN NOT ATOMIC") for s in seen)  # the compound transactions
+    assert any(s.startswith(("INSERT", "UPDATE")) for s in seen)  # the single statements
+    run.refresh_from_db()
+    events = list(TraceEvent.objects.filter(run_id=run.run_id).order_by("sequence_no"))
+    assert len(events) == run.expected_events and verify_chain(events).valid
+    assert run.audit_write_failures == 0 and run.audit_complete
+
+    t = _tables()
+    now = timezone.now()
+
+    def event(sequence_no, phase):
+        return write_ops.Insert(
+            t.event,
+            t.event.row(
+                run_id=run.run_id,
+                session_id=run.session_id,
+                sequence_no=sequence_no,
+                phase=phase,
+                event_type="X",
+                status="X",
+                summary="",
+                details=write_ops.RawJSON("{}"),
+                prev_hash="0" * 64,
+                hash="1" * 64,
+                created_at=now,
+            ),
+        )
+
+    reasoning = write_ops.Insert(
+        t.reasoning,
+        t.reasoning.row(
+            session_id=run.session_id,
+            run_id=run.run_id,
+            step_index=99,
+            agent_name="a",
+            reasoning_available=False,
+            content_bytes=0,
+            created_at=now,
+        ),
+    )
+    # 1048 (a NULL in a NOT NULL column): the driver's OperationalError, Django's IntegrityError; alone
+    # (one statement) and in a compound transaction, whose other row is rolled back with it.
+    with pytest.raises(IntegrityError):
+        write_ops.execute([write_ops.WriteOp(inserts=[event(900, None)])], connection)
+    with pytest.raises(IntegrityError):
+        write_ops.execute([write_ops.WriteOp(inserts=[reasoning, event(901, None)])], connection)
+    # 1062 (a duplicate key): the driver's IntegrityError, Django's.
+    with pytest.raises(IntegrityError):
+        write_ops.execute([write_ops.WriteOp(inserts=[reasoning, event(1, "RUN")])], connection)
+    assert not TraceEvent.objects.filter(run_id=run.run_id, sequence_no__gte=900).exists()
+    assert not AgentReasoningAudit.objects.filter(run_id=run.run_id, step_index=99).exists()
+    assert connection.is_usable() and not connection.in_atomic_block
+
+    seen.clear()
+    with CaptureQueriesContext(connection) as captured:
+        write_ops.execute([write_ops.WriteOp(inserts=[reasoning, event(902, "RUN")])], connection)
+    assert not seen
+    assert any("BEGIN NOT ATOMIC" in q["sql"] for q in captured.captured_queries)
+    assert TraceEvent.objects.filter(run_id=run.run_id, sequence_no=902).exists()
