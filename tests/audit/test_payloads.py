@@ -84,7 +84,7 @@ def test_canonical_json_is_json_dumps_with_the_canonical_options(value):
 
 def test_canonical_json_of_edge_values():
     for value in [
-        "é\u2028\ud800\x00\"\\",
+        'é\u2028\ud800\x00"\\',
         -0.0,
         float("nan"),
         10**30,
