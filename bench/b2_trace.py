@@ -39,6 +39,10 @@ BG_EVENTS, BG_STEPS, BG_TOOLS = 3, 1, 1
 RUNS_PER_SESSION = 10
 CHUNK = 50_000
 BG_PREFIX = "bg"
+# One background run in AUDIT_FAILED_EVERY has a failed audit write (its stored `audit_complete` false):
+# at 10 000 runs that is a full admin page (100 rows) for B6's "audit complete no" filter, as at 1 000 000.
+AUDIT_FAILED_EVERY = 100
+AUDIT_FAILED_AT = 5
 
 
 # --------------------------------------------------------------------------------------------------
@@ -262,6 +266,7 @@ def generate_background(database: str, total: int, owner_id: int, log=print) -> 
     cur = conn.cursor()
     have = background_count(cur)
     if have >= total:
+        _audit_failures_as_generated(cur, have, log)
         conn.close()
         return 0.0
     start = time.perf_counter()
@@ -282,11 +287,12 @@ def generate_background(database: str, total: int, owner_id: int, log=print) -> 
     created = "NOW(6) - INTERVAL s.seq SECOND"
     session_created = f"NOW(6) - INTERVAL ((s.seq DIV {RUNS_PER_SESSION}) * {RUNS_PER_SESSION} + 9) SECOND"
     # A mix the lists can filter on (B6): 1 % FAILED and 1 % CANCELLED (no release, no content), 5 % of
-    # the successes BLOCKED, intents and providers in fixed shares, 0.1 % with a failed audit write
+    # the successes BLOCKED, intents and providers in fixed shares, 1 % with a failed audit write
     # (their stored `audit_complete` is false), 2 % with draft text shown; 1 % of the questions name
     # Redis and 1 % are in Chinese (the search cases). Every stored list fact is what `audit.facts`
     # decides for such a row.
     status = "CASE s.seq % 100 WHEN 7 THEN 'FAILED' WHEN 13 THEN 'CANCELLED' ELSE 'SUCCESS' END"
+    audit_failed = f"s.seq % {AUDIT_FAILED_EVERY} = {AUDIT_FAILED_AT}"
     ok = "s.seq % 100 NOT IN (7, 13)"
     query = (
         "CASE s.seq % 100 WHEN 42 THEN 'Redis latency spikes on the session cache cluster' "
@@ -328,11 +334,11 @@ def generate_background(database: str, total: int, owner_id: int, log=print) -> 
                 "expected_events": str(BG_EVENTS),
                 "expected_steps": str(BG_STEPS),
                 "expected_tools": str(BG_TOOLS),
-                "audit_write_failures": "IF(s.seq % 1000 = 5, 1, 0)",
+                "audit_write_failures": f"IF({audit_failed}, 1, 0)",
                 "persisted_events": str(BG_EVENTS),
                 "persisted_steps": str(BG_STEPS),
                 "persisted_tools": str(BG_TOOLS),
-                "audit_complete": "IF(s.seq % 1000 = 5, 0, 1)",
+                "audit_complete": f"IF({audit_failed}, 0, 1)",
             },
         )
         cur.execute(f"INSERT INTO diagnosis_run ({cols}) SELECT {sel} FROM {seq} s")
@@ -414,6 +420,26 @@ def generate_background(database: str, total: int, owner_id: int, log=print) -> 
     cur.fetchall()
     conn.close()
     return time.perf_counter() - start
+
+
+def _audit_failures_as_generated(cur, have: int, log=print) -> None:
+    """A kept data set generated with an earlier share of failed audit writes (1 in 1 000) gets today's
+    (`AUDIT_FAILED_EVERY`): one counting query when it already has it."""
+    seq = f"CAST(SUBSTRING(run_id, {len(BG_PREFIX) + 1}) AS UNSIGNED)"
+    failed = f"{seq} % {AUDIT_FAILED_EVERY} = {AUDIT_FAILED_AT}"
+    cur.execute(
+        f"SELECT COUNT(*) FROM diagnosis_run WHERE run_id LIKE '{BG_PREFIX}%%' AND audit_write_failures > 0"
+    )
+    expected = (have - AUDIT_FAILED_AT) // AUDIT_FAILED_EVERY + 1 if have >= AUDIT_FAILED_AT else 0
+    if int(cur.fetchone()[0]) == expected:
+        return
+    start = time.perf_counter()
+    cur.execute(
+        f"UPDATE diagnosis_run SET audit_write_failures = IF({failed}, 1, 0), "
+        f"audit_complete = IF({failed}, 0, 1) WHERE run_id LIKE '{BG_PREFIX}%%'"
+    )
+    took = time.perf_counter() - start
+    log(f"  B2 background: failed audit writes set to 1 in {AUDIT_FAILED_EVERY} ({took:.0f} s)")
 
 
 def use_database(name: str) -> None:

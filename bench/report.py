@@ -152,7 +152,7 @@ def b6_section(res: Results) -> str:
 Measured {when}{" (quick run)" if res.quick else ""} by `python -m bench --only b6` (`bench/b6_lists.py`).
 Each page through Django's test client as a logged-in superuser (REST: also as the owner of every
 session), in `<db>` ({small:,} background runs) and `<db>_big` ({big:,}), B2's generator with a mix of
-statuses, release decisions, intents, providers, failed audit writes (0.1 %), drafts shown (2 %) and
+statuses, release decisions, intents, providers, failed audit writes (1 %), drafts shown (2 %) and
 questions naming Redis (1 %) or in Chinese (1 %), one session per 10 runs; the runs' stored list facts
 are what `audit.facts` decides. Times are medians of the repetitions (each the mean of several reads),
 growth is big / small per repetition; queries are per request (small / big: constant per page). The
