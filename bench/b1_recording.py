@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import resource
 import time
 from dataclasses import dataclass
 
@@ -138,23 +139,35 @@ def run_recorder(runs: list[DiagnosisRun], inputs: workload.RunInputs, *, group_
 
 def run_concurrent(runs: list[DiagnosisRun], inputs: workload.RunInputs, *, group_commit: bool) -> float:
     """All runs at once from one event loop, each decision awaited through the runtime's DB pool."""
+    return run_concurrent_timed(runs, inputs, group_commit=group_commit)[0]
+
+
+def run_concurrent_timed(
+    runs: list[DiagnosisRun], inputs: workload.RunInputs, *, group_commit: bool
+) -> tuple[float, float]:
+    """`run_concurrent`, and the process's CPU seconds (user + system, every thread) over the same span."""
     from diagnosis.runtime.db import db, shutdown_pools
 
     recorders = [RunRecorder.for_run(r, group_commit=group_commit) for r in runs]
 
-    async def main() -> float:
+    async def main() -> tuple[float, float]:
         # Warm the pool's threads and connections so that connecting is not part of the figure.
         await asyncio.gather(*(db(_connect) for _ in range(32)))
-        start = time.perf_counter()
+        cpu, start = _process_cpu(), time.perf_counter()
         await asyncio.gather(*(workload.record_run_async(rec, inputs, db) for rec in recorders))
-        return time.perf_counter() - start
+        return time.perf_counter() - start, _process_cpu() - cpu
 
     try:
-        elapsed = asyncio.run(main())
+        elapsed, cpu = asyncio.run(main())
     finally:
         shutdown_pools()
     assert all(r.audit_write_failures == 0 for r in recorders), "audit write failed during the bench"
-    return elapsed
+    return elapsed, cpu
+
+
+def _process_cpu() -> float:
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    return used.ru_utime + used.ru_stime
 
 
 def _connect() -> None:
@@ -243,7 +256,7 @@ def concurrent(*, runs: int, reps: int, database: str, log=print) -> list[Row]:
     template, template_run = capture_floor(session, inputs)
     records = len(template)
     conn = raw_connect(database)
-    floor_s, grouped_s, direct_s = [], [], []
+    floor_s, grouped_s, direct_s, grouped_cpu = [], [], [], []
     floor_runs_n = min(runs, 100)
     try:
         run_concurrent(new_runs(session, 20, "w"), inputs, group_commit=True)
@@ -253,28 +266,34 @@ def concurrent(*, runs: int, reps: int, database: str, log=print) -> list[Row]:
             grouped_runs = new_runs(session, runs, "cgrouped")
             direct_runs = new_runs(session, runs, "cdirect")
             f = run_floor(conn, plans) / floor_runs_n
-            g = run_concurrent(grouped_runs, inputs, group_commit=True) / runs
+            g, g_cpu = (x / runs for x in run_concurrent_timed(grouped_runs, inputs, group_commit=True))
             d = run_concurrent(direct_runs, inputs, group_commit=False) / runs
             floor_s.append(f)
             grouped_s.append(g)
+            grouped_cpu.append(g_cpu)
             direct_s.append(d)
             log(
                 f"  B1c rep {rep + 1}/{reps}: floor {f * 1e3:.2f} ms/run, {runs} concurrent: "
-                f"group commit {g * 1e3:.2f} ms/run, direct {d * 1e3:.2f} ms/run"
+                f"group commit {g * 1e3:.2f} ms/run ({g_cpu * 1e3:.2f} ms CPU), direct {d * 1e3:.2f} ms/run"
             )
         check_complete(grouped_runs + direct_runs)
     finally:
         conn.close()
     per_record_floor = spread([f * 1e6 / records for f in floor_s])
+    cpu = spread([c * 1e3 for c in grouped_cpu])
+    # The process is bound by its CPU under the GIL: the speed-up cannot exceed floor time / CPU time.
+    bound = spread([f / c for f, c in zip(floor_s, grouped_cpu, strict=True)])
     return [
         Row(
             "B1",
             f"{runs} concurrent runs, one asyncio process, group commit: speed-up per record vs floor",
             f"{spread([g * 1e6 / records for g in grouped_s]).median:.0f} µs vs "
-            f"{per_record_floor.median:.0f} µs per record",
+            f"{per_record_floor.median:.0f} µs per record; process CPU {cpu.median:.2f} ms per run "
+            f"(floor / CPU {bound.median:.2f}×)",
             spread([f / g for f, g in zip(floor_s, grouped_s, strict=True)]),
             3.0,
             goal="min",
+            extra={"cpu_ms_per_run": cpu, "floor_ms_per_run": spread([f * 1e3 for f in floor_s])},
         ),
         Row(
             "B1",

@@ -336,6 +336,105 @@ def kept_section(text: str, start: str, end: str) -> str:
     return ""
 
 
+def _row(res: Results, bench: str, prefix: str) -> Row | None:
+    return next((r for r in res.rows if r.bench == bench and r.name.startswith(prefix)), None)
+
+
+def _ms(spread_value, places: int = 1) -> str:
+    return "–" if spread_value is None else f"{spread_value.median:.{places}f} ms"
+
+
+def limits_section(res: Results) -> str:
+    """What bounds B1, B2 and B3 (issue 19's targets), with the figures of this run where it measured
+    them: the process CPU per concurrent run, the endpoint's CPU per read, B3's CPU per run per level."""
+    concurrent = _row(res, "B1", "200 concurrent runs, one asyncio process, group commit")
+    cpu = concurrent.extra.get("cpu_ms_per_run") if concurrent else None
+    floor = concurrent.extra.get("floor_ms_per_run") if concurrent else None
+    if cpu is not None and floor is not None:
+        b1c = (
+            f"In this run the process spent **{cpu.median:.2f} ms of CPU per run** "
+            f"({cpu.low:.2f}–{cpu.high:.2f}) against a floor of {floor.median:.1f} ms per run, so the "
+            f"speed-up cannot exceed floor / CPU = {floor.median / cpu.median:.2f}× on this machine"
+        )
+    else:
+        b1c = "This run did not measure B1 concurrent"
+    b2_lines = []
+    for n in (10, 100, 500):
+        row = _row(res, "B2", f"trace endpoint vs raw SQL, run of {n} events")
+        if row is not None and "cpu_ms" in row.extra:
+            b2_lines.append(
+                f"{n} events: endpoint CPU {_ms(row.extra['cpu_ms'], 2)} per read, floor "
+                f"{_ms(row.extra.get('floor_ms'), 2)} wall"
+            )
+    b2 = "; ".join(b2_lines) if b2_lines else "not measured in this run"
+    sweep = res.evidence.get("b3", {}).get("draft / one process, in-memory layer")
+    if sweep and sweep.get("levels"):
+        first = sweep["levels"][0]
+        cpus = sorted(e["cpu_per_run_ms"] for e in sweep["levels"])
+        cpu_run = cpus[len(cpus) // 2]
+        b3 = (
+            f"In this run a chat's run took {first['wall']:.1f} s at {first['chats']} chats and cost "
+            f"{cpu_run:.0f} ms of CPU (median over the levels): one core is saturated near "
+            f"{first['wall'] * 1000 / cpu_run:.0f} concurrent chats, and 200 chats inside the same "
+            f"{first['wall']:.1f} s would need ≤ {first['wall'] * 1000 / 200:.1f} ms of CPU per run, "
+            f"about {cpu_run / (first['wall'] * 1000 / 200):.0f}× less"
+        )
+    else:
+        b3 = "B3 did not run"
+    return f"""**B1, one run at a time (≤ 1.3×).** The floor pays one redo-log flush per record (45 per run);
+the recorder pays one per decision (21 per run: a decision's rows share a transaction, sent on MariaDB
+as one compound statement, one round trip) plus its Python work, serial with those round trips. The
+ratio therefore depends on the machine's commit latency: where a commit costs ≈ 0.5 ms (a floor of
+≈ 20–40 ms per run) it is ≈ 1.0–1.2×, where commits are fast (a floor of 10–15 ms) ≈ 2×, because the
+recorder's CPU per run (≈ 6–9 ms; 21.98 M instructions per run since 2026-12-02, 25.70 M before) is
+then most of it. Bound: CPU per run against the floor; the limit needs the CPU below ≈ 0.3× the
+floor. Profile: "Recorder" under Profiles below.
+
+**B1, 200 concurrent runs (≥ 3×).** Bound by the process's CPU under the GIL, not by the database:
+under group commit every decision suspends its greenlet on its pool thread, the `audit-writer` thread
+commits the queued ops of every run in one compound transaction (≈ 80 ops per batch) and each job
+resumes on its own thread, every decision still durable before the run's next one. {b1c}. The split of
+that CPU (2026-12-02, per-thread CPU time over 4 × 200 runs): the recorder's work in the job greenlets
+≈ 75 % (events, canonical JSON, hashes, row digests, Fernet, the compound statement's rows, `finish`'s
+reconciliation and pricing reads), the batch writer ≈ 13 %, the event loop and the hand-offs ≈ 12 %.
+Next lever: the same per-decision recorder work as one at a time — the remaining cost is spread over
+hundreds of small Python steps per decision (no step is above ≈ 5 %), so the next large step is
+structural: one canonical encoding per bound row shared by its digest and its stored JSON, and the
+recorder's decisions run on the event loop itself with only the commit and the reads handed to
+threads (one hand-off per decision instead of two). Group commit stays **off by default**
+(`AUDIT_GROUP_COMMIT`); two batch writers measured no gain.
+
+**B2, trace read (≤ 2×).** The floor reads rows; the endpoint also runs Django's middleware and DRF's
+dispatch, loads the session and the user, verifies the whole hash chain and every bound row's digest on
+every read (no cache of data), and encodes the body. Already done: each event's hash checked over its
+details as stored (the canonical JSON that was hashed) and the body carrying that text; rows read as
+values through queries compiled once per process (`config.compiled`); the session and user reads
+compiled the same way. This run: {b2}. Bound: at 10 events the stack the trace runs in is ≈ 1.4× the
+floor by itself (a 404 of the same URL: the test client, middleware, DRF, the session, the user and the
+run lookup; measured 2026-12-02), and the trace's eight further round trips, its verification and its
+body add as much again; at 500 events the per-row work in Python — decoding every event's details and
+the rows' JSON columns, re-encoding 328 bound rows for their digests, the chain, the body (≈ 520 kB) —
+is several times the driver's own row conversion, which is all the floor pays (profile: "Trace
+endpoint" under Profiles). Next lever: storing each bound row's canonical text beside its columns
+(written once by the recorder) so that the read hashes that text and compares the decoded columns with
+it, and the body carries the JSON columns as stored; the columns must still be compared, so the gain is
+bounded by the digests' encoding share (≈ 10–15 % of a 500-event read).
+
+**B3, live capacity (≥ 200 chats per process, two processes ≥ 1.8× one).** One daphne process is one
+Python thread of CPU for everything: each run makes 4 model calls through the SDK (request building,
+SSE chunk parsing into pydantic models), ≈ 20 durable decisions, a knowledge search, and for every
+streamed chunk a delta, a channel-layer hop and a WebSocket frame. {b3}. The B3 profile section below
+splits a run's CPU (model SDK ≈ 40 %, recorder ≈ 20 %, event loop ≈ 10 %, frames and channel layer
+6–25 %). No single lever closes a 10× gap: the SDK's share needs a leaner client for the one provider
+shape (the stack fixes the official `openai` SDK), the recorder's its structural change above. On Redis
+the channel layer (`channels_redis`' core layer: a sorted set per channel, a Lua clean-up script and a
+blocking pop per receive) costs ≈ 80 ms
+more CPU per run than the in-memory layer, so one process on Redis holds fewer chats than without it;
+the next lever there is one Redis subscription per process (`channels_redis`' pub/sub layer) for the
+live frames, whose losses the followers' database catch-up already covers. Nothing is lost at any
+level."""
+
+
 def markdown(res: Results, previous: str = "") -> str:
     """The whole docs/performance.md of a full run. `previous` is the file it replaces: its dated notes
     (and the B3 profile, when this run did not profile) are carried over as written."""
@@ -450,89 +549,7 @@ and anchored. The 1 000 000-leaf log is kept between runs (`<db>_tlog_big`).
 
 ## What limits each figure
 
-**B1, one run at a time.** The floor pays one redo-log flush per record (45 per run); the recorder pays
-one per decision (21 statements per run) because a decision's rows share a transaction, and on MariaDB
-each decision is **one round trip**: the transaction is sent as one compound statement (`BEGIN NOT
-ATOMIC … START TRANSACTION; SELECT … FOR UPDATE (the lease fence); INSERT …; UPDATE …; COMMIT; END`,
-rolled back and re-raised by an exit handler on any error), rows of one table go in one multi-row
-INSERT, and the statements are built once per table from the models' fields. What the recorder adds to
-the floor is its Python work, serial with its round trips: measured 2026-12-01 on a quiet machine
-(`cProfile` and `time.process_time()` around `bench.b1_recording.run_recorder` for 40 runs), 18.8 ms
-wall and **8.7 ms of CPU per run**: the events, canonical JSON, hashes and row digests of every bound
-row, Fernet for the reasoning rows, the statements' parameters and their escaping (`_mogrify`), and
-`finish` (pricing, the stored facts). The ratio was 0.87–0.96× before the row digests and the lease
-fence, 1.12–1.15× just after them (dated notes below), and 1.4–1.6× on the quiet machine of the
-earlier full runs, above the 1.3× target (the code as it was at the start of this round and as it was
-then, back to back in the same minute: 1.59× and 1.39×; which later change cost what was not measured;
-on a machine with slower commits, 38 ms of floor per run, 1.07–1.09×; on one with fast commits, 10–15
-ms, ≈ 2.1×: the dated notes). The limit of 1.3× needs the recorder's CPU per run below ≈ 0.3× the
-floor, ≲ 3–4 ms where commits are fast. Next
-levers: each bound row's canonical text built once (its digest and its stored JSON from one encoding),
-parameters prepared once per op, `finish`'s pricing read once per process (the parameters of compound
-writes are bound in one pass since 2026-12-02: B1 concurrent below).
-
-**B1, 200 concurrent runs.** Bounded by CPU, not by the database. Since issue 19 every `db()` job runs as
-a greenlet on its pool thread: under group commit (`AUDIT_GROUP_COMMIT=true`) a decision does not park
-the thread on its COMMIT but suspends, its pool thread hands the op to the process's batch
-(`audit.group_commit.BatchWriter`, one transaction per batch on the `audit-writer` thread, one locking
-fence check for all its runs), and the writer thread queues the job back on its own pool thread once the
-batch committed, so batches hold ≈ 80 ops (48 batches for 4 000 decisions, 878 before) and every
-decision is still durable before the run's next one. Since 2026-12-02 the event loop is not involved in
-that round trip (before, each suspension came back to the loop, which queued the op, awaited the batch
-through `run_in_executor` and handed the job back), and a batch's ≈ 40 parameters per decision are bound
-in one pass (`audit.write_ops._bound`) instead of through the driver's per-value `literal()`: Python
-calls per run 8 480–8 695 → 5 915, C calls 9 512–9 679 → 6 160 (a profile hook on every thread), CPU per
-run 8.89 → 7.76 ms (medians of 12 alternating processes on one machine). The process still spends
-≈ 6–9 ms of CPU per run, serialised by the GIL (profile, `py-spy --gil`, 3 × 200 runs: the recorder's
-own work in the job greenlets 59 % — events, canonical JSON, hashes, row digests, Fernet, `finish` —,
-the batch writer 13 % — parameters, binding, the compound statement —, the event loop and `db()` 10 %,
-the pool threads' hand-offs 6 %), so the ratio is the floor's time per run over that CPU: a machine with
-fast commits (a floor of ≈ 10–12 ms per run) shows ≈ 1.3×, one with slow commits (38 ms) ≈ 2.7×; 3×
-needs the CPU per run below a third of the floor. Next lever: the recorder's per-decision work (each
-bound row's canonical text built once, for its digest and its stored JSON), which every run pays one
-at a time too. Group commit stays **off by default**; two batch writers (`AUDIT_BATCH_WRITERS=2`)
-measured no gain.
-
-**B2.** The floor reads rows; the endpoint also runs Django's middleware and DRF's dispatch, loads the
-session and the user, runs eight queries of its own, verifies the whole hash chain and every bound
-row's digest, and encodes the body (≈ 520 kB for 500 events). Since issue 19 the read keeps what the
-recorder wrote as written: each event's hash is checked over its details **as stored** (the canonical
-JSON that was hashed; `audit.integrity.verify_chain` falls back to re-encoding the decoded value only
-when that does not match, so the verdict is the same), the body carries that text instead of encoding
-the details again (`audit.trace_render.TraceRenderer`), rows are read as values instead of model
-instances, and the trace's eight queries are compiled by the ORM once per process
-(`config.compiled.CompiledQuery`) instead of built and compiled on every read. No cache of data: every
-read verifies every event and row. Since 2026-12-02 the session and the user that authenticate the
-request are read the same way (`access.sessions.SessionStore`, `access.backends.ModelBackend`: Django's
-database sessions and `ModelBackend` with their one per-request read compiled once; 580–690 → 155 µs
-and 500 → 140 µs each, measured alone; the 10-event read under `cProfile` 2.78 → 2.20 s per 300 reads).
-What is left (issue 19 section above, profile there): at 10 events the stack the trace runs in —
-Django's middleware (axes, django-otp, the governance actor), DRF's dispatch, the ten queries' round
-trips — ≈ 3–4 ms of CPU against a floor of ≈ 1.1 ms wall on a machine whose queries are fast, which
-alone bounds short runs near 3×; at 500 events the per-row work, ≈ 30 ms (rows read and converted 9,
-the row digests' canonical JSON 8, the body 5, the chain 2.5, pricing 1.5). The query count stays
-constant, every query uses an index (EXPLAIN above) and reads do not slow down with 10–100× more stored
-runs. Next lever, not done: storing each bound row's canonical text so that its digest is one SHA-256
-(its columns still have to be compared with it on read, or only by `verify_audit`), which would also
-let the body carry the JSON columns as stored.
-
-**B3.** One daphne process is one Python thread of CPU for everything: for every streamed chunk the SDK
-parses the SSE chunk, the runtime emits a delta, the channel layer fans it out and the consumer encodes
-and sends a WebSocket frame; each run besides makes 4 model calls through the SDK, ~20 durable
-decisions and a knowledge search. The B3 profile section below puts a run at ≈ 45–65 ms of CPU: the
-model SDK (request building and HTTP, chunk parsing) about 40 %, the recorder about 20 %, the event loop
-about 10 %, frames and the channel layer 6–25 %; knowledge search and the thread-pool hops are a few
-per cent. At 200 chats channels' in-memory layer swept every channel and group on each frame (O(chats)
-per frame, 64 % of the frame cost); `config.channel_layers.InMemoryChannelLayer` sweeps at most once a
-second (frames 16.8 → 6.2 ms, 64 → 54 ms CPU per run). With ≈ 50 ms of CPU per run and 200 runs
-starting at once, one core needs ≈ 10 s for the batch, so chunks queue for seconds: p99 ≤ 50 ms at 200
-chats would need ≈ 5 ms of CPU per run, which no single lever here gives; the largest remaining one is
-the SDK (a hand-written request and SSE parser for the one provider shape would remove most of its
-≈ 20 ms), then the recorder's ≈ 10 ms (an async write path). Nothing is lost at any level. More chats per
-machine need more processes (several daphne workers share the database and, with `REDIS_URL`, the
-channel layer), but channels_redis costs ≈ 30–75 ms of CPU per run more than the in-memory layer, so a
-process on Redis holds fewer chats than one without (issue 19, "Live capacity (item 2)": capacity 5–10
-chats per process at p99 ≤ 50 ms, and the profile).
+{limits_section(res)}
 
 **B3, verified release.** Under the default release policy no chunk is forwarded to the reader, so the
 figure that matters is the wait between the answer's last token and the outcome: the evidence check (a

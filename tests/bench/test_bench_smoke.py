@@ -211,3 +211,52 @@ def test_b3_sweep_stops_at_the_first_level_over_the_bound_and_reports_the_level_
     )
     result = b3_live.sweep([], [], ["t"] * 50, mode="draft", levels=(5, 10, 25), log=lambda *_: None)
     assert result["capacity"] == 5
+
+
+def test_the_limits_section_states_each_bound_from_this_runs_figures():
+    """B1 concurrent's bound is the floor over the process CPU per run it measured, B2 quotes the
+    endpoint's CPU per read, B3 the CPU per run and a run's duration of its in-memory draft sweep."""
+    from bench.env import Machine
+    from bench.report import Results, limits_section
+    from bench.stats import Row, spread
+
+    res = Results(
+        machine=Machine(2, 1.0, "cpu", "3.11", "5.2", "10.11", "2.3", "innodb", "linux"), quick=False
+    )
+    res.rows = [
+        Row(
+            "B1",
+            "200 concurrent runs, one asyncio process, group commit: speed-up per record vs floor",
+            "",
+            spread([2.5]),
+            3.0,
+            goal="min",
+            extra={"cpu_ms_per_run": spread([7.0, 8.0, 9.0]), "floor_ms_per_run": spread([20.0])},
+        ),
+        Row(
+            "B2",
+            "trace endpoint vs raw SQL, run of 500 events",
+            "",
+            spread([4.0]),
+            2.0,
+            extra={"cpu_ms": spread([44.0]), "floor_ms": spread([12.5])},
+        ),
+    ]
+    res.evidence["b3"] = {
+        "draft / one process, in-memory layer": {
+            "capacity": 10,
+            "levels": [
+                {"chats": 5, "wall": 0.8, "cpu_per_run_ms": 80.0},
+                {"chats": 10, "wall": 0.9, "cpu_per_run_ms": 60.0},
+                {"chats": 25, "wall": 2.0, "cpu_per_run_ms": 70.0},
+            ],
+        }
+    }
+    text = limits_section(res)
+    assert "8.00 ms of CPU per run** (7.00–9.00)" in text and "floor / CPU = 2.50×" in text
+    assert "500 events: endpoint CPU 44.00 ms per read, floor 12.50 ms wall" in text
+    assert "took 0.8 s at 5 chats and cost 70 ms of CPU" in text
+    assert "near 11 concurrent chats" in text and "≤ 4.0 ms of CPU per run, about 18× less" in text
+    # Without the figures (a partial run) it says so instead of inventing them.
+    empty = limits_section(Results(machine=res.machine, quick=False))
+    assert "did not measure B1 concurrent" in empty and "B3 did not run" in empty
