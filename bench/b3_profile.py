@@ -57,12 +57,20 @@ LEAFWARD: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     (
         "thread-pool hops",
-        ("/concurrent/futures/", "/asgiref/", "/threading.py", "/runtime/db.py", "/queue.py"),
+        (
+            "/concurrent/futures/",
+            "/asgiref/",
+            "/threading.py",
+            "/runtime/db.py",
+            "/queue.py",
+            "/audit/group_commit.py",  # only the `Bridged` frames reach here (see `categorise`)
+        ),
     ),
     ("runtime (router, agent loop, guards, release)", ("/diagnosis/",)),
     ("event loop", ("/asyncio/", "/selectors.py")),
 )
 SDK_PARSING = ("/openai/_streaming.py", "/openai/lib/streaming/")
+BRIDGE_FRAMES = ("Bridged.",)
 PY_SPY = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
 
 
@@ -98,7 +106,10 @@ def categorise(raw: str) -> tuple[Counter, Counter, int]:
         frames, count = _frames(line)
         total += count
         paths = [_path(f) for f in frames]
-        found = next((n for n, frags in OWNERS if any(f in p for p in paths for f in frags)), None)
+        # Every job of the runtime's database pool runs inside a `Bridged` greenlet (audit/group_commit.py):
+        # that frame is the pool's transport, not recorder work, so it owns nothing.
+        owners = [p for f, p in zip(frames, paths, strict=True) if not f.startswith(BRIDGE_FRAMES)]
+        found = next((n for n, frags in OWNERS if any(f in p for p in owners for f in frags)), None)
         if found is None:
             for p in reversed(paths):
                 found = next((n for n, frags in LEAFWARD if any(f in p for f in frags)), None)
