@@ -422,13 +422,15 @@ bounded by the digests' encoding share (≈ 10–15 % of a 500-event read).
 
 **B3, live capacity (≥ 200 chats per process, two processes ≥ 1.8× one).** One daphne process is one
 Python thread of CPU for everything: each run makes 4 model calls through the SDK (request building,
-SSE chunk parsing into pydantic models), ≈ 20 durable decisions, a knowledge search, and for every
+SSE chunk parsing into pydantic models), a dozen durable decisions, a knowledge search, and for every
 streamed chunk a delta, a channel-layer hop and a WebSocket frame. {b3}. The B3 profile section below
-splits a run's CPU (model SDK ≈ 40 %, recorder ≈ 20 %, event loop ≈ 10 %, frames and channel layer
-6–25 %). No single lever closes a 10× gap: the SDK's share needs a leaner client for the one provider
-shape (the stack fixes the official `openai` SDK), the recorder's its structural change above. On Redis
-the channel layer (`channels_redis`' core layer: a sorted set per channel, a Lua clean-up script and a
-blocking pop per receive) costs ≈ 80 ms
+splits a run's CPU (2026-12-02, 82–88 ms per run: the model SDK 33–43 %, the recorder 16–24 %, the
+run's other database work through the ORM — the chat's start, the token's scope, the claim, the lease
+renewals, the previous turns — 12–14 %, the event loop 8–10 %, frames and the channel layer 4–8 %). No
+single lever closes a gap of this size: the SDK's share needs a leaner client for the one provider shape (the
+stack fixes the official `openai` SDK), the recorder's its structural change above, the ORM reads can be
+compiled once as the trace's are (`config.compiled`). On Redis the channel layer (`channels_redis`' core
+layer: a sorted set per channel, a Lua clean-up script and a blocking pop per receive) costs ≈ 80 ms
 more CPU per run than the in-memory layer, so one process on Redis holds fewer chats than without it;
 the next lever there is one Redis subscription per process (`channels_redis`' pub/sub layer) for the
 live frames, whose losses the followers' database catch-up already covers. Nothing is lost at any
