@@ -591,6 +591,10 @@ growth to 100 000 runs, B3's sweep up to 50 chats) without writing it; `--only b
 `--only b3p` profiles one daphne under 50 and 200 chats with py-spy and rewrites its section.
 `--only b3l` runs B3's levers side by side (daphne or uvicorn, asyncio or uvloop, draft coalescing;
 uvicorn is a development dependency, skipped when absent). The profilers are
-pyinstrument and py-spy (pinned in `requirements-dev.txt`). `tests/bench/test_bench_smoke.py` runs the
-cheapest scenarios with tiny sizes in the test suite so that the bench cannot rot.
+pyinstrument and py-spy (pinned in `requirements-dev.txt`). To compare two versions of a hot path on a
+noisy machine, count instructions instead of timing: `python -m bench.instructions recorder` (one B1
+run, one at a time), `concurrent` (one of 150 runs under group commit), `trace10` / `trace500` (one
+trace read); callgrind, repeatable within ≈ 0.2 %, 1–3 minutes each, `--annotate` for the C-level
+functions that cost the most. `tests/bench/test_bench_smoke.py` runs the cheapest scenarios with tiny
+sizes in the test suite so that the bench cannot rot.
 """
