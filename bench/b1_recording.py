@@ -293,7 +293,11 @@ def concurrent(*, runs: int, reps: int, database: str, log=print) -> list[Row]:
             spread([f / g for f, g in zip(floor_s, grouped_s, strict=True)]),
             3.0,
             goal="min",
-            extra={"cpu_ms_per_run": cpu, "floor_ms_per_run": spread([f * 1e3 for f in floor_s])},
+            extra={
+                "cpu_ms_per_run": cpu,
+                "floor_ms_per_run": spread([f * 1e3 for f in floor_s]),
+                "bound": bound,
+            },
         ),
         Row(
             "B1",

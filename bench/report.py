@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import textwrap
 from dataclasses import dataclass, field
 
 from bench.env import Machine
@@ -348,13 +349,14 @@ def limits_section(res: Results) -> str:
     """What bounds B1, B2 and B3 (issue 19's targets), with the figures of this run where it measured
     them: the process CPU per concurrent run, the endpoint's CPU per read, B3's CPU per run per level."""
     concurrent = _row(res, "B1", "200 concurrent runs, one asyncio process, group commit")
-    cpu = concurrent.extra.get("cpu_ms_per_run") if concurrent else None
-    floor = concurrent.extra.get("floor_ms_per_run") if concurrent else None
-    if cpu is not None and floor is not None:
+    extra = concurrent.extra if concurrent else {}
+    cpu, floor, bound = extra.get("cpu_ms_per_run"), extra.get("floor_ms_per_run"), extra.get("bound")
+    if cpu is not None and floor is not None and bound is not None:
         b1c = (
             f"In this run the process spent **{cpu.median:.2f} ms of CPU per run** "
-            f"({cpu.low:.2f}–{cpu.high:.2f}) against a floor of {floor.median:.1f} ms per run, so the "
-            f"speed-up cannot exceed floor / CPU = {floor.median / cpu.median:.2f}× on this machine"
+            f"({cpu.low:.2f}–{cpu.high:.2f}) against a floor of {floor.median:.1f} ms per run "
+            f"({floor.low:.1f}–{floor.high:.1f}), so the speed-up cannot exceed floor / CPU = "
+            f"{bound.median:.2f}× ({bound.low:.2f}–{bound.high:.2f}×, per repetition) on this machine"
         )
     else:
         b1c = "This run did not measure B1 concurrent"
@@ -381,7 +383,7 @@ def limits_section(res: Results) -> str:
         )
     else:
         b3 = "B3 did not run"
-    return f"""**B1, one run at a time (≤ 1.3×).** The floor pays one redo-log flush per record (45 per run);
+    text = f"""**B1, one run at a time (≤ 1.3×).** The floor pays one redo-log flush per record (45 per run);
 the recorder pays one per decision (21 per run: a decision's rows share a transaction, sent on MariaDB
 as one compound statement, one round trip) plus its Python work, serial with those round trips. The
 ratio therefore depends on the machine's commit latency: where a commit costs ≈ 0.5 ms (a floor of
@@ -435,6 +437,11 @@ more CPU per run than the in-memory layer, so one process on Redis holds fewer c
 the next lever there is one Redis subscription per process (`channels_redis`' pub/sub layer) for the
 live frames, whose losses the followers' database catch-up already covers. Nothing is lost at any
 level."""
+    # The figures of the run make some lines long: each paragraph is wrapped again.
+    return "\n\n".join(
+        textwrap.fill(" ".join(p.split()), 105, break_long_words=False, break_on_hyphens=False)
+        for p in text.split("\n\n")
+    )
 
 
 def markdown(res: Results, previous: str = "") -> str:

@@ -239,7 +239,11 @@ def test_the_limits_section_states_each_bound_from_this_runs_figures():
             spread([2.5]),
             3.0,
             goal="min",
-            extra={"cpu_ms_per_run": spread([7.0, 8.0, 9.0]), "floor_ms_per_run": spread([20.0])},
+            extra={
+                "cpu_ms_per_run": spread([7.0, 8.0, 9.0]),
+                "floor_ms_per_run": spread([20.0]),
+                "bound": spread([2.4, 2.5, 2.9]),
+            },
         ),
         Row(
             "B2",
@@ -260,11 +264,12 @@ def test_the_limits_section_states_each_bound_from_this_runs_figures():
             ],
         }
     }
-    text = limits_section(res)
-    assert "8.00 ms of CPU per run** (7.00–9.00)" in text and "floor / CPU = 2.50×" in text
+    text = " ".join(limits_section(res).split())  # wrapped to 105 columns; compared unwrapped
+    assert "8.00 ms of CPU per run** (7.00–9.00)" in text and "floor / CPU = 2.50× (2.40–2.90×" in text
     assert "500 events: endpoint CPU 44.00 ms per read, floor 12.50 ms wall" in text
     assert "took 0.8 s at 5 chats and cost 70 ms of CPU" in text
     assert "near 11 concurrent chats" in text and "≤ 4.0 ms of CPU per run, about 18× less" in text
+    assert max(len(line) for line in limits_section(res).splitlines()) <= 105
     # Without the figures (a partial run) it says so instead of inventing them.
-    empty = limits_section(Results(machine=res.machine, quick=False))
+    empty = " ".join(limits_section(Results(machine=res.machine, quick=False)).split())
     assert "did not measure B1 concurrent" in empty and "B3 did not run" in empty
