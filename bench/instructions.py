@@ -50,7 +50,8 @@ def _child(work: str, k: int) -> None:
     if work in ("recorder", "concurrent"):
         inputs = workload.make_inputs()
         session = services.create_session(owner=user, title=f"instructions {work}")
-        runs = b1_recording.new_runs(session, k + 20, "ic")
+        # As many runs created whatever `k` (creating them is set-up, equal in both processes).
+        runs = b1_recording.new_runs(session, WORKS[work] + 20, "ic")
         if work == "recorder":
             b1_recording.run_recorder(runs[:3], inputs, group_commit=False)
             b1_recording.run_recorder(runs[20 : 20 + k], inputs, group_commit=False)
