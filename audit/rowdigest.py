@@ -232,18 +232,17 @@ class Form:
         self.model = model
         self.columns = columns
         self.fields = {c: model._meta.get_field(c) for c in columns}
-        self._written = tuple((c, _normaliser(self.fields[c], stored=False)) for c in columns)
-        self._stored = tuple((c, _normaliser(self.fields[c], stored=True)) for c in columns)
         self._attnames = tuple((c, self.fields[c].attname) for c in columns)
-        # Stored values: (column, attribute name, normaliser, the type it leaves unchanged).
-        self._stored_fast = tuple(
-            (c, self.fields[c].attname, norm, _canonical_type(self.fields[c], stored=True))
-            for c, norm in self._stored
-        )
-        # Written values, the same way (the recorder takes a digest of every row it binds).
-        self._written_fast = tuple(
-            (c, self.fields[c].attname, norm, _canonical_type(self.fields[c], stored=False))
-            for c, norm in self._written
+        # Per column, for stored values (as the database gave them back) and for written ones (the
+        # recorder takes a digest of every row it binds): (column, attribute name, normaliser, the
+        # type it leaves unchanged).
+        self._stored_fast = self._normalisers(stored=True)
+        self._written_fast = self._normalisers(stored=False)
+
+    def _normalisers(self, *, stored: bool) -> tuple:
+        return tuple(
+            (c, f.attname, _normaliser(f, stored=stored), _canonical_type(f, stored=stored))
+            for c, f in self.fields.items()
         )
 
     def canonical(self, values: Mapping[str, Any], *, stored: bool = False) -> dict[str, Any]:

@@ -565,13 +565,16 @@ def _cursor(connection: BaseDatabaseWrapper):
 class _DriverCursor:
     """The driver's cursor on `connection`, with what Django's cursor does for a write here: the
     checks of `cursor()` (health check, connection, thread sharing), Django's database errors
-    (`wrap_database_errors`, the MySQL backend's IntegrityError codes) and the driver's parameter
-    binding, in one pass (`_bound`, the same bytes as the driver's own). A context manager that closes
-    the cursor as Django's does (errors on close ignored)."""
+    (`wrap_database_errors`, and the MySQL backend's own cursor wrapper for its IntegrityError codes)
+    and the driver's parameter binding, in one pass (`_bound`, the same bytes as the driver's own),
+    without Django's generic cursor layer. A context manager that closes the cursor as Django's does
+    (errors on close ignored)."""
 
-    __slots__ = ("_connection", "_cursor", "_raw")
+    __slots__ = ("_connection", "_cursor", "_raw", "_translated")
 
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
+        from django.db.backends.mysql.base import CursorWrapper
+
         connection.close_if_health_check_failed()
         connection.ensure_connection()
         connection.validate_thread_sharing()
@@ -579,6 +582,7 @@ class _DriverCursor:
         self._raw = connection.connection
         with connection.wrap_database_errors:
             self._cursor = self._raw.cursor()
+        self._translated = CursorWrapper(self._cursor)
 
     def __enter__(self) -> _DriverCursor:
         return self
@@ -588,17 +592,9 @@ class _DriverCursor:
             self._cursor.close()
 
     def execute(self, sql: str, params: Sequence[Any] | None = None) -> None:
-        connection = self._connection
-        with connection.wrap_database_errors:
-            try:
-                # As the driver: no parameters, no `%` formatting.
-                self._cursor.execute(sql if params is None else _bound(self._raw, sql, params))
-            except connection.Database.OperationalError as exc:
-                if exc.args and exc.args[0] in _integrity_codes(connection):
-                    from django.db import IntegrityError
-
-                    raise IntegrityError(*tuple(exc.args)) from exc
-                raise
+        with self._connection.wrap_database_errors:
+            # As the driver: no parameters, no `%` formatting.
+            self._translated.execute(sql if params is None else _bound(self._raw, sql, params))
 
     def fetchall(self) -> tuple:
         with self._connection.wrap_database_errors:

@@ -41,3 +41,25 @@ def wait_queued(committer, n):
     while committer.queued() < n:
         assert time.monotonic() < deadline, f"only {committer.queued()} of {n} writers queued"
         time.sleep(0.005)
+
+
+def reasoning_row(run, *, step_index: int):
+    """A bare reasoning row of `run` as the recorder's write path takes it (`audit.write_ops.Insert`)."""
+    from django.utils import timezone
+
+    from audit import write_ops
+    from audit.recorder.chain import _tables
+
+    t = _tables()
+    return write_ops.Insert(
+        t.reasoning,
+        t.reasoning.row(
+            session_id=run.session_id,
+            run_id=run.run_id,
+            step_index=step_index,
+            agent_name="a",
+            reasoning_available=False,
+            content_bytes=0,
+            created_at=timezone.now(),
+        ),
+    )

@@ -19,7 +19,7 @@ from diagnosis import services
 from diagnosis.models import DiagnosisRun, RunStatus
 from reasoning.capture import build_capture
 from reasoning.models import AgentReasoningAudit
-from tests.audit.support import in_threads, join_threads, wait_queued
+from tests.audit.support import in_threads, join_threads, reasoning_row, wait_queued
 from tests.factories import record_full_run, usage
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -252,18 +252,7 @@ def test_compound_write_keeps_the_database_error_class_and_rolls_back(runs):
     now = timezone.now()
     op = write_ops.WriteOp(
         inserts=[
-            write_ops.Insert(
-                t.reasoning,
-                t.reasoning.row(
-                    session_id=run.session_id,
-                    run_id=run.run_id,
-                    step_index=9,
-                    agent_name="a",
-                    reasoning_available=False,
-                    content_bytes=0,
-                    created_at=now,
-                ),
-            ),
+            reasoning_row(run, step_index=9),
             write_ops.Insert(
                 t.step,
                 t.step.row(

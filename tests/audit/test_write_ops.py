@@ -85,6 +85,7 @@ def test_writes_outside_a_transaction_use_the_drivers_cursor_with_djangos_errors
     from audit.recorder import RunRecorder
     from audit.recorder.chain import _tables
     from diagnosis import services
+    from tests.audit.support import reasoning_row
     from tests.factories import record_full_run
 
     seen = []
@@ -127,18 +128,7 @@ def test_writes_outside_a_transaction_use_the_drivers_cursor_with_djangos_errors
             ),
         )
 
-    reasoning = write_ops.Insert(
-        t.reasoning,
-        t.reasoning.row(
-            session_id=run.session_id,
-            run_id=run.run_id,
-            step_index=99,
-            agent_name="a",
-            reasoning_available=False,
-            content_bytes=0,
-            created_at=now,
-        ),
-    )
+    reasoning = reasoning_row(run, step_index=99)
     # 1048 (a NULL in a NOT NULL column): the driver's OperationalError, Django's IntegrityError; alone
     # (one statement) and in a compound transaction, whose other row is rolled back with it.
     with pytest.raises(IntegrityError):
