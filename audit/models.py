@@ -322,17 +322,22 @@ class LogLeaf(models.Model):
     """One leaf of the log (`audit_log_leaf`): a finished run's chain head and terminal digest, or the
     head of the governance chain (`GovernanceEvent`) when a checkpoint anchored it.
 
-    A run's leaf has `run_id` (unique) and `session_id`; a governance leaf has no run (`run_id` NULL) and
-    `governance_sequence_no`, the sequence number of the anchored head (unique). `data` is the canonical
-    JSON the leaf hash commits to (`audit.transparency.leafdata`), `leaf_hash` its RFC 9162 leaf hash
-    (hex). Append-only: written by `audit.transparency.log` under the head's lock, never updated or
-    deleted (a purged run keeps its leaf; `RunTombstone` says it was purged).
+    A run's leaf has `run_id` (unique) and `session_id`; a run-tail leaf (events appended to a finished
+    run after its anchored head: reviews, reasoning purges and re-encryptions) has no `run_id` but
+    `tail_of`, the run it extends; a governance leaf has neither but `governance_sequence_no`, the
+    sequence number of the anchored head (unique). `data` is the canonical JSON the leaf hash commits to
+    (`audit.transparency.leafdata`), `leaf_hash` its RFC 9162 leaf hash (hex). The other columns are an
+    index for queries only: the verifier derives what a leaf anchors from its signed `data` and names
+    every leaf whose columns disagree with it. Append-only: written by `audit.transparency.log` under the
+    head's lock, never updated or deleted (a purged run keeps its leaves; `RunTombstone` says it was
+    purged).
     """
 
     leaf_index = models.BigIntegerField(unique=True)
     run_id = models.CharField(max_length=64, unique=True, null=True, blank=True)
     session_id = models.CharField(max_length=64, blank=True, default="")
     governance_sequence_no = models.PositiveIntegerField(unique=True, null=True, blank=True)
+    tail_of = models.CharField(max_length=64, null=True, blank=True, db_index=True)
     leaf_hash = models.CharField(max_length=64)
     data = models.TextField()
     appended_at = models.DateTimeField()
@@ -342,9 +347,30 @@ class LogLeaf(models.Model):
         ordering = ["leaf_index"]
 
     def __str__(self) -> str:
+        if self.tail_of is not None:
+            return f"leaf {self.leaf_index} (tail of {self.tail_of})"
         if self.run_id is None:
             return f"leaf {self.leaf_index} (governance event {self.governance_sequence_no})"
         return f"leaf {self.leaf_index} ({self.run_id})"
+
+
+class TailPending(models.Model):
+    """A finished run whose chain grew after it was anchored (`audit_tail_pending`): written, in the same
+    transaction, by whatever appends to a finished run's chain (`audit.tails.note_appended`), with the
+    newest sequence number appended; the next checkpoint appends a run-tail leaf anchoring the run's new
+    head and deletes the row when that head covers `last_sequence_no`. A work queue, not audit truth:
+    deleting a row only delays the anchoring (what is not anchored yet is the documented window before
+    anchoring), so its columns are in the coverage exclusion list."""
+
+    run_id = models.CharField(max_length=64, unique=True)
+    last_sequence_no = models.PositiveIntegerField()
+    noted_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "audit_tail_pending"
+
+    def __str__(self) -> str:
+        return f"tail of {self.run_id} up to {self.last_sequence_no}"
 
 
 class LogNode(models.Model):

@@ -12,6 +12,14 @@ Batches take the log's lock, so a purge never interleaves with a checkpoint (or 
 **Legal holds.** An active hold (not lifted) on a session or run exempts its records from this purge and
 from the reasoning purge (`reasoning.services.purge_reasoning`) until it is lifted. Placing and lifting
 need `audit.place_legal_hold`; who, when and why are recorded, holds are never deleted.
+
+**The chain decides, the tables are an index.** Placing and lifting a hold, and every retention purge,
+are chained governance events (`LEGAL_HOLD_PLACED`/`LIFTED` with the hold's id, scope and target;
+`AUDIT_RUNS_PURGED` with the run ids). Which runs are held, and since when, is rebuilt from those events
+(`chained_holds`): the purges exclude what either the chain or the hold table holds, and `verify_audit`
+judges a tombstone by the chained purge that names it and the chained holds at that time, and names
+every hold row that disagrees with the chain (`hold_problems`). Editing or deleting a hold row, or
+forging a tombstone, therefore proves nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from django.utils import timezone
 
 from audit.models import (
     AgentStep,
+    GovernanceEvent,
     GovernanceEventType,
     HoldScope,
     LegalHold,
@@ -63,15 +72,114 @@ REASON_CHARS = 1000
 # --------------------------------------------------------------------------------------------------
 # Legal holds
 # --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ChainedHold:
+    """A legal hold as the governance chain records it: placed (and possibly lifted) at the chained
+    events' times."""
+
+    hold_id: int
+    scope: str
+    target_id: str
+    placed_at: dt.datetime
+    placed_seq: int
+    lifted_at: dt.datetime | None = None
+
+    def covers(self, *, run_id: str, session_id: str, at: dt.datetime) -> bool:
+        target = run_id if self.scope == HoldScope.RUN else session_id
+        return (
+            self.target_id == target
+            and self.placed_at <= at
+            and (self.lifted_at is None or self.lifted_at > at)
+        )
+
+
+def chained_holds() -> list[ChainedHold]:
+    """Every legal hold, rebuilt from the chained `LEGAL_HOLD_PLACED` / `LEGAL_HOLD_LIFTED` events (in
+    chain order); a lift names its hold by id. The chain's own integrity is
+    `audit.verification.verify_governance`'s check."""
+    holds: dict[int, ChainedHold] = {}
+    events = GovernanceEvent.objects.filter(
+        event_type__in=(GovernanceEventType.LEGAL_HOLD_PLACED, GovernanceEventType.LEGAL_HOLD_LIFTED)
+    ).order_by("sequence_no")
+    for event in events.only("sequence_no", "event_type", "details", "created_at"):
+        details = event.details if isinstance(event.details, dict) else {}
+        try:
+            hold_id = int(details.get("holdId"))
+        except (TypeError, ValueError):
+            continue
+        if event.event_type == GovernanceEventType.LEGAL_HOLD_PLACED:
+            holds.setdefault(
+                hold_id,
+                ChainedHold(
+                    hold_id=hold_id,
+                    scope=str(details.get("scope") or ""),
+                    target_id=str(details.get("targetId") or ""),
+                    placed_at=event.created_at,
+                    placed_seq=event.sequence_no,
+                ),
+            )
+        elif hold_id in holds and holds[hold_id].lifted_at is None:
+            hold = holds[hold_id]
+            holds[hold_id] = ChainedHold(
+                hold.hold_id, hold.scope, hold.target_id, hold.placed_at, hold.placed_seq, event.created_at
+            )
+    return list(holds.values())
+
+
+def chained_purges() -> dict[str, tuple[int, dt.datetime]]:
+    """run id → (sequence number, time) of the chained `AUDIT_RUNS_PURGED` event that names it."""
+    purges: dict[str, tuple[int, dt.datetime]] = {}
+    events = GovernanceEvent.objects.filter(event_type=GovernanceEventType.AUDIT_RUNS_PURGED).order_by(
+        "sequence_no"
+    )
+    for event in events.only("sequence_no", "details", "created_at"):
+        details = event.details if isinstance(event.details, dict) else {}
+        for run_id in details.get("runIds") or ():
+            purges.setdefault(str(run_id), (event.sequence_no, event.created_at))
+    return purges
+
+
+def hold_problems(holds: list[ChainedHold] | None = None) -> list[str]:
+    """Every hold row that disagrees with the chain (missing, another scope or target, lifted in one and
+    not the other) and every row the chain never placed."""
+    holds = chained_holds() if holds is None else holds
+    rows = {h.pk: h for h in LegalHold.objects.all()}
+    problems = []
+    for chained in holds:
+        row = rows.pop(chained.hold_id, None)
+        where = f"legal hold {chained.hold_id} (governance event {chained.placed_seq})"
+        if row is None:
+            problems.append(f"{where}: its row is missing from the hold table")
+        elif (row.scope, row.target_id) != (chained.scope, chained.target_id):
+            problems.append(f"{where}: its row names another scope or target than the chained placement")
+        elif (row.lifted_at is None) != (chained.lifted_at is None):
+            state = "lifted" if row.lifted_at is not None else "active"
+            problems.append(f"{where}: its row says {state}, the chain says the opposite")
+    for pk in sorted(rows):
+        problems.append(f"legal hold {pk}: no chained LEGAL_HOLD_PLACED event placed it")
+    return problems
+
+
+def _chained_active_targets() -> tuple[set[str], set[str]]:
+    run_ids, session_ids = set(), set()
+    for hold in chained_holds():
+        if hold.lifted_at is None:
+            (run_ids if hold.scope == HoldScope.RUN else session_ids).add(hold.target_id)
+    return run_ids, session_ids
+
+
 def held(*, run_field: str = "run_id", session_field: str = "session_id") -> Q:
-    """A filter true for rows whose run or session is under an active legal hold."""
+    """A filter true for rows whose run or session is under an active legal hold, by the hold table or
+    by the chain (a deleted or edited hold row does not release what the chain holds)."""
     on_run = LegalHold.objects.filter(
         scope=HoldScope.RUN, target_id=OuterRef(run_field), lifted_at__isnull=True
     )
     on_session = LegalHold.objects.filter(
         scope=HoldScope.SESSION, target_id=OuterRef(session_field), lifted_at__isnull=True
     )
-    return Q(Exists(on_run)) | Q(Exists(on_session))
+    run_ids, session_ids = _chained_active_targets()
+    chained = Q(**{f"{run_field}__in": sorted(run_ids)}) | Q(**{f"{session_field}__in": sorted(session_ids)})
+    return Q(Exists(on_run)) | Q(Exists(on_session)) | chained
 
 
 def _check(user: AbstractBaseUser, reason: str) -> str:
@@ -250,23 +358,50 @@ def purge_expired_runs(
 
 
 def tombstone_problems(
-    tombstone: RunTombstone, *, leaf_index: int, finished_at: str | None, signed_at
+    tombstone: RunTombstone,
+    *,
+    leaf_index: int,
+    finished_at: str | None,
+    signed_at,
+    purge: tuple[int, dt.datetime] | None = None,
+    holds: list[ChainedHold] | None = None,
+    session_id: str | None = None,
 ) -> list[str]:
     """Why a tombstone does not excuse its run's absence (empty: it does). `finished_at` is the leaf's
-    anchored finish time (None: use `signed_at`, the first checkpoint covering the leaf)."""
+    anchored finish time (None: use `signed_at`, the first checkpoint covering the leaf); `purge` the
+    chained retention purge naming the run (`chained_purges`), whose time is the purge's time (the
+    tombstone's own columns are not trusted for it); `holds` the chained holds (`chained_holds`);
+    `session_id` the session the leaf anchored (the tombstone's must equal it)."""
     problems = []
     where = f"tombstone of run {tombstone.run_id}"
     if tombstone.leaf_index != leaf_index:
         problems.append(f"{where}: names leaf {tombstone.leaf_index}, the run is at leaf {leaf_index}")
+    if session_id is not None and tombstone.session_id != session_id:
+        problems.append(f"{where}: names another session than its leaf anchored")
+    session_id = tombstone.session_id if session_id is None else session_id
+    if purge is None:
+        problems.append(f"{where}: no chained retention purge (AUDIT_RUNS_PURGED) names the run")
+        purged_at = tombstone.purged_at
+    else:
+        purged_at = purge[1]
+        if abs(tombstone.purged_at - purged_at) > dt.timedelta(minutes=10):
+            problems.append(
+                f"{where}: its purge time differs from the chained purge (governance event {purge[0]})"
+            )
     finished = dt.datetime.fromisoformat(finished_at) if finished_at else signed_at
     if finished is not None:
         days = settings.AUDIT_RETENTION_DAYS
-        if tombstone.purged_at < finished + dt.timedelta(days=days):
+        if purged_at < finished + dt.timedelta(days=days):
             problems.append(
                 f"{where}: purged before the retention of {days} day(s) after its anchored finish"
             )
-    if tombstone.purged_at > timezone.now() + dt.timedelta(minutes=5):
+    if purged_at > timezone.now() + dt.timedelta(minutes=5):
         problems.append(f"{where}: purge time lies in the future")
-    for hold in holds_at(run_id=tombstone.run_id, session_id=tombstone.session_id, at=tombstone.purged_at):
-        problems.append(f"{where}: purged while legal hold {hold.pk} covered it")
+    holds = chained_holds() if holds is None else holds
+    covering = {
+        h.hold_id for h in holds if h.covers(run_id=tombstone.run_id, session_id=session_id, at=purged_at)
+    }
+    covering |= {h.pk for h in holds_at(run_id=tombstone.run_id, session_id=session_id, at=purged_at)}
+    for hold_id in sorted(covering):
+        problems.append(f"{where}: purged while legal hold {hold_id} covered it")
     return problems

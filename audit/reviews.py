@@ -46,6 +46,7 @@ from audit.payloads import sha256_hex
 from audit.recorder.chain import _table
 from audit.recorder.facts import _Event
 from audit.recorder.run import RunRecorder
+from audit.tails import note_appended
 from audit.write_ops import Insert
 from diagnosis.models import DiagnosisRun
 from diagnosis.review_queue import CLAIM_MINUTES_DEFAULT, refresh_needs_review
@@ -140,6 +141,7 @@ def _append_review(
         bind={"reviewDigest": row},
     )
     writer._commit([event], [row], (), None)
+    note_appended(run_id=run_id, sequence_no=sequence_no)
     DiagnosisRun.objects.filter(run_id=run_id).update(
         review_verdict=verdict, reviewed_at=now, review_claimed_by="", review_claim_expires_at=None
     )

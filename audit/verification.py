@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db.models import Max
+from django.db.models import Q
 
 from audit.binding import verify_rows
 from audit.facts import annotate_recomputed, disagreements, refresh_run_facts
@@ -45,10 +45,17 @@ from audit.models import (
     TraceEvent,
 )
 from audit.recorder.governance import governance_hash
-from audit.retention import tombstone_problems
+from audit.retention import chained_purges, hold_problems, tombstone_problems
 from audit.rowdigest import stored_reasoning_rows
 from audit.transparency import leafdata
-from audit.transparency.verify import check_anchor, leaves_of
+from audit.transparency.verify import (
+    UNANCHORED,
+    StoredLeaf,
+    check_anchor,
+    leaf_problems,
+    leaves_of,
+    tails_of,
+)
 from diagnosis.models import DiagnosisRun
 from pricing.costs import cost_disagreements, load_price_book, price_of_run, refresh_run_costs
 from pricing.rules import CostStatus, PriceBook
@@ -85,6 +92,8 @@ def verify_run(run_id: str) -> RunVerification:
     if tombstone is not None:
         return _purged(run_id, tombstone, leaf)
     steps, tools, reasoning, reviews = _rows([run_id])
+    # One run alone: its leaves found by their signed data too, not only by the index columns.
+    leaf, tails, leaf_index_problems = _leaves_by_data(run_id, leaf)
     result = _check(
         run_id,
         events,
@@ -94,11 +103,48 @@ def verify_run(run_id: str) -> RunVerification:
         reasoning=reasoning[run_id],
         reviews=reviews[run_id],
         leaf=leaf,
+        tails=tails,
         book=load_price_book(),
     )
+    result.invalid[:0] = leaf_index_problems
     if run is None:
         result.incomplete.append("no run row for these events")
     return result
+
+
+def _leaves_by_data(run_id: str, leaf: LogLeaf | None) -> tuple[LogLeaf | None, list[LogLeaf], list[str]]:
+    """The run's leaf, its tails and the problems of their index columns, the leaves searched by their
+    signed data as well as by the index columns, so that a leaf whose `run_id` or `tail_of` column was
+    cleared is still held against the run, and named (one scan of the leaves' data: for
+    `verify_audit --run`, not for pages)."""
+    needle = f'"runId":{json.dumps(run_id)}'
+    found = {
+        lf.pk: lf
+        for lf in LogLeaf.objects.filter(Q(run_id=run_id) | Q(tail_of=run_id) | Q(data__contains=needle))
+    }
+    run_leaves, tails, problems = [], [], []
+    for lf in sorted(found.values(), key=lambda lf: lf.leaf_index):
+        fields, column_problems = leaf_problems(
+            StoredLeaf(
+                lf.leaf_index,
+                lf.run_id,
+                lf.tail_of,
+                lf.session_id,
+                lf.governance_sequence_no,
+                lf.leaf_hash,
+                lf.data,
+            )
+        )
+        problems.extend(column_problems)
+        if fields is None or fields.get("runId") != run_id:
+            continue
+        (run_leaves if fields["kind"] == leafdata.KIND_RUN else tails).append(lf)
+    if run_leaves:
+        # Held against what its data anchors, whatever its columns say (named above when they differ).
+        first = run_leaves[0]
+        first.run_id = run_id
+        return first, tails + run_leaves[1:], problems
+    return leaf, tails, problems
 
 
 def _purged(run_id: str, tombstone: RunTombstone, leaf: LogLeaf | None) -> RunVerification:
@@ -111,12 +157,21 @@ def _purged(run_id: str, tombstone: RunTombstone, leaf: LogLeaf | None) -> RunVe
         result.invalid.append("tombstone without a leaf in the transparency log")
         return result
     covering = Checkpoint.objects.filter(tree_size__gt=leaf.leaf_index).order_by("tree_size").first()
+    try:
+        fields = leafdata.decode(leaf.data)
+    except ValueError:
+        result.invalid.append(f"log leaf {leaf.leaf_index}: stored leaf data is not a run leaf")
+        return result
+    if fields["runId"] != run_id:
+        result.invalid.append(f"log leaf {leaf.leaf_index}: its signed data anchors another run")
     result.invalid.extend(
         tombstone_problems(
             tombstone,
             leaf_index=leaf.leaf_index,
-            finished_at=json.loads(leaf.data).get("finishedAt"),
+            finished_at=fields.get("finishedAt"),
             signed_at=covering.signed_at if covering else None,
+            purge=chained_purges().get(run_id),
+            session_id=fields.get("sessionId"),
         )
     )
     return result
@@ -137,6 +192,7 @@ def verify_all_runs(*, batch_size: int = RUN_BATCH) -> Iterator[RunVerification]
             by_run[event.run_id].append(event)
         steps, tools, reasoning, reviews = _rows(ids)
         leaves = leaves_of(ids)
+        tails = tails_of(ids)
         for run in runs:
             yield _check(
                 run.run_id,
@@ -147,6 +203,7 @@ def verify_all_runs(*, batch_size: int = RUN_BATCH) -> Iterator[RunVerification]
                 reasoning=reasoning.pop(run.run_id, []),
                 reviews=reviews.pop(run.run_id, []),
                 leaf=leaves.get(run.run_id),
+                tails=tails.get(run.run_id, ()),
                 book=book,
             )
 
@@ -177,15 +234,17 @@ def _check(
     reasoning: list[dict[str, Any]],
     reviews: list[RunReview] = (),
     leaf: LogLeaf | None = None,
+    tails: list[LogLeaf] = (),
     book: PriceBook | None = None,
 ) -> RunVerification:
     verdict = verify_chain(events)
     result = RunVerification(run_id=run_id, events=verdict.events, chain_valid=verdict.valid)
     result.invalid.extend(verdict.problems)
-    anchor_problems, anchor_notes = check_anchor(run=run, events=events, leaf=leaf)
+    anchor_problems, anchor_notes = check_anchor(run=run, events=events, leaf=leaf, tails=tails)
     result.invalid.extend(anchor_problems)
     result.leaf_index = leaf.leaf_index if leaf is not None else None
-    result.unanchored = bool(anchor_notes)
+    result.unanchored = UNANCHORED in anchor_notes
+    result.notes.extend(n for n in anchor_notes if n != UNANCHORED)
     rows = verify_rows(events=events, run=run, steps=steps, tools=tools, reasoning=reasoning, reviews=reviews)
     result.rows_verified = rows.verified
     result.invalid.extend(rows.problems)
@@ -227,16 +286,23 @@ def refresh_facts(results: list[RunVerification]) -> int:
     return refresh_run_facts(run_ids=stale)
 
 
-def verify_governance(*, batch_size: int = 1000) -> tuple[int, list[str]]:
+def verify_governance(
+    *, batch_size: int = 1000, anchors: dict[int, list[tuple[int, dict[str, Any] | None]]] | None = None
+) -> tuple[int, list[str]]:
     """(events checked, problems) of the whole governance chain: sequence numbers 1..n without gap or
     repeat, each `prev_hash` the previous event's hash, each hash recomputed from the stored fields, and
     every anchor of the chain's head in the transparency log (a governance leaf: the event it names must
     still exist with the hash and time the leaf committed to, so a chain rewritten and re-hashed after a
-    checkpoint anchored it is named, as is one cut below an anchor). That the leaves themselves are
-    the signed ones is `audit.transparency.verify.verify_log`'s check. Problems name sequence numbers and
-    leaf indexes only. Reads `batch_size` events at a time."""
+    checkpoint anchored it is named, as is one cut below an anchor). The anchors come from the leaves'
+    signed data (`anchors`, as `audit.transparency.verify.verify_log` derived them, else
+    `governance_anchors`), never from their index columns; that the leaves are the signed ones is
+    `verify_log`'s check. Then the legal-hold table against the holds the chain placed and lifted
+    (`audit.retention.hold_problems`). Problems name sequence numbers, leaf indexes and hold ids only.
+    Reads `batch_size` events at a time."""
     problems: list[str] = []
-    anchors = governance_anchors()
+    anchors = {
+        seq: list(leaves) for seq, leaves in (governance_anchors() if anchors is None else anchors).items()
+    }
     expected, prev, checked, last_seen = 1, GENESIS_HASH, 0, 0
     while True:
         batch = list(
@@ -270,15 +336,19 @@ def verify_governance(*, batch_size: int = 1000) -> tuple[int, list[str]]:
                 f"governance event {seq}: anchored in the transparency log (leaf {leaf_index}) but missing "
                 "from the chain"
             )
+    problems.extend(hold_problems())
     return checked, problems
 
 
 def governance_anchors() -> dict[int, list[tuple[int, dict[str, Any] | None]]]:
-    """The governance leaves of the transparency log: sequence number → [(leaf index, decoded fields or
-    None when the data is not a canonical governance leaf)]. One per checkpoint that found the chain grown."""
+    """The governance leaves of the transparency log, found by their signed data (and, for a leaf whose
+    data no longer decodes, by the index column): sequence number → [(leaf index, decoded fields or None
+    when the data is not a canonical governance leaf)]. One per checkpoint that found the chain grown."""
     anchors: dict[int, list[tuple[int, dict[str, Any] | None]]] = defaultdict(list)
     rows = (
-        LogLeaf.objects.filter(governance_sequence_no__isnull=False)
+        LogLeaf.objects.filter(
+            Q(governance_sequence_no__isnull=False) | Q(data__contains='"kind":"governance"')
+        )
         .order_by("leaf_index")
         .values_list("leaf_index", "governance_sequence_no", "data")
     )
@@ -287,12 +357,15 @@ def governance_anchors() -> dict[int, list[tuple[int, dict[str, Any] | None]]]:
             fields = leafdata.decode_governance(data)
         except ValueError:
             fields = None
-        if fields is not None and fields["lastSequenceNo"] != seq:
-            fields = None
-        anchors[seq].append((leaf_index, fields))
+        if fields is not None:
+            anchors[fields["lastSequenceNo"]].append((leaf_index, fields))
+        elif seq is not None:
+            anchors[seq].append((leaf_index, None))
     return dict(anchors)
 
 
-def newest_governance_anchor() -> int:
-    """The sequence number of the newest anchored governance event (0: none anchored yet)."""
-    return LogLeaf.objects.aggregate(at=Max("governance_sequence_no"))["at"] or 0
+def newest_governance_anchor(anchors: dict[int, list] | None = None) -> int:
+    """The sequence number of the newest anchored governance event (0: none anchored yet), from the
+    leaves' signed data."""
+    anchors = governance_anchors() if anchors is None else anchors
+    return max(anchors, default=0)

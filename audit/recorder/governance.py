@@ -29,6 +29,7 @@ from audit.integrity import GENESIS_HASH, chain_hash, timestamp
 from audit.models import EventType, GovernanceEvent, GovernanceEventType, Phase, TraceEvent
 from audit.recorder.facts import _Event
 from audit.recorder.run import RunRecorder
+from audit.tails import note_appended
 
 APPEND_ATTEMPTS = 5
 _VERBS = {EventType.REASONING_PURGED: "purged", EventType.REASONING_REKEYED: "re-encrypted"}
@@ -77,6 +78,7 @@ def _append(*, run_id: str, session_id: str, event: _Event) -> int:
         try:
             with transaction.atomic():
                 writer._commit([event], (), (), None)
+                note_appended(run_id=run_id, sequence_no=writer._next_sequence - 1)
         except IntegrityError:
             if attempt == APPEND_ATTEMPTS:
                 raise

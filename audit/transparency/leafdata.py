@@ -12,7 +12,13 @@ and its hash is RFC 9162's `SHA-256(0x00 || data)`. The chain head commits to ev
 through their digests to every row those events bind; `runDigest` and `finishedAt` are repeated so that
 the leaf says what it anchors without the chain. Everything is read from the chain itself, never from
 mutable run columns, so the leaf can be recomputed by anyone holding the events. Events appended after
-the anchored head may only be governance events (reasoning purged or re-encrypted), which chain from it.
+the anchored head may only be tail events (reviews, reasoning purged or re-encrypted), which chain from
+it; the next checkpoint anchors each run's new head in a run-tail leaf:
+
+    {"kind": "runTail", "runId", "sessionId", "chainHead", "lastSequenceNo"}
+
+so a finished run's record can grow, but what was appended can no more change than what was anchored
+first. A run is held to every head anchored for it (its run leaf and each of its tail leaves).
 
 A governance leaf anchors the head of the global governance chain (`audit.models.GovernanceEvent`) as a
 checkpoint found it:
@@ -35,10 +41,13 @@ from audit.integrity import GENESIS_HASH, timestamp
 from audit.transparency.note import canonical
 
 KIND_RUN = "run"
+KIND_RUN_TAIL = "runTail"
 KIND_GOVERNANCE = "governance"
 RUN_FINISHED = "RUN_FINISHED"
 FIELDS = ("kind", "runId", "sessionId", "chainHead", "lastSequenceNo", "runDigest", "finishedAt")
+TAIL_FIELDS = ("kind", "runId", "sessionId", "chainHead", "lastSequenceNo")
 GOVERNANCE_FIELDS = ("kind", "chainHead", "lastSequenceNo", "lastEventAt")
+_KINDS = {KIND_RUN: FIELDS, KIND_RUN_TAIL: TAIL_FIELDS, KIND_GOVERNANCE: GOVERNANCE_FIELDS}
 
 
 class Event(Protocol):
@@ -104,6 +113,17 @@ def governance_fields(
     }
 
 
+def tail_fields(*, run_id: str, session_id: str, head_hash: str, head_sequence_no: int) -> dict[str, Any]:
+    """The fields of a run-tail leaf: the run's chain head when a checkpoint found it grown."""
+    return {
+        "kind": KIND_RUN_TAIL,
+        "runId": run_id,
+        "sessionId": session_id,
+        "chainHead": head_hash,
+        "lastSequenceNo": int(head_sequence_no),
+    }
+
+
 def encode(fields: dict[str, Any]) -> bytes:
     return canonical(fields).encode("utf-8")
 
@@ -116,6 +136,28 @@ def decode(data: str | bytes) -> dict[str, Any]:
         raise ValueError("leaf data does not have exactly the leaf fields")
     if fields["kind"] != KIND_RUN:
         raise ValueError(f"unknown leaf kind {fields['kind']!r}")
+    if canonical(fields) != text:
+        raise ValueError("leaf data is not in canonical form")
+    return fields
+
+
+def decode_any(data: str | bytes) -> dict[str, Any]:
+    """The fields of stored leaf data of any kind (run, run tail, governance); ValueError unless it is
+    exactly the canonical form of one of them."""
+    text = data.decode("utf-8") if isinstance(data, bytes) else data
+    try:
+        fields = json.loads(text)
+    except ValueError as exc:
+        raise ValueError("leaf data is not JSON") from exc
+    if not isinstance(fields, dict):
+        raise ValueError("leaf data is not an object")
+    wanted = _KINDS.get(fields.get("kind"))
+    if wanted is None:
+        raise ValueError(f"unknown leaf kind {fields.get('kind')!r}")
+    if tuple(sorted(fields)) != tuple(sorted(wanted)):
+        raise ValueError(f"leaf data does not have exactly the {fields['kind']} leaf fields")
+    if not isinstance(fields["lastSequenceNo"], int) or isinstance(fields["lastSequenceNo"], bool):
+        raise ValueError("leaf data's lastSequenceNo is not an integer")
     if canonical(fields) != text:
         raise ValueError("leaf data is not in canonical form")
     return fields

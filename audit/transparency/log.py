@@ -9,10 +9,12 @@ and every `AUDIT_CHECKPOINT_INTERVAL_SECONDS` in each server process).
 2. find finished runs (SUCCESS, FAILED, CANCELLED) without a leaf, oldest finish first, with each run's
    chain head and last RUN_FINISHED read in the same query (correlated subqueries on the unique
    `(run_id, sequence_no)` index); only runs created at or after the head's `scan_from` are searched;
-3. append their leaves (`audit.transparency.leafdata`), then — when the governance chain
-   (`audit.models.GovernanceEvent`) has grown since it was last anchored — one governance leaf anchoring
-   its head, and the complete subtrees they complete, starting from the stored right edge of the tree
-   (O(log n) rows read);
+3. append their leaves (`audit.transparency.leafdata`), then a run-tail leaf for each anchored run whose
+   chain grew after its newest anchored head (`audit.tails`: reviews, reasoning purges and
+   re-encryptions; read under the run row's lock, so an append in flight is anchored by the next
+   checkpoint, never lost), then — when the governance chain (`audit.models.GovernanceEvent`) has grown
+   since it was last anchored — one governance leaf anchoring its head, and the complete subtrees they
+   complete, starting from the stored right edge of the tree (O(log n) rows read);
 4. sign a checkpoint of the new size with the newest key, naming the previous checkpoint's hash, and
    store it; then commit. Every stored leaf is therefore covered by a checkpoint signed in the
    transaction that stored it.
@@ -37,17 +39,27 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, JSONField, Max, Min, OuterRef, Subquery
+from django.db.models import Exists, JSONField, Max, Min, OuterRef, Q, Subquery
 from django.utils import timezone
 
 from audit.integrity import timestamp
-from audit.models import Checkpoint, EventType, GovernanceEvent, LogHead, LogLeaf, LogNode, TraceEvent
+from audit.models import (
+    Checkpoint,
+    EventType,
+    GovernanceEvent,
+    LogHead,
+    LogLeaf,
+    LogNode,
+    TailPending,
+    TraceEvent,
+)
 from audit.transparency import keys, leafdata, merkle, note, store
 from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun
 
 logger = logging.getLogger(__name__)
 
 APPEND_BATCH = 2000
+TAIL_BATCH = 500
 SCAN_GRACE = dt.timedelta(minutes=10)
 
 
@@ -61,6 +73,7 @@ class CheckpointResult:
     checkpoints: list[Checkpoint]
     tree_size: int
     governance_anchored: int | None = None
+    tails: int = 0  # run-tail leaves appended
 
     @property
     def newest(self) -> Checkpoint | None:
@@ -86,7 +99,7 @@ def checkpoint(
     `keys.SigningKeysMissing` without keys."""
     keys.current_key()  # fail before taking the lock when nothing could be signed
     ensure_head()
-    appended, signed, governance = 0, [], None
+    appended, signed, governance, tails = 0, [], None, 0
     done = False
     while not done:
         with transaction.atomic():
@@ -96,10 +109,12 @@ def checkpoint(
             runs = _waiting_runs(scan_from, batch_size)
             if len(runs) < batch_size:
                 done = True
-            # The governance head is anchored once per call, with the last batch of runs.
+            # Tails and the governance head are anchored once per call, with the last batch of runs.
+            grown = _grown_tails(exclude={r.run_id for r in runs}) if done else []
             gov_head = _unanchored_governance_head() if done else None
-            if runs or gov_head:
-                appended += _append(head, runs, stamp, gov_head)
+            if runs or gov_head or grown:
+                appended += _append(head, runs, stamp, gov_head, grown)
+                tails += len(grown)
                 signed.append(_sign(head, stamp))
                 if gov_head:
                     governance = gov_head[0]
@@ -109,8 +124,82 @@ def checkpoint(
         _witness(cp)
     tree_size = LogHead.objects.values_list("tree_size", flat=True).get(pk=1)
     return CheckpointResult(
-        appended=appended, checkpoints=signed, tree_size=tree_size, governance_anchored=governance
+        appended=appended,
+        checkpoints=signed,
+        tree_size=tree_size,
+        governance_anchored=governance,
+        tails=tails,
     )
+
+
+def anchored_heads(run_ids: list[str]) -> dict[str, int]:
+    """The newest sequence number anchored for each of `run_ids` that has a leaf, read from the leaves'
+    data (their run and tail leaves), never from the index columns alone."""
+    heads: dict[str, int] = {}
+    wanted = set(run_ids)
+    rows = LogLeaf.objects.filter(Q(run_id__in=run_ids) | Q(tail_of__in=run_ids)).values_list(
+        "data", flat=True
+    )
+    for data in rows:
+        try:
+            fields = leafdata.decode_any(data)
+        except ValueError:
+            continue
+        run_id = fields.get("runId")
+        if run_id in wanted:
+            heads[run_id] = max(heads.get(run_id, 0), fields["lastSequenceNo"])
+    return heads
+
+
+def _grown_tails(*, exclude: set[str], limit: int = TAIL_BATCH) -> list[tuple[str, str, int, str]]:
+    """(run_id, session_id, head sequence, head hash) of each anchored run noted as grown
+    (`audit.tails`) whose chain now reaches past its newest anchored head; deletes the notes that the
+    anchored or appended heads cover (and those of runs that no longer exist). Runs in `exclude` are
+    being anchored by this very checkpoint and keep their notes for the next one."""
+    pending = [
+        (run_id, seq)
+        for run_id, seq in TailPending.objects.order_by("id").values_list("run_id", "last_sequence_no")[
+            :limit
+        ]
+        if run_id not in exclude
+    ]
+    if not pending:
+        return []
+    ids = [run_id for run_id, _ in pending]
+    anchored = anchored_heads(ids)
+    # The run rows' locks order this read after any append in flight (appenders hold them).
+    sessions = dict(
+        DiagnosisRun.objects.select_for_update()
+        .filter(run_id__in=ids)
+        .order_by("run_id")
+        .values_list("run_id", "session_id")
+    )
+    grown, covered = [], []
+    for run_id, _seq in pending:
+        if run_id not in sessions:
+            covered.append((run_id, None))  # purged or deleted: nothing left to anchor
+            continue
+        if run_id not in anchored:
+            continue  # not anchored yet: its first leaf will cover its head
+        # A locking read sees the newest committed head, also under REPEATABLE READ.
+        last = (
+            TraceEvent.objects.select_for_update()
+            .filter(run_id=run_id)
+            .order_by("-sequence_no")
+            .values_list("sequence_no", "hash")
+            .first()
+        )
+        if last is None:
+            continue
+        if last[0] > anchored[run_id]:
+            grown.append((run_id, sessions[run_id], last[0], last[1]))
+        covered.append((run_id, max(last[0], anchored[run_id])))
+    for run_id, upto in covered:
+        notes = TailPending.objects.filter(run_id=run_id)
+        if upto is not None:
+            notes = notes.filter(last_sequence_no__lte=upto)
+        notes.delete()
+    return grown
 
 
 def _unanchored_governance_head() -> tuple[int, str, dt.datetime] | None:
@@ -153,8 +242,10 @@ def _append(
     runs: list[DiagnosisRun],
     now: dt.datetime,
     governance: tuple[int, str, dt.datetime] | None = None,
+    tails: list[tuple[str, str, int, str]] = (),
 ) -> int:
-    """Append the runs' leaves, then the governance head's (if any); returns how many runs."""
+    """Append the runs' leaves, then the grown tails', then the governance head's (if any); returns how
+    many runs."""
     edge = store.frontier(head.tree_size)
     leaves, nodes = [], []
     for run in runs:
@@ -175,6 +266,26 @@ def _append(
                 leaf_index=index,
                 run_id=run.run_id,
                 session_id=run.session_id,
+                leaf_hash=leaf.hex(),
+                data=data.decode("utf-8"),
+                appended_at=now,
+            )
+        )
+    for run_id, session_id, sequence_no, head_hash in tails:
+        data = leafdata.encode(
+            leafdata.tail_fields(
+                run_id=run_id, session_id=session_id, head_hash=head_hash, head_sequence_no=sequence_no
+            )
+        )
+        leaf = merkle.leaf_hash(data)
+        index = edge.size
+        nodes.extend(edge.append(leaf))
+        leaves.append(
+            LogLeaf(
+                leaf_index=index,
+                run_id=None,
+                tail_of=run_id,
+                session_id=session_id,
                 leaf_hash=leaf.hex(),
                 data=data.decode("utf-8"),
                 appended_at=now,

@@ -36,8 +36,9 @@ from typing import Any
 from django.db.models import Q
 
 from audit.binding import GOVERNANCE_EVENTS
+from audit.integrity import timestamp
 from audit.models import Checkpoint, LogHead, LogLeaf, LogNode, RunTombstone
-from audit.retention import tombstone_problems
+from audit.retention import chained_holds, chained_purges, tombstone_problems
 from audit.transparency import keys, leafdata, merkle, note, store
 from diagnosis.models import DiagnosisRun
 
@@ -54,6 +55,8 @@ class LogVerification:
     newest: Checkpoint | None = None
     invalid: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # The anchored governance heads, from the leaves' signed data: sequence number → [(leaf index, fields)]
+    governance: dict[int, list[tuple[int, dict[str, Any]]]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -93,8 +96,8 @@ def check_checkpoint(cp: Checkpoint, known: dict[str, Any]) -> list[str]:
     except note.NoteError as exc:
         return [f"{where}: {exc}"]
     problems = []
-    columns = (cp.tree_size, cp.root_hash, cp.previous_hash, cp.key_id)
-    if columns != (body.tree_size, body.root_hash, body.previous, body.key_id):
+    columns = (cp.tree_size, cp.root_hash, cp.previous_hash, cp.key_id, timestamp(cp.signed_at))
+    if columns != (body.tree_size, body.root_hash, body.previous, body.key_id, body.signed_at):
         problems.append(f"{where}: stored columns differ from its signed body")
     if note.body_hash(cp.body) != cp.checkpoint_hash:
         problems.append(f"{where}: stored hash is not the hash of its body")
@@ -134,18 +137,64 @@ def _witness_problems(entries: Sequence[WitnessEntry], known: dict[str, Any]) ->
 # --------------------------------------------------------------------------------------------------
 # The whole log
 # --------------------------------------------------------------------------------------------------
-def _leaf_batches(batch_size: int) -> Iterator[list[tuple[int, str, str, str]]]:
+@dataclass(frozen=True, slots=True)
+class StoredLeaf:
+    """One stored leaf as the verifier reads it: its index columns and its signed data."""
+
+    index: int
+    run_id: str | None
+    tail_of: str | None
+    session_id: str
+    governance_sequence_no: int | None
+    leaf_hash: str
+    data: str
+
+
+def _leaf_batches(batch_size: int) -> Iterator[list[StoredLeaf]]:
     last = -1
     while True:
-        rows = list(
-            LogLeaf.objects.filter(leaf_index__gt=last)
+        rows = [
+            StoredLeaf(*row)
+            for row in LogLeaf.objects.filter(leaf_index__gt=last)
             .order_by("leaf_index")
-            .values_list("leaf_index", "run_id", "leaf_hash", "data")[:batch_size]
-        )
+            .values_list(
+                "leaf_index", "run_id", "tail_of", "session_id", "governance_sequence_no", "leaf_hash", "data"
+            )[:batch_size]
+        ]
         if not rows:
             return
-        last = rows[-1][0]
+        last = rows[-1].index
         yield rows
+
+
+def leaf_problems(leaf: StoredLeaf) -> tuple[dict[str, Any] | None, list[str]]:
+    """(decoded fields or None, problems) of one stored leaf: its data must be the canonical form of a
+    known kind, and its index columns must say exactly what that data says (a column is an index, never
+    a source: a leaf whose `run_id` was set to NULL still anchors its run)."""
+    where = f"log leaf {leaf.index}"
+    try:
+        fields = leafdata.decode_any(leaf.data)
+    except ValueError as exc:
+        return None, [f"{where}: {exc}"]
+    kind = fields["kind"]
+    if kind == leafdata.KIND_GOVERNANCE:
+        wanted = (None, None, "", fields["lastSequenceNo"])
+        what = f"governance event {fields['lastSequenceNo']}"
+    elif kind == leafdata.KIND_RUN_TAIL:
+        wanted = (None, fields["runId"], fields["sessionId"], None)
+        what = f"the tail of run {fields['runId']}"
+    else:
+        wanted = (fields["runId"], None, fields["sessionId"], None)
+        what = f"run {fields['runId']}"
+    stored = (leaf.run_id, leaf.tail_of, leaf.session_id, leaf.governance_sequence_no)
+    problems = []
+    if stored != wanted:
+        names = ("run_id", "tail_of", "session_id", "governance_sequence_no")
+        differ = ", ".join(n for n, a, b in zip(names, stored, wanted, strict=True) if a != b)
+        problems.append(
+            f"{where}: its index column(s) {differ} differ from its signed data, which anchors {what}"
+        )
+    return fields, problems
 
 
 def _stored_nodes(first: int, end: int) -> dict[tuple[int, int], str]:
@@ -168,8 +217,13 @@ def _stored_nodes(first: int, end: int) -> dict[tuple[int, int], str]:
 
 
 def verify_log(*, witness: Sequence[WitnessEntry] = (), batch_size: int = LEAF_BATCH) -> LogVerification:
-    """Verify the whole log (see the module docstring)."""
+    """Verify the whole log (see the module docstring). Every conclusion about what is anchored comes
+    from the leaves' signed data: the anchored runs (whose records must still exist, or be purged by a
+    chained retention purge) and the anchored governance heads (`governance`, for
+    `audit.verification.verify_governance`)."""
     result = LogVerification()
+    purges = chained_purges()
+    holds = chained_holds()
     known = keys.verification_keys()
     checkpoints = list(Checkpoint.objects.order_by("tree_size"))
     result.checkpoints = len(checkpoints)
@@ -211,10 +265,19 @@ def verify_log(*, witness: Sequence[WitnessEntry] = (), batch_size: int = LEAF_B
     # The leaves, in order: contiguity, leaf hashes, stored nodes, roots, anchored runs still present.
     frontier = merkle.Frontier()
     node_problems = 0
+    purged_seen: set[str] = set()
     for rows in _leaf_batches(batch_size):
         first = frontier.size
         made: dict[tuple[int, int], str] = {}
-        for index, run_id, leaf_hex, data in rows:
+        anchored_runs: dict[str, tuple[int, dict[str, Any]]] = {}
+        for leaf in rows:
+            index, leaf_hex, data = leaf.index, leaf.leaf_hash, leaf.data
+            fields, problems = leaf_problems(leaf)
+            result.invalid.extend(problems)
+            if fields is not None and fields["kind"] == leafdata.KIND_GOVERNANCE:
+                result.governance.setdefault(fields["lastSequenceNo"], []).append((index, fields))
+            elif fields is not None:
+                anchored_runs.setdefault(fields["runId"], (index, fields))
             if index != frontier.size:
                 gap = f"{frontier.size}" if index == frontier.size + 1 else f"{frontier.size}–{index - 1}"
                 result.invalid.append(f"log leaf index {gap} missing (the log was cut or reordered)")
@@ -223,7 +286,7 @@ def verify_log(*, witness: Sequence[WitnessEntry] = (), batch_size: int = LEAF_B
                     frontier.append(merkle.EMPTY_ROOT)
             computed = merkle.leaf_hash(data.encode("utf-8"))
             if computed.hex() != leaf_hex:
-                what = f"run {run_id}" if run_id is not None else "governance"
+                what = f"run {fields['runId']}" if fields and "runId" in fields else "governance"
                 result.invalid.append(f"log leaf {index} ({what}): leaf hash does not match its data")
             for level, node_index, h in frontier.append(bytes.fromhex(leaf_hex)):
                 made[(level, node_index)] = h.hex()
@@ -251,35 +314,31 @@ def verify_log(*, witness: Sequence[WitnessEntry] = (), batch_size: int = LEAF_B
                 result.invalid.append(
                     f"log node level {level} index {node_index} ({span}) does not match its leaves"
                 )
-        ids = [run_id for _, run_id, _, _ in rows if run_id is not None]  # None: a governance leaf
-        present = set(DiagnosisRun.objects.filter(run_id__in=ids).values_list("run_id", flat=True))
-        gone = [
-            (index, run_id, data)
-            for index, run_id, _, data in rows
-            if run_id is not None and run_id not in present
-        ]
-        tombstones = (
-            {t.run_id: t for t in RunTombstone.objects.filter(run_id__in=[g[1] for g in gone])}
-            if gone
-            else {}
+        # Every run these leaves anchor (from their data) must still exist, or be purged by retention.
+        present = set(
+            DiagnosisRun.objects.filter(run_id__in=list(anchored_runs)).values_list("run_id", flat=True)
         )
-        for index, run_id, data in gone:
+        gone = {run_id: at for run_id, at in anchored_runs.items() if run_id not in present}
+        tombstones = {t.run_id: t for t in RunTombstone.objects.filter(run_id__in=list(gone))} if gone else {}
+        for run_id, (index, fields) in sorted(gone.items(), key=lambda item: item[1][0]):
             tombstone = tombstones.get(run_id)
             if tombstone is None:
                 result.invalid.append(f"anchored run {run_id} (leaf {index}) is missing from the store")
                 continue
+            if run_id in purged_seen:
+                continue
+            purged_seen.add(run_id)
             result.purged += 1
             first = next((cp for cp in checkpoints if cp.tree_size > index), None)
-            try:
-                finished = leafdata.decode(data)["finishedAt"]
-            except ValueError:
-                finished = None
             result.invalid.extend(
                 tombstone_problems(
                     tombstone,
                     leaf_index=index,
-                    finished_at=finished,
+                    finished_at=fields.get("finishedAt"),
                     signed_at=first.signed_at if first else None,
+                    purge=purges.get(run_id),
+                    holds=holds,
+                    session_id=fields.get("sessionId"),
                 )
             )
     if node_problems > MAX_NODE_PROBLEMS:
@@ -347,13 +406,18 @@ def anchor_of(run_id: str) -> Anchor | None:
 
 
 def check_anchor(
-    *, run: Any | None, events: Sequence[Any], leaf: LogLeaf | None
+    *, run: Any | None, events: Sequence[Any], leaf: LogLeaf | None, tails: Sequence[LogLeaf] = ()
 ) -> tuple[list[str], list[str]]:
-    """(problems, notes) of a run's stored chain against its leaf (`events` in sequence order)."""
+    """(problems, notes) of a run's stored chain against every head anchored for it: its run leaf and
+    its run-tail leaves (`tails`, any order; without them only the run leaf is checked, and events after
+    its head need only be tail events). `events` in sequence order. Notes: `UNANCHORED` for a finished
+    run not in the log yet, and events appended after the newest anchored head (anchored by the next
+    checkpoint)."""
     if leaf is None:
+        problems = [f"log leaf {t.leaf_index}: a tail of the run, which has no run leaf" for t in tails]
         if run is not None and run.is_terminal:
-            return [], [UNANCHORED]
-        return [], []
+            return problems, [UNANCHORED]
+        return problems, []
     problems: list[str] = []
     try:
         anchored = leafdata.decode(leaf.data)
@@ -388,9 +452,53 @@ def check_anchor(
             f"{where}: {len(later)} event(s) after the anchored head (sequence {last}) "
             "that are not governance events"
         )
+    newest = last
+    by_seq = {e.sequence_no: e for e in events}
+    for tail in sorted(tails, key=lambda t: t.leaf_index):
+        at = f"anchored in log leaf {tail.leaf_index} (a tail)"
+        try:
+            fields = leafdata.decode_any(tail.data)
+        except ValueError:
+            problems.append(f"{at}: stored leaf data is not a leaf")
+            continue
+        if fields["kind"] != leafdata.KIND_RUN_TAIL or fields["runId"] != leaf.run_id:
+            problems.append(f"{at}: the leaf is not a tail of this run")
+            continue
+        if tail.leaf_index < leaf.leaf_index:
+            problems.append(f"{at}: comes before the run's own leaf {leaf.leaf_index}")
+        seq = fields["lastSequenceNo"]
+        if seq <= newest:
+            problems.append(f"{at}: anchors sequence {seq}, not after the head anchored before ({newest})")
+        head = by_seq.get(seq)
+        if head is None:
+            problems.append(f"{at}: events up to sequence {seq} were anchored, the chain stops before")
+        elif head.hash != fields["chainHead"]:
+            problems.append(
+                f"{at}: the chain head at sequence {seq} differs from the anchored one "
+                "(the run's record was rewritten after it was anchored)"
+            )
+        if fields["sessionId"] != anchored["sessionId"]:
+            problems.append(f"{at}: names another session than the run's leaf")
+        newest = max(newest, seq)
+    notes = []
+    pending = sum(1 for e in events if e.sequence_no > newest)
+    if pending and not problems:
+        notes.append(
+            f"{pending} event(s) appended after the newest anchored head (sequence {newest}); "
+            "the next checkpoint anchors them"
+        )
     if run is not None and not run.is_terminal:
         problems.append(f"{where} as finished, but the run is stored as {run.status}")
-    return problems, []
+    return problems, notes
+
+
+def tails_of(run_ids: Iterable[str]) -> dict[str, list[LogLeaf]]:
+    """The run-tail leaves of each run (by the `tail_of` index; `verify_log` proves every leaf's index
+    columns agree with its signed data)."""
+    tails: dict[str, list[LogLeaf]] = {}
+    for tail in LogLeaf.objects.filter(tail_of__in=list(run_ids)).order_by("leaf_index"):
+        tails.setdefault(tail.tail_of, []).append(tail)
+    return tails
 
 
 def leaves_of(run_ids: Iterable[str]) -> dict[str, LogLeaf]:

@@ -109,13 +109,20 @@ class Command(BaseCommand):
             failed = failed or bool(problems)
         else:
             witness_path = options["witness"] or getattr(settings, "AUDIT_WITNESS_PATH", "")
+            witness, witness_problem = [], None
             try:
                 witness = read_witness(witness_path) if witness_path else []
             except OSError as exc:
                 if options["witness"]:
                     raise CommandError(f"cannot read the witness file: {type(exc).__name__}") from exc
-                witness = []  # the configured file does not exist yet: nothing witnessed
+                # Fail closed: a configured witness that cannot be read proves nothing was witnessed,
+                # and a deleted witness file is what an attacker cutting the log back would want.
+                witness_problem = (
+                    f"the configured witness file (AUDIT_WITNESS_PATH) cannot be read: {type(exc).__name__}"
+                )
             log = verify_log(witness=witness)
+            if witness_problem and log.checkpoints:
+                log.invalid.insert(0, witness_problem)
             for problem in log.invalid:
                 self.stdout.write(f"log INVALID {problem}")
             cp = log.newest
@@ -132,11 +139,13 @@ class Command(BaseCommand):
                 f"{witnessed}: " + ("ok" if log.ok else f"{len(log.invalid)} problem(s)")
             )
             log_problems = len(log.invalid)
-        governance_events, governance_problems = (0, []) if run_id else verify_governance()
+        governance_events, governance_problems = (
+            (0, []) if run_id else verify_governance(anchors=log.governance)
+        )
         for problem in governance_problems:
             self.stdout.write(f"governance INVALID {problem}")
         if not run_id:
-            anchored = newest_governance_anchor()
+            anchored = newest_governance_anchor(log.governance)
             self.stdout.write(
                 f"verified the governance log: {governance_events} event(s), anchored in the transparency "
                 f"log up to event {anchored}"
