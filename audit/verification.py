@@ -41,6 +41,7 @@ from audit.models import (
     LogLeaf,
     RunReview,
     RunTombstone,
+    TailPending,
     ToolInvocation,
     TraceEvent,
 )
@@ -94,6 +95,7 @@ def verify_run(run_id: str) -> RunVerification:
     steps, tools, reasoning, reviews = _rows([run_id])
     # One run alone: its leaves found by their signed data too, not only by the index columns.
     leaf, tails, leaf_index_problems = _leaves_by_data(run_id, leaf)
+    noted = TailPending.objects.filter(run_id=run_id).exists()
     result = _check(
         run_id,
         events,
@@ -104,6 +106,7 @@ def verify_run(run_id: str) -> RunVerification:
         reviews=reviews[run_id],
         leaf=leaf,
         tails=tails,
+        tail_noted=noted,
         book=load_price_book(),
     )
     result.invalid[:0] = leaf_index_problems
@@ -193,6 +196,7 @@ def verify_all_runs(*, batch_size: int = RUN_BATCH) -> Iterator[RunVerification]
         steps, tools, reasoning, reviews = _rows(ids)
         leaves = leaves_of(ids)
         tails = tails_of(ids)
+        noted = set(TailPending.objects.filter(run_id__in=ids).values_list("run_id", flat=True))
         for run in runs:
             yield _check(
                 run.run_id,
@@ -204,6 +208,7 @@ def verify_all_runs(*, batch_size: int = RUN_BATCH) -> Iterator[RunVerification]
                 reviews=reviews.pop(run.run_id, []),
                 leaf=leaves.get(run.run_id),
                 tails=tails.get(run.run_id, ()),
+                tail_noted=run.run_id in noted,
                 book=book,
             )
 
@@ -235,12 +240,15 @@ def _check(
     reviews: list[RunReview] = (),
     leaf: LogLeaf | None = None,
     tails: list[LogLeaf] = (),
+    tail_noted: bool | None = None,
     book: PriceBook | None = None,
 ) -> RunVerification:
     verdict = verify_chain(events)
     result = RunVerification(run_id=run_id, events=verdict.events, chain_valid=verdict.valid)
     result.invalid.extend(verdict.problems)
-    anchor_problems, anchor_notes = check_anchor(run=run, events=events, leaf=leaf, tails=tails)
+    anchor_problems, anchor_notes = check_anchor(
+        run=run, events=events, leaf=leaf, tails=tails, tail_noted=tail_noted
+    )
     result.invalid.extend(anchor_problems)
     result.leaf_index = leaf.leaf_index if leaf is not None else None
     result.unanchored = UNANCHORED in anchor_notes

@@ -10,7 +10,8 @@ A bundle (`diagnosis-audit-evidence/v1`, built by `audit.transparency.evidence`)
               "run": {"digest", "form"} | null,                                     # terminal summary
               "reviews": [{"digest", "form"}]},                  # review rows (absent in older bundles)
      "anchor": {"leafIndex", "leafData", "leafHash", "treeSize", "inclusionProof": [hex],
-                "checkpoint": {"body", "signature"}} | null}
+                "checkpoint": {"body", "signature"}} | null,
+     "tails": [{"leafIndex", "leafData", "leafHash", "inclusionProof": [hex]}]}  # absent in older bundles
 
 No reasoning or assistant text is in it, not even encrypted: reasoning rows appear as the digest the
 chain binds. The run's released content appears only as its SHA-256 (inside the run form).
@@ -25,7 +26,11 @@ with where it is (`events[3] (sequence 4): …`, `rows.tools[0] (tool call call_
    chain (`audit.bound.collect`, the rules the server's `verify_audit` uses), each bound row present;
 4. the anchor: the leaf data recomputed from the chain up to its `lastSequenceNo` (only governance events
    and reviews may follow), its RFC 9162 leaf hash, the inclusion proof up to the checkpoint's root, the
-   checkpoint's body (tree size and root) and its Ed25519 signature by one of the given public keys.
+   checkpoint's body (tree size and root) and its Ed25519 signature by one of the given public keys;
+5. the tails (what was appended to the run after it was anchored, each anchored by a later checkpoint):
+   each a run-tail leaf of this run whose chain head is the bundle's event at its `lastSequenceNo`,
+   after the head anchored before it, included in the anchor's checkpoint. Events after the newest
+   anchored head are a note (the next checkpoint anchors them), not a failure.
 
 It passes only when all of it holds and the run is anchored.
 """
@@ -44,6 +49,8 @@ from audit.transparency import leafdata, merkle, note
 
 FORMAT = "diagnosis-audit-evidence/v1"
 TOP_KEYS = {"format", "runId", "sessionId", "events", "rows", "anchor"}
+OPTIONAL_TOP_KEYS = {"tails"}
+TAIL_KEYS = {"leafIndex", "leafData", "leafHash", "inclusionProof"}
 EVENT_KEYS = {*EVENT_FIELDS, "prevHash", "hash"}
 ROW_KEYS = {"digest", "form"}
 REASONING_KEYS = {"stepIndex", "agentName", "digest"}
@@ -99,7 +106,8 @@ def _digest(document: Any) -> str:
 def verify(bundle: Any, public_keys: Sequence[Any]) -> Report:
     """Verify a parsed bundle against trusted Ed25519 public keys (see the module docstring)."""
     report = Report()
-    if not _keys(bundle, TOP_KEYS, "bundle", report):
+    wanted = TOP_KEYS | (OPTIONAL_TOP_KEYS & set(bundle)) if isinstance(bundle, dict) else TOP_KEYS
+    if not _keys(bundle, wanted, "bundle", report):
         return report
     if bundle["format"] != FORMAT:
         report.failures.append(f"bundle: format is not {FORMAT}")
@@ -110,8 +118,74 @@ def verify(bundle: Any, public_keys: Sequence[Any]) -> Report:
         return report
     bindings = bound.collect(events)
     _verify_rows(bundle["rows"], run_id, bindings, report)
-    _verify_anchor(bundle["anchor"], run_id, session_id, events, public_keys, report)
+    body = _verify_anchor(bundle["anchor"], run_id, session_id, events, public_keys, report)
+    _verify_tails(bundle.get("tails", []), bundle["anchor"], run_id, session_id, events, body, report)
     return report
+
+
+def _verify_tails(
+    tails: Any,
+    anchor: Any,
+    run_id: str,
+    session_id: str,
+    events: list[_Event],
+    body: note.Body | None,
+    report: Report,
+) -> None:
+    """Each run-tail leaf against the chain and the anchor's (already verified) checkpoint."""
+    if not isinstance(tails, list):
+        report.failures.append("tails: not a list")
+        return
+    try:
+        newest = leafdata.decode(anchor["leafData"])["lastSequenceNo"] if anchor else 0
+    except (ValueError, TypeError, KeyError, AttributeError):
+        newest = 0
+    by_seq = {e.sequence_no: e for e in events}
+    before = len(report.failures)
+    for i, tail in enumerate(tails):
+        where = f"tails[{i}]"
+        if not _keys(tail, TAIL_KEYS, where, report):
+            continue
+        try:
+            fields = leafdata.decode_any(tail["leafData"])
+        except (ValueError, TypeError, AttributeError):
+            report.failures.append(f"{where}.leafData: not a leaf")
+            continue
+        if fields["kind"] != leafdata.KIND_RUN_TAIL or (fields["runId"], fields["sessionId"]) != (
+            run_id,
+            session_id,
+        ):
+            report.failures.append(f"{where}.leafData: not a tail of this run")
+            continue
+        seq = fields["lastSequenceNo"]
+        if seq <= newest:
+            report.failures.append(f"{where}: anchors sequence {seq}, not after the head anchored before")
+        head = by_seq.get(seq)
+        if head is None or head.hash != fields["chainHead"]:
+            report.failures.append(f"{where}.leafData: differs from the chain at sequence {seq} (chainHead)")
+        newest = max(newest, seq)
+        leaf_hash = merkle.leaf_hash(tail["leafData"].encode("utf-8"))
+        if leaf_hash.hex() != tail["leafHash"]:
+            report.failures.append(f"{where}.leafHash: not the RFC 9162 hash of the leaf data")
+        if body is None:
+            report.failures.append(f"{where}: no verified checkpoint to prove it against")
+            continue
+        try:
+            hashes = [bytes.fromhex(h) for h in tail["inclusionProof"]]
+            index = tail["leafIndex"]
+            if not isinstance(index, int) or isinstance(index, bool):
+                raise merkle.ProofError("leafIndex is not an integer")
+            merkle.verify_inclusion(leaf_hash, index, body.tree_size, hashes, bytes.fromhex(body.root_hash))
+        except (merkle.ProofError, ValueError, TypeError) as exc:
+            report.failures.append(f"{where}.inclusionProof: {exc}")
+    if tails and len(report.failures) == before:
+        report.passed.append(f"tails: {len(tails)} later head(s) anchored, up to sequence {newest}")
+    later = [e.sequence_no for e in events if e.sequence_no > newest]
+    if later and anchor is not None:
+        report.notes.append(
+            f"events {later[0]}–{later[-1]} were appended after the newest anchored head; "
+            "the next checkpoint anchors them"
+        )
 
 
 def _verify_chain(items: Any, run_id: str, session_id: str, report: Report) -> list[_Event] | None:
@@ -292,17 +366,18 @@ def _verify_anchor(
     public_keys: Sequence[Any],
     report: Report,
 ) -> None:
+    """Verify the anchor; returns the checkpoint's body when its signature verified (else None)."""
     if anchor is None:
         report.failures.append("anchor: the run is not anchored in the transparency log yet")
-        return
+        return None
     if not _keys(anchor, ANCHOR_KEYS, "anchor", report):
-        return
+        return None
     before = len(report.failures)
     try:
         fields = leafdata.decode(anchor["leafData"])
     except (ValueError, TypeError, AttributeError):
         report.failures.append("anchor.leafData: not a run leaf")
-        return
+        return None
     last = fields["lastSequenceNo"]
     prefix = leafdata.anchored_prefix(events, last) if isinstance(last, int) else []
     expected = leafdata.run_leaf(run_id=run_id, session_id=session_id, events=prefix)
@@ -322,12 +397,13 @@ def _verify_anchor(
         report.failures.append("anchor.leafHash: not the RFC 9162 hash of the leaf data")
     checkpoint = anchor["checkpoint"]
     if not _keys(checkpoint, {"body", "signature"}, "anchor.checkpoint", report):
-        return
+        return None
     try:
         body = note.parse_body(checkpoint["body"])
     except note.NoteError as exc:
         report.failures.append(f"anchor.checkpoint.body: {exc}")
-        return
+        return None
+    signed = False
     key = next((k for k in public_keys if note.key_id(k) == body.key_id), None)
     if key is None:
         given = ", ".join(note.key_id(k) for k in public_keys) or "none"
@@ -337,6 +413,7 @@ def _verify_anchor(
     else:
         try:
             note.verify(checkpoint["body"], checkpoint["signature"], key)
+            signed = True
         except note.NoteError as exc:
             report.failures.append(f"anchor.checkpoint.signature: {exc}")
     if anchor["treeSize"] != body.tree_size:
@@ -355,6 +432,7 @@ def _verify_anchor(
             f"anchor: leaf {anchor['leafIndex']} recomputed from the chain (sequence 1..{last}), included in "
             f"the checkpoint of tree size {body.tree_size} signed {body.signed_at} by key {body.key_id}"
         )
+    return body if signed else None
 
 
 def bundle_hash(text: bytes) -> str:

@@ -4,9 +4,10 @@ export_evidence`); its format and verification are `audit.transparency.bundle`.
 The bundle holds the run's whole chain, the canonical form of every step, tool row and the terminal
 summary (what their digests are taken of: `audit.rowdigest.Form.document`), the digest of each reasoning
 row (never its content, not even encrypted), the run's leaf, its inclusion proof in the newest
-checkpoint (O(log n) stored nodes) and that checkpoint's body and signature. A run not yet anchored has
-`anchor: null` (the verifier then fails and says so). Queries: the run's events, steps, tools and
-reasoning rows, its leaf and covering checkpoint, and the proof's two.
+checkpoint (O(log n) stored nodes) and that checkpoint's body and signature, and each of its run-tail
+leaves (what was appended after it was anchored) with its inclusion proof in the same checkpoint. A run
+not yet anchored has `anchor: null` (the verifier then fails and says so). Queries: the run's events,
+steps, tools and reasoning rows, its leaf and covering checkpoint, its tails, and the proofs' two each.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from audit.integrity import event_payload
 from audit.models import AgentStep, EventType, RunReview, ToolInvocation, TraceEvent
 from audit.rowdigest import stored_reasoning_rows
 from audit.transparency import bundle, store
-from audit.transparency.verify import anchor_of
+from audit.transparency.verify import anchor_of, tails_of
 from diagnosis.models import DiagnosisRun
 
 
@@ -71,7 +72,7 @@ def build_bundle(*, run: DiagnosisRun) -> dict[str, Any]:
                 for r in RunReview.objects.filter(run_id=run_id).order_by("sequence_no")
             ],
         },
-        "anchor": _anchor(run_id),
+        **_anchors(run_id),
     }
 
 
@@ -96,17 +97,32 @@ def _run_row(run: DiagnosisRun, events: list[TraceEvent]) -> dict[str, Any] | No
     return _row(form, form.values_of(run))
 
 
-def _anchor(run_id: str) -> dict[str, Any] | None:
+def _anchors(run_id: str) -> dict[str, Any]:
+    """`anchor` (the run leaf in the newest checkpoint) and `tails` (its run-tail leaves, proven in the
+    same checkpoint)."""
     anchor = anchor_of(run_id)
     if anchor is None or anchor.newest is None:
-        return None
+        return {"anchor": None, "tails": []}
     leaf, cp = anchor.leaf, anchor.newest
     proof = store.inclusion_proof(leaf.leaf_index, cp.tree_size)
+    tails = [
+        {
+            "leafIndex": t.leaf_index,
+            "leafData": t.data,
+            "leafHash": t.leaf_hash,
+            "inclusionProof": store.inclusion_proof(t.leaf_index, cp.tree_size).hex,
+        }
+        for t in tails_of([run_id]).get(run_id, [])
+        if t.leaf_index < cp.tree_size
+    ]
     return {
-        "leafIndex": leaf.leaf_index,
-        "leafData": leaf.data,
-        "leafHash": leaf.leaf_hash,
-        "treeSize": cp.tree_size,
-        "inclusionProof": proof.hex,
-        "checkpoint": {"body": cp.body, "signature": cp.signature},
+        "anchor": {
+            "leafIndex": leaf.leaf_index,
+            "leafData": leaf.data,
+            "leafHash": leaf.leaf_hash,
+            "treeSize": cp.tree_size,
+            "inclusionProof": proof.hex,
+            "checkpoint": {"body": cp.body, "signature": cp.signature},
+        },
+        "tails": tails,
     }

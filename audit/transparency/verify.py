@@ -406,13 +406,19 @@ def anchor_of(run_id: str) -> Anchor | None:
 
 
 def check_anchor(
-    *, run: Any | None, events: Sequence[Any], leaf: LogLeaf | None, tails: Sequence[LogLeaf] = ()
+    *,
+    run: Any | None,
+    events: Sequence[Any],
+    leaf: LogLeaf | None,
+    tails: Sequence[LogLeaf] = (),
+    tail_noted: bool | None = None,
 ) -> tuple[list[str], list[str]]:
     """(problems, notes) of a run's stored chain against every head anchored for it: its run leaf and
     its run-tail leaves (`tails`, any order; without them only the run leaf is checked, and events after
     its head need only be tail events). `events` in sequence order. Notes: `UNANCHORED` for a finished
     run not in the log yet, and events appended after the newest anchored head (anchored by the next
-    checkpoint)."""
+    checkpoint) — a problem instead when `tail_noted` is False: nothing would ever anchor them, as the
+    note the append wrote in its transaction (`audit.tails`) is gone."""
     if leaf is None:
         problems = [f"log leaf {t.leaf_index}: a tail of the run, which has no run leaf" for t in tails]
         if run is not None and run.is_terminal:
@@ -482,7 +488,12 @@ def check_anchor(
         newest = max(newest, seq)
     notes = []
     pending = sum(1 for e in events if e.sequence_no > newest)
-    if pending and not problems:
+    if pending and tail_noted is False:
+        problems.append(
+            f"{pending} event(s) appended after the newest anchored head (sequence {newest}) have no tail "
+            "note: no checkpoint will anchor them (the note written with them was deleted)"
+        )
+    elif pending and not problems:
         notes.append(
             f"{pending} event(s) appended after the newest anchored head (sequence {newest}); "
             "the next checkpoint anchors them"

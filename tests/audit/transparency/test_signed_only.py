@@ -285,3 +285,46 @@ def test_a_leaf_rewritten_with_a_rebuilt_tree_is_caught_by_the_signed_roots(user
     rebuild_tree()
     ok, out = _verify()
     assert not ok and "root does not match" in out
+
+
+def test_a_deleted_tail_note_is_named_not_left_as_pending_for_ever(user, superuser, signing_key):
+    run = make_recorded_run(user)
+    log.checkpoint()
+    record_review(run=run, user=superuser, verdict="needs_follow_up")
+    TailPending.objects.filter(run_id=run.run_id).delete()
+    ok, out = _verify()
+    assert not ok
+    assert f"run={run.run_id} INVALID 1 event(s) appended after the newest anchored head" in out
+    assert "have no tail note" in out
+
+
+def test_a_bundle_proves_the_tail_and_fails_when_the_review_was_flipped(user, superuser, signing_key):
+    from audit.transparency import bundle, keys
+    from audit.transparency.evidence import build_bundle
+
+    public = [keys.current_key().private.public_key()]
+    run = make_recorded_run(user)
+    log.checkpoint()
+    review = record_review(run=run, user=superuser, verdict="unsafe")
+    pending = bundle.verify(build_bundle(run=run), public)
+    assert pending.ok, pending.failures
+    assert any("appended after the newest anchored head" in n for n in pending.notes)
+
+    log.checkpoint()
+    built = build_bundle(run=run)
+    assert len(built["tails"]) == 1
+    report = bundle.verify(json.loads(json.dumps(built)), public)
+    assert report.ok, report.failures
+    assert any(p.startswith("tails: 1 later head(s) anchored") for p in report.passed)
+
+    RunReview.objects.filter(pk=review.pk).update(verdict="correct")
+    review.refresh_from_db()
+    event = TraceEvent.objects.get(run_id=run.run_id, event_type=EventType.REVIEW_RECORDED)
+    details = dict(
+        event.details, verdict="correct", reviewDigest=rowdigest.form_of(RunReview).digest_of(review)
+    )
+    TraceEvent.objects.filter(pk=event.pk).update(details=details, status="CORRECT")
+    rehash_chain(run.run_id, start=event.sequence_no)
+    report = bundle.verify(build_bundle(run=run), public)
+    assert not report.ok
+    assert any(f.startswith("tails[0].leafData: differs from the chain") for f in report.failures)
