@@ -37,6 +37,7 @@ from django.utils import timezone
 
 from audit.models import (
     AgentStep,
+    Checkpoint,
     GovernanceEvent,
     GovernanceEventType,
     HoldScope,
@@ -308,12 +309,18 @@ def purge_expired_runs(
         )
         .order_by("id")
     )
+    last_id = 0
     while True:
         with transaction.atomic():
             LogHead.objects.select_for_update().filter(pk=1).first()
-            batch = list(candidates.only("id", "run_id", "session_id")[:batch_size])
-            if not batch:
+            found = list(candidates.filter(id__gt=last_id).only("id", "run_id", "session_id")[:batch_size])
+            if not found:
                 break
+            last_id = found[-1].id
+            batch = _past_retention(found, cutoff=cutoff)
+            report.held += sum(1 for r in found if r.held_by_anchor)
+            if not batch:
+                continue
             ids = [r.run_id for r in batch]
             per_run: dict[str, dict[str, int]] = {rid: {} for rid in ids}
             for name, model in _TABLES:
@@ -328,7 +335,7 @@ def purge_expired_runs(
                         run_id=r.run_id,
                         session_id=r.session_id,
                         leaf_index=r.leaf_index,
-                        finished_at=leafdata.decode(r.leaf_data)["finishedAt"] or "",
+                        finished_at=r.anchored["finishedAt"] or "",
                         purged_at=now,
                         retention_days=days,
                         reason=f"retention: finished more than {days} day(s) before the purge",
@@ -355,6 +362,53 @@ def purge_expired_runs(
         days,
     )
     return report
+
+
+def _past_retention(runs: list[DiagnosisRun], *, cutoff: dt.datetime) -> list[DiagnosisRun]:
+    """The runs among `runs` (found by their mutable columns) that their signed leaf says finished before
+    `cutoff`, in the session their leaf anchored, and that no hold covers by that session: a run's
+    `finished_at` or `session_id` column moved by a database writer does not get it purged early or
+    out of its session's hold. Each kept run gets `anchored` (its decoded leaf); a run skipped for a
+    hold gets `held_by_anchor`."""
+    run_targets, session_targets = _active_hold_targets()
+    kept = []
+    for run in runs:
+        run.held_by_anchor = False
+        try:
+            fields = leafdata.decode(run.leaf_data)
+        except ValueError:
+            logger.warning("audit purge skipped run=%s: its leaf is not a canonical run leaf", run.run_id)
+            continue
+        if fields["runId"] != run.run_id:
+            logger.warning("audit purge skipped run=%s: its leaf anchors another run", run.run_id)
+            continue
+        finished = fields["finishedAt"]
+        if finished is None:
+            first = (
+                Checkpoint.objects.filter(tree_size__gt=run.leaf_index)
+                .order_by("tree_size")
+                .values_list("signed_at", flat=True)
+                .first()
+            )
+            at = first
+        else:
+            at = dt.datetime.fromisoformat(finished)
+        if at is None or at >= cutoff:
+            continue
+        if fields["sessionId"] in session_targets or run.run_id in run_targets:
+            run.held_by_anchor = True
+            continue
+        run.anchored = fields
+        kept.append(run)
+    return kept
+
+
+def _active_hold_targets() -> tuple[set[str], set[str]]:
+    """(run ids, session ids) under an active hold, by the hold table or by the chain."""
+    run_ids, session_ids = _chained_active_targets()
+    for scope, target in LegalHold.objects.filter(lifted_at__isnull=True).values_list("scope", "target_id"):
+        (run_ids if scope == HoldScope.RUN else session_ids).add(target)
+    return run_ids, session_ids
 
 
 def tombstone_problems(

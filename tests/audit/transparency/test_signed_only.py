@@ -328,3 +328,22 @@ def test_a_bundle_proves_the_tail_and_fails_when_the_review_was_flipped(user, su
     report = bundle.verify(build_bundle(run=run), public)
     assert not report.ok
     assert any(f.startswith("tails[0].leafData: differs from the chain") for f in report.failures)
+
+
+def test_the_purge_decides_by_the_signed_leaf_not_the_runs_mutable_columns(user, keeper, signing_key):
+    import datetime as dt
+
+    from django.utils import timezone
+
+    backdated, moved = make_recorded_run(user), make_recorded_run(user)
+    place_hold(user=keeper, scope="SESSION", target_id=moved.session_id, reason="regulator request")
+    log.checkpoint()
+    long_ago = timezone.now() - dt.timedelta(days=400)
+    DiagnosisRun.objects.filter(pk=backdated.pk).update(finished_at=long_ago, created_at=long_ago)
+    # Out of its session's hold by its column, and backdated too.
+    DiagnosisRun.objects.filter(pk=moved.pk).update(
+        session_id=backdated.session_id, finished_at=long_ago, created_at=long_ago
+    )
+    report = purge_expired_runs()
+    assert report.purged == []
+    assert DiagnosisRun.objects.filter(run_id__in=[backdated.run_id, moved.run_id]).count() == 2
