@@ -170,14 +170,7 @@ def _verify_tails(
         if body is None:
             report.failures.append(f"{where}: no verified checkpoint to prove it against")
             continue
-        try:
-            hashes = [bytes.fromhex(h) for h in tail["inclusionProof"]]
-            index = tail["leafIndex"]
-            if not isinstance(index, int) or isinstance(index, bool):
-                raise merkle.ProofError("leafIndex is not an integer")
-            merkle.verify_inclusion(leaf_hash, index, body.tree_size, hashes, bytes.fromhex(body.root_hash))
-        except (merkle.ProofError, ValueError, TypeError) as exc:
-            report.failures.append(f"{where}.inclusionProof: {exc}")
+        _included(leaf_hash, tail["leafIndex"], tail["inclusionProof"], body, where, report)
     if tails and len(report.failures) == before:
         report.passed.append(f"tails: {len(tails)} later head(s) anchored, up to sequence {newest}")
     later = [e.sequence_no for e in events if e.sequence_no > newest]
@@ -418,21 +411,24 @@ def _verify_anchor(
             report.failures.append(f"anchor.checkpoint.signature: {exc}")
     if anchor["treeSize"] != body.tree_size:
         report.failures.append("anchor.treeSize: not the checkpoint's tree size")
-    proof = anchor["inclusionProof"]
-    try:
-        hashes = [bytes.fromhex(h) for h in proof]
-        index = anchor["leafIndex"]
-        if not isinstance(index, int) or isinstance(index, bool):
-            raise merkle.ProofError("leafIndex is not an integer")
-        merkle.verify_inclusion(leaf_hash, index, body.tree_size, hashes, bytes.fromhex(body.root_hash))
-    except (merkle.ProofError, ValueError, TypeError) as exc:
-        report.failures.append(f"anchor.inclusionProof: {exc}")
+    _included(leaf_hash, anchor["leafIndex"], anchor["inclusionProof"], body, "anchor", report)
     if len(report.failures) == before:
         report.passed.append(
             f"anchor: leaf {anchor['leafIndex']} recomputed from the chain (sequence 1..{last}), included in "
             f"the checkpoint of tree size {body.tree_size} signed {body.signed_at} by key {body.key_id}"
         )
     return body if signed else None
+
+
+def _included(leaf_hash: bytes, index: Any, proof: Any, body: note.Body, where: str, report: Report) -> None:
+    """The leaf at `index` is in the tree `body` signs, by the RFC 9162 inclusion `proof` (hex hashes)."""
+    try:
+        hashes = [bytes.fromhex(h) for h in proof]
+        if not isinstance(index, int) or isinstance(index, bool):
+            raise merkle.ProofError("leafIndex is not an integer")
+        merkle.verify_inclusion(leaf_hash, index, body.tree_size, hashes, bytes.fromhex(body.root_hash))
+    except (merkle.ProofError, ValueError, TypeError) as exc:
+        report.failures.append(f"{where}.inclusionProof: {exc}")
 
 
 def bundle_hash(text: bytes) -> str:

@@ -248,6 +248,19 @@ def _append(
     many runs."""
     edge = store.frontier(head.tree_size)
     leaves, nodes = [], []
+
+    def add(fields: dict, **columns) -> None:
+        # The index columns repeat what the data says (`audit.transparency.verify.leaf_problems`).
+        data = leafdata.encode(fields)
+        leaf = merkle.leaf_hash(data)
+        index = edge.size
+        nodes.extend(edge.append(leaf))
+        leaves.append(
+            LogLeaf(
+                leaf_index=index, leaf_hash=leaf.hex(), data=data.decode("utf-8"), appended_at=now, **columns
+            )
+        )
+
     for run in runs:
         fields = leafdata.leaf_fields(
             run_id=run.run_id,
@@ -257,61 +270,18 @@ def _append(
             finished_details=_details(run.finished_details),
             finished_at=run.finished_event_at,
         )
-        data = leafdata.encode(fields)
-        leaf = merkle.leaf_hash(data)
-        index = edge.size
-        nodes.extend(edge.append(leaf))
-        leaves.append(
-            LogLeaf(
-                leaf_index=index,
-                run_id=run.run_id,
-                session_id=run.session_id,
-                leaf_hash=leaf.hex(),
-                data=data.decode("utf-8"),
-                appended_at=now,
-            )
-        )
+        add(fields, run_id=run.run_id, session_id=run.session_id)
     for run_id, session_id, sequence_no, head_hash in tails:
-        data = leafdata.encode(
-            leafdata.tail_fields(
-                run_id=run_id, session_id=session_id, head_hash=head_hash, head_sequence_no=sequence_no
-            )
+        fields = leafdata.tail_fields(
+            run_id=run_id, session_id=session_id, head_hash=head_hash, head_sequence_no=sequence_no
         )
-        leaf = merkle.leaf_hash(data)
-        index = edge.size
-        nodes.extend(edge.append(leaf))
-        leaves.append(
-            LogLeaf(
-                leaf_index=index,
-                run_id=None,
-                tail_of=run_id,
-                session_id=session_id,
-                leaf_hash=leaf.hex(),
-                data=data.decode("utf-8"),
-                appended_at=now,
-            )
-        )
+        add(fields, tail_of=run_id, session_id=session_id)
     if governance is not None:
         sequence_no, head_hash, created_at = governance
-        data = leafdata.encode(
-            leafdata.governance_fields(
-                head_hash=head_hash, head_sequence_no=sequence_no, created_at=created_at
-            )
+        fields = leafdata.governance_fields(
+            head_hash=head_hash, head_sequence_no=sequence_no, created_at=created_at
         )
-        leaf = merkle.leaf_hash(data)
-        index = edge.size
-        nodes.extend(edge.append(leaf))
-        leaves.append(
-            LogLeaf(
-                leaf_index=index,
-                run_id=None,
-                session_id="",
-                governance_sequence_no=sequence_no,
-                leaf_hash=leaf.hex(),
-                data=data.decode("utf-8"),
-                appended_at=now,
-            )
-        )
+        add(fields, governance_sequence_no=sequence_no, session_id="")
     LogLeaf.objects.bulk_create(leaves, batch_size=500)
     LogNode.objects.bulk_create(
         [LogNode(level=level, node_index=index, hash=h.hex()) for level, index, h in nodes], batch_size=500

@@ -61,6 +61,18 @@ def _rewrite_content(run: DiagnosisRun, content: str) -> None:
     rehash_chain(run.run_id, start=finished.sequence_no)
 
 
+def flip_review(review: RunReview, *, verdict: str) -> None:
+    """Change a review's verdict in its row, its event's details and digest, and re-hash the chain from
+    there with the project's own functions: every per-run check passes afterwards."""
+    RunReview.objects.filter(pk=review.pk).update(verdict=verdict)
+    review.refresh_from_db()
+    event = TraceEvent.objects.get(run_id=review.run_id, event_type=EventType.REVIEW_RECORDED)
+    digest = rowdigest.form_of(RunReview).digest_of(review)
+    details = dict(event.details, verdict=verdict, reviewDigest=digest)
+    TraceEvent.objects.filter(pk=event.pk).update(details=details, status=verdict.upper())
+    rehash_chain(review.run_id, start=event.sequence_no)
+
+
 @pytest.fixture
 def keeper(django_user_model):
     user = django_user_model.objects.create_user("keeper", password="pw-keeper-1", is_staff=True)
@@ -156,14 +168,7 @@ def test_a_review_flipped_after_its_tail_was_anchored_is_detected(user, superuse
     assert _verify()[0]
 
     # Row, event details, digest and hash rewritten with the project's own functions.
-    RunReview.objects.filter(pk=review.pk).update(verdict="correct")
-    review.refresh_from_db()
-    event = TraceEvent.objects.get(run_id=run.run_id, event_type=EventType.REVIEW_RECORDED)
-    details = dict(
-        event.details, verdict="correct", reviewDigest=rowdigest.form_of(RunReview).digest_of(review)
-    )
-    TraceEvent.objects.filter(pk=event.pk).update(details=details, status="CORRECT")
-    rehash_chain(run.run_id, start=event.sequence_no)
+    flip_review(review, verdict="correct")
 
     ok, out = _verify()
     assert not ok
@@ -317,14 +322,7 @@ def test_a_bundle_proves_the_tail_and_fails_when_the_review_was_flipped(user, su
     assert report.ok, report.failures
     assert any(p.startswith("tails: 1 later head(s) anchored") for p in report.passed)
 
-    RunReview.objects.filter(pk=review.pk).update(verdict="correct")
-    review.refresh_from_db()
-    event = TraceEvent.objects.get(run_id=run.run_id, event_type=EventType.REVIEW_RECORDED)
-    details = dict(
-        event.details, verdict="correct", reviewDigest=rowdigest.form_of(RunReview).digest_of(review)
-    )
-    TraceEvent.objects.filter(pk=event.pk).update(details=details, status="CORRECT")
-    rehash_chain(run.run_id, start=event.sequence_no)
+    flip_review(review, verdict="correct")
     report = bundle.verify(build_bundle(run=run), public)
     assert not report.ok
     assert any(f.startswith("tails[0].leafData: differs from the chain") for f in report.failures)
