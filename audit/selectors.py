@@ -66,6 +66,7 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import (
     OuterRef,
+    Q,
     QuerySet,
     Subquery,
     TextField,
@@ -284,10 +285,11 @@ class _RowsOfRun:
     column under its attribute name (the digests cover every column) and `pk`, without model instances;
     one query compiled once (`config.compiled`), with `annotations` (name → expression) added."""
 
-    def __init__(self, model, order: Sequence[str], **annotations: Any) -> None:
+    def __init__(self, model, order: Sequence[str], *, match=None, **annotations: Any) -> None:
         self._pk = model._meta.pk.attname
+        match = match or (lambda run_id: Q(run_id=run_id))
         self._query = CompiledQuery(
-            lambda run_id: model.objects.filter(run_id=run_id).order_by(*order).annotate(**annotations),
+            lambda run_id: model.objects.filter(match(run_id)).order_by(*order).annotate(**annotations),
             run_id=str,
         )
 
@@ -331,7 +333,7 @@ def get_trace(
     tools = _TOOLS_OF_RUN(run.run_id)
     reasoning = stored_reasoning_rows(run_id=run.run_id)
     reviews = _REVIEWS_OF_RUN(run.run_id)
-    leaf = anchored_leaf(run_id=run.run_id)
+    leaf, tails = anchored_leaves(run_id=run.run_id)
     book = load_price_book()  # the price overrides: one small query
 
     if hasattr(run, "viewer_feedback_rating"):
@@ -350,6 +352,7 @@ def get_trace(
         reasoning=reasoning,
         reviews=reviews,
         leaf=leaf,
+        tails=tails,
         book=book,
     )
 
@@ -366,6 +369,7 @@ def _assemble(
     reviews: list[RunReview],
     leaf: LogLeaf | None,
     book: PriceBook,
+    tails: Sequence[Any] = (),
 ) -> Trace:
     session_id = run.session_id
     returned_events = [e for e in events if e.session_id == session_id]
@@ -381,6 +385,7 @@ def _assemble(
         reasoning=reasoning,
         reviews=reviews,
         leaf=leaf,
+        tails=tails,
     )
     return Trace(
         session_id=session_id,
@@ -430,7 +435,12 @@ def iter_traces(
         reviews: dict[str, list[RunReview]] = defaultdict(list)
         for review in RunReview.objects.filter(run_id__in=ids).order_by("run_id", "sequence_no"):
             reviews[review.run_id].append(review)
-        leaves = {leaf.run_id: leaf for leaf in _anchored_leaves(LogLeaf.objects.filter(run_id__in=ids))}
+        leaves, tails = {}, defaultdict(list)
+        for lf in _anchored_leaves(LogLeaf.objects.filter(Q(run_id__in=ids) | Q(tail_of__in=ids))):
+            if lf.tail_of is not None:
+                tails[lf.tail_of].append(lf)
+            elif lf.run_id is not None:
+                leaves[lf.run_id] = lf
         feedback = feedback_of(run_ids=ids, user=viewer) if viewer is not None else {}
         for run in batch:
             yield _assemble(
@@ -443,6 +453,7 @@ def iter_traces(
                 reasoning=reasoning.pop(run.run_id, []),
                 reviews=reviews.pop(run.run_id, []),
                 leaf=leaves.get(run.run_id),
+                tails=tails.get(run.run_id, ()),
                 book=book,
             )
 
@@ -486,11 +497,13 @@ def summarize(
     reasoning: Sequence[dict] = (),
     reviews: Sequence[RunReview] = (),
     leaf: LogLeaf | None = None,
+    tails: Sequence[Any] = (),
 ) -> TraceSummary:
     """Compare stored, expected and returned records of `run`, and every stored row with its digest in
-    the chain, and the chain with its leaf in the transparency log; see the module docstring.
-    `reasoning`: the run's reasoning rows as stored (`audit.rowdigest.stored_reasoning_rows`); `leaf`:
-    the run's leaf as `anchored_leaf` reads it (None: not anchored)."""
+    the chain, and the chain with every head anchored for it in the transparency log; see the module
+    docstring. `reasoning`: the run's reasoning rows as stored (`audit.rowdigest.stored_reasoning_rows`);
+    `leaf` and `tails`: the run's leaf and run-tail leaves as `anchored_leaves` reads them (None, (): not
+    anchored)."""
     rows = verify_rows(events=events, run=run, steps=steps, tools=tools, reasoning=reasoning, reviews=reviews)
     if rows.expected is not None:
         expected = Counts(rows.expected.events, rows.expected.steps, rows.expected.tools)
@@ -546,7 +559,7 @@ def summarize(
                 complete = False
                 gaps.append(f"tool call {tool.tool_call_id} still RUNNING after the run ended")
 
-    anchor_problems, _ = check_anchor(run=run, events=events, leaf=leaf)
+    anchor_problems, _ = check_anchor(run=run, events=events, leaf=leaf, tails=tails)
     if anchor_problems:
         complete = False
         gaps.extend(f"transparency log: {problem}" for problem in anchor_problems)
@@ -592,8 +605,18 @@ def anchored_leaf(*, run_id: str) -> Any | None:
     """The run's leaf in the transparency log (its columns by attribute name, not a model instance) with
     the first checkpoint that covers it annotated (`covering_hash`, `covering_size`,
     `covering_signed_at`; None when none does yet); one query. A run has at most one leaf (unique)."""
-    found = _LEAF_OF_RUN(run_id)
-    return found[0] if found else None
+    return anchored_leaves(run_id=run_id)[0]
+
+
+def anchored_leaves(*, run_id: str) -> tuple[Any | None, list[Any]]:
+    """The run's leaf (as `anchored_leaf`) and its run-tail leaves in log order, in one query."""
+    leaf, tails = None, []
+    for found in _LEAF_OF_RUN(run_id):
+        if found.tail_of is not None:
+            tails.append(found)
+        elif found.run_id == run_id:
+            leaf = found
+    return leaf, tails
 
 
 def _anchored_leaves(leaves: QuerySet[LogLeaf]) -> QuerySet[LogLeaf]:
@@ -608,7 +631,8 @@ def _anchored_leaves(leaves: QuerySet[LogLeaf]) -> QuerySet[LogLeaf]:
 _COVERING = Checkpoint.objects.filter(tree_size__gt=OuterRef("leaf_index")).order_by("tree_size")
 _LEAF_OF_RUN = _RowsOfRun(
     LogLeaf,
-    ("pk",),
+    ("leaf_index",),
+    match=lambda run_id: Q(run_id=run_id) | Q(tail_of=run_id),
     covering_hash=Subquery(_COVERING.values("checkpoint_hash")[:1]),
     covering_size=Subquery(_COVERING.values("tree_size")[:1]),
     covering_signed_at=Subquery(_COVERING.values("signed_at")[:1]),

@@ -345,3 +345,19 @@ def test_the_purge_decides_by_the_signed_leaf_not_the_runs_mutable_columns(user,
     report = purge_expired_runs()
     assert report.purged == []
     assert DiagnosisRun.objects.filter(run_id__in=[backdated.run_id, moved.run_id]).count() == 2
+
+
+def test_the_trace_holds_the_run_to_its_tail_anchor(user, superuser, signing_key):
+    from audit.selectors import get_trace
+
+    run = make_recorded_run(user)
+    log.checkpoint()
+    review = record_review(run=run, user=superuser, verdict="unsafe")
+    log.checkpoint()
+    run = DiagnosisRun.objects.get(pk=run.pk)
+    before = get_trace(run=run)
+    assert before.summary.audit_complete, before.summary.gaps
+    flip_review(review, verdict="correct")
+    after = get_trace(run=run)
+    assert not after.summary.audit_complete
+    assert any("(a tail)" in gap and "rewritten after it was anchored" in gap for gap in after.summary.gaps)
