@@ -1,0 +1,110 @@
+"""The one way anything but the run's own recorder writes to a finished run's chain: `append_to_finished_run`.
+
+A finished run's record can still grow: a reasoning purge or key rotation (`REASONING_PURGED`,
+`REASONING_REKEYED`, `audit.recorder.governance`) and a human review (`REVIEW_RECORDED`,
+`audit.reviews`) append events, and rows they bind, after its `RUN_FINISHED`. Such a write is fenced
+like every write of a run (`audit.write_ops.Fence`): it commits only while the run row holds the lease
+epoch it was made under. A run the runtime executed holds the epoch of its last claim (1 or more), so
+the epoch is read from the run row, under that row's lock, never assumed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from django.db import IntegrityError, transaction
+
+from audit.integrity import GENESIS_HASH
+from audit.models import TraceEvent
+from audit.recorder.facts import _Event
+from audit.recorder.run import RunRecorder
+from audit.write_ops import Insert
+from diagnosis.models import DiagnosisRun
+
+APPEND_ATTEMPTS = 5
+
+
+class RunNotFinished(Exception):
+    """Only a terminal run (SUCCESS, FAILED, CANCELLED) is appended to by others than its recorder."""
+
+
+@dataclass(frozen=True, slots=True)
+class Tail:
+    """The locked run as an append finds it: its session, its current lease epoch and the sequence
+    number its first appended event takes."""
+
+    run_id: str
+    session_id: str
+    lease_epoch: int
+    next_sequence: int
+
+
+Compose = Callable[[Tail], tuple[Sequence[_Event], Sequence[Insert]]]
+
+
+def append_to_finished_run(
+    *,
+    run_id: str,
+    events: Sequence[_Event] = (),
+    rows: Sequence[Insert] = (),
+    compose: Compose | None = None,
+) -> int:
+    """Append `events` (and the rows `rows` they bind, written in the same statement batch) at the head
+    of the finished run `run_id`'s chain; returns the `sequence_no` of the last event appended.
+
+    Contract:
+
+    * runs inside the caller's transaction (RuntimeError when there is none), so the change the events
+      describe and the events commit or roll back together; fail-closed, nothing is counted as an audit
+      write failure and every error is raised;
+    * locks the run row first (`SELECT … FOR UPDATE`: lock order run row, then the chain head), reads
+      its session and its current `lease_epoch` there, and raises `RunNotFinished` unless the run is
+      terminal (the tail of a run still executing or waiting belongs to its recorder);
+    * then reads the chain head with a locking read (the newest committed head, also under REPEATABLE
+      READ) and writes through a `RunRecorder` fenced by the epoch read under the lock, so the write is
+      never refused for an epoch a claim moved on from (a finished run is claimed no more);
+    * `compose`, instead of `events` and `rows`, builds them from the locked `Tail` when they depend on
+      it (a review row stores its event's sequence number); it is called again on each attempt;
+    * a sequence number taken meanwhile by a writer that did not take the row lock (IntegrityError)
+      rolls the attempt back to its savepoint and retries from a fresh head, `APPEND_ATTEMPTS` times.
+
+    Every writer to a finished run other than its recorder goes through here."""
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError(
+            "events appended to a finished run are written inside the transaction of their change"
+        )
+    if (compose is None) == (not events):
+        raise ValueError("give the events to append, or compose, not both")
+    for attempt in range(1, APPEND_ATTEMPTS + 1):
+        try:
+            with transaction.atomic():
+                run = (
+                    DiagnosisRun.objects.select_for_update()
+                    .only("run_id", "session_id", "status", "lease_epoch")
+                    .get(run_id=run_id)
+                )
+                if not run.is_terminal:
+                    raise RunNotFinished(f"run {run_id} is still {run.status}")
+                head = (
+                    TraceEvent.objects.select_for_update()
+                    .filter(run_id=run_id)
+                    .order_by("-sequence_no")
+                    .values_list("sequence_no", "hash")
+                    .first()
+                )
+                next_sequence, prev_hash = (head[0] + 1, head[1]) if head else (1, GENESIS_HASH)
+                tail = Tail(run_id, run.session_id, run.lease_epoch, next_sequence)
+                appended, bound = compose(tail) if compose is not None else (events, rows)
+                if not appended:
+                    raise ValueError("nothing to append")
+                writer = RunRecorder(
+                    run_id=run_id, session_id=run.session_id, group_commit=False, lease_epoch=run.lease_epoch
+                )
+                writer._next_sequence, writer._prev_hash = next_sequence, prev_hash
+                writer._commit(appended, bound, (), None)
+                return writer._next_sequence - 1
+        except IntegrityError:
+            if attempt == APPEND_ATTEMPTS:
+                raise
+    raise AssertionError("unreachable")
