@@ -15,17 +15,16 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import PermissionDenied
 from django.db import models, transaction
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Q
 from django.db.models.functions import Cast
 from django.utils import timezone
 
 from access.stepup import OTP_MESSAGE, otp_satisfied
 from audit.facts import refresh_run_facts
 from audit.models import EventType, GovernanceEventType
-from audit.recorder import RunNotFinished, record_governance_event, record_reasoning_change
+from audit.recorder import record_governance_event, record_reasoning_change
 from audit.retention import held
 from audit.rowdigest import stored_reasoning_rows
-from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun
 from reasoning import crypto
 from reasoning.fields import Ciphertext
 from reasoning.models import REASONING_PERMISSION, AccessChannel, AgentReasoningAudit, ReasoningAccessLog
@@ -117,19 +116,15 @@ def _valid_ip(value: str | None) -> str | None:
 
 
 # --------------------------------------------------------------------------------------------------
-# Retention and key rotation: both change rows of finished runs only
+# Retention and key rotation
+#
+# Both change reasoning rows and append their event to each changed run's chain through
+# `audit.recorder.append_to_finished_run` (under the run row's lock, with its current lease epoch, so on
+# any run the runtime executed, and also on one still executing: its recorder reloads the head it lost).
+# Lock order of every batch, the same in both (no two batches deadlock on MariaDB): the reasoning rows
+# in primary-key order, then their runs' rows in run-id order, each with its chain head, then the
+# governance chain's head.
 # --------------------------------------------------------------------------------------------------
-def _of_finished_run() -> Exists:
-    """True for reasoning rows whose run is terminal. A purge or rotation appends its event to each
-    changed run's chain (`audit.recorder.append_to_finished_run`, under the run row's lock and its
-    current lease epoch); the chain of a run still executing or waiting for an approval belongs to its
-    recorder, so its rows are changed by the first purge or rotation after it ended.
-
-    Lock order of every batch (no two batches deadlock on MariaDB): the reasoning rows in primary-key
-    order, then their run rows in run-id order with each run's chain head, then the governance head."""
-    return Exists(DiagnosisRun.objects.filter(run_id=OuterRef("run_id"), status__in=TERMINAL_RUN_STATUSES))
-
-
 def purge_reasoning(
     *,
     older_than_days: int | None = None,
@@ -149,20 +144,13 @@ def purge_reasoning(
     of the purged rows (`audit.recorder.record_reasoning_change`), so that they verify as purged. Rows
     of a run or session under an active legal hold (`audit.retention`) are never purged, not even when
     `run_id` names the run. Each batch also writes one `REASONING_ROWS_PURGED` governance event (`actor`).
-    Only rows of terminal runs are purged (`_of_finished_run`): a purge by age leaves a run still
-    executing or waiting for the next purge after its end, and `run_id` naming such a run raises
-    `RunNotFinished` (nothing purged).
     """
     if older_than_days is None and not run_id:
         raise ValueError("purge_reasoning needs older_than_days, run_id or both")
     if older_than_days is not None and older_than_days < 0:
         raise ValueError("older_than_days must not be negative")
-    if run_id:
-        status = DiagnosisRun.objects.filter(run_id=run_id).values_list("status", flat=True).first()
-        if status is not None and status not in TERMINAL_RUN_STATUSES:
-            raise RunNotFinished(f"run {run_id} is still {status}: its reasoning is purged once it ends")
     now = now or timezone.now()
-    scope = AgentReasoningAudit.objects.filter(_of_finished_run(), purged_at__isnull=True)
+    scope = AgentReasoningAudit.objects.filter(purged_at__isnull=True)
     if older_than_days is not None:
         scope = scope.filter(created_at__lt=now - dt.timedelta(days=older_than_days))
     if run_id:
@@ -216,8 +204,7 @@ def purge_expired_reasoning(*, now: dt.datetime | None = None) -> int:
 @dataclass(slots=True)
 class RotationReport:
     """What a rotation did. `unreadable` rows are under a key that is no longer configured (or were
-    altered); they are left untouched and reported. `deferred` rows still need the newest key but their
-    run has not ended (`_of_finished_run`): the old keys stay needed until a later rotation did them."""
+    altered); they are left untouched and reported."""
 
     key_id: str
     scanned: int = 0
@@ -225,23 +212,21 @@ class RotationReport:
     encrypted: int = 0
     unreadable: int = 0
     skipped: int = 0
-    deferred: int = 0
 
 
 def rotate_reasoning_keys(
     *, batch_size: int = ROTATE_BATCH, actor: str = "rotate_reasoning_keys"
 ) -> RotationReport:
     """Re-encrypt under the newest configured key every row that is not: rows under an older key are
-    rotated, legacy plaintext rows are encrypted; only rows of terminal runs, the others are counted as
-    `deferred`. Idempotent (a second run finds nothing to do), in batches of `batch_size` rows, one
-    transaction per batch. A row purged meanwhile is skipped, never given its content back. Each batch
-    writes a `REASONING_REKEYED` event into the chain of every run it changed, with the rows' new
-    digests (`audit.recorder.record_reasoning_change`), and one `REASONING_KEYS_ROTATED` governance
-    event (`actor`)."""
+    rotated, legacy plaintext rows are encrypted. Idempotent (a second run finds nothing to do), in
+    batches of `batch_size` rows, one transaction per batch. A row purged meanwhile is skipped, never
+    given its content back. Each batch writes a `REASONING_REKEYED` event into the chain of every run it
+    changed, with the rows' new digests (`audit.recorder.record_reasoning_change`), and one
+    `REASONING_KEYS_ROTATED` governance event (`actor`)."""
     keyring = crypto.keyring()
     prefix = keyring.current_prefix
     report = RotationReport(key_id=keyring.current_kid)
-    stale = (
+    raw = (
         AgentReasoningAudit.objects.annotate(
             raw_reasoning=Cast("reasoning_content", output_field=models.TextField()),
             raw_assistant=Cast("assistant_text", output_field=models.TextField()),
@@ -252,7 +237,6 @@ def rotate_reasoning_keys(
         )
         .order_by("pk")
     )
-    raw = stale.filter(_of_finished_run())
     last = 0
     while True:
         batch = list(raw.filter(pk__gt=last).values_list("pk", "raw_reasoning", "raw_assistant")[:batch_size])
@@ -289,17 +273,14 @@ def rotate_reasoning_keys(
                     actor=actor,
                     details={"rows": len(changed), "keyId": report.key_id},
                 )
-    report.deferred = stale.exclude(_of_finished_run()).count()
     logger.info(
-        "reasoning keys rotated key=%s scanned=%d rotated=%d encrypted=%d unreadable=%d skipped=%d "
-        "deferred=%d",
+        "reasoning keys rotated key=%s scanned=%d rotated=%d encrypted=%d unreadable=%d skipped=%d",
         report.key_id,
         report.scanned,
         report.rotated,
         report.encrypted,
         report.unreadable,
         report.skipped,
-        report.deferred,
     )
     return report
 

@@ -39,8 +39,8 @@ _STATUS = {EventType.REASONING_PURGED: "PURGED", EventType.REASONING_REKEYED: "R
 def record_reasoning_change(*, event_type: str, rows: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     """Append one `event_type` event per run to the runs of `rows` (stored reasoning rows as
     `audit.rowdigest.stored_reasoning_rows` returns them, read after the change), in run-id order, each
-    through `append_to_finished_run` (under the run row's lock and its current lease epoch; the runs
-    must be terminal: `RunNotFinished`). Must run inside the transaction that changed the rows, which
+    through `append_to_finished_run` (under the run row's lock and its current lease epoch; a run still
+    executing is appended to as well). Must run inside the transaction that changed the rows, which
     locked them first (lock order: reasoning rows, run rows by id, chain heads). Returns each run's new
     event's `sequence_no`."""
     if event_type not in _VERBS:
@@ -59,7 +59,7 @@ def record_reasoning_change(*, event_type: str, rows: Iterable[Mapping[str, Any]
             f"{len(bindings)} reasoning row(s) {_VERBS[event_type]}: step(s) {', '.join(map(str, steps))}",
             {"rows": bindings},
         )
-        written[run_id] = append_to_finished_run(run_id=run_id, events=[event])
+        written[run_id] = append_to_finished_run(run_id=run_id, events=[event], finished_only=False)
     return written
 
 

@@ -1,11 +1,12 @@
-"""The one way anything but the run's own recorder writes to a finished run's chain: `append_to_finished_run`.
+"""The one way anything but the run's own recorder writes to a run's chain: `append_to_finished_run`.
 
 A finished run's record can still grow: a reasoning purge or key rotation (`REASONING_PURGED`,
-`REASONING_REKEYED`, `audit.recorder.governance`) and a human review (`REVIEW_RECORDED`,
-`audit.reviews`) append events, and rows they bind, after its `RUN_FINISHED`. Such a write is fenced
-like every write of a run (`audit.write_ops.Fence`): it commits only while the run row holds the lease
-epoch it was made under. A run the runtime executed holds the epoch of its last claim (1 or more), so
-the epoch is read from the run row, under that row's lock, never assumed.
+`REASONING_REKEYED`, `audit.recorder.governance`; these also reach a run still executing) and a human
+review (`REVIEW_RECORDED`, `audit.reviews`) append events, and rows they bind, after its
+`RUN_FINISHED`. Such a write is fenced like every write of a run (`audit.write_ops.Fence`): it commits
+only while the run row holds the lease epoch it was made under. A run the runtime executed holds the
+epoch of its last claim (1 or more), so the epoch is read from the run row, under that row's lock,
+never assumed.
 """
 
 from __future__ import annotations
@@ -49,8 +50,9 @@ def append_to_finished_run(
     events: Sequence[_Event] = (),
     rows: Sequence[Insert] = (),
     compose: Compose | None = None,
+    finished_only: bool = True,
 ) -> int:
-    """Append `events` (and the rows `rows` they bind, written in the same statement batch) at the head
+    """Append `events` (and the rows `rows` they bind, written with them in one fenced op) at the head
     of the finished run `run_id`'s chain; returns the `sequence_no` of the last event appended.
 
     Contract:
@@ -60,16 +62,19 @@ def append_to_finished_run(
       write failure and every error is raised;
     * locks the run row first (`SELECT … FOR UPDATE`: lock order run row, then the chain head), reads
       its session and its current `lease_epoch` there, and raises `RunNotFinished` unless the run is
-      terminal (the tail of a run still executing or waiting belongs to its recorder);
+      terminal; with `finished_only=False` (a reasoning purge or key rotation) also on a run still
+      executing or waiting: the events then sit between its recorder's, which reloads the head it lost
+      at its next write (`ChainWriter._attempt`), and a claim waits for the row lock;
     * then reads the chain head with a locking read (the newest committed head, also under REPEATABLE
-      READ) and writes through a `RunRecorder` fenced by the epoch read under the lock, so the write is
-      never refused for an epoch a claim moved on from (a finished run is claimed no more);
+      READ) and writes through a `RunRecorder` fenced by the epoch read under the lock: the epoch of the
+      run's last claim (1 or more on any run the runtime executed), which no claim can move while the
+      lock is held, so the write is never refused (`WriteFenced`) for a stale epoch;
     * `compose`, instead of `events` and `rows`, builds them from the locked `Tail` when they depend on
       it (a review row stores its event's sequence number); it is called again on each attempt;
     * a sequence number taken meanwhile by a writer that did not take the row lock (IntegrityError)
       rolls the attempt back to its savepoint and retries from a fresh head, `APPEND_ATTEMPTS` times.
 
-    Every writer to a finished run other than its recorder goes through here."""
+    Every writer to a run's chain other than its recorder goes through here."""
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError(
             "events appended to a finished run are written inside the transaction of their change"
@@ -84,7 +89,7 @@ def append_to_finished_run(
                     .only("run_id", "session_id", "status", "lease_epoch")
                     .get(run_id=run_id)
                 )
-                if not run.is_terminal:
+                if finished_only and not run.is_terminal:
                     raise RunNotFinished(f"run {run_id} is still {run.status}")
                 head = (
                     TraceEvent.objects.select_for_update()

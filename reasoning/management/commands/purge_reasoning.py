@@ -3,7 +3,6 @@
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from audit.recorder import RunNotFinished
 from reasoning.services import purge_reasoning
 
 
@@ -11,8 +10,7 @@ class Command(BaseCommand):
     help = (
         "Erase reasoning and assistant text of rows older than DAYS (default REASONING_RETENTION_DAYS) "
         "and/or of one run (right to erasure). Rows stay, with reasoning_available as it was and "
-        "purged_at set; the API then shows purged: true. Only rows of finished runs: a run still "
-        "executing or waiting for an approval is purged by the first purge after its end. Idempotent."
+        "purged_at set; the API then shows purged: true. Idempotent."
     )
 
     def add_arguments(self, parser):
@@ -23,9 +21,7 @@ class Command(BaseCommand):
             help="purge rows created more than DAYS days ago (default: REASONING_RETENTION_DAYS, "
             "unless --run is given alone)",
         )
-        parser.add_argument(
-            "--run", metavar="RUN_ID", help="purge this run's rows (any age; the run must have ended)"
-        )
+        parser.add_argument("--run", metavar="RUN_ID", help="purge this run's rows (any age)")
 
     def handle(self, *args, **options):
         days, run_id = options["older_than"], options["run"]
@@ -33,10 +29,7 @@ class Command(BaseCommand):
             days = settings.REASONING_RETENTION_DAYS
         if days is not None and days < 0:
             raise CommandError("--older-than must be 0 or more days")
-        try:
-            purged = purge_reasoning(older_than_days=days, run_id=run_id)
-        except RunNotFinished as exc:
-            raise CommandError(f"{exc}; run the command again then") from None
+        purged = purge_reasoning(older_than_days=days, run_id=run_id)
         scope = []
         if days is not None:
             scope.append(f"older than {days} day(s)")

@@ -10,8 +10,7 @@ class Command(BaseCommand):
         "Re-encrypt reasoning and assistant text that is not under the newest key of "
         "REASONING_ENCRYPTION_KEYS (older keys must still be configured, after it), and encrypt legacy "
         "plaintext rows. Batched and idempotent; prints counts. Exits 1 if some rows could not be "
-        "decrypted with any configured key. Rows of runs still executing or waiting for an approval are "
-        "deferred (counted); once a rotation reports none deferred the old keys can be removed."
+        "decrypted with any configured key. Afterwards the old keys can be removed."
     )
 
     def add_arguments(self, parser):
@@ -24,7 +23,7 @@ class Command(BaseCommand):
         self.stdout.write(
             f"newest key {report.key_id}: scanned {report.scanned}, re-encrypted {report.rotated}, "
             f"encrypted from plaintext {report.encrypted}, unreadable {report.unreadable}, "
-            f"skipped (purged meanwhile) {report.skipped}, deferred (run not finished) {report.deferred}"
+            f"skipped (purged meanwhile) {report.skipped}"
         )
         if report.unreadable:
             raise CommandError(
