@@ -6,8 +6,8 @@
 * `chain`: sequence numbers, hash chain, one write per decision, fail-open accounting;
 * `tools`: the tool lifecycle of seed 002;
 * `ledger`: the token ledger kept while the run executes;
-* `tail`: `append_to_finished_run`, the one write to a finished run's chain by others than its recorder
-  (reviews, reasoning purges and key rotations), under the run row's lock and its current lease epoch;
+* `tail`: `append_to_finished_run`, the one write to a run's chain by others than its recorder (reviews,
+  reasoning purges and key rotations), under the run row's lock and its current lease epoch;
 * `governance`: chained events of reasoning purges and key rotations (outside a run's execution), and
   the global governance chain of access changes (`record_governance_event`).
 """

@@ -68,7 +68,8 @@ def append_to_finished_run(
     * then reads the chain head with a locking read (the newest committed head, also under REPEATABLE
       READ) and writes through a `RunRecorder` fenced by the epoch read under the lock: the epoch of the
       run's last claim (1 or more on any run the runtime executed), which no claim can move while the
-      lock is held, so the write is never refused (`WriteFenced`) for a stale epoch;
+      lock is held, so the write is never refused (`WriteFenced`) for a stale epoch (SQLite has no row
+      locks: there the database serialises the writing transactions);
     * `compose`, instead of `events` and `rows`, builds them from the locked `Tail` when they depend on
       it (a review row stores its event's sequence number); it is called again on each attempt;
     * a sequence number taken meanwhile by a writer that did not take the row lock (IntegrityError)
