@@ -356,7 +356,7 @@ class LogLeaf(models.Model):
 
 class TailPending(models.Model):
     """A finished run whose chain grew after it was anchored (`audit_tail_pending`): written, in the same
-    transaction, by whatever appends to a finished run's chain (`audit.tails.note_appended`), with the
+    transaction, by whatever appends to a finished run's chain (`audit.recorder.tail.note_appended`), with the
     newest sequence number appended; the next checkpoint appends a run-tail leaf anchoring the run's new
     head and deletes the row when that head covers `last_sequence_no`. A work queue, not audit truth:
     deleting a row only delays the anchoring (what is not anchored yet is the documented window before

@@ -15,8 +15,9 @@ So an edited, deleted or inserted review row is named by `verify_audit` and the 
 (`audit.binding.verify_rows`), and an edited event breaks the chain. The run's stored review facts
 (`review_verdict`, `reviewed_at`, the claim, `needs_review`) are rewritten in the same transaction.
 
-The write is fenced like every write of a run: it holds the run row's lock (`SELECT … FOR UPDATE`) and
-commits under the lease epoch it read there. Only terminal runs are reviewed.
+The write is fenced like every write of a run: it goes through `audit.recorder.tail.append_to_finished_run`,
+which holds the run row's lock (`SELECT … FOR UPDATE`) and commits under the lease epoch it read there.
+Only terminal runs are reviewed (`RunNotFinished`, raised there).
 """
 
 from __future__ import annotations
@@ -28,11 +29,10 @@ import logging
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from audit.integrity import GENESIS_HASH
 from audit.models import (
     REVIEW_NOTE_CHARS,
     REVIEW_PERMISSION,
@@ -40,13 +40,12 @@ from audit.models import (
     Phase,
     ReviewVerdict,
     RunReview,
-    TraceEvent,
 )
 from audit.payloads import sha256_hex
 from audit.recorder.chain import _table
 from audit.recorder.facts import _Event
-from audit.recorder.run import RunRecorder
-from audit.tails import note_appended
+from audit.recorder.tail import RunNotFinished as RunNotFinished  # raised by record_review
+from audit.recorder.tail import Tail, append_to_finished_run
 from audit.write_ops import Insert
 from diagnosis.models import DiagnosisRun
 from diagnosis.review_queue import CLAIM_MINUTES_DEFAULT, refresh_needs_review
@@ -54,10 +53,6 @@ from diagnosis.services import new_id
 
 logger = logging.getLogger("audit.reviews")
 APPEND_ATTEMPTS = 5
-
-
-class RunNotFinished(Exception):
-    """Only a terminal run is reviewed."""
 
 
 def may_review(user: AbstractBaseUser) -> bool:
@@ -68,7 +63,8 @@ def record_review(*, run: DiagnosisRun, user: AbstractBaseUser, verdict: str, no
     """Record `user`'s verdict on the finished `run` (see the module docstring) and return the review.
 
     PermissionDenied without `audit.review_run`; ValidationError for an unknown verdict or a note
-    longer than 2000 characters; RunNotFinished for a run still PENDING or RUNNING."""
+    longer than 2000 characters; RunNotFinished for a run that is not terminal (PENDING, RUNNING,
+    INTERRUPTED)."""
     if not may_review(user):
         raise PermissionDenied(f"Reviews need the permission {REVIEW_PERMISSION}.")
     if verdict not in ReviewVerdict.values:
@@ -77,77 +73,50 @@ def record_review(*, run: DiagnosisRun, user: AbstractBaseUser, verdict: str, no
     if len(note) > REVIEW_NOTE_CHARS:
         raise ValidationError({"note": [f"At most {REVIEW_NOTE_CHARS} characters."]})
     reviewer = user.get_username()
-    for attempt in range(1, APPEND_ATTEMPTS + 1):
-        try:
-            with transaction.atomic():
-                return _append_review(
-                    run_id=run.run_id, user=user, reviewer=reviewer, verdict=verdict, note=note
-                )
-        except IntegrityError:
-            # Another writer took the sequence number between the locking read and the insert.
-            if attempt == APPEND_ATTEMPTS:
-                raise
-    raise AssertionError("unreachable")
+    review = None
 
+    def compose(tail: Tail):
+        nonlocal review
+        review = RunReview(
+            review_id=new_id("rev"),
+            run_id=tail.run_id,
+            session_id=tail.session_id,
+            verdict=verdict,
+            note=note,
+            reviewer=user,
+            reviewer_username=reviewer,
+            sequence_no=tail.next_sequence,
+            created_at=timezone.now(),
+        )
+        table = _review_table()
+        row = Insert(table, tuple(getattr(review, c) for c in table.columns))
+        event = _Event(
+            Phase.RUN,
+            EventType.REVIEW_RECORDED,
+            verdict.upper(),
+            f"reviewed by {reviewer}: {verdict}",
+            {
+                "reviewId": review.review_id,
+                "verdict": verdict,
+                "reviewer": reviewer,
+                "noteChars": len(note),
+                "noteSha256": sha256_hex(note),
+            },
+            bind={"reviewDigest": row},
+        )
+        return [event], [row]
 
-def _append_review(
-    *, run_id: str, user: AbstractBaseUser, reviewer: str, verdict: str, note: str
-) -> RunReview:
-    locked = (
-        DiagnosisRun.objects.select_for_update()
-        .only("run_id", "session_id", "status", "lease_epoch")
-        .get(run_id=run_id)
-    )
-    if not locked.is_terminal:
-        raise RunNotFinished(f"run {run_id} is still {locked.status}")
-    last = (
-        TraceEvent.objects.select_for_update()
-        .filter(run_id=run_id)
-        .order_by("-sequence_no")
-        .values_list("sequence_no", "hash")
-        .first()
-    )
-    writer = RunRecorder(
-        run_id=run_id, session_id=locked.session_id, group_commit=False, lease_epoch=locked.lease_epoch
-    )
-    writer._next_sequence, writer._prev_hash = (last[0] + 1, last[1]) if last else (1, GENESIS_HASH)
-    sequence_no = writer._next_sequence
-    now = timezone.now()
-    review = RunReview(
-        review_id=new_id("rev"),
-        run_id=run_id,
-        session_id=locked.session_id,
-        verdict=verdict,
-        note=note,
-        reviewer=user,
-        reviewer_username=reviewer,
-        sequence_no=sequence_no,
-        created_at=now,
-    )
-    table = _review_table()
-    row = Insert(table, tuple(getattr(review, c) for c in table.columns))
-    event = _Event(
-        Phase.RUN,
-        EventType.REVIEW_RECORDED,
-        verdict.upper(),
-        f"reviewed by {reviewer}: {verdict}",
-        {
-            "reviewId": review.review_id,
-            "verdict": verdict,
-            "reviewer": reviewer,
-            "noteChars": len(note),
-            "noteSha256": sha256_hex(note),
-        },
-        bind={"reviewDigest": row},
-    )
-    writer._commit([event], [row], (), None)
-    note_appended(run_id=run_id, sequence_no=sequence_no)
-    DiagnosisRun.objects.filter(run_id=run_id).update(
-        review_verdict=verdict, reviewed_at=now, review_claimed_by="", review_claim_expires_at=None
-    )
-    refresh_needs_review(run_ids=[run_id])
+    with transaction.atomic():
+        append_to_finished_run(run_id=run.run_id, compose=compose)
+        DiagnosisRun.objects.filter(run_id=run.run_id).update(
+            review_verdict=verdict,
+            reviewed_at=review.created_at,
+            review_claimed_by="",
+            review_claim_expires_at=None,
+        )
+        refresh_needs_review(run_ids=[run.run_id])
     logger.info(
-        "review recorded run=%s review=%s verdict=%s user=%s", run_id, review.review_id, verdict, user.pk
+        "review recorded run=%s review=%s verdict=%s user=%s", run.run_id, review.review_id, verdict, user.pk
     )
     return RunReview.objects.get(review_id=review.review_id)
 

@@ -116,7 +116,14 @@ def _valid_ip(value: str | None) -> str | None:
 
 
 # --------------------------------------------------------------------------------------------------
-# Retention
+# Retention and key rotation
+#
+# Both change reasoning rows and append their event to each changed run's chain through
+# `audit.recorder.append_to_finished_run` (under the run row's lock, with its current lease epoch, so on
+# any run the runtime executed, and also on one still executing: its recorder reloads the head it lost).
+# Lock order of every batch, the same in both (no two batches deadlock on MariaDB): the reasoning rows
+# in primary-key order, then their runs' rows in run-id order, each with its chain head, then the
+# governance chain's head.
 # --------------------------------------------------------------------------------------------------
 def purge_reasoning(
     *,
@@ -159,6 +166,7 @@ def purge_reasoning(
             locked = list(
                 AgentReasoningAudit.objects.select_for_update()
                 .filter(pk__in=ids, purged_at__isnull=True)
+                .order_by("pk")
                 .values_list("pk", flat=True)
             )
             AgentReasoningAudit.objects.filter(pk__in=locked).update(
@@ -193,9 +201,6 @@ def purge_expired_reasoning(*, now: dt.datetime | None = None) -> int:
     return purge_reasoning(older_than_days=settings.REASONING_RETENTION_DAYS, now=now)
 
 
-# --------------------------------------------------------------------------------------------------
-# Key rotation
-# --------------------------------------------------------------------------------------------------
 @dataclass(slots=True)
 class RotationReport:
     """What a rotation did. `unreadable` rows are under a key that is no longer configured (or were

@@ -9,7 +9,6 @@ import pytest_asyncio
 from django.contrib.auth.models import Group
 from django.db import connection
 
-from audit.recorder import RunRecorder
 from diagnosis import services
 from diagnosis.knowledge.retrieval import reset_knowledge_index
 
@@ -63,12 +62,17 @@ def chat_session(user):
 
 @pytest.fixture
 def run(chat_session):
+    """A PENDING run nobody claimed yet (as `prepare_run` leaves it before the executor takes it)."""
     return services.create_run(session=chat_session, query="Why is MySQL replication lagging?")
 
 
 @pytest.fixture
 def recorder(run):
-    return RunRecorder.for_run(run)
+    """`run`'s recorder as its executor holds it: the run claimed through the real claim (epoch 1),
+    every write fenced by that epoch (`tests.factories.executing`)."""
+    from tests.factories import executing
+
+    return executing(run)
 
 
 @pytest.fixture

@@ -1,4 +1,9 @@
-"""Build realistic runs through the real recorder (no hand-made audit rows), for tests of every layer."""
+"""Build realistic runs through the real recorder (no hand-made audit rows), for tests of every layer.
+
+A run built here looks like one the runtime executed (`diagnosis.runtime.executor.execute_run`): its
+lease is claimed through the real claim (`diagnosis.services.claim_run`: the next `lease_epoch`, so 1 or
+more, and this module's lease owner), RUN_STARTED names that owner as the executor's does, every write is
+fenced by the claimed epoch, and `finish` releases the lease (no owner, no expiry, the epoch kept)."""
 
 from __future__ import annotations
 
@@ -10,6 +15,8 @@ from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
 from reasoning.capture import build_capture
 
 REASONING_MARKER = "REASONING-MARKER-7f3a"
+# The lease owner of runs these factories execute (the executor's is `host:pid:uuid`).
+LEASE_OWNER = "tests:factories"
 
 
 def usage(prompt: int, completion: int, reasoning: int | None = None, cached: int | None = None) -> Usage:
@@ -23,6 +30,19 @@ def usage(prompt: int, completion: int, reasoning: int | None = None, cached: in
     )
 
 
+def claim(run: DiagnosisRun, *, owner: str = LEASE_OWNER) -> DiagnosisRun:
+    """`run` (PENDING, lease free) claimed as the executor claims it, with the next epoch; the claimed
+    run. Fails the test when the run cannot be claimed."""
+    claimed = services.claim_run(run_id=run.run_id, owner=owner)
+    assert claimed is not None, f"run {run.run_id} is not claimable"
+    return claimed
+
+
+def executing(run: DiagnosisRun, *, group_commit: bool | None = None) -> RunRecorder:
+    """The recorder of `run` as its executor holds it: the run claimed (`claim`), fenced by that epoch."""
+    return RunRecorder.for_run(claim(run), group_commit=group_commit)
+
+
 def record_full_run(
     run: DiagnosisRun,
     *,
@@ -34,9 +54,14 @@ def record_full_run(
     answer: str = "Replication lags because of a long transaction [kb:mysql-replication-lag#1].",
 ) -> RunRecorder:
     """A complete, published diagnosis run: route, one step with `tools` parallel calls, `extra_steps`
-    more tool-free steps, the answer step, both guards, release and finish."""
-    rec = recorder or RunRecorder.for_run(run)
-    rec.run_started(release_mode="verified", details={"provider": provider} if provider else None)
+    more tool-free steps, the answer step, both guards, release and finish. Without `recorder` the run
+    is claimed first (`executing`: epoch 1 or more, RUN_STARTED names the lease owner); a given
+    recorder is used as it is."""
+    rec = recorder or executing(run)
+    details = {"leaseOwner": LEASE_OWNER} if recorder is None else {}
+    if provider:
+        details["provider"] = provider
+    rec.run_started(release_mode="verified", details=details or None)
     rec.mark_first_model_request()
     rec.routing_attempt(
         attempt=1, model="router-m", usage=usage(120, 20), ok=True, intent="DIAGNOSIS", confidence=0.92
@@ -142,9 +167,8 @@ def make_waiting_approval(owner) -> tuple[DiagnosisRun, str]:
 
     session = services.create_session(owner=owner)
     run = services.create_run(session=session, query="Alert Drill: silence it", agent_flow=AgentFlow.AI_OPS)
-    claimed = services.claim_run(run_id=run.run_id, owner="tests")
-    rec = RunRecorder.for_run(claimed)
-    rec.run_started(release_mode="verified")
+    rec = executing(run)
+    rec.run_started(release_mode="verified", details={"leaseOwner": LEASE_OWNER})
     arguments = {
         "matchers": [{"name": "alertname", "value": "Drill", "isRegex": False, "isEqual": True}],
         "duration_minutes": 30,

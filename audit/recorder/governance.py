@@ -2,7 +2,8 @@
 
 * a run's own chain: a reasoning purge or key rotation changes stored reasoning rows, and records the new
   digests of those rows in each affected run's chain (`REASONING_PURGED`, `REASONING_REKEYED`), so that a
-  purged or re-encrypted row verifies as such and any other change to it is still named;
+  purged or re-encrypted row verifies as such and any other change to it is still named; appended
+  through `audit.recorder.tail.append_to_finished_run`, like every write to a finished run;
 * the global governance chain (`audit.models.GovernanceEvent`, `record_governance_event`): every change
   to who may do what — membership of groups holding a sensitive permission, grants of sensitive
   permissions, superuser/staff/active flags, API tokens issued and revoked, OTP devices, lockouts and
@@ -26,10 +27,9 @@ from django.utils import timezone
 
 from audit import rowdigest
 from audit.integrity import GENESIS_HASH, chain_hash, timestamp
-from audit.models import EventType, GovernanceEvent, GovernanceEventType, Phase, TraceEvent
+from audit.models import EventType, GovernanceEvent, GovernanceEventType, Phase
 from audit.recorder.facts import _Event
-from audit.recorder.run import RunRecorder
-from audit.tails import note_appended
+from audit.recorder.tail import append_to_finished_run
 
 APPEND_ATTEMPTS = 5
 _VERBS = {EventType.REASONING_PURGED: "purged", EventType.REASONING_REKEYED: "re-encrypted"}
@@ -38,15 +38,18 @@ _STATUS = {EventType.REASONING_PURGED: "PURGED", EventType.REASONING_REKEYED: "R
 
 def record_reasoning_change(*, event_type: str, rows: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     """Append one `event_type` event per run to the runs of `rows` (stored reasoning rows as
-    `audit.rowdigest.stored_reasoning_rows` returns them, read after the change). Must run inside the
-    transaction that changed the rows. Returns each run's new event's `sequence_no`."""
+    `audit.rowdigest.stored_reasoning_rows` returns them, read after the change), in run-id order, each
+    through `append_to_finished_run` (under the run row's lock and its current lease epoch; a run still
+    executing is appended to as well). Must run inside the transaction that changed the rows, which
+    locked them first (lock order: reasoning rows, run rows by id, chain heads). Returns each run's new
+    event's `sequence_no`."""
     if event_type not in _VERBS:
         raise ValueError(f"not a reasoning governance event: {event_type!r}")
-    by_run: dict[tuple[str, str], list[Mapping[str, Any]]] = defaultdict(list)
+    by_run: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for row in rows:
-        by_run[(row["run_id"], row["session_id"])].append(row)
+        by_run[row["run_id"]].append(row)
     written = {}
-    for (run_id, session_id), changed in sorted(by_run.items()):
+    for run_id, changed in sorted(by_run.items()):
         bindings = rowdigest.reasoning_bindings(changed)
         steps = sorted({b["stepIndex"] for b in bindings})
         event = _Event(
@@ -56,35 +59,8 @@ def record_reasoning_change(*, event_type: str, rows: Iterable[Mapping[str, Any]
             f"{len(bindings)} reasoning row(s) {_VERBS[event_type]}: step(s) {', '.join(map(str, steps))}",
             {"rows": bindings},
         )
-        written[run_id] = _append(run_id=run_id, session_id=session_id, event=event)
+        written[run_id] = append_to_finished_run(run_id=run_id, events=[event], finished_only=False)
     return written
-
-
-def _append(*, run_id: str, session_id: str, event: _Event) -> int:
-    """Append `event` at the head of the run's chain; retried when another writer took the number."""
-    if not transaction.get_connection().in_atomic_block:
-        raise RuntimeError("governance events are written inside the transaction of their change")
-    writer = RunRecorder(run_id=run_id, session_id=session_id, group_commit=False)
-    for attempt in range(1, APPEND_ATTEMPTS + 1):
-        # A locking read sees the newest committed head, also under REPEATABLE READ.
-        last = (
-            TraceEvent.objects.select_for_update()
-            .filter(run_id=run_id)
-            .order_by("-sequence_no")
-            .values_list("sequence_no", "hash")
-            .first()
-        )
-        writer._next_sequence, writer._prev_hash = (last[0] + 1, last[1]) if last else (1, GENESIS_HASH)
-        try:
-            with transaction.atomic():
-                writer._commit([event], (), (), None)
-                note_appended(run_id=run_id, sequence_no=writer._next_sequence - 1)
-        except IntegrityError:
-            if attempt == APPEND_ATTEMPTS:
-                raise
-            continue
-        return writer._next_sequence - 1
-    raise AssertionError("unreachable")
 
 
 # --------------------------------------------------------------------------------------------------

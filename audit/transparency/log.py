@@ -10,7 +10,7 @@ and every `AUDIT_CHECKPOINT_INTERVAL_SECONDS` in each server process).
    chain head and last RUN_FINISHED read in the same query (correlated subqueries on the unique
    `(run_id, sequence_no)` index); only runs created at or after the head's `scan_from` are searched;
 3. append their leaves (`audit.transparency.leafdata`), then a run-tail leaf for each anchored run whose
-   chain grew after its newest anchored head (`audit.tails`: reviews, reasoning purges and
+   chain grew after its newest anchored head (`audit.recorder.tail`: reviews, reasoning purges and
    re-encryptions; read under the run row's lock, so an append in flight is anchored by the next
    checkpoint, never lost), then — when the governance chain (`audit.models.GovernanceEvent`) has grown
    since it was last anchored — one governance leaf anchoring its head, and the complete subtrees they
@@ -53,6 +53,7 @@ from audit.models import (
     TailPending,
     TraceEvent,
 )
+from audit.recorder.tail import locked_head
 from audit.transparency import keys, leafdata, merkle, note, store
 from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun
 
@@ -153,7 +154,7 @@ def anchored_heads(run_ids: list[str]) -> dict[str, int]:
 
 def _grown_tails(*, exclude: set[str], limit: int = TAIL_BATCH) -> list[tuple[str, str, int, str]]:
     """(run_id, session_id, head sequence, head hash) of each anchored run noted as grown
-    (`audit.tails`) whose chain now reaches past its newest anchored head; deletes the notes that the
+    (`audit.recorder.tail`) whose chain now reaches past its newest anchored head; deletes the notes that the
     anchored or appended heads cover (and those of runs that no longer exist). Runs in `exclude` are
     being anchored by this very checkpoint and keep their notes for the next one."""
     pending = [
@@ -181,14 +182,7 @@ def _grown_tails(*, exclude: set[str], limit: int = TAIL_BATCH) -> list[tuple[st
             continue
         if run_id not in anchored:
             continue  # not anchored yet: its first leaf will cover its head
-        # A locking read sees the newest committed head, also under REPEATABLE READ.
-        last = (
-            TraceEvent.objects.select_for_update()
-            .filter(run_id=run_id)
-            .order_by("-sequence_no")
-            .values_list("sequence_no", "hash")
-            .first()
-        )
+        last = locked_head(run_id)
         if last is None:
             continue
         if last[0] > anchored[run_id]:

@@ -418,7 +418,7 @@ def check_anchor(
     its head need only be tail events). `events` in sequence order. Notes: `UNANCHORED` for a finished
     run not in the log yet, and events appended after the newest anchored head (anchored by the next
     checkpoint) — a problem instead when `tail_noted` is False: nothing would ever anchor them, as the
-    note the append wrote in its transaction (`audit.tails`) is gone."""
+    note the append wrote in its transaction (`audit.recorder.tail`) is gone."""
     if leaf is None:
         problems = [f"log leaf {t.leaf_index}: a tail of the run, which has no run leaf" for t in tails]
         if run is not None and run.is_terminal:

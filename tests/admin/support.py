@@ -13,7 +13,7 @@ from audit.signals import STAFF_VIEWERS_GROUP
 from diagnosis import services
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
 from reasoning.capture import build_capture
-from tests.factories import REASONING_MARKER, usage
+from tests.factories import LEASE_OWNER, REASONING_MARKER, executing, usage
 
 BLOCK_REASON = "evidence guard failed (UNKNOWN_CITATION); semantic guard found 1 unsupported claim"
 UNSUPPORTED_CLAIM = "roll back image 1.42"
@@ -39,10 +39,11 @@ def record_blocked_run(
     `release_mode`, with `draft_chars` of draft streamed to the reader).
 
     Model calls take a few real milliseconds; steps carry their recorded start and end times (as the
-    runtime records them); the tool is measured by the recorder.
+    runtime records them); the tool is measured by the recorder. The run is claimed first, as the
+    executor claims it (`tests.factories.executing`).
     """
-    rec = RunRecorder.for_run(run)
-    rec.run_started(release_mode=release_mode)
+    rec = executing(run)
+    rec.run_started(release_mode=release_mode, details={"leaseOwner": LEASE_OWNER})
     rec.mark_first_model_request()
     *_, routed_ms = _call(8)
     rec.routing_attempt(
@@ -123,12 +124,12 @@ def make_blocked_run(
 
 
 def make_run_with_unfinished_tool(owner) -> DiagnosisRun:
-    """A run whose executing process died with a tool RUNNING; a second recorder (the sweeper) fails the
-    run and closes the tool without a measured duration."""
+    """A run whose executing process died with a tool RUNNING; a second recorder (the sweeper, which took
+    the lease over: the next epoch) fails the run and closes the tool without a measured duration."""
     session = services.create_session(owner=owner)
     run = services.create_run(session=session, query="Disk IO is high, why?")
-    rec = RunRecorder.for_run(run)
-    rec.run_started()
+    rec = executing(run)
+    rec.run_started(details={"leaseOwner": LEASE_OWNER})
     call = DeclaredToolCall("call_io", "lookup_knowledge", json.dumps({"query": "disk io"}))
     rec.model_step(
         step_index=1,
@@ -141,7 +142,9 @@ def make_run_with_unfinished_tool(owner) -> DiagnosisRun:
         duration_ms=5,
     )
     rec.tool_started(tool_call_id="call_io", tool_name="lookup_knowledge", input_params={"query": "disk io"})
-    RunRecorder.resume(run.run_id).finish(
+    epoch = services.claim_expired_run(run=DiagnosisRun.objects.get(pk=run.pk), owner="tests:sweeper")
+    assert epoch is not None
+    RunRecorder.resume(run.run_id, lease_epoch=epoch).finish(
         status=RunStatus.FAILED, error_code="LEASE_EXPIRED", error_message="the executing process stopped"
     )
     run.refresh_from_db()

@@ -25,7 +25,7 @@ from reasoning.capture import build_capture
 from reasoning.fields import Ciphertext
 from reasoning.models import AgentReasoningAudit
 from reasoning.services import purge_reasoning, rotate_reasoning_keys
-from tests.factories import REASONING_MARKER, make_recorded_run, usage
+from tests.factories import REASONING_MARKER, executing, make_recorded_run, usage
 
 pytestmark = pytest.mark.django_db
 
@@ -379,7 +379,7 @@ def test_a_purge_by_age_writes_one_event_per_run_and_is_idempotent(user):
 
 
 def test_a_purge_while_the_run_executes_leaves_it_complete(run):
-    rec = RunRecorder.for_run(run)
+    rec = executing(run)  # claimed: the purge writes under the executor's epoch, never fenced
     rec.run_started()
     _declared_step(rec, "c1")
     purge_reasoning(run_id=run.run_id)

@@ -17,48 +17,27 @@ from audit.serializers import TraceSerializer
 from audit.trace_render import trace_data
 from diagnosis.models import ReleaseDecision
 from reasoning.models import AgentReasoningAudit
-from tests.fakes.openai_server import stream_answer, stream_tool_calls, usage
+from tests.fakes.openai_server import stream_answer
 from tests.runtime.support import (
-    AGENT,
-    GUARD,
-    ROUTER,
+    GUARD_THINKING,
+    ROUTE,
+    ROUTER_THINKING,
+    VERDICT,
     FailInserts,
     ask,
-    evidence_ids,
     in_every_runtime_thread,
+    script_reasoned_diagnosis,
 )
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("runtime_pools")]
 
 RUNBOOKS = Path(django_settings.BASE_DIR) / "diagnosis" / "runbooks"
-ROUTER_THINKING = "The user reports a full disk: a symptom, so DIAGNOSIS."
-GUARD_THINKING = "The only claim is the du command, which the cited chunk states."
-ROUTE = '{"intent": "DIAGNOSIS", "confidence": 0.9, "reason": "symptom"}'
-VERDICT = '{"supported": true, "unsupportedClaims": [], "reason": "cited"}'
-
-
-def _script(llm, *, router_first=None):
-    if router_first is not None:
-        llm.add(ROUTER, router_first)
-    llm.add(ROUTER, stream_answer(ROUTE, reasoning=ROUTER_THINKING, usage=usage(40, 10)))
-    llm.add(
-        AGENT,
-        stream_tool_calls(
-            [("call_1", "lookup_knowledge", '{"query": "disk full /var/log"}')],
-            reasoning="Search the runbooks.",
-            usage=usage(200, 20),
-        ),
-        lambda request: stream_answer(
-            f"Find the largest log directories with du [{evidence_ids(request)[0]}].", usage=usage(300, 30)
-        ),
-    )
-    llm.add(GUARD, stream_answer(VERDICT, reasoning=GUARD_THINKING, usage=usage(100, 10)))
 
 
 def test_router_and_guard_reasoning_is_captured_and_returned_to_auditors(
     llm, corpus, user, api_client, auditor
 ):
-    _script(llm)
+    script_reasoned_diagnosis(llm)
     run, outcome, _ = ask(user, "Disk full on /var/log")
     assert outcome.release_decision == ReleaseDecision.PUBLISHED
 
@@ -100,7 +79,9 @@ def test_router_and_guard_reasoning_is_captured_and_returned_to_auditors(
 
 
 def test_every_router_attempt_keeps_its_own_reasoning_row(llm, corpus, user):
-    _script(llm, router_first=stream_answer("I think it is a diagnosis.", reasoning="Unsure of the format."))
+    script_reasoned_diagnosis(
+        llm, router_first=stream_answer("I think it is a diagnosis.", reasoning="Unsure of the format.")
+    )
     run, _outcome, _ = ask(user, "Disk full on /var/log")
     rows = AgentReasoningAudit.objects.filter(run_id=run.run_id, agent_name="router").order_by("id")
     assert [(r.step_index, r.reasoning_content) for r in rows] == [
@@ -111,7 +92,7 @@ def test_every_router_attempt_keeps_its_own_reasoning_row(llm, corpus, user):
 
 
 def test_a_reasoning_row_commits_with_its_decision_event_or_not_at_all(llm, corpus, user):
-    _script(llm)
+    script_reasoned_diagnosis(llm)
     with in_every_runtime_thread(FailInserts("agent_reasoning_audit", times=1)) as failing:
         run, outcome, _ = ask(user, "Disk full on /var/log")
     assert failing.fired == 1 and outcome.release_decision == ReleaseDecision.PUBLISHED
@@ -141,7 +122,7 @@ def test_a_reasoning_row_commits_with_its_decision_event_or_not_at_all(llm, corp
 # Provider label
 # --------------------------------------------------------------------------------------------------
 def test_the_trace_names_a_real_provider_without_the_demo_mark(llm, corpus, user):
-    _script(llm)
+    script_reasoned_diagnosis(llm)
     run, _outcome, _ = ask(user, "Disk full on /var/log")
     trace = get_trace(run=run)
     body = TraceSerializer(trace).data
@@ -162,7 +143,7 @@ def test_the_demo_provider_is_labelled_demo_in_the_trace(settings, user):
 
 
 def test_router_and_guard_reasoning_rows_are_bound_into_the_chain(llm, corpus, user):
-    _script(llm)
+    script_reasoned_diagnosis(llm)
     run, _outcome, _ = ask(user, "Disk full on /var/log")
     summary = get_trace(run=run).summary
     assert summary.audit_complete and summary.rows_verified, summary.gaps

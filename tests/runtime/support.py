@@ -23,7 +23,7 @@ from diagnosis.runtime import db as runtime_db
 from diagnosis.runtime.events import Event
 from diagnosis.runtime.executor import RunOutcome, execute_run, prepare_run
 from diagnosis.runtime.llm import aclose_clients
-from tests.fakes.openai_server import HTTPError, stream_answer
+from tests.fakes.openai_server import HTTPError, stream_answer, stream_tool_calls, usage
 
 ROUTER = "fake-router"
 AGENT = "fake-agent"
@@ -124,6 +124,35 @@ class Provider:
             )
         entry = queue.popleft()
         return entry(request) if callable(entry) else entry
+
+
+ROUTER_THINKING = "The user reports a full disk: a symptom, so DIAGNOSIS."
+GUARD_THINKING = "The only claim is the du command, which the cited chunk states."
+ROUTE = '{"intent": "DIAGNOSIS", "confidence": 0.9, "reason": "symptom"}'
+VERDICT = '{"supported": true, "unsupportedClaims": [], "reason": "cited"}'
+
+
+def script_reasoned_diagnosis(llm: Provider, *, router_first: Response | None = None) -> None:
+    """Script one published diagnosis of "Disk full on /var/log" (needs the `corpus`) in which every
+    model call returns reasoning but the answer step: the router (`ROUTER_THINKING`), the agent's tool
+    step, its answer citing the evidence the tool really returned, and the semantic guard
+    (`GUARD_THINKING`), so the run stores four reasoning rows. `router_first`: one more router
+    response before the good one (a retried attempt)."""
+    if router_first is not None:
+        llm.add(ROUTER, router_first)
+    llm.add(ROUTER, stream_answer(ROUTE, reasoning=ROUTER_THINKING, usage=usage(40, 10)))
+    llm.add(
+        AGENT,
+        stream_tool_calls(
+            [("call_1", "lookup_knowledge", '{"query": "disk full /var/log"}')],
+            reasoning="Search the runbooks.",
+            usage=usage(200, 20),
+        ),
+        lambda request: stream_answer(
+            f"Find the largest log directories with du [{evidence_ids(request)[0]}].", usage=usage(300, 30)
+        ),
+    )
+    llm.add(GUARD, stream_answer(VERDICT, reasoning=GUARD_THINKING, usage=usage(100, 10)))
 
 
 def evidence_ids(request) -> list[str]:

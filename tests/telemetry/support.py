@@ -9,7 +9,7 @@ from audit.recorder import DeclaredToolCall, RunRecorder, Usage
 from diagnosis import services
 from diagnosis.models import AgentFlow, DiagnosisRun, ReleaseDecision, RunStatus
 from reasoning.capture import build_capture
-from tests.factories import REASONING_MARKER, make_recorded_run, usage
+from tests.factories import REASONING_MARKER, executing, make_recorded_run, usage
 
 __all__ = ["REASONING_MARKER", "make_recorded_run", "record_aiops_run", "record_blocked_run"]
 
@@ -17,7 +17,7 @@ __all__ = ["REASONING_MARKER", "make_recorded_run", "record_aiops_run", "record_
 def _run(owner, query: str, flow: str = AgentFlow.DIAGNOSIS_AGENT) -> tuple[DiagnosisRun, RunRecorder]:
     session = services.create_session(owner=owner)
     run = services.create_run(session=session, query=query, agent_flow=flow)
-    return run, RunRecorder.for_run(run)
+    return run, executing(run)
 
 
 def record_blocked_run(owner) -> DiagnosisRun:
