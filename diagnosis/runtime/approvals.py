@@ -31,6 +31,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
@@ -39,6 +40,8 @@ from audit.models import EventType, ToolInvocation, ToolStatus, TraceEvent
 from audit.payloads import canonical_json, sha256_hex
 from audit.recorder import RunRecorder, arguments_digest
 from diagnosis.models import ChatSession, DiagnosisRun, RunStatus
+from diagnosis.runtime.canonical import CanonicalStore, CanonicalUnavailable, delete_states
+from reasoning import crypto
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +53,7 @@ EXPIRED = "EXPIRED"
 DECISIONS = {"approve": APPROVED, "reject": REJECTED}
 APPROVAL_CANCELLED = "APPROVAL_CANCELLED"
 CHECKPOINT_VERSION = 1
+CHECKPOINT = "checkpoint"  # the state's name in the run's canonical store (`run:<id>:state:checkpoint`)
 NOTE_CHARS = 1000
 
 
@@ -173,19 +177,70 @@ def interrupted_record(run_id: str) -> tuple[dict[str, Any], dict[str, dict[str,
     return interrupted, decisions
 
 
-def load_checkpoint(canonical: Any, *, expected_sha256: str) -> dict[str, Any]:
-    """The saved state, read back from the canonical store and checked against the digest the chain
-    names (fail-closed: missing, unreadable or different is `ResumeStateUnavailable`)."""
+def checkpoint_lifetime_seconds() -> int:
+    """How long the saved state is kept (its canonical-store TTL): the request's timeout
+    (`APPROVAL_TIMEOUT_SECONDS`, decisions after it are expiries) plus the time a decided run may wait
+    for a worker (`AIOPS_QUEUE_TIMEOUT_SECONDS`; after it the sweeper fails the run, so nothing can
+    resume it any more). Nothing reads the state after that."""
+    from diagnosis.runtime.sweeper import queue_timeout_seconds
+
+    return timeout_seconds() + int(queue_timeout_seconds())
+
+
+def save_checkpoint(canonical: Any, text: str) -> str:
+    """Store the executor's state `text` (`checkpoint_of`: it holds the conversation, so the provider's
+    `reasoning_content` and the assistant's text) in the run's canonical store, encrypted with the
+    reasoning keys exactly as the reasoning table stores its rows (`reasoning.crypto.keyring()`: the
+    newest key, `fernet:<kid>:<token>`), kept `checkpoint_lifetime_seconds()`, read back. Returns the
+    sha256 of the value as stored (ciphertext), which RUN_INTERRUPTED chains. Fail-closed: a state that
+    cannot be encrypted or stored is `ResumeStateUnavailable`, never stored in plaintext."""
     try:
-        text = canonical.get_state("checkpoint")
+        stored = crypto.keyring().encrypt(text)
+        canonical.put_state(CHECKPOINT, stored, timeout=checkpoint_lifetime_seconds())
+    except (CanonicalUnavailable, ImproperlyConfigured):  # the store, or no reasoning keys
+        raise ResumeStateUnavailable("the executor's state could not be saved for the resumption") from None
+    return sha256_hex(stored)
+
+
+def load_checkpoint(canonical: Any, *, expected_sha256: str) -> dict[str, Any]:
+    """The saved state, read back from the canonical store, checked against the digest the chain
+    names (over the stored value) and decrypted with the configured reasoning keys (fail-closed:
+    missing, unreadable, different, or under a key no longer configured is `ResumeStateUnavailable`).
+    Rotating the reasoning keys does not rewrite a saved state (its digest is chained): a retired key
+    stays configured for `checkpoint_lifetime_seconds()` after a rotation, as docs/aiops.md says."""
+    try:
+        stored = canonical.get_state(CHECKPOINT)
     except Exception:  # CanonicalUnavailable and the cache's own errors alike
         raise ResumeStateUnavailable("the saved state could not be read") from None
-    if not text or not expected_sha256 or sha256_hex(text) != expected_sha256:
+    if not stored or not expected_sha256 or sha256_hex(stored) != expected_sha256:
         raise ResumeStateUnavailable("the saved state is missing or differs from the recorded digest")
+    try:
+        text = crypto.keyring().decrypt(stored)
+    except (crypto.Undecryptable, ImproperlyConfigured):
+        raise ResumeStateUnavailable("the saved state cannot be decrypted with the configured keys") from None
     state = json.loads(text)
     if state.get("version") != CHECKPOINT_VERSION:
         raise ResumeStateUnavailable("the saved state has an unknown version")
     return state
+
+
+def forget_checkpoint(canonical: Any) -> None:
+    """Drop a run's saved state once it is no longer needed (read back by the resumption, or the run
+    cancelled while it waited). Best effort: the TTL bounds it if the store cannot be reached."""
+    try:
+        delete_states([canonical.run_id], CHECKPOINT, alias=canonical.alias)
+    except CanonicalUnavailable:
+        logger.warning("saved state not dropped run=%s (it expires with its TTL)", canonical.run_id)
+
+
+def discard_resume_states(*, run_ids: Any) -> None:
+    """Erase the saved state of every run in `run_ids` (an iterable of run ids, e.g. a queryset): the
+    reasoning purge calls it, before it erases any row, with the runs whose rows it is about to purge,
+    because a saved state holds the same reasoning (`reasoning.services.purge_reasoning`, by age and by
+    run; runs under a legal hold are not in its scope, so their state is kept). A run whose state was
+    erased that way fails its resumption with RESUME_STATE_UNAVAILABLE: the erasure wins. Raises
+    `CanonicalUnavailable` when the store cannot be reached (the purge then erases nothing)."""
+    delete_states(run_ids, CHECKPOINT)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -381,7 +436,9 @@ def decision_event(decided: Decided):
 
 def _claimable_until() -> dt.datetime:
     """A decided run waits for a queue worker at most the queue timeout (then the sweeper fails it)."""
-    return timezone.now() + dt.timedelta(seconds=int(getattr(settings, "AIOPS_QUEUE_TIMEOUT_SECONDS", 3600)))
+    from diagnosis.runtime.sweeper import queue_timeout_seconds
+
+    return timezone.now() + dt.timedelta(seconds=queue_timeout_seconds())
 
 
 def _others_waiting(run_id: str, tool_call_id: str) -> bool:
@@ -460,7 +517,8 @@ def is_waiting(run: DiagnosisRun) -> bool:
 
 def cancel_waiting(*, run: DiagnosisRun, reason: str = "cancel requested") -> bool:
     """Cancel a run that waits (`is_waiting`): under its own claim, close the pending calls INTERRUPTED
-    (`APPROVAL_CANCELLED`: never executed, a refusal recorded), RUN_CANCELLED, RUN_FINISHED CANCELLED.
+    (`APPROVAL_CANCELLED`: never executed, a refusal recorded), RUN_CANCELLED, RUN_FINISHED CANCELLED;
+    then its saved state is dropped (`forget_checkpoint`).
     False when the run was not waiting any more (claimed, decided or cancelled meanwhile)."""
     epoch = _claim_interrupted(run, owner=decider_owner("cancel"), decided=True)
     if epoch is None:
@@ -474,6 +532,7 @@ def cancel_waiting(*, run: DiagnosisRun, reason: str = "cancel requested") -> bo
     )
     recorder.run_cancelled(reason=reason)
     recorder.finish(status=RunStatus.CANCELLED)
+    forget_checkpoint(CanonicalStore(run.run_id))
     return True
 
 
