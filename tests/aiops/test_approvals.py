@@ -177,6 +177,10 @@ def test_the_call_waits_and_nothing_runs_until_a_person_approves(staff_user, app
     assert created[0]["status"]["state"] == "active"
     decided = next(e for e in events(run.run_id) if e.event_type == EventType.APPROVAL_DECIDED)
     assert decided.details["decidedBy"] == "approver" and decided.details["note"] == "ok for 30m"
+    # An accepted decision is recorded strictly before the request's recorded deadline.
+    deadline = dt.datetime.fromisoformat(requested["expiresAt"])
+    assert deadline == approvals.expiry_of(call.created_at)
+    assert dt.datetime.fromisoformat(decided.details["decidedAt"]) < deadline
     assert decided.details["argumentsDigest"] == digest
     assert decided.details["arguments"] == call.input_params
     resumed = next(e for e in events(run.run_id) if e.event_type == EventType.RUN_RESUMED)
