@@ -237,9 +237,11 @@ class ApprovalDecisionApi(APIView):
     401 anonymous; 403 without `diagnosis.approve_tool_call` (`permission_denied`), or approving one's own
     run's request unless `APPROVAL_ALLOW_SELF` (`self_approval`), or a session-authenticated request
     without a valid CSRF token; 400 invalid body; 404 the session, run or call is absent or not visible
-    (same body); 409 a call that is not waiting — decided already, expired, or its run not interrupted
-    (`not_waiting`) — or arguments that changed (`arguments_changed`); 503 the decision could not be
-    recorded (nothing changed)."""
+    (same body); 409 a call whose deadline (`expiresAt`) has passed (`expired`: the decision is not
+    taken and the call's expiry is recorded instead, as the sweeper would have, if it was not already),
+    a call that is not waiting — decided already, cancelled, or its run not interrupted (`not_waiting`)
+    — or arguments that changed (`arguments_changed`); 503 the decision could not be recorded (nothing
+    changed)."""
 
     class InputSerializer(serializers.Serializer):
         decision = serializers.ChoiceField(choices=sorted(approvals.DECISIONS))
@@ -290,6 +292,8 @@ class ApprovalDecisionApi(APIView):
                 arguments_digest_seen=body.validated_data.get("argumentsDigest"),
             )
         except approvals.ApprovalError as exc:
+            if exc.decided is not None:  # refused as expired, and the expiry recorded: say so live
+                approvals.publish_decision(exc.decided)
             raise ApprovalError(exc) from None
         approvals.publish_decision(decided)
         return Response(self.OutputSerializer(decided).data)

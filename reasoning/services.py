@@ -25,6 +25,7 @@ from audit.models import EventType, GovernanceEventType
 from audit.recorder import record_governance_event, record_reasoning_change
 from audit.retention import held
 from audit.rowdigest import stored_reasoning_rows
+from diagnosis.runtime.approvals import discard_resume_states
 from reasoning import crypto
 from reasoning.fields import Ciphertext
 from reasoning.models import REASONING_PERMISSION, AccessChannel, AgentReasoningAudit, ReasoningAccessLog
@@ -144,6 +145,10 @@ def purge_reasoning(
     of the purged rows (`audit.recorder.record_reasoning_change`), so that they verify as purged. Rows
     of a run or session under an active legal hold (`audit.retention`) are never purged, not even when
     `run_id` names the run. Each batch also writes one `REASONING_ROWS_PURGED` governance event (`actor`).
+
+    Before any row is purged, the saved resume state of every run with rows in scope is erased from
+    the canonical store (`diagnosis.runtime.approvals.discard_resume_states`: it holds the same
+    reasoning); a held run's state is kept. If the store cannot be reached, nothing is purged.
     """
     if older_than_days is None and not run_id:
         raise ValueError("purge_reasoning needs older_than_days, run_id or both")
@@ -157,6 +162,8 @@ def purge_reasoning(
         scope = scope.filter(run_id=run_id)
     # A legal hold on the run or its session exempts its rows until the hold is lifted.
     scope = scope.exclude(held())
+    # An interrupted run's saved resume state holds the same reasoning: erased first (issue 30).
+    discard_resume_states(run_ids=scope.order_by().values_list("run_id", flat=True).distinct())
     purged = 0
     while True:
         ids = list(scope.order_by("pk").values_list("pk", flat=True)[:batch_size])

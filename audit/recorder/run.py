@@ -394,9 +394,11 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
         arguments_digest: str,
         requested_sequence_no: int | None,
         claimable_until: Any = None,
+        decided_at: Any = None,
     ) -> int:
         """APPROVAL_DECIDED (APPROVED, REJECTED or EXPIRED): who decided (a username; "" for the
-        system's expiry), when (the event's time), the note, the exact arguments decided and their
+        system's expiry), when (`decided_at`: the instant the decider checked the deadline at; default
+        now), the note, the exact arguments decided and their
         digest. With `claimable_until` (no other call of the run still waits), the run becomes PENDING
         with a free lease in the same transaction, so a worker resumes it (the sweeper fails it if none
         claims it by then); else it stays INTERRUPTED. Not fail-open: a decision that did not commit
@@ -420,7 +422,7 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
                             "toolName": tool_name,
                             "decision": decision,
                             "decidedBy": decided_by or None,
-                            "decidedAt": timezone.now().isoformat(),
+                            "decidedAt": (decided_at or timezone.now()).isoformat(),
                             "note": clip(note, 1000),
                             "arguments": bound_json(arguments),
                             "argumentsDigest": arguments_digest,

@@ -362,6 +362,8 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
                 arguments_digest_seen=request.POST.get("argumentsDigest") or None,
             )
         except approvals.ApprovalError as exc:
+            if exc.decided is not None:  # refused as expired, and the expiry recorded
+                approvals.publish_decision(exc.decided)
             messages.error(request, f"Not decided ({exc.code}): {exc}")
         else:
             approvals.publish_decision(decided)

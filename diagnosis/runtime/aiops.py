@@ -32,7 +32,6 @@ from typing import Any
 
 from django.conf import settings
 
-from audit.payloads import sha256_hex
 from audit.recorder import DeclaredToolCall
 from diagnosis.models import AgentFlow
 from diagnosis.runtime import prompts
@@ -41,11 +40,11 @@ from diagnosis.runtime.approvals import (
     ResumeStateUnavailable,
     RunInterrupted,
     checkpoint_of,
+    forget_checkpoint,
     interrupted_record,
     load_checkpoint,
-    timeout_seconds,
+    save_checkpoint,
 )
-from diagnosis.runtime.canonical import CanonicalUnavailable
 from diagnosis.runtime.context import RunContext
 from diagnosis.runtime.db import db
 from diagnosis.runtime.llm import ModelResult
@@ -219,7 +218,8 @@ async def _investigate(
     ctx: RunContext, executor: Agent, messages: list[dict[str, Any]], in_force: _PlanInForce
 ):
     """The executor's loop with the steps it has left. A call that requires approval interrupts it: the
-    state is saved to the run's canonical store (read back; its sha256 goes into RUN_INTERRUPTED) and
+    state is saved to the run's canonical store (`save_checkpoint`: encrypted with the reasoning keys,
+    read back; the sha256 of the stored value goes into RUN_INTERRUPTED) and
     `RunInterrupted` reaches the executor, which ends the attempt. Only here may a call ask for approval
     (not in the repair round)."""
     remaining = max(1, int(settings.AGENT_MAX_STEPS) - ctx.steps_taken(EXECUTOR))
@@ -234,27 +234,25 @@ async def _investigate(
         text = checkpoint_of(
             interrupted, step_counts=dict(ctx.step_counts), gathered=list(ctx.gathered_evidence)
         )
-        try:
-            await db(ctx.canonical.put_state, "checkpoint", text, timeout=timeout_seconds() + 3600)
-        except CanonicalUnavailable:
-            raise ResumeStateUnavailable(
-                "the executor's state could not be saved for the resumption"
-            ) from None
-        interrupted.checkpoint_sha256 = sha256_hex(text)
+        # Encrypted with the reasoning keys; the digest RUN_INTERRUPTED chains is over the stored value.
+        interrupted.checkpoint_sha256 = await db(save_checkpoint, ctx.canonical, text)
         raise
     finally:
         ctx.approvals_allowed = False
 
 
 async def _resume(ctx: RunContext, tool_names: list[str]) -> tuple[list[dict[str, Any]], _PlanInForce, Agent]:
-    """The executor as it was interrupted: its saved state, read back and checked against the digest
-    RUN_INTERRUPTED names (fail-closed: `ResumeStateUnavailable`), then each decided call through the
+    """The executor as it was interrupted: its saved state, read back, checked against the digest
+    RUN_INTERRUPTED names and decrypted (fail-closed: `ResumeStateUnavailable`), then dropped from the
+    store; then each decided call through the
     boundary (approved: executed once under its own id; rejected or expired: the recorded refusal), the
     tool messages in the order of the step's calls."""
     interrupted, decisions = await db(interrupted_record, ctx.run_id)
     state = await db(
         load_checkpoint, ctx.canonical, expected_sha256=str(interrupted.get("checkpointSha256") or "")
     )
+    # Read once: a later interruption saves a new state; nothing else ever resumes from this one.
+    await db(forget_checkpoint, ctx.canonical)
     ctx.step_counts.update({str(k): int(v) for k, v in (state.get("stepCounts") or {}).items()})
     ctx.gathered_evidence.extend(state.get("gatheredEvidence") or [])
     extra = state.get("extra") or {}

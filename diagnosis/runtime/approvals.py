@@ -8,12 +8,14 @@ ends the attempt: RUN_INTERRUPTED, the run INTERRUPTED, its lease released. Noth
 
 `decide` is the one way a decision is made (API, admin, chat page; `expire_due` for the sweeper): it
 takes the run's lease (a conditional update on the INTERRUPTED run with the epoch read: a new fencing
-epoch, so two decisions can never both land), checks the call still waits with the recorded arguments,
-writes APPROVAL_DECIDED through a recorder fenced by that epoch and, in the same transaction, makes the
-run PENDING with a free lease. A queue worker of any process then claims it (a new lease and epoch) and
-`execute_run` resumes it: RUN_RESUMED, the saved state read back and checked against its digest, the
-decided calls handed to the boundary (`run_decided`: approved → executed once under the same
-`tool_call_id`; rejected or expired → a recorded refusal), and the executor continues.
+epoch, so two decisions can never both land), checks the call still waits with the recorded arguments
+and, under that claim, that its deadline (`expiry_of`, the recorded `expiresAt`) has not come (else the
+expiry is recorded instead and the decision refused: `ApprovalExpired`), writes APPROVAL_DECIDED through
+a recorder fenced by that epoch and, in the same transaction, makes the run PENDING with a free lease. A
+queue worker of any process then claims it (a new lease and epoch) and `execute_run` resumes it:
+RUN_RESUMED, the saved state read back and checked against its digest, the decided calls handed to the
+boundary (`run_decided`: approved → executed once under the same `tool_call_id`; rejected or expired → a
+recorded refusal), and the executor continues.
 
 `cancel_waiting` ends an INTERRUPTED run that is cancelled while it waits: its pending calls closed
 INTERRUPTED (`APPROVAL_CANCELLED`), RUN_CANCELLED, RUN_FINISHED CANCELLED, under its own claim.
@@ -29,6 +31,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
@@ -37,6 +40,8 @@ from audit.models import EventType, ToolInvocation, ToolStatus, TraceEvent
 from audit.payloads import canonical_json, sha256_hex
 from audit.recorder import RunRecorder, arguments_digest
 from diagnosis.models import ChatSession, DiagnosisRun, RunStatus
+from diagnosis.runtime.canonical import CanonicalStore, CanonicalUnavailable, delete_states
+from reasoning import crypto
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +53,7 @@ EXPIRED = "EXPIRED"
 DECISIONS = {"approve": APPROVED, "reject": REJECTED}
 APPROVAL_CANCELLED = "APPROVAL_CANCELLED"
 CHECKPOINT_VERSION = 1
+CHECKPOINT = "checkpoint"  # the state's name in the run's canonical store (`run:<id>:state:checkpoint`)
 NOTE_CHARS = 1000
 
 
@@ -59,9 +65,31 @@ def self_approval_allowed() -> bool:
     return bool(getattr(settings, "APPROVAL_ALLOW_SELF", False))
 
 
-def approval_request(*, session_id: str) -> tuple[dict[str, Any], dt.datetime]:
-    """Who may decide a call of the run in `session_id`, as APPROVAL_REQUESTED records it, and when the
-    request expires."""
+# ---------------------------------------------------------------------------------------------------
+# The deadline (the one home of the rule: the request, the lists, the decision and the sweeper use it)
+# ---------------------------------------------------------------------------------------------------
+def expiry_of(requested_at: dt.datetime) -> dt.datetime:
+    """When a request made at `requested_at` (its waiting row's `created_at`, which is also the instant
+    APPROVAL_REQUESTED's `expiresAt` is computed from) expires: `APPROVAL_TIMEOUT_SECONDS` later. A
+    decision is accepted strictly before this instant; at or after it the call is expired."""
+    return requested_at + dt.timedelta(seconds=timeout_seconds())
+
+
+def is_expired(requested_at: dt.datetime, *, now: dt.datetime) -> bool:
+    """Whether a request made at `requested_at` can no longer be approved or rejected at `now`."""
+    return now >= expiry_of(requested_at)
+
+
+def expired_if_requested_by(now: dt.datetime) -> dt.datetime:
+    """The latest request time that is expired at `now` (`is_expired(t, now=now)` ⇔ `t <=` this): the
+    same rule as a bound the sweeper can give SQL."""
+    return now - dt.timedelta(seconds=timeout_seconds())
+
+
+def approval_request(*, session_id: str) -> tuple[dict[str, Any], Any]:
+    """Who may decide a call of the run in `session_id`, as APPROVAL_REQUESTED records it, and the
+    deadline rule (`expiry_of`), which the recorder applies to the waiting row's own creation time so
+    that the recorded `expiresAt` is exactly the instant decisions are held to."""
     requester = (
         ChatSession.objects.filter(session_id=session_id).values_list("owner__username", flat=True).first()
         or ""
@@ -72,7 +100,7 @@ def approval_request(*, session_id: str) -> tuple[dict[str, Any], dt.datetime]:
         "requester": requester,
         "selfApproval": self_approval_allowed(),
     }
-    return approvers, timezone.now() + dt.timedelta(seconds=timeout_seconds())
+    return approvers, expiry_of
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -149,19 +177,70 @@ def interrupted_record(run_id: str) -> tuple[dict[str, Any], dict[str, dict[str,
     return interrupted, decisions
 
 
-def load_checkpoint(canonical: Any, *, expected_sha256: str) -> dict[str, Any]:
-    """The saved state, read back from the canonical store and checked against the digest the chain
-    names (fail-closed: missing, unreadable or different is `ResumeStateUnavailable`)."""
+def checkpoint_lifetime_seconds() -> int:
+    """How long the saved state is kept (its canonical-store TTL): the request's timeout
+    (`APPROVAL_TIMEOUT_SECONDS`, decisions after it are expiries) plus the time a decided run may wait
+    for a worker (`AIOPS_QUEUE_TIMEOUT_SECONDS`; after it the sweeper fails the run, so nothing can
+    resume it any more). Nothing reads the state after that."""
+    from diagnosis.runtime.sweeper import queue_timeout_seconds
+
+    return timeout_seconds() + int(queue_timeout_seconds())
+
+
+def save_checkpoint(canonical: Any, text: str) -> str:
+    """Store the executor's state `text` (`checkpoint_of`: it holds the conversation, so the provider's
+    `reasoning_content` and the assistant's text) in the run's canonical store, encrypted with the
+    reasoning keys exactly as the reasoning table stores its rows (`reasoning.crypto.keyring()`: the
+    newest key, `fernet:<kid>:<token>`), kept `checkpoint_lifetime_seconds()`, read back. Returns the
+    sha256 of the value as stored (ciphertext), which RUN_INTERRUPTED chains. Fail-closed: a state that
+    cannot be encrypted or stored is `ResumeStateUnavailable`, never stored in plaintext."""
     try:
-        text = canonical.get_state("checkpoint")
+        stored = crypto.keyring().encrypt(text)
+        canonical.put_state(CHECKPOINT, stored, timeout=checkpoint_lifetime_seconds())
+    except (CanonicalUnavailable, ImproperlyConfigured):  # the store, or no reasoning keys
+        raise ResumeStateUnavailable("the executor's state could not be saved for the resumption") from None
+    return sha256_hex(stored)
+
+
+def load_checkpoint(canonical: Any, *, expected_sha256: str) -> dict[str, Any]:
+    """The saved state, read back from the canonical store, checked against the digest the chain
+    names (over the stored value) and decrypted with the configured reasoning keys (fail-closed:
+    missing, unreadable, different, or under a key no longer configured is `ResumeStateUnavailable`).
+    Rotating the reasoning keys does not rewrite a saved state (its digest is chained): a retired key
+    stays configured for `checkpoint_lifetime_seconds()` after a rotation, as docs/aiops.md says."""
+    try:
+        stored = canonical.get_state(CHECKPOINT)
     except Exception:  # CanonicalUnavailable and the cache's own errors alike
         raise ResumeStateUnavailable("the saved state could not be read") from None
-    if not text or not expected_sha256 or sha256_hex(text) != expected_sha256:
+    if not stored or not expected_sha256 or sha256_hex(stored) != expected_sha256:
         raise ResumeStateUnavailable("the saved state is missing or differs from the recorded digest")
+    try:
+        text = crypto.keyring().decrypt(stored)
+    except (crypto.Undecryptable, ImproperlyConfigured):
+        raise ResumeStateUnavailable("the saved state cannot be decrypted with the configured keys") from None
     state = json.loads(text)
     if state.get("version") != CHECKPOINT_VERSION:
         raise ResumeStateUnavailable("the saved state has an unknown version")
     return state
+
+
+def forget_checkpoint(canonical: Any) -> None:
+    """Drop a run's saved state once it is no longer needed (read back by the resumption, or the run
+    cancelled while it waited). Best effort: the TTL bounds it if the store cannot be reached."""
+    try:
+        delete_states([canonical.run_id], CHECKPOINT, alias=canonical.alias)
+    except CanonicalUnavailable:
+        logger.warning("saved state not dropped run=%s (it expires with its TTL)", canonical.run_id)
+
+
+def discard_resume_states(*, run_ids: Any) -> None:
+    """Erase the saved state of every run in `run_ids` (an iterable of run ids, e.g. a queryset): the
+    reasoning purge calls it, before it erases any row, with the runs whose rows it is about to purge,
+    because a saved state holds the same reasoning (`reasoning.services.purge_reasoning`, by age and by
+    run; runs under a legal hold are not in its scope, so their state is kept). A run whose state was
+    erased that way fails its resumption with RESUME_STATE_UNAVAILABLE: the erasure wins. Raises
+    `CanonicalUnavailable` when the store cannot be reached (the purge then erases nothing)."""
+    delete_states(run_ids, CHECKPOINT)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -173,9 +252,11 @@ class ApprovalError(Exception):
     status = 409
     code = "conflict"
 
-    def __init__(self, message: str, *, code: str | None = None) -> None:
+    def __init__(self, message: str, *, code: str | None = None, decided: Decided | None = None) -> None:
         super().__init__(message)
         self.code = code or type(self).code
+        # A refusal that itself recorded something (an expiry): callers tell connected clients of it.
+        self.decided = decided
 
 
 class ApprovalNotFound(ApprovalError):
@@ -191,6 +272,15 @@ class ApprovalForbidden(ApprovalError):
 class ApprovalConflict(ApprovalError):
     status = 409
     code = "conflict"
+
+
+class ApprovalExpired(ApprovalError):
+    """The request's deadline (`expiry_of`) had passed when the decision was attempted: refused, and
+    the call is recorded as expired (APPROVAL_DECIDED EXPIRED, as the sweeper would have), unless an
+    expiry was recorded already."""
+
+    status = 409
+    code = "expired"
 
 
 class ApprovalUnavailable(ApprovalError):
@@ -230,10 +320,17 @@ def decide(
 
     Refused: without the permission (`ApprovalForbidden`), approving one's own run's request unless
     `APPROVAL_ALLOW_SELF` (`ApprovalForbidden`, code `self_approval`), an unknown call (`ApprovalNotFound`),
-    a call not waiting — decided already, or the run not interrupted (`ApprovalConflict`, `not_waiting`),
-    arguments whose digest is not the one the client saw or no longer the recorded one
-    (`ApprovalConflict`, `arguments_changed`). A decision whose event did not commit does not stand
-    (`ApprovalUnavailable`)."""
+    a call whose expiry is recorded already (`ApprovalExpired`), a call not waiting — decided already, or
+    the run not interrupted (`ApprovalConflict`, `not_waiting`), arguments whose digest is not the one the
+    client saw or no longer the recorded one (`ApprovalConflict`, `arguments_changed`). A decision whose
+    event did not commit does not stand (`ApprovalUnavailable`).
+
+    The deadline is checked under the run's claim, at the instant the decision is recorded with
+    (`decidedAt`): an APPROVED or REJECTED decision at or after `expiry_of(requested_at)` is not
+    recorded as such; the call's expiry is recorded instead (APPROVAL_DECIDED EXPIRED, `decidedBy`
+    null, no note: what `expire_due` records, and the run resumes to refuse the call) and
+    `ApprovalExpired` is raised carrying that decision (`.decided`), whatever the sweeper's schedule.
+    So no accepted decision has a `decidedAt` at or after the recorded `expiresAt`."""
     username = user.get_username() if user is not None else ""
     if user is not None and not may_approve(user):
         raise ApprovalForbidden("You may not decide tool calls (diagnosis.approve_tool_call).")
@@ -256,6 +353,9 @@ def decide(
             raise ApprovalForbidden(
                 "The requester of a run may not approve its own request.", code="self_approval"
             )
+    prior = _prior_decision(run.run_id, tool_call_id, after=requested["sequence_no"])
+    if prior == EXPIRED:
+        raise ApprovalExpired(_expired_message(tool.created_at, recorded_already=True))
     if tool.status != ToolStatus.AWAITING_APPROVAL or run.status != RunStatus.INTERRUPTED:
         raise ApprovalConflict("The tool call is not waiting for a decision.", code="not_waiting")
     stored_digest = arguments_digest(tool.input_params)
@@ -265,30 +365,48 @@ def decide(
         raise ApprovalConflict(
             "The arguments differ from the ones the approval was requested for.", code="arguments_changed"
         )
-    if _decided_already(run.run_id, tool_call_id, after=requested["sequence_no"]):
+    if prior is not None:
         raise ApprovalConflict("The tool call was decided already.", code="not_waiting")
     with transaction.atomic():
         epoch = _claim_interrupted(run, owner=decider_owner(username))
         if epoch is None:
             raise ApprovalConflict("The tool call is not waiting for a decision.", code="not_waiting")
+        # Under the claim: no other decision can land now, so the instant read here is the decision's.
+        decided_at = timezone.now()
+        late = decision != EXPIRED and is_expired(tool.created_at, now=decided_at)
+        recorded, decided_by = (EXPIRED, "") if late else (decision, username)
         recorder = RunRecorder.resume(run.run_id, lease_epoch=epoch)
         try:
             seq = recorder.approval_decided(
                 tool_call_id=tool_call_id,
                 tool_name=tool.tool_name,
-                decision=decision,
-                decided_by=username,
-                note=note[:NOTE_CHARS],
+                decision=recorded,
+                decided_by=decided_by,
+                note="" if late else note[:NOTE_CHARS],
                 arguments=tool.input_params,
                 arguments_digest=stored_digest,
                 requested_sequence_no=requested["sequence_no"],
                 claimable_until=None if _others_waiting(run.run_id, tool_call_id) else _claimable_until(),
+                decided_at=decided_at,
             )
         except Exception:
             transaction.set_rollback(True)
             raise ApprovalUnavailable("The decision could not be recorded; nothing changed.") from None
-    logger.info("tool call decided run=%s call=%s decision=%s", run.run_id, tool_call_id, decision)
-    return Decided(run.run_id, tool_call_id, decision, username, stored_digest, seq)
+    logger.info("tool call decided run=%s call=%s decision=%s", run.run_id, tool_call_id, recorded)
+    decided = Decided(run.run_id, tool_call_id, recorded, decided_by, stored_digest, seq)
+    if late:
+        raise ApprovalExpired(_expired_message(tool.created_at, recorded_already=False), decided=decided)
+    return decided
+
+
+def _expired_message(requested_at: dt.datetime, *, recorded_already: bool) -> str:
+    when = expiry_of(requested_at).isoformat()
+    if recorded_already:
+        return f"The approval request expired at {when}; its expiry is recorded (treated as rejected)."
+    return (
+        f"The approval request expired at {when}: the decision was not taken; the call is recorded as "
+        "expired (treated as rejected) and the run continues without it."
+    )
 
 
 def publish_decision(decided: Decided) -> bool:
@@ -318,7 +436,9 @@ def decision_event(decided: Decided):
 
 def _claimable_until() -> dt.datetime:
     """A decided run waits for a queue worker at most the queue timeout (then the sweeper fails it)."""
-    return timezone.now() + dt.timedelta(seconds=int(getattr(settings, "AIOPS_QUEUE_TIMEOUT_SECONDS", 3600)))
+    from diagnosis.runtime.sweeper import queue_timeout_seconds
+
+    return timezone.now() + dt.timedelta(seconds=queue_timeout_seconds())
 
 
 def _others_waiting(run_id: str, tool_call_id: str) -> bool:
@@ -334,10 +454,17 @@ def _others_waiting(run_id: str, tool_call_id: str) -> bool:
 
 
 def _decided_already(run_id: str, tool_call_id: str, *, after: int) -> bool:
+    return _prior_decision(run_id, tool_call_id, after=after) is not None
+
+
+def _prior_decision(run_id: str, tool_call_id: str, *, after: int) -> str | None:
+    """The decision (APPROVED, REJECTED, EXPIRED) recorded for the call after the request at `after`."""
     return (
         TraceEvent.objects.filter(run_id=run_id, event_type=EventType.APPROVAL_DECIDED, sequence_no__gt=after)
         .filter(details__toolCallId=tool_call_id)
-        .exists()
+        .order_by("-sequence_no")
+        .values_list("status", flat=True)
+        .first()
     )
 
 
@@ -356,13 +483,15 @@ def _claim_interrupted(run: DiagnosisRun, *, owner: str, decided: bool = False) 
 
 
 def expire_due(*, now: dt.datetime | None = None, limit: int = 100) -> list[Decided]:
-    """Record EXPIRED for every call that waited longer than `APPROVAL_TIMEOUT_SECONDS` (treated as
-    rejected: the resumed run gives the model the refusal); the sweeper's duty. Returns the decisions
-    (the caller tells connected clients: `decision_event`)."""
+    """Record EXPIRED for every call expired at `now` (`is_expired`: its deadline reached; treated as
+    rejected: the resumed run gives the model the refusal); the sweeper's duty. A decision attempted
+    after the deadline records the same expiry itself (`decide`), so the sweeper's schedule never lets
+    a late decision land. Returns the decisions (the caller tells connected clients: `decision_event`)."""
     now = now or timezone.now()
-    cutoff = now - dt.timedelta(seconds=timeout_seconds())
     due = list(
-        ToolInvocation.objects.filter(status=ToolStatus.AWAITING_APPROVAL, created_at__lt=cutoff)
+        ToolInvocation.objects.filter(
+            status=ToolStatus.AWAITING_APPROVAL, created_at__lte=expired_if_requested_by(now)
+        )
         .order_by("created_at", "id")
         .values_list("run_id", "tool_call_id")[:limit]
     )
@@ -388,7 +517,8 @@ def is_waiting(run: DiagnosisRun) -> bool:
 
 def cancel_waiting(*, run: DiagnosisRun, reason: str = "cancel requested") -> bool:
     """Cancel a run that waits (`is_waiting`): under its own claim, close the pending calls INTERRUPTED
-    (`APPROVAL_CANCELLED`: never executed, a refusal recorded), RUN_CANCELLED, RUN_FINISHED CANCELLED.
+    (`APPROVAL_CANCELLED`: never executed, a refusal recorded), RUN_CANCELLED, RUN_FINISHED CANCELLED;
+    then its saved state is dropped (`forget_checkpoint`).
     False when the run was not waiting any more (claimed, decided or cancelled meanwhile)."""
     epoch = _claim_interrupted(run, owner=decider_owner("cancel"), decided=True)
     if epoch is None:
@@ -402,6 +532,7 @@ def cancel_waiting(*, run: DiagnosisRun, reason: str = "cancel requested") -> bo
     )
     recorder.run_cancelled(reason=reason)
     recorder.finish(status=RunStatus.CANCELLED)
+    forget_checkpoint(CanonicalStore(run.run_id))
     return True
 
 
@@ -442,7 +573,6 @@ def waiting_approvals(*, user: AbstractBaseUser, limit: int = 100) -> list[Waiti
             "run__session__owner__username",
         )[:limit]
     )
-    deadline = dt.timedelta(seconds=timeout_seconds())
     return [
         WaitingApproval(
             run_id=r["run_id"],
@@ -453,7 +583,7 @@ def waiting_approvals(*, user: AbstractBaseUser, limit: int = 100) -> list[Waiti
             arguments_digest=arguments_digest(r["input_params"]),
             requester=r["run__session__owner__username"] or "",
             requested_at=r["created_at"],
-            expires_at=r["created_at"] + deadline,
+            expires_at=expiry_of(r["created_at"]),
         )
         for r in rows
     ]
@@ -464,7 +594,6 @@ def waiting_in_run(*, run_id: str) -> list[WaitingApproval]:
     rows = ToolInvocation.objects.filter(run_id=run_id, status=ToolStatus.AWAITING_APPROVAL).order_by(
         "created_at", "id"
     )
-    deadline = dt.timedelta(seconds=timeout_seconds())
     return [
         WaitingApproval(
             run_id=t.run_id,
@@ -475,7 +604,7 @@ def waiting_in_run(*, run_id: str) -> list[WaitingApproval]:
             arguments_digest=arguments_digest(t.input_params),
             requester="",
             requested_at=t.created_at,
-            expires_at=t.created_at + deadline,
+            expires_at=expiry_of(t.created_at),
         )
         for t in rows
     ]

@@ -5,8 +5,9 @@ keys per run and the TTL `CANONICAL_TTL_SECONDS`:
 
     run:<run_id>:tool:<tool_call_id>     the tool's full result (canonical JSON)
     run:<run_id>:evidence:<evidence_id>  one citable evidence item (canonical JSON)
-    run:<run_id>:state:checkpoint        the executor's state when the run was interrupted for an approval
-                                         (kept at least APPROVAL_TIMEOUT_SECONDS; its sha256 is chained)
+    run:<run_id>:state:checkpoint        the executor's state when the run was interrupted for an approval,
+                                         encrypted with the reasoning keys, kept for its own bounded
+                                         lifetime (`approvals.save_checkpoint`; its sha256 is chained)
 
 It is **fail-closed** (seed 001, section 7): every write is read back and compared; a write or read that
 fails, or a read-back that differs, raises `CanonicalUnavailable`. The tool boundary then records the tool
@@ -102,11 +103,11 @@ class CanonicalStore:
 
     def put_state(self, name: str, text: str, *, timeout: int | None = None) -> None:
         """Store a piece of the run's own working state (the executor's checkpoint at an interruption),
-        read it back and compare; kept at least `timeout` seconds."""
+        read it back and compare; kept `timeout` seconds (default `CANONICAL_TTL_SECONDS`), no longer."""
         key = self.state_key(name)
         try:
             cache = self._cache()
-            cache.set(key, text, timeout=max(self._timeout(), int(timeout or 0)))
+            cache.set(key, text, timeout=int(timeout) if timeout else self._timeout())
             back = cache.get(key)
         except Exception as exc:
             self._log("write", exc)
@@ -123,3 +124,31 @@ class CanonicalStore:
 
     def _log(self, op: str, exc: Exception) -> None:
         logger.error("canonical store %s failed run=%s error=%s", op, self.run_id, type(exc).__name__)
+
+
+DELETE_BATCH = 500
+
+
+def delete_states(run_ids: Iterable[str], name: str, *, alias: str = CACHE_ALIAS) -> int:
+    """Delete the state `name` of each run in `run_ids` (in batches of `DELETE_BATCH` keys); returns how
+    many runs were named. A store that cannot be reached raises `CanonicalUnavailable`."""
+    cache = caches[alias]
+    named = 0
+    batch: list[str] = []
+    for run_id in run_ids:
+        batch.append(CanonicalStore(str(run_id), alias=alias).state_key(name))
+        if len(batch) >= DELETE_BATCH:
+            named += _delete(cache, batch)
+            batch = []
+    if batch:
+        named += _delete(cache, batch)
+    return named
+
+
+def _delete(cache: Any, keys: list[str]) -> int:
+    try:
+        cache.delete_many(keys)
+    except Exception as exc:
+        logger.error("canonical store delete failed keys=%d error=%s", len(keys), type(exc).__name__)
+        raise CanonicalUnavailable(f"canonical store delete failed ({type(exc).__name__})") from None
+    return len(keys)

@@ -177,6 +177,10 @@ def test_the_call_waits_and_nothing_runs_until_a_person_approves(staff_user, app
     assert created[0]["status"]["state"] == "active"
     decided = next(e for e in events(run.run_id) if e.event_type == EventType.APPROVAL_DECIDED)
     assert decided.details["decidedBy"] == "approver" and decided.details["note"] == "ok for 30m"
+    # An accepted decision is recorded strictly before the request's recorded deadline.
+    deadline = dt.datetime.fromisoformat(requested["expiresAt"])
+    assert deadline == approvals.expiry_of(call.created_at)
+    assert dt.datetime.fromisoformat(decided.details["decidedAt"]) < deadline
     assert decided.details["argumentsDigest"] == digest
     assert decided.details["arguments"] == call.input_params
     resumed = next(e for e in events(run.run_id) if e.event_type == EventType.RUN_RESUMED)
@@ -431,4 +435,105 @@ def test_a_decided_run_cancelled_before_a_worker_claims_it_never_runs_the_call(s
     call.refresh_from_db()
     assert run.status == RunStatus.CANCELLED and call.started_at is None
     assert (call.status, call.error_code) == (ToolStatus.INTERRUPTED, approvals.APPROVAL_CANCELLED)
+    assert verify_run(run.run_id).ok
+
+
+def _past_the_deadline(call: ToolInvocation) -> dt.datetime:
+    """Wait (real time, no clock patching) until the call's deadline has passed; returns the deadline."""
+    import time
+
+    deadline = approvals.expiry_of(call.created_at)
+    remaining = (deadline - timezone.now()).total_seconds()
+    if remaining > 0:
+        time.sleep(remaining + 0.05)
+    assert approvals.is_expired(call.created_at, now=timezone.now())
+    return deadline
+
+
+def test_the_deadline_rule_expires_at_the_instant_itself():
+    requested_at = timezone.now()
+    deadline = approvals.expiry_of(requested_at)
+    assert deadline - requested_at == dt.timedelta(seconds=approvals.timeout_seconds())
+    assert not approvals.is_expired(requested_at, now=deadline - dt.timedelta(microseconds=1))
+    assert approvals.is_expired(requested_at, now=deadline)
+    # The sweeper's SQL bound is the same rule.
+    assert approvals.expired_if_requested_by(deadline) == requested_at
+
+
+def test_a_decision_after_the_deadline_is_refused_and_recorded_as_the_expiry(
+    staff_user, approver, aiops_settings
+):
+    """No sweep runs (RUN_SWEEP_INTERVAL_SECONDS=0): the API refuses the late approval with 409 `expired`
+    and records what the sweeper would have, the run resumes to refuse the call; nothing reaches
+    Alertmanager, and a second late decision or a later sweep records nothing more."""
+    aiops_settings.APPROVAL_TIMEOUT_SECONDS = 2
+    run = interrupted_run(staff_user, "late-api")
+    call = silence_call(run)
+    requested = TraceEvent.objects.get(run_id=run.run_id, event_type=EventType.APPROVAL_REQUESTED)
+    deadline = _past_the_deadline(call)
+    # The recorded deadline is the one decisions are held to (one rule, applied to the row's time).
+    assert dt.datetime.fromisoformat(requested.details["expiresAt"]) == deadline
+    listed = client_for(approver).get("/api/diagnosis/approvals/").json()["approvals"]
+    (mine,) = [a for a in listed if a["runId"] == run.run_id]
+    assert dt.datetime.fromisoformat(mine["expiresAt"].replace("Z", "+00:00")) == deadline
+    before = AlertmanagerClient(aiops_settings.ALERTMANAGER_URL, timeout=5, max_bytes=1 << 22).silences()
+
+    late = decide(client_for(approver), run, call.tool_call_id, decision="approve", note="too late")
+    assert late.status_code == 409, late.json()
+    error = late.json()["error"]
+    assert error["code"] == "expired" and deadline.isoformat() in error["message"]
+    (decided,) = TraceEvent.objects.filter(run_id=run.run_id, event_type=EventType.APPROVAL_DECIDED)
+    assert decided.status == approvals.EXPIRED
+    assert decided.details["decidedBy"] is None and decided.details["note"] == ""
+    assert dt.datetime.fromisoformat(decided.details["decidedAt"]) >= deadline
+    run.refresh_from_db()
+    assert run.status == RunStatus.PENDING
+    # Refused again, as expired, with nothing more recorded; the sweeper finds nothing left to expire.
+    again = decide(client_for(approver), run, call.tool_call_id, decision="reject")
+    assert again.status_code == 409 and again.json()["error"]["code"] == "expired"
+    assert approvals.expire_due() == []
+    assert TraceEvent.objects.filter(run_id=run.run_id, event_type=EventType.APPROVAL_DECIDED).count() == 1
+
+    drain()
+    run.refresh_from_db()
+    call.refresh_from_db()
+    assert run.status == RunStatus.SUCCESS, (run.status, run.error_code)
+    assert (call.status, call.error_code, call.started_at) == (ToolStatus.FAILED, "APPROVAL_EXPIRED", None)
+    after = AlertmanagerClient(aiops_settings.ALERTMANAGER_URL, timeout=5, max_bytes=1 << 22).silences()
+    assert len(after) == len(before)
+    # After the resumption the answer stays `expired`, not a generic conflict.
+    resumed = decide(client_for(approver), run, call.tool_call_id, decision="approve")
+    assert resumed.status_code == 409 and resumed.json()["error"]["code"] == "expired"
+    verification = verify_run(run.run_id)
+    assert verification.ok, verification.problems
+
+
+def test_the_admin_refuses_a_late_decision_with_a_clear_message(staff_user, approver, client, aiops_settings):
+    aiops_settings.APPROVAL_TIMEOUT_SECONDS = 2
+    run = interrupted_run(staff_user, "late-admin")
+    call = silence_call(run)
+    deadline = _past_the_deadline(call)
+    client.force_login(approver)
+    answer = client.post(
+        f"/admin/diagnosis/diagnosisrun/{run.pk}/approvals/{call.tool_call_id}/",
+        {"decision": "approve", "argumentsDigest": approvals.arguments_digest(call.input_params)},
+        follow=True,
+    )
+    assert answer.status_code == 200
+    shown = [str(m) for m in answer.context["messages"]]
+    assert shown == [
+        f"Not decided (expired): The approval request expired at {deadline.isoformat()}: the decision was "
+        "not taken; the call is recorded as expired (treated as rejected) and the run continues without it."
+    ]
+    assert shown[0] in answer.content.decode()
+    decided = TraceEvent.objects.get(run_id=run.run_id, event_type=EventType.APPROVAL_DECIDED)
+    assert decided.status == approvals.EXPIRED and decided.details["decidedBy"] is None
+    run.refresh_from_db()
+    assert run.status == RunStatus.PENDING
+    # The run page no longer offers the buttons.
+    page = client.get(f"/admin/diagnosis/diagnosisrun/{run.pk}/change/").content.decode()
+    assert 'value="approve"' not in page
+    drain()
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCESS
     assert verify_run(run.run_id).ok

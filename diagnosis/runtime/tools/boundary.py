@@ -313,7 +313,7 @@ class ToolBoundary:
         interrupted by the agent loop. A request whose record did not commit does not exist: the model
         gets an error instead and the run goes on without the call."""
         ctx = self.ctx
-        approvers, expires_at = await db(approval_request, session_id=ctx.session_id)
+        approvers, deadline_rule = await db(approval_request, session_id=ctx.session_id)
         try:
             seq = await db(
                 ctx.recorder.tool_awaiting_approval,
@@ -321,7 +321,7 @@ class ToolBoundary:
                 tool_name=call.name,
                 input_params=arguments,
                 approvers=approvers,
-                expires_at=expires_at,
+                expires_at=deadline_rule,
             )
         except (ToolCallNotDeclared, ToolLifecycleConflict, ToolCallRepeated) as exc:
             logger.warning(
