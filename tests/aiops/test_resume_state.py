@@ -33,7 +33,6 @@ from audit.models import EventType, HoldScope, ToolInvocation, ToolStatus, Trace
 from audit.payloads import sha256_hex
 from audit.retention import place_hold
 from audit.verification import verify_run
-from audit.write_ops import WriteFenced
 from bench.b7_aiops import AiOpsBenchProvider
 from diagnosis.aiops import intake
 from diagnosis.models import DiagnosisRun, RunStatus
@@ -47,12 +46,6 @@ from reasoning.models import AgentReasoningAudit
 from reasoning.services import purge_reasoning
 from tests.fakes.openai_server import FakeLLMServer, finish_chunk, reasoning_chunks, tool_call_chunks
 
-# Until issue 30 item 6 lands, the reasoning purge of a run the runtime executed (lease epoch >= 1) is
-# refused by the write fence (audit/recorder/governance.py builds its recorder without the epoch). Strict:
-# once item 6 is merged these pass, and the marker must go.
-PURGE_FENCED = pytest.mark.xfail(
-    raises=WriteFenced, strict=True, reason="issue 30 item 6: the purge does not take the run's epoch yet"
-)
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.usefixtures("chat_settings", "runtime_pools", "aiops_settings"),
@@ -237,7 +230,6 @@ def test_no_reasoning_in_plaintext_in_the_store_and_the_resumed_run_replays_it(
     assert "FAIL" not in out.getvalue()
 
 
-@PURGE_FENCED
 @pytest.mark.parametrize("store", ["memory"], indirect=True)
 def test_the_reasoning_purge_of_the_run_erases_its_saved_state(store, provider, staff_user, approver):
     run, waiting = interrupted(staff_user)
@@ -254,7 +246,6 @@ def test_the_reasoning_purge_of_the_run_erases_its_saved_state(store, provider, 
     assert verification.ok, verification.problems
 
 
-@PURGE_FENCED
 @pytest.mark.parametrize("store", ["memory"], indirect=True)
 def test_a_purge_by_age_erases_the_saved_state_of_the_runs_it_reaches(store, provider, staff_user):
     run, _waiting = interrupted(staff_user)
