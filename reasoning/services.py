@@ -20,8 +20,10 @@ from django.db.models.functions import Cast
 from django.utils import timezone
 
 from access.stepup import OTP_MESSAGE, otp_satisfied
+from audit import rowdigest
+from audit.bound import collect
 from audit.facts import refresh_run_facts
-from audit.models import EventType, GovernanceEventType
+from audit.models import EventType, GovernanceEventType, TraceEvent
 from audit.recorder import record_governance_event, record_reasoning_change
 from audit.retention import held
 from audit.rowdigest import stored_reasoning_rows
@@ -133,6 +135,7 @@ def purge_reasoning(
     now: dt.datetime | None = None,
     batch_size: int = PURGE_BATCH,
     actor: str = "purge_reasoning",
+    stats: dict[str, int] | None = None,
 ) -> int:
     """Erase reasoning and assistant text and mark the rows purged; returns how many rows were purged.
 
@@ -149,6 +152,11 @@ def purge_reasoning(
     Before any row is purged, the saved resume state of every run with rows in scope is erased from
     the canonical store (`diagnosis.runtime.approvals.discard_resume_states`: it holds the same
     reasoning); a held run's state is kept. If the store cannot be reached, nothing is purged.
+
+    A row that does not match the digest its chain binds (`untampered`: changed in the database, e.g.
+    backdated into the purge's scope) is left as it is, never re-bound: re-binding it would launder the
+    change. It is counted (`stats["tampered"]` when `stats` is given, the batch's governance event, a
+    warning) and `verify_audit` keeps naming it.
     """
     if older_than_days is None and not run_id:
         raise ValueError("purge_reasoning needs older_than_days, run_id or both")
@@ -164,11 +172,12 @@ def purge_reasoning(
     scope = scope.exclude(held())
     # An interrupted run's saved resume state holds the same reasoning: erased first (issue 30).
     discard_resume_states(run_ids=scope.order_by().values_list("run_id", flat=True).distinct())
-    purged = 0
+    purged = tampered = last = 0
     while True:
-        ids = list(scope.order_by("pk").values_list("pk", flat=True)[:batch_size])
+        ids = list(scope.filter(pk__gt=last).order_by("pk").values_list("pk", flat=True)[:batch_size])
         if not ids:
             break
+        last = ids[-1]
         with transaction.atomic():
             locked = list(
                 AgentReasoningAudit.objects.select_for_update()
@@ -176,6 +185,8 @@ def purge_reasoning(
                 .order_by("pk")
                 .values_list("pk", flat=True)
             )
+            locked, changed = untampered(locked)
+            tampered += changed
             AgentReasoningAudit.objects.filter(pk__in=locked).update(
                 reasoning_content=None, assistant_text=None, purged_at=now
             )
@@ -191,9 +202,14 @@ def purge_reasoning(
                         "rows": len(locked),
                         "runIds": sorted({row["run_id"] for row in rows}),
                         "olderThanDays": older_than_days,
+                        **({"tamperedRowsLeft": changed} if changed else {}),
                     },
                 )
         purged += len(locked)
+    if tampered:
+        logger.warning("reasoning purge left rows=%d that do not match their chained digests", tampered)
+    if stats is not None:
+        stats.update(purged=purged, tampered=tampered)
     logger.info(
         "reasoning purged rows=%d older_than_days=%s run=%s",
         purged,
@@ -201,6 +217,37 @@ def purge_reasoning(
         run_id or "-",
     )
     return purged
+
+
+def untampered(pks: list[int]) -> tuple[list[int], int]:
+    """(the rows among `pks` that match the digest their run's chain binds, how many do not), by the rule
+    `verify_audit` applies (`audit.binding.verify_rows`): a row bound without a digest, or unbound in a
+    run recorded before row digests, counts as matching; a row whose stored form differs from its
+    binding, or that no event binds in a run with digests, does not. Reads the rows and their runs'
+    events once."""
+    if not pks:
+        return [], 0
+    rows = stored_reasoning_rows(pk__in=pks)
+    run_ids = sorted({row["run_id"] for row in rows})
+    events: dict[str, list[Any]] = {run_id: [] for run_id in run_ids}
+    for event in (
+        TraceEvent.objects.filter(run_id__in=run_ids)
+        .order_by("run_id", "sequence_no")
+        .only("run_id", "sequence_no", "event_type", "status", "details")
+    ):
+        events[event.run_id].append(event)
+    bindings = {run_id: collect(run_events) for run_id, run_events in events.items()}
+    good = []
+    for row in rows:
+        run = bindings[row["run_id"]]
+        bound = run.reasoning.get((row["step_index"], row["agent_name"]))
+        if bound is None:
+            matches = not run.digests_seen
+        else:
+            matches = bound.digest is None or bound.digest == rowdigest.REASONING.digest(row)
+        if matches:
+            good.append(row["id"])
+    return sorted(good), len(rows) - len(good)
 
 
 def purge_expired_reasoning(*, now: dt.datetime | None = None) -> int:
@@ -219,6 +266,7 @@ class RotationReport:
     encrypted: int = 0
     unreadable: int = 0
     skipped: int = 0
+    tampered: int = 0  # rows that do not match their chained digests: left as they are, never re-bound
 
 
 def rotate_reasoning_keys(
@@ -251,9 +299,14 @@ def rotate_reasoning_keys(
             break
         with transaction.atomic():
             changed = []
+            matching, tampered = untampered([pk for pk, _, _ in batch])
+            report.tampered += tampered
+            matching = set(matching)
             for pk, reasoning, assistant in batch:
                 last = pk
                 report.scanned += 1
+                if pk not in matching:
+                    continue
                 try:
                     new_reasoning, how_r = _reencrypt(keyring, reasoning)
                     new_assistant, how_a = _reencrypt(keyring, assistant)
@@ -281,13 +334,15 @@ def rotate_reasoning_keys(
                     details={"rows": len(changed), "keyId": report.key_id},
                 )
     logger.info(
-        "reasoning keys rotated key=%s scanned=%d rotated=%d encrypted=%d unreadable=%d skipped=%d",
+        "reasoning keys rotated key=%s scanned=%d rotated=%d encrypted=%d unreadable=%d skipped=%d "
+        "tampered=%d",
         report.key_id,
         report.scanned,
         report.rotated,
         report.encrypted,
         report.unreadable,
         report.skipped,
+        report.tampered,
     )
     return report
 

@@ -16,6 +16,7 @@ from django.core.management import CommandError, call_command
 from django.core.management.base import SystemCheckError
 from django.db import connection, transaction
 
+from diagnosis import services
 from reasoning import crypto
 from reasoning.fields import Ciphertext
 from reasoning.models import AgentReasoningAudit
@@ -145,7 +146,8 @@ def _insert_legacy_plaintext(run):
 
 
 def test_legacy_plaintext_reads_and_rotation_encrypts_it(user):
-    run = make_recorded_run(user)
+    # A run recorded before row digests (no chain binds its rows): its plaintext row is encrypted.
+    run = services.create_run(session=services.create_session(owner=user), query="before digests")
     _insert_legacy_plaintext(run)
     legacy = AgentReasoningAudit.objects.get(step_index=99)
     assert legacy.reasoning_content == f"legacy {REASONING_MARKER}"

@@ -151,16 +151,19 @@ def test_the_marker_appears_only_in_the_reasoning_response(
 # --------------------------------------------------------------------------------------------------
 # Retention
 # --------------------------------------------------------------------------------------------------
-def _age(run_id, days):
-    AgentReasoningAudit.objects.filter(run_id=run_id).update(
-        created_at=timezone.now() - dt.timedelta(days=days)
-    )
+def _recorded_days_ago(owner, monkeypatch, days):
+    """A run recorded `days` days ago: the clock is moved back while it is recorded, so every row and
+    event carries that time as a real old run does (backdating its rows afterwards would be a database
+    write that no digest covers, which the purge rightly refuses to re-bind)."""
+    then = timezone.now() - dt.timedelta(days=days)
+    with monkeypatch.context() as m:
+        m.setattr(timezone, "now", lambda: then)
+        return make_recorded_run(owner)
 
 
-def test_purge_by_age_erases_content_and_keeps_the_rows(api_client, auditor, user, settings):
-    old, recent = make_recorded_run(user), make_recorded_run(user)
-    _age(old.run_id, settings.REASONING_RETENTION_DAYS + 1)
-    _age(recent.run_id, settings.REASONING_RETENTION_DAYS - 1)
+def test_purge_by_age_erases_content_and_keeps_the_rows(api_client, auditor, user, settings, monkeypatch):
+    old = _recorded_days_ago(user, monkeypatch, settings.REASONING_RETENTION_DAYS + 1)
+    recent = _recorded_days_ago(user, monkeypatch, settings.REASONING_RETENTION_DAYS - 1)
     before = {r.pk: (r.reasoning_available, r.content_bytes) for r in AgentReasoningAudit.objects.all()}
 
     out = io.StringIO()
@@ -188,9 +191,8 @@ def test_purge_by_age_erases_content_and_keeps_the_rows(api_client, auditor, use
     assert "purged 0 reasoning row(s)" in out.getvalue()  # idempotent
 
 
-def test_purge_older_than_overrides_the_setting(user):
-    run = make_recorded_run(user)
-    _age(run.run_id, 3)
+def test_purge_older_than_overrides_the_setting(user, monkeypatch):
+    _recorded_days_ago(user, monkeypatch, 3)
     call_command("purge_reasoning", "--older-than", "5", stdout=io.StringIO())
     assert not AgentReasoningAudit.objects.filter(purged_at__isnull=False).exists()
     call_command("purge_reasoning", "--older-than", "2", stdout=io.StringIO())

@@ -132,3 +132,29 @@ def test_a_review_then_a_purge_and_a_rotation_of_an_executed_run(llm, user, sett
     assert [e.sequence_no for e in tail] == [first, first + 1, first + 2] and review.sequence_no == first
     _verify_audit()
     _verify_audit("--run", run.run_id)
+
+
+def test_a_row_changed_in_the_database_is_neither_purged_nor_rekeyed_and_stays_named(llm, user):
+    """Re-binding a tampered row would launder the change: a backdated reasoning row (moved into the
+    purge's scope) is left as it is by the purge and by key rotation, and verify_audit still names it."""
+    import datetime as dt
+
+    from django.core.management import CommandError
+    from django.utils import timezone
+
+    from reasoning.services import purge_reasoning, rotate_reasoning_keys
+
+    run = _execute(llm, user)
+    row = AgentReasoningAudit.objects.filter(run_id=run.run_id).order_by("pk").first()
+    AgentReasoningAudit.objects.filter(pk=row.pk).update(created_at=timezone.now() - dt.timedelta(days=400))
+    stats: dict[str, int] = {}
+    assert purge_reasoning(older_than_days=365, stats=stats) == 0
+    assert stats == {"purged": 0, "tampered": 1}
+    row.refresh_from_db()
+    assert row.purged_at is None and row.reasoning_content is not None
+    assert not _after_finish(run)  # nothing appended: no digest re-bound
+    assert rotate_reasoning_keys().tampered == 0  # nothing to re-encrypt: all under the newest key
+    out = io.StringIO()
+    with pytest.raises(CommandError):
+        call_command("verify_audit", "--run", run.run_id, stdout=out)
+    assert "stored row does not match its digest" in out.getvalue()

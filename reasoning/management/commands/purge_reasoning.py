@@ -29,10 +29,16 @@ class Command(BaseCommand):
             days = settings.REASONING_RETENTION_DAYS
         if days is not None and days < 0:
             raise CommandError("--older-than must be 0 or more days")
-        purged = purge_reasoning(older_than_days=days, run_id=run_id)
+        stats: dict[str, int] = {}
+        purged = purge_reasoning(older_than_days=days, run_id=run_id, stats=stats)
         scope = []
         if days is not None:
             scope.append(f"older than {days} day(s)")
         if run_id:
             scope.append(f"of run {run_id}")
         self.stdout.write(f"purged {purged} reasoning row(s) {' and '.join(scope)}")
+        if stats.get("tampered"):
+            self.stdout.write(
+                f"left {stats['tampered']} row(s) as they are: they do not match the digest their chain "
+                "binds (verify_audit names them)"
+            )

@@ -23,7 +23,8 @@ class Command(BaseCommand):
         self.stdout.write(
             f"newest key {report.key_id}: scanned {report.scanned}, re-encrypted {report.rotated}, "
             f"encrypted from plaintext {report.encrypted}, unreadable {report.unreadable}, "
-            f"skipped (purged meanwhile) {report.skipped}"
+            f"skipped (purged meanwhile) {report.skipped}, left as they are (do not match their chained "
+            f"digests: verify_audit names them) {report.tampered}"
         )
         if report.unreadable:
             raise CommandError(
