@@ -2,7 +2,8 @@
 
 For each run: the timeline's hash chain and sequence numbers (`audit.integrity.verify_chain`: 1..n
 without gap or repeat, `prev_hash` links, each hash recomputed from its own fields); every durable row
-(steps, tools, reasoning rows, reviews, the run's terminal summary) against the digest its chain carries
+(steps, tools, reasoning rows, reviews, the run's identity and its session's, the run's terminal
+summary) against the digest its chain carries
 (`audit.binding.verify_rows`: a changed, deleted or unrecorded row is named); and, for a finished run,
 whether the stored events, steps, tools and reasoning rows match the counts the chain says the recorder
 attempted (older runs without counts in their chain: the run's `expected_*` columns) and whether any audit
@@ -49,7 +50,7 @@ from audit.retention import tombstone_problems
 from audit.rowdigest import stored_reasoning_rows
 from audit.transparency import leafdata
 from audit.transparency.verify import check_anchor, leaves_of
-from diagnosis.models import DiagnosisRun
+from diagnosis.models import ChatSession, DiagnosisRun
 from pricing.costs import cost_disagreements, load_price_book, price_of_run, refresh_run_costs
 from pricing.rules import CostStatus, PriceBook
 
@@ -85,6 +86,7 @@ def verify_run(run_id: str) -> RunVerification:
     if tombstone is not None:
         return _purged(run_id, tombstone, leaf)
     steps, tools, reasoning, reviews = _rows([run_id])
+    sessions = _sessions([run] if run is not None else [])
     result = _check(
         run_id,
         events,
@@ -95,6 +97,7 @@ def verify_run(run_id: str) -> RunVerification:
         reviews=reviews[run_id],
         leaf=leaf,
         book=load_price_book(),
+        session=sessions.get(run.session_id) if run is not None else None,
     )
     if run is None:
         result.incomplete.append("no run row for these events")
@@ -137,6 +140,7 @@ def verify_all_runs(*, batch_size: int = RUN_BATCH) -> Iterator[RunVerification]
             by_run[event.run_id].append(event)
         steps, tools, reasoning, reviews = _rows(ids)
         leaves = leaves_of(ids)
+        sessions = _sessions(runs)
         for run in runs:
             yield _check(
                 run.run_id,
@@ -148,6 +152,7 @@ def verify_all_runs(*, batch_size: int = RUN_BATCH) -> Iterator[RunVerification]
                 reviews=reviews.pop(run.run_id, []),
                 leaf=leaves.get(run.run_id),
                 book=book,
+                session=sessions.get(run.session_id),
             )
 
 
@@ -167,6 +172,12 @@ def _rows(run_ids: list[str]) -> tuple[dict[str, list], dict[str, list], dict[st
     return steps, tools, reasoning, reviews
 
 
+def _sessions(runs: list[DiagnosisRun]) -> dict[str, ChatSession]:
+    """The stored sessions of `runs` by session id (one query), for the identity their runs bind."""
+    ids = {r.session_id for r in runs}
+    return {s.session_id: s for s in ChatSession.objects.filter(session_id__in=ids)} if ids else {}
+
+
 def _check(
     run_id: str,
     events: list[TraceEvent],
@@ -178,6 +189,7 @@ def _check(
     reviews: list[RunReview] = (),
     leaf: LogLeaf | None = None,
     book: PriceBook | None = None,
+    session: ChatSession | None = None,
 ) -> RunVerification:
     verdict = verify_chain(events)
     result = RunVerification(run_id=run_id, events=verdict.events, chain_valid=verdict.valid)
@@ -186,7 +198,15 @@ def _check(
     result.invalid.extend(anchor_problems)
     result.leaf_index = leaf.leaf_index if leaf is not None else None
     result.unanchored = bool(anchor_notes)
-    rows = verify_rows(events=events, run=run, steps=steps, tools=tools, reasoning=reasoning, reviews=reviews)
+    rows = verify_rows(
+        events=events,
+        run=run,
+        steps=steps,
+        tools=tools,
+        reasoning=reasoning,
+        reviews=reviews,
+        session=session,
+    )
     result.rows_verified = rows.verified
     result.invalid.extend(rows.problems)
     result.notes.extend(rows.notes)

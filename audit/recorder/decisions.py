@@ -121,7 +121,7 @@ class DecisionRecords:
         if not_applicable:
             status, summary = "NOT_APPLICABLE", f"{intent} (routing not applicable: {clip(reason, 120)})"
             details["notApplicable"] = True
-        return self._write(
+        seq = self._write(
             "routing_decision",
             [
                 _Event(
@@ -130,6 +130,9 @@ class DecisionRecords:
             ],
             run_fields={"intent": intent},
         )
+        if seq is not None:
+            self.intent = intent  # what the terminal update writes again (and `run/4` binds)
+        return seq
 
     # ----------------------------------------------------------------------------------------------
     # Agent model step
