@@ -53,6 +53,7 @@ from audit.transparency.verify import check_anchor, leaves_of
 from diagnosis.models import ChatSession, DiagnosisRun
 from pricing.costs import cost_disagreements, load_price_book, price_of_run, refresh_run_costs
 from pricing.rules import CostStatus, PriceBook
+from reasoning.models import AgentReasoningAudit
 
 RUN_BATCH = 200
 
@@ -126,12 +127,15 @@ def _purged(run_id: str, tombstone: RunTombstone, leaf: LogLeaf | None) -> RunVe
 
 
 def verify_all_runs(*, batch_size: int = RUN_BATCH) -> Iterator[RunVerification]:
-    """Verify every run, oldest first, `batch_size` runs at a time."""
+    """Verify every run, oldest first, `batch_size` runs at a time, then every run id that audit rows
+    name without a run row (`orphaned_run_ids`)."""
     last = 0
     book = load_price_book()
     while True:
         runs = list(annotate_recomputed(DiagnosisRun.objects.filter(pk__gt=last)).order_by("pk")[:batch_size])
         if not runs:
+            for run_id in orphaned_run_ids():
+                yield verify_run(run_id)
             return
         last = runs[-1].pk
         ids = [r.run_id for r in runs]
@@ -154,6 +158,17 @@ def verify_all_runs(*, batch_size: int = RUN_BATCH) -> Iterator[RunVerification]
                 book=book,
                 session=sessions.get(run.session_id),
             )
+
+
+def orphaned_run_ids() -> list[str]:
+    """The run ids that stored audit rows (events, steps, tools, reasoning rows, reviews) name but no
+    run row has: a run row deleted, or rows forged for a run that never was. Each is verified like a
+    run (`verify_run`), so that its rows are named."""
+    known = DiagnosisRun.objects.values("run_id")
+    ids: set[str] = set()
+    for model in (TraceEvent, AgentStep, ToolInvocation, AgentReasoningAudit, RunReview):
+        ids.update(model.objects.exclude(run_id__in=known).values_list("run_id", flat=True).distinct())
+    return sorted(ids)
 
 
 def _rows(run_ids: list[str]) -> tuple[dict[str, list], dict[str, list], dict[str, list], dict[str, list]]:
