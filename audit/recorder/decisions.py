@@ -121,7 +121,10 @@ class DecisionRecords:
         if not_applicable:
             status, summary = "NOT_APPLICABLE", f"{intent} (routing not applicable: {clip(reason, 120)})"
             details["notApplicable"] = True
-        seq = self._write(
+        # What the terminal update writes again (and `run/4` binds), whether or not this write lands
+        # (held decisions commit later; a lost one is counted).
+        self.intent = intent
+        return self._write(
             "routing_decision",
             [
                 _Event(
@@ -130,9 +133,6 @@ class DecisionRecords:
             ],
             run_fields={"intent": intent},
         )
-        if seq is not None:
-            self.intent = intent  # what the terminal update writes again (and `run/4` binds)
-        return seq
 
     # ----------------------------------------------------------------------------------------------
     # Agent model step
