@@ -40,8 +40,15 @@ from audit.models import (
     ToolInvocation,
     TraceEvent,
 )
-from diagnosis.models import AiOpsAlert, ChatSession, DiagnosisRun, RunFeedback
-from reasoning.models import AgentReasoningAudit
+from diagnosis.models import (
+    AiOpsAlert,
+    ChatSession,
+    DiagnosisRun,
+    KnowledgeChunk,
+    KnowledgeDocument,
+    RunFeedback,
+)
+from reasoning.models import AgentReasoningAudit, ReasoningAccessLog
 
 SURROGATE = "database-assigned surrogate key: no form binds it; rows are named by their run-scoped keys"
 
@@ -273,6 +280,17 @@ EXCLUDED: dict[type[models.Model], dict[str, str]] = {
 }
 
 AUDITED: tuple[type[models.Model], ...] = tuple(EXCLUDED)
+
+# The other models of the apps that hold the record (`audit`, `diagnosis`, `reasoning`), and why they are
+# no part of it; a new model in those apps is in one of the two lists (the tamper matrix checks).
+NOT_AUDITED: dict[type[models.Model], str] = {
+    KnowledgeDocument: "the runbook corpus the tools search; a tool's result is bound by its output_sha256",
+    KnowledgeChunk: "the runbook corpus the tools search; a tool's result is bound by its output_sha256",
+    ReasoningAccessLog: (
+        "who read reasoning content (append-only by the application): an access log beside the record, "
+        "bound by no chain yet"
+    ),
+}
 
 ROWS: dict[type[models.Model], str] = {
     DiagnosisRun: "a deleted anchored run is named by its leaf; a forged one has no chain for its counts",

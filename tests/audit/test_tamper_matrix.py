@@ -372,6 +372,16 @@ def test_every_field_is_covered_or_excluded(model):
         assert reason.strip()
 
 
+def test_every_model_of_the_record_apps_is_audited_or_said_not_to_be():
+    from django.apps import apps
+
+    models_of_the_record = {
+        m for app in ("audit", "diagnosis", "reasoning") for m in apps.get_app_config(app).get_models()
+    }
+    assert models_of_the_record == set(coverage.AUDITED) | set(coverage.NOT_AUDITED)
+    assert not set(coverage.AUDITED) & set(coverage.NOT_AUDITED)
+
+
 def test_the_documented_table_is_the_registry():
     from pathlib import Path
 
