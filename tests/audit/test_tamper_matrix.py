@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import io
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -86,7 +86,6 @@ class World:
     other_user: int
     grant_sequence: int  # the governance event adding a user to the reasoning auditors
     purge_refused: str | None = None  # why the reasoning purge of the runtime's run was refused
-    notes: list[str] = field(default_factory=list)
 
 
 def _settings_of_the_module(signing_key: str) -> dict[str, Any]:
@@ -177,7 +176,8 @@ def _build(tmp_path) -> World:
 
 @pytest.fixture(scope="module")
 def world(django_db_setup, django_db_blocker, tmp_path_factory):
-    """The module's runs, committed once; the database is flushed after the module's last case."""
+    """The module's runs, committed once; every table `migrate` did not fill is emptied after the
+    module's last case."""
     with django_db_blocker.unblock(), override_settings(**_settings_of_the_module(keys.generate_key_text())):
         try:
             built = _build(tmp_path_factory.mktemp("matrix"))
@@ -218,11 +218,22 @@ def assert_caught_run(run_id: str) -> None:
     """`verify_audit` fails, and `verify_audit --run` (the run's inclusion proof in the newest
     checkpoint) names the run: a rewrite that rebuilt the run's leaf breaks only the signed root,
     which names no run by itself."""
-    assert_caught(run_id, "root does not match")
+    assert_caught(*run_named(run_id), "root does not match")
     out = io.StringIO()
     with pytest.raises(CommandError):
         call_command("verify_audit", run=run_id, stdout=out)
     assert f"run={run_id} INVALID" in out.getvalue(), out.getvalue()
+
+
+def run_named(run_id: str) -> tuple[str, ...]:
+    """How verify_audit names a run with a problem (never one of its notes)."""
+    return (
+        f"run={run_id} INVALID",
+        f"run={run_id} INCOMPLETE",
+        f"run={run_id} FACTS",
+        f"anchored run {run_id} ",
+        f"tombstone of run {run_id}",
+    )
 
 
 def assert_caught(*names: str) -> str:
@@ -275,7 +286,7 @@ def _names(model: type[models.Model], row: Any) -> tuple[str, ...]:
         return row[name] if isinstance(row, dict) else getattr(row, name)
 
     if model is DiagnosisRun:
-        return (get("run_id"),)
+        return run_named(get("run_id"))
     if model is ChatSession:
         return (f"session {get('session_id')}",)
     if model is TraceEvent:
@@ -305,7 +316,7 @@ def _names(model: type[models.Model], row: Any) -> tuple[str, ...]:
         size = get("tree_size")
         return (f"checkpoint tree_size={size}", f"checkpoint {size}", "not covered by a signed checkpoint")
     if model is RunTombstone:
-        return (f"tombstone of run {get('run_id')}", str(get("run_id")))
+        return run_named(get("run_id"))
     raise AssertionError(model)
 
 
@@ -536,7 +547,7 @@ def test_attack_anchored_run_rewritten_and_rehashed_after_its_leaf_run_id_is_nul
     LogLeaf.objects.filter(run_id=world.chat).update(run_id=None)
     _rewrite_content(world.chat, "Reboot the host; nothing else is needed.")
     checkpoint()
-    assert_caught(world.chat)
+    assert_caught(*run_named(world.chat))
 
 
 def test_attack_anchored_run_deleted_whole_after_its_leaf_run_id_is_nulled(world):
@@ -545,7 +556,7 @@ def test_attack_anchored_run_deleted_whole_after_its_leaf_run_id_is_nulled(world
         model.objects.filter(run_id=world.chat).delete()
     DiagnosisRun.objects.filter(run_id=world.chat).delete()
     checkpoint()
-    assert_caught(world.chat)
+    assert_caught(*run_named(world.chat))
 
 
 def test_attack_governance_grant_deleted_renumbered_rehashed_with_leaves_unlinked(world):
@@ -568,7 +579,7 @@ def test_attack_governance_grant_deleted_renumbered_rehashed_with_leaves_unlinke
         GovernanceEvent.objects.filter(pk=event.pk).update(sequence_no=number, prev_hash=prev, hash=digest)
         prev = digest
     LogLeaf.objects.filter(governance_sequence_no__isnull=False).update(governance_sequence_no=None)
-    assert_caught("governance")
+    assert_caught("governance INVALID")
 
 
 def test_attack_review_flipped_after_a_checkpoint(world):
@@ -585,7 +596,7 @@ def test_attack_review_flipped_after_a_checkpoint(world):
     )
     _rechain(world.chat, from_sequence=review.sequence_no)
     DiagnosisRun.objects.filter(run_id=world.chat).update(review_verdict="correct")
-    assert_caught(world.chat)
+    assert_caught(*run_named(world.chat))
 
 
 def test_attack_hold_row_deleted_then_the_retention_purge_removes_the_held_run(world):
@@ -594,7 +605,7 @@ def test_attack_hold_row_deleted_then_the_retention_purge_removes_the_held_run(w
     LegalHold.objects.filter(pk=world.hold_id).delete()
     report = purge_expired_runs(now=timezone.now(), retention_days=0)
     assert world.failed in report.purged
-    assert_caught(world.failed)
+    assert_caught(*run_named(world.failed))
 
 
 @pytest.mark.parametrize(
@@ -610,7 +621,7 @@ def test_attack_question_intent_error_of_a_run_changed(world, run, column, value
     """Issue 30: no digest covered the user's question, the run's intent or its error."""
     run_id = getattr(world, run)
     DiagnosisRun.objects.filter(run_id=run_id).update(**{column: value})
-    assert_caught(run_id)
+    assert_caught(*run_named(run_id))
 
 
 def test_attack_owner_of_a_session_changed(world):
@@ -621,7 +632,7 @@ def test_attack_owner_of_a_session_changed(world):
 
 def test_attack_run_moved_to_another_owners_session(world):
     DiagnosisRun.objects.filter(run_id=world.chat).update(session_id=world.other_session)
-    assert_caught(world.chat)
+    assert_caught(*run_named(world.chat))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -669,4 +680,4 @@ def test_rehash_rewritten_step_with_its_digest_and_chain(world):
         details={**event.details, "stepDigest": rowdigest.STEP.digest_of(step)}
     )
     _rechain(world.chat, from_sequence=event.sequence_no)
-    assert_caught(world.chat)
+    assert_caught(*run_named(world.chat))
