@@ -116,7 +116,6 @@ COVERED: dict[type[models.Model], dict[str, str]] = {
         "leaf_hash": "checkpoint: the signed root is the Merkle hash of the leaf hashes",
         "data": "checkpoint: its RFC 9162 hash is the leaf hash",
         "run_id": "leaf data: must equal the signed runId (none for a governance leaf)",
-        "session_id": "leaf data: must equal the signed sessionId",
         "governance_sequence_no": "leaf data: must equal the signed lastSequenceNo of a governance leaf",
     },
     LogNode: _same(("level", "node_index", "hash"), "checkpoint: recomputed from the signed leaves"),
@@ -135,7 +134,6 @@ COVERED: dict[type[models.Model], dict[str, str]] = {
         "run_id": "leaf data: must name a signed run leaf whose run is gone",
         "leaf_index": "leaf data: must be that run's leaf",
         "session_id": "leaf data: must equal the signed sessionId",
-        "finished_at": "leaf data: must equal the signed finishedAt",
         "purged_at": "governance chain: the AUDIT_RUNS_PURGED event naming the run, after its retention",
     },
 }
@@ -212,6 +210,10 @@ EXCLUDED: dict[type[models.Model], dict[str, str]] = {
     GovernanceEvent: {"id": SURROGATE},
     LogLeaf: {
         "id": SURROGATE,
+        "session_id": (
+            "an index copy of the signed sessionId that no check or purge reads (the verifier recomputes "
+            "the leaf from the run's chain and its run row)"
+        ),
         "appended_at": (
             "when the row was written: not signed (the covering checkpoint's signed time bounds it)"
         ),
@@ -228,6 +230,7 @@ EXCLUDED: dict[type[models.Model], dict[str, str]] = {
     Checkpoint: {"id": SURROGATE},
     RunTombstone: {
         "id": SURROGATE,
+        "finished_at": "a display copy of the signed finishedAt: the retention check reads the leaf's",
         "retention_days": (
             "the purge's setting, repeated in its chained AUDIT_RUNS_PURGED event (retentionDays)"
         ),

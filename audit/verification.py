@@ -162,12 +162,15 @@ def verify_all_runs(*, batch_size: int = RUN_BATCH) -> Iterator[RunVerification]
 
 def orphaned_run_ids() -> list[str]:
     """The run ids that stored audit rows (events, steps, tools, reasoning rows, reviews) name but no
-    run row has: a run row deleted, or rows forged for a run that never was. Each is verified like a
-    run (`verify_run`), so that its rows are named."""
+    run row has (a run row deleted, or rows forged for a run that never was), and those of tombstones
+    without a run leaf (a tombstone forged for a run never anchored). Each is verified like a run
+    (`verify_run`), so that its rows are named."""
     known = DiagnosisRun.objects.values("run_id")
     ids: set[str] = set()
     for model in (TraceEvent, AgentStep, ToolInvocation, AgentReasoningAudit, RunReview):
         ids.update(model.objects.exclude(run_id__in=known).values_list("run_id", flat=True).distinct())
+    anchored = LogLeaf.objects.filter(run_id__isnull=False).values("run_id")
+    ids.update(RunTombstone.objects.exclude(run_id__in=anchored).values_list("run_id", flat=True))
     return sorted(ids)
 
 
