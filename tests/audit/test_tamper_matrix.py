@@ -681,3 +681,11 @@ def test_rehash_rewritten_step_with_its_digest_and_chain(world):
     )
     _rechain(world.chat, from_sequence=event.sequence_no)
     assert_caught(*run_named(world.chat))
+
+
+def test_a_leaf_hash_that_is_not_hexadecimal_is_named_not_a_crash(world):
+    """Fail closed (issue 30 item 9): a column the verifier decodes, written as no writer would, is a
+    problem named by its row, never an exception that ends the verification."""
+    leaf = LogLeaf.objects.get(run_id=world.chat)
+    LogLeaf.objects.filter(pk=leaf.pk).update(leaf_hash="z" * 64)
+    assert_caught(*_names(LogLeaf, leaf))
