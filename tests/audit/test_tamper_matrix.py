@@ -445,6 +445,7 @@ def test_a_changed_covered_column_is_named(world, model, name, variant):
         # The database refuses the write (a foreign key or unique constraint): nothing changed.
         assert getattr(model.objects.get(pk=row.pk), f.attname) == before
         return
+    assert getattr(model.objects.get(pk=row.pk), f.attname) != before  # the write landed
     # Named as it was or as it now is (a changed key names the row by its new key too).
     changed = {c.attname: getattr(row, c.attname) for c in model._meta.concrete_fields} | {f.attname: after}
     assert_caught(*_names(model, row), *_names(model, changed))
@@ -628,6 +629,16 @@ def test_attack_owner_of_a_session_changed(world):
     session_id = DiagnosisRun.objects.get(run_id=world.chat).session_id
     ChatSession.objects.filter(session_id=session_id).update(owner_id=world.other_user)
     assert_caught(f"session {session_id}")
+
+
+def test_a_deleted_session_is_named_by_its_runs(world):
+    """A session row is in ROWS_EXCLUDED as a table (an empty one records nothing), but one with runs
+    is bound by each of them."""
+    session = DiagnosisRun.objects.get(run_id=world.chat).session
+    if not _raw_delete(ChatSession, session.pk):
+        assert ChatSession.objects.filter(pk=session.pk).exists()  # MariaDB: the runs' foreign key refuses
+        return
+    assert_caught(f"session {session.session_id} missing")
 
 
 def test_attack_run_moved_to_another_owners_session(world):
