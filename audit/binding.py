@@ -12,6 +12,9 @@ The recorder puts each row's digest into the details of the event that records i
 * `REASONING_PURGED` / `REASONING_REKEYED`: `rows`, each `{id, stepIndex, agentName, digest}` of what is
   stored after the purge or re-encryption;
 * `REVIEW_RECORDED`: `reviewDigest`, the review row (`audit.RunReview`) named by its `reviewId`;
+* `RUN_STARTED`: `startDigest` (the run's identity as created: id, session, question, flow, creation;
+  form `startForm`, `run-start`) and `sessionDigest` (its session's id, owner and creation; form
+  `sessionForm`, `session`). A run started before these digests is noted, not failed;
 * `RUN_FINISHED`: `runDigest` (the run's terminal summary, in the form named by `runForm`; see
   `audit.rowdigest`) and `expected` (events, steps, tools and reasoning rows the recorder attempted).
 
@@ -31,6 +34,9 @@ from audit import rowdigest
 from audit.bound import GOVERNANCE_EVENTS, Bound, collect, step_key, step_label
 
 NOT_BOUND = "not bound (recorded before row digests)"
+IDENTITY_NOT_BOUND = "run identity (question, session, owner) not bound (started before identity digests)"
+# `verify_rows(session=…)` not given: the session row is not checked (a caller without it at hand).
+UNCHECKED = object()
 __all__ = ["GOVERNANCE_EVENTS", "NOT_BOUND", "Expected", "RowVerdict", "verify_rows"]
 
 
@@ -73,8 +79,11 @@ def verify_rows(
     tools: Iterable[Any],
     reasoning: Iterable[Mapping[str, Any]],
     reviews: Iterable[Any] = (),
+    session: Any = UNCHECKED,
 ) -> RowVerdict:
-    """Verify one run's stored rows against the digests in its (ordered) events."""
+    """Verify one run's stored rows against the digests in its (ordered) events; `session`: the run's
+    stored session row (None: there is none), checked against RUN_STARTED's `sessionDigest` unless
+    not given."""
     verdict = RowVerdict()
     bindings = collect(events)
     bound_steps, bound_tools, bound_reasoning = bindings.steps, bindings.tools, bindings.reasoning
@@ -174,6 +183,8 @@ def verify_rows(
     elif run is not None and run.is_terminal and digests_seen:
         verdict.unfinished = "run: terminal summary not recorded in the chain"
 
+    _check_identity(verdict, bindings, run, session)
+
     for label, names in legacy.items():
         verdict.notes.append(f"{label}{'' if len(names) == 1 else 's'} {', '.join(names)}: {NOT_BOUND}")
 
@@ -193,6 +204,40 @@ def verify_rows(
             reasoning=bindings.reasoning_events if digests_seen else None,
         )
     return verdict
+
+
+def _check_identity(verdict: RowVerdict, bindings: Any, run: Any | None, session: Any) -> None:
+    """The run's and its session's identity against RUN_STARTED's digests (`run-start`, `session`).
+    Only problems and notes: the run row is counted once, by its terminal summary, and the session is
+    not a row of the run (the counts of `verified` stay what the trace and `verify_audit` both show)."""
+    started = bindings.started
+    if run is None or started is None:
+        return  # no run row (named by the caller) or no RUN_STARTED (a chain problem if one was written)
+    if started.digest is None:
+        verdict.notes.append(IDENTITY_NOT_BOUND)
+        return
+    form = rowdigest.start_form(started.form)
+    if form is None:
+        verdict.problems.append(f"run: identity at sequence {started.sequence_no} names an unknown form")
+    elif form.digest_of(run) != started.digest:
+        verdict.problems.append(
+            "run: stored identity (question, session, agent flow, creation time) does not match its "
+            f"digest at sequence {started.sequence_no}"
+        )
+    bound = bindings.session
+    if session is UNCHECKED or bound is None or bound.digest is None:
+        return
+    form = rowdigest.session_form(bound.form)
+    where = f"session {run.session_id}"
+    if form is None:
+        verdict.problems.append(f"{where}: bound at sequence {bound.sequence_no} in an unknown form")
+    elif session is None:
+        verdict.problems.append(f"{where} missing (bound at sequence {bound.sequence_no})")
+    elif form.digest_of(session) != bound.digest:
+        verdict.problems.append(
+            f"{where}: stored owner or creation time does not match its digest at sequence "
+            f"{bound.sequence_no}"
+        )
 
 
 def _reasoning_name(key: tuple[int, str]) -> str:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+RUN_STARTED = "RUN_STARTED"
 AGENT_MODEL_STEP = "AGENT_MODEL_STEP"
 TOOL_INVOCATION = "TOOL_INVOCATION"
 RUN_FINISHED = "RUN_FINISHED"
@@ -64,6 +65,11 @@ class Bindings:
     # reviewId -> the REVIEW_RECORDED event that binds the review row (`reviewDigest`).
     reviews: dict[str, Bound] = field(default_factory=dict)
     finished: tuple[int, str | None, dict | None, str | None] | None = None
+    # RUN_STARTED's bindings of the run's identity (`startDigest`, form `startForm`) and of its
+    # session's (`sessionDigest`, `sessionForm`); None without a RUN_STARTED, a digest of None for a
+    # run started before identity digests.
+    started: Bound | None = None
+    session: Bound | None = None
     digests_seen: bool = False
     governance: int = 0
     step_events: int = 0
@@ -77,7 +83,10 @@ def collect(events: Sequence[Any]) -> Bindings:
     for event in events:
         d = event.details if isinstance(event.details, dict) else {}
         seq, kind = event.sequence_no, event.event_type
-        if kind == AGENT_MODEL_STEP:
+        if kind == RUN_STARTED:
+            b.started = Bound(seq, d.get("startDigest"), form=d.get("startForm"))
+            b.session = Bound(seq, d.get("sessionDigest"), form=d.get("sessionForm"))
+        elif kind == AGENT_MODEL_STEP:
             b.step_events += 1
             b.steps[step_key(d.get("stepIndex"), d.get("agentName"))] = Bound(seq, d.get("stepDigest"))
             b.digests_seen |= "stepDigest" in d

@@ -24,6 +24,7 @@ forging a tombstone, therefore proves nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 from dataclasses import dataclass, field
@@ -49,6 +50,7 @@ from audit.models import (
     ToolInvocation,
     TraceEvent,
 )
+from audit.payloads import sha256_hex
 from audit.recorder.governance import record_governance_event
 from audit.transparency import keys, leafdata
 from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun, RunFeedback
@@ -84,6 +86,10 @@ class ChainedHold:
     placed_at: dt.datetime
     placed_seq: int
     lifted_at: dt.datetime | None = None
+    placed_by: str = ""
+    reason_sha256: str | None = None  # None: placed before the chain carried it
+    lifted_by: str = ""
+    lift_reason_sha256: str | None = None
 
     def covers(self, *, run_id: str, session_id: str, at: dt.datetime) -> bool:
         target = run_id if self.scope == HoldScope.RUN else session_id
@@ -102,7 +108,7 @@ def chained_holds() -> list[ChainedHold]:
     events = GovernanceEvent.objects.filter(
         event_type__in=(GovernanceEventType.LEGAL_HOLD_PLACED, GovernanceEventType.LEGAL_HOLD_LIFTED)
     ).order_by("sequence_no")
-    for event in events.only("sequence_no", "event_type", "details", "created_at"):
+    for event in events.only("sequence_no", "event_type", "actor", "details", "created_at"):
         details = event.details if isinstance(event.details, dict) else {}
         try:
             hold_id = int(details.get("holdId"))
@@ -117,12 +123,16 @@ def chained_holds() -> list[ChainedHold]:
                     target_id=str(details.get("targetId") or ""),
                     placed_at=event.created_at,
                     placed_seq=event.sequence_no,
+                    placed_by=event.actor,
+                    reason_sha256=details.get("reasonSha256"),
                 ),
             )
         elif hold_id in holds and holds[hold_id].lifted_at is None:
-            hold = holds[hold_id]
-            holds[hold_id] = ChainedHold(
-                hold.hold_id, hold.scope, hold.target_id, hold.placed_at, hold.placed_seq, event.created_at
+            holds[hold_id] = dataclasses.replace(
+                holds[hold_id],
+                lifted_at=event.created_at,
+                lifted_by=event.actor,
+                lift_reason_sha256=details.get("reasonSha256"),
             )
     return list(holds.values())
 
@@ -141,8 +151,9 @@ def chained_purges() -> dict[str, tuple[int, dt.datetime]]:
 
 
 def hold_problems(holds: list[ChainedHold] | None = None) -> list[str]:
-    """Every hold row that disagrees with the chain (missing, another scope or target, lifted in one and
-    not the other) and every row the chain never placed."""
+    """Every hold row that disagrees with the chain and every row the chain never placed: a row must
+    repeat its chained placement and lift exactly (scope, target, who, when, and the SHA-256 of each
+    reason; holds placed before the chain carried reason digests are compared without them)."""
     holds = chained_holds() if holds is None else holds
     rows = {h.pk: h for h in LegalHold.objects.all()}
     problems = []
@@ -151,11 +162,35 @@ def hold_problems(holds: list[ChainedHold] | None = None) -> list[str]:
         where = f"legal hold {chained.hold_id} (governance event {chained.placed_seq})"
         if row is None:
             problems.append(f"{where}: its row is missing from the hold table")
-        elif (row.scope, row.target_id) != (chained.scope, chained.target_id):
-            problems.append(f"{where}: its row names another scope or target than the chained placement")
-        elif (row.lifted_at is None) != (chained.lifted_at is None):
-            state = "lifted" if row.lifted_at is not None else "active"
-            problems.append(f"{where}: its row says {state}, the chain says the opposite")
+            continue
+        stored = {
+            "scope": row.scope,
+            "target": row.target_id,
+            "placed by": row.placed_by_username,
+            "placed at": row.placed_at,
+            "lifted": row.lifted_at is not None,
+            "lifted by": row.lifted_by_username,
+            "lifted at": row.lifted_at,
+        }
+        wanted = {
+            "scope": chained.scope,
+            "target": chained.target_id,
+            "placed by": chained.placed_by,
+            "placed at": chained.placed_at,
+            "lifted": chained.lifted_at is not None,
+            "lifted by": chained.lifted_by,
+            "lifted at": chained.lifted_at,
+        }
+        if chained.reason_sha256 is not None:
+            stored["reason"], wanted["reason"] = sha256_hex(row.reason), chained.reason_sha256
+        if chained.lift_reason_sha256 is not None:
+            stored["lift reason"] = sha256_hex(row.lift_reason)
+            wanted["lift reason"] = chained.lift_reason_sha256
+        elif chained.lifted_at is None:
+            stored["lift reason"], wanted["lift reason"] = row.lift_reason, ""
+        differ = [k for k in wanted if stored[k] != wanted[k]]
+        if differ:
+            problems.append(f"{where}: its row differs from the chain in: {', '.join(differ)}")
     for pk in sorted(rows):
         problems.append(f"legal hold {pk}: no chained LEGAL_HOLD_PLACED event placed it")
     return problems
@@ -209,12 +244,20 @@ def place_hold(*, user: AbstractBaseUser, scope: str, target_id: str, reason: st
             placed_by_username=user.get_username(),
             placed_at=timezone.now(),
         )
-        record_governance_event(
+        event = record_governance_event(
             event_type=GovernanceEventType.LEGAL_HOLD_PLACED,
             actor=user.get_username(),
             permission=HOLD_PERMISSION,
-            details={"holdId": hold.pk, "scope": scope, "targetId": target_id},
+            details={
+                "holdId": hold.pk,
+                "scope": scope,
+                "targetId": target_id,
+                "reasonSha256": sha256_hex(reason),
+            },
         )
+        # The row repeats the chained time exactly (`hold_problems` compares them).
+        LegalHold.objects.filter(pk=hold.pk).update(placed_at=event.created_at)
+        hold.placed_at = event.created_at
     logger.info("legal hold placed hold=%s scope=%s target=%s user=%s", hold.pk, scope, target_id, user.pk)
     return hold
 
@@ -231,12 +274,18 @@ def lift_hold(*, user: AbstractBaseUser, hold: LegalHold, reason: str) -> LegalH
         )
         if not updated:
             raise ValidationError({"hold": ["This hold was already lifted."]})
-        record_governance_event(
+        event = record_governance_event(
             event_type=GovernanceEventType.LEGAL_HOLD_LIFTED,
             actor=user.get_username(),
             permission=HOLD_PERMISSION,
-            details={"holdId": hold.pk, "scope": hold.scope, "targetId": hold.target_id},
+            details={
+                "holdId": hold.pk,
+                "scope": hold.scope,
+                "targetId": hold.target_id,
+                "reasonSha256": sha256_hex(reason),
+            },
         )
+        LegalHold.objects.filter(pk=hold.pk).update(lifted_at=event.created_at)
     hold.refresh_from_db()
     logger.info("legal hold lifted hold=%s user=%s", hold.pk, user.pk)
     return hold
@@ -329,6 +378,12 @@ def purge_expired_runs(
                     per_run[rid][name] = n
                     report.rows[name] = report.rows.get(name, 0) + n
                 rows.delete()
+            # The chained event first: the tombstones repeat its time exactly (`tombstone_problems`).
+            event = record_governance_event(
+                event_type=GovernanceEventType.AUDIT_RUNS_PURGED,
+                actor=purged_by,
+                details={"runs": len(ids), "runIds": ids, "retentionDays": days},
+            )
             RunTombstone.objects.bulk_create(
                 [
                     RunTombstone(
@@ -336,7 +391,7 @@ def purge_expired_runs(
                         session_id=r.session_id,
                         leaf_index=r.leaf_index,
                         finished_at=r.anchored["finishedAt"] or "",
-                        purged_at=now,
+                        purged_at=event.created_at,
                         retention_days=days,
                         reason=f"retention: finished more than {days} day(s) before the purge",
                         purged_by=purged_by[:150],
@@ -348,11 +403,6 @@ def purge_expired_runs(
             DiagnosisRun.objects.filter(run_id__in=ids).delete()
             # Their sessions' stored run counts, in the purge's transaction.
             refresh_session_facts(session_ids={r.session_id for r in batch})
-            record_governance_event(
-                event_type=GovernanceEventType.AUDIT_RUNS_PURGED,
-                actor=purged_by,
-                details={"runs": len(ids), "runIds": ids, "retentionDays": days},
-            )
             report.purged.extend(ids)
     logger.info(
         "audit purge runs=%d held=%d unanchored=%d retention_days=%d",
@@ -438,7 +488,7 @@ def tombstone_problems(
         purged_at = tombstone.purged_at
     else:
         purged_at = purge[1]
-        if abs(tombstone.purged_at - purged_at) > dt.timedelta(minutes=10):
+        if tombstone.purged_at != purged_at:
             problems.append(
                 f"{where}: its purge time differs from the chained purge (governance event {purge[0]})"
             )

@@ -25,7 +25,17 @@ Forms:
   mode, the unverified draft characters sent, the answer's last token time and the release latency.
 * `run/3` (runs recorded since AI Ops analyses): `run/2` plus the run's `self_evaluation` (NULL for chat
   runs), written by the same terminal update.
+* `run/4` (runs recorded since every stored byte is accounted for, `audit.coverage`): `run/3` plus the
+  run's `intent` (the router's decision, written again by the terminal update), `error_message`, the
+  `provider` that executed it and `finished_at`.
   RUN_FINISHED names its form (`runForm`); without one it is `run`.
+* `run-start` (`diagnosis_run`, bound by RUN_STARTED's `startDigest`, form named by `startForm`): the
+  run's identity as created, before anything executed: its id, session, the user's question (`query`),
+  the agent flow and its creation time. Read back from the stored row when the run starts (one query).
+* `session` (`chat_session`, bound by the same RUN_STARTED's `sessionDigest`, `sessionForm`): the
+  identity of the run's session: its id, its owner (the user id; RUN_STARTED's details also carry the
+  owner's username as a snapshot) and its creation time. Every run of a session binds it again, so a
+  session whose owner is changed is named by each of its runs.
 * `review` (`audit_run_review`): every column but the reviewer's user id (a snapshot of the username is
   bound instead), bound by its `REVIEW_RECORDED` event (`reviewDigest`).
 
@@ -49,7 +59,7 @@ from audit.models import AgentStep, RunReview, ToolInvocation
 from audit.payloads import canonical_json, sha256_hex
 from audit.write_ops import RawJSON
 from config.compiled import CompiledQuery
-from diagnosis.models import DiagnosisRun
+from diagnosis.models import ChatSession, DiagnosisRun
 from reasoning.fields import Ciphertext, EncryptedTextField
 from reasoning.models import AgentReasoningAudit
 
@@ -149,6 +159,9 @@ REVIEW_COLUMNS = (
 )
 RUN_DELIVERY_COLUMNS = ("release_mode", "draft_chars", "last_token_at", "release_latency_ms")
 RUN_EVALUATION_COLUMNS = ("self_evaluation",)
+RUN_OUTCOME_COLUMNS = ("intent", "error_message", "provider", "finished_at")
+RUN_START_COLUMNS = ("run_id", "session_id", "query", "agent_flow", "created_at")
+SESSION_COLUMNS = ("session_id", "owner_id", "created_at")
 
 
 def _normaliser(f: models.Field, *, stored: bool) -> Callable[[Any], Any]:
@@ -294,13 +307,30 @@ _TOOL_FORMS = {f.name: f for f in (TOOL_V1, TOOL)}
 REASONING = Form("reasoning", AgentReasoningAudit, REASONING_COLUMNS)
 RUN_V1 = _RunForm("run", DiagnosisRun, RUN_COLUMNS)
 RUN_V2 = _RunForm("run/2", DiagnosisRun, RUN_COLUMNS + RUN_DELIVERY_COLUMNS)
-RUN = _RunForm("run/3", DiagnosisRun, RUN_COLUMNS + RUN_DELIVERY_COLUMNS + RUN_EVALUATION_COLUMNS)
-_RUN_FORMS = {f.name: f for f in (RUN_V1, RUN_V2, RUN)}
+RUN_V3 = _RunForm("run/3", DiagnosisRun, RUN_COLUMNS + RUN_DELIVERY_COLUMNS + RUN_EVALUATION_COLUMNS)
+RUN = _RunForm(
+    "run/4", DiagnosisRun, RUN_COLUMNS + RUN_DELIVERY_COLUMNS + RUN_EVALUATION_COLUMNS + RUN_OUTCOME_COLUMNS
+)
+_RUN_FORMS = {f.name: f for f in (RUN_V1, RUN_V2, RUN_V3, RUN)}
+RUN_START = Form("run-start", DiagnosisRun, RUN_START_COLUMNS)
+SESSION = Form("session", ChatSession, SESSION_COLUMNS)
+_START_FORMS = {RUN_START.name: RUN_START}
+_SESSION_FORMS = {SESSION.name: SESSION}
 
 
 def run_form(name: str | None) -> Form | None:
     """The run form a RUN_FINISHED event names (`runForm`; absent: the first form), None if unknown."""
     return _RUN_FORMS.get(name or RUN_V1.name)
+
+
+def start_form(name: str | None) -> Form | None:
+    """The run-start form a RUN_STARTED event names (`startForm`), None if unknown or absent."""
+    return _START_FORMS.get(name) if name else None
+
+
+def session_form(name: str | None) -> Form | None:
+    """The session form a RUN_STARTED event names (`sessionForm`), None if unknown or absent."""
+    return _SESSION_FORMS.get(name) if name else None
 
 
 def tool_form(name: str | None) -> Form | None:

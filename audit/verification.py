@@ -2,7 +2,8 @@
 
 For each run: the timeline's hash chain and sequence numbers (`audit.integrity.verify_chain`: 1..n
 without gap or repeat, `prev_hash` links, each hash recomputed from its own fields); every durable row
-(steps, tools, reasoning rows, reviews, the run's terminal summary) against the digest its chain carries
+(steps, tools, reasoning rows, reviews, the run's identity and its session's, the run's terminal
+summary) against the digest its chain carries
 (`audit.binding.verify_rows`: a changed, deleted or unrecorded row is named); and, for a finished run,
 whether the stored events, steps, tools and reasoning rows match the counts the chain says the recorder
 attempted (older runs without counts in their chain: the run's `expected_*` columns) and whether any audit
@@ -57,9 +58,10 @@ from audit.transparency.verify import (
     leaves_of,
     tails_of,
 )
-from diagnosis.models import DiagnosisRun
+from diagnosis.models import ChatSession, DiagnosisRun
 from pricing.costs import cost_disagreements, load_price_book, price_of_run, refresh_run_costs
 from pricing.rules import CostStatus, PriceBook
+from reasoning.models import AgentReasoningAudit
 
 RUN_BATCH = 200
 
@@ -96,6 +98,7 @@ def verify_run(run_id: str) -> RunVerification:
     # One run alone: its leaves found by their signed data too, not only by the index columns.
     leaf, tails, leaf_index_problems = _leaves_by_data(run_id, leaf)
     noted = TailPending.objects.filter(run_id=run_id).exists()
+    sessions = _sessions([run] if run is not None else [])
     result = _check(
         run_id,
         events,
@@ -108,6 +111,7 @@ def verify_run(run_id: str) -> RunVerification:
         tails=tails,
         tail_noted=noted,
         book=load_price_book(),
+        session=sessions.get(run.session_id) if run is not None else None,
     )
     result.invalid[:0] = leaf_index_problems
     if run is None:
@@ -181,12 +185,15 @@ def _purged(run_id: str, tombstone: RunTombstone, leaf: LogLeaf | None) -> RunVe
 
 
 def verify_all_runs(*, batch_size: int = RUN_BATCH) -> Iterator[RunVerification]:
-    """Verify every run, oldest first, `batch_size` runs at a time."""
+    """Verify every run, oldest first, `batch_size` runs at a time, then every run id that audit rows
+    name without a run row (`orphaned_run_ids`)."""
     last = 0
     book = load_price_book()
     while True:
         runs = list(annotate_recomputed(DiagnosisRun.objects.filter(pk__gt=last)).order_by("pk")[:batch_size])
         if not runs:
+            for run_id in orphaned_run_ids():
+                yield verify_run(run_id)
             return
         last = runs[-1].pk
         ids = [r.run_id for r in runs]
@@ -197,6 +204,7 @@ def verify_all_runs(*, batch_size: int = RUN_BATCH) -> Iterator[RunVerification]
         leaves = leaves_of(ids)
         tails = tails_of(ids)
         noted = set(TailPending.objects.filter(run_id__in=ids).values_list("run_id", flat=True))
+        sessions = _sessions(runs)
         for run in runs:
             yield _check(
                 run.run_id,
@@ -210,7 +218,22 @@ def verify_all_runs(*, batch_size: int = RUN_BATCH) -> Iterator[RunVerification]
                 tails=tails.get(run.run_id, ()),
                 tail_noted=run.run_id in noted,
                 book=book,
+                session=sessions.get(run.session_id),
             )
+
+
+def orphaned_run_ids() -> list[str]:
+    """The run ids that stored audit rows (events, steps, tools, reasoning rows, reviews) name but no
+    run row has (a run row deleted, or rows forged for a run that never was), and those of tombstones
+    without a run leaf (a tombstone forged for a run never anchored). Each is verified like a run
+    (`verify_run`), so that its rows are named."""
+    known = DiagnosisRun.objects.values("run_id")
+    ids: set[str] = set()
+    for model in (TraceEvent, AgentStep, ToolInvocation, AgentReasoningAudit, RunReview):
+        ids.update(model.objects.exclude(run_id__in=known).values_list("run_id", flat=True).distinct())
+    anchored = LogLeaf.objects.filter(run_id__isnull=False).values("run_id")
+    ids.update(RunTombstone.objects.exclude(run_id__in=anchored).values_list("run_id", flat=True))
+    return sorted(ids)
 
 
 def _rows(run_ids: list[str]) -> tuple[dict[str, list], dict[str, list], dict[str, list], dict[str, list]]:
@@ -229,6 +252,12 @@ def _rows(run_ids: list[str]) -> tuple[dict[str, list], dict[str, list], dict[st
     return steps, tools, reasoning, reviews
 
 
+def _sessions(runs: list[DiagnosisRun]) -> dict[str, ChatSession]:
+    """The stored sessions of `runs` by session id (one query), for the identity their runs bind."""
+    ids = {r.session_id for r in runs}
+    return {s.session_id: s for s in ChatSession.objects.filter(session_id__in=ids)} if ids else {}
+
+
 def _check(
     run_id: str,
     events: list[TraceEvent],
@@ -242,6 +271,7 @@ def _check(
     tails: list[LogLeaf] = (),
     tail_noted: bool | None = None,
     book: PriceBook | None = None,
+    session: ChatSession | None = None,
 ) -> RunVerification:
     verdict = verify_chain(events)
     result = RunVerification(run_id=run_id, events=verdict.events, chain_valid=verdict.valid)
@@ -253,7 +283,15 @@ def _check(
     result.leaf_index = leaf.leaf_index if leaf is not None else None
     result.unanchored = UNANCHORED in anchor_notes
     result.notes.extend(n for n in anchor_notes if n != UNANCHORED)
-    rows = verify_rows(events=events, run=run, steps=steps, tools=tools, reasoning=reasoning, reviews=reviews)
+    rows = verify_rows(
+        events=events,
+        run=run,
+        steps=steps,
+        tools=tools,
+        reasoning=reasoning,
+        reviews=reviews,
+        session=session,
+    )
     result.rows_verified = rows.verified
     result.invalid.extend(rows.problems)
     result.notes.extend(rows.notes)

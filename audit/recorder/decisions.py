@@ -121,6 +121,12 @@ class DecisionRecords:
         if not_applicable:
             status, summary = "NOT_APPLICABLE", f"{intent} (routing not applicable: {clip(reason, 120)})"
             details["notApplicable"] = True
+
+        def committed() -> None:
+            # What the terminal update writes again (and `run/4` binds): the intent as stored, so only
+            # once this decision committed (held or not); a lost decision leaves it as it was.
+            self.intent = intent
+
         return self._write(
             "routing_decision",
             [
@@ -129,6 +135,7 @@ class DecisionRecords:
                 )
             ],
             run_fields={"intent": intent},
+            on_commit=committed,
         )
 
     # ----------------------------------------------------------------------------------------------

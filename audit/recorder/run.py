@@ -52,6 +52,7 @@ from dataclasses import replace
 from typing import Any
 
 from django.conf import settings
+from django.db.models import F
 from django.utils import timezone
 
 from audit import rowdigest
@@ -143,6 +144,9 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
         self.release_mode = ""
         self.draft_chars: int | None = 0
         self.release_decision: str | None = None
+        # The router's decision (`routing_decision`), written again by the terminal update so that the
+        # terminal digest (`run/4`) binds it.
+        self.intent: str | None = None
         self.expected_events = 0
         self.expected_steps = 0
         self.expected_tools = 0
@@ -161,7 +165,7 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
     def for_run(cls, run: DiagnosisRun, *, group_commit: bool | None = None) -> RunRecorder:
         """A recorder for a run that has written no audit record yet, fenced by the lease epoch `run`
         holds (the one its claim set). `group_commit` overrides `settings.AUDIT_GROUP_COMMIT`."""
-        return cls(
+        rec = cls(
             run_id=run.run_id,
             session_id=run.session_id,
             created_at=run.created_at,
@@ -169,6 +173,8 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
             lease_epoch=run.lease_epoch,
             provider=run.provider,
         )
+        rec.intent = run.intent
+        return rec
 
     @classmethod
     def resume(cls, run_id: str, *, lease_epoch: int | None = None) -> RunRecorder:
@@ -193,6 +199,7 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
         rec._first_output_at = run.first_output_at
         rec.release_decision = run.release_decision
         rec.release_mode = run.release_mode
+        rec.intent = run.intent
         # Drafts a previous owner sent were counted in its memory only: unknown unless none could be sent.
         rec.draft_chars = 0 if run.release_mode == ReleaseMode.VERIFIED else None
         rec._reload_head()
@@ -266,13 +273,17 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
     ) -> int | None:
         """RUN_STARTED; the run becomes RUNNING with its `started_at`, the `provider` named in `details`
         (kept on the run row so that lists can label demo runs without reading events) and the release
-        policy it runs under (`release_mode`, also in the event's details as `releaseMode`)."""
+        policy it runs under (`release_mode`, also in the event's details as `releaseMode`).
+
+        The event binds the run's identity as stored (`_identity`: the forms `run-start` and `session`
+        of `audit.rowdigest`, read in one query)."""
         now = timezone.now()
         self._started_at = now
         self.release_mode = str(release_mode or "")
         details = dict(details or {})
         if self.release_mode:
             details["releaseMode"] = self.release_mode
+        details.update(self._identity())
         self.provider = clip(str(details.get("provider") or ""), 32)
         return self._write(
             "run_started",
@@ -284,6 +295,43 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
                 "release_mode": self.release_mode,
             },
         )
+
+    def _identity(self) -> dict[str, Any]:
+        """What RUN_STARTED carries about who asked what: the digests of the run's stored identity
+        (`startDigest`, form `run-start`: id, session, question, flow, creation) and of its session's
+        (`sessionDigest`, form `session`: id, owner, creation), and the owner's username as a snapshot
+        (`owner`). One query; fail-open: when the row cannot be read the event binds no identity (the
+        verifier notes it as not bound) and the run goes on."""
+        start, session = rowdigest.RUN_START, rowdigest.SESSION
+        try:
+            row = (
+                DiagnosisRun.objects.filter(run_id=self.run_id)
+                .values(
+                    *start.columns,
+                    owner_id=F("session__owner_id"),
+                    session_created_at=F("session__created_at"),
+                    owner=F("session__owner__username"),
+                )
+                .first()
+            )
+        except Exception as exc:  # a read for the binding: its failure only costs the binding
+            logger.warning("run identity read failed run=%s error=%s", self.run_id, type(exc).__name__)
+            _recover_connection()
+            return {}
+        if row is None:
+            return {}
+        session_row = {
+            "session_id": row["session_id"],
+            "owner_id": row["owner_id"],
+            "created_at": row["session_created_at"],
+        }
+        return {
+            "startForm": start.name,
+            "startDigest": start.digest(row, stored=True),
+            "sessionForm": session.name,
+            "sessionDigest": session.digest(session_row, stored=True),
+            "owner": clip(str(row["owner"] or ""), 150),
+        }
 
     def mark_first_model_request(self) -> None:
         """The first request to a model left this process (timing only; written once)."""
@@ -484,7 +532,8 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
     ) -> int | None:
         """Close dangling tools, write RUN_FINISHED, then the run's terminal row: status, content,
         release decision, error, timing, token ledger (with its reconciliation verdict), counts and the
-        run's self-evaluation (AI Ops; None otherwise), all bound by the terminal digest (`run/3`).
+        run's self-evaluation (AI Ops; None otherwise), with the run's intent and provider written again,
+        all bound by the terminal digest (`run/4`).
 
         Only a SUCCESS run carries a release decision and content. A decision recorded before a run
         ended FAILED or CANCELLED is withdrawn: a RELEASE_DECISION event with status WITHDRAWN precedes
@@ -520,6 +569,8 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
                 "status": status,
                 "content": content,
                 "release_decision": self.release_decision,
+                "intent": self.intent,
+                "provider": self.provider,
                 "error_code": clip(error_code, 64),
                 "error_message": clip(error_message, ERROR_MESSAGE_CHARS),
                 "finished_at": now,

@@ -115,7 +115,7 @@ def test_demo_analysis_records_planner_and_executor_apart_and_verifies(demo, use
     assert "DiskFull" in plan.details["steps"][0]["check"]  # grounded on the alert text
     assert verify_chain(events).valid
     finished = events[-1]
-    assert finished.event_type == EventType.RUN_FINISHED and finished.details["runForm"] == "run/3"
+    assert finished.event_type == EventType.RUN_FINISHED and finished.details["runForm"] == "run/4"
     _assert_verifies(run)
 
     # The trace: tools name their agent, tokens per agent, the self-evaluation.

@@ -495,3 +495,58 @@ def test_the_pure_chain_reader_names_the_models_event_types_and_tool_statuses():
     ):
         assert getattr(bound, name) == EventType[name].value
     assert frozenset(ToolStatus.values) == bound.TOOL_STATUSES
+
+
+# --------------------------------------------------------------------------------------------------
+# The run's identity (run-start, session) and its terminal form run/4; runs recorded before them
+# --------------------------------------------------------------------------------------------------
+def _rehash_from(run, sequence_no):
+    """Re-hash the stored chain from `sequence_no` on (as a writer of an earlier version left it)."""
+    prev = GENESIS_HASH
+    for event in TraceEvent.objects.filter(run_id=run.run_id).order_by("sequence_no"):
+        if event.sequence_no >= sequence_no:
+            event.prev_hash = prev
+            event.hash = link_hash(event)
+            TraceEvent.objects.filter(pk=event.pk).update(prev_hash=event.prev_hash, hash=event.hash)
+        prev = event.hash
+
+
+def test_a_new_run_binds_its_identity_and_its_session_at_start(user):
+    run = make_recorded_run(user)
+    started = TraceEvent.objects.get(run_id=run.run_id, event_type=EventType.RUN_STARTED)
+    assert started.details["startForm"] == "run-start" and started.details["sessionForm"] == "session"
+    assert started.details["startDigest"] == rowdigest.RUN_START.digest_of(run)
+    assert started.details["sessionDigest"] == rowdigest.SESSION.digest_of(run.session)
+    assert started.details["owner"] == user.get_username()
+    finished = TraceEvent.objects.get(run_id=run.run_id, event_type=EventType.RUN_FINISHED)
+    assert finished.details["runForm"] == "run/4"
+    _assert_clean(run)
+
+
+def test_a_run_started_before_identity_digests_verifies_with_a_note(user):
+    run = make_recorded_run(user)
+    started = TraceEvent.objects.get(run_id=run.run_id, event_type=EventType.RUN_STARTED)
+    legacy = {
+        k: v for k, v in started.details.items() if k not in ("startForm", "startDigest", "sessionForm")
+    }
+    legacy.pop("sessionDigest")
+    legacy.pop("owner")
+    TraceEvent.objects.filter(pk=started.pk).update(details=legacy)
+    _rehash_from(run, started.sequence_no)
+    DiagnosisRun.objects.filter(pk=run.pk).update(query="changed: nothing bound it then")
+    ok, out = _verify(run)
+    assert ok, out
+    assert "run identity (question, session, owner) not bound" in out
+
+
+def test_a_run_finished_in_form_run_3_still_verifies_and_its_intent_is_then_unbound(user):
+    run = make_recorded_run(user)
+    finished = TraceEvent.objects.get(run_id=run.run_id, event_type=EventType.RUN_FINISHED)
+    details = {**finished.details, "runForm": "run/3", "runDigest": rowdigest.RUN_V3.digest_of(run)}
+    TraceEvent.objects.filter(pk=finished.pk).update(details=details)
+    _rehash_from(run, finished.sequence_no)
+    _assert_clean(run)
+    DiagnosisRun.objects.filter(pk=run.pk).update(error_message="not in run/3")
+    assert _verify(run)[0]
+    DiagnosisRun.objects.filter(pk=run.pk).update(status=RunStatus.FAILED)
+    assert not _verify(run)[0]

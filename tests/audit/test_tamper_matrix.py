@@ -1,0 +1,710 @@
+"""The tamper matrix (issue 30 item 4): no database write to an audited table passes `verify_audit`
+unless its column is in the documented exclusion list (`audit.coverage.EXCLUDED`).
+
+The cases are generated from the models' concrete fields and the registry, so a new field that is
+neither covered nor excluded fails `test_every_field_is_covered_or_excluded`, and a covered one is
+changed by `test_a_changed_covered_column_is_named` without anyone adding a case. They run on one world
+built once per module (committed, flushed at the end): runs the real runtime executed through the
+`openai` SDK against the local fake provider (router, two parallel tools, reasoning, guard; and a run
+the router's provider failed), an AI Ops run whose waiting tool call was approved
+(`diagnosis.runtime.approvals.decide`), a review, a reasoning purge, a legal hold, a run purged by
+retention (a tombstone), a governance grant, and a signed checkpoint over all of it. Each case changes
+the database inside the test's transaction (rolled back afterwards), as an attacker with write access
+and no signing key would, and requires `verify_audit` to exit non-zero and to name the row.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import IntegrityError, connection, models, transaction
+from django.test import override_settings
+from django.utils import timezone
+
+from audit import coverage, rowdigest
+from audit.bound import step_key, step_label
+from audit.integrity import GENESIS_HASH, chain_hash, event_payload
+from audit.models import (
+    AgentStep,
+    Checkpoint,
+    EventType,
+    GovernanceEvent,
+    GovernanceEventType,
+    HoldScope,
+    LegalHold,
+    LogHead,
+    LogLeaf,
+    LogNode,
+    RunReview,
+    RunTombstone,
+    ToolInvocation,
+    TraceEvent,
+)
+from audit.recorder.governance import governance_payload
+from audit.retention import place_hold, purge_expired_runs
+from audit.reviews import record_review
+from audit.transparency import keys, leafdata, merkle
+from audit.transparency.log import checkpoint
+from audit.write_ops import WriteFenced
+from diagnosis.knowledge.retrieval import reset_knowledge_index
+from diagnosis.models import ChatSession, DiagnosisRun, RunStatus
+from diagnosis.runtime import approvals
+from diagnosis.runtime import db as runtime_db
+from reasoning.fields import EncryptedTextField
+from reasoning.models import AgentReasoningAudit
+from reasoning.services import purge_reasoning
+from tests.factories import make_recorded_run, make_waiting_approval
+from tests.fakes.openai_server import FakeLLMServer, HTTPError, usage
+from tests.runtime.support import AGENT, GUARD, ROUTER, Provider, ask, load_corpus
+from tests.runtime.test_pipeline import cited_answer, parallel_lookups_with_reasoning
+
+pytestmark = pytest.mark.django_db
+
+REASONING_GROUP = "Reasoning Auditors"
+
+
+@dataclass
+class World:
+    """What the module's runs left in the database (ids only; rows are read again by each case)."""
+
+    chat: str  # executed by the runtime: routed, two tools, reasoning, guard, published; reviewed
+    failed: str  # executed by the runtime: the router's provider refused, the run FAILED; held
+    approval: str  # an AI Ops run whose waiting call was approved
+    approval_call: str
+    purged: str  # purged by retention: only its tombstone and leaf remain
+    review_id: str
+    hold_id: int
+    other_session: str  # a session of another owner (a target for a moved foreign key)
+    other_user: int
+    grant_sequence: int  # the governance event adding a user to the reasoning auditors
+    purge_refused: str | None = None  # why the reasoning purge of the runtime's run was refused
+
+
+def _settings_of_the_module(signing_key: str) -> dict[str, Any]:
+    return {
+        "AUDIT_SIGNING_KEYS": [signing_key],
+        "AUDIT_VERIFY_KEYS": [],
+        "AUDIT_WITNESS_PATH": "",
+        # The tombstoned run was purged right after it finished (retention 0): the verifier holds the
+        # tombstone to the same retention.
+        "AUDIT_RETENTION_DAYS": 0,
+        "AIOPS_WORKER_CONCURRENCY": 0,
+        "PASSWORD_HASHERS": ["django.contrib.auth.hashers.MD5PasswordHasher"],
+    }
+
+
+def _llm_settings(server) -> dict[str, Any]:
+    return {
+        "LLM_PROVIDER": "openai",
+        "LLM_BASE_URL": server.base_url,
+        "LLM_API_KEY": "sk-test",
+        "LLM_MODEL": AGENT,
+        "LLM_ROUTER_MODEL": ROUTER,
+        "LLM_GUARD_MODEL": GUARD,
+        "LLM_TIMEOUT_SECONDS": 5,
+        "LLM_MAX_RETRIES": 0,
+    }
+
+
+def _build(tmp_path) -> World:
+    users = get_user_model().objects
+    owner = users.create_user("matrix-owner", password="pw-owner-1")
+    other = users.create_user("matrix-other", password="pw-other-1")
+    root = users.create_superuser("matrix-root", password="pw-root-1")
+    reader = users.create_user("matrix-reader", password="pw-reader-1")
+
+    # A run purged by retention before anything else finished (retention 0 purges every anchored run).
+    purged = make_recorded_run(owner, query="purged by retention")
+    purge_expired_runs(now=timezone.now(), retention_days=0)
+
+    reset_knowledge_index()
+    load_corpus(tmp_path / "kb")
+    runtime_db.shutdown_pools()
+    with FakeLLMServer() as server, override_settings(**_llm_settings(server)):
+        llm = Provider(server)
+        llm.route("DIAGNOSIS", usage=usage(120, 20))
+        llm.add(AGENT, parallel_lookups_with_reasoning(), cited_answer)
+        llm.supported(usage=usage(300, 15))
+        chat, _outcome, _sink = ask(owner, "The disk is full on /var/log, what now?")
+        llm.add(ROUTER, HTTPError(401))
+        failed, _outcome, _sink = ask(other, "nginx answers 502")
+        assert not server.errors, server.errors
+    runtime_db.shutdown_pools()
+    assert (chat.status, failed.status) == (RunStatus.SUCCESS, RunStatus.FAILED)
+
+    # The finished runs are anchored before anyone reviews them: what follows is their chains' tails.
+    checkpoint()
+    waiting, call_id = make_waiting_approval(owner)
+    approvals.decide(run=waiting, tool_call_id=call_id, decision=approvals.APPROVED, user=root)
+
+    reader.groups.add(Group.objects.get(name=REASONING_GROUP))
+    grant = GovernanceEvent.objects.filter(event_type=GovernanceEventType.GROUP_MEMBER_ADDED).latest(
+        "sequence_no"
+    )
+    chat_run = DiagnosisRun.objects.get(run_id=chat.run_id)
+    review = record_review(run=chat_run, user=root, verdict="unsafe", note="cites the wrong runbook")
+    world = World(
+        chat=chat.run_id,
+        failed=failed.run_id,
+        approval=waiting.run_id,
+        approval_call=call_id,
+        purged=purged.run_id,
+        review_id=review.review_id,
+        hold_id=0,
+        other_session=failed.session_id,
+        other_user=other.pk,
+        grant_sequence=grant.sequence_no,
+    )
+    try:
+        purge_reasoning(run_id=chat.run_id, actor="matrix")
+    except WriteFenced as exc:  # issue 30 item 6: governance writers must take the run's lease epoch
+        world.purge_refused = type(exc).__name__
+    world.hold_id = place_hold(
+        user=root, scope=HoldScope.RUN, target_id=failed.run_id, reason="litigation"
+    ).pk
+    checkpoint()
+    return world
+
+
+@pytest.fixture(scope="module")
+def world(django_db_setup, django_db_blocker, tmp_path_factory):
+    """The module's runs, committed once; every table `migrate` did not fill is emptied after the
+    module's last case."""
+    with django_db_blocker.unblock(), override_settings(**_settings_of_the_module(keys.generate_key_text())):
+        try:
+            built = _build(tmp_path_factory.mktemp("matrix"))
+            ok, out = verify()
+            assert ok, out  # the untouched world verifies: every failure below is the change's
+            yield built
+        finally:
+            runtime_db.shutdown_pools()
+            _empty_what_the_module_wrote()
+
+
+# What `migrate` writes (and a fresh test database holds): kept, so that the next module finds the groups
+# and permissions with their ids (a `flush` would recreate them, and record governance events doing so).
+MIGRATED_TABLES = frozenset(
+    {"auth_group", "auth_group_permissions", "auth_permission", "django_content_type", "django_migrations"}
+)
+
+
+def _empty_what_the_module_wrote() -> None:
+    """Empty every other table (sequences reset), as the fresh test database had them."""
+    from django.core.management.color import no_style
+
+    tables = [t for t in connection.introspection.table_names() if t not in MIGRATED_TABLES]
+    connection.ops.execute_sql_flush(connection.ops.sql_flush(no_style(), tables, reset_sequences=True))
+
+
+def verify() -> tuple[bool, str]:
+    """`manage.py verify_audit` as an operator runs it: (exit 0, its output)."""
+    out = io.StringIO()
+    try:
+        call_command("verify_audit", stdout=out)
+    except CommandError as exc:
+        return False, out.getvalue() + f"\n{exc}"
+    return True, out.getvalue()
+
+
+def assert_caught_run(run_id: str) -> None:
+    """`verify_audit` fails, and `verify_audit --run` (the run's inclusion proof in the newest
+    checkpoint) names the run: a rewrite that rebuilt the run's leaf breaks only the signed root,
+    which names no run by itself."""
+    assert_caught(*run_named(run_id), "root does not match")
+    out = io.StringIO()
+    with pytest.raises(CommandError):
+        call_command("verify_audit", run=run_id, stdout=out)
+    assert f"run={run_id} INVALID" in out.getvalue(), out.getvalue()
+
+
+def run_named(run_id: str) -> tuple[str, ...]:
+    """How verify_audit names a run with a problem (never one of its notes)."""
+    return (
+        f"run={run_id} INVALID",
+        f"run={run_id} INCOMPLETE",
+        f"run={run_id} FACTS",
+        f"anchored run {run_id} ",
+        f"tombstone of run {run_id}",
+    )
+
+
+def assert_caught(*names: str) -> str:
+    """`verify_audit` fails and its output names the row by at least one of `names`."""
+    ok, out = verify()
+    assert not ok, f"verify_audit passed after the change:\n{out}"
+    assert any(n in out for n in names), f"none of {names} named in:\n{out}"
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Which row of each table the cases change, and how verify_audit names it
+# --------------------------------------------------------------------------------------------------
+def _row(model: type[models.Model], world: World, variant: str) -> models.Model:
+    if model is DiagnosisRun:
+        return DiagnosisRun.objects.get(run_id=world.chat)
+    if model is ChatSession:
+        return DiagnosisRun.objects.get(run_id=world.chat).session
+    if model is TraceEvent:
+        return TraceEvent.objects.get(run_id=world.chat, event_type=EventType.ROUTING_DECISION)
+    if model is AgentStep:
+        return AgentStep.objects.filter(run_id=world.chat).order_by("step_index").first()
+    if model is ToolInvocation:
+        if variant == "approval":
+            return ToolInvocation.objects.get(run_id=world.approval, tool_call_id=world.approval_call)
+        return ToolInvocation.objects.filter(run_id=world.chat).order_by("id").first()
+    if model is AgentReasoningAudit:
+        return AgentReasoningAudit.objects.filter(run_id=world.chat).order_by("step_index", "id").first()
+    if model is RunReview:
+        return RunReview.objects.get(review_id=world.review_id)
+    if model is GovernanceEvent:
+        return GovernanceEvent.objects.get(sequence_no=world.grant_sequence)
+    if model is LogLeaf:
+        return LogLeaf.objects.get(run_id=world.chat)
+    if model is LogNode:
+        return LogNode.objects.order_by("level", "node_index").first()
+    if model is LogHead:
+        return LogHead.objects.get(pk=1)
+    if model is Checkpoint:
+        return Checkpoint.objects.order_by("-tree_size").first()
+    if model is RunTombstone:
+        return RunTombstone.objects.get(run_id=world.purged)
+    if model is LegalHold:
+        return LegalHold.objects.get(pk=world.hold_id)
+    raise AssertionError(f"no row of {model.__name__} in the matrix")
+
+
+def _names(model: type[models.Model], row: Any) -> tuple[str, ...]:
+    """How verify_audit names `row` (any of these; `row` is an instance or a dict of column values)."""
+
+    def get(name: str) -> Any:
+        return row[name] if isinstance(row, dict) else getattr(row, name)
+
+    if model is DiagnosisRun:
+        return run_named(get("run_id"))
+    if model is ChatSession:
+        return (f"session {get('session_id')}",)
+    if model is TraceEvent:
+        return (f"run={get('run_id')} INVALID sequence {get('sequence_no')}", f"{get('sequence_no')} missing")
+    if model is AgentStep:
+        return (step_label(step_key(get("step_index"), get("agent_name"))),)
+    if model is ToolInvocation:
+        return (f"tool call {get('tool_call_id')}",)
+    if model is AgentReasoningAudit:
+        return (f"reasoning row for step {get('step_index')} ({get('agent_name')})",)
+    if model is RunReview:
+        return (f"review {get('review_id')}",)
+    if model is GovernanceEvent:
+        seq = get("sequence_no")
+        return (f"governance event {seq}", f"governance sequence gap: {seq}")
+    if model is LogLeaf:
+        index = get("leaf_index")
+        return (f"log leaf {index}", f"(leaf {index})", f"log leaf index {index}")
+    if model is LogNode:
+        # A node is named by its place; one stored where no subtree is complete is counted instead.
+        where = f"log node level {get('level')} index {get('node_index')}"
+        return (where, "log node(s) stored beyond the leaves")
+    if model is LogHead:
+        return ("log head",)
+    if model is Checkpoint:
+        # A deleted checkpoint is named by the leaves it alone signed.
+        size = get("tree_size")
+        return (f"checkpoint tree_size={size}", f"checkpoint {size}", "not covered by a signed checkpoint")
+    if model is RunTombstone:
+        return run_named(get("run_id"))
+    if model is LegalHold:
+        if isinstance(row, dict) and "id" not in row:  # a forged row: its id is the database's
+            return ("no chained LEGAL_HOLD_PLACED event placed it",)
+        return (f"legal hold {get('id')}",)
+    raise AssertionError(model)
+
+
+def _changed(f: models.Field, value: Any, world: World) -> Any:
+    """Another value of the column's type, as an attacker would write it."""
+    if isinstance(f, models.ForeignKey):
+        if f.related_model is ChatSession:
+            return world.other_session
+        if f.db_constraint:
+            return world.other_user
+        f = f.target_field
+        if isinstance(f, models.AutoField | models.BigAutoField):
+            return world.other_user
+    if isinstance(f, EncryptedTextField):
+        return "tampered text"  # encrypted on the way in: another ciphertext
+    if isinstance(f, models.JSONField):
+        if isinstance(value, dict):
+            return {**value, "tampered": True}
+        if isinstance(value, list):
+            return [*value, "tampered"]
+        return {"tampered": value}
+    if isinstance(f, models.DateTimeField):
+        return (value or timezone.now()) + dt.timedelta(seconds=1)
+    if isinstance(f, models.BooleanField):
+        return not value
+    if isinstance(f, models.DecimalField):
+        return (value or 0) + 1
+    if isinstance(f, models.IntegerField):
+        return (value or 0) + 1000
+    if not value:
+        return "x"
+    text = str(value)
+    if text[-1] in "0123456789abcdef":  # a hash stays hexadecimal
+        return text[:-1] + ("0" if text[-1] != "0" else "1")
+    return text[:-1] + ("y" if text[-1] != "y" else "z")
+
+
+def _committable() -> None:
+    """Raise IntegrityError when the write could not commit: SQLite checks its (deferred) foreign keys
+    only at COMMIT, MariaDB at once."""
+    if connection.vendor == "sqlite":
+        connection.check_constraints()
+
+
+def _update(model: type[models.Model], pk: Any, /, **values: Any) -> bool:
+    """Write `values` into one row; False when the database itself refuses the write (a constraint)."""
+    try:
+        with transaction.atomic():
+            model.objects.filter(pk=pk).update(**values)
+            _committable()
+    except IntegrityError:
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------------------------------
+# The registry itself
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("model", coverage.AUDITED, ids=lambda m: m.__name__)
+def test_every_field_is_covered_or_excluded(model):
+    assert coverage.unaccounted(model) == []
+    assert model in coverage.ROWS or model in coverage.ROWS_EXCLUDED
+    for reason in coverage.EXCLUDED[model].values():
+        assert reason.strip()
+
+
+def test_every_model_of_the_record_apps_is_audited_or_said_not_to_be():
+    from django.apps import apps
+
+    models_of_the_record = {
+        m for app in ("audit", "diagnosis", "reasoning") for m in apps.get_app_config(app).get_models()
+    }
+    assert models_of_the_record == set(coverage.AUDITED) | set(coverage.NOT_AUDITED)
+    assert not set(coverage.AUDITED) & set(coverage.NOT_AUDITED)
+
+
+def test_the_documented_table_is_the_registry():
+    from pathlib import Path
+
+    from django.conf import settings
+
+    doc = (Path(settings.BASE_DIR) / "docs" / "audit-integrity.md").read_text(encoding="utf-8")
+    assert coverage.markdown_table() in doc, (
+        "docs/audit-integrity.md (Coverage): run audit.coverage.markdown_table()"
+    )
+
+
+def test_the_world_holds_every_operation(world):
+    """The matrix's runs are what the issue asks for: executed by the runtime (a lease epoch ≥ 1),
+    routed, with tools and reasoning, reviewed, approved, purged, held and checkpointed."""
+    chat = DiagnosisRun.objects.get(run_id=world.chat)
+    assert chat.lease_epoch >= 1 and chat.intent == "DIAGNOSIS" and chat.provider == "openai"
+    assert ToolInvocation.objects.filter(run_id=world.chat).count() == 2
+    assert AgentReasoningAudit.objects.filter(run_id=world.chat, reasoning_available=True).exists()
+    assert DiagnosisRun.objects.get(run_id=world.failed).error_message
+    assert TraceEvent.objects.filter(run_id=world.approval, event_type=EventType.APPROVAL_DECIDED).exists()
+    assert LegalHold.objects.filter(pk=world.hold_id, target_id=world.failed).exists()
+    assert RunTombstone.objects.filter(run_id=world.purged).exists()
+    assert LogLeaf.objects.filter(run_id=world.chat).exists()
+    assert world.purge_refused is None, (
+        f"the reasoning purge of a runtime run was refused: {world.purge_refused}"
+    )
+    assert AgentReasoningAudit.objects.filter(run_id=world.chat, purged_at__isnull=False).exists()
+
+
+# --------------------------------------------------------------------------------------------------
+# Every covered column, every table
+# --------------------------------------------------------------------------------------------------
+def _column_cases():
+    for model, covered in coverage.COVERED.items():
+        variants = ("chat", "approval") if model is ToolInvocation else ("",)
+        for f in model._meta.concrete_fields:
+            if f.name in covered:
+                for variant in variants:
+                    label = f"{model.__name__}.{f.name}" + (f"[{variant}]" if variant else "")
+                    yield pytest.param(model, f.name, variant, id=label)
+
+
+@pytest.mark.parametrize(("model", "name", "variant"), list(_column_cases()))
+def test_a_changed_covered_column_is_named(world, model, name, variant):
+    f = model._meta.get_field(name)
+    row = _row(model, world, variant)
+    before = getattr(row, f.attname)
+    after = _changed(f, before, world)
+    if not _update(model, row.pk, **{f.attname: after}):
+        # The database refuses the write (a foreign key or unique constraint): nothing changed.
+        assert getattr(model.objects.get(pk=row.pk), f.attname) == before
+        return
+    assert getattr(model.objects.get(pk=row.pk), f.attname) != before  # the write landed
+    # Named as it was or as it now is (a changed key names the row by its new key too).
+    changed = {c.attname: getattr(row, c.attname) for c in model._meta.concrete_fields} | {f.attname: after}
+    assert_caught(*_names(model, row), *_names(model, changed))
+
+
+def _row_models():
+    return [pytest.param(m, id=m.__name__) for m in coverage.ROWS]
+
+
+def _raw_delete(model: type[models.Model], pk: Any) -> bool:
+    """DELETE one row in SQL (no ORM cascade); False when a foreign key refuses it."""
+    table, column = model._meta.db_table, model._meta.pk.column
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(f"DELETE FROM {connection.ops.quote_name(table)} WHERE {column} = %s", [pk])
+            _committable()
+    except IntegrityError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("model", _row_models())
+def test_a_deleted_row_is_named(world, model):
+    row = _row(model, world, "")
+    if not _raw_delete(model, row.pk):
+        assert model.objects.filter(pk=row.pk).exists()  # refused by a foreign key: nothing deleted
+        return
+    assert_caught(*_names(model, row))
+
+
+def _unique_names(model: type[models.Model]) -> set[str]:
+    """The columns a copy must change to be insertable: each unique column, and of each composite
+    unique key its columns but the run (so that the forged row lands in the real row's run)."""
+    names = {f.name for f in model._meta.concrete_fields if f.unique and not f.primary_key}
+    for constraint in model._meta.constraints:
+        if isinstance(constraint, models.UniqueConstraint):
+            names |= {
+                n for n in constraint.fields if not isinstance(model._meta.get_field(n), models.ForeignKey)
+            }
+    return names
+
+
+@pytest.mark.parametrize("model", _row_models())
+def test_a_forged_row_is_named(world, model):
+    """A copy of a real row with its keys changed (what an attacker inserting a row writes)."""
+    row = _row(model, world, "")
+    values = {f.attname: getattr(row, f.attname) for f in model._meta.concrete_fields if not f.primary_key}
+    unique = _unique_names(model)
+    for f in model._meta.concrete_fields:
+        keyed = f.name in unique and not f.primary_key and values[f.attname] is not None
+        if keyed and not (isinstance(f, models.ForeignKey) and f.db_constraint):
+            values[f.attname] = _changed(f, values[f.attname], world)
+    model.objects.bulk_create([model(**values)])
+    assert_caught(*_names(model, values))
+
+
+# --------------------------------------------------------------------------------------------------
+# The attacks of the issue, by name
+# --------------------------------------------------------------------------------------------------
+def _rechain(run_id: str, *, from_sequence: int = 1) -> None:
+    """Re-hash a run's stored chain from `from_sequence` with the project's own function, as an
+    attacker who rewrote events would (`audit.integrity.chain_hash` over `event_payload`)."""
+    prev = GENESIS_HASH
+    for event in TraceEvent.objects.filter(run_id=run_id).order_by("sequence_no"):
+        if event.sequence_no >= from_sequence:
+            payload = event_payload(
+                run_id=event.run_id,
+                session_id=event.session_id,
+                sequence_no=event.sequence_no,
+                phase=event.phase,
+                event_type=event.event_type,
+                status=event.status,
+                summary=event.summary,
+                details=event.details,
+                created_at=event.created_at,
+            )
+            TraceEvent.objects.filter(pk=event.pk).update(prev_hash=prev, hash=chain_hash(prev, payload))
+            prev = chain_hash(prev, payload)
+        else:
+            prev = event.hash
+
+
+def _rewrite_content(run_id: str, content: str) -> None:
+    """Rewrite a run's released content, its RUN_FINISHED digest and its chain (all with the project's
+    functions): only the transparency log can still tell."""
+    DiagnosisRun.objects.filter(run_id=run_id).update(content=content)
+    run = DiagnosisRun.objects.get(run_id=run_id)
+    finished = TraceEvent.objects.get(run_id=run_id, event_type=EventType.RUN_FINISHED)
+    details = {
+        **finished.details,
+        "runDigest": rowdigest.run_form(finished.details["runForm"]).digest_of(run),
+    }
+    TraceEvent.objects.filter(pk=finished.pk).update(details=details)
+    _rechain(run_id, from_sequence=finished.sequence_no)
+
+
+def test_attack_anchored_run_rewritten_and_rehashed_after_its_leaf_run_id_is_nulled(world):
+    """Issue 30: the leaf's `run_id` set to NULL hides the run from its anchor; the next checkpoint
+    would even sign the rewrite as a new leaf. The signed leaf data still names the run."""
+    LogLeaf.objects.filter(run_id=world.chat).update(run_id=None)
+    _rewrite_content(world.chat, "Reboot the host; nothing else is needed.")
+    checkpoint()
+    assert_caught(*run_named(world.chat))
+
+
+def test_attack_anchored_run_deleted_whole_after_its_leaf_run_id_is_nulled(world):
+    LogLeaf.objects.filter(run_id=world.chat).update(run_id=None)
+    for model in (TraceEvent, AgentStep, ToolInvocation, AgentReasoningAudit, RunReview):
+        model.objects.filter(run_id=world.chat).delete()
+    DiagnosisRun.objects.filter(run_id=world.chat).delete()
+    checkpoint()
+    assert_caught(*run_named(world.chat))
+
+
+def test_attack_governance_grant_deleted_renumbered_rehashed_with_leaves_unlinked(world):
+    """Issue 30: a reasoning-access grant deleted from the governance chain, the chain renumbered and
+    re-hashed, the governance leaves' `governance_sequence_no` set to NULL."""
+    GovernanceEvent.objects.filter(sequence_no=world.grant_sequence).delete()
+    prev = GENESIS_HASH
+    for number, event in enumerate(GovernanceEvent.objects.order_by("sequence_no"), start=1):
+        payload = governance_payload(
+            sequence_no=number,
+            event_type=event.event_type,
+            actor=event.actor,
+            subject_user=event.subject_user,
+            group=event.group,
+            permission=event.permission,
+            details=event.details,
+            created_at=event.created_at,
+        )
+        digest = chain_hash(prev, payload)
+        GovernanceEvent.objects.filter(pk=event.pk).update(sequence_no=number, prev_hash=prev, hash=digest)
+        prev = digest
+    LogLeaf.objects.filter(governance_sequence_no__isnull=False).update(governance_sequence_no=None)
+    assert_caught("governance INVALID")
+
+
+def test_attack_review_flipped_after_a_checkpoint(world):
+    """Issue 30: an auditor's `unsafe` review rewritten to `correct` after a checkpoint: row, event
+    details, digest and hashes all recomputed with the project's functions."""
+    RunReview.objects.filter(review_id=world.review_id).update(verdict="correct")
+    review = RunReview.objects.get(review_id=world.review_id)
+    event = TraceEvent.objects.get(run_id=world.chat, sequence_no=review.sequence_no)
+    details = {**event.details, "reviewDigest": rowdigest.REVIEW.digest_of(review)}
+    if "verdict" in details:
+        details["verdict"] = "correct"
+    TraceEvent.objects.filter(pk=event.pk).update(
+        details=details, summary=event.summary.replace("unsafe", "correct")
+    )
+    _rechain(world.chat, from_sequence=review.sequence_no)
+    DiagnosisRun.objects.filter(run_id=world.chat).update(review_verdict="correct")
+    assert_caught(*run_named(world.chat))
+
+
+def test_attack_hold_row_deleted_then_the_retention_purge_removes_the_held_run(world):
+    """Issue 30: the hold's row deleted (its LEGAL_HOLD_PLACED stays chained), then the retention
+    purge is run to remove the held run: the chain still holds it, so the purge keeps it, and the
+    deleted row is named."""
+    LegalHold.objects.filter(pk=world.hold_id).delete()
+    report = purge_expired_runs(now=timezone.now(), retention_days=0)
+    assert world.failed not in report.purged
+    assert DiagnosisRun.objects.filter(run_id=world.failed).exists()
+    assert_caught(f"legal hold {world.hold_id}")
+
+
+@pytest.mark.parametrize(
+    ("run", "column", "value"),
+    [
+        ("chat", "query", "Delete every log file"),
+        ("chat", "intent", "CHITCHAT"),
+        ("failed", "error_message", "user cancelled"),
+        ("chat", "agent_flow", "AI_OPS"),
+    ],
+)
+def test_attack_question_intent_error_of_a_run_changed(world, run, column, value):
+    """Issue 30: no digest covered the user's question, the run's intent or its error."""
+    run_id = getattr(world, run)
+    DiagnosisRun.objects.filter(run_id=run_id).update(**{column: value})
+    assert_caught(*run_named(run_id))
+
+
+def test_attack_owner_of_a_session_changed(world):
+    session_id = DiagnosisRun.objects.get(run_id=world.chat).session_id
+    ChatSession.objects.filter(session_id=session_id).update(owner_id=world.other_user)
+    assert_caught(f"session {session_id}")
+
+
+def test_a_deleted_session_is_named_by_its_runs(world):
+    """A session row is in ROWS_EXCLUDED as a table (an empty one records nothing), but one with runs
+    is bound by each of them."""
+    session = DiagnosisRun.objects.get(run_id=world.chat).session
+    if not _raw_delete(ChatSession, session.pk):
+        assert ChatSession.objects.filter(pk=session.pk).exists()  # MariaDB: the runs' foreign key refuses
+        return
+    assert_caught(f"session {session.session_id} missing")
+
+
+def test_attack_run_moved_to_another_owners_session(world):
+    DiagnosisRun.objects.filter(run_id=world.chat).update(session_id=world.other_session)
+    assert_caught(*run_named(world.chat))
+
+
+# --------------------------------------------------------------------------------------------------
+# Re-hashing attacks: everything an attacker can recompute without the signing key
+# --------------------------------------------------------------------------------------------------
+def _reanchor(run_id: str) -> None:
+    """Rebuild the run's leaf column and leaf hash from its rewritten chain, with the project's own
+    functions (`leafdata.run_leaf`, `merkle.leaf_hash`): only the signed root can still tell."""
+    events = list(TraceEvent.objects.filter(run_id=run_id).order_by("sequence_no"))
+    session_id = DiagnosisRun.objects.get(run_id=run_id).session_id
+    data = leafdata.encode(leafdata.run_leaf(run_id=run_id, session_id=session_id, events=events))
+    LogLeaf.objects.filter(run_id=run_id).update(
+        data=data.decode("utf-8"), leaf_hash=merkle.leaf_hash(data).hex()
+    )
+
+
+def test_rehash_rewritten_content_with_its_digest_chain_and_leaf(world):
+    _rewrite_content(world.chat, "Reboot the host; nothing else is needed.")
+    _reanchor(world.chat)
+    assert_caught_run(world.chat)
+
+
+def test_rehash_rewritten_question_with_its_start_digest_chain_and_leaf(world):
+    DiagnosisRun.objects.filter(run_id=world.chat).update(query="Delete every log file")
+    run = DiagnosisRun.objects.get(run_id=world.chat)
+    started = TraceEvent.objects.get(run_id=world.chat, event_type=EventType.RUN_STARTED)
+    details = {**started.details, "startDigest": rowdigest.RUN_START.digest_of(run)}
+    TraceEvent.objects.filter(pk=started.pk).update(details=details)
+    _rechain(world.chat)
+    _reanchor(world.chat)
+    assert_caught_run(world.chat)
+
+
+def test_rehash_rewritten_step_with_its_digest_and_chain(world):
+    step = AgentStep.objects.filter(run_id=world.chat).order_by("step_index").first()
+    AgentStep.objects.filter(pk=step.pk).update(finish_reason="stop")
+    step.refresh_from_db()
+    event = TraceEvent.objects.get(
+        run_id=world.chat,
+        event_type=EventType.AGENT_MODEL_STEP,
+        details__stepIndex=step.step_index,
+        details__agentName=step.agent_name,
+    )
+    TraceEvent.objects.filter(pk=event.pk).update(
+        details={**event.details, "stepDigest": rowdigest.STEP.digest_of(step)}
+    )
+    _rechain(world.chat, from_sequence=event.sequence_no)
+    assert_caught(*run_named(world.chat))
+
+
+def test_a_leaf_hash_that_is_not_hexadecimal_is_named_not_a_crash(world):
+    """Fail closed (issue 30 item 9): a column the verifier decodes, written as no writer would, is a
+    problem named by its row, never an exception that ends the verification."""
+    leaf = LogLeaf.objects.get(run_id=world.chat)
+    LogLeaf.objects.filter(pk=leaf.pk).update(leaf_hash="z" * 64)
+    assert_caught(*_names(LogLeaf, leaf))
