@@ -172,6 +172,7 @@ def test_verify_audit_detects_an_edited_a_deleted_and_a_relinked_event(user):
 
 def test_legal_holds_and_purges_are_governance_events(superuser, traced_run):
     from audit.retention import lift_hold, place_hold
+    from audit.payloads import sha256_hex
     from reasoning.services import purge_reasoning
 
     mark = _mark()
@@ -184,7 +185,13 @@ def test_legal_holds_and_purges_are_governance_events(superuser, traced_run):
         (T.LEGAL_HOLD_LIFTED, "root"),
         (T.REASONING_ROWS_PURGED, "purge_reasoning"),
     ]
-    assert events[0].details == {"holdId": hold.pk, "scope": "RUN", "targetId": traced_run.run_id}
+    assert events[0].details == {
+        "holdId": hold.pk,
+        "scope": "RUN",
+        "targetId": traced_run.run_id,
+        "reasonSha256": sha256_hex("litigation"),  # the reason itself stays off the chain
+    }
+    assert events[1].details["reasonSha256"] == sha256_hex("settled")
     assert events[2].details["rows"] == 2 and events[2].details["runIds"] == [traced_run.run_id]
     assert verify_governance()[1] == []
 
