@@ -171,8 +171,8 @@ def test_verify_audit_detects_an_edited_a_deleted_and_a_relinked_event(user):
 
 
 def test_legal_holds_and_purges_are_governance_events(superuser, traced_run):
-    from audit.retention import lift_hold, place_hold
     from audit.payloads import sha256_hex
+    from audit.retention import lift_hold, place_hold
     from reasoning.services import purge_reasoning
 
     mark = _mark()
