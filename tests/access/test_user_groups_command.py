@@ -50,3 +50,14 @@ def test_an_unknown_group_or_user_is_refused_and_changes_nothing(django_user_mod
     assert not user.is_staff and not user.groups.exists()
     with pytest.raises(CommandError, match="no user 'nobody'"):
         _run("nobody", "--add", "Approvers")
+
+
+def test_create_makes_the_user_with_the_password_from_the_environment_or_none(django_user_model, monkeypatch):
+    monkeypatch.setenv("DJANGO_USER_PASSWORD", "approver-Pass-2")
+    assert _run("approver2", "--create", "--add", "Approvers") == "approver2: staff=no groups=Approvers"
+    assert django_user_model.objects.get(username="approver2").check_password("approver-Pass-2")
+    monkeypatch.delenv("DJANGO_USER_PASSWORD")
+    assert _run("script1", "--create") == "script1: staff=no groups=-"
+    assert not django_user_model.objects.get(username="script1").has_usable_password()
+    created = GovernanceEvent.objects.filter(subject_user="approver2", group="Approvers")
+    assert list(created.values_list("actor", flat=True)) == [ACTOR]

@@ -1,11 +1,14 @@
-"""`manage.py user_groups USERNAME [--add GROUP]... [--remove GROUP]... [--staff | --no-staff]`: put a user
-in (or take them out of) the role groups, and print the groups they are in afterwards.
+"""`manage.py user_groups USERNAME [--create] [--add GROUP]... [--remove GROUP]... [--staff | --no-staff]`:
+put a user in (or take them out of) the role groups, and print the groups they are in afterwards.
 
 The production accounts are made by command (docs/deployment.md, "Accounts"): `createsuperuser
---noinput` for each account (then `changepassword`, or no password for token-only scripts), and this
-command for what they may do. Only existing groups are accepted ("Staff viewers", "Reviewers",
-"Reasoning Auditors", "Approvers" are created by `migrate`), so a typo never creates a new, unfollowed
-group. `--staff` also sets `is_staff` (needed to sign in to the admin console), `--no-staff` clears it.
+--noinput` for the first superuser, and this command for everyone else and what they may do. `--create`
+makes the user when there is none, with the password in `DJANGO_USER_PASSWORD` (like createsuperuser's
+`DJANGO_SUPERUSER_PASSWORD`; validated by `AUTH_PASSWORD_VALIDATORS`) or, without it, no usable password
+(set one with `changepassword`; token-only accounts need none). Only existing groups are accepted
+("Staff viewers", "Reviewers", "Reasoning Auditors", "Approvers" are created by `migrate`), so a typo
+never creates a new, unfollowed group. `--staff` also sets `is_staff` (needed to sign in to the admin
+console), `--no-staff` clears it.
 Each change is a governance event (access.signals) that names `manage.py user_groups` as its actor.
 """
 
@@ -15,6 +18,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from access.middleware import acting_as
+from config.env import env
 
 ACTOR = "manage.py user_groups"
 
@@ -28,6 +32,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("username")
+        parser.add_argument("--create", action="store_true", help="create the user if there is none")
         parser.add_argument("--add", action="append", default=[], metavar="GROUP")
         parser.add_argument("--remove", action="append", default=[], metavar="GROUP")
         staff = parser.add_mutually_exclusive_group()
@@ -35,9 +40,10 @@ class Command(BaseCommand):
         staff.add_argument("--no-staff", dest="staff", action="store_false")
 
     def handle(self, *args, **options):
-        user = get_user_model().objects.filter(username=options["username"]).first()
-        if user is None:
-            raise CommandError(f"no user {options['username']!r} (create it first, docs/deployment.md)")
+        User = get_user_model()
+        user = User.objects.filter(username=options["username"]).first()
+        if user is None and not options["create"]:
+            raise CommandError(f"no user {options['username']!r} (--create makes it)")
         wanted = [*options["add"], *options["remove"]]
         groups = {g.name: g for g in Group.objects.filter(name__in=wanted)}
         unknown = sorted(set(wanted) - set(groups))
@@ -47,6 +53,8 @@ class Command(BaseCommand):
             )
             raise CommandError(f"no group {', '.join(map(repr, unknown))}; existing groups: {existing}")
         with acting_as(ACTOR), transaction.atomic():
+            if user is None:
+                user = self._create(User, options["username"])
             if options["add"]:
                 user.groups.add(*(groups[name] for name in options["add"]))
             if options["remove"]:
@@ -56,3 +64,20 @@ class Command(BaseCommand):
                 user.save(update_fields=["is_staff"])
         names = ", ".join(user.groups.order_by("name").values_list("name", flat=True)) or "-"
         self.stdout.write(f"{user.get_username()}: staff={'yes' if user.is_staff else 'no'} groups={names}")
+
+    def _create(self, User, username: str):
+        from django.contrib.auth.password_validation import validate_password
+        from django.core.exceptions import ValidationError
+
+        password = env.str("DJANGO_USER_PASSWORD", default="")
+        user = User(username=username)
+        if password:
+            try:
+                validate_password(password, user)
+            except ValidationError as exc:
+                raise CommandError("DJANGO_USER_PASSWORD: " + " ".join(exc.messages)) from exc
+            user.set_password(password)
+        else:
+            user.set_unusable_password()
+        user.save()
+        return user
