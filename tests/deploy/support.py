@@ -226,13 +226,7 @@ class UnitDaphne:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 30.0) -> UnitDaphne:
-        base = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("LLM_", "PYTEST", "DJANGO_", "AIOPS_", "METRICS_", "RUN_", "AUDIT_"))
-            and k not in ("REDIS_URL", "DATABASE_URL", "DEBUG")
-        }
-        env = {**base, **self.env, "PYTHONUNBUFFERED": "1", "DJANGO_SETTINGS_MODULE": "config.settings"}
+        env = process_env(self.env)
         self.log = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(
             unit_command(self.port),
@@ -271,6 +265,18 @@ class UnitDaphne:
         _stop(self.proc)
         if getattr(self, "log", None) is not None and not self.log.closed:
             self.log.close()
+
+
+def process_env(deployment: dict[str, str]) -> dict[str, str]:
+    """The environment of a deployment process: this machine's (PATH, ...) without anything of the test
+    process's own configuration, then the deployment's settings."""
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("LLM_", "PYTEST", "DJANGO_", "AIOPS_", "METRICS_", "RUN_", "AUDIT_"))
+        and k not in ("REDIS_URL", "DATABASE_URL", "DEBUG")
+    }
+    return {**base, **deployment, "PYTHONUNBUFFERED": "1", "DJANGO_SETTINGS_MODULE": "config.settings"}
 
 
 def _wait_listening(port: int, proc: subprocess.Popen, timeout: float, output) -> None:
@@ -319,6 +325,7 @@ __all__ = [
     "environment",
     "free_port",
     "nginx_binary",
+    "process_env",
     "self_signed_certificate",
     "site_config",
 ]

@@ -52,6 +52,7 @@ from tests.deploy.support import (
     environment,
     free_port,
     nginx_binary,
+    process_env,
     self_signed_certificate,
     site_config,
 )
@@ -127,24 +128,15 @@ class Deployment:
         done = subprocess.run(
             [sys.executable, "manage.py", *args],
             cwd=BASE_DIR,
-            env={
-                **self._base_env(),
-                **self.env,
-                "DJANGO_SUPERUSER_PASSWORD": PASSWORD,
-                "DJANGO_USER_PASSWORD": PASSWORD,
-            },
+            env=process_env(
+                {**self.env, "DJANGO_SUPERUSER_PASSWORD": PASSWORD, "DJANGO_USER_PASSWORD": PASSWORD}
+            ),
             capture_output=True,
             text=True,
             timeout=120,
         )
         assert done.returncode == 0, (done.stdout + done.stderr)[-2000:]
         return done.stdout
-
-    @staticmethod
-    def _base_env() -> dict[str, str]:
-        return {
-            k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "PYTEST")) and k != "DEBUG"
-        }
 
     @property
     def url(self) -> str:
