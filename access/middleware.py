@@ -2,19 +2,34 @@
 
 `CurrentActorMiddleware` keeps the request in a context variable for the duration of the request (sync
 or async views alike); `current_actor()` reads its user's username when a governance event is written,
-"" outside a request (management commands pass their actor explicitly, migrations are the system).
+"" outside a request (management commands pass their actor explicitly, or name themselves for the
+signals' events with `acting_as`; migrations are the system).
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 
 _request: contextvars.ContextVar = contextvars.ContextVar("access_request", default=None)
+_named: contextvars.ContextVar = contextvars.ContextVar("access_named_actor", default="")
+
+
+@contextlib.contextmanager
+def acting_as(actor: str):
+    """Outside a request (a management command): the governance events written meanwhile name `actor`."""
+    token = _named.set(actor)
+    try:
+        yield
+    finally:
+        _named.reset(token)
 
 
 def current_actor() -> str:
+    if _named.get():
+        return _named.get()
     request = _request.get()
     user = getattr(request, "user", None) if request is not None else None
     if user is not None and getattr(user, "is_authenticated", False):

@@ -9,8 +9,12 @@
   `AllowedHostsOriginValidator`; a handshake without `Origin` is accepted only when it authenticates with
   a token), then `ChatAuthMiddleware` (session cookie, or `Authorization: Token <key>` for scripts; never
   a token in the query string, so tokens stay out of access logs). See docs/chat.md.
+* `TrustedProxyHeaders` (outermost) removes forwarded headers that did not come from a `TRUSTED_PROXIES`
+  peer; `WebSocketTlsRequired` closes a chat WebSocket that did not arrive over TLS with code 4426 when
+  `WEBSOCKET_REQUIRE_TLS` (DEBUG off); see `config.proxy`.
 * `BackgroundDuties` starts the process's sweeper, checkpointer, purge and AI Ops queue worker with the
-  first connection (or at lifespan start-up), see `diagnosis.runtime.supervisor`.
+  first connection (or at lifespan start-up); `python -m config.serve` (the shipped units) starts them
+  at process start instead, see `diagnosis.runtime.supervisor`.
 """
 
 import os
@@ -26,19 +30,22 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+from config.proxy import TrustedProxyHeaders, WebSocketTlsRequired  # noqa: E402
 from config.routing import websocket_urlpatterns  # noqa: E402
 from diagnosis.chat.auth import ChatAuthMiddleware, ChatOriginValidatorFromSettings  # noqa: E402
 from diagnosis.runtime.supervisor import BackgroundDuties  # noqa: E402
 
 http_app = ASGIStaticFilesHandler(django_asgi_app) if settings.DEBUG else django_asgi_app
 
-application = BackgroundDuties(
-    ProtocolTypeRouter(
-        {
-            "http": http_app,
-            "websocket": ChatOriginValidatorFromSettings(
-                ChatAuthMiddleware(URLRouter(websocket_urlpatterns))
-            ),
-        }
+application = TrustedProxyHeaders(
+    BackgroundDuties(
+        ProtocolTypeRouter(
+            {
+                "http": http_app,
+                "websocket": WebSocketTlsRequired(
+                    ChatOriginValidatorFromSettings(ChatAuthMiddleware(URLRouter(websocket_urlpatterns)))
+                ),
+            }
+        )
     )
 )

@@ -110,7 +110,8 @@ TEMPLATES = [
 ]
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "staticfiles"
+# Where `collectstatic` puts the files the proxy serves under /static/ (deploy/nginx/diagnosis.conf).
+STATIC_ROOT = env.path("STATIC_ROOT", default=BASE_DIR / "staticfiles")
 
 LOGIN_URL = "admin:login"
 
@@ -296,6 +297,11 @@ REASONING_THROTTLE_RATE = env.str("REASONING_THROTTLE_RATE", default="60/min")
 # How many reverse proxies in front of the app append to X-Forwarded-For. 0 (default): the client
 # address in the reasoning access log is REMOTE_ADDR and X-Forwarded-For is ignored (it can be forged).
 TRUSTED_PROXY_COUNT = env.int("TRUSTED_PROXY_COUNT", default=0)
+# The peers whose forwarded headers (X-Forwarded-For, X-Forwarded-Proto, ...) are honoured at all, as
+# CIDRs or addresses (config/proxy.py): from any other peer they are removed before anything reads them,
+# so a client that reaches a daphne port directly is recorded as itself and cannot claim HTTPS. The
+# default is the loopback, where the documented nginx runs (deploy/, docs/deployment.md).
+TRUSTED_PROXIES = env.list("TRUSTED_PROXIES", default=["127.0.0.1/32", "::1/128"])
 
 # ---------------------------------------------------------------------------------------------------
 # Access governance (access/, docs/security.md)
@@ -438,11 +444,19 @@ if not DEBUG:
     # Behind a TLS-terminating proxy that sets X-Forwarded-Proto (see docs/deployment.md).
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=True)
+    # Never redirected to https://: the readiness probe (no data) and the metrics (bearer token or
+    # METRICS_ALLOW_ANONYMOUS), which a process manager or Prometheus may ask a daphne port directly for,
+    # where there is no TLS (docs/deployment.md, "Metrics and readiness"). A redirect there would loop.
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
     SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=31536000)
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_HSTS_PRELOAD = True
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
+
+# A WebSocket handshake that did not arrive over TLS (at daphne or, per a trusted proxy's
+# X-Forwarded-Proto, at the proxy) is closed with code 4426 (config/proxy.py); on whenever DEBUG is off.
+WEBSOCKET_REQUIRE_TLS = env.bool("WEBSOCKET_REQUIRE_TLS", default=not DEBUG)
 
 # ---------------------------------------------------------------------------------------------------
 # Logging: structured enough to grep, never content (see audit.recorder for what a line may hold)

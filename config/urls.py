@@ -1,5 +1,5 @@
 """URL map: admin, REST API (trace, reasoning, chat), the OpenAPI schema with Swagger UI, the chat page,
-the runbook view and the service metrics."""
+the runbook view, the service metrics and the readiness probe."""
 
 from django.contrib import admin
 from django.urls import path
@@ -17,6 +17,7 @@ from audit.apis import (
     SessionAuditsApi,
     TraceApi,
 )
+from config.health import healthz
 from diagnosis.aiops.apis import AlertmanagerWebhookApi, AnalysesApi
 from diagnosis.apis import ApprovalDecisionApi, ApprovalListApi, RunFeedbackApi, RunListApi, SessionListApi
 from diagnosis.chat import pages as chat_pages
@@ -88,6 +89,8 @@ urlpatterns = [
     path("knowledge/<slug:slug>/", chat_pages.knowledge_document, name="knowledge-document"),
     # Service metrics for Prometheus (docs/observability.md): bearer METRICS_TOKEN, or internal only.
     path("metrics", telemetry_views.metrics, name="metrics"),
+    # Readiness for the proxy and the process manager (config/health.py): no authentication, no data.
+    path("healthz", healthz, name="healthz"),
 ]
 
 # Errors under /api/ in the contract's JSON shape (config.api); other paths keep Django's pages.

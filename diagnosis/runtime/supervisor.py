@@ -11,8 +11,13 @@ its next beat, whatever process owns the run), fires the run's in-process `Cance
 process owns it, and otherwise sends a control message to the run's control group, which the owning
 process joined when it launched the run, so the owner stops at once.
 
-Background duties, started once per process (per event loop) by `ensure_background()` (with the first
-connection, through `BackgroundDuties` in `config.asgi`, or the first run launched): the
+Background duties, started once per process (per event loop) by `ensure_background()`: at process start
+when the server runs through `python -m config.serve` (the shipped systemd units, deploy/; it schedules
+`ensure_background` on the reactor's loop before the first connection and `stop_background` before the
+reactor shuts down on SIGTERM), at ASGI lifespan start-up for servers that send it (uvicorn), and
+otherwise with the first connection (`BackgroundDuties` in `config.asgi`) or the first run launched; the
+readiness probe `/healthz` never starts them, so it reports what the process really runs
+(`duty_status`). The duties: the
 control listener (one channel per process), the periodic sweeper (`diagnosis.runtime.sweeper`,
 every `RUN_SWEEP_INTERVAL_SECONDS`; 0 disables it) and the transparency log's checkpointer
 (`audit.transparency.log.checkpoint`, every `AUDIT_CHECKPOINT_INTERVAL_SECONDS`; 0 disables it): it
@@ -344,10 +349,29 @@ async def _work_queue(concurrency: int) -> None:
             await asyncio.sleep(interval)
 
 
+def duty_status() -> dict[str, bool]:
+    """Whether each background duty of this process runs on the current event loop, by task name
+    (`runs:control`, `runs:sweeper`, ...; a duty switched off by its setting is absent). Empty when
+    `ensure_background` has not run on this loop. Read by the readiness probe (`config.health`)."""
+    background = _background
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return {}
+    if background is None or background.loop is not loop:
+        return {}
+    return {task.get_name(): not task.done() for task in background.tasks}
+
+
+HEALTH_PATH = "/healthz"
+
+
 class BackgroundDuties:
     """ASGI wrapper that starts the process's background duties (`ensure_background`) with the first
     connection or at lifespan start-up (servers that send it, e.g. uvicorn), so a server process serves
-    the queue and sweeps leases even when no chat has run in it. Lifespan shutdown stops them."""
+    the queue and sweeps leases even when no chat has run in it; `python -m config.serve` starts them
+    earlier, at process start. Lifespan shutdown stops them. A request for `HEALTH_PATH` does not start
+    them: the probe must report whether the process started them by itself."""
 
     def __init__(self, app) -> None:
         self.app = app
@@ -363,7 +387,8 @@ class BackgroundDuties:
                     await stop_background()
                     await send({"type": "lifespan.shutdown.complete"})
                     return
-        ensure_background()
+        if not (scope["type"] == "http" and scope.get("path") == HEALTH_PATH):
+            ensure_background()
         return await self.app(scope, receive, send)
 
 

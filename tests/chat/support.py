@@ -146,12 +146,20 @@ def database_url() -> str:
 # daphne subprocesses
 # -------------------------------------------------------------------------------------------------
 class DaphneServer:
-    """`daphne -b 127.0.0.1 -p 0 <app>` on the test database; the port is read from its log."""
+    """`daphne -b 127.0.0.1 -p 0 <app>` on the test database; the port is read from its log. With
+    `serve=True` it is started as the shipped units do, through `python -m config.serve daphne asyncio`
+    (background duties at process start)."""
 
     def __init__(
-        self, *, env: dict[str, str] | None = None, app: str = "config.asgi:application", name: str = "d"
+        self,
+        *,
+        env: dict[str, str] | None = None,
+        app: str = "config.asgi:application",
+        name: str = "d",
+        serve: bool = False,
     ):
         self.app = app
+        self.serve = serve
         self.name = name
         self.extra_env = env or {}
         self.proc: subprocess.Popen | None = None
@@ -185,7 +193,11 @@ class DaphneServer:
             # at once: the kernel then resets connections the server never saw (a deployment sets it
             # the same way, docs/deployment.md).
             [
-                str(Path(sys.executable).with_name("daphne")),
+                *(
+                    [sys.executable, "-m", "config.serve", "daphne", "asyncio"]
+                    if self.serve
+                    else [str(Path(sys.executable).with_name("daphne"))]
+                ),
                 "-e",
                 "tcp:port=0:interface=127.0.0.1:backlog=1024",
                 self.app,

@@ -214,6 +214,15 @@ def test_a_views_own_policy_is_kept_and_a_bad_host_gets_no_websocket_source(sett
     assert policy == build_policy(host=None, inline_style=False) and "evil" not in policy
 
 
+def test_the_websocket_sources_keep_a_non_standard_port(settings):
+    # The shipped nginx passes `Host: host:port` (deploy/nginx/diagnosis.conf): a page served on :8443
+    # may open wss://host:8443, which `wss://host` alone would not allow.
+    settings.ALLOWED_HOSTS = ["good.example"]
+    plain = ContentSecurityPolicyMiddleware(lambda request: HttpResponse())
+    policy = plain(RequestFactory().get("/chat/", HTTP_HOST="good.example:8443"))[HEADER]
+    assert "connect-src 'self' ws://good.example:8443 wss://good.example:8443;" in policy
+
+
 # --------------------------------------------------------------------------------------------------
 # Secrets only from the environment
 # --------------------------------------------------------------------------------------------------
