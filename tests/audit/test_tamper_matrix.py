@@ -31,7 +31,7 @@ from django.utils import timezone
 
 from audit import coverage, rowdigest
 from audit.bound import step_key, step_label
-from audit.integrity import GENESIS_HASH, chain_hash, event_payload
+from audit.integrity import GENESIS_HASH, chain_hash
 from audit.models import (
     AgentStep,
     Checkpoint,
@@ -61,6 +61,7 @@ from diagnosis.runtime import db as runtime_db
 from reasoning.fields import EncryptedTextField
 from reasoning.models import AgentReasoningAudit
 from reasoning.services import purge_reasoning
+from tests.audit.transparency.support import rehash_chain
 from tests.factories import make_recorded_run, make_waiting_approval
 from tests.fakes.openai_server import FakeLLMServer, HTTPError, usage
 from tests.runtime.support import AGENT, GUARD, ROUTER, Provider, ask, load_corpus
@@ -511,29 +512,6 @@ def test_a_forged_row_is_named(world, model):
 # --------------------------------------------------------------------------------------------------
 # The attacks of the issue, by name
 # --------------------------------------------------------------------------------------------------
-def _rechain(run_id: str, *, from_sequence: int = 1) -> None:
-    """Re-hash a run's stored chain from `from_sequence` with the project's own function, as an
-    attacker who rewrote events would (`audit.integrity.chain_hash` over `event_payload`)."""
-    prev = GENESIS_HASH
-    for event in TraceEvent.objects.filter(run_id=run_id).order_by("sequence_no"):
-        if event.sequence_no >= from_sequence:
-            payload = event_payload(
-                run_id=event.run_id,
-                session_id=event.session_id,
-                sequence_no=event.sequence_no,
-                phase=event.phase,
-                event_type=event.event_type,
-                status=event.status,
-                summary=event.summary,
-                details=event.details,
-                created_at=event.created_at,
-            )
-            TraceEvent.objects.filter(pk=event.pk).update(prev_hash=prev, hash=chain_hash(prev, payload))
-            prev = chain_hash(prev, payload)
-        else:
-            prev = event.hash
-
-
 def _rewrite_content(run_id: str, content: str) -> None:
     """Rewrite a run's released content, its RUN_FINISHED digest and its chain (all with the project's
     functions): only the transparency log can still tell."""
@@ -545,7 +523,7 @@ def _rewrite_content(run_id: str, content: str) -> None:
         "runDigest": rowdigest.run_form(finished.details["runForm"]).digest_of(run),
     }
     TraceEvent.objects.filter(pk=finished.pk).update(details=details)
-    _rechain(run_id, from_sequence=finished.sequence_no)
+    rehash_chain(run_id, start=finished.sequence_no)
 
 
 def test_attack_anchored_run_rewritten_and_rehashed_after_its_leaf_run_id_is_nulled(world):
@@ -601,7 +579,7 @@ def test_attack_review_flipped_after_a_checkpoint(world):
     TraceEvent.objects.filter(pk=event.pk).update(
         details=details, summary=event.summary.replace("unsafe", "correct")
     )
-    _rechain(world.chat, from_sequence=review.sequence_no)
+    rehash_chain(world.chat, start=review.sequence_no)
     DiagnosisRun.objects.filter(run_id=world.chat).update(review_verdict="correct")
     assert_caught(*run_named(world.chat))
 
@@ -680,7 +658,7 @@ def test_rehash_rewritten_question_with_its_start_digest_chain_and_leaf(world):
     started = TraceEvent.objects.get(run_id=world.chat, event_type=EventType.RUN_STARTED)
     details = {**started.details, "startDigest": rowdigest.RUN_START.digest_of(run)}
     TraceEvent.objects.filter(pk=started.pk).update(details=details)
-    _rechain(world.chat)
+    rehash_chain(world.chat)
     _reanchor(world.chat)
     assert_caught_run(world.chat)
 
@@ -698,7 +676,7 @@ def test_rehash_rewritten_step_with_its_digest_and_chain(world):
     TraceEvent.objects.filter(pk=event.pk).update(
         details={**event.details, "stepDigest": rowdigest.STEP.digest_of(step)}
     )
-    _rechain(world.chat, from_sequence=event.sequence_no)
+    rehash_chain(world.chat, start=event.sequence_no)
     assert_caught(*run_named(world.chat))
 
 
