@@ -8,7 +8,9 @@ A bundle (`diagnosis-audit-evidence/v1`, built by `audit.transparency.evidence`)
      "rows": {"steps": [{"digest", "form"}], "tools": [{"digest", "form"}],     # form: what is hashed
               "reasoning": [{"stepIndex", "agentName", "digest"}],                 # digests only
               "run": {"digest", "form"} | null,                                     # terminal summary
-              "reviews": [{"digest", "form"}]},                  # review rows (absent in older bundles)
+              "reviews": [{"digest", "form"}],                   # review rows (absent in older bundles)
+              "identity": {"start": {"digest", "form"} | null,    # who asked what (absent in older
+                           "session": {"digest", "form"} | null}},  # bundles): run-start, session
      "anchor": {"leafIndex", "leafData", "leafHash", "treeSize", "inclusionProof": [hex],
                 "checkpoint": {"body", "signature"}} | null,
      "tails": [{"leafIndex", "leafData", "leafHash", "inclusionProof": [hex]}]}  # absent in older bundles
@@ -251,11 +253,37 @@ def _row_check(
     return ok
 
 
+def _verify_identity(identity: Any, run_id: str, b: bound.Bindings, report: Report) -> int:
+    """The run's identity and its session's against RUN_STARTED's digests; returns how many were
+    checked. A chain that binds none (a run started before identity digests) must carry none."""
+    if not _keys(identity, {"start", "session"}, "rows.identity", report):
+        return 0
+    checked = 0
+    for name, binding, what in (
+        ("start", b.started, "the run's question, flow, session and creation"),
+        ("session", b.session, "its session's owner and creation"),
+    ):
+        entry, where = identity[name], f"rows.identity.{name} ({what})"
+        if binding is None or binding.digest is None:
+            if entry is not None:
+                report.failures.append(f"{where}: the chain binds no such record")
+            continue
+        if entry is None:
+            report.failures.append(f"{where}: bound at sequence {binding.sequence_no}, missing")
+            continue
+        _row_check(entry, where, binding.form or "", run_id, binding, report)
+        checked += 1
+    return checked
+
+
 def _verify_rows(rows: Any, run_id: str, b: bound.Bindings, report: Report) -> None:
-    # `reviews` (the run's review rows) is in every bundle built since reviews exist; older bundles
-    # have none, and their review events are checked with the chain only.
+    # `reviews` (the run's review rows) is in every bundle built since reviews exist, `identity` (the
+    # run's question, flow and session, its session's owner) since RUN_STARTED binds them; older
+    # bundles have neither, and those events are checked with the chain only.
     with_reviews = isinstance(rows, dict) and "reviews" in rows
+    with_identity = isinstance(rows, dict) and "identity" in rows
     wanted = {"steps", "tools", "reasoning", "run"} | ({"reviews"} if with_reviews else set())
+    wanted |= {"identity"} if with_identity else set()
     if not _keys(rows, wanted, "rows", report):
         return
     before = len(report.failures)
@@ -319,6 +347,8 @@ def _verify_rows(rows: Any, run_id: str, b: bound.Bindings, report: Report) -> N
             checked += 1
         for key, binding in reviews.items():
             report.failures.append(f"rows: review {key} bound at sequence {binding.sequence_no} is missing")
+    if with_identity:
+        checked += _verify_identity(rows["identity"], run_id, b, report)
     run_entry = rows["run"]
     if b.finished is not None:
         seq, digest, _, form_name = b.finished

@@ -71,6 +71,7 @@ def build_bundle(*, run: DiagnosisRun) -> dict[str, Any]:
                 _row(rowdigest.REVIEW, rowdigest.REVIEW.values_of(r))
                 for r in RunReview.objects.filter(run_id=run_id).order_by("sequence_no")
             ],
+            "identity": _identity(run, events),
         },
         **_anchors(run_id),
     }
@@ -85,6 +86,19 @@ def _tool_forms(tools: Any, events: list[TraceEvent]) -> list[tuple[ToolInvocati
         form = rowdigest.tool_form(binding.form if binding is not None else None) or rowdigest.TOOL
         out.append((tool, form))
     return out
+
+
+def _identity(run: DiagnosisRun, events: list[TraceEvent]) -> dict[str, Any]:
+    """Who asked what, in the forms RUN_STARTED names (`run-start`, `session`); None where the chain
+    binds none (a run started before identity digests)."""
+    started = next((e for e in events if e.event_type == EventType.RUN_STARTED), None)
+    details = (started.details or {}) if started is not None else {}
+    start = rowdigest.start_form(details.get("startForm")) if details.get("startDigest") else None
+    session = rowdigest.session_form(details.get("sessionForm")) if details.get("sessionDigest") else None
+    return {
+        "start": _row(start, start.values_of(run)) if start is not None else None,
+        "session": _row(session, session.values_of(run.session)) if session is not None else None,
+    }
 
 
 def _run_row(run: DiagnosisRun, events: list[TraceEvent]) -> dict[str, Any] | None:

@@ -69,7 +69,9 @@ def test_an_exported_bundle_verifies_offline_without_django(anchored_run, tmp_pa
     assert done.returncode == 0, done.stdout + done.stderr
     assert "OK chain: 17 event(s), sequence 1..17, every hash recomputed" in done.stdout
     # 2 model steps, 2 tool rows, 2 reasoning rows (digests only), the terminal summary.
-    assert "OK rows: 7 record(s) match the digests their chain binds" in done.stdout
+    assert (
+        "OK rows: 9 record(s) match the digests their chain binds" in done.stdout
+    )  # with the run's identity and session
     assert "OK anchor: leaf 1 recomputed from the chain" in done.stdout
     assert f"VERIFIED run {anchored_run.run_id}" in done.stdout
     # The key may also be given as a file holding it.
@@ -174,3 +176,28 @@ def test_the_bundle_of_a_rewritten_or_incomplete_store_fails_like_verify_audit(u
     assert [f for f in report.failures if "missing" in f] == [
         f"rows: tool call {tool.tool_call_id} bound at sequence {terminal.sequence_no} is missing"
     ]
+
+
+def test_the_bundle_proves_who_asked_what(anchored_run):
+    """The run's question and its session's owner travel in the bundle as the records RUN_STARTED binds:
+    a question changed in the store (or in the bundle) fails offline, and names where."""
+    from diagnosis.models import DiagnosisRun
+
+    built = build_bundle(run=anchored_run)
+    start = built["rows"]["identity"]["start"]
+    assert start["form"]["form"] == "run-start" and start["form"]["row"]["query"] == anchored_run.query
+    assert built["rows"]["identity"]["session"]["form"]["form"] == "session"
+    assert bundle.verify(json.loads(json.dumps(built)), [_public()]).ok
+
+    edited = json.loads(json.dumps(built))
+    edited["rows"]["identity"]["start"]["form"]["row"]["query"] = "Delete every log file"
+    report = bundle.verify(edited, [_public()])
+    assert any(
+        f.startswith("rows.identity.start") and "does not match its digest" in f for f in report.failures
+    )
+
+    DiagnosisRun.objects.filter(pk=anchored_run.pk).update(query="Delete every log file")
+    report = bundle.verify(build_bundle(run=DiagnosisRun.objects.get(pk=anchored_run.pk)), [_public()])
+    assert any(
+        f.startswith("rows.identity.start") and "differs from the one bound" in f for f in report.failures
+    )
