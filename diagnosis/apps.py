@@ -9,3 +9,4 @@ class DiagnosisConfig(AppConfig):
 
     def ready(self) -> None:
         from diagnosis import checks, signals  # noqa: F401  (registers the system checks, the approvers group)
+        from diagnosis.runtime import approvals  # noqa: F401  (erases saved resume states on reasoning purges)

@@ -27,11 +27,11 @@ from audit.models import EventType, GovernanceEventType, TraceEvent
 from audit.recorder import record_governance_event, record_reasoning_change
 from audit.retention import held
 from audit.rowdigest import stored_reasoning_rows
-from diagnosis.runtime.approvals import discard_resume_states
 from reasoning import crypto
 from reasoning.fields import Ciphertext
 from reasoning.models import REASONING_PERMISSION, AccessChannel, AgentReasoningAudit, ReasoningAccessLog
 from reasoning.selectors import ReasoningRecord, get_reasoning_records
+from reasoning.signals import reasoning_purging
 from reasoning.utils import client_address, user_agent
 
 logger = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ def purge_reasoning(
     `run_id` names the run. Each batch also writes one `REASONING_ROWS_PURGED` governance event (`actor`).
 
     Before any row is purged, the saved resume state of every run with rows in scope is erased from
-    the canonical store (`diagnosis.runtime.approvals.discard_resume_states`: it holds the same
+    the canonical store (`reasoning.signals.reasoning_purging`, received by the runtime: it holds the same
     reasoning); a held run's state is kept. If the store cannot be reached, nothing is purged.
 
     A row that does not match the digest its chain binds (`untampered`: changed in the database, e.g.
@@ -170,8 +170,10 @@ def purge_reasoning(
         scope = scope.filter(run_id=run_id)
     # A legal hold on the run or its session exempts its rows until the hold is lifted.
     scope = scope.exclude(held())
-    # An interrupted run's saved resume state holds the same reasoning: erased first (issue 30).
-    discard_resume_states(run_ids=scope.order_by().values_list("run_id", flat=True).distinct())
+    # Copies of the same reasoning above this layer (an interrupted run's saved resume state) go first.
+    reasoning_purging.send(
+        sender=AgentReasoningAudit, run_ids=scope.order_by().values_list("run_id", flat=True).distinct()
+    )
     purged = tampered = last = 0
     while True:
         ids = list(scope.filter(pk__gt=last).order_by("pk").values_list("pk", flat=True)[:batch_size])

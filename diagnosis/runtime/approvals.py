@@ -34,6 +34,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.db.models import F, Q
+from django.dispatch import receiver
 from django.utils import timezone
 
 from audit.models import EventType, ToolInvocation, ToolStatus, TraceEvent
@@ -42,6 +43,7 @@ from audit.recorder import RunRecorder, arguments_digest
 from diagnosis.models import ChatSession, DiagnosisRun, RunStatus
 from diagnosis.runtime.canonical import CanonicalStore, CanonicalUnavailable, delete_states
 from reasoning import crypto
+from reasoning.signals import reasoning_purging
 
 logger = logging.getLogger(__name__)
 
@@ -233,9 +235,11 @@ def forget_checkpoint(canonical: Any) -> None:
         logger.warning("saved state not dropped run=%s (it expires with its TTL)", canonical.run_id)
 
 
-def discard_resume_states(*, run_ids: Any) -> None:
+@receiver(reasoning_purging, dispatch_uid="diagnosis.runtime.approvals.discard_resume_states")
+def discard_resume_states(*, run_ids: Any, **_signal: Any) -> None:
     """Erase the saved state of every run in `run_ids` (an iterable of run ids, e.g. a queryset): the
-    reasoning purge calls it, before it erases any row, with the runs whose rows it is about to purge,
+    reasoning purge sends `reasoning.signals.reasoning_purging` before it erases any row, with the runs
+    whose rows it is about to purge,
     because a saved state holds the same reasoning (`reasoning.services.purge_reasoning`, by age and by
     run; runs under a legal hold are not in its scope, so their state is kept). A run whose state was
     erased that way fails its resumption with RESUME_STATE_UNAVAILABLE: the erasure wins. Raises
@@ -448,13 +452,9 @@ def _others_waiting(run_id: str, tool_call_id: str) -> bool:
         .exclude(tool_call_id=tool_call_id)
         .values_list("tool_call_id", flat=True)
     ):
-        if not _decided_already(run_id, other, after=0):
+        if _prior_decision(run_id, other, after=0) is None:
             return True
     return False
-
-
-def _decided_already(run_id: str, tool_call_id: str, *, after: int) -> bool:
-    return _prior_decision(run_id, tool_call_id, after=after) is not None
 
 
 def _prior_decision(run_id: str, tool_call_id: str, *, after: int) -> str | None:
