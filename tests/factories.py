@@ -159,11 +159,8 @@ def totp_code(device, *, at: float | None = None) -> str:
 def make_waiting_approval(owner) -> tuple[DiagnosisRun, str]:
     """An AI Ops run interrupted with one `create_silence` call waiting for approval, recorded through
     the recorder as the runtime records it (no model, no Alertmanager); returns the run and the call id."""
-    import datetime as dt
-
-    from django.utils import timezone
-
     from diagnosis.models import AgentFlow
+    from diagnosis.runtime import approvals
 
     session = services.create_session(owner=owner)
     run = services.create_run(session=session, query="Alert Drill: silence it", agent_flow=AgentFlow.AI_OPS)
@@ -191,7 +188,7 @@ def make_waiting_approval(owner) -> tuple[DiagnosisRun, str]:
         tool_name=call.name,
         input_params=arguments,
         approvers={"permission": "diagnosis.approve_tool_call", "group": "Approvers", "requester": ""},
-        expires_at=timezone.now() + dt.timedelta(hours=1),
+        deadline=approvals.expiry_of,  # the runtime's own rule
     )
     rec.interrupt(pending=[call.tool_call_id], checkpoint_sha256="0" * 64, reason="tests")
     run.refresh_from_db()

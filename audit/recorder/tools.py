@@ -5,8 +5,9 @@ conflict is refused and recorded on the timeline."""
 
 from __future__ import annotations
 
+import datetime as dt
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,14 +119,14 @@ class ToolLifecycle:
         tool_name: str,
         input_params: dict[str, Any],
         approvers: dict[str, Any],
-        expires_at: Any,
+        deadline: Callable[[dt.datetime], dt.datetime],
     ) -> int | None:
         """Record a declared call of a tool that requires approval, without executing it: its row with
         status AWAITING_APPROVAL (no `started_at`: nothing ran), its TOOL_INVOCATION event and
         APPROVAL_REQUESTED (the tool, its bounded arguments and their digest, who may decide, when the
-        request expires), in one transaction. `expires_at` is the deadline, or the deadline rule: a
-        function of the row's creation time (`diagnosis.runtime.approvals.expiry_of`), so the recorded
-        `expiresAt` is the one decisions are held to. The same refusals as `tool_started` apply
+        request expires), in one transaction. `deadline` is the deadline rule, a function of the row's
+        creation time (`diagnosis.runtime.approvals.expiry_of`), so the recorded `expiresAt` is the one
+        decisions are held to. The same refusals as `tool_started` apply
         (undeclared id, a repeat). Returns the sequence of APPROVAL_REQUESTED, or None when the write
         failed (then no request exists: the caller must not wait for one)."""
         effective_input = bound_json(input_params, max_string=INPUT_STRING_CHARS)
@@ -153,7 +154,7 @@ class ToolLifecycle:
                 input_params=effective_input, started_at=None, now=now,
             )  # fmt: skip
             digest = arguments_digest(effective_input)
-            expiry = expires_at(now) if callable(expires_at) else expires_at
+            expiry = deadline(now)
             common = {
                 "toolCallId": tool_call_id,
                 "providerToolCallId": provider_id,
@@ -182,7 +183,7 @@ class ToolLifecycle:
                             "arguments": effective_input,
                             "argumentsDigest": digest,
                             "approvers": dict(approvers),
-                            "expiresAt": expiry.isoformat() if expiry is not None else None,
+                            "expiresAt": expiry.isoformat(),
                         },
                     ),
                 ],

@@ -321,7 +321,7 @@ class ToolBoundary:
                 tool_name=call.name,
                 input_params=arguments,
                 approvers=approvers,
-                expires_at=deadline_rule,
+                deadline=deadline_rule,
             )
         except (ToolCallNotDeclared, ToolLifecycleConflict, ToolCallRepeated) as exc:
             logger.warning(
