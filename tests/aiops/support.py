@@ -4,12 +4,16 @@ stored in the canonical store, an alert list), and a helper that creates and exe
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from typing import Any
 
 from diagnosis import services
+from diagnosis.runtime import supervisor
+from diagnosis.runtime.llm import aclose_clients
 from diagnosis.runtime.tools.registry import EvidenceRecord, ToolRegistry, ToolResult, default_registry
+from diagnosis.runtime.worker import work
 from tests.runtime.support import execute
 
 ALERT = (
@@ -97,3 +101,17 @@ def run_aiops(user, alert: str = ALERT, **kwargs: Any):
     outcome, sink = execute(run.run_id, **kwargs)
     run.refresh_from_db()
     return run, outcome, sink
+
+
+def drain() -> None:
+    """Run this process's queue worker until the queue is empty (one run at a time), then stop the
+    background duties and close the model clients, as a server process would at shutdown."""
+
+    async def main() -> None:
+        try:
+            await work(launch=supervisor.launch, concurrency=1, poll_interval=0.05, until_idle=True)
+        finally:
+            await supervisor.stop_background()
+            await aclose_clients()
+
+    asyncio.run(main())

@@ -7,7 +7,6 @@ silence's real result — the saved state round-trips through the SDK's request 
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 from pathlib import Path
@@ -23,9 +22,8 @@ from bench.b7_aiops import AiOpsBenchProvider
 from diagnosis.aiops import intake
 from diagnosis.aiops.alertmanager import AlertmanagerClient
 from diagnosis.models import DiagnosisRun, RunStatus
-from diagnosis.runtime import approvals, prompts, supervisor
-from diagnosis.runtime.llm import aclose_clients
-from diagnosis.runtime.worker import work
+from diagnosis.runtime import approvals, prompts
+from tests.aiops.support import drain
 from tests.fakes.openai_server import FakeLLMServer, finish_chunk, tool_call_chunks
 
 pytestmark = [
@@ -60,17 +58,6 @@ class SilencingProvider(AiOpsBenchProvider):
                 )
             self.report_requests.append(list(request.messages))
         return super().__call__(request)
-
-
-def drain() -> None:
-    async def main() -> None:
-        try:
-            await work(launch=supervisor.launch, concurrency=1, poll_interval=0.05, until_idle=True)
-        finally:
-            await supervisor.stop_background()
-            await aclose_clients()
-
-    asyncio.run(main())
 
 
 def test_interrupt_approve_resume_through_the_openai_sdk(settings, staff_user, django_user_model):

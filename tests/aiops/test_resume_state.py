@@ -15,7 +15,6 @@ and resumed by the queue worker, with the canonical store in local memory and on
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import time
@@ -36,14 +35,13 @@ from audit.verification import verify_run
 from bench.b7_aiops import AiOpsBenchProvider
 from diagnosis.aiops import intake
 from diagnosis.models import DiagnosisRun, RunStatus
-from diagnosis.runtime import approvals, prompts, supervisor
+from diagnosis.runtime import approvals, prompts
 from diagnosis.runtime.canonical import CanonicalStore
 from diagnosis.runtime.executor import RESUME_STATE_UNAVAILABLE
-from diagnosis.runtime.llm import aclose_clients
-from diagnosis.runtime.worker import work
 from reasoning import crypto
 from reasoning.models import AgentReasoningAudit
 from reasoning.services import purge_reasoning
+from tests.aiops.support import drain
 from tests.fakes.openai_server import FakeLLMServer, finish_chunk, reasoning_chunks, tool_call_chunks
 
 pytestmark = [
@@ -80,17 +78,6 @@ class ReasoningSilencer(AiOpsBenchProvider):
                 return self._stream(chunks, prompt=900, completion=60)
             self.resumed_requests.append(list(request.messages))
         return super().__call__(request)
-
-
-def drain() -> None:
-    async def main() -> None:
-        try:
-            await work(launch=supervisor.launch, concurrency=1, poll_interval=0.05, until_idle=True)
-        finally:
-            await supervisor.stop_background()
-            await aclose_clients()
-
-    asyncio.run(main())
 
 
 def redis_available() -> bool:
