@@ -20,7 +20,7 @@ from access.models import ApiToken
 from access.selectors import tokens_of
 from access.services import MAX_TTL_HOURS, TokenNeedsOtp, issue_token, revoke_token
 from access.stepup import OTP_REQUIRED, session_verified
-from config.api import error_responses
+from core.api import error_responses
 
 
 class ApiTokenSerializer(serializers.Serializer):

@@ -1,7 +1,7 @@
 """`Authorization: Token <token>` for the REST API, the SSE views and the WebSocket handshake.
 
 `authenticate_token(request, token_text)` is the one decision, used by the DRF class
-(`ApiTokenAuthentication`) and the WebSocket middleware (`diagnosis.chat.auth`):
+(`ApiTokenAuthentication`) and the WebSocket middleware (`surfaces.chat.auth`):
 
 1. the token is found by its clear prefix and its digest compared in constant time
    (`access.selectors.find_token`); no match is a failure counted against the client address (a

@@ -1,5 +1,5 @@
 """The password and session authentication backend: Django's `ModelBackend`, with the user read that
-every session-authenticated request makes (`get_user`) compiled once (`config.compiled.CompiledQuery`).
+every session-authenticated request makes (`get_user`) compiled once (`core.compiled.CompiledQuery`).
 
 `ModelBackend.get_user` builds and compiles `User._default_manager.get(pk=…)` on every request, which
 cost more than the query itself (≈ 0.4 ms of a trace read's ≈ 5 ms; docs/performance.md, B2). This
@@ -20,7 +20,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.backends import ModelBackend as DjangoModelBackend
 from django.db import DEFAULT_DB_ALIAS
 
-from config.compiled import CompiledQuery
+from core.compiled import CompiledQuery
 
 
 def _by_pk(pk: Any):

@@ -69,9 +69,9 @@ def client_ip(request) -> str:
 
 def lockout_response(request, original_response=None, credentials=None) -> HttpResponse:
     """`AXES_LOCKOUT_CALLABLE`: 429 `locked_out` in the error shape under /api/, a plain page elsewhere."""
-    # config.api imports rest_framework.views, which imports this module's users (the DRF
+    # core.api imports rest_framework.views, which imports this module's users (the DRF
     # authentication classes): imported here, not at the top, to keep that import acyclic.
-    from config.api import API_PREFIX, json_error
+    from core.api import API_PREFIX, json_error
 
     # axes' async path passes (request, credentials); the response does not depend on either.
     if request.path.startswith(API_PREFIX):

@@ -1,5 +1,5 @@
 """The session engine (`SESSION_ENGINE = "access.sessions"`): Django's database sessions, with the one
-read every authenticated request makes compiled once (`config.compiled.CompiledQuery`).
+read every authenticated request makes compiled once (`core.compiled.CompiledQuery`).
 
 Django's `db.SessionStore.load()` builds and compiles `Session.objects.get(session_key=…,
 expire_date__gt=now)` on every request, which cost more than the query itself (≈ 0.6 ms of a trace read's
@@ -15,7 +15,7 @@ from django.contrib.sessions.backends.db import SessionStore as DbSessionStore
 from django.contrib.sessions.models import Session
 from django.utils import timezone
 
-from config.compiled import CompiledQuery
+from core.compiled import CompiledQuery
 
 _SESSION = CompiledQuery(
     lambda key: Session.objects.filter(session_key=key).values_list("session_data", "expire_date"), key=str

@@ -1,9 +1,9 @@
 """Admin base for append-only records: visible, never added, changed or deleted — superusers included.
-Their lists count at most 10 000 rows and break ties in index order (`config.admin_lists`)."""
+Their lists count at most 10 000 rows and break ties in index order (`core.admin_lists`)."""
 
 from django.contrib import admin
 
-from config.admin_lists import ScalableListAdmin
+from core.admin_lists import ScalableListAdmin
 
 
 class ReadOnlyAdmin(ScalableListAdmin, admin.ModelAdmin):

@@ -37,7 +37,7 @@ from audit.trace_render import TraceRenderer
 from audit.transparency import store
 from audit.transparency.evidence import build_bundle
 from audit.transparency.keys import published_keys
-from config.api import error_responses, paginated_response
+from core.api import error_responses, paginated_response
 from diagnosis.selectors import RunResolution, get_visible_run, get_visible_session
 
 NOT_FOUND_RUN = "No such session or run."

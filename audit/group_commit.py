@@ -23,7 +23,7 @@ Ops are taken only from callers whose connection is in autocommit mode: an op su
 atomic block belongs to that caller's transaction and is written directly by the recorder (this is
 also why group commit is invisible to pytest-django's transaction-wrapped tests).
 
-**On an event loop** (the runtime: `diagnosis.runtime.db.db()` runs every job as a `Bridged` greenlet on
+**On an event loop** (the runtime: `agent.runtime.db.db()` runs every job as a `Bridged` greenlet on
 a pool thread) a writer does not lead or follow on its thread: `submit` suspends its job, the op joins
 the process's `BatchWriter`, whose writer thread writes everything queued as one batch through the same
 `write_ops` (one transaction, op-by-op retry) and then queues each job's next step back on its own pool
@@ -261,7 +261,7 @@ class Bridged(greenlet.greenlet):
     can **suspend** itself instead of blocking the thread: `GroupCommitter.submit` suspends with a
     `Commit`, `RecorderLock` with a `WaitFor`. `step()` runs the job until it finishes (returns
     `(True, value)`, or raises the job's exception) or suspends (returns `(False, request)`); the driver
-    (`diagnosis.runtime.db`) hands the request on (to the `BatchWriter`, or to the lock's waiters) and
+    (`agent.runtime.db`) hands the request on (to the `BatchWriter`, or to the lock's waiters) and
     calls `step()` again **on the same thread** once it is served (a greenlet lives on the thread that
     started it). A job suspends only outside any atomic
     block, so the thread's connection holds no transaction of it while other jobs use that thread."""
@@ -292,7 +292,7 @@ class RecorderLock:
     __slots__ = ("_cond", "_depth", "_mutex", "_owner", "_sleepers", "_waiters", "home")
 
     def __init__(self) -> None:
-        # The pool thread of this recorder's last job (`diagnosis.runtime.db` sends its next concurrent
+        # The pool thread of this recorder's last job (`agent.runtime.db` sends its next concurrent
         # job there, so one run's concurrent decisions start in the order they were asked for).
         self.home: Any = None
         # The state is guarded by `_mutex` (entered as a C lock); `_cond`, on the same lock, is only
@@ -359,7 +359,7 @@ class BatchWriter:
     decision costs the event loop one hand-off to the pool and one back, whatever its writes. While a
     batch is written the next one forms. A run has at most one op in flight (its job waits for it), so
     batches in flight never hold two ops of one run, and each run's decisions commit in order.
-    Thread-safe; one per process (`diagnosis.runtime.db`); `stop()` writes what is queued and ends the
+    Thread-safe; one per process (`agent.runtime.db`); `stop()` writes what is queued and ends the
     threads, each closing its own connection."""
 
     def __init__(self, committer: GroupCommitter, *, writers: int = 1, name: str = "audit-writer") -> None:

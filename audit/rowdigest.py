@@ -58,7 +58,7 @@ from audit.integrity import timestamp
 from audit.models import AgentStep, RunReview, ToolInvocation
 from audit.payloads import canonical_json, sha256_hex
 from audit.write_ops import RawJSON
-from config.compiled import CompiledQuery
+from core.compiled import CompiledQuery
 from diagnosis.models import ChatSession, DiagnosisRun
 from reasoning.fields import Ciphertext, EncryptedTextField
 from reasoning.models import AgentReasoningAudit

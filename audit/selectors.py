@@ -89,7 +89,7 @@ from audit.models import (
 from audit.reconcile import CallUsage, KeptLedger, Reconciliation, reconcile
 from audit.rowdigest import stored_reasoning_rows
 from audit.transparency.verify import check_anchor
-from config.compiled import CompiledQuery, json_loads
+from core.compiled import CompiledQuery, json_loads
 from diagnosis.models import DiagnosisRun, RunStatus
 from diagnosis.selectors import FeedbackView, RunResolution, feedback_of, get_feedback, viewer_feedback
 from pricing.costs import load_price_book, price_of_run
@@ -275,7 +275,7 @@ _TIMELINE = CompiledQuery(
 
 
 def timeline_of(*, run_id: str) -> list[StoredEvent]:
-    """The run's timeline in sequence order, one query (compiled once: `config.compiled`), no model
+    """The run's timeline in sequence order, one query (compiled once: `core.compiled`), no model
     instances (a long trace spent most of its read building them and decoding JSON through the field)."""
     return [StoredEvent(*row) for row in _TIMELINE.rows(run_id=run_id)]
 
@@ -283,7 +283,7 @@ def timeline_of(*, run_id: str) -> list[StoredEvent]:
 class _RowsOfRun:
     """The rows of `model` stored under one run id, in `order`, as attribute bags of every concrete
     column under its attribute name (the digests cover every column) and `pk`, without model instances;
-    one query compiled once (`config.compiled`), with `annotations` (name → expression) added."""
+    one query compiled once (`core.compiled`), with `annotations` (name → expression) added."""
 
     def __init__(self, model, order: Sequence[str], *, match=None, **annotations: Any) -> None:
         self._pk = model._meta.pk.attname

@@ -146,7 +146,7 @@ def run_concurrent_timed(
     runs: list[DiagnosisRun], inputs: workload.RunInputs, *, group_commit: bool
 ) -> tuple[float, float]:
     """`run_concurrent`, and the process's CPU seconds (user + system, every thread) over the same span."""
-    from diagnosis.runtime.db import db, shutdown_pools
+    from agent.runtime.db import db, shutdown_pools
 
     recorders = [RunRecorder.for_run(r, group_commit=group_commit) for r in runs]
 

@@ -30,7 +30,7 @@ from bench import b3_live
 # Categories a sample belongs to when any frame of its stack matches (in this order): the work that
 # owns everything beneath it.
 OWNERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("knowledge search", ("/diagnosis/knowledge/", "/tools/lookup_knowledge.py")),
+    ("knowledge search", ("/agent/knowledge/", "/tools/lookup_knowledge.py")),
     ("recorder (audit rows, chain, digests, encryption, its SQL)", ("/audit/", "/reasoning/")),
     ("model SDK", ("/openai/",)),
 )
@@ -46,7 +46,7 @@ LEAFWARD: tuple[tuple[str, tuple[str, ...]], ...] = (
             "/autobahn/",
             "/twisted/",
             "/txaio/",
-            "/diagnosis/chat/",
+            "/surfaces/chat/",
             "/runtime/live.py",
             "/runtime/events.py",
         ),

@@ -19,14 +19,14 @@ from django.conf import settings
 from django.core.management import call_command
 from django.test.utils import override_settings
 
+from agent.runtime.events import NullSink
+from agent.runtime.executor import execute_run, prepare_run
+from agent.runtime.llm import aclose_clients
 from bench.provider import BenchProvider
 from bench.stats import Row, spread
-from diagnosis.runtime.events import NullSink
-from diagnosis.runtime.executor import execute_run, prepare_run
-from diagnosis.runtime.llm import aclose_clients
 from tests.fakes.openai_server import FakeLLMServer
 
-RUNBOOKS = Path(settings.BASE_DIR) / "diagnosis" / "runbooks"
+RUNBOOKS = Path(settings.BASE_DIR) / "runbooks"
 
 
 def load_runbooks() -> None:

@@ -1,7 +1,7 @@
 """B7 — AI Ops analyses: how many one queue worker sustains, and its own cost outside models and tools.
 
-Analyses are queued as staff would queue them (`diagnosis.aiops.intake`) and executed by the real queue
-worker (`diagnosis.runtime.worker.work`: claim under the lease with `SELECT … FOR UPDATE SKIP LOCKED`,
+Analyses are queued as staff would queue them (`agent.aiops.intake`) and executed by the real queue
+worker (`agent.runtime.worker.work`: claim under the lease with `SELECT … FOR UPDATE SKIP LOCKED`,
 planner, executor with tools, evidence and semantic guards, release, self-evaluation, every decision
 recorded durably) against the local fake provider, which takes exactly `call_seconds` (300 ms) per model
 call: the planner's plan, the executor's parallel tool calls (`query_metrics` against a real Prometheus
@@ -31,9 +31,9 @@ from pathlib import Path
 
 from django.test.utils import override_settings
 
+from agent.runtime import prompts
 from bench.provider import AGENT, BenchProvider
 from bench.stats import Row, spread
-from diagnosis.runtime import prompts
 from tests.fakes.openai_server import FakeLLMServer, finish_chunk, text_chunks, tool_call_chunks
 
 EVIDENCE = re.compile(r"(?:prom:[0-9a-f]{16}|kb:[a-z0-9]+(?:[-_][a-z0-9]+)*#[1-9][0-9]*)")
@@ -110,7 +110,7 @@ class RoundTrips:
     (`audit.write_ops._DriverCursor`; no execute wrapper, so every write takes its usual path): a write
     statement in autocommit mode (the single-statement path, the MariaDB compound transaction) or a
     COMMIT is one commit; `is_usable` is one ping; a job handed to the runtime's pools
-    (`diagnosis.runtime.db`) is one job. With `B7_TRACE=1` each commit is also named by the recorder
+    (`agent.runtime.db`) is one job. With `B7_TRACE=1` each commit is also named by the recorder
     method (or runtime function) that paid it, and the jobs' CPU time is split by pool, printed per
     analysis."""
 
@@ -156,8 +156,8 @@ class RoundTrips:
     def installed(self):
         from django.db.backends.mysql import base
 
+        from agent.runtime import db as runtime_db
         from audit import write_ops
-        from diagnosis.runtime import db as runtime_db
 
         execute, is_usable = base.CursorWrapper.execute, base.DatabaseWrapper.is_usable
         driver_execute = write_ops._DriverCursor.execute
@@ -255,9 +255,9 @@ async def drain(
     """Queue `n` analyses, then run one worker until the queue is empty; (wall seconds, run ids). Runs in
     the caller's event loop, which stays up across repetitions as a server process's does. `counts` is
     reset when the worker starts and holds what it paid when it is done."""
-    from diagnosis.aiops import intake
-    from diagnosis.runtime import supervisor
-    from diagnosis.runtime.worker import work
+    from agent.aiops import intake
+    from agent.runtime import supervisor
+    from agent.runtime.worker import work
 
     ids = [
         (await asyncio.to_thread(intake.start_staff_analysis, user=user, alert=ALERT)).run_id
@@ -297,7 +297,7 @@ def check(ids: list[str]) -> set[str]:
 @contextlib.contextmanager
 def monitoring():
     """A real Prometheus (and Alertmanager) when the Debian binaries are installed, else None."""
-    from tests.aiops import servers
+    from tests.agent.aiops import servers
 
     if servers.missing_binaries():
         yield None
@@ -341,8 +341,8 @@ def run_all(*, runs_per_rep: int, reps: int, call_seconds: float = 0.3, log=prin
             decisions: set[str] = set()
 
             async def measure() -> None:
-                from diagnosis.runtime import supervisor
-                from diagnosis.runtime.llm import aclose_clients
+                from agent.runtime import supervisor
+                from agent.runtime.llm import aclose_clients
 
                 supervisor.ensure_background(serve_queue=False)
                 try:

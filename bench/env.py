@@ -75,7 +75,7 @@ def prepare(database: str = DEFAULT_DB) -> None:
     # machine's MariaDB, not to a checkout, so a key kept in the checkout made a fresh clone's first
     # `make bench` refuse the datasets an earlier clone had built ("the transparency log has 1 problem").
     from audit.transparency.keys import generate_key_text, validate_private
-    from config.devkeys import read_or_create
+    from core.devkeys import read_or_create
 
     os.environ.setdefault(
         "AUDIT_SIGNING_KEYS",

@@ -217,8 +217,8 @@ profile, lies inside the model time the runtime measures (from before the reques
 The overhead row also gives the commits and pings per analysis, counted (not timed) at the MySQL
 backend's cursor and connection while the worker runs (the worker's claims included; `B7_TRACE=1`
 names the decision that paid each commit): they do not move with the machine's load. What the
-profile of issue 15's target found and the worker now avoids (`diagnosis/runtime/worker.py`,
-`audit/facts.py`, `audit/recorder/chain.py`, `diagnosis/runtime/tools/boundary.py`):
+profile of issue 15's target found and the worker now avoids (`agent/runtime/worker.py`,
+`audit/facts.py`, `audit/recorder/chain.py`, `agent/runtime/tools/boundary.py`):
 
 * **The hand-over**: the claim's transaction and the next run's first records (RUN_STARTED, the routing
   decision) sat between one analysis and the next. A run now says when its last model call is made; the
@@ -248,7 +248,7 @@ jobs after a model call paid a ping round trip first (11–19 per analysis). Sin
 first idle thread, so one run at a time keeps using one thread and one connection, and a recorder's
 concurrent jobs go to the thread of its previous one (parallel tool starts keep their order): 6.1 pings
 per analysis. The rule that detects a restarted database is unchanged (a connection idle for longer
-than `PING_IDLE_SECONDS` is pinged before its next job; `tests/reliability/test_restart.py`).
+than `PING_IDLE_SECONDS` is pinged before its next job; `tests/agent/reliability/test_restart.py`).
 
 Every decision is still durable before the next effect of the run (a model request, a tool run, a frame,
 the release) and never after a later decision (a held one commits in the transaction of the next),
@@ -410,7 +410,7 @@ threads (one hand-off per decision instead of two). Group commit stays **off by 
 dispatch, loads the session and the user, verifies the whole hash chain and every bound row's digest on
 every read (no cache of data), and encodes the body. Already done: each event's hash checked over its
 details as stored (the canonical JSON that was hashed) and the body carrying that text; rows read as
-values through queries compiled once per process (`config.compiled`); the session and user reads
+values through queries compiled once per process (`core.compiled`); the session and user reads
 compiled the same way. This run: {b2}. Bound: at 10 events the stack the trace runs in is ≈ 1.4× the
 floor by itself (a 404 of the same URL: the test client, middleware, DRF, the session, the user and the
 run lookup; measured 2026-12-02), and the trace's eight further round trips, its verification and its
@@ -431,7 +431,7 @@ run's other database work through the ORM — the chat's start, the token's scop
 renewals, the previous turns — 12–14 %, the event loop 8–10 %, frames and the channel layer 4–8 %). No
 single lever closes a gap of this size: the SDK's share needs a leaner client for the one provider shape (the
 stack fixes the official `openai` SDK), the recorder's its structural change above, the ORM reads can be
-compiled once as the trace's are (`config.compiled`). On Redis the channel layer (`channels_redis`' core
+compiled once as the trace's are (`core.compiled`). On Redis the channel layer (`channels_redis`' core
 layer: a sorted set per channel, a Lua clean-up script and a blocking pop per receive) costs ≈ 80 ms
 more CPU per run than the in-memory layer, so one process on Redis holds fewer chats than without it;
 the next lever there is one Redis subscription per process (`channels_redis`' pub/sub layer) for the
@@ -489,7 +489,7 @@ as single-row autocommit statements over a raw `MySQLdb` connection in the same 
 statement per record, no Python work but the driver's; it has 44 statements (records, and the
 update of the run's stored list facts) per run.
 Repetitions alternate which side runs first. *Concurrent*: 200 runs recorded at once from one asyncio
-loop, every decision awaited through the runtime's database pool (`diagnosis.runtime.db.db`, 8 threads
+loop, every decision awaited through the runtime's database pool (`agent.runtime.db.db`, 8 threads
 by default), with and without group commit; the figure is the floor's time per record divided by the
 concurrent wall time per record (a speed-up). After each scenario every run is checked: stored counts
 equal expected, no write failure, hash chain valid.

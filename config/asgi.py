@@ -11,10 +11,10 @@
   a token in the query string, so tokens stay out of access logs). See docs/chat.md.
 * `TrustedProxyHeaders` (outermost) removes forwarded headers that did not come from a `TRUSTED_PROXIES`
   peer; `WebSocketTlsRequired` closes a chat WebSocket that did not arrive over TLS with code 4426 when
-  `WEBSOCKET_REQUIRE_TLS` (DEBUG off); see `config.proxy`.
+  `WEBSOCKET_REQUIRE_TLS` (DEBUG off); see `core.proxy`.
 * `BackgroundDuties` starts the process's sweeper, checkpointer, purge and AI Ops queue worker with the
   first connection (or at lifespan start-up); `python -m config.serve` (the shipped units) starts them
-  at process start instead, see `diagnosis.runtime.supervisor`.
+  at process start instead, see `agent.runtime.supervisor`.
 """
 
 import os
@@ -30,10 +30,10 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
-from config.proxy import TrustedProxyHeaders, WebSocketTlsRequired  # noqa: E402
+from agent.runtime.supervisor import BackgroundDuties  # noqa: E402
 from config.routing import websocket_urlpatterns  # noqa: E402
-from diagnosis.chat.auth import ChatAuthMiddleware, ChatOriginValidatorFromSettings  # noqa: E402
-from diagnosis.runtime.supervisor import BackgroundDuties  # noqa: E402
+from core.proxy import TrustedProxyHeaders, WebSocketTlsRequired  # noqa: E402
+from surfaces.chat.auth import ChatAuthMiddleware, ChatOriginValidatorFromSettings  # noqa: E402
 
 http_app = ASGIStaticFilesHandler(django_asgi_app) if settings.DEBUG else django_asgi_app
 

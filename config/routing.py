@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from diagnosis.chat.consumers import ChatConsumer
+from surfaces.chat.consumers import ChatConsumer
 
 websocket_urlpatterns = [
     path("ws/chat/", ChatConsumer.as_asgi(), name="ws-chat"),

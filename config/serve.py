@@ -9,7 +9,7 @@ process: `python -m config.serve daphne uvloop -b 0.0.0.0 -p 8000 config.asgi:ap
 * `uvicorn LOOP ARGS` is `uvicorn --loop LOOP ARGS` (WebSockets through the `websockets` library).
 
 Background duties at process start (issue 37): daphne sends no ASGI lifespan, so under daphne this
-module schedules `diagnosis.runtime.supervisor.ensure_background` on the reactor's event loop, to run as
+module schedules `agent.runtime.supervisor.ensure_background` on the reactor's event loop, to run as
 soon as the loop starts (after daphne imported the application, before any connection), and adds a
 "before shutdown" trigger that awaits `stop_background`: Twisted stops the reactor on SIGTERM and SIGINT,
 daphne closes its connections and the duties are cancelled and awaited before the process exits. uvicorn
@@ -51,13 +51,13 @@ def _duties_with_the_reactor() -> None:
     loop = reactor._asyncioEventloop  # the asyncio loop the reactor runs (daphne.server's `twisted_loop`)
 
     def start() -> None:
-        from diagnosis.runtime.supervisor import ensure_background
+        from agent.runtime.supervisor import ensure_background
 
         ensure_background()
         logging.getLogger(__name__).info("background duties started at process start")
 
     def stop():
-        from diagnosis.runtime.supervisor import stop_background
+        from agent.runtime.supervisor import stop_background
 
         async def stopping() -> None:
             await stop_background()

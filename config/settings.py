@@ -8,7 +8,7 @@ let a fresh clone run with no configuration; production hardening switches on wh
 import datetime as dt
 import os
 
-from config.env import BASE_DIR, env
+from core.env import BASE_DIR, env
 
 # ---------------------------------------------------------------------------------------------------
 # Core
@@ -56,6 +56,7 @@ INSTALLED_APPS = [
     # TOTP second factor for reading reasoning (access/stepup.py).
     "django_otp",
     "django_otp.plugins.otp_totp",
+    # The layers, bottom up (docs/architecture.md): identity, the record, the agent, its surfaces.
     "diagnosis",
     "audit",
     "reasoning",
@@ -63,12 +64,14 @@ INSTALLED_APPS = [
     "telemetry",
     # What model calls cost: the pricing rule, price overrides, runs' stored cost (pricing/).
     "pricing",
+    "agent",
+    "surfaces",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    # Content-Security-Policy on every response (config/csp.py; Django 5.2 has none built in).
-    "config.csp.ContentSecurityPolicyMiddleware",
+    # Content-Security-Policy on every response (core/csp.py; Django 5.2 has none built in).
+    "core.csp.ContentSecurityPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -82,7 +85,7 @@ MIDDLEWARE = [
     # Answers a request that axes marked locked out (access.lockout.lockout_response).
     "axes.middleware.AxesMiddleware",
     # Innermost: any non-JSON error response under /api/ becomes {"error": {"code", "message"}}.
-    "config.api.ApiErrorMiddleware",
+    "core.api.ApiErrorMiddleware",
 ]
 
 # axes first: a locked-out username or address is refused before any password is checked. Then
@@ -202,10 +205,10 @@ else:
         },
     }
     # One process: channels' in-memory layer with its per-frame expiry sweep amortised
-    # (config/channel_layers.py).
+    # (core/channel_layers.py).
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "config.channel_layers.InMemoryChannelLayer",
+            "BACKEND": "core.channel_layers.InMemoryChannelLayer",
             "CONFIG": {"sweep_interval": env.float("CHANNEL_LAYER_SWEEP_SECONDS", default=1.0)},
         }
     }
@@ -239,17 +242,17 @@ AIOPS_MAX_RESPONSE_BYTES = env.int("AIOPS_MAX_RESPONSE_BYTES", default=4 * 1024 
 AGENT_MAX_STEPS = env.int("AGENT_MAX_STEPS", default=6)
 TOOL_TIMEOUT = env.float("TOOL_TIMEOUT", default=20.0)
 CHAT_MAX_ACTIVE_RUNS_PER_USER = env.int("CHAT_MAX_ACTIVE_RUNS_PER_USER", default=3)
-# Chats a user may start per period over SSE and WebSocket together (diagnosis/chat/throttle.py; empty = off).
+# Chats a user may start per period over SSE and WebSocket together (surfaces/chat/throttle.py; empty = off).
 CHAT_THROTTLE_RATE = env.str("CHAT_THROTTLE_RATE", default="30/min")
 RUN_LEASE_SECONDS = env.int("RUN_LEASE_SECONDS", default=30)
-# Runtime thread pools (diagnosis/runtime/db.py): audit/ORM writes, and synchronous tools. Each DB thread
+# Runtime thread pools (agent/runtime/db.py): audit/ORM writes, and synchronous tools. Each DB thread
 # holds one database connection, so these bound this process's connections however many runs are live.
 RUNTIME_DB_THREADS = env.int("RUNTIME_DB_THREADS", default=8)
 RUNTIME_TOOL_THREADS = env.int("RUNTIME_TOOL_THREADS", default=8)
 # Group commit of concurrent audit writers (audit/group_commit.py, docs/performance.md): decisions of
 # several runs that wait for a COMMIT at the same time share one transaction.
 AUDIT_GROUP_COMMIT = env.bool("AUDIT_GROUP_COMMIT", default=False)
-# Batches of the event loop's group commit written at once (diagnosis/runtime/db.py; one connection each).
+# Batches of the event loop's group commit written at once (agent/runtime/db.py; one connection each).
 AUDIT_BATCH_WRITERS = env.int("AUDIT_BATCH_WRITERS", default=1)
 # Live chat (docs/chat.md): in-process sweeper period (0 = off) and SSE keep-alive comment period.
 RUN_SWEEP_INTERVAL_SECONDS = env.float("RUN_SWEEP_INTERVAL_SECONDS", default=15.0)
@@ -259,7 +262,7 @@ CHAT_SSE_HEARTBEAT_SECONDS = env.float("CHAT_SSE_HEARTBEAT_SECONDS", default=15.
 # as `draft` events and records that it did (run.delivery). Anything else stops the server (check).
 CHAT_RELEASE = env.str("CHAT_RELEASE", default="verified").strip().lower()
 # Under `draft`, answer text the model writes within this many milliseconds of a run's first held piece
-# goes out as one `draft` frame (diagnosis/runtime/live.py, ChannelLayerSink; 0 = one frame per piece;
+# goes out as one `draft` frame (agent/runtime/live.py, ChannelLayerSink; 0 = one frame per piece;
 # 10 ms measured best in B3, docs/performance.md).
 CHAT_DRAFT_COALESCE_MS = env.float("CHAT_DRAFT_COALESCE_MS", default=10.0)
 
@@ -298,7 +301,7 @@ REASONING_THROTTLE_RATE = env.str("REASONING_THROTTLE_RATE", default="60/min")
 # address in the reasoning access log is REMOTE_ADDR and X-Forwarded-For is ignored (it can be forged).
 TRUSTED_PROXY_COUNT = env.int("TRUSTED_PROXY_COUNT", default=0)
 # The peers whose forwarded headers (X-Forwarded-For, X-Forwarded-Proto, ...) are honoured at all, as
-# CIDRs or addresses (config/proxy.py): from any other peer they are removed before anything reads them,
+# CIDRs or addresses (core/proxy.py): from any other peer they are removed before anything reads them,
 # so a client that reaches a daphne port directly is recorded as itself and cannot claim HTTPS. The
 # default is the loopback, where the documented nginx runs (deploy/, docs/deployment.md).
 TRUSTED_PROXIES = env.list("TRUSTED_PROXIES", default=["127.0.0.1/32", "::1/128"])
@@ -405,7 +408,7 @@ REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
-    "EXCEPTION_HANDLER": "config.api.exception_handler",
+    "EXCEPTION_HANDLER": "core.api.exception_handler",
     "DEFAULT_THROTTLE_RATES": {"reasoning": REASONING_THROTTLE_RATE},
 }
 
@@ -420,14 +423,14 @@ SPECTACULAR_SETTINGS = {
     # The chat endpoints are async Django views (SSE); their paths are added by a hook (docs/chat.md).
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
-        "diagnosis.chat.schema.add_chat_paths",
+        "surfaces.chat.schema.add_chat_paths",
         # Every token-authenticated operation can answer 429 `locked_out` (access/lockout.py).
         "access.schema.add_locked_out",
     ],
     "ENUM_NAME_OVERRIDES": {
         "RunStatusEnum": "diagnosis.models.RunStatus.values",
         "ToolStatusEnum": "audit.models.ToolStatus.values",
-        "AlertStatusEnum": "diagnosis.aiops.apis.ALERT_STATUSES",
+        "AlertStatusEnum": "surfaces.api.aiops.ALERT_STATUSES",
         "CostStatusEnum": "audit.serializers.COST_STATUSES",
         "CallCostStatusEnum": "audit.serializers.CALL_COST_STATUSES",
     },
@@ -455,7 +458,7 @@ if not DEBUG:
     CSRF_COOKIE_SECURE = True
 
 # A WebSocket handshake that did not arrive over TLS (at daphne or, per a trusted proxy's
-# X-Forwarded-Proto, at the proxy) is closed with code 4426 (config/proxy.py); on whenever DEBUG is off.
+# X-Forwarded-Proto, at the proxy) is closed with code 4426 (core/proxy.py); on whenever DEBUG is off.
 WEBSOCKET_REQUIRE_TLS = env.bool("WEBSOCKET_REQUIRE_TLS", default=not DEBUG)
 
 # ---------------------------------------------------------------------------------------------------
@@ -473,7 +476,7 @@ LOGGING = {
         "django.db.backends": {"level": "INFO"},
         # Pinned above DEBUG whatever LOG_LEVEL says (docs/deployment.md): SQL parameters carry tokens,
         # questions and answers, and provider SDKs have logged request bodies (messages, reasoning sent
-        # back within a turn) at DEBUG. Asserted in tests/security/test_settings.py.
+        # back within a turn) at DEBUG. Asserted in tests/core/test_settings.py.
         "openai": {"level": "INFO"},
         "httpx": {"level": "INFO"},
         "httpx2": {"level": "INFO"},

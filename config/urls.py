@@ -17,12 +17,12 @@ from audit.apis import (
     SessionAuditsApi,
     TraceApi,
 )
-from config.health import healthz
-from diagnosis.aiops.apis import AlertmanagerWebhookApi, AnalysesApi
-from diagnosis.apis import ApprovalDecisionApi, ApprovalListApi, RunFeedbackApi, RunListApi, SessionListApi
-from diagnosis.chat import pages as chat_pages
-from diagnosis.chat import sse as chat_sse
 from reasoning.apis import ReasoningApi
+from surfaces.api.aiops import AlertmanagerWebhookApi, AnalysesApi
+from surfaces.api.runs import ApprovalDecisionApi, ApprovalListApi, RunFeedbackApi, RunListApi, SessionListApi
+from surfaces.chat import pages as chat_pages
+from surfaces.chat import sse as chat_sse
+from surfaces.health import healthz
 from telemetry import views as telemetry_views
 
 urlpatterns = [
@@ -31,7 +31,7 @@ urlpatterns = [
     path("admin/verify-otp/", verify_otp, name="verify-otp"),
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    # The split view serves Swagger UI's init script as its own request: no inline script (config/csp.py).
+    # The split view serves Swagger UI's init script as its own request: no inline script (core/csp.py).
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="swagger-ui"),
     # Trace and reasoning API. Path parameters are named as in the API contract.
     path("api/diagnosis/sessions/", SessionListApi.as_view(), name="api-session-list"),
@@ -85,14 +85,14 @@ urlpatterns = [
     path("api/diagnosis/<str:sessionId>/runs/<str:runId>/cancel", chat_sse.cancel_run, name="api-run-cancel"),
     path("chat/", chat_pages.chat_page, name="chat"),
     path("chat/runs/<str:run_id>/admin/", chat_pages.run_admin_redirect, name="chat-run-admin"),
-    # The runbook a citation names, read-only, the cited chunk highlighted (diagnosis.answers links here).
+    # The runbook a citation names, read-only, the cited chunk highlighted (surfaces.answers links here).
     path("knowledge/<slug:slug>/", chat_pages.knowledge_document, name="knowledge-document"),
     # Service metrics for Prometheus (docs/observability.md): bearer METRICS_TOKEN, or internal only.
     path("metrics", telemetry_views.metrics, name="metrics"),
-    # Readiness for the proxy and the process manager (config/health.py): no authentication, no data.
+    # Readiness for the proxy and the process manager (surfaces/health.py): no authentication, no data.
     path("healthz", healthz, name="healthz"),
 ]
 
-# Errors under /api/ in the contract's JSON shape (config.api); other paths keep Django's pages.
-handler404 = "config.api.handler404"
-handler500 = "config.api.handler500"
+# Errors under /api/ in the contract's JSON shape (core.api); other paths keep Django's pages.
+handler404 = "core.api.handler404"
+handler500 = "core.api.handler500"

@@ -2,11 +2,12 @@ from django.apps import AppConfig
 
 
 class DiagnosisConfig(AppConfig):
-    """Identity of the work: chat sessions, runs, feedback, and the agent runtime that executes runs."""
+    """Identity of the work, the bottom layer: chat sessions, runs, feedback, their selectors and services.
+
+    The agent that executes runs is `agent`; the screens, APIs and commands over it are `surfaces`."""
 
     name = "diagnosis"
     verbose_name = "Diagnosis"
 
     def ready(self) -> None:
-        from diagnosis import checks, signals  # noqa: F401  (registers the system checks, the approvers group)
-        from diagnosis.runtime import approvals  # noqa: F401  (erases saved resume states on reasoning purges)
+        from diagnosis import signals  # noqa: F401  (creates the approvers group after migrate)

@@ -178,7 +178,7 @@ class DiagnosisRun(models.Model):
     cost_unpriced_calls = models.IntegerField(default=0)
 
     # Self-evaluation (seed 003) of an AI Ops run: signals computed from the run's own record when it ends,
-    # plus the model's stated confidence, labelled as such (`diagnosis.runtime.selfeval`); NULL for chat
+    # plus the model's stated confidence, labelled as such (`agent.runtime.selfeval`); NULL for chat
     # runs. Written by the terminal update and bound by the run's terminal digest (form `run/3`).
     self_evaluation = models.JSONField(null=True, blank=True, default=None)
 
@@ -293,7 +293,7 @@ class AiOpsAlert(models.Model):
     `notifications`) instead of starting a second run, while an alert joining the group, or firing again
     after it resolved, is a new firing. Staff and shell analyses have no `dedupe_key`. The run's own
     record (query, timeline, report) lives in the run and the audit: this row is operational metadata,
-    written by `diagnosis.aiops.intake` only, and `labels`/`annotations` are bounded copies.
+    written by `agent.aiops.intake` only, and `labels`/`annotations` are bounded copies.
     """
 
     run = models.OneToOneField(
@@ -327,7 +327,7 @@ class AiOpsAlert(models.Model):
         ordering = ["-created_at"]
         indexes = [
             # Ascending: InnoDB appends the primary key ascending, so ORDER BY created_at DESC, id DESC
-            # reads these backwards with no sort (config/admin_lists.py).
+            # reads these backwards with no sort (core/admin_lists.py).
             models.Index(fields=["created_at"], name="idx_aiops_alert_created"),
             models.Index(fields=["alertname", "created_at"], name="idx_aiops_alert_name"),
             models.Index(fields=["severity", "created_at"], name="idx_aiops_alert_severity"),
@@ -352,7 +352,7 @@ class KnowledgeLanguage(models.TextChoices):
 class KnowledgeDocument(models.Model):
     """One runbook: front matter (title, tags, summary) and a markdown body, cut into `KnowledgeChunk`s.
 
-    Written only through `diagnosis.knowledge.ingest.upsert_document`, which re-chunks whenever the body
+    Written only through `agent.knowledge.ingest.upsert_document`, which re-chunks whenever the body
     changes and keeps `content_sha256` (over title, tags, summary, language and body) so that reloading an
     unchanged file is a no-op. `slug` is the stable public name: evidence ids are `kb:<slug>#<n>`.
     """

@@ -100,7 +100,7 @@ def reasons_of(run) -> list[Reason]:
 
 
 # --------------------------------------------------------------------------------------------------
-# Reads: the queue in index order and its capped counts (`config.admin_lists`: no join, no full count)
+# Reads: the queue in index order and its capped counts (`core.admin_lists`: no join, no full count)
 # --------------------------------------------------------------------------------------------------
 COUNT_CAP = 1000
 

@@ -18,7 +18,7 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import NotSupportedError, connections
 from django.db.models import Lookup, OuterRef, Q, QuerySet, Subquery
 
-from config.compiled import CompiledQuery
+from core.compiled import CompiledQuery
 from diagnosis.models import AiOpsAlert, ChatSession, DiagnosisRun, RunFeedback
 
 MAX_ID_CHARS = 64
@@ -246,7 +246,7 @@ _RUN_ATTNAMES = tuple(f.attname for f in DiagnosisRun._meta.concrete_fields)
 
 @functools.cache
 def _visible_run_query(by_session: bool, owned: bool, with_feedback: bool, by_run: bool) -> CompiledQuery:
-    """`get_visible_run`'s query for one shape of request, compiled once (`config.compiled`): it is
+    """`get_visible_run`'s query for one shape of request, compiled once (`core.compiled`): it is
     sent on every trace read and chat frame replay, and building it cost more than running it."""
 
     def build(

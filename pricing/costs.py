@@ -18,7 +18,7 @@ from decimal import Decimal
 from typing import Any
 
 from audit.models import EventType, TraceEvent
-from config.compiled import CompiledQuery
+from core.compiled import CompiledQuery
 from diagnosis.models import DiagnosisRun
 from pricing.models import PriceOverride
 from pricing.rules import CallCost, CallTokens, CostStatus, Override, PriceBook, Rate, RunCost
@@ -37,7 +37,7 @@ _OVERRIDE_COLUMNS = (
     "effective_from",
     "effective_to",
 )
-# Read on every trace: compiled once (`config.compiled`), rows as `values_list` gives them.
+# Read on every trace: compiled once (`core.compiled`), rows as `values_list` gives them.
 _OVERRIDES = CompiledQuery(lambda: PriceOverride.objects.values_list(*_OVERRIDE_COLUMNS))
 
 

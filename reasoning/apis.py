@@ -10,7 +10,7 @@ from rest_framework.response import Response
 from rest_framework.throttling import ScopedRateThrottle
 from rest_framework.views import APIView
 
-from config.api import error_responses
+from core.api import error_responses
 from diagnosis.selectors import get_visible_run
 from reasoning.models import AccessChannel, ContentSource
 from reasoning.permissions import CanReadReasoningContent

@@ -25,7 +25,7 @@ from cryptography.fernet import Fernet, InvalidToken
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from config.devkeys import read_or_create
+from core.devkeys import read_or_create
 
 PREFIX = "fernet:"
 KID_CHARS = 8

@@ -29,7 +29,7 @@ apt_install pkg-config libmariadb-dev gcc
 [ "$want_dev" = "dev" ] && apt_install chromium fonts-noto-cjk
 
 # The AI Ops tests run real Prometheus and Alertmanager processes of their own on free 127.0.0.1 ports
-# (tests/aiops/servers.py). The packages' system services (ports 9090 and 9093, nginx's 80) are never wanted here:
+# (tests/agent/aiops/servers.py). The packages' system services (ports 9090 and 9093, nginx's 80) are never wanted here:
 # they are kept from starting during the install and are stopped and disabled if they run.
 install_without_services() {
   local policy=/usr/sbin/policy-rc.d
@@ -61,7 +61,7 @@ disable_services() {
     fi
   done
 }
-# The deployment test (tests/deploy/test_deployment.py) runs Debian's nginx as a foreground process of
+# The deployment test (tests/config/test_deployment.py) runs Debian's nginx as a foreground process of
 # its own with the shipped site (deploy/nginx/); the package's system service (port 80) is never wanted.
 if [ "$want_dev" = "dev" ]; then
   install_without_services prometheus prometheus-alertmanager nginx

@@ -10,7 +10,7 @@ scripts/redis.sh
 export DEBUG=true
 # setup.sh dev installed Prometheus and Alertmanager: their tests must run here, never be skipped.
 export AIOPS_REQUIRE_SERVERS=1
-# ... and nginx: the deployment test (tests/deploy/) must run on MariaDB, never be skipped.
+# ... and nginx: the deployment test (tests/config/) must run on MariaDB, never be skipped.
 export DEPLOY_REQUIRE_NGINX=1
 unset DATABASE_URL REDIS_URL LLM_API_KEY LLM_PROVIDER || true
 

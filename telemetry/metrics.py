@@ -14,7 +14,8 @@ Two kinds, kept apart on purpose:
   a thousand stored runs as at a million (the export backlog and the checkpoint age are read whole:
   their own queries are bounded).
 * **Process metrics**: runs this process executes now and live run followers (stream subscribers) in
-  it, plus prometheus_client's process collector (CPU, memory, file descriptors). Scrape every process.
+  it (registered by the agent at start: `register_process_gauge`), plus prometheus_client's process
+  collector (CPU, memory, file descriptors). Scrape every process.
 
 Nothing here reads or exposes content: labels are enumerations, model names and tool names.
 """
@@ -24,7 +25,7 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from django.conf import settings
@@ -295,6 +296,17 @@ class RecordCollector(Collector):
 
 _registry: CollectorRegistry | None = None
 _registry_lock = threading.Lock()
+# Gauges of this process's own state, registered by the layer that owns the value (the agent registers
+# its active runs and live followers in `agent.apps`), so that telemetry never imports the runtime.
+_process_gauges: dict[str, tuple[str, Callable[[], float]]] = {}
+
+
+def register_process_gauge(name: str, documentation: str, read: Callable[[], float]) -> None:
+    """Serve `read()` as the gauge `name` on /metrics; call at app start, before the first scrape."""
+    with _registry_lock:
+        if _registry is not None and name not in _process_gauges:
+            raise RuntimeError(f"process gauge {name} registered after the registry was built")
+        _process_gauges[name] = (documentation, read)
 
 
 def registry() -> CollectorRegistry:
@@ -302,19 +314,10 @@ def registry() -> CollectorRegistry:
     global _registry
     with _registry_lock:
         if _registry is None:
-            from diagnosis.runtime.live import live_followers
-            from diagnosis.runtime.supervisor import running_count
-
             built = CollectorRegistry(auto_describe=False)
             built.register(RecordCollector())
-            Gauge(
-                "diagnosis_process_active_runs", "Runs this process is executing now.", registry=built
-            ).set_function(running_count)
-            Gauge(
-                "diagnosis_process_live_followers",
-                "Live run followers (chat streams, WebSocket subscriptions) in this process.",
-                registry=built,
-            ).set_function(live_followers)
+            for name, (documentation, read) in sorted(_process_gauges.items()):
+                Gauge(name, documentation, registry=built).set_function(read)
             ProcessCollector(registry=built)
             _registry = built
         return _registry

@@ -9,8 +9,8 @@ import pytest_asyncio
 from django.contrib.auth.models import Group
 from django.db import connection
 
+from agent.knowledge.retrieval import reset_knowledge_index
 from diagnosis import services
-from diagnosis.knowledge.retrieval import reset_knowledge_index
 
 
 def pytest_collection_modifyitems(config, items):
@@ -108,7 +108,7 @@ def _fresh_rate_limits():
 @pytest.fixture(autouse=True)
 def _no_queue_worker(settings):
     """In-process tests do not serve the AI Ops queue from the supervisor's background (it would claim
-    runs a test creates); tests of the worker drive `diagnosis.runtime.worker` themselves. Server
+    runs a test creates); tests of the worker drive `agent.runtime.worker` themselves. Server
     processes the tests start keep the default."""
     settings.AIOPS_WORKER_CONCURRENCY = 0
 
@@ -128,7 +128,7 @@ def _fast_password_hasher(settings):
 def chat_settings(settings):
     """In-memory channel layer, no periodic sweeper or checkpointer, the demo provider; the runtime's
     pools are closed afterwards so no pool thread keeps a connection to this test's database."""
-    from diagnosis.runtime import db as runtime_db
+    from agent.runtime import db as runtime_db
 
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     settings.RUN_SWEEP_INTERVAL_SECONDS = 0
@@ -142,7 +142,7 @@ def chat_settings(settings):
 @pytest_asyncio.fixture
 async def stop_chat_background():
     """Stop the supervisor's per-loop background tasks (control listener, sweeper) after the test."""
-    from diagnosis.runtime import supervisor
+    from agent.runtime import supervisor
 
     yield
     await supervisor.stop_background()
@@ -155,7 +155,7 @@ async def stop_chat_background():
 def runtime_pools():
     """The runtime's database and tool pools are closed before and after the test, so no pool thread
     keeps a connection (or a stale one) across tests."""
-    from diagnosis.runtime import db as runtime_db
+    from agent.runtime import db as runtime_db
 
     runtime_db.shutdown_pools()
     yield
@@ -166,8 +166,8 @@ def runtime_pools():
 def llm(settings):
     """The local OpenAI-compatible server with a scripted `Provider`, and settings pointing at it; the
     test fails if the server itself hit an error."""
+    from tests.agent.runtime.support import Provider, use_fake_llm
     from tests.fakes.openai_server import FakeLLMServer
-    from tests.runtime.support import Provider, use_fake_llm
 
     with FakeLLMServer() as server:
         use_fake_llm(settings, server)
@@ -177,7 +177,8 @@ def llm(settings):
 
 @pytest.fixture
 def corpus(tmp_path):
-    """The small runbook corpus of `tests.runtime.support.load_corpus`, loaded into the knowledge base."""
-    from tests.runtime.support import load_corpus
+    """The small runbook corpus of `tests.agent.runtime.support.load_corpus`, loaded into the knowledge
+    base."""
+    from tests.agent.runtime.support import load_corpus
 
     load_corpus(tmp_path / "kb")

@@ -1,6 +1,6 @@
 """Build realistic runs through the real recorder (no hand-made audit rows), for tests of every layer.
 
-A run built here looks like one the runtime executed (`diagnosis.runtime.executor.execute_run`): its
+A run built here looks like one the runtime executed (`agent.runtime.executor.execute_run`): its
 lease is claimed through the real claim (`diagnosis.services.claim_run`: the next `lease_epoch`, so 1 or
 more, and this module's lease owner), RUN_STARTED names that owner as the executor's does, every write is
 fenced by the claimed epoch, and `finish` releases the lease (no owner, no expiry, the epoch kept)."""
@@ -159,8 +159,8 @@ def totp_code(device, *, at: float | None = None) -> str:
 def make_waiting_approval(owner) -> tuple[DiagnosisRun, str]:
     """An AI Ops run interrupted with one `create_silence` call waiting for approval, recorded through
     the recorder as the runtime records it (no model, no Alertmanager); returns the run and the call id."""
+    from agent.runtime import approvals
     from diagnosis.models import AgentFlow
-    from diagnosis.runtime import approvals
 
     session = services.create_session(owner=owner)
     run = services.create_run(session=session, query="Alert Drill: silence it", agent_flow=AgentFlow.AI_OPS)

@@ -291,7 +291,7 @@ class DecisionRecords:
         `problems` say why, `steps` is empty), FALLBACK (the default plan used instead, `source`
         `default`) or REVISED (the executor's revision `revision` ≥ 1). `step_index` is the writing
         agent's step whose text held the plan (`planStepIndex`). `steps` are already bounded by the
-        caller (`diagnosis.runtime.plan`); the event bounds them again like every detail."""
+        caller (`agent.runtime.plan`); the event bounds them again like every detail."""
         steps = [dict(step) for step in steps]
         problems = [clip(p, 200) for p in problems]
         summary = f"{status}: {len(steps)} step(s) from {agent_name}" + (

@@ -41,7 +41,7 @@ One RunRecorder exists per run, in the process holding the run's lease. It is th
 run; parallel tool calls may record from several threads). `RunRecorder.resume` rebuilds the state from
 the database for another process (the sweeper) that takes over a run whose owner died. All methods are
 synchronous Django ORM code; async callers run them on the runtime's bounded database pool
-(`diagnosis.runtime.db.db`).
+(`agent.runtime.db.db`).
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
         self.fenced_writes = 0
         self.on_fenced: Callable[[], None] | None = None
         # When a deque: every committed event is appended as a `Committed` (its live listeners drain it
-        # from another thread; see `diagnosis.runtime.context.RunContext.record`). None: nothing kept.
+        # from another thread; see `agent.runtime.context.RunContext.record`). None: nothing kept.
         self.committed: deque[Committed] | None = None
         self._created_at = created_at
         # The provider that executes the run (RUN_STARTED names it; a resumed run's row holds it): what

@@ -125,7 +125,7 @@ class ToolLifecycle:
         status AWAITING_APPROVAL (no `started_at`: nothing ran), its TOOL_INVOCATION event and
         APPROVAL_REQUESTED (the tool, its bounded arguments and their digest, who may decide, when the
         request expires), in one transaction. `deadline` is the deadline rule, a function of the row's
-        creation time (`diagnosis.runtime.approvals.expiry_of`), so the recorded `expiresAt` is the one
+        creation time (`agent.runtime.approvals.expiry_of`), so the recorded `expiresAt` is the one
         decisions are held to. The same refusals as `tool_started` apply
         (undeclared id, a repeat). Returns the sequence of APPROVAL_REQUESTED, or None when the write
         failed (then no request exists: the caller must not wait for one)."""

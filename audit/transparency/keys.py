@@ -8,7 +8,7 @@ signing keys whose private part was removed, so that old checkpoints stay verifi
 The private keys live in the environment (or the development file) only, never in the database.
 
 In development (`settings.AUDIT_DEV_SIGNING_KEY_FILE`, set only while DEBUG is on) and without configured
-keys, one key is generated once into `.local/audit-signing.key` and reused (`config.devkeys`). With DEBUG
+keys, one key is generated once into `.local/audit-signing.key` and reused (`core.devkeys`). With DEBUG
 off and no keys, the system check `audit.E001` stops the server and signing raises `SigningKeysMissing`.
 """
 
@@ -25,7 +25,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from audit.transparency import note
-from config.devkeys import read_or_create
+from core.devkeys import read_or_create
 
 
 class SigningKeysMissing(ImproperlyConfigured):

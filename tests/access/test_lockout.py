@@ -13,8 +13,8 @@ from django.test import AsyncClient
 
 from audit.models import GovernanceEvent, GovernanceEventType
 from config.asgi import application
-from tests.chat.transports import TIMEOUT
 from tests.factories import issue_token, make_recorded_run
+from tests.surfaces.chat.transports import TIMEOUT
 
 LIMIT = 3
 SESSIONS = "/api/diagnosis/sessions/"

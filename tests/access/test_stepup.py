@@ -148,7 +148,7 @@ def test_issue_token_with_a_totp_code_carries_the_verification(require_otp, api_
 def test_admin_panel_asks_for_the_second_factor_then_shows_reasoning(
     require_otp, client, auditor, traced_run
 ):
-    from tests.admin.support import grant_console
+    from tests.surfaces.admin.support import grant_console
 
     grant_console(auditor)
     device = totp_device(auditor)

@@ -13,9 +13,9 @@ from django.db import connection
 from playwright.sync_api import expect, sync_playwright
 
 from reasoning.models import ReasoningAccessLog
-from tests.admin.support import grant_console, make_blocked_run
 from tests.browser import launch_chromium, requires_chromium
 from tests.factories import REASONING_MARKER, totp_code, totp_device
+from tests.surfaces.admin.support import grant_console, make_blocked_run
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 TIMEOUT_MS = 15_000

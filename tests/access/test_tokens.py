@@ -18,8 +18,8 @@ from django.utils import timezone
 from access.models import ApiToken
 from access.services import issue_token as issue
 from audit.models import GovernanceEvent, GovernanceEventType
-from tests.chat.transports import TIMEOUT, ws_connect
 from tests.factories import issue_token, make_recorded_run
+from tests.surfaces.chat.transports import TIMEOUT, ws_connect
 
 SESSIONS = "/api/diagnosis/sessions/"
 

@@ -22,20 +22,20 @@ import threading
 import pytest
 from django.db import connection
 
+from agent.runtime.executor import execute_run, prepare_run
+from agent.runtime.llm import aclose_clients
 from audit.group_commit import get_committer
 from audit.models import AgentStep, ToolInvocation, TraceEvent
 from audit.recorder import RunRecorder
 from audit.selectors import get_trace
 from diagnosis import services
 from diagnosis.models import ReleaseDecision, RunStatus
-from diagnosis.runtime.executor import execute_run, prepare_run
-from diagnosis.runtime.llm import aclose_clients
 from reasoning.capture import build_capture
 from reasoning.models import AgentReasoningAudit
+from tests.agent.runtime.support import AGENT, CollectingSink, evidence_ids, in_every_runtime_thread
 from tests.audit.support import in_threads, join_threads, wait_queued
 from tests.factories import usage
 from tests.fakes.openai_server import stream_answer, stream_tool_calls
-from tests.runtime.support import AGENT, CollectingSink, evidence_ids, in_every_runtime_thread
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("runtime_pools")]
 

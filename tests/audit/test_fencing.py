@@ -33,6 +33,10 @@ from django.core.management import CommandError, call_command
 from django.db import OperationalError, connection
 from django.utils import timezone
 
+from agent.runtime import executor
+from agent.runtime.cancel import CancelToken
+from agent.runtime.sweeper import LEASE_EXPIRED, expired_runs, fail_run, sweep_expired_runs
+from agent.runtime.tools.registry import default_registry
 from audit.group_commit import get_committer
 from audit.models import AgentStep, EventType, ToolInvocation, ToolStatus, TraceEvent
 from audit.recorder import DeclaredToolCall, RunRecorder
@@ -41,16 +45,12 @@ from audit.serializers import TraceSerializer
 from audit.trace_render import trace_data
 from diagnosis import services
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
-from diagnosis.runtime import executor
-from diagnosis.runtime.cancel import CancelToken
-from diagnosis.runtime.sweeper import LEASE_EXPIRED, expired_runs, fail_run, sweep_expired_runs
-from diagnosis.runtime.tools.registry import default_registry
 from reasoning.capture import build_capture
 from reasoning.models import AgentReasoningAudit
-from tests.chat.support import DaphneServer, ScriptedProvider, iter_sse, wait_for
+from tests.agent.runtime.support import AGENT, ask, in_every_runtime_thread
 from tests.factories import issue_token, usage
 from tests.fakes.openai_server import FakeLLMServer, stream_tool_calls
-from tests.runtime.support import AGENT, ask, in_every_runtime_thread
+from tests.surfaces.chat.support import DaphneServer, ScriptedProvider, iter_sse, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -402,7 +402,7 @@ def test_a_frozen_process_swept_and_woken_lands_nothing(provider, user):
         "RUN_SWEEP_INTERVAL_SECONDS": "0",
         "RUN_LEASE_SECONDS": str(LEASE_SECONDS),
     }
-    server = DaphneServer(env=env, app="tests.chat.asgi:application", name="fence").start()
+    server = DaphneServer(env=env, app="tests.surfaces.chat.asgi:application", name="fence").start()
     try:
         with (
             httpx.Client(base_url=server.url, timeout=20) as client,

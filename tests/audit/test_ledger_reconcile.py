@@ -8,20 +8,20 @@ import datetime as dt
 import pytest
 from django.utils import timezone
 
+from agent.runtime.sweeper import sweep_expired_runs
 from audit.models import AgentStep, EventType, TraceEvent
 from audit.recorder import RunRecorder, Usage
 from audit.selectors import get_trace
 from audit.serializers import TraceSerializer
 from audit.trace_render import trace_data
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
-from diagnosis.runtime.sweeper import sweep_expired_runs
 from reasoning.capture import build_capture
+from tests.agent.runtime.support import AGENT, GUARD, ROUTER, ask, evidence_ids
 from tests.fakes.openai_server import (
     stream_answer,
     stream_tool_calls,
     usage,
 )
-from tests.runtime.support import AGENT, GUARD, ROUTER, ask, evidence_ids
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("runtime_pools")]
 

@@ -11,13 +11,13 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
+from agent.runtime.sweeper import sweep_expired_runs
 from audit.facts import FACT_FIELDS, annotate_recomputed, disagreements
 from audit.models import AgentStep, ToolInvocation
 from audit.recorder import DeclaredToolCall, RunRecorder
 from audit.verification import verify_run
 from diagnosis import services
 from diagnosis.models import ChatSession, DiagnosisRun, ReleaseDecision, RunStatus
-from diagnosis.runtime.sweeper import sweep_expired_runs
 from reasoning.capture import build_capture
 from reasoning.services import purge_reasoning
 from tests.factories import make_recorded_run, record_full_run, usage

@@ -12,12 +12,12 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
+from agent.runtime.sweeper import sweep_expired_runs
 from audit.integrity import verify_chain
 from audit.models import EventType, Phase, TraceEvent
 from audit.recorder import RunNotFinished, _Event, append_to_finished_run
 from audit.verification import verify_run
 from diagnosis.models import DiagnosisRun, RunStatus
-from diagnosis.runtime.sweeper import sweep_expired_runs
 from reasoning.services import purge_reasoning
 from tests.audit.support import in_threads, join_threads
 from tests.factories import LEASE_OWNER, executing, make_recorded_run

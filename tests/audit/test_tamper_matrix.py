@@ -7,7 +7,7 @@ changed by `test_a_changed_covered_column_is_named` without anyone adding a case
 built once per module (committed, flushed at the end): runs the real runtime executed through the
 `openai` SDK against the local fake provider (router, two parallel tools, reasoning, guard; and a run
 the router's provider failed), an AI Ops run whose waiting tool call was approved
-(`diagnosis.runtime.approvals.decide`), a review, a reasoning purge, a legal hold, a run purged by
+(`agent.runtime.approvals.decide`), a review, a reasoning purge, a legal hold, a run purged by
 retention (a tombstone), a governance grant, and a signed checkpoint over all of it. Each case changes
 the database inside the test's transaction (rolled back afterwards), as an attacker with write access
 and no signing key would, and requires `verify_audit` to exit non-zero and to name the row.
@@ -29,6 +29,9 @@ from django.db import IntegrityError, connection, models, transaction
 from django.test import override_settings
 from django.utils import timezone
 
+from agent.knowledge.retrieval import reset_knowledge_index
+from agent.runtime import approvals
+from agent.runtime import db as runtime_db
 from audit import coverage, rowdigest
 from audit.bound import step_key, step_label
 from audit.integrity import GENESIS_HASH, chain_hash
@@ -54,18 +57,15 @@ from audit.reviews import record_review
 from audit.transparency import keys, leafdata, merkle
 from audit.transparency.log import checkpoint
 from audit.write_ops import WriteFenced
-from diagnosis.knowledge.retrieval import reset_knowledge_index
 from diagnosis.models import ChatSession, DiagnosisRun, RunStatus
-from diagnosis.runtime import approvals
-from diagnosis.runtime import db as runtime_db
 from reasoning.fields import EncryptedTextField
 from reasoning.models import AgentReasoningAudit
 from reasoning.services import purge_reasoning
+from tests.agent.runtime.support import AGENT, GUARD, ROUTER, Provider, ask, load_corpus
+from tests.agent.runtime.test_pipeline import cited_answer, parallel_lookups_with_reasoning
 from tests.audit.transparency.support import rehash_chain
 from tests.factories import make_recorded_run, make_waiting_approval
 from tests.fakes.openai_server import FakeLLMServer, HTTPError, usage
-from tests.runtime.support import AGENT, GUARD, ROUTER, Provider, ask, load_corpus
-from tests.runtime.test_pipeline import cited_answer, parallel_lookups_with_reasoning
 
 pytestmark = pytest.mark.django_db
 

@@ -13,21 +13,21 @@ import asyncio
 import pytest
 from django.db import connection
 
+from agent.runtime.cancel import CancelToken
+from agent.runtime.canonical import CanonicalStore
+from agent.runtime.context import RunContext
+from agent.runtime.events import ToolEvent
+from agent.runtime.tools.boundary import TOOL_REPEATED, ToolBoundary
+from agent.runtime.tools.registry import default_registry
 from audit.integrity import verify_chain
 from audit.models import EventType, ToolInvocation, ToolStatus, TraceEvent
 from audit.recorder import DeclaredToolCall, RunRecorder, ToolLifecycleConflict
 from audit.selectors import get_trace
 from diagnosis.models import ReleaseDecision, RunStatus
-from diagnosis.runtime.cancel import CancelToken
-from diagnosis.runtime.canonical import CanonicalStore
-from diagnosis.runtime.context import RunContext
-from diagnosis.runtime.events import ToolEvent
-from diagnosis.runtime.tools.boundary import TOOL_REPEATED, ToolBoundary
-from diagnosis.runtime.tools.registry import default_registry
 from reasoning.capture import build_capture
+from tests.agent.runtime.support import AGENT, CollectingSink, FailInserts, ask, evidence_ids
 from tests.factories import usage
 from tests.fakes.openai_server import stream_answer, stream_tool_calls
-from tests.runtime.support import AGENT, CollectingSink, FailInserts, ask, evidence_ids
 
 
 def _declare(rec, *calls, step_index=1):

@@ -124,7 +124,7 @@ def test_details_stored_in_another_spelling_render_as_their_value(run):
 
 def _orm_trace(run, viewer):
     """The same trace read through the ORM's model instances (the export's path, `iter_traces`), none of
-    the endpoint's compiled queries (`config.compiled`) or stored-text shortcuts."""
+    the endpoint's compiled queries (`core.compiled`) or stored-text shortcuts."""
     from audit.selectors import iter_traces
     from diagnosis.models import DiagnosisRun
 

@@ -119,14 +119,14 @@ def test_b3_profile_categories_of_a_collapsed_profile():
     from bench import b3_profile
 
     loop = "<module> (daphne:6);BaseEventLoop._run_once (asyncio/base_events.py:1922)"
-    job = "Bridged._body (audit/group_commit.py:274);_job (diagnosis/runtime/db.py:282)"
+    job = "Bridged._body (audit/group_commit.py:274);_job (agent/runtime/db.py:282)"
     raw = "\n".join(
         [
             f"{loop};RunRecorder._commit (audit/recorder/chain.py:120);dumps (json/__init__.py:231) 5",
             f"{loop};Stream.__anext__ (openai/_streaming.py:40);BaseModel.construct (pydantic/main.py:1) 3",
             f"{loop};AsyncAPIClient.request (openai/_base_client.py:1500);build (httpx2/_models.py:9) 2",
             f"{loop};InMemoryChannelLayer._clean_expired (channels/layers.py:330) 4",
-            f"{loop};search (diagnosis/knowledge/search.py:10);sub (re/__init__.py:1) 1",
+            f"{loop};search (agent/knowledge/search.py:10);sub (re/__init__.py:1) 1",
             f"{loop} 1",
             # A database job of the runtime's pool runs in a `Bridged` greenlet, which owns nothing:
             # a recorder decision there is the recorder's, a run's claim is other database work.

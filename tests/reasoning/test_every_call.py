@@ -17,8 +17,7 @@ from audit.serializers import TraceSerializer
 from audit.trace_render import trace_data
 from diagnosis.models import ReleaseDecision
 from reasoning.models import AgentReasoningAudit
-from tests.fakes.openai_server import stream_answer
-from tests.runtime.support import (
+from tests.agent.runtime.support import (
     GUARD_THINKING,
     ROUTE,
     ROUTER_THINKING,
@@ -28,10 +27,11 @@ from tests.runtime.support import (
     in_every_runtime_thread,
     script_reasoned_diagnosis,
 )
+from tests.fakes.openai_server import stream_answer
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("runtime_pools")]
 
-RUNBOOKS = Path(django_settings.BASE_DIR) / "diagnosis" / "runbooks"
+RUNBOOKS = Path(django_settings.BASE_DIR) / "runbooks"
 
 
 def test_router_and_guard_reasoning_is_captured_and_returned_to_auditors(

@@ -19,7 +19,7 @@ from audit.transparency import keys
 from diagnosis.models import ReleaseDecision, RunStatus
 from reasoning.models import AgentReasoningAudit
 from reasoning.selectors import get_reasoning_records
-from tests.runtime.support import GUARD_THINKING, ROUTER_THINKING, ask, script_reasoned_diagnosis
+from tests.agent.runtime.support import GUARD_THINKING, ROUTER_THINKING, ask, script_reasoned_diagnosis
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),

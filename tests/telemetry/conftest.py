@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.aiops.servers import ci_requires_servers
+from tests.agent.aiops.servers import ci_requires_servers
 from tests.telemetry.phoenix import PhoenixServer, missing
 
 

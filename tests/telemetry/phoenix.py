@@ -5,7 +5,7 @@ package is too heavy for the app's own venv) on free 127.0.0.1 ports, for the tr
 HTTP and gRPC on free ports and its usage telemetry off, and waits for `/healthz`. `.otlp_endpoint` is
 its OTLP/HTTP traces endpoint; `spans(trace_id)` reads the spans of one trace back through Phoenix's
 REST API (`GET /v1/projects/default/spans`); `stop()`/`start()` take it down and up again on the same
-ports and data. `missing()` says why it cannot run (no `.venv-phoenix`). Like `tests/aiops/servers.py`,
+ports and data. `missing()` says why it cannot run (no `.venv-phoenix`). Like `tests/agent/aiops/servers.py`,
 whose helpers it reuses, the process gets SIGTERM if the test process dies.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.aiops.servers import ServerFailed, _die_with_parent, free_port
+from tests.agent.aiops.servers import ServerFailed, _die_with_parent, free_port
 
 BASE_DIR = Path(__file__).resolve().parents[2]
 PHOENIX_BIN = BASE_DIR / ".venv-phoenix" / "bin" / "phoenix"

@@ -155,7 +155,7 @@ def test_phoenix_down_then_up_the_outbox_drains_with_nothing_lost(user, phoenix_
 def test_a_demo_ai_ops_analysis_opens_in_phoenix_as_a_workflow(user, phoenix_up, settings, corpus):
     """The real runtime's planner and executor (offline demo provider), exported from their record."""
     from audit.models import AgentStep, ToolInvocation
-    from tests.aiops.support import aiops_registry, run_aiops
+    from tests.agent.aiops.support import aiops_registry, run_aiops
 
     settings.LLM_PROVIDER = "demo"
     run, _, _ = run_aiops(user, registry=aiops_registry())

@@ -12,8 +12,8 @@ import pytest
 
 from telemetry.models import ExportState, TraceExport
 from telemetry.spans import trace_id_of
-from tests.aiops.servers import PrometheusServer, ci_requires_servers, missing_binaries
-from tests.chat.support import DaphneServer
+from tests.agent.aiops.servers import PrometheusServer, ci_requires_servers, missing_binaries
+from tests.surfaces.chat.support import DaphneServer
 from tests.telemetry.support import make_recorded_run
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -18,7 +18,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from access.middleware import acting_as
-from config.env import env
+from core.env import env
 
 ACTOR = "manage.py user_groups"
 

@@ -237,8 +237,8 @@ def test_two_processes_checkpointing_at_once_make_one_gapless_log(user, signing_
 async def test_every_server_process_checkpoints_periodically(user, settings, signing_key):
     from asgiref.sync import sync_to_async
 
-    from diagnosis.runtime import supervisor
-    from diagnosis.runtime.db import shutdown_pools
+    from agent.runtime import supervisor
+    from agent.runtime.db import shutdown_pools
 
     settings.RUN_SWEEP_INTERVAL_SECONDS = 0
     settings.AUDIT_CHECKPOINT_INTERVAL_SECONDS = 0.1

@@ -21,9 +21,9 @@ from diagnosis import services
 from diagnosis.models import DiagnosisRun
 from reasoning.models import AgentReasoningAudit
 from reasoning.services import purge_reasoning
-from tests.admin.support import grant_console
 from tests.audit.transparency.support import delete_run
 from tests.factories import issue_token, make_recorded_run, record_full_run
+from tests.surfaces.admin.support import grant_console
 
 pytestmark = pytest.mark.django_db
 

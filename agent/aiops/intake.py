@@ -1,0 +1,294 @@
+"""Starting AI Ops analyses: from Alertmanager's webhook, from staff, from a shell. Writes only.
+
+Every entry point ends in `start_analysis`, which creates (in one transaction) the session if needed, a
+PENDING run with `agent_flow = AI_OPS` and its `AiOpsAlert` row. Nothing executes here: the run waits in
+the queue until a worker claims it (`diagnosis.services.claim_next_queued`, driven by
+`agent.runtime.worker` in every server process and in `manage.py run_worker`), so an analysis runs
+with no client connected.
+
+Alertmanager (webhook payload version 4, `https://prometheus.io/docs/alerting/latest/configuration/
+#webhook_config`): one notification is one alert group. `accept_notification` starts one run per
+distinct *firing* of the group: the dedupe key is the sha256 of `groupKey` and the firing alerts'
+fingerprints with their `startsAt`, so Alertmanager re-sending the same firing (every `repeat_interval`,
+or after a failed delivery) starts nothing and only counts the notification on the existing row, while a
+new alert in the group, or the same alert firing again after it resolved, starts a new analysis. A
+notification with no firing alert (the group resolved) starts nothing and stamps `resolved_at` on the
+group's rows. Each alert group has its own session (`ses_am_<sha256(groupKey)>`), owned by the service
+user `AIOPS_SERVICE_USER`, so the analyses of one group read as one conversation.
+
+The run's query is a bounded, plain-text description of the alerts (`describe_alerts`): labels,
+annotations and times only, as Alertmanager sent them. Labels and annotations stored on `AiOpsAlert` are
+bounded copies for the admin's lists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from diagnosis import services
+from diagnosis.models import AgentFlow, AiOpsAlert, AlertSource, ChatSession, DiagnosisRun
+
+LABEL_CHARS = 200
+VALUE_CHARS = 1000
+MAX_LABELS = 40
+MAX_ALERTS_DESCRIBED = 20
+SESSION_PREFIX = "ses_am_"
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    """One alert of a notification, as Alertmanager sent it (validated by the API's serializer)."""
+
+    status: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    starts_at: str = ""
+    ends_at: str = ""
+    fingerprint: str = ""
+    generator_url: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Notification:
+    """One webhook notification: an alert group and its alerts."""
+
+    group_key: str
+    status: str
+    receiver: str = ""
+    group_labels: Mapping[str, str] | None = None
+    common_labels: Mapping[str, str] | None = None
+    common_annotations: Mapping[str, str] | None = None
+    external_url: str = ""
+    alerts: Sequence[Alert] = ()
+    truncated_alerts: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """What a notification or request started: the run it started, or the one it duplicates."""
+
+    session_id: str
+    run_id: str
+    status: str
+    deduplicated: bool
+
+
+# ---------------------------------------------------------------------------------------------------
+# Description of alerts (the run's query)
+# ---------------------------------------------------------------------------------------------------
+def bounded_mapping(values: Mapping[str, Any] | None) -> dict[str, str]:
+    """At most `MAX_LABELS` string entries, keys and values cut to their bounds, sorted by key."""
+    out: dict[str, str] = {}
+    for key in sorted((values or {}).keys())[:MAX_LABELS]:
+        out[str(key)[:LABEL_CHARS]] = str(values[key])[:VALUE_CHARS]
+    return out
+
+
+def _labels_text(labels: Mapping[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in labels.items())
+
+
+def describe_alerts(
+    *, alerts: Sequence[Alert], group_labels: Mapping[str, str] | None = None, truncated: int = 0
+) -> str:
+    """The question an analysis answers: which alerts fire, with their labels, annotations and times."""
+    firing = [a for a in alerts if a.status == "firing"] or list(alerts)
+    lines = []
+    if group_labels:
+        lines.append(f"Alertmanager alert group firing: {_labels_text(bounded_mapping(group_labels))}")
+    else:
+        lines.append("Alert firing:")
+    lines.append(f"Firing alerts: {len(firing) + truncated}")
+    for alert in firing[:MAX_ALERTS_DESCRIBED]:
+        labels = bounded_mapping(alert.labels)
+        name = labels.pop("alertname", "") or "(unnamed alert)"
+        severity = labels.pop("severity", "")
+        head = f"- {name}" + (f" [severity {severity}]" if severity else "")
+        if alert.starts_at:
+            head += f" since {alert.starts_at}"
+        lines.append(head)
+        if labels:
+            lines.append(f"  labels: {_labels_text(labels)}")
+        for key, value in bounded_mapping(alert.annotations).items():
+            lines.append(f"  {key}: {' '.join(value.split())}")
+    hidden = len(firing) - MAX_ALERTS_DESCRIBED + truncated
+    if hidden > 0:
+        lines.append(f"(and {hidden} more alert(s) not listed)")
+    lines.append(
+        "Investigate: find the likely cause from live metrics, the active alerts and the runbooks, and "
+        "say what to do next."
+    )
+    return "\n".join(lines)[: services.QUERY_MAX_CHARS]
+
+
+def _name_and_severity(alerts: Sequence[Alert], common: Mapping[str, str] | None) -> tuple[str, str]:
+    common = common or {}
+    first = alerts[0].labels if alerts else {}
+    name = common.get("alertname") or first.get("alertname") or ""
+    severity = common.get("severity") or first.get("severity") or ""
+    return str(name)[:200], str(severity)[:32]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Starting a run
+# ---------------------------------------------------------------------------------------------------
+def service_user() -> AbstractBaseUser:
+    """The owner of alert-group sessions (`AIOPS_SERVICE_USER`), created on first use without a usable
+    password, so nobody can sign in as it."""
+    User = get_user_model()
+    name = str(getattr(settings, "AIOPS_SERVICE_USER", "alertmanager"))
+    user = User.objects.filter(username=name).first()
+    if user is not None:
+        return user
+    try:
+        with transaction.atomic():
+            user = User(username=name)
+            user.set_unusable_password()
+            user.save()
+            return user
+    except IntegrityError:  # created concurrently
+        return User.objects.get(username=name)
+
+
+def start_analysis(
+    *,
+    query: str,
+    source: str,
+    owner: AbstractBaseUser,
+    session: ChatSession | None = None,
+    session_id: str | None = None,
+    alert_fields: Mapping[str, Any] | None = None,
+) -> DiagnosisRun:
+    """A queued (PENDING) AI Ops run of `query` and its `AiOpsAlert` row, in one transaction. With
+    `session_id` the session is that one (created for `owner` when absent: alert groups name theirs);
+    `InvalidQuery` for a query `services.validate_query` refuses. An `IntegrityError` on `dedupe_key`
+    (the same firing accepted concurrently) rolls everything back and propagates."""
+    query = services.validate_query(query)
+    fields = dict(alert_fields or {})
+    with transaction.atomic():
+        if session is None and session_id:
+            session = ChatSession.objects.filter(session_id=session_id).first()
+            if session is None:
+                session = services.create_session(owner=owner, session_id=session_id)
+        if session is None:
+            session = services.create_session(owner=owner)
+        run = services.create_run(session=session, query=query, agent_flow=AgentFlow.AI_OPS)
+        AiOpsAlert.objects.create(run=run, source=source, last_notified_at=timezone.now(), **fields)
+    return run
+
+
+def dedupe_key(group_key: str, firing: Sequence[Alert]) -> str:
+    """sha256 over the group key and the firing alerts' (fingerprint, startsAt), order-independent."""
+    members = sorted({(a.fingerprint, a.starts_at) for a in firing})
+    blob = json.dumps([group_key, members], separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def group_session_id(group_key: str) -> str:
+    return SESSION_PREFIX + hashlib.sha256(group_key.encode()).hexdigest()[:40]
+
+
+def _existing(key: str) -> Accepted | None:
+    row = (
+        AiOpsAlert.objects.filter(dedupe_key=key)
+        .select_related("run")
+        .only("id", "run__run_id", "run__session_id", "run__status")
+        .first()
+    )
+    if row is None:
+        return None
+    AiOpsAlert.objects.filter(pk=row.pk).update(
+        notifications=F("notifications") + 1, last_notified_at=timezone.now()
+    )
+    return Accepted(
+        session_id=row.run.session_id, run_id=row.run.run_id, status=row.run.status, deduplicated=True
+    )
+
+
+def accept_notification(notification: Notification) -> Accepted | None:
+    """Start the analysis of a notification's firing alerts, or find the one already started for the
+    same firing (see the module docstring). None when nothing fires (the group resolved)."""
+    group_sha = hashlib.sha256(notification.group_key.encode()).hexdigest()
+    firing = [a for a in notification.alerts if a.status == "firing"]
+    if not firing:
+        AiOpsAlert.objects.filter(group_key_sha256=group_sha, resolved_at__isnull=True).update(
+            resolved_at=timezone.now()
+        )
+        return None
+    key = dedupe_key(notification.group_key, firing)
+    found = _existing(key)
+    if found is not None:
+        return found
+    name, severity = _name_and_severity(firing, notification.common_labels)
+    query = describe_alerts(
+        alerts=firing, group_labels=notification.group_labels, truncated=notification.truncated_alerts
+    )
+    fields = {
+        "dedupe_key": key,
+        "group_key": notification.group_key[:1000],
+        "group_key_sha256": group_sha,
+        "receiver": notification.receiver[:200],
+        "alertname": name,
+        "severity": severity,
+        "alert_count": len(firing) + notification.truncated_alerts,
+        "fingerprints": [{"fingerprint": a.fingerprint, "startsAt": a.starts_at} for a in firing][:200],
+        "labels": bounded_mapping(notification.common_labels),
+        "annotations": bounded_mapping(notification.common_annotations),
+        "external_url": notification.external_url[:500],
+    }
+    try:
+        run = start_analysis(
+            query=query,
+            source=AlertSource.ALERTMANAGER,
+            owner=service_user(),
+            session_id=group_session_id(notification.group_key),
+            alert_fields=fields,
+        )
+    except IntegrityError:
+        found = _existing(key)  # the same firing, accepted by a concurrent request
+        if found is None:
+            raise
+        return found
+    return Accepted(session_id=run.session_id, run_id=run.run_id, status=run.status, deduplicated=False)
+
+
+def start_staff_analysis(
+    *,
+    user: AbstractBaseUser,
+    query: str | None = None,
+    alert: Mapping[str, Any] | str | None = None,
+    source: str = AlertSource.STAFF,
+) -> DiagnosisRun:
+    """An analysis a person asked for: a free question (`query`), or an alert given as text or as an
+    Alertmanager-style object (`labels`, `annotations`, optional `startsAt`). A new session of `user`."""
+    fields: dict[str, Any] = {}
+    if isinstance(alert, Mapping):
+        parsed = Alert(
+            status="firing",
+            labels=bounded_mapping(alert.get("labels")),
+            annotations=bounded_mapping(alert.get("annotations")),
+            starts_at=str(alert.get("startsAt") or "")[:64],
+        )
+        query = describe_alerts(alerts=[parsed])
+        name, severity = _name_and_severity([parsed], None)
+        fields = {
+            "alertname": name,
+            "severity": severity,
+            "alert_count": 1,
+            "labels": dict(parsed.labels),
+            "annotations": dict(parsed.annotations),
+        }
+    elif isinstance(alert, str):
+        query = alert
+    return start_analysis(query=query or "", source=source, owner=user, alert_fields=fields)

@@ -1,0 +1,470 @@
+"""The executor: owns one run from claim to terminal state, whatever happens in between.
+
+`execute_run(run_id=…, sink=…, cancel=…)`:
+
+1. **Claims** the run with a database lease (`services.claim_run`): one conditional UPDATE sets
+   `lease_owner` (this process, `host:pid:uuid`), `lease_expires_at = now + RUN_LEASE_SECONDS` and the
+   next `lease_epoch` only while the run is PENDING and its lease is free or expired; losing that race
+   raises `RunNotClaimable` and touches nothing. The recorder is fenced by the epoch claimed: once
+   another process claims the run, none of this process's audit writes can land.
+2. **Renews** the lease from a heartbeat task every `RUN_LEASE_SECONDS / 3`, which also reads the run's
+   `cancel_requested` column (a cancel sent through any process) and fires the `CancelToken`. A renewal
+   that finds another owner or epoch (a sweeper took the run), or that cannot reach the database until
+   the lease it last renewed has expired, cancels with `lease_lost`; so does a recorder write refused by
+   the fence. The run then stops without writing anything more (the new owner writes its terminal state).
+3. Records RUN_STARTED (with the release policy, `CHAT_RELEASE`), emits `RunEvent`, runs the pipeline
+   (`agent.runtime.pipeline`; an `AI_OPS` run: `agent.runtime.aiops.run_aiops`), and ends the
+   run exactly once through `recorder.finish`, then emits `OutcomeEvent` (under the `verified` policy
+   the first answer text any reader gets):
+   * pipeline completed → SUCCESS with the release decision and the released content;
+   * `RunInterrupted` (AI Ops: a call waits for approval) → RUN_INTERRUPTED, the run INTERRUPTED with
+     its lease released; a decision makes it PENDING again and the next claim *resumes* it (RUN_RESUMED
+     instead of RUN_STARTED, the recorder rebuilt from the store; `agent.runtime.approvals`);
+   * `RunCancelled` (token, column, or a cancelled task) → running tool tasks are cancelled, the recorder
+     closes the tools still RUNNING as INTERRUPTED (`close_tools`), RUN_CANCELLED, CANCELLED;
+   * `LLMError` (the provider kept failing) → FAILED with its code (`LLM_*`), `ErrorEvent` first;
+   * anything else → FAILED with `INTERNAL_ERROR` and a generic message; only the exception class and
+     the run id are logged (no stack trace or message can leak content).
+   Status, content and release decision always agree: SUCCESS has a release decision and its content;
+   FAILED and CANCELLED have neither.
+
+`prepare_run` (create the session if needed, then the PENDING run) is what `manage.py diagnose`, demo
+data and the chat service call; `run_to_completion` prepares and executes in one synchronous call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import DatabaseError, transaction
+
+from agent.runtime.aiops import is_aiops, run_aiops
+from agent.runtime.approvals import ResumeStateUnavailable, RunInterrupted
+from agent.runtime.cancel import CancelToken, RunCancelled
+from agent.runtime.canonical import CanonicalStore
+from agent.runtime.context import RunContext
+from agent.runtime.db import db
+from agent.runtime.events import (
+    ErrorEvent,
+    EventSink,
+    NullSink,
+    OutcomeEvent,
+    RunEvent,
+    SafeSink,
+    ToolEvent,
+)
+from agent.runtime.llm import LLMError, ModelClient, aclose_clients
+from agent.runtime.pipeline import run_pipeline
+from agent.runtime.providers import get_model_client
+from agent.runtime.tools.registry import ToolRegistry, default_registry
+from audit.models import ToolStatus
+from audit.recorder import RunRecorder
+from diagnosis import services
+from diagnosis.models import ChatSession, DiagnosisRun, RunStatus
+from diagnosis.selectors import owned_session
+
+logger = logging.getLogger(__name__)
+
+INTERNAL_ERROR = "INTERNAL_ERROR"
+LEASE_LOST = "LEASE_LOST"
+INTERNAL_ERROR_MESSAGE = "The run failed because of an internal error."
+RESUME_STATE_UNAVAILABLE = "RESUME_STATE_UNAVAILABLE"
+RESUME_STATE_MESSAGE = "The interrupted run could not be resumed: its saved state is missing or changed."
+
+_OWNER = f"{socket.gethostname()[:60]}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
+def lease_owner() -> str:
+    """This process's lease owner name, `host:pid:uuid`."""
+    return _OWNER
+
+
+class RunNotClaimable(Exception):
+    """The run is not PENDING or another process holds its lease."""
+
+
+class SessionNotFound(Exception):
+    """The session does not exist or is not the user's."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunOutcome:
+    """How a run ended (what the last `OutcomeEvent` said, plus the error when it failed)."""
+
+    run_id: str
+    session_id: str
+    status: str
+    release_decision: str | None
+    content: str
+    error_code: str = ""
+    error_message: str = ""
+
+
+# ---------------------------------------------------------------------------------------------------
+# Creating runs
+# ---------------------------------------------------------------------------------------------------
+def prepare_run(
+    *,
+    user: AbstractBaseUser,
+    query: str,
+    session_id: str | None = None,
+    session: ChatSession | None = None,
+) -> DiagnosisRun:
+    """A PENDING run of `query` for `user`: in `session` (already looked up by the caller), in their
+    session `session_id`, or in a new session. `InvalidQuery` (a ValueError) for a query that
+    `services.validate_query` refuses; `SessionNotFound` when `session_id` is not one of the user's."""
+    query = services.validate_query(query)
+    with transaction.atomic():
+        if session is None and session_id:
+            session = owned_session(user=user, session_id=session_id)
+            if session is None:
+                raise SessionNotFound(session_id)
+        if session is None:
+            session = services.create_session(owner=user)
+        return services.create_run(session=session, query=query)
+
+
+def run_to_completion(
+    *,
+    user: AbstractBaseUser,
+    query: str,
+    session_id: str | None = None,
+    sink: EventSink | None = None,
+    client: ModelClient | None = None,
+) -> RunOutcome:
+    """Synchronous convenience (management commands): prepare the run and execute it to the end."""
+    run = prepare_run(user=user, query=query, session_id=session_id)
+
+    async def main() -> RunOutcome:
+        try:
+            return await execute_run(run_id=run.run_id, sink=sink or NullSink(), client=client)
+        finally:
+            await aclose_clients()
+
+    return asyncio.run(main())
+
+
+# ---------------------------------------------------------------------------------------------------
+# Lease
+# ---------------------------------------------------------------------------------------------------
+async def _heartbeat(run_id: str, epoch: int, token: CancelToken, *, claimed_at: float) -> None:
+    """Renew the lease held as (this process, `epoch`) until cancelled. A renewal that cannot reach the
+    database is retried while the lease last renewed still holds; past its expiry (a sweeper may have
+    taken the run) the run's work is cancelled with `lease_lost`, as when another claim is found."""
+    seconds = services.lease_seconds()
+    interval = max(0.05, seconds / 3)
+    # Measured from before the request that set it (`claimed_at` for the claim itself, monotonic): never
+    # later than the expiry the database holds.
+    held_until = claimed_at + seconds
+    while True:
+        await asyncio.sleep(interval)
+        asked = time.monotonic()
+        try:
+            state = await db(services.renew_lease, run_id=run_id, owner=_OWNER, epoch=epoch)
+        except DatabaseError as exc:
+            logger.warning("lease renewal failed run=%s error=%s", run_id, type(exc).__name__)
+            if time.monotonic() < held_until:
+                continue
+            state = "lost"
+        else:
+            if state != "lost":
+                held_until = asked + seconds
+        if state == "cancel":
+            token.cancel("cancel requested")
+        elif state == "lost":
+            logger.warning("lease lost run=%s", run_id)
+            token.cancel("lease lost", lease_lost=True)
+            return
+
+
+def _trip_on_fence(recorder: RunRecorder, token: CancelToken) -> None:
+    """After a fenced write (called on the writing thread), cancel the run's work on its event loop."""
+    loop = asyncio.get_running_loop()
+    trip = functools.partial(token.cancel, "lease lost", lease_lost=True)
+
+    def on_fenced() -> None:
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(trip)
+
+    recorder.on_fenced = on_fenced
+
+
+# ---------------------------------------------------------------------------------------------------
+# Execution
+# ---------------------------------------------------------------------------------------------------
+async def execute_run(
+    *,
+    run_id: str,
+    sink: EventSink,
+    cancel: CancelToken | None = None,
+    client: ModelClient | None = None,
+    registry: ToolRegistry | None = None,
+    claimed: DiagnosisRun | None = None,
+    on_finishing: Callable[[], None] | None = None,
+    gate: asyncio.Event | None = None,
+) -> RunOutcome:
+    """Claim and execute the run to its terminal state (see the module docstring). `claimed` is the run
+    as this process already claimed it (a queue worker claims while it picks: `claim_next_queued`).
+    `on_finishing` is called once, on the event loop, when the run has no model call or tool left and
+    only writes its last records (after the semantic guard's call, at the latest when the release or the
+    run's end is recorded; the queue worker claims its next run meanwhile); it changes nothing
+    the run records or when. `gate`: the run's first model call waits until it is set (a queue worker's
+    run claimed while another finishes records its start meanwhile)."""
+    token = cancel if cancel is not None else CancelToken()
+    claimed_at = time.monotonic()
+    if claimed is not None:
+        if claimed.run_id != run_id or claimed.lease_owner != _OWNER:
+            raise RunNotClaimable(run_id)
+        run = claimed
+    else:
+        run = await db(services.claim_run, run_id=run_id, owner=_OWNER)
+    if run is None:
+        raise RunNotClaimable(run_id)
+    if run.cancel_requested:  # cancelled while it waited: stop at the first safe point
+        token.cancel("cancel requested")
+    out = sink if isinstance(sink, SafeSink) else SafeSink(sink, run_id=run_id)
+    # A run that started before and is PENDING again was interrupted for an approval and decided: it is
+    # resumed (its recorder rebuilt from the store, fenced by this claim's epoch), not started again.
+    resuming = run.started_at is not None
+    recorder = (
+        await db(RunRecorder.resume, run_id, lease_epoch=run.lease_epoch)
+        if resuming
+        else RunRecorder.for_run(run)
+    )
+    _trip_on_fence(recorder, token)
+    heartbeat = asyncio.create_task(
+        _heartbeat(run_id, run.lease_epoch, token, claimed_at=claimed_at), name=f"lease:{run_id}"
+    )
+    ending = _Ending(
+        run=run, recorder=recorder, sink=out, token=token, heartbeat=heartbeat, hint=on_finishing
+    )
+    out.before_emit = ending.commit_held
+    try:
+        try:
+            setup_error: Exception | None = None
+            details: dict[str, Any] = {"leaseOwner": _OWNER}
+            try:
+                client = client if client is not None else get_model_client()
+                registry = registry if registry is not None else default_registry(flow=run.agent_flow)
+                details.update(
+                    provider=client.provider,
+                    models={
+                        "router": client.roles.router,
+                        "agent": client.roles.agent,
+                        "guard": client.roles.guard,
+                    },
+                    tools=registry.names(),
+                )
+            except Exception as exc:  # reported after RUN_STARTED, so the run still reads in order
+                setup_error = exc
+            mode = services.release_mode()
+            if resuming:
+                mode = recorder.release_mode or mode
+                seq = await db(recorder.run_resumed, details={**details, "leaseEpoch": run.lease_epoch})
+            else:
+                seq = await db(
+                    recorder.run_started, agent_flow=run.agent_flow, release_mode=mode, details=details
+                )
+            await out.emit(RunEvent(session_id=run.session_id, run_id=run_id, sequence_no=seq))
+            if setup_error is not None:
+                raise setup_error
+            ctx = RunContext(
+                run_id=run_id,
+                session_id=run.session_id,
+                query=run.query,
+                recorder=recorder,
+                sink=out,
+                token=token,
+                client=client,
+                registry=registry,
+                canonical=CanonicalStore(run_id),
+                release_mode=mode,
+                on_finishing=ending.finishing,
+                gate=gate,
+            )
+            ending.ctx = ctx
+            if is_aiops(run.agent_flow):
+                result = await run_aiops(ctx, created_at=run.created_at, resuming=resuming)
+            elif resuming:
+                raise ResumeStateUnavailable("only AI Ops analyses are resumed")
+            else:
+                result = await run_pipeline(ctx, created_at=run.created_at)
+        except RunInterrupted as interrupted:
+            return await ending.interrupted(interrupted)
+        except ResumeStateUnavailable:
+            return await ending.failed(RESUME_STATE_UNAVAILABLE, RESUME_STATE_MESSAGE)
+        except RunCancelled:
+            return await ending.cancelled()
+        except LLMError as exc:
+            return await ending.failed(exc.code, exc.message)
+        except asyncio.CancelledError:
+            token.cancel("the executing task was cancelled")
+            with contextlib.suppress(Exception):
+                await asyncio.shield(ending.cancelled())
+            raise
+        except Exception as exc:
+            logger.error("run failed run=%s error=%s", run_id, type(exc).__name__)
+            return await ending.failed(INTERNAL_ERROR, INTERNAL_ERROR_MESSAGE)
+        return await ending.succeeded(result.release_decision, result.content, result.self_evaluation)
+    finally:
+        heartbeat.cancel()
+
+
+@dataclass(eq=False)
+class _Ending:
+    """The one way a claimed run ends; each path writes the terminal state once, then the outcome."""
+
+    run: DiagnosisRun
+    recorder: RunRecorder
+    sink: SafeSink
+    token: CancelToken
+    heartbeat: asyncio.Task
+    ctx: RunContext | None = None
+    done: bool = False
+    hint: Callable[[], None] | None = None
+
+    def finishing(self) -> None:
+        """Tell `execute_run`'s `on_finishing` (once) that only the run's last records remain."""
+        hint, self.hint = self.hint, None
+        if hint is None:
+            return
+        try:
+            hint()
+        except Exception as exc:  # a scheduling hint must never cost the run
+            logger.error("finishing hint failed run=%s error=%s", self.run.run_id, type(exc).__name__)
+
+    def _outcome(self, status: str, release: str | None, content: str, code: str = "", message: str = ""):
+        return RunOutcome(
+            run_id=self.run.run_id,
+            session_id=self.run.session_id,
+            status=status,
+            release_decision=release,
+            content=content,
+            error_code=code,
+            error_message=message,
+        )
+
+    async def _emit_outcome(self, outcome: RunOutcome, seq: int | None) -> RunOutcome:
+        await self.sink.emit(
+            OutcomeEvent(
+                run_id=outcome.run_id,
+                status=outcome.status,
+                release_decision=outcome.release_decision,
+                content=outcome.content,
+                sequence_no=seq,
+            )
+        )
+        return outcome
+
+    async def commit_held(self) -> None:
+        """The run's held decisions (`RunContext.hold`) commit now, then their progress frames: before
+        any frame leaves and before the run's end is written (as if each had been written at once)."""
+        if self.recorder.holds():
+            await db(self.recorder.flush)
+            if self.ctx is not None:
+                await self.ctx.flush_progress()
+
+    def _fenced(self) -> bool:
+        """Another process claimed the run (the heartbeat or a refused write found out): end quietly."""
+        return self.token.lease_lost or self.recorder.fenced
+
+    async def succeeded(
+        self, release: str, content: str, self_evaluation: dict[str, Any] | None = None
+    ) -> RunOutcome:
+        self.heartbeat.cancel()
+        self.finishing()
+        await self.commit_held()
+        self.done = True
+        if self._fenced():
+            return await self._lease_lost()
+        seq = await db(
+            self.recorder.finish, status=RunStatus.SUCCESS, content=content, self_evaluation=self_evaluation
+        )
+        return await self._emit_outcome(self._outcome(RunStatus.SUCCESS, release, content), seq)
+
+    async def failed(self, code: str, message: str) -> RunOutcome:
+        self.heartbeat.cancel()
+        self.finishing()
+        await self.commit_held()
+        self.done = True
+        if self._fenced():
+            return await self._lease_lost()
+        seq = await db(self.recorder.finish, status=RunStatus.FAILED, error_code=code, error_message=message)
+        await self.sink.emit(ErrorEvent(code=code, message=message, run_id=self.run.run_id))
+        return await self._emit_outcome(self._outcome(RunStatus.FAILED, None, "", code, message), seq)
+
+    async def interrupted(self, interrupted: RunInterrupted) -> RunOutcome:
+        """Calls wait for approval: RUN_INTERRUPTED, the run INTERRUPTED and its lease released in one
+        write; no outcome frame (the run is not over: a resumed attempt sends it)."""
+        self.heartbeat.cancel()
+        self.finishing()
+        await self.commit_held()
+        self.done = True
+        if self._fenced():
+            return await self._lease_lost()
+        await db(
+            self.recorder.interrupt,
+            pending=interrupted.pending,
+            kept=interrupted.kept,
+            checkpoint_sha256=interrupted.checkpoint_sha256,
+            reason="tool call(s) wait for approval",
+        )
+        return self._outcome(RunStatus.INTERRUPTED, None, "")
+
+    async def cancelled(self) -> RunOutcome:
+        self.heartbeat.cancel()
+        self.finishing()
+        await self.commit_held()
+        if self.done:
+            return self._outcome(RunStatus.CANCELLED, None, "")
+        self.done = True
+        if self._fenced():
+            return await self._lease_lost()
+        running = dict(self.ctx.running_tools) if self.ctx is not None else {}
+        sequences = await db(
+            self.recorder.close_tools,
+            status=ToolStatus.INTERRUPTED,
+            error_code="RUN_CANCELLED",
+            error_message="the run was cancelled while the tool was running",
+        )
+        for tool_call_id, name in running.items():
+            await self.sink.emit(
+                ToolEvent(
+                    run_id=self.run.run_id,
+                    tool_call_id=tool_call_id,
+                    name=name,
+                    status=ToolStatus.INTERRUPTED,
+                    sequence_no=sequences.get(tool_call_id),
+                )
+            )
+        await db(self.recorder.run_cancelled, reason=self.token.reason or "cancel requested")
+        seq = await db(self.recorder.finish, status=RunStatus.CANCELLED)
+        return await self._emit_outcome(self._outcome(RunStatus.CANCELLED, None, ""), seq)
+
+    async def _lease_lost(self) -> RunOutcome:
+        """Another process took the run: write nothing, report what the database says now."""
+        message = "The run was taken over by another process."
+        await self.sink.emit(ErrorEvent(code=LEASE_LOST, message=message, run_id=self.run.run_id))
+        row: dict[str, Any] = await db(
+            lambda: (
+                DiagnosisRun.objects.filter(run_id=self.run.run_id)
+                .values("status", "release_decision", "content")
+                .first()
+                or {}
+            )
+        )
+        status = row.get("status") or RunStatus.FAILED
+        release = row.get("release_decision") if status == RunStatus.SUCCESS else None
+        content = row.get("content", "") if status == RunStatus.SUCCESS else ""
+        return await self._emit_outcome(self._outcome(status, release, content, LEASE_LOST, message), None)

@@ -1,0 +1,313 @@
+"""The pipeline of one run: router → agent loop → evidence guard (→ one repair round) → semantic guard →
+release. Each stage records its own decision through the run's recorder when it makes it.
+
+* CHITCHAT and OUT_OF_SCOPE are answered with fixed text (`FIXED_REPLIES`), never with model text: the
+  intent is the router model's word alone, and a prompt can talk the router into it, so nothing a model
+  wrote may be published on it without the guards. No agent call is made; the evidence guard is recorded
+  as not required, no semantic guard runs, and the fixed reply is PUBLISHED.
+* DIAGNOSIS and KNOWLEDGE run the agent loop with tools (`AGENT_MAX_STEPS` model calls at most). The
+  evidence guard checks the draft's citations against the canonical store (EVIDENCE_GUARD_INITIAL). On
+  NO_CITATION or UNKNOWN_CITATION the draft and a repair request are appended and the agent gets one
+  repair round of at most `REPAIR_MAX_STEPS` calls (EVIDENCE_GUARD_RETRY follows); CANONICAL_UNAVAILABLE
+  cannot be repaired and blocks at once. A passing draft goes to the semantic guard model
+  (SEMANTIC_GUARD_DECISION); PUBLISHED only if it says `supported: true`, otherwise BLOCKED (an unusable
+  guard answer or a failing guard model counts as not supported).
+* Release (RELEASE_DECISION): the published content is the final draft; a BLOCKED run's content is
+  `BLOCKED_MESSAGE`. Under the default `verified` release policy no draft was sent to anyone: the outcome
+  is the first answer text a reader gets; under `draft` the drafts were streamed as unverified.
+
+Each stage records through `RunContext.record`, which also sends the stage's FINISHED progress; the slow
+stages (routing, each model step, the semantic check) announce themselves when their model call starts
+(`RunContext.before_model_request`).
+
+Previous turns given to the models are the last `PREVIOUS_TURNS` PUBLISHED runs of the session (query and
+released content only: never reasoning, drafts or tool output).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from django.conf import settings
+
+from agent.runtime import prompts
+from agent.runtime.agent import Agent, AgentAnswer
+from agent.runtime.cancel import RunCancelled
+from agent.runtime.context import RunContext
+from agent.runtime.db import db
+from agent.runtime.events import Stage
+from agent.runtime.guards import (
+    EvidenceVerdict,
+    SemanticVerdict,
+    check_evidence,
+    guard_evidence,
+    parse_semantic_verdict,
+)
+from agent.runtime.llm import LLMError, StreamProgress
+from agent.runtime.router import route
+from audit.recorder import Usage
+from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
+from reasoning.capture import build_capture
+
+PREVIOUS_TURNS = 3
+REPAIR_MAX_STEPS = 2
+BLOCKED_MESSAGE = (
+    "This answer could not be verified against the runbooks, so it was withheld. "
+    "Please rephrase the question, or consult the runbooks directly."
+)
+
+
+FIXED_REPLIES = {
+    "CHITCHAT": (
+        "Hello! I am the operations diagnosis assistant. Describe what is failing (symptoms, error "
+        "messages, the service or host) and I will look it up in the team's runbooks.",
+        "你好！我是运维诊断助手。请描述出现的问题（现象、错误信息、涉及的服务或主机），我会在团队的运维手册中查找。",
+    ),
+    "OUT_OF_SCOPE": (
+        "I am the operations diagnosis assistant and can only help with diagnosing infrastructure and "
+        "service problems from the team's runbooks.",
+        "我是运维诊断助手，只能根据团队的运维手册帮助诊断基础设施和服务问题。",
+    ),
+}
+_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+
+
+def fixed_reply(intent: str, query: str) -> str:
+    """The fixed answer of an intent that needs no evidence, in Chinese for a question written in it."""
+    english, chinese = FIXED_REPLIES.get(intent, FIXED_REPLIES["OUT_OF_SCOPE"])
+    return chinese if _CJK.search(query or "") else english
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineResult:
+    intent: str
+    release_decision: str
+    content: str
+    # The final draft the guards checked (the content when PUBLISHED).
+    draft: str = ""
+    # What the run's terminal update records beside the outcome (AI Ops: its self-evaluation).
+    self_evaluation: dict[str, Any] | None = None
+
+
+def previous_turns(*, session_id: str, run_id: str, before: Any, limit: int = PREVIOUS_TURNS) -> list:
+    """The session's last `limit` published runs created before this one, oldest first, as
+    `(query, content)` (one query)."""
+    rows = list(
+        DiagnosisRun.objects.filter(
+            session_id=session_id,
+            status=RunStatus.SUCCESS,
+            release_decision=ReleaseDecision.PUBLISHED,
+            created_at__lte=before,
+        )
+        .exclude(run_id=run_id)
+        .order_by("-created_at", "-id")
+        .values_list("query", "content")[:limit]
+    )
+    return rows[::-1]
+
+
+async def run_pipeline(ctx: RunContext, *, created_at: Any) -> PipelineResult:
+    rec = ctx.recorder
+    history = await db(previous_turns, session_id=ctx.session_id, run_id=ctx.run_id, before=created_at)
+    decision = await route(ctx, previous_queries=[query for query, _content in history])
+    ctx.token.raise_if_cancelled()
+    intent = decision.intent
+    messages: list[dict[str, Any]] = [{"role": "system", "content": prompts.agent_system(intent)}]
+    for query, content in history:
+        messages += [{"role": "user", "content": query}, {"role": "assistant", "content": content}]
+    messages.append({"role": "user", "content": ctx.query})
+    agent = Agent(ctx)
+
+    if intent not in prompts.EVIDENCE_INTENTS:
+        answer = AgentAnswer(text=fixed_reply(intent, ctx.query), steps=0, finish_reason="fixed")
+        # A fixed reply is not model text: it is never a draft, the outcome carries it.
+        await ctx.hold(rec.evidence_guard, retry=False, passed=True, cited=[], required=False)
+        return await _release(
+            ctx,
+            intent,
+            ReleaseDecision.PUBLISHED,
+            answer,
+            f"fixed reply for {intent}: no model text released",
+            fixed_reply=True,
+        )
+
+    answer = await agent.run(messages, tools=True, max_steps=int(settings.AGENT_MAX_STEPS))
+    ctx.token.raise_if_cancelled()
+    return await verify_and_release(ctx, intent=intent, agent=agent, messages=messages, answer=answer)
+
+
+async def verify_and_release(
+    ctx: RunContext,
+    *,
+    intent: str,
+    agent: Agent,
+    messages: list[dict[str, Any]],
+    answer: AgentAnswer,
+    repair: Callable[[Sequence[str], Sequence[str]], str] = prompts.repair_message,
+    draft_of: Callable[[str], str] | None = None,
+    release_details: dict[str, Any] | None = None,
+) -> PipelineResult:
+    """The guards and the release of a drafted answer, for every flow that drafts one (the chat agent's
+    answer, the AI Ops executor's report): the evidence guard (EVIDENCE_GUARD_INITIAL); on a repairable
+    failure the draft and a repair request (`repair(reasons, unknown)`) are appended to `messages` and
+    `agent` gets one repair
+    round of at most `REPAIR_MAX_STEPS` calls (EVIDENCE_GUARD_RETRY); then the semantic guard and
+    RELEASE_DECISION (`release_details` are added to its details). `draft_of` turns the agent's final
+    text into the draft the guards check and the release publishes (AI Ops: the report without its
+    plan blocks); by default the text itself."""
+    if draft_of is not None:
+        answer = replace(answer, text=draft_of(answer.text))
+    verdict = await _evidence_guard(ctx, answer, retry=False)
+    if not verdict.passed and verdict.repairable:
+        messages.append({"role": "assistant", "content": answer.text})
+        messages.append({"role": "user", "content": repair(verdict.reasons, verdict.unknown)})
+        answer = await agent.run(messages, tools=True, max_steps=REPAIR_MAX_STEPS)
+        ctx.token.raise_if_cancelled()
+        if draft_of is not None:
+            answer = replace(answer, text=draft_of(answer.text))
+        verdict = await _evidence_guard(ctx, answer, retry=True)
+    extra = release_details or {}
+    if not verdict.passed:
+        return await _release(
+            ctx,
+            intent,
+            ReleaseDecision.BLOCKED,
+            answer,
+            f"evidence guard failed ({', '.join(verdict.reasons)})",
+            evidence="FAIL",
+            extra=extra,
+        )
+    semantic = await _semantic_guard(ctx, answer.text, verdict)
+    if semantic.supported is True:
+        return await _release(
+            ctx,
+            intent,
+            ReleaseDecision.PUBLISHED,
+            answer,
+            "evidence and semantic guards passed",
+            evidence="PASS",
+            semantic="PASS",
+            extra=extra,
+        )
+    reason = (
+        f"semantic guard found {len(semantic.unsupported_claims)} unsupported claim(s)"
+        if semantic.supported is False
+        else "semantic guard answer unusable"
+    )
+    return await _release(
+        ctx,
+        intent,
+        ReleaseDecision.BLOCKED,
+        answer,
+        reason,
+        evidence="PASS",
+        semantic="FAIL" if semantic.supported is False else "ERROR",
+        extra=extra,
+    )
+
+
+async def _evidence_guard(ctx: RunContext, answer: AgentAnswer, *, retry: bool) -> EvidenceVerdict:
+    verdict = await db(
+        check_evidence,
+        text=answer.text,
+        store=ctx.canonical,
+        required=True,
+        store_degraded=ctx.canonical_degraded,
+    )
+    await ctx.hold(
+        ctx.recorder.evidence_guard,
+        retry=retry,
+        passed=verdict.passed,
+        reasons=verdict.reasons,
+        cited=verdict.cited,
+        unknown=verdict.unknown,
+        required=True,
+    )
+    return verdict
+
+
+async def _semantic_guard(ctx: RunContext, answer: str, verdict: EvidenceVerdict) -> SemanticVerdict:
+    model = ctx.client.roles.guard
+    evidence = guard_evidence(verdict.evidence, verdict.cited)
+    messages = [
+        {"role": "system", "content": prompts.GUARD_SYSTEM},
+        {"role": "user", "content": prompts.guard_user(answer, evidence)},
+    ]
+    await ctx.before_model_request(Stage.SEMANTIC_GUARD)
+    progress = StreamProgress()
+    try:
+        result = await ctx.token.race(ctx.client.complete(model=model, messages=messages, progress=progress))
+    except (LLMError, RunCancelled) as exc:
+        cancelled = isinstance(exc, RunCancelled)
+        semantic = SemanticVerdict(
+            supported=None, error="cancelled" if cancelled else f"guard model failed ({exc.code})"
+        )
+        await ctx.hold(
+            ctx.recorder.semantic_guard,
+            model=model,
+            usage=Usage.unavailable(),
+            supported=None,
+            error=semantic.error,
+            duration_ms=progress.duration_ms(),
+            provider_attempts=progress.attempts,
+            reasoning=build_capture(
+                reasoning=progress.reasoning_value,
+                text=progress.text_value,
+                reasoning_key=progress.reasoning_key,
+            ),
+        )
+        if cancelled:
+            raise
+        return semantic
+    ctx.finishing()  # the run's last model call: only its records remain (see `RunContext.on_finishing`)
+    semantic = parse_semantic_verdict(result.text)
+    await ctx.hold(
+        ctx.recorder.semantic_guard,
+        model=result.model,
+        usage=result.usage,
+        supported=semantic.supported,
+        unsupported_claims=semantic.unsupported_claims,
+        reason=semantic.reason,
+        error=semantic.error,
+        duration_ms=result.duration_ms,
+        provider_attempts=result.attempts,
+        reasoning=build_capture(
+            reasoning=result.reasoning, text=result.text, reasoning_key=result.reasoning_key
+        ),
+    )
+    return semantic
+
+
+async def _release(
+    ctx: RunContext,
+    intent: str,
+    decision: str,
+    answer: AgentAnswer,
+    reason: str,
+    *,
+    evidence: str = "NOT_REQUIRED",
+    semantic: str | None = None,
+    fixed_reply: bool = False,
+    extra: dict[str, Any] | None = None,
+) -> PipelineResult:
+    ctx.finishing()  # no model call or tool follows a release decision
+    content = answer.text if decision == ReleaseDecision.PUBLISHED else BLOCKED_MESSAGE
+    await ctx.record(
+        ctx.recorder.release,
+        decision=decision,
+        reason=reason,
+        details={
+            "intent": intent,
+            "evidenceGuard": evidence,
+            "semanticGuard": semantic,
+            "draftLength": len(answer.text),
+            "contentLength": len(content),
+            "agentSteps": ctx.steps_taken(),
+            "fixedReply": fixed_reply,
+            **(extra or {}),
+        },
+    )
+    return PipelineResult(intent=intent, release_decision=decision, content=content, draft=answer.text)

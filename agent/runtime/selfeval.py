@@ -1,0 +1,138 @@
+"""The self-evaluation of an AI Ops run (seed 003 `self_evaluation`): signals computed from the run's own
+record when its guards and release are done, plus the model's own stated confidence, labelled as such.
+
+`self_evaluation(...)` reads the run's timeline and tool rows (two queries) and its `model_calls` column,
+and returns (all counts, no content beyond evidence ids):
+
+* `evidence`: ids the report cites (`guards.extract_citations`, the evidence guard's reading) against
+  the ids the run's tools returned and the canonical store accepted (`gathered`), with the cited ids no
+  tool returned (`citedNotGathered`, at most 10) and how many gathered ids the report leaves uncited;
+* `tools`: calls started and how many did not succeed (FAILED, INTERRUPTED, ABANDONED);
+* `guards`: evidence-guard retries (repair rounds), the last evidence verdict and the semantic verdict;
+* `modelCalls`: calls started and those without a usage total (calls that reported none, and calls
+  started but never recorded);
+* `plan`: steps planned (of the plan in force at the end: the last revision, else the planner's or the
+  default), steps done (a step naming a tool is done when the executor ran that tool successfully, each
+  call counting for one step), steps naming no tool (not checkable), revisions, and whether the default
+  plan replaced an unusable one;
+* `statedByModel`: `{"confidence": "high"|"medium"|"low"}` from the report's `Confidence:` line, or
+  None when it states none. It is the model's claim about itself, not a measurement.
+
+The result is written by the run's terminal update (`RunRecorder.finish(self_evaluation=…)`) and bound
+by the terminal digest (form `run/3`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from agent.runtime.guards import extract_citations
+from audit.models import EventType, ToolInvocation, ToolStatus, TraceEvent
+from diagnosis.models import DiagnosisRun
+
+VERSION = 1
+_CONFIDENCE = re.compile(r"^[\s>*_-]*confidence[\s*_]*[:：][\s*_]*(high|medium|low)\b", re.I | re.M)
+
+
+def stated_confidence(report: str) -> str | None:
+    """The last `Confidence: high|medium|low` line of the report (lower case), or None."""
+    found = _CONFIDENCE.findall(report or "")
+    return found[-1].lower() if found else None
+
+
+def _plan_done(steps: Sequence[dict[str, Any]], succeeded: Counter) -> tuple[int, int]:
+    """(steps done, steps naming no tool) of the plan, each successful call counting for one step."""
+    left = Counter(succeeded)
+    done = untooled = 0
+    for step in steps:
+        tool = step.get("tool")
+        if not tool:
+            untooled += 1
+        elif left[tool] > 0:
+            left[tool] -= 1
+            done += 1
+    return done, untooled
+
+
+def self_evaluation(
+    *,
+    run_id: str,
+    report: str,
+    gathered: Sequence[str],
+    plan_steps: Sequence[dict[str, Any]],
+    revisions: int,
+    fallback: bool,
+    executor: str,
+) -> dict[str, Any]:
+    """Synchronous (reads the database); see the module docstring. `executor` is the agent name whose
+    successful tool calls count as plan steps done."""
+    events = list(
+        TraceEvent.objects.filter(
+            run_id=run_id,
+            event_type__in=(
+                EventType.MODEL_TOKEN_USAGE,
+                EventType.EVIDENCE_GUARD_INITIAL,
+                EventType.EVIDENCE_GUARD_RETRY,
+                EventType.SEMANTIC_GUARD_DECISION,
+            ),
+        )
+        .order_by("sequence_no")
+        .values_list("event_type", "status")
+    )
+    tools = list(
+        ToolInvocation.objects.filter(run_id=run_id).values_list("agent_name", "tool_name", "status")
+    )
+    started_calls = (
+        DiagnosisRun.objects.filter(run_id=run_id).values_list("model_calls", flat=True).first() or 0
+    )
+
+    cited = extract_citations(report)
+    gathered_ids = list(dict.fromkeys(gathered))
+    known = set(gathered_ids)
+    usage = [status for kind, status in events if kind == EventType.MODEL_TOKEN_USAGE]
+    evidence_verdicts = [
+        status
+        for kind, status in events
+        if kind in (EventType.EVIDENCE_GUARD_INITIAL, EventType.EVIDENCE_GUARD_RETRY)
+    ]
+    semantic = [status for kind, status in events if kind == EventType.SEMANTIC_GUARD_DECISION]
+    succeeded = Counter(
+        name for agent, name, status in tools if agent == executor and status == ToolStatus.SUCCEEDED
+    )
+    done, untooled = _plan_done(plan_steps, succeeded)
+    confidence = stated_confidence(report)
+    return {
+        "version": VERSION,
+        "evidence": {
+            "cited": len(cited),
+            "gathered": len(gathered_ids),
+            "citedGathered": sum(1 for i in cited if i in known),
+            "citedNotGathered": [i for i in cited if i not in known][:10],
+            "gatheredUncited": sum(1 for i in gathered_ids if i not in set(cited)),
+        },
+        "tools": {
+            "total": len(tools),
+            "failed": sum(1 for _agent, _name, status in tools if status != ToolStatus.SUCCEEDED),
+        },
+        "guards": {
+            "evidenceRetries": sum(1 for kind, _s in events if kind == EventType.EVIDENCE_GUARD_RETRY),
+            "evidence": evidence_verdicts[-1] if evidence_verdicts else None,
+            "semantic": semantic[-1] if semantic else None,
+        },
+        "modelCalls": {
+            "total": max(int(started_calls), len(usage)),
+            "withoutUsage": sum(1 for s in usage if s != "REPORTED")
+            + max(0, int(started_calls) - len(usage)),
+        },
+        "plan": {
+            "planned": len(plan_steps),
+            "done": done,
+            "withoutTool": untooled,
+            "revisions": revisions,
+            "fallback": fallback,
+        },
+        "statedByModel": {"confidence": confidence} if confidence else None,
+    }

@@ -1,0 +1,405 @@
+"""Per-process ownership of live runs: start, cancel, and the process's background duties.
+
+Transports (the WebSocket consumer, the SSE views) never execute a run themselves. The chat service
+(`surfaces.chat.service`) creates the run, subscribes a follower (`agent.runtime.live`) and calls
+`launch` (execute it in an `asyncio` task owned by this process). The task
+is kept in a per-process registry with a strong reference until it ends; it is not tied to any
+connection, so closing the socket or the HTTP stream never stops the run.
+
+Cancel (`request_cancel`) sets the run's `cancel_requested` column (the executor's heartbeat reads it at
+its next beat, whatever process owns the run), fires the run's in-process `CancelToken` when this
+process owns it, and otherwise sends a control message to the run's control group, which the owning
+process joined when it launched the run, so the owner stops at once.
+
+Background duties, started once per process (per event loop) by `ensure_background()`: at process start
+when the server runs through `python -m config.serve` (the shipped systemd units, deploy/; it schedules
+`ensure_background` on the reactor's loop before the first connection and `stop_background` before the
+reactor shuts down on SIGTERM), at ASGI lifespan start-up for servers that send it (uvicorn), and
+otherwise with the first connection (`BackgroundDuties` in `config.asgi`) or the first run launched; the
+readiness probe `/healthz` never starts them, so it reports what the process really runs
+(`duty_status`). The duties: the
+control listener (one channel per process), the periodic sweeper (`agent.runtime.sweeper`,
+every `RUN_SWEEP_INTERVAL_SECONDS`; 0 disables it) and the transparency log's checkpointer
+(`audit.transparency.log.checkpoint`, every `AUDIT_CHECKPOINT_INTERVAL_SECONDS`; 0 disables it): it
+appends runs that finished since and signs a checkpoint, on the database pool, never on a run's path;
+the log's lock makes the processes that all do this take turns; the retention purge
+(`audit.retention.purge_expired_runs`, every `AUDIT_PURGE_INTERVAL_SECONDS`; 0 disables it); and the
+queue worker (`agent.runtime.worker`, up to `AIOPS_WORKER_CONCURRENCY` queued AI Ops runs at once;
+0 disables it); and the trace exporter (`telemetry.outbox.run_export_pass`, every
+`OTEL_EXPORT_INTERVAL_SECONDS`, only when an OTLP endpoint is configured): it enqueues runs that finished
+and exports them from their durable record, on a one-thread pool of its own, never on a run's path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from channels.layers import get_channel_layer
+from django.conf import settings
+
+from agent.runtime.cancel import CancelToken
+from agent.runtime.db import db
+from agent.runtime.events import SafeSink
+from agent.runtime.executor import RunNotClaimable, execute_run
+from agent.runtime.live import ChannelLayerSink
+from diagnosis import services
+from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun, RunStatus
+
+logger = logging.getLogger(__name__)
+
+ACTIVE_STATUSES = (RunStatus.PENDING, RunStatus.RUNNING)
+CONTROL_MESSAGE_TYPE = "run.cancel"
+
+
+# -------------------------------------------------------------------------------------------------
+# The per-process registry of run tasks
+# -------------------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class _Owned:
+    task: asyncio.Task
+    token: CancelToken
+
+
+_runs: dict[str, _Owned] = {}
+
+
+def launch(
+    run_id: str,
+    *,
+    claimed: DiagnosisRun | None = None,
+    on_finishing: Callable[[], None] | None = None,
+    gate: asyncio.Event | None = None,
+) -> asyncio.Task:
+    """Execute the run in a task of this process (the executor takes the run's lease, unless `claimed`
+    is the run as this process already claimed it). The task is referenced by the registry until it
+    ends; nothing a connection does can cancel it. `on_finishing`, `gate`: see `execute_run`."""
+    existing = _runs.get(run_id)
+    if existing is not None and not existing.task.done():
+        return existing.task
+    ensure_background()
+    token = CancelToken()
+    task = asyncio.get_running_loop().create_task(
+        _execute(run_id, token, claimed=claimed, on_finishing=on_finishing, gate=gate), name=f"run:{run_id}"
+    )
+    _runs[run_id] = _Owned(task=task, token=token)
+    task.add_done_callback(lambda t, run_id=run_id: _forget(run_id, t))
+    return task
+
+
+def _forget(run_id: str, task: asyncio.Task) -> None:
+    owned = _runs.get(run_id)
+    if owned is not None and owned.task is task:
+        del _runs[run_id]
+
+
+def running_count() -> int:
+    """Runs this process is executing now."""
+    return sum(1 for owned in _runs.values() if not owned.task.done())
+
+
+async def _execute(
+    run_id: str,
+    token: CancelToken,
+    *,
+    claimed: DiagnosisRun | None = None,
+    on_finishing: Callable[[], None] | None = None,
+    gate: asyncio.Event | None = None,
+) -> None:
+    sink = SafeSink(ChannelLayerSink(run_id), run_id=run_id)
+    joined = await _control_join(run_id)
+    try:
+        await execute_run(
+            run_id=run_id, sink=sink, cancel=token, claimed=claimed, on_finishing=on_finishing, gate=gate
+        )
+    except asyncio.CancelledError:
+        raise
+    except RunNotClaimable:
+        # Another process owns it, or it finished (e.g. swept) before this task started: not ours.
+        logger.warning("run not claimable run=%s", run_id)
+    except Exception as exc:
+        # The executor finishes every run it claimed; reaching here is a bug. Never leave the run open.
+        logger.error("run task crashed run=%s error=%s", run_id, type(exc).__name__)
+        from agent.runtime.sweeper import fail_run
+
+        with contextlib.suppress(Exception):
+            await db(fail_run, run_id, error_code="INTERNAL_ERROR", error_message="The run failed.")
+    finally:
+        if joined:
+            await _control_leave(run_id)
+
+
+async def request_cancel(run_id: str) -> str:
+    """Ask the run to stop (see the module docstring); returns its status at the time of the request.
+    Cancelling a finished run changes nothing."""
+    status = await db(services.request_run_cancel, run_id=run_id)
+    if status in TERMINAL_RUN_STATUSES:
+        return status
+    from agent.runtime.approvals import cancel_waiting, is_waiting
+
+    run = await db(DiagnosisRun.objects.filter(run_id=run_id).first)
+    if run is not None and is_waiting(run):
+        # Nobody executes a run that waits for approval (or for a worker after its decision): this
+        # process ends it, its pending calls closed.
+        from agent.runtime.sweeper import publish_swept
+
+        if await db(cancel_waiting, run=run):
+            await publish_swept([run_id])
+            return RunStatus.CANCELLED
+        return await db(
+            lambda: DiagnosisRun.objects.filter(run_id=run_id).values_list("status", flat=True).first() or ""
+        )
+    owned = _runs.get(run_id)
+    if owned is not None and not owned.task.done():
+        owned.token.cancel("cancel requested")
+        return status
+    layer = get_channel_layer()
+    if layer is not None:
+        try:
+            await layer.group_send(control_group(run_id), {"type": CONTROL_MESSAGE_TYPE, "run_id": run_id})
+        except Exception as exc:  # the owner's heartbeat still reads the column
+            logger.warning("cancel message failed run=%s error=%s", run_id, type(exc).__name__)
+    return status
+
+
+# -------------------------------------------------------------------------------------------------
+# Background duties of the process: control listener and periodic sweeper
+# -------------------------------------------------------------------------------------------------
+def control_group(run_id: str) -> str:
+    return f"runctl.{run_id}"
+
+
+@dataclass(slots=True)
+class _Background:
+    loop: asyncio.AbstractEventLoop
+    channel: str | None
+    tasks: list[asyncio.Task]
+    ready: asyncio.Event
+
+
+_background: _Background | None = None
+
+
+def ensure_background(*, serve_queue: bool = True) -> None:
+    """Start this process's control listener, periodic sweeper, checkpointer, purge, trace exporter
+    (when an OTLP endpoint is set) and (unless
+    `serve_queue` is false, or `AIOPS_WORKER_CONCURRENCY` is 0) queue worker once (again after a loop
+    change)."""
+    global _background
+    loop = asyncio.get_running_loop()
+    if (
+        _background is not None
+        and _background.loop is loop
+        and not loop.is_closed()
+        and all(not t.done() for t in _background.tasks)
+    ):
+        return
+    ready = asyncio.Event()
+    tasks = [loop.create_task(_control_listener(ready), name="runs:control")]
+    exporting = bool(getattr(settings, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", ""))
+    duties = (
+        ("runs:sweeper", "sweep", _sweep, float(getattr(settings, "RUN_SWEEP_INTERVAL_SECONDS", 15))),
+        (
+            "audit:checkpoint",
+            "checkpoint",
+            _checkpoint,
+            float(getattr(settings, "AUDIT_CHECKPOINT_INTERVAL_SECONDS", 60)),
+        ),
+        (
+            "audit:purge",
+            "audit purge",
+            _purge,
+            float(getattr(settings, "AUDIT_PURGE_INTERVAL_SECONDS", 3600)),
+        ),
+        (
+            "telemetry:export",
+            "trace export",
+            _export,
+            float(getattr(settings, "OTEL_EXPORT_INTERVAL_SECONDS", 10)) if exporting else 0.0,
+        ),
+    )
+    for name, what, job, every in duties:  # an interval of 0 turns a duty off
+        if every > 0:
+            tasks.append(loop.create_task(_periodically(every, what, job), name=name))
+    workers = int(getattr(settings, "AIOPS_WORKER_CONCURRENCY", 2))
+    if workers > 0 and serve_queue:
+        tasks.append(loop.create_task(_work_queue(workers), name="runs:queue-worker"))
+    _background = _Background(loop=loop, channel=None, tasks=tasks, ready=ready)
+
+
+async def _control_listener(ready: asyncio.Event) -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        ready.set()
+        return
+    # The default prefix, like the followers' channels: channels_redis pops one Redis list per prefix and
+    # lets one receiver at a time do it, so a second prefix would hold every follower's frames behind
+    # this listener's blocking pop (up to 5 s per round).
+    channel = await layer.new_channel()
+    if _background is not None:
+        _background.channel = channel
+    ready.set()
+    while True:
+        try:
+            message = await layer.receive(channel)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.warning("control receive failed error=%s", type(exc).__name__)
+            await asyncio.sleep(1.0)
+            continue
+        if message.get("type") == CONTROL_MESSAGE_TYPE:
+            owned = _runs.get(str(message.get("run_id", "")))
+            if owned is not None:
+                owned.token.cancel("cancel requested")
+
+
+async def _control_channel() -> str | None:
+    ensure_background()
+    background = _background
+    if background is None:
+        return None
+    try:
+        await asyncio.wait_for(background.ready.wait(), 5.0)
+    except TimeoutError:
+        return None
+    return background.channel
+
+
+async def _control_join(run_id: str) -> bool:
+    channel = await _control_channel()
+    layer = get_channel_layer()
+    if channel is None or layer is None:
+        return False
+    try:
+        await asyncio.wait_for(layer.group_add(control_group(run_id), channel), 5.0)
+    except Exception as exc:
+        logger.warning("control join failed run=%s error=%s", run_id, type(exc).__name__)
+        return False
+    return True
+
+
+async def _control_leave(run_id: str) -> None:
+    channel = _background.channel if _background is not None else None
+    layer = get_channel_layer()
+    if channel is None or layer is None:
+        return
+    with contextlib.suppress(Exception):
+        await asyncio.shield(asyncio.wait_for(layer.group_discard(control_group(run_id), channel), 5.0))
+
+
+async def _periodically(interval: float, what: str, job) -> None:
+    """Run `job()` every `interval` seconds (the first time after one interval); a failing pass is
+    logged by its exception class only and the next one runs on time."""
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await job()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.warning("periodic %s failed error=%s", what, type(exc).__name__)
+
+
+async def _sweep() -> None:
+    from agent.runtime.approvals import decision_event, expire_due
+    from agent.runtime.live import publish
+    from agent.runtime.sweeper import publish_swept, sweep_expired_runs
+
+    await publish_swept(await db(sweep_expired_runs))
+    # Approval requests past APPROVAL_TIMEOUT_SECONDS: recorded EXPIRED (treated as rejected).
+    for decided in await db(expire_due):
+        await publish(decided.run_id, decision_event(decided))
+
+
+async def _checkpoint() -> None:
+    from audit.transparency.log import checkpoint
+
+    await db(checkpoint)
+
+
+async def _purge() -> None:
+    from audit.retention import purge_expired_runs
+
+    await db(purge_expired_runs, purged_by="server")
+
+
+async def _export() -> None:
+    # On its own pool: an OTLP endpoint that hangs never takes a thread from the audit writes.
+    from agent.runtime.db import background
+    from telemetry.outbox import run_export_pass
+
+    await background(run_export_pass)
+
+
+async def _work_queue(concurrency: int) -> None:
+    from agent.runtime.worker import work
+
+    interval = float(getattr(settings, "AIOPS_POLL_INTERVAL_SECONDS", 2.0))
+    while True:
+        try:
+            await work(launch=launch, concurrency=concurrency, poll_interval=interval)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.warning("queue worker failed error=%s", type(exc).__name__)
+            await asyncio.sleep(interval)
+
+
+def duty_status() -> dict[str, bool]:
+    """Whether each background duty of this process runs on the current event loop, by task name
+    (`runs:control`, `runs:sweeper`, ...; a duty switched off by its setting is absent). Empty when
+    `ensure_background` has not run on this loop. Read by the readiness probe (`surfaces.health`)."""
+    background = _background
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return {}
+    if background is None or background.loop is not loop:
+        return {}
+    return {task.get_name(): not task.done() for task in background.tasks}
+
+
+HEALTH_PATH = "/healthz"
+
+
+class BackgroundDuties:
+    """ASGI wrapper that starts the process's background duties (`ensure_background`) with the first
+    connection or at lifespan start-up (servers that send it, e.g. uvicorn), so a server process serves
+    the queue and sweeps leases even when no chat has run in it; `python -m config.serve` starts them
+    earlier, at process start. Lifespan shutdown stops them. A request for `HEALTH_PATH` does not start
+    them: the probe must report whether the process started them by itself."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    ensure_background()
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await stop_background()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if not (scope["type"] == "http" and scope.get("path") == HEALTH_PATH):
+            ensure_background()
+        return await self.app(scope, receive, send)
+
+
+async def stop_background() -> None:
+    """Stop this process's background duties (graceful shutdown, tests). Runs are not affected."""
+    global _background
+    background, _background = _background, None
+    if background is None or background.loop is not asyncio.get_running_loop():
+        return
+    for task in background.tasks:
+        task.cancel()
+    for task in background.tasks:
+        with contextlib.suppress(BaseException):
+            await task

@@ -1,0 +1,288 @@
+"""The tool registry: what tools exist, their JSON schema, their timeout, and how the model sees them.
+
+A tool is one module in `agent/runtime/tools/` with one decorated function::
+
+    @register_tool(
+        name="lookup_knowledge",
+        description="Search the operations runbooks ...",
+        parameters={"type": "object", "properties": {...}, "required": [...]},
+        timeout=None,  # seconds; None = settings.TOOL_TIMEOUT
+        flows=(FLOW_CHAT, FLOW_AI_OPS),  # the agent flows that may use it; default (FLOW_CHAT,)
+        requires_approval=False,  # True: a person approves each call before it executes
+    )
+    def lookup_knowledge(query: str, top_k: int = 5) -> ToolResult: ...
+
+The function receives the validated arguments as keyword arguments and returns a `ToolResult` (or any
+JSON-serialisable value, wrapped as `ToolResult(data=value)`). It may be synchronous (run on the runtime's
+bounded tool thread pool) or `async def`. `default_registry(flow=...)` imports every module of the package
+and returns the tools of that agent flow (a run's `agent_flow`: `FLOW_CHAT` = "DIAGNOSIS_AGENT", the
+default, or `FLOW_AI_OPS` = "AI_OPS"), so a new module is all it takes; a tool that names no flows is
+a chat tool only. Tests and special flows can build their own `ToolRegistry`.
+
+Arguments are validated against the schema's subset the runtime relies on: `type` (object, string,
+integer, number, boolean, array), `properties`, `required`, `additionalProperties: false`, `enum`,
+`minLength`/`maxLength`, `minimum`/`maximum`, `items`/`maxItems` (arrays), and `default` (applied when
+absent).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import pkgutil
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from audit.recorder import RetrievalFacts
+
+SKIP_MODULES = frozenset({"registry", "boundary"})
+
+# Agent flows (the values of `DiagnosisRun.agent_flow`) a tool may be offered to.
+FLOW_CHAT = "DIAGNOSIS_AGENT"
+FLOW_AI_OPS = "AI_OPS"
+
+
+@dataclass(frozen=True, slots=True)
+class EvidenceRecord:
+    """One citable piece of evidence a tool returned: `id` (e.g. `kb:<slug>#<n>`) and its full payload,
+    stored by id in the run's canonical store."""
+
+    id: str
+    payload: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """What a tool returns.
+
+    `data` is the full, JSON-serialisable result: it goes to the canonical store (by tool call id) and its
+    bounded preview, length and sha256 to the audit. `evidence` are the citable items. `retrieval` are
+    the retrieval facts recorded on the tool invocation. `model_content` is what the model sees (default:
+    the JSON of `data`); it must never hold more than the tool's own output.
+    """
+
+    data: Any
+    evidence: Sequence[EvidenceRecord] = ()
+    retrieval: RetrievalFacts | None = None
+    model_content: str | None = None
+
+
+class ToolArgumentsError(ValueError):
+    """The model's arguments do not match the tool's schema (becomes TOOL_BAD_ARGUMENTS)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+    func: Callable[..., Any]
+    timeout: float | None = None
+    is_async: bool = field(default=False)
+    flows: frozenset[str] = frozenset({FLOW_CHAT})
+    # A tool that changes the world waits for a person: the boundary records the call AWAITING_APPROVAL
+    # and interrupts the run instead of executing it (docs/aiops.md, *Approvals*).
+    requires_approval: bool = False
+    # Checks the schema cannot state (e.g. a bound that is a setting); raises ToolArgumentsError.
+    check: Callable[[dict[str, Any]], None] | None = None
+
+    def openai_schema(self) -> dict[str, Any]:
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
+
+    def validate(self, arguments: str | Mapping[str, Any] | None) -> dict[str, Any]:
+        """Parse the model's argument string and check it against the schema; defaults applied."""
+        if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
+            value: Any = {}
+        elif isinstance(arguments, str):
+            try:
+                value = json.loads(arguments)
+            except ValueError as exc:
+                raise ToolArgumentsError(f"arguments are not valid JSON ({exc.msg})") from None
+        else:
+            value = dict(arguments)
+        validated = _validate_object(value, self.parameters, "arguments")
+        if self.check is not None:
+            self.check(validated)
+        return validated
+
+
+class ToolRegistry:
+    """A set of tools by name. `tool(...)` is the decorator form of `register`."""
+
+    def __init__(self, specs: Sequence[ToolSpec] = ()) -> None:
+        self._specs: dict[str, ToolSpec] = {}
+        for spec in specs:
+            self.register(spec)
+
+    def register(self, spec: ToolSpec) -> ToolSpec:
+        existing = self._specs.get(spec.name)
+        if existing is not None and existing.func is not spec.func:
+            raise ValueError(f"a tool named {spec.name!r} is registered already")
+        self._specs[spec.name] = spec
+        return spec
+
+    def tool(
+        self,
+        *,
+        name: str,
+        description: str,
+        parameters: Mapping[str, Any],
+        timeout: float | None = None,
+        flows: Sequence[str] = (FLOW_CHAT,),
+        requires_approval: bool = False,
+        check: Callable[[dict[str, Any]], None] | None = None,
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        if parameters.get("type") != "object":
+            raise ValueError("a tool's parameters schema must be of type object")
+        if isinstance(flows, str) or not flows:
+            raise ValueError("a tool's flows must be a non-empty sequence of flow names")
+
+        def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+            self.register(
+                ToolSpec(
+                    name=name,
+                    description=description,
+                    parameters=dict(parameters),
+                    func=func,
+                    timeout=timeout,
+                    is_async=inspect.iscoroutinefunction(func),
+                    flows=frozenset(flows),
+                    requires_approval=requires_approval,
+                    check=check,
+                )
+            )
+            return func
+
+        return decorate
+
+    def get(self, name: str) -> ToolSpec | None:
+        return self._specs.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._specs)
+
+    def openai_tools(self) -> list[dict[str, Any]]:
+        return [self._specs[name].openai_schema() for name in self.names()]
+
+    def copy(self) -> ToolRegistry:
+        return ToolRegistry(list(self._specs.values()))
+
+    def for_flow(self, flow: str) -> ToolRegistry:
+        """A new registry of the tools that declare `flow`."""
+        return ToolRegistry([spec for spec in self._specs.values() if flow in spec.flows])
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._specs
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+
+_default = ToolRegistry()
+_discovered = False
+_discover_lock = threading.Lock()
+
+
+def register_tool(
+    *,
+    name: str,
+    description: str,
+    parameters: Mapping[str, Any],
+    timeout: float | None = None,
+    flows: Sequence[str] = (FLOW_CHAT,),
+    requires_approval: bool = False,
+    check: Callable[[dict[str, Any]], None] | None = None,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register the decorated function in the default registry (see the module docstring)."""
+    return _default.tool(
+        name=name,
+        description=description,
+        parameters=parameters,
+        timeout=timeout,
+        flows=flows,
+        requires_approval=requires_approval,
+        check=check,
+    )
+
+
+def default_registry(*, flow: str = FLOW_CHAT) -> ToolRegistry:
+    """The tools of agent flow `flow` (a new registry each call), every tool module of this package
+    imported first."""
+    global _discovered
+    if not _discovered:
+        with _discover_lock:
+            if not _discovered:
+                package = importlib.import_module("agent.runtime.tools")
+                for module in pkgutil.iter_modules(package.__path__):
+                    if module.name not in SKIP_MODULES and not module.name.startswith("_"):
+                        importlib.import_module(f"agent.runtime.tools.{module.name}")
+                _discovered = True
+    return _default.for_flow(flow)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Schema validation (the subset tools use)
+# ---------------------------------------------------------------------------------------------------
+_TYPES: dict[str, Callable[[Any], bool]] = {
+    "string": lambda v: isinstance(v, str),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "array": lambda v: isinstance(v, list),
+    "object": lambda v: isinstance(v, dict),
+}
+
+
+def _validate_object(value: Any, schema: Mapping[str, Any], where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ToolArgumentsError(f"{where} must be a JSON object")
+    properties: Mapping[str, Any] = schema.get("properties") or {}
+    out = dict(value)
+    for name in schema.get("required") or []:
+        if name not in out:
+            raise ToolArgumentsError(f"{where}.{name} is required")
+    if schema.get("additionalProperties") is False:
+        extra = sorted(set(out) - set(properties))
+        if extra:
+            raise ToolArgumentsError(f"{where} has unknown field(s): {', '.join(extra[:5])}")
+    for name, sub in properties.items():
+        if name not in out:
+            if "default" in sub:
+                out[name] = sub["default"]
+            continue
+        out[name] = _validate_value(out[name], sub, f"{where}.{name}")
+    return out
+
+
+def _validate_value(value: Any, schema: Mapping[str, Any], where: str) -> Any:
+    kind = schema.get("type")
+    if kind == "integer" and isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if kind is not None and not _TYPES.get(kind, lambda v: True)(value):
+        raise ToolArgumentsError(f"{where} must be of type {kind}")
+    if "enum" in schema and value not in schema["enum"]:
+        raise ToolArgumentsError(f"{where} must be one of {schema['enum']}")
+    if isinstance(value, str):
+        if len(value) < schema.get("minLength", 0):
+            raise ToolArgumentsError(f"{where} must have at least {schema['minLength']} character(s)")
+        if "maxLength" in schema and len(value) > schema["maxLength"]:
+            raise ToolArgumentsError(f"{where} must have at most {schema['maxLength']} characters")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if "minimum" in schema and value < schema["minimum"]:
+            raise ToolArgumentsError(f"{where} must be ≥ {schema['minimum']}")
+        if "maximum" in schema and value > schema["maximum"]:
+            raise ToolArgumentsError(f"{where} must be ≤ {schema['maximum']}")
+    if isinstance(value, list):
+        if "maxItems" in schema and len(value) > schema["maxItems"]:
+            raise ToolArgumentsError(f"{where} must have at most {schema['maxItems']} item(s)")
+        if "items" in schema:
+            value = [_validate_value(item, schema["items"], f"{where}[{i}]") for i, item in enumerate(value)]
+    if kind == "object":
+        value = _validate_object(value, schema, where)
+    return value

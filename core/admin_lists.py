@@ -1,0 +1,85 @@
+"""Admin change lists that stay flat on big tables: a capped count and index-friendly ordering.
+
+Every list of a table that grows with the runs (runs, sessions, trace events, steps, tools, reasoning
+rows, the access log, feedback) mixes in `ScalableListAdmin`:
+
+* no full `COUNT(*)`: `show_full_result_count = False` (Django's "N total" link is not computed), and
+  the paginator counts at most `CappedCountPaginator.cap` matching rows (`SELECT COUNT(*) FROM (SELECT …
+  LIMIT cap + 1)`, which reads at most that many index entries); beyond it the list says "more than
+  10000" and pages up to the cap (narrow the list with a filter or a date range to go further back);
+* a deterministic order the indexes serve: a list sorted by a column is ordered by that column and the
+  primary key only (Django would append the default ordering, and a descending primary key), the key in
+  the direction of the column, so that `ORDER BY x ASC, id ASC` and `ORDER BY x DESC, id DESC` both read
+  an index on `x` (InnoDB appends the primary key to every secondary index) forwards or backwards, with
+  no filesort;
+* no join that could make the optimizer read another table first: related rows a list shows are
+  fetched by a second query on their primary or unique key (`list_prefetch_related`) instead of
+  `select_related` (with a join, MariaDB may scan the joined table and sort, instead of reading the
+  list's index backwards up to the LIMIT).
+
+Which columns are sortable and which filters exist is each list's choice; each must be served by an index
+(`tests/surfaces/admin/test_list_scaling.py` checks the plans on MariaDB).
+"""
+
+from __future__ import annotations
+
+from django.contrib.admin.views.main import ORDER_VAR, ChangeList
+from django.core.paginator import Paginator
+from django.utils.functional import cached_property
+
+COUNT_CAP = 10_000
+
+
+class CappedCountPaginator(Paginator):
+    """A paginator that counts at most `cap` rows; `capped` is true when there are more."""
+
+    cap = COUNT_CAP
+    capped = False
+
+    @cached_property
+    def count(self) -> int:
+        # Without ORDER BY: how many rows match does not depend on the order, and none is sorted.
+        n = self.object_list.order_by()[: self.cap + 1].count()
+        self.capped = n > self.cap
+        return min(n, self.cap)
+
+
+class ScalableChangeList(ChangeList):
+    """A change list ordered by the chosen column and the primary key in its direction, whose related
+    rows are prefetched (see the module docstring)."""
+
+    def get_ordering(self, request, queryset):
+        ordering = super().get_ordering(request, queryset)
+        chosen = [p for p in self.params.get(ORDER_VAR, "").split(".") if p]
+        if chosen:
+            # Only the chosen columns (Django appends the default ordering after them).
+            ordering = self._get_deterministic_ordering(ordering[: len(chosen)])
+        return ordering
+
+    def get_queryset(self, request, exclude_parameters=None):
+        queryset = super().get_queryset(request, exclude_parameters)
+        prefetch = getattr(self.model_admin, "list_prefetch_related", ())
+        if prefetch:
+            queryset = queryset.select_related(None).prefetch_related(*prefetch)
+        return queryset
+
+    def _get_deterministic_ordering(self, ordering):
+        ordering = super()._get_deterministic_ordering(ordering)
+        if len(ordering) > 1 and ordering[-1] == "-pk":
+            first = ordering[0]
+            if (isinstance(first, str) and not first.startswith("-")) or (
+                hasattr(first, "descending") and not first.descending
+            ):
+                ordering[-1] = "pk"
+        return ordering
+
+
+class ScalableListAdmin:
+    """Mix into a ModelAdmin (before it): capped count, no full count, index-friendly tie-break."""
+
+    show_full_result_count = False
+    paginator = CappedCountPaginator
+    list_prefetch_related: tuple[str, ...] = ()
+
+    def get_changelist(self, request, **kwargs):
+        return ScalableChangeList

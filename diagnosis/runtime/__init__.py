@@ -1,2 +1,0 @@
-"""The agent runtime: executor, pipeline, model clients and tools; the knowledge that the tools search is
-`diagnosis.knowledge`."""

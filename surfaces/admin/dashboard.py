@@ -1,0 +1,170 @@
+"""The oversight dashboard (`/admin/diagnosis/diagnosisrun/dashboard/`): a period picker and, for the
+period, the figures of `audit.dashboard` as server-drawn SVG charts (`surfaces.admin.charts`), each with
+its numbers as a table. Staff with the run list's view permission see it; it is linked from the index."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from decimal import Decimal
+
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.dateparse import parse_date
+from django.utils.http import urlencode
+
+from audit.dashboard import get_dashboard
+from pricing.rules import format_usd
+from surfaces.admin.charts import empty_chart, stacked_bars
+
+PRESETS = (7, 30, 90)
+MAX_DAYS = 366
+GOOD, BAD, QUIET, WARN = "#2e7d32", "#c62828", "#9e9e9e", "#ef6c00"
+PALETTE = ("#1565c0", "#6a1b9a", "#00838f", "#ef6c00", "#558b2f", "#ad1457", "#4e342e", "#37474f")
+
+
+def period_of(request) -> tuple[dt.date, dt.date]:
+    """[since, until] as dates from `?since=&until=` (inclusive until), or `?days=N` back from today;
+    the last 7 days by default; at most `MAX_DAYS`."""
+    today = timezone.now().date()
+    since, until = parse_date(request.GET.get("since") or ""), parse_date(request.GET.get("until") or "")
+    if since is None or until is None:
+        try:
+            days = int(request.GET.get("days") or 7)
+        except ValueError:
+            days = 7
+        days = min(max(days, 1), MAX_DAYS)
+        return today - dt.timedelta(days=days - 1), today
+    if until < since:
+        since, until = until, since
+    return max(since, until - dt.timedelta(days=MAX_DAYS - 1)), until
+
+
+def dashboard_view(model_admin, request):
+    since, until = period_of(request)
+    start = dt.datetime.combine(since, dt.time(), tzinfo=dt.UTC)
+    end = dt.datetime.combine(until + dt.timedelta(days=1), dt.time(), tzinfo=dt.UTC)
+    board = get_dashboard(since=start, until=end)
+    labels = [d.day.isoformat() for d in board.days]
+    runs_chart = (
+        stacked_bars(
+            labels,
+            [
+                ("published", [d.published for d in board.days], GOOD),
+                ("blocked", [d.blocked for d in board.days], BAD),
+                ("no release", [d.no_release for d in board.days], QUIET),
+            ],
+            title="Runs per day by release decision",
+        )
+        if board.days
+        else empty_chart("No run in this period.")
+    )
+    # Tokens and cost per day by source and model: one series per (source, model).
+    keys = sorted({(t.source, t.model) for t in board.tokens})
+    day_index = {d: i for i, d in enumerate(sorted({t.day for t in board.tokens}))}
+    token_labels = [d.isoformat() for d in sorted(day_index)]
+    tok = {k: [0] * len(day_index) for k in keys}
+    cost = {k: [0.0] * len(day_index) for k in keys}
+    for t in board.tokens:
+        tok[(t.source, t.model)][day_index[t.day]] += t.total
+        if t.cost is not None:
+            cost[(t.source, t.model)][day_index[t.day]] += float(t.cost)
+    colours = {k: PALETTE[i % len(PALETTE)] for i, k in enumerate(keys)}
+    tokens_chart = (
+        stacked_bars(
+            token_labels,
+            [(f"{s} {m}", tok[(s, m)], colours[(s, m)]) for s, m in keys],
+            title="Tokens per day",
+        )
+        if keys
+        else empty_chart("No model call in this period.")
+    )
+    cost_chart = (
+        stacked_bars(
+            token_labels,
+            [(f"{s} {m}", cost[(s, m)], colours[(s, m)]) for s, m in keys],
+            title="Cost per day (USD)",
+            unit="$",
+        )
+        if keys
+        else empty_chart("No model call in this period.")
+    )
+    readers = board.readers
+    read_days = sorted(board.reads)
+    reads_chart = (
+        stacked_bars(
+            [d.isoformat() for d in read_days],
+            [
+                (r, [board.reads[d].get(r, 0) for d in read_days], PALETTE[i % len(PALETTE)])
+                for i, r in enumerate(readers)
+            ],
+            title="Reasoning reads per day by reader",
+        )
+        if read_days
+        else empty_chart("No reasoning read in this period.")
+    )
+    tools_chart = (
+        stacked_bars(
+            [t.tool for t in board.tools],
+            [
+                ("succeeded", [t.calls - t.failed for t in board.tools], GOOD),
+                ("failed", [t.failed for t in board.tools], BAD),
+            ],
+            title="Tool calls by tool",
+        )
+        if board.tools
+        else empty_chart("No tool call in this period.")
+    )
+    cost_by_day: dict[dt.date, Decimal] = defaultdict(Decimal)
+    for t in board.tokens:
+        if t.cost is not None:
+            cost_by_day[t.day] += t.cost
+    totals = board.totals
+    runs_url = reverse("admin:diagnosis_diagnosisrun_changelist")
+    period = {
+        "created_at__gte": start.isoformat(),
+        "created_at__lt": end.isoformat(),
+    }
+
+    def runs_link(**filters: str) -> str:
+        return runs_url + "?" + urlencode({**filters, **period})
+
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "opts": model_admin.opts,
+        "title": "Oversight dashboard",
+        "since": since,
+        "until": until,
+        "presets": PRESETS,
+        "board": board,
+        "totals": totals,
+        "block_rate": totals.block_rate,
+        "total_cost": format_usd(totals.cost),
+        "charts": {
+            "runs": runs_chart,
+            "tokens": tokens_chart,
+            "cost": cost_chart,
+            "tools": tools_chart,
+            "reads": reads_chart,
+        },
+        "token_rows": [
+            {"row": t, "cost": format_usd(t.cost) if t.cost is not None else t.cost_status.replace("_", " ")}
+            for t in board.tokens
+        ],
+        "day_rows": [{"d": d, "cost": format_usd(d.cost)} for d in board.days],
+        "readers": readers,
+        # The run list narrowed to the period and each figure's filter.
+        "links": {
+            "runs": runs_link(),
+            "incomplete": runs_link(audit_complete="no"),
+            "unreconciled": runs_link(tokens_reconciled__exact="0"),
+            "no_cost": runs_link(cost="unavailable"),
+            "blocked": runs_link(release_decision__exact="BLOCKED"),
+        },
+        "read_rows": [(d, [board.reads[d].get(r, 0) for r in readers]) for d in read_days],
+        "media": model_admin.media,
+        "is_nav_sidebar_enabled": False,
+    }
+    request.current_app = model_admin.admin_site.name
+    return TemplateResponse(request, "admin/diagnosis/dashboard.html", context)

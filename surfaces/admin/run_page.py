@@ -1,0 +1,617 @@
+"""Shapes one run's trace for the admin run page: verdict, timing, token ledger, timeline, tools, audit.
+
+Input is the trace read model (`audit.selectors.get_trace`: the run row, its events, steps and tools as
+stored, and the summary), the same object the API and the export serialize. Everything here is pure: no
+query, no request, no template. The admin view fetches; `build_run_page` shapes; the template draws.
+The waterfall is drawn by `surfaces.admin.waterfall`.
+
+Nothing here invents a fact: a time or a count the record does not hold is shown as unknown.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from audit.models import EventType, Phase, ToolInvocation, UsageSource
+from audit.reconcile import CallUsage
+from audit.selectors import AnchorView, ReviewView, Trace
+from diagnosis.models import DiagnosisRun, FeedbackRating, ReleaseDecision, RunStatus
+from diagnosis.selectors import FeedbackView
+from pricing.rules import CallCost, CostStatus, format_usd
+from surfaces.admin.display import (
+    compact_json,
+    delivery_note,
+    format_duration,
+    format_instant,
+    format_ms,
+    ms_between,
+    pretty_json,
+    tone,
+)
+from surfaces.admin.waterfall import Waterfall, build_waterfall
+from surfaces.answers import render_answer
+
+PHASE_ORDER = {phase: n for n, phase in enumerate(Phase)}
+GUARD_EVENT_LABELS = {
+    EventType.EVIDENCE_GUARD_INITIAL: "Evidence guard",
+    EventType.EVIDENCE_GUARD_RETRY: "Evidence guard (retry)",
+    EventType.SEMANTIC_GUARD_DECISION: "Semantic guard",
+}
+
+
+def _text(value: Any) -> str:
+    """A bounded details value as text (the recorder turns long strings into preview objects)."""
+    if isinstance(value, Mapping) and "preview" in value:
+        return f"{value['preview']}… ({value.get('length')} chars)"
+    return str(value)
+
+
+def _last(trace: Trace, event_type: EventType):
+    return next((e for e in reversed(trace.timeline) if e.event_type == event_type), None)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Verdict: why the run ended the way it did, for the top of the page
+# ---------------------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class GuardVerdict:
+    label: str
+    sequence_no: int
+    status: str
+    tone: str
+    lines: list[str]
+
+
+@dataclass(slots=True)
+class Verdict:
+    headline: str
+    tone: str
+    release_reason: str
+    guards: list[GuardVerdict]
+    routing: str
+    error: str
+    notes: list[str]
+    provider: str = ""
+    demo: bool = False
+
+
+def _guard_lines(event_type: str, details: Mapping[str, Any]) -> list[str]:
+    lines: list[str] = []
+    if event_type == EventType.SEMANTIC_GUARD_DECISION:
+        claims = details.get("unsupportedClaims") or []
+        if claims:
+            lines.append(f"{len(claims)} unsupported claim(s):")
+            lines.extend(f"“{_text(c)}”" for c in claims)
+        if details.get("reason"):
+            lines.append(f"reason: {_text(details['reason'])}")
+        if details.get("error"):
+            lines.append(f"error: {_text(details['error'])}")
+        if details.get("model"):
+            lines.append(f"model {details['model']}")
+        return lines
+    if details.get("required") is False:
+        lines.append("evidence not required for this intent")
+    reasons = details.get("reasons") or []
+    if reasons:
+        lines.append("reasons: " + ", ".join(_text(r) for r in reasons))
+    unknown = details.get("unknown") or []
+    if unknown:
+        lines.append("unknown citations: " + ", ".join(_text(u) for u in unknown))
+    cited = details.get("cited") or []
+    lines.append(f"{len(cited)} citation(s)" + (": " + ", ".join(_text(c) for c in cited) if cited else ""))
+    return lines
+
+
+DEMO_NOTE = (
+    "DEMO run: answered by the offline demo model, not a real model; its text and reasoning are computed "
+    "from the runbooks by the demo provider"
+)
+
+
+def build_verdict(trace: Trace) -> Verdict:
+    run = trace.run
+    decision, status = run.release_decision, run.status
+    release = _last(trace, EventType.RELEASE_DECISION)
+    routing = _last(trace, EventType.ROUTING_DECISION)
+    cancelled = next((e for e in trace.timeline if e.event_type == EventType.RUN_CANCELLED), None)
+    guards = [
+        GuardVerdict(
+            label=GUARD_EVENT_LABELS[e.event_type],
+            sequence_no=e.sequence_no,
+            status=e.status or "",
+            tone=tone(e.status),
+            lines=_guard_lines(e.event_type, e.details or {}),
+        )
+        for e in trace.timeline
+        if e.event_type in GUARD_EVENT_LABELS
+    ]
+    release_reason = ""
+    if release is not None:
+        release_reason = _text((release.details or {}).get("reason") or release.summary or "")
+    error_text = f"{run.error_code}: {run.error_message}" if run.error_code else ""
+    notes: list[str] = []
+    if decision:
+        headline, verdict_tone = decision, tone(decision)
+    elif status in (RunStatus.PENDING, RunStatus.RUNNING):
+        headline, verdict_tone = f"{status} — no release decision yet", "warn"
+    else:
+        headline, verdict_tone = f"{status} — no release decision recorded", tone(status)
+    if status == RunStatus.FAILED:
+        verdict_tone = "bad"
+    if cancelled is not None:
+        notes.append(f"cancelled: {cancelled.summary}")
+    if decision == ReleaseDecision.BLOCKED and not release_reason:
+        notes.append("the release event is missing from the timeline: see the audit summary")
+    delivered = delivery_note(run)
+    if delivered is not None:
+        notes.append(delivered[1])
+    routing_text = ""
+    if routing is not None:
+        details = routing.details or {}
+        routing_text = f"{details.get('intent') or run.intent}"
+        if details.get("fallback"):
+            routing_text += " (fallback: the router's answer was unusable)"
+        elif details.get("confidence") is not None:
+            routing_text += f" (confidence {details['confidence']})"
+        if details.get("reason"):
+            routing_text += f" — {_text(details['reason'])}"
+    if trace.provider is not None and trace.provider.demo:
+        notes.insert(0, DEMO_NOTE)
+    return Verdict(
+        provider=trace.provider.name if trace.provider is not None else "",
+        demo=bool(trace.provider is not None and trace.provider.demo),
+        headline=headline,
+        tone=verdict_tone,
+        release_reason=release_reason,
+        guards=guards,
+        routing=routing_text,
+        error=error_text,
+        notes=notes,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# Timing
+# ---------------------------------------------------------------------------------------------------
+def build_timing(run: DiagnosisRun) -> list[tuple[str, str, str]]:
+    """(label, value, title) rows: the latencies, then each recorded instant as an offset from creation
+    (the absolute time is in the title)."""
+    created, started = run.created_at, run.started_at
+    first_request, first_output, finished = run.first_model_request_at, run.first_output_at, run.finished_at
+
+    def offset(value: dt.datetime | None) -> str:
+        if value is None:
+            return "—"
+        return "+" + format_ms(ms_between(created, value)) if created else format_instant(value)
+
+    return [
+        ("total", format_ms(run.total_duration_ms), "created → finished"),
+        ("first output latency", format_ms(run.first_output_latency_ms), "created → first visible text"),
+        ("release latency", format_ms(run.release_latency_ms), "answer's last token → release (the guards)"),
+        ("queue wait", format_ms(ms_between(created, started)), "created → started"),
+        ("start → model request", format_ms(ms_between(started, first_request)), "started → first request"),
+        ("started", offset(started), format_instant(started)),
+        ("first model request", offset(first_request), format_instant(first_request)),
+        ("first output", offset(first_output), format_instant(first_output)),
+        ("finished", offset(finished), format_instant(finished)),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Token ledger
+# ---------------------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class LedgerCall:
+    sequence_no: int
+    source: str
+    agent: str
+    model: str
+    step_index: int | None
+    available: bool
+    prompt: int | None
+    completion: int | None
+    reasoning: int | None
+    cached: int | None
+    total: int | None
+    # The call's cost by the pricing rule (`pricing.rules`): "$0.000740", or why it has none.
+    cost: str = ""
+    cost_priced: bool = False
+    cost_title: str = ""
+
+
+@dataclass(slots=True)
+class LedgerRow:
+    label: str
+    ledger: int | None
+    from_calls: int
+    matches: bool
+
+
+@dataclass(slots=True)
+class AgentTokens:
+    """One agent's line of the ledger: its calls and the tokens their usage records report."""
+
+    agent: str
+    calls: int
+    without_usage: int
+    tokens: int
+
+
+@dataclass(slots=True)
+class Ledger:
+    rows: list[LedgerRow]
+    calls: list[LedgerCall]
+    by_agent: list[AgentTokens]
+    reconciled: bool
+    verdict: str
+    problems: list[str]
+    cost: str = ""  # the run's stored cost, or why it has none
+    cost_priced: bool = False
+    cost_note: str = ""
+
+
+def _cost_title(cost: CallCost | None) -> str:
+    """Where a call's price came from (the cell's tooltip)."""
+    if cost is None or cost.amount is None:
+        return ""
+    rate = (
+        f": ${cost.rate.input}/M in, ${cost.rate.cached_input}/M cached, ${cost.rate.output}/M out"
+        if cost.rate
+        else ""
+    )
+    origin = (
+        f"override #{cost.override_id}" if cost.source == "override" else cost.matched_model or cost.source
+    )
+    return f"{cost.source} ({origin}){rate}"
+
+
+def run_cost_label(run) -> tuple[str, bool, str]:
+    """The run's stored cost as the console shows it: (text, priced, note)."""
+    if run.cost is not None:
+        return format_usd(run.cost), True, ""
+    if run.cost_status == CostStatus.DEMO:
+        return "demo", False, "the demo model has no price"
+    if run.cost_status == CostStatus.UNAVAILABLE:
+        n = run.cost_unpriced_calls
+        return "unavailable", False, f"{n} call{'' if n == 1 else 's'} could not be priced"
+    return "not priced", False, "not priced yet (verify_audit --refresh-facts prices it)"
+
+
+def build_ledger(trace: Trace) -> Ledger:
+    """Per-call usage from every MODEL_TOKEN_USAGE event (router, agent and guard), summed per source and
+    compared with the run's ledger, and summed per calling agent (planner, executor, … one line each);
+    the recorder's own verdict (`tokens_reconciled`) is shown with the reasons."""
+    run = trace.run
+    calls = []
+    costs = {v.event.sequence_no: v.cost for v in trace.call_costs}
+    for event in trace.timeline:
+        if event.event_type != EventType.MODEL_TOKEN_USAGE:
+            continue
+        d = event.details or {}
+        cost = costs.get(event.sequence_no)
+        calls.append(
+            LedgerCall(
+                sequence_no=event.sequence_no,
+                source=str(d.get("source") or "?"),
+                agent=CallUsage.from_details(d).agent,
+                model=str(d.get("model") or ""),
+                step_index=d.get("stepIndex"),
+                available=bool(d.get("usageAvailable")),
+                prompt=d.get("promptTokens"),
+                completion=d.get("completionTokens"),
+                reasoning=d.get("reasoningTokens"),
+                cached=d.get("cachedTokens"),
+                total=d.get("totalTokens"),
+                cost=cost.label if cost else "",
+                cost_priced=bool(cost and cost.amount is not None),
+                cost_title=_cost_title(cost),
+            )
+        )
+    reported = [c for c in calls if c.available]
+    unavailable = [c for c in calls if not c.available]
+
+    def from_source(source: UsageSource) -> int:
+        return sum(c.total or 0 for c in reported if c.source == source)
+
+    # (label, the run's ledger column, the sum of the per-call records)
+    sums = [
+        ("router", run.tokens_router, from_source(UsageSource.ROUTER)),
+        ("agent", run.tokens_agent, from_source(UsageSource.AGENT)),
+        ("guard", run.tokens_guard, from_source(UsageSource.GUARD)),
+        ("total", run.tokens_total, sum(c.total or 0 for c in reported)),
+        ("↳ reasoning", run.tokens_reasoning, sum(c.reasoning or 0 for c in reported)),
+        ("↳ cached input", run.tokens_cached_input, sum(c.cached or 0 for c in reported)),
+    ]
+    rows = [
+        LedgerRow(label=label, ledger=ledger, from_calls=summed, matches=ledger == summed)
+        for label, ledger, summed in sums
+    ]
+    problems: list[str] = []
+    if unavailable:
+        problems.append(
+            f"{len(unavailable)} call(s) reported no usage: "
+            + ", ".join(f"#{c.sequence_no} {c.source} {c.model}" for c in unavailable)
+            + " — counted as unknown, never as 0"
+        )
+    if run.usage_unavailable_calls != len(unavailable):
+        problems.append(
+            f"the run counts {run.usage_unavailable_calls} call(s) without usage but the timeline holds "
+            f"{len(unavailable)} such record(s)"
+        )
+    mismatched = [r.label for r in rows if not r.matches]
+    if mismatched:
+        problems.append(
+            "per-call records do not add up to the run's ledger for: "
+            + ", ".join(mismatched)
+            + " (a usage record may be missing — see the audit summary)"
+        )
+    reconciled = bool(run.tokens_reconciled)
+    if reconciled:
+        verdict = (
+            f"reconciled: {len(calls)} model call(s), each reported usage, and they add up to the totals"
+        )
+    elif problems:
+        verdict = "not reconciled"
+    else:
+        verdict = "not reconciled (the run has no terminal ledger yet, or a usage write failed)"
+    by_agent: dict[str, AgentTokens] = {}
+    for c in calls:
+        line = by_agent.setdefault(c.agent, AgentTokens(agent=c.agent, calls=0, without_usage=0, tokens=0))
+        line.calls += 1
+        line.without_usage += not c.available
+        line.tokens += (c.total or 0) if c.available else 0
+    cost, cost_priced, cost_note = run_cost_label(run)
+    return Ledger(
+        rows=rows,
+        calls=calls,
+        cost=cost,
+        cost_priced=cost_priced,
+        cost_note=cost_note,
+        by_agent=list(by_agent.values()),
+        reconciled=reconciled,
+        verdict=verdict,
+        problems=problems,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# Self-evaluation (AI Ops)
+# ---------------------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class SelfEvaluation:
+    """The run's stored self-evaluation as rows (signal, value, tone); `stated` is the model's own
+    confidence, shown apart because it is a claim, not a measurement."""
+
+    rows: list[tuple[str, str, str]]
+    stated: str | None
+
+
+def build_self_evaluation(run: DiagnosisRun) -> SelfEvaluation | None:
+    data = run.self_evaluation
+    if not isinstance(data, dict):
+        return None
+
+    def get(section: str) -> dict[str, Any]:
+        value = data.get(section)
+        return value if isinstance(value, dict) else {}
+
+    ev, tools, guards, calls, plan = (get(k) for k in ("evidence", "tools", "guards", "modelCalls", "plan"))
+    not_gathered = ev.get("citedNotGathered") or []
+    rows = [
+        (
+            "evidence cited / gathered",
+            f"{ev.get('cited', '—')} / {ev.get('gathered', '—')}"
+            + (f" · cited but not gathered: {', '.join(map(str, not_gathered))}" if not_gathered else ""),
+            "bad" if not_gathered or not ev.get("cited") else "good",
+        ),
+        (
+            "tool calls failed / total",
+            f"{tools.get('failed', '—')} / {tools.get('total', '—')}",
+            "bad" if tools.get("failed") else "good",
+        ),
+        (
+            "guards",
+            f"evidence {guards.get('evidence') or '—'} · semantic {guards.get('semantic') or '—'} · "
+            f"{guards.get('evidenceRetries', 0)} repair round(s)",
+            "good" if guards.get("evidence") == "PASS" and guards.get("semantic") == "PASS" else "bad",
+        ),
+        (
+            "model calls without usage",
+            f"{calls.get('withoutUsage', '—')} of {calls.get('total', '—')}",
+            "bad" if calls.get("withoutUsage") else "good",
+        ),
+        (
+            "plan steps done / planned",
+            f"{plan.get('done', '—')} / {plan.get('planned', '—')}"
+            + (f" · {plan.get('withoutTool')} without a tool" if plan.get("withoutTool") else "")
+            + (f" · {plan.get('revisions')} revision(s)" if plan.get("revisions") else "")
+            + (" · default plan (the planner's was unusable)" if plan.get("fallback") else ""),
+            "good" if plan.get("done") == plan.get("planned") else "warn",
+        ),
+    ]
+    stated = data.get("statedByModel")
+    confidence = stated.get("confidence") if isinstance(stated, dict) else None
+    return SelfEvaluation(rows=rows, stated=str(confidence) if confidence else None)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Timeline
+# ---------------------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class TimelineRow:
+    sequence_no: int
+    phase: str
+    event_type: str
+    status: str
+    tone: str
+    summary: str
+    offset: str
+    created_at: str
+    hash: str
+    details_json: str
+    gap_before: list[int] = field(default_factory=list)
+
+
+def build_timeline(trace: Trace, origin: dt.datetime | None) -> list[TimelineRow]:
+    """Every returned event in sequence order; a row also names the sequence numbers missing before it."""
+    rows: list[TimelineRow] = []
+    expected_next = 1
+    for event in trace.timeline:
+        seq, created = event.sequence_no, event.created_at
+        gap = list(range(expected_next, seq)) if seq > expected_next else []
+        rows.append(
+            TimelineRow(
+                sequence_no=seq,
+                phase=event.phase or "",
+                event_type=event.event_type or "",
+                status=event.status or "",
+                tone=tone(event.status),
+                summary=event.summary or "",
+                offset=("+" + format_ms(ms_between(origin, created))) if origin and created else "—",
+                created_at=format_instant(created),
+                hash=event.hash or "",
+                details_json=pretty_json(event.details or {}),
+                gap_before=gap,
+            )
+        )
+        expected_next = max(expected_next, seq + 1)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------
+# Tools and audit summary
+# ---------------------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class ToolRow:
+    """A stored tool invocation with what the page shows beside it."""
+
+    tool: ToolInvocation
+    tone: str
+    input_json: str
+    retrieval_json: str
+    duration: str
+    started: str
+    finished: str
+
+
+def build_tools(trace: Trace) -> list[ToolRow]:
+    return [
+        ToolRow(
+            tool=tool,
+            tone=tone(tool.status),
+            input_json=compact_json(tool.input_params or {}),
+            retrieval_json=pretty_json(tool.retrieval_details or {}),
+            duration=format_duration(tool.duration_ms) if tool.duration_ms is not None else "unknown",
+            started=format_instant(tool.started_at),
+            finished=format_instant(tool.finished_at),
+        )
+        for tool in trace.tools
+    ]
+
+
+@dataclass(slots=True)
+class AuditSummary:
+    complete: bool
+    chain_valid: bool
+    write_failures: int
+    rows: list[tuple[str, int, int, int, bool]]
+    gaps: list[str]
+    problems: list[str]
+    rows_verified: bool = False
+    rows_verified_count: int = 0
+    fenced_writes: int = 0
+    anchor: AnchorView | None = None  # where the transparency log anchors the run (None: not yet)
+
+
+def build_audit(trace: Trace) -> AuditSummary:
+    summary = trace.summary
+    rows = []
+    for kind in ("events", "steps", "tools"):
+        persisted = getattr(summary.persisted, kind)
+        expected = getattr(summary.expected, kind)
+        returned = getattr(summary.returned, kind)
+        rows.append((kind, persisted, expected, returned, persisted == expected and returned == persisted))
+    problems = []
+    if not summary.audit_complete:
+        problems.append("audit incomplete")
+    if summary.audit_write_failures:
+        problems.append(f"{summary.audit_write_failures} audit write failure(s)")
+    if not summary.chain_valid:
+        problems.append("hash chain invalid")
+    if not summary.rows_verified:
+        problems.append("rows not verified against their digests")
+    return AuditSummary(
+        rows_verified=summary.rows_verified,
+        rows_verified_count=summary.rows_verified_count,
+        fenced_writes=summary.fenced_writes,
+        complete=summary.audit_complete,
+        chain_valid=summary.chain_valid,
+        write_failures=summary.audit_write_failures,
+        rows=rows,
+        gaps=list(summary.gaps),
+        problems=problems,
+        anchor=summary.anchor,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# The page
+# ---------------------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class RunPage:
+    """Everything the run page template draws. `run`, `feedback`, `step_count` and `tool_count` are the
+    trace's own (the viewer's feedback; the returned step and tool rows); `content_html` is the released
+    content as the chat page shows it (`surfaces.answers.render_answer`: sanitized, citations linked)."""
+
+    run: DiagnosisRun
+    content_html: str
+    feedback: FeedbackView | None
+    feedback_tone: str
+    answer_blocked: bool
+    step_count: int
+    tool_count: int
+    verdict: Verdict
+    timing: list[tuple[str, str, str]]
+    ledger: Ledger
+    self_evaluation: SelfEvaluation | None
+    timeline: list[TimelineRow]
+    waterfall: Waterfall
+    tools: list[ToolRow]
+    audit: AuditSummary
+    phase_counts: list[tuple[str, int]]
+    created_at: str
+    # Human reviews, newest first (the latest is current; earlier ones are superseded, all kept).
+    reviews: list[ReviewView] = field(default_factory=list)
+
+
+def build_run_page(trace: Trace) -> RunPage:
+    run = trace.run
+    origin = run.created_at or run.started_at
+    timeline = build_timeline(trace, origin)
+    counts: dict[str, int] = {}
+    for row in timeline:
+        counts[row.phase] = counts.get(row.phase, 0) + 1
+    feedback = trace.feedback
+    return RunPage(
+        run=run,
+        content_html=render_answer(run.content or ""),
+        feedback=feedback,
+        feedback_tone="good" if feedback is not None and feedback.rating == FeedbackRating.UP else "bad",
+        answer_blocked=run.release_decision == ReleaseDecision.BLOCKED,
+        step_count=trace.summary.returned.steps,
+        tool_count=trace.summary.returned.tools,
+        verdict=build_verdict(trace),
+        timing=build_timing(run),
+        ledger=build_ledger(trace),
+        self_evaluation=build_self_evaluation(run),
+        timeline=timeline,
+        waterfall=build_waterfall(trace),
+        tools=build_tools(trace),
+        audit=build_audit(trace),
+        phase_counts=sorted(counts.items(), key=lambda item: PHASE_ORDER.get(item[0], len(PHASE_ORDER))),
+        created_at=format_instant(origin),
+        reviews=list(reversed(trace.reviews)),
+    )

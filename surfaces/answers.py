@@ -1,0 +1,169 @@
+"""A released answer as safe HTML: the one place where answer text (Markdown written by a model) becomes
+markup, for the chat page (the `outcome` frame's `contentHtml`), the admin run page and the runbook view.
+
+`render_answer(content) -> str` (a `SafeString`: templates print it as is; JSON encodes it as a string):
+
+1. **Parse** with markdown-it-py, CommonMark plus tables, `html` off (a `<script>` or `<img onerror>` the
+   model writes stays text and is shown escaped), linkify off (bare URLs stay text). markdown-it's own
+   link validation already refuses `javascript:`, `vbscript:`, `file:` and `data:` link targets.
+2. **Citations.** A core rule after `text_join` turns every bracket of evidence ids in *text* tokens —
+   `[kb:slug#n]`, or several ids separated by `,` or `;` as the evidence guard accepts them — into
+   `<a class="citation" href="/knowledge/<slug>/?chunk=<n>#chunk-<n>">kb:slug#n</a>` (the runbook view,
+   `knowledge-document`, with the cited chunk highlighted). A metric citation `[prom:<hex>]` (a
+   Prometheus query result, which has no page of its own) becomes a labelled chip that is not a link:
+   `<code class="citation citation-metric">prom:<hex></code>`; kb and prom ids may share a bracket.
+   Ids are matched by `agent.knowledge.retrieval.EVIDENCE_ID_RE` and
+   `agent.aiops.prometheus.EVIDENCE_ID_RE`, the id patterns' one home each; a bracket holding
+   anything else stays text. Code spans and code blocks are not text tokens, so a citation written
+   inside them stays literal; text inside a link is left alone (no link inside a link).
+3. **Sanitize** the HTML with nh3 (ammonia) against an allowlist: the tags Markdown produces
+   (`ALLOWED_TAGS`), `a[href, class]` and `code[class]` only, URL schemes `http`/`https` plus relative
+   URLs, every link `rel="noopener noreferrer"`. Whatever slipped through the parser is dropped here.
+
+Renders are cached (`functools.lru_cache`, `CACHE_SIZE` entries): every follower of a run gets the same
+outcome, and the admin page is reloaded. The citation URLs are built with `reverse`, so the cache
+assumes one URL prefix per process (true for this deployment: no per-request `SCRIPT_NAME`).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import nh3
+from django.urls import reverse
+from django.utils.safestring import SafeString, mark_safe
+from markdown_it import MarkdownIt
+from markdown_it.rules_core import StateCore
+from markdown_it.token import Token
+
+from agent.aiops.prometheus import EVIDENCE_ID_RE as METRIC_ID_RE
+from agent.knowledge.retrieval import EVIDENCE_ID_RE
+
+CACHE_SIZE = 512
+CITATION_CLASS = "citation"
+METRIC_CITATION_CLASS = "citation citation-metric"
+
+ALLOWED_TAGS = frozenset(
+    {
+        "p",
+        "ul",
+        "ol",
+        "li",
+        "code",
+        "pre",
+        "strong",
+        "em",
+        "a",
+        "blockquote",
+        "h1",
+        "h2",
+        "h3",
+        "h4",
+        "table",
+        "thead",
+        "tbody",
+        "tr",
+        "th",
+        "td",
+        "br",
+        "hr",
+    }
+)
+ALLOWED_ATTRIBUTES = {"a": {"href", "class"}, "code": {"class"}}
+URL_SCHEMES = frozenset({"http", "https"})
+LINK_REL = "noopener noreferrer"
+
+# A bracket of evidence ids: `[` id (`,`|`;` id)* `]`, the ids being EVIDENCE_ID_RE's or METRIC_ID_RE's
+# (composed from their patterns, not restated).
+_ID = rf"(?:{EVIDENCE_ID_RE.pattern})|(?:{METRIC_ID_RE.pattern})"
+_ID_RE = re.compile(_ID)
+_BRACKET_RE = re.compile(rf"\[\s*(?:{_ID})(?:\s*[,;]\s*(?:{_ID}))*\s*\]")
+
+
+def chunk_url(*, slug: str, ordinal: int | str) -> str:
+    """The runbook view of document `slug` with chunk `ordinal` highlighted and scrolled to."""
+    return f"{reverse('knowledge-document', kwargs={'slug': slug})}?chunk={ordinal}#chunk-{ordinal}"
+
+
+def _text_token(content: str) -> Token:
+    token = Token("text", "", 0)
+    token.content = content
+    return token
+
+
+def _citation_tokens(text: str) -> list[Token] | None:
+    """`text` as text and citation-link tokens, or None when it holds no citation bracket."""
+    out: list[Token] = []
+    position = 0
+    for bracket in _BRACKET_RE.finditer(text):
+        if bracket.start() > position:
+            out.append(_text_token(text[position : bracket.start()]))
+        inner_start = bracket.start() + 1
+        inner = text[inner_start : bracket.end() - 1]
+        cursor = 0
+        for evidence in _ID_RE.finditer(inner):
+            separator = inner[cursor : evidence.start()].strip()
+            if separator:  # `,` or `;` between two ids, kept as the model wrote it
+                out.append(_text_token(separator + " "))
+            runbook = EVIDENCE_ID_RE.fullmatch(evidence[0])
+            if runbook is not None:
+                link = Token("link_open", "a", 1)
+                link.attrs = {"class": CITATION_CLASS, "href": chunk_url(slug=runbook[1], ordinal=runbook[2])}
+                out.extend([link, _text_token(evidence[0]), Token("link_close", "a", -1)])
+            else:  # a metric result: a chip, not a link (markdown-it escapes the content)
+                chip = Token("code_inline", "code", 0)
+                chip.attrs = {"class": METRIC_CITATION_CLASS}
+                chip.content = evidence[0]
+                out.append(chip)
+            cursor = evidence.end()
+        position = bracket.end()
+    if not out:
+        return None
+    if position < len(text):
+        out.append(_text_token(text[position:]))
+    return out
+
+
+def _link_citations(state: StateCore) -> None:
+    """Core rule: citation brackets in inline text tokens (outside links) become citation links."""
+    for block in state.tokens:
+        if block.type != "inline" or not block.children:
+            continue
+        children: list[Token] = []
+        in_link = 0
+        for token in block.children:
+            if token.type == "link_open":
+                in_link += 1
+            elif token.type == "link_close":
+                in_link -= 1
+            replaced = _citation_tokens(token.content) if token.type == "text" and not in_link else None
+            children.extend(replaced if replaced is not None else [token])
+        block.children = children
+
+
+def _parser() -> MarkdownIt:
+    md = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False}).enable("table")
+    md.core.ruler.after("text_join", "citations", _link_citations)
+    return md
+
+
+_MARKDOWN = _parser()
+
+
+@functools.lru_cache(maxsize=CACHE_SIZE)
+def render_answer(content: str) -> SafeString:
+    """`content` (Markdown) as sanitized HTML with citation links; "" for empty content."""
+    if not content:
+        return mark_safe("")
+    html = _MARKDOWN.render(content)
+    clean = nh3.clean(
+        html,
+        tags=set(ALLOWED_TAGS),
+        attributes={tag: set(names) for tag, names in ALLOWED_ATTRIBUTES.items()},
+        url_schemes=set(URL_SCHEMES),
+        link_rel=LINK_REL,
+        strip_comments=True,
+    ).strip()
+    # Safe by construction: markdown-it with raw HTML off, then nh3 with the allowlist above.
+    return mark_safe(clean)  # noqa: S308

@@ -1,0 +1,299 @@
+"""Session, run-list and feedback endpoints (API contract, *Trace*).
+
+`GET /api/diagnosis/sessions/`, `GET /api/diagnosis/{sessionId}/runs/` and
+`POST /api/diagnosis/{sessionId}/runs/{runId}/feedback`, and the approvals of tool calls that require a
+person: `GET /api/diagnosis/approvals/` and `POST /api/diagnosis/{sessionId}/runs/{runId}/approvals/
+{toolCallId}` (over `agent.runtime.approvals`). Thin views over `diagnosis.selectors` (reads)
+and `diagnosis.services` (writes). The chat stream and cancel endpoints live in `surfaces.chat`.
+"""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers, status
+from rest_framework.exceptions import APIException, NotFound, PermissionDenied
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from agent.runtime import approvals
+from audit.serializers import RunCostSerializer, RunIdentitySerializer
+from core.api import cursor_response, cursor_serializer, error_responses
+from diagnosis import selectors, services
+from diagnosis.models import FeedbackRating, Intent, ReleaseDecision, RunStatus
+
+NOT_FOUND_SESSION = "No such session."
+NOT_FOUND_RUN = "No such session or run."
+
+
+class SessionSerializer(serializers.Serializer):
+    sessionId = serializers.CharField(source="session_id")
+    title = serializers.CharField()
+    owner = serializers.CharField(source="owner.get_username", help_text="The owner's username.")
+    createdAt = serializers.DateTimeField(source="created_at")
+    updatedAt = serializers.DateTimeField(source="updated_at")
+    runCount = serializers.IntegerField(source="run_count")
+    lastRunAt = serializers.DateTimeField(source="last_run_at", allow_null=True)
+
+    class Meta:
+        ref_name = "Session"
+
+
+class RunSummarySerializer(RunIdentitySerializer):
+    createdAt = serializers.DateTimeField(source="created_at")
+    startedAt = serializers.DateTimeField(source="started_at", allow_null=True)
+    finishedAt = serializers.DateTimeField(source="finished_at", allow_null=True)
+    totalDurationMs = serializers.IntegerField(source="total_duration_ms", allow_null=True)
+    tokensTotal = serializers.IntegerField(source="tokens_total")
+    cost = RunCostSerializer(source="*")
+    auditWriteFailures = serializers.IntegerField(source="audit_write_failures")
+
+    class Meta:
+        ref_name = "RunSummary"
+
+
+class SessionListApi(APIView):
+    """The sessions the user may see (own sessions; staff: all), newest first by creation, cursor
+    paginated (`?cursor=` from `next`/`previous`, optional `?pageSize=` ≤ 100; no count). `runCount` and
+    `lastRunAt` are the session's stored facts. 401 anonymous; 404 an invalid cursor."""
+
+    @extend_schema(
+        operation_id="sessions_list",
+        summary="Sessions visible to the user",
+        parameters=[
+            OpenApiParameter("cursor", str, OpenApiParameter.QUERY, required=False),
+            OpenApiParameter("pageSize", int, OpenApiParameter.QUERY, required=False),
+        ],
+        responses={200: cursor_serializer(SessionSerializer, "Session"), **error_responses(401, 404)},
+        tags=["trace"],
+    )
+    def get(self, request):
+        return cursor_response(
+            serializer_class=SessionSerializer,
+            queryset=selectors.session_list(user=request.user),
+            request=request,
+            view=self,
+        )
+
+
+class RunListApi(APIView):
+    """A session's runs, newest first, cursor paginated (`?cursor=`, optional `?pageSize=` ≤ 100; no
+    count), filterable by `status`, `releaseDecision`, `intent`, `createdAfter` (inclusive) and
+    `createdBefore` (exclusive), ISO 8601 times. 401 anonymous; 400 an invalid filter value; 404 the
+    session is absent or not visible (same body), or an invalid cursor."""
+
+    class FilterSerializer(serializers.Serializer):
+        status = serializers.ChoiceField(choices=RunStatus.values, required=False)
+        releaseDecision = serializers.ChoiceField(choices=ReleaseDecision.values, required=False)
+        intent = serializers.ChoiceField(choices=Intent.values, required=False)
+        createdAfter = serializers.DateTimeField(required=False)
+        createdBefore = serializers.DateTimeField(required=False)
+
+        def validate(self, attrs):
+            after, before = attrs.get("createdAfter"), attrs.get("createdBefore")
+            if after and before and after > before:
+                raise serializers.ValidationError({"createdAfter": "must not be later than createdBefore"})
+            return attrs
+
+    @extend_schema(
+        operation_id="runs_list",
+        summary="Runs of a session",
+        parameters=[
+            OpenApiParameter("sessionId", str, OpenApiParameter.PATH),
+            FilterSerializer,
+            OpenApiParameter("cursor", str, OpenApiParameter.QUERY, required=False),
+            OpenApiParameter("pageSize", int, OpenApiParameter.QUERY, required=False),
+        ],
+        responses={
+            200: cursor_serializer(RunSummarySerializer, "RunSummary"),
+            **error_responses(400, 401, 404),
+        },
+        tags=["trace"],
+    )
+    def get(self, request, sessionId):
+        filters = self.FilterSerializer(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        session = selectors.get_visible_session(user=request.user, session_id=sessionId)
+        if session is None:
+            raise NotFound(NOT_FOUND_SESSION)
+        data = filters.validated_data
+        runs = selectors.run_list(
+            session=session,
+            filters=selectors.RunFilters(
+                status=data.get("status"),
+                release_decision=data.get("releaseDecision"),
+                intent=data.get("intent"),
+                created_after=data.get("createdAfter"),
+                created_before=data.get("createdBefore"),
+            ),
+        )
+        return cursor_response(
+            serializer_class=RunSummarySerializer, queryset=runs, request=request, view=self
+        )
+
+
+class RunFeedbackApi(APIView):
+    """The user's verdict on a run they may see: `{"rating": "up" | "down", "comment"?: str ≤ 2000}` → 201.
+    One feedback per user and run; a second submission replaces the first. 401 anonymous; 403 a
+    session-authenticated request without a valid CSRF token; 400 invalid body; 404 the session or run is
+    absent or not visible (same body)."""
+
+    class InputSerializer(serializers.Serializer):
+        rating = serializers.ChoiceField(choices=FeedbackRating.values)
+        comment = serializers.CharField(
+            max_length=services.FEEDBACK_COMMENT_CHARS, required=False, allow_blank=True, default=""
+        )
+
+        class Meta:
+            ref_name = "FeedbackInput"
+
+    class OutputSerializer(serializers.Serializer):
+        runId = serializers.CharField(source="run_id")
+        rating = serializers.ChoiceField(choices=FeedbackRating.values)
+        comment = serializers.CharField()
+        createdAt = serializers.DateTimeField(source="created_at")
+
+        class Meta:
+            ref_name = "FeedbackCreated"
+
+    @extend_schema(
+        operation_id="run_feedback",
+        summary="Give feedback on a run",
+        parameters=[
+            OpenApiParameter("sessionId", str, OpenApiParameter.PATH),
+            OpenApiParameter("runId", str, OpenApiParameter.PATH),
+        ],
+        request=InputSerializer,
+        responses={201: OutputSerializer, **error_responses(400, 401, 403, 404)},
+        tags=["trace"],
+    )
+    def post(self, request, sessionId, runId):
+        body = self.InputSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        run = selectors.get_visible_run(user=request.user, session_id=sessionId, run_id=runId)
+        if run is None:
+            raise NotFound(NOT_FOUND_RUN)
+        feedback = services.submit_feedback(run=run, user=request.user, **body.validated_data)
+        return Response(self.OutputSerializer(feedback).data, status=status.HTTP_201_CREATED)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Approvals of tool calls that require a person (docs/aiops.md, *Approvals*)
+# ---------------------------------------------------------------------------------------------------
+class ApprovalError(APIException):
+    """A refused decision in the contract's error shape, with the decision service's status and code."""
+
+    def __init__(self, exc: approvals.ApprovalError) -> None:
+        self.status_code = exc.status
+        super().__init__(detail=str(exc), code=exc.code)
+
+
+class WaitingApprovalSerializer(serializers.Serializer):
+    runId = serializers.CharField(source="run_id")
+    sessionId = serializers.CharField(source="session_id")
+    toolCallId = serializers.CharField(source="tool_call_id")
+    toolName = serializers.CharField(source="tool_name")
+    arguments = serializers.JSONField(help_text="The call's effective input as recorded (bounded).")
+    argumentsDigest = serializers.CharField(
+        source="arguments_digest",
+        help_text="sha256 of the arguments' canonical JSON: send it back to decide.",
+    )
+    requester = serializers.CharField(help_text="The run's requester (its session's owner).")
+    requestedAt = serializers.DateTimeField(source="requested_at")
+    expiresAt = serializers.DateTimeField(source="expires_at")
+
+    class Meta:
+        ref_name = "WaitingApproval"
+
+
+class ApprovalListApi(APIView):
+    """The tool calls waiting for a decision in runs the user may see, oldest first (at most 100), for
+    users with `diagnosis.approve_tool_call`. 401 anonymous; 403 without the permission."""
+
+    class OutputSerializer(serializers.Serializer):
+        approvals = WaitingApprovalSerializer(many=True)
+
+        class Meta:
+            ref_name = "WaitingApprovals"
+
+    @extend_schema(
+        operation_id="approvals_list",
+        summary="Tool calls waiting for approval",
+        responses={200: OutputSerializer, **error_responses(401, 403)},
+        tags=["trace"],
+    )
+    def get(self, request):
+        if not approvals.may_approve(request.user):
+            raise PermissionDenied("You may not decide tool calls (diagnosis.approve_tool_call).")
+        waiting = approvals.waiting_approvals(user=request.user)
+        return Response(self.OutputSerializer({"approvals": waiting}).data)
+
+
+class ApprovalDecisionApi(APIView):
+    """Decide a tool call that waits for approval: `{"decision": "approve" | "reject", "note"?: str ≤ 1000,
+    "argumentsDigest"?: str}` → 200 with the recorded decision (APPROVAL_DECIDED); approving resumes the
+    run (a queue worker executes the call under the same id). `argumentsDigest` is the digest of the
+    arguments the decider saw (as listed); when given it must be the recorded one.
+
+    401 anonymous; 403 without `diagnosis.approve_tool_call` (`permission_denied`), or approving one's own
+    run's request unless `APPROVAL_ALLOW_SELF` (`self_approval`), or a session-authenticated request
+    without a valid CSRF token; 400 invalid body; 404 the session, run or call is absent or not visible
+    (same body); 409 a call whose deadline (`expiresAt`) has passed (`expired`: the decision is not
+    taken and the call's expiry is recorded instead, as the sweeper would have, if it was not already),
+    a call that is not waiting — decided already, cancelled, or its run not interrupted (`not_waiting`)
+    — or arguments that changed (`arguments_changed`); 503 the decision could not be recorded (nothing
+    changed)."""
+
+    class InputSerializer(serializers.Serializer):
+        decision = serializers.ChoiceField(choices=sorted(approvals.DECISIONS))
+        note = serializers.CharField(
+            max_length=approvals.NOTE_CHARS, required=False, allow_blank=True, default=""
+        )
+        argumentsDigest = serializers.RegexField(r"^[0-9a-f]{64}\Z", required=False)
+
+        class Meta:
+            ref_name = "ApprovalDecisionInput"
+
+    class OutputSerializer(serializers.Serializer):
+        runId = serializers.CharField(source="run_id")
+        toolCallId = serializers.CharField(source="tool_call_id")
+        decision = serializers.ChoiceField(choices=[approvals.APPROVED, approvals.REJECTED])
+        decidedBy = serializers.CharField(source="decided_by")
+        argumentsDigest = serializers.CharField(source="arguments_digest")
+        sequenceNo = serializers.IntegerField(source="sequence_no", help_text="APPROVAL_DECIDED's sequence.")
+
+        class Meta:
+            ref_name = "ApprovalDecided"
+
+    @extend_schema(
+        operation_id="run_approval_decide",
+        summary="Approve or reject a tool call that waits for approval",
+        parameters=[
+            OpenApiParameter("sessionId", str, OpenApiParameter.PATH),
+            OpenApiParameter("runId", str, OpenApiParameter.PATH),
+            OpenApiParameter("toolCallId", str, OpenApiParameter.PATH),
+        ],
+        request=InputSerializer,
+        responses={200: OutputSerializer, **error_responses(400, 401, 403, 404, 409, 503)},
+        tags=["trace"],
+    )
+    def post(self, request, sessionId, runId, toolCallId):
+        body = self.InputSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        run = selectors.get_visible_run(user=request.user, session_id=sessionId, run_id=runId)
+        if run is None:
+            raise NotFound(NOT_FOUND_RUN)
+        try:
+            decided = approvals.decide(
+                run=run,
+                tool_call_id=toolCallId,
+                decision=approvals.DECISIONS[body.validated_data["decision"]],
+                user=request.user,
+                note=body.validated_data["note"],
+                arguments_digest_seen=body.validated_data.get("argumentsDigest"),
+            )
+        except approvals.ApprovalError as exc:
+            if exc.decided is not None:  # refused as expired, and the expiry recorded: say so live
+                approvals.publish_decision(exc.decided)
+            raise ApprovalError(exc) from None
+        approvals.publish_decision(decided)
+        return Response(self.OutputSerializer(decided).data)

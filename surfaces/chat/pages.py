@@ -1,0 +1,107 @@
+"""The front door (`/`), the chat page (`/chat/`), a run-id link into the admin's run page, and the
+read-only runbook view that citation links open (`/knowledge/<slug>/`).
+
+The chat page is a plain Django template (`templates/chat.html`) and one static script
+(`surfaces/static/surfaces/chat.js`, no build step, no CDN) that speaks the SSE chat API of
+`surfaces.chat.sse` with the session cookie and the CSRF token: it shows the run's progress stages
+as they happen (with elapsed time), an unverified draft when the server streams drafts, each tool
+call's status, the release decision and the outcome (its `contentHtml`, rendered by
+`surfaces.answers.render_answer`), cancels, and reattaches with `after=<last id>` when the connection
+drops.
+"""
+
+from __future__ import annotations
+
+from django.contrib.admin.views.decorators import staff_member_required
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.views import redirect_to_login
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.csrf import ensure_csrf_cookie
+from django.views.decorators.http import require_GET
+
+from agent.knowledge.selectors import get_runbook
+from agent.runtime.approvals import may_approve
+from diagnosis.models import DiagnosisRun
+from diagnosis.services import QUERY_MAX_CHARS
+from surfaces.answers import render_answer
+from surfaces.chat.service import max_active_runs
+
+
+@require_GET
+def front_door(request: HttpRequest) -> HttpResponse:
+    """`GET /`: the chat for a signed-in user, else the login page that leads back to it."""
+    chat = reverse("chat")
+    if request.user.is_authenticated:
+        return redirect(chat)
+    return redirect_to_login(chat)
+
+
+@require_GET
+@login_required
+@ensure_csrf_cookie
+def chat_page(request: HttpRequest) -> HttpResponse:
+    """`GET /chat/`: ask a question and watch the run (login required)."""
+    return render(
+        request,
+        "chat.html",
+        {
+            "query_max_chars": QUERY_MAX_CHARS,
+            "max_active_runs": max_active_runs(),
+            "show_admin_links": request.user.is_staff,
+            # The waiting approvals panel (surfaces/static/surfaces/approvals.js) for approvers.
+            "can_approve": may_approve(request.user),
+        },
+    )
+
+
+@require_GET
+@staff_member_required
+def run_admin_redirect(request: HttpRequest, run_id: str) -> HttpResponse:
+    """`GET /chat/runs/<runId>/admin/`: redirect to the run's page in the admin (staff only)."""
+    pk = DiagnosisRun.objects.filter(run_id=run_id).values_list("pk", flat=True).first()
+    if pk is None:
+        raise Http404("No such run.")
+    return redirect(reverse("admin:diagnosis_diagnosisrun_change", args=[pk]))
+
+
+@require_GET
+@login_required
+def knowledge_document(request: HttpRequest, slug: str) -> HttpResponse:
+    """`GET /knowledge/<slug>/[?chunk=N]`: a runbook read-only, its chunks in order, each anchored
+    `chunk-<n>`; chunk N (the one a citation `[kb:<slug>#N]` names) is highlighted on the server, so the
+    link works without JavaScript.
+
+    Any signed-in user may read it: the runbooks are the evidence every answer is checked against, and a
+    chat user must be able to check a citation in one click. Anonymous: the login page. An unknown
+    document, or a `chunk` that is not one of its ordinals: 404.
+    """
+    runbook = get_runbook(slug=slug)
+    if runbook is None:
+        raise Http404("No such runbook.")
+    cited: int | None = None
+    wanted = request.GET.get("chunk")
+    if wanted is not None:
+        ordinals = {chunk.ordinal for chunk in runbook.chunks}
+        if not (wanted.isascii() and wanted.isdigit()) or int(wanted) not in ordinals:
+            raise Http404("No such chunk.")
+        cited = int(wanted)
+    chunks = []
+    previous_heading = None
+    for chunk in runbook.chunks:
+        chunks.append(
+            {
+                "ordinal": chunk.ordinal,
+                "evidence_id": chunk.evidence_id,
+                "heading": chunk.heading if chunk.heading != previous_heading else "",
+                "html": render_answer(chunk.text),
+                "cited": chunk.ordinal == cited,
+            }
+        )
+        previous_heading = chunk.heading
+    return render(
+        request,
+        "knowledge_document.html",
+        {"document": runbook.document, "chunks": chunks, "cited": cited},
+    )

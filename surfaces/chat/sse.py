@@ -1,0 +1,132 @@
+"""Chat over Server-Sent Events, and cancel: three async Django views (one per operation).
+
+* `POST /api/chat` — body `{"query": str (1..8000), "sessionId"?: str}` → `text/event-stream`: starts a
+  run in this process and streams it like an attach from 0 (`run` first, `outcome` last).
+* `GET /api/diagnosis/{sessionId}/runs/{runId}/events?after=N` → `text/event-stream`: the run's frames
+  with timeline sequence > N from the database, then live until the outcome. A browser `EventSource`
+  that reconnects sends `Last-Event-ID`, which counts like `after` (the larger wins).
+* `POST /api/diagnosis/{sessionId}/runs/{runId}/cancel` → 202 `{"runId", "status"}` (the status when the
+  cancel was requested; cancelling a finished run changes nothing and answers its final status).
+
+Streams: `event:` is the frame type, `data:` one line of JSON with the contract's keys, `id:` the
+timeline `sequenceNo` on frames that map to a timeline event (`run`, `tool`, `outcome`), a `retry:`
+hint first and a `: keep-alive` comment every `CHAT_SSE_HEARTBEAT_SECONDS` (default 15) so proxies keep
+idle streams open. Closing the stream stops following, never the run.
+
+Authentication as for the REST API: `Authorization: Token <key>` (DRF token; the session is then not
+consulted) or the session cookie, in which case unsafe methods need the CSRF token
+(`X-CSRFToken` header), as DRF's session authentication requires. Errors before a stream starts are
+JSON in the contract's shape (`core.api.json_error`): 400 `invalid_request`, 401
+`not_authenticated`/`authentication_failed`, 403 `permission_denied` (CSRF), 404 `not_found` (also for
+runs the user may not see), 405, 429 `too_many_active_runs` or `throttled` (more chats started than
+`CHAT_THROTTLE_RATE` allows; `Retry-After` header, see `surfaces.chat.throttle`). Authentication is
+`surfaces.chat.auth`, the rest the chat service (`surfaces.chat.service`) shared with the WebSocket;
+the frames and their encoding are `surfaces.chat.protocol`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import wraps
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from agent.runtime.live import RunFollower
+from core.api import json_error
+from surfaces.chat import service
+from surfaces.chat.auth import authenticate_http
+from surfaces.chat.protocol import SSE_KEEP_ALIVE, SSE_RETRY, ChatRefused, sse_message
+
+MAX_BODY_BYTES = 64 * 1024
+
+
+def heartbeat_seconds() -> float:
+    """Seconds between SSE keep-alive comments (`CHAT_SSE_HEARTBEAT_SECONDS`, default 15)."""
+    return float(getattr(settings, "CHAT_SSE_HEARTBEAT_SECONDS", 15.0))
+
+
+def _refused(refused: ChatRefused) -> JsonResponse:
+    response = json_error(refused.status, refused.message, refused.code)
+    if refused.retry_after:
+        response["Retry-After"] = str(refused.retry_after)
+    return response
+
+
+def chat_view(*methods: str):
+    """An async chat view: other methods answer 405 with `Allow`; then DRF's authentication
+    (`chat.auth.authenticate_http`); the view gets the user, and a `ChatRefused` it raises becomes the
+    contract's JSON error. CSRF is DRF's session check, not Django's middleware (token requests need none)."""
+
+    def decorate(view: Callable[..., Awaitable[HttpResponse]]):
+        @csrf_exempt
+        @wraps(view)
+        async def wrapped(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+            if request.method not in methods:
+                response = json_error(405)
+                response["Allow"] = methods[0]
+                return response
+            user, failure = await authenticate_http(request)
+            if failure is not None:
+                return failure
+            try:
+                return await view(request, user, *args, **kwargs)
+            except ChatRefused as refused:
+                return _refused(refused)
+
+        return wrapped
+
+    return decorate
+
+
+async def _sse(follower: RunFollower) -> AsyncIterator[bytes]:
+    try:
+        yield SSE_RETRY
+        async for event in follower.frames():
+            yield SSE_KEEP_ALIVE if event is None else sse_message(event)
+    finally:
+        await follower.__aexit__(None, None, None)
+
+
+def _stream(follower: RunFollower) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(_sse(follower), content_type="text/event-stream; charset=utf-8")
+    response["Cache-Control"] = "no-cache, no-store"
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
+@chat_view("POST")
+async def chat_stream(request: HttpRequest, user) -> HttpResponse:
+    """`POST /api/chat`: start a run and stream it (see the module docstring)."""
+    if len(request.body) > MAX_BODY_BYTES:
+        return json_error(413, f"The body must be at most {MAX_BODY_BYTES} bytes.")
+    try:
+        body = json.loads(request.body or b"null")
+    except ValueError:
+        return json_error(400, "The body must be a JSON object.")
+    if not isinstance(body, dict):
+        return json_error(400, "The body must be a JSON object.")
+    follower = await service.open_chat(
+        user=user, query=body.get("query"), session_id=body.get("sessionId"), heartbeat=heartbeat_seconds()
+    )
+    return _stream(follower)
+
+
+@chat_view("GET", "HEAD")
+async def run_events(request: HttpRequest, user, sessionId: str, runId: str) -> HttpResponse:
+    """`GET /api/diagnosis/{sessionId}/runs/{runId}/events?after=N`: replay, then follow live."""
+    after = service.validate_after(request.GET.get("after"))
+    last_event_id = request.META.get("HTTP_LAST_EVENT_ID")
+    if last_event_id:
+        after = max(after, service.validate_after(last_event_id.strip()))
+    run = await service.find_run(user=user, session_id=sessionId, run_id=runId)
+    return _stream(await service.open_stream(run.run_id, after=after, heartbeat=heartbeat_seconds()))
+
+
+@chat_view("POST")
+async def cancel_run(request: HttpRequest, user, sessionId: str, runId: str) -> HttpResponse:
+    """`POST /api/diagnosis/{sessionId}/runs/{runId}/cancel` → 202 `{"runId", "status"}`."""
+    run_id, status = await service.cancel_run(user=user, session_id=sessionId, run_id=runId)
+    return JsonResponse({"runId": run_id, "status": status}, status=202)

@@ -1,0 +1,77 @@
+"""`GET /healthz`: the readiness probe for the proxy and the process manager. No authentication, no data.
+
+The answer names only components and `up`/`down`:
+
+    {"status": "up", "database": "up", "redis": "up", "duties": {"runs:sweeper": "up", ...}}
+
+* `database`: a `SELECT 1` on the runtime's database pool (`agent.runtime.db.db`, the threads runs
+  write through) within `HEALTH_TIMEOUT_SECONDS`;
+* `redis` (only when `REDIS_URL` is set): a `PING` within the same time;
+* `duties`: each background duty of this process, by task name (`agent.runtime.supervisor.duty_status`);
+  the probe never starts them itself, so `{}` means this process has not started its duties.
+
+200 when everything is up, 503 otherwise (`status: down`). Exempt from the HTTPS redirect
+(`SECURE_REDIRECT_EXEMPT`), so it can be asked on a daphne port; `Cache-Control: no-store`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from django.conf import settings
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.http import require_safe
+
+from agent.runtime.db import db
+from agent.runtime.supervisor import duty_status
+
+HEALTH_TIMEOUT_SECONDS = 3.0
+UP, DOWN = "up", "down"
+
+
+def _select_one() -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        cursor.fetchone()
+
+
+async def _database_up() -> bool:
+    try:
+        await asyncio.wait_for(db(_select_one), HEALTH_TIMEOUT_SECONDS)
+    except Exception:
+        return False
+    return True
+
+
+async def _redis_up(url: str) -> bool:
+    from redis.asyncio import Redis
+
+    timeout = HEALTH_TIMEOUT_SECONDS
+    client = Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+    try:
+        return bool(await asyncio.wait_for(client.ping(), HEALTH_TIMEOUT_SECONDS))
+    except Exception:
+        return False
+    finally:
+        await client.aclose()
+
+
+@require_safe
+async def healthz(request: HttpRequest) -> JsonResponse:
+    """The readiness answer above; see the module docstring for its contract."""
+    checks = [_database_up()]
+    redis_url = getattr(settings, "REDIS_URL", "")
+    if redis_url:
+        checks.append(_redis_up(redis_url))
+    results = await asyncio.gather(*checks)
+    body: dict = {"database": UP if results[0] else DOWN}
+    if redis_url:
+        body["redis"] = UP if results[1] else DOWN
+    duties = duty_status()
+    body["duties"] = {name: UP if alive else DOWN for name, alive in sorted(duties.items())}
+    healthy = all(results) and bool(duties) and all(duties.values())
+    response = JsonResponse({"status": UP if healthy else DOWN, **body}, status=200 if healthy else 503)
+    response["Cache-Control"] = "no-store"
+    return response
