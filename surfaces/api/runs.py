@@ -16,6 +16,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from agent.runtime import approvals
+from audit.apis import Conflict
+from audit.feedback import RunNotFinished, record_feedback
 from audit.serializers import RunCostSerializer, RunIdentitySerializer
 from core.api import cursor_response, cursor_serializer, error_responses
 from diagnosis import selectors, services
@@ -133,9 +135,10 @@ class RunListApi(APIView):
 
 class RunFeedbackApi(APIView):
     """The user's verdict on a run they may see: `{"rating": "up" | "down", "comment"?: str ≤ 2000}` → 201.
-    One feedback per user and run; a second submission replaces the first. 401 anonymous; 403 a
+    One feedback per user and run; a second submission replaces the first, and each one is chained into
+    the run's record as `FEEDBACK_RECORDED` (`audit.feedback`). 401 anonymous; 403 a
     session-authenticated request without a valid CSRF token; 400 invalid body; 404 the session or run is
-    absent or not visible (same body)."""
+    absent or not visible (same body); 409 the run has not finished yet."""
 
     class InputSerializer(serializers.Serializer):
         rating = serializers.ChoiceField(choices=FeedbackRating.values)
@@ -163,7 +166,7 @@ class RunFeedbackApi(APIView):
             OpenApiParameter("runId", str, OpenApiParameter.PATH),
         ],
         request=InputSerializer,
-        responses={201: OutputSerializer, **error_responses(400, 401, 403, 404)},
+        responses={201: OutputSerializer, **error_responses(400, 401, 403, 404, 409)},
         tags=["trace"],
     )
     def post(self, request, sessionId, runId):
@@ -172,7 +175,10 @@ class RunFeedbackApi(APIView):
         run = selectors.get_visible_run(user=request.user, session_id=sessionId, run_id=runId)
         if run is None:
             raise NotFound(NOT_FOUND_RUN)
-        feedback = services.submit_feedback(run=run, user=request.user, **body.validated_data)
+        try:
+            feedback = record_feedback(run=run, user=request.user, **body.validated_data)
+        except RunNotFinished as exc:
+            raise Conflict("The run has not finished; feedback is given on a finished run.") from exc
         return Response(self.OutputSerializer(feedback).data, status=status.HTTP_201_CREATED)
 
 
