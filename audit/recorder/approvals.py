@@ -58,12 +58,10 @@ class ApprovalRecords:
         decisions are held to. The same refusals as `tool_started` apply
         (undeclared id, a repeat). Returns the sequence of APPROVAL_REQUESTED, or None when the write
         failed (then no request exists: the caller must not wait for one)."""
-        effective_input = bound_json(input_params, max_string=INPUT_STRING_CHARS)
-        input_key = canonical_json(effective_input)
         with self._lock:
-            self._refuse_start(tool_call_id, tool_name, input_key)
-            agent_name, step_index = self._declared[tool_call_id]
-            provider_id = self._provider_ids.get(tool_call_id, tool_call_id)
+            effective_input, input_key, agent_name, step_index, provider_id = self._starting(
+                tool_call_id, tool_name, input_params
+            )
             now = timezone.now()
             state = _ToolState(
                 name=tool_name,

@@ -144,6 +144,19 @@ class ToolLifecycle:
             ),
         )  # fmt: skip
 
+    def _starting(
+        self, tool_call_id: str, tool_name: str, input_params: dict[str, Any]
+    ) -> tuple[Any, str, str, int, str]:
+        """What every start of a new call begins with (under the recorder's lock): its effective input as
+        recorded (bounded) and the key its facts are compared on, the refusals (`_refuse_start`), then
+        its declaring step (agent name, step index) and the provider's id of the call."""
+        effective_input = bound_json(input_params, max_string=INPUT_STRING_CHARS)
+        input_key = canonical_json(effective_input)
+        self._refuse_start(tool_call_id, tool_name, input_key)
+        agent_name, step_index = self._declared[tool_call_id]
+        provider_id = self._provider_ids.get(tool_call_id, tool_call_id)
+        return effective_input, input_key, agent_name, step_index, provider_id
+
     def _refuse_start(self, tool_call_id: str, tool_name: str, input_key: str) -> None:
         """The refusals every start shares: a repeat (same facts: ToolCallRepeated, nothing written;
         other facts: ToolLifecycleConflict, a CONFLICT event) and an id no recorded step declared
@@ -185,12 +198,10 @@ class ToolLifecycle:
         name or input (recorded as a CONFLICT event), ToolCallRepeated when it was started with the same
         facts (nothing is written; the caller must not execute the tool again).
         """
-        effective_input = bound_json(input_params, max_string=INPUT_STRING_CHARS)
-        input_key = canonical_json(effective_input)
         with self._lock:
-            self._refuse_start(tool_call_id, tool_name, input_key)
-            agent_name, step_index = self._declared[tool_call_id]
-            provider_id = self._provider_ids.get(tool_call_id, tool_call_id)
+            effective_input, input_key, agent_name, step_index, provider_id = self._starting(
+                tool_call_id, tool_name, input_params
+            )
             now = timezone.now()
             state = _ToolState(
                 name=tool_name,
