@@ -56,22 +56,40 @@ class RunSummarySerializer(RunIdentitySerializer):
 class SessionListApi(APIView):
     """The sessions the user may see (own sessions; staff: all), newest first by creation, cursor
     paginated (`?cursor=` from `next`/`previous`, optional `?pageSize=` ≤ 100; no count). `runCount` and
-    `lastRunAt` are the session's stored facts. 401 anonymous; 404 an invalid cursor."""
+    `lastRunAt` are the session's stored facts. `?mine=true`: only the user's own (the chat's list of
+    conversations); `?q=`: only sessions whose title or any question contains the text. 401 anonymous;
+    400 an invalid filter; 404 an invalid cursor."""
+
+    class FilterSerializer(serializers.Serializer):
+        mine = serializers.BooleanField(required=False, default=False, help_text="Only your own sessions.")
+        q = serializers.CharField(
+            required=False,
+            allow_blank=True,
+            max_length=selectors.SESSION_SEARCH_CHARS,
+            help_text="Text in the session's title or any of its questions (case-insensitive).",
+        )
 
     @extend_schema(
         operation_id="sessions_list",
         summary="Sessions visible to the user",
         parameters=[
+            FilterSerializer,
             OpenApiParameter("cursor", str, OpenApiParameter.QUERY, required=False),
             OpenApiParameter("pageSize", int, OpenApiParameter.QUERY, required=False),
         ],
-        responses={200: cursor_serializer(SessionSerializer, "Session"), **error_responses(401, 404)},
+        responses={200: cursor_serializer(SessionSerializer, "Session"), **error_responses(400, 401, 404)},
         tags=["trace"],
     )
     def get(self, request):
+        filters = self.FilterSerializer(data=request.query_params)
+        filters.is_valid(raise_exception=True)
         return cursor_response(
             serializer_class=SessionSerializer,
-            queryset=selectors.session_list(user=request.user),
+            queryset=selectors.session_list(
+                user=request.user,
+                mine=filters.validated_data["mine"],
+                text=filters.validated_data.get("q", ""),
+            ),
             request=request,
             view=self,
         )

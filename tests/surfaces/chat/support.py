@@ -31,6 +31,8 @@ from tests.fakes.openai_server import (
 )
 
 BASE_DIR = Path(settings.BASE_DIR)
+# The password of the users the browser tests sign in with (hashed for the daphne subprocess).
+PASSWORD = "pw-staff-1"
 ARTIFACTS = BASE_DIR / "test-artifacts"
 ROUTER_MODEL = "router-m"
 AGENT_MODEL = "agent-m"

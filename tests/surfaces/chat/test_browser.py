@@ -11,58 +11,17 @@ Screenshots go to `test-artifacts/`.
 from __future__ import annotations
 
 import re
-from io import StringIO
 from urllib.parse import urlsplit
 
 import pytest
-from django.contrib.auth.hashers import PBKDF2PasswordHasher
-from django.contrib.auth.models import Group
-from django.core.management import call_command
 
 from audit.models import ToolInvocation, ToolStatus
-from audit.signals import STAFF_VIEWERS_GROUP
 from diagnosis.models import DiagnosisRun, RunStatus
 from surfaces.answers import render_answer
-from tests.browser import launch_chromium, requires_chromium
-from tests.surfaces.chat.support import ARTIFACTS, DaphneServer, DroppingProxy, wait_for
+from tests.browser import requires_chromium
+from tests.surfaces.chat.support import ARTIFACTS, PASSWORD, wait_for
 
 pytestmark = [pytest.mark.browser, requires_chromium, pytest.mark.django_db(transaction=True)]
-
-PASSWORD = "pw-staff-1"
-TIMEOUT_MS = 20_000
-
-
-@pytest.fixture
-def site(provider, staff_user):
-    # The daphne subprocess knows only the production hashers (the suite's MD5 is for this process).
-    staff_user.password = PBKDF2PasswordHasher().encode(PASSWORD, "browser-salt", iterations=1000)
-    staff_user.save(update_fields=["password"])
-    staff_user.groups.add(Group.objects.get(name=STAFF_VIEWERS_GROUP))  # the console's read access
-    call_command("load_knowledge", "runbooks", stdout=StringIO())
-    server = DaphneServer(
-        env={**provider.env(provider.base_url), "RUN_SWEEP_INTERVAL_SECONDS": "0"},
-        app="tests.surfaces.chat.asgi:application",
-        name="browser",
-    ).start()
-    proxy = DroppingProxy(server.port).start()
-    yield proxy
-    proxy.stop()
-    server.stop()
-
-
-@pytest.fixture
-def page(site, monkeypatch):
-    sync_api = pytest.importorskip("playwright.sync_api")
-    # Playwright's sync API keeps an event loop on this thread; the test's own ORM reads are sequential.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    with sync_api.sync_playwright() as playwright:
-        browser = launch_chromium(playwright)
-        context = browser.new_context(viewport={"width": 1100, "height": 900})
-        page = context.new_page()
-        page.set_default_timeout(TIMEOUT_MS)
-        yield page
-        context.close()
-        browser.close()
 
 
 def _ask(page, text: str):
