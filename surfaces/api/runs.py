@@ -9,7 +9,7 @@ and `diagnosis.services` (writes). The chat stream and cancel endpoints live in 
 
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.exceptions import APIException, NotFound, PermissionDenied
 from rest_framework.response import Response
@@ -18,8 +18,8 @@ from rest_framework.views import APIView
 from agent.runtime import approvals
 from audit.apis import Conflict
 from audit.feedback import RunNotFinished, record_feedback
-from audit.serializers import RunCostSerializer, RunIdentitySerializer
-from core.api import cursor_response, cursor_serializer, error_responses
+from audit.serializers import FeedbackSerializer, RunCostSerializer, RunIdentitySerializer
+from core.api import NewestFirstCursorPagination, cursor_response, cursor_serializer, error_responses
 from diagnosis import selectors, services
 from diagnosis.models import FeedbackRating, Intent, ReleaseDecision, RunStatus
 
@@ -48,9 +48,15 @@ class RunSummarySerializer(RunIdentitySerializer):
     tokensTotal = serializers.IntegerField(source="tokens_total")
     cost = RunCostSerializer(source="*")
     auditWriteFailures = serializers.IntegerField(source="audit_write_failures")
+    feedback = serializers.SerializerMethodField(help_text="The viewer's own feedback on the run, or null.")
 
     class Meta:
         ref_name = "RunSummary"
+
+    @extend_schema_field(FeedbackSerializer(allow_null=True))
+    def get_feedback(self, run):
+        view = self.context.get("feedback", {}).get(run.run_id)
+        return FeedbackSerializer(view).data if view is not None else None
 
 
 class SessionListApi(APIView):
@@ -146,8 +152,12 @@ class RunListApi(APIView):
                 created_before=data.get("createdBefore"),
             ),
         )
-        return cursor_response(
-            serializer_class=RunSummarySerializer, queryset=runs, request=request, view=self
+        # One page of runs, then the viewer's feedback on them in one query (the chat shows it on replay).
+        paginator = NewestFirstCursorPagination()
+        page = paginator.paginate_queryset(runs, request, view=self)
+        votes = selectors.feedback_of(run_ids=[run.run_id for run in page], user=request.user)
+        return paginator.get_paginated_response(
+            RunSummarySerializer(page, many=True, context={"feedback": votes}).data
         )
 
 

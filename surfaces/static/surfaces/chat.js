@@ -16,6 +16,10 @@
  * conversations (`GET /api/diagnosis/sessions/?mine=true&q=…`, newest first, cursor pages), searchable
  * by the text of their questions.
  *
+ * Feedback: each finished answer carries 👍/👎 and an optional comment, sent to
+ * `POST …/runs/{runId}/feedback` (one vote per reader, changeable: each one is chained into the run's
+ * record); a replayed answer shows the reader's vote as the run list gives it (`feedback`).
+ *
  * Text the model writes is set with textContent (drafts, a plain outcome). The one exception is the
  * outcome's `contentHtml`: the released answer as the server rendered and sanitized it
  * (`surfaces.answers.render_answer`, an allowlist of tags and attributes), set with innerHTML; the CSP
@@ -91,10 +95,12 @@
       blockedNote: node.querySelector(".blocked-note"),
       content: node.querySelector(".content"),
       error: node.querySelector(".error"),
+      feedback: node.querySelector(".feedback"),
       runId: null, sessionId: null, lastId: 0, finished: false, reconnects: 0, toolItems: {},
       startedAt: now(), seen: {}
     };
     turn.cancel.addEventListener("click", function () { cancelRun(turn); });
+    wireFeedback(turn);
     node.scrollIntoView({block: "end"});
     if (replayed) {
       // Replayed from the server: its stages arrive at once, so no timing is shown for them.
@@ -349,6 +355,7 @@
       clearDraft(turn);
       showContent(turn, data);
       turn.node.dataset.finished = "true";
+      show(turn.feedback, Boolean(turn.runId));
     }
   };
 
@@ -479,6 +486,53 @@
   }
 
   // ------------------------------------------------------------------------------------------------
+  // Feedback on an answer
+  // ------------------------------------------------------------------------------------------------
+  function showVote(turn, feedback) {
+    var rating = feedback ? feedback.rating : "";
+    turn.feedback.querySelectorAll(".vote").forEach(function (button) {
+      button.setAttribute("aria-pressed", String(button.dataset.rating === rating));
+    });
+    turn.node.dataset.feedback = rating;
+    var comment = turn.feedback.querySelector(".feedback-comment");
+    if (feedback && feedback.comment) { comment.value = feedback.comment; }
+    comment.placeholder = rating === "down" ? "What was wrong? (optional)" : "Anything to add? (optional)";
+    show(turn.feedback.querySelector(".feedback-comment-label"), Boolean(rating));
+    show(turn.feedback.querySelector(".feedback-send"), Boolean(rating));
+  }
+
+  async function sendFeedback(turn, rating) {
+    var state = turn.feedback.querySelector(".feedback-state");
+    var comment = turn.feedback.querySelector(".feedback-comment").value;
+    state.textContent = "Sending…";
+    var response = await fetch(runUrl(turn, "/feedback"), {
+      method: "POST",
+      headers: {"Content-Type": "application/json", "Accept": "application/json", "X-CSRFToken": csrf},
+      credentials: "same-origin",
+      body: JSON.stringify({rating: rating, comment: comment})
+    });
+    if (!response.ok) {
+      var err = await errorOf(response);
+      state.textContent = "Not recorded: " + err.message;
+      return;
+    }
+    var saved = await response.json();
+    showVote(turn, saved);
+    state.textContent = "Thanks: recorded.";
+  }
+
+  function wireFeedback(turn) {
+    turn.feedback.querySelectorAll(".vote").forEach(function (button) {
+      button.addEventListener("click", function () { sendFeedback(turn, button.dataset.rating); });
+    });
+    turn.feedback.addEventListener("submit", function (event) {
+      event.preventDefault();
+      if (turn.node.dataset.feedback) { sendFeedback(turn, turn.node.dataset.feedback); }
+    });
+    showVote(turn, null);
+  }
+
+  // ------------------------------------------------------------------------------------------------
   // Conversations: the open one in the address, replayed from the server; the sidebar
   // ------------------------------------------------------------------------------------------------
   function conversationHref(id) { return "?session=" + encodeURIComponent(id); }
@@ -513,6 +567,7 @@
       show(turn.adminLink, true);
     }
     setStatus(turn, run.status);
+    if (run.feedback) { showVote(turn, run.feedback); }
     return follow(turn, function () {
       return fetch(runUrl(turn, "/events?after=0"), {
         headers: {"Accept": "text/event-stream"}, credentials: "same-origin"

@@ -1,8 +1,9 @@
 """Conversations that persist, in headless Chromium against a daphne subprocess: the open conversation is
 in the address, a reload replays it from the server (each question, its stages and its released answer),
 a run still running at the reload is re-attached and finishes on the page, the sidebar lists the user's
-own conversations newest first and searches them by the text of their questions, and "New conversation"
-starts an empty page while the old one stays one click away."""
+own conversations newest first and searches them by the text of their questions, "New conversation"
+starts an empty page while the old one stays one click away, and each answer takes the reader's 👍/👎 and
+comment, changeable, chained into the run's record and shown again after a reload."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 
+from audit.models import EventType, TraceEvent
 from diagnosis import services
-from diagnosis.models import DiagnosisRun, RunStatus
+from diagnosis.models import DiagnosisRun, RunFeedback, RunStatus
 from tests.browser import requires_chromium
 from tests.surfaces.chat.support import ARTIFACTS, PASSWORD, wait_for
 from tests.surfaces.chat.test_browser import _ask, _assert_shows_released
@@ -121,3 +123,38 @@ def test_a_run_still_running_at_the_reload_is_reattached_and_finishes(page, site
 def _production_hash_for_the_other_user(user):
     user.password = PBKDF2PasswordHasher().encode(PASSWORD, "browser-salt", iterations=1000)
     user.save(update_fields=["password"])
+
+
+def test_feedback_on_an_answer_is_recorded_chained_changeable_and_kept_across_a_reload(
+    page, site, provider, staff_user
+):
+    _login(page, site, staff_user)
+    provider.delay = 0.02
+    turn = _ask(page, "MySQL replication lag keeps growing on db-3. What to check?")
+    wait_for(lambda: turn.get_attribute("data-finished") == "true", 20, message="the outcome")
+    run_id = turn.get_attribute("data-run-id")
+    feedback = turn.locator(".feedback")
+    assert feedback.is_visible() and turn.locator(".feedback-comment").is_hidden()
+
+    # 👎, then a comment: one vote, its comment, both chained.
+    feedback.locator(".vote[data-rating=down]").click()
+    wait_for(
+        lambda: RunFeedback.objects.filter(run_id=run_id, rating="down").exists(), 10, message="the vote"
+    )
+    assert feedback.locator(".vote[data-rating=down]").get_attribute("aria-pressed") == "true"
+    turn.locator(".feedback-comment").fill("It missed the relay log check")
+    feedback.locator(".feedback-send").click()
+    wait_for(lambda: RunFeedback.objects.get(run_id=run_id).comment == "It missed the relay log check", 10)
+    feedback.locator(".feedback-state").filter(has_text="recorded").wait_for()
+
+    # After a reload the vote is shown; the reader changes their mind.
+    page.reload()
+    replayed = page.locator(f".turn[data-run-id='{run_id}']")
+    wait_for(lambda: replayed.get_attribute("data-finished") == "true", 20, message="the replay")
+    assert replayed.get_attribute("data-feedback") == "down"
+    assert replayed.locator(".feedback-comment").input_value() == "It missed the relay log check"
+    replayed.locator(".vote[data-rating=up]").click()
+    wait_for(lambda: RunFeedback.objects.get(run_id=run_id).rating == "up", 10, message="the changed vote")
+    votes = TraceEvent.objects.filter(run_id=run_id, event_type=EventType.FEEDBACK_RECORDED)
+    assert [e.details["rating"] for e in votes.order_by("sequence_no")] == ["down", "down", "up"]
+    assert DiagnosisRun.objects.get(run_id=run_id).downvoted is False
