@@ -84,7 +84,7 @@
     var turn = {
       node: node,
       status: node.querySelector(".status"),
-      release: node.querySelector(".release"),
+      demo: node.querySelector(".demo"),
       runIdLabel: node.querySelector(".run-id"),
       adminLink: node.querySelector(".admin-link"),
       cancel: node.querySelector(".cancel"),
@@ -114,9 +114,15 @@
     return turn;
   }
 
-  function setStatus(turn, status) {
-    turn.status.textContent = status.toLowerCase();
-    turn.status.className = "status badge status-" + status.toLowerCase();
+  // One status per answer, in words a person reads correctly (never SUCCESS beside BLOCKED).
+  var STATUS_WORDS = {PENDING: "waiting to start", RUNNING: "working", INTERRUPTED: "waiting for approval",
+    SUCCESS: "answered", FAILED: "failed", CANCELLED: "cancelled", REFUSED: "refused", UNKNOWN: "connection lost"};
+
+  function setStatus(turn, status, release) {
+    var blocked = status === "SUCCESS" && release === "BLOCKED";
+    var key = blocked ? "blocked" : status.toLowerCase();
+    turn.status.textContent = blocked ? "blocked" : (STATUS_WORDS[status] || key);
+    turn.status.className = "status badge status-" + key;
     turn.node.dataset.status = status;
   }
 
@@ -320,6 +326,10 @@
       turn.runId = data.runId;
       turn.sessionId = data.sessionId;
       openConversation(data.sessionId);
+      if (data.demo) {
+        show(turn.demo, true);
+        turn.node.dataset.demo = "true";
+      }
       turn.node.dataset.runId = data.runId;
       turn.runIdLabel.textContent = data.runId;
       if (adminUrl) {
@@ -341,13 +351,9 @@
       if (turn.finished) { return; }
       turn.finished = true;
       stopTicking(turn);
-      setStatus(turn, data.status);
+      setStatus(turn, data.status, data.releaseDecision);
       show(turn.cancel, false);
-      if (data.releaseDecision) {
-        turn.release.textContent = data.releaseDecision.toLowerCase();
-        turn.release.className = "release badge release-" + data.releaseDecision.toLowerCase();
-        turn.node.dataset.release = data.releaseDecision;
-      }
+      if (data.releaseDecision) { turn.node.dataset.release = data.releaseDecision; }
       var blocked = data.releaseDecision === "BLOCKED";
       turn.node.classList.toggle("blocked", blocked);
       show(turn.blockedNote, blocked);
@@ -654,7 +660,14 @@
   form.addEventListener("submit", function (event) {
     event.preventDefault();
     var text = query.value;
-    if (!text.trim()) { return; }
+    var note = document.getElementById("composer-note");
+    if (!text.trim()) {
+      note.textContent = "Type a question first: it is empty.";
+      show(note, true);
+      query.focus();
+      return;
+    }
+    show(note, false);
     query.value = "";
     updateCounter();
     ask(text);

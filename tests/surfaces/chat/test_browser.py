@@ -60,7 +60,9 @@ def test_staff_chat_end_to_end(page, site, provider, staff_user):
     run = DiagnosisRun.objects.get(run_id=run_id)
     assert run.status == RunStatus.SUCCESS and run.release_decision == "PUBLISHED"
     assert turn.get_attribute("data-status") == "SUCCESS"
-    assert turn.locator(".release").inner_text().lower() == "published"
+    assert turn.locator(".status").inner_text().lower() == "answered"
+    assert turn.get_attribute("data-release") == "PUBLISHED"
+    assert turn.locator(".demo").is_hidden()  # a real provider's answer carries no DEMO label
     _assert_shows_released(turn, run)
     tools = turn.locator(".tool")
     assert tools.count() == ToolInvocation.objects.filter(run_id=run_id).count() >= 1
@@ -96,7 +98,8 @@ def test_staff_chat_end_to_end(page, site, provider, staff_user):
     wait_for(lambda: turn.get_attribute("data-finished") == "true", 20, message="the blocked outcome")
     run = DiagnosisRun.objects.get(run_id=turn.get_attribute("data-run-id"))
     assert run.release_decision == "BLOCKED"
-    assert turn.locator(".release").inner_text().lower() == "blocked"
+    assert turn.locator(".status").inner_text().lower() == "blocked"
+    assert turn.get_attribute("data-release") == "BLOCKED"
     assert turn.locator(".blocked-note").is_visible()
     assert "blocked" in (turn.get_attribute("class") or "")
     _assert_shows_released(turn, run)

@@ -39,6 +39,11 @@ def test_a_conversation_survives_a_reload_and_the_sidebar_finds_it(page, site, p
     # Somebody else's conversation never shows in this user's sidebar, even for staff.
     services.create_session(owner=user, title="Someone else's disk question")
     _login(page, site, staff_user)
+    # An empty question is not sent, and the page says why.
+    page.fill("#query", "   \n  ")
+    page.click("#ask")
+    page.locator("#composer-note").filter(has_text="empty").wait_for()
+    assert page.locator(".turn").count() == 0
 
     provider.delay = 0.02
     asked = []

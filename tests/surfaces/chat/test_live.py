@@ -127,7 +127,12 @@ def test_replay_maps_the_timeline_to_contract_frames(user):
         ws_frame(replay.frames[9])["verdict"] == "PASS"
         and ws_frame(replay.frames[10])["verdict"] == "PUBLISHED"
     )
-    assert ws_frame(replay.frames[0]) == {"type": "run", "sessionId": run.session_id, "runId": run.run_id}
+    assert ws_frame(replay.frames[0]) == {
+        "type": "run",
+        "sessionId": run.session_id,
+        "runId": run.run_id,
+        "demo": False,
+    }
     assert ws_frame(replay.frames[3]) == {
         "type": "tool",
         "runId": run.run_id,
