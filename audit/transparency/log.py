@@ -298,15 +298,16 @@ def _details(value):
 
 
 def _sign(head: LogHead, now: dt.datetime) -> Checkpoint:
+    """A C2SP checkpoint of the head, signed as a signed note by the newest key under the origin's name
+    (`audit.transparency.note.NoteBody`); it names the previous checkpoint's hash, whatever its format."""
     key = keys.current_key()
     previous = Checkpoint.objects.order_by("-tree_size").values_list("checkpoint_hash", flat=True).first()
-    body = note.Body(
+    body = note.NoteBody(
         origin=settings.AUDIT_LOG_ORIGIN,
         tree_size=head.tree_size,
         root_hash=head.root_hash,
         signed_at=timestamp(now),
         previous=previous or "",
-        key_id=key.key_id,
     )
     text = body.text()
     return Checkpoint.objects.create(
@@ -314,9 +315,9 @@ def _sign(head: LogHead, now: dt.datetime) -> Checkpoint:
         root_hash=body.root_hash,
         signed_at=now,
         previous_hash=body.previous,
-        key_id=key.key_id,
+        key_id=note.note_key_id(body.origin, key.public),
         body=text,
-        signature=note.sign(text, key.private),
+        signature=note.sign_note(body, key.private),
         checkpoint_hash=note.body_hash(text),
     )
 

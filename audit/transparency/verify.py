@@ -89,27 +89,35 @@ def read_witness(path: str) -> list[WitnessEntry]:
 # Checkpoints
 # --------------------------------------------------------------------------------------------------
 def check_checkpoint(cp: Checkpoint, known: dict[str, Any]) -> list[str]:
-    """The problems of one stored checkpoint on its own (body, columns, key, signature)."""
+    """The problems of one stored checkpoint on its own (body, columns, key, signature), in either
+    format (`audit.transparency.note.parse_any`)."""
     where = f"checkpoint tree_size={cp.tree_size}"
     try:
-        body = note.parse_body(cp.body)
+        body = note.parse_any(cp.body)
     except note.NoteError as exc:
         return [f"{where}: {exc}"]
     problems = []
+    signer = note.signer_key_id(body, cp.signature)
     columns = (cp.tree_size, cp.root_hash, cp.previous_hash, cp.key_id, timestamp(cp.signed_at))
-    if columns != (body.tree_size, body.root_hash, body.previous, body.key_id, body.signed_at):
+    if columns != (body.tree_size, body.root_hash, body.previous, signer, body.signed_at):
         problems.append(f"{where}: stored columns differ from its signed body")
     if note.body_hash(cp.body) != cp.checkpoint_hash:
         problems.append(f"{where}: stored hash is not the hash of its body")
-    public = known.get(body.key_id)
-    if public is None:
-        problems.append(f"{where}: signed by unknown key {body.key_id}")
-    else:
-        try:
-            note.verify(cp.body, cp.signature, public)
-        except note.NoteError as exc:
-            problems.append(f"{where}: {exc} (key {body.key_id})")
+    problems.extend(f"{where}{p}" for p in _signature_problems(cp.body, body, cp.signature, known))
     return problems
+
+
+def _signature_problems(text: str, body, signature: str, known: dict[str, Any]) -> list[str]:
+    """Problems (each starting with ": " or " (…)") of a checkpoint's signature by a known key."""
+    signer = note.signer_key_id(body, signature)
+    public = note.find_signer(body, signature, list(known.values()))
+    if public is None:
+        return [f": signed by unknown key {signer or '?'}"]
+    try:
+        note.verify_checkpoint(text, body, signature, public)
+    except note.NoteError as exc:
+        return [f": {exc} (key {signer})"]
+    return []
 
 
 def _witness_problems(entries: Sequence[WitnessEntry], known: dict[str, Any]) -> tuple[list[str], list]:
@@ -117,18 +125,13 @@ def _witness_problems(entries: Sequence[WitnessEntry], known: dict[str, Any]) ->
     for entry in entries:
         where = f"witness line {entry.line}"
         try:
-            body = note.parse_body(entry.body)
+            body = note.parse_any(entry.body)
         except note.NoteError as exc:
             problems.append(f"{where}: {exc}")
             continue
-        public = known.get(body.key_id)
-        if public is None:
-            problems.append(f"{where} (tree_size={body.tree_size}): signed by unknown key {body.key_id}")
-            continue
-        try:
-            note.verify(entry.body, entry.signature, public)
-        except note.NoteError as exc:
-            problems.append(f"{where} (tree_size={body.tree_size}): {exc}")
+        found = _signature_problems(entry.body, body, entry.signature, known)
+        if found:
+            problems.extend(f"{where} (tree_size={body.tree_size}){p}" for p in found)
             continue
         bodies.append((entry, body))
     return problems, bodies
