@@ -8,8 +8,15 @@ this project, served over HTTP on 127.0.0.1 with its own state file (no Go toolc
 litewitness: see that module)."""
 
 import base64
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
 
 from audit.models import (
     Checkpoint,
@@ -23,7 +30,7 @@ from audit.models import (
 from audit.transparency import bundle, keys, log, merkle, note, signednote, store
 from audit.transparency.evidence import build_bundle
 from telemetry.metrics import witness_metrics
-from tests.audit.transparency.support import delete_run, finished_runs
+from tests.audit.transparency.support import delete_run, finished_runs, legacy_checkpoints
 from tests.witness_server import Witness, WitnessServer, verify_consistency
 
 pytestmark = pytest.mark.django_db
@@ -191,3 +198,101 @@ def test_a_split_view_is_refused_by_the_witness_and_fails_the_policy(user, witne
     assert not report.ok
     assert "witness.test/w1" in report.failures[-1] and "witness policy" in report.failures[-1]
     assert bundle.verify(honest_bundle, public, _policy(w)).ok
+    # Without a policy the rebuilt log verifies in itself: this is what witnesses are for.
+    call_command("verify_audit")
+    settings.AUDIT_WITNESS_POLICY = [w.vkey]
+    with pytest.raises(CommandError):
+        call_command("verify_audit")
+
+
+def _verify_audit(*args) -> tuple[bool, str]:
+    out = io.StringIO()
+    try:
+        call_command("verify_audit", *args, stdout=out)
+    except CommandError:
+        return False, out.getvalue()
+    return True, out.getvalue()
+
+
+def test_the_policy_is_n_of_m_in_verify_audit(user, witness, tmp_path, settings):
+    w, _ = witness
+    down = Witness("witness.test/w2", tmp_path / "w2.json", {})
+    third = Witness("witness.test/w3", tmp_path / "w3.json", {})
+    settings.AUDIT_WITNESSES = [*settings.AUDIT_WITNESSES, f"http://127.0.0.1:9 {down.vkey}"]
+    runs = finished_runs(user, 2)
+    cp = log.checkpoint().newest
+    ok, out = _verify_audit("--witness-key", w.vkey)
+    assert ok, out
+    assert "witness policy 1 of 1 witness(es) (witness.test/w1), 1 required" in out
+    ok, out = _verify_audit("--witness-key", w.vkey, "--witness-key", down.vkey, "--witness-quorum", "1")
+    assert ok, out
+    ok, out = _verify_audit("--witness-key", w.vkey, "--witness-key", down.vkey)  # all: 2 of 2
+    assert not ok
+    assert (
+        f"log INVALID checkpoint tree_size={cp.tree_size}: witness policy: cosigned by 1 of the 2 of 2 "
+        "witness(es) (witness.test/w1, witness.test/w2), 2 required "
+        "(no valid cosignature by witness.test/w2); "
+        f"witness.test/w2 last unreachable (HTTP 0) at size {cp.tree_size}: ConnectError"
+    ) in out
+    settings.AUDIT_WITNESS_POLICY = [w.vkey, down.vkey, third.vkey]
+    settings.AUDIT_WITNESS_QUORUM = 2
+    assert not _verify_audit()[0]
+    assert _verify_audit("--witness-quorum", "1")[0]
+    ok, out = _verify_audit("--run", runs[0].run_id)
+    assert not ok
+    assert f"run={runs[0].run_id} INVALID checkpoint tree_size={cp.tree_size}: witness policy" in out
+    # A stored cosignature that was changed fails its signature, policy or not.
+    settings.AUDIT_WITNESS_POLICY, settings.AUDIT_WITNESS_QUORUM = [], 0
+    cosig = CheckpointCosignature.objects.get()
+    raw = bytearray(base64.b64decode(cosig.signature))
+    raw[-1] ^= 1
+    CheckpointCosignature.objects.filter(pk=cosig.pk).update(signature=base64.b64encode(bytes(raw)).decode())
+    ok, out = _verify_audit()
+    assert not ok
+    assert "stored cosignature of witness.test/w1: cosignature by witness.test/w1 does not verify" in out
+
+
+def test_old_format_checkpoints_do_not_meet_a_policy_and_verify_without_one(user, witness, settings):
+    w, server = witness
+    settings.AUDIT_WITNESSES = []
+    finished_runs(user, 1)
+    log.checkpoint()
+    legacy_checkpoints()
+    assert _verify_audit()[0]
+    ok, out = _verify_audit("--witness-key", w.vkey)
+    assert not ok and "in the JSON format of before witnesses, without cosignatures" in out
+    # The next checkpoint is a note, submitted and cosigned: the policy holds again.
+    settings.AUDIT_WITNESSES = [f"{server.url} {w.vkey}"]
+    finished_runs(user, 1)
+    log.checkpoint()
+    ok, out = _verify_audit("--witness-key", w.vkey)
+    assert ok, out
+
+
+def test_the_offline_verifier_takes_the_policy(user, witness, tmp_path):
+    w, _ = witness
+    run = finished_runs(user, 1)[0]
+    log.checkpoint()
+    path = tmp_path / "evidence.json"
+    call_command("export_evidence", run.run_id, "--output", str(path), stderr=io.StringIO())
+    public = note.public_text(keys.current_key().public)
+    other = Witness("witness.test/w2", tmp_path / "w2.json", {})
+
+    def offline(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "audit.verify_bundle", str(path), "--public-key", public, *args],
+            capture_output=True,
+            text=True,
+            check=False,
+            env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(Path(__file__).parents[3])},
+        )
+
+    done = offline("--witness-key", w.vkey)
+    assert done.returncode == 0 and "OK witnesses: the checkpoint of tree size" in done.stdout, done.stdout
+    done = offline("--witness-key", w.vkey, "--witness-key", other.vkey)
+    assert done.returncode == 1
+    assert "FAIL anchor.checkpoint: witness policy: cosigned by 1 of the 2 of 2" in done.stdout
+    assert "NOT VERIFIED" in done.stdout
+    done = offline("--witness-key", w.vkey, "--witness-key", other.vkey, "--witness-quorum", "1")
+    assert done.returncode == 0, done.stdout
+    assert offline("--witness-key", "not-a-vkey").returncode == 2
