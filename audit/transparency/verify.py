@@ -40,7 +40,16 @@ from django.db.models import Q
 
 from audit.binding import GOVERNANCE_EVENTS
 from audit.integrity import timestamp
-from audit.models import Checkpoint, LogHead, LogLeaf, LogNode, RunTombstone, WitnessAttempt, WitnessOutcome
+from audit.models import (
+    Checkpoint,
+    CheckpointCosignature,
+    LogHead,
+    LogLeaf,
+    LogNode,
+    RunTombstone,
+    WitnessAttempt,
+    WitnessOutcome,
+)
 from audit.retention import chained_holds, chained_purges, tombstone_problems
 from audit.transparency import keys, leafdata, merkle, note, signednote, store
 from diagnosis.models import DiagnosisRun
@@ -155,12 +164,17 @@ def cosignature_lines(cp: Checkpoint) -> list[signednote.Signature]:
     return lines
 
 
-def check_cosignatures(cp: Checkpoint, witnesses: Sequence[signednote.Verifier]) -> list[str]:
-    """Every stored cosignature of `cp` by a known witness key verifies and its columns repeat it."""
+def check_cosignatures(
+    cp: Checkpoint, witnesses: Sequence[signednote.Verifier], rows: Iterable[Any] | None = None
+) -> list[str]:
+    """Every stored cosignature of `cp` (`rows`, default read from the database) by a known witness key
+    verifies and its columns repeat it."""
     where = f"checkpoint tree_size={cp.tree_size}"
     known = {(w.name, w.key_id.hex()): w for w in witnesses}
+    if not known:
+        return []
     problems = []
-    for c in cp.cosignatures.all():
+    for c in cp.cosignatures.all() if rows is None else rows:
         witness = known.get((c.witness, c.key_id))
         if witness is None:
             continue
@@ -307,9 +321,13 @@ def verify_log(
     targets: dict[int, list[tuple[str, str]]] = {}
     previous = ""
     cosigners = [*witnesses, *(policy.witnesses if policy else ())]
+    cosignatures: dict[int, list[CheckpointCosignature]] = {}
+    if cosigners:  # one query for all of them, and none without a witness key to check them with
+        for c in CheckpointCosignature.objects.order_by("id"):
+            cosignatures.setdefault(c.checkpoint_id, []).append(c)
     for cp in checkpoints:
         result.invalid.extend(check_checkpoint(cp, known))
-        result.invalid.extend(check_cosignatures(cp, cosigners))
+        result.invalid.extend(check_cosignatures(cp, cosigners, cosignatures.get(cp.pk, [])))
         if cp.previous_hash != previous:
             result.invalid.append(
                 f"checkpoint tree_size={cp.tree_size}: does not name the previous checkpoint"
