@@ -475,9 +475,13 @@ def serialize_trace(trace) -> dict:
 # --------------------------------------------------------------------------------------------------
 class SignedNoteSerializer(serializers.Serializer):
     body = serializers.CharField(
-        help_text="The exact signed text: canonical JSON of the checkpoint's fields."
+        help_text="The exact signed text: a C2SP tlog-checkpoint body (canonical JSON of the checkpoint's "
+        "fields for checkpoints signed before issue 35)."
     )
-    signature = serializers.CharField(help_text="Base64 Ed25519 signature of the body's UTF-8 bytes.")
+    signature = serializers.CharField(
+        help_text="Base64 of the signed-note signature (4-byte key id, Ed25519 signature of the body; the "
+        "line is '— <origin> <signature>'), or, for a JSON body, base64 of its Ed25519 signature."
+    )
 
     class Meta:
         ref_name = "SignedCheckpoint"
