@@ -111,6 +111,15 @@ def test_each_checkpoint_is_cosigned_stored_and_bundled(user, witness):
     assert _samples("diagnosis_audit_witness_last_cosigned_size") == {
         (("witness", "witness.test/w1"),): second.tree_size
     }
+    # An independent note parser (sigstore-python) reads the cosigned note: both signature lines.
+    from sigstore._internal.rekor.checkpoint import SignedCheckpoint
+
+    parsed = SignedCheckpoint.from_text(data["anchor"]["checkpoint"]["note"])
+    names = [(sig.name, sig.sig_hash) for sig in parsed.signed_note.signatures]
+    assert names == [
+        (note.parse_note_body(second.body).origin, bytes.fromhex(second.key_id)),
+        ("witness.test/w1", verifier.key_id),
+    ]
 
 
 def test_a_witness_that_is_down_is_recorded_alerted_and_retried(user, witness, settings):
