@@ -2,7 +2,8 @@
 
 `audit.E001` (an error, so `manage.py check --deploy`, `migrate` and `runserver` refuse to start): DEBUG is
 off and `AUDIT_SIGNING_KEYS` is empty. `audit.E002`: a configured signing key is not an Ed25519 key;
-`audit.E003`: an `AUDIT_VERIFY_KEYS` entry is not an Ed25519 public key. Messages never contain a key.
+`audit.E003`: an `AUDIT_VERIFY_KEYS` entry is not an Ed25519 public key; `audit.E004`: the witnesses, the
+witness policy or the origin cannot be used. Messages never contain a private key.
 """
 
 from django.conf import settings
@@ -54,4 +55,26 @@ def check_signing_keys(app_configs=None, **kwargs) -> list[Error]:
                     id="audit.E003",
                 )
             )
+    return errors
+
+
+@register(Tags.security)
+def check_witnesses(app_configs=None, **kwargs) -> list[Error]:
+    """`audit.E004`: `AUDIT_WITNESSES`, `AUDIT_WITNESS_POLICY` / `AUDIT_WITNESS_QUORUM` or the origin
+    cannot be used (a witness entry is not `<URL> <cosigner vkey>`, a policy key is not a cosigner vkey,
+    the quorum is out of range, the origin is not a signed-note key name)."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from audit.transparency import signednote, witnesses
+
+    errors = []
+    for read in (witnesses.configured, witnesses.policy):
+        try:
+            read()
+        except ImproperlyConfigured as exc:
+            errors.append(Error(str(exc), id="audit.E004"))
+    try:
+        signednote.check_name(getattr(settings, "AUDIT_LOG_ORIGIN", ""))
+    except signednote.SignedNoteError as exc:
+        errors.append(Error(f"AUDIT_LOG_ORIGIN: {exc}", id="audit.E004"))
     return errors

@@ -30,6 +30,7 @@ from audit import rowdigest
 from audit.models import (
     AgentStep,
     Checkpoint,
+    CheckpointCosignature,
     GovernanceEvent,
     LegalHold,
     LogHead,
@@ -40,6 +41,7 @@ from audit.models import (
     TailPending,
     ToolInvocation,
     TraceEvent,
+    WitnessAttempt,
 )
 from diagnosis.models import (
     AiOpsAlert,
@@ -312,6 +314,14 @@ NOT_AUDITED: dict[type[models.Model], str] = {
     ReasoningAccessLog: (
         "who read reasoning content (append-only by the application): an access log beside the record, "
         "bound by no chain yet"
+    ),
+    CheckpointCosignature: (
+        "witnesses' signatures over checkpoints, never trusted as stored: each is verified with the witness "
+        "policy's keys (AUDIT_WITNESS_POLICY, --witness-key), so a changed or forged one fails its "
+        "signature and a deleted one fails the quorum; each witness keeps its own record of what it cosigned"
+    ),
+    WitnessAttempt: (
+        "the outcomes of submissions to witnesses (alerting, /metrics): operational, evidence of nothing"
     ),
 }
 

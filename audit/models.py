@@ -397,6 +397,68 @@ class Checkpoint(models.Model):
         return f"checkpoint {self.tree_size}"
 
 
+class CheckpointCosignature(models.Model):
+    """A witness's cosignature of a checkpoint (`audit_checkpoint_cosignature`, C2SP tlog-cosignature
+    cosignature/v1), returned by its `add-checkpoint` (`audit.transparency.witnesses`): `signature` is the
+    base64 value of the note signature line `— <witness> <signature>` (4-byte key id, 8-byte timestamp,
+    Ed25519 signature over the checkpoint's body), `key_id` and `cosigned_at` repeat it. Never trusted as
+    stored: verified with the witness policy's keys (`verify_audit`, `verify_bundle`). Never updated."""
+
+    checkpoint = models.ForeignKey(Checkpoint, on_delete=models.PROTECT, related_name="cosignatures")
+    witness = models.CharField(max_length=200, help_text="The witness's key name.")
+    key_id = models.CharField(max_length=8)
+    cosigned_at = models.DateTimeField()
+    signature = models.CharField(max_length=200)
+    received_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "audit_checkpoint_cosignature"
+        ordering = ["checkpoint_id", "witness"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["checkpoint", "witness", "key_id"], name="one_cosignature_per_key"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"cosignature of checkpoint {self.checkpoint_id} by {self.witness}"
+
+
+class WitnessOutcome(models.TextChoices):
+    COSIGNED = "cosigned"
+    CONFLICT = "conflict"  # 409: the witness's size is not ours to prove from (it saw another history)
+    BAD_PROOF = "bad-proof"  # 422: the consistency proof (or same-size root) did not verify
+    UNKNOWN_LOG = "unknown-log"  # 404: the witness does not know our origin
+    FORBIDDEN = "forbidden"  # 403: no signature by a key the witness trusts for our origin
+    BAD_REQUEST = "bad-request"  # 400 and other 4xx
+    UNREACHABLE = "unreachable"  # connection refused, timeout, DNS
+    SERVER_ERROR = "server-error"  # 5xx
+    BAD_RESPONSE = "bad-response"  # 200 without a valid cosignature by the configured key
+
+
+class WitnessAttempt(models.Model):
+    """One submission of a checkpoint to a witness and its outcome (`audit_witness_attempt`): a refusal
+    or a failure is recorded, alerted on (`diagnosis_audit_witness_failures_total` on `/metrics`) and
+    retried by the next checkpoint run; never silently ignored. Operational: not part of the evidence."""
+
+    witness = models.CharField(max_length=200)
+    url = models.CharField(max_length=500)
+    tree_size = models.BigIntegerField()
+    old_size = models.BigIntegerField()
+    outcome = models.CharField(max_length=16, choices=WitnessOutcome.choices)
+    status = models.PositiveSmallIntegerField(default=0, help_text="The HTTP status (0: none).")
+    detail = models.CharField(max_length=500, blank=True, default="")
+    attempted_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        db_table = "audit_witness_attempt"
+        ordering = ["-attempted_at", "-id"]
+        indexes = [models.Index(fields=["witness", "outcome"], name="audit_witness_outcome")]
+
+    def __str__(self) -> str:
+        return f"{self.witness} {self.outcome} at size {self.tree_size}"
+
+
 # --------------------------------------------------------------------------------------------------
 # Retention: tombstones of purged runs and legal holds (audit/retention.py)
 # --------------------------------------------------------------------------------------------------

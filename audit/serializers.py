@@ -475,9 +475,13 @@ def serialize_trace(trace) -> dict:
 # --------------------------------------------------------------------------------------------------
 class SignedNoteSerializer(serializers.Serializer):
     body = serializers.CharField(
-        help_text="The exact signed text: canonical JSON of the checkpoint's fields."
+        help_text="The exact signed text: a C2SP tlog-checkpoint body (canonical JSON of the checkpoint's "
+        "fields for checkpoints signed before issue 35)."
     )
-    signature = serializers.CharField(help_text="Base64 Ed25519 signature of the body's UTF-8 bytes.")
+    signature = serializers.CharField(
+        help_text="Base64 of the signed-note signature (4-byte key id, Ed25519 signature of the body; the "
+        "line is '— <origin> <signature>'), or, for a JSON body, base64 of its Ed25519 signature."
+    )
 
     class Meta:
         ref_name = "SignedCheckpoint"
@@ -593,13 +597,29 @@ class EvidenceRowsSerializer(serializers.Serializer):
         ref_name = "EvidenceRows"
 
 
+class EvidenceCheckpointSerializer(serializers.Serializer):
+    """The anchor's checkpoint: `note` (checkpoints since issue 35), or `body` and `signature` (the JSON
+    checkpoints signed before)."""
+
+    note = serializers.CharField(
+        required=False,
+        help_text="The checkpoint as a C2SP signed note: its tlog-checkpoint body, a blank line, the log's "
+        "signature line and the stored witness cosignature/v1 lines.",
+    )
+    body = serializers.CharField(required=False, help_text="A JSON checkpoint's signed body (older ones).")
+    signature = serializers.CharField(required=False, help_text="A JSON checkpoint's base64 signature.")
+
+    class Meta:
+        ref_name = "EvidenceCheckpoint"
+
+
 class EvidenceAnchorSerializer(serializers.Serializer):
     leafIndex = serializers.IntegerField()
     leafData = serializers.CharField(help_text="The canonical JSON the leaf hash commits to.")
     leafHash = serializers.CharField()
     treeSize = serializers.IntegerField()
     inclusionProof = serializers.ListField(child=serializers.CharField(), help_text="Hex, RFC 9162 PATH.")
-    checkpoint = SignedNoteSerializer()
+    checkpoint = EvidenceCheckpointSerializer()
 
     class Meta:
         ref_name = "EvidenceAnchor"

@@ -1,15 +1,20 @@
 """`python -m audit.verify_bundle FILE --public-key KEY`: verify a run's evidence bundle offline.
 
 Needs only the standard library and `cryptography`: no Django, no settings, no database (this module
-and what it imports — `audit.transparency.bundle`, `merkle`, `note`, `leafdata`, `audit.bound`,
-`audit.integrity`, `audit.payloads` — import no Django). KEY is a trusted Ed25519 public key: its base64
-text (as `GET /api/audit/checkpoints/` and `manage.py audit_keys` publish it) or a file holding that text
-or a PEM public key; give `--public-key` once per key you trust (e.g. after a rotation).
+and what it imports — `audit.transparency.bundle`, `merkle`, `note`, `signednote`, `leafdata`,
+`audit.bound`, `audit.integrity`, `audit.payloads` — import no Django). KEY is a trusted Ed25519 public
+key: its base64 text (as `GET /api/audit/checkpoints/` and `manage.py audit_keys` publish it), its
+signed-note vkey (`<origin>+<key id>+<base64>`), or a file holding either or a PEM public key; give
+`--public-key` once per key you trust (e.g. after a rotation).
+
+Witness policy: `--witness-key VKEY` (repeatable; a witness's cosigner vkey, type 0x04) and
+`--witness-quorum N` (default: all): the checkpoint must carry valid C2SP cosignature/v1 lines of at least
+N of those witnesses, else the bundle is NOT VERIFIED and the missing witnesses are named.
 
 Prints what held (`OK …`), notes and every failure with where it is (`FAIL events[3] (sequence 4): …`),
 then `VERIFIED` or `NOT VERIFIED`. Exit status: 0 only when every digest, the chain, the leaf, the
-inclusion proof and the checkpoint's signature hold; 1 when any does not (or the run is not anchored);
-2 when the file or a key cannot be read.
+inclusion proof, the checkpoint's signature and the witness policy hold; 1 when any does not (or the
+run is not anchored); 2 when the file or a key cannot be read.
 """
 
 from __future__ import annotations
@@ -19,16 +24,31 @@ import json
 import sys
 from pathlib import Path
 
-from audit.transparency import bundle, note
+from audit.transparency import bundle, note, signednote
+
+
+def _read(value: str) -> str:
+    path = Path(value)
+    try:
+        return path.read_text(encoding="ascii").strip() if path.is_file() else value
+    except (OSError, UnicodeError) as exc:
+        raise note.NoteError(f"cannot read the key file {value}") from exc
 
 
 def _load_key(value: str):
-    path = Path(value)
+    text = _read(value)
     try:
-        text = path.read_text(encoding="ascii") if path.is_file() else value
-    except (OSError, UnicodeError) as exc:
-        raise note.NoteError(f"cannot read the key file {value}") from exc
-    return note.load_public(text)
+        return note.load_public(text)
+    except note.NoteError:
+        if text.count("+") < 2:  # not a signed-note vkey either
+            raise
+    try:
+        verifier = signednote.parse_vkey(text)
+    except signednote.SignedNoteError as exc:
+        raise note.NoteError(str(exc)) from exc
+    if verifier.key_type != signednote.ED25519:
+        raise note.NoteError("the log's vkey is an Ed25519 note key (type 0x01)")
+    return verifier.public
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,11 +63,33 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY",
         help="a trusted Ed25519 public key (base64 text, or a file with it or a PEM key); repeatable",
     )
+    parser.add_argument(
+        "--witness-key",
+        action="append",
+        default=[],
+        metavar="VKEY",
+        help="a witness's cosigner vkey (<name>+<key id>+<base64(0x04 || key)>, or a file with it); "
+        "repeatable: the bundle's checkpoint must carry valid cosignatures of --witness-quorum of them",
+    )
+    parser.add_argument(
+        "--witness-quorum",
+        type=int,
+        metavar="N",
+        help="how many of the --witness-key witnesses must have cosigned (default: all of them)",
+    )
     args = parser.parse_args(argv)
     try:
         keys = [_load_key(k) for k in args.public_key]
     except note.NoteError as exc:
         print(f"verify_bundle: bad --public-key: {exc}", file=sys.stderr)
+        return 2
+    try:
+        policy = signednote.make_policy([_read(k) for k in args.witness_key], args.witness_quorum)
+    except (note.NoteError, signednote.SignedNoteError) as exc:
+        print(f"verify_bundle: bad witness policy: {exc}", file=sys.stderr)
+        return 2
+    if policy is None and args.witness_quorum is not None:
+        print("verify_bundle: --witness-quorum needs --witness-key", file=sys.stderr)
         return 2
     try:
         raw = Path(args.file).read_bytes()
@@ -64,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"FAIL bundle: not JSON (line {exc.lineno} column {exc.colno}: {exc.msg})")
         print("NOT VERIFIED")
         return 1
-    report = bundle.verify(data, keys)
+    report = bundle.verify(data, keys, policy)
     for line in report.passed:
         print(f"OK {line}")
     for line in report.notes:

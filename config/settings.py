@@ -353,12 +353,22 @@ AUDIT_SIGNING_KEYS = env.list("AUDIT_SIGNING_KEYS", default=[])
 AUDIT_VERIFY_KEYS = env.list("AUDIT_VERIFY_KEYS", default=[])
 # Development only, like the reasoning key: generated once and reused; with DEBUG off audit.E001 stops.
 AUDIT_DEV_SIGNING_KEY_FILE = BASE_DIR / ".local" / "audit-signing.key" if DEBUG else None
-# The log's name in every checkpoint it signs.
+# The log's name in every checkpoint it signs: the C2SP checkpoint's origin line and the signing key's
+# name. Set it once, to a schema-less URL naming this deployment (e.g. audit.example.com/diagnosis), before
+# configuring witnesses: a witness knows a log by its origin, and changing it starts a new log for them.
 AUDIT_LOG_ORIGIN = env.str("AUDIT_LOG_ORIGIN", default="diagnosis-audit")
 # How often each server process appends finished runs and signs a checkpoint (0 = off).
 AUDIT_CHECKPOINT_INTERVAL_SECONDS = env.float("AUDIT_CHECKPOINT_INTERVAL_SECONDS", default=60.0)
 # Optional file every signed checkpoint is appended to (one JSON line each), for write-once storage.
 AUDIT_WITNESS_PATH = env.str("AUDIT_WITNESS_PATH", default="")
+# C2SP tlog-witness witnesses that cosign each new checkpoint: "<submission URL> <cosigner vkey>" entries,
+# comma-separated (audit/transparency/witnesses.py). Refusals are recorded and exported on /metrics.
+AUDIT_WITNESSES = env.list("AUDIT_WITNESSES", default=[])
+AUDIT_WITNESS_TIMEOUT_SECONDS = env.float("AUDIT_WITNESS_TIMEOUT_SECONDS", default=5.0)
+# The witness policy verify_audit holds the log to: cosigner vkeys, and how many of them must have cosigned
+# the checkpoint covering a run (0 = all). Empty: no policy (cosignatures are still verified when known).
+AUDIT_WITNESS_POLICY = env.list("AUDIT_WITNESS_POLICY", default=[])
+AUDIT_WITNESS_QUORUM = env.int("AUDIT_WITNESS_QUORUM", default=0)
 # Trace records are kept this many days (EU AI Act Art. 19 and 26(6): at least six months), then purged
 # to tombstones by `manage.py purge_audit`.
 AUDIT_RETENTION_DAYS = env.int("AUDIT_RETENTION_DAYS", default=183)

@@ -5,9 +5,10 @@ Two kinds, kept apart on purpose:
 * **Record metrics** (`RecordCollector`): values every process must report alike (runs by flow, status
   and release; run and release latency histograms; tokens by source and model; cost by source and
   model; audit write failures; fenced writes; tool calls by tool and status; swept runs; the OTLP
-  export backlog and lag; the age of the newest signed checkpoint). They are read at scrape time from
+  export backlog and lag; the age of the newest signed checkpoint; witness refusals and the newest size
+  each witness cosigned). They are read at scrape time from
   the database with a fixed number of aggregate queries (one GROUP BY or conditional aggregate each,
-  twelve in all, plus the price overrides) and reused for `METRICS_CACHE_SECONDS`, so any process
+  fourteen in all, plus the price overrides) and reused for `METRICS_CACHE_SECONDS`, so any process
   answers with the same numbers. They are gauges over a sliding window: the runs, steps and tool calls
   created in the last `METRICS_WINDOW_SECONDS` (default one hour, `diagnosis_metrics_window_seconds`),
   read through the `created_at` indexes, so a scrape reads the window's rows only and costs the same at
@@ -34,7 +35,7 @@ from django.db.models.fields.json import KT
 from django.db.models.functions import Cast
 from django.utils import timezone
 from prometheus_client import CollectorRegistry, Gauge, ProcessCollector
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 RUN_SECONDS_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
@@ -273,7 +274,41 @@ def record_metrics() -> list[Metric]:
                 value=max(0.0, (timezone.now() - newest).total_seconds()),
             )
         )
+    families.extend(witness_metrics())
     return families
+
+
+def witness_metrics() -> list[Metric]:
+    """The witnesses' outcomes (`audit.transparency.witnesses`): refusals and failures by witness and
+    reason since the start of the record (a counter: every attempt is a stored row), and the newest tree
+    size each witness cosigned. Two GROUP BY queries over their own small tables."""
+    from audit.models import CheckpointCosignature, WitnessAttempt, WitnessOutcome
+
+    failures = CounterMetricFamily(
+        "diagnosis_audit_witness_failures",
+        "Checkpoint submissions a witness refused or that failed, by witness and reason (alert on any "
+        "increase: a witness that refuses may have seen another history of the log).",
+        labels=["witness", "reason"],
+    )
+    for row in (
+        WitnessAttempt.objects.exclude(outcome=WitnessOutcome.COSIGNED)
+        .values("witness", "outcome")
+        .annotate(n=Count("id"))
+        .order_by("witness", "outcome")
+    ):
+        failures.add_metric([row["witness"], row["outcome"]], row["n"])
+    cosigned = GaugeMetricFamily(
+        "diagnosis_audit_witness_last_cosigned_size",
+        "The largest checkpoint tree size each witness cosigned (compare with the newest checkpoint's).",
+        labels=["witness"],
+    )
+    for row in (
+        CheckpointCosignature.objects.values("witness")
+        .annotate(size=Max("checkpoint__tree_size"))
+        .order_by("witness")
+    ):
+        cosigned.add_metric([row["witness"]], row["size"])
+    return [failures, cosigned]
 
 
 class RecordCollector(Collector):

@@ -12,7 +12,7 @@ A bundle (`diagnosis-audit-evidence/v1`, built by `audit.transparency.evidence`)
               "identity": {"start": {"digest", "form"} | null,    # who asked what (absent in older
                            "session": {"digest", "form"} | null}},  # bundles): run-start, session
      "anchor": {"leafIndex", "leafData", "leafHash", "treeSize", "inclusionProof": [hex],
-                "checkpoint": {"body", "signature"}} | null,
+                "checkpoint": {"note"} | {"body", "signature"}} | null,  # see _verify_checkpoint
      "tails": [{"leafIndex", "leafData", "leafHash", "inclusionProof": [hex]}]}  # absent in older bundles
 
 No reasoning or assistant text is in it, not even encrypted: reasoning rows appear as the digest the
@@ -28,7 +28,9 @@ with where it is (`events[3] (sequence 4): …`, `rows.tools[0] (tool call call_
    chain (`audit.bound.collect`, the rules the server's `verify_audit` uses), each bound row present;
 4. the anchor: the leaf data recomputed from the chain up to its `lastSequenceNo` (only governance events
    and reviews may follow), its RFC 9162 leaf hash, the inclusion proof up to the checkpoint's root, the
-   checkpoint's body (tree size and root) and its Ed25519 signature by one of the given public keys;
+   checkpoint's body (tree size and root) and its Ed25519 signature by one of the given public keys
+   (a C2SP signed note, or the JSON checkpoint of older bundles) and, with a witness policy, a valid
+   cosignature/v1 by at least N of its M witness keys;
 5. the tails (what was appended to the run after it was anchored, each anchored by a later checkpoint):
    each a run-tail leaf of this run whose chain head is the bundle's event at its `lastSequenceNo`,
    after the head anchored before it, included in the anchor's checkpoint. Events after the newest
@@ -39,6 +41,7 @@ It passes only when all of it holds and the run is anchored.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -47,7 +50,7 @@ from typing import Any
 from audit import bound
 from audit.integrity import EVENT_FIELDS, GENESIS_HASH, chain_hash
 from audit.payloads import canonical_json, sha256_hex
-from audit.transparency import leafdata, merkle, note
+from audit.transparency import leafdata, merkle, note, signednote
 
 FORMAT = "diagnosis-audit-evidence/v1"
 TOP_KEYS = {"format", "runId", "sessionId", "events", "rows", "anchor"}
@@ -105,8 +108,9 @@ def _digest(document: Any) -> str:
     return sha256_hex(canonical_json(document))
 
 
-def verify(bundle: Any, public_keys: Sequence[Any]) -> Report:
-    """Verify a parsed bundle against trusted Ed25519 public keys (see the module docstring)."""
+def verify(bundle: Any, public_keys: Sequence[Any], policy: signednote.Policy | None = None) -> Report:
+    """Verify a parsed bundle against trusted Ed25519 public keys and, when given, a witness policy (N of
+    M witness keys must have cosigned its checkpoint; see the module docstring)."""
     report = Report()
     wanted = TOP_KEYS | (OPTIONAL_TOP_KEYS & set(bundle)) if isinstance(bundle, dict) else TOP_KEYS
     if not _keys(bundle, wanted, "bundle", report):
@@ -120,7 +124,7 @@ def verify(bundle: Any, public_keys: Sequence[Any]) -> Report:
         return report
     bindings = bound.collect(events)
     _verify_rows(bundle["rows"], run_id, bindings, report)
-    body = _verify_anchor(bundle["anchor"], run_id, session_id, events, public_keys, report)
+    body = _verify_anchor(bundle["anchor"], run_id, session_id, events, public_keys, policy, report)
     _verify_tails(bundle.get("tails", []), bundle["anchor"], run_id, session_id, events, body, report)
     return report
 
@@ -131,7 +135,7 @@ def _verify_tails(
     run_id: str,
     session_id: str,
     events: list[_Event],
-    body: note.Body | None,
+    body: note.Body | note.NoteBody | None,
     report: Report,
 ) -> None:
     """Each run-tail leaf against the chain and the anchor's (already verified) checkpoint."""
@@ -387,6 +391,7 @@ def _verify_anchor(
     session_id: str,
     events: list[_Event],
     public_keys: Sequence[Any],
+    policy: signednote.Policy | None,
     report: Report,
 ) -> None:
     """Verify the anchor; returns the checkpoint's body when its signature verified (else None)."""
@@ -418,39 +423,95 @@ def _verify_anchor(
     leaf_hash = merkle.leaf_hash(anchor["leafData"].encode("utf-8"))
     if leaf_hash.hex() != anchor["leafHash"]:
         report.failures.append("anchor.leafHash: not the RFC 9162 hash of the leaf data")
-    checkpoint = anchor["checkpoint"]
-    if not _keys(checkpoint, {"body", "signature"}, "anchor.checkpoint", report):
+    body, signed = _verify_checkpoint(anchor["checkpoint"], public_keys, policy, report)
+    if body is None:
         return None
-    try:
-        body = note.parse_body(checkpoint["body"])
-    except note.NoteError as exc:
-        report.failures.append(f"anchor.checkpoint.body: {exc}")
-        return None
-    signed = False
-    key = next((k for k in public_keys if note.key_id(k) == body.key_id), None)
-    if key is None:
-        given = ", ".join(note.key_id(k) for k in public_keys) or "none"
-        report.failures.append(
-            f"anchor.checkpoint: signed by key {body.key_id}, not by a key given ({given})"
-        )
-    else:
-        try:
-            note.verify(checkpoint["body"], checkpoint["signature"], key)
-            signed = True
-        except note.NoteError as exc:
-            report.failures.append(f"anchor.checkpoint.signature: {exc}")
     if anchor["treeSize"] != body.tree_size:
         report.failures.append("anchor.treeSize: not the checkpoint's tree size")
     _included(leaf_hash, anchor["leafIndex"], anchor["inclusionProof"], body, "anchor", report)
     if len(report.failures) == before:
         report.passed.append(
             f"anchor: leaf {anchor['leafIndex']} recomputed from the chain (sequence 1..{last}), included in "
-            f"the checkpoint of tree size {body.tree_size} signed {body.signed_at} by key {body.key_id}"
+            f"the checkpoint of tree size {body.tree_size} signed {body.signed_at} by key {signed}"
         )
     return body if signed else None
 
 
-def _included(leaf_hash: bytes, index: Any, proof: Any, body: note.Body, where: str, report: Report) -> None:
+def _verify_checkpoint(
+    checkpoint: Any, public_keys: Sequence[Any], policy: signednote.Policy | None, report: Report
+) -> tuple[note.Body | note.NoteBody | None, str]:
+    """(the checkpoint's body or None when unreadable, the id of the given key that signed it or "").
+
+    Either format: `{"note": <C2SP signed note: checkpoint body, the log's signature line, the witnesses'
+    cosignature lines>}`, or `{"body", "signature"}` (the JSON checkpoints of before issue 35, which
+    carry no cosignatures). With a witness `policy`, the checkpoint must carry a valid cosignature of at
+    least its quorum of witness keys."""
+    legacy = isinstance(checkpoint, dict) and "note" not in checkpoint
+    if not _keys(checkpoint, {"body", "signature"} if legacy else {"note"}, "anchor.checkpoint", report):
+        return None, ""
+    try:
+        if legacy:
+            text, signature, cosignatures = checkpoint["body"], checkpoint["signature"], []
+            body = note.parse_body(text)
+        else:
+            text, lines = signednote.split_note(checkpoint["note"])
+            body = note.parse_note_body(text)
+            own = [s for s in lines if s.name == body.origin]
+            cosignatures = [s for s in lines if s.name != body.origin]
+            signature = _own_signature(own, body, public_keys)
+    except (note.NoteError, signednote.SignedNoteError, TypeError, AttributeError) as exc:
+        report.failures.append(f"anchor.checkpoint.{'body' if legacy else 'note'}: {exc}")
+        return None, ""
+    signed = ""
+    key = note.find_signer(body, signature, list(public_keys))
+    if key is None:
+        named = note.signer_key_id(body, signature) or "none"
+        given = ", ".join(_given_ids(body, public_keys)) or "none"
+        report.failures.append(f"anchor.checkpoint: signed by key {named}, not by a key given ({given})")
+    else:
+        try:
+            note.verify_checkpoint(text, body, signature, key)
+            signed = note.signer_key_id(body, signature)
+        except note.NoteError as exc:
+            report.failures.append(f"anchor.checkpoint.signature: {exc}")
+    if policy is not None:
+        if legacy:
+            report.failures.append(
+                "anchor.checkpoint: witness policy: the checkpoint is in the JSON format of before witnesses "
+                f"and carries no cosignatures ({policy.describe()} required); build the bundle again after "
+                "the next witnessed checkpoint"
+            )
+        else:
+            verified, problems = signednote.check_policy(text, cosignatures, policy)
+            for problem in problems:
+                report.failures.append(f"anchor.checkpoint: witness policy: {problem}")
+            if not problems:
+                report.passed.append(
+                    f"witnesses: the checkpoint of tree size {body.tree_size} is cosigned by "
+                    f"{', '.join(verified)} ({policy.describe()}, {policy.quorum} required)"
+                )
+    return body, signed
+
+
+def _own_signature(lines: list[signednote.Signature], body: note.NoteBody, public_keys: Sequence[Any]) -> str:
+    """The stored form (base64 of key id and signature) of the log's signature line by a given key, else
+    of its first signature line under the origin (named as unknown), else ""."""
+    wanted = {note.note_key_id(body.origin, k) for k in public_keys}
+    chosen = next((s for s in lines if s.key_id.hex() in wanted), lines[0] if lines else None)
+    if chosen is None:
+        return ""
+    return base64.b64encode(chosen.key_id + chosen.signature).decode("ascii")
+
+
+def _given_ids(body: note.Body | note.NoteBody, public_keys: Sequence[Any]) -> list[str]:
+    if isinstance(body, note.NoteBody):
+        return [note.note_key_id(body.origin, k) for k in public_keys]
+    return [note.key_id(k) for k in public_keys]
+
+
+def _included(
+    leaf_hash: bytes, index: Any, proof: Any, body: note.Body | note.NoteBody, where: str, report: Report
+) -> None:
     """The leaf at `index` is in the tree `body` signs, by the RFC 9162 inclusion `proof` (hex hashes)."""
     try:
         hashes = [bytes.fromhex(h) for h in proof]

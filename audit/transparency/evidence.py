@@ -19,7 +19,7 @@ from audit.bound import collect
 from audit.integrity import event_payload
 from audit.models import AgentStep, EventType, RunReview, ToolInvocation, TraceEvent
 from audit.rowdigest import stored_reasoning_rows
-from audit.transparency import bundle, store
+from audit.transparency import bundle, note, signednote, store
 from audit.transparency.verify import anchor_of, tails_of
 from diagnosis.models import DiagnosisRun
 
@@ -136,7 +136,20 @@ def _anchors(run_id: str) -> dict[str, Any]:
             "leafHash": leaf.leaf_hash,
             "treeSize": cp.tree_size,
             "inclusionProof": proof.hex,
-            "checkpoint": {"body": cp.body, "signature": cp.signature},
+            "checkpoint": checkpoint_document(cp),
         },
         "tails": tails,
     }
+
+
+def checkpoint_document(cp) -> dict[str, Any]:
+    """The checkpoint as a bundle carries it: a C2SP signed note with the log's signature and every
+    stored witness cosignature (`{"note"}`), or, for a checkpoint signed before issue 35, its JSON body
+    and signature (`{"body", "signature"}`)."""
+    if note.is_legacy(cp.body):
+        return {"body": cp.body, "signature": cp.signature}
+    cosignatures = [
+        f"{signednote.DASH} {c.witness} {c.signature}" for c in cp.cosignatures.order_by("witness", "key_id")
+    ]
+    origin = note.parse_note_body(cp.body).origin
+    return {"note": note.signed_note(cp.body, origin, cp.signature, cosignatures)}

@@ -21,7 +21,9 @@ and every `AUDIT_CHECKPOINT_INTERVAL_SECONDS` in each server process).
 
 After commit the checkpoint is appended as one JSON line to `AUDIT_WITNESS_PATH` when set (the operator
 ships that file to write-once storage: a copy an attacker holding the database cannot rewrite). A failed
-witness write is logged, never raised: the checkpoint is already durable.
+witness write is logged, never raised: the checkpoint is already durable. Then the newest checkpoint is
+submitted to the witnesses of `AUDIT_WITNESSES` that have not cosigned it (`audit.transparency.witnesses`,
+C2SP tlog-witness), on every call, so that a refused or failed submission is retried by the next one.
 
 `scan_from` moves forward to the creation time of the oldest run still unfinished (at most to
 `SCAN_GRACE` before now, so that a run row committed late is still found); `full_scan=True` searches
@@ -54,7 +56,7 @@ from audit.models import (
     TraceEvent,
 )
 from audit.recorder.tail import locked_head
-from audit.transparency import keys, leafdata, merkle, note, store
+from audit.transparency import keys, leafdata, merkle, note, store, witnesses
 from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun
 
 logger = logging.getLogger(__name__)
@@ -123,6 +125,7 @@ def checkpoint(
                 _advance_scan(head, scan_from, stamp)
     for cp in signed:
         _witness(cp)
+    _cosign()
     tree_size = LogHead.objects.values_list("tree_size", flat=True).get(pk=1)
     return CheckpointResult(
         appended=appended,
@@ -298,15 +301,16 @@ def _details(value):
 
 
 def _sign(head: LogHead, now: dt.datetime) -> Checkpoint:
+    """A C2SP checkpoint of the head, signed as a signed note by the newest key under the origin's name
+    (`audit.transparency.note.NoteBody`); it names the previous checkpoint's hash, whatever its format."""
     key = keys.current_key()
     previous = Checkpoint.objects.order_by("-tree_size").values_list("checkpoint_hash", flat=True).first()
-    body = note.Body(
+    body = note.NoteBody(
         origin=settings.AUDIT_LOG_ORIGIN,
         tree_size=head.tree_size,
         root_hash=head.root_hash,
         signed_at=timestamp(now),
         previous=previous or "",
-        key_id=key.key_id,
     )
     text = body.text()
     return Checkpoint.objects.create(
@@ -314,9 +318,9 @@ def _sign(head: LogHead, now: dt.datetime) -> Checkpoint:
         root_hash=body.root_hash,
         signed_at=now,
         previous_hash=body.previous,
-        key_id=key.key_id,
+        key_id=note.note_key_id(body.origin, key.public),
         body=text,
-        signature=note.sign(text, key.private),
+        signature=note.sign_note(body, key.private),
         checkpoint_hash=note.body_hash(text),
     )
 
@@ -353,6 +357,16 @@ def _witness(cp: Checkpoint) -> None:
             os.close(fd)
     except OSError as exc:
         logger.warning("witness write failed tree_size=%s error=%s", cp.tree_size, type(exc).__name__)
+
+
+def _cosign() -> None:
+    """Bring the configured witnesses up to the newest checkpoint (`audit.transparency.witnesses`): after
+    the commit, on every run, so that a witness that was down or refused is asked again. Its outcomes are
+    recorded there; nothing here raises into the checkpointer."""
+    try:
+        witnesses.submit_all()
+    except Exception:
+        logger.exception("witness cosigning failed")
 
 
 def newest_checkpoint() -> Checkpoint | None:

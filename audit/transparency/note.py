@@ -2,7 +2,14 @@
 
 No Django: the offline verifier (`python -m audit.verify_bundle`) uses this module with `cryptography`.
 
-A checkpoint's **body** is the canonical JSON (sorted keys, no whitespace, UTF-8) of
+Two formats. Checkpoints are written as a C2SP `tlog-checkpoint` body in a C2SP `signed-note` envelope
+(`NoteBody`, `audit.transparency.signednote`; issue 35): the origin, the size, the base64 root and two
+extension lines, `signed-at <time>` and `previous <hash>`; the `signature` column holds the base64 of
+the note signature line (4-byte key id, Ed25519 signature), by the key named after the origin. Those
+signed before are in the JSON format below (`Body`) and stay verifiable: `parse_any` reads both, and
+`find_signer` / `verify_checkpoint` verify either.
+
+A legacy checkpoint's **body** is the canonical JSON (sorted keys, no whitespace, UTF-8) of
 
     {"format": "diagnosis-audit-checkpoint/v1", "origin": <the log's name>, "treeSize": n,
      "rootHash": <hex MTH of the first n leaves>, "signedAt": <UTC ISO 8601, microseconds>,
@@ -26,6 +33,8 @@ from typing import Any
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from audit.transparency import signednote
 
 FORMAT = "diagnosis-audit-checkpoint/v1"
 KEY_ID_CHARS = 16
@@ -174,4 +183,138 @@ def verify(text: str, signature: str, key: Ed25519PublicKey) -> None:
     try:
         key.verify(raw, text.encode("utf-8"))
     except InvalidSignature as exc:
+        raise NoteError("checkpoint signature does not verify") from exc
+
+
+# --------------------------------------------------------------------------------------------------
+# The C2SP format (issue 35)
+# --------------------------------------------------------------------------------------------------
+NOTE_FORMAT = "c2sp-signed-note/tlog-checkpoint"
+
+
+@dataclass(frozen=True, slots=True)
+class NoteBody:
+    """A checkpoint body in the C2SP tlog-checkpoint format, with this log's two extension lines."""
+
+    origin: str
+    tree_size: int
+    root_hash: str  # hex
+    signed_at: str
+    previous: str  # hex, "" for the first checkpoint
+
+    key_id = ""  # a note names its key in the signature line, not in the body
+    format = NOTE_FORMAT
+
+    def text(self) -> str:
+        extensions = [f"{signednote.SIGNED_AT} {self.signed_at}"]
+        if self.previous:
+            extensions.append(f"{signednote.PREVIOUS} {self.previous}")
+        return signednote.Checkpoint(
+            self.origin, self.tree_size, bytes.fromhex(self.root_hash), tuple(extensions)
+        ).text()
+
+
+def is_legacy(text: str) -> bool:
+    """Whether a stored body is the JSON format of checkpoints signed before issue 35."""
+    return isinstance(text, str) and text.startswith("{")
+
+
+def parse_note_body(text: str) -> NoteBody:
+    """The fields of a C2SP checkpoint body this log wrote; NoteError unless it is exactly one."""
+    try:
+        cp = signednote.parse_checkpoint(text)
+        signednote.check_name(cp.origin)
+    except signednote.SignedNoteError as exc:
+        raise NoteError(f"checkpoint {exc}") from exc
+    if cp.tree_size < 1:
+        raise NoteError("checkpoint tree size is not a positive integer")
+    fields: dict[str, str] = {}
+    for line in cp.extensions:
+        name, _, value = line.partition(" ")
+        if name not in (signednote.SIGNED_AT, signednote.PREVIOUS) or name in fields or not value:
+            raise NoteError("checkpoint extension lines are not signed-at and previous")
+        fields[name] = value
+    if signednote.SIGNED_AT not in fields:
+        raise NoteError("checkpoint has no signed-at line")
+    body = NoteBody(
+        origin=cp.origin,
+        tree_size=cp.tree_size,
+        root_hash=cp.root_hash.hex(),
+        signed_at=fields[signednote.SIGNED_AT],
+        previous=_hex(fields.get(signednote.PREVIOUS, ""), "previous", empty=True),
+    )
+    if body.text() != text:
+        raise NoteError("checkpoint body is not in canonical form")
+    return body
+
+
+def parse_any(text: str) -> Body | NoteBody:
+    """A stored checkpoint body of either format."""
+    return parse_body(text) if is_legacy(text) else parse_note_body(text)
+
+
+def note_key_id(origin: str, key: Ed25519PublicKey) -> str:
+    """The hex signed-note key id of the log's key under its origin (type 0x01)."""
+    return signednote.key_id(origin, signednote.ED25519, key).hex()
+
+
+def log_vkey(origin: str, key: Ed25519PublicKey) -> str:
+    """The log key's signed-note verifier key (`<origin>+<key id>+<base64(0x01 || key)>`)."""
+    return signednote.Verifier(origin, signednote.ED25519, key).vkey
+
+
+def sign_note(body: NoteBody, key: Ed25519PrivateKey) -> str:
+    """The stored signature of a C2SP checkpoint: base64(key id || Ed25519 signature)."""
+    line = signednote.sign_line(body.text(), body.origin, key)
+    return base64.b64encode(line.key_id + line.signature).decode("ascii")
+
+
+def signature_line(origin: str, signature: str) -> signednote.Signature:
+    """The note signature line a stored signature stands for (NoteError when it is not one)."""
+    if not isinstance(signature, str):
+        raise NoteError("checkpoint signature is not a string")
+    try:
+        return signednote.parse_signature_line(f"{signednote.DASH} {origin} {signature}")
+    except signednote.SignedNoteError as exc:
+        raise NoteError(f"checkpoint signature: {exc}") from exc
+
+
+def signed_note(body_text: str, origin: str, signature: str, cosignatures: list[str] = ()) -> str:
+    """The checkpoint as a signed note: its body, a blank line, the log's signature line, then the
+    witnesses' cosignature lines (each given without its final newline)."""
+    return body_text + "\n" + signature_line(origin, signature).line + "".join(c + "\n" for c in cosignatures)
+
+
+def signer_key_id(body: Body | NoteBody, signature: str) -> str:
+    """The key id a checkpoint names (in its JSON body, or in its note signature), "" when unreadable."""
+    if isinstance(body, Body):
+        return body.key_id
+    try:
+        return signature_line(body.origin, signature).key_id.hex()
+    except NoteError:
+        return ""
+
+
+def find_signer(
+    body: Body | NoteBody, signature: str, keys: list[Ed25519PublicKey]
+) -> Ed25519PublicKey | None:
+    """The key among `keys` the checkpoint names as its signer (by key id; by key name too for a note)."""
+    wanted = signer_key_id(body, signature)
+    for key in keys:
+        kid = key_id(key) if isinstance(body, Body) else note_key_id(body.origin, key)
+        if kid == wanted:
+            return key
+    return None
+
+
+def verify_checkpoint(text: str, body: Body | NoteBody, signature: str, key: Ed25519PublicKey) -> None:
+    """NoteError unless `signature` is `key`'s signature of the checkpoint (either format)."""
+    if isinstance(body, Body):
+        verify(text, signature, key)
+        return
+    line = signature_line(body.origin, signature)
+    verifier = signednote.Verifier(body.origin, signednote.ED25519, key)
+    try:
+        signednote.verify_signature(text, line, verifier)
+    except signednote.SignedNoteError as exc:
         raise NoteError("checkpoint signature does not verify") from exc

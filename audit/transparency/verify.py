@@ -19,7 +19,10 @@
   after the run's anchored finish plus `AUDIT_RETENTION_DAYS` and while no legal hold covered it;
 * optionally, every checkpoint of a witness file (the copy kept outside the database) verifies and is
   in the database unchanged, or its root still matches the stored leaves: a log truncated together with
-  its checkpoints is detected only this way.
+  its checkpoints is detected this way too (a fallback: the file is on the operator's own storage);
+* every stored witness cosignature by a known witness key (`AUDIT_WITNESSES`, the policy) verifies, and,
+  with a witness policy (N of M witness keys), the newest checkpoint — the one covering every run — is
+  cosigned by at least N of them: a rebuilt history is not, since the witnesses refuse it.
 
 `check_anchor` compares one run's stored chain with its leaf (a run rewritten and re-hashed after it was
 anchored has another chain head); `anchor_of` reads a run's leaf and the checkpoints that cover it.
@@ -37,9 +40,18 @@ from django.db.models import Q
 
 from audit.binding import GOVERNANCE_EVENTS
 from audit.integrity import timestamp
-from audit.models import Checkpoint, LogHead, LogLeaf, LogNode, RunTombstone
+from audit.models import (
+    Checkpoint,
+    CheckpointCosignature,
+    LogHead,
+    LogLeaf,
+    LogNode,
+    RunTombstone,
+    WitnessAttempt,
+    WitnessOutcome,
+)
 from audit.retention import chained_holds, chained_purges, tombstone_problems
-from audit.transparency import keys, leafdata, merkle, note, store
+from audit.transparency import keys, leafdata, merkle, note, signednote, store
 from diagnosis.models import DiagnosisRun
 
 UNANCHORED = "finished, not yet anchored in the transparency log (the next checkpoint appends it)"
@@ -89,27 +101,35 @@ def read_witness(path: str) -> list[WitnessEntry]:
 # Checkpoints
 # --------------------------------------------------------------------------------------------------
 def check_checkpoint(cp: Checkpoint, known: dict[str, Any]) -> list[str]:
-    """The problems of one stored checkpoint on its own (body, columns, key, signature)."""
+    """The problems of one stored checkpoint on its own (body, columns, key, signature), in either
+    format (`audit.transparency.note.parse_any`)."""
     where = f"checkpoint tree_size={cp.tree_size}"
     try:
-        body = note.parse_body(cp.body)
+        body = note.parse_any(cp.body)
     except note.NoteError as exc:
         return [f"{where}: {exc}"]
     problems = []
+    signer = note.signer_key_id(body, cp.signature)
     columns = (cp.tree_size, cp.root_hash, cp.previous_hash, cp.key_id, timestamp(cp.signed_at))
-    if columns != (body.tree_size, body.root_hash, body.previous, body.key_id, body.signed_at):
+    if columns != (body.tree_size, body.root_hash, body.previous, signer, body.signed_at):
         problems.append(f"{where}: stored columns differ from its signed body")
     if note.body_hash(cp.body) != cp.checkpoint_hash:
         problems.append(f"{where}: stored hash is not the hash of its body")
-    public = known.get(body.key_id)
-    if public is None:
-        problems.append(f"{where}: signed by unknown key {body.key_id}")
-    else:
-        try:
-            note.verify(cp.body, cp.signature, public)
-        except note.NoteError as exc:
-            problems.append(f"{where}: {exc} (key {body.key_id})")
+    problems.extend(f"{where}{p}" for p in _signature_problems(cp.body, body, cp.signature, known))
     return problems
+
+
+def _signature_problems(text: str, body, signature: str, known: dict[str, Any]) -> list[str]:
+    """Problems (each starting with ": " or " (…)") of a checkpoint's signature by a known key."""
+    signer = note.signer_key_id(body, signature)
+    public = note.find_signer(body, signature, list(known.values()))
+    if public is None:
+        return [f": signed by unknown key {signer or '?'}"]
+    try:
+        note.verify_checkpoint(text, body, signature, public)
+    except note.NoteError as exc:
+        return [f": {exc} (key {signer})"]
+    return []
 
 
 def _witness_problems(entries: Sequence[WitnessEntry], known: dict[str, Any]) -> tuple[list[str], list]:
@@ -117,21 +137,83 @@ def _witness_problems(entries: Sequence[WitnessEntry], known: dict[str, Any]) ->
     for entry in entries:
         where = f"witness line {entry.line}"
         try:
-            body = note.parse_body(entry.body)
+            body = note.parse_any(entry.body)
         except note.NoteError as exc:
             problems.append(f"{where}: {exc}")
             continue
-        public = known.get(body.key_id)
-        if public is None:
-            problems.append(f"{where} (tree_size={body.tree_size}): signed by unknown key {body.key_id}")
-            continue
-        try:
-            note.verify(entry.body, entry.signature, public)
-        except note.NoteError as exc:
-            problems.append(f"{where} (tree_size={body.tree_size}): {exc}")
+        found = _signature_problems(entry.body, body, entry.signature, known)
+        if found:
+            problems.extend(f"{where} (tree_size={body.tree_size}){p}" for p in found)
             continue
         bodies.append((entry, body))
     return problems, bodies
+
+
+# --------------------------------------------------------------------------------------------------
+# Witness cosignatures and the witness policy
+# --------------------------------------------------------------------------------------------------
+def cosignature_lines(cp: Checkpoint) -> list[signednote.Signature]:
+    """The stored cosignatures of a checkpoint as note signature lines (unreadable ones left out: their
+    witness then counts as not having cosigned)."""
+    lines = []
+    for c in cp.cosignatures.all():
+        try:
+            lines.append(signednote.parse_signature_line(f"{signednote.DASH} {c.witness} {c.signature}"))
+        except signednote.SignedNoteError:
+            continue
+    return lines
+
+
+def check_cosignatures(
+    cp: Checkpoint, witnesses: Sequence[signednote.Verifier], rows: Iterable[Any] | None = None
+) -> list[str]:
+    """Every stored cosignature of `cp` (`rows`, default read from the database) by a known witness key
+    verifies and its columns repeat it."""
+    where = f"checkpoint tree_size={cp.tree_size}"
+    known = {(w.name, w.key_id.hex()): w for w in witnesses}
+    if not known:
+        return []
+    problems = []
+    for c in cp.cosignatures.all() if rows is None else rows:
+        witness = known.get((c.witness, c.key_id))
+        if witness is None:
+            continue
+        try:
+            line = signednote.parse_signature_line(f"{signednote.DASH} {c.witness} {c.signature}")
+            stamp = signednote.verify_cosignature(cp.body, line, witness)
+        except signednote.SignedNoteError as exc:
+            problems.append(f"{where}: stored cosignature of {c.witness}: {exc}")
+            continue
+        if int(c.cosigned_at.timestamp()) != stamp or c.cosigned_at.microsecond:
+            problems.append(
+                f"{where}: stored cosignature of {c.witness}: its time differs from the signed one"
+            )
+    return problems
+
+
+def policy_problems(cp: Checkpoint | None, policy: signednote.Policy) -> list[str]:
+    """The problems of `cp` (the checkpoint covering what is verified) under the witness policy, each
+    naming the missing witnesses' last recorded refusal."""
+    if cp is None:
+        return []
+    where = f"checkpoint tree_size={cp.tree_size}: witness policy"
+    if note.is_legacy(cp.body):
+        return [
+            f"{where}: in the JSON format of before witnesses, without cosignatures ({policy.describe()} "
+            "required); the next checkpoint is a signed note the witnesses cosign"
+        ]
+    verified, problems = signednote.check_policy(cp.body, cosignature_lines(cp), policy)
+    refusals = []
+    for w in policy.witnesses:
+        if w.name in verified:
+            continue
+        last = WitnessAttempt.objects.filter(witness=w.name).order_by("-attempted_at", "-id").first()
+        if last is not None and last.outcome != WitnessOutcome.COSIGNED:
+            refusals.append(
+                f"{w.name} last {last.outcome} (HTTP {last.status}) at size {last.tree_size}: {last.detail}"
+            )
+    suffix = f"; {'; '.join(refusals)}" if refusals else ""
+    return [f"{where}: {p}{suffix}" for p in problems]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -216,7 +298,13 @@ def _stored_nodes(first: int, end: int) -> dict[tuple[int, int], str]:
     }
 
 
-def verify_log(*, witness: Sequence[WitnessEntry] = (), batch_size: int = LEAF_BATCH) -> LogVerification:
+def verify_log(
+    *,
+    witness: Sequence[WitnessEntry] = (),
+    batch_size: int = LEAF_BATCH,
+    policy: signednote.Policy | None = None,
+    witnesses: Sequence[signednote.Verifier] = (),
+) -> LogVerification:
     """Verify the whole log (see the module docstring). Every conclusion about what is anchored comes
     from the leaves' signed data: the anchored runs (whose records must still exist, or be purged by a
     chained retention purge) and the anchored governance heads (`governance`, for
@@ -232,8 +320,14 @@ def verify_log(*, witness: Sequence[WitnessEntry] = (), batch_size: int = LEAF_B
     # Checkpoints on their own, and their chain.
     targets: dict[int, list[tuple[str, str]]] = {}
     previous = ""
+    cosigners = [*witnesses, *(policy.witnesses if policy else ())]
+    cosignatures: dict[int, list[CheckpointCosignature]] = {}
+    if cosigners:  # one query for all of them, and none without a witness key to check them with
+        for c in CheckpointCosignature.objects.order_by("id"):
+            cosignatures.setdefault(c.checkpoint_id, []).append(c)
     for cp in checkpoints:
         result.invalid.extend(check_checkpoint(cp, known))
+        result.invalid.extend(check_cosignatures(cp, cosigners, cosignatures.get(cp.pk, [])))
         if cp.previous_hash != previous:
             result.invalid.append(
                 f"checkpoint tree_size={cp.tree_size}: does not name the previous checkpoint"
@@ -368,6 +462,8 @@ def verify_log(*, witness: Sequence[WitnessEntry] = (), batch_size: int = LEAF_B
         result.invalid.append(f"{frontier.size} log leaves but no checkpoint signs them")
     if head is not None and head.tree_size != frontier.size:
         result.invalid.append(f"log head says {head.tree_size} leaves, {frontier.size} are stored")
+    if policy is not None:
+        result.invalid.extend(policy_problems(result.newest, policy))
     if len(checkpoints) >= 2 and not result.invalid:
         older, newer = checkpoints[-2], checkpoints[-1]
         try:
@@ -520,9 +616,10 @@ def leaves_of(run_ids: Iterable[str]) -> dict[str, LogLeaf]:
     return {leaf.run_id: leaf for leaf in LogLeaf.objects.filter(run_id__in=list(run_ids))}
 
 
-def prove_run(run_id: str) -> tuple[list[str], str | None]:
+def prove_run(run_id: str, policy: signednote.Policy | None = None) -> tuple[list[str], str | None]:
     """(problems, summary) of one run's inclusion in the newest checkpoint, proven from the stored tree
-    (O(log n) nodes) and the checkpoint's signature; summary None when the run is not in the log."""
+    (O(log n) nodes) and the checkpoint's signature, and, with a witness `policy`, that checkpoint's
+    cosignatures; summary None when the run is not in the log."""
     anchor = anchor_of(run_id)
     if anchor is None:
         return [], None
@@ -531,6 +628,8 @@ def prove_run(run_id: str) -> tuple[list[str], str | None]:
     if newest is None:
         return [f"log leaf {leaf.leaf_index} is not covered by a signed checkpoint"], None
     problems = check_checkpoint(newest, keys.verification_keys())
+    if policy is not None:
+        problems += check_cosignatures(newest, policy.witnesses) + policy_problems(newest, policy)
     leaf_hash = merkle.leaf_hash(leaf.data.encode("utf-8"))
     if leaf_hash.hex() != leaf.leaf_hash:
         problems.append(f"log leaf {leaf.leaf_index}: leaf hash does not match its data")

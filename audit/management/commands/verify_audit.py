@@ -1,11 +1,18 @@
-"""`manage.py verify_audit [--run RUN_ID] [--witness FILE] [--refresh-facts]`: check every run's rows and
-chain, its stored list facts, its anchor in the transparency log, and the log itself; exit 1 on any
-problem (a disagreeing fact rewritten by `--refresh-facts` is still reported, and still fails)."""
+"""`manage.py verify_audit [--run RUN_ID] [--witness FILE] [--witness-key VKEY …] [--witness-quorum N]
+[--refresh-facts]`: check every run's rows and chain, its stored list facts, its anchor in the
+transparency log, and the log itself; exit 1 on any problem (a disagreeing fact rewritten by
+`--refresh-facts` is still reported, and still fails).
+
+The witness policy (`--witness-key` repeated, default `AUDIT_WITNESS_POLICY`; `--witness-quorum`, default
+`AUDIT_WITNESS_QUORUM`, 0 or absent meaning all): the checkpoint covering the runs verified (the newest)
+must carry valid cosignatures of at least N of those witness keys."""
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from audit.models import LogLeaf, TraceEvent
+from audit.transparency import signednote, witnesses
 from audit.transparency.verify import UNANCHORED, prove_run, read_witness, verify_log
 from audit.verification import (
     RUN_BATCH,
@@ -46,13 +53,43 @@ class Command(BaseCommand):
             help="a witness file of checkpoints kept outside the database (default: AUDIT_WITNESS_PATH)",
         )
         parser.add_argument(
+            "--witness-key",
+            action="append",
+            metavar="VKEY",
+            help="a witness's cosigner vkey the newest checkpoint must be cosigned by (repeatable; default "
+            "AUDIT_WITNESS_POLICY)",
+        )
+        parser.add_argument(
+            "--witness-quorum",
+            type=int,
+            metavar="N",
+            help="how many of the witness keys must have cosigned (default AUDIT_WITNESS_QUORUM; 0: all)",
+        )
+        parser.add_argument(
             "--refresh-facts",
             action="store_true",
             help="rewrite the stored list facts that disagree with the rule (reported all the same)",
         )
 
+    def _policy(self, options) -> signednote.Policy | None:
+        try:
+            if not options["witness_key"] and not options["witness_quorum"]:
+                return witnesses.policy()
+            vkeys = options["witness_key"] or list(getattr(settings, "AUDIT_WITNESS_POLICY", []))
+            policy = signednote.make_policy(vkeys, options["witness_quorum"] or None)
+        except (signednote.SignedNoteError, ImproperlyConfigured) as exc:
+            raise CommandError(f"bad witness policy: {exc}") from exc
+        if policy is None:
+            raise CommandError("--witness-quorum needs witness keys (--witness-key or AUDIT_WITNESS_POLICY)")
+        return policy
+
     def handle(self, *args, **options):
         run_id = options["run"]
+        policy = self._policy(options)
+        try:
+            known_witnesses = [w.verifier for w in witnesses.configured()]
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc)) from exc
         if run_id:
             if not (
                 DiagnosisRun.objects.filter(run_id=run_id).exists()
@@ -100,7 +137,7 @@ class Command(BaseCommand):
             self.stdout.write(f"rewrote the stored list facts of {refresh_facts(stale + unpriced)} run(s)")
         log_problems = 0
         if run_id:
-            problems, summary = prove_run(run_id)
+            problems, summary = prove_run(run_id, policy)
             for problem in problems:
                 self.stdout.write(f"run={run_id} INVALID {problem}")
             if summary:
@@ -120,7 +157,7 @@ class Command(BaseCommand):
                 witness_problem = (
                     f"the configured witness file (AUDIT_WITNESS_PATH) cannot be read: {type(exc).__name__}"
                 )
-            log = verify_log(witness=witness)
+            log = verify_log(witness=witness, policy=policy, witnesses=known_witnesses)
             if witness_problem and log.checkpoints:
                 log.invalid.insert(0, witness_problem)
             for problem in log.invalid:
@@ -134,6 +171,8 @@ class Command(BaseCommand):
             witnessed = f"; {len(witness)} witnessed checkpoint(s)" if witness else ""
             if log.purged:
                 witnessed += f"; {log.purged} anchored run(s) purged by retention (tombstones)"
+            if policy is not None:
+                witnessed += f"; witness policy {policy.describe()}, {policy.quorum} required"
             self.stdout.write(
                 f"verified the log: {log.leaves} leaf(s), {log.checkpoints} checkpoint(s), {newest}"
                 f"{witnessed}: " + ("ok" if log.ok else f"{len(log.invalid)} problem(s)")

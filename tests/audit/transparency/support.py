@@ -104,3 +104,45 @@ def rebuild_tree() -> None:
         ]
     LogNode.objects.bulk_create(nodes)
     LogHead.objects.filter(pk=1).update(tree_size=frontier.size, root_hash=frontier.root().hex())
+
+
+def legacy_checkpoints(*, upto: int | None = None) -> None:
+    """Re-sign the stored checkpoints (those of at most `upto` leaves; all by default) in the JSON format
+    of before issue 35 (`diagnosis-audit-checkpoint/v1`), chained as that format chains them, with the
+    current key: the log a deployment signed before the switch to C2SP signed notes."""
+    from audit.integrity import timestamp
+    from audit.models import Checkpoint
+    from audit.transparency import keys, note
+
+    key = keys.current_key()
+    previous = ""
+    for cp in Checkpoint.objects.order_by("tree_size"):
+        if upto is not None and cp.tree_size > upto:
+            if cp.previous_hash:  # the first checkpoint after the switch names the last legacy one
+                body = note.parse_note_body(cp.body)
+                new = note.NoteBody(body.origin, body.tree_size, body.root_hash, body.signed_at, previous)
+                text = new.text()
+                Checkpoint.objects.filter(pk=cp.pk).update(
+                    body=text,
+                    previous_hash=previous,
+                    signature=note.sign_note(new, key.private),
+                    checkpoint_hash=note.body_hash(text),
+                )
+            break
+        body = note.Body(
+            origin=settings.AUDIT_LOG_ORIGIN,
+            tree_size=cp.tree_size,
+            root_hash=cp.root_hash,
+            signed_at=timestamp(cp.signed_at),
+            previous=previous,
+            key_id=key.key_id,
+        )
+        text = body.text()
+        previous = note.body_hash(text)
+        Checkpoint.objects.filter(pk=cp.pk).update(
+            body=text,
+            previous_hash=body.previous,
+            key_id=key.key_id,
+            signature=note.sign(text, key.private),
+            checkpoint_hash=previous,
+        )

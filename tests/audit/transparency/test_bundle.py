@@ -13,11 +13,11 @@ import pytest
 from django.conf import settings
 from django.core.management import call_command
 
-from audit.models import ToolInvocation
-from audit.transparency import bundle, keys, log, note
+from audit.models import Checkpoint, ToolInvocation
+from audit.transparency import bundle, keys, log, note, signednote
 from audit.transparency.evidence import build_bundle
 from reasoning.services import purge_reasoning
-from tests.audit.transparency.support import finished_runs, rewrite_tool_output
+from tests.audit.transparency.support import finished_runs, legacy_checkpoints, rewrite_tool_output
 from tests.factories import REASONING_MARKER
 
 pytestmark = pytest.mark.django_db
@@ -145,9 +145,10 @@ def test_every_changed_value_of_the_bundle_is_caught(anchored_run):
 def test_a_wrong_key_and_an_unanchored_run_fail(user, anchored_run, tmp_path):
     other = note.load_private(keys.generate_key_text()).public_key()
     report = bundle.verify(build_bundle(run=anchored_run), [other])
-    signer = keys.current_key().key_id
+    origin = note.parse_note_body(Checkpoint.objects.order_by("-tree_size").first().body).origin
+    signer = note.note_key_id(origin, keys.current_key().public)
     assert report.failures == [
-        f"anchor.checkpoint: signed by key {signer}, not by a key given ({note.key_id(other)})"
+        f"anchor.checkpoint: signed by key {signer}, not by a key given ({note.note_key_id(origin, other)})"
     ]
     late = finished_runs(user, 1)[0]
     report = bundle.verify(build_bundle(run=late), [_public()])
@@ -201,3 +202,24 @@ def test_the_bundle_proves_who_asked_what(anchored_run):
     assert any(
         f.startswith("rows.identity.start") and "differs from the one bound" in f for f in report.failures
     )
+
+
+def test_a_bundle_of_an_old_format_checkpoint_still_verifies(anchored_run):
+    legacy_checkpoints()
+    data = build_bundle(run=anchored_run)
+    assert set(data["anchor"]["checkpoint"]) == {"body", "signature"}
+    report = bundle.verify(data, [_public()])
+    assert report.ok, report.failures
+    log.checkpoint()  # nothing waiting: still the old-format checkpoint
+    assert bundle.verify(build_bundle(run=anchored_run), [_public()]).ok
+
+
+def test_a_bundle_carries_its_checkpoint_as_a_signed_note(anchored_run):
+    data = build_bundle(run=anchored_run)
+    text = data["anchor"]["checkpoint"]["note"]
+    body, signatures = signednote.split_note(text)
+    assert signednote.parse_checkpoint(body).tree_size == data["anchor"]["treeSize"]
+    assert [s.name for s in signatures] == [note.parse_note_body(body).origin]
+    changed = json.loads(json.dumps(data))
+    changed["anchor"]["checkpoint"]["note"] = text.replace("signed-at 2", "signed-at 1", 1)
+    assert not bundle.verify(changed, [_public()]).ok

@@ -30,8 +30,8 @@ def _leaves():
 
 
 def _verify_checkpoint(cp, public):
-    note.verify(cp.body, cp.signature, public)
-    body = note.parse_body(cp.body)
+    body = note.parse_note_body(cp.body)
+    note.verify_checkpoint(cp.body, body, cp.signature, public)
     assert (body.tree_size, body.root_hash, body.previous) == (cp.tree_size, cp.root_hash, cp.previous_hash)
     assert note.body_hash(cp.body) == cp.checkpoint_hash
     return body
@@ -58,7 +58,7 @@ def test_finished_runs_are_appended_in_finish_order_and_signed(user, signing_key
     cp = result.newest
     public = keys.current_key().public
     body = _verify_checkpoint(cp, public)
-    assert body.key_id == keys.current_key().key_id and body.previous == ""
+    assert cp.key_id == note.note_key_id(body.origin, public) and body.previous == ""
     assert cp.root_hash == merkle.mth([bytes.fromhex(leaf.leaf_hash) for leaf in leaves]).hex()
     head = LogHead.objects.get(pk=1)
     assert (head.tree_size, head.root_hash) == (2, cp.root_hash)
@@ -159,16 +159,21 @@ def test_rotation_signs_with_the_newest_key_and_old_keys_still_verify(user, sett
     settings.AUDIT_SIGNING_KEYS = [new_text, signing_key]
     finished_runs(user, 1)
     second = log.checkpoint().newest
-    assert second.key_id == keys.current_key().key_id != old.key_id
-    assert set(keys.verification_keys()) == {old.key_id, second.key_id}
+    origin = settings.AUDIT_LOG_ORIGIN
+    assert second.key_id == note.note_key_id(origin, keys.current_key().public) != first.key_id
+    assert set(keys.verification_keys()) == {old.key_id, keys.current_key().key_id}
     # The old private key removed, its public key kept as a verification key.
     settings.AUDIT_SIGNING_KEYS = [new_text]
     settings.AUDIT_VERIFY_KEYS = [note.public_text(old.public)]
-    verifying = keys.verification_keys()
-    note.verify(first.body, first.signature, verifying[first.key_id])
-    note.verify(second.body, second.signature, verifying[second.key_id])
+    verifying = list(keys.verification_keys().values())
+    for cp in (first, second):
+        body = note.parse_note_body(cp.body)
+        signer = note.find_signer(body, cp.signature, verifying)
+        note.verify_checkpoint(cp.body, body, cp.signature, signer)
+        assert note.note_key_id(origin, signer) == cp.key_id
     with pytest.raises(note.NoteError):
-        note.verify(first.body, first.signature, verifying[second.key_id])
+        body = note.parse_note_body(first.body)
+        note.verify_checkpoint(first.body, body, first.signature, keys.current_key().public)
 
 
 def test_the_development_key_is_generated_once_and_reused(settings, tmp_path):

@@ -15,6 +15,7 @@ from diagnosis.models import DiagnosisRun
 from tests.audit.transparency.support import (
     delete_run,
     finished_runs,
+    legacy_checkpoints,
     rebuild_tree,
     rehash_chain,
     rewrite_tool_output,
@@ -170,12 +171,32 @@ def test_reordered_leaves_are_detected(anchored):
     assert not ok and "checkpoint tree_size=3: root does not match the first 3 stored leaves" in out
 
 
-def test_a_forged_checkpoint_is_detected(anchored):
+def test_old_format_checkpoints_still_verify_and_the_next_one_is_a_signed_note(anchored, user):
+    legacy_checkpoints()
+    assert all(note.is_legacy(cp.body) for cp in Checkpoint.objects.all())
+    assert _verify()[0] is True
+    finished_runs(user, 1)
+    new = log.checkpoint().newest
+    older = Checkpoint.objects.filter(tree_size__lt=new.tree_size).order_by("-tree_size").first()
+    assert not note.is_legacy(new.body) and new.previous_hash == older.checkpoint_hash
+    assert note.parse_note_body(new.body).previous == older.checkpoint_hash
+    ok, out, _ = _verify()
+    assert ok, out
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["note", "json"])
+def test_a_forged_checkpoint_is_detected(anchored, legacy):
+    if legacy:
+        legacy_checkpoints()
     cp = Checkpoint.objects.get(tree_size=6)
-    body = json.loads(cp.body)
-    body["rootHash"] = "ab" * 32
-    forged = note.canonical(body)
-    Checkpoint.objects.filter(pk=cp.pk).update(body=forged, root_hash=body["rootHash"])
+    if legacy:
+        body = json.loads(cp.body)
+        body["rootHash"] = "ab" * 32
+        forged = note.canonical(body)
+    else:
+        body = note.parse_note_body(cp.body)
+        forged = note.NoteBody(body.origin, 6, "ab" * 32, body.signed_at, body.previous).text()
+    Checkpoint.objects.filter(pk=cp.pk).update(body=forged, root_hash="ab" * 32)
     ok, out, _ = _verify()
     assert not ok
     assert "log INVALID checkpoint tree_size=6: checkpoint signature does not verify" in out
@@ -184,6 +205,23 @@ def test_a_forged_checkpoint_is_detected(anchored):
 
 
 def test_a_checkpoint_signed_by_an_unknown_key_is_detected(anchored, settings):
+    stranger = note.load_private(keys.generate_key_text())
+    cp = Checkpoint.objects.get(tree_size=6)
+    body = note.parse_note_body(cp.body)
+    Checkpoint.objects.filter(pk=cp.pk).update(
+        key_id=note.note_key_id(body.origin, stranger.public_key()),
+        signature=note.sign_note(body, stranger),
+    )
+    ok, out, _ = _verify()
+    assert not ok
+    stranger_id = note.note_key_id(body.origin, stranger.public_key())
+    assert f"log INVALID checkpoint tree_size=6: signed by unknown key {stranger_id}" in out
+    settings.AUDIT_VERIFY_KEYS = [note.public_text(stranger.public_key())]
+    assert _verify()[0] is True
+
+
+def test_an_old_format_checkpoint_signed_by_an_unknown_key_is_detected(anchored, settings):
+    legacy_checkpoints()
     stranger = note.load_private(keys.generate_key_text())
     cp = Checkpoint.objects.get(tree_size=6)
     body = note.parse_body(cp.body)

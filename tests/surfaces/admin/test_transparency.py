@@ -77,9 +77,9 @@ def test_the_checkpoint_list_shows_verification_and_verifies_the_whole_log(conso
     # and "Staff viewers").
     forged = Checkpoint.objects.order_by("-tree_size").first()
     assert forged.tree_size == 4
-    body = json.loads(forged.body)
-    body["rootHash"] = "cd" * 32
-    Checkpoint.objects.filter(pk=forged.pk).update(body=note.canonical(body), root_hash=body["rootHash"])
+    body = note.parse_note_body(forged.body)
+    changed = note.NoteBody(body.origin, body.tree_size, "cd" * 32, body.signed_at, body.previous)
+    Checkpoint.objects.filter(pk=forged.pk).update(body=changed.text(), root_hash=changed.root_hash)
     html = console_staff.get(url).content.decode()
     assert "checkpoint signature does not verify" in html and "root does not match the stored tree" in html
 

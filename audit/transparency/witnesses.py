@@ -1,0 +1,264 @@
+"""Witness cosigning: each new checkpoint is submitted, with its consistency proof, to the configured
+witnesses over the C2SP `tlog-witness` protocol, and their cosignatures are stored beside it.
+
+`settings.AUDIT_WITNESSES` lists the witnesses, each `<submission URL prefix> <cosigner vkey>` (the vkey
+`<name>+<key id>+<base64(0x04 || Ed25519 key)>` as the witness publishes it). After every checkpoint run
+(`audit.transparency.log.checkpoint`, after its transaction committed) `submit_all` brings each witness
+up to the newest checkpoint that it has not cosigned yet:
+
+    POST <prefix>/add-checkpoint
+    old <size the witness last cosigned, 0 at first>
+    <RFC 9162 consistency proof from that size, one base64 hash a line>
+
+    <the checkpoint as a signed note>
+
+* 200: the body is note signature lines; the one by the configured key must be a valid cosignature/v1
+  of the checkpoint: it is stored (`audit.CheckpointCosignature`), lines by other keys are ignored;
+* 409 Conflict: the body is the witness's size (`text/x.tlog.size`); when this log has a checkpoint
+  that size, the submission is repeated once from it (the witness was ahead of what we stored, e.g.
+  cosignatures lost with a restore), else it is a conflict: the witness saw a history we cannot prove
+  ours consistent with (a split view, or a rebuilt log);
+* 403 (no signature by a key the witness trusts for our origin), 404 (the witness does not know our
+  origin), 422 (the consistency proof, or a same-size root, does not verify), other statuses, network
+  errors, and a 200 without a valid cosignature by the configured key are refusals.
+
+Every attempt's outcome is recorded (`audit.WitnessAttempt`) and exported on `/metrics`
+(`diagnosis_audit_witness_failures_total{witness,reason}`, `diagnosis_audit_witness_last_cosigned_size`);
+a refusal is logged as a warning and never raised (the checkpoint is durable already), and the next
+checkpoint run submits again: a witness that was down catches up with the newest checkpoint then.
+Checkpoints in the JSON format of before issue 35 are never submitted (a witness reads only notes).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import logging
+from dataclasses import dataclass
+
+import httpx
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.db import IntegrityError, transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from audit.models import Checkpoint, CheckpointCosignature, WitnessAttempt, WitnessOutcome
+from audit.transparency import note, signednote, store
+
+logger = logging.getLogger(__name__)
+
+SIZE_CONTENT_TYPE = "text/x.tlog.size"
+MAX_RESPONSE_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Witness:
+    url: str  # the submission prefix
+    verifier: signednote.Verifier
+
+    @property
+    def name(self) -> str:
+        return self.verifier.name
+
+
+def parse_witness(text: str) -> Witness:
+    """One `AUDIT_WITNESSES` entry: `<URL> <cosigner vkey>`."""
+    parts = text.split()
+    if len(parts) != 2 or not parts[0].startswith(("http://", "https://")):
+        raise ValueError("an AUDIT_WITNESSES entry is '<http(s) URL> <vkey>'")
+    verifier = signednote.parse_vkey(parts[1])
+    if verifier.key_type != signednote.COSIGNATURE_V1:
+        raise ValueError(f"witness {verifier.name}: its vkey is not a cosigner key (type 0x04)")
+    return Witness(parts[0].rstrip("/"), verifier)
+
+
+def configured() -> list[Witness]:
+    found = []
+    for position, text in enumerate(getattr(settings, "AUDIT_WITNESSES", []), start=1):
+        if not text.strip():
+            continue
+        try:
+            found.append(parse_witness(text))
+        except ValueError as exc:
+            raise ImproperlyConfigured(f"AUDIT_WITNESSES entry {position}: {exc}") from exc
+    return found
+
+
+def policy() -> signednote.Policy | None:
+    """The witness policy of this deployment (`AUDIT_WITNESS_POLICY` vkeys, `AUDIT_WITNESS_QUORUM` of
+    them, 0 meaning all), None without one."""
+    quorum = int(getattr(settings, "AUDIT_WITNESS_QUORUM", 0) or 0) or None
+    try:
+        return signednote.make_policy(list(getattr(settings, "AUDIT_WITNESS_POLICY", [])), quorum)
+    except signednote.SignedNoteError as exc:
+        raise ImproperlyConfigured(f"AUDIT_WITNESS_POLICY: {exc}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    witness: str
+    outcome: str
+    status: int = 0
+    detail: str = ""
+
+
+def submit_all(*, client: httpx.Client | None = None) -> list[Outcome]:
+    """Submit the newest checkpoint to each configured witness that has not cosigned it (see the module
+    docstring); returns each attempt's outcome."""
+    witnesses = configured()
+    if not witnesses:
+        return []
+    newest = Checkpoint.objects.order_by("-tree_size").first()
+    if newest is None or note.is_legacy(newest.body):
+        return []
+    timeout = float(getattr(settings, "AUDIT_WITNESS_TIMEOUT_SECONDS", 5.0))
+    own = client or httpx.Client(timeout=timeout, follow_redirects=False)
+    outcomes = []
+    try:
+        for witness in witnesses:
+            if newest.cosignatures.filter(
+                witness=witness.name, key_id=witness.verifier.key_id.hex()
+            ).exists():
+                continue
+            try:
+                outcomes.append(submit(witness, newest, own))
+            except Exception as exc:  # never raised into the checkpointer: recorded and retried
+                logger.exception("witness submission failed witness=%s", witness.name)
+                outcomes.append(
+                    _record(witness, newest, 0, WitnessOutcome.SERVER_ERROR, 0, type(exc).__name__)
+                )
+    finally:
+        if client is None:
+            own.close()
+    return outcomes
+
+
+def last_cosigned_size(witness: Witness) -> int:
+    return (
+        CheckpointCosignature.objects.filter(
+            witness=witness.name, key_id=witness.verifier.key_id.hex()
+        ).aggregate(size=Max("checkpoint__tree_size"))["size"]
+        or 0
+    )
+
+
+def request_body(cp: Checkpoint, old: int) -> bytes:
+    """The add-checkpoint request: `old <size>`, the consistency proof lines, a blank line, the note."""
+    proof = store.consistency_proof(old, cp.tree_size).hashes if 0 < old < cp.tree_size else []
+    origin = note.parse_note_body(cp.body).origin
+    lines = [f"old {old}\n"] + [base64.b64encode(h).decode("ascii") + "\n" for h in proof]
+    return ("".join(lines) + "\n" + note.signed_note(cp.body, origin, cp.signature)).encode("utf-8")
+
+
+def submit(witness: Witness, cp: Checkpoint, client: httpx.Client) -> Outcome:
+    old = last_cosigned_size(witness)
+    if old > cp.tree_size:
+        old = 0  # cannot be: ask the witness where it stands (409)
+    retried = ""
+    for _ in range(2):
+        try:
+            response = client.post(
+                f"{witness.url}/add-checkpoint",
+                content=request_body(cp, old),
+                headers={"Content-Type": "text/plain; charset=utf-8"},
+            )
+        except httpx.HTTPError as exc:
+            return _record(witness, cp, old, WitnessOutcome.UNREACHABLE, 0, type(exc).__name__)
+        text = response.content[:MAX_RESPONSE_BYTES].decode("utf-8", "replace")
+        if response.status_code == 409:
+            size = _size(text)
+            if size is None:
+                return _record(witness, cp, old, WitnessOutcome.BAD_RESPONSE, 409, "409 without a tree size")
+            if size != old and size <= cp.tree_size and Checkpoint.objects.filter(tree_size=size).exists():
+                retried = f" (after a 409: the witness was at size {size})"
+                old = size  # submit again, proving consistency from the witness's size
+                continue
+            return _record(
+                witness,
+                cp,
+                old,
+                WitnessOutcome.CONFLICT,
+                409,
+                f"the witness is at size {size}, which this log cannot prove consistent with {cp.tree_size}",
+            )
+        return _answer(witness, cp, old, response.status_code, text, retried)
+    return _record(witness, cp, old, WitnessOutcome.CONFLICT, 409, "the witness moved while we retried")
+
+
+def _size(text: str) -> int | None:
+    line = text.strip()
+    return int(line) if line.isascii() and line.isdigit() else None
+
+
+REFUSALS = {
+    403: (WitnessOutcome.FORBIDDEN, "no signature by a key the witness trusts for this origin"),
+    404: (WitnessOutcome.UNKNOWN_LOG, "the witness does not know this log's origin"),
+    422: (WitnessOutcome.BAD_PROOF, "the consistency proof (or the same-size root) does not verify"),
+}
+
+
+def _answer(witness: Witness, cp: Checkpoint, old: int, status: int, text: str, retried: str) -> Outcome:
+    if status in REFUSALS:
+        outcome, why = REFUSALS[status]
+        return _record(witness, cp, old, outcome, status, why + retried)
+    if status >= 500:
+        return _record(witness, cp, old, WitnessOutcome.SERVER_ERROR, status, text.strip()[:200])
+    if status != 200:
+        return _record(witness, cp, old, WitnessOutcome.BAD_REQUEST, status, text.strip()[:200])
+    for line in text.splitlines():
+        try:
+            signature = signednote.parse_signature_line(line)
+        except signednote.SignedNoteError:
+            continue
+        if (signature.name, signature.key_id) != (witness.name, witness.verifier.key_id):
+            continue  # the client MUST ignore cosignatures from unknown keys
+        try:
+            stamp = signednote.verify_cosignature(cp.body, signature, witness.verifier)
+        except signednote.SignedNoteError as exc:
+            return _record(witness, cp, old, WitnessOutcome.BAD_RESPONSE, status, str(exc))
+        _store(witness, cp, signature, stamp)
+        return _record(witness, cp, old, WitnessOutcome.COSIGNED, status, retried.strip(" ()"))
+    return _record(
+        witness, cp, old, WitnessOutcome.BAD_RESPONSE, status, "no cosignature by the configured key"
+    )
+
+
+def _store(witness: Witness, cp: Checkpoint, signature: signednote.Signature, stamp: int) -> None:
+    value = base64.b64encode(signature.key_id + signature.signature).decode("ascii")
+    try:
+        with transaction.atomic():
+            CheckpointCosignature.objects.create(
+                checkpoint=cp,
+                witness=witness.name,
+                key_id=signature.key_id.hex(),
+                cosigned_at=dt.datetime.fromtimestamp(stamp, tz=dt.UTC),
+                signature=value,
+                received_at=timezone.now(),
+            )
+    except IntegrityError:
+        pass  # another process stored this witness's cosignature of the checkpoint first
+
+
+def _record(witness: Witness, cp: Checkpoint, old: int, outcome: str, status: int, detail: str) -> Outcome:
+    WitnessAttempt.objects.create(
+        witness=witness.name,
+        url=witness.url[:500],
+        tree_size=cp.tree_size,
+        old_size=old,
+        outcome=outcome,
+        status=status,
+        detail=detail[:500],
+        attempted_at=timezone.now(),
+    )
+    if outcome != WitnessOutcome.COSIGNED:
+        logger.warning(
+            "witness refused witness=%s outcome=%s status=%s tree_size=%s old=%s detail=%s",
+            witness.name,
+            outcome,
+            status,
+            cp.tree_size,
+            old,
+            detail,
+        )
+    return Outcome(witness.name, str(outcome), status, detail)

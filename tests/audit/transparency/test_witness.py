@@ -1,0 +1,307 @@
+"""Witness cosigning (issue 35 items 2 and 4): the checkpointer submits each new checkpoint to the
+configured witnesses over C2SP tlog-witness, stores their cosignatures and puts them in evidence bundles;
+a witness that is down or refuses is recorded, exported on /metrics and asked again by the next run; a
+split view (the same size with another history) is refused by the witness and fails the policy.
+
+The witness is `tests/witness_server.py`, a tlog-witness written from the specifications with no code of
+this project, served over HTTP on 127.0.0.1 with its own state file (no Go toolchain here for
+litewitness: see that module)."""
+
+import base64
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from audit.models import (
+    Checkpoint,
+    CheckpointCosignature,
+    LogHead,
+    LogLeaf,
+    LogNode,
+    WitnessAttempt,
+    WitnessOutcome,
+)
+from audit.transparency import bundle, keys, log, merkle, note, signednote, store
+from audit.transparency.evidence import build_bundle
+from telemetry.metrics import witness_metrics
+from tests.audit.transparency.support import delete_run, finished_runs, legacy_checkpoints
+from tests.witness_server import Witness, WitnessServer, verify_consistency
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def witness(tmp_path, signing_key, settings):
+    """A running witness that trusts this log's key for its origin, configured in AUDIT_WITNESSES."""
+    trusted = {settings.AUDIT_LOG_ORIGIN: [keys.current_key().public]}
+    w = Witness("witness.test/w1", tmp_path / "w1.json", trusted)
+    server = WitnessServer(w)
+    settings.AUDIT_WITNESSES = [f"{server.url} {w.vkey}"]
+    settings.AUDIT_WITNESS_TIMEOUT_SECONDS = 2.0
+    yield w, server
+    server.stop()
+
+
+def _policy(*witnesses: Witness, quorum=None) -> signednote.Policy:
+    return signednote.make_policy([w.vkey for w in witnesses], quorum)
+
+
+def _samples(name: str) -> dict[tuple, float]:
+    found = {}
+    for family in witness_metrics():
+        for sample in family.samples:
+            if sample.name == name:
+                found[tuple(sorted(sample.labels.items()))] = sample.value
+    return found
+
+
+def test_the_fixture_witness_checks_consistency_like_rfc_9162(user, signing_key):
+    # The witness's own proof check against proofs from the stored tree (and a wrong one).
+    finished_runs(user, 7)
+    log.checkpoint(batch_size=3)
+    for old in range(1, 7):
+        for new in range(old, 8):
+            proof = store.consistency_proof(old, new).hashes if old < new else []
+            assert verify_consistency(old, new, store.root(old), store.root(new), proof)
+            if proof:
+                assert not verify_consistency(old, new, store.root(old), merkle.leaf_hash(b"x"), proof)
+
+
+def test_each_checkpoint_is_cosigned_stored_and_bundled(user, witness):
+    w, _ = witness
+    finished_runs(user, 2)
+    first = log.checkpoint().newest
+    [cosig] = CheckpointCosignature.objects.filter(checkpoint=first)
+    verifier = signednote.parse_vkey(w.vkey)
+    raw = base64.b64decode(cosig.signature)
+    line = signednote.Signature(cosig.witness, raw[:4], raw[4:])
+    stamp = signednote.verify_cosignature(first.body, line, verifier)
+    assert (cosig.witness, cosig.key_id) == ("witness.test/w1", verifier.key_id.hex())
+    assert int(cosig.cosigned_at.timestamp()) == stamp
+    # The next checkpoint is submitted with a consistency proof from the size the witness cosigned.
+    runs = finished_runs(user, 3)
+    second = log.checkpoint().newest
+    assert second.cosignatures.count() == 1
+    assert w.requests == [(0, 200), (first.tree_size, 200)]
+    attempts = list(WitnessAttempt.objects.order_by("id").values_list("outcome", "old_size", "tree_size"))
+    assert attempts == [("cosigned", 0, first.tree_size), ("cosigned", first.tree_size, second.tree_size)]
+    # Nothing new: nothing submitted again.
+    log.checkpoint()
+    assert len(w.requests) == 2
+    # The bundle carries the cosignature; the policy holds with it, and fails for another witness.
+    data = build_bundle(run=runs[0])
+    assert "\n\u2014 witness.test/w1 " in data["anchor"]["checkpoint"]["note"]
+    public = [keys.current_key().public]
+    report = bundle.verify(data, public, _policy(w))
+    assert report.ok, report.failures
+    assert any(p.startswith("witnesses: the checkpoint of tree size") for p in report.passed)
+    other = Witness("witness.test/w2", w.state, {})
+    report = bundle.verify(data, public, _policy(w, other, quorum=2))
+    assert report.failures == [
+        "anchor.checkpoint: witness policy: cosigned by 1 of the 2 of 2 witness(es) (witness.test/w1, "
+        "witness.test/w2), 2 required (no valid cosignature by witness.test/w2)"
+    ]
+    assert bundle.verify(data, public, _policy(w, other, quorum=1)).ok
+    assert _samples("diagnosis_audit_witness_last_cosigned_size") == {
+        (("witness", "witness.test/w1"),): second.tree_size
+    }
+    # An independent note parser (sigstore-python) reads the cosigned note: both signature lines.
+    from sigstore._internal.rekor.checkpoint import SignedCheckpoint
+
+    parsed = SignedCheckpoint.from_text(data["anchor"]["checkpoint"]["note"])
+    names = [(sig.name, sig.sig_hash) for sig in parsed.signed_note.signatures]
+    assert names == [
+        (note.parse_note_body(second.body).origin, bytes.fromhex(second.key_id)),
+        ("witness.test/w1", verifier.key_id),
+    ]
+
+
+def test_a_witness_that_is_down_is_recorded_alerted_and_retried(user, witness, settings):
+    w, server = witness
+    settings.AUDIT_WITNESSES = [f"http://127.0.0.1:9 {w.vkey}"]  # nothing listens there
+    finished_runs(user, 2)
+    cp = log.checkpoint().newest
+    assert cp is not None and cp.cosignatures.count() == 0  # the checkpoint is signed all the same
+    [attempt] = WitnessAttempt.objects.all()
+    assert (attempt.witness, attempt.outcome, attempt.tree_size) == ("witness.test/w1", "unreachable", 2)
+    assert _samples("diagnosis_audit_witness_failures_total") == {
+        (("reason", "unreachable"), ("witness", "witness.test/w1")): 1.0
+    }
+    log.checkpoint()  # still down: asked again, recorded again
+    assert (
+        _samples("diagnosis_audit_witness_failures_total")[
+            (("reason", "unreachable"), ("witness", "witness.test/w1"))
+        ]
+        == 2.0
+    )
+    # Back: the next run (nothing new to sign) submits the newest checkpoint again.
+    settings.AUDIT_WITNESSES = [f"{server.url} {w.vkey}"]
+    assert log.checkpoint().checkpoints == []
+    assert cp.cosignatures.count() == 1 and w.requests == [(0, 200)]
+    assert WitnessAttempt.objects.order_by("-id").first().outcome == "cosigned"
+
+
+def test_a_witness_that_does_not_know_the_log_or_its_key_refuses(user, witness, settings):
+    w, _ = witness
+    w.logs = {"another.example/log": [keys.current_key().public]}
+    finished_runs(user, 1)
+    log.checkpoint()
+    w.logs = {settings.AUDIT_LOG_ORIGIN: [note.load_private(keys.generate_key_text()).public_key()]}
+    log.checkpoint()
+    outcomes = list(WitnessAttempt.objects.order_by("id").values_list("outcome", "status"))
+    assert outcomes == [(WitnessOutcome.UNKNOWN_LOG, 404), (WitnessOutcome.FORBIDDEN, 403)]
+    assert CheckpointCosignature.objects.count() == 0
+
+
+def test_a_witness_ahead_of_what_we_stored_is_caught_up_from_its_size(user, witness):
+    w, _ = witness
+    finished_runs(user, 2)
+    first = log.checkpoint().newest
+    CheckpointCosignature.objects.all().delete()  # e.g. restored from a backup taken before
+    finished_runs(user, 2)
+    second = log.checkpoint().newest
+    assert w.requests == [(0, 200), (0, 409), (first.tree_size, 200)]
+    assert second.cosignatures.count() == 1
+
+
+def _rebuild_history(user, victim) -> None:
+    """What an operator rewriting history does: delete a run, add another, and rebuild the log and its
+    checkpoints from scratch, signing them with the log's own key (a consistent history of its own)."""
+    delete_run(victim.run_id)
+    CheckpointCosignature.objects.all().delete()
+    Checkpoint.objects.all().delete()
+    LogLeaf.objects.all().delete()
+    LogNode.objects.all().delete()
+    LogHead.objects.filter(pk=1).update(tree_size=0, root_hash="", scan_from=None)
+    finished_runs(user, 1)
+    log.checkpoint(full_scan=True)
+
+
+def test_a_split_view_is_refused_by_the_witness_and_fails_the_policy(user, witness, settings):
+    w, _ = witness
+    runs = finished_runs(user, 3)
+    honest = log.checkpoint().newest
+    assert honest.cosignatures.count() == 1
+    honest_bundle = build_bundle(run=runs[1])
+
+    _rebuild_history(user, runs[0])
+    rebuilt = Checkpoint.objects.order_by("-tree_size").first()
+    assert rebuilt.tree_size == honest.tree_size and rebuilt.root_hash != honest.root_hash
+    # The witness holds the honest checkpoint of that size: it refuses the other one.
+    assert w.requests[-2:] == [(0, 409), (honest.tree_size, 422)]
+    last = WitnessAttempt.objects.order_by("-id").first()
+    assert (last.outcome, last.status) == (WitnessOutcome.BAD_PROOF, 422)
+    assert rebuilt.cosignatures.count() == 0
+    assert _samples("diagnosis_audit_witness_failures_total") == {
+        (("reason", "bad-proof"), ("witness", "witness.test/w1")): 1.0
+    }
+    # Verified with the policy, the rebuilt history fails; the bundle taken before still verifies.
+    public = [keys.current_key().public]
+    report = bundle.verify(build_bundle(run=runs[1]), public, _policy(w))
+    assert not report.ok
+    assert "witness.test/w1" in report.failures[-1] and "witness policy" in report.failures[-1]
+    assert bundle.verify(honest_bundle, public, _policy(w)).ok
+    # Without a policy the rebuilt log verifies in itself: this is what witnesses are for.
+    call_command("verify_audit")
+    settings.AUDIT_WITNESS_POLICY = [w.vkey]
+    with pytest.raises(CommandError):
+        call_command("verify_audit")
+
+
+def _verify_audit(*args) -> tuple[bool, str]:
+    out = io.StringIO()
+    try:
+        call_command("verify_audit", *args, stdout=out)
+    except CommandError:
+        return False, out.getvalue()
+    return True, out.getvalue()
+
+
+def test_the_policy_is_n_of_m_in_verify_audit(user, witness, tmp_path, settings):
+    w, _ = witness
+    down = Witness("witness.test/w2", tmp_path / "w2.json", {})
+    third = Witness("witness.test/w3", tmp_path / "w3.json", {})
+    settings.AUDIT_WITNESSES = [*settings.AUDIT_WITNESSES, f"http://127.0.0.1:9 {down.vkey}"]
+    runs = finished_runs(user, 2)
+    cp = log.checkpoint().newest
+    ok, out = _verify_audit("--witness-key", w.vkey)
+    assert ok, out
+    assert "witness policy 1 of 1 witness(es) (witness.test/w1), 1 required" in out
+    ok, out = _verify_audit("--witness-key", w.vkey, "--witness-key", down.vkey, "--witness-quorum", "1")
+    assert ok, out
+    ok, out = _verify_audit("--witness-key", w.vkey, "--witness-key", down.vkey)  # all: 2 of 2
+    assert not ok
+    assert (
+        f"log INVALID checkpoint tree_size={cp.tree_size}: witness policy: cosigned by 1 of the 2 of 2 "
+        "witness(es) (witness.test/w1, witness.test/w2), 2 required "
+        "(no valid cosignature by witness.test/w2); "
+        f"witness.test/w2 last unreachable (HTTP 0) at size {cp.tree_size}: ConnectError"
+    ) in out
+    settings.AUDIT_WITNESS_POLICY = [w.vkey, down.vkey, third.vkey]
+    settings.AUDIT_WITNESS_QUORUM = 2
+    assert not _verify_audit()[0]
+    assert _verify_audit("--witness-quorum", "1")[0]
+    ok, out = _verify_audit("--run", runs[0].run_id)
+    assert not ok
+    assert f"run={runs[0].run_id} INVALID checkpoint tree_size={cp.tree_size}: witness policy" in out
+    # A stored cosignature that was changed fails its signature, policy or not.
+    settings.AUDIT_WITNESS_POLICY, settings.AUDIT_WITNESS_QUORUM = [], 0
+    cosig = CheckpointCosignature.objects.get()
+    raw = bytearray(base64.b64decode(cosig.signature))
+    raw[-1] ^= 1
+    CheckpointCosignature.objects.filter(pk=cosig.pk).update(signature=base64.b64encode(bytes(raw)).decode())
+    ok, out = _verify_audit()
+    assert not ok
+    assert "stored cosignature of witness.test/w1: cosignature by witness.test/w1 does not verify" in out
+
+
+def test_old_format_checkpoints_do_not_meet_a_policy_and_verify_without_one(user, witness, settings):
+    w, server = witness
+    settings.AUDIT_WITNESSES = []
+    finished_runs(user, 1)
+    log.checkpoint()
+    legacy_checkpoints()
+    assert _verify_audit()[0]
+    ok, out = _verify_audit("--witness-key", w.vkey)
+    assert not ok and "in the JSON format of before witnesses, without cosignatures" in out
+    # The next checkpoint is a note, submitted and cosigned: the policy holds again.
+    settings.AUDIT_WITNESSES = [f"{server.url} {w.vkey}"]
+    finished_runs(user, 1)
+    log.checkpoint()
+    ok, out = _verify_audit("--witness-key", w.vkey)
+    assert ok, out
+
+
+def test_the_offline_verifier_takes_the_policy(user, witness, tmp_path):
+    w, _ = witness
+    run = finished_runs(user, 1)[0]
+    log.checkpoint()
+    path = tmp_path / "evidence.json"
+    call_command("export_evidence", run.run_id, "--output", str(path), stderr=io.StringIO())
+    public = note.public_text(keys.current_key().public)
+    other = Witness("witness.test/w2", tmp_path / "w2.json", {})
+
+    def offline(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "audit.verify_bundle", str(path), "--public-key", public, *args],
+            capture_output=True,
+            text=True,
+            check=False,
+            env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(Path(__file__).parents[3])},
+        )
+
+    done = offline("--witness-key", w.vkey)
+    assert done.returncode == 0 and "OK witnesses: the checkpoint of tree size" in done.stdout, done.stdout
+    done = offline("--witness-key", w.vkey, "--witness-key", other.vkey)
+    assert done.returncode == 1
+    assert "FAIL anchor.checkpoint: witness policy: cosigned by 1 of the 2 of 2" in done.stdout
+    assert "NOT VERIFIED" in done.stdout
+    done = offline("--witness-key", w.vkey, "--witness-key", other.vkey, "--witness-quorum", "1")
+    assert done.returncode == 0, done.stdout
+    assert offline("--witness-key", "not-a-vkey").returncode == 2
