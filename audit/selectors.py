@@ -74,6 +74,7 @@ from django.db.models import (
 from django.db.models.functions import Cast
 
 from audit.binding import verify_rows
+from audit.chunks import run_chunks
 from audit.integrity import verify_chain
 from audit.models import (
     TOOL_CONFLICT,
@@ -413,16 +414,8 @@ def iter_traces(
     and (with a `viewer`) the viewer's feedback, so memory holds one chunk whatever the number of runs
     (`manage.py export_traces`, the admin's export). Each trace equals `get_trace(run=run, viewer=viewer)`."""
     book = load_price_book()
-    last = 0
-    while True:
-        batch = list(runs.filter(pk__gt=last).order_by("pk")[:chunk])
-        if not batch:
-            return
-        last = batch[-1].pk
+    for batch, events in run_chunks(runs, chunk):
         ids = [r.run_id for r in batch]
-        events: dict[str, list[TraceEvent]] = defaultdict(list)
-        for e in TraceEvent.objects.filter(run_id__in=ids).order_by("run_id", "sequence_no"):
-            events[e.run_id].append(e)
         steps: dict[str, list[AgentStep]] = defaultdict(list)
         for st in AgentStep.objects.filter(run_id__in=ids).order_by("run_id", "id"):
             steps[st.run_id].append(st)
