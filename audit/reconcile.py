@@ -27,7 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SOURCES = ("ROUTER", "AGENT", "GUARD")
-_FIELDS = (
+# The one field set of a model call's usage: (its key in a MODEL_TOKEN_USAGE record, the attribute of
+# `audit.recorder.Usage`, of `CallUsage` and the column of the step row), in the order records list them.
+USAGE_FIELDS = (
     ("promptTokens", "prompt_tokens"),
     ("completionTokens", "completion_tokens"),
     ("totalTokens", "total_tokens"),
@@ -37,6 +39,11 @@ _FIELDS = (
 _LABEL = {"ROUTER": "router call", "GUARD": "semantic guard call"}
 CHAT_AGENT_NAME = "diagnosis_agent"  # audit.models.CHAT_AGENT_NAME (this module imports no models)
 _DEFAULT_AGENT = {"AGENT": CHAT_AGENT_NAME, "ROUTER": "router", "GUARD": "semantic_guard"}
+
+
+def usage_counts(source: Any) -> dict[str, Any]:
+    """The counts of `source` (a `Usage`, a `CallUsage`, a step row) by attribute, as they are."""
+    return {attr: getattr(source, attr) for _key, attr in USAGE_FIELDS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +70,7 @@ class CallUsage:
             source=str(details.get("source") or ""),
             step_index=_int(details.get("stepIndex")),
             available=bool(details.get("usageAvailable")),
-            **{attr: _int(details.get(key)) for key, attr in _FIELDS},
+            **{attr: _int(details.get(key)) for key, attr in USAGE_FIELDS},
             agent_name=str(agent) if agent else None,
             model=str(details["model"]) if details.get("model") else None,
         )
@@ -83,7 +90,7 @@ class CallUsage:
         return self.available and self.total_tokens is not None
 
     def counts(self) -> tuple:
-        return (self.available, *(getattr(self, attr) for _key, attr in _FIELDS))
+        return (self.available, *(getattr(self, attr) for _key, attr in USAGE_FIELDS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +181,7 @@ def reconcile(
             differences.append(f"{call_names([row])[0]}: step row has no usage record")
             continue
         name, call = entry
-        for (_key, attr), got, want in zip(_FIELDS, row.counts()[1:], call.counts()[1:], strict=True):
+        for (_key, attr), got, want in zip(USAGE_FIELDS, row.counts()[1:], call.counts()[1:], strict=True):
             if got != want:
                 differences.append(f"{name}: step row {attr} {got} differs from its usage record {want}")
         if row.available != call.available:
@@ -275,7 +282,7 @@ def stored_usage(run_id: str) -> tuple[list[CallUsage], list[tuple[int, CallUsag
     from audit.models import AgentStep, EventType, TraceEvent
 
     q = connection.ops.quote_name
-    step_cols = ("usage_available", *(attr for _key, attr in _FIELDS))
+    step_cols = ("usage_available", *(attr for _key, attr in USAGE_FIELDS))
     # Identifiers come from the models and are quoted; values are parameters.
     sql = (
         f"SELECT 0, {q('sequence_no')}, {q('details')}, NULL, "  # noqa: S608

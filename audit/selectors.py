@@ -87,7 +87,7 @@ from audit.models import (
     ToolStatus,
     TraceEvent,
 )
-from audit.reconcile import CallUsage, KeptLedger, Reconciliation, reconcile
+from audit.reconcile import CallUsage, KeptLedger, Reconciliation, reconcile, usage_counts
 from audit.rowdigest import stored_reasoning_rows
 from audit.transparency.verify import check_anchor
 from core.compiled import CompiledQuery, json_loads
@@ -653,15 +653,7 @@ def reconcile_trace(*, run: DiagnosisRun, events: list[TraceEvent], steps: list[
         (
             s.step_index,
             CallUsage(
-                "AGENT",
-                s.step_index,
-                bool(s.usage_available),
-                s.prompt_tokens,
-                s.completion_tokens,
-                s.total_tokens,
-                s.reasoning_tokens,
-                s.cached_tokens,
-                agent_name=s.agent_name,
+                "AGENT", s.step_index, bool(s.usage_available), **usage_counts(s), agent_name=s.agent_name
             ),
         )
         for s in steps
