@@ -20,7 +20,7 @@ from django.contrib.auth.models import Group
 from django.core.management import call_command
 
 from audit.models import ToolInvocation, ToolStatus
-from audit.signals import STAFF_VIEWERS_GROUP
+from core.groups import STAFF_VIEWERS
 from diagnosis.models import DiagnosisRun, RunStatus
 from surfaces.answers import render_answer
 from tests.browser import launch_chromium, requires_chromium
@@ -37,7 +37,7 @@ def site(provider, staff_user):
     # The daphne subprocess knows only the production hashers (the suite's MD5 is for this process).
     staff_user.password = PBKDF2PasswordHasher().encode(PASSWORD, "browser-salt", iterations=1000)
     staff_user.save(update_fields=["password"])
-    staff_user.groups.add(Group.objects.get(name=STAFF_VIEWERS_GROUP))  # the console's read access
+    staff_user.groups.add(Group.objects.get(name=STAFF_VIEWERS))  # the console's read access
     call_command("load_knowledge", "runbooks", stdout=StringIO())
     server = DaphneServer(
         env={**provider.env(provider.base_url), "RUN_SWEEP_INTERVAL_SECONDS": "0"},
