@@ -42,8 +42,6 @@ Summary semantics (documented in docs/api.md):
   this verdict and the one the recorder wrote at finish.
 * A FAILED or CANCELLED run never carries a release decision or content (the recorder withdraws one
   recorded before the failure); a stored row that does is named in `gaps` and the audit is incomplete.
-* `Trace.provider` is the provider recorded at RUN_STARTED; `demo` is true for the offline demo model,
-  whose text and reasoning are not a real model's.
 """
 
 from __future__ import annotations

@@ -9,6 +9,9 @@ feedback only when the caller did not annotate it on the run). No reasoning or a
 reasoning rows (`reasoning.AgentReasoningAudit`) are read as stored, ciphertext cast to plain text and
 never decrypted, only to recompute their digests; nothing of them enters the trace.
 
+`Trace.provider` is the provider recorded at RUN_STARTED; `demo` is true for the offline demo model, whose
+text and reasoning are not a real model's.
+
 `assemble` builds a `Trace` from rows read elsewhere too (`audit.selectors.export.iter_traces`, a chunk
 of runs at a time), so both give the same trace of a run.
 
