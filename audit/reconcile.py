@@ -47,17 +47,26 @@ def usage_counts(source: Any) -> dict[str, Any]:
 
 
 @dataclass(frozen=True, slots=True)
-class CallUsage:
-    """One model call's usage as a usage record states it (camelCase keys of `Usage.as_details`)."""
+class TokenCounts:
+    """Whether a model call reported usage, and its counts (`USAGE_FIELDS`, None when not reported,
+    never 0): the fields the provider's report (`audit.recorder.Usage`) and a stored record's reading
+    (`CallUsage`) share, declared once."""
 
-    source: str
-    step_index: int | None
     available: bool
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     total_tokens: int | None = None
     reasoning_tokens: int | None = None
     cached_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallUsage(TokenCounts):
+    """One model call's usage as a usage record states it (camelCase keys of `Usage.as_details`).
+    Built by keyword: its counts are `TokenCounts`'."""
+
+    source: str
+    step_index: int | None
     # The calling agent (`agentName`); records written before per-agent counters name none.
     agent_name: str | None = None
     # The model the call named (`model`; what `pricing` prices it by); not compared.
@@ -302,7 +311,11 @@ def stored_usage(run_id: str) -> tuple[list[CallUsage], list[tuple[int, CallUsag
             events.append((int(order), CallUsage.from_details(data or {})))
         else:
             usage = CallUsage(
-                "AGENT", int(order), bool(available), *(_int(c) for c in counts), agent_name=agent_name
+                source="AGENT",
+                step_index=int(order),
+                available=bool(available),
+                **{attr: _int(c) for (_key, attr), c in zip(USAGE_FIELDS, counts, strict=True)},
+                agent_name=agent_name,
             )
             steps.append((int(order), usage))
     events.sort(key=lambda e: e[0])

@@ -256,7 +256,11 @@ def reconcile_trace(*, run: DiagnosisRun, events: list[TraceEvent], steps: list[
         (
             s.step_index,
             CallUsage(
-                "AGENT", s.step_index, bool(s.usage_available), **usage_counts(s), agent_name=s.agent_name
+                source="AGENT",
+                step_index=s.step_index,
+                available=bool(s.usage_available),
+                **usage_counts(s),
+                agent_name=s.agent_name,
             ),
         )
         for s in steps
