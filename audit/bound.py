@@ -12,6 +12,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from audit.events import APPENDED_EVENTS
+
 RUN_STARTED = "RUN_STARTED"
 AGENT_MODEL_STEP = "AGENT_MODEL_STEP"
 TOOL_INVOCATION = "TOOL_INVOCATION"
@@ -20,8 +22,8 @@ REASONING_PURGED = "REASONING_PURGED"
 REASONING_REKEYED = "REASONING_REKEYED"
 REVIEW_RECORDED = "REVIEW_RECORDED"
 # Events appended to a finished run's chain by others than its recorder (never expected by it, allowed
-# after the anchored head): reasoning purges and key rotations, and human reviews.
-GOVERNANCE_EVENTS = frozenset({REASONING_PURGED, REASONING_REKEYED, REVIEW_RECORDED})
+# after the anchored head): declared `APPENDED` in the registry.
+GOVERNANCE_EVENTS = APPENDED_EVENTS
 # (A bare tool error kept until the run's verdict, ERROR_OBSERVED, binds no row: the row is unchanged.)
 TOOL_STATUSES = frozenset({"AWAITING_APPROVAL", "RUNNING", "SUCCEEDED", "FAILED", "INTERRUPTED", "ABANDONED"})
 # `audit.models.CHAT_AGENT_NAME`: the agent of a step event that names none.
@@ -105,12 +107,14 @@ def collect(events: Sequence[Any]) -> Bindings:
             b.governance += 1
             if "reviewId" in d:
                 b.reviews[str(d["reviewId"])] = Bound(seq, d.get("reviewDigest"))
-        elif kind in GOVERNANCE_EVENTS:
+        elif kind in (REASONING_PURGED, REASONING_REKEYED):
             b.governance += 1
             for row in d.get("rows") or []:
                 b.reasoning[(row.get("stepIndex"), row.get("agentName"))] = Bound(
                     seq, row.get("digest"), purged=kind == REASONING_PURGED
                 )
+        elif kind in APPENDED_EVENTS:
+            b.governance += 1
         elif kind == RUN_FINISHED:
             b.finished = (seq, d.get("runDigest"), d.get("expected"), d.get("runForm"))
             b.digests_seen |= "runDigest" in d

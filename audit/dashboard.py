@@ -49,6 +49,10 @@ class DayRuns:
     unreconciled: int = 0
     cost: Decimal | None = None  # sum of the priced runs' cost (None: none priced)
     cost_unavailable: int = 0  # terminal runs whose cost is unavailable, demo or not priced
+    # ... split by why, each what the run list's cost filter of that name shows:
+    cost_unpriced_call: int = 0  # `unavailable`: a call the price table could not price
+    cost_demo: int = 0  # `demo`: the demo model has no price
+    cost_not_priced: int = 0  # `not_priced`: not priced yet
 
     @property
     def runs(self) -> int:
@@ -108,6 +112,9 @@ class Dashboard:
             out.audit_incomplete += d.audit_incomplete
             out.unreconciled += d.unreconciled
             out.cost_unavailable += d.cost_unavailable
+            out.cost_unpriced_call += d.cost_unpriced_call
+            out.cost_demo += d.cost_demo
+            out.cost_not_priced += d.cost_not_priced
             if d.cost is not None:
                 out.cost = (out.cost or Decimal(0)) + d.cost
         return out
@@ -144,10 +151,19 @@ def get_dashboard(*, since: dt.datetime, until: dt.datetime) -> Dashboard:
             unreconciled=Count("id", filter=terminal & Q(tokens_reconciled=False)),
             cost=Sum("cost", filter=Q(cost_status=CostStatus.PRICED)),
             cost_unavailable=Count("id", filter=terminal & ~Q(cost_status=CostStatus.PRICED)),
+            cost_unpriced_call=Count("id", filter=terminal & Q(cost_status=CostStatus.UNAVAILABLE)),
+            cost_demo=Count("id", filter=terminal & Q(cost_status=CostStatus.DEMO)),
+            cost_not_priced=Count("id", filter=terminal & Q(cost_status=CostStatus.NOT_PRICED)),
         )
         .order_by("day")
     )
-    days = [DayRuns(**row) for row in per_day]
+    # Every day of the period, those without a run as zeros (a chart with gaps reads as "no data").
+    found = {row["day"]: DayRuns(**row) for row in per_day}
+    first, last = since.date(), (until - dt.timedelta(microseconds=1)).date()
+    days = [
+        found.get(first + dt.timedelta(days=i)) or DayRuns(day=first + dt.timedelta(days=i))
+        for i in range((last - first).days + 1)
+    ]
 
     latency = {
         "run": _percentiles(runs, "total_duration_ms"),

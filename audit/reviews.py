@@ -23,7 +23,6 @@ Only terminal runs are reviewed (`RunNotFinished`, raised there).
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import logging
 
 from django.conf import settings
@@ -42,11 +41,8 @@ from audit.models import (
     RunReview,
 )
 from audit.payloads import sha256_hex
-from audit.recorder.chain import _table
-from audit.recorder.facts import _Event
-from audit.recorder.tail import RunNotFinished as RunNotFinished  # raised by record_review
-from audit.recorder.tail import Tail, append_to_finished_run
-from audit.write_ops import Insert
+from audit.recorder import ChainEvent, Tail, append_to_finished_run, row_insert
+from audit.recorder import RunNotFinished as RunNotFinished  # raised by record_review
 from diagnosis.models import DiagnosisRun
 from diagnosis.review_queue import CLAIM_MINUTES_DEFAULT, refresh_needs_review
 from diagnosis.services import new_id
@@ -88,9 +84,8 @@ def record_review(*, run: DiagnosisRun, user: AbstractBaseUser, verdict: str, no
             sequence_no=tail.next_sequence,
             created_at=timezone.now(),
         )
-        table = _review_table()
-        row = Insert(table, tuple(getattr(review, c) for c in table.columns))
-        event = _Event(
+        row = row_insert(review)
+        event = ChainEvent(
             Phase.RUN,
             EventType.REVIEW_RECORDED,
             verdict.upper(),
@@ -119,11 +114,6 @@ def record_review(*, run: DiagnosisRun, user: AbstractBaseUser, verdict: str, no
         "review recorded run=%s review=%s verdict=%s user=%s", run.run_id, review.review_id, verdict, user.pk
     )
     return RunReview.objects.get(review_id=review.review_id)
-
-
-@functools.cache
-def _review_table():
-    return _table(RunReview)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from audit.models import CHAT_AGENT_NAME, EventType, Phase, ReviewVerdict, ToolStatus
+from audit.events import EVENTS
+from audit.models import CHAT_AGENT_NAME, Phase, ReviewVerdict, ToolStatus
 from audit.transparency.serializers import (  # noqa: F401  (re-exported: audit.apis imports them from here)
     CheckpointPageSerializer,
     CheckpointSerializer,
@@ -302,7 +303,11 @@ class TraceRunSerializer(RunIdentitySerializer):
 class TimelineEventSerializer(serializers.Serializer):
     sequenceNo = serializers.IntegerField(source="sequence_no")
     phase = serializers.ChoiceField(choices=Phase.values)
-    eventType = serializers.ChoiceField(source="event_type", choices=EventType.values)
+    eventType = serializers.ChoiceField(
+        source="event_type",
+        # Declared in `audit.events`: the schema's enum lists each type with what it records.
+        choices=[(spec.type, spec.doc) for spec in EVENTS],
+    )
     status = serializers.CharField()
     summary = serializers.CharField()
     details = serializers.JSONField(help_text="Bounded event facts (strings ≤ 500 characters).")

@@ -27,6 +27,7 @@ from telemetry import views as telemetry_views
 
 urlpatterns = [
     path("", chat_pages.front_door, name="front-door"),
+    path("favicon.ico", chat_pages.favicon, name="favicon"),
     # The admin's TOTP step-up for reading reasoning (access/views.py), before the admin's own URLs.
     path("admin/verify-otp/", verify_otp, name="verify-otp"),
     path("admin/", admin.site.urls),

@@ -23,6 +23,9 @@ class RunStatus(models.TextChoices):
 
 
 TERMINAL_RUN_STATUSES = frozenset({RunStatus.SUCCESS, RunStatus.FAILED, RunStatus.CANCELLED})
+# The provider name of the offline demo model (`DiagnosisRun.provider`): its runs are labelled DEMO
+# wherever they are shown, and have no price.
+DEMO_PROVIDER = "demo"
 
 
 class ReleaseDecision(models.TextChoices):

@@ -63,11 +63,29 @@ def visible_sessions(*, user: AbstractBaseUser | AnonymousUser) -> QuerySet[Chat
     return ChatSession.objects.filter(owner=user)
 
 
-def session_list(*, user: AbstractBaseUser | AnonymousUser) -> QuerySet[ChatSession]:
+SESSION_SEARCH_CHARS = 200
+
+
+def session_list(
+    *, user: AbstractBaseUser | AnonymousUser, mine: bool = False, text: str = ""
+) -> QuerySet[ChatSession]:
     """Visible sessions, newest first (`(-created_at, -id)`, an index range: `(owner, created_at)` for an
     owner, `(created_at)` for staff), with their stored `run_count` and `last_run_at`; one query per
-    page, and one for their owners (by primary key: a join made MariaDB scan and sort the sessions)."""
-    return visible_sessions(user=user).prefetch_related("owner").order_by("-created_at", "-id")
+    page, and one for their owners (by primary key: a join made MariaDB scan and sort the sessions).
+
+    `mine`: only the user's own sessions (the chat's list of conversations, also for staff). `text`: only
+    sessions whose title or any of whose questions contains it (case-insensitive; the questions are
+    searched among the owner's runs when `mine`, so the scan is bounded by one user's runs)."""
+    sessions = visible_sessions(user=user)
+    if mine:
+        sessions = sessions.filter(owner=user) if user.is_authenticated else sessions.none()
+    text = " ".join(text.split())[:SESSION_SEARCH_CHARS]
+    if text:
+        runs = DiagnosisRun.objects.filter(query__icontains=text)
+        if mine:
+            runs = runs.filter(session__owner=user)
+        sessions = sessions.filter(Q(title__icontains=text) | Q(session_id__in=runs.values("session_id")))
+    return sessions.prefetch_related("owner").order_by("-created_at", "-id")
 
 
 def _valid_id(value: object) -> bool:

@@ -8,3 +8,14 @@ class SurfacesConfig(AppConfig):
 
     name = "surfaces"
     verbose_name = "Console"
+
+    def ready(self) -> None:
+        from django.contrib import admin
+
+        # The product's name on the login page and every console page, not "Django administration".
+        admin.site.site_header = PRODUCT_NAME
+        admin.site.site_title = PRODUCT_NAME
+        admin.site.index_title = "Console"
+
+
+PRODUCT_NAME = "Diagnosis agent"

@@ -40,11 +40,13 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class RunEvent:
-    """Always the first event of a run: which session and run the client is following."""
+    """Always the first event of a run: which session and run the client is following, and whether the
+    offline demo model answers it (`demo`: its answers are labelled DEMO)."""
 
     session_id: str
     run_id: str
     sequence_no: int | None = None
+    demo: bool = False
     type: ClassVar[str] = "run"
 
 

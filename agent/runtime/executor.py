@@ -71,7 +71,7 @@ from agent.runtime.tools.registry import ToolRegistry, default_registry
 from audit.models import ToolStatus
 from audit.recorder import RunRecorder
 from diagnosis import services
-from diagnosis.models import ChatSession, DiagnosisRun, RunStatus
+from diagnosis.models import DEMO_PROVIDER, ChatSession, DiagnosisRun, RunStatus
 from diagnosis.selectors import owned_session
 
 logger = logging.getLogger(__name__)
@@ -276,7 +276,8 @@ async def execute_run(
                 seq = await db(
                     recorder.run_started, agent_flow=run.agent_flow, release_mode=mode, details=details
                 )
-            await out.emit(RunEvent(session_id=run.session_id, run_id=run_id, sequence_no=seq))
+            demo = details.get("provider") == DEMO_PROVIDER
+            await out.emit(RunEvent(session_id=run.session_id, run_id=run_id, sequence_no=seq, demo=demo))
             if setup_error is not None:
                 raise setup_error
             ctx = RunContext(

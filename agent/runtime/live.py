@@ -56,7 +56,7 @@ from agent.runtime.events import (
 )
 from audit.models import EventType
 from audit.selectors import chat_timeline, finished_by
-from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun, RunStatus
+from diagnosis.models import DEMO_PROVIDER, TERMINAL_RUN_STATUSES, DiagnosisRun, RunStatus
 
 logger = logging.getLogger(__name__)
 
@@ -230,7 +230,10 @@ def persisted_frames(run_id: str, *, after: int) -> Replay:
     finished_seq: int | None = None
     for row in rows:
         if row.event_type == EventType.RUN_STARTED:
-            events.append(RunEvent(session_id=run.session_id, run_id=run_id, sequence_no=row.sequence_no))
+            demo = (row.details or {}).get("provider") == DEMO_PROVIDER
+            events.append(
+                RunEvent(session_id=run.session_id, run_id=run_id, sequence_no=row.sequence_no, demo=demo)
+            )
         elif (
             progress := progress_of(
                 run_id=run_id,

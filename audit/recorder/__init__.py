@@ -5,14 +5,21 @@
 * `decisions`: its routing, model-step, guard and release decisions with the rows each writes;
 * `chain`: sequence numbers, hash chain, one write per decision, fail-open accounting;
 * `tools`: the tool lifecycle of seed 002;
+* `approvals`: calls that wait for a person's decision, the interruption, the decision and the resumption;
 * `ledger`: the token ledger kept while the run executes;
-* `tail`: `append_to_finished_run`, the one write to a run's chain by others than its recorder (reviews,
-  reasoning purges and key rotations), under the run row's lock and its current lease epoch;
+* `tail`: `append_to_finished_run`, the one public way anything but the run's own recorder writes to its
+  chain (reviews, reasoning purges and key rotations, and every event the registry `audit.events`
+  declares `appended`), under the run row's lock, at the head read there and the run's current lease
+  epoch; `row_insert` builds the row such an event binds. Nothing outside this package touches a
+  recorder's private state;
 * `governance`: chained events of reasoning purges and key rotations (outside a run's execution), and
   the global governance chain of access changes (`record_governance_event`).
 """
 
+from audit.recorder.approvals import DecisionNotRecorded
+from audit.recorder.chain import row_insert
 from audit.recorder.facts import (
+    ChainEvent,
     Committed,
     DeclaredToolCall,
     RetrievalFacts,
@@ -20,14 +27,14 @@ from audit.recorder.facts import (
     ToolCallRepeated,
     ToolLifecycleConflict,
     Usage,
-    _Event,
 )
 from audit.recorder.governance import record_governance_event, record_reasoning_change
-from audit.recorder.run import DecisionNotRecorded, RunRecorder
+from audit.recorder.run import RunRecorder
 from audit.recorder.tail import RunNotFinished, Tail, append_to_finished_run
 from audit.recorder.tools import arguments_digest
 
 __all__ = [
+    "ChainEvent",
     "Committed",
     "DecisionNotRecorded",
     "DeclaredToolCall",
@@ -39,9 +46,9 @@ __all__ = [
     "ToolCallRepeated",
     "ToolLifecycleConflict",
     "Usage",
-    "_Event",
     "append_to_finished_run",
     "arguments_digest",
     "record_governance_event",
     "record_reasoning_change",
+    "row_insert",
 ]

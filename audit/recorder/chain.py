@@ -27,7 +27,7 @@ from audit.group_commit import get_committer
 from audit.integrity import GENESIS_HASH, event_payload_json
 from audit.models import AgentStep, EventType, ToolInvocation, TraceEvent
 from audit.payloads import bound_json_text, clip, sha256_hex
-from audit.recorder.facts import SUMMARY_CHARS, Committed, Usage, _Event
+from audit.recorder.facts import SUMMARY_CHARS, ChainEvent, Committed, Usage
 from audit.write_ops import Fence, Insert, RawJSON, Update, WriteFenced, WriteOp, execute
 from audit.write_ops import Table as RowTable
 from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun
@@ -43,7 +43,7 @@ class _Spec:
     """One decision as its owner handed it to `ChainWriter._write` (kept to write it again on its own)."""
 
     what: str
-    events: Sequence[_Event]
+    events: Sequence[ChainEvent]
     inserts: Sequence[Insert] = ()
     updates: Sequence[Update] = ()
     run_fields: dict[str, Any] | None = None
@@ -83,7 +83,7 @@ class ChainWriter:
     def _write(
         self,
         what: str,
-        events: Sequence[_Event],
+        events: Sequence[ChainEvent],
         *,
         inserts: Sequence[Insert] = (),
         updates: Sequence[Update] = (),
@@ -256,17 +256,16 @@ class ChainWriter:
             return self._next_sequence - 1
         return None
 
-    def _commit(
-        self,
-        events: Sequence[_Event],
-        inserts: Sequence[Insert],
-        updates: Sequence[Update],
-        run_fields: dict[str, Any] | None,
-    ) -> None:
-        """Chain and write one decision now, raising whatever kept it from committing (the chain then
-        stays where it was): for writers with their own transaction and retries (governance events,
-        reviews), never fail-open."""
-        spec = _Spec("", events, inserts, updates, run_fields)
+    def append_after(
+        self, head: tuple[int, str] | None, events: Sequence[ChainEvent], rows: Sequence[Insert] = ()
+    ) -> int:
+        """Chain `events` after `head` — (sequence_no, hash) of the run's newest event as its appender
+        read it under the run row's lock; None for an empty chain — and commit them now with the rows
+        they bind; returns the `sequence_no` of the last one. Fail-closed, for
+        `audit.recorder.tail.append_to_finished_run` alone (which holds that lock and retries): whatever
+        kept the events from committing is raised, nothing is counted, and the chain stays at `head`."""
+        self._next_sequence, self._prev_hash = (head[0] + 1, head[1]) if head else (1, GENESIS_HASH)
+        spec = _Spec("", events, rows, (), None)
         start = (self._next_sequence, self._prev_hash)
         try:
             op, entries = self._build(spec)
@@ -275,6 +274,7 @@ class ChainWriter:
             self._next_sequence, self._prev_hash = start
             raise
         self._committed(entries, spec)
+        return self._next_sequence - 1
 
     def _committed(self, entries: list[Committed], spec: _Spec) -> None:
         if self.committed is not None:
@@ -541,8 +541,16 @@ class _Tables:
         }
 
 
+@functools.cache
 def _table(model) -> RowTable:
     return RowTable(model, [f.attname for f in model._meta.concrete_fields if not f.primary_key])
+
+
+def row_insert(instance) -> Insert:
+    """The INSERT of a new model row as an appender binds it to its event (`ChainEvent.bind`): every
+    concrete column but the auto primary key, with the values `instance` holds."""
+    table = _table(type(instance))
+    return Insert(table, tuple(getattr(instance, column) for column in table.columns))
 
 
 @functools.cache

@@ -14,9 +14,9 @@ from audit.payloads import bound_json, bound_text, clip
 from audit.recorder.chain import _tables
 from audit.recorder.facts import (
     SUMMARY_CHARS,
+    ChainEvent,
     DeclaredToolCall,
     Usage,
-    _Event,
     guard_reasoning_step,
     router_reasoning_step,
 )
@@ -83,7 +83,7 @@ class DecisionRecords:
         return self._write(
             "routing_attempt",
             [
-                _Event(
+                ChainEvent(
                     Phase.ROUTING,
                     EventType.ROUTING_ATTEMPT,
                     "OK" if ok else "INVALID",
@@ -131,7 +131,7 @@ class DecisionRecords:
         return self._write(
             "routing_decision",
             [
-                _Event(
+                ChainEvent(
                     Phase.ROUTING, EventType.ROUTING_DECISION, status, clip(summary, SUMMARY_CHARS), details
                 )
             ],
@@ -226,7 +226,7 @@ class DecisionRecords:
             )
             reasoning_row = self._reasoning_insert(step_index, agent_name, reasoning, now=now)
             events = [
-                _Event(
+                ChainEvent(
                     Phase.AGENT,
                     EventType.AGENT_MODEL_STEP,
                     "TOOL_CALLS" if tool_calls else "ANSWER",
@@ -303,7 +303,7 @@ class DecisionRecords:
         return self._write(
             "plan_decision",
             [
-                _Event(
+                ChainEvent(
                     Phase.AGENT,
                     EventType.PLAN_DECISION,
                     status,
@@ -347,7 +347,7 @@ class DecisionRecords:
         return self._write(
             "evidence_guard",
             [
-                _Event(
+                ChainEvent(
                     Phase.GUARD,
                     EventType.EVIDENCE_GUARD_RETRY if retry else EventType.EVIDENCE_GUARD_INITIAL,
                     verdict,
@@ -410,7 +410,7 @@ class DecisionRecords:
             return self._write(
                 "semantic_guard",
                 [
-                    _Event(
+                    ChainEvent(
                         Phase.GUARD,
                         EventType.SEMANTIC_GUARD_DECISION,
                         verdict,
@@ -434,7 +434,7 @@ class DecisionRecords:
         return self._write(
             "release",
             [
-                _Event(
+                ChainEvent(
                     Phase.RELEASE,
                     EventType.RELEASE_DECISION,
                     decision,
@@ -478,7 +478,7 @@ class DecisionRecords:
         phase: str,
         step_index: int | None = None,
         agent_name: str,
-    ) -> _Event:
+    ) -> ChainEvent:
         if usage.available:
             summary = (
                 f"{source}: {usage.total_tokens} tokens "
@@ -493,7 +493,7 @@ class DecisionRecords:
             "stepIndex": step_index,
             **usage.as_details(),
         }
-        return _Event(
+        return ChainEvent(
             phase,
             EventType.MODEL_TOKEN_USAGE,
             "REPORTED" if usage.available else "UNAVAILABLE",

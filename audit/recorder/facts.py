@@ -100,7 +100,7 @@ class RetrievalFacts:
 
 
 @dataclass(frozen=True, slots=True)
-class _Event:
+class ChainEvent:
     """One timeline event to write. `bind` maps a details key to a row written in the same decision:
     the row's digest (`audit.rowdigest`, over the values as they are written) is put under that key."""
 

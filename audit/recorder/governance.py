@@ -28,7 +28,7 @@ from django.utils import timezone
 from audit import rowdigest
 from audit.integrity import GENESIS_HASH, chain_hash, timestamp
 from audit.models import EventType, GovernanceEvent, GovernanceEventType, Phase
-from audit.recorder.facts import _Event
+from audit.recorder.facts import ChainEvent
 from audit.recorder.tail import append_to_finished_run
 
 APPEND_ATTEMPTS = 5
@@ -52,7 +52,7 @@ def record_reasoning_change(*, event_type: str, rows: Iterable[Mapping[str, Any]
     for run_id, changed in sorted(by_run.items()):
         bindings = rowdigest.reasoning_bindings(changed)
         steps = sorted({b["stepIndex"] for b in bindings})
-        event = _Event(
+        event = ChainEvent(
             Phase.RUN,
             event_type,
             _STATUS[event_type],

@@ -71,14 +71,15 @@ from audit.models import (
 )
 from audit.payloads import bound_json, canonical_json, clip
 from audit.reconcile import CallUsage, Reconciliation, reconcile, stored_usage
+from audit.recorder.approvals import ApprovalRecords
 from audit.recorder.chain import ChainWriter, _ms, _recover_connection, _tables, logger
 from audit.recorder.decisions import DecisionRecords
 from audit.recorder.facts import (
     ERROR_MESSAGE_CHARS,
     SUMMARY_CHARS,
     WITHDRAWN,
+    ChainEvent,
     Committed,
-    _Event,
 )
 from audit.recorder.ledger import _Ledger
 from audit.recorder.tools import ERROR_OBSERVED, OPEN_TOOL_STATUSES, ToolLifecycle, _ToolState, terminal_key
@@ -89,11 +90,7 @@ from pricing.rules import CallTokens
 from reasoning.models import AgentReasoningAudit
 
 
-class DecisionNotRecorded(Exception):
-    """An approval decision whose event did not commit: it does not stand."""
-
-
-class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
+class RunRecorder(DecisionRecords, ApprovalRecords, ToolLifecycle, ChainWriter):
     """Writes one run's audit records. Create it with `RunRecorder.for_run(run)` in the lease owner, or
     `RunRecorder.resume(run_id)` in a process taking over a run. See the module docstring for the rules."""
 
@@ -287,7 +284,7 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
         self.provider = clip(str(details.get("provider") or ""), 32)
         return self._write(
             "run_started",
-            [_Event(Phase.RUN, EventType.RUN_STARTED, RunStatus.RUNNING, "run started", details)],
+            [ChainEvent(Phase.RUN, EventType.RUN_STARTED, RunStatus.RUNNING, "run started", details)],
             run_fields={
                 "status": RunStatus.RUNNING,
                 "started_at": now,
@@ -389,7 +386,7 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
             return self._write(
                 "write_fenced",
                 [
-                    _Event(
+                    ChainEvent(
                         Phase.RUN,
                         EventType.WRITE_FENCED,
                         "REFUSED",
@@ -399,108 +396,11 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
                 ],
             )
 
-    # ----------------------------------------------------------------------------------------------
-    # Interruption for approval, decisions, resumption (docs/aiops.md, *Approvals*)
-    # ----------------------------------------------------------------------------------------------
-    def interrupt(
-        self, *, pending: list[str], checkpoint_sha256: str, reason: str, kept: list[str] = ()
-    ) -> int | None:
-        """RUN_INTERRUPTED: the attempt ends waiting for decisions on the `pending` calls; the run
-        becomes INTERRUPTED and its lease is released in the same transaction (no RUN_FINISHED: the
-        run is not over). `checkpoint_sha256` names the executor's saved state the resumption must
-        find unchanged."""
-        with self._lock:
-            return self._write(
-                "run_interrupted",
-                [
-                    _Event(
-                        Phase.RUN,
-                        EventType.RUN_INTERRUPTED,
-                        RunStatus.INTERRUPTED,
-                        clip(f"run interrupted: {len(pending)} call(s) wait for approval", SUMMARY_CHARS),
-                        {
-                            "pending": list(pending),
-                            # Calls whose bare error was observed: kept pending for the resumption.
-                            "keptPending": list(kept),
-                            "checkpointSha256": checkpoint_sha256,
-                            "reason": clip(reason, 300),
-                        },
-                    )
-                ],
-                run_fields={"status": RunStatus.INTERRUPTED, "lease_owner": "", "lease_expires_at": None},
-            )
-
-    def approval_decided(
-        self,
-        *,
-        tool_call_id: str,
-        tool_name: str,
-        decision: str,
-        decided_by: str,
-        note: str,
-        arguments: Any,
-        arguments_digest: str,
-        requested_sequence_no: int | None,
-        claimable_until: Any = None,
-        decided_at: Any = None,
-    ) -> int:
-        """APPROVAL_DECIDED (APPROVED, REJECTED or EXPIRED): who decided (a username; "" for the
-        system's expiry), when (`decided_at`: the instant the decider checked the deadline at; default
-        now), the note, the exact arguments decided and their
-        digest. With `claimable_until` (no other call of the run still waits), the run becomes PENDING
-        with a free lease in the same transaction, so a worker resumes it (the sweeper fails it if none
-        claims it by then); else it stays INTERRUPTED. Not fail-open: a decision that did not commit
-        raises `DecisionNotRecorded` (nothing changed, the call still waits)."""
-        with self._lock:
-            seq = self._write(
-                "approval_decided",
-                [
-                    _Event(
-                        Phase.TOOL,
-                        EventType.APPROVAL_DECIDED,
-                        decision,
-                        clip(
-                            f"{tool_name} {decision.lower()}"
-                            + (f" by {decided_by}" if decided_by else "")
-                            + f" ({tool_call_id})",
-                            SUMMARY_CHARS,
-                        ),
-                        {
-                            "toolCallId": tool_call_id,
-                            "toolName": tool_name,
-                            "decision": decision,
-                            "decidedBy": decided_by or None,
-                            "decidedAt": (decided_at or timezone.now()).isoformat(),
-                            "note": clip(note, 1000),
-                            "arguments": bound_json(arguments),
-                            "argumentsDigest": arguments_digest,
-                            "requestedAt": requested_sequence_no,
-                        },
-                    )
-                ],
-                run_fields=(
-                    {"status": RunStatus.PENDING, "lease_owner": "", "lease_expires_at": claimable_until}
-                    if claimable_until is not None
-                    else {"status": RunStatus.INTERRUPTED, "lease_owner": "", "lease_expires_at": None}
-                ),
-            )
-            if seq is None:
-                raise DecisionNotRecorded(tool_call_id)
-            return seq
-
-    def run_resumed(self, *, details: dict[str, Any]) -> int | None:
-        """RUN_RESUMED: a worker claimed the interrupted run (a new lease and epoch) and continues it."""
-        return self._write(
-            "run_resumed",
-            [_Event(Phase.RUN, EventType.RUN_RESUMED, RunStatus.RUNNING, "run resumed", dict(details))],
-            run_fields={"status": RunStatus.RUNNING},
-        )
-
     def run_cancelled(self, *, reason: str) -> int | None:
         """RUN_CANCELLED: the run stops at a safe point; `finish(status=CANCELLED)` follows."""
         return self._write(
             "run_cancelled",
-            [_Event(Phase.RUN, EventType.RUN_CANCELLED, RunStatus.CANCELLED, clip(reason, 200), {})],
+            [ChainEvent(Phase.RUN, EventType.RUN_CANCELLED, RunStatus.CANCELLED, clip(reason, 200), {})],
         )
 
     def _delivery_fields(self, now: Any, content: str) -> dict[str, Any]:
@@ -544,13 +444,13 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
         with self._lock:
             self._close_dangling_tools(status)
             self.flush()  # the reconciliation below reads the usage records
-            events: list[_Event] = []
+            events: list[ChainEvent] = []
             if status != RunStatus.SUCCESS:
                 content = ""
                 if self.release_decision is not None:
                     withdrawn, self.release_decision = self.release_decision, None
                     events.append(
-                        _Event(
+                        ChainEvent(
                             Phase.RELEASE,
                             EventType.RELEASE_DECISION,
                             WITHDRAWN,
@@ -596,7 +496,7 @@ class RunRecorder(DecisionRecords, ToolLifecycle, ChainWriter):
                 if stored is not None:
                     fields.update(self._cost_fields(stored, ledger.model_calls))
             events.append(
-                _Event(
+                ChainEvent(
                     Phase.RUN,
                     EventType.RUN_FINISHED,
                     status,

@@ -24,9 +24,8 @@ from dataclasses import dataclass
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from audit.integrity import GENESIS_HASH
 from audit.models import TailPending, TraceEvent
-from audit.recorder.facts import _Event
+from audit.recorder.facts import ChainEvent
 from audit.recorder.run import RunRecorder
 from audit.write_ops import Insert
 from diagnosis.models import DiagnosisRun
@@ -49,13 +48,13 @@ class Tail:
     next_sequence: int
 
 
-Compose = Callable[[Tail], tuple[Sequence[_Event], Sequence[Insert]]]
+Compose = Callable[[Tail], tuple[Sequence[ChainEvent], Sequence[Insert]]]
 
 
 def append_to_finished_run(
     *,
     run_id: str,
-    events: Sequence[_Event] = (),
+    events: Sequence[ChainEvent] = (),
     rows: Sequence[Insert] = (),
     compose: Compose | None = None,
     finished_only: bool = True,
@@ -102,18 +101,16 @@ def append_to_finished_run(
                 if finished_only and not run.is_terminal:
                     raise RunNotFinished(f"run {run_id} is still {run.status}")
                 head = locked_head(run_id)
-                next_sequence, prev_hash = (head[0] + 1, head[1]) if head else (1, GENESIS_HASH)
-                tail = Tail(run_id, run.session_id, run.lease_epoch, next_sequence)
+                tail = Tail(run_id, run.session_id, run.lease_epoch, head[0] + 1 if head else 1)
                 appended, bound = compose(tail) if compose is not None else (events, rows)
                 if not appended:
                     raise ValueError("nothing to append")
                 writer = RunRecorder(
                     run_id=run_id, session_id=run.session_id, group_commit=False, lease_epoch=run.lease_epoch
                 )
-                writer._next_sequence, writer._prev_hash = next_sequence, prev_hash
-                writer._commit(appended, bound, (), None)
-                note_appended(run_id=run_id, sequence_no=writer._next_sequence - 1)
-                return writer._next_sequence - 1
+                last = writer.append_after(head, appended, bound)
+                note_appended(run_id=run_id, sequence_no=last)
+                return last
         except IntegrityError:
             if attempt == APPEND_ATTEMPTS:
                 raise

@@ -5,28 +5,27 @@ conflict is refused and recorded on the timeline."""
 
 from __future__ import annotations
 
-import datetime as dt
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.utils import timezone
 
 from audit import rowdigest
-from audit.models import TOOL_CONFLICT, AgentStep, EventType, Phase, ToolInvocation, ToolStatus
+from audit.models import TOOL_CONFLICT, EventType, Phase, ToolStatus
 from audit.payloads import bound_json, bound_text, canonical_json, clip, sha256_hex
 from audit.recorder.chain import _tables
 from audit.recorder.facts import (
     ERROR_MESSAGE_CHARS,
     INPUT_STRING_CHARS,
     SUMMARY_CHARS,
+    ChainEvent,
     DeclaredToolCall,
     RetrievalFacts,
     ToolCallNotDeclared,
     ToolCallRepeated,
     ToolLifecycleConflict,
-    _Event,
 )
 from audit.write_ops import Insert, Update
 from diagnosis.models import RunStatus
@@ -36,7 +35,6 @@ TOOL_CALL_ID_CHARS = 128
 OPEN_TOOL_STATUSES = frozenset({ToolStatus.RUNNING.value, ToolStatus.AWAITING_APPROVAL.value})
 # Status of the TOOL_INVOCATION event that records a bare tool error kept until the run's verdict.
 ERROR_OBSERVED = "ERROR_OBSERVED"
-APPROVAL_REQUESTED_STATUS = "WAITING"
 
 
 def arguments_digest(effective_input: Any) -> str:
@@ -112,90 +110,6 @@ class ToolLifecycle:
                 )
             return tuple(out)
 
-    def tool_awaiting_approval(
-        self,
-        *,
-        tool_call_id: str,
-        tool_name: str,
-        input_params: dict[str, Any],
-        approvers: dict[str, Any],
-        deadline: Callable[[dt.datetime], dt.datetime],
-    ) -> int | None:
-        """Record a declared call of a tool that requires approval, without executing it: its row with
-        status AWAITING_APPROVAL (no `started_at`: nothing ran), its TOOL_INVOCATION event and
-        APPROVAL_REQUESTED (the tool, its bounded arguments and their digest, who may decide, when the
-        request expires), in one transaction. `deadline` is the deadline rule, a function of the row's
-        creation time (`agent.runtime.approvals.expiry_of`), so the recorded `expiresAt` is the one
-        decisions are held to. The same refusals as `tool_started` apply
-        (undeclared id, a repeat). Returns the sequence of APPROVAL_REQUESTED, or None when the write
-        failed (then no request exists: the caller must not wait for one)."""
-        effective_input = bound_json(input_params, max_string=INPUT_STRING_CHARS)
-        input_key = canonical_json(effective_input)
-        with self._lock:
-            self._refuse_start(tool_call_id, tool_name, input_key)
-            agent_name, step_index = self._declared[tool_call_id]
-            provider_id = self._provider_ids.get(tool_call_id, tool_call_id)
-            now = timezone.now()
-            state = _ToolState(
-                name=tool_name,
-                input_key=input_key,
-                step_index=step_index,
-                agent_name=agent_name,
-                started_monotonic=None,
-                started_at=None,
-                input_params=effective_input,
-                provider_id=provider_id,
-                status=ToolStatus.AWAITING_APPROVAL,
-            )
-            t = _tables()
-            row = self._new_tool_row(
-                t, tool_call_id=tool_call_id, tool_name=tool_name, provider_id=provider_id,
-                agent_name=agent_name, step_index=step_index, status=ToolStatus.AWAITING_APPROVAL,
-                input_params=effective_input, started_at=None, now=now,
-            )  # fmt: skip
-            digest = arguments_digest(effective_input)
-            expiry = deadline(now)
-            common = {
-                "toolCallId": tool_call_id,
-                "providerToolCallId": provider_id,
-                "toolName": tool_name,
-                "stepIndex": step_index,
-                "agentName": agent_name,
-            }
-            sequence_no = self._write(
-                "tool_awaiting_approval",
-                [
-                    _Event(
-                        Phase.TOOL,
-                        EventType.TOOL_INVOCATION,
-                        ToolStatus.AWAITING_APPROVAL,
-                        clip(f"{tool_name} awaiting approval ({tool_call_id})", SUMMARY_CHARS),
-                        {**common, "input": effective_input, "rowForm": rowdigest.TOOL.name},
-                        bind={"rowDigest": row},
-                    ),
-                    _Event(
-                        Phase.TOOL,
-                        EventType.APPROVAL_REQUESTED,
-                        APPROVAL_REQUESTED_STATUS,
-                        clip(f"approval requested for {tool_name} ({tool_call_id})", SUMMARY_CHARS),
-                        {
-                            **common,
-                            "arguments": effective_input,
-                            "argumentsDigest": digest,
-                            "approvers": dict(approvers),
-                            "expiresAt": expiry.isoformat(),
-                        },
-                    ),
-                ],
-                inserts=[row],
-            )
-            if sequence_no is None:
-                return None
-            self.expected_tools += 1
-            state.row = dict(zip(t.tool.columns, row.values, strict=True))
-            self._tools[tool_call_id] = state
-            return sequence_no
-
     def _new_tool_row(
         self,
         t,
@@ -230,6 +144,19 @@ class ToolLifecycle:
             ),
         )  # fmt: skip
 
+    def _starting(
+        self, tool_call_id: str, tool_name: str, input_params: dict[str, Any]
+    ) -> tuple[Any, str, str, int, str]:
+        """What every start of a new call begins with (under the recorder's lock): its effective input as
+        recorded (bounded) and the key its facts are compared on, the refusals (`_refuse_start`), then
+        its declaring step (agent name, step index) and the provider's id of the call."""
+        effective_input = bound_json(input_params, max_string=INPUT_STRING_CHARS)
+        input_key = canonical_json(effective_input)
+        self._refuse_start(tool_call_id, tool_name, input_key)
+        agent_name, step_index = self._declared[tool_call_id]
+        provider_id = self._provider_ids.get(tool_call_id, tool_call_id)
+        return effective_input, input_key, agent_name, step_index, provider_id
+
     def _refuse_start(self, tool_call_id: str, tool_name: str, input_key: str) -> None:
         """The refusals every start shares: a repeat (same facts: ToolCallRepeated, nothing written;
         other facts: ToolLifecycleConflict, a CONFLICT event) and an id no recorded step declared
@@ -253,7 +180,7 @@ class ToolLifecycle:
         self._write(
             "tool_refused",
             [
-                _Event(
+                ChainEvent(
                     Phase.TOOL,
                     EventType.TOOL_INVOCATION,
                     "REFUSED",
@@ -263,86 +190,6 @@ class ToolLifecycle:
             ],
         )
 
-    def approved_tool_started(
-        self, *, tool_call_id: str, tool_name: str, input_params: dict[str, Any], approved_digest: str
-    ) -> int | None:
-        """Start a call that waited for approval and was approved, under its own `tool_call_id`: the row
-        goes from AWAITING_APPROVAL to RUNNING (TOOL_INVOCATION RUNNING with the new row digest) before
-        the tool executes.
-
-        Fail-closed (seed 002): the declaring step must be found *in the database* in this run — its
-        resume ancestry is the run's own earlier attempts — with the run's session, and the waiting row
-        too; otherwise ToolCallNotDeclared (a REFUSED event). The name, the input and the digest the
-        approval named must be the recorded ones, else ToolLifecycleConflict (a CONFLICT event); a call
-        that is no longer waiting raises ToolCallRepeated (it is never executed twice)."""
-        effective_input = bound_json(input_params, max_string=INPUT_STRING_CHARS)
-        input_key = canonical_json(effective_input)
-        with self._lock:
-            state = self._tools.get(tool_call_id)
-            if state is None or tool_call_id not in self._declared:
-                self._refused(tool_call_id, tool_name, "NO_WAITING_CALL", "has no recorded waiting call")
-                raise ToolCallNotDeclared(f"tool call {tool_call_id} has no recorded waiting call")
-            if state.status != ToolStatus.AWAITING_APPROVAL:
-                raise ToolCallRepeated(tool_call_id, state.status)
-            if (
-                state.name != tool_name
-                or state.input_key != input_key
-                or arguments_digest(state.input_params) != approved_digest
-            ):
-                self._conflict(
-                    tool_call_id,
-                    tool_name,
-                    "APPROVED_ARGUMENTS_DIFFER",
-                    {"recordedToolName": state.name, "approvedDigest": approved_digest},
-                )
-                raise ToolLifecycleConflict(f"tool call {tool_call_id}: not the arguments approved")
-            agent_name, step_index = self._declared[tool_call_id]
-            self.flush()  # what is read next must include every decision recorded
-            if not _declared_in_store(self, tool_call_id, agent_name, step_index):
-                self._refused(
-                    tool_call_id, tool_name, "DECLARING_STEP_NOT_FOUND", "has no declaring step in this run"
-                )
-                raise ToolCallNotDeclared(f"tool call {tool_call_id}: no declaring step in this run")
-            now = timezone.now()
-            fields = {"status": ToolStatus.RUNNING.value, "started_at": now, "updated_at": now}
-            update = Update(
-                _tables().tool,
-                tuple(fields),
-                tuple(fields.values()),
-                ("run_id", "tool_call_id", "status"),
-                (self.run_id, tool_call_id, ToolStatus.AWAITING_APPROVAL.value),
-            )
-            image = {**state.row, **fields}
-            t = _tables()
-            sequence_no = self._write(
-                "approved_tool_started",
-                [
-                    _Event(
-                        Phase.TOOL,
-                        EventType.TOOL_INVOCATION,
-                        ToolStatus.RUNNING,
-                        clip(f"{tool_name} started after approval ({tool_call_id})", SUMMARY_CHARS),
-                        {
-                            "toolCallId": tool_call_id,
-                            "providerToolCallId": state.provider_id or tool_call_id,
-                            "toolName": tool_name,
-                            "stepIndex": step_index,
-                            "agentName": agent_name,
-                            "input": effective_input,
-                            "approvedDigest": approved_digest,
-                            "rowForm": rowdigest.TOOL.name,
-                        },
-                        bind={"rowDigest": Insert(t.tool, t.tool.row(**image))},
-                    )
-                ],
-                updates=[update],
-            )
-            state.status = ToolStatus.RUNNING
-            state.started_at = now
-            state.row = image
-            state.started_monotonic = time.monotonic()
-            return sequence_no
-
     def tool_started(self, *, tool_call_id: str, tool_name: str, input_params: dict[str, Any]) -> int | None:
         """Commit the RUNNING row and its TOOL_INVOCATION event before the tool executes.
 
@@ -351,44 +198,10 @@ class ToolLifecycle:
         name or input (recorded as a CONFLICT event), ToolCallRepeated when it was started with the same
         facts (nothing is written; the caller must not execute the tool again).
         """
-        effective_input = bound_json(input_params, max_string=INPUT_STRING_CHARS)
-        input_key = canonical_json(effective_input)
         with self._lock:
-            existing = self._tools.get(tool_call_id)
-            if existing is not None:
-                if existing.name == tool_name and existing.input_key == input_key:
-                    raise ToolCallRepeated(tool_call_id, existing.status)
-                self._conflict(
-                    tool_call_id,
-                    tool_name,
-                    "CONFLICTING_START",
-                    {"recordedStatus": existing.status, "recordedToolName": existing.name},
-                )
-                raise ToolLifecycleConflict(f"tool call {tool_call_id} was already started with other facts")
-            if tool_call_id not in self._declared:
-                self._write(
-                    "tool_refused",
-                    [
-                        _Event(
-                            Phase.TOOL,
-                            EventType.TOOL_INVOCATION,
-                            "REFUSED",
-                            clip(
-                                f"{tool_name} refused: call {tool_call_id} not declared by a recorded step",
-                                SUMMARY_CHARS,
-                            ),
-                            {
-                                "toolCallId": tool_call_id,
-                                "toolName": tool_name,
-                                "reason": "UNDECLARED_TOOL_CALL",
-                            },
-                        )
-                    ],
-                )
-                raise ToolCallNotDeclared(f"tool call {tool_call_id} was not declared by a recorded step")
-
-            agent_name, step_index = self._declared[tool_call_id]
-            provider_id = self._provider_ids.get(tool_call_id, tool_call_id)
+            effective_input, input_key, agent_name, step_index, provider_id = self._starting(
+                tool_call_id, tool_name, input_params
+            )
             now = timezone.now()
             state = _ToolState(
                 name=tool_name,
@@ -412,7 +225,7 @@ class ToolLifecycle:
             sequence_no = self._write(
                 "tool_started",
                 [
-                    _Event(
+                    ChainEvent(
                         Phase.TOOL,
                         EventType.TOOL_INVOCATION,
                         ToolStatus.RUNNING,
@@ -501,7 +314,7 @@ class ToolLifecycle:
             return self._write(
                 "tool_error_observed",
                 [
-                    _Event(
+                    ChainEvent(
                         Phase.TOOL,
                         EventType.TOOL_INVOCATION,
                         ERROR_OBSERVED,
@@ -532,7 +345,7 @@ class ToolLifecycle:
             seq = self._write(
                 "tool_restarted",
                 [
-                    _Event(
+                    ChainEvent(
                         Phase.TOOL,
                         EventType.TOOL_INVOCATION,
                         ToolStatus.RUNNING,
@@ -689,7 +502,7 @@ class ToolLifecycle:
         return self._write(
             "tool_finished",
             [
-                _Event(
+                ChainEvent(
                     Phase.TOOL,
                     EventType.TOOL_INVOCATION,
                     status,
@@ -707,7 +520,7 @@ class ToolLifecycle:
         self._write(
             "tool_conflict",
             [
-                _Event(
+                ChainEvent(
                     Phase.TOOL,
                     EventType.TOOL_INVOCATION,
                     TOOL_CONFLICT,
@@ -723,19 +536,3 @@ class ToolLifecycle:
 
 def _start_timing(state: _ToolState) -> None:
     state.started_monotonic = time.monotonic()
-
-
-def _declared_in_store(rec: Any, tool_call_id: str, agent_name: str, step_index: int) -> bool:
-    """Whether a stored model step of the recorder's run, in its session, declared `tool_call_id`, and
-    the stored call waits in that session (read from the database, not from memory)."""
-    steps = AgentStep.objects.filter(
-        run_id=rec.run_id, session_id=rec.session_id, agent_name=agent_name, step_index=step_index
-    ).values_list("tool_call_ids", flat=True)
-    declared = any(tool_call_id in (ids or []) for ids in steps)
-    waiting = ToolInvocation.objects.filter(
-        run_id=rec.run_id,
-        session_id=rec.session_id,
-        tool_call_id=tool_call_id,
-        status=ToolStatus.AWAITING_APPROVAL,
-    ).exists()
-    return declared and waiting

@@ -24,25 +24,35 @@ GOOD, BAD, QUIET, WARN = "#2e7d32", "#c62828", "#9e9e9e", "#ef6c00"
 PALETTE = ("#1565c0", "#6a1b9a", "#00838f", "#ef6c00", "#558b2f", "#ad1457", "#4e342e", "#37474f")
 
 
-def period_of(request) -> tuple[dt.date, dt.date]:
+def period_of(request) -> tuple[dt.date, dt.date, str]:
     """[since, until] as dates from `?since=&until=` (inclusive until), or `?days=N` back from today;
-    the last 7 days by default; at most `MAX_DAYS`."""
+    the last 7 days by default; and what was wrong with the request, if anything ("" when nothing). A
+    range that cannot be shown — a date that is not one, an end before the start, more than `MAX_DAYS`
+    days, a `days` that is not 1 … `MAX_DAYS` — is named, and the last 7 days are shown instead, so the
+    page never silently shows another period than the one asked for."""
     today = timezone.now().date()
-    since, until = parse_date(request.GET.get("since") or ""), parse_date(request.GET.get("until") or "")
-    if since is None or until is None:
+    default = (today - dt.timedelta(days=6), today)
+    raw_since, raw_until = request.GET.get("since") or "", request.GET.get("until") or ""
+    if raw_since or raw_until:
         try:
-            days = int(request.GET.get("days") or 7)
+            since, until = parse_date(raw_since), parse_date(raw_until)
         except ValueError:
-            days = 7
-        days = min(max(days, 1), MAX_DAYS)
-        return today - dt.timedelta(days=days - 1), today
-    if until < since:
-        since, until = until, since
-    return max(since, until - dt.timedelta(days=MAX_DAYS - 1)), until
+            since = until = None
+        if since is None or until is None:
+            return *default, "Give both dates of the period as YYYY-MM-DD."
+        if until < since:
+            return *default, f"The period ends ({until}) before it starts ({since})."
+        if (until - since).days + 1 > MAX_DAYS:
+            return *default, f"A period is at most {MAX_DAYS} days; this one is {(until - since).days + 1}."
+        return since, until, ""
+    raw_days = request.GET.get("days") or "7"
+    if not raw_days.isdigit() or not 1 <= int(raw_days) <= MAX_DAYS:
+        return *default, f"days must be a whole number from 1 to {MAX_DAYS}."
+    return today - dt.timedelta(days=int(raw_days) - 1), today, ""
 
 
 def dashboard_view(model_admin, request):
-    since, until = period_of(request)
+    since, until, period_error = period_of(request)
     start = dt.datetime.combine(since, dt.time(), tzinfo=dt.UTC)
     end = dt.datetime.combine(until + dt.timedelta(days=1), dt.time(), tzinfo=dt.UTC)
     board = get_dashboard(since=start, until=end)
@@ -136,6 +146,7 @@ def dashboard_view(model_admin, request):
         "title": "Oversight dashboard",
         "since": since,
         "until": until,
+        "period_error": period_error,
         "presets": PRESETS,
         "board": board,
         "totals": totals,
@@ -159,7 +170,10 @@ def dashboard_view(model_admin, request):
             "runs": runs_link(),
             "incomplete": runs_link(audit_complete="no"),
             "unreconciled": runs_link(tokens_reconciled__exact="0"),
-            "no_cost": runs_link(cost="unavailable"),
+            # Each count of runs without a cost links to exactly the runs it counts.
+            "cost_unavailable": runs_link(cost="unavailable"),
+            "cost_demo": runs_link(cost="demo"),
+            "cost_not_priced": runs_link(cost="not_priced"),
             "blocked": runs_link(release_decision__exact="BLOCKED"),
         },
         "read_rows": [(d, [board.reads[d].get(r, 0) for r in readers]) for d in read_days],

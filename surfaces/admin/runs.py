@@ -49,6 +49,7 @@ from surfaces.admin import oversight
 from surfaces.admin.dashboard import dashboard_view
 from surfaces.admin.display import QUERY_PREVIEW_CHARS, delivery_note, format_ms, provider_chip
 from surfaces.admin.display import chip as _chip
+from surfaces.admin.keys import keys_view
 from surfaces.admin.ledger import run_cost_label
 from surfaces.admin.run_page import build_run_page
 from telemetry.selectors import export_of_run, exporter_enabled
@@ -309,6 +310,7 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
                 wrap(self.dashboard),
                 name="{}_{}_dashboard".format(*info),
             ),
+            path("keys/", wrap(self.keys_view), name="{}_{}_keys".format(*info)),
             path(
                 "<path:object_id>/reasoning/",
                 wrap(self.reasoning_view),  # admin_view adds login, staff, never_cache and csrf_protect
@@ -379,6 +381,12 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         return dashboard_view(self, request)
+
+    def keys_view(self, request):
+        """The transparency log's public keys (`surfaces.admin.keys`): staff who may view runs."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return keys_view(self, request)
 
     def _viewable_run(self, request, object_id) -> DiagnosisRun:
         run = self.get_object(request, unquote(object_id))

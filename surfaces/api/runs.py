@@ -9,15 +9,17 @@ and `diagnosis.services` (writes). The chat stream and cancel endpoints live in 
 
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.exceptions import APIException, NotFound, PermissionDenied
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from agent.runtime import approvals
-from audit.serializers import RunCostSerializer, RunIdentitySerializer
-from core.api import cursor_response, cursor_serializer, error_responses
+from audit.apis import Conflict
+from audit.feedback import RunNotFinished, record_feedback
+from audit.serializers import FeedbackSerializer, RunCostSerializer, RunIdentitySerializer
+from core.api import NewestFirstCursorPagination, cursor_response, cursor_serializer, error_responses
 from diagnosis import selectors, services
 from diagnosis.models import FeedbackRating, Intent, ReleaseDecision, RunStatus
 
@@ -46,30 +48,54 @@ class RunSummarySerializer(RunIdentitySerializer):
     tokensTotal = serializers.IntegerField(source="tokens_total")
     cost = RunCostSerializer(source="*")
     auditWriteFailures = serializers.IntegerField(source="audit_write_failures")
+    feedback = serializers.SerializerMethodField(help_text="The viewer's own feedback on the run, or null.")
 
     class Meta:
         ref_name = "RunSummary"
+
+    @extend_schema_field(FeedbackSerializer(allow_null=True))
+    def get_feedback(self, run):
+        view = self.context.get("feedback", {}).get(run.run_id)
+        return FeedbackSerializer(view).data if view is not None else None
 
 
 class SessionListApi(APIView):
     """The sessions the user may see (own sessions; staff: all), newest first by creation, cursor
     paginated (`?cursor=` from `next`/`previous`, optional `?pageSize=` ≤ 100; no count). `runCount` and
-    `lastRunAt` are the session's stored facts. 401 anonymous; 404 an invalid cursor."""
+    `lastRunAt` are the session's stored facts. `?mine=true`: only the user's own (the chat's list of
+    conversations); `?q=`: only sessions whose title or any question contains the text. 401 anonymous;
+    400 an invalid filter; 404 an invalid cursor."""
+
+    class FilterSerializer(serializers.Serializer):
+        mine = serializers.BooleanField(required=False, default=False, help_text="Only your own sessions.")
+        q = serializers.CharField(
+            required=False,
+            allow_blank=True,
+            max_length=selectors.SESSION_SEARCH_CHARS,
+            help_text="Text in the session's title or any of its questions (case-insensitive).",
+        )
 
     @extend_schema(
         operation_id="sessions_list",
         summary="Sessions visible to the user",
         parameters=[
+            FilterSerializer,
             OpenApiParameter("cursor", str, OpenApiParameter.QUERY, required=False),
             OpenApiParameter("pageSize", int, OpenApiParameter.QUERY, required=False),
         ],
-        responses={200: cursor_serializer(SessionSerializer, "Session"), **error_responses(401, 404)},
+        responses={200: cursor_serializer(SessionSerializer, "Session"), **error_responses(400, 401, 404)},
         tags=["trace"],
     )
     def get(self, request):
+        filters = self.FilterSerializer(data=request.query_params)
+        filters.is_valid(raise_exception=True)
         return cursor_response(
             serializer_class=SessionSerializer,
-            queryset=selectors.session_list(user=request.user),
+            queryset=selectors.session_list(
+                user=request.user,
+                mine=filters.validated_data["mine"],
+                text=filters.validated_data.get("q", ""),
+            ),
             request=request,
             view=self,
         )
@@ -126,16 +152,21 @@ class RunListApi(APIView):
                 created_before=data.get("createdBefore"),
             ),
         )
-        return cursor_response(
-            serializer_class=RunSummarySerializer, queryset=runs, request=request, view=self
+        # One page of runs, then the viewer's feedback on them in one query (the chat shows it on replay).
+        paginator = NewestFirstCursorPagination()
+        page = paginator.paginate_queryset(runs, request, view=self)
+        votes = selectors.feedback_of(run_ids=[run.run_id for run in page], user=request.user)
+        return paginator.get_paginated_response(
+            RunSummarySerializer(page, many=True, context={"feedback": votes}).data
         )
 
 
 class RunFeedbackApi(APIView):
     """The user's verdict on a run they may see: `{"rating": "up" | "down", "comment"?: str ≤ 2000}` → 201.
-    One feedback per user and run; a second submission replaces the first. 401 anonymous; 403 a
+    One feedback per user and run; a second submission replaces the first, and each one is chained into
+    the run's record as `FEEDBACK_RECORDED` (`audit.feedback`). 401 anonymous; 403 a
     session-authenticated request without a valid CSRF token; 400 invalid body; 404 the session or run is
-    absent or not visible (same body)."""
+    absent or not visible (same body); 409 the run has not finished yet."""
 
     class InputSerializer(serializers.Serializer):
         rating = serializers.ChoiceField(choices=FeedbackRating.values)
@@ -163,7 +194,7 @@ class RunFeedbackApi(APIView):
             OpenApiParameter("runId", str, OpenApiParameter.PATH),
         ],
         request=InputSerializer,
-        responses={201: OutputSerializer, **error_responses(400, 401, 403, 404)},
+        responses={201: OutputSerializer, **error_responses(400, 401, 403, 404, 409)},
         tags=["trace"],
     )
     def post(self, request, sessionId, runId):
@@ -172,7 +203,10 @@ class RunFeedbackApi(APIView):
         run = selectors.get_visible_run(user=request.user, session_id=sessionId, run_id=runId)
         if run is None:
             raise NotFound(NOT_FOUND_RUN)
-        feedback = services.submit_feedback(run=run, user=request.user, **body.validated_data)
+        try:
+            feedback = record_feedback(run=run, user=request.user, **body.validated_data)
+        except RunNotFinished as exc:
+            raise Conflict("The run has not finished; feedback is given on a finished run.") from exc
         return Response(self.OutputSerializer(feedback).data, status=status.HTTP_201_CREATED)
 
 

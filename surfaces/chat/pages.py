@@ -17,6 +17,7 @@ from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import redirect_to_login
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.templatetags.static import static
 from django.urls import reverse
 from django.views.decorators.csrf import ensure_csrf_cookie
 from django.views.decorators.http import require_GET
@@ -54,6 +55,12 @@ def chat_page(request: HttpRequest) -> HttpResponse:
             "can_approve": may_approve(request.user),
         },
     )
+
+
+@require_GET
+def favicon(request: HttpRequest) -> HttpResponse:
+    """`GET /favicon.ico` (what browsers ask every page for): the product's icon, a static SVG."""
+    return redirect(static("surfaces/favicon.svg"))
 
 
 @require_GET

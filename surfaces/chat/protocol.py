@@ -9,11 +9,12 @@ input or output, no trace data. A `progress` frame carries only the fields that 
 `stepIndex`, `agentName`, `verdict`, `retry`); `sequenceNo` is null for a stage that STARTED (not a
 timeline event). `draft` frames exist only under `CHAT_RELEASE=draft`. The outcome's `contentHtml` is the
 released content as sanitised HTML with citation links (`surfaces.answers.render_answer`), for pages: an
-addition to the contract's keys; `content` stays exactly the released text.
+addition to the contract's keys; `content` stays exactly the released text. The `run` frame's `demo` (true
+when the offline demo model answers the run, so pages label it DEMO) is another.
 
 WebSocket (JSON text, `ws_frame`)::
 
-    {"type": "run", "sessionId", "runId"}
+    {"type": "run", "sessionId", "runId", "demo"}
     {"type": "progress", "runId", "stage", "status", "sequenceNo", ...}
     {"type": "draft", "runId", "text"}
     {"type": "tool", "runId", "toolCallId", "name", "status"}
@@ -56,7 +57,7 @@ class ChatRefused(Exception):
 
 
 _PAYLOAD: dict[str, Callable[[Any], dict[str, Any]]] = {
-    "run": lambda e: {"sessionId": e.session_id, "runId": e.run_id},
+    "run": lambda e: {"sessionId": e.session_id, "runId": e.run_id, "demo": e.demo},
     "progress": lambda e: _progress_payload(e),
     "draft": lambda e: {"text": e.text},
     "tool": lambda e: {"toolCallId": e.tool_call_id, "name": e.name, "status": str(e.status)},

@@ -39,8 +39,12 @@ _SCHEMAS: dict[str, Any] = {
     "ChatRunEvent": {
         "type": "object",
         "description": "`event: run` — always first.",
-        "properties": {"sessionId": _STRING, "runId": _STRING},
-        "required": ["sessionId", "runId"],
+        "properties": {
+            "sessionId": _STRING,
+            "runId": _STRING,
+            "demo": {"type": "boolean", "description": "The demo model answers the run: label it DEMO."},
+        },
+        "required": ["sessionId", "runId", "demo"],
     },
     "ChatProgressEvent": {
         "type": "object",

@@ -15,7 +15,7 @@ from django.utils import timezone
 from agent.runtime.sweeper import sweep_expired_runs
 from audit.integrity import verify_chain
 from audit.models import EventType, Phase, TraceEvent
-from audit.recorder import RunNotFinished, _Event, append_to_finished_run
+from audit.recorder import ChainEvent, RunNotFinished, append_to_finished_run
 from audit.verification import verify_run
 from diagnosis.models import DiagnosisRun, RunStatus
 from reasoning.services import purge_reasoning
@@ -23,9 +23,9 @@ from tests.audit.support import in_threads, join_threads
 from tests.factories import LEASE_OWNER, executing, make_recorded_run
 
 
-def _rekey_event(note: str) -> _Event:
+def _rekey_event(note: str) -> ChainEvent:
     """A governance event as a key rotation writes one (an empty row list keeps the bindings unchanged)."""
-    return _Event(Phase.RUN, EventType.REASONING_REKEYED, "REKEYED", note, {"rows": []})
+    return ChainEvent(Phase.RUN, EventType.REASONING_REKEYED, "REKEYED", note, {"rows": []})
 
 
 def _chain(run_id: str) -> list[TraceEvent]:

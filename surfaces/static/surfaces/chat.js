@@ -9,6 +9,17 @@
  * was sent; the line still running ticks, so a long verified run never looks stalled. A FINISHED frame
  * closes the latest open line of its stage (or is a line of its own when its start was not seen).
  *
+ * Conversations persist on the server, so the page is only a view of them: the open conversation is in
+ * the address (`?session=<id>`), and loading it replays each of its runs, oldest first, from the server
+ * with `GET …/events?after=0` (the same frames a live run sends, the released outcome last); a run still
+ * running when the page (re)loads is re-attached and keeps streaming. The sidebar lists the user's own
+ * conversations (`GET /api/diagnosis/sessions/?mine=true&q=…`, newest first, cursor pages), searchable
+ * by the text of their questions.
+ *
+ * Feedback: each finished answer carries 👍/👎 and an optional comment, sent to
+ * `POST …/runs/{runId}/feedback` (one vote per reader, changeable: each one is chained into the run's
+ * record); a replayed answer shows the reader's vote as the run list gives it (`feedback`).
+ *
  * Text the model writes is set with textContent (drafts, a plain outcome). The one exception is the
  * outcome's `contentHtml`: the released answer as the server rendered and sanitized it
  * (`surfaces.answers.render_answer`, an allowlist of tags and attributes), set with innerHTML; the CSP
@@ -32,6 +43,12 @@
   var connection = document.getElementById("connection");
   var template = document.getElementById("turn-template");
   var maxChars = parseInt(root.dataset.queryMax, 10) || 8000;
+  var sessionsUrl = root.dataset.sessionsUrl;
+  var conversationList = document.getElementById("conversation-list");
+  var conversationSearch = document.getElementById("conversation-search");
+  var conversationMore = document.getElementById("conversation-more");
+  var conversationNote = document.getElementById("conversation-note");
+  var REPLAY_PAGE = 100;  // the newest runs of a conversation replayed on load
   var MAX_RECONNECTS = 30;
 
   var sessionId = null;
@@ -58,7 +75,7 @@
   // ------------------------------------------------------------------------------------------------
   // Turns
   // ------------------------------------------------------------------------------------------------
-  function newTurn(text) {
+  function newTurn(text, replayed) {
     var empty = document.getElementById("empty");
     if (empty) { empty.remove(); }
     var node = template.content.firstElementChild.cloneNode(true);
@@ -67,7 +84,7 @@
     var turn = {
       node: node,
       status: node.querySelector(".status"),
-      release: node.querySelector(".release"),
+      demo: node.querySelector(".demo"),
       runIdLabel: node.querySelector(".run-id"),
       adminLink: node.querySelector(".admin-link"),
       cancel: node.querySelector(".cancel"),
@@ -78,19 +95,34 @@
       blockedNote: node.querySelector(".blocked-note"),
       content: node.querySelector(".content"),
       error: node.querySelector(".error"),
+      feedback: node.querySelector(".feedback"),
       runId: null, sessionId: null, lastId: 0, finished: false, reconnects: 0, toolItems: {},
       startedAt: now(), seen: {}
     };
     turn.cancel.addEventListener("click", function () { cancelRun(turn); });
+    wireFeedback(turn);
     node.scrollIntoView({block: "end"});
-    active.push(turn);
-    startTicking();
+    if (replayed) {
+      // Replayed from the server: its stages arrive at once, so no timing is shown for them.
+      turn.replayed = true;
+      node.dataset.replayed = "true";
+      node.querySelector(".elapsed").title = "when the question was asked";
+    } else {
+      active.push(turn);
+      startTicking();
+    }
     return turn;
   }
 
-  function setStatus(turn, status) {
-    turn.status.textContent = status.toLowerCase();
-    turn.status.className = "status badge status-" + status.toLowerCase();
+  // One status per answer, in words a person reads correctly (never SUCCESS beside BLOCKED).
+  var STATUS_WORDS = {PENDING: "waiting to start", RUNNING: "working", INTERRUPTED: "waiting for approval",
+    SUCCESS: "answered", FAILED: "failed", CANCELLED: "cancelled", REFUSED: "refused", UNKNOWN: "connection lost"};
+
+  function setStatus(turn, status, release) {
+    var blocked = status === "SUCCESS" && release === "BLOCKED";
+    var key = blocked ? "blocked" : status.toLowerCase();
+    turn.status.textContent = blocked ? "blocked" : (STATUS_WORDS[status] || key);
+    turn.status.className = "status badge status-" + key;
     turn.node.dataset.status = status;
   }
 
@@ -243,6 +275,10 @@
   }
 
   function stopTicking(turn) {
+    if (turn.replayed) {
+      turn.progress.querySelectorAll("li.stage[data-open=true]").forEach(function (item) { closeLine(item, ""); });
+      return;
+    }
     turn.elapsed.textContent = seconds(now() - turn.startedAt);
     turn.progress.querySelectorAll("li.stage[data-open=true]").forEach(function (item) {
       item.classList.add("stopped");
@@ -289,16 +325,21 @@
     run: function (turn, data) {
       turn.runId = data.runId;
       turn.sessionId = data.sessionId;
-      sessionId = data.sessionId;
-      sessionLabel.textContent = "conversation " + data.sessionId;
+      openConversation(data.sessionId);
+      if (data.demo) {
+        show(turn.demo, true);
+        turn.node.dataset.demo = "true";
+      }
       turn.node.dataset.runId = data.runId;
       turn.runIdLabel.textContent = data.runId;
       if (adminUrl) {
         turn.adminLink.href = adminUrl + encodeURIComponent(data.runId) + "/admin/";
         show(turn.adminLink, true);
       }
-      show(turn.cancel, true);
-      setStatus(turn, "RUNNING");
+      if (!turn.finished) {
+        show(turn.cancel, true);
+        setStatus(turn, "RUNNING");
+      }
     },
     progress: onProgress,
     tool: onTool,
@@ -310,13 +351,9 @@
       if (turn.finished) { return; }
       turn.finished = true;
       stopTicking(turn);
-      setStatus(turn, data.status);
+      setStatus(turn, data.status, data.releaseDecision);
       show(turn.cancel, false);
-      if (data.releaseDecision) {
-        turn.release.textContent = data.releaseDecision.toLowerCase();
-        turn.release.className = "release badge release-" + data.releaseDecision.toLowerCase();
-        turn.node.dataset.release = data.releaseDecision;
-      }
+      if (data.releaseDecision) { turn.node.dataset.release = data.releaseDecision; }
       var blocked = data.releaseDecision === "BLOCKED";
       turn.node.classList.toggle("blocked", blocked);
       show(turn.blockedNote, blocked);
@@ -324,6 +361,7 @@
       clearDraft(turn);
       showContent(turn, data);
       turn.node.dataset.finished = "true";
+      show(turn.feedback, Boolean(turn.runId));
     }
   };
 
@@ -453,6 +491,168 @@
     }
   }
 
+  // ------------------------------------------------------------------------------------------------
+  // Feedback on an answer
+  // ------------------------------------------------------------------------------------------------
+  function showVote(turn, feedback) {
+    var rating = feedback ? feedback.rating : "";
+    turn.feedback.querySelectorAll(".vote").forEach(function (button) {
+      button.setAttribute("aria-pressed", String(button.dataset.rating === rating));
+    });
+    turn.node.dataset.feedback = rating;
+    var comment = turn.feedback.querySelector(".feedback-comment");
+    if (feedback && feedback.comment) { comment.value = feedback.comment; }
+    comment.placeholder = rating === "down" ? "What was wrong? (optional)" : "Anything to add? (optional)";
+    show(turn.feedback.querySelector(".feedback-comment-label"), Boolean(rating));
+    show(turn.feedback.querySelector(".feedback-send"), Boolean(rating));
+  }
+
+  async function sendFeedback(turn, rating) {
+    var state = turn.feedback.querySelector(".feedback-state");
+    var comment = turn.feedback.querySelector(".feedback-comment").value;
+    state.textContent = "Sending…";
+    var response = await fetch(runUrl(turn, "/feedback"), {
+      method: "POST",
+      headers: {"Content-Type": "application/json", "Accept": "application/json", "X-CSRFToken": csrf},
+      credentials: "same-origin",
+      body: JSON.stringify({rating: rating, comment: comment})
+    });
+    if (!response.ok) {
+      var err = await errorOf(response);
+      state.textContent = "Not recorded: " + err.message;
+      return;
+    }
+    var saved = await response.json();
+    showVote(turn, saved);
+    state.textContent = "Thanks: recorded.";
+  }
+
+  function wireFeedback(turn) {
+    turn.feedback.querySelectorAll(".vote").forEach(function (button) {
+      button.addEventListener("click", function () { sendFeedback(turn, button.dataset.rating); });
+    });
+    turn.feedback.addEventListener("submit", function (event) {
+      event.preventDefault();
+      if (turn.node.dataset.feedback) { sendFeedback(turn, turn.node.dataset.feedback); }
+    });
+    showVote(turn, null);
+  }
+
+  // ------------------------------------------------------------------------------------------------
+  // Conversations: the open one in the address, replayed from the server; the sidebar
+  // ------------------------------------------------------------------------------------------------
+  function conversationHref(id) { return "?session=" + encodeURIComponent(id); }
+
+  function openConversation(id) {
+    if (sessionId === id) { return; }
+    sessionId = id;
+    sessionLabel.textContent = "conversation " + id;
+    root.dataset.sessionId = id;
+    if (new URLSearchParams(window.location.search).get("session") !== id) {
+      window.history.replaceState(null, "", conversationHref(id));
+    }
+    conversationList.querySelectorAll("a[aria-current]").forEach(function (a) { a.removeAttribute("aria-current"); });
+    var current = conversationList.querySelector("a[data-session-id='" + CSS.escape(id) + "']");
+    if (current) { current.setAttribute("aria-current", "page"); } else { loadConversations(false); }
+  }
+
+  function timeOf(iso) {
+    var when = new Date(iso);
+    return isNaN(when) ? "" : when.toLocaleString(undefined, {dateStyle: "medium", timeStyle: "short"});
+  }
+
+  function replayTurn(run) {
+    var turn = newTurn(run.query, true);
+    turn.runId = run.runId;
+    turn.sessionId = run.sessionId;
+    turn.node.dataset.runId = run.runId;
+    turn.runIdLabel.textContent = run.runId;
+    turn.elapsed.textContent = timeOf(run.createdAt);
+    if (adminUrl) {
+      turn.adminLink.href = adminUrl + encodeURIComponent(run.runId) + "/admin/";
+      show(turn.adminLink, true);
+    }
+    setStatus(turn, run.status);
+    if (run.feedback) { showVote(turn, run.feedback); }
+    return follow(turn, function () {
+      return fetch(runUrl(turn, "/events?after=0"), {
+        headers: {"Accept": "text/event-stream"}, credentials: "same-origin"
+      });
+    });
+  }
+
+  async function loadConversation(id) {
+    var response = await fetch(runsUrl + encodeURIComponent(id) + "/runs/?pageSize=" + REPLAY_PAGE, {
+      headers: {"Accept": "application/json"}, credentials: "same-origin"
+    });
+    if (!response.ok) {
+      var err = await errorOf(response);
+      conversationNote.textContent = "That conversation could not be opened: " + err.message;
+      show(conversationNote, true);
+      window.history.replaceState(null, "", window.location.pathname);
+      return;
+    }
+    var page = await response.json();
+    var runs = page.results.slice().reverse();  // oldest first, as they were asked
+    openConversation(id);
+    if (page.next) {
+      conversationNote.textContent = "Showing the newest " + runs.length + " questions of this conversation.";
+      show(conversationNote, true);
+    }
+    for (var i = 0; i < runs.length; i += 1) {
+      var replay = replayTurn(runs[i]);
+      // A finished run replays at once; one still running keeps its stream open: don't wait for it.
+      if (["SUCCESS", "FAILED", "CANCELLED"].indexOf(runs[i].status) >= 0) { await replay; }
+    }
+  }
+
+  var conversationsNext = null;
+
+  function addConversation(session) {
+    var item = document.createElement("li");
+    var link = document.createElement("a");
+    link.href = conversationHref(session.sessionId);
+    link.dataset.sessionId = session.sessionId;
+    if (session.sessionId === sessionId) { link.setAttribute("aria-current", "page"); }
+    var title = document.createElement("span");
+    title.className = "conversation-title";
+    title.textContent = session.title || "(untitled)";
+    var when = document.createElement("span");
+    when.className = "conversation-when";
+    var count = session.runCount === 1 ? "1 question" : session.runCount + " questions";
+    when.textContent = timeOf(session.lastRunAt || session.createdAt) + " · " + count;
+    link.appendChild(title);
+    link.appendChild(when);
+    item.appendChild(link);
+    conversationList.appendChild(item);
+  }
+
+  async function loadConversations(more) {
+    var url = more && conversationsNext ? conversationsNext
+      : sessionsUrl + "?mine=true&pageSize=30&q=" + encodeURIComponent(conversationSearch.value.trim());
+    var response = await fetch(url, {headers: {"Accept": "application/json"}, credentials: "same-origin"});
+    if (!response.ok) { return; }
+    var page = await response.json();
+    if (!more) { conversationList.textContent = ""; }
+    page.results.forEach(addConversation);
+    conversationsNext = page.next;
+    show(conversationMore, Boolean(page.next));
+    conversationList.dataset.loaded = "true";
+    if (!conversationList.children.length) {
+      var none = document.createElement("li");
+      none.className = "conversation-none";
+      none.textContent = conversationSearch.value.trim() ? "No conversation matches." : "No conversation yet.";
+      conversationList.appendChild(none);
+    }
+  }
+
+  var searchTimer = null;
+  conversationSearch.addEventListener("input", function () {
+    window.clearTimeout(searchTimer);
+    searchTimer = window.setTimeout(function () { loadConversations(false); }, 250);
+  });
+  conversationMore.addEventListener("click", function () { loadConversations(true); });
+
   function updateCounter() {
     counter.textContent = query.value.length + " / " + maxChars;
   }
@@ -460,7 +660,14 @@
   form.addEventListener("submit", function (event) {
     event.preventDefault();
     var text = query.value;
-    if (!text.trim()) { return; }
+    var note = document.getElementById("composer-note");
+    if (!text.trim()) {
+      note.textContent = "Type a question first: it is empty.";
+      show(note, true);
+      query.focus();
+      return;
+    }
+    show(note, false);
     query.value = "";
     updateCounter();
     ask(text);
@@ -470,8 +677,11 @@
     if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) { form.requestSubmit(askButton); }
   });
   document.getElementById("new-session").addEventListener("click", function () {
-    sessionId = null;
-    sessionLabel.textContent = "new conversation";
-    query.focus();
+    // A new conversation is an empty page; the one left stays in the sidebar and on the server.
+    window.location.href = window.location.pathname;
   });
+
+  loadConversations(false);
+  var opened = new URLSearchParams(window.location.search).get("session");
+  if (opened) { loadConversation(opened); } else { query.focus(); }
 }());

@@ -286,6 +286,23 @@ def test_the_chat_page_shows_the_waiting_call_and_approves_it(
             expect(item).to_contain_text("create_silence")
             expect(item).to_contain_text("ApprovalFromChat")
             page.screenshot(path=str(ARTIFACTS / "approval-chat-panel.png"), full_page=True)
+            # Readable as people read: formatted JSON, the time left, and at 360 px nothing clipped or
+            # touching.
+            expect(item.locator(".approval-expires")).to_contain_text("expires in")
+            assert '\n  "' in item.locator("pre.approval-args").inner_text()  # indented JSON, not a repr
+            page.set_viewport_size({"width": 360, "height": 800})
+            args = item.locator("pre.approval-args")
+            assert args.evaluate("e => e.scrollWidth <= e.clientWidth")
+            approve, reject = (
+                item.get_by_role("button", name=n).bounding_box() for n in ("Approve", "Reject")
+            )
+            apart = (
+                approve["x"] + approve["width"] <= reject["x"]
+                or approve["y"] + approve["height"] <= reject["y"]
+            )
+            assert apart and reject["x"] + reject["width"] <= 360
+            page.screenshot(path=str(ARTIFACTS / "approval-chat-panel-360.png"), full_page=True)
+            page.set_viewport_size({"width": 1200, "height": 900})
             item.locator("input.approval-note").fill("from the chat")
             item.get_by_role("button", name="Approve").click()
             expect(panel).to_contain_text("APPROVED")

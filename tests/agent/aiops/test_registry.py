@@ -17,8 +17,8 @@ from audit.models import EventType, TraceEvent
 from diagnosis import services
 from tests.agent.runtime.support import execute
 
-CHAT_TOOLS = ["lookup_knowledge"]
-AI_OPS_TOOLS = ["create_silence", "list_alerts", "lookup_knowledge", "query_metrics"]
+CHAT_TOOLS = ["lookup_knowledge", "read_runbook"]
+AI_OPS_TOOLS = ["create_silence", "list_alerts", "lookup_knowledge", "query_metrics", "read_runbook"]
 
 
 def test_each_flow_gets_its_tools_and_the_chat_is_unchanged():

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 
+from audit.events import EVENTS
 from tests.surfaces.api.test_trace import (
     EVENT_KEYS,
     PROVIDER_KEYS,
@@ -176,29 +177,8 @@ ENUMS = {
         "NONE",
     },
     ("Trace", "runResolution"): {"EXACT", "LATEST"},
-    ("TimelineEvent", "eventType"): {
-        "RUN_STARTED",
-        "ROUTING_ATTEMPT",
-        "ROUTING_DECISION",
-        "MODEL_TOKEN_USAGE",
-        "AGENT_MODEL_STEP",
-        "TOOL_INVOCATION",
-        "EVIDENCE_GUARD_INITIAL",
-        "EVIDENCE_GUARD_RETRY",
-        "SEMANTIC_GUARD_DECISION",
-        "RELEASE_DECISION",
-        "PLAN_DECISION",
-        "RUN_CANCELLED",
-        "RUN_FINISHED",
-        "WRITE_FENCED",
-        "APPROVAL_REQUESTED",
-        "APPROVAL_DECIDED",
-        "RUN_INTERRUPTED",
-        "RUN_RESUMED",
-        "REASONING_PURGED",
-        "REASONING_REKEYED",
-        "REVIEW_RECORDED",
-    },
+    # The event types are declared once, in the registry (`audit.events`; tests/audit/test_event_registry.py).
+    ("TimelineEvent", "eventType"): {spec.type for spec in EVENTS},
 }
 
 

@@ -31,6 +31,8 @@ from tests.fakes.openai_server import (
 )
 
 BASE_DIR = Path(settings.BASE_DIR)
+# The password of the users the browser tests sign in with (hashed for the daphne subprocess).
+PASSWORD = "pw-staff-1"
 ARTIFACTS = BASE_DIR / "test-artifacts"
 ROUTER_MODEL = "router-m"
 AGENT_MODEL = "agent-m"
@@ -379,7 +381,7 @@ def owned_runs() -> dict[str, asyncio.Task]:
 # The contract's keys of each chat frame's payload (SSE `data:`; a WebSocket frame adds `type`, and
 # `runId` to progress, draft and tool frames). Progress frames carry their optional facts only when set.
 PAYLOAD_KEYS = {
-    "run": {"sessionId", "runId"},
+    "run": {"sessionId", "runId", "demo"},
     "progress": {"stage", "status", "sequenceNo"},
     "draft": {"text"},
     "tool": {"toolCallId", "name", "status"},

@@ -11,58 +11,17 @@ Screenshots go to `test-artifacts/`.
 from __future__ import annotations
 
 import re
-from io import StringIO
 from urllib.parse import urlsplit
 
 import pytest
-from django.contrib.auth.hashers import PBKDF2PasswordHasher
-from django.contrib.auth.models import Group
-from django.core.management import call_command
 
 from audit.models import ToolInvocation, ToolStatus
-from core.groups import STAFF_VIEWERS
 from diagnosis.models import DiagnosisRun, RunStatus
 from surfaces.answers import render_answer
-from tests.browser import launch_chromium, requires_chromium
-from tests.surfaces.chat.support import ARTIFACTS, DaphneServer, DroppingProxy, wait_for
+from tests.browser import requires_chromium
+from tests.surfaces.chat.support import ARTIFACTS, PASSWORD, wait_for
 
 pytestmark = [pytest.mark.browser, requires_chromium, pytest.mark.django_db(transaction=True)]
-
-PASSWORD = "pw-staff-1"
-TIMEOUT_MS = 20_000
-
-
-@pytest.fixture
-def site(provider, staff_user):
-    # The daphne subprocess knows only the production hashers (the suite's MD5 is for this process).
-    staff_user.password = PBKDF2PasswordHasher().encode(PASSWORD, "browser-salt", iterations=1000)
-    staff_user.save(update_fields=["password"])
-    staff_user.groups.add(Group.objects.get(name=STAFF_VIEWERS))  # the console's read access
-    call_command("load_knowledge", "runbooks", stdout=StringIO())
-    server = DaphneServer(
-        env={**provider.env(provider.base_url), "RUN_SWEEP_INTERVAL_SECONDS": "0"},
-        app="tests.surfaces.chat.asgi:application",
-        name="browser",
-    ).start()
-    proxy = DroppingProxy(server.port).start()
-    yield proxy
-    proxy.stop()
-    server.stop()
-
-
-@pytest.fixture
-def page(site, monkeypatch):
-    sync_api = pytest.importorskip("playwright.sync_api")
-    # Playwright's sync API keeps an event loop on this thread; the test's own ORM reads are sequential.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    with sync_api.sync_playwright() as playwright:
-        browser = launch_chromium(playwright)
-        context = browser.new_context(viewport={"width": 1100, "height": 900})
-        page = context.new_page()
-        page.set_default_timeout(TIMEOUT_MS)
-        yield page
-        context.close()
-        browser.close()
 
 
 def _ask(page, text: str):
@@ -101,7 +60,9 @@ def test_staff_chat_end_to_end(page, site, provider, staff_user):
     run = DiagnosisRun.objects.get(run_id=run_id)
     assert run.status == RunStatus.SUCCESS and run.release_decision == "PUBLISHED"
     assert turn.get_attribute("data-status") == "SUCCESS"
-    assert turn.locator(".release").inner_text().lower() == "published"
+    assert turn.locator(".status").inner_text().lower() == "answered"
+    assert turn.get_attribute("data-release") == "PUBLISHED"
+    assert turn.locator(".demo").is_hidden()  # a real provider's answer carries no DEMO label
     _assert_shows_released(turn, run)
     tools = turn.locator(".tool")
     assert tools.count() == ToolInvocation.objects.filter(run_id=run_id).count() >= 1
@@ -137,7 +98,8 @@ def test_staff_chat_end_to_end(page, site, provider, staff_user):
     wait_for(lambda: turn.get_attribute("data-finished") == "true", 20, message="the blocked outcome")
     run = DiagnosisRun.objects.get(run_id=turn.get_attribute("data-run-id"))
     assert run.release_decision == "BLOCKED"
-    assert turn.locator(".release").inner_text().lower() == "blocked"
+    assert turn.locator(".status").inner_text().lower() == "blocked"
+    assert turn.get_attribute("data-release") == "BLOCKED"
     assert turn.locator(".blocked-note").is_visible()
     assert "blocked" in (turn.get_attribute("class") or "")
     _assert_shows_released(turn, run)

@@ -108,7 +108,10 @@ def test_a_demo_run_shows_its_stages_and_its_citations_open_their_chunk(browser_
         _finished(turn)
         run = DiagnosisRun.objects.get(run_id=turn.get_attribute("data-run-id"))
         assert (run.status, run.release_decision) == ("SUCCESS", "PUBLISHED")
-        assert turn.locator(".release").inner_text().lower() == "published"
+        assert turn.locator(".status").inner_text().lower() == "answered"
+        assert turn.get_attribute("data-release") == "PUBLISHED"
+        # The offline demo model answered it: the answer says so.
+        assert turn.locator(".demo").is_visible() and turn.get_attribute("data-demo") == "true"
 
         # The stages, in the order they happened, each with its time since the question.
         assert _labels(turn) == [

@@ -213,7 +213,7 @@ def test_plain_content_fallback_and_a_blocked_outcome(page):
     page.wait_for_function("() => document.querySelectorAll('.turn[data-finished=true]').length === 2")
     assert "blocked" in blocked.get_attribute("class") and blocked.get_attribute("data-release") == "BLOCKED"
     assert blocked.locator(".blocked-note").is_visible()
-    assert blocked.locator(".release").inner_text().lower() == "blocked"
+    assert blocked.locator(".status").inner_text().lower() == "blocked"
     assert _labels(blocked) == ["Evidence check: failed", "Blocked"]
     assert blocked.locator(".stage.tone-bad").count() == 2
     assert blocked.locator(".content em").inner_text() == "from the runbooks"

@@ -23,7 +23,7 @@ from agent.runtime.events import DraftEvent, Event, OutcomeEvent, RunEvent, Tool
 from agent.runtime.live import RunFollower, persisted_frames, publish
 from agent.runtime.sweeper import LEASE_EXPIRED, sweep_expired_runs
 from audit.models import EventType, Phase, ToolInvocation, ToolStatus, TraceEvent
-from audit.recorder import DeclaredToolCall, RunRecorder, ToolCallNotDeclared, _Event
+from audit.recorder import ChainEvent, DeclaredToolCall, RunRecorder, ToolCallNotDeclared
 from audit.selectors import get_trace
 from diagnosis import services
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
@@ -127,7 +127,12 @@ def test_replay_maps_the_timeline_to_contract_frames(user):
         ws_frame(replay.frames[9])["verdict"] == "PASS"
         and ws_frame(replay.frames[10])["verdict"] == "PUBLISHED"
     )
-    assert ws_frame(replay.frames[0]) == {"type": "run", "sessionId": run.session_id, "runId": run.run_id}
+    assert ws_frame(replay.frames[0]) == {
+        "type": "run",
+        "sessionId": run.session_id,
+        "runId": run.run_id,
+        "demo": False,
+    }
     assert ws_frame(replay.frames[3]) == {
         "type": "tool",
         "runId": run.run_id,
@@ -188,7 +193,7 @@ def test_replay_waits_for_the_terminal_row_and_survives_a_missing_run_finished(u
     rec.tool_finished(tool_call_id="call_0", status=ToolStatus.SUCCEEDED, output="{}")
     # RUN_FINISHED committed, terminal row not yet: the follower must wait, not invent an outcome.
     # (the recorder's own write path, stopped between the event and the row as `finish` is)
-    rec._write("run_finished", [_Event(Phase.RUN, EventType.RUN_FINISHED, "SUCCESS", "run success", {})])
+    rec._write("run_finished", [ChainEvent(Phase.RUN, EventType.RUN_FINISHED, "SUCCESS", "run success", {})])
     pending = persisted_frames(run.run_id, after=0)
     assert pending.row_pending and not pending.finished
 

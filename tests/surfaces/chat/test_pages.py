@@ -34,3 +34,12 @@ def test_the_chat_page_links_staff_to_the_run_list(staff_user, user):
 
 def test_the_front_door_answers_get_only():
     assert Client().post("/").status_code == 405
+
+
+def test_every_page_has_the_products_icon_and_the_login_page_its_name():
+    client = Client()
+    icon = client.get("/favicon.ico")
+    assert icon.status_code == 302 and icon["Location"].endswith("surfaces/favicon.svg")
+    login = client.get(reverse("admin:login")).content.decode()
+    assert "Diagnosis agent" in login and "Django administration" not in login
+    assert 'rel="icon"' in login and "surfaces/favicon.svg" in login

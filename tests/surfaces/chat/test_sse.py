@@ -82,7 +82,7 @@ async def test_post_chat_streams_the_run_with_ids(user, knowledge):
         "content": run.content,
         "contentHtml": str(render_answer(run.content)),
     }
-    assert events[0].data == {"sessionId": run.session_id, "runId": run_id}
+    assert events[0].data == {"sessionId": run.session_id, "runId": run_id, "demo": True}  # the demo model
 
 
 async def test_post_chat_continues_a_session(user):

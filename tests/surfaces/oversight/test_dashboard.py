@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import re
 from decimal import Decimal
 
 import pytest
@@ -160,3 +161,43 @@ def test_dashboard_needs_view_permission_on_runs(client, django_user_model):
     staff = django_user_model.objects.create_user("plainstaff", password="x", is_staff=True)
     client.force_login(staff)
     assert client.get(reverse("admin:diagnosis_diagnosisrun_dashboard")).status_code == 403
+
+
+def test_days_without_runs_are_zeros_not_gaps(user):
+    bulk_runs(user, 20)
+    board = get_dashboard(since=SINCE - dt.timedelta(days=3), until=UNTIL + dt.timedelta(days=2))
+    assert [d.day for d in board.days] == [
+        (SINCE - dt.timedelta(days=3)).date() + dt.timedelta(days=i) for i in range(3 + 7 + 2)
+    ]
+    assert [d.runs for d in board.days[:3]] == [0, 0, 0] and [d.runs for d in board.days[-2:]] == [0, 0]
+    assert sum(d.runs for d in board.days) == 20
+
+
+@pytest.mark.parametrize(
+    ("query", "says"),
+    [
+        ({"since": "2026-10-07", "until": "2026-10-01"}, "ends (2026-10-01) before it starts (2026-10-07)"),
+        ({"since": "2025-01-01", "until": "2026-10-01"}, "at most 366 days"),
+        ({"since": "2026-10-01", "until": "soon"}, "Give both dates"),
+        ({"days": "0"}, "days must be a whole number from 1 to 366"),
+    ],
+)
+def test_a_period_that_cannot_be_shown_is_named_never_silently_replaced(client, superuser, query, says):
+    client.force_login(superuser)
+    html = client.get(reverse("admin:diagnosis_diagnosisrun_dashboard"), query).content.decode()
+    error = html.split('id="dc-period-error"')[1].split("</p>")[0]
+    assert says in error and "Showing the last 7 days instead." in error
+
+
+def test_each_count_of_runs_without_a_cost_links_to_exactly_those_runs(client, superuser, user):
+    bulk_runs(user, 60)
+    client.force_login(superuser)
+    html = client.get(
+        reverse("admin:diagnosis_diagnosisrun_dashboard"), {"since": "2026-10-01", "until": "2026-10-07"}
+    ).content.decode()
+    cell = html.split('id="dc-no-cost">')[1].split("</td>")[0]
+    links = re.findall(r'<a href="([^"]+)">(\d+) ', cell)
+    assert len(links) == 3 and sum(int(shown) > 0 for _, shown in links) >= 2  # demo and unavailable runs
+    for link, shown in links:
+        listed = client.get(link.replace("&amp;", "&"))
+        assert listed.context["cl"].result_count == int(shown), (link, shown)

@@ -1,0 +1,92 @@
+"""`read_runbook(id, around=1)`: read one runbook section by its evidence id `kb:<slug>#<n>`, with the
+sections just before and after it, so the agent can follow a procedure past the chunk a search returned
+(a search item is one section, cut at `EVIDENCE_TEXT_CHARS`).
+
+Each section returned is a citable evidence record under its own id, exactly as `lookup_knowledge` would
+return it (same id, same bounded text), so the guards treat both tools' evidence alike. An id whose runbook
+or section does not exist fails the call (`TOOL_ERROR`, "UnknownEvidenceId: …", recorded like any tool
+error), never a guess. Offered to the chat and to AI Ops analyses.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from agent.knowledge.retrieval import EVIDENCE_TEXT_CHARS
+from agent.runtime.tools.registry import FLOW_AI_OPS, FLOW_CHAT, EvidenceRecord, ToolResult, register_tool
+from diagnosis.models import KNOWLEDGE_SLUG_PATTERN, KnowledgeChunk
+
+AROUND_MAX = 2
+EVIDENCE_ID = re.compile(rf"^kb:(?P<slug>{KNOWLEDGE_SLUG_PATTERN})#(?P<ordinal>[1-9][0-9]{{0,5}})\Z")
+
+
+class UnknownEvidenceId(LookupError):
+    """No runbook section has this id: the call fails as TOOL_ERROR naming this class."""
+
+
+@register_tool(
+    name="read_runbook",
+    description=(
+        "Read a runbook section by its evidence id kb:<slug>#<n> (as lookup_knowledge returned it), with "
+        "the sections just before and after it, to follow a procedure to its end. Cite the ids you use "
+        "as [kb:<slug>#<n>]."
+    ),
+    parameters={
+        "type": "object",
+        "properties": {
+            "id": {
+                "type": "string",
+                "minLength": 6,
+                "maxLength": 120,
+                "description": "An evidence id, e.g. kb:disk-full#2.",
+            },
+            "around": {
+                "type": "integer",
+                "minimum": 0,
+                "maximum": AROUND_MAX,
+                "default": 1,
+                "description": "How many sections before and after it to include as well.",
+            },
+        },
+        "required": ["id"],
+        "additionalProperties": False,
+    },
+    flows=(FLOW_CHAT, FLOW_AI_OPS),
+)
+def read_runbook(id: str, around: int = 1) -> ToolResult:
+    match = EVIDENCE_ID.match(id.strip())
+    if match is None:
+        raise UnknownEvidenceId(f"{id!r} is not an evidence id of the form kb:<slug>#<n>")
+    slug, ordinal = match["slug"], int(match["ordinal"])
+    chunks = list(
+        KnowledgeChunk.objects.filter(
+            document__slug=slug, ordinal__gte=ordinal - around, ordinal__lte=ordinal + around
+        )
+        .select_related("document")
+        .order_by("ordinal")
+    )
+    if not any(chunk.ordinal == ordinal for chunk in chunks):
+        raise UnknownEvidenceId(f"no runbook section {id} exists")
+    items = [
+        {
+            "id": f"kb:{slug}#{chunk.ordinal}",
+            "slug": slug,
+            "title": chunk.document.title,
+            "heading": chunk.heading,
+            "text": chunk.text[:EVIDENCE_TEXT_CHARS],
+        }
+        for chunk in chunks
+    ]
+    data = {
+        "id": f"kb:{slug}#{ordinal}",
+        "around": around,
+        "items": items,
+        "isTruncated": any(len(c.text) > EVIDENCE_TEXT_CHARS for c in chunks),
+    }
+    model_view = {"evidence": items, "note": "Cite the ids you rely on as [kb:<slug>#<n>]."}
+    return ToolResult(
+        data=data,
+        evidence=[EvidenceRecord(id=item["id"], payload=item) for item in items],
+        model_content=json.dumps(model_view, ensure_ascii=False),
+    )
