@@ -9,4 +9,5 @@ class AccessConfig(AppConfig):
     verbose_name = "Access governance"
 
     def ready(self) -> None:
-        from access import schema, signals  # noqa: F401  (OpenAPI extension; governance receivers)
+        # OpenAPI extension; the role groups after migrate; governance receivers.
+        from access import groups, schema, signals  # noqa: F401

@@ -9,4 +9,4 @@ class AuditConfig(AppConfig):
     verbose_name = "Audit"
 
     def ready(self) -> None:
-        from audit import checks, signals  # noqa: F401  (registers checks; post_migrate: "Staff viewers")
+        from audit import checks  # noqa: F401  (registers checks)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from audit import rowdigest
-from audit.bound import GOVERNANCE_EVENTS, Bound, collect, step_key, step_label
+from audit.bound import GOVERNANCE_EVENTS, Bound, collect, reasoning_label, step_key, step_label, unclaimed
 
 NOT_BOUND = "not bound (recorded before row digests)"
 IDENTITY_NOT_BOUND = "run identity (question, session, owner) not bound (started before identity digests)"
@@ -135,8 +135,8 @@ def verify_rows(
         key = (row["step_index"], row["agent_name"])
         check(
             "reasoning row",
-            _reasoning_name(key),
-            f"reasoning row for {_reasoning_name(key)}",
+            reasoning_label(key),
+            f"reasoning row for {reasoning_label(key)}",
             bound_reasoning.pop(key, None),
             rowdigest.REASONING.digest(row, stored=True),
         )
@@ -152,19 +152,8 @@ def verify_rows(
     for review_id, bound in bound_reviews.items():
         verdict.problems.append(f"review {review_id} missing (recorded at sequence {bound.sequence_no})")
 
-    for key, bound in bound_steps.items():
-        if bound.digest is not None:
-            verdict.problems.append(f"{step_label(key)} missing (recorded at sequence {bound.sequence_no})")
-    for tool_call_id, bound in bound_tools.items():
-        if bound.digest is not None:
-            verdict.problems.append(
-                f"tool call {tool_call_id} missing (recorded at sequence {bound.sequence_no})"
-            )
-    for key, bound in bound_reasoning.items():
-        if bound.digest is not None:
-            verdict.problems.append(
-                f"reasoning row for {_reasoning_name(key)} missing (recorded at sequence {bound.sequence_no})"
-            )
+    for what, bound in unclaimed(bound_steps, bound_tools, bound_reasoning):
+        verdict.problems.append(f"{what} missing (recorded at sequence {bound.sequence_no})")
 
     if run is not None and finished is not None:
         seq, digest, _, form_name = finished
@@ -238,8 +227,3 @@ def _check_identity(verdict: RowVerdict, bindings: Any, run: Any | None, session
             f"{where}: stored owner or creation time does not match its digest at sequence "
             f"{bound.sequence_no}"
         )
-
-
-def _reasoning_name(key: tuple[int, str]) -> str:
-    step_index, agent_name = key
-    return f"step {step_index} ({agent_name})"

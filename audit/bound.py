@@ -8,7 +8,7 @@ the rules). Event types and tool statuses are the plain strings of `audit.models
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,3 +125,29 @@ def collect(events: Sequence[Any]) -> Bindings:
             b.digests_seen = True
             b.reasoning_events += 1
     return b
+
+
+def reasoning_label(key: tuple[Any, Any]) -> str:
+    """`step 2 (executor)`: a reasoning row named by its key (step index, agent name)."""
+    step_index, agent_name = key
+    return f"step {step_index} ({agent_name})"
+
+
+def unclaimed(
+    steps: Mapping[Any, Bound], tools: Mapping[str, Bound], reasoning: Mapping[Any, Bound]
+) -> Iterator[tuple[str, Bound]]:
+    """The rule both verifiers apply to the bindings no row claimed (the server's `audit.binding`, the
+    offline bundle's `audit.transparency.bundle`): a step, tool call or reasoning row the chain binds
+    with a digest but no stored (or bundled) row matched is missing; one bound without a digest
+    (recorded before row digests, or a step that bound no reasoning) is not. Yields (what, binding) in
+    that order, `what` naming the row as both report it: `model step 2`, `tool call c1`, `reasoning
+    row for step 2 (executor)`."""
+    for key, bound in steps.items():
+        if bound.digest is not None:
+            yield step_label(key), bound
+    for tool_call_id, bound in tools.items():
+        if bound.digest is not None:
+            yield f"tool call {tool_call_id}", bound
+    for key, bound in reasoning.items():
+        if bound.digest is not None:
+            yield f"reasoning row for {reasoning_label(key)}", bound

@@ -27,7 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SOURCES = ("ROUTER", "AGENT", "GUARD")
-_FIELDS = (
+# The one field set of a model call's usage: (its key in a MODEL_TOKEN_USAGE record, the attribute of
+# `audit.recorder.Usage`, of `CallUsage` and the column of the step row), in the order records list them.
+USAGE_FIELDS = (
     ("promptTokens", "prompt_tokens"),
     ("completionTokens", "completion_tokens"),
     ("totalTokens", "total_tokens"),
@@ -39,18 +41,32 @@ CHAT_AGENT_NAME = "diagnosis_agent"  # audit.models.CHAT_AGENT_NAME (this module
 _DEFAULT_AGENT = {"AGENT": CHAT_AGENT_NAME, "ROUTER": "router", "GUARD": "semantic_guard"}
 
 
-@dataclass(frozen=True, slots=True)
-class CallUsage:
-    """One model call's usage as a usage record states it (camelCase keys of `Usage.as_details`)."""
+def usage_counts(source: Any) -> dict[str, Any]:
+    """The counts of `source` (a `Usage`, a `CallUsage`, a step row) by attribute, as they are."""
+    return {attr: getattr(source, attr) for _key, attr in USAGE_FIELDS}
 
-    source: str
-    step_index: int | None
+
+@dataclass(frozen=True, slots=True)
+class TokenCounts:
+    """Whether a model call reported usage, and its counts (`USAGE_FIELDS`, None when not reported,
+    never 0): the fields the provider's report (`audit.recorder.Usage`) and a stored record's reading
+    (`CallUsage`) share, declared once."""
+
     available: bool
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     total_tokens: int | None = None
     reasoning_tokens: int | None = None
     cached_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallUsage(TokenCounts):
+    """One model call's usage as a usage record states it (camelCase keys of `Usage.as_details`).
+    Built by keyword: its counts are `TokenCounts`'."""
+
+    source: str
+    step_index: int | None
     # The calling agent (`agentName`); records written before per-agent counters name none.
     agent_name: str | None = None
     # The model the call named (`model`; what `pricing` prices it by); not compared.
@@ -63,7 +79,7 @@ class CallUsage:
             source=str(details.get("source") or ""),
             step_index=_int(details.get("stepIndex")),
             available=bool(details.get("usageAvailable")),
-            **{attr: _int(details.get(key)) for key, attr in _FIELDS},
+            **{attr: _int(details.get(key)) for key, attr in USAGE_FIELDS},
             agent_name=str(agent) if agent else None,
             model=str(details["model"]) if details.get("model") else None,
         )
@@ -83,7 +99,7 @@ class CallUsage:
         return self.available and self.total_tokens is not None
 
     def counts(self) -> tuple:
-        return (self.available, *(getattr(self, attr) for _key, attr in _FIELDS))
+        return (self.available, *(getattr(self, attr) for _key, attr in USAGE_FIELDS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +190,7 @@ def reconcile(
             differences.append(f"{call_names([row])[0]}: step row has no usage record")
             continue
         name, call = entry
-        for (_key, attr), got, want in zip(_FIELDS, row.counts()[1:], call.counts()[1:], strict=True):
+        for (_key, attr), got, want in zip(USAGE_FIELDS, row.counts()[1:], call.counts()[1:], strict=True):
             if got != want:
                 differences.append(f"{name}: step row {attr} {got} differs from its usage record {want}")
         if row.available != call.available:
@@ -275,7 +291,7 @@ def stored_usage(run_id: str) -> tuple[list[CallUsage], list[tuple[int, CallUsag
     from audit.models import AgentStep, EventType, TraceEvent
 
     q = connection.ops.quote_name
-    step_cols = ("usage_available", *(attr for _key, attr in _FIELDS))
+    step_cols = ("usage_available", *(attr for _key, attr in USAGE_FIELDS))
     # Identifiers come from the models and are quoted; values are parameters.
     sql = (
         f"SELECT 0, {q('sequence_no')}, {q('details')}, NULL, "  # noqa: S608
@@ -295,7 +311,11 @@ def stored_usage(run_id: str) -> tuple[list[CallUsage], list[tuple[int, CallUsag
             events.append((int(order), CallUsage.from_details(data or {})))
         else:
             usage = CallUsage(
-                "AGENT", int(order), bool(available), *(_int(c) for c in counts), agent_name=agent_name
+                source="AGENT",
+                step_index=int(order),
+                available=bool(available),
+                **{attr: _int(c) for (_key, attr), c in zip(USAGE_FIELDS, counts, strict=True)},
+                agent_name=agent_name,
             )
             steps.append((int(order), usage))
     events.sort(key=lambda e: e[0])

@@ -57,7 +57,7 @@ from django.db.models.functions import Cast
 from audit.integrity import timestamp
 from audit.models import AgentStep, RunReview, ToolInvocation
 from audit.payloads import canonical_json, sha256_hex
-from audit.write_ops import RawJSON
+from audit.write_table import RawJSON
 from core.compiled import CompiledQuery
 from diagnosis.models import ChatSession, DiagnosisRun
 from reasoning.fields import Ciphertext, EncryptedTextField

@@ -32,6 +32,7 @@ from typing import Any
 from django.db.models import Q
 
 from audit.binding import verify_rows
+from audit.chunks import run_chunks
 from audit.facts import annotate_recomputed, disagreements, refresh_run_facts
 from audit.integrity import GENESIS_HASH, timestamp, verify_chain
 from audit.models import (
@@ -187,19 +188,9 @@ def _purged(run_id: str, tombstone: RunTombstone, leaf: LogLeaf | None) -> RunVe
 def verify_all_runs(*, batch_size: int = RUN_BATCH) -> Iterator[RunVerification]:
     """Verify every run, oldest first, `batch_size` runs at a time, then every run id that audit rows
     name without a run row (`orphaned_run_ids`)."""
-    last = 0
     book = load_price_book()
-    while True:
-        runs = list(annotate_recomputed(DiagnosisRun.objects.filter(pk__gt=last)).order_by("pk")[:batch_size])
-        if not runs:
-            for run_id in orphaned_run_ids():
-                yield verify_run(run_id)
-            return
-        last = runs[-1].pk
+    for runs, by_run in run_chunks(annotate_recomputed(DiagnosisRun.objects.all()), batch_size):
         ids = [r.run_id for r in runs]
-        by_run: dict[str, list[TraceEvent]] = defaultdict(list)
-        for event in TraceEvent.objects.filter(run_id__in=ids).order_by("run_id", "sequence_no"):
-            by_run[event.run_id].append(event)
         steps, tools, reasoning, reviews = _rows(ids)
         leaves = leaves_of(ids)
         tails = tails_of(ids)
@@ -220,6 +211,8 @@ def verify_all_runs(*, batch_size: int = RUN_BATCH) -> Iterator[RunVerification]
                 book=book,
                 session=sessions.get(run.session_id),
             )
+    for run_id in orphaned_run_ids():
+        yield verify_run(run_id)
 
 
 def orphaned_run_ids() -> list[str]:

@@ -33,23 +33,24 @@ and writes nothing; in a batch of several ops the whole transaction is refused, 
 commit) retries the ops one by one so that only the fenced op fails.
 
 Statements are built from the models' own field definitions (column names, and the fields' own database
-preparation for JSON, date-times and the encrypted reasoning text), so a row written here is the row the
-ORM would write. They run through Django's cursor, so `connection.execute_wrapper` hooks, error
-translation (`IntegrityError`, `OperationalError` …) and the connection's session settings all apply.
+preparation for JSON, date-times and the encrypted reasoning text: `audit.write_table.Table`), so a row
+written here is the row the ORM would write. They run through Django's cursor, so
+`connection.execute_wrapper` hooks, error translation (`IntegrityError`, `OperationalError` …) and the
+connection's session settings all apply; in production through the driver's cursor with the same checks
+and errors (`audit.write_cursor`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import datetime as dt
-import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.conf import settings
-from django.db import DatabaseError, connections, models, transaction
+from django.db import DatabaseError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
+
+from audit.write_cursor import cursor_for, results_of
+from audit.write_table import RawJSON, Table  # noqa: F401  (RawJSON: importers of this module's names)
 
 MAX_ROWS_PER_STATEMENT = 500
 # The error number a refused fence raises from the MariaDB compound statement (outside the server's own
@@ -60,159 +61,6 @@ FENCED_ERRNO = 45091
 class WriteFenced(DatabaseError):
     """The fenced row no longer holds the writer's epoch (a newer claim took the run): nothing of the op
     was written. A refusal, not a database failure."""
-
-
-class RawJSON:
-    """JSON text already serialised by the caller (the recorder's canonical details): stored as is."""
-
-    __slots__ = ("text",)
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-
-def _char(value: Any) -> Any:
-    return value if value is None or type(value) is str else str(value)
-
-
-class Table:
-    """INSERT/UPDATE building for one model: its columns in a fixed order and each column's conversion
-    from a Python value to the database parameter (the same conversion `Model.save` applies)."""
-
-    def __init__(self, model: type[models.Model], columns: Sequence[str]) -> None:
-        self.model = model
-        self.db_table = model._meta.db_table
-        self.columns = tuple(columns)
-        self.fields = [model._meta.get_field(c) for c in self.columns]
-        self.index = {c: i for i, c in enumerate(self.columns)}
-        self.pk_column = model._meta.pk.column
-        self._sql: dict[tuple, str] = {}
-        self._converters: dict[str, list[Callable[[Any], Any] | None]] = {}
-
-    def row(self, **values: Any) -> tuple:
-        """A row in column order; a column not given takes the model field's default (as `Model()`)."""
-        out = []
-        used = 0
-        for name, f in zip(self.columns, self.fields, strict=True):
-            if name in values:
-                out.append(values[name])
-                used += 1
-            else:
-                out.append(f.get_default())
-        if used != len(values):
-            raise KeyError(f"unknown columns for {self.db_table}: {sorted(set(values) - set(self.columns))}")
-        return tuple(out)
-
-    def column(self, name: str) -> str:
-        return self.model._meta.get_field(name).column
-
-    def converters(self, connection: BaseDatabaseWrapper) -> list[Callable[[Any], Any] | None]:
-        found = self._converters.get(connection.alias)
-        if found is None:
-            found = [self._converter(f, connection) for f in self.fields]
-            self._converters[connection.alias] = found
-        return found
-
-    @staticmethod
-    def _converter(f: models.Field, connection: BaseDatabaseWrapper) -> Callable[[Any], Any] | None:
-        if isinstance(f, models.JSONField):
-            if connection.vendor in ("mysql", "sqlite"):
-                encoder = f.encoder
-
-                def to_json(value: Any) -> Any:
-                    if isinstance(value, RawJSON):
-                        return value.text
-                    return json.dumps(value, cls=encoder)
-
-                return to_json
-            return lambda value: f.get_db_prep_save(
-                json.loads(value.text) if isinstance(value, RawJSON) else value, connection
-            )
-        if type(f) in (models.CharField, models.TextField) or (
-            isinstance(f, models.ForeignKey) and type(f.target_field) in (models.CharField, models.TextField)
-        ):
-            return _char
-        if type(f) is models.DateTimeField:
-            return _datetime_converter(connection)
-        if type(f) in (
-            models.IntegerField,
-            models.BigIntegerField,
-            models.PositiveIntegerField,
-            models.BooleanField,
-        ):
-            return None
-        # Anything else (e.g. the encrypted reasoning text): the field's own preparation.
-        return lambda value: f.get_db_prep_save(value, connection)
-
-    def prep(self, connection: BaseDatabaseWrapper, values: Sequence[Any]) -> list[Any]:
-        return [v if c is None else c(v) for c, v in zip(self.converters(connection), values, strict=True)]
-
-    def prep_columns(self, connection: BaseDatabaseWrapper, columns: Sequence[str], values: Sequence[Any]):
-        convs = self.converters(connection)
-        out = []
-        for name, value in zip(columns, values, strict=True):
-            conv = convs[self.index[name]]
-            out.append(value if conv is None else conv(value))
-        return out
-
-    def insert_sql(self, connection: BaseDatabaseWrapper, rows: int, returning: bool) -> str:
-        key = (connection.alias, "insert", rows, returning)
-        sql = self._sql.get(key)
-        if sql is None:
-            qn = connection.ops.quote_name
-            cols = ", ".join(qn(f.column) for f in self.fields)
-            one = "(" + ", ".join(["%s"] * len(self.fields)) + ")"
-            # Identifiers come from the model definitions (quoted), values are always parameters.
-            sql = f"INSERT INTO {qn(self.db_table)} ({cols}) VALUES " + ", ".join([one] * rows)  # noqa: S608
-            if returning:
-                sql += f" RETURNING {qn(self.pk_column)}"
-            self._sql[key] = sql
-        return sql
-
-    def guarded_insert_sql(
-        self, connection: BaseDatabaseWrapper, rows: int, returning: bool, guard: str
-    ) -> str:
-        """INSERT of `rows` rows, each written only when `guard` (an SQL condition) holds."""
-        key = (connection.alias, "guarded", rows, returning, guard)
-        sql = self._sql.get(key)
-        if sql is None:
-            qn = connection.ops.quote_name
-            cols = ", ".join(qn(f.column) for f in self.fields)
-            dual = " FROM DUAL" if connection.vendor == "mysql" else ""
-            one = "SELECT " + ", ".join(["%s"] * len(self.fields)) + f"{dual} WHERE {guard}"
-            sql = f"INSERT INTO {qn(self.db_table)} ({cols}) " + " UNION ALL ".join([one] * rows)
-            if returning:
-                sql += f" RETURNING {qn(self.pk_column)}"
-            self._sql[key] = sql
-        return sql
-
-    def update_sql(self, connection: BaseDatabaseWrapper, columns: tuple, where: tuple) -> str:
-        key = (connection.alias, "update", columns, where)
-        sql = self._sql.get(key)
-        if sql is None:
-            qn = connection.ops.quote_name
-            sets = ", ".join(f"{qn(self.column(c))} = %s" for c in columns)
-            cond = " AND ".join(f"{qn(self.column(c))} = %s" for c in where)
-            sql = f"UPDATE {qn(self.db_table)} SET {sets} WHERE {cond}"  # noqa: S608
-            self._sql[key] = sql
-        return sql
-
-
-def _datetime_converter(connection: BaseDatabaseWrapper) -> Callable[[Any], Any]:
-    """The backend's `adapt_datetimefield_value`, with a fast path for what the recorder writes: an
-    aware UTC `datetime` on a connection whose time zone is UTC (MySQL/MariaDB and SQLite with
-    `USE_TZ`), where the adapter's own checks and its conversion to the connection's zone return the
-    same naive time as `str` (tested equal in `tests/audit/test_write_ops.py`)."""
-    adapt = connection.ops.adapt_datetimefield_value
-    if not (settings.USE_TZ and connection.vendor in ("mysql", "sqlite") and connection.timezone is dt.UTC):
-        return adapt
-
-    def utc_datetime(value: Any) -> Any:
-        if type(value) is dt.datetime and value.tzinfo is dt.UTC:
-            return str(value.replace(tzinfo=None))
-        return adapt(value)
-
-    return utc_datetime
 
 
 @dataclass(slots=True)
@@ -380,7 +228,7 @@ def _apply(
     check_first = check and connection.vendor != "sqlite"
     if check_first:
         _check_fences(fences, connection)
-    with _cursor(connection) as cursor:
+    with cursor_for(connection) as cursor:
         for table, rows in by_table.items():
             _insert_rows(cursor, connection, table, rows, ids, guard)
             guard = None if guard is None else guard.spent()
@@ -520,7 +368,7 @@ def _apply_compound(by_table, updates, connection, fences=(), after=()) -> None:
         params.extend(statement_params)
     parts.append(_COMPOUND_TAIL)
     try:
-        sets = _results(connection, "".join(parts), params)
+        sets = results_of(connection, "".join(parts), params)
     except DatabaseError as exc:
         if fences and exc.args and exc.args[0] == FENCED_ERRNO:
             raise WriteFenced(FENCED_ERRNO, "fenced") from exc
@@ -531,131 +379,6 @@ def _apply_compound(by_table, updates, connection, fences=(), after=()) -> None:
     for chunk, rows in zip(returning, results, strict=True):
         for row, (pk,) in zip(chunk, rows, strict=True):
             row.id = pk
-
-
-def _results(connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any]) -> list[tuple]:
-    """Run the compound statement `sql` with its `params` and drain every result (one per RETURNING,
-    then the statement's own status): an error raised by a later statement (and the rollback) surfaces
-    here, so nothing counts as written before."""
-    with _cursor(connection) as cursor:
-        cursor.execute(sql, params)
-        sets = [cursor.fetchall()]
-        with connection.wrap_database_errors:
-            while _next_result(connection, cursor):
-                sets.append(cursor.fetchall())
-    return sets
-
-
-def _cursor(connection: BaseDatabaseWrapper):
-    """The cursor a write runs on: Django's, or on MariaDB/MySQL outside any transaction of the
-    caller's, with no execute wrapper installed and no query logged (production), the driver's own
-    (`_DriverCursor`), which makes the checks and error translation of Django's and binds parameters
-    in one pass (`_bound`). Django's two wrapper layers around every cursor method were ≈ 5 % of the
-    instructions of a run recorded one at a time and add nothing else in that case."""
-    if (
-        connection.vendor != "mysql"
-        or connection.queries_logged
-        or connection.execute_wrappers
-        or connection.in_atomic_block
-    ):
-        return connection.cursor()
-    return _DriverCursor(connection)
-
-
-class _DriverCursor:
-    """The driver's cursor on `connection`, with what Django's cursor does for a write here: the
-    checks of `cursor()` (health check, connection, thread sharing), Django's database errors
-    (`wrap_database_errors`, and the MySQL backend's own cursor wrapper for its IntegrityError codes)
-    and the driver's parameter binding, in one pass (`_bound`, the same bytes as the driver's own),
-    without Django's generic cursor layer. A context manager that closes the cursor as Django's does
-    (errors on close ignored)."""
-
-    __slots__ = ("_connection", "_cursor", "_raw", "_translated")
-
-    def __init__(self, connection: BaseDatabaseWrapper) -> None:
-        from django.db.backends.mysql.base import CursorWrapper
-
-        connection.close_if_health_check_failed()
-        connection.ensure_connection()
-        connection.validate_thread_sharing()
-        self._connection = connection
-        self._raw = connection.connection
-        with connection.wrap_database_errors:
-            self._cursor = self._raw.cursor()
-        self._translated = CursorWrapper(self._cursor)
-
-    def __enter__(self) -> _DriverCursor:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        with contextlib.suppress(self._connection.Database.Error):
-            self._cursor.close()
-
-    def execute(self, sql: str, params: Sequence[Any] | None = None) -> None:
-        with self._connection.wrap_database_errors:
-            # As the driver: no parameters, no `%` formatting.
-            self._translated.execute(sql if params is None else _bound(self._raw, sql, params))
-
-    def fetchall(self) -> tuple:
-        with self._connection.wrap_database_errors:
-            return self._cursor.fetchall()
-
-    def fetchone(self) -> Any:
-        with self._connection.wrap_database_errors:
-            return self._cursor.fetchone()
-
-    def nextset(self) -> bool | None:
-        return self._cursor.nextset()
-
-    @property
-    def rowcount(self) -> int:
-        return self._cursor.rowcount
-
-    @property
-    def lastrowid(self) -> int:
-        return self._cursor.lastrowid
-
-
-def _integrity_codes(connection: BaseDatabaseWrapper) -> tuple[int, ...]:
-    """The driver error codes the MySQL backend's cursor raises as IntegrityError."""
-    from django.db.backends.mysql.base import CursorWrapper
-
-    return CursorWrapper.codes_for_integrityerror
-
-
-def _bound(raw: Any, sql: str, params: Sequence[Any]) -> bytes:
-    """`sql` with `params` bound as mysqlclient binds them (`MySQLdb.cursors.BaseCursor._mogrify`: each
-    value as `Connection.literal` escapes it, then `%` formatting), in one pass: text goes straight to
-    the driver's `string_literal`, NULL and integers need no escaping, every other value takes
-    `literal`. A compound write binds ≈ 40 values per decision; the driver's per-value dispatch was
-    about a tenth of a concurrent run's CPU (docs/performance.md, B1 concurrent). The statement is
-    bytes, as the driver sends it: code that wraps the driver's cursor sees bytes for these writes."""
-    string_literal, encoding, literal = raw.string_literal, raw.encoding, raw.literal
-    values = tuple(
-        [
-            string_literal(v.encode(encoding))
-            if type(v) is str
-            else b"NULL"
-            if v is None
-            else b"%d" % v
-            if type(v) is int
-            else literal(v)
-            for v in params
-        ]
-    )
-    return sql.encode(encoding) % values
-
-
-def _next_result(connection, cursor) -> bool:
-    """`cursor.nextset()` with the MySQL backend's own error translation (as for `execute`)."""
-    from django.db import IntegrityError
-
-    try:
-        return bool(cursor.nextset())
-    except connection.Database.OperationalError as exc:
-        if exc.args and exc.args[0] in _integrity_codes(connection):
-            raise IntegrityError(*tuple(exc.args)) from exc
-        raise
 
 
 def _insert_rows(cursor, connection, table: Table, rows: list[Insert], ids: list, guard=None) -> None:

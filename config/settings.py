@@ -9,6 +9,7 @@ import datetime as dt
 import os
 
 from core.env import BASE_DIR, env
+from core.groups import GOVERNED
 
 # ---------------------------------------------------------------------------------------------------
 # Core
@@ -327,10 +328,7 @@ SENSITIVE_PERMISSIONS = env.list(
 REVIEW_CLAIM_MINUTES = env.float("REVIEW_CLAIM_MINUTES", default=30.0)
 # Groups whose membership the governance log always records, whether or not they hold a sensitive
 # permission (yet) or exist (yet); any other group is followed the moment it holds a sensitive permission.
-GOVERNED_GROUPS = env.list(
-    "GOVERNED_GROUPS",
-    default=["Reasoning Auditors", "Approvers", "Reviewers", "Staff viewers"],
-)
+GOVERNED_GROUPS = env.list("GOVERNED_GROUPS", default=list(GOVERNED))
 # django-axes: failed logins and failed token authentications, counted per username and per client
 # address (access.lockout.lockout_parameters); at the limit both are refused until the cool-off ends.
 AXES_ENABLED = env.bool("AXES_ENABLED", default=True)

@@ -8,6 +8,3 @@ class DiagnosisConfig(AppConfig):
 
     name = "diagnosis"
     verbose_name = "Diagnosis"
-
-    def ready(self) -> None:
-        from diagnosis import signals  # noqa: F401  (creates the approvers group after migrate)

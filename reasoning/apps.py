@@ -8,4 +8,4 @@ class ReasoningConfig(AppConfig):
     verbose_name = "Reasoning"
 
     def ready(self) -> None:
-        from reasoning import checks, signals  # noqa: F401  (registers checks, connects post_migrate)
+        from reasoning import checks  # noqa: F401  (registers checks)

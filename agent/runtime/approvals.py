@@ -41,6 +41,7 @@ from agent.runtime.canonical import CanonicalStore, CanonicalUnavailable, delete
 from audit.models import EventType, ToolInvocation, ToolStatus, TraceEvent
 from audit.payloads import canonical_json, sha256_hex
 from audit.recorder import RunRecorder, arguments_digest
+from core.groups import APPROVERS
 from diagnosis.models import ChatSession, DiagnosisRun, RunStatus
 from reasoning import crypto
 from reasoning.signals import reasoning_purging
@@ -48,7 +49,7 @@ from reasoning.signals import reasoning_purging
 logger = logging.getLogger(__name__)
 
 APPROVE_PERMISSION = "diagnosis.approve_tool_call"
-APPROVERS_GROUP = "Approvers"
+APPROVERS_GROUP = APPROVERS
 APPROVED = "APPROVED"
 REJECTED = "REJECTED"
 EXPIRED = "EXPIRED"

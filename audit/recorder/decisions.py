@@ -20,7 +20,8 @@ from audit.recorder.facts import (
     guard_reasoning_step,
     router_reasoning_step,
 )
-from audit.write_ops import Insert, Table
+from audit.write_ops import Insert
+from audit.write_table import Table
 from diagnosis.models import ReleaseDecision
 from reasoning.capture import CapturedReasoning
 

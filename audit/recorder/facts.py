@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from audit.reconcile import USAGE_FIELDS, TokenCounts
 from reasoning.capture import ToolCallPlan
 
 SUMMARY_CHARS = 500
@@ -51,30 +52,16 @@ class ToolCallRepeated(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class Usage:
+class Usage(TokenCounts):
     """Token usage of one model call as the provider reported it; `available=False` means it reported
-    none, and then every count is None (never 0)."""
-
-    available: bool
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    total_tokens: int | None = None
-    reasoning_tokens: int | None = None
-    cached_tokens: int | None = None
+    none, and then every count is None (never 0). Its fields are `audit.reconcile.TokenCounts`."""
 
     @classmethod
     def unavailable(cls) -> Usage:
         return cls(available=False)
 
     def as_details(self) -> dict[str, Any]:
-        return {
-            "usageAvailable": self.available,
-            "promptTokens": self.prompt_tokens,
-            "completionTokens": self.completion_tokens,
-            "totalTokens": self.total_tokens,
-            "reasoningTokens": self.reasoning_tokens,
-            "cachedTokens": self.cached_tokens,
-        }
+        return {"usageAvailable": self.available, **{key: getattr(self, attr) for key, attr in USAGE_FIELDS}}
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from audit.reconcile import SOURCES, CallUsage, KeptLedger
+from audit.reconcile import SOURCES, CallUsage, KeptLedger, usage_counts
 from audit.recorder.facts import Usage
 
 
@@ -69,10 +69,6 @@ def call_usage(
         source=str(source),
         step_index=step_index,
         available=usage.available,
-        prompt_tokens=usage.prompt_tokens,
-        completion_tokens=usage.completion_tokens,
-        total_tokens=usage.total_tokens,
-        reasoning_tokens=usage.reasoning_tokens,
-        cached_tokens=usage.cached_tokens,
+        **usage_counts(usage),
         agent_name=agent_name,
     )

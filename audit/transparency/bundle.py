@@ -365,22 +365,8 @@ def _verify_rows(rows: Any, run_id: str, b: bound.Bindings, report: Report) -> N
             checked += 1
     elif run_entry is not None:
         report.failures.append("rows.run: the chain records no RUN_FINISHED to bind it")
-    for key, binding in steps.items():
-        if binding.digest is not None:
-            report.failures.append(
-                f"rows: {bound.step_label(key)} bound at sequence {binding.sequence_no} is missing"
-            )
-    for key, binding in tools.items():
-        if binding.digest is not None:
-            report.failures.append(
-                f"rows: tool call {key} bound at sequence {binding.sequence_no} is missing"
-            )
-    for (step_index, agent), binding in reasoning.items():
-        if binding.digest is not None:
-            report.failures.append(
-                f"rows: reasoning row for step {step_index} ({agent}) bound at sequence "
-                f"{binding.sequence_no} is missing"
-            )
+    for what, binding in bound.unclaimed(steps, tools, reasoning):
+        report.failures.append(f"rows: {what} bound at sequence {binding.sequence_no} is missing")
     if len(report.failures) == before:
         report.passed.append(f"rows: {checked} record(s) match the digests their chain binds")
 

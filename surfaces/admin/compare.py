@@ -23,7 +23,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from audit.models import EventType
-from surfaces.admin.run_page import run_cost_label
+from surfaces.admin.ledger import run_cost_label
 
 NOT_RECORDED = "not recorded"
 GUARDS = (
@@ -120,7 +120,7 @@ def _citations(trace: Mapping[str, Any]) -> list[str]:
 
 
 def _cost(run: Mapping[str, Any]) -> Any:
-    """The run's cost as the run page words it (`surfaces.admin.run_page.run_cost_label`, one home),
+    """The run's cost as the run page words it (`surfaces.admin.ledger.run_cost_label`, one home),
     from the trace's `run.cost` (amount, status, unpriced calls); "not recorded" when the trace has none.
     No amount is never shown as 0."""
     cost = run.get("cost")

@@ -50,7 +50,8 @@ from surfaces.admin.dashboard import dashboard_view
 from surfaces.admin.display import QUERY_PREVIEW_CHARS, delivery_note, format_ms, provider_chip
 from surfaces.admin.display import chip as _chip
 from surfaces.admin.keys import keys_view
-from surfaces.admin.run_page import build_run_page, run_cost_label
+from surfaces.admin.ledger import run_cost_label
+from surfaces.admin.run_page import build_run_page
 from telemetry.selectors import export_of_run, exporter_enabled
 
 CONSOLE_MEDIA = forms.Media(css={"all": ("surfaces/admin/console.css",)})

@@ -234,3 +234,28 @@ def test_a_deleted_step_row_or_usage_record_is_named(run):
     ledger = get_trace(run=run).summary.ledger
     assert "agent step 1: step row has no usage record" in ledger.differences
     assert "1 model call started but never recorded (no token usage)" in ledger.without_usage
+
+
+def test_usage_and_call_usage_and_the_step_row_carry_exactly_the_one_usage_field_set():
+    """`audit.reconcile.USAGE_FIELDS` is the one list of a call's counts: the provider's `Usage`, the stored
+    record's `CallUsage` and the step row's columns each hold exactly those, and `Usage.as_details` writes
+    them under its keys (what is hashed into MODEL_TOKEN_USAGE)."""
+    from dataclasses import fields
+
+    from audit.reconcile import USAGE_FIELDS, CallUsage
+
+    attrs = [attr for _key, attr in USAGE_FIELDS]
+    assert [f.name for f in fields(Usage)] == ["available", *attrs]
+    assert [f.name for f in fields(CallUsage)][:6] == ["available", *attrs]
+    assert all(hasattr(AgentStep, attr) for attr in attrs)
+    details = Usage(True, 1, 2, 3, 4, 5).as_details()
+    assert details == {
+        "usageAvailable": True,
+        "promptTokens": 1,
+        "completionTokens": 2,
+        "totalTokens": 3,
+        "reasoningTokens": 4,
+        "cachedTokens": 5,
+    }
+    assert list(details) == ["usageAvailable", *(key for key, _attr in USAGE_FIELDS)]
+    assert CallUsage.from_details({"source": "AGENT", **details}).counts() == (True, 1, 2, 3, 4, 5)

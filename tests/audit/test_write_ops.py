@@ -1,5 +1,5 @@
-"""The recorder's statement parameters (audit/write_ops.py): each column converted exactly as the
-backend's own adapters (and so `Model.save`) convert it, fast paths included."""
+"""The recorder's statement parameters (audit/write_table.py, audit/write_cursor.py): each column
+converted exactly as the backend's own adapters (and so `Model.save`) convert it, fast paths included."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from django.db import connection
 from django.utils import timezone
 
 from audit.models import TraceEvent
-from audit.write_ops import Table
+from audit.write_table import Table
 from reasoning.models import AgentReasoningAudit
 
 
@@ -34,14 +34,14 @@ def test_date_times_are_the_backends_own_parameters():
 
 @pytest.mark.django_db
 def test_the_compound_statements_parameters_are_bound_as_the_driver_binds_them():
-    """`_bound` (one pass over a compound write's parameters) gives the statement mysqlclient's own
+    """`bind_params` (one pass over a compound write's parameters) gives the statement mysqlclient's own
     binding gives: text with quotes, backslashes, NUL, `%` and non-BMP characters, NULL, integers, and
     every other type through the driver's `literal`."""
     if connection.vendor != "mysql":
         pytest.skip("the compound statement is MariaDB's")
     from decimal import Decimal
 
-    from audit.write_ops import _bound
+    from audit.write_cursor import bind_params
 
     values = [
         "plain",
@@ -64,9 +64,9 @@ def test_the_compound_statements_parameters_are_bound_as_the_driver_binds_them()
     connection.ensure_connection()
     with connection.cursor() as cursor:
         expected = cursor.cursor._mogrify(sql, values)
-        assert _bound(connection.connection, sql, values) == expected
+        assert bind_params(connection.connection, sql, values) == expected
         texts = values[:5]
-        cursor.execute(_bound(connection.connection, "SELECT " + ", ".join(["%s"] * len(texts)), texts))
+        cursor.execute(bind_params(connection.connection, "SELECT " + ", ".join(["%s"] * len(texts)), texts))
         assert list(cursor.fetchone()) == texts  # what the server reads back is what was bound
 
 
@@ -74,13 +74,14 @@ def test_the_compound_statements_parameters_are_bound_as_the_driver_binds_them()
 @pytest.mark.django_db(transaction=True)
 def test_writes_outside_a_transaction_use_the_drivers_cursor_with_djangos_errors(user, monkeypatch):
     """In production (no caller's transaction, no execute wrapper, queries not logged) the recorder's
-    statements run on the driver's cursor (`_DriverCursor`): the rows land, a server error is Django's
-    error class (the MySQL backend's IntegrityError codes included), nothing of a failed transaction is
-    stored; while queries are logged (DEBUG, a test capturing them) Django's cursor runs and logs them."""
+    statements run on the driver's cursor (`audit.write_cursor.DriverCursor`): the rows land, a server
+    error is Django's error class (the MySQL backend's IntegrityError codes included), nothing of a
+    failed transaction is stored; while queries are logged (DEBUG, a test capturing them) Django's
+    cursor runs and logs them."""
     from django.db import IntegrityError
     from django.test.utils import CaptureQueriesContext
 
-    from audit import write_ops
+    from audit import write_cursor, write_ops
     from audit.integrity import verify_chain
     from audit.recorder import RunRecorder
     from audit.recorder.chain import _tables
@@ -89,13 +90,13 @@ def test_writes_outside_a_transaction_use_the_drivers_cursor_with_djangos_errors
     from tests.factories import record_full_run
 
     seen = []
-    driver_execute = write_ops._DriverCursor.execute
+    driver_execute = write_cursor.DriverCursor.execute
 
     def spy(cursor, sql, params=None):
         seen.append(sql.lstrip()[:16])
         return driver_execute(cursor, sql, params)
 
-    monkeypatch.setattr(write_ops._DriverCursor, "execute", spy)
+    monkeypatch.setattr(write_cursor.DriverCursor, "execute", spy)
     session = services.create_session(owner=user)
     run = services.create_run(session=session, query="driver cursor")
     assert not connection.in_atomic_block and not connection.queries_logged

@@ -19,6 +19,7 @@ from django.db import transaction
 
 from access.middleware import acting_as
 from core.env import env
+from core.groups import APPROVERS, REASONING_AUDITORS, REVIEWERS, STAFF_VIEWERS
 
 ACTOR = "manage.py user_groups"
 
@@ -26,8 +27,9 @@ ACTOR = "manage.py user_groups"
 class Command(BaseCommand):
     help = (
         "Add USERNAME to (--add GROUP) or remove them from (--remove GROUP) existing groups such as "
-        '"Staff viewers", "Reviewers", "Reasoning Auditors" and "Approvers"; --staff / --no-staff sets '
-        "or clears is_staff (the admin console). Prints the user's groups afterwards."
+        f'"{STAFF_VIEWERS}", "{REVIEWERS}", "{REASONING_AUDITORS}" and "{APPROVERS}"; '
+        "--staff / --no-staff sets or clears is_staff (the admin console). "
+        "Prints the user's groups afterwards."
     )
 
     def add_arguments(self, parser):

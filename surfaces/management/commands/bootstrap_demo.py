@@ -13,8 +13,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
-from audit.signals import STAFF_VIEWERS_GROUP
-from reasoning.signals import AUDITOR_GROUP
+from core.groups import REASONING_AUDITORS, STAFF_VIEWERS
 
 RUNBOOKS_DIR = Path(settings.BASE_DIR) / "runbooks"
 
@@ -33,7 +32,7 @@ class Command(BaseCommand):
         if not settings.DEBUG:
             raise CommandError("bootstrap_demo only runs with DEBUG on; it creates well-known accounts.")
         User = get_user_model()
-        auditors = Group.objects.get(name=AUDITOR_GROUP)
+        auditors = Group.objects.get(name=REASONING_AUDITORS)
         created = []
         for username, is_staff, is_superuser, auditor in DEMO_ACCOUNTS:
             if User.objects.filter(username=username).exists():
@@ -46,7 +45,7 @@ class Command(BaseCommand):
                 user.groups.add(auditors)
             created.append((username, password))
         # Admin console read access for the non-superuser demo staff (idempotent, also for older accounts).
-        viewers = Group.objects.get(name=STAFF_VIEWERS_GROUP)
+        viewers = Group.objects.get(name=STAFF_VIEWERS)
         console_staff = [name for name, staff, superuser, _ in DEMO_ACCOUNTS if staff and not superuser]
         for user in User.objects.filter(username__in=console_staff):
             user.groups.add(viewers)

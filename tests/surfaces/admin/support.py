@@ -9,7 +9,7 @@ from django.contrib.auth.models import Group
 from django.utils import timezone
 
 from audit.recorder import DeclaredToolCall, RetrievalFacts, RunRecorder, Usage
-from audit.signals import STAFF_VIEWERS_GROUP
+from core.groups import STAFF_VIEWERS
 from diagnosis import services
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
 from reasoning.capture import build_capture
@@ -21,7 +21,7 @@ UNSUPPORTED_CLAIM = "roll back image 1.42"
 
 def grant_console(user):
     """Give a staff user the console's read access (the "Staff viewers" group made on migrate)."""
-    user.groups.add(Group.objects.get(name=STAFF_VIEWERS_GROUP))
+    user.groups.add(Group.objects.get(name=STAFF_VIEWERS))
     return user
 
 

@@ -8,6 +8,7 @@ import json
 import re
 
 import pytest
+from django.apps import apps
 from django.contrib import admin
 from django.contrib.auth.models import Group, Permission
 from django.core.management import call_command
@@ -17,11 +18,12 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils.html import escape
 
+from access.groups import WITHHELD_CODENAMES, create_role_groups
 from audit.models import AgentStep, ToolInvocation, TraceEvent
 from audit.recorder import RunRecorder
 from audit.selectors import get_trace
 from audit.serializers import serialize_trace
-from audit.signals import STAFF_VIEWERS_GROUP, WITHHELD_CODENAMES, create_staff_viewers_group
+from core.groups import STAFF_VIEWERS
 from diagnosis import services
 from diagnosis.models import DiagnosisRun, RunStatus
 from reasoning.models import AccessChannel, AgentReasoningAudit, ReasoningAccessLog
@@ -193,7 +195,7 @@ def test_reasoning_admin_never_shows_content_columns(superuser):
 # Roles
 # --------------------------------------------------------------------------------------------------
 def test_staff_viewers_group_holds_view_permissions_only_and_is_idempotent():
-    group = Group.objects.get(name=STAFF_VIEWERS_GROUP)
+    group = Group.objects.get(name=STAFF_VIEWERS)
     codenames = set(group.permissions.values_list("codename", flat=True))
     expected = set(
         Permission.objects.filter(
@@ -207,9 +209,9 @@ def test_staff_viewers_group_holds_view_permissions_only_and_is_idempotent():
     assert {"view_toolinvocation", "view_agentreasoningaudit", "view_runfeedback"} <= codenames
     assert "view_reasoning_content" not in codenames and "view_reasoningaccesslog" not in codenames
     assert all(c.startswith("view_") for c in codenames)
-    create_staff_viewers_group(sender=admin.site._registry[TraceEvent].opts.app_config)
+    create_role_groups(sender=apps.get_app_config("access"))
     assert set(group.permissions.values_list("codename", flat=True)) == codenames
-    assert Group.objects.filter(name=STAFF_VIEWERS_GROUP).count() == 1
+    assert Group.objects.filter(name=STAFF_VIEWERS).count() == 1
 
 
 def test_staff_need_the_view_permission_to_open_runs(staff_user, superuser):
@@ -569,7 +571,7 @@ def test_bootstrap_demo_gives_demo_staff_and_auditor_the_console(settings, user)
     make_recorded_run(user)  # a database with runs: bootstrap_demo adds no demo runs (tested elsewhere)
     call_command("bootstrap_demo", stdout=io.StringIO())
     call_command("bootstrap_demo", stdout=io.StringIO())  # idempotent
-    viewers = Group.objects.get(name=STAFF_VIEWERS_GROUP)
+    viewers = Group.objects.get(name=STAFF_VIEWERS)
     assert sorted(viewers.user_set.values_list("username", flat=True)) == ["auditor", "staff"]
     staff = viewers.user_set.get(username="staff")
     run = DiagnosisRun.objects.get()

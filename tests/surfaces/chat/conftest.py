@@ -11,7 +11,7 @@ from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.contrib.auth.models import Group
 from django.core.management import call_command
 
-from audit.signals import STAFF_VIEWERS_GROUP
+from core.groups import STAFF_VIEWERS
 from tests.browser import launch_chromium
 from tests.fakes.openai_server import FakeLLMServer
 from tests.surfaces.chat.support import PASSWORD, DaphneServer, DroppingProxy, ScriptedProvider
@@ -53,7 +53,7 @@ def site(provider, staff_user):
     # The daphne subprocess knows only the production hashers (the suite's MD5 is for this process).
     staff_user.password = PBKDF2PasswordHasher().encode(PASSWORD, "browser-salt", iterations=1000)
     staff_user.save(update_fields=["password"])
-    staff_user.groups.add(Group.objects.get(name=STAFF_VIEWERS_GROUP))  # the console's read access
+    staff_user.groups.add(Group.objects.get(name=STAFF_VIEWERS))  # the console's read access
     call_command("load_knowledge", "runbooks", stdout=StringIO())
     server = DaphneServer(
         env={**provider.env(provider.base_url), "RUN_SWEEP_INTERVAL_SECONDS": "0"},
