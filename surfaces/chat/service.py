@@ -27,9 +27,10 @@ from agent.runtime.db import db
 from agent.runtime.executor import prepare_run
 from agent.runtime.live import RunFollower
 from agent.runtime.supervisor import ACTIVE_STATUSES, ensure_background, launch, request_cancel
+from core.ids import MAX_ID_CHARS
 from diagnosis import services
 from diagnosis.models import AgentFlow, DiagnosisRun
-from diagnosis.selectors import MAX_ID_CHARS, get_visible_run, owned_session
+from diagnosis.selectors import get_visible_run, owned_session
 from surfaces.chat.protocol import ChatRefused
 from surfaces.chat.throttle import check_chat_rate
 
