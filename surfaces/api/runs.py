@@ -15,7 +15,7 @@ from rest_framework.exceptions import APIException, NotFound, PermissionDenied
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from agent.runtime import approvals
+from agent.runtime import approval_queue, approvals
 from audit.apis import Conflict
 from audit.feedback import RunNotFinished, record_feedback
 from audit.serializers import FeedbackSerializer, RunCostSerializer, RunIdentitySerializer
@@ -258,7 +258,7 @@ class ApprovalListApi(APIView):
     def get(self, request):
         if not approvals.may_approve(request.user):
             raise PermissionDenied("You may not decide tool calls (diagnosis.approve_tool_call).")
-        waiting = approvals.waiting_approvals(user=request.user)
+        waiting = approval_queue.waiting_approvals(user=request.user)
         return Response(self.OutputSerializer({"approvals": waiting}).data)
 
 
