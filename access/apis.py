@@ -14,13 +14,12 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
 from rest_framework.exceptions import NotFound, PermissionDenied
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from access.models import ApiToken
 from access.selectors import tokens_of
 from access.services import MAX_TTL_HOURS, TokenNeedsOtp, issue_token, revoke_token
 from access.stepup import OTP_REQUIRED, session_verified
-from core.api import error_responses
+from core.api import ApiView, error_responses
 
 
 class ApiTokenSerializer(serializers.Serializer):
@@ -46,8 +45,10 @@ class IssuedTokenSerializer(ApiTokenSerializer):
         ref_name = "IssuedApiToken"
 
 
-class ApiTokensApi(APIView):
+class ApiTokensApi(ApiView):
     """List the user's tokens (any authentication), or issue one (session only: 403 with a token)."""
+
+    # Allows any authenticated user (ApiView's default): each sees and issues only their own tokens.
 
     class InputSerializer(serializers.Serializer):
         name = serializers.CharField(max_length=100, required=False, default="", allow_blank=True)
@@ -94,8 +95,10 @@ class ApiTokensApi(APIView):
         return Response(data, status=status.HTTP_201_CREATED)
 
 
-class RevokeApiTokenApi(APIView):
+class RevokeApiTokenApi(ApiView):
     """Revoke one of the user's tokens (idempotent); another user's token is 404."""
+
+    # Allows any authenticated user (ApiView's default): `tokens_of` finds only their own.
 
     @extend_schema(
         operation_id="revoke_api_token",

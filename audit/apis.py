@@ -4,8 +4,10 @@
 (`GET|POST /api/diagnosis/{sessionId}/holds`, `POST …/holds/{holdId}/lift`) and reviews
 (`POST /api/diagnosis/{sessionId}/runs/{runId}/reviews`).
 
-Thin views: validate the request, ask a selector, render through a serializer. Visibility and 404s come
-from `diagnosis.selectors`; the read model from `audit.selectors`; the shapes from `audit.serializers`.
+Thin views (`core.api.ApiView`: authentication, the order of checks, the not-found texts): validate the
+request, find the object through `diagnosis.selectors`' visibility rule, ask a selector, render through a
+serializer. The roles are `audit.permissions`; the read model `audit.selectors`; the shapes
+`audit.serializers`.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.exceptions import APIException, NotFound, ValidationError
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from audit.models import REVIEW_NOTE_CHARS, Checkpoint, HoldScope, ReviewVerdict
 from audit.permissions import CanPlaceLegalHold, CanReadEvidence, CanReviewRun, IsSuperuser
@@ -37,14 +38,18 @@ from audit.trace_render import TraceRenderer
 from audit.transparency import store
 from audit.transparency.evidence import build_bundle
 from audit.transparency.keys import published_keys
-from core.api import error_responses, paginated_response
+from core.api import (
+    NOT_FOUND_RUN,
+    NOT_FOUND_SESSION,
+    ApiView,
+    IdField,
+    error_responses,
+    paginated_response,
+)
 from diagnosis.selectors import RunResolution, get_visible_run, get_visible_session
 
-NOT_FOUND_RUN = "No such session or run."
-NOT_FOUND_SESSION = "No such session."
 
-
-class TraceApi(APIView):
+class TraceApi(ApiView):
     """The decision trace of one run: run, ordered timeline, model steps, tools and an audit summary.
 
     With `runId` the run must belong to the session (`runResolution` EXACT); without it the session's
@@ -56,7 +61,7 @@ class TraceApi(APIView):
     renderer_classes = [TraceRenderer]
 
     class QuerySerializer(serializers.Serializer):
-        runId = serializers.CharField(max_length=64, required=False)
+        runId = IdField(required=False)
 
     @extend_schema(
         operation_id="trace",
@@ -78,9 +83,11 @@ class TraceApi(APIView):
         query = self.QuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         run_id = query.validated_data.get("runId")
-        run = get_visible_run(user=request.user, session_id=sessionId, run_id=run_id, with_feedback=True)
-        if run is None:
-            raise NotFound(NOT_FOUND_RUN)
+        run = self.found(
+            request,
+            get_visible_run(user=request.user, session_id=sessionId, run_id=run_id, with_feedback=True),
+            NOT_FOUND_RUN,
+        )
         trace = get_trace(
             run=run, run_resolution=RunResolution.EXACT if run_id is not None else RunResolution.LATEST
         )
@@ -101,14 +108,15 @@ class AuditRecordSerializer(serializers.Serializer):
         ref_name = "AuditRecord"
 
 
-class SessionAuditsApi(APIView):
+class SessionAuditsApi(ApiView):
     """The newest 500 model-step and tool records across a session's runs, oldest first, for superusers.
 
     401 anonymous; 404 the session is absent or not visible to the user; 403 visible but the user is not
     a superuser. `truncated` is true when the session holds more than 500 such records.
     """
 
-    permission_classes = [IsSuperuser]
+    permission_classes = (IsSuperuser,)
+    object_checked = True
 
     class OutputSerializer(serializers.Serializer):
         audits = AuditRecordSerializer(many=True)
@@ -125,17 +133,16 @@ class SessionAuditsApi(APIView):
         tags=["trace"],
     )
     def get(self, request, sessionId):
-        session = get_visible_session(user=request.user, session_id=sessionId)
-        if session is None:
-            raise NotFound(NOT_FOUND_SESSION)
-        self.check_object_permissions(request, session)
+        session = self.found(
+            request, get_visible_session(user=request.user, session_id=sessionId), NOT_FOUND_SESSION
+        )
         return Response(self.OutputSerializer(get_session_audits(session_id=session.session_id)).data)
 
 
 # --------------------------------------------------------------------------------------------------
 # Transparency log: evidence bundles, checkpoints, consistency proofs
 # --------------------------------------------------------------------------------------------------
-class EvidenceApi(APIView):
+class EvidenceApi(ApiView):
     """The evidence bundle of one run (`audit.transparency.bundle` describes the format), verifiable
     offline with `python -m audit.verify_bundle FILE --public-key KEY`.
 
@@ -144,7 +151,7 @@ class EvidenceApi(APIView):
     reasoning rows appear as their digests only. A run not yet anchored has `anchor: null`.
     """
 
-    permission_classes = [CanReadEvidence]
+    permission_classes = (CanReadEvidence,)
     object_checked = True
 
     @extend_schema(
@@ -158,20 +165,18 @@ class EvidenceApi(APIView):
         tags=["evidence"],
     )
     def get(self, request, sessionId, runId):
-        run = get_visible_run(user=request.user, session_id=sessionId, run_id=runId)
-        if run is None:
-            raise NotFound(NOT_FOUND_RUN)
-        self.check_object_permissions(request, run)
+        run = self.found(
+            request, get_visible_run(user=request.user, session_id=sessionId, run_id=runId), NOT_FOUND_RUN
+        )
         return Response(build_bundle(run=run))
 
 
-class CheckpointListApi(APIView):
+class CheckpointListApi(ApiView):
     """Signed checkpoints of the transparency log, newest first, paginated, with the public keys they
     verify under (`publicKeys`: every signing key and retired key this deployment knows). 401 anonymous;
     403 neither staff nor a reasoning auditor."""
 
-    permission_classes = [CanReadEvidence]
-    object_checked = False
+    permission_classes = (CanReadEvidence,)
 
     @extend_schema(
         operation_id="checkpoints",
@@ -191,14 +196,13 @@ class CheckpointListApi(APIView):
         return response
 
 
-class ConsistencyApi(APIView):
+class ConsistencyApi(ApiView):
     """A consistency proof (RFC 9162 §2.1.4) that the checkpoint of `treeSize` extends the tree of
     `from` leaves: verify it with the root you hold for `from` (`fromRootHash` is the stored one) and
     the checkpoint's signed root. 401; 403 neither staff nor a reasoning auditor; 400 `from` missing or
     not in 1..treeSize; 404 no checkpoint of that size."""
 
-    permission_classes = [CanReadEvidence]
-    object_checked = False
+    permission_classes = (CanReadEvidence,)
 
     @extend_schema(
         operation_id="checkpoint_consistency",
@@ -238,7 +242,7 @@ class ConsistencyApi(APIView):
 # --------------------------------------------------------------------------------------------------
 # Legal holds
 # --------------------------------------------------------------------------------------------------
-class LegalHoldsApi(APIView):
+class LegalHoldsApi(ApiView):
     """Legal holds on a session and its runs: list them (GET), or place one (POST `{"reason", "runId"?}`:
     on the run when `runId` is given, else on the whole session). While a hold is active, neither the
     trace retention purge nor the reasoning purge touches the records it covers.
@@ -247,11 +251,12 @@ class LegalHoldsApi(APIView):
     visible; 403 without `audit.place_legal_hold`.
     """
 
-    permission_classes = [CanPlaceLegalHold]
+    permission_classes = (CanPlaceLegalHold,)
+    object_checked = True
 
     class InputSerializer(serializers.Serializer):
         reason = serializers.CharField(max_length=1000)
-        runId = serializers.CharField(max_length=64, required=False)
+        runId = IdField(required=False)
 
         class Meta:
             ref_name = "LegalHoldInput"
@@ -264,10 +269,9 @@ class LegalHoldsApi(APIView):
         tags=["evidence"],
     )
     def get(self, request, sessionId):
-        session = get_visible_session(user=request.user, session_id=sessionId)
-        if session is None:
-            raise NotFound(NOT_FOUND_SESSION)
-        self.check_object_permissions(request, session)
+        session = self.found(
+            request, get_visible_session(user=request.user, session_id=sessionId), NOT_FOUND_SESSION
+        )
         return Response(LegalHoldSerializer(holds_of_session(session_id=session.session_id), many=True).data)
 
     @extend_schema(
@@ -283,14 +287,14 @@ class LegalHoldsApi(APIView):
         body.is_valid(raise_exception=True)
         run_id = body.validated_data.get("runId")
         session = get_visible_session(user=request.user, session_id=sessionId)
-        if session is None:
-            raise NotFound(NOT_FOUND_SESSION)
+        # The run must be in the session: its 404 too comes before the role (checked on the session).
         if (
-            run_id is not None
+            session is not None
+            and run_id is not None
             and get_visible_run(user=request.user, session_id=sessionId, run_id=run_id) is None
         ):
             raise NotFound(NOT_FOUND_RUN)
-        self.check_object_permissions(request, session)
+        session = self.found(request, session, NOT_FOUND_SESSION)
         hold = place_hold(
             user=request.user,
             scope=HoldScope.RUN if run_id else HoldScope.SESSION,
@@ -300,12 +304,16 @@ class LegalHoldsApi(APIView):
         return Response(LegalHoldSerializer(hold).data, status=201)
 
 
-class LiftLegalHoldApi(APIView):
+class LiftLegalHoldApi(ApiView):
     """Lift a legal hold of this session (or of one of its runs): `{"reason"}`; who, when and why are
     recorded. 401; 400 an invalid body or a hold already lifted; 404 the session or hold is absent or
     not visible; 403 without `audit.place_legal_hold`."""
 
-    permission_classes = [CanPlaceLegalHold]
+    # The role is checked on the session before the hold is looked up: only a user who may place holds
+    # learns which holds exist (a 404 for a made-up hold and a 403 for a real one would tell the others).
+
+    permission_classes = (CanPlaceLegalHold,)
+    object_checked = True
 
     class InputSerializer(serializers.Serializer):
         reason = serializers.CharField(max_length=1000)
@@ -327,13 +335,12 @@ class LiftLegalHoldApi(APIView):
     def post(self, request, sessionId, holdId):
         body = self.InputSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        session = get_visible_session(user=request.user, session_id=sessionId)
-        if session is None:
-            raise NotFound(NOT_FOUND_SESSION)
+        session = self.found(
+            request, get_visible_session(user=request.user, session_id=sessionId), NOT_FOUND_SESSION
+        )
         hold = holds_of_session(session_id=session.session_id).filter(pk=holdId).first()
         if hold is None:
             raise NotFound("No such hold.")
-        self.check_object_permissions(request, session)
         return Response(
             LegalHoldSerializer(
                 lift_hold(user=request.user, hold=hold, reason=body.validated_data["reason"])
@@ -350,7 +357,7 @@ class Conflict(APIException):
     default_detail = "Conflict."
 
 
-class RunReviewsApi(APIView):
+class RunReviewsApi(ApiView):
     """Record a review of a finished run: `{"verdict": "correct" | "incorrect" | "unsafe" |
     "needs_follow_up", "note"?: str ≤ 2000}` → 201 with the review. Append-only: a later review
     supersedes an earlier one in the trace's `reviews`, none is changed. Recorded as a chained
@@ -360,7 +367,8 @@ class RunReviewsApi(APIView):
     visible but without `audit.review_run`; 409 the run has not finished yet.
     """
 
-    permission_classes = [CanReviewRun]
+    permission_classes = (CanReviewRun,)
+    object_checked = True
 
     class InputSerializer(serializers.Serializer):
         verdict = serializers.ChoiceField(choices=ReviewVerdict.values)
@@ -385,10 +393,9 @@ class RunReviewsApi(APIView):
     def post(self, request, sessionId, runId):
         body = self.InputSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        run = get_visible_run(user=request.user, session_id=sessionId, run_id=runId)
-        if run is None:
-            raise NotFound(NOT_FOUND_RUN)
-        self.check_object_permissions(request, run)
+        run = self.found(
+            request, get_visible_run(user=request.user, session_id=sessionId, run_id=runId), NOT_FOUND_RUN
+        )
         try:
             review = record_review(run=run, user=request.user, **body.validated_data)
         except RunNotFinished as exc:

@@ -1,65 +1,47 @@
-"""DRF permissions of the audit endpoints: session audits (superusers only), evidence and checkpoints
-(staff and reasoning auditors) and reviews (`audit.review_run`), checked on the object after it was
-found visible where there is one, so the order is 401 → 404 → 403 (see docs/api.md)."""
+"""The roles of the audit endpoints: session audits (superusers only), evidence and checkpoints (staff
+and reasoning auditors), legal holds (`audit.place_legal_hold`) and reviews (`audit.review_run`).
 
-from rest_framework.permissions import BasePermission
+Each is a `core.api.RolePermission`: on a view that finds an object (`object_checked`) it is checked on
+that object after it was found visible, so the order is 401 → 404 → 403 (see docs/api.md); elsewhere
+right after authentication, which `core.api.ApiView` requires before any of them."""
+
+from core.api import RolePermission
 
 
-class IsSuperuser(BasePermission):
+class IsSuperuser(RolePermission):
     message = "Session audits are for superusers only."
 
-    def has_permission(self, request, view) -> bool:
-        return bool(request.user and request.user.is_authenticated)
-
-    def has_object_permission(self, request, view, obj) -> bool:
-        return bool(request.user.is_active and request.user.is_superuser)
+    def allows(self, user) -> bool:
+        return bool(user.is_active and user.is_superuser)
 
 
-class CanReadEvidence(BasePermission):
+class CanReadEvidence(RolePermission):
     """Evidence bundles and checkpoints: staff (who see every run) and reasoning auditors (who may be
-    non-staff and then see their own sessions only). Checked on the run after it was found visible
-    (401 → 400 → 404 → 403, as for reasoning); on endpoints without an object, after authentication."""
+    non-staff and then see their own sessions only)."""
 
     message = "Evidence and checkpoints are for staff and reasoning auditors."
 
-    def has_permission(self, request, view) -> bool:
-        user = request.user
-        if not (user and user.is_authenticated):
-            return False
-        return view.object_checked or _may_read_evidence(user)
+    def allows(self, user) -> bool:
+        from reasoning.models import REASONING_PERMISSION
 
-    def has_object_permission(self, request, view, obj) -> bool:
-        return _may_read_evidence(request.user)
+        return bool(user.is_active and (user.is_staff or user.has_perm(REASONING_PERMISSION)))
 
 
-def _may_read_evidence(user) -> bool:
-    from reasoning.models import REASONING_PERMISSION
-
-    return bool(user.is_active and (user.is_staff or user.has_perm(REASONING_PERMISSION)))
-
-
-class CanPlaceLegalHold(BasePermission):
-    """Legal holds: `audit.place_legal_hold`, checked on the session after it was found visible."""
+class CanPlaceLegalHold(RolePermission):
+    """Legal holds: `audit.place_legal_hold`."""
 
     message = "Legal holds need the permission audit.place_legal_hold."
 
-    def has_permission(self, request, view) -> bool:
-        return bool(request.user and request.user.is_authenticated)
-
-    def has_object_permission(self, request, view, obj) -> bool:
-        return bool(request.user.is_active and request.user.has_perm("audit.place_legal_hold"))
+    def allows(self, user) -> bool:
+        return bool(user.is_active and user.has_perm("audit.place_legal_hold"))
 
 
-class CanReviewRun(BasePermission):
-    """Reviews: `audit.review_run` ("Reviewers", "Reasoning Auditors"), checked on the run after it was
-    found visible (401 → 400 → 404 → 403)."""
+class CanReviewRun(RolePermission):
+    """Reviews: `audit.review_run` ("Reviewers", "Reasoning Auditors")."""
 
     message = "Reviews need the permission audit.review_run."
 
-    def has_permission(self, request, view) -> bool:
-        return bool(request.user and request.user.is_authenticated)
-
-    def has_object_permission(self, request, view, obj) -> bool:
+    def allows(self, user) -> bool:
         from audit.reviews import may_review
 
-        return may_review(request.user)
+        return may_review(user)

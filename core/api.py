@@ -18,6 +18,11 @@ Codes: `invalid_request` (400), `not_authenticated` / `authentication_failed` (4
 `not_acceptable` (406), `request_too_large` (413: a body over `DATA_UPLOAD_MAX_MEMORY_SIZE`),
 `unsupported_media_type` (415), `throttled` / `locked_out` (429; the latter `access.lockout`),
 `server_error` (500). Django's other `SuspiciousOperation`s are the client's fault too: 400, never a 500.
+
+Every DRF view under `/api/` is an `ApiView`, which declares once what each endpoint has in common:
+authentication is required (deny by default), the checks run 401 → 400 → 404 → 403, a path id outside
+`core.ids` finds nothing (404) and a query or body id is an `IdField` (400), and the not-found texts
+are `NOT_FOUND_*`. A view states only what it allows (`permission_classes`, `anonymous`).
 """
 
 from __future__ import annotations
@@ -28,16 +33,18 @@ import traceback
 from pathlib import Path
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig, SuspiciousOperation
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
-from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404, HttpResponse, JsonResponse
 from django.views import defaults
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework import exceptions, pagination, serializers, status
+from rest_framework.permissions import BasePermission, IsAuthenticated
 from rest_framework.response import Response
-from rest_framework.views import set_rollback
+from rest_framework.views import APIView, set_rollback
 
+from core.ids import MAX_ID_CHARS
 from core.middleware import ResponseMiddleware
 
 logger = logging.getLogger("api")
@@ -165,6 +172,96 @@ def exception_handler(exc, context) -> Response:
         body = error_body(code, message)
     set_rollback()
     return Response(body, status=status_code, headers=headers)
+
+
+# --------------------------------------------------------------------------------------------------
+# The base class of every DRF view under /api/
+# --------------------------------------------------------------------------------------------------
+# What a user may not see is answered exactly like what does not exist: one text per kind of thing.
+NOT_FOUND_SESSION = "No such session."
+NOT_FOUND_RUN = "No such session or run."
+
+
+class IdField(serializers.CharField):
+    """A `sessionId` or `runId` in a query or body: 1..`MAX_ID_CHARS` characters, else 400."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(max_length=MAX_ID_CHARS, **kwargs)
+
+
+class RolePermission(BasePermission):
+    """A role an `ApiView` allows, checked where the view's order puts it: on the object once the view
+    found it visible (`ApiView.found`) when the view declares `object_checked`, so 404 comes before 403;
+    else right after authentication (endpoints without an object). Subclasses say who holds the role in
+    `allows`, which may also raise `PermissionDenied` with its own code (e.g. `otp_required`)."""
+
+    def allows(self, user) -> bool:
+        raise NotImplementedError
+
+    def has_permission(self, request, view) -> bool:
+        return getattr(view, "object_checked", False) or self.allows(request.user)
+
+    def has_object_permission(self, request, view, obj) -> bool:
+        return self.allows(request.user)
+
+
+class ApiView(APIView):
+    """The base class of every DRF view under `/api/` (`tests/surfaces/api/test_base_view.py` walks
+    the URLconf to hold every one to it). What it declares, once:
+
+    * **Deny by default.** Authentication is required: `IsAuthenticated` comes before whatever the view
+      allows, so an anonymous request is 401 (`WWW-Authenticate`, `exception_handler`) on every
+      endpoint. A view open to anonymous requests must say so with `anonymous = True` (none is today;
+      the Alertmanager webhook is not anonymous, it declares its own `authentication_classes`).
+    * **What a view allows** is its `permission_classes` (roles, usually `RolePermission`s), checked
+      after authentication; by default nothing beyond it (any authenticated, active user).
+    * **The order 401 → 429 → 400 → 404 → 403.** Authentication and throttles run before the handler;
+      the handler validates its query and body (400, depending on the request only), then finds its
+      object through a visibility selector and hands it to `found`: absent or not visible is one 404
+      with the kind's `NOT_FOUND_*` text, identical in both cases; a found object is then checked
+      against the roles (403). A view whose roles are checked on that object declares
+      `object_checked = True`, and a successful response that did not pass `found` is then a 500, never
+      an answer without the check.
+    * **Id limits** (`core.ids.MAX_ID_CHARS`): the visibility selectors find nothing for a longer path
+      id (404 as for any unknown id); query and body ids are `IdField`s (400).
+    * **The error shape**: `exception_handler` renders every refusal.
+    """
+
+    anonymous: bool = False
+    permission_classes: tuple[type[BasePermission], ...] = ()
+    object_checked: bool = False
+
+    def get_permissions(self) -> list[BasePermission]:
+        allowed = [permission() for permission in self.permission_classes]
+        return allowed if self.anonymous else [IsAuthenticated(), *allowed]
+
+    def initial(self, request, *args, **kwargs) -> None:
+        self._object_permissions_checked = False
+        super().initial(request, *args, **kwargs)
+
+    def check_object_permissions(self, request, obj) -> None:
+        super().check_object_permissions(request, obj)
+        self._object_permissions_checked = True
+
+    def found(self, request, obj, not_found: str):
+        """`obj` as a visibility selector returned it: None (absent or not visible) is 404 with
+        `not_found`; else the roles are checked on it (403) and it is returned."""
+        if obj is None:
+            raise exceptions.NotFound(not_found)
+        self.check_object_permissions(request, obj)
+        return obj
+
+    def finalize_response(self, request, response, *args, **kwargs):
+        if (
+            self.object_checked
+            and response.status_code < 400
+            and request.method != "OPTIONS"
+            and not getattr(self, "_object_permissions_checked", False)
+        ):
+            response = self.handle_exception(
+                ImproperlyConfigured(f"{type(self).__name__} answered without checking its object")
+            )
+        return super().finalize_response(request, response, *args, **kwargs)
 
 
 # --------------------------------------------------------------------------------------------------

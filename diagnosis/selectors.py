@@ -19,9 +19,8 @@ from django.db import NotSupportedError, connections
 from django.db.models import Lookup, OuterRef, Q, QuerySet, Subquery
 
 from core.compiled import CompiledQuery
+from core.ids import MAX_ID_CHARS, valid_id
 from diagnosis.models import AiOpsAlert, ChatSession, DiagnosisRun, RunFeedback
-
-MAX_ID_CHARS = 64
 
 
 class RunResolution:
@@ -55,12 +54,22 @@ def sees_all_sessions(user: AbstractBaseUser | AnonymousUser) -> bool:
     return bool(user.is_authenticated and user.is_active and (user.is_staff or user.is_superuser))
 
 
-def visible_sessions(*, user: AbstractBaseUser | AnonymousUser) -> QuerySet[ChatSession]:
+def visibility(*, user: AbstractBaseUser | AnonymousUser, session_path: str = "") -> Q:
+    """The visibility rule as a filter of any model that reaches its session through `session_path`
+    ("" for sessions, "session" from a run, "run__session" from a row of a run): nothing for an
+    anonymous or inactive user, everything for staff and superusers (`sees_all_sessions`), else the
+    user's own sessions. The one home of the rule: the selectors below and every list of things in runs
+    (e.g. the approvals waiting, `agent.runtime.approval_queue`) filter with it; `get_visible_run`, a
+    compiled query, applies the same `sees_all_sessions` and passes the owner as its parameter."""
     if not user.is_authenticated or not user.is_active:
-        return ChatSession.objects.none()
+        return Q(pk__in=[])
     if sees_all_sessions(user):
-        return ChatSession.objects.all()
-    return ChatSession.objects.filter(owner=user)
+        return Q()
+    return Q(**{f"{session_path}__owner" if session_path else "owner": user})
+
+
+def visible_sessions(*, user: AbstractBaseUser | AnonymousUser) -> QuerySet[ChatSession]:
+    return ChatSession.objects.filter(visibility(user=user))
 
 
 SESSION_SEARCH_CHARS = 200
@@ -88,12 +97,8 @@ def session_list(
     return sessions.prefetch_related("owner").order_by("-created_at", "-id")
 
 
-def _valid_id(value: object) -> bool:
-    return isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS
-
-
 def get_visible_session(*, user: AbstractBaseUser | AnonymousUser, session_id: str) -> ChatSession | None:
-    if not _valid_id(session_id):
+    if not valid_id(session_id):
         return None
     return visible_sessions(user=user).filter(session_id=session_id).first()
 
@@ -101,7 +106,7 @@ def get_visible_session(*, user: AbstractBaseUser | AnonymousUser, session_id: s
 def owned_session(*, user: AbstractBaseUser, session_id: str) -> ChatSession | None:
     """The session `session_id` if `user` owns it (new runs go only into one's own sessions, staff
     included); else None, as for one that does not exist."""
-    if not _valid_id(session_id):
+    if not valid_id(session_id):
         return None
     return ChatSession.objects.filter(session_id=session_id, owner=user).first()
 
@@ -126,7 +131,7 @@ def run_list(*, session: ChatSession, filters: RunFilters | None = None) -> Quer
 # --------------------------------------------------------------------------------------------------
 # Run search (the admin's run list)
 # --------------------------------------------------------------------------------------------------
-ID_SHAPE = re.compile(r"^[A-Za-z0-9_-]{3,64}$")
+ID_SHAPE = re.compile(rf"^[A-Za-z0-9_-]{{3,{MAX_ID_CHARS}}}$")
 WORD = re.compile(r"\w+")
 FULLTEXT_MIN_WORD = 3  # InnoDB's innodb_ft_min_token_size (default 3): shorter words are not indexed
 RECENT_WINDOW = 20_000
@@ -231,9 +236,7 @@ def get_visible_run(
     the run (read it with `viewer_feedback`)."""
     if session_id is None and run_id is None:
         return None
-    if (session_id is not None and not _valid_id(session_id)) or (
-        run_id is not None and not _valid_id(run_id)
-    ):
+    if (session_id is not None and not valid_id(session_id)) or (run_id is not None and not valid_id(run_id)):
         return None
     if not user.is_authenticated or not user.is_active:
         return None

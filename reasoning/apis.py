@@ -4,19 +4,14 @@ from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
-from rest_framework.exceptions import NotFound
-from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.throttling import ScopedRateThrottle
-from rest_framework.views import APIView
 
-from core.api import error_responses
+from core.api import NOT_FOUND_RUN, ApiView, IdField, error_responses
 from diagnosis.selectors import get_visible_run
 from reasoning.models import AccessChannel, ContentSource
 from reasoning.permissions import CanReadReasoningContent
 from reasoning.services import read_reasoning
-
-NOT_FOUND = "No such session or run."
 
 
 class ReasoningRecordSerializer(serializers.Serializer):
@@ -45,7 +40,7 @@ class ReasoningRecordSerializer(serializers.Serializer):
         ref_name = "ReasoningRecord"
 
 
-class ReasoningApi(APIView):
+class ReasoningApi(ApiView):
     """Reasoning and assistant text of every model step of one exact run, for auditors.
 
     Checks, in this order: 401 anonymous; 429 over the per-user rate (`REASONING_THROTTLE_RATE`); 400
@@ -55,12 +50,13 @@ class ReasoningApi(APIView):
     fails the request fails and nothing is returned.
     """
 
-    permission_classes = [IsAuthenticated, CanReadReasoningContent]
+    permission_classes = (CanReadReasoningContent,)
+    object_checked = True
     throttle_classes = [ScopedRateThrottle]
     throttle_scope = "reasoning"
 
     class QuerySerializer(serializers.Serializer):
-        runId = serializers.CharField(max_length=64, help_text="The exact run (required).")
+        runId = IdField(help_text="The exact run (required).")
 
     class OutputSerializer(serializers.Serializer):
         sessionId = serializers.CharField(source="session_id")
@@ -83,10 +79,11 @@ class ReasoningApi(APIView):
     def get(self, request, sessionId):
         query = self.QuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
-        run = get_visible_run(user=request.user, session_id=sessionId, run_id=query.validated_data["runId"])
-        if run is None:
-            raise NotFound(NOT_FOUND)
-        self.check_object_permissions(request, run)
+        run = self.found(
+            request,
+            get_visible_run(user=request.user, session_id=sessionId, run_id=query.validated_data["runId"]),
+            NOT_FOUND_RUN,
+        )
         # `read_reasoning` writes the access-log row before the records leave this view.
         records = read_reasoning(user=request.user, run=run, request=request, channel=AccessChannel.API)
         body = {"session_id": run.session_id, "run_id": run.run_id, "records": records}

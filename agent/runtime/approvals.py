@@ -19,6 +19,8 @@ recorded refusal), and the executor continues.
 
 `cancel_waiting` ends an INTERRUPTED run that is cancelled while it waits: its pending calls closed
 INTERRUPTED (`APPROVAL_CANCELLED`), RUN_CANCELLED, RUN_FINISHED CANCELLED, under its own claim.
+
+This module is the write side; what waits for whom is read by `agent.runtime.approval_queue`.
 """
 
 from __future__ import annotations
@@ -535,77 +537,3 @@ def cancel_waiting(*, run: DiagnosisRun, reason: str = "cancel requested") -> bo
     recorder.finish(status=RunStatus.CANCELLED)
     forget_checkpoint(CanonicalStore(run.run_id))
     return True
-
-
-# ---------------------------------------------------------------------------------------------------
-# Reads
-# ---------------------------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class WaitingApproval:
-    run_id: str
-    session_id: str
-    tool_call_id: str
-    tool_name: str
-    arguments: Any
-    arguments_digest: str
-    requester: str
-    requested_at: dt.datetime
-    expires_at: dt.datetime
-
-
-def waiting_approvals(*, user: AbstractBaseUser, limit: int = 100) -> list[WaitingApproval]:
-    """The calls waiting for a decision in runs `user` may see (own runs; staff: all), oldest first;
-    empty for a user who may not decide. Reads the waiting rows by their status index."""
-    if not may_approve(user):
-        return []
-    rows = ToolInvocation.objects.filter(
-        status=ToolStatus.AWAITING_APPROVAL, run__status=RunStatus.INTERRUPTED
-    ).order_by("created_at", "id")
-    if not (user.is_staff or user.is_superuser):
-        rows = rows.filter(Q(run__session__owner=user))
-    rows = list(
-        rows.values(
-            "run_id",
-            "session_id",
-            "tool_call_id",
-            "tool_name",
-            "input_params",
-            "created_at",
-            "run__session__owner__username",
-        )[:limit]
-    )
-    return [
-        WaitingApproval(
-            run_id=r["run_id"],
-            session_id=r["session_id"],
-            tool_call_id=r["tool_call_id"],
-            tool_name=r["tool_name"],
-            arguments=r["input_params"],
-            arguments_digest=arguments_digest(r["input_params"]),
-            requester=r["run__session__owner__username"] or "",
-            requested_at=r["created_at"],
-            expires_at=expiry_of(r["created_at"]),
-        )
-        for r in rows
-    ]
-
-
-def waiting_in_run(*, run_id: str) -> list[WaitingApproval]:
-    """The calls of one run that wait for a decision (the run page's buttons)."""
-    rows = ToolInvocation.objects.filter(run_id=run_id, status=ToolStatus.AWAITING_APPROVAL).order_by(
-        "created_at", "id"
-    )
-    return [
-        WaitingApproval(
-            run_id=t.run_id,
-            session_id=t.session_id,
-            tool_call_id=t.tool_call_id,
-            tool_name=t.tool_name,
-            arguments=t.input_params,
-            arguments_digest=arguments_digest(t.input_params),
-            requester="",
-            requested_at=t.created_at,
-            expires_at=expiry_of(t.created_at),
-        )
-        for t in rows
-    ]

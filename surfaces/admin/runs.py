@@ -34,7 +34,7 @@ from django.utils.text import Truncator
 from rest_framework.renderers import JSONRenderer
 
 from access.stepup import OTP_MESSAGE, otp_satisfied
-from agent.runtime import approvals
+from agent.runtime import approval_queue, approvals
 from audit.export import jsonl_lines
 from audit.selectors import get_trace
 from audit.serializers import serialize_trace
@@ -336,7 +336,7 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
         info = self.opts.app_label, self.opts.model_name
         waiting = [
             (item, reverse("admin:{}_{}_change".format(*info), args=[pk]))
-            for item, pk in _with_pks(approvals.waiting_approvals(user=request.user))
+            for item, pk in _with_pks(approval_queue.waiting_approvals(user=request.user))
         ]
         context = {
             **self.admin_site.each_context(request),
@@ -430,7 +430,9 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
             "waiting_approvals": [
                 (w, reverse("admin:{}_{}_decide".format(*info), args=[run.pk, w.tool_call_id]))
                 for w in (
-                    approvals.waiting_in_run(run_id=run.run_id) if run.status == RunStatus.INTERRUPTED else []
+                    approval_queue.waiting_in_run(run_id=run.run_id)
+                    if run.status == RunStatus.INTERRUPTED
+                    else []
                 )
             ],
             "can_approve": approvals.may_approve(request.user),

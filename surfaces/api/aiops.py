@@ -23,13 +23,12 @@ from django.conf import settings
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import authentication, exceptions, serializers, status
-from rest_framework.permissions import IsAdminUser, IsAuthenticated
+from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from access import lockout
 from agent.aiops import intake
-from core.api import error_responses, paginated_response, paginated_serializer
+from core.api import ApiView, error_responses, paginated_response, paginated_serializer
 from diagnosis import selectors, services
 from diagnosis.models import ReleaseDecision, RunStatus
 
@@ -159,13 +158,14 @@ class WebhookResponseSerializer(serializers.Serializer):
         ref_name = "AlertmanagerWebhookResponse"
 
 
-class AlertmanagerWebhookApi(APIView):
+class AlertmanagerWebhookApi(ApiView):
     """Alertmanager's webhook (see the module docstring): 202 a run was started or found for the
     group's firing alerts; 200 nothing fires; 400 not a version 4 payload; 401 no or a wrong token; 429
     the client address is locked out after repeated wrong tokens."""
 
+    # Not anonymous: its own authentication (the webhook token, as the AI Ops service user) instead of
+    # sessions and user tokens; ApiView then requires it like any other.
     authentication_classes = [WebhookTokenAuthentication]
-    permission_classes = [IsAuthenticated]
 
     @extend_schema(
         operation_id="aiops_alertmanager_webhook",
@@ -259,14 +259,14 @@ class AnalysisSerializer(serializers.Serializer):
         ref_name = "AiOpsAnalysis"
 
 
-class AnalysesApi(APIView):
+class AnalysesApi(ApiView):
     """Staff only (401 anonymous; 403 not staff). `POST`: start an AI Ops analysis of `{"query": str}` or
     `{"alert": str | {"labels", "annotations"?}}` (exactly one): 202 the queued run, 400 an invalid
     body. `GET`: AI Ops analyses newest first with their alert, filterable by `alertname`, `severity`,
     `status` and `releaseDecision`, paginated (`?page=`, `?pageSize=` ≤ 100): 400 an invalid filter, 404 a
     page beyond the last."""
 
-    permission_classes = [IsAdminUser]
+    permission_classes = (IsAdminUser,)
 
     class FilterSerializer(serializers.Serializer):
         alertname = serializers.CharField(required=False, max_length=200)

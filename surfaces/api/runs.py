@@ -3,28 +3,33 @@
 `GET /api/diagnosis/sessions/`, `GET /api/diagnosis/{sessionId}/runs/` and
 `POST /api/diagnosis/{sessionId}/runs/{runId}/feedback`, and the approvals of tool calls that require a
 person: `GET /api/diagnosis/approvals/` and `POST /api/diagnosis/{sessionId}/runs/{runId}/approvals/
-{toolCallId}` (over `agent.runtime.approvals`). Thin views over `diagnosis.selectors` (reads)
-and `diagnosis.services` (writes). The chat stream and cancel endpoints live in `surfaces.chat`.
+{toolCallId}` (over `agent.runtime.approvals`). Thin `core.api.ApiView`s over `diagnosis.selectors`
+(reads) and `diagnosis.services` (writes). The chat stream and cancel endpoints live in `surfaces.chat`.
 """
 
 from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import serializers, status
-from rest_framework.exceptions import APIException, NotFound, PermissionDenied
+from rest_framework.exceptions import APIException
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
-from agent.runtime import approvals
+from agent.runtime import approval_queue, approvals
 from audit.apis import Conflict
 from audit.feedback import RunNotFinished, record_feedback
 from audit.serializers import FeedbackSerializer, RunCostSerializer, RunIdentitySerializer
-from core.api import NewestFirstCursorPagination, cursor_response, cursor_serializer, error_responses
+from core.api import (
+    NOT_FOUND_RUN,
+    NOT_FOUND_SESSION,
+    ApiView,
+    NewestFirstCursorPagination,
+    RolePermission,
+    cursor_response,
+    cursor_serializer,
+    error_responses,
+)
 from diagnosis import selectors, services
 from diagnosis.models import FeedbackRating, Intent, ReleaseDecision, RunStatus
-
-NOT_FOUND_SESSION = "No such session."
-NOT_FOUND_RUN = "No such session or run."
 
 
 class SessionSerializer(serializers.Serializer):
@@ -59,7 +64,7 @@ class RunSummarySerializer(RunIdentitySerializer):
         return FeedbackSerializer(view).data if view is not None else None
 
 
-class SessionListApi(APIView):
+class SessionListApi(ApiView):
     """The sessions the user may see (own sessions; staff: all), newest first by creation, cursor
     paginated (`?cursor=` from `next`/`previous`, optional `?pageSize=` ≤ 100; no count). `runCount` and
     `lastRunAt` are the session's stored facts. `?mine=true`: only the user's own (the chat's list of
@@ -101,7 +106,7 @@ class SessionListApi(APIView):
         )
 
 
-class RunListApi(APIView):
+class RunListApi(ApiView):
     """A session's runs, newest first, cursor paginated (`?cursor=`, optional `?pageSize=` ≤ 100; no
     count), filterable by `status`, `releaseDecision`, `intent`, `createdAfter` (inclusive) and
     `createdBefore` (exclusive), ISO 8601 times. 401 anonymous; 400 an invalid filter value; 404 the
@@ -138,9 +143,9 @@ class RunListApi(APIView):
     def get(self, request, sessionId):
         filters = self.FilterSerializer(data=request.query_params)
         filters.is_valid(raise_exception=True)
-        session = selectors.get_visible_session(user=request.user, session_id=sessionId)
-        if session is None:
-            raise NotFound(NOT_FOUND_SESSION)
+        session = self.found(
+            request, selectors.get_visible_session(user=request.user, session_id=sessionId), NOT_FOUND_SESSION
+        )
         data = filters.validated_data
         runs = selectors.run_list(
             session=session,
@@ -161,7 +166,7 @@ class RunListApi(APIView):
         )
 
 
-class RunFeedbackApi(APIView):
+class RunFeedbackApi(ApiView):
     """The user's verdict on a run they may see: `{"rating": "up" | "down", "comment"?: str ≤ 2000}` → 201.
     One feedback per user and run; a second submission replaces the first, and each one is chained into
     the run's record as `FEEDBACK_RECORDED` (`audit.feedback`). 401 anonymous; 403 a
@@ -200,9 +205,11 @@ class RunFeedbackApi(APIView):
     def post(self, request, sessionId, runId):
         body = self.InputSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        run = selectors.get_visible_run(user=request.user, session_id=sessionId, run_id=runId)
-        if run is None:
-            raise NotFound(NOT_FOUND_RUN)
+        run = self.found(
+            request,
+            selectors.get_visible_run(user=request.user, session_id=sessionId, run_id=runId),
+            NOT_FOUND_RUN,
+        )
         try:
             feedback = record_feedback(run=run, user=request.user, **body.validated_data)
         except RunNotFinished as exc:
@@ -213,6 +220,16 @@ class RunFeedbackApi(APIView):
 # ---------------------------------------------------------------------------------------------------
 # Approvals of tool calls that require a person (docs/aiops.md, *Approvals*)
 # ---------------------------------------------------------------------------------------------------
+class CanDecideToolCalls(RolePermission):
+    """Deciding tool calls that wait for approval: `diagnosis.approve_tool_call` (group "Approvers"),
+    `agent.runtime.approvals.may_approve`."""
+
+    message = "You may not decide tool calls (diagnosis.approve_tool_call)."
+
+    def allows(self, user) -> bool:
+        return approvals.may_approve(user)
+
+
 class ApprovalError(APIException):
     """A refused decision in the contract's error shape, with the decision service's status and code."""
 
@@ -239,9 +256,11 @@ class WaitingApprovalSerializer(serializers.Serializer):
         ref_name = "WaitingApproval"
 
 
-class ApprovalListApi(APIView):
+class ApprovalListApi(ApiView):
     """The tool calls waiting for a decision in runs the user may see, oldest first (at most 100), for
     users with `diagnosis.approve_tool_call`. 401 anonymous; 403 without the permission."""
+
+    permission_classes = (CanDecideToolCalls,)
 
     class OutputSerializer(serializers.Serializer):
         approvals = WaitingApprovalSerializer(many=True)
@@ -256,13 +275,11 @@ class ApprovalListApi(APIView):
         tags=["trace"],
     )
     def get(self, request):
-        if not approvals.may_approve(request.user):
-            raise PermissionDenied("You may not decide tool calls (diagnosis.approve_tool_call).")
-        waiting = approvals.waiting_approvals(user=request.user)
+        waiting = approval_queue.waiting_approvals(user=request.user)
         return Response(self.OutputSerializer({"approvals": waiting}).data)
 
 
-class ApprovalDecisionApi(APIView):
+class ApprovalDecisionApi(ApiView):
     """Decide a tool call that waits for approval: `{"decision": "approve" | "reject", "note"?: str ≤ 1000,
     "argumentsDigest"?: str}` → 200 with the recorded decision (APPROVAL_DECIDED); approving resumes the
     run (a queue worker executes the call under the same id). `argumentsDigest` is the digest of the
@@ -276,6 +293,9 @@ class ApprovalDecisionApi(APIView):
     a call that is not waiting — decided already, cancelled, or its run not interrupted (`not_waiting`)
     — or arguments that changed (`arguments_changed`); 503 the decision could not be recorded (nothing
     changed)."""
+
+    permission_classes = (CanDecideToolCalls,)
+    object_checked = True
 
     class InputSerializer(serializers.Serializer):
         decision = serializers.ChoiceField(choices=sorted(approvals.DECISIONS))
@@ -313,9 +333,11 @@ class ApprovalDecisionApi(APIView):
     def post(self, request, sessionId, runId, toolCallId):
         body = self.InputSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        run = selectors.get_visible_run(user=request.user, session_id=sessionId, run_id=runId)
-        if run is None:
-            raise NotFound(NOT_FOUND_RUN)
+        run = self.found(
+            request,
+            selectors.get_visible_run(user=request.user, session_id=sessionId, run_id=runId),
+            NOT_FOUND_RUN,
+        )
         try:
             decided = approvals.decide(
                 run=run,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from agent.runtime.events import FINISHED, STAGES, STARTED
+from core.ids import MAX_ID_CHARS
 
 ERROR_REF = {"$ref": "#/components/schemas/Error"}
 _ERROR_SCHEMA = {
@@ -32,7 +33,11 @@ _SCHEMAS: dict[str, Any] = {
         "type": "object",
         "properties": {
             "query": {"type": "string", "minLength": 1, "maxLength": 8000},
-            "sessionId": {"type": "string", "maxLength": 64, "description": "Omit to start a new session."},
+            "sessionId": {
+                "type": "string",
+                "maxLength": MAX_ID_CHARS,
+                "description": "Omit to start a new session.",
+            },
         },
         "required": ["query"],
     },
@@ -180,7 +185,12 @@ def _errors(*codes: int) -> dict[str, Any]:
 
 
 def _path_param(name: str) -> dict[str, Any]:
-    return {"name": name, "in": "path", "required": True, "schema": {"type": "string", "maxLength": 64}}
+    return {
+        "name": name,
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string", "maxLength": MAX_ID_CHARS},
+    }
 
 
 _SECURITY = [{"tokenAuth": []}, {"cookieAuth": []}]

@@ -27,17 +27,20 @@ from agent.runtime.db import db
 from agent.runtime.executor import prepare_run
 from agent.runtime.live import RunFollower
 from agent.runtime.supervisor import ACTIVE_STATUSES, ensure_background, launch, request_cancel
+from core.api import NOT_FOUND_RUN, NOT_FOUND_SESSION
+from core.ids import MAX_ID_CHARS
 from diagnosis import services
 from diagnosis.models import AgentFlow, DiagnosisRun
-from diagnosis.selectors import MAX_ID_CHARS, get_visible_run, owned_session
+from diagnosis.selectors import get_visible_run, owned_session
 from surfaces.chat.protocol import ChatRefused
 from surfaces.chat.throttle import check_chat_rate
 
 AFTER_MAX = 10**12
 
 
-def _not_found() -> ChatRefused:
-    return ChatRefused(404, "not_found", "Not found.")
+def _not_found(message: str = NOT_FOUND_RUN) -> ChatRefused:
+    """404 with the REST API's text for the kind (`core.api.NOT_FOUND_*`): absent and not visible alike."""
+    return ChatRefused(404, "not_found", message)
 
 
 def max_active_runs() -> int:
@@ -97,7 +100,7 @@ def start_chat(*, user: AbstractBaseUser, query: Any, session_id: Any = None) ->
         if session_id is not None:
             session = owned_session(user=user, session_id=session_id)
             if session is None:
-                raise _not_found()
+                raise _not_found(NOT_FOUND_SESSION)
         limit = max_active_runs()
         if active_run_count(user=user) >= limit:
             raise ChatRefused(

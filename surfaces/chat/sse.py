@@ -22,6 +22,17 @@ runs the user may not see), 405, 429 `too_many_active_runs` or `throttled` (more
 `CHAT_THROTTLE_RATE` allows; `Retry-After` header, see `surfaces.chat.throttle`). Authentication is
 `surfaces.chat.auth`, the rest the chat service (`surfaces.chat.service`) shared with the WebSocket;
 the frames and their encoding are `surfaces.chat.protocol`.
+
+Why these are not `core.api.ApiView`s: DRF has no async views, and a response that streams for minutes
+must not hold a worker thread. They keep the same rules through the same declarations instead:
+authentication is required on every one (`chat_view`; the REST API's authenticators, 401 before
+anything about the run), then 400 for the request alone (`service.validate_id` with
+`core.ids.MAX_ID_CHARS`, `validate_after`), then 404 for a run the user may not see or that does not
+exist, alike (`diagnosis.selectors.get_visible_run`, whose path-id limit is the same `core.ids`), with the
+REST API's texts (`core.api.NOT_FOUND_RUN`, `NOT_FOUND_SESSION`), and every error in the contract's shape
+(`core.api.json_error`). They have no role to check (any user may chat and follow or cancel what they
+see), so there is no 403 beyond CSRF. One difference: a wrong method is 405 before authentication.
+`tests/surfaces/api/test_base_view.py` names them and holds them to 401 for anonymous requests.
 """
 
 from __future__ import annotations

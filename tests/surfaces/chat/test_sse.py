@@ -14,6 +14,7 @@ from rest_framework.authentication import SessionAuthentication
 from access.authentication import ApiTokenAuthentication
 from agent.runtime import supervisor
 from audit.models import EventType, TraceEvent
+from core.api import NOT_FOUND_RUN, NOT_FOUND_SESSION
 from diagnosis.models import DiagnosisRun, RunStatus
 from surfaces.answers import render_answer
 from tests.factories import make_recorded_run
@@ -110,6 +111,8 @@ async def test_post_chat_refusals_are_json_errors(user, other_user, chat_setting
         response = await _post_chat(client, body)
         assert response.status_code == status, body
         assert response.json()["error"]["code"] == code
+        if status == 404:  # the REST API's text for a session one may not see
+            assert response.json()["error"]["message"] == NOT_FOUND_SESSION
     response = await client.post("/api/chat", data="{nope", content_type="application/json")
     assert response.status_code == 400 and set(response.json()["error"]) == {"code", "message"}
     assert (await client.get("/api/chat")).status_code == 405
@@ -222,9 +225,10 @@ async def test_events_refusals(user, other_user):
     mine = await sync_to_async(make_recorded_run)(user)
     theirs = await sync_to_async(make_recorded_run)(other_user)
     client = await _token_client(user)
-    assert (
-        await client.get(f"/api/diagnosis/{theirs.session_id}/runs/{theirs.run_id}/events")
-    ).status_code == 404
+    invisible = await client.get(f"/api/diagnosis/{theirs.session_id}/runs/{theirs.run_id}/events")
+    # The REST API's body for a run one may not see, word for word (core.api.NOT_FOUND_RUN).
+    assert invisible.status_code == 404
+    assert invisible.json() == {"error": {"code": "not_found", "message": NOT_FOUND_RUN}}
     # A run under the wrong session is 404 too, exactly like a missing one.
     assert (
         await client.get(f"/api/diagnosis/{theirs.session_id}/runs/{mine.run_id}/events")

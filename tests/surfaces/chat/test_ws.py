@@ -20,6 +20,7 @@ from agent.runtime.tools.registry import default_registry
 from audit.models import EventType, ToolInvocation, ToolStatus, TraceEvent
 from audit.selectors import get_trace
 from config.asgi import application
+from core.api import NOT_FOUND_RUN
 from diagnosis.models import DiagnosisRun, RunStatus
 from tests.factories import REASONING_MARKER, issue_token, make_recorded_run
 from tests.surfaces.chat.support import assert_frame_keys, owned_runs, text_before_release
@@ -87,7 +88,7 @@ async def test_token_header_authenticates_scripts_without_origin(user):
     assert await comm.receive_json_from(timeout=TIMEOUT) == {
         "type": "error",
         "code": "not_found",
-        "message": "Not found.",
+        "message": NOT_FOUND_RUN,
     }
     await _stop(comm)
     bad = await _connect(headers=[(b"authorization", b"Token not-a-real-key")])
