@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import re
 import secrets
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -202,6 +204,15 @@ def _plugins() -> tuple[Any, ...]:
     return tuple(out)
 
 
+@lru_cache(maxsize=1)
+def _line_filters() -> tuple[re.Pattern[str], re.Pattern[str]]:
+    """A line the keyword detector can match names one of its keywords; a high-entropy string is
+    quoted."""
+    from detect_secrets.plugins.keyword import DENYLIST
+
+    return re.compile("|".join(DENYLIST), re.IGNORECASE), re.compile("['\"]")
+
+
 def _kind(secret_type: str) -> str:
     kind = _PLUGIN_KINDS.get(secret_type)
     return kind or re.sub(r"[^a-z0-9]+", "-", secret_type.lower()).strip("-")[:40]
@@ -225,6 +236,7 @@ def _plugin_spans(text: str) -> list[tuple[int, int, str]]:
     when that is a real value, else the whole match, widened to the token), the others (keywords,
     high-entropy strings) through `analyze_line` per line, each value wherever it occurs on its line."""
     from detect_secrets.plugins.base import RegexBasedDetector
+    from detect_secrets.plugins.high_entropy_strings import HighEntropyStringsPlugin
     from detect_secrets.settings import default_settings
 
     spans = []
@@ -242,11 +254,18 @@ def _plugin_spans(text: str) -> list[tuple[int, int, str]]:
                     end -= 1
                 if end - start >= 8:
                     spans.append((*_widen(text, start, end), kind))
+    keywords, quoted = _line_filters()
     offset = 0
     with default_settings():
         for line in text.splitlines(keepends=True):
             for plugin in _plugins():
                 if isinstance(plugin, RegexBasedDetector):
+                    continue
+                # Cheap checks first: the keyword detector's regexes only where a keyword is, the
+                # high-entropy ones (quoted strings) only where a quote is.
+                if type(plugin).__name__ == "KeywordDetector" and not keywords.search(line):
+                    continue
+                if isinstance(plugin, HighEntropyStringsPlugin) and not quoted.search(line):
                     continue
                 try:
                     found = plugin.analyze_line(filename="redaction", line=line, line_number=0)
@@ -335,6 +354,12 @@ class Redactor:
         self._counts: dict[str, int] = {}
         self._new: list[Redaction] = []
         self._occurrences: dict[str, int] = {}
+        # Originals met by this redactor, in memory only (never stored, never logged): a repeat of one
+        # is replaced even where no detector would see it.
+        self._seen: dict[str, str] = {}
+        # Tools of one step redact their outputs on pool threads at once: one redaction at a time, and
+        # `locked` keeps a redaction and its `take` together.
+        self.lock = threading.RLock()
         for fact in known:
             self._remember(Redaction(str(fact["kind"]), str(fact["placeholder"]), str(fact["hmac"])))
 
@@ -358,7 +383,7 @@ class Redactor:
         if m:
             self._counts[r.kind] = max(self._counts.get(r.kind, 0), int(m.group(1)))
 
-    def _placeholder(self, kind: str, original: str) -> str:
+    def _placeholder(self, kind: str, original: str, count: bool = True) -> str:
         digest = keyed_digest(self.key, original)
         known = self._by_hmac.get(digest)
         if known is None:
@@ -367,23 +392,52 @@ class Redactor:
             known = Redaction(kind, f"[REDACTED:{kind}#{n}]", digest)
             self._by_hmac[digest] = known
             self._new.append(known)
-        self._occurrences[known.kind] = self._occurrences.get(known.kind, 0) + 1
+        if count:
+            self._occurrences[known.kind] = self._occurrences.get(known.kind, 0) + 1
         return known.placeholder
 
-    def redact(self, text: str) -> str:
-        """`text` with every secret replaced by its placeholder (unchanged when nothing is found)."""
+    def redact(self, text: str, *, count: bool = True) -> str:
+        """`text` with every secret replaced by its placeholder (unchanged when nothing is found).
+        `count=False`: the same text is redacted again elsewhere and counted there (a new original is
+        still remembered and reported)."""
         if not self.enabled or not isinstance(text, str) or not text:
             return text
-        spans = find_secrets(text, self.config)
+        with self.lock:
+            return self._redact(text, count)
+
+    def _redact(self, text: str, count: bool) -> str:
+        spans = self._spans(text)
         if not spans:
             return text
         parts, last = [], 0
-        for start, end, kind in spans:
+        for start, end, kind, original in spans:
             parts.append(text[last:start])
-            parts.append(self._placeholder(kind, text[start:end]))
+            parts.append(self._placeholder(kind, original, count))
             last = end
         parts.append(text[last:])
         return "".join(parts)
+
+    def _spans(self, text: str) -> list[tuple[int, int, str, str]]:
+        """The detected spans of `text` (start, end, kind, original), plus every other occurrence of an
+        original this redactor has met (detected here or earlier in the run, e.g. a password seen in a
+        URL and repeated bare, or in JSON-escaped form), replaced by the same placeholder."""
+        found = [(s, e, k, _decoded(text[s:e])) for s, e, k in find_secrets(text, self.config)]
+        for _s, _e, kind, original in found:
+            self._seen.setdefault(original, kind)
+        taken = [(s, e) for s, e, _k, _o in found] + [m.span() for m in PLACEHOLDER.finditer(text)]
+        for original, kind in self._seen.items():
+            if len(original) < 8:
+                continue
+            forms = {original, json.dumps(original, ensure_ascii=False)[1:-1]}
+            for form in forms:
+                at = text.find(form)
+                while at >= 0:
+                    end = at + len(form)
+                    if not any(at < e and s < end for s, e in taken):
+                        found.append((at, end, kind, original))
+                        taken.append((at, end))
+                    at = text.find(form, end)
+        return sorted(found)
 
     def redact_value(self, value: Any) -> Any:
         """Every string of a JSON-like value (keys included) redacted; other values unchanged."""
@@ -394,13 +448,48 @@ class Redactor:
                 self.redact(k) if isinstance(k, str) else k: self.redact_value(v) for k, v in value.items()
             }
         if isinstance(value, (list, tuple)):
+            if len(value) > 1 and all(isinstance(v, str) for v in value):
+                return self._redact_lines(value)
             return [self.redact_value(v) for v in value]
         return value
+
+    def _redact_lines(self, items: list[str] | tuple[str, ...]) -> list[str]:
+        """A list of strings (a log's lines) redacted as the text they make together, so that a secret
+        spread over several items (a PEM block) is found: the item where it starts gets its
+        placeholder, the rest of it is removed from the items it continues into."""
+        joined = "\n".join(items)
+        with self.lock:
+            return self._redact_joined(items, joined)
+
+    def _redact_joined(self, items: list[str] | tuple[str, ...], joined: str) -> list[str]:
+        spans = self._spans(joined) if self.enabled else []
+        if not spans:
+            return list(items)
+        placeholders = [self._placeholder(kind, original) for _s, _e, kind, original in spans]
+        out, begin = [], 0
+        for item in items:
+            end_of_item = begin + len(item)
+            parts, cursor = [], begin
+            for (start, end, _kind, _original), placeholder in zip(spans, placeholders, strict=True):
+                if end <= begin or start >= end_of_item:
+                    continue
+                parts.append(joined[cursor : max(start, begin)])
+                if start >= begin:
+                    parts.append(placeholder)
+                cursor = min(end, end_of_item)
+            parts.append(joined[cursor:end_of_item])
+            out.append("".join(parts))
+            begin = end_of_item + 1
+        return out
 
     def take(self) -> dict[str, Any] | None:
         """The facts of what was redacted since the last `take` (None when nothing was): `counts` (per
         kind, occurrences replaced), `items` (each new distinct original: kind, placeholder, HMAC),
         `algorithm`, `keyId`. Never an original."""
+        with self.lock:
+            return self._take()
+
+    def _take(self) -> dict[str, Any] | None:
         if not self._occurrences:
             return None
         facts = {
@@ -415,6 +504,18 @@ class Redactor:
     def known(self) -> list[dict[str, str]]:
         """Every distinct original met so far, as facts (to rebuild the redactor: `known=`)."""
         return [r.as_json() for r in self._by_hmac.values()]
+
+
+def _decoded(found: str) -> str:
+    """A secret found inside JSON text (a PEM block with `\\n` escapes) as the value it stands for, so
+    that its HMAC is the one of the real key and its placeholder the one of its raw form."""
+    if "\\" not in found:
+        return found
+    try:
+        value = json.loads(f'"{found}"')
+    except ValueError:
+        return found
+    return value if isinstance(value, str) else found
 
 
 def summary(facts: Mapping[str, Any] | None) -> dict[str, int]:

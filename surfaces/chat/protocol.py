@@ -6,10 +6,10 @@ contract's keys and where each value comes from. The two encodings differ by one
 follow several runs, so `progress`, `draft` and `tool` frames (whose payload does not name the run) also
 carry `runId` there, while an SSE stream is one run's. Frames carry nothing else: no reasoning, no tool
 input or output, no trace data. A `progress` frame carries only the fields that apply (`intent`,
-`stepIndex`, `agentName`, `verdict`, `retry`); `sequenceNo` is null for a stage that STARTED (not a
-timeline event). `draft` frames exist only under `CHAT_RELEASE=draft`. The outcome's `contentHtml` is the
-released content as sanitised HTML with citation links (`surfaces.answers.render_answer`), for pages: an
-addition to the contract's keys; `content` stays exactly the released text.
+`stepIndex`, `agentName`, `verdict`, `retry`, `redacted`); `sequenceNo` is null for a stage that STARTED
+(not a timeline event). `draft` frames exist only under `CHAT_RELEASE=draft`. The outcome's `contentHtml`
+is the released content as sanitised HTML with citation links (`surfaces.answers.render_answer`), for
+pages: an addition to the contract's keys; `content` stays exactly the released text.
 
 WebSocket (JSON text, `ws_frame`)::
 
@@ -79,6 +79,7 @@ _PROGRESS_FIELDS = (
     ("agent_name", "agentName"),
     ("verdict", "verdict"),
     ("retry", "retry"),
+    ("redacted", "redacted"),
 )
 
 

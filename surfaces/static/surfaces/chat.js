@@ -7,7 +7,9 @@
  * Progress: each `progress` frame (stage STARTED / FINISHED) and each `tool` frame (the TOOL stage:
  * RUNNING, then a terminal status) is one line under the pending answer, with the time since the question
  * was sent; the line still running ticks, so a long verified run never looks stalled. A FINISHED frame
- * closes the latest open line of its stage (or is a line of its own when its start was not seen).
+ * closes the latest open line of its stage (or is a line of its own when its start was not seen). A
+ * REDACTION line says which kinds of secrets were replaced by placeholders (and how many) before the
+ * question, a tool's input or output went to the model or was stored.
  *
  * Text the model writes is set with textContent (drafts, a plain outcome). The one exception is the
  * outcome's `contentHtml`: the released answer as the server rendered and sanitized it
@@ -130,9 +132,21 @@
       case "APPROVAL":
         if (verdict === "WAITING" || !finished) { return "Waiting for approval by Approvers…"; }
         return "Approval" + (verdict ? ": " + lower(verdict) : "");
+      case "REDACTION":
+        return redactionLabel(data.redacted);
       default:
         return lower(data.stage).replace(/_/g, " ") + (finished ? "" : "…");
     }
+  }
+
+  // What was replaced by placeholders before anything was sent to the model or stored (kinds and counts
+  // only; the values never reach the page).
+  function redactionLabel(redacted) {
+    var parts = [];
+    Object.keys(redacted || {}).sort().forEach(function (kind) {
+      parts.push(String(redacted[kind]) + " × " + String(kind).replace(/-/g, " "));
+    });
+    return "Redacted before sending" + (parts.length ? ": " + parts.join(", ") : "");
   }
 
   function verdictTone(verdict) {
