@@ -167,3 +167,25 @@ def test_mode_off_sends_the_text_as_pasted(llm, user, keyed, settings):
     run, _outcome, _sink = ask(user, f"disk full, key {AWS_KEY_ID}")
     assert AWS_KEY_ID in run.query and run.redaction is None
     assert found_in_requests(llm.requests, [AWS_KEY_ID])
+
+
+def test_previous_turns_stored_before_redaction_are_redacted_on_their_way_to_the_model(llm, user, keyed):
+    from diagnosis import services
+    from diagnosis.models import DiagnosisRun
+
+    session = services.create_session(owner=user)
+    legacy = services.create_run(session=session, query=f"disk full, our key is {AWS_KEY_ID}")
+    DiagnosisRun.objects.filter(pk=legacy.pk).update(
+        status=RunStatus.SUCCESS, release_decision=ReleaseDecision.PUBLISHED, content=f"Rotate {AWS_KEY_ID}."
+    )
+    llm.add(ROUTER, stream_answer(ROUTE, usage=usage(40, 10)))
+    llm.add(AGENT, stream_answer("Rotate the logs [kb:disk-full#1].", usage=usage(300, 30)))
+    llm.add(GUARD, stream_answer(VERDICT, usage=usage(100, 10)))
+    run, _outcome, _sink = ask(user, "And after the rotation?", session_id=session.session_id)
+
+    assert found_in_requests(llm.requests, [AWS_KEY_ID]) == []
+    sent = json.dumps(llm.requests[AGENT][0].messages)
+    assert sent.count("[REDACTED:aws-access-key#1]") == 2  # the old question and the old answer
+    (event,) = TraceEvent.objects.filter(run_id=run.run_id, event_type=EventType.REDACTION_APPLIED)
+    assert event.details["source"] == "previous_turns" and event.details["counts"] == {"aws-access-key": 2}
+    assert verify_hmac(KEY.encode(), AWS_KEY_ID, event.details["items"][0]["hmac"])
