@@ -189,3 +189,25 @@ def test_previous_turns_stored_before_redaction_are_redacted_on_their_way_to_the
     (event,) = TraceEvent.objects.filter(run_id=run.run_id, event_type=EventType.REDACTION_APPLIED)
     assert event.details["source"] == "previous_turns" and event.details["counts"] == {"aws-access-key": 2}
     assert verify_hmac(KEY.encode(), AWS_KEY_ID, event.details["items"][0]["hmac"])
+
+
+def test_an_auditor_with_the_key_confirms_which_value_was_pasted(llm, user, keyed, monkeypatch):
+    import io
+    import sys
+
+    from django.core.management import CommandError, call_command
+
+    llm.add(ROUTER, stream_answer(ROUTE, usage=usage(40, 10)))
+    llm.add(AGENT, stream_answer("See [kb:disk-full#1].", usage=usage(300, 30)))
+    run, _outcome, _sink = ask(user, f"disk full, key {AWS_KEY_ID}, dsn {PG}://u:{DB_PASSWORD}@db/x")
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO(f"{DB_PASSWORD}\nnot-the-key\n"))
+    out = io.StringIO()
+    call_command("verify_redaction", run.run_id, stdout=out)
+    assert out.getvalue().splitlines() == [
+        "value 1: [REDACTED:url-password#1] (sequence 2, question)",
+        "value 2: no match",
+    ]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("AKIA" + "0000000000000000\n"))
+    with pytest.raises(CommandError):
+        call_command("verify_redaction", run.run_id, stdout=io.StringIO())
