@@ -121,13 +121,19 @@ def prepare_run(
     query: str,
     session_id: str | None = None,
     session: ChatSession | None = None,
+    redaction: dict[str, Any] | None = None,
+    redacted: bool = False,
 ) -> DiagnosisRun:
     """A PENDING run of `query` for `user`: in `session` (already looked up by the caller), in their
     session `session_id`, or in a new session. `InvalidQuery` (a ValueError) for a query that
     `services.validate_query` refuses; `SessionNotFound` when `session_id` is not one of the user's.
     The question is redacted (`agent.redaction`) before anything stores it: the run keeps the redacted
-    text and the facts of what was replaced (its recorder chains them as REDACTION_APPLIED)."""
-    query, redaction = redact_query(services.validate_query(query))
+    text and the facts of what was replaced (its recorder chains them as REDACTION_APPLIED). `redacted`:
+    the caller redacted `query` already (`redact_query`, before taking a lock) and passes its facts as
+    `redaction`."""
+    query = services.validate_query(query)
+    if not redacted:
+        query, redaction = redact_query(query)
     with transaction.atomic():
         if session is None and session_id:
             session = owned_session(user=user, session_id=session_id)
