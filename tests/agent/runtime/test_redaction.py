@@ -211,3 +211,16 @@ def test_an_auditor_with_the_key_confirms_which_value_was_pasted(llm, user, keye
     monkeypatch.setattr(sys, "stdin", io.StringIO("AKIA" + "0000000000000000\n"))
     with pytest.raises(CommandError):
         call_command("verify_redaction", run.run_id, stdout=io.StringIO())
+
+
+def test_pii_masking_when_configured_uses_the_same_mechanism(llm, user, keyed, settings):
+    settings.PII_MASKING = True
+    settings.PII_MASKING_KINDS = ["email"]
+    llm.add(ROUTER, stream_answer(ROUTE, usage=usage(40, 10)))
+    llm.add(AGENT, stream_answer("See [kb:disk-full#1].", usage=usage(300, 30)))
+    run, _outcome, _sink = ask(user, "disk full on 10.0.3.4, reported by alice.ops@example.com")
+    assert run.query == "disk full on 10.0.3.4, reported by [REDACTED:email#1]"
+    assert found_in_requests(llm.requests, ["alice.ops@example.com"]) == []
+    (event,) = TraceEvent.objects.filter(run_id=run.run_id, event_type=EventType.REDACTION_APPLIED)
+    assert event.details["counts"] == {"email": 1}
+    assert verify_hmac(KEY.encode(), "alice.ops@example.com", event.details["items"][0]["hmac"])
