@@ -46,3 +46,37 @@ def check_trusted_proxies(app_configs=None, **kwargs) -> list[Error]:
             id="diagnosis.E002",
         )
     ]
+
+
+@register()
+def check_redaction(app_configs=None, **kwargs) -> list[Error]:
+    """`diagnosis.E003`: `REDACTION_MODE` is not `enforce` or `off`, or an entry of
+    `REDACTION_EXTRA_PATTERNS` is not `kind=regex`; `diagnosis.E004`: no `REDACTION_HMAC_KEY` (at least 32
+    characters) with DEBUG off. Redaction must never be silently off or unkeyed (agent/redaction.py)."""
+    from agent.redaction import MODES, parse_extra_patterns
+
+    errors = []
+    mode = str(getattr(settings, "REDACTION_MODE", "enforce") or "").strip().lower()
+    if mode not in MODES:
+        errors.append(
+            Error(
+                f"REDACTION_MODE={mode!r} is not a redaction mode.",
+                hint="Use `enforce` or `off`.",
+                id="diagnosis.E003",
+            )
+        )
+    try:
+        parse_extra_patterns(getattr(settings, "REDACTION_EXTRA_PATTERNS", ()) or ())
+    except ValueError as exc:
+        errors.append(Error(str(exc), hint="Write each entry as kind=regex.", id="diagnosis.E003"))
+    key = str(getattr(settings, "REDACTION_HMAC_KEY", "") or "").strip()
+    if not getattr(settings, "REDACTION_DEV_KEY_FILE", None) and len(key) < 32:
+        errors.append(
+            Error(
+                "REDACTION_HMAC_KEY is missing or shorter than 32 characters.",
+                hint="Set a random key (e.g. `python -c 'import secrets; print(secrets.token_hex(32))'`); "
+                "auditors need it to confirm which secret a REDACTION_APPLIED event recorded.",
+                id="diagnosis.E004",
+            )
+        )
+    return errors

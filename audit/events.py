@@ -61,6 +61,14 @@ EVENTS: tuple[EventSpec, ...] = (
         "chained snapshot. Runs started before carry none: noted, not failed",
     ),
     EventSpec(
+        "REDACTION_APPLIED",
+        "Secrets redacted",
+        RECORDER,
+        "Secrets (and, when configured, personal data) were replaced by placeholders before the text was "
+        "sent or stored: where (question, previous turns, tool input or output), the kinds and counts, and "
+        "per distinct original its placeholder and keyed HMAC-SHA256 with the key's id, never the original.",
+    ),
+    EventSpec(
         "ROUTING_ATTEMPT",
         "Router call",
         RECORDER,

@@ -242,6 +242,18 @@ AIOPS_MAX_RESPONSE_BYTES = env.int("AIOPS_MAX_RESPONSE_BYTES", default=4 * 1024 
 # ---------------------------------------------------------------------------------------------------
 AGENT_MAX_STEPS = env.int("AGENT_MAX_STEPS", default=6)
 TOOL_TIMEOUT = env.float("TOOL_TIMEOUT", default=20.0)
+
+# Secret redaction of what enters a run from outside (agent/redaction.py; docs/security.md, issue 33):
+# `enforce` (default) or `off`; kinds never redacted; extra `kind=regex` patterns; the HMAC key of the
+# REDACTION_APPLIED facts (required with DEBUG off: check agent.E002; in DEBUG generated once into
+# .local/redaction-hmac.key); optional PII masking (off by default) and its kinds.
+REDACTION_MODE = env.str("REDACTION_MODE", default="enforce")
+REDACTION_ALLOW_KINDS = env.list("REDACTION_ALLOW_KINDS", default=[])
+REDACTION_EXTRA_PATTERNS = env.list("REDACTION_EXTRA_PATTERNS", default=[])
+REDACTION_HMAC_KEY = env.str("REDACTION_HMAC_KEY", default="")
+REDACTION_DEV_KEY_FILE = BASE_DIR / ".local" / "redaction-hmac.key" if DEBUG else None
+PII_MASKING = env.bool("PII_MASKING", default=False)
+PII_MASKING_KINDS = env.list("PII_MASKING_KINDS", default=["email", "phone", "ipv4", "ipv6"])
 CHAT_MAX_ACTIVE_RUNS_PER_USER = env.int("CHAT_MAX_ACTIVE_RUNS_PER_USER", default=3)
 # Chats a user may start per period over SSE and WebSocket together (surfaces/chat/throttle.py; empty = off).
 CHAT_THROTTLE_RATE = env.str("CHAT_THROTTLE_RATE", default="30/min")

@@ -184,6 +184,10 @@ class DiagnosisRun(models.Model):
     # plus the model's stated confidence, labelled as such (`agent.runtime.selfeval`); NULL for chat
     # runs. Written by the terminal update and bound by the run's terminal digest (form `run/3`).
     self_evaluation = models.JSONField(null=True, blank=True, default=None)
+    # What the redaction of the question replaced before it was stored (agent/redaction.py): kinds, counts,
+    # placeholders and keyed HMACs, never an original. Written with the run; its recorder chains it as
+    # REDACTION_APPLIED after RUN_STARTED. NULL: nothing was redacted (or the run predates redaction).
+    redaction = models.JSONField(null=True, blank=True, default=None)
 
     # Review facts (`audit.reviews`, `audit.review_queue`): whether any user voted the run down, the
     # latest review's verdict and time (the reviews themselves are `audit.RunReview`, chained), the

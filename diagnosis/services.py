@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import secrets
 import time
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
@@ -62,15 +63,22 @@ def create_session(*, owner: AbstractBaseUser, title: str = "", session_id: str 
     )
 
 
-def create_run(*, session: ChatSession, query: str, agent_flow: str = "DIAGNOSIS_AGENT") -> DiagnosisRun:
+def create_run(
+    *,
+    session: ChatSession,
+    query: str,
+    agent_flow: str = "DIAGNOSIS_AGENT",
+    redaction: dict[str, Any] | None = None,
+) -> DiagnosisRun:
     """A PENDING run of `query` in `session`; the session takes the first query as its title and counts
-    the run in its stored `run_count` and `last_run_at` (one transaction)."""
+    the run in its stored `run_count` and `last_run_at` (one transaction). `query` is already redacted
+    by the caller (`agent.redaction`); `redaction` is what that replaced (facts only, never originals)."""
     with transaction.atomic():
         if not session.title:
             session.title = " ".join(query.split())[:TITLE_CHARS]
             session.save(update_fields=["title", "updated_at"])
         run = DiagnosisRun.objects.create(
-            run_id=new_id("run"), session=session, query=query, agent_flow=agent_flow
+            run_id=new_id("run"), session=session, query=query, agent_flow=agent_flow, redaction=redaction
         )
         # The session's stored list facts, in the run's transaction.
         ChatSession.objects.filter(pk=session.pk).update(

@@ -18,7 +18,8 @@ user `AIOPS_SERVICE_USER`, so the analyses of one group read as one conversation
 
 The run's query is a bounded, plain-text description of the alerts (`describe_alerts`): labels,
 annotations and times only, as Alertmanager sent them. Labels and annotations stored on `AiOpsAlert` are
-bounded copies for the admin's lists.
+bounded copies for the admin's lists. Both are redacted (`agent.redaction`) before they are stored: a
+secret in an annotation reaches neither the model nor the database.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.conf import settings
@@ -36,6 +37,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from agent.redaction import Redactor
 from diagnosis import services
 from diagnosis.models import AgentFlow, AiOpsAlert, AlertSource, ChatSession, DiagnosisRun
 
@@ -161,6 +163,10 @@ def service_user() -> AbstractBaseUser:
         return User.objects.get(username=name)
 
 
+# Alert fields that are the service's own digests and counts, never text someone pasted.
+_NOT_REDACTED = frozenset({"dedupe_key", "group_key_sha256", "fingerprints", "alert_count"})
+
+
 def start_analysis(
     *,
     query: str,
@@ -169,13 +175,23 @@ def start_analysis(
     session: ChatSession | None = None,
     session_id: str | None = None,
     alert_fields: Mapping[str, Any] | None = None,
+    redactor: Redactor | None = None,
 ) -> DiagnosisRun:
     """A queued (PENDING) AI Ops run of `query` and its `AiOpsAlert` row, in one transaction. With
     `session_id` the session is that one (created for `owner` when absent: alert groups name theirs);
     `InvalidQuery` for a query `services.validate_query` refuses. An `IntegrityError` on `dedupe_key`
-    (the same firing accepted concurrently) rolls everything back and propagates."""
+    (the same firing accepted concurrently) rolls everything back and propagates. `redactor`: the one
+    that already redacted the alert's parts before they were bounded (a new one otherwise)."""
     query = services.validate_query(query)
-    fields = dict(alert_fields or {})
+    # The alert's text is redacted (agent.redaction) before anything stores it: the run's query and the
+    # row's copies of the alert; the run keeps the facts (REDACTION_APPLIED, source `alert`).
+    redactor = redactor if redactor is not None else Redactor()
+    query = redactor.redact(query)
+    fields = {
+        name: value if name in _NOT_REDACTED else redactor.redact_value(value)
+        for name, value in dict(alert_fields or {}).items()
+    }
+    redaction = redactor.take()
     with transaction.atomic():
         if session is None and session_id:
             session = ChatSession.objects.filter(session_id=session_id).first()
@@ -183,9 +199,36 @@ def start_analysis(
                 session = services.create_session(owner=owner, session_id=session_id)
         if session is None:
             session = services.create_session(owner=owner)
-        run = services.create_run(session=session, query=query, agent_flow=AgentFlow.AI_OPS)
+        run = services.create_run(
+            session=session, query=query, agent_flow=AgentFlow.AI_OPS, redaction=redaction
+        )
         AiOpsAlert.objects.create(run=run, source=source, last_notified_at=timezone.now(), **fields)
     return run
+
+
+def _redacted(notification: Notification, redactor: Redactor) -> tuple[Notification, list[Alert]]:
+    """The notification and its firing alerts with their text redacted (labels, annotations, receiver,
+    URLs); the group key and fingerprints stay as sent (they are hashed, and the stored group key is
+    redacted with the row's fields)."""
+
+    def alert(a: Alert) -> Alert:
+        return replace(
+            a,
+            labels=redactor.redact_value(dict(a.labels)),
+            annotations=redactor.redact_value(dict(a.annotations)),
+            generator_url=redactor.redact(a.generator_url),
+        )
+
+    redacted = replace(
+        notification,
+        receiver=redactor.redact(notification.receiver),
+        group_labels=redactor.redact_value(dict(notification.group_labels or {})),
+        common_labels=redactor.redact_value(dict(notification.common_labels or {})),
+        common_annotations=redactor.redact_value(dict(notification.common_annotations or {})),
+        external_url=redactor.redact(notification.external_url),
+        alerts=[alert(a) for a in notification.alerts],
+    )
+    return redacted, [a for a in redacted.alerts if a.status == "firing"]
 
 
 def dedupe_key(group_key: str, firing: Sequence[Alert]) -> str:
@@ -230,6 +273,9 @@ def accept_notification(notification: Notification) -> Accepted | None:
     found = _existing(key)
     if found is not None:
         return found
+    # Redacted before anything is cut to its bounds (a cut must not leave half a secret behind).
+    redactor = Redactor()
+    notification, firing = _redacted(notification, redactor)
     name, severity = _name_and_severity(firing, notification.common_labels)
     query = describe_alerts(
         alerts=firing, group_labels=notification.group_labels, truncated=notification.truncated_alerts
@@ -254,6 +300,7 @@ def accept_notification(notification: Notification) -> Accepted | None:
             owner=service_user(),
             session_id=group_session_id(notification.group_key),
             alert_fields=fields,
+            redactor=redactor,
         )
     except IntegrityError:
         found = _existing(key)  # the same firing, accepted by a concurrent request
@@ -273,7 +320,9 @@ def start_staff_analysis(
     """An analysis a person asked for: a free question (`query`), or an alert given as text or as an
     Alertmanager-style object (`labels`, `annotations`, optional `startsAt`). A new session of `user`."""
     fields: dict[str, Any] = {}
+    redactor = Redactor()
     if isinstance(alert, Mapping):
+        alert = redactor.redact_value(dict(alert))  # before anything is cut to its bounds
         parsed = Alert(
             status="firing",
             labels=bounded_mapping(alert.get("labels")),
@@ -291,4 +340,6 @@ def start_staff_analysis(
         }
     elif isinstance(alert, str):
         query = alert
-    return start_analysis(query=query or "", source=source, owner=user, alert_fields=fields)
+    return start_analysis(
+        query=query or "", source=source, owner=user, alert_fields=fields, redactor=redactor
+    )

@@ -178,10 +178,15 @@ class Agent:
             )
             raise
         if result.tool_calls:
+            # The calls' arguments are redacted (agent.redaction) before anything records, saves,
+            # executes or sends them back to the model: everything below sees only placeholders.
+            redacted = tuple(
+                replace(c, arguments=ctx.redactor.redact(c.arguments)) for c in result.tool_calls
+            )
             # The record names every call by an id unique in the run; the provider's own ids (some
             # providers send `call_0` in every response) stay beside them for the messages sent back.
             result = replace(
-                result, tool_calls=ctx.recorder.run_unique_calls(result.tool_calls, step_index=step_index)
+                result, tool_calls=ctx.recorder.run_unique_calls(redacted, step_index=step_index)
             )
         await ctx.hold(
             ctx.recorder.model_step,
@@ -204,6 +209,7 @@ class Agent:
             text_length=len(result.text),
             provider_attempts=result.attempts,
         )
+        await ctx.record_redaction("tool_input")
         if self.on_step is not None:
             await self.on_step(result, step_index)
         return result

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from agent.redaction import Redactor
 from agent.runtime.cancel import CancelToken
 from agent.runtime.canonical import CanonicalStore
 from agent.runtime.db import db
@@ -57,6 +58,9 @@ class RunContext:
     on_finishing: Callable[[], None] | None = None
     # The first model call waits until this is set (a run launched while its predecessor finishes).
     gate: asyncio.Event | None = None
+    # The run's redaction of what enters it from outside (agent.redaction): the question's facts
+    # preloaded, so the same secret keeps its placeholder in tool input and output.
+    redactor: Redactor = field(default_factory=Redactor)
 
     def finishing(self) -> None:
         """The run is finishing (see `on_finishing`); safe to call more than once."""
@@ -118,6 +122,17 @@ class RunContext:
         transaction (`RunRecorder.hold`; a frame sent meanwhile commits it first). Its progress events
         follow that commit."""
         await db(self.recorder.hold, write, **kwargs)
+
+    async def record_redaction(
+        self, source: str, *, tool_call_id: str | None = None, facts: dict[str, Any] | None = None
+    ) -> None:
+        """REDACTION_APPLIED for what the redactor replaced since its last `take` (or `facts` taken
+        already; nothing: no event), and its REDACTION progress frame (kinds and counts only)."""
+        facts = facts if facts is not None else self.redactor.take()
+        if facts is not None:
+            await self.record(
+                self.recorder.redaction_applied, source=source, facts=facts, tool_call_id=tool_call_id
+            )
 
     async def flush_progress(self) -> None:
         """Emit the progress of what the recorder committed since the last flush (in commit order)."""

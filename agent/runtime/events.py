@@ -15,7 +15,8 @@ A progress event is either a stage that STARTED (live only, no sequence number: 
 semantic check) or a stage that FINISHED, which is exactly one committed timeline event
 (`progress_of`: ROUTING_DECISION, AGENT_MODEL_STEP, EVIDENCE_GUARD_*, SEMANTIC_GUARD_DECISION,
 RELEASE_DECISION, and APPROVAL_REQUESTED / APPROVAL_DECIDED as stage APPROVAL with verdict WAITING, then
-APPROVED / REJECTED / EXPIRED) with a few bounded fields (intent, step index, agent name, verdict), so
+APPROVED / REJECTED / EXPIRED, REDACTION_APPLIED as stage REDACTION with verdict APPLIED and the kinds and
+counts replaced) with a few bounded fields (intent, step index, agent name, verdict, redacted), so
 that replay rebuilds from the timeline exactly what the live stream sent. Never answer text, reasons
 or reasoning.
 
@@ -70,6 +71,7 @@ class Stage:
     SEMANTIC_GUARD = "SEMANTIC_GUARD"
     RELEASE = "RELEASE"
     APPROVAL = "APPROVAL"
+    REDACTION = "REDACTION"
 
 
 STAGES = tuple(v for k, v in vars(Stage).items() if k.isupper())
@@ -94,6 +96,8 @@ class ProgressEvent:
     agent_name: str | None = None
     verdict: str | None = None
     retry: bool | None = None
+    # REDACTION: kinds and counts of what was replaced before it was sent or stored (never a value).
+    redacted: dict[str, int] | None = None
     type: ClassVar[str] = "progress"
 
 
@@ -171,6 +175,8 @@ _FINISHES: dict[str, str] = {
     # A call waits for a person (verdict WAITING), then its decision (APPROVED / REJECTED / EXPIRED).
     EventType.APPROVAL_REQUESTED: Stage.APPROVAL,
     EventType.APPROVAL_DECIDED: Stage.APPROVAL,
+    # Secrets were replaced (verdict APPLIED, with kinds and counts): the chat shows it before the answer.
+    EventType.REDACTION_APPLIED: Stage.REDACTION,
 }
 # Every timeline event type a chat frame is made from (replay reads only these).
 CHAT_TIMELINE_TYPES = frozenset(
@@ -200,6 +206,11 @@ def progress_of(
         fields["verdict"] = _bounded(status)
         if stage == Stage.EVIDENCE_GUARD:
             fields["retry"] = str(event_type) == EventType.EVIDENCE_GUARD_RETRY
+        elif stage == Stage.REDACTION:
+            counts = details.get("counts") if isinstance(details.get("counts"), dict) else {}
+            fields["redacted"] = {
+                str(k)[:32]: v for k, v in list(counts.items())[:20] if isinstance(v, int) and v > 0
+            }
     return ProgressEvent(run_id=run_id, stage=stage, status=FINISHED, sequence_no=sequence_no, **fields)
 
 

@@ -49,6 +49,7 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import DatabaseError, transaction
 
+from agent.redaction import Redactor
 from agent.runtime.aiops import is_aiops, run_aiops
 from agent.runtime.approvals import ResumeStateUnavailable, RunInterrupted
 from agent.runtime.cancel import CancelToken, RunCancelled
@@ -68,7 +69,7 @@ from agent.runtime.llm import LLMError, ModelClient, aclose_clients
 from agent.runtime.pipeline import run_pipeline
 from agent.runtime.providers import get_model_client
 from agent.runtime.tools.registry import ToolRegistry, default_registry
-from audit.models import ToolStatus
+from audit.models import EventType, ToolStatus, TraceEvent
 from audit.recorder import RunRecorder
 from diagnosis import services
 from diagnosis.models import DEMO_PROVIDER, ChatSession, DiagnosisRun, RunStatus
@@ -120,11 +121,19 @@ def prepare_run(
     query: str,
     session_id: str | None = None,
     session: ChatSession | None = None,
+    redaction: dict[str, Any] | None = None,
+    redacted: bool = False,
 ) -> DiagnosisRun:
     """A PENDING run of `query` for `user`: in `session` (already looked up by the caller), in their
     session `session_id`, or in a new session. `InvalidQuery` (a ValueError) for a query that
-    `services.validate_query` refuses; `SessionNotFound` when `session_id` is not one of the user's."""
+    `services.validate_query` refuses; `SessionNotFound` when `session_id` is not one of the user's.
+    The question is redacted (`agent.redaction`) before anything stores it: the run keeps the redacted
+    text and the facts of what was replaced (its recorder chains them as REDACTION_APPLIED). `redacted`:
+    the caller redacted `query` already (`redact_query`, before taking a lock) and passes its facts as
+    `redaction`."""
     query = services.validate_query(query)
+    if not redacted:
+        query, redaction = redact_query(query)
     with transaction.atomic():
         if session is None and session_id:
             session = owned_session(user=user, session_id=session_id)
@@ -132,7 +141,25 @@ def prepare_run(
                 raise SessionNotFound(session_id)
         if session is None:
             session = services.create_session(owner=user)
-        return services.create_run(session=session, query=query)
+        return services.create_run(session=session, query=query, redaction=redaction)
+
+
+def redact_query(query: str) -> tuple[str, dict[str, Any] | None]:
+    """`query` redacted by a fresh redactor, and the facts of what it replaced (None: nothing)."""
+    redactor = Redactor()
+    return redactor.redact(query), redactor.take()
+
+
+def known_redactions(run: DiagnosisRun, *, resuming: bool = False) -> list[dict[str, Any]]:
+    """What the run's redaction already replaced (its question's facts; for a resumed run also every
+    REDACTION_APPLIED of its chain), so a secret met again keeps its placeholder."""
+    known = list((run.redaction or {}).get("items") or [])
+    if resuming:
+        rows = TraceEvent.objects.filter(
+            run_id=run.run_id, event_type=EventType.REDACTION_APPLIED
+        ).values_list("details", flat=True)
+        known += [item for details in rows for item in (details or {}).get("items") or []]
+    return known
 
 
 def run_to_completion(
@@ -293,8 +320,16 @@ async def execute_run(
                 release_mode=mode,
                 on_finishing=ending.finishing,
                 gate=gate,
+                redactor=Redactor(
+                    known=await db(known_redactions, run, resuming=True)
+                    if resuming
+                    else known_redactions(run)
+                ),
             )
             ending.ctx = ctx
+            if run.redaction and not resuming:
+                source = "alert" if is_aiops(run.agent_flow) else "question"
+                await ctx.record(recorder.redaction_applied, source=source, facts=run.redaction)
             if is_aiops(run.agent_flow):
                 result = await run_aiops(ctx, created_at=run.created_at, resuming=resuming)
             elif resuming:

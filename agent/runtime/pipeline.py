@@ -21,7 +21,8 @@ stages (routing, each model step, the semantic check) announce themselves when t
 (`RunContext.before_model_request`).
 
 Previous turns given to the models are the last `PREVIOUS_TURNS` PUBLISHED runs of the session (query and
-released content only: never reasoning, drafts or tool output).
+released content only: never reasoning, drafts or tool output), redacted again by the run's redactor
+(`agent.redaction`; turns stored before redaction existed, or while it was off, may hold secrets).
 """
 
 from __future__ import annotations
@@ -112,6 +113,10 @@ def previous_turns(*, session_id: str, run_id: str, before: Any, limit: int = PR
 async def run_pipeline(ctx: RunContext, *, created_at: Any) -> PipelineResult:
     rec = ctx.recorder
     history = await db(previous_turns, session_id=ctx.session_id, run_id=ctx.run_id, before=created_at)
+    # Stored turns were redacted when they were asked; runs stored before redaction (or with it off)
+    # were not: they are redacted again on their way to the model.
+    history = [(ctx.redactor.redact(query), ctx.redactor.redact(content)) for query, content in history]
+    await ctx.record_redaction("previous_turns")
     decision = await route(ctx, previous_queries=[query for query, _content in history])
     ctx.token.raise_if_cancelled()
     intent = decision.intent

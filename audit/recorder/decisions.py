@@ -25,9 +25,49 @@ from audit.write_table import Table
 from diagnosis.models import ReleaseDecision
 from reasoning.capture import CapturedReasoning
 
+# Distinct originals a REDACTION_APPLIED event names one by one (the rest are counted).
+REDACTION_ITEMS = 40
+
 
 class DecisionRecords:
     """The decision half of `RunRecorder` (see the package docstring for the rules)."""
+
+    # ----------------------------------------------------------------------------------------------
+    # Redaction
+    # ----------------------------------------------------------------------------------------------
+    def redaction_applied(
+        self, *, source: str, facts: dict[str, Any], tool_call_id: str | None = None
+    ) -> int | None:
+        """REDACTION_APPLIED: what the redaction replaced in the text of `source` (`question`,
+        `previous_turns`, `alert`, `tool_input`, `tool_output`; a tool's with its `tool_call_id`) before it
+        was sent or stored. `facts` (`agent.redaction.Redactor.take`): counts per kind, the new distinct
+        originals as kind, placeholder and HMAC, the algorithm and key id; never an original."""
+        counts = {clip(str(k), 40): int(v) for k, v in list((facts.get("counts") or {}).items())[:20]}
+        items = [
+            {
+                "kind": clip(str(i.get("kind", "")), 40),
+                "placeholder": clip(str(i.get("placeholder", "")), 64),
+                "hmac": clip(str(i.get("hmac", "")), 64),
+            }
+            for i in list(facts.get("items") or [])[:REDACTION_ITEMS]
+        ]
+        details: dict[str, Any] = {
+            "source": source,
+            "counts": counts,
+            "items": items,
+            "itemsOmitted": max(0, len(facts.get("items") or []) - REDACTION_ITEMS),
+            "algorithm": clip(str(facts.get("algorithm", "")), 32),
+            "keyId": clip(str(facts.get("keyId", "")), 32),
+        }
+        if tool_call_id is not None:
+            details["toolCallId"] = tool_call_id
+        total = sum(counts.values())
+        summary = f"{source}: {total} redacted (" + ", ".join(f"{k} {v}" for k, v in counts.items()) + ")"
+        phase = Phase.TOOL if source.startswith("tool") else Phase.RUN
+        return self._write(
+            "redaction_applied",
+            [ChainEvent(phase, EventType.REDACTION_APPLIED, "APPLIED", clip(summary, 300), details)],
+        )
 
     # ----------------------------------------------------------------------------------------------
     # Router

@@ -6,11 +6,11 @@ contract's keys and where each value comes from. The two encodings differ by one
 follow several runs, so `progress`, `draft` and `tool` frames (whose payload does not name the run) also
 carry `runId` there, while an SSE stream is one run's. Frames carry nothing else: no reasoning, no tool
 input or output, no trace data. A `progress` frame carries only the fields that apply (`intent`,
-`stepIndex`, `agentName`, `verdict`, `retry`); `sequenceNo` is null for a stage that STARTED (not a
-timeline event). `draft` frames exist only under `CHAT_RELEASE=draft`. The outcome's `contentHtml` is the
-released content as sanitised HTML with citation links (`surfaces.answers.render_answer`), for pages: an
-addition to the contract's keys; `content` stays exactly the released text. The `run` frame's `demo` (true
-when the offline demo model answers the run, so pages label it DEMO) is another.
+`stepIndex`, `agentName`, `verdict`, `retry`, `redacted`); `sequenceNo` is null for a stage that STARTED
+(not a timeline event). `draft` frames exist only under `CHAT_RELEASE=draft`. The outcome's `contentHtml`
+is the released content as sanitised HTML with citation links (`surfaces.answers.render_answer`), for
+pages: an addition to the contract's keys; `content` stays exactly the released text. The `run` frame's
+`demo` (true when the offline demo model answers the run, so pages label it DEMO) is another.
 
 WebSocket (JSON text, `ws_frame`)::
 
@@ -80,6 +80,7 @@ _PROGRESS_FIELDS = (
     ("agent_name", "agentName"),
     ("verdict", "verdict"),
     ("retry", "retry"),
+    ("redacted", "redacted"),
 )
 
 

@@ -69,10 +69,18 @@ _SCHEMAS: dict[str, Any] = {
                 "type": "string",
                 "description": (
                     "MODEL_STEP: TOOL_CALLS or ANSWER; guards: PASS, FAIL or ERROR; RELEASE: PUBLISHED "
-                    "or BLOCKED."
+                    "or BLOCKED; REDACTION: APPLIED."
                 ),
             },
             "retry": {"type": "boolean", "description": "EVIDENCE_GUARD: the repair round's check."},
+            "redacted": {
+                "type": "object",
+                "additionalProperties": {"type": "integer"},
+                "description": (
+                    "REDACTION (verdict APPLIED): per kind (`aws-access-key`, `private-key`, …), how many "
+                    "values were replaced by placeholders before anything was sent or stored; never a value."
+                ),
+            },
         },
         "required": ["stage", "status", "sequenceNo"],
     },

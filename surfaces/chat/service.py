@@ -3,7 +3,8 @@ do to start, follow and cancel runs, so that each rule and each step exists once
 
 * `start_chat` (synchronous; await it through `db`): the rate limit (`surfaces.chat.throttle`), the query
   (`diagnosis.services.validate_query`), the session (one of the user's, else 404), the per-user limit of
-  active runs (429), then `executor.prepare_run` with the session already found.
+  active runs (429), then `executor.prepare_run` with the session already found and the query redacted
+  (`executor.redact_query`) before the user's row is locked.
 * `open_chat`: start a chat, subscribe to the run, *then* launch it in this process, so the follower
   misses nothing the run publishes; returns the follower (replay from 0, then live).
 * `find_run`: the run the user asks for, by the one visibility rule (`selectors.get_visible_run`), else
@@ -24,7 +25,7 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
 
 from agent.runtime.db import db
-from agent.runtime.executor import prepare_run
+from agent.runtime.executor import prepare_run, redact_query
 from agent.runtime.live import RunFollower
 from agent.runtime.supervisor import ACTIVE_STATUSES, ensure_background, launch, request_cancel
 from core.api import NOT_FOUND_RUN, NOT_FOUND_SESSION
@@ -94,6 +95,8 @@ def start_chat(*, user: AbstractBaseUser, query: Any, session_id: Any = None) ->
     except services.InvalidQuery as exc:
         raise ChatRefused(400, "invalid_request", str(exc)) from None
     session_id = validate_id(session_id, "sessionId")
+    # Redacted before the user's row is locked: scanning a long paste must not hold the lock.
+    query, redaction = redact_query(query)
     with transaction.atomic():
         get_user_model().objects.select_for_update().filter(pk=user.pk).first()
         session = None
@@ -108,7 +111,7 @@ def start_chat(*, user: AbstractBaseUser, query: Any, session_id: Any = None) ->
                 "too_many_active_runs",
                 f"At most {limit} runs may be active at once; wait for one to finish or cancel it.",
             )
-        return prepare_run(user=user, query=query, session=session)
+        return prepare_run(user=user, query=query, session=session, redaction=redaction, redacted=True)
 
 
 async def open_stream(run_id: str, *, after: int = 0, heartbeat: float | None = None) -> RunFollower:

@@ -60,6 +60,7 @@ def _production_env(**extra: str) -> dict[str, str]:
             "ALLOWED_HOSTS": f"{PRODUCTION_HOST},testserver",
             "REASONING_ENCRYPTION_KEYS": Fernet.generate_key().decode(),
             "AUDIT_SIGNING_KEYS": generate_key_text(),
+            "REDACTION_HMAC_KEY": secrets.token_hex(32),
             "DATABASE_URL": "sqlite:///:memory:",
             "LOG_LEVEL": "DEBUG",
         }

@@ -55,13 +55,14 @@ from typing import Any
 from django.conf import settings
 from django.db import DatabaseError
 
+from agent.redaction import Redactor
 from agent.runtime.approvals import APPROVED, EXPIRED, approval_request
 from agent.runtime.cancel import RunCancelled
 from agent.runtime.canonical import CanonicalUnavailable
 from agent.runtime.context import RunContext
 from agent.runtime.db import db, run_blocking
 from agent.runtime.events import ToolEvent
-from agent.runtime.tools.registry import ToolArgumentsError, ToolResult, ToolSpec
+from agent.runtime.tools.registry import EvidenceRecord, ToolArgumentsError, ToolResult, ToolSpec
 from audit.models import ToolStatus
 from audit.payloads import canonical_json, clip
 from audit.recorder import DeclaredToolCall, ToolCallNotDeclared, ToolCallRepeated, ToolLifecycleConflict
@@ -141,6 +142,8 @@ class ToolBoundary:
         # bare errors then wait for the run's verdict (seed 002; `_observe`).
         self.may_interrupt = self.ctx.approvals_allowed and any(self._asks_approval(c) for c in calls)
         checked = [self._checked(call) for call in calls]
+        # Arguments are redacted (agent.redaction) before anything records or executes them.
+        await self.ctx.record_redaction("tool_input")
         started = await self._start(calls, checked)
         results = await asyncio.gather(
             *(self._run_one(c, k, r) for c, k, r in zip(calls, checked, started, strict=True)),
@@ -196,7 +199,7 @@ class ToolBoundary:
         try:
             if spec is None:
                 raise ToolArgumentsError("unknown tool")
-            arguments = spec.validate(call.arguments)
+            arguments = ctx.redactor.redact_value(spec.validate(call.arguments))
             seq = await db(ctx.recorder.tool_restarted, tool_call_id=call.tool_call_id)
         except (ToolArgumentsError, ToolCallRepeated) as exc:
             logger.warning(
@@ -248,14 +251,17 @@ class ToolBoundary:
             except ToolArgumentsError as exc:
                 argument_error = clip(str(exc), ERROR_MESSAGE_CHARS)
         approval = arguments is not None and spec.requires_approval and self.ctx.approvals_allowed
+        redact = self.ctx.redactor.redact_value
         if arguments is not None:
+            arguments = redact(arguments)
             input_params: dict[str, Any] = arguments
         else:
             try:
                 parsed = json.loads(call.arguments) if call.arguments.strip() else {}
             except ValueError:
                 parsed = None
-            input_params = parsed if isinstance(parsed, dict) else {"arguments": call.arguments}
+            input_params = redact(parsed if isinstance(parsed, dict) else {"arguments": call.arguments})
+            argument_error = self.ctx.redactor.redact(argument_error)
         return _Checked(spec, arguments, argument_error, input_params, approval)
 
     async def _start(self, calls: Sequence[DeclaredToolCall], checked: Sequence[_Checked]) -> list[Any]:
@@ -361,7 +367,7 @@ class ToolBoundary:
             message = clip(message, ERROR_MESSAGE_CHARS)
             return await self._fail(call, code, message)
         try:
-            arguments = spec.validate(call.arguments)
+            arguments = ctx.redactor.redact_value(spec.validate(call.arguments))
             seq = await db(
                 ctx.recorder.approved_tool_started,
                 tool_call_id=call.tool_call_id,
@@ -389,7 +395,8 @@ class ToolBoundary:
         timeout = spec.timeout if spec.timeout is not None else float(settings.TOOL_TIMEOUT)
         try:
             raw = await self._execute(spec, arguments, timeout)
-            result = _normalise(raw)
+            # On the tool pool: a large output takes long to scan, the event loop must not wait.
+            result, taken = await run_blocking(self._redacted, _normalise(raw))
             result_json = canonical_json(result.data)
         except RunCancelled:
             raise
@@ -397,9 +404,15 @@ class ToolBoundary:
             return await self._fail(call, TOOL_TIMEOUT, f"the tool did not finish within {timeout:g} s")
         except Exception as exc:
             logger.warning("tool failed run=%s tool=%s error=%s", ctx.run_id, call.name, type(exc).__name__)
+            with ctx.redactor.lock:
+                message, taken = ctx.redactor.redact(_exception_message(exc)), ctx.redactor.take()
+            await ctx.record_redaction("tool_output", tool_call_id=call.tool_call_id, facts=taken)
             if self.may_interrupt:
-                return await self._observe(call, TOOL_ERROR, _exception_message(exc))
-            return await self._fail(call, TOOL_ERROR, _exception_message(exc))
+                return await self._observe(call, TOOL_ERROR, message)
+            return await self._fail(call, TOOL_ERROR, message)
+        # This call's facts only (parallel calls share the redactor, so the same secret keeps one
+        # placeholder across them).
+        await ctx.record_redaction("tool_output", tool_call_id=call.tool_call_id, facts=taken)
 
         note = ""
         try:
@@ -418,6 +431,25 @@ class ToolBoundary:
         )
         content = result.model_content if result.model_content is not None else result_json
         return ToolOutcome(call, ToolStatus.SUCCEEDED, clip(content, MODEL_CONTENT_CHARS))
+
+    def _redacted(self, result: ToolResult) -> tuple[ToolResult, dict[str, Any] | None]:
+        """The tool's result with every secret replaced (`agent.redaction`) in its data, its evidence
+        payloads (never the evidence ids) and what the model sees, before the canonical store, the
+        recorder or the model get any of it; and the facts of what it replaced (for REDACTION_APPLIED)."""
+        redactor = self.ctx.redactor
+        if not redactor.enabled:
+            return result, None
+        with redactor.lock:  # this call's facts only, even while the step's other calls redact theirs
+            return self._redact_result(redactor, result), redactor.take()
+
+    @staticmethod
+    def _redact_result(redactor: Redactor, result: ToolResult) -> ToolResult:
+        return ToolResult(
+            data=redactor.redact_value(result.data),
+            evidence=[EvidenceRecord(r.id, redactor.redact_value(dict(r.payload))) for r in result.evidence],
+            retrieval=result.retrieval,
+            model_content=redactor.redact(result.model_content) if result.model_content is not None else None,
+        )
 
     async def _execute(self, spec: ToolSpec, arguments: dict[str, Any], timeout: float) -> Any:
         """Run the tool under its timeout, raced against the cancel token."""

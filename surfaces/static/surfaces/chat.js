@@ -7,7 +7,9 @@
  * Progress: each `progress` frame (stage STARTED / FINISHED) and each `tool` frame (the TOOL stage:
  * RUNNING, then a terminal status) is one line under the pending answer, with the time since the question
  * was sent; the line still running ticks, so a long verified run never looks stalled. A FINISHED frame
- * closes the latest open line of its stage (or is a line of its own when its start was not seen).
+ * closes the latest open line of its stage (or is a line of its own when its start was not seen). A
+ * REDACTION line says which kinds of secrets were replaced by placeholders (and how many) before the
+ * question, a tool's input or output went to the model or was stored.
  *
  * Conversations persist on the server, so the page is only a view of them: the open conversation is in
  * the address (`?session=<id>`), and loading it replays each of its runs, oldest first, from the server
@@ -162,9 +164,21 @@
       case "APPROVAL":
         if (verdict === "WAITING" || !finished) { return "Waiting for approval by Approvers…"; }
         return "Approval" + (verdict ? ": " + lower(verdict) : "");
+      case "REDACTION":
+        return redactionLabel(data.redacted);
       default:
         return lower(data.stage).replace(/_/g, " ") + (finished ? "" : "…");
     }
+  }
+
+  // What was replaced by placeholders before anything was sent to the model or stored (kinds and counts
+  // only; the values never reach the page).
+  function redactionLabel(redacted) {
+    var parts = [];
+    Object.keys(redacted || {}).sort().forEach(function (kind) {
+      parts.push(String(redacted[kind]) + " × " + String(kind).replace(/-/g, " "));
+    });
+    return "Redacted before sending" + (parts.length ? ": " + parts.join(", ") : "");
   }
 
   function verdictTone(verdict) {

@@ -225,3 +225,20 @@ def _assert_inert(page, content) -> None:
     assert page.evaluate("typeof window.pwned") == "undefined"
     assert content.locator("script, img, iframe, [onerror], [onload]").count() == 0
     assert page.evaluate("document.querySelectorAll('[onerror], [onload], a[href^=javascript]').length") == 0
+
+
+def test_what_was_redacted_is_shown_before_the_answer(page):
+    stream = (
+        run_frame()
+        + finished(2, "REDACTION", verdict="APPLIED", redacted={"private-key": 2, "aws-access-key": 1})
+        + started("ROUTING")
+        + finished(3, "ROUTING", intent="DIAGNOSIS")
+        + outcome("The key [REDACTED:aws-access-key#1] is exposed [kb:mysql-replication-lag#4].")
+    )
+    page.route(
+        "**/api/chat", lambda route: route.fulfill(status=200, content_type="text/event-stream", body=stream)
+    )
+    turn = _ask(page, "nginx fails, key " + "AKIA" + "Q4N7XZ2B6JTKPL3M")
+    turn.locator(".content:not(.hidden)").wait_for()
+    assert _labels(turn)[0] == "Redacted before sending: 1 × aws access key, 2 × private key"
+    assert _labels(turn)[1] == "Routed: diagnosis"

@@ -314,6 +314,7 @@ async def test_the_served_schema_describes_the_chat_endpoints(user):
     assert set(progress["required"]) == {"stage", "status", "sequenceNo"}
     assert progress["properties"]["stage"]["enum"] == [
         "ROUTING", "MODEL_STEP", "TOOL", "EVIDENCE_GUARD", "SEMANTIC_GUARD", "RELEASE", "APPROVAL",
+        "REDACTION",
     ]  # fmt: skip
     assert set(components["ChatDraftEvent"]["properties"]) == {"text"}
     assert "ChatDeltaEvent" not in components
