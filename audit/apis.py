@@ -311,7 +311,6 @@ class LiftLegalHoldApi(ApiView):
 
     # The role is checked on the session before the hold is looked up: only a user who may place holds
     # learns which holds exist (a 404 for a made-up hold and a 403 for a real one would tell the others).
-
     permission_classes = (CanPlaceLegalHold,)
     object_checked = True
 
