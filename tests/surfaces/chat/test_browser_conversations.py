@@ -52,7 +52,7 @@ def test_a_conversation_survives_a_reload_and_the_sidebar_finds_it(page, site, p
         "And if it's the disk?",
     ):
         turn = _ask(page, question)
-        wait_for(lambda turn=turn: turn.get_attribute("data-finished") == "true", 20, message="an outcome")
+        wait_for(lambda turn=turn: turn.get_attribute("data-finished") == "true", 40, message="an outcome")
         asked.append(turn.get_attribute("data-run-id"))
     session_id = _session_in_address(page)
     runs = list(DiagnosisRun.objects.filter(session_id=session_id).order_by("created_at"))
@@ -61,7 +61,7 @@ def test_a_conversation_survives_a_reload_and_the_sidebar_finds_it(page, site, p
     # Reload: both turns come back from the server, in order, with their released answers.
     page.reload()
     turns = page.locator(".turn")
-    wait_for(lambda: turns.count() == 2 and turns.nth(1).get_attribute("data-finished") == "true", 20)
+    wait_for(lambda: turns.count() == 2 and turns.nth(1).get_attribute("data-finished") == "true", 40)
     for i, run in enumerate(runs):
         turn = turns.nth(i)
         assert turn.get_attribute("data-replayed") == "true"
@@ -74,7 +74,7 @@ def test_a_conversation_survives_a_reload_and_the_sidebar_finds_it(page, site, p
 
     # The sidebar: this user's conversations only, the open one marked.
     sidebar = page.locator("#conversation-list a")
-    wait_for(lambda: sidebar.count() == 1, 10, message="the sidebar")
+    wait_for(lambda: sidebar.count() == 1, 20, message="the sidebar")
     assert sidebar.first.get_attribute("aria-current") == "page"
     assert (
         "MySQL replication lag" in sidebar.first.inner_text() and "2 questions" in sidebar.first.inner_text()
@@ -82,7 +82,7 @@ def test_a_conversation_survives_a_reload_and_the_sidebar_finds_it(page, site, p
 
     # A follow-up asked after the reload continues the same conversation.
     third = _ask(page, "Thanks. One more: how do I check the relay log?")
-    wait_for(lambda: third.get_attribute("data-finished") == "true", 20, message="the follow-up")
+    wait_for(lambda: third.get_attribute("data-finished") == "true", 40, message="the follow-up")
     assert DiagnosisRun.objects.get(run_id=third.get_attribute("data-run-id")).session_id == session_id
 
     # New conversation: an empty page; the old conversation is one click away in the sidebar.
@@ -90,18 +90,18 @@ def test_a_conversation_survives_a_reload_and_the_sidebar_finds_it(page, site, p
     page.wait_for_url(lambda url: not urlsplit(url).query)
     assert page.locator(".turn").count() == 0
     fresh = _ask(page, "Nginx answers 502 Bad Gateway")
-    wait_for(lambda: fresh.get_attribute("data-finished") == "true", 20, message="the new conversation")
+    wait_for(lambda: fresh.get_attribute("data-finished") == "true", 40, message="the new conversation")
     new_session = _session_in_address(page)
     assert new_session and new_session != session_id
-    wait_for(lambda: page.locator("#conversation-list a").count() == 2, 10, message="both in the sidebar")
+    wait_for(lambda: page.locator("#conversation-list a").count() == 2, 20, message="both in the sidebar")
     assert "Nginx" in page.locator("#conversation-list a").first.inner_text()  # newest first
 
     # Search by the text of any question, not only the first.
     page.fill("#conversation-search", "relay log")
-    wait_for(lambda: page.locator("#conversation-list a").count() == 1, 10, message="the search")
+    wait_for(lambda: page.locator("#conversation-list a").count() == 1, 20, message="the search")
     page.locator("#conversation-list a").first.click()
     page.wait_for_url(lambda url: _session_in_address(page) == session_id)
-    wait_for(lambda: page.locator(".turn").count() == 3, 20, message="the reopened conversation")
+    wait_for(lambda: page.locator(".turn").count() == 3, 40, message="the reopened conversation")
     page.fill("#conversation-search", "no such words anywhere")
     page.locator(".conversation-none").wait_for()
 
@@ -136,7 +136,7 @@ def test_feedback_on_an_answer_is_recorded_chained_changeable_and_kept_across_a_
     _login(page, site, staff_user)
     provider.delay = 0.02
     turn = _ask(page, "MySQL replication lag keeps growing on db-3. What to check?")
-    wait_for(lambda: turn.get_attribute("data-finished") == "true", 20, message="the outcome")
+    wait_for(lambda: turn.get_attribute("data-finished") == "true", 40, message="the outcome")
     run_id = turn.get_attribute("data-run-id")
     feedback = turn.locator(".feedback")
     assert feedback.is_visible() and turn.locator(".feedback-comment").is_hidden()
@@ -144,22 +144,23 @@ def test_feedback_on_an_answer_is_recorded_chained_changeable_and_kept_across_a_
     # 👎, then a comment: one vote, its comment, both chained.
     feedback.locator(".vote[data-rating=down]").click()
     wait_for(
-        lambda: RunFeedback.objects.filter(run_id=run_id, rating="down").exists(), 10, message="the vote"
+        lambda: RunFeedback.objects.filter(run_id=run_id, rating="down").exists(), 20, message="the vote"
     )
-    assert feedback.locator(".vote[data-rating=down]").get_attribute("aria-pressed") == "true"
+    feedback.locator(".vote[data-rating=down][aria-pressed=true]").wait_for()  # the page shows it
     turn.locator(".feedback-comment").fill("It missed the relay log check")
     feedback.locator(".feedback-send").click()
-    wait_for(lambda: RunFeedback.objects.get(run_id=run_id).comment == "It missed the relay log check", 10)
+    wait_for(lambda: RunFeedback.objects.get(run_id=run_id).comment == "It missed the relay log check", 20)
     feedback.locator(".feedback-state").filter(has_text="recorded").wait_for()
 
     # After a reload the vote is shown; the reader changes their mind.
     page.reload()
     replayed = page.locator(f".turn[data-run-id='{run_id}']")
-    wait_for(lambda: replayed.get_attribute("data-finished") == "true", 20, message="the replay")
+    wait_for(lambda: replayed.get_attribute("data-finished") == "true", 40, message="the replay")
+    replayed.locator(".vote[data-rating=down][aria-pressed=true]").wait_for()
     assert replayed.get_attribute("data-feedback") == "down"
     assert replayed.locator(".feedback-comment").input_value() == "It missed the relay log check"
     replayed.locator(".vote[data-rating=up]").click()
-    wait_for(lambda: RunFeedback.objects.get(run_id=run_id).rating == "up", 10, message="the changed vote")
+    wait_for(lambda: RunFeedback.objects.get(run_id=run_id).rating == "up", 20, message="the changed vote")
     votes = TraceEvent.objects.filter(run_id=run_id, event_type=EventType.FEEDBACK_RECORDED)
     assert [e.details["rating"] for e in votes.order_by("sequence_no")] == ["down", "down", "up"]
     assert DiagnosisRun.objects.get(run_id=run_id).downvoted is False
