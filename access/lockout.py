@@ -46,11 +46,14 @@ from axes.helpers import get_client_username, get_cool_off
 from axes.models import AccessAttempt
 from django.conf import settings
 from django.contrib.auth.signals import user_login_failed
+from django.core.exceptions import BadRequest, SuspiciousOperation
 from django.db.models import Max
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, QueryDict
+from django.http.multipartparser import MultiPartParserError
 from django.template.loader import render_to_string
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
+from django.utils.datastructures import MultiValueDict
 from rest_framework import status
 from rest_framework.exceptions import APIException
 
@@ -199,8 +202,19 @@ def record_failure(request: HttpRequest, *, username: str | None = None) -> bool
     """Count one failed authentication in the counter of (`username` or none, the request's address)
     (through Django's `user_login_failed`, which axes handles); True when it locked that counter."""
     AxesProxyHandler.update_request(request)
+    _readable_post(request)
     user_login_failed.send(sender=__name__, credentials=_credentials(username), request=request)
     return bool(getattr(request, "axes_locked_out", False))
+
+
+def _readable_post(request: HttpRequest) -> None:
+    """axes copies `request.POST` into the attempt it records: a body Django cannot parse (multipart
+    without a boundary, too many fields, over `DATA_UPLOAD_MAX_MEMORY_SIZE`) is recorded as no POST data
+    rather than turning a counted failure into a 500 — the failure is still counted."""
+    try:
+        request.POST  # noqa: B018 (parsed here, once, for axes)
+    except (MultiPartParserError, SuspiciousOperation, BadRequest, UnicodeDecodeError, ValueError):
+        request._post, request._files = QueryDict(), MultiValueDict()
 
 
 def refuse(request: HttpRequest, *, username: str | None = None) -> None:

@@ -411,6 +411,12 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    # DRF's three parsers, refusing an unknown charset with 415 rather than guessing (core/parsers.py).
+    "DEFAULT_PARSER_CLASSES": [
+        "core.parsers.JSONParser",
+        "core.parsers.FormParser",
+        "core.parsers.MultiPartParser",
+    ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
     "EXCEPTION_HANDLER": "core.api.exception_handler",
