@@ -1,7 +1,8 @@
 """Admin of API tokens: every user's tokens, never their text or digest; superusers revoke them (the
 `revoke` action, `access.services.revoke_token`, one governance event each). Tokens are issued by
 `manage.py issue_token` or `POST /api/auth/tokens/`, not here, so the plaintext is never in a page
-an admin could reload. The access review page (`access.review`) hangs under this app."""
+an admin could reload. The access review page (`access.review`) hangs under this app. The admin's login
+form says how many tries are left before a lockout (`access.forms.LoginForm`)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ from django.http import HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import path
 
+from access.forms import LoginForm
 from access.models import ApiToken
 from access.review import access_review, parse_since, to_csv
 from access.services import revoke_token
 from audit.admin_base import ReadOnlyAdmin
+
+admin.site.login_form = LoginForm
 
 
 @admin.register(ApiToken)

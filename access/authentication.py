@@ -4,17 +4,18 @@
 (`ApiTokenAuthentication`) and the WebSocket middleware (`surfaces.chat.auth`):
 
 1. the token is found by its clear prefix and its digest compared in constant time
-   (`access.selectors.find_token`); no match is a failure counted against the client address (a
-   locked-out address stays locked out: axes counts failures during a lockout and restarts its
-   cool-off, so the answer is 429 `locked_out` and no guess is ever confirmed);
-2. a match whose address or owner is locked out is refused (`LockedOut`, 429 `locked_out`) — even a
-   valid token, as axes refuses a right password of a locked-out user;
-3. a match that is revoked, expired or whose user is inactive is a failure counted against the address
-   *and* that user (a stolen-but-revoked token is guessing too);
+   (`access.selectors.find_token`); no match is a failure counted in the client address's *anonymous*
+   counter (`access.lockout`), which, once locked, refuses that address's unknown tokens only (429
+   `locked_out`, uncounted, so no guess is confirmed);
+2. a match whose owner is locked out *from this address* is refused (`LockedOut`, 429 `locked_out`) —
+   even a valid token, as axes refuses a right password of a locked-out user; other users' failures,
+   and anonymous ones, never refuse it;
+3. a match that is revoked, expired or whose user is inactive is a failure counted against (that user,
+   the address) (a stolen-but-revoked token is guessing too);
 4. otherwise the token's user, with the token row as `request.auth` (so `auth.otp_verified` can be read
    by the reasoning step-up, `access.stepup`).
 
-Cost on success: the token's row (one indexed read) and axes' two lockout counts.
+Cost on success: the token's row (one indexed read) and axes' count of (owner, address).
 
 Failures raise `AuthenticationFailed` (401 `authentication_failed`), or `LockedOut` when this failure
 reached the limit. Messages say which case, never echoing the token.
@@ -51,8 +52,7 @@ def token_from_header(header: bytes | str | None) -> str | None:
 
 
 def _fail(request: HttpRequest, detail: str, username: str | None = None) -> None:
-    if lockout.record_failure(request, username=username):
-        raise lockout.LockedOut()
+    lockout.refuse(request, username=username)  # LockedOut while (username or none, address) is locked
     raise AuthenticationFailed(detail)
 
 
@@ -60,10 +60,10 @@ def authenticate_token(request: HttpRequest, token: str) -> tuple[object, ApiTok
     """(user, token row) for `token`, or `AuthenticationFailed` / `LockedOut` (see the module)."""
     found = find_token(token=token)
     if found is None:
-        _fail(request, INVALID)  # counted against the address; 429 when it is (now) locked out
+        _fail(request, INVALID)  # the address's anonymous counter
     username = found.user.get_username()
     if lockout.is_locked(request, username=username):
-        raise lockout.LockedOut()
+        raise lockout.LockedOut(request, username)
     if found.revoked_at is not None:
         _fail(request, "Token revoked.", username)
     if found.expires_at <= timezone.now():

@@ -1,27 +1,59 @@
-"""Bounded guessing: django-axes counts failed logins *and* failed API-token authentications.
+"""Bounded guessing without locking out the team: django-axes counts failed logins *and* failed token
+authentications, each against the counter of the one who guessed.
 
 The admin/session login goes through axes as documented (`AxesStandaloneBackend` first in
 `AUTHENTICATION_BACKENDS`, `AxesMiddleware`). Token authentication has no password form, so the REST
-API, the SSE views and the WebSocket handshake (`access.authentication`) use axes' handler API directly:
-`is_locked` before a token is looked up, and Django's `user_login_failed` signal (which axes records)
-after a wrong, expired or revoked one. One counter, one cool-off, one admin view of attempts
-(*Axes › Access attempts*) and one `axes_reset` command for both kinds of guessing — rather than a
-second counter beside axes that could disagree with it.
+API, the SSE views, the WebSocket handshake (`access.authentication`), the Alertmanager webhook and
+`/metrics` use axes' handler API directly: `is_locked` before a failure is counted, and Django's
+`user_login_failed` signal (which axes records) for a wrong, expired or revoked credential. One table,
+one admin view of attempts (*Axes › Access attempts*) and one `axes_reset` command for every kind of
+guessing.
 
-Counting (`lockout_parameters`): per client address always, and per username whenever the attempt names
-one (a login form's username, or the owner of a token whose prefix matched but whose secret, expiry or
-revocation did not). A locked-out request gets 429 `locked_out` in the contract's error shape under
-`/api/` (`lockout_response`, also for SSE) and a plain 429 page elsewhere (the admin login); a WebSocket
-handshake is closed. The lockout and its lifting are governance events (`access.signals`).
+Counters (`AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]`: axes filters on both, a missing
+username as NULL):
+
+* **named** — (username, address): a login form's username, the TOTP page's user, or the owner of a
+  token whose prefix matched but whose secret, expiry or revocation did not. Limit
+  `LOCKOUT_FAILURE_LIMIT`.
+* **anonymous** — (no username, address): API tokens whose prefix matches no token. Limit
+  `LOCKOUT_ANONYMOUS_FAILURE_LIMIT` (higher: a whole NAT shares it, and the guesses are against 256-bit
+  secrets).
+* **webhook**, **metrics** — (a reserved name, address): wrong Alertmanager webhook tokens and wrong
+  `/metrics` bearer tokens, each its own counter with the anonymous limit. The reserved names contain
+  spaces and parentheses, which no Django username can (`UnicodeUsernameValidator`).
+
+So a locked counter refuses only the attempts it counts: another user's valid token, or the admin's
+right password, from the same address is never refused because of someone else's failures. While a
+counter is locked its attempts are refused *before* the credential is checked and are not counted
+(`AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False`): no guess is confirmed, a right password is
+never recorded as a failure, and the lockout ends `AXES_COOLOFF_TIME` after the failure that caused it —
+which is what `Retry-After` says (`retry_after`).
+
+A locked-out request gets 429 `locked_out` in the contract's error shape under `/api/` (`LockedOut`,
+`lockout_response`, also for SSE), a readable page with the wait and a way back elsewhere (the admin
+login, the TOTP page), and a WebSocket handshake is closed. The lockout and its lifting are governance
+events (`access.signals`).
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import math
+
+from axes.attempts import get_cool_off_threshold
 from axes.handlers.proxy import AxesProxyHandler
 from axes.helpers import get_client_username, get_cool_off
-from axes.models import AccessBase
+from axes.models import AccessAttempt
+from django.conf import settings
 from django.contrib.auth.signals import user_login_failed
-from django.http import HttpRequest, HttpResponse
+from django.core.exceptions import BadRequest, SuspiciousOperation
+from django.db.models import Max
+from django.http import HttpRequest, HttpResponse, QueryDict
+from django.http.multipartparser import MultiPartParserError
+from django.template.loader import render_to_string
+from django.urls import NoReverseMatch, reverse
+from django.utils import timezone
+from django.utils.datastructures import MultiValueDict
 from rest_framework import status
 from rest_framework.exceptions import APIException
 
@@ -30,34 +62,84 @@ from reasoning.utils import client_address
 LOCKED_OUT = "locked_out"
 UNKNOWN_ADDRESS = "0.0.0.0"  # noqa: S104 (a placeholder, never bound)
 
+# The usernames of the address-only counters that are not the anonymous one (see the module).
+WEBHOOK = "(aiops webhook token)"
+METRICS = "(metrics token)"
+RESERVED = {WEBHOOK: "webhook", METRICS: "metrics"}
 
-def message() -> str:
-    cool_off = get_cool_off()
-    minutes = int(cool_off.total_seconds() // 60) if cool_off else None
-    wait = f"Try again in {minutes} minute(s)" if minutes else "Ask an administrator to unlock it"
-    return f"Too many failed authentication attempts from this address or for this account. {wait}."
+_WHAT = {
+    "named": "for this account from this address",
+    "anonymous": "with unknown tokens from this address",
+    "webhook": "with a wrong webhook token from this address",
+    "metrics": "with a wrong metrics token from this address",
+}
+
+
+def counter_of(username: str | None) -> str:
+    """`named`, `anonymous`, `webhook` or `metrics`: which counter an attempt with `username` counts in."""
+    if not username:
+        return "anonymous"
+    return RESERVED.get(username, "named")
+
+
+def limit_for(username: str | None) -> int:
+    """The failures that lock the counter of `username` (see the module)."""
+    if counter_of(username) == "named":
+        return int(settings.LOCKOUT_FAILURE_LIMIT)
+    return int(settings.LOCKOUT_ANONYMOUS_FAILURE_LIMIT)
+
+
+def _wait_text(seconds: int | None) -> str:
+    if seconds is None:
+        return "Ask an administrator to unlock it."
+    if seconds < 60:
+        return f"Try again in {seconds} second(s)."
+    return f"Try again in {math.ceil(seconds / 60)} minute(s)."
+
+
+def message(username: str | None = None, wait: int | None = None) -> str:
+    what = _WHAT[counter_of(username)]
+    return f"Too many failed authentication attempts {what}. {_wait_text(wait)}"
+
+
+def retry_after(request: HttpRequest, username: str | None) -> int | None:
+    """Seconds until the counter of (`username`, the request's address) is unlocked at the latest: the
+    cool-off after its newest counted failure (refused attempts are not counted, so it does not move).
+    None without a cool-off (a lockout that only an administrator lifts)."""
+    cool_off = get_cool_off(request)
+    if not cool_off:
+        return None
+    AxesProxyHandler.update_request(request)
+    newest = (
+        AccessAttempt.objects.filter(
+            username=username or None,
+            ip_address=request.axes_ip_address,
+            attempt_time__gte=get_cool_off_threshold(request),
+        )
+        .aggregate(newest=Max("attempt_time"))
+        .get("newest")
+    )
+    if newest is None:
+        return int(cool_off.total_seconds())
+    left = (newest + cool_off - timezone.now()) / dt.timedelta(seconds=1)
+    return max(1, math.ceil(left))
 
 
 class LockedOut(APIException):
     status_code = status.HTTP_429_TOO_MANY_REQUESTS
     default_code = LOCKED_OUT
 
-    def __init__(self) -> None:
-        super().__init__(detail=message(), code=LOCKED_OUT)
-        cool_off = get_cool_off()
-        self.wait = cool_off.total_seconds() if cool_off else None
+    def __init__(self, request: HttpRequest | None = None, username: str | None = None) -> None:
+        self.wait = retry_after(request, username) if request is not None else None
+        super().__init__(detail=message(username, self.wait), code=LOCKED_OUT)
 
 
 # --------------------------------------------------------------------------------------------------
 # axes settings callables
 # --------------------------------------------------------------------------------------------------
-def lockout_parameters(request_or_attempt, credentials=None) -> list[str]:
-    """`AXES_LOCKOUT_PARAMETERS`: the client address, and the username when the attempt names one."""
-    if isinstance(request_or_attempt, AccessBase):
-        username = request_or_attempt.username
-    else:
-        username = get_client_username(request_or_attempt, credentials)
-    return ["ip_address", "username"] if username else ["ip_address"]
+def failure_limit(request, credentials=None) -> int:
+    """`AXES_FAILURE_LIMIT`: the limit of the counter the attempt counts in."""
+    return limit_for(get_client_username(request, credentials))
 
 
 def client_ip(request) -> str:
@@ -67,41 +149,97 @@ def client_ip(request) -> str:
     return client_address(request) or UNKNOWN_ADDRESS
 
 
+def _login_url(request) -> str:
+    try:
+        return reverse("admin:login")
+    except NoReverseMatch:  # pragma: no cover (the admin is always installed)
+        return "/"
+
+
 def lockout_response(request, original_response=None, credentials=None) -> HttpResponse:
-    """`AXES_LOCKOUT_CALLABLE`: 429 `locked_out` in the error shape under /api/, a plain page elsewhere."""
+    """`AXES_LOCKOUT_CALLABLE`: 429 `locked_out` in the error shape under /api/, a readable page with the
+    wait and a way back elsewhere; `Retry-After` on both."""
     # core.api imports rest_framework.views, which imports this module's users (the DRF
     # authentication classes): imported here, not at the top, to keep that import acyclic.
     from core.api import API_PREFIX, json_error
 
-    # axes' async path passes (request, credentials); the response does not depend on either.
+    # axes' async path passes (request, credentials): the second argument is then the credentials.
+    if credentials is None and isinstance(original_response, dict):
+        credentials = original_response
+    credentials = credentials or getattr(request, "axes_credentials", None)
+    username = get_client_username(request, credentials) if credentials is not None else None
+    wait = retry_after(request, username)
+    text = message(username, wait)
     if request.path.startswith(API_PREFIX):
-        response = json_error(429, message(), LOCKED_OUT)
+        response = json_error(429, text, LOCKED_OUT)
+    elif request.path.startswith("/metrics"):
+        response = HttpResponse(text + "\n", status=429, content_type="text/plain; charset=utf-8")
     else:
-        response = HttpResponse(message(), status=429, content_type="text/plain; charset=utf-8")
-    cool_off = get_cool_off()
-    if cool_off:
-        response["Retry-After"] = str(int(cool_off.total_seconds()))
+        page = render_to_string(
+            "access/locked_out.html", {"message": text, "login_url": _login_url(request)}, request=request
+        )
+        response = HttpResponse(page, status=429, content_type="text/html; charset=utf-8")
+    if wait is not None:
+        response["Retry-After"] = str(wait)
     return response
 
 
 # --------------------------------------------------------------------------------------------------
 # Token authentication's use of axes
 # --------------------------------------------------------------------------------------------------
-def _credentials(username: str | None) -> dict | None:
-    return {"username": username} if username else None
+def _credentials(username: str | None) -> dict:
+    # Always the key: without it axes would read a `username` from the request's POST data, letting an
+    # anonymous guess pick the counter it lands in.
+    return {getattr(settings, "AXES_USERNAME_FORM_FIELD", "username"): username or None}
 
 
 def is_locked(request: HttpRequest, *, username: str | None = None) -> bool:
-    """Whether the request's address (or `username`, when given) is locked out now."""
+    """Whether the counter of (`username`, or none; the request's address) is locked out now."""
     return AxesProxyHandler.is_locked(request, _credentials(username))
 
 
 def record_failure(request: HttpRequest, *, username: str | None = None) -> bool:
-    """Count one failed token authentication (through Django's `user_login_failed`, which axes
-    handles); True when it locked the address or the user out."""
+    """Count one failed authentication in the counter of (`username` or none, the request's address)
+    (through Django's `user_login_failed`, which axes handles); True when it locked that counter."""
     AxesProxyHandler.update_request(request)
-    user_login_failed.send(sender=__name__, credentials=_credentials(username) or {}, request=request)
+    _readable_post(request)
+    user_login_failed.send(sender=__name__, credentials=_credentials(username), request=request)
     return bool(getattr(request, "axes_locked_out", False))
+
+
+def _readable_post(request: HttpRequest) -> None:
+    """axes copies `request.POST` into the attempt it records: a body Django cannot parse (multipart
+    without a boundary, too many fields, over `DATA_UPLOAD_MAX_MEMORY_SIZE`) is recorded as no POST data
+    rather than turning a counted failure into a 500 — the failure is still counted."""
+    try:
+        request.POST  # noqa: B018 (parsed here, once, for axes)
+    except (MultiPartParserError, SuspiciousOperation, BadRequest, UnicodeDecodeError, ValueError):
+        request._post, request._files = QueryDict(), MultiValueDict()
+
+
+def refuse(request: HttpRequest, *, username: str | None = None) -> None:
+    """The one rule for a failed credential: refused uncounted while its counter is locked (raises
+    `LockedOut`), else counted, and `LockedOut` when that reached the limit. Returns when the caller
+    should answer its ordinary 401."""
+    if is_locked(request, username=username):
+        raise LockedOut(request, username)
+    if record_failure(request, username=username):
+        raise LockedOut(request, username)
+
+
+def tries_left(request: HttpRequest, username: str | None) -> int | None:
+    """After a failure counted in this request: how many more the counter of `username` allows."""
+    failures = getattr(request, "axes_failures_since_start", None)
+    if failures is None:
+        return None
+    return max(0, limit_for(username) - int(failures))
+
+
+def tries_left_text(left: int) -> str:
+    cool_off = get_cool_off()
+    minutes = f" for {math.ceil(cool_off.total_seconds() / 60)} minute(s)" if cool_off else ""
+    tries = "1 try" if left == 1 else f"{left} tries"
+    return f"{tries} left before this account is locked out from this address{minutes}."
 
 
 def handshake_request(scope) -> HttpRequest:

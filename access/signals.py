@@ -12,8 +12,9 @@
   (`Group.permissions`) — one event per permission and user or group;
 * the superuser, staff and active flags of a user (a new superuser included);
 * TOTP devices added to and removed from a user;
-* lockouts (axes' `user_locked_out`, once when the limit is reached) and their lifting (an
-  `AccessAttempt` at or over the limit deleted: by `axes_reset`, the admin, or the cool-off cleanup).
+* lockouts (axes' `user_locked_out`, once when a counter reaches its limit, `access.lockout`) and their
+  lifting (an `AccessAttempt` at or over its limit deleted: by `axes_reset`, the admin, or the cool-off
+  cleanup); `details.counter` says which counter (`named`, `anonymous`, `webhook`, `metrics`).
 
 Token issue and revoke are recorded by `access.services`. The actor is the user of the request in whose
 thread the change happens (`access.middleware.current_actor`), "" for the system (shell, migrations).
@@ -24,13 +25,13 @@ from __future__ import annotations
 
 from axes.models import AccessAttempt
 from axes.signals import user_locked_out
-from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
 from django.db.models.signals import m2m_changed, post_delete, post_save, pre_delete, pre_save
 from django.dispatch import receiver
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
+from access import lockout
 from access.middleware import current_actor
 from access.selectors import (
     holds_sensitive_rights,
@@ -235,28 +236,37 @@ def otp_device_removed(sender, instance, **kwargs) -> None:
 # --------------------------------------------------------------------------------------------------
 @receiver(user_locked_out, dispatch_uid="access.locked_out")
 def locked_out(sender, request=None, username=None, ip_address=None, **kwargs) -> None:
-    # axes signals every failure at or over the limit; the event is the one that reached it.
-    if getattr(request, "axes_failures_since_start", None) != settings.AXES_FAILURE_LIMIT:
+    # axes signals every failure at or over the limit (and, for refused attempts, none of ours are
+    # counted); the event is the failure that reached the limit of its counter (access.lockout).
+    limit = lockout.limit_for(username)
+    if getattr(request, "axes_failures_since_start", None) != limit:
         return
+    counter = lockout.counter_of(username)
     record_governance_event(
         event_type=T.LOCKED_OUT,
         actor="",
-        subject_user=username or "",
+        subject_user=username if counter == "named" else "",
         details={
             "clientAddress": ip_address or "",
             "path": getattr(request, "axes_path_info", "")[:200],
-            "failures": settings.AXES_FAILURE_LIMIT,
+            "failures": limit,
+            "counter": counter,
         },
     )
 
 
 @receiver(post_delete, sender=AccessAttempt, dispatch_uid="access.lockout_lifted")
 def lockout_lifted(sender, instance, **kwargs) -> None:
-    if instance.failures_since_start < settings.AXES_FAILURE_LIMIT:
+    if instance.failures_since_start < lockout.limit_for(instance.username):
         return
+    counter = lockout.counter_of(instance.username)
     record_governance_event(
         event_type=T.LOCKOUT_LIFTED,
         actor=current_actor(),
-        subject_user=instance.username or "",
-        details={"clientAddress": instance.ip_address or "", "failures": instance.failures_since_start},
+        subject_user=(instance.username or "") if counter == "named" else "",
+        details={
+            "clientAddress": instance.ip_address or "",
+            "failures": instance.failures_since_start,
+            "counter": counter,
+        },
     )

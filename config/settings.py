@@ -341,12 +341,17 @@ REVIEW_CLAIM_MINUTES = env.float("REVIEW_CLAIM_MINUTES", default=30.0)
 # Groups whose membership the governance log always records, whether or not they hold a sensitive
 # permission (yet) or exist (yet); any other group is followed the moment it holds a sensitive permission.
 GOVERNED_GROUPS = env.list("GOVERNED_GROUPS", default=list(GOVERNED))
-# django-axes: failed logins and failed token authentications, counted per username and per client
-# address (access.lockout.lockout_parameters); at the limit both are refused until the cool-off ends.
+# django-axes: failed logins and failed token authentications, each counted against the one who guessed
+# (access.lockout, docs/security.md): per (username, client address) for attempts that name a user, per
+# address for anonymous ones (unknown API tokens), and per address in their own counters for wrong
+# webhook and /metrics tokens. A locked counter refuses only its own attempts, uncounted.
 AXES_ENABLED = env.bool("AXES_ENABLED", default=True)
-AXES_FAILURE_LIMIT = env.int("AXES_FAILURE_LIMIT", default=5)
+LOCKOUT_FAILURE_LIMIT = env.int("AXES_FAILURE_LIMIT", default=5)
+LOCKOUT_ANONYMOUS_FAILURE_LIMIT = env.int("AXES_ANONYMOUS_FAILURE_LIMIT", default=20)
+AXES_FAILURE_LIMIT = "access.lockout.failure_limit"
 AXES_COOLOFF_TIME = dt.timedelta(minutes=env.float("AXES_COOLOFF_MINUTES", default=15.0))
-AXES_LOCKOUT_PARAMETERS = "access.lockout.lockout_parameters"
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
 AXES_LOCKOUT_CALLABLE = "access.lockout.lockout_response"
 AXES_CLIENT_IP_CALLABLE = "access.lockout.client_ip"
 AXES_RESET_ON_SUCCESS = False
@@ -426,6 +431,12 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    # DRF's three parsers, refusing an unknown charset with 415 rather than guessing (core/parsers.py).
+    "DEFAULT_PARSER_CLASSES": [
+        "core.parsers.JSONParser",
+        "core.parsers.FormParser",
+        "core.parsers.MultiPartParser",
+    ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
     "EXCEPTION_HANDLER": "core.api.exception_handler",

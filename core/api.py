@@ -37,6 +37,7 @@ from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig, Susp
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404, HttpResponse, JsonResponse
+from django.http.multipartparser import MultiPartParserError
 from django.views import defaults
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework import exceptions, pagination, serializers, status
@@ -119,10 +120,11 @@ def log_unexpected(exc: BaseException, request_path: str) -> None:
 
 def client_error(exc: BaseException) -> tuple[int, str] | None:
     """(status, code) for exceptions that are the client's fault although they are not DRF's: a body
-    over `DATA_UPLOAD_MAX_MEMORY_SIZE` (413) and Django's other `SuspiciousOperation`s (400)."""
+    over `DATA_UPLOAD_MAX_MEMORY_SIZE` (413), Django's other `SuspiciousOperation`s and a multipart body
+    Django's own parser cannot read (no boundary, truncated; 400)."""
     if isinstance(exc, RequestDataTooBig):
         return 413, STATUS_CODES[413]
-    if isinstance(exc, SuspiciousOperation):
+    if isinstance(exc, (SuspiciousOperation, MultiPartParserError)):
         return 400, STATUS_CODES[400]
     return None
 

@@ -2,10 +2,10 @@
 
 * `POST /api/aiops/alertmanager` — Alertmanager's webhook (payload version 4), authenticated only by
   `Authorization: Bearer <AIOPS_WEBHOOK_TOKEN>` (`WebhookTokenAuthentication`, constant-time compare;
-  every other request, and every request while the token is unset, is 401; wrong tokens count towards
-  the client address's lockout, `access.lockout`: 429 `locked_out` once locked). 202 with the run the
-  notification started, or the one it duplicates (`deduplicated: true`); 200 with `run: null` when
-  nothing in the group fires. Sessions and cookies are not accepted here.
+  every other request, and every request while the token is unset, is 401; wrong tokens count in the
+  client address's own webhook counter, `access.lockout`: 429 `locked_out` from that address once
+  locked). 202 with the run the notification started, or the one it duplicates (`deduplicated: true`);
+  200 with `run: null` when nothing in the group fires. Sessions and cookies are not accepted here.
 * `POST /api/aiops/analyses` — staff start an analysis of a free question (`query`) or an alert
   (`alert`: text, or an object with `labels` and `annotations`). 202 with the queued run.
 * `GET /api/aiops/analyses` — staff: AI Ops runs newest first with their alert, filterable by
@@ -50,14 +50,15 @@ class WebhookTokenAuthentication(authentication.BaseAuthentication):
         if not header or header[0].lower() != self.keyword.lower().encode():
             raise exceptions.NotAuthenticated("Send Authorization: Bearer <AIOPS_WEBHOOK_TOKEN>.")
         raw = getattr(request, "_request", request)
-        # Guessing the webhook token is bounded like any token (access.lockout): a locked-out address is
-        # refused even with the right token, and every wrong one counts.
-        if lockout.is_locked(raw):
-            raise lockout.LockedOut()
+        # Guessing the webhook token is bounded in its own counter per address (access.lockout): while it
+        # is locked every webhook call from that address is 429, uncounted, the right token too (no guess
+        # is confirmed); nobody's API token or login is refused because of it.
+        if lockout.is_locked(raw, username=lockout.WEBHOOK):
+            raise lockout.LockedOut(raw, lockout.WEBHOOK)
         given = header[1] if len(header) == 2 else b""
         if not configured or not hmac.compare_digest(given, configured.encode()):
-            if lockout.record_failure(raw):
-                raise lockout.LockedOut()
+            if lockout.record_failure(raw, username=lockout.WEBHOOK):
+                raise lockout.LockedOut(raw, lockout.WEBHOOK)
             raise exceptions.AuthenticationFailed("Invalid webhook token.")
         return intake.service_user(), None
 

@@ -16,7 +16,9 @@ idle streams open. Closing the stream stops following, never the run.
 Authentication as for the REST API: `Authorization: Token <key>` (DRF token; the session is then not
 consulted) or the session cookie, in which case unsafe methods need the CSRF token
 (`X-CSRFToken` header), as DRF's session authentication requires. Errors before a stream starts are
-JSON in the contract's shape (`core.api.json_error`): 400 `invalid_request`, 401
+JSON in the contract's shape (`core.api.json_error`): 400 `invalid_request` (also a body not in its
+declared charset), 415 `unsupported_media_type` (a `Content-Type` other than JSON, or an unknown charset:
+`core.parsers.content_type_refusal`), 401
 `not_authenticated`/`authentication_failed`, 403 `permission_denied` (CSRF), 404 `not_found` (also for
 runs the user may not see), 405, 429 `too_many_active_runs` or `throttled` (more chats started than
 `CHAT_THROTTLE_RATE` allows; `Retry-After` header, see `surfaces.chat.throttle`). Authentication is
@@ -47,6 +49,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from agent.runtime.live import RunFollower
 from core.api import json_error
+from core.parsers import content_type_refusal
 from surfaces.chat import service
 from surfaces.chat.auth import authenticate_http
 from surfaces.chat.protocol import SSE_KEEP_ALIVE, SSE_RETRY, ChatRefused, sse_message
@@ -113,9 +116,13 @@ async def chat_stream(request: HttpRequest, user) -> HttpResponse:
     """`POST /api/chat`: start a run and stream it (see the module docstring)."""
     if len(request.body) > MAX_BODY_BYTES:
         return json_error(413, f"The body must be at most {MAX_BODY_BYTES} bytes.")
+    refused = content_type_refusal(request.headers.get("Content-Type"), ("application/json",))
+    if refused:
+        return json_error(415, refused)
+    charset = request.content_params.get("charset") or "utf-8"  # a known codec: checked just above
     try:
-        body = json.loads(request.body or b"null")
-    except ValueError:
+        body = json.loads(request.body.decode(charset) if request.body else "null")
+    except ValueError:  # not JSON, or not in the declared charset (UnicodeDecodeError)
         return json_error(400, "The body must be a JSON object.")
     if not isinstance(body, dict):
         return json_error(400, "The body must be a JSON object.")

@@ -92,7 +92,7 @@ async def _ws_close_code(peer: str | None, headers: list[tuple[bytes, bytes]], s
 def proxied(settings):
     settings.TRUSTED_PROXIES = ["127.0.0.1/32", "10.20.0.0/16"]
     settings.TRUSTED_PROXY_COUNT = 1
-    settings.AXES_FAILURE_LIMIT = 100
+    settings.LOCKOUT_ANONYMOUS_FAILURE_LIMIT = 100
     return settings
 
 

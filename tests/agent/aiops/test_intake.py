@@ -259,7 +259,7 @@ def test_a_blank_alert_text_is_a_400_not_a_server_error(staff_user):
 
 def test_guessing_the_webhook_token_is_locked_out_like_any_token(settings):
     settings.AIOPS_WEBHOOK_TOKEN = TOKEN
-    settings.AXES_FAILURE_LIMIT = 3
+    settings.LOCKOUT_ANONYMOUS_FAILURE_LIMIT = 3  # the webhook counter has the address-only limit
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION="Bearer guess")
     statuses = [client.post(WEBHOOK, notification(), format="json").status_code for _ in range(3)]
