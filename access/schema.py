@@ -10,14 +10,15 @@ class ApiTokenScheme(TokenScheme):
 
 
 LOCKED_OUT_DESCRIPTION = (
-    "Too many requests (`throttled`), or too many failed authentications from this address or for this "
-    "user (`locked_out`, access.lockout); see `Retry-After`."
+    "Too many requests (`throttled`), or too many failed authentications counted against this caller "
+    "(`locked_out`, access.lockout: this user from this address, or this address's anonymous guesses); "
+    "see `Retry-After` for the seconds left."
 )
 
 
 def add_locked_out(result, generator, request, public):
     """`SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"]`: every operation that takes an API token can answer
-    429 `locked_out` (the authentication itself refuses a locked-out address or user), so each documents
+    429 `locked_out` (the authentication itself refuses a locked-out counter), so each documents
     a 429 in the error shape. Runs after the chat paths are added."""
     for operations in result.get("paths", {}).values():
         for operation in operations.values():
