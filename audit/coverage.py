@@ -209,6 +209,11 @@ EXCLUDED: dict[type[models.Model], dict[str, str]] = {
         "fenced_writes": (
             "a counter of refused writes of a stale lease owner; the current owner chains it in WRITE_FENCED"
         ),
+        "redaction": (
+            "the question's redaction facts (kinds, counts, placeholders, keyed HMACs; never an original) "
+            "handed to the run's recorder, which chains them in REDACTION_APPLIED after RUN_STARTED: the "
+            "chained event is the evidence, this column is read only to write it"
+        ),
         "updated_at": "the row's last write time (auto_now): operational",
     },
     ChatSession: {
