@@ -13,6 +13,12 @@ rebuilt when its size differs.
 between random sizes from the stored tree (median latency and rows read, which stay O(log n)), and the
 evidence bundle of an anchored run (`audit.transparency.evidence.build_bundle`: latency and queries).
 
+*Witnesses*: on top of the 10 000-leaf log, each repetition checkpoints 100 new runs, then times the
+checkpointer's submission of that checkpoint with its consistency proof to two tlog-witness servers on
+loopback (`audit.transparency.witnesses.submit_all`; the witness is the spec-written one of the tests,
+`tests/witness_server.py`, each with its own state file) until both cosignatures are stored: **ms per
+checkpoint** that witnessing adds.
+
 *verify_audit*: `manage.py verify_audit` over a store of 1 000 runs recorded through the real recorder
 (B1's workload: 23 events, 4 steps, 4 reasoning rows and 3 tools each) and anchored, in its own database
 (`<db>_tlog_verify`): seconds per 1 000 runs (every run's rows, chain and anchor, and the whole log).
@@ -332,10 +338,62 @@ def verify_cost(*, database: str, runs: int, reps: int, log=print) -> Row:
     )
 
 
+def witness_cost(*, reps: int, runs_per_rep: int = 100, witnesses: int = 2, log=print) -> Row:
+    """Milliseconds per checkpoint for its cosignatures: `witnesses` witnesses on loopback each check the
+    new checkpoint's consistency with the last one they cosigned and answer a cosignature, stored beside
+    it (on the current database's log, which must already hold a checkpoint)."""
+    import tempfile
+    from pathlib import Path
+
+    from django.conf import settings
+    from django.test import override_settings
+
+    from audit.models import CheckpointCosignature
+    from audit.transparency import keys
+    from audit.transparency.log import checkpoint
+    from audit.transparency.witnesses import submit_all
+    from tests.witness_server import Witness, WitnessServer
+
+    owner = _owner()
+    with tempfile.TemporaryDirectory() as state:
+        trusted = {settings.AUDIT_LOG_ORIGIN: [keys.current_key().public]}
+        ws = [Witness(f"bench.witness/w{i}", Path(state) / f"w{i}.json", trusted) for i in range(witnesses)]
+        servers = [WitnessServer(w) for w in ws]
+        try:
+            entries = [f"{server.url} {w.vkey}" for server, w in zip(servers, ws, strict=True)]
+            times = []
+            for rep in range(reps + 1):  # the first submission also brings the witnesses up to date
+                add_finished_runs(runs_per_rep, owner, f"w{rep}")
+                with override_settings(AUDIT_WITNESSES=[]):
+                    newest = checkpoint().newest
+                with override_settings(AUDIT_WITNESSES=entries):
+                    started = time.perf_counter()
+                    outcomes = submit_all()
+                    elapsed = time.perf_counter() - started
+                assert [o.outcome for o in outcomes] == ["cosigned"] * witnesses, outcomes
+                assert CheckpointCosignature.objects.filter(checkpoint=newest).count() == witnesses
+                if rep:
+                    times.append(elapsed)
+        finally:
+            for server in servers:
+                server.stop()
+    s = spread([t * 1000 for t in times])
+    log(f"  B5: {witnesses} witnesses cosign a checkpoint in {s.median:.1f} ms (median of {len(times)})")
+    return Row(
+        "B5",
+        f"witness cosignatures per checkpoint ({witnesses} witnesses on loopback)",
+        f"{s.median:.1f} ms per checkpoint",
+        s,
+        None,
+        ratio_unit=" ms",
+    )
+
+
 def run_all(*, database: str, quick: bool, log=print) -> list[Row]:
     rows = []
     small, _ = checkpoint_cost(database=f"{database}_tlog", size=10_000, reps=3 if quick else 5, log=log)
     rows.append(small)
+    rows.append(witness_cost(reps=3 if quick else 5, log=log))
     big_size = 100_000 if quick else 1_000_000
     big, _ = checkpoint_cost(database=f"{database}_tlog_big", size=big_size, reps=3 if quick else 5, log=log)
     rows.append(big)

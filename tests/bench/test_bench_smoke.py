@@ -75,6 +75,19 @@ def test_loop_overhead_scenario_with_fast_model_calls():
     assert rows[0].bench == "B4" and rows[0].ratio.n == 1 and rows[0].result.endswith("PUBLISHED")
 
 
+def test_witness_latency_row_cosigns_every_checkpoint(settings):
+    """B5's witness row on a small log: two loopback witnesses cosign each new checkpoint (the first
+    from an empty state, the next over a consistency proof) and the row reports ms per checkpoint."""
+    from audit.models import CheckpointCosignature
+    from audit.transparency import keys
+    from bench import b5_tlog
+
+    settings.AUDIT_SIGNING_KEYS = [keys.generate_key_text()]
+    row = b5_tlog.witness_cost(reps=2, runs_per_rep=3, log=lambda *_: None)
+    assert row.bench == "B5" and row.result.endswith("ms per checkpoint") and row.ratio.n == 2
+    assert CheckpointCosignature.objects.count() == 2 * 3  # two witnesses, three checkpoints
+
+
 @pytest.mark.mariadb
 def test_transparency_log_scenarios_on_a_small_log(user, settings):
     """B5's pieces on a 37-leaf log: the synthetic log is a valid RFC 9162 tree, 20 new runs become
