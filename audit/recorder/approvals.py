@@ -27,7 +27,7 @@ from audit.recorder.facts import (
     ToolCallRepeated,
     ToolLifecycleConflict,
 )
-from audit.recorder.tools import _ToolState, arguments_digest
+from audit.recorder.tools import arguments_digest
 from audit.write_ops import Insert, Update
 from diagnosis.models import RunStatus
 
@@ -59,21 +59,12 @@ class ApprovalRecords:
         (undeclared id, a repeat). Returns the sequence of APPROVAL_REQUESTED, or None when the write
         failed (then no request exists: the caller must not wait for one)."""
         with self._lock:
-            effective_input, input_key, agent_name, step_index, provider_id = self._starting(
-                tool_call_id, tool_name, input_params
-            )
             now = timezone.now()
-            state = _ToolState(
-                name=tool_name,
-                input_key=input_key,
-                step_index=step_index,
-                agent_name=agent_name,
-                started_monotonic=None,
-                started_at=None,
-                input_params=effective_input,
-                provider_id=provider_id,
-                status=ToolStatus.AWAITING_APPROVAL,
+            state = self._starting(
+                tool_call_id, tool_name, input_params, status=ToolStatus.AWAITING_APPROVAL, now=now
             )
+            effective_input, agent_name, step_index = state.input_params, state.agent_name, state.step_index
+            provider_id = state.provider_id
             t = _tables()
             row = self._new_tool_row(
                 t, tool_call_id=tool_call_id, tool_name=tool_name, provider_id=provider_id,

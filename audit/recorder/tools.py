@@ -145,17 +145,27 @@ class ToolLifecycle:
         )  # fmt: skip
 
     def _starting(
-        self, tool_call_id: str, tool_name: str, input_params: dict[str, Any]
-    ) -> tuple[Any, str, str, int, str]:
+        self, tool_call_id: str, tool_name: str, input_params: dict[str, Any], *, status: str, now: Any
+    ) -> _ToolState:
         """What every start of a new call begins with (under the recorder's lock): its effective input as
         recorded (bounded) and the key its facts are compared on, the refusals (`_refuse_start`), then
-        its declaring step (agent name, step index) and the provider's id of the call."""
+        the new call's state — its declaring step, the provider's id, `status`, started at `now` when it
+        runs (a call awaiting approval has not started)."""
         effective_input = bound_json(input_params, max_string=INPUT_STRING_CHARS)
         input_key = canonical_json(effective_input)
         self._refuse_start(tool_call_id, tool_name, input_key)
         agent_name, step_index = self._declared[tool_call_id]
-        provider_id = self._provider_ids.get(tool_call_id, tool_call_id)
-        return effective_input, input_key, agent_name, step_index, provider_id
+        return _ToolState(
+            name=tool_name,
+            input_key=input_key,
+            step_index=step_index,
+            agent_name=agent_name,
+            started_monotonic=None,
+            started_at=now if status == ToolStatus.RUNNING else None,
+            input_params=effective_input,
+            provider_id=self._provider_ids.get(tool_call_id, tool_call_id),
+            status=status,
+        )
 
     def _refuse_start(self, tool_call_id: str, tool_name: str, input_key: str) -> None:
         """The refusals every start shares: a repeat (same facts: ToolCallRepeated, nothing written;
@@ -199,20 +209,10 @@ class ToolLifecycle:
         facts (nothing is written; the caller must not execute the tool again).
         """
         with self._lock:
-            effective_input, input_key, agent_name, step_index, provider_id = self._starting(
-                tool_call_id, tool_name, input_params
-            )
             now = timezone.now()
-            state = _ToolState(
-                name=tool_name,
-                input_key=input_key,
-                step_index=step_index,
-                agent_name=agent_name,
-                started_monotonic=None,
-                started_at=now,
-                input_params=effective_input,
-                provider_id=provider_id,
-            )
+            state = self._starting(tool_call_id, tool_name, input_params, status=ToolStatus.RUNNING, now=now)
+            effective_input, agent_name, step_index = state.input_params, state.agent_name, state.step_index
+            provider_id = state.provider_id
             self._tools[tool_call_id] = state
             self.expected_tools += 1
             t = _tables()
