@@ -26,6 +26,7 @@ key's id (`key_id`), so that an auditor holding the key can confirm which value 
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import hmac
 import json
@@ -299,11 +300,37 @@ def _compiled(extra: tuple[tuple[str, str], ...]) -> tuple[tuple[str, re.Pattern
     return tuple((kind, re.compile(regex)) for kind, regex in extra)
 
 
+# What was found in the texts scanned recently, by the SHA-256 of the text (never the text itself) and the
+# configuration: runbook sections, tool outputs and questions recur across runs, and a scan costs about
+# 1.5 ms for a short string and 10 ms per 5 KB (detect-secrets' plugins), so a repeated text is scanned once.
+_FOUND_CACHE_SIZE = 4096
+_found_cache: collections.OrderedDict[tuple[bytes, Config], tuple[tuple[int, int, str], ...]] = (
+    collections.OrderedDict()
+)
+_found_lock = threading.Lock()
+
+
 def find_secrets(text: str, config: Config) -> list[tuple[int, int, str]]:
     """Non-overlapping spans (start, end, kind) of what `config` redacts in `text`, in text order. Of
-    overlapping spans the longest wins (a PEM block over the pieces a plugin saw in it)."""
+    overlapping spans the longest wins (a PEM block over the pieces a plugin saw in it). A text scanned
+    recently under the same configuration is answered from `_found_cache`."""
     if config.mode == OFF or not text:
         return []
+    key = (hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest(), config)
+    with _found_lock:
+        found = _found_cache.get(key)
+        if found is not None:
+            _found_cache.move_to_end(key)
+            return list(found)
+    chosen = _scan(text, config)
+    with _found_lock:
+        _found_cache[key] = tuple(chosen)
+        if len(_found_cache) > _FOUND_CACHE_SIZE:
+            _found_cache.popitem(last=False)
+    return chosen
+
+
+def _scan(text: str, config: Config) -> list[tuple[int, int, str]]:
     spans = (
         _regex_spans(text, _RULES)
         + _plugin_spans(text)
