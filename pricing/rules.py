@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-DEMO_PROVIDER = "demo"
+from diagnosis.models import DEMO_PROVIDER
+
 MTOK = Decimal(1_000_000)
 CURRENCY = "USD"
 

@@ -35,12 +35,13 @@ from audit.models import AgentStep, Checkpoint, EventType, LogLeaf, RunReview, T
 from audit.rowdigest import stored_reasoning_rows
 from audit.selectors.summary import Counts, TraceSummary, summarize
 from core.compiled import CompiledQuery, json_loads
-from diagnosis.models import DiagnosisRun
+from diagnosis.models import (
+    DEMO_PROVIDER,
+    DiagnosisRun,
+)
 from diagnosis.selectors import FeedbackView, RunResolution, get_feedback, viewer_feedback
 from pricing.costs import load_price_book, price_of_run
 from pricing.rules import CallCost, PriceBook
-
-DEMO_PROVIDER = "demo"
 
 
 @dataclass(frozen=True, slots=True)
