@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: lint, then pytest on embedded SQLite, then pytest on MariaDB, each phase timed,
 # with the 20 slowest tests of each database listed (the suite must stay within 30 minutes on a 2-core
-# machine: docs/reliability.md, *The suite's time*). Extra arguments go to pytest (scripts/test.sh -k recorder).
+# machine: docs/reliability.md, *The suite's time*). Each database's suite runs on pytest-xdist workers
+# (TEST_WORKERS, default one per core), each with its own test database, then the tests marked `serial`
+# or `load` alone (tests/conftest.py says why). Extra arguments go to pytest (scripts/test.sh -k recorder).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,7 +35,17 @@ unset DATABASE_URL REDIS_URL LLM_API_KEY LLM_PROVIDER || true
 lint() { .venv/bin/ruff check . && .venv/bin/ruff format --check .; }
 phase "ruff" lint
 
-phase "pytest on SQLite" .venv/bin/python -m pytest --durations=20 --durations-min=1 "$@"
+workers="${TEST_WORKERS:-auto}"
+suite() {  # the parallel part, then what must run alone; both always run, the phase fails if either did
+  local status=0
+  .venv/bin/python -m pytest -n "$workers" --durations=20 --durations-min=1 "$@" || status=$?
+  local alone=0
+  .venv/bin/python -m pytest -m "serial or load" --durations=5 --durations-min=1 "$@" || alone=$?
+  [ "$alone" -eq 5 ] && alone=0  # 5: none selected (extra arguments chose none of them)
+  [ "$alone" -ne 0 ] && status=$alone
+  return "$status"
+}
+phase "pytest on SQLite" suite "$@"
 
-on_mariadb() { DATABASE_URL="mysql://root@127.0.0.1:3306/diagnosis" .venv/bin/python -m pytest --durations=20 --durations-min=1 "$@"; }
+on_mariadb() { DATABASE_URL="mysql://root@127.0.0.1:3306/diagnosis" suite "$@"; }
 phase "pytest on MariaDB" on_mariadb "$@"

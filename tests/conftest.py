@@ -2,7 +2,14 @@
 
 The suite runs twice in `make test`: on SQLite and on MariaDB (`DATABASE_URL=mysql://…`). Tests marked
 `mariadb` only make sense on a server database and are skipped on SQLite.
+
+`make test` runs each database's suite on two pytest-xdist workers (each with its own test database:
+pytest-django appends the worker's id to the name), then the tests marked `serial` or `load` alone in
+one process: they restart the shared MariaDB or measure latency under a load they create, which the
+other worker would disturb (or be broken by). Under xdist those are skipped here, never run side by side.
 """
+
+import os
 
 import pytest
 import pytest_asyncio
@@ -14,12 +21,14 @@ from diagnosis import services
 
 
 def pytest_collection_modifyitems(config, items):
-    if connection.vendor == "mysql":
-        return
-    skip = pytest.mark.skip(reason="needs MariaDB/MySQL (DATABASE_URL=mysql://…)")
+    alone = pytest.mark.skip(reason="runs alone, not beside an xdist worker (scripts/test.sh runs it after)")
+    on_sqlite = pytest.mark.skip(reason="needs MariaDB/MySQL (DATABASE_URL=mysql://…)")
+    in_worker = bool(os.environ.get("PYTEST_XDIST_WORKER"))
     for item in items:
-        if "mariadb" in item.keywords:
-            item.add_marker(skip)
+        if in_worker and ("serial" in item.keywords or "load" in item.keywords):
+            item.add_marker(alone)
+        if connection.vendor != "mysql" and "mariadb" in item.keywords:
+            item.add_marker(on_sqlite)
 
 
 @pytest.fixture(autouse=True)

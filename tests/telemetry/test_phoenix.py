@@ -128,6 +128,8 @@ def test_reexport_is_the_same_trace(user, phoenix_up):
 
 
 def test_phoenix_down_then_up_the_outbox_drains_with_nothing_lost(user, phoenix_up, monkeypatch):
+    """Over 30 s (about 60 s): it really stops the Phoenix process, waits out the exporter's timeouts
+    while it is down, and starts it again (Phoenix takes 15 s or more to answer after a start)."""
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "2")
     runs = [make_recorded_run(user) for _ in range(3)]
     phoenix_up.stop()

@@ -22,7 +22,7 @@ from tests.agent.reliability.support import mariadb_running, restart_mariadb
 from tests.agent.runtime.support import AGENT, CollectingSink, start_run
 from tests.fakes.openai_server import stream_answer, usage
 
-pytestmark = [pytest.mark.mariadb, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.mariadb, pytest.mark.serial, pytest.mark.django_db(transaction=True)]
 
 POOL_THREADS = 3
 
