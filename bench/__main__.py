@@ -17,7 +17,8 @@
                                     # default set)
     python -m bench --only b3l      # B3's levers side by side: daphne/uvicorn, asyncio/uvloop, draft
                                     # coalescing (uvicorn and uvloop optional; not default)
-    python -m bench --only b3p      # py-spy profile of one daphne under 50 and 200 chats (not default)
+    python -m bench --only b3p      # py-spy profile of one daphne under 50 and 200 chats (not default;
+                                    # --b3p-chat: on the chat profile)
     python -m bench --only b0       # peers: MLflow tracing on the same MariaDB, Phoenix over OTLP (needs
                                     # `make bench-peers`; skipped when absent; not in the default set)
 
@@ -49,6 +50,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--smoke", action="store_true", help="B3 at smoke size (implies --quick for the others; never writes)"
     )
+    p.add_argument("--b3p-chat", action="store_true", help="b3p: profile runs of the chat profile (≈ 25 s)")
     p.add_argument(
         "--b3-short",
         action="store_true",
@@ -166,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         from bench import b3_profile
 
         print("B3 profile: CPU per run in one daphne")
-        evidence = b3_profile.run_all(levels=(50,) if q else (50, 200), log=log)
+        evidence = b3_profile.run_all(levels=(50,) if q else (50, 200), chat=args.b3p_chat, log=log)
         results.evidence["b3_profile"] = evidence
         print(b3_profile.markdown(evidence))
 

@@ -645,7 +645,8 @@ and migrates `diagnosis_bench`, runs B1–B7 and writes this page; `--quick` run
 growth to 100 000 runs, B3's ramp up to 50 chats) without writing it; `--only b1,b4` runs a subset;
 `--only b3` runs B3 on the chat profile alone (≈ 10–15 min; `--smoke` shrinks it to ≈ 2 min,
 `--b3-short` adds the short-profile sweep);
-`--only b3p` profiles one daphne under 50 and 200 chats with py-spy and rewrites its section.
+`--only b3p` profiles one daphne under 50 and 200 chats with py-spy and rewrites its section
+(`--b3p-chat`: on the chat profile's ≈ 25 s runs).
 `--only b3l` runs B3's levers side by side (daphne or uvicorn, asyncio or uvloop, draft coalescing;
 uvicorn is a development dependency, skipped when absent). The profilers are
 pyinstrument and py-spy (pinned in `requirements-dev.txt`). To compare two versions of a hot path on a
