@@ -291,6 +291,7 @@ async def _ramp(urls, pids, tokens, *, mode, levels, hold_s, settle_s, query, pr
         # The harness's own share of the machine: the provider's process and this one (the clients).
         e["provider_cores"] = (side1[0] - side0[0]) / seconds
         e["clients_cores"] = (side1[1] - side0[1]) / seconds
+        e["load_average"] = os.getloadavg()[0]  # the machine's run queue: other work shares the cores
         results.append(e)
         log(
             f"  B3 chat {label} {mode} {n} chats: draft frame p50 {e['frame_p50']:.1f} p99 "
@@ -302,7 +303,13 @@ async def _ramp(urls, pids, tokens, *, mode, levels, hold_s, settle_s, query, pr
         if not e["ok"]:
             break
     stop.set()
-    await asyncio.wait_for(asyncio.gather(*tasks), timeout=max(120.0, 4 * (hold_s + settle_s)))
+    # Every client finishes the chat it is in (so that every run's records can be checked); one
+    # that has not after four run lengths is cancelled and counted as a failed run.
+    _, pending = await asyncio.wait(tasks, timeout=max(120.0, 4 * (hold_s + settle_s)))
+    for task in pending:
+        task.cancel()
+        outcomes.append({"error": "unfinished", "ended": time.time_ns()})
+    await asyncio.gather(*tasks, return_exceptions=True)
     return results, outcomes
 
 
@@ -337,6 +344,7 @@ def ramp(urls, pids, tokens, *, mode, levels, run_s, provider, log=print, label=
         "capacity": capacity,
         "at_capacity": at,
         "runs": len(run_ids),
+        "unfinished": sum(1 for o in outcomes if o.get("error") == "unfinished"),
         "bad_runs": bad,
         "missing": missing,
         "hold_s": run_s,
@@ -497,7 +505,7 @@ def rows(ev: dict) -> list[Row]:
                     200.0 if count == 1 else None,
                     goal="min",
                     ratio_unit=" chats",
-                    met_override=False if r["missing"] or r["bad_runs"] else None,
+                    met_override=False if r["missing"] or r["bad_runs"] or r.get("unfinished") else None,
                 )
             )
         one, two = caps.get("one process, Redis layer"), caps.get("two processes, Redis layer")
@@ -598,12 +606,27 @@ def limits(ev: dict) -> str:
         if nxt:
             count = 2 if name.endswith("two processes, Redis layer") else 1
             side = nxt.get("provider_cores", 0.0) + nxt.get("clients_cores", 0.0)
-            why = (
-                "the servers' own CPU"
-                if nxt["cpu_cores"] >= 0.8 * count
-                else f"not the servers' own CPU ({nxt['cpu_cores']:.2f} of {count} cores) but the machine's: "
-                f"the provider and the clients took {side:.2f} cores beside them"
-            )
+            mode = name.split(" / ")[0]
+            same = ev["ramps"].get(f"{mode} / one process, in-memory layer", {}).get("levels", [])
+            plain = next((e for e in same if e["chats"] == nxt["chats"]), None)
+            if nxt["cpu_cores"] >= 0.8 * count:
+                why = f"the servers' own CPU ({nxt['cpu_cores']:.2f} of {count} cores)"
+            elif side >= 0.5:
+                why = (
+                    f"the machine: the provider and the clients took {side:.2f} cores beside the "
+                    f"servers' {nxt['cpu_cores']:.2f}"
+                )
+            else:
+                why = (
+                    f"neither the servers' own CPU ({nxt['cpu_cores']:.2f} of {count} cores) nor the "
+                    f"harness's ({side:.2f}) but a queue on the frames' path"
+                )
+                if "Redis" in name and plain:
+                    why += (
+                        f" — the Redis channel layer (the in-memory layer at {plain['chats']}: "
+                        f"p99 {_f(plain['p99'], '.0f')})"
+                    )
+                why += f"; load average {nxt.get('load_average', float('nan')):.1f} on {os.cpu_count()} cores"
             held.append(
                 f"{name}: {r['capacity']} held, at {nxt['chats']} p99 {_f(nxt['p99'], '.0f')}, bound by {why}"
             )

@@ -177,3 +177,45 @@ def test_b3_on_the_chat_profile_end_to_end_at_smoke_size(monkeypatch):
     assert "| B3 | floor: bare openai SDK" in page and "fixed CPU per run" in page
     assert "### B3 on the chat profile" in page and "| draft / one process, in-memory layer | 2" in page
     assert "so one process saturates its core near" in " ".join(page.split())
+
+
+def test_the_limits_name_what_bound_each_ramp():
+    """Where a ramp stopped, the paragraph names the bound from the level's own figures: the servers'
+    CPU, the harness's, or (neither) a queue on the frames' path — the Redis layer when the in-memory
+    layer held the same level — and the next levers, larger share first."""
+    level = dict.fromkeys(("frame_p50", "release_p50", "release_p99", "guard_p50"), 1.0)
+    level.update(outcomes=2, failed=0, frames=10, provider_cores=0.05, clients_cores=0.05, load_average=1.0)
+
+    def ramp(*levels):
+        held = [e["chats"] for e in levels if e["ok"]]
+        return {
+            "levels": list(levels),
+            "capacity": held[-1] if held else 0,
+            "runs": 4,
+            "missing": 0,
+            "bad_runs": 0,
+        }
+
+    ev = {
+        "profile": PROFILES["chat"].__dict__,
+        "floor": {"chat_ms_per_run": 480.0, "fixed_ms": 10.0, "per_chunk_ms": 0.38, "runs": 10},
+        "cost / draft": {"chat_ms_per_run": 700.0, "fixed_ms": 70.0, "per_chunk_ms": 0.5, "runs": 10},
+        "ramps": {
+            "draft / one process, in-memory layer": ramp(
+                {**level, "chats": 25, "p99": 30.0, "ok": True, "cpu_cores": 0.6},
+                {**level, "chats": 50, "p99": 400.0, "ok": False, "cpu_cores": 0.95},
+            ),
+            "draft / one process, Redis layer": ramp(
+                {**level, "chats": 25, "p99": 19000.0, "ok": False, "cpu_cores": 0.6}
+            ),
+        },
+    }
+    text = " ".join(b3_chat.limits(ev).split())
+    assert (
+        "in-memory layer: 25 held, at 50 p99 400 ms, bound by the servers' own CPU (0.95 of 1 cores)" in text
+    )
+    assert "Redis layer: 0 held, at 25 p99 19000 ms, bound by neither the servers' own CPU" in text
+    assert "the Redis channel layer (the in-memory layer at 25: p99 30 ms)" in text
+    assert "saturates its core near 34 concurrent chats" in text  # 24.4 s / 0.7 s
+    assert "the bare SDK alone spends 480 ms per chat run" in text
+    assert text.index("the per-chunk path") < text.index("then the fixed part")  # 90 % is per chunk
