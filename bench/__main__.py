@@ -1,10 +1,11 @@
 """`python -m bench` (or `make bench`): the benchmarks of docs/performance.md, on MariaDB.
 
-    python -m bench                 # everything (≈ 6–9 min on a 2-core machine; the first run also builds
-                                    # the 1 000 000-run data set of B2, which is kept for later runs)
+    python -m bench                 # everything (≈ 20 min on a 2-core machine, B3 ≈ 12 of them; the
+                                    # first run also builds the 1 000 000-run data set of B2, which is
+                                    # kept for later runs)
     python -m bench --quick         # short repetitions, B2 growth to 100 000 runs, B3's ramp to 50 chats
     python -m bench --only b3       # B3 on the chat profile (≈ 25 s runs): the bare-SDK floor, CPU per
-                                    # chunk and fixed CPU per run, capacity ramps (≈ 8–14 min)
+                                    # chunk and fixed CPU per run, capacity ramps (≈ 12 min)
     python -m bench --only b3 --smoke   # B3 shrunk (20-chunk calls at 100/s, ramp 2/4): ≈ 2 min
     python -m bench --only b3 --b3-short  # … and the short-profile sweep (0.8 s runs) as secondary rows
     python -m bench --only b1,b4    # some benchmarks (b5: the transparency log; builds a 1 000 000-leaf

@@ -643,7 +643,7 @@ Trace endpoint, 500-event run, 20 reads (pyinstrument):
 `make bench` (or `.venv/bin/python -m bench`) starts MariaDB if needed (`scripts/mariadb.sh`), creates
 and migrates `diagnosis_bench`, runs B1–B7 and writes this page; `--quick` runs short repetitions (B2
 growth to 100 000 runs, B3's ramp up to 50 chats) without writing it; `--only b1,b4` runs a subset;
-`--only b3` runs B3 on the chat profile alone (≈ 10–15 min; `--smoke` shrinks it to ≈ 2 min,
+`--only b3` runs B3 on the chat profile alone (≈ 12 min; `--smoke` shrinks it to ≈ 2 min,
 `--b3-short` adds the short-profile sweep);
 `--only b3p` profiles one daphne under 50 and 200 chats with py-spy and rewrites its section
 (`--b3p-chat`: on the chat profile's ≈ 25 s runs).
