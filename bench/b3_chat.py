@@ -490,8 +490,10 @@ def rows(ev: dict) -> list[Row]:
                 )
             else:
                 first = r["levels"][0] if r["levels"] else None
+                guard = f"; guard model {first['guard_p50'] / 1e3:.1f} s beside it" if first else ""
                 held = "no level held" + (
-                    f" (at {first['chats']}: p99 {first['p99']:.0f} ms, failed {first['failed']})"
+                    f" (at {first['chats']}: p99 {first['p99']:.0f} ms, failed {first['failed']}"
+                    f"{guard if mode == 'verified' else ''})"
                     if first
                     else ""
                 )

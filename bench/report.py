@@ -434,7 +434,8 @@ endpoint" under Profiles). Next lever: storing each bound row's canonical text b
 it, and the body carries the JSON columns as stored; the columns must still be compared, so the gain is
 bounded by the digests' encoding share (≈ 10–15 % of a 500-event read).
 
-**B3, live capacity (≥ 200 chats per process, two processes ≥ 1.8× one).** One daphne process is one
+**B3, live capacity (chat profile: ≥ 200 chats per process in both release modes, CPU per chunk ≤ 1.5×
+the bare SDK, fixed CPU per run ≤ 20 ms, two processes ≥ 1.8× one).** One daphne process is one
 Python thread of CPU for everything: each run makes 4 model calls through the SDK (request building,
 SSE chunk parsing into pydantic models), a dozen durable decisions, a knowledge search, and for every
 streamed chunk a delta, a channel-layer hop and a WebSocket frame. {b3}. The B3 profile section below
@@ -610,10 +611,12 @@ and anchored. The 1 000 000-leaf log is kept between runs (`<db>_tlog_big`).
 
 **B3, verified release.** Under the default release policy no chunk is forwarded to the reader, so the
 figure that matters is the wait between the answer's last token and the outcome: the evidence check (a
-canonical-store lookup), the semantic guard's whole model call (the fake provider streams its verdict at
-the same chunk interval), the release and finish decisions (two durable writes) and the outcome frame.
-One run at a time this is essentially the guard model's own latency; under load it grows with the
-process's CPU queue, as the draft figures do (issue 19 is about that CPU).
+canonical-store lookup), the semantic guard's model call, the release and finish decisions (two durable
+writes) and the outcome frame. The guard's model call is the provider's time, not the runtime's: on the
+chat profile the capacity figure is the *release overhead*, counted from the guard model's last token
+(the provider's send time), and the guard's own time is reported beside it; what remains grows with the
+process's CPU queue and the database pool's, as the draft figures do. (The short profile's release
+latency, secondary, still includes the guard's call.)
 
 **B4.** Outside the model a run spends its time in ~20 durable decisions (one round trip each, awaited
 through the database pool), the claim and lease, the knowledge search, and handing tool results and
