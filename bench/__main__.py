@@ -1,8 +1,13 @@
 """`python -m bench` (or `make bench`): the benchmarks of docs/performance.md, on MariaDB.
 
-    python -m bench                 # everything (≈ 6–9 min on a 2-core machine; the first run also builds
-                                    # the 1 000 000-run data set of B2, which is kept for later runs)
-    python -m bench --quick         # short repetitions, B2 growth to 100 000 runs, B3 at 50 chats
+    python -m bench                 # everything (≈ 20 min on a 2-core machine, B3 ≈ 12 of them; the
+                                    # first run also builds the 1 000 000-run data set of B2, which is
+                                    # kept for later runs)
+    python -m bench --quick         # short repetitions, B2 growth to 100 000 runs, B3's ramp to 50 chats
+    python -m bench --only b3       # B3 on the chat profile (≈ 25 s runs): the bare-SDK floor, CPU per
+                                    # chunk and fixed CPU per run, capacity ramps (≈ 12 min)
+    python -m bench --only b3 --smoke   # B3 shrunk (20-chunk calls at 100/s, ramp 2/4): ≈ 2 min
+    python -m bench --only b3 --b3-short  # … and the short-profile sweep (0.8 s runs) as secondary rows
     python -m bench --only b1,b4    # some benchmarks (b5: the transparency log; builds a 1 000 000-leaf
                                     # log once, kept for later runs; b6: the staff lists and list APIs at
                                     # 10 000 and 1 000 000 runs, on B2's data sets; b7: AI Ops analyses
@@ -13,7 +18,8 @@
                                     # default set)
     python -m bench --only b3l      # B3's levers side by side: daphne/uvicorn, asyncio/uvloop, draft
                                     # coalescing (uvicorn and uvloop optional; not default)
-    python -m bench --only b3p      # py-spy profile of one daphne under 50 and 200 chats (not default)
+    python -m bench --only b3p      # py-spy profile of one daphne under 50 and 200 chats (not default;
+                                    # --b3p-chat: on the chat profile)
     python -m bench --only b0       # peers: MLflow tracing on the same MariaDB, Phoenix over OTLP (needs
                                     # `make bench-peers`; skipped when absent; not in the default set)
 
@@ -42,6 +48,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--no-write", action="store_true", help="do not write docs/performance.md")
     p.add_argument("--write", action="store_true", help="write docs/performance.md even with --quick")
     p.add_argument("--big", type=int, default=None, help="B2: runs stored for the large case")
+    p.add_argument(
+        "--smoke", action="store_true", help="B3 at smoke size (implies --quick for the others; never writes)"
+    )
+    p.add_argument("--b3p-chat", action="store_true", help="b3p: profile runs of the chat profile (≈ 25 s)")
+    p.add_argument(
+        "--b3-short",
+        action="store_true",
+        help="B3: also the short-profile sweep (0.8 s runs) as secondary rows",
+    )
     return p.parse_args(argv)
 
 
@@ -71,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     print("=" * len(banner[:110]))
     print(banner)
     print("=" * len(banner[:110]))
-    q = args.quick
+    q = args.quick or args.smoke
     results = report.Results(machine=machine, quick=q)
     log = print
 
@@ -115,13 +130,33 @@ def main(argv: list[str] | None = None) -> int:
         print("B4: loop overhead")
         results.rows += b4_loop.loop_overhead(runs_per_rep=3 if q else 5, reps=3 if q else 5, log=log)
     if "b3" in only:
-        from bench import b3_live
+        from bench import b3_chat, b3_live
 
-        print("B3: live capacity (largest level with p99 extra delay per frame ≤ 50 ms)")
-        levels = (5, 10, 25, 50) if q else b3_live.SWEEP
-        rows, evidence = b3_live.capacity(levels=levels, log=log)
+        print("B3: live chats on the chat profile beside the bare SDK (capacity: p99 ≤ 50 ms)")
+        if args.smoke:
+            size = b3_chat.SMOKE
+            rows, evidence = b3_chat.run_all(
+                levels=size["ramp"],
+                cost_chats=size["cost_chats"],
+                tokens=size["tokens"],
+                interval=size["interval"],
+                log=log,
+            )
+        else:
+            rows, evidence = b3_chat.run_all(
+                levels=(10, 25, 50) if q else b3_chat.RAMP, cost_chats=5 if q else b3_chat.COST_CHATS, log=log
+            )
         results.rows += rows
-        results.evidence["b3"] = evidence
+        results.evidence["b3_chat"] = evidence
+        if args.b3_short:
+            print("B3 (short profile, secondary): largest level with p99 extra delay per frame ≤ 50 ms")
+            levels = (5, 10, 25, 50) if q else b3_live.SWEEP
+            rows, evidence = b3_live.capacity(levels=levels, log=log)
+            for row in rows:
+                row.name = "short profile (0.8 s runs): " + row.name
+                row.target = None  # the targets are the chat profile's
+            results.rows += rows
+            results.evidence["b3"] = evidence
     if "b3l" in only:
         from bench import b3_live
 
@@ -134,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         from bench import b3_profile
 
         print("B3 profile: CPU per run in one daphne")
-        evidence = b3_profile.run_all(levels=(50,) if q else (50, 200), log=log)
+        evidence = b3_profile.run_all(levels=(50,) if q else (50, 200), chat=args.b3p_chat, log=log)
         results.evidence["b3_profile"] = evidence
         print(b3_profile.markdown(evidence))
 
@@ -170,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(report.table(results.rows))
     print(f"\nbench: {results.seconds:.0f} s in all")
-    if not args.no_write and (not q or args.write) and set(only) == set(ALL):
+    if args.smoke:
+        print("bench: docs/performance.md not written (smoke size)")
+    elif not args.no_write and (not q or args.write) and set(only) == set(ALL):
         path = Path(env.ROOT) / "docs" / "performance.md"
         previous = path.read_text(encoding="utf-8") if path.exists() else ""
         path.write_text(report.markdown(results, previous), encoding="utf-8")

@@ -177,10 +177,12 @@ def run_all(
     levels: tuple[int, ...] = (50, 200),
     modes=("draft", "verified"),
     extra: dict[str, str] | None = None,
+    chat: bool = False,
     log=print,
 ) -> dict:
     """Profiles of each release mode at each level (`extra`: more settings of the daphne, e.g.
-    `REDIS_URL`); evidence for docs/performance.md."""
+    `REDIS_URL`; `chat`: the provider paced by the chat profile, ≈ 25 s runs, instead of the short
+    one); evidence for docs/performance.md."""
     from bench.b4_loop import load_runbooks
 
     if not available():
@@ -190,7 +192,13 @@ def run_all(
     logs.mkdir(exist_ok=True)
     load_runbooks()
     tokens = b3_live.users_with_tokens(max(levels))
-    provider, pport = b3_live.start_provider(0.02, 20, logs)
+    if chat:
+        from bench import b3_chat
+
+        provider, pport = b3_chat.start_provider(logs)
+        extra = {"LLM_TIMEOUT_SECONDS": "300", **(extra or {})}
+    else:
+        provider, pport = b3_live.start_provider(0.02, 20, logs)
     evidence: dict = {}
     try:
         for mode in modes:

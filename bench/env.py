@@ -87,6 +87,8 @@ def prepare(database: str = DEFAULT_DB) -> None:
         ),
     )
     os.environ["SECURE_SSL_REDIRECT"] = "false"
+    # B3's clients reach daphne on loopback without TLS (a deployment terminates TLS at its proxy).
+    os.environ["WEBSOCKET_REQUIRE_TLS"] = "false"
     os.environ["ALLOWED_HOSTS"] = "127.0.0.1,localhost,testserver"
     os.environ.setdefault("LOG_LEVEL", "WARNING")
     # Persistent connections, as a server would run: with 0, Django closes the connection at the end of

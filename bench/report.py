@@ -122,6 +122,13 @@ def _b3_table(evidence: dict) -> str:
     return "\n".join(out)
 
 
+def b3_chat_markdown(evidence: dict) -> str:
+    """B3 on the chat profile (`bench.b3_chat.markdown`): the CPU split and every ramp level."""
+    from bench import b3_chat
+
+    return b3_chat.markdown(evidence)
+
+
 B6_START = "<!-- B6 -->"
 B6_END = "<!-- /B6 -->"
 
@@ -383,6 +390,11 @@ def limits_section(res: Results) -> str:
         )
     else:
         b3 = "B3 did not run"
+    if res.evidence.get("b3_chat"):
+        from bench import b3_chat
+
+        short = f" On the short profile (0.8 s runs): {b3}" if sweep and sweep.get("levels") else ""
+        b3 = b3_chat.limits(res.evidence["b3_chat"]) + short
     text = f"""**B1, one run at a time (≤ 1.3×).** The floor pays one redo-log flush per record (45 per run);
 the recorder pays one per decision (21 per run: a decision's rows share a transaction, sent on MariaDB
 as one compound statement, one round trip) plus its Python work, serial with those round trips. The
@@ -422,7 +434,8 @@ endpoint" under Profiles). Next lever: storing each bound row's canonical text b
 it, and the body carries the JSON columns as stored; the columns must still be compared, so the gain is
 bounded by the digests' encoding share (≈ 10–15 % of a 500-event read).
 
-**B3, live capacity (≥ 200 chats per process, two processes ≥ 1.8× one).** One daphne process is one
+**B3, live capacity (chat profile: ≥ 200 chats per process in both release modes, CPU per chunk ≤ 1.5×
+the bare SDK, fixed CPU per run ≤ 20 ms, two processes ≥ 1.8× one).** One daphne process is one
 Python thread of CPU for everything: each run makes 4 model calls through the SDK (request building,
 SSE chunk parsing into pydantic models), a dozen durable decisions, a knowledge search, and for every
 streamed chunk a delta, a channel-layer hop and a WebSocket frame. {b3}. The B3 profile section below
@@ -510,7 +523,39 @@ reads alternate between the two databases within every repetition.
 
 {size_lines}
 
-**B3 live capacity.** ASGI servers on `config.asgi:application` (production settings; daphne unless
+**B3 live chats on the chat profile** (`bench/b3_chat.py`, issue 36; the headline of B3). The fake
+provider (`python -m bench.provider`, its own process) paces every run by a *profile*: **chat** — each
+of a run's 4 model calls (router, the agent's tool call, the agent's answer, the semantic guard) streams
+300 output tokens, one token per chunk, 50 chunks/s per stream, so a run lasts ≈ 25 s as a user's does;
+**short** — the earlier pacing (the answer in 20 chunks 20 ms apart, the other calls in 2–3 chunks at
+once; a run lasts ≈ 0.8 s). The provider writes the wall-clock time at which it *sends* a chunk into
+every answer chunk, and prints the send time of the guard call's last token. **Floor**
+(`bench/b3_floor.py`): the bare `openai` SDK (`AsyncOpenAI`, streaming, usage requested, one pooled
+client) consuming exactly the same streams from the same provider — the same four requests per run with
+the runtime's message shapes — N runs at once in its own process, nothing else in it. *Cost split*: a
+run's CPU is a fixed part plus a part per chunk, and the two profiles differ only in their chunks
+(≈ 1 230 against ≈ 35 per run), so 10 runs at once on the chat profile and 3 × 10 on the short one give
+both parts, for one daphne (the servers' CPU time, `/proc`) and for the floor alike: *CPU per chunk* =
+(CPU per chat run − CPU per short run) / (chunks per chat run − chunks per short run), *fixed CPU per
+run* = CPU per short run − its chunks × CPU per chunk; the rows give the server's figures with their
+ratios to the floor's. *Capacity*: a ramp — clients are added level by level (25, 50, 100, 200, 300
+chats), each client chatting run after run, the new ones starting spread over the level's first fifth of
+a run; each level is then held for one run length (longer, up to twice, until as many outcomes arrived
+in the window as there are clients) and measured over that window. Under draft release the figure is
+the *extra delay per draft frame*: time the client received a `draft` frame − time the provider sent
+each chunk it carries, so the pacing itself is never counted. Under verified release it is the
+*release overhead*: time the client received the outcome − time the provider sent the guard model's
+last token, so the guard's own model time (reported beside it) is out of it. The ramp stops at the first
+level whose p99 exceeds 50 ms or that failed a run; capacity is the level before. Configurations, for
+each release mode: one process on the in-memory layer, one and two processes on the Redis layer (the
+clients split across the two), one MariaDB. Afterwards every run's records are checked (stored
+counts, write failures, the hash chain). `--smoke` shrinks the profile (20-chunk calls at 100/s), the
+ramp (2, 4) and the cost batches (2 runs); `--quick` ramps to 50. On a 2-core machine the provider and
+the clients share the cores with the servers: the servers' CPU per level is in the table, and the
+provider's pacing under load is visible in the guard model's time (nominally 6.1 s).
+
+**B3 on the short profile** (secondary, `--b3-short`). ASGI servers on `config.asgi:application`
+(production settings; daphne unless
 said), the fake provider in its own process (`python -m bench.provider`, which streams every response a
 chunk every 20 ms and writes the wall-clock time at which it *sends* a chunk into the chunk's text), and
 N authenticated WebSocket clients (`websockets`, DRF token in the handshake) in the bench process: all
@@ -544,7 +589,11 @@ and anchored. The 1 000 000-leaf log is kept between runs (`<db>_tlog_big`).
 
 {_b2_explain(res.evidence.get("b2", {}))}
 
-### B3 per level (each sweep stops at the first level over the bound)
+### B3 on the chat profile: CPU split against the bare SDK, and every level of every ramp
+
+{b3_chat_markdown(res.evidence.get("b3_chat", {}))}
+
+### B3 on the short profile, per level (secondary, `--b3-short`; a sweep stops at the first failing level)
 
 {_b3_table(res.evidence.get("b3", {}))}
 
@@ -562,10 +611,12 @@ and anchored. The 1 000 000-leaf log is kept between runs (`<db>_tlog_big`).
 
 **B3, verified release.** Under the default release policy no chunk is forwarded to the reader, so the
 figure that matters is the wait between the answer's last token and the outcome: the evidence check (a
-canonical-store lookup), the semantic guard's whole model call (the fake provider streams its verdict at
-the same chunk interval), the release and finish decisions (two durable writes) and the outcome frame.
-One run at a time this is essentially the guard model's own latency; under load it grows with the
-process's CPU queue, as the draft figures do (issue 19 is about that CPU).
+canonical-store lookup), the semantic guard's model call, the release and finish decisions (two durable
+writes) and the outcome frame. The guard's model call is the provider's time, not the runtime's: on the
+chat profile the capacity figure is the *release overhead*, counted from the guard model's last token
+(the provider's send time), and the guard's own time is reported beside it; what remains grows with the
+process's CPU queue and the database pool's, as the draft figures do. (The short profile's release
+latency, secondary, still includes the guard's call.)
 
 **B4.** Outside the model a run spends its time in ~20 durable decisions (one round trip each, awaited
 through the database pool), the claim and lease, the knowledge search, and handing tool results and
@@ -593,9 +644,12 @@ Trace endpoint, 500-event run, 20 reads (pyinstrument):
 ## Running it
 
 `make bench` (or `.venv/bin/python -m bench`) starts MariaDB if needed (`scripts/mariadb.sh`), creates
-and migrates `diagnosis_bench`, runs B1–B6 and writes this page; `--quick` runs short repetitions (B2
-growth to 100 000 runs, B3's sweep up to 50 chats) without writing it; `--only b1,b4` runs a subset;
-`--only b3p` profiles one daphne under 50 and 200 chats with py-spy and rewrites its section.
+and migrates `diagnosis_bench`, runs B1–B7 and writes this page; `--quick` runs short repetitions (B2
+growth to 100 000 runs, B3's ramp up to 50 chats) without writing it; `--only b1,b4` runs a subset;
+`--only b3` runs B3 on the chat profile alone (≈ 12 min; `--smoke` shrinks it to ≈ 2 min,
+`--b3-short` adds the short-profile sweep);
+`--only b3p` profiles one daphne under 50 and 200 chats with py-spy and rewrites its section
+(`--b3p-chat`: on the chat profile's ≈ 25 s runs).
 `--only b3l` runs B3's levers side by side (daphne or uvicorn, asyncio or uvloop, draft coalescing;
 uvicorn is a development dependency, skipped when absent). The profilers are
 pyinstrument and py-spy (pinned in `requirements-dev.txt`). To compare two versions of a hot path on a
