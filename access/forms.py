@@ -6,10 +6,14 @@ after. Installed as `admin.site.login_form` (`access.admin`)."""
 
 from __future__ import annotations
 
+import logging
+
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.core.exceptions import ValidationError
 
 from access import lockout, passwords
+
+logger = logging.getLogger(__name__)
 
 
 class LoginForm(AdminAuthenticationForm):
@@ -23,6 +27,8 @@ class LoginForm(AdminAuthenticationForm):
         super().confirm_login_allowed(user)
         if not passwords.password_session_allowed(user):
             raise ValidationError(passwords.refused_message(), code=passwords.REFUSED_CODE)
+        if passwords.breakglass_only():
+            logger.warning("break-glass password sign-in user=%s", user.pk)
 
     def get_invalid_login_error(self) -> ValidationError:
         error = super().get_invalid_login_error()

@@ -340,3 +340,11 @@ def test_a_password_session_ends_when_breakglass_is_switched_on(client, settings
     settings.LOCAL_PASSWORD_LOGIN = "breakglass"
     settings.BREAK_GLASS_USERNAMES = ["root"]
     assert client.get("/api/auth/tokens/").status_code == 401
+
+
+def test_superusers_see_which_account_each_identity_signs_in_to(client, oidc, superuser):
+    sso_login(client, oidc)
+    assert client.get("/admin/access/oidcidentity/").status_code == 403  # alice is staff, not superuser
+    client.force_login(superuser)
+    page = client.get("/admin/access/oidcidentity/")
+    assert page.status_code == 200 and "idp-user-0001" in page.content.decode()
