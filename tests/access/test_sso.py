@@ -30,6 +30,7 @@ from django.contrib.auth.models import Group
 
 from access.models import OidcIdentity
 from audit.models import GovernanceEvent
+from audit.verification import verify_governance
 from tests.agent.aiops.servers import _die_with_parent, free_port
 
 pytestmark = pytest.mark.django_db
@@ -203,11 +204,13 @@ def test_a_group_removed_at_the_idp_is_removed_at_the_next_login(client, oidc, d
     user.refresh_from_db()
     assert governed(user) == {"Night shift"} and not user.is_staff
     assert sso_events("alice")[-2:] == [("GROUP_MEMBER_REMOVED", "Staff viewers"), ("STAFF_REVOKED", "")]
-    # A login that changes nothing writes nothing.
+    # A login that changes nothing writes nothing; the chain with the source details verifies.
     client.logout()
     before = GovernanceEvent.objects.count()
     sso_login(client, oidc)
     assert GovernanceEvent.objects.count() == before
+    checked, problems = verify_governance()
+    assert checked == before and problems == []
 
 
 # --------------------------------------------------------------------------------------------------
@@ -233,6 +236,27 @@ def test_a_bad_id_token_is_refused(client, oidc, django_user_model, wrong, reaso
     page = client.get("/admin/login/").content.decode()
     assert "Sign-in with Test IdP failed" in page and reason in page
     assert not AccessAttempt.objects.exists()  # a callback is not a guess: nothing counted
+
+
+def test_a_replayed_callback_and_an_idp_error_are_refused(client, oidc, django_user_model):
+    start = client.get("/oidc/authenticate/")
+    approved = requests.get(start["Location"], allow_redirects=False, timeout=5)
+    back = urlsplit(approved.headers["Location"])
+    assert client.get(back.path, parse_qs(back.query))["Location"] == "/"  # LOGIN_REDIRECT_URL
+    client.logout()
+    # The same code and state again (a stolen callback URL): the state is gone from the session.
+    replayed = client.get(back.path, parse_qs(back.query))
+    assert replayed.status_code == 302 and replayed["Location"] == "/admin/login/"
+    assert "Sign-in with Test IdP failed" in client.get("/admin/login/").content.decode()
+    assert client.get("/api/auth/tokens/").status_code == 401
+    # The provider answering an error: refused with its code, nobody signed in.
+    client.get("/oidc/authenticate/")
+    denied = client.get("/oidc/callback/", {"error": "access_denied", "state": "whatever"})
+    assert denied.status_code == 302 and denied["Location"] == "/admin/login/"
+    page = client.get("/admin/login/").content.decode()
+    assert "answered `access_denied`" in page
+    assert client.get("/api/auth/tokens/").status_code == 401
+    assert not AccessAttempt.objects.exists()
 
 
 def test_a_local_account_of_the_same_name_is_not_taken_over(client, oidc, superuser):
