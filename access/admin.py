@@ -2,7 +2,8 @@
 `revoke` action, `access.services.revoke_token`, one governance event each). Tokens are issued by
 `manage.py issue_token` or `POST /api/auth/tokens/`, not here, so the plaintext is never in a page
 an admin could reload. The access review page (`access.review`) hangs under this app. The admin's login
-form says how many tries are left before a lockout (`access.forms.LoginForm`)."""
+form says how many tries are left before a lockout (`access.forms.LoginForm`). Superusers see which
+account each single sign-on identity (issuer, subject) signs in to (`OidcIdentityAdmin`, read-only)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from django.template.response import TemplateResponse
 from django.urls import path
 
 from access.forms import LoginForm
-from access.models import ApiToken
+from access.models import ApiToken, OidcIdentity
 from access.review import access_review, parse_since, to_csv
 from access.services import revoke_token
 from audit.admin_base import ReadOnlyAdmin
@@ -92,3 +93,19 @@ class ApiTokenAdmin(ReadOnlyAdmin):
             "opts": self.model._meta,
         }
         return TemplateResponse(request, "admin/access/access_review.html", context)
+
+
+@admin.register(OidcIdentity)
+class OidcIdentityAdmin(ReadOnlyAdmin):
+    """The OpenID Connect identities and the accounts they sign in to (`access.oidc`); superusers only."""
+
+    list_display = ("user", "subject", "issuer", "created_at", "last_login_at")
+    list_filter = ("issuer",)
+    search_fields = ("=subject", "user__username")
+    ordering = ("-id",)
+
+    def has_module_permission(self, request) -> bool:
+        return request.user.is_active and request.user.is_superuser
+
+    def has_view_permission(self, request, obj=None) -> bool:
+        return request.user.is_active and request.user.is_superuser

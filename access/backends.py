@@ -7,6 +7,10 @@ backend runs the same SELECT of every concrete column as compiled SQL and builds
 does (`Model.from_db`); whether the user may authenticate (`user_can_authenticate`), passwords,
 permissions and everything else are Django's.
 
+With `LOCAL_PASSWORD_LOGIN=breakglass` (`access.passwords`) it checks no password of a username outside
+`BREAK_GLASS_USERNAMES`, and a session it signed in ends at the next request unless its user is an
+active break-glass superuser.
+
 Sessions name the backend that logged them in; a session made under
 `django.contrib.auth.backends.ModelBackend` (before this backend) is not recognised and its user signs
 in again once.
@@ -20,6 +24,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.backends import ModelBackend as DjangoModelBackend
 from django.db import DEFAULT_DB_ALIAS
 
+from access import passwords
 from core.compiled import CompiledQuery
 
 
@@ -31,13 +36,22 @@ _USER = CompiledQuery(_by_pk, pk=int)
 
 
 class ModelBackend(DjangoModelBackend):
-    """Django's `ModelBackend` whose `get_user` reads the user through one compiled query."""
+    """Django's `ModelBackend` whose `get_user` reads the user through one compiled query; the local
+    password policy (`access.passwords`) applied to password checks and password sessions."""
+
+    def authenticate(self, request, username=None, password=None, **kwargs):
+        name = username if username is not None else kwargs.get(get_user_model().USERNAME_FIELD)
+        if not passwords.may_try_password(name):
+            return None
+        return super().authenticate(request, username=username, password=password, **kwargs)
 
     def get_user(self, user_id: Any):
         if type(user_id) is not int:  # a primary key that is not an integer: Django's own read
-            return super().get_user(user_id)
-        rows = _USER.rows(pk=user_id)
-        if not rows:
-            return None
-        user = get_user_model().from_db(DEFAULT_DB_ALIAS, _USER.names(), rows[0])
-        return user if self.user_can_authenticate(user) else None
+            user = super().get_user(user_id)
+        else:
+            rows = _USER.rows(pk=user_id)
+            if not rows:
+                return None
+            user = get_user_model().from_db(DEFAULT_DB_ALIAS, _USER.names(), rows[0])
+            user = user if self.user_can_authenticate(user) else None
+        return user if user is not None and passwords.password_session_allowed(user) else None

@@ -1,15 +1,35 @@
 """The admin login form, saying after a wrong password how many tries are left before this account is
-locked out from this address (`access.lockout`). Installed as `admin.site.login_form` (`access.admin`)."""
+locked out from this address (`access.lockout`), and refusing local passwords the password policy
+turned off (`access.passwords`, `LOCAL_PASSWORD_LOGIN=breakglass`): an unlisted username before its
+password is checked (nothing counted, nothing confirmed), a listed one that is not an active superuser
+after. Installed as `admin.site.login_form` (`access.admin`)."""
 
 from __future__ import annotations
+
+import logging
 
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.core.exceptions import ValidationError
 
-from access import lockout
+from access import lockout, passwords
+
+logger = logging.getLogger(__name__)
 
 
 class LoginForm(AdminAuthenticationForm):
+    def clean(self):
+        username = self.cleaned_data.get("username")
+        if username is not None and not passwords.may_try_password(username):
+            raise ValidationError(passwords.refused_message(), code=passwords.REFUSED_CODE)
+        return super().clean()
+
+    def confirm_login_allowed(self, user) -> None:
+        super().confirm_login_allowed(user)
+        if not passwords.password_session_allowed(user):
+            raise ValidationError(passwords.refused_message(), code=passwords.REFUSED_CODE)
+        if passwords.breakglass_only():
+            logger.warning("break-glass password sign-in user=%s", user.pk)
+
     def get_invalid_login_error(self) -> ValidationError:
         error = super().get_invalid_login_error()
         username = self.cleaned_data.get("username")

@@ -149,6 +149,20 @@ def client_ip(request) -> str:
     return client_address(request) or UNKNOWN_ADDRESS
 
 
+def not_counted(request, credentials=None) -> bool:
+    """`AXES_WHITELIST_CALLABLE`: an OpenID Connect callback (`access.oidc`: its credentials are the
+    sign-in's nonce and PKCE verifier, never a username) is neither refused nor counted. Its code is
+    single-use, bound to this browser's state and redeemed with the client secret: a failure is not a
+    guess of a secret held here, and counting it would let one client lock its address out of SSO."""
+    if not credentials:
+        return False
+    return (
+        "nonce" in credentials
+        and "code_verifier" in credentials
+        and not credentials.get(getattr(settings, "AXES_USERNAME_FORM_FIELD", "username"))
+    )
+
+
 def _login_url(request) -> str:
     try:
         return reverse("admin:login")

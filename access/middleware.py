@@ -15,16 +15,26 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 
 _request: contextvars.ContextVar = contextvars.ContextVar("access_request", default=None)
 _named: contextvars.ContextVar = contextvars.ContextVar("access_named_actor", default="")
+_source: contextvars.ContextVar = contextvars.ContextVar("access_change_source", default=None)
 
 
 @contextlib.contextmanager
-def acting_as(actor: str):
-    """Outside a request (a management command): the governance events written meanwhile name `actor`."""
+def acting_as(actor: str, *, source: dict | None = None):
+    """The governance events written meanwhile name `actor` (a management command outside a request;
+    single sign-on applying an identity provider's claims, `access.sso`), and carry `source` (what made
+    the change, e.g. the IdP and the groups it asserted) in their details."""
     token = _named.set(actor)
+    source_token = _source.set(source)
     try:
         yield
     finally:
+        _source.reset(source_token)
         _named.reset(token)
+
+
+def current_source() -> dict | None:
+    """What made the change being recorded, when a caller said so (`acting_as(..., source=...)`)."""
+    return _source.get()
 
 
 def current_actor() -> str:

@@ -45,3 +45,25 @@ class ApiToken(models.Model):
     @property
     def active(self) -> bool:
         return self.revoked_at is None and self.expires_at > timezone.now()
+
+
+class OidcIdentity(models.Model):
+    """The account an OpenID Connect identity signs in to (`access_oidc_identity`): the provider's
+    `issuer` and the user's `subject` there (`iss`, `sub`: the only stable pair the spec guarantees; a
+    username or email claim can be reassigned at the provider). Made at the identity's first sign-in
+    (`access.oidc`); `last_login_at` is its latest."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="oidc_identities"
+    )
+    issuer = models.CharField(max_length=255)
+    subject = models.CharField(max_length=255)
+    created_at = models.DateTimeField(default=timezone.now)
+    last_login_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        db_table = "access_oidc_identity"
+        constraints = [models.UniqueConstraint(fields=["issuer", "subject"], name="uniq_oidc_identity")]
+
+    def __str__(self) -> str:
+        return f"{self.subject} at {self.issuer}"

@@ -17,7 +17,9 @@
   cleanup); `details.counter` says which counter (`named`, `anonymous`, `webhook`, `metrics`).
 
 Token issue and revoke are recorded by `access.services`. The actor is the user of the request in whose
-thread the change happens (`access.middleware.current_actor`), "" for the system (shell, migrations).
+thread the change happens (`access.middleware.current_actor`), "" for the system (shell, migrations);
+changes single sign-on makes from an identity provider's claims name `(single sign-on)` and carry
+`details.source` (the issuer, the subject, the IdP groups asserted: `access.sso`).
 Events are written by `audit.recorder.record_governance_event` in the transaction of the change.
 """
 
@@ -32,7 +34,7 @@ from django.dispatch import receiver
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from access import lockout
-from access.middleware import current_actor
+from access.middleware import current_actor, current_source
 from access.selectors import (
     holds_sensitive_rights,
     is_governed_group,
@@ -54,6 +56,9 @@ _FLAGS = (
 
 
 def _record(**kwargs) -> None:
+    source = current_source()
+    if source:  # e.g. single sign-on: the identity provider and the groups it asserted (access.sso)
+        kwargs["details"] = {**kwargs.get("details", {}), "source": source}
     record_governance_event(actor=current_actor(), **kwargs)
 
 

@@ -6,7 +6,11 @@ reasoning on a password alone:
 
 * a request authenticated by an API token: the token was issued after a TOTP check (`otp_verified`);
 * a session (admin, cookie API calls): django-otp's `OTPMiddleware` says this session passed a TOTP
-  check (`request.user.is_verified()`; the admin's *Verify second factor* page, `access.views`).
+  check (`request.user.is_verified()`; the admin's *Verify second factor* page, `access.views`), or the
+  session was signed in through the identity provider with a second factor the settings accept
+  (`OIDC_ACCEPTED_AMR` / `OIDC_ACCEPTED_ACR`, `access.sso.session_second_factor`).
+
+`session_verified(request)` is that one decision for a session.
 
 With `REASONING_REQUIRE_OTP` off (the default in DEBUG/development and tests) every request satisfies it.
 
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 from django.conf import settings
 
+from access import sso
 from access.models import ApiToken
 from reasoning.models import REASONING_PERMISSION
 
@@ -46,16 +51,17 @@ def otp_satisfied(request) -> bool:
     auth = getattr(request, "auth", None)
     if isinstance(auth, ApiToken):
         return auth.otp_verified
-    user = getattr(request, "user", None)
-    is_verified = getattr(user, "is_verified", None)
-    return bool(callable(is_verified) and is_verified())
+    return session_verified(request)
 
 
 def session_verified(request) -> bool:
-    """Whether this *session* passed a TOTP check (what a token issued now may carry)."""
+    """Whether this *session* passed a second factor: a TOTP check (django-otp), or the identity
+    provider's accepted `amr`/`acr` at single sign-on (what a token issued now may carry)."""
     user = getattr(request, "user", None)
     is_verified = getattr(user, "is_verified", None)
-    return bool(callable(is_verified) and is_verified())
+    if callable(is_verified) and is_verified():
+        return True
+    return sso.session_second_factor(request)
 
 
 def token_needs_otp(user) -> bool:

@@ -94,6 +94,8 @@ MIDDLEWARE = [
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "access.backends.ModelBackend",
+    # OpenID Connect (access/oidc.py): answers nothing while OIDC_ENABLED is off.
+    "access.oidc.OidcBackend",
 ]
 # Django's database sessions, their per-request read compiled once (access/sessions.py).
 SESSION_ENGINE = "access.sessions"
@@ -108,6 +110,8 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                # The login page's "Sign in with …" button and password policy (access/passwords.py).
+                "access.passwords.login_context",
             ],
         },
     },
@@ -353,11 +357,47 @@ AXES_COOLOFF_TIME = dt.timedelta(minutes=env.float("AXES_COOLOFF_MINUTES", defau
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
 AXES_LOCKOUT_CALLABLE = "access.lockout.lockout_response"
+# An OpenID Connect callback is not a guess of a secret held here: neither counted nor refused by axes.
+AXES_WHITELIST_CALLABLE = "access.lockout.not_counted"
 AXES_CLIENT_IP_CALLABLE = "access.lockout.client_ip"
 AXES_RESET_ON_SUCCESS = False
 AXES_VERBOSE = False
 # A username is not a secret but POST bodies may hold passwords: axes stores neither GET nor POST data.
 AXES_SENSITIVE_PARAMETERS = ["password", "otp_token", "token"]
+
+# Single sign-on over OpenID Connect (access/oidc.py, docs/security.md): off by default, and with it off
+# nothing changes. The provider's endpoints are named here (no discovery at start); ID tokens are RS256
+# (or ES256) from its JWKS, checked for issuer, audience, expiry and nonce. OIDC_GROUP_MAP (JSON) maps the
+# IdP's group names to governed groups, re-applied on every login; OIDC_ACCEPTED_AMR / _ACR: the second
+# factors the IdP may assert instead of the TOTP step-up.
+OIDC_ENABLED = env.bool("OIDC_ENABLED", default=False)
+OIDC_PROVIDER_NAME = env.str("OIDC_PROVIDER_NAME", default="single sign-on")
+OIDC_RP_CLIENT_ID = env.str("OIDC_RP_CLIENT_ID", default="")
+OIDC_RP_CLIENT_SECRET = env.str("OIDC_RP_CLIENT_SECRET", default="")
+OIDC_OP_ISSUER = env.str("OIDC_OP_ISSUER", default="")
+OIDC_OP_AUTHORIZATION_ENDPOINT = env.str("OIDC_OP_AUTHORIZATION_ENDPOINT", default="")
+OIDC_OP_TOKEN_ENDPOINT = env.str("OIDC_OP_TOKEN_ENDPOINT", default="")
+OIDC_OP_USER_ENDPOINT = env.str("OIDC_OP_USER_ENDPOINT", default="")
+OIDC_OP_JWKS_ENDPOINT = env.str("OIDC_OP_JWKS_ENDPOINT", default="")
+OIDC_RP_SIGN_ALGO = env.str("OIDC_RP_SIGN_ALGO", default="RS256")
+OIDC_RP_SCOPES = env.str("OIDC_RP_SCOPES", default="openid email profile")
+OIDC_USE_PKCE = env.bool("OIDC_USE_PKCE", default=True)
+OIDC_TIMEOUT = env.float("OIDC_TIMEOUT", default=10.0)
+OIDC_CLOCK_SKEW_SECONDS = env.int("OIDC_CLOCK_SKEW_SECONDS", default=60)
+OIDC_USERNAME_CLAIM = env.str("OIDC_USERNAME_CLAIM", default="preferred_username")
+OIDC_LINK_EXISTING_USERS = env.bool("OIDC_LINK_EXISTING_USERS", default=False)
+OIDC_GROUPS_CLAIM = env.str("OIDC_GROUPS_CLAIM", default="groups")
+OIDC_GROUP_MAP = env.json("OIDC_GROUP_MAP", default={})
+OIDC_ACCEPTED_AMR = env.list("OIDC_ACCEPTED_AMR", default=[])
+OIDC_ACCEPTED_ACR = env.list("OIDC_ACCEPTED_ACR", default=[])
+OIDC_CALLBACK_CLASS = "access.oidc_views.CallbackView"
+OIDC_AUTHENTICATE_CLASS = "access.oidc_views.AuthenticateView"
+LOGIN_REDIRECT_URL = "front-door"
+LOGIN_REDIRECT_URL_FAILURE = "/admin/login/"
+# `all` (default): every user may sign in with a local password. `breakglass`: only the superusers named
+# in BREAK_GLASS_USERNAMES may (everyone else signs in through the IdP; access/passwords.py).
+LOCAL_PASSWORD_LOGIN = env.str("LOCAL_PASSWORD_LOGIN", default="all").strip().lower()
+BREAK_GLASS_USERNAMES = env.list("BREAK_GLASS_USERNAMES", default=[])
 
 # ---------------------------------------------------------------------------------------------------
 # Transparency log (audit/transparency/, docs/audit-integrity.md)

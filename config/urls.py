@@ -2,7 +2,7 @@
 the runbook view, the service metrics and the readiness probe."""
 
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from access.apis import ApiTokensApi, RevokeApiTokenApi
@@ -31,6 +31,8 @@ urlpatterns = [
     # The admin's TOTP step-up for reading reasoning (access/views.py), before the admin's own URLs.
     path("admin/verify-otp/", verify_otp, name="verify-otp"),
     path("admin/", admin.site.urls),
+    # OpenID Connect sign-in (access/oidc_views.py): 404 while OIDC_ENABLED is off.
+    path("oidc/", include("mozilla_django_oidc.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     # The split view serves Swagger UI's init script as its own request: no inline script (core/csp.py).
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="swagger-ui"),

@@ -1,0 +1,110 @@
+"""System checks of sign-in settings (errors stop `runserver`, `migrate` and `check --deploy`):
+
+* `access.E001`: `LOCAL_PASSWORD_LOGIN` is neither `all` nor `breakglass` (a typo must not pick a policy);
+* `access.E002`: `breakglass` without `BREAK_GLASS_USERNAMES` (nobody could sign in when the IdP is down);
+* `access.E003`: `OIDC_ENABLED` without a client id, secret, issuer, authorization, token or JWKS endpoint;
+* `access.E004`: `OIDC_GROUP_MAP` is not an object of IdP group → governed group name(s)
+  (`core.groups.GOVERNED`);
+* `access.E005`: `OIDC_RP_SIGN_ALGO` is not an asymmetric JWS algorithm (the ID token must be verified
+  with the provider's public keys, never a shared secret);
+* `access.W001`: with DEBUG off, an OIDC endpoint or the issuer is not https.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.checks import Error, Warning, register
+
+from access.passwords import MODES
+from core.groups import GOVERNED
+
+ASYMMETRIC = {"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512"}
+REQUIRED = (
+    "OIDC_RP_CLIENT_ID",
+    "OIDC_RP_CLIENT_SECRET",
+    "OIDC_OP_ISSUER",
+    "OIDC_OP_AUTHORIZATION_ENDPOINT",
+    "OIDC_OP_TOKEN_ENDPOINT",
+    "OIDC_OP_JWKS_ENDPOINT",
+)
+URLS = (*REQUIRED[2:], "OIDC_OP_USER_ENDPOINT")
+
+
+@register()
+def check_password_policy(app_configs=None, **kwargs) -> list[Error]:
+    mode = str(getattr(settings, "LOCAL_PASSWORD_LOGIN", "all") or "").strip().lower()
+    if mode not in MODES:
+        return [
+            Error(
+                f"LOCAL_PASSWORD_LOGIN={mode!r} is not a password policy.",
+                hint="Use `all` (default) or `breakglass` (only BREAK_GLASS_USERNAMES superusers).",
+                id="access.E001",
+            )
+        ]
+    if mode == "breakglass" and not getattr(settings, "BREAK_GLASS_USERNAMES", None):
+        return [
+            Error(
+                "LOCAL_PASSWORD_LOGIN=breakglass names no break-glass account.",
+                hint="Set BREAK_GLASS_USERNAMES to the superuser(s) who may sign in with a password.",
+                id="access.E002",
+            )
+        ]
+    return []
+
+
+def _map_errors(raw) -> list[str]:
+    if not isinstance(raw, dict):
+        return ["OIDC_GROUP_MAP must be a JSON object"]
+    bad = []
+    for idp_group, targets in raw.items():
+        names = [targets] if isinstance(targets, str) else targets
+        if not isinstance(names, list) or not names:
+            bad.append(f"{idp_group!r} maps to no group")
+            continue
+        bad.extend(f"{idp_group!r} → {name!r}" for name in names if name not in GOVERNED)
+    return bad
+
+
+@register()
+def check_oidc(app_configs=None, **kwargs) -> list:
+    if not getattr(settings, "OIDC_ENABLED", False):
+        return []
+    problems: list = []
+    missing = [name for name in REQUIRED if not getattr(settings, name, "")]
+    if missing:
+        problems.append(
+            Error(
+                f"OIDC_ENABLED is on but these are not set: {', '.join(missing)}.",
+                hint="Copy them from the provider's discovery document (/.well-known/openid-configuration).",
+                id="access.E003",
+            )
+        )
+    bad = _map_errors(getattr(settings, "OIDC_GROUP_MAP", {}))
+    if bad:
+        problems.append(
+            Error(
+                "OIDC_GROUP_MAP has entries that are not governed groups: " + "; ".join(bad) + ".",
+                hint=f"Map IdP group names to one or more of: {', '.join(GOVERNED)}.",
+                id="access.E004",
+            )
+        )
+    if getattr(settings, "OIDC_RP_SIGN_ALGO", "") not in ASYMMETRIC:
+        problems.append(
+            Error(
+                f"OIDC_RP_SIGN_ALGO={getattr(settings, 'OIDC_RP_SIGN_ALGO', '')!r} is not an asymmetric "
+                "JWS algorithm.",
+                hint="Use the provider's signing algorithm, e.g. RS256 (its keys come from the JWKS).",
+                id="access.E005",
+            )
+        )
+    if not settings.DEBUG:
+        plain = [name for name in URLS if str(getattr(settings, name, "")).startswith("http://")]
+        if plain:
+            problems.append(
+                Warning(
+                    f"{', '.join(plain)} {'is' if len(plain) == 1 else 'are'} not https.",
+                    hint="Tokens and the client secret travel over them: use the provider's https URLs.",
+                    id="access.W001",
+                )
+            )
+    return problems

@@ -1,0 +1,253 @@
+"""OpenID Connect sign-in (`OIDC_ENABLED`; docs/security.md): mozilla-django-oidc's authorization code
+flow (with PKCE and a nonce), with the ID token checked as OpenID Connect Core 3.1.3.7 asks and the
+account found by (issuer, subject).
+
+`OidcBackend.authenticate` answers only the callback view (`access.oidc_views`), never a password form:
+
+1. the code is redeemed at `OIDC_OP_TOKEN_ENDPOINT` (client secret, PKCE verifier);
+2. the ID token (`verify_token`) must be signed with `OIDC_RP_SIGN_ALGO` by a key of the provider's JWKS,
+   name the configured issuer (`iss == OIDC_OP_ISSUER`, exactly), be addressed to this client (`aud`,
+   and `azp` when it has several audiences), be unexpired (`exp`, with `OIDC_CLOCK_SKEW_SECONDS`), not
+   issued in the future (`iat`, `nbf`) and carry the nonce of this browser's sign-in;
+3. the userinfo response (when `OIDC_OP_USER_ENDPOINT` is set) must be about the same `sub`; its claims
+   fill in what the ID token lacks, the ID token's win;
+4. the account: the user linked to (iss, sub) (`access.models.OidcIdentity`); else a new user named by
+   `OIDC_USERNAME_CLAIM` (default `preferred_username`, else `sub`) with no usable password. A local
+   account of that name is linked only with `OIDC_LINK_EXISTING_USERS` and never when it is a
+   superuser; otherwise the sign-in is refused (an IdP whose users choose their names must not take
+   over a local account). A deactivated account is refused;
+5. groups and `is_staff` from the claims (`access.sso.apply_claims`), in the transaction that links or
+   updates the user, each change a governance event; the accepted second factor (`access.sso`) is
+   handed to the callback view on the user object (`sso_second_factor`).
+
+A refusal is logged (its reason, never a token) and shown on the login page; nothing is counted by the
+lockout (`access.lockout.not_counted`): a callback is not a guess of a secret held here.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+
+import jwt
+import requests
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth import get_user_model
+from django.core.exceptions import SuspiciousOperation, ValidationError
+from django.db import transaction
+from django.urls import reverse
+from django.utils import timezone
+from mozilla_django_oidc.auth import OIDCAuthenticationBackend
+from mozilla_django_oidc.utils import absolutify
+
+from access import sso
+from access.models import OidcIdentity
+from access.passwords import provider_name
+
+logger = logging.getLogger(__name__)
+
+REQUIRED_CLAIMS = ["iss", "sub", "aud", "exp", "iat"]
+
+
+class Refused(Exception):
+    """A sign-in refused for a reason that may be shown to the person signing in."""
+
+
+def refuse_message(request, reason: str) -> None:
+    logger.warning("single sign-on refused: %s", reason)
+    if request is not None:
+        request.sso_refused = reason
+    if request is not None and hasattr(request, "_messages"):
+        messages.error(request, f"Sign-in with {provider_name()} failed: {reason}.")
+
+
+class OidcBackend(OIDCAuthenticationBackend):
+    """mozilla-django-oidc's backend with the checks above; inert while `OIDC_ENABLED` is off."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.UserModel = get_user_model()
+        if sso.enabled():
+            super().__init__(*args, **kwargs)
+
+    # ------------------------------------------------------------------------------------------
+    # The flow
+    # ------------------------------------------------------------------------------------------
+    def authenticate(self, request, **kwargs):
+        # Only the callback view passes `nonce` (and `code_verifier`); a password form never does.
+        if not sso.enabled() or request is None or "nonce" not in kwargs:
+            return None
+        self.request = request
+        code, state = request.GET.get("code"), request.GET.get("state")
+        if not code or not state:
+            return None
+        payload = {
+            "client_id": self.OIDC_RP_CLIENT_ID,
+            "client_secret": self.OIDC_RP_CLIENT_SECRET,
+            "grant_type": "authorization_code",
+            "code": code,
+            "redirect_uri": absolutify(request, reverse("oidc_authentication_callback")),
+        }
+        if kwargs.get("code_verifier"):
+            payload["code_verifier"] = kwargs["code_verifier"]
+        try:
+            try:
+                tokens = self.get_token(payload)
+            except (requests.RequestException, ValueError) as exc:
+                logger.warning("single sign-on token request failed: %s", type(exc).__name__)
+                raise Refused("the identity provider did not accept the sign-in code") from None
+            id_token = tokens.get("id_token") if isinstance(tokens, dict) else None
+            if not isinstance(id_token, str) or not id_token:
+                raise Refused("the identity provider returned no ID token")
+            claims = self.verify_token(id_token, nonce=kwargs.get("nonce"))
+            self.store_tokens(tokens.get("access_token"), id_token)
+            return self.get_or_create_user(tokens.get("access_token"), id_token, claims)
+        except Refused as exc:
+            refuse_message(request, str(exc))
+            return None
+
+    def verify_token(self, token, **kwargs):
+        """The ID token's claims, verified (see the module, step 2), or `Refused`."""
+        nonce = kwargs.get("nonce")
+        algorithm = self.OIDC_RP_SIGN_ALGO
+        try:
+            header = jwt.get_unverified_header(token)
+        except jwt.PyJWTError:
+            raise Refused("the ID token is not a signed JWT") from None
+        if header.get("alg") != algorithm:
+            raise Refused(f"the ID token is not signed with {algorithm}")
+        try:
+            key = self.retrieve_matching_jwk(token)
+        except (requests.RequestException, ValueError, KeyError, jwt.PyJWTError, SuspiciousOperation):
+            raise Refused("no key of the identity provider's JWKS matches the ID token") from None
+        try:
+            claims = jwt.decode(
+                token,
+                key,
+                algorithms=[algorithm],
+                audience=self.OIDC_RP_CLIENT_ID,
+                issuer=settings.OIDC_OP_ISSUER,
+                leeway=int(getattr(settings, "OIDC_CLOCK_SKEW_SECONDS", 60)),
+                options={"require": REQUIRED_CLAIMS},
+            )
+        except jwt.ExpiredSignatureError:
+            raise Refused("the ID token has expired") from None
+        except jwt.InvalidIssuerError:
+            raise Refused("the ID token was issued by another issuer than the one configured") from None
+        except jwt.InvalidAudienceError:
+            raise Refused("the ID token is not addressed to this application") from None
+        except jwt.ImmatureSignatureError:
+            raise Refused("the ID token is not valid yet") from None
+        except jwt.MissingRequiredClaimError as exc:
+            raise Refused(f"the ID token has no `{exc.claim}` claim") from None
+        except jwt.PyJWTError:
+            raise Refused("the ID token's signature or claims are invalid") from None
+        audiences = claims["aud"] if isinstance(claims["aud"], list) else [claims["aud"]]
+        if len(audiences) > 1 and claims.get("azp") != self.OIDC_RP_CLIENT_ID:
+            raise Refused("the ID token was issued to another client (azp)")
+        token_nonce = claims.get("nonce")
+        if not (
+            isinstance(nonce, str)
+            and isinstance(token_nonce, str)
+            and hmac.compare_digest(nonce.encode(), token_nonce.encode())
+        ):
+            raise Refused("the ID token does not carry this sign-in's nonce")
+        if not isinstance(claims.get("sub"), str) or not claims["sub"]:
+            raise Refused("the ID token has no subject")
+        return claims
+
+    def get_userinfo(self, access_token, id_token, payload):
+        if not getattr(settings, "OIDC_OP_USER_ENDPOINT", ""):
+            return {}
+        try:
+            response = requests.get(
+                settings.OIDC_OP_USER_ENDPOINT,
+                headers={"Authorization": f"Bearer {access_token}"},
+                timeout=self.get_settings("OIDC_TIMEOUT", None),
+            )
+            response.raise_for_status()
+            info = response.json()
+        except (requests.RequestException, ValueError):
+            raise Refused("the identity provider's userinfo endpoint did not answer with JSON") from None
+        if not isinstance(info, dict) or info.get("sub") != payload["sub"]:
+            raise Refused("the userinfo response is about another subject than the ID token")
+        return info
+
+    def get_or_create_user(self, access_token, id_token, payload):
+        userinfo = self.get_userinfo(access_token, id_token, payload)
+        claims = {**userinfo, **payload}
+        with transaction.atomic():
+            user = self._account(claims)
+            if not user.is_active:
+                raise Refused("this account is deactivated")
+            self.update_user(user, claims)
+            sso.apply_claims(user, claims)
+        user.sso_second_factor = sso.second_factor(payload)  # only what the signed ID token asserts
+        return user
+
+    # ------------------------------------------------------------------------------------------
+    # The account
+    # ------------------------------------------------------------------------------------------
+    def _account(self, claims: dict):
+        issuer, subject = str(claims["iss"]), str(claims["sub"])
+        identity = (
+            OidcIdentity.objects.select_for_update()
+            .select_related("user")
+            .filter(issuer=issuer, subject=subject)
+            .first()
+        )
+        if identity is not None:
+            OidcIdentity.objects.filter(pk=identity.pk).update(last_login_at=timezone.now())
+            return identity.user
+        username = self._username(claims)
+        existing = self.UserModel._default_manager.filter(**{self.UserModel.USERNAME_FIELD: username}).first()
+        if existing is not None:
+            if not getattr(settings, "OIDC_LINK_EXISTING_USERS", False) or existing.is_superuser:
+                raise Refused(
+                    f"an account named {username!r} already exists here and is not linked to this identity "
+                    "(an administrator may allow linking with OIDC_LINK_EXISTING_USERS, never for superusers)"
+                )
+            user = existing
+        else:
+            user = self.UserModel._default_manager.create_user(username, email=self._email(claims))
+        OidcIdentity.objects.create(user=user, issuer=issuer, subject=subject)
+        logger.info("single sign-on identity linked user=%s new=%s", user.pk, existing is None)
+        return user
+
+    def _username(self, claims: dict) -> str:
+        claim = getattr(settings, "OIDC_USERNAME_CLAIM", "") or "sub"
+        username = claims.get(claim) or claims["sub"]
+        field = self.UserModel._meta.get_field(self.UserModel.USERNAME_FIELD)
+        try:
+            field.run_validators(str(username))
+            if len(str(username)) > (field.max_length or 150):
+                raise ValidationError("too long")
+        except ValidationError:
+            raise Refused(f"the `{claim}` claim is not a valid username here") from None
+        return str(username)
+
+    @staticmethod
+    def _email(claims: dict) -> str:
+        email = claims.get("email")
+        return email if isinstance(email, str) and len(email) <= 254 else ""
+
+    def update_user(self, user, claims):
+        changed = []
+        values = {
+            "email": self._email(claims),
+            "first_name": str(claims.get("given_name") or "")[:150],
+            "last_name": str(claims.get("family_name") or "")[:150],
+        }
+        for field, value in values.items():
+            if value and getattr(user, field) != value:
+                setattr(user, field, value)
+                changed.append(field)
+        if changed:
+            user.save(update_fields=changed)
+        return user
+
+    def get_user(self, user_id):
+        if not sso.enabled():
+            return None  # turning single sign-on off ends its sessions
+        user = self.UserModel._default_manager.filter(pk=user_id).first()
+        return user if user is not None and user.is_active else None

@@ -1,0 +1,79 @@
+"""Who may sign in with a local password (`LOCAL_PASSWORD_LOGIN`), and what the login page offers.
+
+* `all` (default): everyone with a usable password, as before.
+* `breakglass`: the team signs in through the identity provider (`access.oidc`); a local password is
+  accepted only from an active superuser named in `BREAK_GLASS_USERNAMES` (the account kept for when the
+  provider is down). Every other username is refused with `REFUSED` *before* its password is checked,
+  so nothing is guessed and nothing is counted (`access.forms.LoginForm`); a listed name that is not an
+  active superuser is refused after the check, uncounted. A session that was signed in with a password
+  before the switch ends at its next request (`access.backends.ModelBackend.get_user`), and the password
+  backend itself refuses an unlisted username whoever calls it.
+
+API tokens are issued only to a signed-in session (`access.apis`), so no password reaches them either.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.urls import reverse
+
+MODES = ("all", "breakglass")
+REFUSED_CODE = "password_login_disabled"
+
+
+def mode() -> str:
+    return str(getattr(settings, "LOCAL_PASSWORD_LOGIN", "all") or "all").strip().lower()
+
+
+def breakglass_only() -> bool:
+    """Anything but `all` restricts: a typo is stopped by the check access.E001, never read as `all`."""
+    return mode() != "all"
+
+
+def break_glass_names() -> set[str]:
+    return {str(name).strip() for name in getattr(settings, "BREAK_GLASS_USERNAMES", ()) if str(name).strip()}
+
+
+def may_try_password(username: str | None) -> bool:
+    """Whether a password for `username` is checked at all."""
+    return not breakglass_only() or (username or "") in break_glass_names()
+
+
+def is_break_glass(user) -> bool:
+    return bool(
+        user is not None
+        and user.is_active
+        and user.is_superuser
+        and user.get_username() in break_glass_names()
+    )
+
+
+def password_session_allowed(user) -> bool:
+    """Whether a session signed in with a password may go on for `user` now."""
+    return not breakglass_only() or is_break_glass(user)
+
+
+def provider_name() -> str:
+    return str(getattr(settings, "OIDC_PROVIDER_NAME", "") or "single sign-on")
+
+
+def refused_message() -> str:
+    if getattr(settings, "OIDC_ENABLED", False):
+        return (
+            f"Password sign-in is turned off for this account: use “Sign in with {provider_name()}”. "
+            "Only break-glass administrator accounts sign in with a password here."
+        )
+    return "Password sign-in is turned off for this account: only break-glass administrator accounts use it."
+
+
+def login_context(request) -> dict:
+    """Template context processor: `sso` for the login page (`templates/admin/login.html`)."""
+    enabled = bool(getattr(settings, "OIDC_ENABLED", False))
+    return {
+        "sso": {
+            "enabled": enabled,
+            "provider": provider_name(),
+            "url": reverse("oidc_authentication_init") if enabled else "",
+            "breakglass_only": breakglass_only(),
+        }
+    }

@@ -1,0 +1,149 @@
+"""What single sign-on decides from an identity provider's claims (`access.oidc` verifies them first).
+
+* **Groups** (`apply_claims`): on every sign-in the groups claim (`OIDC_GROUPS_CLAIM`, a list of the
+  IdP's group names, or one name) is mapped through `OIDC_GROUP_MAP` (IdP group → one or more of the
+  governed groups of `core.groups.GOVERNED`); the user is added to each mapped group they lack and
+  removed from each governed group the IdP no longer asserts. Other groups are never touched. A token
+  without the claim asserts no group. `is_staff` follows: on while any governed group is held (or the
+  user is a superuser, whose flags single sign-on never changes). Each change is written by the
+  governance receivers (`access.signals`), as every membership and flag change is, under the actor
+  `(single sign-on)` with `details.source` naming the issuer, the subject and the IdP groups that
+  asserted the group.
+* **Second factor** (`second_factor`): the ID token's `amr` values and `acr` are compared with
+  `OIDC_ACCEPTED_AMR` and `OIDC_ACCEPTED_ACR`; a match makes the session count as having passed a
+  second factor for the reasoning step-up (`mark_session`, read by `access.stepup.session_verified`),
+  bound to that user and to the single sign-on backend. Any other sign-in clears it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+from django.contrib.auth import BACKEND_SESSION_KEY
+from django.contrib.auth.models import Group
+from django.contrib.auth.signals import user_logged_in
+from django.dispatch import receiver
+
+from access.middleware import acting_as
+from core.groups import GOVERNED
+
+logger = logging.getLogger(__name__)
+
+ACTOR = "(single sign-on)"  # parentheses and a space: no Django username can be spelled so
+BACKEND = "access.oidc.OidcBackend"
+SECOND_FACTOR_KEY = "access_sso_second_factor"
+
+
+def enabled() -> bool:
+    return bool(getattr(settings, "OIDC_ENABLED", False))
+
+
+def group_map() -> dict[str, tuple[str, ...]]:
+    """`OIDC_GROUP_MAP` as IdP group → governed groups (the check access.E004 refuses other targets)."""
+    raw = getattr(settings, "OIDC_GROUP_MAP", None) or {}
+    mapped: dict[str, tuple[str, ...]] = {}
+    for idp_group, targets in raw.items():
+        names = (targets,) if isinstance(targets, str) else tuple(targets)
+        mapped[str(idp_group)] = tuple(name for name in names if name in GOVERNED)
+    return mapped
+
+
+def asserted_groups(claims: dict) -> list[str]:
+    value = claims.get(getattr(settings, "OIDC_GROUPS_CLAIM", "groups") or "groups")
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list | tuple):
+        return [str(item) for item in value if isinstance(item, str | int)]
+    return []
+
+
+def granted_groups(claims: dict) -> dict[str, list[str]]:
+    """Governed group → the asserted IdP groups that map to it."""
+    mapping = group_map()
+    granted: dict[str, list[str]] = {}
+    for idp_group in asserted_groups(claims):
+        for name in mapping.get(idp_group, ()):
+            granted.setdefault(name, []).append(idp_group)
+    return granted
+
+
+def apply_claims(user, claims: dict) -> dict[str, list[str]]:
+    """Make `user`'s governed groups and staff flag what `claims` assert (see the module); the changes,
+    as {"added": [...], "removed": [...]}. Call inside the sign-in's transaction."""
+    granted = granted_groups(claims)
+    source = {
+        "kind": "oidc",
+        "issuer": str(claims.get("iss", ""))[:200],
+        "subject": str(claims.get("sub", ""))[:200],
+        "claim": getattr(settings, "OIDC_GROUPS_CLAIM", "groups"),
+    }
+    held = {g.name: g for g in user.groups.filter(name__in=GOVERNED)}
+    groups = {g.name: g for g in Group.objects.filter(name__in=list(granted))}
+    added, removed = [], []
+    for name in sorted(set(granted) - set(held)):
+        if name not in groups:  # made after every migrate (access.groups): absent only mid-setup
+            logger.warning("single sign-on: governed group %r does not exist; not granted", name)
+            continue
+        with acting_as(ACTOR, source={**source, "idpGroups": granted[name]}):
+            user.groups.add(groups[name])
+        added.append(name)
+    for name in sorted(set(held) - set(granted)):
+        with acting_as(ACTOR, source={**source, "idpGroups": []}):
+            user.groups.remove(held[name])
+        removed.append(name)
+    staff = bool((set(held) - set(removed)) | set(added)) or user.is_superuser
+    if user.is_staff != staff:
+        user.is_staff = staff
+        with acting_as(ACTOR, source={**source, "idpGroups": sorted(asserted_groups(claims))[:50]}):
+            user.save(update_fields=["is_staff"])
+    if added or removed:
+        logger.info("single sign-on groups user=%s added=%s removed=%s", user.pk, added, removed)
+    return {"added": added, "removed": removed}
+
+
+def second_factor(id_token_claims: dict) -> dict | None:
+    """The accepted second factor the ID token asserts ({"amr": [...], "acr": ...}), or None."""
+    accepted_amr = {str(v) for v in getattr(settings, "OIDC_ACCEPTED_AMR", ()) or ()}
+    accepted_acr = {str(v) for v in getattr(settings, "OIDC_ACCEPTED_ACR", ()) or ()}
+    amr = id_token_claims.get("amr")
+    amr = [str(v) for v in amr] if isinstance(amr, list) else []
+    acr = id_token_claims.get("acr")
+    acr = str(acr) if isinstance(acr, str | int) else ""
+    matched = sorted(accepted_amr.intersection(amr))
+    if matched or (acr and acr in accepted_acr):
+        return {"amr": matched, "acr": acr if acr in accepted_acr else ""}
+    return None
+
+
+def mark_session(request, user, factor: dict | None) -> None:
+    """After a single sign-on login: record (or clear) the second factor the IdP asserted."""
+    if factor:
+        request.session[SECOND_FACTOR_KEY] = {"user": user.pk, **factor}
+    else:
+        request.session.pop(SECOND_FACTOR_KEY, None)
+
+
+def session_second_factor(request) -> bool:
+    """Whether this session's user signed in through the IdP with an accepted second factor."""
+    session = getattr(request, "session", None)
+    user = getattr(request, "user", None)
+    if session is None or user is None or not getattr(user, "is_authenticated", False):
+        return False
+    marked = session.get(SECOND_FACTOR_KEY)
+    return bool(
+        enabled()
+        and isinstance(marked, dict)
+        and marked.get("user") == user.pk
+        and session.get(BACKEND_SESSION_KEY) == BACKEND
+    )
+
+
+@receiver(user_logged_in, dispatch_uid="access.sso_clear_second_factor")
+def _clear_on_login(sender, request=None, user=None, **kwargs) -> None:
+    # Any login starts without the IdP's second factor; the single sign-on callback marks it afterwards.
+    session = getattr(request, "session", None)
+    if session is not None:
+        session.pop(SECOND_FACTOR_KEY, None)
