@@ -12,6 +12,8 @@ The recorder puts each row's digest into the details of the event that records i
 * `REASONING_PURGED` / `REASONING_REKEYED`: `rows`, each `{id, stepIndex, agentName, digest}` of what is
   stored after the purge or re-encryption;
 * `REVIEW_RECORDED`: `reviewDigest`, the review row (`audit.RunReview`) named by its `reviewId`;
+* an appended event declaring `keys` (`EVALUATION_RECORDED`: `scoreId`, `scoreDigest`): the row of a
+  higher layer's table it names, given as `appended` (`audit.appended_rows`);
 * `RUN_STARTED`: `startDigest` (the run's identity as created: id, session, question, flow, creation;
   form `startForm`, `run-start`) and `sessionDigest` (its session's id, owner and creation; form
   `sessionForm`, `session`). A run started before these digests is noted, not failed;
@@ -81,6 +83,7 @@ def verify_rows(
     reasoning: Iterable[Mapping[str, Any]],
     reviews: Iterable[Any] = (),
     session: Any = UNCHECKED,
+    appended: Iterable[Any] = (),
 ) -> RowVerdict:
     """Verify one run's stored rows against the digests in its (ordered) events; `session`: the run's
     stored session row (None: there is none), checked against RUN_STARTED's `sessionDigest` unless
@@ -153,6 +156,22 @@ def verify_rows(
     for review_id, bound in bound_reviews.items():
         verdict.problems.append(f"review {review_id} missing (recorded at sequence {bound.sequence_no})")
 
+    # Rows of a higher layer bound by appended events (`audit.appended_rows.AppendedRow`): like reviews,
+    # they exist only since row digests, so one outside the chain is never "legacy".
+    bound_appended = bindings.appended
+    for row in appended:
+        what = f"{row.label} {row.row_id}"
+        bound = bound_appended.pop((row.event_type, row.row_id), None)
+        if bound is None:
+            verdict.problems.append(f"{what}: stored row not recorded in the chain")
+        else:
+            check(row.label, row.row_id, what, bound, row.digest)
+    for (event_type, row_id), bound in bound_appended.items():
+        if bound.digest is not None:
+            verdict.problems.append(
+                f"{event_type} row {row_id} missing (recorded at sequence {bound.sequence_no})"
+            )
+
     for what, bound in unclaimed(bound_steps, bound_tools, bound_reasoning):
         verdict.problems.append(f"{what} missing (recorded at sequence {bound.sequence_no})")
 
@@ -184,7 +203,11 @@ def verify_rows(
             events=int(counts.get("events", 0)) + governance,
             steps=int(counts.get("steps", 0)),
             tools=int(counts.get("tools", 0)),
-            reasoning=counts.get("reasoning"),
+            reasoning=(
+                None
+                if counts.get("reasoning") is None
+                else int(counts["reasoning"]) + bindings.appended_reasoning
+            ),
         )
     elif finished is None and not (run is not None and run.is_terminal):
         verdict.expected = Expected(

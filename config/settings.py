@@ -66,6 +66,8 @@ INSTALLED_APPS = [
     # What model calls cost: the pricing rule, price overrides, runs' stored cost (pricing/).
     "pricing",
     "agent",
+    # Online evaluators scoring finished runs, chained into their record (evaluations/, issue 34).
+    "evaluations",
     "surfaces",
 ]
 
