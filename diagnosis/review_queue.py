@@ -9,7 +9,8 @@ One home for the rule (the admin's queue page, its counts on the admin index, th
   policy `draft` streamed text before the guards decided, `diagnosis.models.ReleaseMode`); an AI Ops
   report (every AI Ops analysis is reviewed once).
 * `needs_review`: stored on the run and indexed with `created_at` (`idx_run_needs_review`), true exactly
-  when the run is terminal, has no review yet (`reviewed_at` NULL) and at least one reason holds. A review
+  when the run is terminal, has no review yet (`reviewed_at` NULL), is not an experiment replay
+  (`diagnosis.selectors.PRODUCTION`) and at least one reason holds. A review
   takes the run off the queue for good (a down-vote after the review does not bring it back: the
   reviewer saw the run as it is; the vote stays visible on the run).
 * `needs_review_expression` as one `UPDATE` of the flag (`audit.facts.fact_statements`, compiled once;
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from django.db.models import BooleanField, Case, Q, QuerySet, Value, When
 
 from diagnosis.models import TERMINAL_RUN_STATUSES, AgentFlow, DiagnosisRun, ReleaseDecision
+from diagnosis.selectors import PRODUCTION
 
 # How long a reviewer's claim on a queued run keeps others from taking it (`claim_run`).
 CLAIM_MINUTES_DEFAULT = 30
@@ -68,7 +70,8 @@ def needs_review_expression() -> Case:
     """The rule (module docstring) over the run's own columns."""
     return Case(
         When(
-            Q(status__in=TERMINAL_RUN_STATUSES) & Q(reviewed_at__isnull=True) & any_reason(), then=Value(True)
+            Q(status__in=TERMINAL_RUN_STATUSES) & Q(reviewed_at__isnull=True) & PRODUCTION & any_reason(),
+            then=Value(True),
         ),
         default=Value(False),
         output_field=BooleanField(),
