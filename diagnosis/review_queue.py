@@ -66,11 +66,13 @@ def any_reason() -> Q:
     return q
 
 
-def needs_review_expression() -> Case:
-    """The rule (module docstring) over the run's own columns."""
+def needs_review_expression(*, purpose: bool = True) -> Case:
+    """The rule (module docstring) over the run's own columns. `purpose=False` only for the migration
+    that backfilled the flag before runs had a purpose (every run then was a production run)."""
+    production = PRODUCTION if purpose else Q()
     return Case(
         When(
-            Q(status__in=TERMINAL_RUN_STATUSES) & Q(reviewed_at__isnull=True) & PRODUCTION & any_reason(),
+            Q(status__in=TERMINAL_RUN_STATUSES) & Q(reviewed_at__isnull=True) & production & any_reason(),
             then=Value(True),
         ),
         default=Value(False),

@@ -1,4 +1,4 @@
-"""`manage.py export_dataset NAME [--version N] [--output FILE]`: the version's items as JSON Lines
+"""`manage.py export_dataset NAME [--dataset-version N] [--output FILE]`: the version's items as JSON Lines
 (`experiments.datasets.item_json`), to FILE or standard output; the newest version by default."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("name")
-        parser.add_argument("--version", type=int, dest="dataset_version")
+        parser.add_argument("--dataset-version", type=int, dest="dataset_version")
         parser.add_argument("--output", "-o")
 
     def handle(self, *args, **options):

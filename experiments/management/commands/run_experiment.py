@@ -1,4 +1,4 @@
-"""`manage.py run_experiment DATASET --config CANDIDATE [--version N] [--name NAME] [--user USERNAME]`:
+"""`manage.py run_experiment DATASET --config CANDIDATE [--dataset-version N] [--name NAME] [--user USERNAME]`:
 replay every item of a dataset version (the newest by default) through the real runtime under the
 candidate configuration CANDIDATE (a JSON or TOML file: `agent.runtime.candidate`), score both sides
 with the enabled evaluators and print the comparison's aggregate (`experiments.results`). The replays'
@@ -21,7 +21,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("dataset")
         parser.add_argument("--config", required=True, help="the candidate (JSON or TOML)")
-        parser.add_argument("--version", type=int, dest="dataset_version")
+        parser.add_argument("--dataset-version", type=int, dest="dataset_version")
         parser.add_argument("--name", default="")
         parser.add_argument("--user", default="")
 
