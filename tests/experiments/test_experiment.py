@@ -15,8 +15,8 @@ from django.conf import settings as django_settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from agent.runtime.demo import DemoModelClient
 from agent.runtime.candidate import Candidate
+from agent.runtime.demo import DemoModelClient
 from audit.dashboard import get_dashboard
 from audit.models import EventType, ToolInvocation, TraceEvent
 from diagnosis.models import ChatSession, DiagnosisRun, ReleaseDecision, RunPurpose

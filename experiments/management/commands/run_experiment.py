@@ -1,4 +1,4 @@
-"""`manage.py run_experiment DATASET --config CANDIDATE [--dataset-version N] [--name NAME] [--user USERNAME]`:
+"""`manage.py run_experiment DATASET --config CANDIDATE [--dataset-version N] [--name N] [--user U]`:
 replay every item of a dataset version (the newest by default) through the real runtime under the
 candidate configuration CANDIDATE (a JSON or TOML file: `agent.runtime.candidate`), score both sides
 with the enabled evaluators and print the comparison's aggregate (`experiments.results`). The replays'
