@@ -34,6 +34,7 @@ from experiments.models import Dataset, DatasetItem
 NAME_CHARS = 100
 NOTE_CHARS = 500
 IMPORT_MAX_ITEMS = 10_000
+MAX_ADD = 10_000  # runs added in one version (the console's action, `make_dataset`)
 
 
 class DatasetError(ValueError):

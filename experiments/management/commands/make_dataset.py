@@ -11,9 +11,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils.dateparse import parse_date, parse_datetime
 
 from diagnosis.selectors import runs_matching
+from experiments.datasets import MAX_ADD as MAX_RUNS
 from experiments.datasets import DatasetError, add_runs
-
-MAX_RUNS = 10_000
 
 
 def _when(text: str | None) -> dt.datetime | None:
