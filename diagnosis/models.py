@@ -259,6 +259,8 @@ class DiagnosisRun(models.Model):
             models.Index(fields=["needs_review", "created_at"], name="idx_run_needs_review"),
             # The list's configuration filter, newest first.
             models.Index(fields=["config_fingerprint", "created_at"], name="idx_run_config_created"),
+            # The list's review-verdict filter (datasets of reviewed runs), newest first.
+            models.Index(fields=["review_verdict", "created_at"], name="idx_run_verdict_created"),
         ]
         # Deciding a tool call that waits for approval (held by the group "Approvers", created on migrate).
         permissions = [("approve_tool_call", "Can approve or reject tool calls that require approval")]
