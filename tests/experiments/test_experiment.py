@@ -167,3 +167,45 @@ def test_a_candidate_with_an_unknown_key_or_tool_is_refused(tmp_path, user):
 
     with pytest.raises(CandidateError, match="unknown key"):
         Candidate.load(config)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("runtime_pools", "corpus")
+def test_a_candidates_models_tools_and_prompts_are_what_the_replay_sends(llm, user, tmp_path):
+    """Against the fake OpenAI-compatible server: the replay calls the candidate's agent model, offers
+    only the candidate's tools, sends its prompt, and its fingerprint records all three."""
+    from tests.agent.runtime.support import AGENT, GUARD, ROUTE, ROUTER, VERDICT, evidence_ids
+    from tests.fakes.openai_server import stream_answer, stream_tool_calls, usage
+
+    def script(agent_model: str) -> None:
+        llm.add(ROUTER, stream_answer(ROUTE, usage=usage(40, 10)))
+        llm.add(
+            agent_model,
+            stream_tool_calls([("c1", "lookup_knowledge", '{"query": "disk full"}')], usage=usage(200, 20)),
+            lambda request: stream_answer(f"Run du [{evidence_ids(request)[0]}].", usage=usage(300, 30)),
+        )
+        llm.add(GUARD, stream_answer(VERDICT, usage=usage(100, 10)))
+
+    script(AGENT)
+    source = ask(user, "Disk full on /var/log")[0]
+    dataset = add_runs(name="one", runs=[source])
+    config = tmp_path / "candidate.toml"
+    config.write_text(
+        'tools = ["lookup_knowledge"]\n[models]\nagent = "cand-agent"\n'
+        '[prompts]\nagent = "Be brief; cite ids."\n',
+        encoding="utf-8",
+    )
+    script("cand-agent")
+    experiment = run_experiment(dataset=dataset, candidate=Candidate.load(config), user=user)
+    (replay,) = experiment.replays.all()
+    run = DiagnosisRun.objects.get(run_id=replay.run_id)
+    assert run.release_decision == ReleaseDecision.PUBLISHED
+    first = llm.requests["cand-agent"][0]
+    assert [t["function"]["name"] for t in first.tools] == ["lookup_knowledge"]
+    assert first.messages[0]["content"].startswith("Be brief; cite ids.")
+    document = TraceEvent.objects.get(run_id=run.run_id, event_type=EventType.RUN_STARTED).details[
+        "configuration"
+    ]
+    assert document["models"]["agent"] == "cand-agent" and document["tools"]["names"] == ["lookup_knowledge"]
+    assert run.config_fingerprint == experiment.candidate_fingerprint != source.config_fingerprint
+    assert experiment.candidate["models"] == {"agent": "cand-agent"}
