@@ -125,6 +125,10 @@ def test_dropping_a_runbook_shows_the_expected_regressions(user, evaluators, tmp
     for run_id in dependent:
         assert run_id in blocked or by_source[run_id].deltas["citations"] < 0
     citations = next(s for s in results.evaluators if s.name == "citations")
+    print(  # what the experiment measured (pytest -s)
+        f"dependent={len(dependent)} blocked={len(blocked)} regressions={results.regressions} "
+        f"citations delta={citations.mean_delta:+.4f} ci={citations.ci} totals={results.totals}"
+    )
     assert citations.n == 20 and citations.worse == len(dependent) and citations.better == 0
     assert citations.mean_delta < 0
     assert citations.ci is not None and citations.ci[0] < citations.mean_delta <= citations.ci[1] <= 0
