@@ -35,6 +35,7 @@ from typing import Any
 from audit import rowdigest
 from audit.bound import GOVERNANCE_EVENTS, Bound, collect, reasoning_label, step_key, step_label, unclaimed
 from audit.events import label as event_label
+from audit.payloads import canonical_json, sha256_hex
 
 NOT_BOUND = "not bound (recorded before row digests)"
 IDENTITY_NOT_BOUND = "run identity (question, session, owner) not bound (started before identity digests)"
@@ -225,6 +226,7 @@ def _check_identity(verdict: RowVerdict, bindings: Any, run: Any | None, session
     started = bindings.started
     if run is None or started is None:
         return  # no run row (named by the caller) or no RUN_STARTED (a chain problem if one was written)
+    _check_configuration(verdict, bindings, run, started.sequence_no)
     if started.digest is None:
         verdict.notes.append(IDENTITY_NOT_BOUND)
         return
@@ -249,4 +251,25 @@ def _check_identity(verdict: RowVerdict, bindings: Any, run: Any | None, session
         verdict.problems.append(
             f"{where}: stored owner or creation time does not match its digest at sequence "
             f"{bound.sequence_no}"
+        )
+
+
+def _check_configuration(verdict: RowVerdict, bindings: Any, run: Any, sequence_no: int) -> None:
+    """The run's `config_fingerprint` column against RUN_STARTED's chained `configFingerprint` (a run
+    started before fingerprints carries neither), and that fingerprint against the SHA-256 of the
+    chained `configuration` document's canonical JSON."""
+    stored = getattr(run, "config_fingerprint", None)
+    if stored is not None and stored != bindings.config_fingerprint:
+        verdict.problems.append(
+            f"run: stored configuration fingerprint does not match RUN_STARTED at sequence {sequence_no}"
+        )
+    document = bindings.configuration
+    if (
+        bindings.config_fingerprint
+        and isinstance(document, dict)
+        and not document.get("truncated")
+        and sha256_hex(canonical_json(document)) != bindings.config_fingerprint
+    ):
+        verdict.problems.append(
+            f"run: configuration chained at sequence {sequence_no} does not hash to its fingerprint"
         )

@@ -74,6 +74,11 @@ class Bindings:
     # run started before identity digests.
     started: Bound | None = None
     session: Bound | None = None
+    # RUN_STARTED's `configFingerprint` ("" when it carries none) and its `configuration` document
+    # (None when absent): `DiagnosisRun.config_fingerprint` must equal the one, the SHA-256 of the
+    # other's canonical JSON the fingerprint itself.
+    config_fingerprint: str = ""
+    configuration: Any = None
     digests_seen: bool = False
     governance: int = 0
     # Reasoning rows bound by appended events (a judge's call): beyond the recorder's expected count.
@@ -92,6 +97,8 @@ def collect(events: Sequence[Any]) -> Bindings:
         if kind == RUN_STARTED:
             b.started = Bound(seq, d.get("startDigest"), form=d.get("startForm"))
             b.session = Bound(seq, d.get("sessionDigest"), form=d.get("sessionForm"))
+            b.config_fingerprint = str(d.get("configFingerprint") or "")
+            b.configuration = d.get("configuration")
         elif kind == AGENT_MODEL_STEP:
             b.step_events += 1
             b.steps[step_key(d.get("stepIndex"), d.get("agentName"))] = Bound(seq, d.get("stepDigest"))

@@ -49,6 +49,7 @@ from diagnosis.models import (
     DiagnosisRun,
     KnowledgeChunk,
     KnowledgeDocument,
+    RunConfiguration,
     RunFeedback,
 )
 from reasoning.models import AgentReasoningAudit, ReasoningAccessLog
@@ -79,7 +80,14 @@ _HOLD_CHAIN = (
 
 
 COVERED: dict[type[models.Model], dict[str, str]] = {
-    DiagnosisRun: _by_forms(rowdigest.RUN, rowdigest.RUN_START),
+    DiagnosisRun: {
+        **_by_forms(rowdigest.RUN, rowdigest.RUN_START),
+        "config_fingerprint": (
+            "chain: must equal the configFingerprint of the run's chained RUN_STARTED (derived from "
+            "the signed record; '' when it carries none), itself the SHA-256 of the chained "
+            "configuration document"
+        ),
+    },
     ChatSession: _by_forms(rowdigest.SESSION),
     TraceEvent: {
         **_same(
@@ -316,6 +324,11 @@ AUDITED: tuple[type[models.Model], ...] = tuple(EXCLUDED)
 NOT_AUDITED: dict[type[models.Model], str] = {
     KnowledgeDocument: "the runbook corpus the tools search; a tool's result is bound by its output_sha256",
     KnowledgeChunk: "the runbook corpus the tools search; a tool's result is bound by its output_sha256",
+    RunConfiguration: (
+        "a display copy of run configurations, content-addressed (its key is the SHA-256 of its canonical "
+        "JSON) and append-only: each run chains its own copy of the document and its fingerprint in "
+        "RUN_STARTED, which is the evidence"
+    ),
     ReasoningAccessLog: (
         "who read reasoning content (append-only by the application): an access log beside the record, "
         "bound by no chain yet"

@@ -59,11 +59,14 @@ EVENTS: tuple[EventSpec, ...] = (
         RECORDER,
         "The run began executing under a lease: its flow, provider and configuration, and the digests of "
         "its identity as created.",
-        binds="`startForm`, `startDigest`, `sessionForm`, `sessionDigest`, `owner`",
+        binds="`startForm`, `startDigest`, `sessionForm`, `sessionDigest`, `owner`, `configFingerprint`",
         row="the run's identity as created (form `run-start`: id, session, the user's `query`, "
         "`agent_flow`, `created_at`) and its session's (form `session`: id, owner's user id, creation "
         "time), read back from the stored rows when the run starts; `owner` is the owner's username as a "
-        "chained snapshot. Runs started before carry none: noted, not failed",
+        "chained snapshot; `configFingerprint` (the run row's `config_fingerprint` must equal it) is the "
+        "SHA-256 of the chained `configuration` document (prompt digests, models, parameters, tool "
+        "schemas, knowledge snapshot, guards, release policy). Runs started before carry none: noted, "
+        "not failed",
     ),
     EventSpec(
         "REDACTION_APPLIED",

@@ -20,7 +20,7 @@ from django.db.models import Lookup, OuterRef, Q, QuerySet, Subquery
 
 from core.compiled import CompiledQuery
 from core.ids import MAX_ID_CHARS, valid_id
-from diagnosis.models import AiOpsAlert, ChatSession, DiagnosisRun, RunFeedback
+from diagnosis.models import AiOpsAlert, ChatSession, DiagnosisRun, RunConfiguration, RunFeedback
 
 
 class RunResolution:
@@ -357,3 +357,22 @@ def aiops_analyses(
     if release_decision:
         rows = rows.filter(run__release_decision=release_decision)
     return rows.order_by("-created_at", "-id")
+
+
+# --------------------------------------------------------------------------------------------------
+# Run configurations (`RunConfiguration`, keyed by fingerprint)
+# --------------------------------------------------------------------------------------------------
+FINGERPRINT_SHAPE = re.compile(r"^[0-9a-f]{64}$")
+
+
+def run_configurations(*, fingerprints) -> dict[str, RunConfiguration]:
+    """The stored configurations of `fingerprints` by fingerprint (one query; absent ones left out)."""
+    wanted = [f for f in dict.fromkeys(fingerprints) if f and FINGERPRINT_SHAPE.match(f)]
+    if not wanted:
+        return {}
+    return {c.fingerprint: c for c in RunConfiguration.objects.filter(fingerprint__in=wanted)}
+
+
+def recent_configurations(*, limit: int = 20) -> list[RunConfiguration]:
+    """The newest configurations first (the run list's configuration filter)."""
+    return list(RunConfiguration.objects.order_by("-created_at", "-id")[:limit])

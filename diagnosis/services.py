@@ -28,6 +28,7 @@ from diagnosis.models import (
     DiagnosisRun,
     FeedbackRating,
     ReleaseMode,
+    RunConfiguration,
     RunFeedback,
     RunStatus,
 )
@@ -229,3 +230,15 @@ def submit_feedback(
         runs.update(downvoted=Exists(down))
         refresh_needs_review(runs=runs)
     return feedback
+
+
+def remember_configuration(
+    *, fingerprint: str, canonical: str, document: dict[str, Any], prompts: dict[str, str]
+) -> None:
+    """Keep a run configuration under its fingerprint once (`RunConfiguration`: append-only, content-
+    addressed): one INSERT that leaves a row already there as it is (same key, same content), so a
+    concurrent first write of the same configuration is no error either."""
+    RunConfiguration.objects.bulk_create(
+        [RunConfiguration(fingerprint=fingerprint, canonical=canonical, document=document, prompts=prompts)],
+        ignore_conflicts=True,
+    )

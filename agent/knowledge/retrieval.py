@@ -24,6 +24,8 @@ generation) or when the version stamp (document count and latest `updated_at`), 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import re
@@ -210,6 +212,42 @@ class _Index:
     idf: dict[str, float]  # normalised (0..1] IDF of metadata tokens over documents
     bm25: Any  # bm25s.BM25, or None without chunks
     chunk_tokens: dict[str, list[str]]  # indexed text -> tokens, reused by the next rebuild
+    snapshot: KnowledgeSnapshot  # the digest of everything a search over this index could return
+
+
+@dataclass(frozen=True)
+class KnowledgeSnapshot:
+    """What retrieval can return, as one digest: sha256 of the canonical JSON of every document's slug,
+    title, tags and summary (what L0 matches) with its chunks' ordinals, headings and texts (what L1
+    ranks and the tools return), in slug and ordinal order. Equal corpora give equal digests wherever
+    they are loaded from (the database, or a candidate runbook folder: `index_from_documents`)."""
+
+    digest: str
+    documents: int
+    chunks: int
+
+
+def _snapshot(
+    documents: list[tuple[str, str, list, str]], chunks: dict[str, list[tuple]]
+) -> KnowledgeSnapshot:
+    """The snapshot of `documents` (slug, title, tags, summary) and their `chunks` by slug (ordinal,
+    heading, text)."""
+    body = [
+        {
+            "slug": slug,
+            "title": title,
+            "tags": list(tags or []),
+            "summary": summary,
+            "chunks": [[ordinal, heading, text] for ordinal, heading, text in chunks.get(slug, [])],
+        }
+        for slug, title, tags, summary in sorted(documents)
+    ]
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return KnowledgeSnapshot(
+        digest=hashlib.sha256(text.encode("utf-8")).hexdigest(),
+        documents=len(body),
+        chunks=sum(len(v) for v in chunks.values()),
+    )
 
 
 def _tag_pattern(tag: str) -> tuple[str, re.Pattern[str] | None]:
@@ -230,10 +268,6 @@ def _read_stamp() -> tuple[int, Any]:
 
 
 def _build_index(generation: int, stamp: tuple[int, Any], known_tokens: dict[str, list[str]]) -> _Index:
-    started = time.monotonic()
-    import bm25s
-
-    logging.getLogger("bm25s").setLevel(logging.WARNING)
     rows = list(
         KnowledgeDocument.objects.order_by("id").values_list("id", "slug", "title", "tags", "summary")
     )
@@ -242,6 +276,22 @@ def _build_index(generation: int, stamp: tuple[int, Any], known_tokens: dict[str
             "document_id", "ordinal", "heading", "text"
         )
     )
+    return _make_index(generation, stamp, rows, chunk_rows, known_tokens)
+
+
+def _make_index(
+    generation: int,
+    stamp: tuple[int, Any],
+    rows: list[tuple[Any, str, str, list, str]],
+    chunk_rows: list[tuple[Any, int, str, str]],
+    known_tokens: dict[str, list[str]],
+) -> _Index:
+    """The index of documents `rows` (key, slug, title, tags, summary) and their chunks `chunk_rows`
+    (document key, ordinal, heading, text), in order."""
+    started = time.monotonic()
+    import bm25s
+
+    logging.getLogger("bm25s").setLevel(logging.WARNING)
     position = {pk: i for i, (pk, *_rest) in enumerate(rows)}
     chunks: list[_Chunk] = []
     spans: dict[int, list[int]] = {}
@@ -302,7 +352,12 @@ def _build_index(generation: int, stamp: tuple[int, Any], known_tokens: dict[str
         len(chunks),
         int((time.monotonic() - started) * 1000),
     )
-    return _Index(generation, stamp, tuple(documents), tuple(chunks), idf, bm25, chunk_tokens)
+    by_slug: dict[str, list[tuple]] = {}
+    for document_id, ordinal, heading, text in chunk_rows:
+        if document_id in position:
+            by_slug.setdefault(slugs[position[document_id]], []).append((ordinal, heading, text))
+    snapshot = _snapshot([(slug, title, tags, summary) for _pk, slug, title, tags, summary in rows], by_slug)
+    return _Index(generation, stamp, tuple(documents), tuple(chunks), idf, bm25, chunk_tokens, snapshot)
 
 
 class _IndexHolder:
@@ -355,6 +410,11 @@ def warm_knowledge_index() -> None:
     during the first search; uses the ORM like a search does."""
     _segmenter()
     _holder.get()
+
+
+def knowledge_snapshot() -> KnowledgeSnapshot:
+    """The digest of the corpus a search can return now (the process's index, rebuilt if stale)."""
+    return _holder.get().snapshot
 
 
 def reset_knowledge_index() -> None:

@@ -45,7 +45,7 @@ from diagnosis.selectors import search_runs
 from pricing.rules import CostStatus
 from reasoning.models import REASONING_PERMISSION, AccessChannel
 from reasoning.services import read_reasoning
-from surfaces.admin import oversight
+from surfaces.admin import configs, oversight
 from surfaces.admin.dashboard import dashboard_view
 from surfaces.admin.display import QUERY_PREVIEW_CHARS, delivery_note, format_ms, provider_chip
 from surfaces.admin.display import chip as _chip
@@ -164,6 +164,7 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
         "audit_complete_flag",
         "duration",
         "cost_cell",
+        "config",
         "created",
     )
     # The first cell links the run page and, below it, the session page (two links, so no automatic one).
@@ -178,6 +179,7 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
         CostFilter,
         AuditCompleteFilter,
         UnverifiedDeliveredFilter,
+        configs.ConfigurationFilter,
     )
     # The sessions of the page's runs by a second query on their unique key, for the links to their
     # pages (a join made MariaDB scan chat_session first).
@@ -238,6 +240,10 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
         return format_html(
             '<span class="dc-cost{}" title="{}">{}</span>', "" if priced else " dc-quiet", note, text
         )
+
+    @admin.display(description="config")
+    def config(self, run: DiagnosisRun):
+        return configs.config_cell(run)
 
     @admin.display(description="created", ordering="created_at")
     def created(self, run: DiagnosisRun):
@@ -312,6 +318,11 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
             ),
             path("keys/", wrap(self.keys_view), name="{}_{}_keys".format(*info)),
             path(
+                "configurations/<str:fingerprint>/",
+                wrap(self.configuration_view),
+                name="{}_{}_configuration".format(*info),
+            ),
+            path(
                 "<path:object_id>/reasoning/",
                 wrap(self.reasoning_view),  # admin_view adds login, staff, never_cache and csrf_protect
                 name="{}_{}_reasoning".format(*info),
@@ -381,6 +392,11 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         return dashboard_view(self, request)
+
+    def configuration_view(self, request, fingerprint):
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return configs.configuration_view(self, request, fingerprint)
 
     def keys_view(self, request):
         """The transparency log's public keys (`surfaces.admin.keys`): staff who may view runs."""
