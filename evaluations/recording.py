@@ -211,6 +211,10 @@ def record_score(
 
     with transaction.atomic():
         append_to_finished_run(run_id=run.run_id, compose=compose)
+        if score.needs_human:
+            from evaluations.queue import refresh
+
+            refresh(run.run_id)
     logger.info(
         "evaluation recorded run=%s evaluator=%s v%s label=%s",
         run.run_id,
