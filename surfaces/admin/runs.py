@@ -45,10 +45,11 @@ from diagnosis.selectors import search_runs
 from pricing.rules import CostStatus
 from reasoning.models import REASONING_PERMISSION, AccessChannel
 from reasoning.services import read_reasoning
-from surfaces.admin import configs, oversight
+from surfaces.admin import configs, evaluation_views, oversight
 from surfaces.admin.dashboard import dashboard_view
 from surfaces.admin.display import QUERY_PREVIEW_CHARS, delivery_note, format_ms, provider_chip
 from surfaces.admin.display import chip as _chip
+from surfaces.admin.evaluation_views import EvaluationColumn
 from surfaces.admin.keys import keys_view
 from surfaces.admin.ledger import run_cost_label
 from surfaces.admin.run_page import build_run_page
@@ -143,7 +144,7 @@ class ReconciledFilter(admin.BooleanFieldListFilter):
 
 
 @admin.register(DiagnosisRun)
-class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
+class DiagnosisRunAdmin(EvaluationColumn, ScalableListAdmin, admin.ModelAdmin):
     """Runs: a dense list over stored facts (see the module docstring), and a read-only one-page run view.
 
     Nobody adds, changes or deletes a run here. `change_view` is replaced by the run page; `reasoning/`
@@ -164,6 +165,7 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
         "audit_complete_flag",
         "duration",
         "cost_cell",
+        "evaluation_score",
         "config",
         "created",
     )
@@ -200,7 +202,7 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
 
     def get_queryset(self, request):
         # The run page links the session too: its row by the unique key, in the same query (eq_ref).
-        return super().get_queryset(request).select_related("session")
+        return evaluation_views.annotate(super().get_queryset(request).select_related("session"))
 
     def get_search_results(self, request, queryset, search_term):
         return search_runs(queryset=queryset, term=search_term), False
@@ -454,6 +456,7 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
             "can_approve": approvals.may_approve(request.user),
             "events_url": reverse("admin:audit_traceevent_changelist") + "?" + urlencode({"q": run.run_id}),
             **oversight.review_form_context(request, run),
+            **evaluation_views.run_page_context(run),
             **(extra_context or {}),
         }
         request.current_app = self.admin_site.name
