@@ -170,3 +170,18 @@ def test_a_deterministic_explanation_is_exported_and_content_capture_adds_the_ju
     settings.OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT = True
     assert otel.attributes_of(judged)["gen_ai.evaluation.explanation"] == "claims checked"
     assert DiagnosisRun.objects.filter(run_id=run.run_id, needs_review=False).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("runtime_pools", "corpus")
+def test_the_worker_scores_only_runs_finished_within_the_look_back(llm, user, settings):
+    script_reasoned_diagnosis(llm)
+    run, _, _ = ask(user, "Disk full on /var/log")
+    Evaluator.objects.create(name="citations", kind=EvaluatorKind.CITATION_COVERAGE)
+    DiagnosisRun.objects.filter(run_id=run.run_id).update(finished_at=timezone.now() - dt.timedelta(hours=3))
+    settings.EVALUATION_LOOKBACK_HOURS = 2
+    call_command("run_evaluations", "--once", stdout=io.StringIO())
+    assert not EvaluationScore.objects.exists()
+    settings.EVALUATION_LOOKBACK_HOURS = 4
+    call_command("run_evaluations", "--once", stdout=io.StringIO())
+    assert EvaluationScore.objects.filter(run_id=run.run_id).count() == 1
