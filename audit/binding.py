@@ -34,6 +34,7 @@ from typing import Any
 
 from audit import rowdigest
 from audit.bound import GOVERNANCE_EVENTS, Bound, collect, reasoning_label, step_key, step_label, unclaimed
+from audit.events import label as event_label
 from audit.payloads import canonical_json, sha256_hex
 
 NOT_BOUND = "not bound (recorded before row digests)"
@@ -168,9 +169,8 @@ def verify_rows(
             check(row.label, row.row_id, what, bound, row.digest)
     for (event_type, row_id), bound in bound_appended.items():
         if bound.digest is not None:
-            verdict.problems.append(
-                f"{event_type} row {row_id} missing (recorded at sequence {bound.sequence_no})"
-            )
+            what = event_label(event_type).lower()
+            verdict.problems.append(f"{what} {row_id} missing (recorded at sequence {bound.sequence_no})")
 
     for what, bound in unclaimed(bound_steps, bound_tools, bound_reasoning):
         verdict.problems.append(f"{what} missing (recorded at sequence {bound.sequence_no})")

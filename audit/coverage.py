@@ -381,6 +381,27 @@ ROWS_EXCLUDED: dict[type[models.Model], str] = {
 }
 
 
+def register(
+    model: type[models.Model],
+    *,
+    covered: dict[str, str],
+    excluded: dict[str, str],
+    rows: str,
+    not_audited: dict[type[models.Model], str] | None = None,
+) -> None:
+    """Account for an audited table of a higher layer (an evaluation score: `evaluations.recording`),
+    at app start: its covered and excluded columns and how a deleted or forged row is caught (and the
+    app's other models, `not_audited`, with why they are no part of the record). The
+    tamper matrix then attacks it like the record's own tables."""
+    global AUDITED
+    if not_audited:
+        NOT_AUDITED.update(not_audited)
+    COVERED[model] = covered
+    EXCLUDED[model] = excluded
+    ROWS[model] = rows
+    AUDITED = tuple(EXCLUDED)
+
+
 def unaccounted(model: type[models.Model]) -> list[str]:
     """The concrete fields of `model` neither covered nor excluded (must be empty), and those both."""
     covered, excluded = COVERED.get(model, {}), EXCLUDED.get(model, {})

@@ -226,7 +226,7 @@ EVENTS: tuple[EventSpec, ...] = (
     ),
     EventSpec(
         "EVALUATION_RECORDED",
-        "Evaluation",
+        "Evaluation score",
         APPENDED,
         "An online evaluator scored the finished run: the evaluator's name, version and kind, the score's "
         "value and label, the explanation's length and sha256, and for an LLM judge its model, token "

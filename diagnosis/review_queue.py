@@ -8,6 +8,9 @@ One home for the rule (the admin's queue page, its counts on the admin index, th
   (`tokens_reconciled`); an unverified draft delivered to a reader (`draft_chars > 0`: the release
   policy `draft` streamed text before the guards decided, `diagnosis.models.ReleaseMode`); an AI Ops
   report (every AI Ops analysis is reviewed once).
+* reasons registered by higher layers at app start (`register_reason`): an online evaluator's score
+  labelled `unsupported` (LLM judge) or `forbidden` (a forbidden command in the released answer),
+  `evaluations.queue`, as a subquery of `evaluations_score` by the run's id;
 * `needs_review`: stored on the run and indexed with `created_at` (`idx_run_needs_review`), true exactly
   when the run is terminal, has no review yet (`reviewed_at` NULL), is not an experiment replay
   (`diagnosis.selectors.PRODUCTION`) and at least one reason holds. A review
@@ -44,15 +47,27 @@ class Reason:
     q: Q
 
 
-REASONS: tuple[Reason, ...] = (
+# A list, so that a higher layer's reason registered at app start (`register_reason`) is seen by every
+# module that imported it.
+REASONS: list[Reason] = [
     Reason("blocked", "blocked by the guards", Q(release_decision=ReleaseDecision.BLOCKED)),
     Reason("downvoted", "voted down by a user", Q(downvoted=True)),
     Reason("audit_incomplete", "audit incomplete", Q(audit_complete=False)),
     Reason("unreconciled", "tokens not reconciled", Q(tokens_reconciled=False)),
     Reason("draft_delivered", "unverified draft delivered", Q(draft_chars__gt=0)),
     Reason("aiops_report", "AI Ops report", Q(agent_flow=AgentFlow.AI_OPS)),
-)
-REASON_KEYS = tuple(r.key for r in REASONS)
+]
+REASON_KEYS = [r.key for r in REASONS]
+
+
+def register_reason(new: Reason) -> None:
+    """Add a reason of a higher layer (an online evaluator's verdict: `evaluations.queue`), at app start,
+    before the fact statements are compiled. Its `q` may read another table by the run's id (a
+    subquery, never a join), so the flag stays one statement over the run's row."""
+    if new.key in REASON_KEYS:
+        return
+    REASONS.append(new)
+    REASON_KEYS.append(new.key)
 
 
 def reason(key: str) -> Reason | None:

@@ -12,7 +12,8 @@ class EvaluationsConfig(AppConfig):
     verbose_name = "Evaluations"
 
     def ready(self) -> None:
-        from evaluations import metrics, recording
+        from evaluations import metrics, queue, recording
 
         recording.register()
         metrics.register()
+        queue.register()

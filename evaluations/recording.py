@@ -26,12 +26,12 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from audit import appended_rows, rowdigest
+from audit import appended_rows, coverage, rowdigest
 from audit.models import EventType, Phase
-from audit.payloads import sha256_hex
+from audit.payloads import canonical_json, sha256_hex
 from audit.recorder import ChainEvent, Tail, append_to_finished_run, row_insert
 from diagnosis.services import new_id
-from evaluations.models import EvaluationScore, Evaluator
+from evaluations.models import EvaluationClaim, EvaluationScore, Evaluator
 from reasoning.capture import CapturedReasoning
 from reasoning.models import AgentReasoningAudit
 
@@ -90,6 +90,18 @@ class Outcome:
     explanation: str
 
 
+def config_digest(evaluator: Evaluator) -> str:
+    """sha256 of the evaluator version's configuration (every field that decides a score, canonical
+    JSON): chained with each score, so a configuration changed after the fact is provable."""
+
+    fields = [
+        f.name
+        for f in Evaluator._meta.concrete_fields
+        if f.name not in ("id", "enabled", "created_at", "description")
+    ]
+    return sha256_hex(canonical_json({name: str(getattr(evaluator, name)) for name in fields}))
+
+
 def _rounded(value: float | None) -> float | None:
     return None if value is None else round(float(value), 6)
 
@@ -135,6 +147,7 @@ def record_score(
             "evaluator": evaluator.name,
             "evaluatorVersion": evaluator.version,
             "evaluatorId": evaluator.pk,
+            "evaluatorConfigSha256": config_digest(evaluator),
             "kind": evaluator.kind,
             "value": score.value,
             "label": score.label,
@@ -198,6 +211,10 @@ def record_score(
 
     with transaction.atomic():
         append_to_finished_run(run_id=run.run_id, compose=compose)
+        if score.needs_human:
+            from evaluations.queue import refresh
+
+            refresh(run.run_id)
     logger.info(
         "evaluation recorded run=%s evaluator=%s v%s label=%s",
         run.run_id,
@@ -227,6 +244,19 @@ def _orphans() -> set[str]:
 
 def register() -> None:
     rowdigest.register_form(SCORE_FORM)
+    coverage.register(
+        EvaluationScore,
+        covered=coverage._by_forms(SCORE_FORM),
+        excluded={"id": coverage.SURROGATE},
+        rows="bound by its EVALUATION_RECORDED: missing, or stored without a record in the chain",
+        not_audited={
+            Evaluator: (
+                "an evaluator's configuration, frozen in the admin once it scored; each score chains its "
+                "name, version and the sha256 of its configuration (evaluatorConfigSha256)"
+            ),
+            EvaluationClaim: "a worker's claim while it scores a run: operational, evidence of nothing",
+        },
+    )
     appended_rows.register(
         appended_rows.RowSource(EventType.EVALUATION_RECORDED, "evaluation score", _rows_of, run_ids=_orphans)
     )

@@ -9,6 +9,10 @@ class Migration(migrations.Migration):
 
     initial = True
 
+    # The review queue's rule reads evaluations_score (`evaluations.queue`), and diagnosis' data
+    # migrations backfill the queue's flag with that rule: the table exists before they run.
+    run_before = [("diagnosis", "0009_list_facts")]
+
     dependencies = [
     ]
 

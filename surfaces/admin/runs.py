@@ -43,10 +43,11 @@ from diagnosis.models import DiagnosisRun, RunFeedback, RunStatus
 from diagnosis.selectors import search_runs
 from reasoning.models import REASONING_PERMISSION, AccessChannel
 from reasoning.services import read_reasoning
-from surfaces.admin import configs, datasets, oversight
+from surfaces.admin import configs, datasets, evaluation_views, oversight
 from surfaces.admin.dashboard import dashboard_view
 from surfaces.admin.display import QUERY_PREVIEW_CHARS, delivery_note, format_ms, provider_chip
 from surfaces.admin.display import chip as _chip
+from surfaces.admin.evaluation_views import EvaluationColumn
 from surfaces.admin.filters import (
     AuditCompleteFilter,
     CostFilter,
@@ -68,7 +69,7 @@ def run_trace(run: DiagnosisRun, *, viewer) -> dict[str, Any]:
 
 
 @admin.register(DiagnosisRun)
-class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
+class DiagnosisRunAdmin(EvaluationColumn, ScalableListAdmin, admin.ModelAdmin):
     """Runs: a dense list over stored facts (see the module docstring), and a read-only one-page run view.
 
     Nobody adds, changes or deletes a run here. `change_view` is replaced by the run page; `reasoning/`
@@ -89,6 +90,7 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
         "audit_complete_flag",
         "duration",
         "cost_cell",
+        "evaluation_score",
         "config",
         "created",
     )
@@ -126,7 +128,7 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
 
     def get_queryset(self, request):
         # The run page links the session too: its row by the unique key, in the same query (eq_ref).
-        return super().get_queryset(request).select_related("session")
+        return evaluation_views.annotate(super().get_queryset(request).select_related("session"))
 
     def get_search_results(self, request, queryset, search_term):
         return search_runs(queryset=queryset, term=search_term), False
@@ -386,6 +388,7 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
             "can_approve": approvals.may_approve(request.user),
             "events_url": reverse("admin:audit_traceevent_changelist") + "?" + urlencode({"q": run.run_id}),
             **oversight.review_form_context(request, run),
+            **evaluation_views.run_page_context(run),
             **(extra_context or {}),
         }
         request.current_app = self.admin_site.name

@@ -73,6 +73,9 @@ def test_scores_are_chained_anchored_verified_and_an_edited_score_is_named(llm, 
 
     scores = evaluate_run(run_id=run.run_id)
     by_name = {s.evaluator_name: s for s in scores}
+    # Each score names the configuration that produced the answer (issue 34 item 1's fingerprint).
+    run.refresh_from_db()
+    assert run.config_fingerprint and all(s.fingerprint == run.config_fingerprint for s in scores)
     assert set(by_name) == {"citations", "no-destructive-commands", "groundedness"}
     assert (by_name["citations"].label, by_name["citations"].value) == ("covered", 1.0)
     assert (by_name["no-destructive-commands"].label, by_name["no-destructive-commands"].value) == (
