@@ -12,6 +12,8 @@ The recorder puts each row's digest into the details of the event that records i
 * `REASONING_PURGED` / `REASONING_REKEYED`: `rows`, each `{id, stepIndex, agentName, digest}` of what is
   stored after the purge or re-encryption;
 * `REVIEW_RECORDED`: `reviewDigest`, the review row (`audit.RunReview`) named by its `reviewId`;
+* an appended event declaring `keys` (`EVALUATION_RECORDED`: `scoreId`, `scoreDigest`): the row of a
+  higher layer's table it names, given as `appended` (`audit.appended_rows`);
 * `RUN_STARTED`: `startDigest` (the run's identity as created: id, session, question, flow, creation;
   form `startForm`, `run-start`) and `sessionDigest` (its session's id, owner and creation; form
   `sessionForm`, `session`). A run started before these digests is noted, not failed;
@@ -32,6 +34,8 @@ from typing import Any
 
 from audit import rowdigest
 from audit.bound import GOVERNANCE_EVENTS, Bound, collect, reasoning_label, step_key, step_label, unclaimed
+from audit.events import label as event_label
+from audit.payloads import canonical_json, sha256_hex
 
 NOT_BOUND = "not bound (recorded before row digests)"
 IDENTITY_NOT_BOUND = "run identity (question, session, owner) not bound (started before identity digests)"
@@ -80,6 +84,7 @@ def verify_rows(
     reasoning: Iterable[Mapping[str, Any]],
     reviews: Iterable[Any] = (),
     session: Any = UNCHECKED,
+    appended: Iterable[Any] = (),
 ) -> RowVerdict:
     """Verify one run's stored rows against the digests in its (ordered) events; `session`: the run's
     stored session row (None: there is none), checked against RUN_STARTED's `sessionDigest` unless
@@ -152,6 +157,21 @@ def verify_rows(
     for review_id, bound in bound_reviews.items():
         verdict.problems.append(f"review {review_id} missing (recorded at sequence {bound.sequence_no})")
 
+    # Rows of a higher layer bound by appended events (`audit.appended_rows.AppendedRow`): like reviews,
+    # they exist only since row digests, so one outside the chain is never "legacy".
+    bound_appended = bindings.appended
+    for row in appended:
+        what = f"{row.label} {row.row_id}"
+        bound = bound_appended.pop((row.event_type, row.row_id), None)
+        if bound is None:
+            verdict.problems.append(f"{what}: stored row not recorded in the chain")
+        else:
+            check(row.label, row.row_id, what, bound, row.digest)
+    for (event_type, row_id), bound in bound_appended.items():
+        if bound.digest is not None:
+            what = event_label(event_type).lower()
+            verdict.problems.append(f"{what} {row_id} missing (recorded at sequence {bound.sequence_no})")
+
     for what, bound in unclaimed(bound_steps, bound_tools, bound_reasoning):
         verdict.problems.append(f"{what} missing (recorded at sequence {bound.sequence_no})")
 
@@ -183,7 +203,11 @@ def verify_rows(
             events=int(counts.get("events", 0)) + governance,
             steps=int(counts.get("steps", 0)),
             tools=int(counts.get("tools", 0)),
-            reasoning=counts.get("reasoning"),
+            reasoning=(
+                None
+                if counts.get("reasoning") is None
+                else int(counts["reasoning"]) + bindings.appended_reasoning
+            ),
         )
     elif finished is None and not (run is not None and run.is_terminal):
         verdict.expected = Expected(
@@ -202,6 +226,7 @@ def _check_identity(verdict: RowVerdict, bindings: Any, run: Any | None, session
     started = bindings.started
     if run is None or started is None:
         return  # no run row (named by the caller) or no RUN_STARTED (a chain problem if one was written)
+    _check_configuration(verdict, bindings, run, started.sequence_no)
     if started.digest is None:
         verdict.notes.append(IDENTITY_NOT_BOUND)
         return
@@ -226,4 +251,29 @@ def _check_identity(verdict: RowVerdict, bindings: Any, run: Any | None, session
         verdict.problems.append(
             f"{where}: stored owner or creation time does not match its digest at sequence "
             f"{bound.sequence_no}"
+        )
+
+
+def _check_configuration(verdict: RowVerdict, bindings: Any, run: Any, sequence_no: int) -> None:
+    """The run's `config_fingerprint` column against RUN_STARTED's chained `configFingerprint` (a run
+    started before fingerprints carries neither), its `purpose` against the chained `purpose` (none:
+    `production`, a run started before purposes), and that fingerprint against the SHA-256 of the
+    chained `configuration` document's canonical JSON."""
+    stored = getattr(run, "config_fingerprint", None)
+    if stored is not None and stored != bindings.config_fingerprint:
+        verdict.problems.append(
+            f"run: stored configuration fingerprint does not match RUN_STARTED at sequence {sequence_no}"
+        )
+    purpose = getattr(run, "purpose", None)
+    if purpose is not None and purpose != (bindings.purpose or "production"):
+        verdict.problems.append(f"run: stored purpose does not match RUN_STARTED at sequence {sequence_no}")
+    document = bindings.configuration
+    if (
+        bindings.config_fingerprint
+        and isinstance(document, dict)
+        and not document.get("truncated")
+        and sha256_hex(canonical_json(document)) != bindings.config_fingerprint
+    ):
+        verdict.problems.append(
+            f"run: configuration chained at sequence {sequence_no} does not hash to its fingerprint"
         )

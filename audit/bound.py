@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from audit.events import APPENDED_EVENTS
+from audit.events import APPENDED_EVENTS, KEYED_ROWS
 
 RUN_STARTED = "RUN_STARTED"
 AGENT_MODEL_STEP = "AGENT_MODEL_STEP"
@@ -66,14 +66,25 @@ class Bindings:
     reasoning: dict[tuple[Any, Any], Bound] = field(default_factory=dict)
     # reviewId -> the REVIEW_RECORDED event that binds the review row (`reviewDigest`).
     reviews: dict[str, Bound] = field(default_factory=dict)
+    # (event type, row id) -> the appended event binding a higher layer's row (`audit.appended_rows`).
+    appended: dict[tuple[str, str], Bound] = field(default_factory=dict)
     finished: tuple[int, str | None, dict | None, str | None] | None = None
     # RUN_STARTED's bindings of the run's identity (`startDigest`, form `startForm`) and of its
     # session's (`sessionDigest`, `sessionForm`); None without a RUN_STARTED, a digest of None for a
     # run started before identity digests.
     started: Bound | None = None
     session: Bound | None = None
+    # RUN_STARTED's `configFingerprint` ("" when it carries none) and its `configuration` document
+    # (None when absent): `DiagnosisRun.config_fingerprint` must equal the one, the SHA-256 of the
+    # other's canonical JSON the fingerprint itself.
+    config_fingerprint: str = ""
+    configuration: Any = None
+    # RUN_STARTED's `purpose` (None when it carries none: a run started before purposes, production).
+    purpose: str | None = None
     digests_seen: bool = False
     governance: int = 0
+    # Reasoning rows bound by appended events (a judge's call): beyond the recorder's expected count.
+    appended_reasoning: int = 0
     step_events: int = 0
     reasoning_events: int = 0
     tool_starts: int = 0
@@ -88,6 +99,9 @@ def collect(events: Sequence[Any]) -> Bindings:
         if kind == RUN_STARTED:
             b.started = Bound(seq, d.get("startDigest"), form=d.get("startForm"))
             b.session = Bound(seq, d.get("sessionDigest"), form=d.get("sessionForm"))
+            b.config_fingerprint = str(d.get("configFingerprint") or "")
+            b.configuration = d.get("configuration")
+            b.purpose = d.get("purpose")
         elif kind == AGENT_MODEL_STEP:
             b.step_events += 1
             b.steps[step_key(d.get("stepIndex"), d.get("agentName"))] = Bound(seq, d.get("stepDigest"))
@@ -113,6 +127,13 @@ def collect(events: Sequence[Any]) -> Bindings:
                 b.reasoning[(row.get("stepIndex"), row.get("agentName"))] = Bound(
                     seq, row.get("digest"), purged=kind == REASONING_PURGED
                 )
+        elif kind in KEYED_ROWS:
+            b.governance += 1
+            id_key, digest_key = KEYED_ROWS[kind]
+            if id_key in d:
+                b.appended[(kind, str(d[id_key]))] = Bound(seq, d.get(digest_key))
+            if "reasoningDigest" in d:
+                b.appended_reasoning += 1
         elif kind in APPENDED_EVENTS:
             b.governance += 1
         elif kind == RUN_FINISHED:

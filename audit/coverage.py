@@ -49,6 +49,7 @@ from diagnosis.models import (
     DiagnosisRun,
     KnowledgeChunk,
     KnowledgeDocument,
+    RunConfiguration,
     RunFeedback,
 )
 from reasoning.models import AgentReasoningAudit, ReasoningAccessLog
@@ -79,7 +80,18 @@ _HOLD_CHAIN = (
 
 
 COVERED: dict[type[models.Model], dict[str, str]] = {
-    DiagnosisRun: _by_forms(rowdigest.RUN, rowdigest.RUN_START),
+    DiagnosisRun: {
+        **_by_forms(rowdigest.RUN, rowdigest.RUN_START),
+        "config_fingerprint": (
+            "chain: must equal the configFingerprint of the run's chained RUN_STARTED (derived from "
+            "the signed record; '' when it carries none), itself the SHA-256 of the chained "
+            "configuration document"
+        ),
+        "purpose": (
+            "chain: must equal the purpose of the run's chained RUN_STARTED ('production' when it carries "
+            "none): an experiment replay cannot pass as production, nor the reverse"
+        ),
+    },
     ChatSession: _by_forms(rowdigest.SESSION),
     TraceEvent: {
         **_same(
@@ -221,6 +233,10 @@ EXCLUDED: dict[type[models.Model], dict[str, str]] = {
         "title": "the conversation's label, editable by its owner: no evidence of any run",
         "updated_at": "the row's last write time (auto_now): operational",
         "run_count": "stored list fact of the session list, derived from the session's runs (each bound)",
+        "purpose": (
+            "whether the session holds an experiment's replays (lists leave such sessions out): a copy of "
+            "its runs' purpose, each chained in their RUN_STARTED and verified"
+        ),
         "last_run_at": "stored list fact of the session list, derived from the session's runs (each bound)",
     },
     TraceEvent: {"id": SURROGATE},
@@ -316,6 +332,11 @@ AUDITED: tuple[type[models.Model], ...] = tuple(EXCLUDED)
 NOT_AUDITED: dict[type[models.Model], str] = {
     KnowledgeDocument: "the runbook corpus the tools search; a tool's result is bound by its output_sha256",
     KnowledgeChunk: "the runbook corpus the tools search; a tool's result is bound by its output_sha256",
+    RunConfiguration: (
+        "a display copy of run configurations, content-addressed (its key is the SHA-256 of its canonical "
+        "JSON) and append-only: each run chains its own copy of the document and its fingerprint in "
+        "RUN_STARTED, which is the evidence"
+    ),
     ReasoningAccessLog: (
         "who read reasoning content (append-only by the application): an access log beside the record, "
         "bound by no chain yet"
@@ -358,6 +379,27 @@ ROWS_EXCLUDED: dict[type[models.Model], str] = {
     RunFeedback: EXCLUDED[RunFeedback]["rating"],
     AiOpsAlert: EXCLUDED[AiOpsAlert]["run"],
 }
+
+
+def register(
+    model: type[models.Model],
+    *,
+    covered: dict[str, str],
+    excluded: dict[str, str],
+    rows: str,
+    not_audited: dict[type[models.Model], str] | None = None,
+) -> None:
+    """Account for an audited table of a higher layer (an evaluation score: `evaluations.recording`),
+    at app start: its covered and excluded columns and how a deleted or forged row is caught (and the
+    app's other models, `not_audited`, with why they are no part of the record). The
+    tamper matrix then attacks it like the record's own tables."""
+    global AUDITED
+    if not_audited:
+        NOT_AUDITED.update(not_audited)
+    COVERED[model] = covered
+    EXCLUDED[model] = excluded
+    ROWS[model] = rows
+    AUDITED = tuple(EXCLUDED)
 
 
 def unaccounted(model: type[models.Model]) -> list[str]:

@@ -39,12 +39,17 @@ class EventSpec:
     doc: str
     binds: str = ""
     row: str = ""
+    # (details key naming the bound row, details key carrying its digest) of an appended event whose row
+    # lives in a higher layer's table, registered there (`audit.appended_rows`); () for none.
+    keys: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.writer not in (RECORDER, APPENDED):
             raise ValueError(f"{self.type}: writer must be {RECORDER!r} or {APPENDED!r}")
         if bool(self.binds) != bool(self.row):
             raise ValueError(f"{self.type}: name both the details keys it binds and the row, or neither")
+        if self.keys and (len(self.keys) != 2 or self.writer != APPENDED or not self.row):
+            raise ValueError(f"{self.type}: keys are (row id key, digest key) of an appended event's row")
 
 
 EVENTS: tuple[EventSpec, ...] = (
@@ -54,11 +59,14 @@ EVENTS: tuple[EventSpec, ...] = (
         RECORDER,
         "The run began executing under a lease: its flow, provider and configuration, and the digests of "
         "its identity as created.",
-        binds="`startForm`, `startDigest`, `sessionForm`, `sessionDigest`, `owner`",
+        binds="`startForm`, `startDigest`, `sessionForm`, `sessionDigest`, `owner`, `configFingerprint`",
         row="the run's identity as created (form `run-start`: id, session, the user's `query`, "
         "`agent_flow`, `created_at`) and its session's (form `session`: id, owner's user id, creation "
         "time), read back from the stored rows when the run starts; `owner` is the owner's username as a "
-        "chained snapshot. Runs started before carry none: noted, not failed",
+        "chained snapshot; `configFingerprint` (the run row's `config_fingerprint` must equal it) is the "
+        "SHA-256 of the chained `configuration` document (prompt digests, models, parameters, tool "
+        "schemas, knowledge snapshot, guards, release policy). Runs started before carry none: noted, "
+        "not failed",
     ),
     EventSpec(
         "REDACTION_APPLIED",
@@ -216,6 +224,19 @@ EVENTS: tuple[EventSpec, ...] = (
         "A reader's vote on the run's answer (up or down; a later vote by the same reader supersedes it): "
         "who, the rating, the comment's length and sha256, never the comment.",
     ),
+    EventSpec(
+        "EVALUATION_RECORDED",
+        "Evaluation score",
+        APPENDED,
+        "An online evaluator scored the finished run: the evaluator's name, version and kind, the score's "
+        "value and label, the explanation's length and sha256, and for an LLM judge its model, token "
+        "usage, cost and reasoning row.",
+        binds="`scoreDigest`; `reasoningDigest` (with `agentName` `judge`, `reasoningStepIndex`)",
+        row="the score row (`evaluations_score`, form `evaluation-score`), named by its `scoreId`, inserted "
+        "in the same transaction by `evaluations.recording`; a judge's reasoning row (agent `judge`, step "
+        "index the event's sequence number)",
+        keys=("scoreId", "scoreDigest"),
+    ),
 )
 
 BY_TYPE: dict[str, EventSpec] = {spec.type: spec for spec in EVENTS}
@@ -223,6 +244,8 @@ if len(BY_TYPE) != len(EVENTS):
     raise ValueError("an event type is declared twice")
 # Events appended to a finished run's chain by others than its recorder (see the module docstring).
 APPENDED_EVENTS = frozenset(spec.type for spec in EVENTS if spec.writer == APPENDED)
+# Appended events binding a row of a higher layer's table: type -> (row id key, digest key).
+KEYED_ROWS: dict[str, tuple[str, ...]] = {spec.type: spec.keys for spec in EVENTS if spec.keys}
 
 
 def label(event_type: str) -> str:

@@ -343,8 +343,19 @@ _BY_MODEL = {f.model: f for f in (STEP, TOOL, REASONING, REVIEW)}
 
 
 def form_of(model: type[models.Model]) -> Form | None:
-    """The form of a row of `model` bound at insert (step, tool, reasoning, review), or None."""
+    """The form of a row of `model` bound at insert (step, tool, reasoning, review, or a registered
+    one), or None."""
     return _BY_MODEL.get(model)
+
+
+def register_form(form: Form) -> Form:
+    """Register the form of a higher layer's row bound at insert by an appended event (an evaluation
+    score: `audit.appended_rows`), so that `append_to_finished_run` can bind it; returns `form`."""
+    existing = _BY_MODEL.get(form.model)
+    if existing is not None and existing.name != form.name:
+        raise ValueError(f"{form.model.__name__} already has the form {existing.name}")
+    _BY_MODEL[form.model] = form
+    return form
 
 
 # --------------------------------------------------------------------------------------------------

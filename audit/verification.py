@@ -31,6 +31,7 @@ from typing import Any
 
 from django.db.models import Q
 
+from audit import appended_rows
 from audit.binding import verify_rows
 from audit.chunks import run_chunks
 from audit.facts import annotate_recomputed, disagreements, refresh_run_facts
@@ -96,6 +97,7 @@ def verify_run(run_id: str) -> RunVerification:
     if tombstone is not None:
         return _purged(run_id, tombstone, leaf)
     steps, tools, reasoning, reviews = _rows([run_id])
+    appended = appended_rows.rows_of([run_id])
     # One run alone: its leaves found by their signed data too, not only by the index columns.
     leaf, tails, leaf_index_problems = _leaves_by_data(run_id, leaf)
     noted = TailPending.objects.filter(run_id=run_id).exists()
@@ -108,6 +110,7 @@ def verify_run(run_id: str) -> RunVerification:
         tools=tools[run_id],
         reasoning=reasoning[run_id],
         reviews=reviews[run_id],
+        appended=appended.get(run_id, ()),
         leaf=leaf,
         tails=tails,
         tail_noted=noted,
@@ -192,6 +195,7 @@ def verify_all_runs(*, batch_size: int = RUN_BATCH) -> Iterator[RunVerification]
     for runs, by_run in run_chunks(annotate_recomputed(DiagnosisRun.objects.all()), batch_size):
         ids = [r.run_id for r in runs]
         steps, tools, reasoning, reviews = _rows(ids)
+        appended = appended_rows.rows_of(ids)
         leaves = leaves_of(ids)
         tails = tails_of(ids)
         noted = set(TailPending.objects.filter(run_id__in=ids).values_list("run_id", flat=True))
@@ -205,6 +209,7 @@ def verify_all_runs(*, batch_size: int = RUN_BATCH) -> Iterator[RunVerification]
                 tools=tools.pop(run.run_id, []),
                 reasoning=reasoning.pop(run.run_id, []),
                 reviews=reviews.pop(run.run_id, []),
+                appended=appended.get(run.run_id, ()),
                 leaf=leaves.get(run.run_id),
                 tails=tails.get(run.run_id, ()),
                 tail_noted=run.run_id in noted,
@@ -224,6 +229,7 @@ def orphaned_run_ids() -> list[str]:
     ids: set[str] = set()
     for model in (TraceEvent, AgentStep, ToolInvocation, AgentReasoningAudit, RunReview):
         ids.update(model.objects.exclude(run_id__in=known).values_list("run_id", flat=True).distinct())
+    ids.update(appended_rows.orphan_run_ids())
     anchored = LogLeaf.objects.filter(run_id__isnull=False).values("run_id")
     ids.update(RunTombstone.objects.exclude(run_id__in=anchored).values_list("run_id", flat=True))
     return sorted(ids)
@@ -260,6 +266,7 @@ def _check(
     tools: list[ToolInvocation],
     reasoning: list[dict[str, Any]],
     reviews: list[RunReview] = (),
+    appended: Any = (),
     leaf: LogLeaf | None = None,
     tails: list[LogLeaf] = (),
     tail_noted: bool | None = None,
@@ -284,6 +291,7 @@ def _check(
         reasoning=reasoning,
         reviews=reviews,
         session=session,
+        appended=appended,
     )
     result.rows_verified = rows.verified
     result.invalid.extend(rows.problems)

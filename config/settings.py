@@ -66,6 +66,11 @@ INSTALLED_APPS = [
     # What model calls cost: the pricing rule, price overrides, runs' stored cost (pricing/).
     "pricing",
     "agent",
+    # Online evaluators scoring finished runs, chained into their record (evaluations/, issue 34).
+    "evaluations",
+    # Datasets from real runs and experiments replaying them under a candidate configuration
+    # (experiments/, issue 34).
+    "experiments",
     "surfaces",
 ]
 
@@ -460,6 +465,12 @@ METRICS_ALLOW_ANONYMOUS = env.bool("METRICS_ALLOW_ANONYMOUS", default=DEBUG)
 METRICS_CACHE_SECONDS = env.float("METRICS_CACHE_SECONDS", default=5.0)
 # The record metrics cover the runs, steps and tool calls created in this window (telemetry/metrics.py).
 METRICS_WINDOW_SECONDS = env.int("METRICS_WINDOW_SECONDS", default=3600)
+
+# Online evaluators (evaluations/, `manage.py run_evaluations`): the worker scores runs finished in the
+# last EVALUATION_LOOKBACK_HOURS; a worker's claim on a (run, evaluator) is taken over after
+# EVALUATION_CLAIM_SECONDS (a worker that died mid-judge).
+EVALUATION_LOOKBACK_HOURS = env.float("EVALUATION_LOOKBACK_HOURS", default=24.0)
+EVALUATION_CLAIM_SECONDS = env.float("EVALUATION_CLAIM_SECONDS", default=300.0)
 
 # ---------------------------------------------------------------------------------------------------
 # REST framework: authenticated by default, errors in the contract's shape

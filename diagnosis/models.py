@@ -49,6 +49,16 @@ class AgentFlow(models.TextChoices):
     AI_OPS = "AI_OPS"
 
 
+class RunPurpose(models.TextChoices):
+    """Why a run (and its session) exists: a person's or an alert's question (`production`), or the
+    replay of a dataset item under a candidate configuration (`experiment`, `experiments.runner`).
+    Experiment runs and sessions are left out of every production read by one rule,
+    `diagnosis.selectors.PRODUCTION`."""
+
+    PRODUCTION = "production"
+    EXPERIMENT = "experiment"
+
+
 class Intent(models.TextChoices):
     DIAGNOSIS = "DIAGNOSIS"
     KNOWLEDGE = "KNOWLEDGE"
@@ -71,6 +81,8 @@ class ChatSession(models.Model):
     # was created (NULL: none yet).
     run_count = models.IntegerField(default=0)
     last_run_at = models.DateTimeField(null=True, blank=True)
+    # `experiment` for the sessions an experiment's replays run in (never a person's conversation).
+    purpose = models.CharField(max_length=16, choices=RunPurpose.choices, default=RunPurpose.PRODUCTION)
 
     class Meta:
         db_table = "chat_session"
@@ -188,6 +200,15 @@ class DiagnosisRun(models.Model):
     # placeholders and keyed HMACs, never an original. Written with the run; its recorder chains it as
     # REDACTION_APPLIED after RUN_STARTED. NULL: nothing was redacted (or the run predates redaction).
     redaction = models.JSONField(null=True, blank=True, default=None)
+    # The fingerprint of the configuration the run executed under (`agent.runtime.configuration`: SHA-256
+    # of the canonical JSON of its prompts' digests, models and parameters, tool schemas, knowledge
+    # snapshot, guard settings and release policy), copied from the chained RUN_STARTED's
+    # `configFingerprint` when the run starts ("" before, or for runs recorded before fingerprints);
+    # `verify_audit` compares the two. The document itself: `RunConfiguration`.
+    config_fingerprint = models.CharField(max_length=64, blank=True, default="")
+    # `experiment` for an experiment's replay (`experiments.runner`), chained in RUN_STARTED's `purpose`
+    # and compared by `verify_audit`; such runs are left out of production reads (`selectors.PRODUCTION`).
+    purpose = models.CharField(max_length=16, choices=RunPurpose.choices, default=RunPurpose.PRODUCTION)
 
     # Review facts (`audit.reviews`, `audit.review_queue`): whether any user voted the run down, the
     # latest review's verdict and time (the reviews themselves are `audit.RunReview`, chained), the
@@ -236,6 +257,10 @@ class DiagnosisRun(models.Model):
             models.Index(fields=["agent_flow", "status", "created_at"], name="idx_run_flow_status_created"),
             # The review queue (`audit.review_queue`): runs that need a human, oldest first.
             models.Index(fields=["needs_review", "created_at"], name="idx_run_needs_review"),
+            # The list's configuration filter, newest first.
+            models.Index(fields=["config_fingerprint", "created_at"], name="idx_run_config_created"),
+            # The list's review-verdict filter (datasets of reviewed runs), newest first.
+            models.Index(fields=["review_verdict", "created_at"], name="idx_run_verdict_created"),
         ]
         # Deciding a tool call that waits for approval (held by the group "Approvers", created on migrate).
         permissions = [("approve_tool_call", "Can approve or reject tool calls that require approval")]
@@ -251,6 +276,30 @@ class DiagnosisRun(models.Model):
     def unverified_text_delivered(self) -> bool | None:
         """Whether a reader was sent answer text before the guards decided (None: not recorded)."""
         return None if self.draft_chars is None else self.draft_chars > 0
+
+
+class RunConfiguration(models.Model):
+    """One distinct run configuration (`agent.runtime.configuration`), kept once under its fingerprint.
+
+    Content-addressed and append-only: `fingerprint` is the SHA-256 of `canonical` (the document's
+    canonical JSON), so a row is written once when a run first executes under it
+    (`diagnosis.services.remember_configuration`) and never changed; the evidence is the copy each run
+    chains in its RUN_STARTED, this table lets lists and the compare page show and diff configurations
+    without reading events. `prompts` holds the instruction texts by role (what the document's prompt
+    digests were computed over) so that a changed prompt can be read, not only detected."""
+
+    fingerprint = models.CharField(max_length=64, unique=True)
+    canonical = models.TextField()
+    document = models.JSONField()
+    prompts = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "run_configuration"
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return self.fingerprint[:12]
 
 
 class FeedbackRating(models.TextChoices):

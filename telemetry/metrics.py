@@ -80,13 +80,14 @@ def record_metrics() -> list[Metric]:
     from audit.dashboard import priced_usage
     from audit.models import Checkpoint, EventType, ToolInvocation, TraceEvent
     from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun
+    from diagnosis.selectors import production
     from pricing.costs import load_price_book
     from telemetry.selectors import export_backlog
 
     families: list[Metric] = []
     window = window_seconds()
     since = timezone.now() - dt.timedelta(seconds=window)
-    recent_runs = DiagnosisRun.objects.filter(created_at__gte=since)
+    recent_runs = production(DiagnosisRun.objects.filter(created_at__gte=since))
     families.append(
         GaugeMetricFamily(
             "diagnosis_metrics_window_seconds",
@@ -323,7 +324,7 @@ class RecordCollector(Collector):
         ttl = float(getattr(settings, "METRICS_CACHE_SECONDS", 5.0))
         with self._lock:
             if not self._families or time.monotonic() - self._at >= ttl:
-                self._families = record_metrics()
+                self._families = record_metrics() + [m for source in _record_sources for m in source()]
                 self._at = time.monotonic()
             families = list(self._families)
         yield from families
@@ -334,6 +335,17 @@ _registry_lock = threading.Lock()
 # Gauges of this process's own state, registered by the layer that owns the value (the agent registers
 # its active runs and live followers in `agent.apps`), so that telemetry never imports the runtime.
 _process_gauges: dict[str, tuple[str, Callable[[], float]]] = {}
+
+
+# Record metrics of higher layers (evaluation scores: `evaluations.metrics`), registered at app start:
+# each a function returning metric families, read with the others and cached with them.
+_record_sources: list[Callable[[], list[Metric]]] = []
+
+
+def register_record_source(source: Callable[[], list[Metric]]) -> None:
+    """Serve `source()`'s families with the record metrics (same window, same cache)."""
+    if source not in _record_sources:
+        _record_sources.append(source)
 
 
 def register_process_gauge(name: str, documentation: str, read: Callable[[], float]) -> None:

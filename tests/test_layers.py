@@ -28,6 +28,8 @@ LAYERS = {
     "access": 2,
     "telemetry": 2,
     "agent": 3,
+    "evaluations": 3,
+    "experiments": 3,
     "surfaces": 4,
     "config": 5,
 }

@@ -24,6 +24,9 @@ generation) or when the version stamp (document count and latest `updated_at`), 
 
 from __future__ import annotations
 
+import contextvars
+import hashlib
+import json
 import logging
 import math
 import re
@@ -210,6 +213,42 @@ class _Index:
     idf: dict[str, float]  # normalised (0..1] IDF of metadata tokens over documents
     bm25: Any  # bm25s.BM25, or None without chunks
     chunk_tokens: dict[str, list[str]]  # indexed text -> tokens, reused by the next rebuild
+    snapshot: KnowledgeSnapshot  # the digest of everything a search over this index could return
+
+
+@dataclass(frozen=True)
+class KnowledgeSnapshot:
+    """What retrieval can return, as one digest: sha256 of the canonical JSON of every document's slug,
+    title, tags and summary (what L0 matches) with its chunks' ordinals, headings and texts (what L1
+    ranks and the tools return), in slug and ordinal order. Equal corpora give equal digests wherever
+    they are loaded from (the database, or a candidate runbook folder: `index_from_documents`)."""
+
+    digest: str
+    documents: int
+    chunks: int
+
+
+def _snapshot(
+    documents: list[tuple[str, str, list, str]], chunks: dict[str, list[tuple]]
+) -> KnowledgeSnapshot:
+    """The snapshot of `documents` (slug, title, tags, summary) and their `chunks` by slug (ordinal,
+    heading, text)."""
+    body = [
+        {
+            "slug": slug,
+            "title": title,
+            "tags": list(tags or []),
+            "summary": summary,
+            "chunks": [[ordinal, heading, text] for ordinal, heading, text in chunks.get(slug, [])],
+        }
+        for slug, title, tags, summary in sorted(documents)
+    ]
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return KnowledgeSnapshot(
+        digest=hashlib.sha256(text.encode("utf-8")).hexdigest(),
+        documents=len(body),
+        chunks=sum(len(v) for v in chunks.values()),
+    )
 
 
 def _tag_pattern(tag: str) -> tuple[str, re.Pattern[str] | None]:
@@ -230,10 +269,6 @@ def _read_stamp() -> tuple[int, Any]:
 
 
 def _build_index(generation: int, stamp: tuple[int, Any], known_tokens: dict[str, list[str]]) -> _Index:
-    started = time.monotonic()
-    import bm25s
-
-    logging.getLogger("bm25s").setLevel(logging.WARNING)
     rows = list(
         KnowledgeDocument.objects.order_by("id").values_list("id", "slug", "title", "tags", "summary")
     )
@@ -242,6 +277,22 @@ def _build_index(generation: int, stamp: tuple[int, Any], known_tokens: dict[str
             "document_id", "ordinal", "heading", "text"
         )
     )
+    return _make_index(generation, stamp, rows, chunk_rows, known_tokens)
+
+
+def _make_index(
+    generation: int,
+    stamp: tuple[int, Any],
+    rows: list[tuple[Any, str, str, list, str]],
+    chunk_rows: list[tuple[Any, int, str, str]],
+    known_tokens: dict[str, list[str]],
+) -> _Index:
+    """The index of documents `rows` (key, slug, title, tags, summary) and their chunks `chunk_rows`
+    (document key, ordinal, heading, text), in order."""
+    started = time.monotonic()
+    import bm25s
+
+    logging.getLogger("bm25s").setLevel(logging.WARNING)
     position = {pk: i for i, (pk, *_rest) in enumerate(rows)}
     chunks: list[_Chunk] = []
     spans: dict[int, list[int]] = {}
@@ -302,7 +353,12 @@ def _build_index(generation: int, stamp: tuple[int, Any], known_tokens: dict[str
         len(chunks),
         int((time.monotonic() - started) * 1000),
     )
-    return _Index(generation, stamp, tuple(documents), tuple(chunks), idf, bm25, chunk_tokens)
+    by_slug: dict[str, list[tuple]] = {}
+    for document_id, ordinal, heading, text in chunk_rows:
+        if document_id in position:
+            by_slug.setdefault(slugs[position[document_id]], []).append((ordinal, heading, text))
+    snapshot = _snapshot([(slug, title, tags, summary) for _pk, slug, title, tags, summary in rows], by_slug)
+    return _Index(generation, stamp, tuple(documents), tuple(chunks), idf, bm25, chunk_tokens, snapshot)
 
 
 class _IndexHolder:
@@ -357,6 +413,47 @@ def warm_knowledge_index() -> None:
     _holder.get()
 
 
+# A corpus that replaces the knowledge base for the current context (an experiment's candidate runbook
+# folder, `agent.knowledge.corpus`): searches, `read_runbook` and the snapshot read it instead.
+_override: contextvars.ContextVar[_Index | None] = contextvars.ContextVar("knowledge_override", default=None)
+
+
+def _current_index() -> _Index:
+    override = _override.get()
+    return override if override is not None else _holder.get()
+
+
+def override_index(index: _Index | None) -> contextvars.Token:
+    """Make `index` the corpus of this context (None: the knowledge base again); returns the token
+    `reset_override` takes. Tools run in a copy of the caller's context, so a run sees it throughout."""
+    return _override.set(index)
+
+
+def reset_override(token: contextvars.Token) -> None:
+    _override.reset(token)
+
+
+def overridden_sections(slug: str, first: int, last: int) -> list[tuple[int, str, str, str]] | None:
+    """The sections `first..last` of runbook `slug` as (ordinal, title, heading, text) in the overriding
+    corpus, or None when no corpus overrides the knowledge base here."""
+    index = _override.get()
+    if index is None:
+        return None
+    out = []
+    for chunk in index.chunks:
+        document = index.documents[chunk.document]
+        ordinal = int(chunk.evidence_id.rsplit("#", 1)[1])
+        if document.slug == slug and first <= ordinal <= last:
+            out.append((ordinal, document.title, chunk.heading, chunk.text))
+    return out
+
+
+def knowledge_snapshot() -> KnowledgeSnapshot:
+    """The digest of the corpus a search can return now (the process's index, rebuilt if stale, or the
+    corpus overriding it in this context)."""
+    return _current_index().snapshot
+
+
 def reset_knowledge_index() -> None:
     """Forget the in-memory index so the next search rebuilds it (tests; after restoring a database)."""
     _holder.reset()
@@ -409,7 +506,7 @@ def search_knowledge(query: str, top_k: int = DEFAULT_TOP_K) -> RetrievalResult:
     query_tokens = list(dict.fromkeys(tokenize(query)))
     if not query_tokens:
         return _empty()
-    index = _holder.get()
+    index = _current_index()
     if not index.documents:
         return _empty()
 

@@ -10,7 +10,7 @@ guards and release → self-evaluation. `execute_run` calls `run_aiops` instead 
   usable plan is recorded as PLAN_DECISION `UNUSABLE` (with the problems), followed by PLAN_DECISION
   `FALLBACK`: the default plan (`plan.default_plan`) the executor then follows.
 * **Executor** (agent_name `executor`, its own step counter): the agent loop (`agent.Agent`) with the
-  run's registry (`ctx.registry`: the AI Ops tools), `prompts.EXECUTOR_SYSTEM` and the alert plus the
+  run's registry (`ctx.registry`: the AI Ops tools), `ctx.prompts.executor` and the alert plus the
   plan. A step whose text holds a ```plan block revises the plan: PLAN_DECISION `REVISED` with
   `revision` n (1, 2, …), recorded right after that step (an unreadable block: `UNUSABLE`, the plan
   stays). The last step's text is the report (Markdown: Summary, Evidence, Likely cause, Next steps,
@@ -119,7 +119,7 @@ async def _plan(ctx: RunContext, tool_names: list[str]) -> tuple[Plan, bool]:
     rec = ctx.recorder
     planner = Agent(ctx, agent_name=PLANNER)
     messages: list[dict[str, Any]] = [
-        {"role": "system", "content": prompts.planner_system(tool_names)},
+        {"role": "system", "content": ctx.prompts.planner_system(tool_names)},
         {"role": "user", "content": ctx.query},
     ]
     answer = await planner.run(messages, tools=False, max_steps=1)
@@ -178,7 +178,7 @@ async def run_aiops(ctx: RunContext, *, created_at: Any = None, resuming: bool =
         in_force = _PlanInForce(ctx=ctx, tool_names=tool_names, steps=plan.as_list(), fallback=fallback)
         executor = Agent(ctx, agent_name=EXECUTOR, on_step=in_force.on_step)
         messages = [
-            {"role": "system", "content": prompts.EXECUTOR_SYSTEM},
+            {"role": "system", "content": ctx.prompts.executor},
             {"role": "user", "content": prompts.executor_user(ctx.query, in_force.steps)},
         ]
     answer = await _investigate(ctx, executor, messages, in_force)
@@ -190,7 +190,7 @@ async def run_aiops(ctx: RunContext, *, created_at: Any = None, resuming: bool =
         agent=executor,
         messages=messages,
         answer=answer,
-        repair=prompts.report_repair_message,
+        repair=ctx.prompts.report_repair_message,
         draft_of=strip_plan_blocks,
         release_details={
             "agentFlow": str(AGENT_FLOW),

@@ -14,6 +14,7 @@ from agent.runtime.canonical import CanonicalStore
 from agent.runtime.db import db
 from agent.runtime.events import STARTED, DraftEvent, EventSink, ProgressEvent, progress_of
 from agent.runtime.llm import ModelClient
+from agent.runtime.prompts import DEFAULT_PROMPTS, SystemPrompts
 from agent.runtime.tools.registry import ToolRegistry
 from audit.recorder import Committed, RunRecorder
 from diagnosis.models import ReleaseMode
@@ -61,6 +62,9 @@ class RunContext:
     # The run's redaction of what enters it from outside (agent.redaction): the question's facts
     # preloaded, so the same secret keeps its placeholder in tool input and output.
     redactor: Redactor = field(default_factory=Redactor)
+    # The instructions this run sends (the defaults, or an experiment's candidate's): what the run's
+    # configuration fingerprint digests (`agent.runtime.configuration`).
+    prompts: SystemPrompts = DEFAULT_PROMPTS
 
     def finishing(self) -> None:
         """The run is finishing (see `on_finishing`); safe to call more than once."""

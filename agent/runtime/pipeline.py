@@ -120,7 +120,7 @@ async def run_pipeline(ctx: RunContext, *, created_at: Any) -> PipelineResult:
     decision = await route(ctx, previous_queries=[query for query, _content in history])
     ctx.token.raise_if_cancelled()
     intent = decision.intent
-    messages: list[dict[str, Any]] = [{"role": "system", "content": prompts.agent_system(intent)}]
+    messages: list[dict[str, Any]] = [{"role": "system", "content": ctx.prompts.agent_system(intent)}]
     for query, content in history:
         messages += [{"role": "user", "content": query}, {"role": "assistant", "content": content}]
     messages.append({"role": "user", "content": ctx.query})
@@ -151,7 +151,7 @@ async def verify_and_release(
     agent: Agent,
     messages: list[dict[str, Any]],
     answer: AgentAnswer,
-    repair: Callable[[Sequence[str], Sequence[str]], str] = prompts.repair_message,
+    repair: Callable[[Sequence[str], Sequence[str]], str] | None = None,
     draft_of: Callable[[str], str] | None = None,
     release_details: dict[str, Any] | None = None,
 ) -> PipelineResult:
@@ -168,6 +168,7 @@ async def verify_and_release(
     verdict = await _evidence_guard(ctx, answer, retry=False)
     if not verdict.passed and verdict.repairable:
         messages.append({"role": "assistant", "content": answer.text})
+        repair = repair or ctx.prompts.repair_message
         messages.append({"role": "user", "content": repair(verdict.reasons, verdict.unknown)})
         answer = await agent.run(messages, tools=True, max_steps=REPAIR_MAX_STEPS)
         ctx.token.raise_if_cancelled()
@@ -238,7 +239,7 @@ async def _semantic_guard(ctx: RunContext, answer: str, verdict: EvidenceVerdict
     model = ctx.client.roles.guard
     evidence = guard_evidence(verdict.evidence, verdict.cited)
     messages = [
-        {"role": "system", "content": prompts.GUARD_SYSTEM},
+        {"role": "system", "content": ctx.prompts.guard},
         {"role": "user", "content": prompts.guard_user(answer, evidence)},
     ]
     await ctx.before_model_request(Stage.SEMANTIC_GUARD)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 
 INTENTS = ("DIAGNOSIS", "KNOWLEDGE", "CHITCHAT", "OUT_OF_SCOPE")
@@ -61,11 +62,7 @@ supported is true only when every factual claim is supported."""
 
 
 def agent_system(intent: str) -> str:
-    base = {
-        "CHITCHAT": CHITCHAT_SYSTEM,
-        "OUT_OF_SCOPE": OUT_OF_SCOPE_SYSTEM,
-    }.get(intent, AGENT_SYSTEM)
-    return f"{base}\n{INTENT_PREFIX}{intent}"
+    return DEFAULT_PROMPTS.agent_system(intent)
 
 
 def router_user(query: str, previous_queries: Sequence[str]) -> str:
@@ -76,12 +73,7 @@ def router_user(query: str, previous_queries: Sequence[str]) -> str:
 
 
 def repair_message(reasons: Sequence[str], unknown: Sequence[str]) -> str:
-    problems = []
-    if "NO_CITATION" in reasons:
-        problems.append("the answer cites no evidence.")
-    if "UNKNOWN_CITATION" in reasons:
-        problems.append(f"these cited ids were not returned by any tool: {', '.join(unknown[:10])}.")
-    return REPAIR.format(problems=" ".join(problems) or "the citations could not be verified.")
+    return DEFAULT_PROMPTS.repair_message(reasons, unknown)
 
 
 def guard_user(answer: str, evidence: Sequence[dict[str, Any]]) -> str:
@@ -154,7 +146,7 @@ REPORT_REPAIR = (
 
 
 def planner_system(tool_names: Sequence[str]) -> str:
-    return PLANNER_SYSTEM.format(tools=", ".join(tool_names) or "none", max_steps=PLAN_MAX_STEPS)
+    return DEFAULT_PROMPTS.planner_system(tool_names)
 
 
 def executor_user(alert: str, plan_steps: Sequence[dict[str, Any]]) -> str:
@@ -164,12 +156,7 @@ def executor_user(alert: str, plan_steps: Sequence[dict[str, Any]]) -> str:
 
 
 def report_repair_message(reasons: Sequence[str], unknown: Sequence[str]) -> str:
-    problems = []
-    if "NO_CITATION" in reasons:
-        problems.append("the report cites no evidence.")
-    if "UNKNOWN_CITATION" in reasons:
-        problems.append(f"these cited ids were not returned by any tool: {', '.join(unknown[:10])}.")
-    return REPORT_REPAIR.format(problems=" ".join(problems) or "the citations could not be verified.")
+    return DEFAULT_PROMPTS.report_repair_message(reasons, unknown)
 
 
 def role_of(messages: Sequence[dict[str, Any]]) -> str | None:
@@ -184,3 +171,54 @@ def role_of(messages: Sequence[dict[str, Any]]) -> str | None:
                 return "executor"
             return None
     return None
+
+
+# ---------------------------------------------------------------------------------------------------
+# The instructions a run uses, as one value (`RunContext.prompts`): the defaults above, or a candidate's
+# replacements (an experiment, `agent.runtime.configuration.Candidate`). The configuration fingerprint
+# digests exactly these texts.
+# ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class SystemPrompts:
+    """Every instruction text one run sends, by role. `repair` and `report_repair` are templates with
+    `{problems}`; `planner` with `{tools}` and `{max_steps}`."""
+
+    router: str = ROUTER_SYSTEM
+    router_retry: str = ROUTER_RETRY
+    agent: str = AGENT_SYSTEM
+    chitchat: str = CHITCHAT_SYSTEM
+    out_of_scope: str = OUT_OF_SCOPE_SYSTEM
+    repair: str = REPAIR
+    guard: str = GUARD_SYSTEM
+    planner: str = PLANNER_SYSTEM
+    executor: str = EXECUTOR_SYSTEM
+    report_repair: str = REPORT_REPAIR
+
+    @classmethod
+    def roles(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    def agent_system(self, intent: str) -> str:
+        base = {"CHITCHAT": self.chitchat, "OUT_OF_SCOPE": self.out_of_scope}.get(intent, self.agent)
+        return f"{base}\n{INTENT_PREFIX}{intent}"
+
+    def planner_system(self, tool_names: Sequence[str]) -> str:
+        return self.planner.format(tools=", ".join(tool_names) or "none", max_steps=PLAN_MAX_STEPS)
+
+    def repair_message(self, reasons: Sequence[str], unknown: Sequence[str]) -> str:
+        return _problems(self.repair, reasons, unknown, "the answer")
+
+    def report_repair_message(self, reasons: Sequence[str], unknown: Sequence[str]) -> str:
+        return _problems(self.report_repair, reasons, unknown, "the report")
+
+
+def _problems(template: str, reasons: Sequence[str], unknown: Sequence[str], what: str) -> str:
+    problems = []
+    if "NO_CITATION" in reasons:
+        problems.append(f"{what} cites no evidence.")
+    if "UNKNOWN_CITATION" in reasons:
+        problems.append(f"these cited ids were not returned by any tool: {', '.join(unknown[:10])}.")
+    return template.format(problems=" ".join(problems) or "the citations could not be verified.")
+
+
+DEFAULT_PROMPTS = SystemPrompts()

@@ -60,7 +60,7 @@ async def route(ctx: RunContext, *, previous_queries: Sequence[str] = ()) -> Rou
     rec = ctx.recorder
     model = ctx.client.roles.router
     messages: list[dict[str, Any]] = [
-        {"role": "system", "content": prompts.ROUTER_SYSTEM},
+        {"role": "system", "content": ctx.prompts.router},
         {"role": "user", "content": prompts.router_user(ctx.query, previous_queries)},
     ]
     for attempt in range(1, ROUTER_MAX_ATTEMPTS + 1):
@@ -120,7 +120,7 @@ async def route(ctx: RunContext, *, previous_queries: Sequence[str] = ()) -> Rou
             return decision
         messages += [
             {"role": "assistant", "content": result.text},
-            {"role": "user", "content": prompts.ROUTER_RETRY},
+            {"role": "user", "content": ctx.prompts.router_retry},
         ]
     decision = Route(
         FALLBACK_INTENT,

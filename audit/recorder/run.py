@@ -270,7 +270,9 @@ class RunRecorder(DecisionRecords, ApprovalRecords, ToolLifecycle, ChainWriter):
     ) -> int | None:
         """RUN_STARTED; the run becomes RUNNING with its `started_at`, the `provider` named in `details`
         (kept on the run row so that lists can label demo runs without reading events) and the release
-        policy it runs under (`release_mode`, also in the event's details as `releaseMode`).
+        policy it runs under (`release_mode`, also in the event's details as `releaseMode`) and the
+        fingerprint of its configuration (`configFingerprint` in `details`, copied to
+        `config_fingerprint`; `agent.runtime.configuration`).
 
         The event binds the run's identity as stored (`_identity`: the forms `run-start` and `session`
         of `audit.rowdigest`, read in one query)."""
@@ -290,6 +292,7 @@ class RunRecorder(DecisionRecords, ApprovalRecords, ToolLifecycle, ChainWriter):
                 "started_at": now,
                 "provider": clip(str(details.get("provider") or ""), 32),
                 "release_mode": self.release_mode,
+                "config_fingerprint": clip(str(details.get("configFingerprint") or ""), 64),
             },
         )
 

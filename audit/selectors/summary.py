@@ -132,13 +132,22 @@ def summarize(
     reviews: Sequence[RunReview] = (),
     leaf: LogLeaf | None = None,
     tails: Sequence[Any] = (),
+    appended: Sequence[Any] = (),
 ) -> TraceSummary:
     """Compare stored, expected and returned records of `run`, and every stored row with its digest in
     the chain, and the chain with every head anchored for it in the transparency log; see the module
     docstring. `reasoning`: the run's reasoning rows as stored (`audit.rowdigest.stored_reasoning_rows`);
     `leaf` and `tails`: the run's leaf and run-tail leaves as `anchored_leaves` reads them (None, (): not
     anchored)."""
-    rows = verify_rows(events=events, run=run, steps=steps, tools=tools, reasoning=reasoning, reviews=reviews)
+    rows = verify_rows(
+        events=events,
+        run=run,
+        steps=steps,
+        tools=tools,
+        reasoning=reasoning,
+        reviews=reviews,
+        appended=appended,
+    )
     if rows.expected is not None:
         expected = Counts(rows.expected.events, rows.expected.steps, rows.expected.tools)
     else:

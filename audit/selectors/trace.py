@@ -31,6 +31,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import OuterRef, Q, QuerySet, Subquery, TextField
 from django.db.models.functions import Cast
 
+from audit import appended_rows
 from audit.models import AgentStep, Checkpoint, EventType, LogLeaf, RunReview, ToolInvocation, TraceEvent
 from audit.rowdigest import stored_reasoning_rows
 from audit.selectors.summary import Counts, TraceSummary, summarize
@@ -293,6 +294,7 @@ def assemble(
         reviews=reviews,
         leaf=leaf,
         tails=tails,
+        appended=appended_rows.rows_of([run.run_id]).get(run.run_id, ()),
     )
     return Trace(
         session_id=session_id,

@@ -111,3 +111,75 @@ def _tick(label: str) -> str:
 
 def empty_chart(text: str) -> SafeString:
     return mark_safe(format_html('<p class="dc-quiet">{}</p>', text))  # noqa: S308 (escaped by format_html)
+
+
+def lines(
+    labels: Sequence[str],
+    series: Sequence[tuple[str, Sequence[float | None], str]],
+    *,
+    title: str,
+    top: float = 1.0,
+) -> SafeString:
+    """One polyline per series (name, values with None for no value, colour) over 0 … `top`, a dot per
+    value with its number as a tooltip, and a legend; `title` is the SVG's accessible name."""
+    n = max(1, len(labels))
+    plot_w, plot_h = WIDTH - PAD_LEFT - 8, HEIGHT - PAD_BOTTOM - PAD_TOP
+    slot = plot_w / n
+    base = PAD_TOP + plot_h
+
+    def xy(i: int, v: float) -> tuple[str, str]:
+        return f"{PAD_LEFT + i * slot + slot / 2:.1f}", f"{base - min(max(v, 0.0), top) / top * plot_h:.1f}"
+
+    shapes = []
+    for name, values, colour in series:
+        points = [(i, float(v)) for i, v in enumerate(values) if v is not None]
+        if len(points) > 1:
+            path = " ".join(",".join(xy(i, v)) for i, v in points)
+            shapes.append(
+                format_html('<polyline points="{}" fill="none" stroke="{}" stroke-width="2"/>', path, colour)
+            )
+        for i, v in points:
+            x, y = xy(i, v)
+            shapes.append(
+                format_html(
+                    '<circle cx="{}" cy="{}" r="3" fill="{}"><title>{} {}: {}</title></circle>',
+                    x,
+                    y,
+                    colour,
+                    labels[i],
+                    name,
+                    f"{v:.2f}",
+                )
+            )
+    every = max(1, len(labels) // 10)
+    ticks = format_html_join(
+        "",
+        '<text x="{}" y="{}" font-size="10" text-anchor="middle" fill="#555">{}</text>',
+        ((xy(i, 0)[0], HEIGHT - 10, _tick(label)) for i, label in enumerate(labels) if i % every == 0),
+    )
+    legend = format_html_join(
+        "",
+        '<rect x="{}" y="0" width="10" height="10" fill="{}"/>'
+        '<text x="{}" y="9" font-size="10" fill="#333">{}</text>',
+        ((x, colour, x + 14, name) for x, (name, _v, colour) in zip(_legend_x(series), series, strict=True)),
+    )
+    return format_html(
+        '<svg class="dc-chart" role="img" viewBox="0 0 {w} {h}" width="{w}" height="{h}" '
+        'xmlns="http://www.w3.org/2000/svg"><title>{title}</title>'
+        '<line x1="{pl}" y1="{base}" x2="{w}" y2="{base}" stroke="#999"/>'
+        '<text x="{tx}" y="{ty}" font-size="10" text-anchor="end" fill="#555">{top}</text>'
+        '<text x="{tx}" y="{base}" font-size="10" text-anchor="end" fill="#555">0</text>'
+        '{shapes}{ticks}<g transform="translate(0,{lg})">{legend}</g></svg>',
+        w=WIDTH,
+        h=HEIGHT + 14,
+        title=title,
+        pl=PAD_LEFT,
+        base=base,
+        tx=PAD_LEFT - 4,
+        ty=PAD_TOP + 8,
+        top=f"{top:g}",
+        shapes=format_html_join("", "{}", ((shape,) for shape in shapes)),
+        ticks=ticks,
+        legend=legend,
+        lg=HEIGHT + 2,
+    )

@@ -6,7 +6,9 @@ rendering as the API, the run page's export and the trace download, so a fact sh
 API client sees. Pure: no query, no request. Each section is a list of rows (label, left, right,
 `differs`); a row differs when its two values are not equal as shown.
 
-Sections: the run (question, status, flow, provider, route), steps per agent (count and models), tools
+Sections: the run (question, status, flow, provider, route), the configuration (the fingerprints chained
+in RUN_STARTED and every part of the two configuration documents that differs, with the prompt texts
+behind a differing prompt digest when the caller passes them), steps per agent (count and models), tools
 in call order with their inputs, citations (the evidence guard's cited ids), guard verdicts, release,
 tokens, cost, latency, audit and reviews. Cost is the trace's `run.cost`, worded as on the run page
 (the amount, or why there is none: demo, unavailable with the calls that could not be priced, not priced
@@ -22,6 +24,7 @@ from decimal import Decimal
 from types import SimpleNamespace
 from typing import Any
 
+from agent.runtime.configuration import differences
 from audit.models import EventType
 from surfaces.admin.ledger import run_cost_label
 
@@ -141,8 +144,42 @@ def _ms(value: Any) -> str:
     return "—" if value is None else f"{value} ms"
 
 
-def compare_traces(left: Mapping[str, Any], right: Mapping[str, Any]) -> Comparison:
-    """The comparison of two API trace bodies (see the module docstring)."""
+def _configuration(trace: Mapping[str, Any]) -> tuple[str | None, Mapping[str, Any] | None]:
+    """RUN_STARTED's chained fingerprint and configuration document (None: not recorded)."""
+    details = (_last_event(trace, EventType.RUN_STARTED) or {}).get("details") or {}
+    document = details.get("configuration")
+    return details.get("configFingerprint"), document if isinstance(document, Mapping) else None
+
+
+def configuration_section(
+    left: Mapping[str, Any],
+    right: Mapping[str, Any],
+    prompts: tuple[Mapping[str, str], Mapping[str, str]] | None = None,
+) -> Section:
+    """The configuration rows: both fingerprints, then each differing part of the two documents (a
+    prompt's digest followed by both texts when `prompts`, each side's texts by role, are given)."""
+    section = Section("configuration", "Configuration")
+    (fa, da), (fb, db) = _configuration(left), _configuration(right)
+    section.rows.append(_row("fingerprint", fa or NOT_RECORDED, fb or NOT_RECORDED, mono=True))
+    if da is None or db is None:
+        return section
+    texts = prompts or ({}, {})
+    for diff in differences(da, db):
+        section.rows.append(_row(diff.path, diff.left, diff.right, mono=True))
+        role = diff.path.removeprefix("prompts.")
+        if role != diff.path and prompts is not None:
+            section.rows.append(_row(f"{role} prompt (text)", texts[0].get(role), texts[1].get(role)))
+    return section
+
+
+def compare_traces(
+    left: Mapping[str, Any],
+    right: Mapping[str, Any],
+    *,
+    prompts: tuple[Mapping[str, str], Mapping[str, str]] | None = None,
+) -> Comparison:
+    """The comparison of two API trace bodies (see the module docstring); `prompts`: each side's
+    configuration prompt texts by role (`diagnosis.RunConfiguration.prompts`), when the caller has them."""
     a, b = left["run"], right["run"]
     sections: list[Section] = []
 
@@ -155,6 +192,7 @@ def compare_traces(left: Mapping[str, Any], right: Mapping[str, Any]) -> Compari
         _row("error", (a["error"] or {}).get("code"), (b["error"] or {}).get("code"), mono=True),
     ]
     sections.append(run)
+    sections.append(configuration_section(left, right, prompts))
 
     route = Section("route", "Route")
     ra, rb = _route(left), _route(right)

@@ -16,6 +16,7 @@ from django.utils.http import urlencode
 
 from audit.dashboard import get_dashboard
 from pricing.rules import format_usd
+from surfaces.admin import evaluation_views
 from surfaces.admin.charts import empty_chart, stacked_bars
 
 PRESETS = (7, 30, 90)
@@ -177,6 +178,7 @@ def dashboard_view(model_admin, request):
             "blocked": runs_link(release_decision__exact="BLOCKED"),
         },
         "read_rows": [(d, [board.reads[d].get(r, 0) for r in readers]) for d in read_days],
+        **evaluation_views.dashboard_context(since=start, until=end),
         "media": model_admin.media,
         "is_nav_sidebar_enabled": False,
     }

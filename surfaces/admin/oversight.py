@@ -30,6 +30,7 @@ from audit.selectors import get_trace
 from audit.trace_render import trace_data
 from diagnosis.models import DiagnosisRun
 from diagnosis.review_queue import REASONS, queue_counts, queued_runs, reason, reasons_of
+from diagnosis.selectors import run_configurations
 from surfaces.admin.compare import compare_traces
 
 QUEUE_PAGE = 50
@@ -175,7 +176,9 @@ def compare_view(model_admin, request):
             return HttpResponseRedirect(reverse("admin:diagnosis_diagnosisrun_changelist"))
         runs.append(run)
     left, right = (trace_data(get_trace(run=run, viewer=request.user)) for run in runs)
-    comparison = compare_traces(left, right)
+    stored = run_configurations(fingerprints=[run.config_fingerprint for run in runs])
+    texts = tuple(dict(getattr(stored.get(run.config_fingerprint), "prompts", None) or {}) for run in runs)
+    comparison = compare_traces(left, right, prompts=texts)
     context = {
         **model_admin.admin_site.each_context(request),
         "opts": model_admin.opts,

@@ -17,7 +17,6 @@ like the API.
 
 from __future__ import annotations
 
-from decimal import Decimal
 from typing import Any
 
 from django import forms
@@ -40,15 +39,21 @@ from audit.selectors import get_trace
 from audit.serializers import serialize_trace
 from audit.transparency.evidence import build_bundle
 from core.admin_lists import ScalableListAdmin
-from diagnosis.models import DiagnosisRun, ReleaseDecision, RunFeedback, RunStatus
+from diagnosis.models import DiagnosisRun, RunFeedback, RunStatus
 from diagnosis.selectors import search_runs
-from pricing.rules import CostStatus
 from reasoning.models import REASONING_PERMISSION, AccessChannel
 from reasoning.services import read_reasoning
-from surfaces.admin import oversight
+from surfaces.admin import configs, datasets, evaluation_views, oversight
 from surfaces.admin.dashboard import dashboard_view
 from surfaces.admin.display import QUERY_PREVIEW_CHARS, delivery_note, format_ms, provider_chip
 from surfaces.admin.display import chip as _chip
+from surfaces.admin.evaluation_views import EvaluationColumn
+from surfaces.admin.filters import (
+    AuditCompleteFilter,
+    CostFilter,
+    ReconciledFilter,
+    UnverifiedDeliveredFilter,
+)
 from surfaces.admin.keys import keys_view
 from surfaces.admin.ledger import run_cost_label
 from surfaces.admin.run_page import build_run_page
@@ -63,87 +68,8 @@ def run_trace(run: DiagnosisRun, *, viewer) -> dict[str, Any]:
     return serialize_trace(get_trace(run=run, viewer=viewer))
 
 
-class AuditCompleteFilter(admin.SimpleListFilter):
-    """Runs whose stored `audit_complete` fact (`audit.facts`) is true or false (an indexed column)."""
-
-    title = "audit complete"
-    parameter_name = "audit_complete"
-
-    def lookups(self, request, model_admin):
-        return (("yes", "Yes"), ("no", "No"))
-
-    def queryset(self, request, queryset):
-        if self.value() in ("yes", "no"):
-            return queryset.filter(audit_complete=self.value() == "yes")
-        return queryset
-
-
-class UnverifiedDeliveredFilter(admin.SimpleListFilter):
-    """Runs whose unverified draft text was streamed to a reader (`draft_chars > 0`)."""
-
-    title = "unverified text delivered"
-    parameter_name = "unverified"
-
-    def lookups(self, request, model_admin):
-        return (("yes", "Yes"), ("blocked", "Yes, and blocked"), ("no", "No"))
-
-    def queryset(self, request, queryset):
-        if self.value() == "yes":
-            return queryset.filter(draft_chars__gt=0)
-        if self.value() == "blocked":
-            return queryset.filter(draft_chars__gt=0, release_decision=ReleaseDecision.BLOCKED)
-        if self.value() == "no":
-            return queryset.filter(draft_chars=0)
-        return queryset
-
-
-class CostFilter(admin.SimpleListFilter):
-    """The run's stored cost (`pricing`): why it has none, or a range (indexed: `cost_status` with
-    `created_at`, `cost`)."""
-
-    title = "cost"
-    parameter_name = "cost"
-    RANGES = {
-        "lt0.001": ("< $0.001", None, Decimal("0.001")),
-        "0.001-0.01": ("$0.001 – $0.01", Decimal("0.001"), Decimal("0.01")),
-        "0.01-0.1": ("$0.01 – $0.10", Decimal("0.01"), Decimal("0.1")),
-        "ge0.1": ("≥ $0.10", Decimal("0.1"), None),
-    }
-
-    def lookups(self, request, model_admin):
-        return (
-            ("unavailable", "Unavailable (a call not priced)"),
-            ("demo", "Demo (no price)"),
-            ("not_priced", "Not priced yet"),
-            *((key, label) for key, (label, _lo, _hi) in self.RANGES.items()),
-        )
-
-    def queryset(self, request, queryset):
-        value = self.value()
-        if value in (CostStatus.UNAVAILABLE, CostStatus.DEMO):
-            return queryset.filter(cost_status=value)
-        if value == "not_priced":
-            return queryset.filter(cost_status=CostStatus.NOT_PRICED)
-        if value in self.RANGES:
-            _label, lo, hi = self.RANGES[value]
-            queryset = queryset.filter(cost__isnull=False)
-            if lo is not None:
-                queryset = queryset.filter(cost__gte=lo)
-            if hi is not None:
-                queryset = queryset.filter(cost__lt=hi)
-        return queryset
-
-
-class ReconciledFilter(admin.BooleanFieldListFilter):
-    """`tokens_reconciled`, titled as the console names it."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.title = "reconciled"
-
-
 @admin.register(DiagnosisRun)
-class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
+class DiagnosisRunAdmin(EvaluationColumn, ScalableListAdmin, admin.ModelAdmin):
     """Runs: a dense list over stored facts (see the module docstring), and a read-only one-page run view.
 
     Nobody adds, changes or deletes a run here. `change_view` is replaced by the run page; `reasoning/`
@@ -164,6 +90,8 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
         "audit_complete_flag",
         "duration",
         "cost_cell",
+        "evaluation_score",
+        "config",
         "created",
     )
     # The first cell links the run page and, below it, the session page (two links, so no automatic one).
@@ -178,6 +106,8 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
         CostFilter,
         AuditCompleteFilter,
         UnverifiedDeliveredFilter,
+        configs.ConfigurationFilter,
+        datasets.ReviewVerdictFilter,
     )
     # The sessions of the page's runs by a second query on their unique key, for the links to their
     # pages (a join made MariaDB scan chat_session first).
@@ -190,7 +120,7 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
     )
     ordering = ("-created_at", "-id")
     list_per_page = 100
-    actions = ["export_traces", "compare_runs"]
+    actions = ["export_traces", "compare_runs", datasets.add_to_dataset]
 
     @property
     def media(self):
@@ -198,7 +128,7 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
 
     def get_queryset(self, request):
         # The run page links the session too: its row by the unique key, in the same query (eq_ref).
-        return super().get_queryset(request).select_related("session")
+        return evaluation_views.annotate(super().get_queryset(request).select_related("session"))
 
     def get_search_results(self, request, queryset, search_term):
         return search_runs(queryset=queryset, term=search_term), False
@@ -238,6 +168,10 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
         return format_html(
             '<span class="dc-cost{}" title="{}">{}</span>', "" if priced else " dc-quiet", note, text
         )
+
+    @admin.display(description="config")
+    def config(self, run: DiagnosisRun):
+        return configs.config_cell(run)
 
     @admin.display(description="created", ordering="created_at")
     def created(self, run: DiagnosisRun):
@@ -311,6 +245,12 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
                 name="{}_{}_dashboard".format(*info),
             ),
             path("keys/", wrap(self.keys_view), name="{}_{}_keys".format(*info)),
+            path("datasets/add/", wrap(self.add_to_dataset_view), name="{}_{}_add_to_dataset".format(*info)),
+            path(
+                "configurations/<str:fingerprint>/",
+                wrap(self.configuration_view),
+                name="{}_{}_configuration".format(*info),
+            ),
             path(
                 "<path:object_id>/reasoning/",
                 wrap(self.reasoning_view),  # admin_view adds login, staff, never_cache and csrf_protect
@@ -382,6 +322,16 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
             raise PermissionDenied
         return dashboard_view(self, request)
 
+    def add_to_dataset_view(self, request):
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return datasets.add_to_dataset_view(self, request)
+
+    def configuration_view(self, request, fingerprint):
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return configs.configuration_view(self, request, fingerprint)
+
     def keys_view(self, request):
         """The transparency log's public keys (`surfaces.admin.keys`): staff who may view runs."""
         if not self.has_view_permission(request):
@@ -438,6 +388,7 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
             "can_approve": approvals.may_approve(request.user),
             "events_url": reverse("admin:audit_traceevent_changelist") + "?" + urlencode({"q": run.run_id}),
             **oversight.review_form_context(request, run),
+            **evaluation_views.run_page_context(run),
             **(extra_context or {}),
         }
         request.current_app = self.admin_site.name

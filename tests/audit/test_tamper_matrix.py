@@ -58,6 +58,8 @@ from audit.transparency import keys, leafdata, merkle
 from audit.transparency.log import checkpoint
 from audit.write_ops import WriteFenced
 from diagnosis.models import ChatSession, DiagnosisRun, RunStatus
+from evaluations.models import EvaluationScore, Evaluator, EvaluatorKind
+from evaluations.services import evaluate_run
 from reasoning.fields import EncryptedTextField
 from reasoning.models import AgentReasoningAudit
 from reasoning.services import purge_reasoning
@@ -82,6 +84,7 @@ class World:
     approval_call: str
     purged: str  # purged by retention: only its tombstone and leaf remain
     review_id: str
+    score_id: str  # an online evaluator's score of the chat run (EVALUATION_RECORDED, row bound)
     hold_id: int
     other_session: str  # a session of another owner (a target for a moved foreign key)
     other_user: int
@@ -152,6 +155,8 @@ def _build(tmp_path) -> World:
     )
     chat_run = DiagnosisRun.objects.get(run_id=chat.run_id)
     review = record_review(run=chat_run, user=root, verdict="unsafe", note="cites the wrong runbook")
+    citations = Evaluator.objects.create(name="citations", kind=EvaluatorKind.CITATION_COVERAGE)
+    (score,) = evaluate_run(run_id=chat.run_id, evaluators=[citations])
     world = World(
         chat=chat.run_id,
         failed=failed.run_id,
@@ -159,6 +164,7 @@ def _build(tmp_path) -> World:
         approval_call=call_id,
         purged=purged.run_id,
         review_id=review.review_id,
+        score_id=score.score_id,
         hold_id=0,
         other_session=failed.session_id,
         other_user=other.pk,
@@ -265,6 +271,8 @@ def _row(model: type[models.Model], world: World, variant: str) -> models.Model:
         return AgentReasoningAudit.objects.filter(run_id=world.chat).order_by("step_index", "id").first()
     if model is RunReview:
         return RunReview.objects.get(review_id=world.review_id)
+    if model is EvaluationScore:
+        return EvaluationScore.objects.get(score_id=world.score_id)
     if model is GovernanceEvent:
         return GovernanceEvent.objects.get(sequence_no=world.grant_sequence)
     if model is LogLeaf:
@@ -302,6 +310,8 @@ def _names(model: type[models.Model], row: Any) -> tuple[str, ...]:
         return (f"reasoning row for step {get('step_index')} ({get('agent_name')})",)
     if model is RunReview:
         return (f"review {get('review_id')}",)
+    if model is EvaluationScore:
+        return (f"evaluation score {get('score_id')}",)
     if model is GovernanceEvent:
         seq = get("sequence_no")
         return (f"governance event {seq}", f"governance sequence gap: {seq}")
@@ -394,7 +404,9 @@ def test_every_model_of_the_record_apps_is_audited_or_said_not_to_be():
     from django.apps import apps
 
     models_of_the_record = {
-        m for app in ("audit", "diagnosis", "reasoning") for m in apps.get_app_config(app).get_models()
+        m
+        for app in ("audit", "diagnosis", "reasoning", "evaluations")
+        for m in apps.get_app_config(app).get_models()
     }
     assert models_of_the_record == set(coverage.AUDITED) | set(coverage.NOT_AUDITED)
     assert not set(coverage.AUDITED) & set(coverage.NOT_AUDITED)

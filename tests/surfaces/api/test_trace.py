@@ -275,10 +275,11 @@ def test_trace_query_count_is_constant_from_5_to_500_events(
     counts = {}
     for run in (small, big):
         # Run with feedback, events, steps, tools, the reasoning rows' stored columns (for their digests,
-        # never decrypted), its reviews, the run's leaf in the transparency log, the price overrides, plus
-        # two for the session, or three for a token (its row by prefix, and axes' lockout counts for the
-        # address and the user).
-        with django_assert_max_num_queries(10 if auth == "session" else 11) as captured:
+        # never decrypted), its reviews, the rows appended events bind (evaluation scores, one query per
+        # source of `audit.appended_rows`), the run's leaf in the transparency log, the price overrides,
+        # plus two for the session, or three for a token (its row by prefix, and axes' lockout counts for
+        # the address and the user).
+        with django_assert_max_num_queries(11 if auth == "session" else 12) as captured:
             body = _trace(api_client, run, runId=run.run_id)
         counts[run.run_id] = len(captured.captured_queries)
         assert body["summary"]["returned"]["events"] == _events_of(run)

@@ -1,0 +1,224 @@
+"""The effective configuration of a run, and its fingerprint (issue 34, item 1).
+
+`effective_configuration(client=…, registry=…, flow=…, release_mode=…, prompts=…, knowledge=…)` is
+built by the executor from the very objects the run then uses: the model client (its provider and each
+role's model), the tool registry (the tools offered and their JSON schemas as the model receives them),
+the run's instruction texts (`RunContext.prompts`), the knowledge snapshot its searches read
+(`agent.knowledge.retrieval.knowledge_snapshot`: a digest over every chunk a search could return), the
+guards' settings and the release policy (`CHAT_RELEASE`). Its `document` holds digests, ids and numbers
+only (never a prompt's text, never a secret or the provider's URL); `canonical` is that document's
+canonical JSON (`audit.payloads.canonical_json`) and `fingerprint` its SHA-256: identical
+configurations share one fingerprint, and a change of any part gives another.
+
+The executor chains `document` and `fingerprint` in the run's RUN_STARTED (`configuration`,
+`configFingerprint`), the recorder copies the fingerprint to `DiagnosisRun.config_fingerprint` (the
+verifier compares the two), and `diagnosis.RunConfiguration` keeps each distinct document once, keyed by
+its fingerprint, so that pages can show and compare configurations without reading events.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+
+from agent.knowledge.retrieval import EVIDENCE_TEXT_CHARS, KnowledgeSnapshot, knowledge_snapshot
+from agent.runtime import guards, prompts
+from agent.runtime.llm import ModelClient
+from agent.runtime.prompts import DEFAULT_PROMPTS, SystemPrompts
+from agent.runtime.router import ROUTER_MAX_ATTEMPTS
+from agent.runtime.tools.registry import FLOW_AI_OPS, ToolRegistry
+from audit.payloads import canonical_json
+from diagnosis import services
+
+logger = logging.getLogger(__name__)
+
+# Bumped when the document's shape changes (a new part, a renamed key): the fingerprint then changes
+# for every run, which is right, since what it covers changed.
+CONFIGURATION_VERSION = 1
+
+# The instruction texts each flow sends, by the key the document names them with.
+_CHAT_PROMPTS = {
+    "router": "router",
+    "routerRetry": "router_retry",
+    "agent": "agent",
+    "chitchat": "chitchat",
+    "outOfScope": "out_of_scope",
+    "repair": "repair",
+    "guard": "guard",
+}
+_AIOPS_PROMPTS = {
+    "planner": "planner",
+    "executor": "executor",
+    "reportRepair": "report_repair",
+    "guard": "guard",
+}
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class EffectiveConfiguration:
+    """A run's configuration: `document` (JSON-ready), its canonical JSON and that JSON's SHA-256."""
+
+    document: dict[str, Any]
+    canonical: str
+    fingerprint: str
+
+    @property
+    def short(self) -> str:
+        return short_fingerprint(self.fingerprint)
+
+
+def short_fingerprint(fingerprint: str) -> str:
+    """The first 12 hexadecimal digits, as lists show a fingerprint ("" stays "")."""
+    return (fingerprint or "")[:12]
+
+
+def fingerprint_of(document: Mapping[str, Any]) -> str:
+    """The fingerprint of a configuration document: SHA-256 of its canonical JSON."""
+    return sha256_text(canonical_json(document))
+
+
+def tool_digests(registry: ToolRegistry) -> dict[str, str]:
+    """Each offered tool's digest: SHA-256 of the canonical JSON of its schema as the model receives
+    it (name, description, parameters)."""
+    return {spec["function"]["name"]: sha256_text(canonical_json(spec)) for spec in registry.openai_tools()}
+
+
+def effective_configuration(
+    *,
+    client: ModelClient,
+    registry: ToolRegistry,
+    flow: str,
+    release_mode: str,
+    knowledge: KnowledgeSnapshot,
+    prompts_in_use: SystemPrompts = DEFAULT_PROMPTS,
+) -> EffectiveConfiguration:
+    """The configuration the run executes under (see the module docstring); pure: reads no database."""
+    aiops = flow == FLOW_AI_OPS
+    roles = client.roles
+    models = (
+        {"planner": roles.agent, "executor": roles.agent, "guard": roles.guard}
+        if aiops
+        else {"router": roles.router, "agent": roles.agent, "guard": roles.guard}
+    )
+    texts = _AIOPS_PROMPTS if aiops else _CHAT_PROMPTS
+    digests = tool_digests(registry)
+    parameters: dict[str, Any] = {
+        "agentMaxSteps": int(settings.AGENT_MAX_STEPS),
+        "llmMaxRetries": int(getattr(client, "max_retries", settings.LLM_MAX_RETRIES)),
+        "llmTimeoutSeconds": float(settings.LLM_TIMEOUT_SECONDS),
+        "toolTimeoutSeconds": float(settings.TOOL_TIMEOUT),
+    }
+    if aiops:
+        parameters["planMaxSteps"] = prompts.PLAN_MAX_STEPS
+    else:
+        parameters["routerMaxAttempts"] = ROUTER_MAX_ATTEMPTS
+    document: dict[str, Any] = {
+        "version": CONFIGURATION_VERSION,
+        "flow": str(flow),
+        "provider": str(client.provider),
+        "models": models,
+        "parameters": parameters,
+        "prompts": {key: sha256_text(getattr(prompts_in_use, attr)) for key, attr in texts.items()},
+        "tools": {
+            "names": sorted(digests),
+            "schemasDigest": sha256_text(canonical_json(digests)),
+            "digests": digests,
+        },
+        "knowledge": {
+            "digest": knowledge.digest,
+            "documents": knowledge.documents,
+            "chunks": knowledge.chunks,
+            "evidenceTextChars": EVIDENCE_TEXT_CHARS,
+        },
+        "guards": {
+            "evidenceIntents": sorted(prompts.EVIDENCE_INTENTS),
+            "citationPattern": sha256_text(guards.CITATION_RE.pattern),
+            "semanticModel": roles.guard,
+            "semanticTextChars": guards.GUARD_TEXT_CHARS,
+        },
+        "release": {"mode": str(release_mode)},
+        "redaction": {
+            "mode": str(getattr(settings, "REDACTION_MODE", "")),
+            "allowKinds": sorted(getattr(settings, "REDACTION_ALLOW_KINDS", []) or []),
+            "extraPatterns": len(getattr(settings, "REDACTION_EXTRA_PATTERNS", []) or []),
+            "piiMasking": bool(getattr(settings, "PII_MASKING", False)),
+        },
+    }
+    canonical = canonical_json(document)
+    return EffectiveConfiguration(document=document, canonical=canonical, fingerprint=sha256_text(canonical))
+
+
+def configure_run(
+    *,
+    client: ModelClient,
+    registry: ToolRegistry,
+    flow: str,
+    release_mode: str,
+    prompts_in_use: SystemPrompts = DEFAULT_PROMPTS,
+    knowledge: KnowledgeSnapshot | None = None,
+) -> EffectiveConfiguration:
+    """The run's configuration with the knowledge snapshot read now (or `knowledge`, a candidate
+    corpus's), kept in `RunConfiguration` (once
+    per fingerprint). Synchronous ORM code (the executor runs it on the database pool); keeping the
+    row is fail-open: the chained RUN_STARTED is the evidence, the row a copy for pages."""
+    config = effective_configuration(
+        client=client,
+        registry=registry,
+        flow=flow,
+        release_mode=release_mode,
+        knowledge=knowledge if knowledge is not None else knowledge_snapshot(),
+        prompts_in_use=prompts_in_use,
+    )
+    texts = _AIOPS_PROMPTS if flow == FLOW_AI_OPS else _CHAT_PROMPTS
+    try:
+        services.remember_configuration(
+            fingerprint=config.fingerprint,
+            canonical=config.canonical,
+            document=config.document,
+            prompts={key: getattr(prompts_in_use, attr) for key, attr in texts.items()},
+        )
+    except Exception as exc:  # a display copy: its loss costs the pages' view, never the run
+        logger.warning("run configuration not kept error=%s", type(exc).__name__)
+    return config
+
+
+# ---------------------------------------------------------------------------------------------------
+# Comparing two configurations (the compare page)
+# ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Difference:
+    """One leaf of two configuration documents that differs: its dotted path and both values (None:
+    absent on that side)."""
+
+    path: str
+    left: Any
+    right: Any
+
+
+def _leaves(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key in sorted(value):
+            out.update(_leaves(value[key], f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: value}
+
+
+def differences(left: Mapping[str, Any] | None, right: Mapping[str, Any] | None) -> list[Difference]:
+    """Every leaf that differs between two configuration documents, in path order; lists compare
+    whole (a tool set is one value)."""
+    a, b = _leaves(dict(left or {})), _leaves(dict(right or {}))
+    return [
+        Difference(path, a.get(path), b.get(path))
+        for path in sorted(set(a) | set(b))
+        if a.get(path) != b.get(path)
+    ]
