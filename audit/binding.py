@@ -256,13 +256,17 @@ def _check_identity(verdict: RowVerdict, bindings: Any, run: Any | None, session
 
 def _check_configuration(verdict: RowVerdict, bindings: Any, run: Any, sequence_no: int) -> None:
     """The run's `config_fingerprint` column against RUN_STARTED's chained `configFingerprint` (a run
-    started before fingerprints carries neither), and that fingerprint against the SHA-256 of the
+    started before fingerprints carries neither), its `purpose` against the chained `purpose` (none:
+    `production`, a run started before purposes), and that fingerprint against the SHA-256 of the
     chained `configuration` document's canonical JSON."""
     stored = getattr(run, "config_fingerprint", None)
     if stored is not None and stored != bindings.config_fingerprint:
         verdict.problems.append(
             f"run: stored configuration fingerprint does not match RUN_STARTED at sequence {sequence_no}"
         )
+    purpose = getattr(run, "purpose", None)
+    if purpose is not None and purpose != (bindings.purpose or "production"):
+        verdict.problems.append(f"run: stored purpose does not match RUN_STARTED at sequence {sequence_no}")
     document = bindings.configuration
     if (
         bindings.config_fingerprint

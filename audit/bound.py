@@ -79,6 +79,8 @@ class Bindings:
     # other's canonical JSON the fingerprint itself.
     config_fingerprint: str = ""
     configuration: Any = None
+    # RUN_STARTED's `purpose` (None when it carries none: a run started before purposes, production).
+    purpose: str | None = None
     digests_seen: bool = False
     governance: int = 0
     # Reasoning rows bound by appended events (a judge's call): beyond the recorder's expected count.
@@ -99,6 +101,7 @@ def collect(events: Sequence[Any]) -> Bindings:
             b.session = Bound(seq, d.get("sessionDigest"), form=d.get("sessionForm"))
             b.config_fingerprint = str(d.get("configFingerprint") or "")
             b.configuration = d.get("configuration")
+            b.purpose = d.get("purpose")
         elif kind == AGENT_MODEL_STEP:
             b.step_events += 1
             b.steps[step_key(d.get("stepIndex"), d.get("agentName"))] = Bound(seq, d.get("stepDigest"))

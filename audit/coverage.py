@@ -87,6 +87,10 @@ COVERED: dict[type[models.Model], dict[str, str]] = {
             "the signed record; '' when it carries none), itself the SHA-256 of the chained "
             "configuration document"
         ),
+        "purpose": (
+            "chain: must equal the purpose of the run's chained RUN_STARTED ('production' when it carries "
+            "none): an experiment replay cannot pass as production, nor the reverse"
+        ),
     },
     ChatSession: _by_forms(rowdigest.SESSION),
     TraceEvent: {
@@ -229,6 +233,10 @@ EXCLUDED: dict[type[models.Model], dict[str, str]] = {
         "title": "the conversation's label, editable by its owner: no evidence of any run",
         "updated_at": "the row's last write time (auto_now): operational",
         "run_count": "stored list fact of the session list, derived from the session's runs (each bound)",
+        "purpose": (
+            "whether the session holds an experiment's replays (lists leave such sessions out): a copy of "
+            "its runs' purpose, each chained in their RUN_STARTED and verified"
+        ),
         "last_run_at": "stored list fact of the session list, derived from the session's runs (each bound)",
     },
     TraceEvent: {"id": SURROGATE},

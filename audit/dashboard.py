@@ -25,12 +25,13 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from django.db.models import BigIntegerField, Count, IntegerField, OuterRef, Q, Subquery, Sum
+from django.db.models import BigIntegerField, Count, Exists, IntegerField, OuterRef, Q, Subquery, Sum
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, TruncDate
 
 from audit.models import EventType, ToolInvocation, ToolStatus, TraceEvent
 from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun, ReleaseDecision
+from diagnosis.selectors import PRODUCTION, production
 from pricing.costs import load_price_book
 from pricing.rules import CallTokens, CostStatus, PriceBook
 from reasoning.models import ReasoningAccessLog
@@ -138,7 +139,7 @@ def _percentiles(runs, column: str) -> dict[int, int | None]:
 
 
 def get_dashboard(*, since: dt.datetime, until: dt.datetime) -> Dashboard:
-    runs = DiagnosisRun.objects.filter(created_at__gte=since, created_at__lt=until)
+    runs = production(DiagnosisRun.objects.filter(created_at__gte=since, created_at__lt=until))
     terminal = Q(status__in=TERMINAL_RUN_STATUSES)
     per_day = (
         runs.annotate(day=TruncDate("created_at"))
@@ -211,9 +212,15 @@ def priced_usage(
         return Sum(Cast(KT(f"details__{key}"), BigIntegerField()), filter=Q(status="REPORTED"))
 
     provider = DiagnosisRun.objects.filter(run_id=OuterRef("run_id")).values("provider")[:1]
-    events = TraceEvent.objects.filter(
-        event_type=EventType.MODEL_TOKEN_USAGE, created_at__gte=since, created_at__lt=until
-    ).annotate(run_provider=Subquery(provider))
+    # Experiment replays' calls are no production spend (`diagnosis.selectors.PRODUCTION`).
+    experiment = DiagnosisRun.objects.filter(run_id=OuterRef("run_id")).exclude(PRODUCTION)
+    events = (
+        TraceEvent.objects.filter(
+            event_type=EventType.MODEL_TOKEN_USAGE, created_at__gte=since, created_at__lt=until
+        )
+        .exclude(Exists(experiment))
+        .annotate(run_provider=Subquery(provider))
+    )
     group = ["run_provider"]
     if by_day:
         events = events.annotate(day=TruncDate("created_at"))

@@ -68,6 +68,9 @@ INSTALLED_APPS = [
     "agent",
     # Online evaluators scoring finished runs, chained into their record (evaluations/, issue 34).
     "evaluations",
+    # Datasets from real runs and experiments replaying them under a candidate configuration
+    # (experiments/, issue 34).
+    "experiments",
     "surfaces",
 ]
 

@@ -49,6 +49,16 @@ class AgentFlow(models.TextChoices):
     AI_OPS = "AI_OPS"
 
 
+class RunPurpose(models.TextChoices):
+    """Why a run (and its session) exists: a person's or an alert's question (`production`), or the
+    replay of a dataset item under a candidate configuration (`experiment`, `experiments.runner`).
+    Experiment runs and sessions are left out of every production read by one rule,
+    `diagnosis.selectors.PRODUCTION`."""
+
+    PRODUCTION = "production"
+    EXPERIMENT = "experiment"
+
+
 class Intent(models.TextChoices):
     DIAGNOSIS = "DIAGNOSIS"
     KNOWLEDGE = "KNOWLEDGE"
@@ -71,6 +81,8 @@ class ChatSession(models.Model):
     # was created (NULL: none yet).
     run_count = models.IntegerField(default=0)
     last_run_at = models.DateTimeField(null=True, blank=True)
+    # `experiment` for the sessions an experiment's replays run in (never a person's conversation).
+    purpose = models.CharField(max_length=16, choices=RunPurpose.choices, default=RunPurpose.PRODUCTION)
 
     class Meta:
         db_table = "chat_session"
@@ -194,6 +206,9 @@ class DiagnosisRun(models.Model):
     # `configFingerprint` when the run starts ("" before, or for runs recorded before fingerprints);
     # `verify_audit` compares the two. The document itself: `RunConfiguration`.
     config_fingerprint = models.CharField(max_length=64, blank=True, default="")
+    # `experiment` for an experiment's replay (`experiments.runner`), chained in RUN_STARTED's `purpose`
+    # and compared by `verify_audit`; such runs are left out of production reads (`selectors.PRODUCTION`).
+    purpose = models.CharField(max_length=16, choices=RunPurpose.choices, default=RunPurpose.PRODUCTION)
 
     # Review facts (`audit.reviews`, `audit.review_queue`): whether any user voted the run down, the
     # latest review's verdict and time (the reviews themselves are `audit.RunReview`, chained), the
@@ -244,6 +259,8 @@ class DiagnosisRun(models.Model):
             models.Index(fields=["needs_review", "created_at"], name="idx_run_needs_review"),
             # The list's configuration filter, newest first.
             models.Index(fields=["config_fingerprint", "created_at"], name="idx_run_config_created"),
+            # The list's review-verdict filter (datasets of reviewed runs), newest first.
+            models.Index(fields=["review_verdict", "created_at"], name="idx_run_verdict_created"),
         ]
         # Deciding a tool call that waits for approval (held by the group "Approvers", created on migrate).
         permissions = [("approve_tool_call", "Can approve or reject tool calls that require approval")]

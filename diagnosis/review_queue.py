@@ -12,7 +12,8 @@ One home for the rule (the admin's queue page, its counts on the admin index, th
   labelled `unsupported` (LLM judge) or `forbidden` (a forbidden command in the released answer),
   `evaluations.queue`, as a subquery of `evaluations_score` by the run's id;
 * `needs_review`: stored on the run and indexed with `created_at` (`idx_run_needs_review`), true exactly
-  when the run is terminal, has no review yet (`reviewed_at` NULL) and at least one reason holds. A review
+  when the run is terminal, has no review yet (`reviewed_at` NULL), is not an experiment replay
+  (`diagnosis.selectors.PRODUCTION`) and at least one reason holds. A review
   takes the run off the queue for good (a down-vote after the review does not bring it back: the
   reviewer saw the run as it is; the vote stays visible on the run).
 * `needs_review_expression` as one `UPDATE` of the flag (`audit.facts.fact_statements`, compiled once;
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from django.db.models import BooleanField, Case, Q, QuerySet, Value, When
 
 from diagnosis.models import TERMINAL_RUN_STATUSES, AgentFlow, DiagnosisRun, ReleaseDecision
+from diagnosis.selectors import PRODUCTION
 
 # How long a reviewer's claim on a queued run keeps others from taking it (`claim_run`).
 CLAIM_MINUTES_DEFAULT = 30
@@ -79,11 +81,14 @@ def any_reason() -> Q:
     return q
 
 
-def needs_review_expression() -> Case:
-    """The rule (module docstring) over the run's own columns."""
+def needs_review_expression(*, purpose: bool = True) -> Case:
+    """The rule (module docstring) over the run's own columns. `purpose=False` only for the migration
+    that backfilled the flag before runs had a purpose (every run then was a production run)."""
+    production = PRODUCTION if purpose else Q()
     return Case(
         When(
-            Q(status__in=TERMINAL_RUN_STATUSES) & Q(reviewed_at__isnull=True) & any_reason(), then=Value(True)
+            Q(status__in=TERMINAL_RUN_STATUSES) & Q(reviewed_at__isnull=True) & production & any_reason(),
+            then=Value(True),
         ),
         default=Value(False),
         output_field=BooleanField(),

@@ -20,7 +20,17 @@ from django.db.models import Lookup, OuterRef, Q, QuerySet, Subquery
 
 from core.compiled import CompiledQuery
 from core.ids import MAX_ID_CHARS, valid_id
-from diagnosis.models import AiOpsAlert, ChatSession, DiagnosisRun, RunConfiguration, RunFeedback
+from diagnosis.models import AiOpsAlert, ChatSession, DiagnosisRun, RunConfiguration, RunFeedback, RunPurpose
+
+# The one rule that keeps experiment replays out of production reads (the chat's and the API's session
+# lists, the dashboard, /metrics, the review queue): a `Q` over the `purpose` column that runs and
+# sessions both carry. Experiment runs stay reachable by id (their trace, verification, comparison).
+PRODUCTION = Q(purpose=RunPurpose.PRODUCTION)
+
+
+def production(queryset: QuerySet) -> QuerySet:
+    """`queryset` (of runs or sessions) without experiment replays (`PRODUCTION`)."""
+    return queryset.filter(PRODUCTION)
 
 
 class RunResolution:
@@ -82,10 +92,11 @@ def session_list(
     owner, `(created_at)` for staff), with their stored `run_count` and `last_run_at`; one query per
     page, and one for their owners (by primary key: a join made MariaDB scan and sort the sessions).
 
-    `mine`: only the user's own sessions (the chat's list of conversations, also for staff). `text`: only
+    Experiment sessions are never listed (`PRODUCTION`). `mine`: only the user's own sessions (the
+    chat's list of conversations, also for staff). `text`: only
     sessions whose title or any of whose questions contains it (case-insensitive; the questions are
     searched among the owner's runs when `mine`, so the scan is bounded by one user's runs)."""
-    sessions = visible_sessions(user=user)
+    sessions = production(visible_sessions(user=user))
     if mine:
         sessions = sessions.filter(owner=user) if user.is_authenticated else sessions.none()
     text = " ".join(text.split())[:SESSION_SEARCH_CHARS]
@@ -376,3 +387,32 @@ def run_configurations(*, fingerprints) -> dict[str, RunConfiguration]:
 def recent_configurations(*, limit: int = 20) -> list[RunConfiguration]:
     """The newest configurations first (the run list's configuration filter)."""
     return list(RunConfiguration.objects.order_by("-created_at", "-id")[:limit])
+
+
+def runs_matching(
+    *,
+    review_verdict: str = "",
+    created_after: dt.datetime | None = None,
+    created_before: dt.datetime | None = None,
+    status: str = "",
+    release_decision: str = "",
+    intent: str = "",
+    config_fingerprint: str = "",
+) -> QuerySet[DiagnosisRun]:
+    """Production runs by the run list's filters (the admin's columns of the same names), oldest first:
+    e.g. every run whose latest review says `incorrect` in a month (`make_dataset`)."""
+    runs = production(DiagnosisRun.objects.all())
+    for column, value in (
+        ("review_verdict", review_verdict),
+        ("status", status),
+        ("release_decision", release_decision),
+        ("intent", intent),
+        ("config_fingerprint", config_fingerprint),
+    ):
+        if value:
+            runs = runs.filter(**{column: value})
+    if created_after is not None:
+        runs = runs.filter(created_at__gte=created_after)
+    if created_before is not None:
+        runs = runs.filter(created_at__lt=created_before)
+    return runs.order_by("created_at", "id")

@@ -30,6 +30,7 @@ from diagnosis.models import (
     ReleaseMode,
     RunConfiguration,
     RunFeedback,
+    RunPurpose,
     RunStatus,
 )
 from diagnosis.review_queue import refresh_needs_review
@@ -58,9 +59,15 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{int(time.time() * 1000):012x}{secrets.token_hex(8)}"
 
 
-def create_session(*, owner: AbstractBaseUser, title: str = "", session_id: str | None = None) -> ChatSession:
+def create_session(
+    *,
+    owner: AbstractBaseUser,
+    title: str = "",
+    session_id: str | None = None,
+    purpose: str = RunPurpose.PRODUCTION,
+) -> ChatSession:
     return ChatSession.objects.create(
-        session_id=session_id or new_id("ses"), owner=owner, title=title[:TITLE_CHARS]
+        session_id=session_id or new_id("ses"), owner=owner, title=title[:TITLE_CHARS], purpose=purpose
     )
 
 
@@ -73,13 +80,19 @@ def create_run(
 ) -> DiagnosisRun:
     """A PENDING run of `query` in `session`; the session takes the first query as its title and counts
     the run in its stored `run_count` and `last_run_at` (one transaction). `query` is already redacted
-    by the caller (`agent.redaction`); `redaction` is what that replaced (facts only, never originals)."""
+    by the caller (`agent.redaction`); `redaction` is what that replaced (facts only, never originals).
+    The run takes its session's `purpose` (an experiment's session holds only experiment replays)."""
     with transaction.atomic():
         if not session.title:
             session.title = " ".join(query.split())[:TITLE_CHARS]
             session.save(update_fields=["title", "updated_at"])
         run = DiagnosisRun.objects.create(
-            run_id=new_id("run"), session=session, query=query, agent_flow=agent_flow, redaction=redaction
+            run_id=new_id("run"),
+            session=session,
+            query=query,
+            agent_flow=agent_flow,
+            redaction=redaction,
+            purpose=session.purpose,
         )
         # The session's stored list facts, in the run's transaction.
         ChatSession.objects.filter(pk=session.pk).update(

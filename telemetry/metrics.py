@@ -80,13 +80,14 @@ def record_metrics() -> list[Metric]:
     from audit.dashboard import priced_usage
     from audit.models import Checkpoint, EventType, ToolInvocation, TraceEvent
     from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun
+    from diagnosis.selectors import production
     from pricing.costs import load_price_book
     from telemetry.selectors import export_backlog
 
     families: list[Metric] = []
     window = window_seconds()
     since = timezone.now() - dt.timedelta(seconds=window)
-    recent_runs = DiagnosisRun.objects.filter(created_at__gte=since)
+    recent_runs = production(DiagnosisRun.objects.filter(created_at__gte=since))
     families.append(
         GaugeMetricFamily(
             "diagnosis_metrics_window_seconds",

@@ -29,6 +29,7 @@ LAYERS = {
     "telemetry": 2,
     "agent": 3,
     "evaluations": 3,
+    "experiments": 3,
     "surfaces": 4,
     "config": 5,
 }

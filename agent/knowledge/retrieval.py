@@ -24,6 +24,7 @@ generation) or when the version stamp (document count and latest `updated_at`), 
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import json
 import logging
@@ -412,9 +413,45 @@ def warm_knowledge_index() -> None:
     _holder.get()
 
 
+# A corpus that replaces the knowledge base for the current context (an experiment's candidate runbook
+# folder, `agent.knowledge.corpus`): searches, `read_runbook` and the snapshot read it instead.
+_override: contextvars.ContextVar[_Index | None] = contextvars.ContextVar("knowledge_override", default=None)
+
+
+def _current_index() -> _Index:
+    override = _override.get()
+    return override if override is not None else _holder.get()
+
+
+def override_index(index: _Index | None) -> contextvars.Token:
+    """Make `index` the corpus of this context (None: the knowledge base again); returns the token
+    `reset_override` takes. Tools run in a copy of the caller's context, so a run sees it throughout."""
+    return _override.set(index)
+
+
+def reset_override(token: contextvars.Token) -> None:
+    _override.reset(token)
+
+
+def overridden_sections(slug: str, first: int, last: int) -> list[tuple[int, str, str, str]] | None:
+    """The sections `first..last` of runbook `slug` as (ordinal, title, heading, text) in the overriding
+    corpus, or None when no corpus overrides the knowledge base here."""
+    index = _override.get()
+    if index is None:
+        return None
+    out = []
+    for chunk in index.chunks:
+        document = index.documents[chunk.document]
+        ordinal = int(chunk.evidence_id.rsplit("#", 1)[1])
+        if document.slug == slug and first <= ordinal <= last:
+            out.append((ordinal, document.title, chunk.heading, chunk.text))
+    return out
+
+
 def knowledge_snapshot() -> KnowledgeSnapshot:
-    """The digest of the corpus a search can return now (the process's index, rebuilt if stale)."""
-    return _holder.get().snapshot
+    """The digest of the corpus a search can return now (the process's index, rebuilt if stale, or the
+    corpus overriding it in this context)."""
+    return _current_index().snapshot
 
 
 def reset_knowledge_index() -> None:
@@ -469,7 +506,7 @@ def search_knowledge(query: str, top_k: int = DEFAULT_TOP_K) -> RetrievalResult:
     query_tokens = list(dict.fromkeys(tokenize(query)))
     if not query_tokens:
         return _empty()
-    index = _holder.get()
+    index = _current_index()
     if not index.documents:
         return _empty()
 

@@ -164,8 +164,10 @@ def configure_run(
     flow: str,
     release_mode: str,
     prompts_in_use: SystemPrompts = DEFAULT_PROMPTS,
+    knowledge: KnowledgeSnapshot | None = None,
 ) -> EffectiveConfiguration:
-    """The run's configuration with the knowledge snapshot read now, kept in `RunConfiguration` (once
+    """The run's configuration with the knowledge snapshot read now (or `knowledge`, a candidate
+    corpus's), kept in `RunConfiguration` (once
     per fingerprint). Synchronous ORM code (the executor runs it on the database pool); keeping the
     row is fail-open: the chained RUN_STARTED is the evidence, the row a copy for pages."""
     config = effective_configuration(
@@ -173,7 +175,7 @@ def configure_run(
         registry=registry,
         flow=flow,
         release_mode=release_mode,
-        knowledge=knowledge_snapshot(),
+        knowledge=knowledge if knowledge is not None else knowledge_snapshot(),
         prompts_in_use=prompts_in_use,
     )
     texts = _AIOPS_PROMPTS if flow == FLOW_AI_OPS else _CHAT_PROMPTS

@@ -49,6 +49,8 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import DatabaseError, transaction
 
+from agent.knowledge.corpus import Corpus, use_corpus
+from agent.knowledge.retrieval import reset_override
 from agent.redaction import Redactor
 from agent.runtime.aiops import is_aiops, run_aiops
 from agent.runtime.approvals import ResumeStateUnavailable, RunInterrupted
@@ -243,6 +245,7 @@ async def execute_run(
     on_finishing: Callable[[], None] | None = None,
     gate: asyncio.Event | None = None,
     run_prompts: SystemPrompts = DEFAULT_PROMPTS,
+    corpus: Corpus | None = None,
 ) -> RunOutcome:
     """Claim and execute the run to its terminal state (see the module docstring). `claimed` is the run
     as this process already claimed it (a queue worker claims while it picks: `claim_next_queued`).
@@ -250,10 +253,44 @@ async def execute_run(
     only writes its last records (after the semantic guard's call, at the latest when the release or the
     run's end is recorded; the queue worker claims its next run meanwhile); it changes nothing
     the run records or when. `gate`: the run's first model call waits until it is set (a queue worker's
-    run claimed while another finishes records its start meanwhile). `run_prompts`: the instruction
+    run claimed while another finishes records its start meanwhile). `corpus`: a runbook folder that
+    replaces the knowledge base for this run (an experiment's candidate; `agent.knowledge.corpus`).
+    `run_prompts`: the instruction
     texts the run sends (an experiment's candidate's; by default the product's). The run's
     configuration (`agent.runtime.configuration`) is built from `client`, `registry`, `run_prompts`
     and the release policy, and chained in RUN_STARTED with its fingerprint."""
+    knowledge = use_corpus(corpus) if corpus is not None else None
+    try:
+        return await _execute(
+            run_id=run_id,
+            sink=sink,
+            cancel=cancel,
+            client=client,
+            registry=registry,
+            claimed=claimed,
+            on_finishing=on_finishing,
+            gate=gate,
+            run_prompts=run_prompts,
+            corpus=corpus,
+        )
+    finally:
+        if knowledge is not None:
+            reset_override(knowledge)
+
+
+async def _execute(
+    *,
+    run_id: str,
+    sink: EventSink,
+    cancel: CancelToken | None,
+    client: ModelClient | None,
+    registry: ToolRegistry | None,
+    claimed: DiagnosisRun | None,
+    on_finishing: Callable[[], None] | None,
+    gate: asyncio.Event | None,
+    run_prompts: SystemPrompts,
+    corpus: Corpus | None,
+) -> RunOutcome:
     token = cancel if cancel is not None else CancelToken()
     claimed_at = time.monotonic()
     if claimed is not None:
@@ -286,7 +323,7 @@ async def execute_run(
     try:
         try:
             setup_error: Exception | None = None
-            details: dict[str, Any] = {"leaseOwner": _OWNER}
+            details: dict[str, Any] = {"leaseOwner": _OWNER, "purpose": run.purpose}
             mode = services.release_mode()
             if resuming:
                 mode = recorder.release_mode or mode
@@ -310,6 +347,7 @@ async def execute_run(
                         flow=run.agent_flow,
                         release_mode=mode,
                         prompts_in_use=run_prompts,
+                        knowledge=corpus.snapshot if corpus is not None else None,
                     )
                     details.update(configuration=config.document, configFingerprint=config.fingerprint)
             except Exception as exc:  # reported after RUN_STARTED, so the run still reads in order

@@ -262,6 +262,14 @@ def _verify_identity(identity: Any, run_id: str, b: bound.Bindings, report: Repo
     checked. A chain that binds none (a run started before identity digests) must carry none."""
     if not _keys(identity, {"start", "session"}, "rows.identity", report):
         return 0
+    document = b.configuration
+    if (
+        b.config_fingerprint
+        and isinstance(document, dict)
+        and not document.get("truncated")
+        and sha256_hex(canonical_json(document)) != b.config_fingerprint
+    ):
+        report.failures.append("RUN_STARTED: the chained configuration does not hash to its fingerprint")
     checked = 0
     for name, binding, what in (
         ("start", b.started, "the run's question, flow, session and creation"),

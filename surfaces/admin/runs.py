@@ -17,7 +17,6 @@ like the API.
 
 from __future__ import annotations
 
-from decimal import Decimal
 from typing import Any
 
 from django import forms
@@ -40,16 +39,21 @@ from audit.selectors import get_trace
 from audit.serializers import serialize_trace
 from audit.transparency.evidence import build_bundle
 from core.admin_lists import ScalableListAdmin
-from diagnosis.models import DiagnosisRun, ReleaseDecision, RunFeedback, RunStatus
+from diagnosis.models import DiagnosisRun, RunFeedback, RunStatus
 from diagnosis.selectors import search_runs
-from pricing.rules import CostStatus
 from reasoning.models import REASONING_PERMISSION, AccessChannel
 from reasoning.services import read_reasoning
-from surfaces.admin import configs, evaluation_views, oversight
+from surfaces.admin import configs, datasets, evaluation_views, oversight
 from surfaces.admin.dashboard import dashboard_view
 from surfaces.admin.display import QUERY_PREVIEW_CHARS, delivery_note, format_ms, provider_chip
 from surfaces.admin.display import chip as _chip
 from surfaces.admin.evaluation_views import EvaluationColumn
+from surfaces.admin.filters import (
+    AuditCompleteFilter,
+    CostFilter,
+    ReconciledFilter,
+    UnverifiedDeliveredFilter,
+)
 from surfaces.admin.keys import keys_view
 from surfaces.admin.ledger import run_cost_label
 from surfaces.admin.run_page import build_run_page
@@ -62,85 +66,6 @@ def run_trace(run: DiagnosisRun, *, viewer) -> dict[str, Any]:
     """Exactly the API's trace body for this run as `viewer` would get it (`runResolution` EXACT; the
     feedback shown is the viewer's own, as in the API)."""
     return serialize_trace(get_trace(run=run, viewer=viewer))
-
-
-class AuditCompleteFilter(admin.SimpleListFilter):
-    """Runs whose stored `audit_complete` fact (`audit.facts`) is true or false (an indexed column)."""
-
-    title = "audit complete"
-    parameter_name = "audit_complete"
-
-    def lookups(self, request, model_admin):
-        return (("yes", "Yes"), ("no", "No"))
-
-    def queryset(self, request, queryset):
-        if self.value() in ("yes", "no"):
-            return queryset.filter(audit_complete=self.value() == "yes")
-        return queryset
-
-
-class UnverifiedDeliveredFilter(admin.SimpleListFilter):
-    """Runs whose unverified draft text was streamed to a reader (`draft_chars > 0`)."""
-
-    title = "unverified text delivered"
-    parameter_name = "unverified"
-
-    def lookups(self, request, model_admin):
-        return (("yes", "Yes"), ("blocked", "Yes, and blocked"), ("no", "No"))
-
-    def queryset(self, request, queryset):
-        if self.value() == "yes":
-            return queryset.filter(draft_chars__gt=0)
-        if self.value() == "blocked":
-            return queryset.filter(draft_chars__gt=0, release_decision=ReleaseDecision.BLOCKED)
-        if self.value() == "no":
-            return queryset.filter(draft_chars=0)
-        return queryset
-
-
-class CostFilter(admin.SimpleListFilter):
-    """The run's stored cost (`pricing`): why it has none, or a range (indexed: `cost_status` with
-    `created_at`, `cost`)."""
-
-    title = "cost"
-    parameter_name = "cost"
-    RANGES = {
-        "lt0.001": ("< $0.001", None, Decimal("0.001")),
-        "0.001-0.01": ("$0.001 – $0.01", Decimal("0.001"), Decimal("0.01")),
-        "0.01-0.1": ("$0.01 – $0.10", Decimal("0.01"), Decimal("0.1")),
-        "ge0.1": ("≥ $0.10", Decimal("0.1"), None),
-    }
-
-    def lookups(self, request, model_admin):
-        return (
-            ("unavailable", "Unavailable (a call not priced)"),
-            ("demo", "Demo (no price)"),
-            ("not_priced", "Not priced yet"),
-            *((key, label) for key, (label, _lo, _hi) in self.RANGES.items()),
-        )
-
-    def queryset(self, request, queryset):
-        value = self.value()
-        if value in (CostStatus.UNAVAILABLE, CostStatus.DEMO):
-            return queryset.filter(cost_status=value)
-        if value == "not_priced":
-            return queryset.filter(cost_status=CostStatus.NOT_PRICED)
-        if value in self.RANGES:
-            _label, lo, hi = self.RANGES[value]
-            queryset = queryset.filter(cost__isnull=False)
-            if lo is not None:
-                queryset = queryset.filter(cost__gte=lo)
-            if hi is not None:
-                queryset = queryset.filter(cost__lt=hi)
-        return queryset
-
-
-class ReconciledFilter(admin.BooleanFieldListFilter):
-    """`tokens_reconciled`, titled as the console names it."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.title = "reconciled"
 
 
 @admin.register(DiagnosisRun)
@@ -182,6 +107,7 @@ class DiagnosisRunAdmin(EvaluationColumn, ScalableListAdmin, admin.ModelAdmin):
         AuditCompleteFilter,
         UnverifiedDeliveredFilter,
         configs.ConfigurationFilter,
+        datasets.ReviewVerdictFilter,
     )
     # The sessions of the page's runs by a second query on their unique key, for the links to their
     # pages (a join made MariaDB scan chat_session first).
@@ -194,7 +120,7 @@ class DiagnosisRunAdmin(EvaluationColumn, ScalableListAdmin, admin.ModelAdmin):
     )
     ordering = ("-created_at", "-id")
     list_per_page = 100
-    actions = ["export_traces", "compare_runs"]
+    actions = ["export_traces", "compare_runs", datasets.add_to_dataset]
 
     @property
     def media(self):
@@ -319,6 +245,7 @@ class DiagnosisRunAdmin(EvaluationColumn, ScalableListAdmin, admin.ModelAdmin):
                 name="{}_{}_dashboard".format(*info),
             ),
             path("keys/", wrap(self.keys_view), name="{}_{}_keys".format(*info)),
+            path("datasets/add/", wrap(self.add_to_dataset_view), name="{}_{}_add_to_dataset".format(*info)),
             path(
                 "configurations/<str:fingerprint>/",
                 wrap(self.configuration_view),
@@ -394,6 +321,11 @@ class DiagnosisRunAdmin(EvaluationColumn, ScalableListAdmin, admin.ModelAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         return dashboard_view(self, request)
+
+    def add_to_dataset_view(self, request):
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return datasets.add_to_dataset_view(self, request)
 
     def configuration_view(self, request, fingerprint):
         if not self.has_view_permission(request):

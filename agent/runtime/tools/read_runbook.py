@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 
-from agent.knowledge.retrieval import EVIDENCE_TEXT_CHARS
+from agent.knowledge.retrieval import EVIDENCE_TEXT_CHARS, overridden_sections
 from agent.runtime.tools.registry import FLOW_AI_OPS, FLOW_CHAT, EvidenceRecord, ToolResult, register_tool
 from diagnosis.models import KNOWLEDGE_SLUG_PATTERN, KnowledgeChunk
 
@@ -59,30 +59,34 @@ def read_runbook(id: str, around: int = 1) -> ToolResult:
     if match is None:
         raise UnknownEvidenceId(f"{id!r} is not an evidence id of the form kb:<slug>#<n>")
     slug, ordinal = match["slug"], int(match["ordinal"])
-    chunks = list(
-        KnowledgeChunk.objects.filter(
-            document__slug=slug, ordinal__gte=ordinal - around, ordinal__lte=ordinal + around
-        )
-        .select_related("document")
-        .order_by("ordinal")
-    )
-    if not any(chunk.ordinal == ordinal for chunk in chunks):
+    # An experiment's candidate runbook folder replaces the knowledge base (`agent.knowledge.corpus`).
+    sections = overridden_sections(slug, ordinal - around, ordinal + around)
+    if sections is None:
+        sections = [
+            (c.ordinal, c.document.title, c.heading, c.text)
+            for c in KnowledgeChunk.objects.filter(
+                document__slug=slug, ordinal__gte=ordinal - around, ordinal__lte=ordinal + around
+            )
+            .select_related("document")
+            .order_by("ordinal")
+        ]
+    if not any(n == ordinal for n, *_rest in sections):
         raise UnknownEvidenceId(f"no runbook section {id} exists")
     items = [
         {
-            "id": f"kb:{slug}#{chunk.ordinal}",
+            "id": f"kb:{slug}#{n}",
             "slug": slug,
-            "title": chunk.document.title,
-            "heading": chunk.heading,
-            "text": chunk.text[:EVIDENCE_TEXT_CHARS],
+            "title": title,
+            "heading": heading,
+            "text": text[:EVIDENCE_TEXT_CHARS],
         }
-        for chunk in chunks
+        for n, title, heading, text in sections
     ]
     data = {
         "id": f"kb:{slug}#{ordinal}",
         "around": around,
         "items": items,
-        "isTruncated": any(len(c.text) > EVIDENCE_TEXT_CHARS for c in chunks),
+        "isTruncated": any(len(text) > EVIDENCE_TEXT_CHARS for *_rest, text in sections),
     }
     model_view = {"evidence": items, "note": "Cite the ids you rely on as [kb:<slug>#<n>]."}
     return ToolResult(

@@ -1,0 +1,192 @@
+"""An experiment's results: baseline (the source runs) against candidate (the replays), per item and in
+aggregate (issue 34 item 4). Pure reads; the admin's results page draws `experiment_results`.
+
+Per item: each evaluator's baseline and candidate value and their delta (the baseline's score is the
+source run's stored score when the run is still here, else the score the item kept), the release
+decisions, cost and total duration of both runs, and whether the candidate *regressed*: a lower score
+on any evaluator, a release lost (PUBLISHED before, BLOCKED or none now), or a replay that failed or
+did not run. Regressions come first, the worst score delta first.
+
+In aggregate: per evaluator the items scored on both sides, the mean delta with a 95 % confidence
+interval (a percentile bootstrap over the item deltas, 2,000 resamples, seeded so a page shows the same
+interval every time; none below two items), the number of items worse and better; the releases
+(published and blocked on each side), the summed cost of the runs priced on each side and how many
+were not priced, and the median total duration.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from diagnosis.models import DiagnosisRun, ReleaseDecision
+from experiments.models import Experiment
+from experiments.scoring import scores_of
+
+BOOTSTRAP_RESAMPLES = 2000
+CONFIDENCE = 0.95
+
+
+@dataclass
+class Side:
+    run_id: str = ""
+    status: str = ""
+    release: str = ""
+    cost: Decimal | None = None
+    duration_ms: int | None = None
+    fingerprint: str = ""
+    scores: dict[str, float | None] = field(default_factory=dict)
+
+
+@dataclass
+class ItemResult:
+    position: int
+    question: str
+    baseline: Side
+    candidate: Side
+    error: str = ""
+    deltas: dict[str, float | None] = field(default_factory=dict)
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def regressed(self) -> bool:
+        return bool(self.reasons)
+
+    @property
+    def worst(self) -> float:
+        known = [d for d in self.deltas.values() if d is not None]
+        return min(known, default=0.0)
+
+
+@dataclass
+class EvaluatorSummary:
+    name: str
+    n: int
+    baseline_mean: float | None
+    candidate_mean: float | None
+    mean_delta: float | None
+    ci: tuple[float, float] | None
+    worse: int
+    better: int
+
+
+@dataclass
+class Results:
+    experiment: Experiment
+    items: list[ItemResult]
+    evaluators: list[EvaluatorSummary]
+    totals: dict[str, Any]
+
+    @property
+    def regressions(self) -> int:
+        return sum(1 for i in self.items if i.regressed)
+
+
+def bootstrap_ci(deltas: list[float], *, seed: int = 0) -> tuple[float, float] | None:
+    """The 95 % percentile-bootstrap interval of the mean of `deltas` (None for fewer than two)."""
+    if len(deltas) < 2:
+        return None
+    rng = random.Random(seed)
+    n = len(deltas)
+    means = sorted(statistics.fmean(rng.choices(deltas, k=n)) for _ in range(BOOTSTRAP_RESAMPLES))
+    lo = means[int((1 - CONFIDENCE) / 2 * BOOTSTRAP_RESAMPLES)]
+    hi = means[int((1 + CONFIDENCE) / 2 * BOOTSTRAP_RESAMPLES) - 1]
+    return (lo, hi)
+
+
+def _side(run: DiagnosisRun | None, scores: dict[str, tuple[int, float | None, str]]) -> Side:
+    if run is None:
+        return Side()
+    return Side(
+        run_id=run.run_id,
+        status=run.status,
+        release=run.release_decision or "",
+        cost=run.cost,
+        duration_ms=run.total_duration_ms,
+        fingerprint=run.config_fingerprint,
+        scores={name: value for name, (_v, value, _l) in scores.items()},
+    )
+
+
+def _kept_scores(item) -> dict[str, float | None]:
+    """The scores the item kept (newest version of each evaluator)."""
+    kept: dict[str, tuple[int, float | None]] = {}
+    for s in item.scores or []:
+        name, version = str(s.get("evaluator") or ""), int(s.get("version") or 0)
+        if name and version >= kept.get(name, (-1, None))[0]:
+            kept[name] = (version, s.get("value"))
+    return {name: value for name, (_v, value) in kept.items()}
+
+
+def experiment_results(experiment: Experiment) -> Results:
+    replays = list(experiment.replays.select_related("item").order_by("item__position"))
+    ids = [r.run_id for r in replays if r.run_id] + [r.item.source_run_id for r in replays]
+    runs = {r.run_id: r for r in DiagnosisRun.objects.filter(run_id__in=ids)}
+    scores = scores_of(run_ids=ids)
+    items: list[ItemResult] = []
+    for replay in replays:
+        item = replay.item
+        source = runs.get(item.source_run_id)
+        baseline = _side(source, scores.get(item.source_run_id, {}))
+        if source is None:  # imported, or purged: the item's own snapshot is the baseline
+            baseline = Side(
+                run_id=item.source_run_id, release=item.release_decision, scores=_kept_scores(item)
+            )
+        candidate = _side(runs.get(replay.run_id), scores.get(replay.run_id, {}))
+        result = ItemResult(item.position, item.question, baseline, candidate, error=replay.error)
+        for name in sorted(set(baseline.scores) | set(candidate.scores)):
+            a, b = baseline.scores.get(name), candidate.scores.get(name)
+            result.deltas[name] = None if a is None or b is None else b - a
+            if result.deltas[name] is not None and result.deltas[name] < 0:
+                result.reasons.append(f"{name} {a:g} → {b:g}")
+        if replay.error or not replay.run_id:
+            result.reasons.append(f"replay failed ({replay.error or 'no run'})")
+        elif baseline.release == ReleaseDecision.PUBLISHED and candidate.release != ReleaseDecision.PUBLISHED:
+            result.reasons.append(f"release {baseline.release} → {candidate.release or candidate.status}")
+        items.append(result)
+    items.sort(key=lambda i: (not i.regressed, i.worst, i.position))
+    return Results(experiment, items, _summaries(items), _totals(items))
+
+
+def _summaries(items: list[ItemResult]) -> list[EvaluatorSummary]:
+    names = sorted({name for i in items for name in i.deltas})
+    out = []
+    for k, name in enumerate(names):
+        pairs = [
+            (i.baseline.scores[name], i.candidate.scores[name])
+            for i in items
+            if i.deltas.get(name) is not None
+        ]
+        deltas = [b - a for a, b in pairs]
+        out.append(
+            EvaluatorSummary(
+                name=name,
+                n=len(pairs),
+                baseline_mean=statistics.fmean(a for a, _ in pairs) if pairs else None,
+                candidate_mean=statistics.fmean(b for _, b in pairs) if pairs else None,
+                mean_delta=statistics.fmean(deltas) if deltas else None,
+                ci=bootstrap_ci(deltas, seed=k),
+                worse=sum(1 for d in deltas if d < 0),
+                better=sum(1 for d in deltas if d > 0),
+            )
+        )
+    return out
+
+
+def _totals(items: list[ItemResult]) -> dict[str, Any]:
+    totals: dict[str, Any] = {"items": len(items), "regressions": sum(1 for i in items if i.regressed)}
+    for key in ("baseline", "candidate"):
+        sides = [getattr(i, key) for i in items]
+        priced = [s.cost for s in sides if s.cost is not None]
+        durations = [s.duration_ms for s in sides if s.duration_ms is not None]
+        totals[key] = {
+            "published": sum(1 for s in sides if s.release == ReleaseDecision.PUBLISHED),
+            "blocked": sum(1 for s in sides if s.release == ReleaseDecision.BLOCKED),
+            "cost": sum(priced, Decimal(0)) if priced else None,
+            "unpriced": len(sides) - len(priced),
+            "median_ms": statistics.median(durations) if durations else None,
+        }
+    return totals
