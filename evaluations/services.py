@@ -29,6 +29,7 @@ from django.utils import timezone
 
 from audit.recorder import RunNotFinished
 from diagnosis.models import DiagnosisRun
+from diagnosis.selectors import production
 from evaluations import otel
 from evaluations.judge import judge
 from evaluations.models import EvaluationClaim, EvaluationScore, Evaluator, EvaluatorKind
@@ -153,7 +154,8 @@ def pending_runs(*, evaluator: Evaluator) -> Iterable[DiagnosisRun]:
     oldest first (one streamed query; the sample is applied by the caller, so runs outside it are
     read again at the next pass: a hash each, no write)."""
     since = timezone.now() - dt.timedelta(hours=lookback_hours())
-    runs = DiagnosisRun.objects.filter(status__in=TERMINAL, finished_at__gte=since).exclude(
+    # Production runs only: an experiment scores its own replays (`experiments.scoring`, evaluate_run).
+    runs = production(DiagnosisRun.objects.filter(status__in=TERMINAL, finished_at__gte=since)).exclude(
         Exists(EvaluationScore.objects.filter(run_id=OuterRef("run_id"), evaluator=evaluator))
     )
     for column, wanted in (

@@ -185,3 +185,24 @@ def test_the_worker_scores_only_runs_finished_within_the_look_back(llm, user, se
     settings.EVALUATION_LOOKBACK_HOURS = 4
     call_command("run_evaluations", "--once", stdout=io.StringIO())
     assert EvaluationScore.objects.filter(run_id=run.run_id).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("runtime_pools", "corpus")
+def test_experiment_replays_are_left_to_their_experiment_and_out_of_production_figures(llm, user):
+    from diagnosis.models import RunPurpose
+    from evaluations.metrics import evaluation_metrics
+    from evaluations.selectors import by_fingerprint
+
+    script_reasoned_diagnosis(llm)
+    run, _, _ = ask(user, "Disk full on /var/log")
+    DiagnosisRun.objects.filter(run_id=run.run_id).update(purpose=RunPurpose.EXPERIMENT)
+    citations = Evaluator.objects.create(name="citations", kind=EvaluatorKind.CITATION_COVERAGE)
+    call_command("run_evaluations", "--once", stdout=io.StringIO())
+    assert not EvaluationScore.objects.exists()  # the worker scores production runs only
+    (score,) = evaluate_run(run_id=run.run_id, evaluators=[citations])  # what an experiment calls
+    assert score.label == "covered"
+    now = timezone.now()
+    assert by_fingerprint(since=now - dt.timedelta(days=1), until=now + dt.timedelta(days=1)) == []
+    mean = next(m for m in evaluation_metrics() if m.name == "diagnosis_evaluation_score_mean")
+    assert mean.samples == []
