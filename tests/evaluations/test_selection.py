@@ -206,3 +206,53 @@ def test_experiment_replays_are_left_to_their_experiment_and_out_of_production_f
     assert by_fingerprint(since=now - dt.timedelta(days=1), until=now + dt.timedelta(days=1)) == []
     mean = next(m for m in evaluation_metrics() if m.name == "diagnosis_evaluation_score_mean")
     assert mean.samples == []
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("runtime_pools", "corpus")
+def test_a_score_is_exported_over_otlp_http_when_recorded(llm, user, settings):
+    """The real OTLP/HTTP exporter (`telemetry.outbox.make_exporter`) posts the score's span to the
+    configured endpoint as it is recorded: a local receiver decodes the protobuf it gets."""
+    import http.server
+    import threading as _threading
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    received: list[ExportTraceServiceRequest] = []
+
+    class Receiver(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            request = ExportTraceServiceRequest()
+            request.ParseFromString(body)
+            received.append(request)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Receiver)
+    thread = _threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        settings.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = f"http://127.0.0.1:{server.server_port}/v1/traces"
+        script_reasoned_diagnosis(llm)
+        run, _, _ = ask(user, "Disk full on /var/log")
+        citations = Evaluator.objects.create(name="citations", kind=EvaluatorKind.CITATION_COVERAGE)
+        (score,) = evaluate_run(run_id=run.run_id, evaluators=[citations])
+    finally:
+        server.shutdown()
+        server.server_close()
+    spans = [s for r in received for rs in r.resource_spans for ss in rs.scope_spans for s in ss.spans]
+    (span,) = [s for s in spans if s.name == "gen_ai.evaluation.result"]
+    assert int.from_bytes(span.trace_id, "big") == trace_id_of(run.run_id)
+    assert int.from_bytes(span.parent_span_id, "big") == span_id_of(run.run_id, "run")
+    attributes = {a.key: a.value for a in span.attributes}
+    assert attributes["gen_ai.evaluation.name"].string_value == "citations"
+    assert attributes["gen_ai.evaluation.score.label"].string_value == "covered"
+    assert attributes["gen_ai.evaluation.score.value"].double_value == 1.0
+    assert attributes["diagnosis.evaluation.evaluator.version"].int_value == 1
+    assert attributes["diagnosis.evaluation.score.id"].string_value == score.score_id
+    assert "cite evidence" in attributes["gen_ai.evaluation.explanation"].string_value
