@@ -256,3 +256,36 @@ def test_a_score_is_exported_over_otlp_http_when_recorded(llm, user, settings):
     assert attributes["diagnosis.evaluation.evaluator.version"].int_value == 1
     assert attributes["diagnosis.evaluation.score.id"].string_value == score.score_id
     assert "cite evidence" in attributes["gen_ai.evaluation.explanation"].string_value
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("runtime_pools", "corpus")
+def test_a_failing_judge_is_retried_by_later_passes_then_recorded_as_a_judge_error(llm, user, settings):
+    from tests.fakes.openai_server import HTTPError
+
+    settings.LLM_MAX_RETRIES = 0
+    settings.EVALUATION_JUDGE_ATTEMPTS = 2
+    settings.EVALUATION_CLAIM_SECONDS = 60
+    script_reasoned_diagnosis(llm)
+    run, _, _ = ask(user, "Disk full on /var/log")
+    Evaluator.objects.create(name="groundedness", kind=EvaluatorKind.LLM_JUDGE, judge_model=JUDGE)
+    down = HTTPError(503, body={"error": {"message": "overloaded"}}, headers={"x-should-retry": "false"})
+    llm.add(JUDGE, down, down)
+
+    def one_pass() -> str:
+        out = io.StringIO()
+        call_command("run_evaluations", "--once", stdout=out)
+        return out.getvalue()
+
+    assert "0 recorded, 0 skipped, 1 failed" in one_pass()
+    assert not EvaluationScore.objects.exists() and EvaluationClaim.objects.get().attempts == 2
+    assert "0 recorded, 1 skipped" in one_pass()  # the claim is not stale yet: nobody retries
+    EvaluationClaim.objects.update(claimed_at=timezone.now() - dt.timedelta(minutes=2))
+    assert "1 recorded" in one_pass()  # the last attempt failed too: recorded as such
+    score = EvaluationScore.objects.get(run_id=run.run_id)
+    assert (score.label, score.value, score.judge_model) == ("judge_error", None, JUDGE)
+    assert len(llm.requests[JUDGE]) == 2 and not EvaluationClaim.objects.exists()
+    from audit.models import EventType, TraceEvent
+
+    event = TraceEvent.objects.get(run_id=run.run_id, event_type=EventType.EVALUATION_RECORDED)
+    assert event.details["judgeError"] and event.details["judgeAttempts"][0]["status"] == 503
