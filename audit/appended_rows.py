@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from audit.events import BY_TYPE
 
@@ -44,6 +45,10 @@ class RowSource:
     rows_of: RowsOf
     # Run ids whose rows exist without a run row (an orphan check, like `orphaned_run_ids`).
     run_ids: Callable[[], set[str]] | None = None
+    # The model of the rows (with a `run_id` column) and its name in a purge's counts: the retention
+    # purge deletes a purged run's rows with the record's own (`audit.retention`).
+    model: Any = None
+    purge_name: str = ""
 
 
 _SOURCES: dict[str, RowSource] = {}
@@ -70,6 +75,11 @@ def rows_of(run_ids: Sequence[str]) -> Mapping[str, list[AppendedRow]]:
         for run_id, row_id, digest in source.rows_of(list(run_ids)):
             out[run_id].append(AppendedRow(source.event_type, row_id, source.label, digest))
     return out
+
+
+def purge_tables() -> tuple[tuple[str, Any], ...]:
+    """(name, model) of each registered source's table, for the retention purge."""
+    return tuple((s.purge_name, s.model) for s in _SOURCES.values() if s.model is not None and s.purge_name)
 
 
 def orphan_run_ids() -> set[str]:

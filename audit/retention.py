@@ -36,6 +36,7 @@ from django.db import transaction
 from django.db.models import Count, Exists, OuterRef, Q, Subquery
 from django.utils import timezone
 
+from audit import appended_rows
 from audit.models import (
     AgentStep,
     Checkpoint,
@@ -372,7 +373,7 @@ def purge_expired_runs(
                 continue
             ids = [r.run_id for r in batch]
             per_run: dict[str, dict[str, int]] = {rid: {} for rid in ids}
-            for name, model in _TABLES:
+            for name, model in _TABLES + appended_rows.purge_tables():
                 rows = model.objects.filter(run_id__in=ids)
                 for rid, n in rows.values("run_id").annotate(n=Count("pk")).values_list("run_id", "n"):
                     per_run[rid][name] = n

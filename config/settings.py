@@ -471,6 +471,9 @@ METRICS_WINDOW_SECONDS = env.int("METRICS_WINDOW_SECONDS", default=3600)
 # EVALUATION_CLAIM_SECONDS (a worker that died mid-judge).
 EVALUATION_LOOKBACK_HOURS = env.float("EVALUATION_LOOKBACK_HOURS", default=24.0)
 EVALUATION_CLAIM_SECONDS = env.float("EVALUATION_CLAIM_SECONDS", default=300.0)
+# The worker tries a failing LLM-judge call this many times (a pass after each stale claim) before it
+# records the failure as a `judge_error` score.
+EVALUATION_JUDGE_ATTEMPTS = env.int("EVALUATION_JUDGE_ATTEMPTS", default=3)
 
 # ---------------------------------------------------------------------------------------------------
 # REST framework: authenticated by default, errors in the contract's shape

@@ -1,7 +1,8 @@
 """Evaluation scores on /metrics (`telemetry.metrics.register_record_source`): read with the record
 metrics, over the same sliding window (scores recorded in the last `METRICS_WINDOW_SECONDS`) and cached
 with them. Labels: the evaluator's name and version and the scored run's configuration fingerprint
-(empty for runs recorded before fingerprints), plus the label for the counts. Two queries.
+(empty for runs recorded before fingerprints), plus the label for the counts. Experiment replays'
+scores are left out (`evaluations.selectors.production_scores`). One query.
 
 * `diagnosis_evaluation_score_mean{evaluator,version,fingerprint}`: mean value of the window's scores
   (scores without a value — unpriced, judge errors — left out);
@@ -23,10 +24,10 @@ from telemetry.metrics import register_record_source, window_seconds
 
 
 def evaluation_metrics() -> list[Metric]:
-    from evaluations.models import EvaluationScore
+    from evaluations.selectors import production_scores
 
     since = timezone.now() - dt.timedelta(seconds=window_seconds())
-    recent = EvaluationScore.objects.filter(created_at__gte=since)
+    recent = production_scores().filter(created_at__gte=since)
     mean = GaugeMetricFamily(
         "diagnosis_evaluation_score_mean",
         "Mean evaluation score (0..1) of the window's scores, by evaluator, version and configuration "

@@ -258,5 +258,12 @@ def register() -> None:
         },
     )
     appended_rows.register(
-        appended_rows.RowSource(EventType.EVALUATION_RECORDED, "evaluation score", _rows_of, run_ids=_orphans)
+        appended_rows.RowSource(
+            EventType.EVALUATION_RECORDED,
+            "evaluation score",
+            _rows_of,
+            run_ids=_orphans,
+            model=EvaluationScore,
+            purge_name="evaluation_scores",
+        )
     )

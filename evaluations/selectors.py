@@ -10,7 +10,16 @@ from dataclasses import dataclass
 from django.db.models import Avg, Count, FloatField, OuterRef, QuerySet, Subquery
 from django.db.models.functions import TruncDate
 
+from diagnosis.models import DiagnosisRun
+from diagnosis.selectors import PRODUCTION
 from evaluations.models import NEEDS_HUMAN_LABELS, EvaluationScore
+
+
+def production_scores() -> QuerySet:
+    """Scores of production runs: an experiment's replays (`diagnosis.selectors.PRODUCTION`) are no part
+    of the trend, the fingerprint table or /metrics (their results page compares them)."""
+    experiments = DiagnosisRun.objects.exclude(PRODUCTION).values("run_id")
+    return EvaluationScore.objects.exclude(run_id__in=experiments)
 
 
 def scores_of_run(*, run_id: str) -> list[EvaluationScore]:
@@ -51,7 +60,8 @@ class FingerprintRow:
 def trend(*, since: dt.datetime, until: dt.datetime) -> list[TrendPoint]:
     """Mean score per day (of scoring) and evaluator version, over [since, until) (one query)."""
     rows = (
-        EvaluationScore.objects.filter(created_at__gte=since, created_at__lt=until)
+        production_scores()
+        .filter(created_at__gte=since, created_at__lt=until)
         .annotate(day=TruncDate("created_at"))
         .values("day", "evaluator_name", "evaluator_version")
         .annotate(mean=Avg("value"), n=Count("id"))
@@ -66,16 +76,16 @@ def trend(*, since: dt.datetime, until: dt.datetime) -> list[TrendPoint]:
 def by_fingerprint(*, since: dt.datetime, until: dt.datetime) -> list[FingerprintRow]:
     """Mean score per evaluator version and configuration fingerprint over [since, until) (one query)."""
     rows = (
-        EvaluationScore.objects.filter(created_at__gte=since, created_at__lt=until)
+        production_scores()
+        .filter(created_at__gte=since, created_at__lt=until)
         .values("evaluator_name", "evaluator_version", "fingerprint")
         .annotate(mean=Avg("value"), n=Count("id"))
         .order_by("evaluator_name", "evaluator_version", "fingerprint")
     )
     flagged = {
         (r["evaluator_name"], r["evaluator_version"], r["fingerprint"]): r["n"]
-        for r in EvaluationScore.objects.filter(
-            created_at__gte=since, created_at__lt=until, label__in=NEEDS_HUMAN_LABELS
-        )
+        for r in production_scores()
+        .filter(created_at__gte=since, created_at__lt=until, label__in=NEEDS_HUMAN_LABELS)
         .values("evaluator_name", "evaluator_version", "fingerprint")
         .annotate(n=Count("id"))
         .order_by()

@@ -29,6 +29,7 @@ from django.utils import timezone
 
 from audit.recorder import RunNotFinished
 from diagnosis.models import DiagnosisRun
+from diagnosis.selectors import production
 from evaluations import otel
 from evaluations.judge import judge
 from evaluations.models import EvaluationClaim, EvaluationScore, Evaluator, EvaluatorKind
@@ -38,6 +39,11 @@ from evaluations.scorers import DETERMINISTIC, TERMINAL, applies
 logger = logging.getLogger("evaluations")
 
 CLAIM_SECONDS_DEFAULT = 300.0
+# A judge call that failed (provider down, rate limited) is retried by a later pass, after the claim has
+# gone stale; the last attempt's failure is recorded as a `judge_error` score (so it is visible, priced
+# where usage was reported, and the run is not retried for ever).
+JUDGE_ATTEMPTS_DEFAULT = 3
+RETRY_OWNER = "(retry after a failed judge call)"  # no process's owner: only a stale claim is taken over
 LOOKBACK_HOURS_DEFAULT = 24.0
 
 
@@ -71,6 +77,22 @@ def claim(*, run_id: str, evaluator: Evaluator, owner: str | None = None) -> boo
         return bool(taken)
 
 
+def judge_attempts() -> int:
+    return max(1, int(getattr(settings, "EVALUATION_JUDGE_ATTEMPTS", JUDGE_ATTEMPTS_DEFAULT)))
+
+
+def _retry_later(run_id: str, evaluator: Evaluator) -> bool:
+    """After a failed judge call: keep the claim (stale after `EVALUATION_CLAIM_SECONDS`, then retried)
+    and count the attempt; false when this was the last attempt (the failure is then recorded)."""
+    claim_row = EvaluationClaim.objects.filter(run_id=run_id, evaluator=evaluator).first()
+    if claim_row is None or claim_row.attempts >= judge_attempts():
+        return False
+    EvaluationClaim.objects.filter(pk=claim_row.pk).update(
+        attempts=claim_row.attempts + 1, claimed_at=timezone.now(), owner=RETRY_OWNER
+    )
+    return True
+
+
 def release(*, run_id: str, evaluator: Evaluator) -> None:
     EvaluationClaim.objects.filter(run_id=run_id, evaluator=evaluator).delete()
 
@@ -91,12 +113,21 @@ class Pass:
     errors: int = 0
 
 
-def _score_one(run: DiagnosisRun, evaluator: Evaluator, result: Pass) -> None:
+def _score_one(run: DiagnosisRun, evaluator: Evaluator, result: Pass, *, retry: bool = False) -> None:
+    """Claim, score, record and export one pair. `retry` (the worker's passes): a failed judge call
+    leaves the claim to go stale and is tried again by a later pass, up to `EVALUATION_JUDGE_ATTEMPTS`;
+    without it (an explicit `evaluate_run`) the failure is recorded at once."""
     if not claim(run_id=run.run_id, evaluator=evaluator):
         result.skipped += 1
         return
+    keep_claim = False
     try:
         outcome, call = outcome_of(evaluator, run)
+        if retry and call is not None and call.error_code and _retry_later(run.run_id, evaluator):
+            keep_claim = True
+            result.errors += 1
+            logger.info("judge call failed, retried later run=%s evaluator=%s", run.run_id, evaluator.label)
+            return
         score = record_score(
             run=run,
             evaluator=evaluator,
@@ -117,7 +148,8 @@ def _score_one(run: DiagnosisRun, evaluator: Evaluator, result: Pass) -> None:
         )
         return
     finally:
-        release(run_id=run.run_id, evaluator=evaluator)
+        if not keep_claim:
+            release(run_id=run.run_id, evaluator=evaluator)
     result.scores.append(score)
     otel.export_scores(run=run, scores=[score])
 
@@ -153,7 +185,8 @@ def pending_runs(*, evaluator: Evaluator) -> Iterable[DiagnosisRun]:
     oldest first (one streamed query; the sample is applied by the caller, so runs outside it are
     read again at the next pass: a hash each, no write)."""
     since = timezone.now() - dt.timedelta(hours=lookback_hours())
-    runs = DiagnosisRun.objects.filter(status__in=TERMINAL, finished_at__gte=since).exclude(
+    # Production runs only: an experiment scores its own replays (`experiments.scoring`, evaluate_run).
+    runs = production(DiagnosisRun.objects.filter(status__in=TERMINAL, finished_at__gte=since)).exclude(
         Exists(EvaluationScore.objects.filter(run_id=OuterRef("run_id"), evaluator=evaluator))
     )
     for column, wanted in (
@@ -175,6 +208,6 @@ def score_pending(*, limit: int = 100) -> Pass:
             if scored >= limit:
                 break
             if applies(evaluator=evaluator, run=run):
-                _score_one(run, evaluator, result)
+                _score_one(run, evaluator, result, retry=True)
                 scored += 1
     return result

@@ -2,11 +2,13 @@
 the trace download and export; and users' feedback on runs.
 
 The run list stays flat at a million runs (`core.admin_lists`): it reads only `diagnosis_run` columns
-(audit completeness is the stored fact of `audit.facts`, the session is joined by its unique key), orders
-by the indexed `(-created_at, -id)`, counts at most 10 000 rows, filters on indexed columns (a date range
-on `created_at` replaces the date hierarchy), sorts only by indexed columns, and searches through
-`diagnosis.selectors.search_runs` (id prefixes on the unique indexes, question words in the full-text
-index).
+(audit completeness is the stored fact of `audit.facts`, the session is joined by its unique key) plus
+each listed run's mean evaluation score (a correlated subquery on the scores' (run, evaluator) index,
+`surfaces.admin.evaluation_views`), orders by the indexed `(-created_at, -id)`, counts at most 10 000
+rows, filters on indexed columns (a date range on `created_at` replaces the date hierarchy), sorts by
+indexed columns (and, on request, by the mean score, which reads every run's scores), and searches
+through `diagnosis.selectors.search_runs` (id prefixes on the unique indexes, question words in the
+full-text index).
 
 The run page draws the trace read model (`audit.selectors.get_trace`) as `surfaces.admin.run_page`
 shapes it; nothing on it is reconstructed from logs. The downloads are the API's trace body (same

@@ -144,3 +144,24 @@ def test_scores_are_chained_anchored_verified_and_an_edited_score_is_named(llm, 
     EvaluationScore.objects.filter(score_id=by_name["citations"].score_id).delete()
     result = verify_run(run.run_id)
     assert any("missing" in p and by_name["citations"].score_id in p for p in result.invalid), result.invalid
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("runtime_pools", "corpus", "signing_key")
+def test_the_retention_purge_deletes_a_runs_scores_with_its_record(llm, user, settings):
+    from audit.models import RunTombstone
+    from audit.retention import purge_expired_runs
+
+    settings.AUDIT_WITNESS_PATH = ""
+    script_reasoned_diagnosis(llm)
+    run, _, _ = ask(user, "Disk full on /var/log")
+    citations = Evaluator.objects.create(name="citations", kind=EvaluatorKind.CITATION_COVERAGE)
+    evaluate_run(run_id=run.run_id, evaluators=[citations])
+    call_command("audit_checkpoint", stdout=io.StringIO())
+    settings.AUDIT_RETENTION_DAYS = 0
+    report = purge_expired_runs(now=timezone.now() + dt.timedelta(seconds=1), retention_days=0)
+    assert run.run_id in report.purged
+    assert not EvaluationScore.objects.filter(run_id=run.run_id).exists()
+    assert RunTombstone.objects.get(run_id=run.run_id).rows_deleted["evaluation_scores"] == 1
+    call_command("audit_checkpoint", stdout=io.StringIO())
+    _verify_audit()

@@ -185,3 +185,107 @@ def test_the_worker_scores_only_runs_finished_within_the_look_back(llm, user, se
     settings.EVALUATION_LOOKBACK_HOURS = 4
     call_command("run_evaluations", "--once", stdout=io.StringIO())
     assert EvaluationScore.objects.filter(run_id=run.run_id).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("runtime_pools", "corpus")
+def test_experiment_replays_are_left_to_their_experiment_and_out_of_production_figures(llm, user):
+    from diagnosis.models import RunPurpose
+    from evaluations.metrics import evaluation_metrics
+    from evaluations.selectors import by_fingerprint
+
+    script_reasoned_diagnosis(llm)
+    run, _, _ = ask(user, "Disk full on /var/log")
+    DiagnosisRun.objects.filter(run_id=run.run_id).update(purpose=RunPurpose.EXPERIMENT)
+    citations = Evaluator.objects.create(name="citations", kind=EvaluatorKind.CITATION_COVERAGE)
+    call_command("run_evaluations", "--once", stdout=io.StringIO())
+    assert not EvaluationScore.objects.exists()  # the worker scores production runs only
+    (score,) = evaluate_run(run_id=run.run_id, evaluators=[citations])  # what an experiment calls
+    assert score.label == "covered"
+    now = timezone.now()
+    assert by_fingerprint(since=now - dt.timedelta(days=1), until=now + dt.timedelta(days=1)) == []
+    mean = next(m for m in evaluation_metrics() if m.name == "diagnosis_evaluation_score_mean")
+    assert mean.samples == []
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("runtime_pools", "corpus")
+def test_a_score_is_exported_over_otlp_http_when_recorded(llm, user, settings):
+    """The real OTLP/HTTP exporter (`telemetry.outbox.make_exporter`) posts the score's span to the
+    configured endpoint as it is recorded: a local receiver decodes the protobuf it gets."""
+    import http.server
+    import threading as _threading
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    received: list[ExportTraceServiceRequest] = []
+
+    class Receiver(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            request = ExportTraceServiceRequest()
+            request.ParseFromString(body)
+            received.append(request)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Receiver)
+    thread = _threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        settings.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = f"http://127.0.0.1:{server.server_port}/v1/traces"
+        script_reasoned_diagnosis(llm)
+        run, _, _ = ask(user, "Disk full on /var/log")
+        citations = Evaluator.objects.create(name="citations", kind=EvaluatorKind.CITATION_COVERAGE)
+        (score,) = evaluate_run(run_id=run.run_id, evaluators=[citations])
+    finally:
+        server.shutdown()
+        server.server_close()
+    spans = [s for r in received for rs in r.resource_spans for ss in rs.scope_spans for s in ss.spans]
+    (span,) = [s for s in spans if s.name == "gen_ai.evaluation.result"]
+    assert int.from_bytes(span.trace_id, "big") == trace_id_of(run.run_id)
+    assert int.from_bytes(span.parent_span_id, "big") == span_id_of(run.run_id, "run")
+    attributes = {a.key: a.value for a in span.attributes}
+    assert attributes["gen_ai.evaluation.name"].string_value == "citations"
+    assert attributes["gen_ai.evaluation.score.label"].string_value == "covered"
+    assert attributes["gen_ai.evaluation.score.value"].double_value == 1.0
+    assert attributes["diagnosis.evaluation.evaluator.version"].int_value == 1
+    assert attributes["diagnosis.evaluation.score.id"].string_value == score.score_id
+    assert "cite evidence" in attributes["gen_ai.evaluation.explanation"].string_value
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("runtime_pools", "corpus")
+def test_a_failing_judge_is_retried_by_later_passes_then_recorded_as_a_judge_error(llm, user, settings):
+    from tests.fakes.openai_server import HTTPError
+
+    settings.LLM_MAX_RETRIES = 0
+    settings.EVALUATION_JUDGE_ATTEMPTS = 2
+    settings.EVALUATION_CLAIM_SECONDS = 60
+    script_reasoned_diagnosis(llm)
+    run, _, _ = ask(user, "Disk full on /var/log")
+    Evaluator.objects.create(name="groundedness", kind=EvaluatorKind.LLM_JUDGE, judge_model=JUDGE)
+    down = HTTPError(503, body={"error": {"message": "overloaded"}}, headers={"x-should-retry": "false"})
+    llm.add(JUDGE, down, down)
+
+    def one_pass() -> str:
+        out = io.StringIO()
+        call_command("run_evaluations", "--once", stdout=out)
+        return out.getvalue()
+
+    assert "0 recorded, 0 skipped, 1 failed" in one_pass()
+    assert not EvaluationScore.objects.exists() and EvaluationClaim.objects.get().attempts == 2
+    assert "0 recorded, 1 skipped" in one_pass()  # the claim is not stale yet: nobody retries
+    EvaluationClaim.objects.update(claimed_at=timezone.now() - dt.timedelta(minutes=2))
+    assert "1 recorded" in one_pass()  # the last attempt failed too: recorded as such
+    score = EvaluationScore.objects.get(run_id=run.run_id)
+    assert (score.label, score.value, score.judge_model) == ("judge_error", None, JUDGE)
+    assert len(llm.requests[JUDGE]) == 2 and not EvaluationClaim.objects.exists()
+    from audit.models import EventType, TraceEvent
+
+    event = TraceEvent.objects.get(run_id=run.run_id, event_type=EventType.EVALUATION_RECORDED)
+    assert event.details["judgeError"] and event.details["judgeAttempts"][0]["status"] == 503
