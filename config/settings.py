@@ -126,7 +126,7 @@ LOGIN_URL = "admin:login"
 # ---------------------------------------------------------------------------------------------------
 DATABASES = {"default": env.db_url("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")}
 
-_MYSQL_OPTIONS = {
+MYSQL_OPTIONS = {
     "charset": "utf8mb4",
     "init_command": (
         "SET sql_mode='STRICT_TRANS_TABLES,STRICT_ALL_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,"
@@ -137,7 +137,7 @@ _MYSQL_OPTIONS = {
 }
 _db = DATABASES["default"]
 if _db["ENGINE"] == "django.db.backends.mysql":
-    _db.setdefault("OPTIONS", {}).update(_MYSQL_OPTIONS)
+    _db.setdefault("OPTIONS", {}).update(MYSQL_OPTIONS)
     # One test database per test process, so parallel suites on one server never clobber each other.
     _db["TEST"] = {
         "NAME": f"test_{_db['NAME']}_{os.getpid()}",
@@ -166,7 +166,7 @@ DATABASE_REPLICA_URL = env.str("DATABASE_REPLICA_URL", default="")
 if DATABASE_REPLICA_URL:
     _replica = env.db_url_config(DATABASE_REPLICA_URL)
     if _replica["ENGINE"] == "django.db.backends.mysql":
-        _replica.setdefault("OPTIONS", {}).update(_MYSQL_OPTIONS)
+        _replica.setdefault("OPTIONS", {}).update(MYSQL_OPTIONS)
         # A replica that is down is refused at once; one that hangs holds a read at most this long to connect.
         _replica["OPTIONS"].setdefault(
             "connect_timeout", env.int("DATABASE_REPLICA_CONNECT_TIMEOUT", default=2)

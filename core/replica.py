@@ -133,6 +133,8 @@ class ReplicaMonitor:
             config["OPTIONS"] = options
             config["CONN_MAX_AGE"] = None
             conn = load_backend(config["ENGINE"]).DatabaseWrapper(config, f"{alias}-heartbeat")
+            # Used by whichever thread measures, one at a time (under the monitor's lock).
+            conn.inc_thread_sharing()
             self._conns[alias] = conn
         return conn
 

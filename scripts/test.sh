@@ -20,7 +20,8 @@ report() {
 }
 trap report EXIT
 
-setup() { scripts/setup.sh dev && scripts/mariadb.sh && scripts/redis.sh; }
+# The replica tests' MariaDB pair (127.0.0.1:3307 primary, :3308 replica; never the shared 3306).
+setup() { scripts/setup.sh dev && scripts/mariadb.sh && scripts/redis.sh && scripts/mariadb-replica.sh; }
 phase "set-up" setup
 
 export DEBUG=true
@@ -28,7 +29,9 @@ export DEBUG=true
 export AIOPS_REQUIRE_SERVERS=1
 # ... and nginx: the deployment test (tests/config/) must run on MariaDB, never be skipped.
 export DEPLOY_REQUIRE_NGINX=1
-unset DATABASE_URL REDIS_URL LLM_API_KEY LLM_PROVIDER || true
+# ... and the replica pair: the replica tests (tests/core/replica/) must run, never be skipped.
+export REPLICA_REQUIRE=1
+unset DATABASE_URL DATABASE_REPLICA_URL REDIS_URL LLM_API_KEY LLM_PROVIDER || true
 
 lint() { .venv/bin/ruff check . && .venv/bin/ruff format --check .; }
 phase "ruff" lint
