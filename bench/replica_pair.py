@@ -22,7 +22,7 @@ SCRIPT = ROOT / "scripts" / "mariadb-replica.sh"
 PRIMARY_PORT = int(os.environ.get("REPLICA_PRIMARY_PORT", "3307"))
 REPLICA_PORT = int(os.environ.get("REPLICA_REPLICA_PORT", "3308"))
 # The pair's SELECT-only account (scripts/mariadb-replica.sh): a local test server's, not a secret.
-READER_PASSWORD = "reader"  # noqa: S105
+READER_PASSWORD = "reader"
 
 
 def missing() -> str | None:
