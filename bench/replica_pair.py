@@ -109,6 +109,7 @@ def using_pair(name: str, *, migrate: bool = True) -> Iterator[None]:
         {"default": mysql_config(primary_url), "replica": mysql_config(replica_url)}
     )
     monitor.reset()
+    _forget_compiled_sql()
     try:
         if migrate:
             call_command("migrate", database="default", verbosity=0, interactive=False)
@@ -122,11 +123,29 @@ def using_pair(name: str, *, migrate: bool = True) -> Iterator[None]:
                     getattr(connections._connections, alias).close()
                 delattr(connections._connections, alias)
         connections.settings = saved_settings
+        _forget_compiled_sql()
         for alias, wrapper in saved.items():
             if wrapper is not None:
                 setattr(connections._connections, alias, wrapper)
         with contextlib.suppress(Exception):
             sql(PRIMARY_PORT, f"DROP DATABASE IF EXISTS `{name}`")
+
+
+def _forget_compiled_sql() -> None:
+    """The SQL the project compiles once per alias (`core.compiled.CompiledQuery`, the recorder's
+    `audit.write_table.Table`) is the dialect of whatever `default` was: a suite on SQLite swapping
+    `default` to the pair (and back) must compile it again."""
+    import gc
+
+    from audit.write_table import Table
+    from core.compiled import CompiledQuery
+
+    for obj in gc.get_objects():
+        if isinstance(obj, CompiledQuery):
+            obj._compiled.clear()
+        elif isinstance(obj, Table):
+            obj._sql.clear()
+            obj._converters.clear()
 
 
 def replica_port_of_alias(alias: str = "replica") -> int:
