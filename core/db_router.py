@@ -41,13 +41,16 @@ from typing import Any
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.core.cache import cache
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, InterfaceError, OperationalError, ProgrammingError, connections
 
 from core.replica import PRIMARY, REPLICA, monitor
 
 LIVE = object()
 """`written_at` returns this for a read whose data is still being written (read the primary)."""
 
+# What a read on the replica may meet that the primary would not: the server gone or refusing
+# (OperationalError, InterfaceError), a table not replicated yet after a migration (ProgrammingError).
+_REPLICA_ERRORS = (OperationalError, InterfaceError, ProgrammingError)
 # A write's timestamp is taken before it commits: the replica must show a beat written this much later.
 COMMIT_MARGIN_SECONDS = 1.0
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -207,8 +210,9 @@ def reads_from_replica(func: Callable | None = None, *, written_at: Callable[...
     """Decorate a read-only function (or generator) so that its reads go to the replica when it is usable.
 
     `written_at(*args, **kwargs)`, given the call's arguments, returns what the read depends on: `None`,
-    a time (the replica must show writes up to it) or `LIVE` (primary). A database error on the replica
-    before the function returned (a generator: before its first item) runs it again on the primary."""
+    a time (the replica must show writes up to it) or `LIVE` (primary). An operational, interface or
+    programming error on the replica before the function returned (a generator: before its first item)
+    marks the replica down and runs the function again on the primary (reads only: no write repeats)."""
 
     def decorate(fn: Callable) -> Callable:
         if inspect.isgeneratorfunction(fn):
@@ -225,7 +229,7 @@ def reads_from_replica(func: Callable | None = None, *, written_at: Callable[...
                         item = next(gen)
                     except StopIteration:
                         return
-                    except DatabaseError:
+                    except _REPLICA_ERRORS:
                         if alias != REPLICA or started:
                             raise
                         _failed_on_replica()
@@ -246,7 +250,7 @@ def reads_from_replica(func: Callable | None = None, *, written_at: Callable[...
                     return fn(*args, **kwargs)
                 try:
                     return fn(*args, **kwargs)
-                except DatabaseError:
+                except _REPLICA_ERRORS:
                     _failed_on_replica()
             _count(PRIMARY, "failover")
             with primary_reads():
