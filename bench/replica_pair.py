@@ -141,11 +141,14 @@ def _forget_compiled_sql() -> None:
     from core.compiled import CompiledQuery
 
     for obj in gc.get_objects():
-        if isinstance(obj, CompiledQuery):
-            obj._compiled.clear()
-        elif isinstance(obj, Table):
-            obj._sql.clear()
-            obj._converters.clear()
+        try:
+            if isinstance(obj, CompiledQuery):
+                obj._compiled.clear()
+            elif isinstance(obj, Table):
+                obj._sql.clear()
+                obj._converters.clear()
+        except ReferenceError:  # a weak proxy whose object is gone
+            continue
 
 
 def replica_port_of_alias(alias: str = "replica") -> int:
