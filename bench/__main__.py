@@ -20,6 +20,9 @@
                                     # coalescing (uvicorn and uvloop optional; not default)
     python -m bench --only b3p      # py-spy profile of one daphne under 50 and 200 chats (not default;
                                     # --b3p-chat: on the chat profile)
+    python -m bench --only b9       # reads on a replica: admin list and trace throughput, 2 processes,
+                                    # primary only vs primary + replica, on scripts/mariadb-replica.sh's
+                                    # pair (127.0.0.1:3307/3308; started if needed; not default)
     python -m bench --only b0       # peers: MLflow tracing on the same MariaDB, Phoenix over OTLP (needs
                                     # `make bench-peers`; skipped when absent; not in the default set)
 
@@ -37,7 +40,7 @@ from pathlib import Path
 from bench import env
 
 ALL = ("b1", "b2", "b3", "b4", "b5", "b6", "b7")
-OPTIONAL = ("b8", "b3p", "b3l", "b0")
+OPTIONAL = ("b8", "b3p", "b3l", "b0", "b9")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -200,6 +203,16 @@ def main(argv: list[str] | None = None) -> int:
 
         print("B8: trace export")
         results.rows += b8_otel.run_all(runs=50 if q else 200, reps=3 if q else 5, log=log)
+
+    if "b9" in only:
+        from bench import b9_replica
+
+        print("B9: reads on a replica (2 processes, primary only vs primary + replica)")
+        rows, evidence = b9_replica.run(
+            runs=20 if q else 100, seconds=5 if q else 15, reps=2 if q else 3, log=log
+        )
+        results.rows += rows
+        results.evidence["b9"] = evidence
 
     results.seconds = time.perf_counter() - started
     print()

@@ -84,6 +84,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     # request.user.is_verified(): whether this session passed a TOTP check (django-otp).
     "django_otp.middleware.OTPMiddleware",
+    # Read your writes: a user who wrote reads the primary for a while (core/db_router.py).
+    "core.db_router.ReplicaPinMiddleware",
     # Who makes a change, for the governance events that signals write (access/middleware.py).
     "access.middleware.CurrentActorMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
@@ -133,19 +135,18 @@ LOGIN_URL = "admin:login"
 # ---------------------------------------------------------------------------------------------------
 DATABASES = {"default": env.db_url("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")}
 
+MYSQL_OPTIONS = {
+    "charset": "utf8mb4",
+    "init_command": (
+        "SET sql_mode='STRICT_TRANS_TABLES,STRICT_ALL_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,"
+        "ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION', "
+        "collation_connection='utf8mb4_unicode_ci'"
+    ),
+    "isolation_level": "read committed",
+}
 _db = DATABASES["default"]
 if _db["ENGINE"] == "django.db.backends.mysql":
-    _db.setdefault("OPTIONS", {}).update(
-        {
-            "charset": "utf8mb4",
-            "init_command": (
-                "SET sql_mode='STRICT_TRANS_TABLES,STRICT_ALL_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,"
-                "ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION', "
-                "collation_connection='utf8mb4_unicode_ci'"
-            ),
-            "isolation_level": "read committed",
-        }
-    )
+    _db.setdefault("OPTIONS", {}).update(MYSQL_OPTIONS)
     # One test database per test process, so parallel suites on one server never clobber each other.
     _db["TEST"] = {
         "NAME": f"test_{_db['NAME']}_{os.getpid()}",
@@ -166,6 +167,31 @@ elif _db["ENGINE"] == "django.db.backends.sqlite3":
     _db["TEST"] = {"NAME": str(BASE_DIR / f".test-db-{os.getpid()}.sqlite3")}
 _db.setdefault("CONN_MAX_AGE", env.int("DB_CONN_MAX_AGE", default=0))
 _db["CONN_HEALTH_CHECKS"] = True
+
+# A read replica (docs/reliability.md, *Reads on a replica*): read-only surfaces read it through
+# `core.db_router` while it is up and within the lag limit; everything else, and every write, uses the
+# primary. In tests it mirrors the primary (the replica tests build their own pair: tests/core/replica/).
+DATABASE_REPLICA_URL = env.str("DATABASE_REPLICA_URL", default="")
+if DATABASE_REPLICA_URL:
+    _replica = env.db_url_config(DATABASE_REPLICA_URL)
+    if _replica["ENGINE"] == "django.db.backends.mysql":
+        _replica.setdefault("OPTIONS", {}).update(MYSQL_OPTIONS)
+        # A replica that is down is refused at once; one that hangs holds a read at most this long to connect.
+        _replica["OPTIONS"].setdefault(
+            "connect_timeout", env.int("DATABASE_REPLICA_CONNECT_TIMEOUT", default=2)
+        )
+    _replica["CONN_MAX_AGE"] = _db["CONN_MAX_AGE"]
+    _replica["CONN_HEALTH_CHECKS"] = True
+    _replica["TEST"] = {"MIRROR": "default"}
+    DATABASES["replica"] = _replica
+DATABASE_ROUTERS = ["core.db_router.ReplicaRouter"]
+# Reads fall back to the primary while the replica's heartbeat lags more than this (seconds).
+DATABASE_REPLICA_MAX_LAG_SECONDS = env.float("DATABASE_REPLICA_MAX_LAG_SECONDS", default=5.0)
+# After a user's request that may have written, that user's reads stay on the primary this long.
+DATABASE_REPLICA_PIN_SECONDS = env.float("DATABASE_REPLICA_PIN_SECONDS", default=10.0)
+# How often each process measures the replica's heartbeat (a write on the primary, a read on the replica).
+DATABASE_REPLICA_CHECK_SECONDS = env.float("DATABASE_REPLICA_CHECK_SECONDS", default=1.0)
+DATABASE_REPLICA_CONNECT_TIMEOUT = env.float("DATABASE_REPLICA_CONNECT_TIMEOUT", default=2.0)
 
 # ---------------------------------------------------------------------------------------------------
 # Redis: channel layer and the canonical store (in-memory without REDIS_URL)

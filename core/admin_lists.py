@@ -27,6 +27,8 @@ from django.contrib.admin.views.main import ORDER_VAR, ChangeList
 from django.core.paginator import Paginator
 from django.utils.functional import cached_property
 
+from core.db_router import render_from_replica
+
 COUNT_CAP = 10_000
 
 
@@ -75,11 +77,18 @@ class ScalableChangeList(ChangeList):
 
 
 class ScalableListAdmin:
-    """Mix into a ModelAdmin (before it): capped count, no full count, index-friendly tie-break."""
+    """Mix into a ModelAdmin (before it): capped count, no full count, index-friendly tie-break; the list
+    (GET) read from the replica when one is usable (`core.db_router.render_from_replica`)."""
 
     show_full_result_count = False
     paginator = CappedCountPaginator
     list_prefetch_related: tuple[str, ...] = ()
+
+    def changelist_view(self, request, extra_context=None):
+        view = super().changelist_view
+        if request.method not in ("GET", "HEAD"):
+            return view(request, extra_context)
+        return render_from_replica(lambda: view(request, extra_context))
 
     def get_changelist(self, request, **kwargs):
         return ScalableChangeList

@@ -22,6 +22,8 @@ from typing import Any
 from django.db import connections
 from django.db.models import JSONField, QuerySet
 
+from core.db_router import read_alias
+
 _scan = json.JSONDecoder().scan_once
 
 
@@ -124,12 +126,16 @@ class CompiledQuery:
         self._compiled[alias] = compiled
         return compiled
 
-    def names(self, alias: str = "default") -> tuple[str, ...]:
+    def names(self, alias: str | None = None) -> tuple[str, ...]:
+        alias = alias or read_alias()
         compiled = self._compiled.get(alias) or self._compile(alias)
         return compiled[2]
 
-    def rows(self, alias: str = "default", **params: Any) -> list[Sequence[Any]]:
-        """The query's rows for `params` (every parameter named at construction), converted."""
+    def rows(self, alias: str | None = None, **params: Any) -> list[Sequence[Any]]:
+        """The query's rows for `params` (every parameter named at construction), converted, from
+        `alias` or else the database the router sends the current reads to (`core.db_router`)."""
+        if alias is None:
+            alias = read_alias()
         sql, slots, _names, converters, template = self._compiled.get(alias) or self._compile(alias)
         args = [p if s is None else params[s] for p, s in zip(template, slots, strict=True)]
         connection = connections[alias]

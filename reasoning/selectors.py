@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
+from core.db_router import reads_from_replica
 from reasoning.fields import Ciphertext
 from reasoning.models import AgentReasoningAudit, ReasoningAccessLog
 
@@ -36,6 +37,7 @@ class ReasoningRecord:
     created_at: dt.datetime
 
 
+@reads_from_replica
 def get_reasoning_records(*, run_id: str) -> list[ReasoningRecord]:
     """Every reasoning record of the run in the order the calls were recorded (one query): router
     attempts (`agent_name` `router`), agent steps, semantic guard calls (`semantic_guard`). Agent steps

@@ -12,7 +12,9 @@ if ! [ -x /usr/sbin/mariadbd ]; then
 fi
 command -v mariadb-admin >/dev/null || apt-get install -y -qq mariadb-client >/dev/null
 mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld
-start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- --user=mysql
+# --pidfile: a mariadbd of the replica tests' pair (scripts/mariadb-replica.sh) is not this server.
+start-stop-daemon --start --oknodo --background --pidfile /run/mysqld/mysqld.pid \
+  --exec /usr/sbin/mariadbd -- --user=mysql
 for _ in $(seq 1 60); do
   answers && exit 0
   sleep 1

@@ -2,8 +2,8 @@
 # The whole test suite: lint, then pytest on embedded SQLite, then pytest on MariaDB, each phase timed,
 # with the 20 slowest tests of each database listed (the suite must stay within 30 minutes on a 2-core
 # machine: docs/reliability.md, *The suite's time*). Each database's suite runs on pytest-xdist workers
-# (TEST_WORKERS, default one per core), each with its own test database, then the tests marked `serial`
-# or `load` alone (tests/conftest.py says why). Extra arguments go to pytest (scripts/test.sh -k recorder).
+# (TEST_WORKERS, default one per core), each with its own test database, then the tests marked `serial`,
+# `load` or `replica` alone (tests/conftest.py says why). Extra arguments go to pytest (scripts/test.sh -k recorder).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,7 +22,8 @@ report() {
 }
 trap report EXIT
 
-setup() { scripts/setup.sh dev && scripts/mariadb.sh && scripts/redis.sh; }
+# The replica tests' MariaDB pair (127.0.0.1:3307 primary, :3308 replica; never the shared 3306).
+setup() { scripts/setup.sh dev && scripts/mariadb.sh && scripts/redis.sh && scripts/mariadb-replica.sh; }
 phase "set-up" setup
 
 export DEBUG=true
@@ -30,7 +31,9 @@ export DEBUG=true
 export AIOPS_REQUIRE_SERVERS=1
 # ... and nginx: the deployment test (tests/config/) must run on MariaDB, never be skipped.
 export DEPLOY_REQUIRE_NGINX=1
-unset DATABASE_URL REDIS_URL LLM_API_KEY LLM_PROVIDER || true
+# ... and the replica pair: the replica tests (tests/core/replica/) must run, never be skipped.
+export REPLICA_REQUIRE=1
+unset DATABASE_URL DATABASE_REPLICA_URL REDIS_URL LLM_API_KEY LLM_PROVIDER || true
 
 lint() { .venv/bin/ruff check . && .venv/bin/ruff format --check .; }
 phase "ruff" lint
@@ -40,7 +43,7 @@ suite() {  # the parallel part, then what must run alone; both always run, the p
   local status=0
   .venv/bin/python -m pytest -n "$workers" --durations=20 --durations-min=1 "$@" || status=$?
   local alone=0
-  .venv/bin/python -m pytest -m "serial or load" --durations=5 --durations-min=1 "$@" || alone=$?
+  .venv/bin/python -m pytest -m "serial or load or replica" --durations=5 --durations-min=1 "$@" || alone=$?
   [ "$alone" -eq 5 ] && alone=0  # 5: none selected (extra arguments chose none of them)
   [ "$alone" -ne 0 ] && status=$alone
   return "$status"

@@ -38,6 +38,9 @@ from prometheus_client import CollectorRegistry, Gauge, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from core.db_router import reads_from_replica
+from telemetry.replica_metrics import ReplicaCollector
+
 RUN_SECONDS_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
 RELEASE_SECONDS_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30)
 SWEEP_CODES = ("LEASE_EXPIRED", "QUEUE_EXPIRED")
@@ -75,6 +78,7 @@ def _histogram(name: str, doc: str, queryset, field: str, buckets: tuple[float, 
     return family
 
 
+@reads_from_replica
 def record_metrics() -> list[Metric]:
     """The record metrics as of now (see the module docstring)."""
     from audit.dashboard import priced_usage
@@ -279,6 +283,7 @@ def record_metrics() -> list[Metric]:
     return families
 
 
+@reads_from_replica
 def witness_metrics() -> list[Metric]:
     """The witnesses' outcomes (`audit.transparency.witnesses`): refusals and failures by witness and
     reason since the start of the record (a counter: every attempt is a stored row), and the newest tree
@@ -363,6 +368,7 @@ def registry() -> CollectorRegistry:
         if _registry is None:
             built = CollectorRegistry(auto_describe=False)
             built.register(RecordCollector())
+            built.register(ReplicaCollector())
             for name, (documentation, read) in sorted(_process_gauges.items()):
                 Gauge(name, documentation, registry=built).set_function(read)
             ProcessCollector(registry=built)

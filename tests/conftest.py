@@ -3,10 +3,11 @@
 The suite runs twice in `make test`: on SQLite and on MariaDB (`DATABASE_URL=mysql://…`). Tests marked
 `mariadb` only make sense on a server database and are skipped on SQLite.
 
-`make test` runs each database's suite on two pytest-xdist workers (each with its own test database:
-pytest-django appends the worker's id to the name), then the tests marked `serial` or `load` alone in
-one process: they restart the shared MariaDB or measure latency under a load they create, which the
-other worker would disturb (or be broken by). Under xdist those are skipped here, never run side by side.
+`make test` runs each database's suite on pytest-xdist workers (each with its own test database:
+pytest-django appends the worker's id to the name), then the tests marked `serial`, `load` or `replica`
+alone in one process: they restart the shared MariaDB (or stop and start the one replica server of the
+`replica` tests) or measure latency under a load they create, which the other worker would disturb (or
+be broken by). Under xdist those are skipped here, never run side by side.
 """
 
 import os
@@ -25,7 +26,7 @@ def pytest_collection_modifyitems(config, items):
     on_sqlite = pytest.mark.skip(reason="needs MariaDB/MySQL (DATABASE_URL=mysql://…)")
     in_worker = bool(os.environ.get("PYTEST_XDIST_WORKER"))
     for item in items:
-        if in_worker and ("serial" in item.keywords or "load" in item.keywords):
+        if in_worker and ({"serial", "load", "replica"} & item.keywords.keys()):
             item.add_marker(alone)
         if connection.vendor != "mysql" and "mariadb" in item.keywords:
             item.add_marker(on_sqlite)

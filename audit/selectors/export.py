@@ -14,6 +14,7 @@ from audit.chunks import run_chunks
 from audit.models import AgentStep, LogLeaf, RunReview, ToolInvocation
 from audit.rowdigest import stored_reasoning_rows
 from audit.selectors.trace import Trace, annotate_covering, assemble
+from core.db_router import reads_from_replica
 from diagnosis.models import DiagnosisRun
 from diagnosis.selectors import RunResolution, feedback_of
 from pricing.costs import load_price_book
@@ -21,13 +22,15 @@ from pricing.costs import load_price_book
 EXPORT_CHUNK = 200
 
 
+@reads_from_replica
 def iter_traces(
     runs: QuerySet[DiagnosisRun], *, viewer: AbstractBaseUser | None = None, chunk: int = EXPORT_CHUNK
 ) -> Iterator[Trace]:
     """The trace of each run of `runs`, in primary-key order, `chunk` runs at a time: per chunk one
     query each for the runs, their events, steps, tools, reasoning rows' stored columns, reviews, leaves
     and (with a `viewer`) the viewer's feedback, so memory holds one chunk whatever the number of runs
-    (`manage.py export_traces`, the admin's export). Each trace equals `get_trace(run=run, viewer=viewer)`."""
+    (`manage.py export_traces`, the admin's export), from the read replica when it is usable
+    (`core.db_router`). Each trace equals `get_trace(run=run, viewer=viewer)`."""
     book = load_price_book()
     for batch, events in run_chunks(runs, chunk):
         ids = [r.run_id for r in batch]

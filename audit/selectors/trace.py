@@ -36,6 +36,7 @@ from audit.models import AgentStep, Checkpoint, EventType, LogLeaf, RunReview, T
 from audit.rowdigest import stored_reasoning_rows
 from audit.selectors.summary import Counts, TraceSummary, summarize
 from core.compiled import CompiledQuery, json_loads
+from core.db_router import LIVE, reads_from_replica
 from diagnosis.models import (
     DEMO_PROVIDER,
     DiagnosisRun,
@@ -226,13 +227,21 @@ def provider_of(events: list[TraceEvent]) -> ProviderLabel | None:
     return None
 
 
+def written_with(*args: Any, run: DiagnosisRun, **kwargs: Any) -> Any:
+    """What a read of `run`'s record depends on (`core.db_router`): a finished run's rows were all
+    written by its `finished_at`; a run still running is read from the primary (`LIVE`)."""
+    return run.finished_at if run.is_terminal and run.finished_at is not None else LIVE
+
+
+@reads_from_replica(written_at=written_with)
 def get_trace(
     *,
     run: DiagnosisRun,
     run_resolution: str = RunResolution.EXACT,
     viewer: AbstractBaseUser | None = None,
 ) -> Trace:
-    """The trace of `run`. The viewer's feedback comes from the run's annotations
+    """The trace of `run` (from the read replica when it is usable and shows the finished run:
+    `core.db_router`). The viewer's feedback comes from the run's annotations
     (`diagnosis.selectors.get_visible_run(with_feedback=True)`), else from one query when `viewer` is
     given, else it is None."""
     events = timeline_of(run_id=run.run_id)

@@ -19,8 +19,10 @@ from audit.bound import collect
 from audit.integrity import event_payload
 from audit.models import AgentStep, EventType, RunReview, ToolInvocation, TraceEvent
 from audit.rowdigest import stored_reasoning_rows
+from audit.selectors.trace import written_with
 from audit.transparency import bundle, note, signednote, store
 from audit.transparency.verify import anchor_of, tails_of
+from core.db_router import reads_from_replica
 from diagnosis.models import DiagnosisRun
 
 
@@ -43,6 +45,7 @@ def _row(form: rowdigest.Form, values: dict[str, Any]) -> dict[str, Any]:
     return {"digest": form.digest(values), "form": form.document(values)}
 
 
+@reads_from_replica(written_at=written_with)
 def build_bundle(*, run: DiagnosisRun) -> dict[str, Any]:
     """The evidence bundle of `run` (the caller has decided the reader may see it)."""
     run_id = run.run_id

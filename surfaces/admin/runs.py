@@ -41,6 +41,7 @@ from audit.selectors import get_trace
 from audit.serializers import serialize_trace
 from audit.transparency.evidence import build_bundle
 from core.admin_lists import ScalableListAdmin
+from core.db_router import primary_reads, render_from_replica
 from diagnosis.models import DiagnosisRun, RunFeedback, RunStatus
 from diagnosis.selectors import search_runs
 from reasoning.models import REASONING_PERMISSION, AccessChannel
@@ -349,9 +350,13 @@ class DiagnosisRunAdmin(EvaluationColumn, ScalableListAdmin, admin.ModelAdmin):
         return run
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
-        """The run page (GET only: runs are never edited here)."""
+        """The run page (GET only: runs are never edited here), read from the replica when one is usable
+        (`core.db_router`); what decides or claims (approvals waiting, the review form) reads the primary."""
         if request.method not in ("GET", "HEAD"):
             raise PermissionDenied
+        return render_from_replica(lambda: self._run_page(request, object_id, extra_context))
+
+    def _run_page(self, request, object_id, extra_context):
         run = self.get_object(request, unquote(object_id))
         if run is None:
             return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
@@ -359,6 +364,16 @@ class DiagnosisRunAdmin(EvaluationColumn, ScalableListAdmin, admin.ModelAdmin):
             raise PermissionDenied
         page = build_run_page(get_trace(run=run, viewer=request.user))
         info = self.opts.app_label, self.opts.model_name
+        with primary_reads():
+            waiting = [
+                (w, reverse("admin:{}_{}_decide".format(*info), args=[run.pk, w.tool_call_id]))
+                for w in (
+                    approval_queue.waiting_in_run(run_id=run.run_id)
+                    if run.status == RunStatus.INTERRUPTED
+                    else []
+                )
+            ]
+            review_context = oversight.review_form_context(request, run)
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
@@ -379,17 +394,10 @@ class DiagnosisRunAdmin(EvaluationColumn, ScalableListAdmin, admin.ModelAdmin):
             "trace_export": export_of_run(run_id=run.run_id) if exporter_enabled() else None,
             "otel_enabled": exporter_enabled(),
             "session_url": reverse("admin:diagnosis_chatsession_change", args=[run.session.pk]),
-            "waiting_approvals": [
-                (w, reverse("admin:{}_{}_decide".format(*info), args=[run.pk, w.tool_call_id]))
-                for w in (
-                    approval_queue.waiting_in_run(run_id=run.run_id)
-                    if run.status == RunStatus.INTERRUPTED
-                    else []
-                )
-            ],
+            "waiting_approvals": waiting,
             "can_approve": approvals.may_approve(request.user),
             "events_url": reverse("admin:audit_traceevent_changelist") + "?" + urlencode({"q": run.run_id}),
-            **oversight.review_form_context(request, run),
+            **review_context,
             **evaluation_views.run_page_context(run),
             **(extra_context or {}),
         }

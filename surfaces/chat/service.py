@@ -29,6 +29,7 @@ from agent.runtime.executor import prepare_run, redact_query
 from agent.runtime.live import RunFollower
 from agent.runtime.supervisor import ACTIVE_STATUSES, ensure_background, launch, request_cancel
 from core.api import NOT_FOUND_RUN, NOT_FOUND_SESSION
+from core.db_router import pin_reads_to_primary
 from core.ids import MAX_ID_CHARS
 from diagnosis import services
 from diagnosis.models import AgentFlow, DiagnosisRun
@@ -111,7 +112,11 @@ def start_chat(*, user: AbstractBaseUser, query: Any, session_id: Any = None) ->
                 "too_many_active_runs",
                 f"At most {limit} runs may be active at once; wait for one to finish or cancel it.",
             )
-        return prepare_run(user=user, query=query, session=session, redaction=redaction, redacted=True)
+        run = prepare_run(user=user, query=query, session=session, redaction=redaction, redacted=True)
+    # A chat started over a WebSocket is no HTTP write the pin middleware sees: its user reads the
+    # primary for a while all the same (the new run is not on the replica yet).
+    pin_reads_to_primary(user)
+    return run
 
 
 async def open_stream(run_id: str, *, after: int = 0, heartbeat: float | None = None) -> RunFollower:

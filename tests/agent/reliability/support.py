@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import subprocess
 import threading
 import time
@@ -23,6 +24,8 @@ from django.db import connections
 MARIADB_HOST = "127.0.0.1"
 MARIADB_PORT = 3306
 MARIADBD = "/usr/sbin/mariadbd"
+# The shared server's pid file (Debian's my.cnf): it tells that server from the replica tests' pair.
+PID_FILE = Path("/run/mysqld/mysqld.pid")
 
 
 # -------------------------------------------------------------------------------------------------
@@ -145,8 +148,19 @@ def mariadb_answers() -> bool:
 
 
 def _mariadbd_pids() -> list[int]:
-    found = subprocess.run(["pidof", "mariadbd"], capture_output=True, text=True, check=False)
-    return [int(pid) for pid in found.stdout.split()]
+    """The shared server's process (its pid file), if it is alive: never the replica tests' pair of
+    `scripts/mariadb-replica.sh`, other `mariadbd` processes on 3307/3308 that this test must not wait for."""
+    try:
+        pid = int(PID_FILE.read_text().strip())
+    except (OSError, ValueError):
+        return []
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return []
+    except PermissionError:
+        pass
+    return [pid]
 
 
 def start_mariadb(timeout: float = 60) -> None:
@@ -156,7 +170,9 @@ def start_mariadb(timeout: float = 60) -> None:
     run_dir = Path("/run/mysqld")
     run_dir.mkdir(parents=True, exist_ok=True)
     subprocess.run(["chown", "mysql:mysql", str(run_dir)], check=False)
-    start = ["start-stop-daemon", "--start", "--oknodo", "--background", "--exec", MARIADBD]
+    # --pidfile: a `mariadbd` of the replica pair is not this server already running.
+    start = ["start-stop-daemon", "--start", "--oknodo", "--background", "--pidfile", str(PID_FILE)]
+    start += ["--exec", MARIADBD]
     subprocess.run([*start, "--", "--user=mysql"], check=True, timeout=30)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
