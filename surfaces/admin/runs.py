@@ -46,6 +46,7 @@ from pricing.rules import CostStatus
 from reasoning.models import REASONING_PERMISSION, AccessChannel
 from reasoning.services import read_reasoning
 from surfaces.admin import oversight
+from surfaces.admin.analyse import analyse_view
 from surfaces.admin.dashboard import dashboard_view
 from surfaces.admin.display import QUERY_PREVIEW_CHARS, delivery_note, format_ms, provider_chip
 from surfaces.admin.display import chip as _chip
@@ -311,6 +312,7 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
                 name="{}_{}_dashboard".format(*info),
             ),
             path("keys/", wrap(self.keys_view), name="{}_{}_keys".format(*info)),
+            path("analyse/", wrap(self.analyse_view), name="{}_{}_analyse".format(*info)),
             path(
                 "<path:object_id>/reasoning/",
                 wrap(self.reasoning_view),  # admin_view adds login, staff, never_cache and csrf_protect
@@ -387,6 +389,12 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         return keys_view(self, request)
+
+    def analyse_view(self, request):
+        """ "Analyse an alert" (`surfaces.admin.analyse`): staff who may view runs start an AI Ops run."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return analyse_view(self, request)
 
     def _viewable_run(self, request, object_id) -> DiagnosisRun:
         run = self.get_object(request, unquote(object_id))
