@@ -1,5 +1,6 @@
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.utils.html import format_html
 
 from audit.admin_base import ReadOnlyAdmin
@@ -108,8 +109,9 @@ class ToolInvocationAdmin(ReadOnlyAdmin):
 @admin.register(Checkpoint)
 class CheckpointAdmin(ReadOnlyAdmin):
     """The transparency log's signed checkpoints, newest first, each with its verification state: its
-    signature by a known key, its link to the previous checkpoint, and its root against the stored tree
-    (O(log n) stored nodes per row). The action verifies the whole log as `manage.py verify_audit` does."""
+        signature by a known key, its link to the previous checkpoint, and its root against the stored tree
+        (O(log n) stored nodes per row). The action verifies the whole log as `manage.py verify_audit` does,
+    with or without ticked rows."""
 
     list_display = ("tree_size", "signed_at", "key_id", "root", "verification")
     search_fields = ("=checkpoint_hash", "=root_hash", "=key_id")
@@ -127,6 +129,22 @@ class CheckpointAdmin(ReadOnlyAdmin):
         "signature",
         "verification",
     )
+
+    # Actions that act on the whole log, not on the ticked rows: they run without a selection.
+    WHOLE_LOG_ACTIONS = frozenset({"verify_whole_log"})
+
+    def changelist_view(self, request, extra_context=None):
+        if (
+            request.method == "POST"
+            and request.POST.get("action") in self.WHOLE_LOG_ACTIONS
+            and not request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
+        ):
+            # Django's admin refuses an action without ticked rows; this one needs none. It is sent as
+            # "every row selected" (`select_across`: the queryset is not narrowed to the ticked ids).
+            request.POST = request.POST.copy()
+            request.POST["select_across"] = "1"
+            request.POST.setlist(helpers.ACTION_CHECKBOX_NAME, ["all"])
+        return super().changelist_view(request, extra_context)
 
     @admin.display(description="root")
     def root(self, cp: Checkpoint) -> str:

@@ -3,7 +3,8 @@ starts (its Prometheus rule `servers.ALERT_NAME` fires from the first scrape): t
 and picked, a pasted alert and a described one start analyses, each through the API's own service, and
 each answer is a redirect to the chat page of the new session; bad input is the page again with its
 error and nothing written. And the README's example phrasing names its alert: the stored row, and the
-silence the demo executor proposes, are on `alertname="HighLatency"`, not "—" / "unknown"."""
+silence the demo executor proposes, are on `alertname="HighLatency"`, not "—" / "unknown"; the run
+page of that interrupted run says "waiting for approval", not "audit incomplete"."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 from django.conf import settings as django_settings
 from django.core.management import call_command
 from django.test import Client
+from django.urls import reverse
 
 from agent.aiops import intake
 from agent.runtime import approval_queue, supervisor
@@ -194,3 +196,9 @@ def test_the_readme_example_asking_for_a_silence_proposes_one_on_its_alert(staff
     (matcher,) = arguments["matchers"]
     assert (matcher["name"], matcher["value"], matcher["isRegex"]) == ("alertname", "HighLatency", False)
     assert AiOpsAlert.objects.get(run_id=run_id).alertname == "HighLatency"
+    # Its run page says it waits for a person, not that its audit is incomplete (it is not finished).
+    client = Client()
+    client.force_login(grant_console(staff_user))
+    page = client.get(reverse("admin:diagnosis_diagnosisrun_change", args=[run.pk])).content.decode()
+    assert 'id="dc-audit-waiting">waiting for approval<' in page
+    assert 'id="dc-audit-alert"' not in page and "audit incomplete" not in page
