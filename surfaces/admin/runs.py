@@ -33,7 +33,7 @@ from django.utils.http import urlencode
 from django.utils.text import Truncator
 from rest_framework.renderers import JSONRenderer
 
-from access.stepup import OTP_MESSAGE, otp_satisfied
+from access.stepup import BROWSER_OTP_MESSAGE, otp_satisfied
 from agent.runtime import approval_queue, approvals
 from audit.export import jsonl_lines
 from audit.selectors import get_trace
@@ -55,6 +55,8 @@ from surfaces.admin.ledger import run_cost_label
 from surfaces.admin.run_page import build_run_page
 from telemetry.selectors import export_of_run, exporter_enabled
 
+# The run page's query that loads the reasoning panel on arrival (after the TOTP step-up).
+RELOAD_REASONING = "load=reasoning"
 CONSOLE_MEDIA = forms.Media(css={"all": ("surfaces/admin/console.css",)})
 
 
@@ -491,8 +493,11 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
                 **self.admin_site.each_context(request),
                 "run": run,
                 "run_url": run_url,
-                "verify_url": reverse("verify-otp") + "?" + urlencode({"next": run_url}),
-                "message": OTP_MESSAGE,
+                # Back to the run page's panel, which loads the reasoning by itself (reasoning.js).
+                "verify_url": reverse("verify-otp")
+                + "?"
+                + urlencode({"next": f"{run_url}?{RELOAD_REASONING}#reasoning"}),
+                "message": BROWSER_OTP_MESSAGE,
             }
             template = "admin/access/otp_required_panel.html" if partial else "admin/access/otp_required.html"
             return TemplateResponse(request, template, context, status=403, headers={"X-Step-Up": "otp"})
