@@ -41,7 +41,7 @@ from audit.serializers import serialize_trace
 from audit.transparency.evidence import build_bundle
 from core.admin_lists import ScalableListAdmin
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunFeedback, RunStatus
-from diagnosis.selectors import search_runs
+from diagnosis.selectors import all_feedback, search_runs
 from pricing.rules import CostStatus
 from reasoning.models import REASONING_PERMISSION, AccessChannel
 from reasoning.services import read_reasoning
@@ -446,6 +446,7 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
                 )
             ],
             "can_approve": approvals.may_approve(request.user),
+            "all_feedback": all_feedback(run_id=run.run_id),
             "events_url": reverse("admin:audit_traceevent_changelist") + "?" + urlencode({"q": run.run_id}),
             **oversight.review_form_context(request, run),
             **(extra_context or {}),

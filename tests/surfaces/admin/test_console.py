@@ -44,8 +44,8 @@ pytestmark = pytest.mark.django_db
 READ_ONLY_MODELS = [TraceEvent, AgentStep, ToolInvocation, AgentReasoningAudit, ReasoningAccessLog]
 # Session, user, the user's two permission sets, then: run, events, steps, tools, the reasoning rows'
 # stored columns (for their digests, never decrypted), its reviews, the run's leaf in the transparency log,
-# feedback, the price overrides (for each call's cost).
-RUN_PAGE_MAX_QUERIES = 13
+# feedback, the price overrides (for each call's cost), and every reader's feedback (one bounded query).
+RUN_PAGE_MAX_QUERIES = 14
 # Session, user, permissions (2), two counts, the page of runs, the date hierarchy (2).
 CHANGELIST_MAX_QUERIES = 9
 
