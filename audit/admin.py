@@ -86,6 +86,29 @@ class AgentStepAdmin(ReadOnlyAdmin):
     sortable_by = ("created_at",)
 
 
+class RetrievalLayerFilter(admin.SimpleListFilter):
+    """The tool calls by retrieval layer; calls that retrieved nothing (an empty layer) are "none", a
+    choice with a name (an empty link text reads as nothing to a screen reader)."""
+
+    title = "retrieval layer"
+    parameter_name = "retrieval_layer"
+    NONE = "none"
+
+    def lookups(self, request, model_admin):
+        layers = (
+            ToolInvocation.objects.order_by("retrieval_layer")
+            .values_list("retrieval_layer", flat=True)
+            .distinct()[:50]
+        )
+        return [(layer or self.NONE, layer or "none (no retrieval)") for layer in layers]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if not value:
+            return queryset
+        return queryset.filter(retrieval_layer="" if value == self.NONE else value)
+
+
 @admin.register(ToolInvocation)
 class ToolInvocationAdmin(ReadOnlyAdmin):
     list_display = (
@@ -100,7 +123,7 @@ class ToolInvocationAdmin(ReadOnlyAdmin):
         "duration_ms",
         "started_at",
     )
-    list_filter = (("created_at", admin.DateFieldListFilter), "status", "tool_name", "retrieval_layer")
+    list_filter = (("created_at", admin.DateFieldListFilter), "status", "tool_name", RetrievalLayerFilter)
     search_fields = ("=run__run_id", "=session_id")
     ordering = ("-created_at",)
     sortable_by = ()  # newest first by the indexed created_at only

@@ -50,6 +50,7 @@ from surfaces.admin.analyse import analyse_view
 from surfaces.admin.dashboard import dashboard_view
 from surfaces.admin.display import QUERY_PREVIEW_CHARS, delivery_note, format_ms, provider_chip
 from surfaces.admin.display import chip as _chip
+from surfaces.admin.filters import ProviderFilter
 from surfaces.admin.keys import keys_view
 from surfaces.admin.ledger import run_cost_label
 from surfaces.admin.run_page import build_run_page
@@ -176,7 +177,7 @@ class DiagnosisRunAdmin(ScalableListAdmin, admin.ModelAdmin):
         "status",
         "release_decision",
         "intent",
-        "provider",
+        ProviderFilter,
         ("tokens_reconciled", ReconciledFilter),
         CostFilter,
         AuditCompleteFilter,
