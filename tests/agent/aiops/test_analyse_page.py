@@ -17,12 +17,13 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from django.conf import settings as django_settings
+from django.contrib.auth.models import Group
 from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
 
 from agent.aiops import intake
-from agent.runtime import approval_queue, supervisor
+from agent.runtime import approval_queue, approvals, supervisor
 from agent.runtime.llm import aclose_clients
 from agent.runtime.worker import work
 from diagnosis.models import AgentFlow, AiOpsAlert, DiagnosisRun, RunStatus
@@ -202,3 +203,12 @@ def test_the_readme_example_asking_for_a_silence_proposes_one_on_its_alert(staff
     page = client.get(reverse("admin:diagnosis_diagnosisrun_change", args=[run.pk])).content.decode()
     assert 'id="dc-audit-waiting">waiting for approval<' in page
     assert 'id="dc-audit-alert"' not in page and "audit incomplete" not in page
+    # The approvals page: one heading, times people read (minute precision, how long ago / how long left).
+    approver = staff_user.__class__.objects.create_user("approver", password="pw", is_staff=True)
+    approver.groups.add(Group.objects.get(name=approvals.APPROVERS_GROUP))
+    client.force_login(approver)
+    listing = client.get(reverse("admin:diagnosis_diagnosisrun_approvals")).content.decode()
+    assert run_id in listing and listing.count("Tool calls waiting for approval</h1>") == 1
+    row = listing.split(run_id, 1)[1].split("</tr>", 1)[0]
+    assert " ago)" in row and "(in " in row and "T" not in row.split("<time", 2)[1].split(">", 1)[1][:16]
+    assert "1</b> tool call waits for a decision" in client.get("/admin/").content.decode()
