@@ -45,11 +45,13 @@ from axes.handlers.proxy import AxesProxyHandler
 from axes.helpers import get_client_username, get_cool_off
 from axes.models import AccessAttempt
 from django.conf import settings
+from django.contrib import admin
 from django.contrib.auth.signals import user_login_failed
 from django.core.exceptions import BadRequest, SuspiciousOperation
 from django.db.models import Max
 from django.http import HttpRequest, HttpResponse, QueryDict
 from django.http.multipartparser import MultiPartParserError
+from django.template.defaultfilters import pluralize
 from django.template.loader import render_to_string
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
@@ -93,8 +95,9 @@ def _wait_text(seconds: int | None) -> str:
     if seconds is None:
         return "Ask an administrator to unlock it."
     if seconds < 60:
-        return f"Try again in {seconds} second(s)."
-    return f"Try again in {math.ceil(seconds / 60)} minute(s)."
+        return f"Try again in {seconds} second{pluralize(seconds)}."
+    minutes = math.ceil(seconds / 60)
+    return f"Try again in {minutes} minute{pluralize(minutes)}."
 
 
 def message(username: str | None = None, wait: int | None = None) -> str:
@@ -189,9 +192,13 @@ def lockout_response(request, original_response=None, credentials=None) -> HttpR
     elif request.path.startswith("/metrics"):
         response = HttpResponse(text + "\n", status=429, content_type="text/plain; charset=utf-8")
     else:
-        page = render_to_string(
-            "access/locked_out.html", {"message": text, "login_url": _login_url(request)}, request=request
-        )
+        context = {
+            "message": text,
+            "wait_text": _wait_text(wait),
+            "login_url": _login_url(request),
+            "site_header": admin.site.site_header,
+        }
+        page = render_to_string("access/locked_out.html", context, request=request)
         response = HttpResponse(page, status=429, content_type="text/html; charset=utf-8")
     if wait is not None:
         response["Retry-After"] = str(wait)

@@ -40,6 +40,14 @@ OTP_MESSAGE = (
     "an API token issued after TOTP verification (manage.py issue_token USER --otp CODE)."
 )
 
+# The same rule said to a person in the browser (the admin's reasoning panel): what to do there, not
+# which command to run on the server.
+BROWSER_OTP_MESSAGE = (
+    "Reading reasoning needs a second factor for this session. Enter the 6-digit code from your "
+    "authenticator app; you come back here and the reasoning opens. No authenticator yet? Ask an "
+    "administrator to register one for you."
+)
+
 
 def otp_required() -> bool:
     return bool(getattr(settings, "REASONING_REQUIRE_OTP", False))

@@ -1,5 +1,6 @@
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.utils.html import format_html
 
 from audit.admin_base import ReadOnlyAdmin
@@ -85,6 +86,29 @@ class AgentStepAdmin(ReadOnlyAdmin):
     sortable_by = ("created_at",)
 
 
+class RetrievalLayerFilter(admin.SimpleListFilter):
+    """The tool calls by retrieval layer; calls that retrieved nothing (an empty layer) are "none", a
+    choice with a name (an empty link text reads as nothing to a screen reader)."""
+
+    title = "retrieval layer"
+    parameter_name = "retrieval_layer"
+    NONE = "none"
+
+    def lookups(self, request, model_admin):
+        layers = (
+            ToolInvocation.objects.order_by("retrieval_layer")
+            .values_list("retrieval_layer", flat=True)
+            .distinct()[:50]
+        )
+        return [(layer or self.NONE, layer or "none (no retrieval)") for layer in layers]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if not value:
+            return queryset
+        return queryset.filter(retrieval_layer="" if value == self.NONE else value)
+
+
 @admin.register(ToolInvocation)
 class ToolInvocationAdmin(ReadOnlyAdmin):
     list_display = (
@@ -99,7 +123,7 @@ class ToolInvocationAdmin(ReadOnlyAdmin):
         "duration_ms",
         "started_at",
     )
-    list_filter = (("created_at", admin.DateFieldListFilter), "status", "tool_name", "retrieval_layer")
+    list_filter = (("created_at", admin.DateFieldListFilter), "status", "tool_name", RetrievalLayerFilter)
     search_fields = ("=run__run_id", "=session_id")
     ordering = ("-created_at",)
     sortable_by = ()  # newest first by the indexed created_at only
@@ -108,8 +132,9 @@ class ToolInvocationAdmin(ReadOnlyAdmin):
 @admin.register(Checkpoint)
 class CheckpointAdmin(ReadOnlyAdmin):
     """The transparency log's signed checkpoints, newest first, each with its verification state: its
-    signature by a known key, its link to the previous checkpoint, and its root against the stored tree
-    (O(log n) stored nodes per row). The action verifies the whole log as `manage.py verify_audit` does."""
+        signature by a known key, its link to the previous checkpoint, and its root against the stored tree
+        (O(log n) stored nodes per row). The action verifies the whole log as `manage.py verify_audit` does,
+    with or without ticked rows."""
 
     list_display = ("tree_size", "signed_at", "key_id", "root", "verification")
     search_fields = ("=checkpoint_hash", "=root_hash", "=key_id")
@@ -127,6 +152,22 @@ class CheckpointAdmin(ReadOnlyAdmin):
         "signature",
         "verification",
     )
+
+    # Actions that act on the whole log, not on the ticked rows: they run without a selection.
+    WHOLE_LOG_ACTIONS = frozenset({"verify_whole_log"})
+
+    def changelist_view(self, request, extra_context=None):
+        if (
+            request.method == "POST"
+            and request.POST.get("action") in self.WHOLE_LOG_ACTIONS
+            and not request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
+        ):
+            # Django's admin refuses an action without ticked rows; this one needs none. It is sent as
+            # "every row selected" (`select_across`: the queryset is not narrowed to the ticked ids).
+            request.POST = request.POST.copy()
+            request.POST["select_across"] = "1"
+            request.POST.setlist(helpers.ACTION_CHECKBOX_NAME, ["all"])
+        return super().changelist_view(request, extra_context)
 
     @admin.display(description="root")
     def root(self, cp: Checkpoint) -> str:

@@ -12,7 +12,8 @@ returning one row per day (and source, model, tool or reader), never a row per r
   pricing rule (`pricing.rules`) applied to each day's sums at that day's prices (exact for per-token
   prices; tiered prices would be priced on the sum); calls without usage counted;
 * tool calls and failures by tool (FAILED, INTERRUPTED, ABANDONED count as failed);
-* reasoning reads per day by reader (`reasoning_access_log`).
+* reasoning reads per day by reader (`reasoning_access_log`);
+* readers' feedback (👍 / 👎) given or changed in the period, by rating (`run_feedback`).
 
 Days are UTC dates (`TIME_ZONE`).
 """
@@ -30,7 +31,7 @@ from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, TruncDate
 
 from audit.models import EventType, ToolInvocation, ToolStatus, TraceEvent
-from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun, ReleaseDecision
+from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun, ReleaseDecision, RunFeedback
 from diagnosis.selectors import PRODUCTION, production
 from pricing.costs import load_price_book
 from pricing.rules import CallTokens, CostStatus, PriceBook
@@ -102,6 +103,8 @@ class Dashboard:
     tokens: list[TokenRow]
     tools: list[ToolRow]
     reads: dict[dt.date, dict[str, int]] = field(default_factory=dict)
+    # Readers' feedback given (or last changed) in the period: votes by rating ("up", "down").
+    feedback: dict[str, int] = field(default_factory=dict)
 
     @property
     def totals(self) -> DayRuns:
@@ -190,7 +193,16 @@ def get_dashboard(*, since: dt.datetime, until: dt.datetime) -> Dashboard:
         .order_by("day", "username")
     ):
         reads[row["day"]][row["username"]] = row["n"]
+    feedback = dict(
+        RunFeedback.objects.filter(updated_at__gte=since, updated_at__lt=until)
+        .filter(run__in=production(DiagnosisRun.objects.all()).values("run_id"))
+        .values("rating")
+        .annotate(n=Count("id"))
+        .order_by("rating")
+        .values_list("rating", "n")
+    )
     return Dashboard(
+        feedback={"up": feedback.get("up", 0), "down": feedback.get("down", 0)},
         since=since,
         until=until,
         days=days,

@@ -238,10 +238,10 @@ REVIEW_NOTE_CHARS = 2000
 
 
 class ReviewVerdict(models.TextChoices):
-    CORRECT = "correct"
-    INCORRECT = "incorrect"
-    UNSAFE = "unsafe"
-    NEEDS_FOLLOW_UP = "needs_follow_up"
+    CORRECT = "correct", "correct"
+    INCORRECT = "incorrect", "incorrect"
+    UNSAFE = "unsafe", "unsafe"
+    NEEDS_FOLLOW_UP = "needs_follow_up", "needs follow-up"
 
 
 class RunReview(models.Model):
@@ -329,6 +329,7 @@ class LogLeaf(models.Model):
     class Meta:
         db_table = "audit_log_leaf"
         ordering = ["leaf_index"]
+        verbose_name_plural = "log leaves"
 
     def __str__(self) -> str:
         if self.tail_of is not None:

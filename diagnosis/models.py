@@ -325,6 +325,7 @@ class RunFeedback(models.Model):
 
     class Meta:
         db_table = "run_feedback"
+        verbose_name = verbose_name_plural = "run feedback"
         constraints = [models.UniqueConstraint(fields=["run", "user"], name="uniq_feedback_run_user")]
 
     def __str__(self) -> str:

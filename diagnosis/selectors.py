@@ -339,6 +339,27 @@ def get_feedback(*, run_id: str, user: AbstractBaseUser) -> FeedbackView | None:
     return FeedbackView(rating=found[0], comment=found[1], created_at=found[2]) if found else None
 
 
+@dataclass(frozen=True, slots=True)
+class ReaderFeedback:
+    """One reader's feedback on a run, for the run's page (who, their vote, their comment, when)."""
+
+    username: str
+    rating: str
+    comment: str
+    updated_at: dt.datetime
+
+
+def all_feedback(*, run_id: str, limit: int = 200) -> list[ReaderFeedback]:
+    """Every reader's feedback on a run, newest change first (one query on the run's unique pair index;
+    at most `limit`)."""
+    rows = (
+        RunFeedback.objects.filter(run_id=run_id)
+        .order_by("-updated_at", "-id")
+        .values_list("user__username", "rating", "comment", "updated_at")[:limit]
+    )
+    return [ReaderFeedback(username=u or "", rating=r, comment=c, updated_at=t) for u, r, c, t in rows]
+
+
 def feedback_of(*, run_ids: list[str], user: AbstractBaseUser) -> dict[str, FeedbackView]:
     """One user's feedback on each of `run_ids` that has some (one query), for batched trace reads."""
     return {

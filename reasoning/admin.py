@@ -1,6 +1,7 @@
 from django.contrib import admin
 
 from audit.admin_base import ReadOnlyAdmin
+from audit.recorder.facts import step_label
 from reasoning.models import AgentReasoningAudit, ReasoningAccessLog
 
 
@@ -11,8 +12,7 @@ class AgentReasoningAuditAdmin(ReadOnlyAdmin):
 
     list_display = (
         "run_id",
-        "step_index",
-        "agent_name",
+        "step",
         "reasoning_available",
         "content_source",
         "content_bytes",
@@ -24,6 +24,10 @@ class AgentReasoningAuditAdmin(ReadOnlyAdmin):
     exclude = ("reasoning_content", "assistant_text")
     ordering = ("-created_at",)
     sortable_by = ("created_at",)  # every order and filter is an index (`reasoning.models`)
+
+    @admin.display(description="step", ordering="step_index")
+    def step(self, row: AgentReasoningAudit) -> str:
+        return step_label(row.step_index, row.agent_name)
 
     def get_queryset(self, request):
         # The text columns are not even read (nor decrypted) for these views.

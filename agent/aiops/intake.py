@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -132,6 +133,63 @@ def describe_alerts(
         "say what to do next."
     )
     return "\n".join(lines)[: services.QUERY_MAX_CHARS]
+
+
+# How a text names its alert, most explicit first: `alertname=HighLatency`, the description's own line
+# (`- HighLatency [severity …]`), "Alert HighLatency …", and a text that starts with the name and says it
+# fires ("HighLatency firing on api: …", the README's example).
+_TEXT_NAME_RES = (
+    re.compile(r"\balertname\s*[=:]\s*\"?([A-Za-z_][A-Za-z0-9_:]*)"),
+    re.compile(r"^\s*-\s+([A-Za-z_][A-Za-z0-9_:]*)(?=\s*(?:\[severity|since\b|$))", re.M),
+    re.compile(r"\bAlert\s+([A-Z][A-Za-z0-9_:]*)"),
+    re.compile(r"^\s*([A-Z][A-Za-z0-9_:]*)\s+(?:is\s+)?(?:firing|fires|fired)\b"),
+)
+_NOT_NAMES = frozenset({"firing", "resolved", "group", "is", "the", "a"})
+_TEXT_SEVERITY_RE = re.compile(r"\bseverity\s*[=:]?\s*\"?([a-z]+)", re.I)
+
+
+def alert_name_in_text(text: str) -> str | None:
+    """The alert name a text states (see `_TEXT_NAME_RES`), or None: the one reading of a text alert,
+    for the intake (the stored `alertname`) and the offline demo model alike."""
+    names = (m for pattern in _TEXT_NAME_RES for m in pattern.findall(text or ""))
+    return next((m for m in names if m.lower() not in _NOT_NAMES), None)
+
+
+class InvalidAlert(ValueError):
+    """Something given as an alert that is not one; the message is safe to show."""
+
+
+def alert_from_object(data: object) -> dict[str, Any]:
+    """An Alertmanager alert as `start_staff_analysis` takes it (`labels`, `annotations`, `startsAt`),
+    from what a person pastes or picks: an alert of the webhook payload or of the API v2 alert list, a
+    list of alerts, or a whole webhook notification (its first firing alert, with the group's common
+    labels and annotations under its own). `InvalidAlert` when there is no alert with string labels."""
+    if isinstance(data, list):
+        data = next((a for a in data if isinstance(a, dict)), None)
+    if isinstance(data, dict) and isinstance(data.get("alerts"), list):
+        alerts = [a for a in data["alerts"] if isinstance(a, dict)]
+        firing = [a for a in alerts if a.get("status") in (None, "firing")] or alerts
+        chosen = firing[0] if firing else None
+        if chosen is None:
+            raise InvalidAlert("The notification holds no alert.")
+        common_labels = data.get("commonLabels") if isinstance(data.get("commonLabels"), dict) else {}
+        common_notes = data.get("commonAnnotations")
+        common_notes = common_notes if isinstance(common_notes, dict) else {}
+        data = {
+            **chosen,
+            "labels": {**common_labels, **(chosen.get("labels") or {})},
+            "annotations": {**common_notes, **(chosen.get("annotations") or {})},
+        }
+    if not isinstance(data, dict) or not isinstance(data.get("labels"), dict) or not data["labels"]:
+        raise InvalidAlert("An alert is an object with labels (and optional annotations).")
+    labels, annotations = data["labels"], data.get("annotations") or {}
+    if not isinstance(annotations, dict):
+        raise InvalidAlert("annotations must be an object of strings.")
+    for key, value in [*labels.items(), *annotations.items()]:
+        if not isinstance(value, str):
+            raise InvalidAlert(f"The value of {str(key)[:LABEL_CHARS]!r} is not a string.")
+    starts = data.get("startsAt") or ""
+    return {"labels": dict(labels), "annotations": dict(annotations), "startsAt": str(starts)[:64]}
 
 
 def _name_and_severity(alerts: Sequence[Alert], common: Mapping[str, str] | None) -> tuple[str, str]:
@@ -340,6 +398,22 @@ def start_staff_analysis(
         }
     elif isinstance(alert, str):
         query = alert
+        name = alert_name_in_text(alert)
+        if name:
+            # A text that names its alert ("HighLatency firing on api: …") is that alert: its row names
+            # it (and its severity when the text states one), the text is its summary.
+            severity = _TEXT_SEVERITY_RE.search(alert)
+            labels = {"alertname": name[:LABEL_CHARS]}
+            if severity:
+                labels["severity"] = severity.group(1).lower()[:32]
+            fields = {
+                "alertname": name[:200],
+                "severity": labels.get("severity", ""),
+                "alert_count": 1,
+                "labels": labels,
+                # Redacted before it is cut to its bound (a cut must not leave half a secret).
+                "annotations": {"summary": " ".join(redactor.redact(alert).split())[:VALUE_CHARS]},
+            }
     return start_analysis(
         query=query or "", source=source, owner=user, alert_fields=fields, redactor=redactor
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from audit.reconcile import USAGE_FIELDS, TokenCounts
+from audit.reconcile import CHAT_AGENT_NAME, USAGE_FIELDS, TokenCounts
 from reasoning.capture import ToolCallPlan
 
 SUMMARY_CHARS = 500
@@ -31,6 +31,21 @@ def guard_reasoning_step(call: int) -> int:
     if call < 1:
         raise ValueError("guard calls count from 1")
     return -(ROUTER_REASONING_SPAN + call)
+
+
+def step_label(step_index: int | None, agent_name: str = "") -> str:
+    """A reasoning row's step index in people's words, the one reading of the numbering above: "router"
+    (its k-th attempt "router, attempt k"), "semantic guard" (the n-th call "semantic guard, call n"),
+    else the agent's step ("agent step 2", "planner step 1")."""
+    if step_index is None:
+        return "—"
+    if step_index < -ROUTER_REASONING_SPAN:
+        call = -step_index - ROUTER_REASONING_SPAN
+        return "semantic guard" if call == 1 else f"semantic guard, call {call}"
+    if step_index < 0:
+        return "router" if step_index == -1 else f"router, attempt {-step_index}"
+    name = "agent" if agent_name in ("", CHAT_AGENT_NAME) else agent_name.replace("_", " ")
+    return f"{name} step {step_index}"
 
 
 class ToolCallNotDeclared(Exception):

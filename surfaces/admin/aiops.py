@@ -1,7 +1,7 @@
 """AI Ops analyses in the admin: one row per analysis (its alert and its run), filterable by alert name,
 severity, source and the run's status and release decision, linking to the run page where the report,
-the planner and executor lanes and the whole record are. Read-only: analyses start only from the
-webhook, the API or `manage.py aiops`."""
+the planner and executor lanes and the whole record are. Read-only: analyses start from the webhook,
+the API, `manage.py aiops` or the "Analyse an alert" page (`surfaces.admin.analyse`)."""
 
 from __future__ import annotations
 

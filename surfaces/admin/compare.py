@@ -27,6 +27,7 @@ from typing import Any
 from agent.runtime.configuration import differences
 from audit.models import EventType
 from surfaces.admin.ledger import run_cost_label
+from surfaces.answers import render_answer
 
 NOT_RECORDED = "not recorded"
 GUARDS = (
@@ -43,6 +44,7 @@ class Row:
     right: str
     differs: bool = False
     mono: bool = False
+    markdown: bool = False  # left and right are answers rendered as the run page renders them
 
 
 @dataclass(slots=True)
@@ -82,6 +84,13 @@ def _shown(value: Any) -> str:
 def _row(label: str, left: Any, right: Any, *, mono: bool = False) -> Row:
     a, b = _shown(left), _shown(right)
     return Row(label, a, b, a != b, mono)
+
+
+def _answer_row(left: str | None, right: str | None) -> Row:
+    """The released answers as the run page and the chat show them (`surfaces.answers.render_answer`:
+    Markdown without raw HTML, sanitized, citations linked); compared on their text."""
+    shown = [render_answer(text) if text else _shown(None) for text in (left, right)]
+    return Row("answer", shown[0], shown[1], (left or "") != (right or ""), markdown=True)
 
 
 def _pairs(left: list[Any], right: list[Any]) -> list[tuple[Any, Any]]:
@@ -249,7 +258,7 @@ def compare_traces(
             a["delivery"]["unverifiedTextDelivered"],
             b["delivery"]["unverifiedTextDelivered"],
         ),
-        _row("answer", a["content"], b["content"]),
+        _answer_row(a["content"], b["content"]),
     ]
     sections.append(release)
 

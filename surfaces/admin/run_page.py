@@ -346,6 +346,9 @@ class AuditSummary:
     rows_verified_count: int = 0
     fenced_writes: int = 0
     anchor: AnchorView | None = None  # where the transparency log anchors the run (None: not yet)
+    # The run is interrupted, waiting for a person's decision: its record is not finished (so not
+    # "complete") but nothing is missing from it either; the page says "waiting for approval".
+    waiting: bool = False
 
 
 def build_audit(trace: Trace) -> AuditSummary:
@@ -357,7 +360,8 @@ def build_audit(trace: Trace) -> AuditSummary:
         returned = getattr(summary.returned, kind)
         rows.append((kind, persisted, expected, returned, persisted == expected and returned == persisted))
     problems = []
-    if not summary.audit_complete:
+    waiting = trace.run.status == RunStatus.INTERRUPTED and not summary.audit_complete
+    if not summary.audit_complete and not waiting:
         problems.append("audit incomplete")
     if summary.audit_write_failures:
         problems.append(f"{summary.audit_write_failures} audit write failure(s)")
@@ -376,6 +380,7 @@ def build_audit(trace: Trace) -> AuditSummary:
         gaps=list(summary.gaps),
         problems=problems,
         anchor=summary.anchor,
+        waiting=waiting,
     )
 
 

@@ -34,7 +34,7 @@ from django.utils.http import urlencode
 from django.utils.text import Truncator
 from rest_framework.renderers import JSONRenderer
 
-from access.stepup import OTP_MESSAGE, otp_satisfied
+from access.stepup import BROWSER_OTP_MESSAGE, otp_satisfied
 from agent.runtime import approval_queue, approvals
 from audit.export import jsonl_lines
 from audit.selectors import get_trace
@@ -43,10 +43,11 @@ from audit.transparency.evidence import build_bundle
 from core.admin_lists import ScalableListAdmin
 from core.db_router import primary_reads, render_from_replica
 from diagnosis.models import DiagnosisRun, RunFeedback, RunStatus
-from diagnosis.selectors import search_runs
+from diagnosis.selectors import all_feedback, search_runs
 from reasoning.models import REASONING_PERMISSION, AccessChannel
 from reasoning.services import read_reasoning
 from surfaces.admin import configs, datasets, evaluation_views, oversight
+from surfaces.admin.analyse import analyse_view
 from surfaces.admin.dashboard import dashboard_view
 from surfaces.admin.display import QUERY_PREVIEW_CHARS, delivery_note, format_ms, provider_chip
 from surfaces.admin.display import chip as _chip
@@ -54,6 +55,7 @@ from surfaces.admin.evaluation_views import EvaluationColumn
 from surfaces.admin.filters import (
     AuditCompleteFilter,
     CostFilter,
+    ProviderFilter,
     ReconciledFilter,
     UnverifiedDeliveredFilter,
 )
@@ -62,6 +64,8 @@ from surfaces.admin.ledger import run_cost_label
 from surfaces.admin.run_page import build_run_page
 from telemetry.selectors import export_of_run, exporter_enabled
 
+# The run page's query that loads the reasoning panel on arrival (after the TOTP step-up).
+RELOAD_REASONING = "load=reasoning"
 CONSOLE_MEDIA = forms.Media(css={"all": ("surfaces/admin/console.css",)})
 
 
@@ -104,7 +108,7 @@ class DiagnosisRunAdmin(EvaluationColumn, ScalableListAdmin, admin.ModelAdmin):
         "status",
         "release_decision",
         "intent",
-        "provider",
+        ProviderFilter,
         ("tokens_reconciled", ReconciledFilter),
         CostFilter,
         AuditCompleteFilter,
@@ -254,6 +258,7 @@ class DiagnosisRunAdmin(EvaluationColumn, ScalableListAdmin, admin.ModelAdmin):
                 wrap(self.configuration_view),
                 name="{}_{}_configuration".format(*info),
             ),
+            path("analyse/", wrap(self.analyse_view), name="{}_{}_analyse".format(*info)),
             path(
                 "<path:object_id>/reasoning/",
                 wrap(self.reasoning_view),  # admin_view adds login, staff, never_cache and csrf_protect
@@ -341,6 +346,12 @@ class DiagnosisRunAdmin(EvaluationColumn, ScalableListAdmin, admin.ModelAdmin):
             raise PermissionDenied
         return keys_view(self, request)
 
+    def analyse_view(self, request):
+        """ "Analyse an alert" (`surfaces.admin.analyse`): staff who may view runs start an AI Ops run."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return analyse_view(self, request)
+
     def _viewable_run(self, request, object_id) -> DiagnosisRun:
         run = self.get_object(request, unquote(object_id))
         if run is None:
@@ -396,6 +407,7 @@ class DiagnosisRunAdmin(EvaluationColumn, ScalableListAdmin, admin.ModelAdmin):
             "session_url": reverse("admin:diagnosis_chatsession_change", args=[run.session.pk]),
             "waiting_approvals": waiting,
             "can_approve": approvals.may_approve(request.user),
+            "all_feedback": all_feedback(run_id=run.run_id),
             "events_url": reverse("admin:audit_traceevent_changelist") + "?" + urlencode({"q": run.run_id}),
             **review_context,
             **evaluation_views.run_page_context(run),
@@ -444,8 +456,11 @@ class DiagnosisRunAdmin(EvaluationColumn, ScalableListAdmin, admin.ModelAdmin):
                 **self.admin_site.each_context(request),
                 "run": run,
                 "run_url": run_url,
-                "verify_url": reverse("verify-otp") + "?" + urlencode({"next": run_url}),
-                "message": OTP_MESSAGE,
+                # Back to the run page's panel, which loads the reasoning by itself (reasoning.js).
+                "verify_url": reverse("verify-otp")
+                + "?"
+                + urlencode({"next": f"{run_url}?{RELOAD_REASONING}#reasoning"}),
+                "message": BROWSER_OTP_MESSAGE,
             }
             template = "admin/access/otp_required_panel.html" if partial else "admin/access/otp_required.html"
             return TemplateResponse(request, template, context, status=403, headers={"X-Step-Up": "otp"})

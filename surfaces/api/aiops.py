@@ -21,7 +21,7 @@ import hmac
 
 from django.conf import settings
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
-from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import authentication, exceptions, serializers, status
 from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
@@ -190,6 +190,32 @@ class AlertmanagerWebhookApi(ApiView):
 # ---------------------------------------------------------------------------------------------------
 # Staff analyses
 # ---------------------------------------------------------------------------------------------------
+# The request bodies Swagger UI offers (its default is the first): each one is accepted as it stands
+# (tests/surfaces/api/test_aiops_examples.py posts every example of the schema and expects 202).
+ANALYSIS_EXAMPLES = [
+    OpenApiExample(
+        "An Alertmanager alert",
+        request_only=True,
+        value={
+            "alert": {
+                "labels": {"alertname": "HighLatency", "severity": "critical", "job": "api"},
+                "annotations": {"summary": "p99 latency of api above 2 s for 10 minutes"},
+            }
+        },
+    ),
+    OpenApiExample(
+        "An alert as text",
+        request_only=True,
+        value={"alert": "HighLatency firing on api: p99 above 2 s"},
+    ),
+    OpenApiExample(
+        "A question",
+        request_only=True,
+        value={"query": "Why is the p99 latency of api above 2 s since 14:00?"},
+    ),
+]
+
+
 @extend_schema_field(
     {
         "oneOf": [
@@ -305,6 +331,7 @@ class AnalysesApi(ApiView):
         operation_id="aiops_analysis_create",
         summary="Start an AI Ops analysis",
         request=InputSerializer,
+        examples=ANALYSIS_EXAMPLES,
         responses={202: OutputSerializer, **error_responses(400, 401, 403)},
         tags=["aiops"],
     )

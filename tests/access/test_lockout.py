@@ -117,7 +117,10 @@ def test_five_wrong_passwords_for_one_user_lock_only_that_user(user, staff_user,
     assert locked.status_code == 429
     page = locked.content.decode()
     assert "Too many failed authentication attempts for this account from this address" in page
-    assert "Try again in 15 minute(s)" in page and 'href="/admin/login/"' in page  # a way back
+    assert "Try again in 15 minutes" in page and 'href="/admin/login/"' in page  # a way back
+    # A styled page of the product (the admin's stylesheet), with the wait on its own line.
+    assert "/static/admin/css/base.css" in page and "Diagnosis agent" in page
+    assert '<p class="dc-lockout-wait" id="lockout-wait"><strong>Try again in 15 minutes.</strong>' in page
     assert locked["Content-Type"].startswith("text/html") and int(locked["Retry-After"]) <= COOL_OFF
 
     # That user's right password from that address is refused, and not recorded as a failure.
@@ -185,7 +188,7 @@ def test_metrics_guesses_have_their_own_counter_and_the_429_says_how_long(settin
     assert statuses == [401] * (ANONYMOUS_LIMIT - 1) + [429]
     locked = scrape.get("/metrics", HTTP_AUTHORIZATION="Bearer the-metrics-token")
     assert locked.status_code == 429 and int(locked["Retry-After"]) > COOL_OFF - 5
-    assert b"wrong metrics token" in locked.content and b"Try again in 15 minute(s)" in locked.content
+    assert b"wrong metrics token" in locked.content and b"Try again in 15 minutes" in locked.content
     assert _api(issue_token(user)).get(SESSIONS).status_code == 200
     elsewhere = Client(REMOTE_ADDR="198.51.100.1", HTTP_AUTHORIZATION="Bearer the-metrics-token")
     assert elsewhere.get("/metrics").status_code == 200
@@ -196,7 +199,7 @@ def test_retry_after_is_the_time_left_not_the_whole_cool_off(user):
         _api(WRONG).get(SESSIONS)
     AccessAttempt.objects.update(attempt_time=timezone.now() - dt.timedelta(minutes=10))
     _assert_locked_out(_api(WRONG).get(SESSIONS), wait=5 * 60)
-    assert "Try again in 5 minute(s)" in _api(WRONG).get(SESSIONS).json()["error"]["message"]
+    assert "Try again in 5 minutes" in _api(WRONG).get(SESSIONS).json()["error"]["message"]
 
 
 def test_wrong_totp_codes_lock_that_user_at_that_address_only(client, auditor, staff_user):

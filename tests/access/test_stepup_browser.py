@@ -1,6 +1,7 @@
 """The admin's step-up in a real headless Chromium (Playwright, Debian's /usr/bin/chromium): with
 `REASONING_REQUIRE_OTP` on, an auditor who logged in with a password is asked for a TOTP code instead
-of being shown reasoning; after entering the code the same button shows it, and only that read is logged.
+of being shown reasoning (in words for a browser user, no server command); after entering the code the
+browser returns to the run page's panel, which loads by itself, and only that read is logged.
 Screenshots go to `test-artifacts/` (git-ignored)."""
 
 from __future__ import annotations
@@ -57,7 +58,10 @@ def test_auditor_verifies_a_totp_code_before_the_reasoning_panel_opens(
 
             page.goto(f"{live_server.url}/admin/diagnosis/diagnosisrun/{run.pk}/change/")
             page.click("#dc-reasoning-load")
-            expect(page.locator("#dc-otp-required")).to_contain_text("second factor")
+            otp = page.locator("#dc-otp-required")
+            expect(otp).to_contain_text("second factor")
+            expect(otp).to_contain_text("authenticator app")
+            assert "manage.py" not in otp.inner_text() and "issue_token" not in otp.inner_text()
             assert REASONING_MARKER not in page.content()
             assert not _in_thread(ReasoningAccessLog.objects.exists)
             page.screenshot(path=str(ARTIFACTS / "admin-reasoning-otp-required.png"), full_page=True)
@@ -66,12 +70,14 @@ def test_auditor_verifies_a_totp_code_before_the_reasoning_panel_opens(
             page.fill("#id_otp_token", _in_thread(lambda: totp_code(device)))
             page.screenshot(path=str(ARTIFACTS / "admin-verify-otp.png"))
             page.click("#dc-otp-form button[type=submit]")
-            page.wait_for_url(f"**/admin/diagnosis/diagnosisrun/{run.pk}/change/")
-
-            page.click("#dc-reasoning-load")
+            # Back on the run page at its reasoning panel, which loads by itself: no second click.
+            page.wait_for_url(f"**/admin/diagnosis/diagnosisrun/{run.pk}/change/#reasoning")
             records = page.locator("#dc-reasoning-records")
             expect(records).to_contain_text(REASONING_MARKER)
             expect(records).to_contain_text("This read was logged")
+            assert "load=reasoning" not in page.url  # a reload does not read (and log) it again
+            page.reload()
+            expect(page.locator("#dc-reasoning-load")).to_be_visible()
         finally:
             browser.close()
     (entry,) = _in_thread(lambda: list(ReasoningAccessLog.objects.all()))

@@ -19,26 +19,20 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from agent.aiops.intake import alert_name_in_text
 from agent.runtime import prompts
 from agent.runtime.demo.answers import answer_from_evidence
 from agent.runtime.demo.text import question_of
 from agent.runtime.llm import parse_json_object
 from audit.recorder import DeclaredToolCall
 
-_ALERT_NAME_RES = (
-    re.compile(r"\balertname\s*[=:]\s*\"?([A-Za-z_][A-Za-z0-9_:]*)"),
-    re.compile(r"^\s*-\s+([A-Za-z_][A-Za-z0-9_:]*)(?=\s*(?:\[severity|since\b|$))", re.M),
-    re.compile(r"\bAlert\s+([A-Z][A-Za-z0-9_:]*)"),
-)
 _EXPR_RE = re.compile(r"^\s*(?:expression|expr|query)\s*:\s*(.+?)\s*$", re.I | re.M)
 _TOOLS_LINE_RE = re.compile(r"can use these tools:\s*([^.\n]*)")
-_STOP_NAMES = frozenset({"firing", "resolved", "group", "is", "the", "a"})
 
 
 def alert_facts(text: str) -> tuple[str | None, str | None]:
     """The alert's name and PromQL expression as the alert text states them (None when it does not)."""
-    names = (m for pattern in _ALERT_NAME_RES for m in pattern.findall(text or ""))
-    name = next((m for m in names if m.lower() not in _STOP_NAMES), None)
+    name = alert_name_in_text(text)
     expr = _EXPR_RE.search(text or "")
     return name, (expr.group(1)[:500] if expr else None)
 
@@ -177,11 +171,13 @@ def aiops_execute(
 
     if may_call and "create_silence" in offered and "create_silence" not in called:
         minutes = silence_minutes(alert)
-        if minutes is not None:
+        # Only a named alert can be silenced: a matcher on a made-up name would silence nothing (or the
+        # wrong thing), so an alert without a name gets no silence proposed.
+        if minutes is not None and name:
             arguments = {
-                "matchers": [{"name": "alertname", "value": name or "unknown", "isRegex": False}],
+                "matchers": [{"name": "alertname", "value": name, "isRegex": False}],
                 "duration_minutes": minutes,
-                "comment": f"Silence {name or 'the alert'} for {minutes} min while it is investigated",
+                "comment": f"Silence {name} for {minutes} min while it is investigated",
             }
             call = DeclaredToolCall(
                 tool_call_id=f"call_demo_{count + 1}",

@@ -45,8 +45,9 @@ READ_ONLY_MODELS = [TraceEvent, AgentStep, ToolInvocation, AgentReasoningAudit, 
 # Session, user, the user's two permission sets, then: run, events, steps, tools, the reasoning rows'
 # stored columns (for their digests, never decrypted), its reviews, the run's leaf in the transparency log,
 # feedback, the price overrides (for each call's cost); the rows appended events bind (evaluation scores,
-# `audit.appended_rows`: one query per registered source) and the run page's table of those scores.
-RUN_PAGE_MAX_QUERIES = 15
+# `audit.appended_rows`: one query per registered source), the run page's table of those scores, and
+# every reader's feedback (one bounded query).
+RUN_PAGE_MAX_QUERIES = 16
 # Session, user, permissions (2), two counts, the page of runs, the date hierarchy (2).
 CHANGELIST_MAX_QUERIES = 9
 

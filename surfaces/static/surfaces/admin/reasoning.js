@@ -1,5 +1,8 @@
 // Run page: load the reasoning panel on request. The form posts (CSRF-protected) to the admin's reasoning
 // view, which checks the permission and logs the read; the response is server-rendered, escaped HTML.
+// Arriving with `?load=reasoning` (the way back from the TOTP step-up the reader was sent to by this
+// panel) loads it at once: the reader already asked for it; the query is then dropped from the address
+// so a reload does not read (and log) it again.
 "use strict";
 document.addEventListener("DOMContentLoaded", () => {
   const form = document.getElementById("dc-reasoning-form");
@@ -27,4 +30,12 @@ document.addEventListener("DOMContentLoaded", () => {
       button.textContent = "Retry";
     }
   });
+  const params = new URLSearchParams(window.location.search);
+  if (params.get("load") === "reasoning") {
+    params.delete("load");
+    const rest = params.toString();
+    window.history.replaceState(null, "", window.location.pathname + (rest ? `?${rest}` : "") + window.location.hash);
+    document.getElementById("reasoning")?.scrollIntoView();
+    form.requestSubmit();
+  }
 });
