@@ -6,14 +6,10 @@ after. Installed as `admin.site.login_form` (`access.admin`)."""
 
 from __future__ import annotations
 
-import logging
-
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.core.exceptions import ValidationError
 
-from access import lockout, passwords
-
-logger = logging.getLogger(__name__)
+from access import lockout, passwords, services
 
 
 class LoginForm(AdminAuthenticationForm):
@@ -28,7 +24,8 @@ class LoginForm(AdminAuthenticationForm):
         if not passwords.password_session_allowed(user):
             raise ValidationError(passwords.refused_message(), code=passwords.REFUSED_CODE)
         if passwords.breakglass_only():
-            logger.warning("break-glass password sign-in user=%s", user.pk)
+            address = lockout.client_ip(self.request) if self.request is not None else ""
+            services.record_break_glass_sign_in(user=user, address=address or "")
 
     def get_invalid_login_error(self) -> ValidationError:
         error = super().get_invalid_login_error()

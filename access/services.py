@@ -95,3 +95,16 @@ def revoke_token(*, token: ApiToken, actor: str) -> bool:
         )
     logger.info("api token revoked user=%s prefix=%s", token.user_id, token.prefix)
     return True
+
+
+def record_break_glass_sign_in(*, user, address: str) -> None:
+    """A password sign-in while local passwords are turned off for everyone else
+    (`LOCAL_PASSWORD_LOGIN=breakglass`): the governance event `BREAK_GLASS_SIGN_IN`, so the use of the
+    account kept for when the identity provider is down is in the signed chain, not only in a log."""
+    record_governance_event(
+        event_type=GovernanceEventType.BREAK_GLASS_SIGN_IN,
+        actor=user.get_username(),
+        subject_user=user.get_username(),
+        details={"address": address[:64], "channel": "password"},
+    )
+    logger.warning("break-glass password sign-in user=%s", user.pk)

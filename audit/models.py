@@ -561,6 +561,7 @@ class GovernanceEventType(models.TextChoices):
     REASONING_KEYS_ROTATED = "REASONING_KEYS_ROTATED"
     GROUP_DELETED = "GROUP_DELETED"
     USER_DELETED = "USER_DELETED"
+    BREAK_GLASS_SIGN_IN = "BREAK_GLASS_SIGN_IN"
 
 
 class GovernanceEvent(models.Model):

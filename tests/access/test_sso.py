@@ -29,7 +29,7 @@ from axes.models import AccessAttempt
 from django.contrib.auth.models import Group
 
 from access.models import OidcIdentity
-from audit.models import GovernanceEvent
+from audit.models import GovernanceEvent, GovernanceEventType
 from audit.verification import verify_governance
 from tests.agent.aiops.servers import _die_with_parent, free_port
 
@@ -343,6 +343,10 @@ def test_breakglass_refuses_a_normal_users_password_and_admits_the_break_glass_s
 
     admitted = _password_login(client, superuser.username, "pw-root-1")
     assert admitted.status_code == 302 and admitted["Location"] == "/admin/"
+    # The break-glass account's use is a governance event in the signed chain, not only a log line.
+    used = GovernanceEvent.objects.get(event_type=GovernanceEventType.BREAK_GLASS_SIGN_IN)
+    assert used.subject_user == superuser.username and used.details["channel"] == "password"
+    assert used.details["address"] == "127.0.0.1"
     assert client.get("/admin/").status_code == 200
     client.logout()
     # The team still signs in, through the IdP.
