@@ -40,11 +40,34 @@ WARN_STATUSES = frozenset(
 )
 
 
-def chip(value: str | None, tone_name: str | None = None):
-    """A status word as a coloured chip (its `tone` unless given), or an em dash for none."""
+# Stored enum words in people's words. A word not named here reads lower-cased with spaces
+# (`TOOL_CALLS` → "tool calls"); the stored word stays in the chip's `title`.
+_LABELS = {
+    RunStatus.SUCCESS: "succeeded",
+    RunStatus.INTERRUPTED: "waiting for approval",
+    "DIAGNOSIS_AGENT": "chat agent",
+    "AI_OPS": "AI Ops analysis",
+    "KNOWLEDGE": "knowledge question",
+    "CHITCHAT": "small talk",
+}
+
+
+def label(value: str | None) -> str:
+    """A stored enum word (run status, release decision, intent, flow, tool status, guard verdict) as
+    people read it: "succeeded", "blocked", "AI Ops analysis", "out of scope"; "—" for none."""
     if not value:
         return "—"
-    return format_html('<span class="dc-chip dc-{}">{}</span>', tone_name or tone(value), value)
+    return _LABELS.get(value) or str(value).replace("_", " ").lower()
+
+
+def chip(value: str | None, tone_name: str | None = None):
+    """A status word as a coloured chip in people's words (`label`; the stored word is its title), its
+    colour its `tone` unless given, or an em dash for none."""
+    if not value:
+        return "—"
+    return format_html(
+        '<span class="dc-chip dc-{}" title="{}">{}</span>', tone_name or tone(value), value, label(value)
+    )
 
 
 def provider_chip(provider: str | None):

@@ -86,3 +86,21 @@ def test_verify_the_whole_log_without_a_ticked_row(reasoned_run, superuser):
     text = response.content.decode()
     assert "The log verifies:" in text, text[:3000]
     assert "Items must be selected" not in text
+
+
+def test_status_release_intent_and_flow_read_as_words_with_the_stored_word_kept(reasoned_run, staff_user):
+    """The run list and the run page show "succeeded", "published", "diagnosis", "chat agent" — not
+    SUCCESS / PUBLISHED / DIAGNOSIS_AGENT — each chip keeping the stored word as its title."""
+    from surfaces.admin.display import label
+
+    assert label("SUCCESS") == "succeeded" and label("OUT_OF_SCOPE") == "out of scope"
+    assert label("AI_OPS") == "AI Ops analysis" and label("INTERRUPTED") == "waiting for approval"
+    assert label(None) == label("") == "—"
+    client = Client()
+    client.force_login(grant_console(staff_user))
+    listed = client.get(reverse("admin:diagnosis_diagnosisrun_changelist")).content.decode()
+    assert 'title="SUCCESS">succeeded</span>' in listed and 'title="PUBLISHED">published</span>' in listed
+    page = client.get(reverse("admin:diagnosis_diagnosisrun_change", args=[reasoned_run.pk])).content.decode()
+    assert 'title="SUCCESS">succeeded</span>' in page and 'title="DIAGNOSIS_AGENT">chat agent</span>' in page
+    assert 'title="DIAGNOSIS">intent: diagnosis</span>' in page and ">published</span>" in page
+    assert ">SUCCESS<" not in page and ">DIAGNOSIS_AGENT<" not in page
