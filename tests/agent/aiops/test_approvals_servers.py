@@ -31,6 +31,7 @@ from agent.runtime import approvals
 from audit.models import EventType, ToolInvocation, ToolStatus, TraceEvent
 from audit.verification import verify_run
 from diagnosis.models import DiagnosisRun, RunStatus
+from tests.accessibility import assert_accessible
 from tests.browser import launch_chromium, requires_chromium
 from tests.factories import issue_token
 from tests.surfaces.chat.support import ARTIFACTS, DaphneServer, iter_sse
@@ -303,8 +304,17 @@ def test_the_chat_page_shows_the_waiting_call_and_approves_it(
             assert apart and reject["x"] + reject["width"] <= 360
             page.screenshot(path=str(ARTIFACTS / "approval-chat-panel-360.png"), full_page=True)
             page.set_viewport_size({"width": 1200, "height": 900})
+            # The page with a card waiting passes the accessibility check, and the card works from the
+            # keyboard: from the note, Tab reaches Approve (with a visible focus) and Enter decides.
+            assert_accessible(page, "the chat with an approval waiting")
             item.locator("input.approval-note").fill("from the chat")
-            item.get_by_role("button", name="Approve").click()
+            page.keyboard.press("Tab")
+            focused = page.evaluate(
+                "() => { const e = document.activeElement; const s = getComputedStyle(e);"
+                " return [e.className, s.outlineStyle !== 'none' || s.boxShadow !== 'none']; }"
+            )
+            assert focused == ["approve", True], focused
+            page.keyboard.press("Enter")
             expect(panel).to_contain_text("APPROVED")
         finally:
             browser.close()
