@@ -49,7 +49,7 @@ from reasoning.services import read_reasoning
 from surfaces.admin import configs, datasets, evaluation_views, oversight
 from surfaces.admin.analyse import analyse_view
 from surfaces.admin.dashboard import dashboard_view
-from surfaces.admin.display import QUERY_PREVIEW_CHARS, delivery_note, format_ms, provider_chip
+from surfaces.admin.display import QUERY_PREVIEW_CHARS, delivery_note, format_ms, label, provider_chip
 from surfaces.admin.display import chip as _chip
 from surfaces.admin.evaluation_views import EvaluationColumn
 from surfaces.admin.filters import (
@@ -158,8 +158,10 @@ class DiagnosisRunAdmin(EvaluationColumn, ScalableListAdmin, admin.ModelAdmin):
         )
 
     @admin.display(description="intent")
-    def intent_label(self, run: DiagnosisRun) -> str:
-        return run.intent or "—"
+    def intent_label(self, run: DiagnosisRun):
+        if not run.intent:
+            return "—"
+        return format_html('<span title="{}">{}</span>', run.intent, label(run.intent))
 
     @admin.display(description="provider")
     def provider_label(self, run: DiagnosisRun):

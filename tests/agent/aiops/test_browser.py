@@ -57,7 +57,7 @@ def test_staff_find_an_alerts_analysis_and_read_its_cited_report(product, alertm
             rows = page.locator("#result_list tbody tr")
             expect(rows).to_have_count(1)
             expect(rows.first).to_contain_text(run.run_id)
-            expect(rows.first).to_contain_text("PUBLISHED")
+            expect(rows.first).to_contain_text("published")
             expect(rows.first.locator(".field-provider_label")).to_have_text("DEMO")
             page.screenshot(path=str(ARTIFACTS / "aiops-analyses-list.png"), full_page=True)
 

@@ -88,7 +88,7 @@ def test_staff_finds_a_blocked_run_and_sees_why_without_reasoning(browser, live_
     page.locator("#changelist-filter").get_by_role("link", name="Blocked", exact=True).click()
     expect(rows).to_have_count(1)
     expect(rows.first).to_contain_text(blocked.run_id)
-    expect(rows.first.locator(".field-release_chip")).to_have_text("BLOCKED")
+    expect(rows.first.locator(".field-release_chip")).to_have_text("blocked")
     page.screenshot(path=str(ARTIFACTS / "admin-staff-run-list-blocked.png"), full_page=True)
 
     page.get_by_role("link", name=blocked.run_id).click()
