@@ -58,6 +58,8 @@ REASONS: list[Reason] = [
     Reason("aiops_report", "AI Ops report", Q(agent_flow=AgentFlow.AI_OPS)),
 ]
 REASON_KEYS = [r.key for r in REASONS]
+# How many of REASONS are this module's own (the rest are registered by higher layers at app start).
+OWN_REASONS = len(REASONS)
 
 
 def register_reason(new: Reason) -> None:
@@ -74,20 +76,26 @@ def reason(key: str) -> Reason | None:
     return next((r for r in REASONS if r.key == key), None)
 
 
-def any_reason() -> Q:
+def any_reason(*, registered: bool = True) -> Q:
+    """Any reason holds; `registered=False`: only this module's own (no other table read)."""
     q = Q(pk__in=[])
-    for r in REASONS:
+    for r in REASONS if registered else REASONS[:OWN_REASONS]:
         q |= r.q
     return q
 
 
-def needs_review_expression(*, purpose: bool = True) -> Case:
-    """The rule (module docstring) over the run's own columns. `purpose=False` only for the migration
-    that backfilled the flag before runs had a purpose (every run then was a production run)."""
+def needs_review_expression(*, purpose: bool = True, registered: bool = True) -> Case:
+    """The rule (module docstring) over the run's own columns. `purpose=False, registered=False` only
+    for the migration that backfilled the flag before runs had a purpose (every run then was a
+    production run) and before any higher layer's reason existed (no evaluation score then: reading
+    `evaluations_score` there would make that migration depend on a later app's table)."""
     production = PRODUCTION if purpose else Q()
     return Case(
         When(
-            Q(status__in=TERMINAL_RUN_STATUSES) & Q(reviewed_at__isnull=True) & production & any_reason(),
+            Q(status__in=TERMINAL_RUN_STATUSES)
+            & Q(reviewed_at__isnull=True)
+            & production
+            & any_reason(registered=registered),
             then=Value(True),
         ),
         default=Value(False),

@@ -13,8 +13,9 @@ def backfill_review_facts(apps, schema_editor):
     Feedback = apps.get_model("diagnosis", "RunFeedback")
     down = Feedback.objects.filter(run_id=OuterRef("run_id"), rating="down")
     Run.objects.filter(Exists(down)).update(downvoted=True)
-    # The rule as it stood here: runs had no purpose yet (0015), every run was a production run.
-    Run.objects.update(needs_review=needs_review_expression(purpose=False))
+    # The rule as it stood here: runs had no purpose yet (0015), every run was a production run, and
+    # no evaluation scores existed (the evaluations app's table may not exist yet at this point).
+    Run.objects.update(needs_review=needs_review_expression(purpose=False, registered=False))
 
 
 class Migration(migrations.Migration):

@@ -9,10 +9,8 @@ class Migration(migrations.Migration):
 
     initial = True
 
-    # The review queue's rule reads evaluations_score (`evaluations.queue`), and diagnosis' data
-    # migrations backfill the queue's flag with that rule: the table exists before they run.
-    run_before = [("diagnosis", "0009_list_facts")]
-
+    # No run_before: the one diagnosis migration that backfills the review flag (0012) uses the rule
+    # without the registered reasons, so a database migrated before this app existed upgrades cleanly.
     dependencies = [
     ]
 
