@@ -25,6 +25,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models import QuerySet
 
+from agent.redaction import Redactor
 from audit.models import RunReview
 from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun
 from diagnosis.selectors import production
@@ -191,6 +192,10 @@ def _clean(value: dict[str, Any], number: int) -> dict[str, Any]:
             out[key] = v if isinstance(v, list) else []
         else:
             out[key] = "" if v is None else str(v)
+    # An imported file is pasted text like any question: redacted before it lands in a table (one
+    # redactor per item, so its question and reference name the same secret by the same placeholder).
+    redactor = Redactor()
+    out["question"], out["reference"] = redactor.redact(out["question"]), redactor.redact(out["reference"])
     if not out["sourceRunId"]:
         out["sourceRunId"] = f"import-{number}"
     out["sourceRunId"] = out["sourceRunId"][:64]

@@ -51,10 +51,8 @@ def _applied(candidate: Candidate, client: ModelClient, flow: str) -> Applied:
 
 def _replay(item: DatasetItem, *, applied: Applied, user: AbstractBaseUser) -> str:
     flow = item.agent_flow if item.agent_flow in AgentFlow.values else AgentFlow.DIAGNOSIS_AGENT
-    session = services.create_session(
-        owner=user, title=f"experiment: {item.question}", purpose=RunPurpose.EXPERIMENT
-    )
     query, redaction = redact_query(services.validate_query(item.question))
+    session = services.create_session(owner=user, title=f"experiment: {query}", purpose=RunPurpose.EXPERIMENT)
     run = services.create_run(session=session, query=query, agent_flow=flow, redaction=redaction)
 
     async def main() -> None:

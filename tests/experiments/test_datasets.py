@@ -206,3 +206,26 @@ def test_an_experiment_from_the_dataset_admin_and_its_results_page(runs, reviewe
     }
     for run_id in replays:
         assert run_id in page
+
+
+def test_an_imported_secret_is_redacted_before_the_item_and_its_replay_store_it(user):
+    """A JSON Lines file is pasted text: its question and reference are redacted before the item is
+    written (the same key by the same placeholder in both), and a replay's session and run carry only
+    the placeholder."""
+    from agent.runtime.candidate import Candidate
+    from diagnosis.models import ChatSession
+    from experiments.datasets import import_jsonl
+    from experiments.runner import run_experiment
+
+    key = "AKIA" + "QQQQ7XZ2B6JTKPL3"
+    line = json.dumps({"question": f"Is {key} still valid?", "reference": f"Rotate {key} today."})
+    dataset = import_jsonl(name="pasted", lines=[line], by="rev")
+    item = dataset.items.get()
+    placeholder = "[REDACTED:aws-access-key#1]"
+    assert key not in item.question + item.reference
+    assert placeholder in item.question and placeholder in item.reference
+    experiment = run_experiment(dataset=dataset, candidate=Candidate.from_mapping({}), user=user, name="x")
+    replay = DiagnosisRun.objects.get(run_id=experiment.replays.get().run_id)
+    assert key not in replay.query and placeholder in replay.query
+    title = ChatSession.objects.get(session_id=replay.session_id).title
+    assert key not in title and placeholder in title
