@@ -58,12 +58,7 @@ def stacked_bars(
             if i % every == 0
         ),
     )
-    legend = format_html_join(
-        "",
-        '<rect x="{}" y="0" width="10" height="10" fill="{}"/>'
-        '<text x="{}" y="9" font-size="10" fill="#333">{}</text>',
-        ((x, colour, x + 14, name) for x, (name, _v, colour) in zip(_legend_x(series), series, strict=True)),
-    )
+    legend = _legend(series)
     return format_html(
         '<svg class="dc-chart" role="img" viewBox="0 0 {w} {h}" width="{w}" height="{h}" '
         'xmlns="http://www.w3.org/2000/svg"><title>{title}</title>'
@@ -84,6 +79,16 @@ def stacked_bars(
         ticks=ticks,
         legend=legend,
         lg=HEIGHT + 2,
+    )
+
+
+def _legend(series):
+    """The chart's legend: a swatch and the name of each series, one after another."""
+    return format_html_join(
+        "",
+        '<rect x="{}" y="0" width="10" height="10" fill="{}"/>'
+        '<text x="{}" y="9" font-size="10" fill="#333">{}</text>',
+        ((x, colour, x + 14, name) for x, (name, _v, colour) in zip(_legend_x(series), series, strict=True)),
     )
 
 
@@ -157,12 +162,7 @@ def lines(
         '<text x="{}" y="{}" font-size="10" text-anchor="middle" fill="#555">{}</text>',
         ((xy(i, 0)[0], HEIGHT - 10, _tick(label)) for i, label in enumerate(labels) if i % every == 0),
     )
-    legend = format_html_join(
-        "",
-        '<rect x="{}" y="0" width="10" height="10" fill="{}"/>'
-        '<text x="{}" y="9" font-size="10" fill="#333">{}</text>',
-        ((x, colour, x + 14, name) for x, (name, _v, colour) in zip(_legend_x(series), series, strict=True)),
-    )
+    legend = _legend(series)
     return format_html(
         '<svg class="dc-chart" role="img" viewBox="0 0 {w} {h}" width="{w}" height="{h}" '
         'xmlns="http://www.w3.org/2000/svg"><title>{title}</title>'
