@@ -212,3 +212,19 @@ def test_the_readme_example_asking_for_a_silence_proposes_one_on_its_alert(staff
     row = listing.split(run_id, 1)[1].split("</tr>", 1)[0]
     assert " ago)" in row and "(in " in row and "T" not in row.split("<time", 2)[1].split(">", 1)[1][:16]
     assert "1</b> tool call waits for a decision" in client.get("/admin/").content.decode()
+
+
+@pytest.mark.parametrize("alertmanager_url", ["", "http://127.0.0.1:9/"])
+def test_a_firing_pick_with_no_alert_to_pick_still_says_what_is_wrong(console, settings, alertmanager_url):
+    """With no Alertmanager, or one that cannot be read, the page has no list to pick from, yet a POST of
+    the firing form (a stale tab, a list emptied since it was drawn) still shows its error, not a bare 400."""
+    settings.ALERTMANAGER_URL = alertmanager_url
+    for data, error in (
+        ({"mode": "firing"}, "Pick one of the firing alerts."),
+        ({"mode": "firing", "firing-fingerprint": "0000000000000000"}, "no longer firing"),
+    ):
+        response = console.post(URL, data)
+        assert response.status_code == 400
+        html = response.content.decode()
+        assert error in html and 'id="dc-firing-note"' in html
+    assert AiOpsAlert.objects.count() == 0
