@@ -2,11 +2,13 @@
 
 A run is executed by one process (the lease owner); any number of connections, in any process, may watch
 it. The executor's sink (`ChannelLayerSink`) publishes each event (`agent.runtime.events`) to the
-channel-layer group of the run (`run_group`); a watcher (`RunFollower`) subscribes to that group, replays
-the persisted timeline after a sequence number, then follows the live events until the run's outcome.
-The follower yields the same event objects the executor emitted; the chat transport encodes them
-(`surfaces.chat.protocol`). A `run`, `tool` or `outcome` event carries the `sequence_no` of its timeline
-event (`sequence_of`), so transports can emit SSE `id:` lines and clients resume exactly.
+watchers of its own process directly and, for those of other processes, to the channel-layer group of
+the run (`run_group`; see `agent.runtime.local_fanout`); a watcher (`RunFollower`) subscribes to that
+group, replays the persisted timeline after a sequence number, then follows the live events until the
+run's outcome. The follower yields the same event objects the executor emitted; the chat transport
+encodes them (`surfaces.chat.protocol`). A `run`, `tool` or `outcome` event carries the `sequence_no`
+of its timeline event (`sequence_of`), so transports can emit SSE `id:` lines and clients resume
+exactly.
 
 Replay maps persisted `TraceEvent`s (read through `audit.selectors.chat_timeline`): `RUN_STARTED` →
 `RunEvent`; a stage's decision → its FINISHED `ProgressEvent` (`events.progress_of`, the mapping the live
@@ -39,6 +41,7 @@ from typing import Any
 from channels.layers import get_channel_layer
 from django.conf import settings
 
+from agent.runtime import local_fanout
 from agent.runtime.db import db
 from agent.runtime.events import (
     CHAT_TIMELINE_TYPES,
@@ -81,12 +84,19 @@ def run_group(run_id: str) -> str:
 # Publishing (the executor's sink)
 # -------------------------------------------------------------------------------------------------
 async def publish(run_id: str, event: Event) -> bool:
-    """Send one event to the run's group; best effort (False, logged without content, on failure)."""
+    """Send one event to the run's followers: this process's directly, the others' through the run's
+    group (`local_fanout`); best effort (False, logged without content, when the layer failed or there
+    is neither a layer nor a local follower)."""
+    local = local_fanout.deliver(run_id, event)
     layer = get_channel_layer()
     if layer is None:
-        return False
+        return local > 0
+    group = run_group(run_id)
     try:
-        await layer.group_send(run_group(run_id), {"type": FRAME_MESSAGE_TYPE, **to_message(event)})
+        if not await local_fanout.needs_layer(layer, run_id, group, draft=isinstance(event, DraftEvent)):
+            return True
+        message = {"type": FRAME_MESSAGE_TYPE, "origin": local_fanout.ORIGIN, **to_message(event)}
+        await layer.group_send(group, message)
     except Exception as exc:  # the durable timeline is the record; followers catch up from it
         logger.warning("live publish failed run=%s frame=%s error=%s", run_id, event.type, type(exc).__name__)
         return False
@@ -300,7 +310,12 @@ class RunFollower:
         self._held_error: Event | None = None
         self._layer = None
         self._channel: str | None = None
+        # Live events arrive here from the layer (`_receive_loop`) or, published in this process,
+        # directly (`local_fanout.deliver`, which reads `queue`, `loop` and `channel`).
         self._queue: asyncio.Queue = asyncio.Queue()
+        self.queue = self._queue
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.channel: str | None = None
         self._pump: asyncio.Task | None = None
         self._started = False
         self._closed = False
@@ -311,18 +326,21 @@ class RunFollower:
         _followers += 1
         self._counted = True
         self._watchdog = asyncio.get_running_loop().call_later(ABANDON_SECONDS, self._abandon_if_unread)
+        self.loop = asyncio.get_running_loop()
+        local_fanout.register(self.run_id, self)
         self._layer = get_channel_layer()
         if self._layer is not None:
             try:
                 # The layer's default prefix, shared with every process-local channel of this process
                 # (see `agent.runtime.supervisor._control_listener`).
                 self._channel = await self._layer.new_channel()
+                self.channel = self._channel
                 await asyncio.wait_for(
                     self._layer.group_add(run_group(self.run_id), self._channel), _SUBSCRIBE_TIMEOUT
                 )
             except Exception as exc:  # no live frames then: the follower reads the database only
                 logger.warning("live subscribe failed run=%s error=%s", self.run_id, type(exc).__name__)
-                self._channel = None
+                self._channel = self.channel = None
             else:
                 self._pump = asyncio.create_task(self._receive_loop(), name=f"follow:{self.run_id}")
         return self
@@ -338,6 +356,7 @@ class RunFollower:
         if self._closed:
             return
         self._closed = True
+        local_fanout.unregister(self.run_id, self)
         if getattr(self, "_counted", False):
             self._counted = False
             _followers -= 1
@@ -365,7 +384,9 @@ class RunFollower:
                 logger.warning("live receive failed run=%s error=%s", self.run_id, type(exc).__name__)
                 await asyncio.sleep(0.5)
                 continue
-            event = from_message(message) if message.get("type") == FRAME_MESSAGE_TYPE else None
+            if message.get("type") != FRAME_MESSAGE_TYPE or local_fanout.from_here(message):
+                continue  # not a frame, or one this process delivered to its followers directly
+            event = from_message(message)
             if event is not None:
                 self._queue.put_nowait(event)
 

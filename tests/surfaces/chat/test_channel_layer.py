@@ -150,8 +150,8 @@ def test_a_follower_receives_while_the_control_listener_blocks_in_its_pop(settin
     import redis
 
     from agent.runtime import supervisor
-    from agent.runtime.events import DraftEvent
-    from agent.runtime.live import RunFollower, publish
+    from agent.runtime.events import DraftEvent, to_message
+    from agent.runtime.live import FRAME_MESSAGE_TYPE, RunFollower, run_group
 
     url = "redis://127.0.0.1:6379/12"
     try:
@@ -177,7 +177,11 @@ def test_a_follower_receives_while_the_control_listener_blocks_in_its_pop(settin
             await asyncio.sleep(0.01)  # the listener is in its blocking pop
         try:
             async with RunFollower("run_prefix") as follower:
-                await publish("run_prefix", DraftEvent(run_id="run_prefix", text="live"))
+                # Sent as another process sends it (this process's own events skip the layer).
+                frame = to_message(DraftEvent(run_id="run_prefix", text="live"))
+                await layer.group_send(
+                    run_group("run_prefix"), {"type": FRAME_MESSAGE_TYPE, "origin": "elsewhere", **frame}
+                )
                 return await asyncio.wait_for(follower._queue.get(), 10)
         finally:
             listener.cancel()

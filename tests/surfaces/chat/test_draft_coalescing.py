@@ -2,7 +2,7 @@
 `CHAT_DRAFT_COALESCE_MS`): a draft that finds the run quiet goes out at once; pieces written within the
 window after a draft frame go out as one `draft` frame; nothing is lost or reordered, no other event
 overtakes held text, and held text goes out on its own (timer) or when it reaches the size bound.
-Asserted by what the run's group receives, in order, never by how long it took.
+Asserted by what a follower of the run receives, in order, never by how long it took.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from channels.layers import get_channel_layer
 
-from agent.runtime.events import DraftEvent, OutcomeEvent, ProgressEvent, ToolEvent, from_message
-from agent.runtime.live import MAX_COALESCED_DRAFT_CHARS, ChannelLayerSink, run_group
+from agent.runtime import local_fanout
+from agent.runtime.events import DraftEvent, OutcomeEvent, ProgressEvent, ToolEvent
+from agent.runtime.live import MAX_COALESCED_DRAFT_CHARS, ChannelLayerSink, RunFollower
 
 RUN = "run_coalesce"
 # So long that only an explicit flush, another event or the size bound can publish held text.
@@ -23,23 +23,24 @@ NEVER = 3600.0
 @pytest.fixture(autouse=True)
 def in_memory_layer(settings):
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    yield
+    local_fanout._followers.clear()  # the scenarios leave their followers subscribed
+    local_fanout._remote.clear()
 
 
-async def _subscribe() -> str:
-    layer = get_channel_layer()
-    channel = await layer.new_channel(prefix="test.")
-    await layer.group_add(run_group(RUN), channel)
-    return channel
+async def _subscribe() -> RunFollower:
+    """A follower of the run in this process: what it receives is what the sink published."""
+    follower = RunFollower(RUN)
+    await follower.__aenter__()
+    return follower
 
 
-def _queued(channel: str) -> int:
-    queue = get_channel_layer().channels.get(channel)
-    return 0 if queue is None else queue.qsize()
+def _queued(follower: RunFollower) -> int:
+    return follower._queue.qsize()
 
 
-async def _drain(channel: str) -> list:
-    layer = get_channel_layer()
-    return [from_message(await layer.receive(channel)) for _ in range(_queued(channel))]
+async def _drain(follower: RunFollower) -> list:
+    return [follower._queue.get_nowait() for _ in range(_queued(follower))]
 
 
 def _tool(status: str, seq: int) -> ToolEvent:
@@ -56,13 +57,13 @@ def _outcome(seq: int) -> OutcomeEvent:
 
 def test_the_first_piece_goes_out_at_once_and_the_rest_of_the_window_becomes_one_frame():
     async def scenario():
-        channel = await _subscribe()
+        follower = await _subscribe()
         sink = ChannelLayerSink(RUN, coalesce_seconds=NEVER)
         for piece in ("Check ", "the ", "replica", "."):
             await sink.emit(DraftEvent(run_id=RUN, text=piece))
-        held = _queued(channel)
+        held = _queued(follower)
         await sink.emit(_outcome(9))
-        return held, await _drain(channel)
+        return held, await _drain(follower)
 
     held, frames = asyncio.run(scenario())
     assert held == 1  # the quiet run's first piece; the rest was held
@@ -87,11 +88,11 @@ def test_no_event_overtakes_text_written_before_it_and_nothing_is_lost():
     ]
 
     async def scenario():
-        channel = await _subscribe()
+        follower = await _subscribe()
         sink = ChannelLayerSink(RUN, coalesce_seconds=NEVER)
         for event in script:
             await sink.emit(event)
-        return await _drain(channel)
+        return await _drain(follower)
 
     frames = asyncio.run(scenario())
     assert frames == [
@@ -112,14 +113,14 @@ def test_held_text_goes_out_on_its_own_when_the_window_ends():
     text = "Check the replica. Then the relay log."
 
     async def scenario():
-        channel = await _subscribe()
+        follower = await _subscribe()
         sink = ChannelLayerSink(RUN, coalesce_seconds=0.001)
         for piece in text.split(" "):
             await sink.emit(DraftEvent(run_id=RUN, text=piece + " "))
         frames = []
         while "".join(f.text for f in frames) != text + " ":
-            frames.append(from_message(await asyncio.wait_for(get_channel_layer().receive(channel), 10)))
-        return frames, _queued(channel)
+            frames.append(await asyncio.wait_for(follower._queue.get(), 10))
+        return frames, _queued(follower)
 
     frames, left = asyncio.run(scenario())
     assert all(isinstance(f, DraftEvent) and f.run_id == RUN for f in frames)
@@ -131,14 +132,14 @@ def test_held_text_goes_out_at_once_when_it_reaches_the_size_bound():
     count = MAX_COALESCED_DRAFT_CHARS // len(piece) + 1  # held after the first one (sent at once)
 
     async def scenario():
-        channel = await _subscribe()
+        follower = await _subscribe()
         sink = ChannelLayerSink(RUN, coalesce_seconds=NEVER)
         for _ in range(1 + count):
             await sink.emit(DraftEvent(run_id=RUN, text=piece))
-        at_bound = await _drain(channel)
+        at_bound = await _drain(follower)
         await sink.emit(DraftEvent(run_id=RUN, text="tail"))
         await sink.flush()
-        return at_bound, await _drain(channel)
+        return at_bound, await _drain(follower)
 
     at_bound, rest = asyncio.run(scenario())
     assert at_bound == [DraftEvent(run_id=RUN, text=piece), DraftEvent(run_id=RUN, text=piece * count)]
@@ -149,11 +150,11 @@ def test_without_a_window_every_piece_is_its_own_frame(settings):
     settings.CHAT_DRAFT_COALESCE_MS = 0
 
     async def scenario():
-        channel = await _subscribe()
+        follower = await _subscribe()
         sink = ChannelLayerSink(RUN)
         for piece in ("a", "b", "c"):
             await sink.emit(DraftEvent(run_id=RUN, text=piece))
-        return await _drain(channel)
+        return await _drain(follower)
 
     assert asyncio.run(scenario()) == [DraftEvent(run_id=RUN, text=t) for t in "abc"]
 
@@ -166,13 +167,13 @@ def test_the_window_comes_from_the_setting(settings):
 def test_an_event_of_another_run_is_refused_even_while_text_is_held():
     async def scenario():
         sink = ChannelLayerSink(RUN, coalesce_seconds=NEVER)
-        channel = await _subscribe()
+        follower = await _subscribe()
         await sink.emit(DraftEvent(run_id=RUN, text="sent "))
         await sink.emit(DraftEvent(run_id=RUN, text="held"))
         with pytest.raises(ValueError):
             await sink.emit(DraftEvent(run_id="other", text="leak"))
         await sink.flush()
-        return await _drain(channel)
+        return await _drain(follower)
 
     assert asyncio.run(scenario()) == [
         DraftEvent(run_id=RUN, text="sent "),
