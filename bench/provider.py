@@ -189,13 +189,17 @@ class BenchProvider:
     def _paced_stream(
         self, chunks: list, profile: Profile, *, prompt: int, completion: int, paced: bool = True
     ) -> Stream:
-        """`chunks` after `profile.first`, `profile.interval` apart (`paced`) or all at once."""
+        """`chunks` after `profile.first`, `profile.interval` apart (`paced`) or all at once. The last
+        chunk (the finish reason) and the usage chunk follow the last token at once, as a real provider
+        sends them: pacing them too put two intervals (40 ms on the chat profile) between the guard's
+        last token and the end of its call, which B3 counted as release overhead."""
         return Stream(
             chunks=chunks,
             first_delay=profile.first,
             delay=profile.interval if paced else 0.0,
             usage=usage(prompt, completion),
             usage_if_requested=True,
+            paced_events=len(chunks) - 1,
         )
 
     def _paced(self, request):

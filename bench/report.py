@@ -529,7 +529,9 @@ of a run's 4 model calls (router, the agent's tool call, the agent's answer, the
 300 output tokens, one token per chunk, 50 chunks/s per stream, so a run lasts ≈ 25 s as a user's does;
 **short** — the earlier pacing (the answer in 20 chunks 20 ms apart, the other calls in 2–3 chunks at
 once; a run lasts ≈ 0.8 s). The provider writes the wall-clock time at which it *sends* a chunk into
-every answer chunk, and prints the send time of the guard call's last token. **Floor**
+every answer chunk, and prints the send time of the guard call's last token; the finish reason and the
+usage follow a stream's last token at once, as a real provider sends them (until 2026-12-03 they were
+paced too, which put 40 ms of provider pacing into every release overhead). **Floor**
 (`bench/b3_floor.py`): the bare `openai` SDK (`AsyncOpenAI`, streaming, usage requested, one pooled
 client) consuming exactly the same streams from the same provider — the same four requests per run with
 the runtime's message shapes — N runs at once in its own process, nothing else in it. *Cost split*: a

@@ -11,6 +11,7 @@ import json
 import math
 import re
 import statistics
+import time
 
 import pytest
 
@@ -82,7 +83,32 @@ def test_a_request_may_ask_for_the_short_profile():
     stream = provider(Request())
     assert len(stream.chunks) == 3 and stream.delay == 0.0  # 2 pieces + finish, at once (today's)
     Request.messages = [{"role": "user", "content": "why?"}]
-    assert len(provider(Request()).chunks) == 301 and provider(Request()).delay == 0.02
+    paced = provider(Request())
+    assert len(paced.chunks) == 301 and paced.delay == 0.02
+    assert paced.paced_events == 300  # the finish reason (and usage) follow the last token at once
+
+
+def test_the_finish_reason_and_usage_follow_the_last_token_at_once():
+    """A real provider ends a stream right after its last token; the paced provider did not (its finish
+    and usage chunks waited an interval each, counted by B3 as the runtime's release overhead). With
+    0.5 s between tokens, the stream's end comes well within one interval of its last token."""
+    profile = PROFILES["chat"].scaled(tokens=2, interval=0.5)
+    with StampingServer(handler=BenchProvider(stamp=True, profile=profile)) as server:
+        from openai import OpenAI
+
+        client = OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="k", max_retries=0)
+        stream = client.chat.completions.create(
+            model="bench-router",
+            stream=True,
+            stream_options={"include_usage": True},
+            messages=[{"role": "user", "content": "q"}],
+        )
+        arrivals = [(time.monotonic(), chunk) for chunk in stream]
+        ended = time.monotonic()
+    tokens = [t for t, c in arrivals if c.choices and c.choices[0].delta.content]
+    assert len(tokens) == 2 and arrivals[-1][1].usage is not None
+    assert tokens[1] - tokens[0] >= 0.4  # the tokens are paced
+    assert ended - tokens[1] < 0.25  # the tail is not: two more intervals would be 1 s
 
 
 def test_the_floor_row_from_the_bare_sdk_in_its_own_process():

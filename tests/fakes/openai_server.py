@@ -183,6 +183,11 @@ class Stream:
       malformed JSON, for example).
     * :class:`Raw` -> written verbatim without any framing.
 
+    With ``paced_events`` set, only the first ``paced_events`` events wait
+    (``first_delay``, then ``delay``); every later one (the rest of ``chunks``,
+    the usage chunk) follows the one before at once, as a real provider sends
+    its finish reason and usage right after the last token.
+
     Then, if ``usage`` is given, a final ``chat.completion.chunk`` with
     ``"choices": []`` and that usage (as OpenAI does when
     ``stream_options.include_usage`` is set).  With
@@ -202,6 +207,7 @@ class Stream:
     done: bool = True
     usage_if_requested: bool = False
     headers: dict | None = None
+    paced_events: int | None = None
 
     def __post_init__(self) -> None:
         self.chunks = _check_chunks(self.chunks, "Stream")
@@ -1182,7 +1188,8 @@ class FakeLLMServer:
             self._write_stream_head(writer, keep_alive, resp.headers)
             await writer.drain()
             for i, item in enumerate(events):
-                if await self._sleep(reader, resp.first_delay if i == 0 else resp.delay):
+                paced = resp.paced_events is None or i < resp.paced_events
+                if paced and await self._sleep(reader, resp.first_delay if i == 0 else resp.delay):
                     req.client_disconnected = True
                     return False
                 await self._write_chunk(writer, self._encode_event(item, ctx))
