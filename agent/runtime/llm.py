@@ -43,6 +43,7 @@ import openai
 from django.conf import settings
 from django.utils import timezone
 
+from agent.runtime.lean_chunks import LeanChunkClient
 from audit.recorder import DeclaredToolCall, Usage
 from reasoning.capture import REASONING_KEYS, extract_reasoning
 
@@ -155,7 +156,8 @@ class _CallParts:
 
 
 class StreamAssembler:
-    """Folds `chat.completion.chunk`s (SDK objects) into text, reasoning, tool calls, finish and usage."""
+    """Folds `chat.completion.chunk`s (`lean_chunks.ChunkView`s, or the SDK's models) into text, reasoning,
+    tool calls, finish and usage."""
 
     def __init__(self, progress: StreamProgress) -> None:
         self.progress = progress
@@ -380,7 +382,7 @@ def _message(failure: _Failure, attempts: int) -> str:
 # The OpenAI-compatible client
 # ---------------------------------------------------------------------------------------------------
 # Event loop id -> (loop, {configuration: client}). Entries of closed loops are dropped on the next lookup.
-_sdk_clients: dict[int, tuple[asyncio.AbstractEventLoop, dict[tuple, openai.AsyncOpenAI]]] = {}
+_sdk_clients: dict[int, tuple[asyncio.AbstractEventLoop, dict[tuple, LeanChunkClient]]] = {}
 
 
 def _sdk_client() -> openai.AsyncOpenAI:
@@ -393,7 +395,7 @@ def _sdk_client() -> openai.AsyncOpenAI:
     per_loop = _sdk_clients.setdefault(id(loop), (loop, {}))[1]
     client = per_loop.get(key)
     if client is None:
-        client = openai.AsyncOpenAI(
+        client = LeanChunkClient(
             base_url=settings.LLM_BASE_URL,
             api_key=settings.LLM_API_KEY or "unset",
             timeout=float(settings.LLM_TIMEOUT_SECONDS),
