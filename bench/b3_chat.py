@@ -639,17 +639,24 @@ def limits(ev: dict) -> str:
     )
     fixed_first = bool(shares) and sum(shares) / len(shares) >= 0.5
     fixed_lever = (
-        "the fixed part — the recorder's per-decision work and the run's ORM reads (the B3 profile "
-        "below), which can be compiled once as the trace's are (`core.compiled`)"
+        "the fixed part — in the B3 profile of short runs (`--only b3p`, 50 and 200 chats, 2026-12-03) "
+        "a run's ≈ 100 ms were the SDK's request building and HTTP exchange for its 4 calls (24–32 ms; "
+        "the SDK's typed transform of the request body is about a tenth of a run's loop-thread CPU and "
+        "could be skipped by posting the body as built), the recorder (19–23 ms), the other database "
+        "work of a run (claim, history, configuration; 15–17 ms), the event loop (≈ 10 ms), thread-pool "
+        "hops (6–11 ms) and the frames (6–8 ms); after the guard's last token two durable commits remain "
+        "(the release, then the run's end), which one transaction could carry"
     )
     chunk_lever = (
-        "the per-chunk path — the SDK's own parsing is most of it and is the floor's too: in the B3 "
-        "profile of a draft run on the chat profile (15 chats, py-spy, 2026-12-03) the SDK's chunk "
-        "parsing was 63 % of the process's CPU and its model construction per chunk (`construct_type` "
-        "under `AsyncStream`) half of that, ≈ 190 µs per chunk, so reading the provider's SSE lines "
-        "as dicts (the SDK still sending the request) would take the runtime below the bare SDK; what "
-        "the runtime adds per chunk is the event loop's hand-offs, the stream assembler and, under "
-        "draft release, one channel-layer hop and one frame per coalesced draft"
+        "the per-chunk path — since the runtime reads each chunk's JSON as a view instead of the SDK's "
+        "pydantic models (`agent.runtime.lean_chunks`) its CPU per chunk is below the bare SDK's; in "
+        "the B3 profile of chat runs (`--only b3p --b3p-chat`, 50 chats, 2026-12-03) what remains is "
+        "the SDK's transport, which the floor pays too: its HTTP read path (28 %), the event loop's "
+        "wake-up per chunk (23–25 %) and the SSE decoding (19–23 %) — one wake-up and one read per "
+        "chunk at 50 chunks/s per stream; the recorder was 10 % and, under draft release, the frames "
+        "9 % (one WebSocket frame per coalesced draft, `CHAT_DRAFT_COALESCE_MS`). The next lever is the "
+        "HTTP client the SDK is given (`http_client`: a transport that reads a stream with fewer "
+        "wake-ups), then a longer draft window"
     )
     levers = [fixed_lever, chunk_lever] if fixed_first else [chunk_lever, fixed_lever]
     return (
