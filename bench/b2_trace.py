@@ -265,6 +265,14 @@ def generate_background(database: str, total: int, owner_id: int, log=print) -> 
     conn = raw_connect(database)
     cur = conn.cursor()
     have = background_count(cur)
+    # Sessions generated before chat_session had its `purpose` column were given '' by INSERT IGNORE,
+    # which no list shows (experiment replays and unknown purposes are not production): repair them.
+    from diagnosis.models import RunPurpose
+
+    cur.execute(
+        f"UPDATE chat_session SET purpose = %s WHERE purpose = '' AND session_id LIKE '{BG_PREFIX}%%'",
+        (RunPurpose.PRODUCTION,),
+    )
     if have >= total:
         _audit_failures_as_generated(cur, have, log)
         conn.close()
@@ -303,11 +311,22 @@ def generate_background(database: str, total: int, owner_id: int, log=print) -> 
         hi = min(total, lo + CHUNK - 1)
         seq = f"seq_{lo}_to_{hi}"
         # Sessions: one per RUNS_PER_SESSION runs (INSERT IGNORE: a session may span two chunks).
+        # Every other column takes its model default (`_select_list`), so a column added later (as
+        # `purpose` was) is never left to INSERT IGNORE's implicit ''.
+        session_cols, session_sel = _select_list(
+            cur,
+            ChatSession,
+            {
+                "session_id": session_id,
+                "owner_id": str(int(owner_id)),
+                "title": "'background'",
+                "created_at": session_created,
+                "updated_at": "NOW(6)",
+                "run_count": "0",
+            },
+        )
         cur.execute(
-            "INSERT IGNORE INTO chat_session (session_id, owner_id, title, created_at, updated_at, "
-            f"run_count) SELECT DISTINCT {session_id}, %s, 'background', {session_created}, NOW(6), 0 "
-            f"FROM {seq} s",
-            (owner_id,),
+            f"INSERT IGNORE INTO chat_session ({session_cols}) SELECT DISTINCT {session_sel} FROM {seq} s"
         )
         cols, sel = _select_list(
             cur,

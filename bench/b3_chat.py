@@ -15,7 +15,7 @@ run) and *fixed CPU per run* = CPU per short run − its chunks × CPU per chunk
 the rows give the server's figures and their ratios to the floor's.
 
 *Capacity* (per release mode, one process on the in-memory layer and one and two processes on the Redis
-layer): a **ramp** — clients are added level by level (25, 50, 100, 200, 300 chats), each client chatting
+layer): a **ramp** — clients are added level by level (10, 25, 50, 100, 200, 300 chats), each client chatting
 run after run, the new ones starting spread over the level's first fifth; each level is held for one run
 length after that, and measured over that window: under draft release the *extra delay per draft frame*
 (time the client received a `draft` frame − time the provider *sent* each chunk it carries, so the pacing
@@ -42,7 +42,7 @@ from bench.provider import GUARD_MARK, PROFILES  # noqa: F401  (GUARD lines docu
 from bench.stats import Row, percentile, spread
 
 BOUND_MS = 50.0
-RAMP = (25, 50, 100, 200, 300)
+RAMP = (10, 25, 50, 100, 200, 300)
 COST_CHATS = 10
 SMOKE = {"tokens": 20, "interval": 0.01, "ramp": (2, 4), "cost_chats": 2}
 QUERY = "Why is MySQL replication lagging on the replica? bench-profile={profile}"

@@ -540,7 +540,7 @@ run's CPU is a fixed part plus a part per chunk, and the two profiles differ onl
 both parts, for one daphne (the servers' CPU time, `/proc`) and for the floor alike: *CPU per chunk* =
 (CPU per chat run − CPU per short run) / (chunks per chat run − chunks per short run), *fixed CPU per
 run* = CPU per short run − its chunks × CPU per chunk; the rows give the server's figures with their
-ratios to the floor's. *Capacity*: a ramp — clients are added level by level (25, 50, 100, 200, 300
+ratios to the floor's. *Capacity*: a ramp — clients are added level by level (10, 25, 50, 100, 200, 300
 chats), each client chatting run after run, the new ones starting spread over the level's first fifth of
 a run; each level is then held for one run length (longer, up to twice, until as many outcomes arrived
 in the window as there are clients) and measured over that window. Under draft release the figure is

@@ -44,6 +44,7 @@ logger = logging.getLogger(__name__)
 ORIGIN = uuid.uuid4().hex
 REMOTE_CHECK_SECONDS = 1.0
 LOCAL_QUEUE_MAX = 5000
+REMOTE_CACHE_MAX = 4096
 
 # run id -> this process's followers of it (objects with `loop`, `queue` and `channel` attributes).
 _followers: dict[str, set[Any]] = {}
@@ -103,8 +104,11 @@ async def needs_layer(layer: Any, run_id: str, group: str, *, draft: bool) -> bo
     if checked is not None and now - checked[0] < REMOTE_CHECK_SECONDS:
         return checked[1]
     remote = await _group_has_remote_member(layer, run_id, group)
-    if run_id in _followers:  # remembered only while someone here follows the run (bounded memory)
-        _remote[run_id] = (now, remote)
+    _remote[run_id] = (now, remote)
+    if len(_remote) > REMOTE_CACHE_MAX:  # forget the answers too old to be used again
+        for key, (at, _was) in list(_remote.items()):
+            if now - at >= REMOTE_CHECK_SECONDS:
+                del _remote[key]
     return remote
 
 

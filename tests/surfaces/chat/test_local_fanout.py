@@ -176,3 +176,43 @@ def test_a_follower_that_stopped_reading_is_bounded(monkeypatch):
 
     size, kept = asyncio.run(scenario())
     assert size == 3 and kept == [_draft("0"), _draft("1"), _draft("2")]
+
+
+def test_the_remote_check_is_cached_per_run_and_its_cache_stays_bounded(monkeypatch):
+    """A draft of a run nobody here follows (a queue worker's run) asks Redis at most once per window,
+    and the answers of finished runs do not pile up."""
+    reads: list[bytes] = []
+
+    class Connection:
+        async def zrange(self, key, start, end):
+            reads.append(key)
+            return [b"specific.elsewhere!1"]
+
+    class Layer:  # the two channels_redis calls the check makes, and nothing else
+        def _group_key(self, group):
+            return group.encode()
+
+        def consistent_hash(self, group):
+            return 0
+
+        def connection(self, index):
+            return Connection()
+
+    monkeypatch.setattr(local_fanout, "REMOTE_CACHE_MAX", 10)
+    monkeypatch.setattr(local_fanout, "REMOTE_CHECK_SECONDS", 0.2)
+    monkeypatch.setattr(local_fanout, "_remote", {})
+
+    async def scenario():
+        layer = Layer()
+        for i in range(10):
+            assert await local_fanout.needs_layer(layer, f"r{i}", f"run.r{i}", draft=True)
+        assert await local_fanout.needs_layer(layer, "r0", "run.r0", draft=True)  # cached
+        first = len(reads)
+        await asyncio.sleep(0.25)
+        for i in (10, 11):
+            assert await local_fanout.needs_layer(layer, f"r{i}", f"run.r{i}", draft=True)
+        return first
+
+    first = asyncio.run(scenario())
+    assert first == 10 and len(reads) == 12
+    assert sorted(local_fanout._remote) == ["r10", "r11"]  # the stale answers were dropped
