@@ -437,8 +437,9 @@ bounded by the digests' encoding share (≈ 10–15 % of a 500-event read).
 **B3, live capacity (chat profile: ≥ 200 chats per process in both release modes, CPU per chunk ≤ 1.5×
 the bare SDK, fixed CPU per run ≤ 20 ms, two processes ≥ 1.8× one).** One daphne process is one
 Python thread of CPU for everything: each run makes 4 model calls through the SDK (request building,
-SSE chunk parsing into pydantic models), a dozen durable decisions, a knowledge search, and for every
-streamed chunk a delta, a channel-layer hop and a WebSocket frame. {b3}. The B3 profile section below
+SSE decoding, each chunk's JSON read as a view: `agent.runtime.lean_chunks`), a dozen durable
+decisions, a knowledge search, and for every streamed chunk a delta, a local hand-off to the run's
+follower and a WebSocket frame. {b3}. The B3 profile section below
 splits a run's CPU (2026-12-02, 82–88 ms per run: the model SDK 33–43 %, the recorder 16–24 %, the
 run's other database work through the ORM — the chat's start, the token's scope, the claim, the lease
 renewals, the previous turns — 12–14 %, the event loop 8–10 %, frames and the channel layer 4–8 %). No
