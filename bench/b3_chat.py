@@ -625,7 +625,9 @@ def limits(ev: dict) -> str:
                 )
                 if "Redis" in name and plain:
                     why += (
-                        f" — the Redis channel layer (the in-memory layer at {plain['chats']}: "
+                        " — Redis, which this configuration adds to a run's path (the canonical store, the "
+                        "shared throttle counters, the channel layer for other processes' followers; "
+                        f"the in-memory configuration at {plain['chats']}: "
                         f"p99 {_f(plain['p99'], '.0f')})"
                     )
                 why += f"; load average {nxt.get('load_average', float('nan')):.1f} on {os.cpu_count()} cores"
