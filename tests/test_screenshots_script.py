@@ -17,6 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_script_writes_every_screenshot_the_docs_embed(tmp_path):
+    """Slow (≈ 30 s): the script is run as its users run it, starting its own server and Chromium and
+    rendering every screenshot the docs embed."""
     done = subprocess.run(
         [sys.executable, "scripts/screenshots.py", "--out", str(tmp_path)],
         cwd=ROOT,

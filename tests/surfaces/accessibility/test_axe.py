@@ -42,6 +42,8 @@ def _console_pages(runs) -> list[tuple[str, str]]:  # noqa: F811
 
 
 def test_every_console_page_and_the_chat_pass_axe(transactional_db, live_server, runs, superuser, settings):  # noqa: F811
+    """Slow (45–50 s on 2 cores): one Chromium page load and one axe-core pass for each console page,
+    the sign-in page and two chat states; one test, so that the browser and the runs are set up once."""
     settings.ALERTMANAGER_URL = ""
     pages = _console_pages(runs)
     failures = []
