@@ -1,7 +1,7 @@
 """Who is making a change: the request's user, for governance events written by signals.
 
-`CurrentActorMiddleware` keeps the request in a context variable for the duration of the request (sync
-or async views alike); `current_actor()` reads its user's username when a governance event is written,
+`current_actor()` reads the username of the request's user (`core.request_context.current_request`, set
+by `CurrentRequestMiddleware` for the duration of every request) when a governance event is written,
 "" outside a request (management commands pass their actor explicitly, or name themselves for the
 signals' events with `acting_as`; migrations are the system).
 """
@@ -11,9 +11,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from core.request_context import current_request
 
-_request: contextvars.ContextVar = contextvars.ContextVar("access_request", default=None)
 _named: contextvars.ContextVar = contextvars.ContextVar("access_named_actor", default="")
 _source: contextvars.ContextVar = contextvars.ContextVar("access_change_source", default=None)
 
@@ -40,34 +39,8 @@ def current_source() -> dict | None:
 def current_actor() -> str:
     if _named.get():
         return _named.get()
-    request = _request.get()
+    request = current_request()
     user = getattr(request, "user", None) if request is not None else None
     if user is not None and getattr(user, "is_authenticated", False):
         return user.get_username()
     return ""
-
-
-class CurrentActorMiddleware:
-    async_capable = True
-    sync_capable = True
-
-    def __init__(self, get_response) -> None:
-        self.get_response = get_response
-        if iscoroutinefunction(get_response):
-            markcoroutinefunction(self)
-
-    def __call__(self, request):
-        if iscoroutinefunction(self):
-            return self.__acall__(request)
-        token = _request.set(request)
-        try:
-            return self.get_response(request)
-        finally:
-            _request.reset(token)
-
-    async def __acall__(self, request):
-        token = _request.set(request)
-        try:
-            return await self.get_response(request)
-        finally:
-            _request.reset(token)

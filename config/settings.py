@@ -84,10 +84,11 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     # request.user.is_verified(): whether this session passed a TOTP check (django-otp).
     "django_otp.middleware.OTPMiddleware",
+    # The request, for code beneath it: the governance events' actor (access/middleware.py) and the
+    # replica pin below (core/request_context.py).
+    "core.request_context.CurrentRequestMiddleware",
     # Read your writes: a user who wrote reads the primary for a while (core/db_router.py).
     "core.db_router.ReplicaPinMiddleware",
-    # Who makes a change, for the governance events that signals write (access/middleware.py).
-    "access.middleware.CurrentActorMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Answers a request that axes marked locked out (access.lockout.lockout_response).

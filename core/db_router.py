@@ -44,6 +44,7 @@ from django.core.cache import cache
 from django.db import DatabaseError, InterfaceError, OperationalError, ProgrammingError, connections
 
 from core.replica import PRIMARY, REPLICA, monitor
+from core.request_context import current_request
 
 LIVE = object()
 """`written_at` returns this for a read whose data is still being written (read the primary)."""
@@ -56,7 +57,6 @@ COMMIT_MARGIN_SECONDS = 1.0
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 _scope: contextvars.ContextVar[str | None] = contextvars.ContextVar("db_read_scope", default=None)
-_request: contextvars.ContextVar[Any] = contextvars.ContextVar("db_read_request", default=None)
 
 _counts: dict[tuple[str, str], int] = {}
 _counts_lock = threading.Lock()
@@ -103,7 +103,7 @@ def pin_reads_to_primary(user: Any) -> None:
 
 
 def _pinned() -> bool:
-    request = _request.get()
+    request = current_request()
     if request is None:
         return False
     user = getattr(request, "user", None)
@@ -114,8 +114,9 @@ def _pinned() -> bool:
 
 
 class ReplicaPinMiddleware:
-    """Makes the request visible to the replica scopes (for the pin) and pins its user to the primary
-    after a request that may have written (any method but GET, HEAD, OPTIONS), whatever its outcome."""
+    """Pins the request's user to the primary after a request that may have written (any method but GET,
+    HEAD, OPTIONS), whatever its outcome. (The pin is read through `current_request()`, which
+    `core.request_context.CurrentRequestMiddleware`, placed before this one, sets.)"""
 
     sync_capable = True
     async_capable = True
@@ -129,19 +130,15 @@ class ReplicaPinMiddleware:
     def __call__(self, request):
         if self.async_mode:
             return self.__acall__(request)
-        token = _request.set(request)
         try:
             return self.get_response(request)
         finally:
-            _request.reset(token)
             self._pin(request)
 
     async def __acall__(self, request):
-        token = _request.set(request)
         try:
             return await self.get_response(request)
         finally:
-            _request.reset(token)
             if request.method not in _SAFE_METHODS and replica_configured():
                 from asgiref.sync import sync_to_async
 
