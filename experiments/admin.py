@@ -24,23 +24,13 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
 from agent.runtime.candidate import Candidate, CandidateError
+from audit.admin_base import ReadOnlyAdmin
 from experiments.datasets import export_jsonl
 from experiments.models import Dataset, DatasetItem, Experiment
 from experiments.results import experiment_results
 from experiments.runner import run_experiment
 
 ADMIN_MAX_ITEMS = 200  # larger datasets: manage.py run_experiment
-
-
-class ReadOnly(admin.ModelAdmin):
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
 
 class ItemInline(admin.TabularInline):
@@ -59,7 +49,7 @@ class ItemInline(admin.TabularInline):
 
 
 @admin.register(Dataset)
-class DatasetAdmin(ReadOnly):
+class DatasetAdmin(ReadOnlyAdmin):
     """Dataset versions (read-only); `items.jsonl` and the experiment action (module docstring)."""
 
     list_display = ("name", "version", "item_count", "origin", "note", "created_by", "created_at", "download")
@@ -149,14 +139,14 @@ class DatasetAdmin(ReadOnly):
 
 
 @admin.register(DatasetItem)
-class DatasetItemAdmin(ReadOnly):
+class DatasetItemAdmin(ReadOnlyAdmin):
     list_display = ("dataset", "position", "source_run_id", "question", "release_decision")
     list_filter = ("dataset__name",)
     search_fields = ("source_run_id",)
 
 
 @admin.register(Experiment)
-class ExperimentAdmin(ReadOnly):
+class ExperimentAdmin(ReadOnlyAdmin):
     """Experiments (read-only); the change page is the results page."""
 
     list_display = (

@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from django.contrib import admin
 from django.urls import reverse
 
+from diagnosis.models import DiagnosisRun
 from evaluations.models import Evaluator, EvaluatorKind
 from evaluations.services import evaluate_run
 from tests.agent.runtime.support import ask, script_reasoned_diagnosis
@@ -45,20 +47,7 @@ def test_scores_on_the_run_page_the_run_list_and_the_dashboard(llm, user, superu
     listing = reverse("admin:diagnosis_diagnosisrun_changelist")
     html = client.get(listing).content.decode()
     assert "1.00" in html and "0.20 ⚑" in html
-    column = 1 + [
-        "run_and_session",
-        "query_preview",
-        "status_chip",
-        "intent_label",
-        "provider_label",
-        "release_chip",
-        "tokens",
-        "reconciled",
-        "audit_complete_flag",
-        "duration",
-        "cost_cell",
-        "evaluation_score",
-    ].index("evaluation_score")
+    column = 1 + admin.site._registry[DiagnosisRun].list_display.index("evaluation_score")  # 0: checkbox
     ascending = client.get(listing, {"o": str(column)}).content.decode()
     descending = client.get(listing, {"o": f"-{column}"}).content.decode()
     assert ascending.index(bad.run_id) < ascending.index(good.run_id)
