@@ -207,7 +207,7 @@ def test_b3_on_the_chat_profile_end_to_end_at_smoke_size(monkeypatch):
 
 def test_the_limits_name_what_bound_each_ramp():
     """Where a ramp stopped, the paragraph names the bound from the level's own figures: the servers'
-    CPU, the harness's, or (neither) a queue on the frames' path — the Redis layer when the in-memory
+    CPU, the harness's, or (neither) a queue on the frames' path — Redis when the in-memory
     layer held the same level — and the next levers, larger share first."""
     level = dict.fromkeys(("frame_p50", "release_p50", "release_p99", "guard_p50"), 1.0)
     level.update(outcomes=2, failed=0, frames=10, provider_cores=0.05, clients_cores=0.05, load_average=1.0)
@@ -241,7 +241,8 @@ def test_the_limits_name_what_bound_each_ramp():
         "in-memory layer: 25 held, at 50 p99 400 ms, bound by the servers' own CPU (0.95 of 1 cores)" in text
     )
     assert "Redis layer: 0 held, at 25 p99 19000 ms, bound by neither the servers' own CPU" in text
-    assert "the Redis channel layer (the in-memory layer at 25: p99 30 ms)" in text
+    assert "Redis, which this configuration adds to a run's path" in text
+    assert "the in-memory configuration at 25: p99 30 ms" in text
     assert "saturates its core near 34 concurrent chats" in text  # 24.4 s / 0.7 s
     assert "the bare SDK alone spends 480 ms per chat run" in text
     assert text.index("the per-chunk path") < text.index("then the fixed part")  # 90 % is per chunk
