@@ -4,6 +4,7 @@
 is neither `verified` nor `draft`. A typo must not silently pick a release policy.
 `diagnosis.E002` (an error): an entry of `TRUSTED_PROXIES` is not an address or CIDR network
 (`core.proxy`); a typo must not silently trust nobody, or somebody else.
+`diagnosis.E005` (an error): `LLM_HTTP_CLIENT` is neither `aiohttp` nor `httpx`.
 """
 
 from django.conf import settings
@@ -80,3 +81,19 @@ def check_redaction(app_configs=None, **kwargs) -> list[Error]:
             )
         )
     return errors
+
+
+@register()
+def check_llm_http_client(app_configs=None, **kwargs) -> list[Error]:
+    from agent.runtime.llm import HTTP_CLIENTS
+
+    value = str(getattr(settings, "LLM_HTTP_CLIENT", "aiohttp") or "").strip().lower()
+    if value in HTTP_CLIENTS:
+        return []
+    return [
+        Error(
+            f"LLM_HTTP_CLIENT={value!r} is not an HTTP client the model client knows.",
+            hint="Use `aiohttp` (default: the SDK's aiohttp transport) or `httpx` (the SDK's default).",
+            id="diagnosis.E005",
+        )
+    ]

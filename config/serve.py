@@ -11,10 +11,11 @@ process: `python -m config.serve daphne uvloop -b 0.0.0.0 -p 8000 config.asgi:ap
 Background duties at process start (issue 37): daphne sends no ASGI lifespan, so under daphne this
 module schedules `agent.runtime.supervisor.ensure_background` on the reactor's event loop, to run as
 soon as the loop starts (after daphne imported the application, before any connection), and adds a
-"before shutdown" trigger that awaits `stop_background`: Twisted stops the reactor on SIGTERM and SIGINT,
-daphne closes its connections and the duties are cancelled and awaited before the process exits. uvicorn
-sends lifespan, which `BackgroundDuties` in `config.asgi` answers the same way. This is why the shipped
-systemd units (deploy/systemd/) run daphne through this module.
+"before shutdown" trigger that awaits `supervisor.shutdown` (the duties, then the model clients):
+Twisted stops the reactor on SIGTERM and SIGINT, daphne closes its connections and the duties are
+cancelled and awaited before the process exits. uvicorn sends lifespan, which `BackgroundDuties` in
+`config.asgi` answers the same way. This is why the shipped systemd units
+(deploy/systemd/) run daphne through this module.
 """
 
 from __future__ import annotations
@@ -57,11 +58,11 @@ def _duties_with_the_reactor() -> None:
         logging.getLogger(__name__).info("background duties started at process start")
 
     def stop():
-        from agent.runtime.supervisor import stop_background
+        from agent.runtime.supervisor import shutdown
 
         async def stopping() -> None:
-            await stop_background()
-            logging.getLogger(__name__).info("background duties stopped")
+            await shutdown()
+            logging.getLogger(__name__).info("background duties stopped, model clients closed")
 
         return defer.Deferred.fromFuture(asyncio.ensure_future(stopping(), loop=loop))
 

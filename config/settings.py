@@ -261,6 +261,11 @@ LLM_ROUTER_MODEL = env.str("LLM_ROUTER_MODEL", default=LLM_MODEL)
 LLM_GUARD_MODEL = env.str("LLM_GUARD_MODEL", default=LLM_MODEL)
 LLM_TIMEOUT_SECONDS = env.float("LLM_TIMEOUT_SECONDS", default=60.0)
 LLM_MAX_RETRIES = env.int("LLM_MAX_RETRIES", default=3)
+# The HTTP client the SDK sends with (agent/runtime/llm.py): `aiohttp`, the SDK's own aiohttp transport
+# (`openai.DefaultAioHttpClient`, about a third less CPU per streamed chunk: docs/performance.md, B3), or
+# `httpx`, the SDK's default. Both honour LLM_TIMEOUT_SECONDS and the HTTP(S)_PROXY variables.
+# Anything else stops the server (check diagnosis.E005).
+LLM_HTTP_CLIENT = env.str("LLM_HTTP_CLIENT", default="aiohttp")
 
 # ---------------------------------------------------------------------------------------------------
 # AI Ops: the monitoring servers the `query_metrics` and `list_alerts` tools read (docs/aiops.md).
@@ -593,5 +598,6 @@ LOGGING = {
         "httpx": {"level": "INFO"},
         "httpx2": {"level": "INFO"},
         "httpcore": {"level": "INFO"},
+        "aiohttp": {"level": "INFO"},  # the SDK's transport (LLM_HTTP_CLIENT=aiohttp)
     },
 }

@@ -46,6 +46,7 @@ from agent.runtime.db import db
 from agent.runtime.events import SafeSink
 from agent.runtime.executor import RunNotClaimable, execute_run
 from agent.runtime.live import ChannelLayerSink
+from agent.runtime.llm import aclose_clients
 from diagnosis import services
 from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun, RunStatus
 
@@ -384,7 +385,7 @@ class BackgroundDuties:
                     ensure_background()
                     await send({"type": "lifespan.startup.complete"})
                 elif message["type"] == "lifespan.shutdown":
-                    await stop_background()
+                    await shutdown()
                     await send({"type": "lifespan.shutdown.complete"})
                     return
         if not (scope["type"] == "http" and scope.get("path") == HEALTH_PATH):
@@ -403,3 +404,12 @@ async def stop_background() -> None:
     for task in background.tasks:
         with contextlib.suppress(BaseException):
             await task
+
+
+async def shutdown() -> None:
+    """The server process is ending: stop its background duties, then close this loop's model clients
+    (their connection pools; an aiohttp session left open is reported as an error when it is collected).
+    `python -m config.serve` runs it before daphne's reactor stops, `BackgroundDuties` at lifespan
+    shutdown."""
+    await stop_background()
+    await aclose_clients()

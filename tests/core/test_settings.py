@@ -128,7 +128,7 @@ out = {
     "csrf_middleware": "django.middleware.csrf.CsrfViewMiddleware" in settings.MIDDLEWARE,
     "sql_logged": connection.queries_logged,
     "levels": {name: logging.getLogger(name).getEffectiveLevel()
-               for name in ("", "django.db.backends", "openai", "httpx", "httpx2", "httpcore")},
+               for name in ("", "django.db.backends", "openai", "httpx", "httpx2", "httpcore", "aiohttp")},
 }
 c = Client(HTTP_HOST="%(host)s")
 plain = c.get("/admin/login/")
@@ -166,7 +166,7 @@ def test_production_process_has_hsts_secure_cookies_https_redirect_csrf_and_csp(
     # Logging: no SQL at all in production, and the noisy libraries stay above DEBUG whatever LOG_LEVEL.
     assert probe["sql_logged"] is False
     assert probe["levels"][""] == logging.DEBUG  # LOG_LEVEL=DEBUG was honoured for the application
-    for name in ("django.db.backends", "openai", "httpx", "httpx2", "httpcore"):
+    for name in ("django.db.backends", "openai", "httpx", "httpx2", "httpcore", "aiohttp"):
         assert probe["levels"][name] > logging.DEBUG, name
 
 

@@ -36,9 +36,12 @@ from tests.fakes.openai_server import (
 FAST = {"retry-after-ms": "1"}
 
 
-@pytest.fixture
-def server(settings):
+@pytest.fixture(params=["aiohttp", "httpx"])
+def server(request, settings):
+    """The fake provider, reached through each HTTP client the SDK can send with (`LLM_HTTP_CLIENT`):
+    every test below holds for both."""
     with FakeLLMServer() as srv:
+        settings.LLM_HTTP_CLIENT = request.param
         settings.LLM_BASE_URL = srv.base_url
         settings.LLM_API_KEY = "sk-test"
         settings.LLM_TIMEOUT_SECONDS = 0.5
@@ -231,6 +234,38 @@ async def test_connection_reset_before_the_response_is_retried(server):
     server.enqueue(Reset(send_headers=False), stream_answer("recovered"))
     result = await complete()
     assert result.text == "recovered" and result.attempts[0]["error"] == "APIConnectionError"
+
+
+@pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
+@pytest.mark.asyncio
+async def test_a_refused_connection_is_unavailable_not_a_timeout(settings, transport):
+    """Nothing listens on the port: a connection error on every attempt (LLM_UNAVAILABLE), as the attempts
+    record it. The SDK's aiohttp transport reports it as a connect timeout; `llm._unmasked` reads the
+    aiohttp error underneath."""
+    import socket
+
+    with socket.socket() as probe:  # a port that was free a moment ago and has no listener
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    settings.LLM_HTTP_CLIENT = transport
+    settings.LLM_BASE_URL = f"http://127.0.0.1:{port}/v1"
+    settings.LLM_API_KEY = "sk-test"
+    settings.LLM_TIMEOUT_SECONDS = 2
+    with pytest.raises(LLMError) as caught:
+        await complete(max_retries=1)
+    assert caught.value.code == LLM_UNAVAILABLE
+    assert [a["error"] for a in caught.value.attempts] == ["APIConnectionError", "APIConnectionError"]
+
+
+def test_an_http_client_the_sdk_does_not_have_stops_the_server(settings):
+    from agent.checks import check_llm_http_client
+
+    for value in ("aiohttp", "httpx", " HTTPX "):
+        settings.LLM_HTTP_CLIENT = value
+        assert check_llm_http_client() == []
+    settings.LLM_HTTP_CLIENT = "requests"
+    [error] = check_llm_http_client()
+    assert error.id == "diagnosis.E005" and "'requests'" in error.msg
 
 
 def test_parse_json_object_finds_the_object_in_prose_and_fences():
