@@ -137,8 +137,9 @@ def server_batch(urls, pids, tokens, profile: str) -> dict:
     return {"cpu_ms_per_run": cpu * 1e3 / len(tokens), "wall_s": wall, "run_ids": [o["run_id"] for o in outs]}
 
 
-def floor(port: int, *, runs: int, reps: int, profile: str) -> list[dict]:
-    """The bare SDK's batches (`bench.b3_floor`, its own process) against the provider on `port`."""
+def floor(port: int, *, runs: int, reps: int, profile: str, http_client: str = "httpx") -> list[dict]:
+    """The bare SDK's batches (`bench.b3_floor`, its own process) against the provider on `port`, sent
+    with the SDK's default HTTP client or with its aiohttp transport (the runtime's `LLM_HTTP_CLIENT`)."""
     done = subprocess.run(
         [
             sys.executable,
@@ -152,6 +153,8 @@ def floor(port: int, *, runs: int, reps: int, profile: str) -> list[dict]:
             str(reps),
             "--profile",
             profile,
+            "--http-client",
+            http_client,
         ],
         cwd=b3_live.ROOT,
         env=b3_live._child_env({}),
@@ -173,9 +176,9 @@ def split_cost(
     return per_chunk, short_ms - short_chunks * per_chunk
 
 
-def floor_cost(port: int, *, runs: int, short_reps: int = 3) -> dict:
-    chat = floor(port, runs=runs, reps=1, profile="chat")
-    short = floor(port, runs=runs, reps=short_reps, profile="short")
+def floor_cost(port: int, *, runs: int, short_reps: int = 3, http_client: str = "httpx") -> dict:
+    chat = floor(port, runs=runs, reps=1, profile="chat", http_client=http_client)
+    short = floor(port, runs=runs, reps=short_reps, profile="short", http_client=http_client)
     chat_ms = [b["cpu_s"] * 1e3 / b["runs"] for b in chat]
     short_ms = [b["cpu_s"] * 1e3 / b["runs"] for b in short]
     chat_chunks = chat[0]["chunks"] / chat[0]["runs"]
@@ -380,11 +383,14 @@ def run_all(
     evidence: dict = {"profile": profile.__dict__, "server": server, "levels": list(levels), "ramps": {}}
     try:
         evidence["floor"] = fl = floor_cost(pport, runs=cost_chats)
-        log(
-            f"  B3 floor (bare SDK, {cost_chats} runs at once): {fl['per_chunk_ms'] * 1e3:.0f} µs per chunk, "
-            f"fixed {fl['fixed_ms']:.1f} ms per run, {fl['chat_ms_per_run']:.0f} ms per chat run "
-            f"({fl['chat_chunks']:.0f} chunks); run lasts {fl['chat_wall_s']:.1f} s"
-        )
+        evidence["floor / aiohttp"] = fla = floor_cost(pport, runs=cost_chats, http_client="aiohttp")
+        for name, f in (("default HTTP client", fl), ("aiohttp transport", fla)):
+            log(
+                f"  B3 floor (bare SDK, {name}, {cost_chats} runs at once): "
+                f"{f['per_chunk_ms'] * 1e3:.0f} µs per chunk, fixed {f['fixed_ms']:.1f} ms per run, "
+                f"{f['chat_ms_per_run']:.0f} ms per chat run ({f['chat_chunks']:.0f} chunks); "
+                f"run lasts {f['chat_wall_s']:.1f} s"
+            )
         run_s = max(fl["chat_wall_s"], profile.run_seconds)
         for mode in modes:
             for label, count, on_redis in configs:
@@ -445,6 +451,20 @@ def rows(ev: dict) -> list[Row]:
             ratio_unit=" ms",
         )
     ]
+    fla = ev.get("floor / aiohttp")
+    if fla:
+        out.append(
+            Row(
+                "B3",
+                "floor beside it: the same SDK on its aiohttp transport (`openai.DefaultAioHttpClient`, the "
+                f"runtime's `LLM_HTTP_CLIENT` default), {fla['runs']} runs at once, {shape}",
+                f"{fla['per_chunk_ms'] * 1e3:.0f} µs CPU per chunk; {fla['chat_ms_per_run']:.0f} ms CPU per "
+                f"run (fixed {fla['fixed_ms']:.1f} ms)",
+                _one(fla["chat_ms_per_run"]),
+                None,
+                ratio_unit=" ms",
+            )
+        )
     for mode in ("draft", "verified"):
         cost = ev.get(f"cost / {mode}")
         if cost is None:
@@ -455,8 +475,14 @@ def rows(ev: dict) -> list[Row]:
             Row(
                 "B3",
                 f"{mode} release, one process: CPU per chunk vs bare SDK ({shape})",
-                f"{cost['per_chunk_ms'] * 1e3:.0f} µs vs {fl['per_chunk_ms'] * 1e3:.0f} µs per chunk; "
-                f"{cost['chat_ms_per_run']:.0f} ms CPU per run",
+                f"{cost['per_chunk_ms'] * 1e3:.0f} µs vs {fl['per_chunk_ms'] * 1e3:.0f} µs per chunk"
+                + (
+                    f" ({cost['per_chunk_ms'] / fla['per_chunk_ms']:.2f}× the same SDK on the runtime's "
+                    f"aiohttp transport, {fla['per_chunk_ms'] * 1e3:.0f} µs)"
+                    if fla
+                    else ""
+                )
+                + f"; {cost['chat_ms_per_run']:.0f} ms CPU per run",
                 _one(per_ratio),
                 1.5,
                 extra={"bound": "per_chunk"},
@@ -549,6 +575,14 @@ def markdown(ev: dict) -> str:
         f"| {_f(fl['short_ms_per_run'], '.1f')} | {fl['chat_chunks']:.0f} / {fl['short_chunks']:.0f} "
         f"| {_f(fl['per_chunk_ms'] * 1e3, '.0f', ' µs')} | {_f(fl['fixed_ms'])} |",
     ]
+    fla = ev.get("floor / aiohttp")
+    if fla:
+        out.append(
+            f"| floor: the same SDK on its aiohttp transport, {fla['runs']} runs at once "
+            f"| {_f(fla['chat_ms_per_run'], '.0f')} | {_f(fla['short_ms_per_run'], '.1f')} "
+            f"| {fla['chat_chunks']:.0f} / {fla['short_chunks']:.0f} "
+            f"| {_f(fla['per_chunk_ms'] * 1e3, '.0f', ' µs')} | {_f(fla['fixed_ms'])} |"
+        )
     for mode in ("draft", "verified"):
         c = ev.get(f"cost / {mode}")
         if c:
@@ -556,8 +590,9 @@ def markdown(ev: dict) -> str:
                 f"| {mode} release, one daphne, {c['runs']} chats at once "
                 f"| {_f(c['chat_ms_per_run'], '.0f')} | {_f(c['short_ms_per_run'])} | same streams "
                 f"| {_f(c['per_chunk_ms'] * 1e3, '.0f', ' µs')} "
-                f"({c['per_chunk_ms'] / fl['per_chunk_ms']:.2f}×) "
-                f"| {_f(c['fixed_ms'])} ({c['fixed_ms'] / fl['fixed_ms']:.1f}×) |"
+                f"({c['per_chunk_ms'] / fl['per_chunk_ms']:.2f}×"
+                + (f"; {c['per_chunk_ms'] / fla['per_chunk_ms']:.2f}× on the same transport" if fla else "")
+                + f") | {_f(c['fixed_ms'])} ({c['fixed_ms'] / fl['fixed_ms']:.1f}×) |"
             )
     out += [
         "",
@@ -641,24 +676,24 @@ def limits(ev: dict) -> str:
     )
     fixed_first = bool(shares) and sum(shares) / len(shares) >= 0.5
     fixed_lever = (
-        "the fixed part — in the B3 profile of short runs (`--only b3p`, 50 and 200 chats, 2026-12-03) "
-        "a run's ≈ 100 ms were the SDK's request building and HTTP exchange for its 4 calls (24–32 ms; "
-        "the SDK's typed transform of the request body is about a tenth of a run's loop-thread CPU and "
-        "could be skipped by posting the body as built), the recorder (19–23 ms), the other database "
-        "work of a run (claim, history, configuration; 15–17 ms), the event loop (≈ 10 ms), thread-pool "
-        "hops (6–11 ms) and the frames (6–8 ms); after the guard's last token two durable commits remain "
-        "(the release, then the run's end), which one transaction could carry"
+        "the fixed part — in the B3 profile of short runs (`--only b3p`, 50 and 200 chats, on the aiohttp "
+        "transport, 2026-12-03) a run's 47–51 ms were the SDK's request building and HTTP exchange for its "
+        "4 calls (7–14 ms; the SDK's typed transform of the request body could be skipped by posting the "
+        "body as built), the recorder (10–13 ms), the other database work of a run (claim, history, "
+        "configuration; 4–9 ms), the event loop (4–12 ms), the frames (4–6 ms) and thread-pool hops "
+        "(2–3 ms); after the guard's last token two durable commits remain (the release, then the run's "
+        "end), which one transaction could carry"
     )
     chunk_lever = (
-        "the per-chunk path — since the runtime reads each chunk's JSON as a view instead of the SDK's "
-        "pydantic models (`agent.runtime.lean_chunks`) its CPU per chunk is below the bare SDK's; in "
-        "the B3 profile of chat runs (`--only b3p --b3p-chat`, 50 chats, 2026-12-03) what remains is "
-        "the SDK's transport, which the floor pays too: its HTTP read path (28 %), the event loop's "
-        "wake-up per chunk (23–25 %) and the SSE decoding (19–23 %) — one wake-up and one read per "
-        "chunk at 50 chunks/s per stream; the recorder was 10 % and, under draft release, the frames "
-        "9 % (one WebSocket frame per coalesced draft, `CHAT_DRAFT_COALESCE_MS`). The next lever is the "
-        "HTTP client the SDK is given (`http_client`: a transport that reads a stream with fewer "
-        "wake-ups), then a longer draft window"
+        "the per-chunk path — the runtime reads each chunk's JSON as a view instead of the SDK's pydantic "
+        "models (`agent.runtime.lean_chunks`) and streams through the SDK's aiohttp transport "
+        "(`LLM_HTTP_CLIENT`; in the B3 profile of chat runs, `--only b3p --b3p-chat`, 2026-12-03, a chat "
+        "run cost 144–214 ms of CPU on it against 171–249 ms on the SDK's default httpx client, the SDK's "
+        "share falling from ≈ 45 % to ≈ 35 %); what remains per chunk is the event loop's wake-up for each "
+        "chunk (≈ 25 %), the SDK's SSE decoding and HTTP read (≈ 35 %), the recorder (≈ 15 %) and, under "
+        "draft release, the frames (≈ 10 %, one WebSocket frame per coalesced draft, "
+        "`CHAT_DRAFT_COALESCE_MS`) — one wake-up and one read per chunk at 50 chunks/s per stream, which "
+        "only a provider sending several tokens per chunk or a longer draft window would reduce"
     )
     levers = [fixed_lever, chunk_lever] if fixed_first else [chunk_lever, fixed_lever]
     return (

@@ -126,11 +126,14 @@ async def one_run(client, counts: Counts, query: str) -> None:
         raise RuntimeError("the provider's guard did not answer `supported`")
 
 
-async def batches(base_url: str, runs: int, reps: int, query: str) -> list[dict]:
-    """`reps` batches of `runs` runs at once on one client (connections pooled, as the runtime's)."""
-    from openai import AsyncOpenAI
+async def batches(base_url: str, runs: int, reps: int, query: str, http_client: str = "httpx") -> list[dict]:
+    """`reps` batches of `runs` runs at once on one client (connections pooled, as the runtime's), sent
+    with the SDK's default HTTP client (`httpx`) or its aiohttp transport (`aiohttp`, what the runtime
+    uses by default: `LLM_HTTP_CLIENT`)."""
+    import openai
 
-    client = AsyncOpenAI(base_url=base_url, api_key="bench-key", max_retries=0, timeout=300.0)
+    extra = {"http_client": openai.DefaultAioHttpClient(timeout=300.0)} if http_client == "aiohttp" else {}
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="bench-key", max_retries=0, timeout=300.0, **extra)
     await one_run(client, Counts(), query)  # warm-up: imports, the pool's first connection
     out = []
     for _ in range(reps):
@@ -151,16 +154,19 @@ async def batches(base_url: str, runs: int, reps: int, query: str) -> list[dict]
 
 
 def main(argv: list[str]) -> None:
-    """`python -m bench.b3_floor --base-url URL --runs N --reps R [--profile NAME]`: one JSON line
+    """`python -m bench.b3_floor --base-url URL --runs N --reps R [--profile NAME] [--http-client
+    httpx|aiohttp]`: one JSON line
     `{"batches": [...]}` on standard output."""
     p = argparse.ArgumentParser(prog="python -m bench.b3_floor")
     p.add_argument("--base-url", required=True)
     p.add_argument("--runs", type=int, default=10)
     p.add_argument("--reps", type=int, default=1)
     p.add_argument("--profile", default="chat")
+    p.add_argument("--http-client", choices=("httpx", "aiohttp"), default="httpx")
     args = p.parse_args(argv)
     query = f"Why is MySQL replication lagging on the replica? bench-profile={args.profile}"
-    print(json.dumps({"batches": asyncio.run(batches(args.base_url, args.runs, args.reps, query))}))
+    done = asyncio.run(batches(args.base_url, args.runs, args.reps, query, args.http_client))
+    print(json.dumps({"batches": done}))
 
 
 if __name__ == "__main__":

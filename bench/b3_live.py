@@ -80,7 +80,11 @@ class Proc:
 
 
 def _child_env(extra: dict[str, str]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "LLM_"))}
+    """The bench's own environment for a child, without the caller's provider settings (`LLM_*`, set per
+    server by the bench) except `LLM_HTTP_CLIENT`: the transport can be compared on the same workload."""
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "LLM_")) or k == "LLM_HTTP_CLIENT"
+    }
     env.update({"PYTHONUNBUFFERED": "1", **extra})
     return env
 

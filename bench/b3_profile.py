@@ -37,7 +37,20 @@ OWNERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 # Otherwise the first of these that a frame matches, innermost frame first.
 LEAFWARD: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Redis channel layer (channels_redis, redis-py, msgpack)", ("/channels_redis/", "/redis/", "/msgpack/")),
-    ("model SDK", ("/httpx", "/httpcore", "/h11/", "/pydantic/", "/pydantic_core/", "/anyio/")),
+    (
+        "model SDK",
+        (
+            "/httpx",
+            "/httpcore",
+            "/h11/",
+            "/aiohttp/",
+            "/multidict/",
+            "/yarl/",
+            "/pydantic/",
+            "/pydantic_core/",
+            "/anyio/",
+        ),
+    ),
     (
         "frames, consumer and channel layer",
         (

@@ -183,6 +183,10 @@ def test_b3_on_the_chat_profile_end_to_end_at_smoke_size(monkeypatch):
             assert level["frames"] == 0  # verified release forwards no answer text
     names = [r.name for r in rows]
     assert names[0].startswith("floor: bare openai SDK")
+    assert names[1].startswith("floor beside it: the same SDK on its aiohttp transport")
+    for floor in (ev["floor"], ev["floor / aiohttp"]):  # both floors measured the same streams
+        assert floor["chat_chunks"] == ev["floor"]["chat_chunks"] and floor["chat_ms_per_run"] > 0
+    assert "on the same transport" in b3_chat.markdown(ev)
     targets = {r.name.split(":")[1].strip(): r.target for r in rows if ":" in r.name and r.target}
     assert targets["CPU per chunk vs bare SDK (chat profile"] == 1.5
     assert targets["fixed CPU per run (everything but chunk handling)"] == 20.0
