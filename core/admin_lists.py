@@ -40,8 +40,13 @@ class CappedCountPaginator(Paginator):
 
     @cached_property
     def count(self) -> int:
-        # Without ORDER BY: how many rows match does not depend on the order, and none is sorted.
-        n = self.object_list.order_by()[: self.cap + 1].count()
+        # Without ORDER BY: how many rows match does not depend on the order, and none is sorted. Only the
+        # primary key is selected: a list's annotations (the run list's evaluation scores, two correlated
+        # subqueries per row) would otherwise be computed for every counted row — Django keeps them in a
+        # sliced count's inner SELECT — and each would read the row itself instead of the filter's index
+        # (B6 at 1,000,000 runs: the FAILED list's count took 0.75 s). A filter on an annotation still
+        # applies: Django writes its expression into the WHERE clause.
+        n = self.object_list.order_by().values("pk")[: self.cap + 1].count()
         self.capped = n > self.cap
         return min(n, self.cap)
 
