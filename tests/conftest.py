@@ -10,6 +10,8 @@ alone in one process: they restart the shared MariaDB (or stop and start the one
 be broken by). Under xdist those are skipped here, never run side by side.
 """
 
+import asyncio
+import contextlib
 import os
 
 import pytest
@@ -19,6 +21,29 @@ from django.db import connection
 
 from agent.knowledge.retrieval import reset_knowledge_index
 from diagnosis import services
+
+
+class _LoopClosingModelClients(asyncio.SelectorEventLoop):
+    """A test's event loop that closes its model clients (`agent.runtime.llm.aclose_clients`) before it
+    closes, as the server's shutdown does (`supervisor.shutdown`): the runtime keeps one SDK client per
+    loop, and an aiohttp session left open is logged as an asyncio error when it is collected."""
+
+    def close(self) -> None:
+        if not self.is_closed() and not self.is_running():
+            from agent.runtime.llm import aclose_clients
+
+            with contextlib.suppress(Exception):
+                self.run_until_complete(aclose_clients())
+        super().close()
+
+
+class _ClosingPolicy(asyncio.DefaultEventLoopPolicy):
+    def new_event_loop(self) -> asyncio.AbstractEventLoop:
+        return _LoopClosingModelClients()
+
+
+# Every loop a test makes (pytest-asyncio's, and `asyncio.run` in the code under test) is one of these.
+asyncio.set_event_loop_policy(_ClosingPolicy())
 
 
 def pytest_collection_modifyitems(config, items):
