@@ -183,12 +183,12 @@ one, whatever the table's size beyond).
 How the lists stay flat: stored per-run facts (`audit_complete`, the persisted counts) and session facts
 (`run_count`, `last_run_at`) instead of per-row subqueries and GROUP BYs; ascending indexes `(filter,
 created_at)` read backwards for `ORDER BY created_at DESC, id DESC` (InnoDB appends the ascending
-primary key); a count capped at 10 000 rows without ORDER BY that selects only the primary key (not
-the run list's evaluation-score annotations, which would be computed for every counted row); sorting only by indexed columns, tied by
-the primary key in the same direction; related rows prefetched by key instead of joined; date-range
-filters instead of the date hierarchy; run and session ids by exact or prefix match on their indexes;
-question words through the FULLTEXT index when they match at most 1 000 runs, otherwise (and for
-Chinese) as substrings among the newest 20 000 runs; REST lists with cursor pages.
+primary key); a count capped at 10 000 rows without ORDER BY that selects only the primary key (not the
+run list's evaluation-score annotations, which would be computed for every counted row); sorting only by
+indexed columns, tied by the primary key in the same direction; related rows prefetched by key instead
+of joined; date-range filters instead of the date hierarchy; run and session ids by exact or prefix
+match on their indexes; question words through the FULLTEXT index when they match at most 1 000 runs,
+otherwise (and for Chinese) as substrings among the newest 20 000 runs; REST lists with cursor pages.
 {B6_END}"""
 
 
