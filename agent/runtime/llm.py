@@ -402,8 +402,8 @@ def _message(failure: _Failure, attempts: int) -> str:
 # Event loop id -> (loop, {configuration: client}). Entries of closed loops are dropped on the next lookup.
 _sdk_clients: dict[int, tuple[asyncio.AbstractEventLoop, dict[tuple, LeanChunkClient]]] = {}
 
-# `LLM_HTTP_CLIENT` -> the SDK's HTTP client class: its aiohttp transport (the default: B3 measured about a
-# third less CPU per streamed chunk than httpx's, docs/performance.md) or its default httpx client. Both
+# `LLM_HTTP_CLIENT` -> the SDK's HTTP client class: its aiohttp transport (the default: less CPU per
+# streamed chunk than httpx's, B3's two floors in docs/performance.md) or its default httpx client. Both
 # keep the SDK's defaults (connection limits, redirects) and map timeouts and connection errors to the
 # same `openai` exceptions, which `_classify` reads.
 HTTP_CLIENTS = {"aiohttp": openai.DefaultAioHttpClient, "httpx": openai.DefaultAsyncHttpxClient}
