@@ -261,10 +261,7 @@ LLM_ROUTER_MODEL = env.str("LLM_ROUTER_MODEL", default=LLM_MODEL)
 LLM_GUARD_MODEL = env.str("LLM_GUARD_MODEL", default=LLM_MODEL)
 LLM_TIMEOUT_SECONDS = env.float("LLM_TIMEOUT_SECONDS", default=60.0)
 LLM_MAX_RETRIES = env.int("LLM_MAX_RETRIES", default=3)
-# The HTTP client the SDK sends with (agent/runtime/llm.py): `aiohttp`, the SDK's own aiohttp transport
-# (`openai.DefaultAioHttpClient`, less CPU per streamed chunk: B3's two floors, docs/performance.md), or
-# `httpx`, the SDK's default. Both honour LLM_TIMEOUT_SECONDS and the HTTP(S)_PROXY variables.
-# Anything else stops the server (check diagnosis.E005).
+# The SDK's HTTP client: `aiohttp` (its aiohttp transport) or `httpx` (docs/configuration.md; check E005).
 LLM_HTTP_CLIENT = env.str("LLM_HTTP_CLIENT", default="aiohttp")
 
 # ---------------------------------------------------------------------------------------------------
