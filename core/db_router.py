@@ -38,11 +38,11 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.core.cache import cache
 from django.db import DatabaseError, InterfaceError, OperationalError, ProgrammingError, connections
 
+from core.middleware import StackMiddleware
 from core.replica import PRIMARY, REPLICA, monitor
 from core.request_context import current_request
 
@@ -113,19 +113,10 @@ def _pinned() -> bool:
     return until is not None and until > time.time()
 
 
-class ReplicaPinMiddleware:
+class ReplicaPinMiddleware(StackMiddleware):
     """Pins the request's user to the primary after a request that may have written (any method but GET,
     HEAD, OPTIONS), whatever its outcome. (The pin is read through `current_request()`, which
     `core.request_context.CurrentRequestMiddleware`, placed before this one, sets.)"""
-
-    sync_capable = True
-    async_capable = True
-
-    def __init__(self, get_response):
-        self.get_response = get_response
-        self.async_mode = iscoroutinefunction(get_response)
-        if self.async_mode:
-            markcoroutinefunction(self)
 
     def __call__(self, request):
         if self.async_mode:

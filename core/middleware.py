@@ -1,17 +1,14 @@
-"""A base for middleware that only looks at the finished response, for sync and async stacks alike."""
+"""Bases for middleware that follow the sync or async stack they are placed in."""
 
 from __future__ import annotations
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 
 
-class ResponseMiddleware:
-    """Calls `process(request, response)` on every response and returns what it returns.
-
-    Declares itself sync- and async-capable and follows the stack it is placed in, so an async view (the
-    SSE chat) is never forced through a thread. Subclasses implement `process`; they may also define
-    Django's `process_exception` hook.
-    """
+class StackMiddleware:
+    """Declares itself sync- and async-capable and follows the stack it is placed in (`async_mode`), so
+    an async view (the SSE chat) is never forced through a thread. Subclasses define `__call__`, which
+    returns `self.__acall__(request)` when `async_mode` is set."""
 
     sync_capable = True
     async_capable = True
@@ -21,6 +18,11 @@ class ResponseMiddleware:
         self.async_mode = iscoroutinefunction(get_response)
         if self.async_mode:
             markcoroutinefunction(self)
+
+
+class ResponseMiddleware(StackMiddleware):
+    """Calls `process(request, response)` on every response and returns what it returns. Subclasses
+    implement `process`; they may also define Django's `process_exception` hook."""
 
     def __call__(self, request):
         if self.async_mode:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextvars
 from typing import Any
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from core.middleware import StackMiddleware
 
 _request: contextvars.ContextVar[Any] = contextvars.ContextVar("current_request", default=None)
 
@@ -22,17 +22,8 @@ def current_request() -> Any:
     return _request.get()
 
 
-class CurrentRequestMiddleware:
+class CurrentRequestMiddleware(StackMiddleware):
     """Sets `current_request()` for everything beneath it; follows the sync or async stack it is in."""
-
-    sync_capable = True
-    async_capable = True
-
-    def __init__(self, get_response) -> None:
-        self.get_response = get_response
-        self.async_mode = iscoroutinefunction(get_response)
-        if self.async_mode:
-            markcoroutinefunction(self)
 
     def __call__(self, request):
         if self.async_mode:
