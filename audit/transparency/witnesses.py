@@ -112,8 +112,7 @@ def submit_all(*, client: httpx.Client | None = None) -> list[Outcome]:
     newest = Checkpoint.objects.order_by("-tree_size").first()
     if newest is None or note.is_legacy(newest.body):
         return []
-    timeout = float(getattr(settings, "AUDIT_WITNESS_TIMEOUT_SECONDS", 5.0))
-    own = client or httpx.Client(timeout=timeout, follow_redirects=False)
+    own = client or new_client()
     outcomes = []
     try:
         for witness in witnesses:
@@ -143,6 +142,26 @@ def last_cosigned_size(witness: Witness) -> int:
     )
 
 
+def new_client() -> httpx.Client:
+    """An HTTP client for the witnesses: `AUDIT_WITNESS_TIMEOUT_SECONDS` per request, no redirects."""
+    timeout = float(getattr(settings, "AUDIT_WITNESS_TIMEOUT_SECONDS", 5.0))
+    return httpx.Client(timeout=timeout, follow_redirects=False)
+
+
+def post(client: httpx.Client, witness: Witness, body: bytes) -> tuple[int, str]:
+    """POST an add-checkpoint request to the witness: (status, at most the first `MAX_RESPONSE_BYTES` of
+    the answer, decoded; a longer answer is not read further). Raises `httpx.HTTPError` when the witness
+    cannot be reached or does not answer in time."""
+    headers = {"Content-Type": "text/plain; charset=utf-8"}
+    with client.stream("POST", f"{witness.url}/add-checkpoint", content=body, headers=headers) as response:
+        data = bytearray()
+        for chunk in response.iter_bytes():
+            data += chunk
+            if len(data) >= MAX_RESPONSE_BYTES:
+                break
+    return response.status_code, bytes(data[:MAX_RESPONSE_BYTES]).decode("utf-8", "replace")
+
+
 def request_body(cp: Checkpoint, old: int) -> bytes:
     """The add-checkpoint request: `old <size>`, the consistency proof lines, a blank line, the note."""
     proof = store.consistency_proof(old, cp.tree_size).hashes if 0 < old < cp.tree_size else []
@@ -158,15 +177,10 @@ def submit(witness: Witness, cp: Checkpoint, client: httpx.Client) -> Outcome:
     retried = ""
     for _ in range(2):
         try:
-            response = client.post(
-                f"{witness.url}/add-checkpoint",
-                content=request_body(cp, old),
-                headers={"Content-Type": "text/plain; charset=utf-8"},
-            )
+            status, text = post(client, witness, request_body(cp, old))
         except httpx.HTTPError as exc:
             return _record(witness, cp, old, WitnessOutcome.UNREACHABLE, 0, type(exc).__name__)
-        text = response.content[:MAX_RESPONSE_BYTES].decode("utf-8", "replace")
-        if response.status_code == 409:
+        if status == 409:
             size = _size(text)
             if size is None:
                 return _record(witness, cp, old, WitnessOutcome.BAD_RESPONSE, 409, "409 without a tree size")
@@ -182,7 +196,7 @@ def submit(witness: Witness, cp: Checkpoint, client: httpx.Client) -> Outcome:
                 409,
                 f"the witness is at size {size}, which this log cannot prove consistent with {cp.tree_size}",
             )
-        return _answer(witness, cp, old, response.status_code, text, retried)
+        return _answer(witness, cp, old, status, text, retried)
     return _record(witness, cp, old, WitnessOutcome.CONFLICT, 409, "the witness moved while we retried")
 
 
@@ -206,22 +220,31 @@ def _answer(witness: Witness, cp: Checkpoint, old: int, status: int, text: str, 
         return _record(witness, cp, old, WitnessOutcome.SERVER_ERROR, status, text.strip()[:200])
     if status != 200:
         return _record(witness, cp, old, WitnessOutcome.BAD_REQUEST, status, text.strip()[:200])
+    try:
+        found = cosignature_in(witness, cp, text)
+    except signednote.SignedNoteError as exc:
+        return _record(witness, cp, old, WitnessOutcome.BAD_RESPONSE, status, str(exc))
+    if found is None:
+        return _record(
+            witness, cp, old, WitnessOutcome.BAD_RESPONSE, status, "no cosignature by the configured key"
+        )
+    _store(witness, cp, *found)
+    return _record(witness, cp, old, WitnessOutcome.COSIGNED, status, retried.strip(" ()"))
+
+
+def cosignature_in(witness: Witness, cp: Checkpoint, text: str) -> tuple[signednote.Signature, int] | None:
+    """The configured key's cosignature of `cp` in a 200's body of signature lines, with its signed time;
+    None when there is none (lines by other keys are ignored, as the client MUST); raises
+    `signednote.SignedNoteError` when it does not verify."""
     for line in text.splitlines():
         try:
             signature = signednote.parse_signature_line(line)
         except signednote.SignedNoteError:
             continue
         if (signature.name, signature.key_id) != (witness.name, witness.verifier.key_id):
-            continue  # the client MUST ignore cosignatures from unknown keys
-        try:
-            stamp = signednote.verify_cosignature(cp.body, signature, witness.verifier)
-        except signednote.SignedNoteError as exc:
-            return _record(witness, cp, old, WitnessOutcome.BAD_RESPONSE, status, str(exc))
-        _store(witness, cp, signature, stamp)
-        return _record(witness, cp, old, WitnessOutcome.COSIGNED, status, retried.strip(" ()"))
-    return _record(
-        witness, cp, old, WitnessOutcome.BAD_RESPONSE, status, "no cosignature by the configured key"
-    )
+            continue
+        return signature, signednote.verify_cosignature(cp.body, signature, witness.verifier)
+    return None
 
 
 def _store(witness: Witness, cp: Checkpoint, signature: signednote.Signature, stamp: int) -> None:
