@@ -285,3 +285,135 @@ def _record(witness: Witness, cp: Checkpoint, old: int, outcome: str, status: in
             detail,
         )
     return Outcome(witness.name, str(outcome), status, detail)
+
+
+# --------------------------------------------------------------------------------------------------
+# Asking the witnesses for their size (`verify_audit`): a log cut back below what they cosigned
+# --------------------------------------------------------------------------------------------------
+NO_NOTE = "the log has no checkpoint in the signed-note format to submit"
+
+
+@dataclass(frozen=True, slots=True)
+class WitnessSize:
+    """A witness's live answer to the log's newest checkpoint submitted at its own size: `size`, the tree
+    size it has cosigned for the log's origin (None when it could not be asked: `failure` says why, by
+    status or exception class, never by content); `other_root` when it cosigned another tree of that
+    very size (422)."""
+
+    witness: Witness
+    size: int | None = None
+    other_root: bool = False
+    failure: str = ""
+
+
+def ask_sizes(newest: Checkpoint | None, *, client: httpx.Client | None = None) -> list[WitnessSize]:
+    """Ask each configured witness which tree size it has cosigned for this log's origin, by the protocol
+    itself: `newest` (the log's newest checkpoint) submitted with `old` = its own size and no proof, a
+    conforming add-checkpoint. A witness at that size with that root answers 200 and its cosignature
+    (verified with the configured key, not stored); at another size 409 and its size; at that size with
+    another root 422. Reads and writes nothing in the database: only the witnesses' live answers count."""
+    found = configured()
+    if not found:
+        return []
+    try:
+        if newest is None or note.is_legacy(newest.body):
+            raise note.NoteError(NO_NOTE)
+        body = request_body(newest, newest.tree_size)
+    except note.NoteError:
+        return [WitnessSize(w, failure=NO_NOTE) for w in found]
+    own = client or new_client()
+    try:
+        return [ask_size(w, newest, body, own) for w in found]
+    finally:
+        if client is None:
+            own.close()
+
+
+def ask_size(witness: Witness, cp: Checkpoint, body: bytes, client: httpx.Client) -> WitnessSize:
+    """One witness's answer to `body`, the request submitting `cp` at its own size (`ask_sizes`)."""
+    try:
+        status, text = post(client, witness, body)
+    except httpx.HTTPError as exc:
+        return WitnessSize(witness, failure=f"unreachable ({type(exc).__name__})")
+    if status == 409:
+        size = _size(text)
+        if size is None or size == cp.tree_size:
+            return WitnessSize(witness, failure="HTTP 409 without another tree size")
+        return WitnessSize(witness, size)
+    if status == 422:
+        return WitnessSize(witness, cp.tree_size, other_root=True)
+    if status != 200:
+        why = REFUSALS[status][1] if status in REFUSALS else ""
+        return WitnessSize(witness, failure=f"HTTP {status}" + (f" ({why})" if why else ""))
+    try:
+        if cosignature_in(witness, cp, text) is not None:
+            return WitnessSize(witness, cp.tree_size)
+    except signednote.SignedNoteError:
+        pass
+    return WitnessSize(witness, failure="HTTP 200 without a valid cosignature by the configured key")
+
+
+def size_findings(
+    answers: list[WitnessSize], newest: int, stored: set[int], policy: signednote.Policy | None
+) -> tuple[list[str], list[str]]:
+    """(problems, notes) of the witnesses' answers against `newest`, the size of the log's newest
+    checkpoint as verified; `stored`: those of the witnesses' sizes that are sizes of checkpoints stored
+    now (read after asking). A witness ahead of the log is a problem (rolled back) unless a checkpoint of
+    its size was signed meanwhile (a note: verify again); behind it, a note when the log has a checkpoint
+    of its size (the checkpointer catches it up), else a problem (cut back and grown again); another root
+    at the log's size, a problem. One that could not be asked is a note, or a problem when it belongs to
+    the policy and fewer than the policy's quorum of its witnesses answered (fail closed)."""
+    members = {(w.name, w.key_id) for w in policy.witnesses} if policy else set()
+    answered = sum(1 for a in answers if a.size is not None and _key(a.witness) in members)
+    short = policy is not None and answered < policy.quorum
+    problems: list[str] = []
+    notes: list[str] = []
+    for a in answers:
+        name, size = a.witness.name, a.size
+        said = f"witness {name} has cosigned tree size {size}; the log's newest checkpoint is {newest}"
+        if size is None:
+            line = f"witness {name} could not be asked for its size: {a.failure}"
+            (problems if short and _key(a.witness) in members else notes).append(line)
+        elif a.other_root:
+            problems.append(
+                f"witness {name} has cosigned tree size {size} with another root than the log's newest "
+                "checkpoint (the log was rebuilt)"
+            )
+        elif size > newest and size in stored:
+            notes.append(f"{said}, and a checkpoint of that size was signed meanwhile: verify again")
+        elif size > newest:
+            problems.append(f"{said} (the log was rolled back)")
+        elif size < newest and (size == 0 or size in stored):
+            notes.append(f"{said} (the witness is behind: the checkpointer's next submission catches it up)")
+        elif size < newest:
+            problems.append(
+                f"witness {name} has cosigned tree size {size}, the size of no checkpoint of the log (newest "
+                f"{newest}): the log was cut back and grew again, or was rebuilt"
+            )
+    return problems, notes
+
+
+def _key(witness: Witness) -> tuple[str, bytes]:
+    return witness.name, witness.verifier.key_id
+
+
+@dataclass(frozen=True, slots=True)
+class SizeCheck:
+    problems: list[str]
+    notes: list[str]
+    asked: int  # configured witnesses asked
+    at_size: int  # of them, at the log's newest size with its root
+
+
+def check_sizes(
+    newest: Checkpoint | None, policy: signednote.Policy | None, *, client: httpx.Client | None = None
+) -> SizeCheck:
+    """Ask the configured witnesses for their sizes (`ask_sizes`) and judge the answers against `newest`,
+    the log's newest checkpoint as verified (`size_findings`)."""
+    answers = ask_sizes(newest, client=client)
+    sizes = {a.size for a in answers if a.size is not None}
+    stored = set(Checkpoint.objects.filter(tree_size__in=sizes).values_list("tree_size", flat=True))
+    size = newest.tree_size if newest is not None else 0
+    problems, notes = size_findings(answers, size, stored, policy)
+    at_size = sum(1 for a in answers if a.size == size and not a.other_root)
+    return SizeCheck(problems, notes, len(answers), at_size)

@@ -5,7 +5,12 @@ transparency log, and the log itself; exit 1 on any problem (a disagreeing fact 
 
 The witness policy (`--witness-key` repeated, default `AUDIT_WITNESS_POLICY`; `--witness-quorum`, default
 `AUDIT_WITNESS_QUORUM`, 0 or absent meaning all): the checkpoint covering the runs verified (the newest)
-must carry valid cosignatures of at least N of those witness keys."""
+must carry valid cosignatures of at least N of those witness keys.
+
+Without `--run`, each witness of `AUDIT_WITNESSES` is asked over the network which size it has cosigned
+(`audit.transparency.witnesses.check_sizes`): a log whose newest checkpoint is smaller (rolled back) is a
+problem; a witness that cannot be asked is a note, or a problem when fewer than the policy's quorum of its
+witnesses answered."""
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -37,7 +42,8 @@ class Command(BaseCommand):
         "node, every checkpoint's signature and its chain, every checkpoint's root against the stored "
         "leaves, no leaf missing or unsigned, no anchored run deleted, and the checkpoints of a witness "
         "file (--witness, default AUDIT_WITNESS_PATH), and the governance chain of access changes with "
-        "its anchors in the log. "
+        "its anchors in the log, and each witness of AUDIT_WITNESSES asked for the size it has cosigned (a "
+        "log rolled back below it is a problem). "
         "With --run, the run's inclusion proof in the "
         "newest checkpoint. Prints problems (never content) and notes (rows recorded before row digests, "
         "purged reasoning; finished runs not yet anchored are counted, and listed with -v 2); exits 1 if "
@@ -160,8 +166,13 @@ class Command(BaseCommand):
             log = verify_log(witness=witness, policy=policy, witnesses=known_witnesses)
             if witness_problem and log.checkpoints:
                 log.invalid.insert(0, witness_problem)
+            # The witnesses' live answers, never the stored attempts or cosignatures (a database writer's).
+            sizes = witnesses.check_sizes(log.newest, policy)
+            log.invalid.extend(sizes.problems)
             for problem in log.invalid:
                 self.stdout.write(f"log INVALID {problem}")
+            for note in sizes.notes:
+                self.stdout.write(f"log NOTE {note}")
             cp = log.newest
             newest = (
                 f"newest checkpoint {cp.tree_size} signed {cp.signed_at.isoformat()} key {cp.key_id}"
@@ -173,6 +184,8 @@ class Command(BaseCommand):
                 witnessed += f"; {log.purged} anchored run(s) purged by retention (tombstones)"
             if policy is not None:
                 witnessed += f"; witness policy {policy.describe()}, {policy.quorum} required"
+            if sizes.asked:
+                witnessed += f"; {sizes.asked} witness(es) asked for their size, {sizes.at_size} at the log's"
             self.stdout.write(
                 f"verified the log: {log.leaves} leaf(s), {log.checkpoints} checkpoint(s), {newest}"
                 f"{witnessed}: " + ("ok" if log.ok else f"{len(log.invalid)} problem(s)")

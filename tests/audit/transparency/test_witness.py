@@ -207,8 +207,19 @@ def test_a_split_view_is_refused_by_the_witness_and_fails_the_policy(user, witne
     assert not report.ok
     assert "witness.test/w1" in report.failures[-1] and "witness policy" in report.failures[-1]
     assert bundle.verify(honest_bundle, public, _policy(w)).ok
-    # Without a policy the rebuilt log verifies in itself: this is what witnesses are for.
+    # Without witnesses to ask and without a policy the rebuilt log verifies in itself: this is what
+    # witnesses are for.
+    configured = settings.AUDIT_WITNESSES
+    settings.AUDIT_WITNESSES = []
     call_command("verify_audit")
+    # Asked for its size, the witness answers that it cosigned another tree of that size (422).
+    settings.AUDIT_WITNESSES = configured
+    ok, out = _verify_audit()
+    assert not ok
+    assert (
+        f"log INVALID witness witness.test/w1 has cosigned tree size {honest.tree_size} with another root "
+        "than the log's newest checkpoint (the log was rebuilt)"
+    ) in out
     settings.AUDIT_WITNESS_POLICY = [w.vkey]
     with pytest.raises(CommandError):
         call_command("verify_audit")
