@@ -27,7 +27,7 @@ from audit.models import (
     WitnessAttempt,
     WitnessOutcome,
 )
-from audit.transparency import bundle, keys, log, merkle, note, signednote, store
+from audit.transparency import bundle, keys, log, merkle, note, signednote, store, witnesses
 from audit.transparency.evidence import build_bundle
 from telemetry.metrics import witness_metrics
 from tests.audit.transparency.support import delete_run, finished_runs, legacy_checkpoints
@@ -316,3 +316,174 @@ def test_the_offline_verifier_takes_the_policy(user, witness, tmp_path):
     done = offline("--witness-key", w.vkey, "--witness-key", other.vkey, "--witness-quorum", "1")
     assert done.returncode == 0, done.stdout
     assert offline("--witness-key", "not-a-vkey").returncode == 2
+
+
+# --------------------------------------------------------------------------------------------------
+# Issue 43, item 6: verify_audit asks the witnesses for their size (a rollback caught)
+# --------------------------------------------------------------------------------------------------
+@pytest.fixture
+def second_witness(tmp_path, signing_key, settings, witness):
+    """A second running witness of this log, added to AUDIT_WITNESSES."""
+    trusted = {settings.AUDIT_LOG_ORIGIN: [keys.current_key().public]}
+    w = Witness("witness.test/w2", tmp_path / "w2.json", trusted)
+    server = WitnessServer(w)
+    settings.AUDIT_WITNESSES = [*settings.AUDIT_WITNESSES, f"{server.url} {w.vkey}"]
+    yield w, server
+    server.stop()
+
+
+def _cut_back(to: Checkpoint | None) -> None:
+    """What a database writer without keys does to hide the newest runs: delete every leaf, node,
+    cosignature, witness attempt and checkpoint above the older checkpoint `to` (None: everything) and the
+    runs those leaves anchored, and set the log head back to it. The log is then consistent in itself."""
+    size = to.tree_size if to else 0
+    for leaf in LogLeaf.objects.filter(leaf_index__gte=size):
+        if leaf.run_id:
+            delete_run(leaf.run_id)
+    LogLeaf.objects.filter(leaf_index__gte=size).delete()
+    for node in LogNode.objects.all():
+        if (node.node_index + 1) << node.level > size:
+            node.delete()
+    CheckpointCosignature.objects.filter(checkpoint__tree_size__gt=size).delete()
+    WitnessAttempt.objects.filter(tree_size__gt=size).delete()
+    Checkpoint.objects.filter(tree_size__gt=size).delete()
+    LogHead.objects.filter(pk=1).update(tree_size=size, root_hash=to.root_hash if to else "")
+
+
+def test_a_log_cut_back_below_what_a_witness_cosigned_fails_verify_audit(user, witness, settings):
+    w, _ = witness
+    finished_runs(user, 2)
+    older = log.checkpoint().newest
+    finished_runs(user, 3)
+    newest = log.checkpoint().newest
+    assert newest.cosignatures.count() == 1
+    # The untouched log verifies, the witness asked: the newest checkpoint at its own size, 200.
+    requests = len(w.requests)
+    ok, out = _verify_audit()
+    assert ok, out
+    assert "1 witness(es) asked for their size, 1 at the log's: ok" in out
+    assert w.requests[requests:] == [(newest.tree_size, 200)]
+
+    _cut_back(older)
+    # Without witnesses to ask, the cut log verifies in itself, and it meets the policy too: its newest
+    # checkpoint was validly cosigned when it was the newest.
+    configured = settings.AUDIT_WITNESSES
+    settings.AUDIT_WITNESSES = []
+    assert _verify_audit()[0]
+    assert _verify_audit("--witness-key", w.vkey)[0]
+    # Asked, the witness answers 409 with the size it cosigned: the rollback is named, policy or not.
+    settings.AUDIT_WITNESSES = configured
+    requests = len(w.requests)
+    for args in ((), ("--witness-key", w.vkey)):
+        ok, out = _verify_audit(*args)
+        assert not ok
+        assert (
+            f"log INVALID witness witness.test/w1 has cosigned tree size {newest.tree_size}; the log's "
+            f"newest checkpoint is {older.tree_size} (the log was rolled back)"
+        ) in out
+        assert "1 witness(es) asked for their size, 0 at the log's: 1 problem(s)" in out
+    assert w.requests[requests:] == [(older.tree_size, 409)] * 2
+    # Asking changed nothing stored: no attempt recorded, no cosignature added.
+    assert not WitnessAttempt.objects.filter(tree_size__gt=older.tree_size).exists()
+    assert CheckpointCosignature.objects.count() == 1
+
+    # Grown again past the witness's size, the log has no checkpoint of that size: still a problem
+    # (the checkpointer's submission is a conflict), not a witness behind.
+    finished_runs(user, 5)
+    grown = log.checkpoint().newest
+    assert grown.tree_size > newest.tree_size and grown.cosignatures.count() == 0
+    assert WitnessAttempt.objects.order_by("-id").first().outcome == WitnessOutcome.CONFLICT
+    ok, out = _verify_audit()
+    assert not ok
+    assert (
+        f"log INVALID witness witness.test/w1 has cosigned tree size {newest.tree_size}, the size of no "
+        f"checkpoint of the log (newest {grown.tree_size}): the log was cut back and grew again"
+    ) in out
+
+
+def test_a_witness_that_cannot_be_asked_is_a_note_or_with_the_policy_a_problem(
+    user, witness, second_witness, settings
+):
+    w1, server1 = witness
+    w2, _ = second_witness
+    finished_runs(user, 2)
+    cp = log.checkpoint().newest
+    assert cp.cosignatures.count() == 2
+    server1.stop()
+    down = "witness witness.test/w1 could not be asked for its size: unreachable (ConnectError)"
+    ok, out = _verify_audit()
+    assert ok, out
+    assert f"log NOTE {down}" in out
+    assert "2 witness(es) asked for their size, 1 at the log's: ok" in out
+    # With a policy of 1 of the 2, the one that answered is enough; of 2 of 2, the check fails closed
+    # (the cosignatures stored would meet the policy: they are not what this check trusts).
+    ok, out = _verify_audit("--witness-key", w1.vkey, "--witness-key", w2.vkey, "--witness-quorum", "1")
+    assert ok and f"log NOTE {down}" in out, out
+    settings.AUDIT_WITNESS_POLICY = [w1.vkey, w2.vkey]
+    ok, out = _verify_audit()
+    assert not ok
+    assert f"log INVALID {down}" in out
+    assert "2 witness(es) asked for their size, 1 at the log's: 1 problem(s)" in out
+    # A witness that answers something else than the protocol's answers is named by its status.
+    w2.logs = {}
+    settings.AUDIT_WITNESS_POLICY = []
+    ok, out = _verify_audit()
+    assert ok, out
+    assert (
+        "log NOTE witness witness.test/w2 could not be asked for its size: HTTP 404 (the witness does not "
+        "know this log's origin)"
+    ) in out
+
+
+def test_a_log_cut_back_to_nothing_cannot_be_submitted_and_fails_the_policy(user, witness, settings):
+    w, _ = witness
+    finished_runs(user, 2)
+    log.checkpoint()
+    _cut_back(None)
+    # No checkpoint is left to submit: the witness cannot be asked, which fails closed under a policy.
+    why = "witness witness.test/w1 could not be asked for its size: " + witnesses.NO_NOTE
+    ok, out = _verify_audit()
+    assert ok and f"log NOTE {why}" in out, out
+    settings.AUDIT_WITNESS_POLICY = [w.vkey]
+    ok, out = _verify_audit()
+    assert not ok and f"log INVALID {why}" in out, out
+
+
+def test_a_witness_behind_the_log_is_a_note(user, witness, settings):
+    w, server = witness
+    finished_runs(user, 2)
+    cosigned = log.checkpoint().newest
+    settings.AUDIT_WITNESSES = [f"http://127.0.0.1:9 {w.vkey}"]  # down while the next one is signed
+    finished_runs(user, 2)
+    newest = log.checkpoint().newest
+    assert newest.cosignatures.count() == 0
+    settings.AUDIT_WITNESSES = [f"{server.url} {w.vkey}"]
+    ok, out = _verify_audit()
+    assert ok, out
+    assert (
+        f"log NOTE witness witness.test/w1 has cosigned tree size {cosigned.tree_size}; the log's newest "
+        f"checkpoint is {newest.tree_size} (the witness is behind: the checkpointer's next submission "
+        "catches it up)"
+    ) in out
+    # The next checkpoint run catches it up; then it is at the log's size.
+    log.checkpoint()
+    ok, out = _verify_audit()
+    assert ok and "1 witness(es) asked for their size, 1 at the log's: ok" in out, out
+
+
+def test_a_witness_ahead_because_a_checkpoint_was_signed_meanwhile_is_a_note(witness, settings):
+    # The race with the checkpointer (a checkpoint signed while verify_audit read the log), judged alone.
+    w, _ = witness
+    [configured] = witnesses.configured()
+    answers = [witnesses.WitnessSize(configured, 9)]
+    assert witnesses.size_findings(answers, 6, {9}, None) == (
+        [],
+        [
+            "witness witness.test/w1 has cosigned tree size 9; the log's newest checkpoint is 6, and a "
+            "checkpoint of that size was signed meanwhile: verify again"
+        ],
+    )
+    assert witnesses.size_findings(answers, 6, set(), _policy(w))[0] == [
+        "witness witness.test/w1 has cosigned tree size 9; the log's newest checkpoint is 6 (the log was "
+        "rolled back)"
+    ]
