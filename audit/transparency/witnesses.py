@@ -27,6 +27,12 @@ Every attempt's outcome is recorded (`audit.WitnessAttempt`) and exported on `/m
 a refusal is logged as a warning and never raised (the checkpoint is durable already), and the next
 checkpoint run submits again: a witness that was down catches up with the newest checkpoint then.
 Checkpoints in the JSON format of before issue 35 are never submitted (a witness reads only notes).
+
+`check_sizes` (for `verify_audit`) asks each witness which size it has cosigned, with the same request:
+the log's newest checkpoint submitted with `old` = its own size and no proof. A witness at that size with
+that root answers 200 with a cosignature; at another size, 409 with its size; at that size with another
+root, 422. A size above the log's newest checkpoint means the log was cut back below what the witness
+saw. This is the one check that trusts no stored row: it records no attempt and stores no cosignature.
 """
 
 from __future__ import annotations
