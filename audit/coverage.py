@@ -73,6 +73,10 @@ def _same(fields: Iterable[str], by: str) -> dict[str, str]:
 _CHAIN = "chain: hashed into the event's link (audit.integrity.event_payload)"
 _GOVERNANCE_CHAIN = "governance chain: hashed into the event's link (governance_payload)"
 
+_TAG = (
+    "write tag: must verify with a write key (audit.writeauth, audit.authenticity.tag_verdict); "
+    "untagged only where a signed leaf of before write authentication vouches for the link"
+)
 _HOLD_CHAIN = (
     "governance chain: must repeat the chained LEGAL_HOLD_PLACED / LEGAL_HOLD_LIFTED events (holdId, "
     "scope, targetId, actor, createdAt, reasonSha256), from which the holds are rebuilt"
@@ -110,6 +114,7 @@ COVERED: dict[type[models.Model], dict[str, str]] = {
         ),
         "prev_hash": "chain: must be the previous event's hash",
         "hash": "chain: recomputed from the event; the newest anchored head is in the run's leaf",
+        "tag": _TAG,
     },
     AgentStep: _by_forms(rowdigest.STEP),
     ToolInvocation: _by_forms(rowdigest.TOOL),  # approvals: the same row through its lifecycle
@@ -131,6 +136,7 @@ COVERED: dict[type[models.Model], dict[str, str]] = {
         ),
         "prev_hash": "governance chain: must be the previous event's hash",
         "hash": "governance chain: recomputed; the anchored heads are governance leaves",
+        "tag": _TAG,
     },
     LogLeaf: {
         "leaf_index": "checkpoint: the leaf's position under the signed root",

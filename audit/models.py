@@ -1,12 +1,7 @@
-"""The durable decision record of a run: its timeline, its model steps and its tool invocations.
-
-All three are append-only facts written by `audit.recorder` (nothing else writes them) and read-only in
-the admin. Each references its run through `ForeignKey(db_constraint=False, to_field="run_id")`: the
-column is the run's opaque string id, no database constraint exists (seed 000: audit rows reference runs
-logically, so an audit write never waits on or fails because of the run row), and the ORM relation is only
-there for joins in selectors and the admin. `on_delete=DO_NOTHING` because audit rows are never deleted
-through their run.
-"""
+"""The durable decision record of a run (timeline, model steps, tool invocations), the transparency log,
+retention and the governance chain. Append-only facts, read-only in the admin. Audit rows reference their
+run by its string id without a database constraint (`ForeignKey(db_constraint=False)`, seed 000: an audit
+write never waits on or fails because of the run row); the relation serves joins only."""
 
 from django.conf import settings
 from django.db import models
@@ -92,6 +87,8 @@ class TraceEvent(models.Model):
     prev_hash = models.CharField(max_length=64)
     hash = models.CharField(max_length=64)
     created_at = models.DateTimeField()
+    # `<write key id>:<HMAC>` over the hash (audit.writeauth); "" only in a store recorded before it.
+    tag = models.CharField(max_length=80, blank=True, default="")
 
     class Meta:
         db_table = "diagnosis_trace_event"
@@ -308,14 +305,10 @@ class LogLeaf(models.Model):
 
     A run's leaf has `run_id` (unique) and `session_id`; a run-tail leaf (events appended to a finished
     run after its anchored head: reviews, reasoning purges and re-encryptions) has no `run_id` but
-    `tail_of`, the run it extends; a governance leaf has neither but `governance_sequence_no`, the
-    sequence number of the anchored head (unique). `data` is the canonical JSON the leaf hash commits to
-    (`audit.transparency.leafdata`), `leaf_hash` its RFC 9162 leaf hash (hex). The other columns are an
-    index for queries only: the verifier derives what a leaf anchors from its signed `data` and names
-    every leaf whose columns disagree with it. Append-only: written by `audit.transparency.log` under the
-    head's lock, never updated or deleted (a purged run keeps its leaves; `RunTombstone` says it was
-    purged).
-    """
+    `tail_of`, the run it extends; a governance leaf has neither but `governance_sequence_no` (unique).
+    `data` is the canonical JSON the leaf hash commits to (`audit.transparency.leafdata`), `leaf_hash` its
+    RFC 9162 leaf hash (hex); the other columns are an index only: the verifier derives what a leaf
+    anchors from its signed `data`. Written under the head's lock, never updated or deleted."""
 
     leaf_index = models.BigIntegerField(unique=True)
     run_id = models.CharField(max_length=64, unique=True, null=True, blank=True)
@@ -562,6 +555,12 @@ class GovernanceEventType(models.TextChoices):
     GROUP_DELETED = "GROUP_DELETED"
     USER_DELETED = "USER_DELETED"
     BREAK_GLASS_SIGN_IN = "BREAK_GLASS_SIGN_IN"
+    # Write authentication began in a store recorded before it (audit.transparency.adoption); the rights
+    # every user held then (the replay's starting point, audit.authority); a run the checkpointer refused.
+    WRITE_AUTH_STARTED = "WRITE_AUTH_STARTED"
+    RIGHTS_BASELINE = "RIGHTS_BASELINE"
+    ANCHOR_REFUSED = "ANCHOR_REFUSED"
+    REASONING_READ = "REASONING_READ"  # a read of reasoning content (reasoning.services), chained
 
 
 class GovernanceEvent(models.Model):
@@ -586,6 +585,7 @@ class GovernanceEvent(models.Model):
     prev_hash = models.CharField(max_length=64)
     hash = models.CharField(max_length=64)
     created_at = models.DateTimeField()
+    tag = models.CharField(max_length=80, blank=True, default="")  # as TraceEvent.tag
 
     class Meta:
         db_table = "audit_governance_event"

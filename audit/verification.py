@@ -23,15 +23,19 @@ each, so memory is bounded by the batch size whatever the number of runs.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
 from django.db.models import Q
+from django.utils import timezone
 
-from audit import appended_rows
+from audit import appended_rows, writeauth
+from audit.authenticity import Adoption, adoption, legacy_vouched_upto, tag_verdict
 from audit.binding import verify_rows
 from audit.chunks import run_chunks
 from audit.facts import annotate_recomputed, disagreements, refresh_run_facts
@@ -80,7 +84,8 @@ class RunVerification:
     unpriced: bool = False  # a terminal run whose cost was never priced (`pricing.costs`)
     notes: list[str] = field(default_factory=list)  # no failure: rows before row digests, purges
     leaf_index: int | None = None  # its leaf in the transparency log, None when not anchored
-    unanchored: bool = False  # finished but not yet in the log (a note, not a failure)
+    unanchored: bool = False  # finished but not yet in the log (a note within the anchoring deadline)
+    write_key_id: str = ""  # the write key whose tag authenticates the chain's newest link
 
     @property
     def ok(self) -> bool:
@@ -116,6 +121,7 @@ def verify_run(run_id: str) -> RunVerification:
         tail_noted=noted,
         book=load_price_book(),
         session=sessions.get(run.session_id) if run is not None else None,
+        adopted=adoption(),
     )
     result.invalid[:0] = leaf_index_problems
     if run is None:
@@ -192,32 +198,53 @@ def verify_all_runs(*, batch_size: int = RUN_BATCH) -> Iterator[RunVerification]
     """Verify every run, oldest first, `batch_size` runs at a time, then every run id that audit rows
     name without a run row (`orphaned_run_ids`)."""
     book = load_price_book()
+    adopted = adoption()
     for runs, by_run in run_chunks(annotate_recomputed(DiagnosisRun.objects.all()), batch_size):
-        ids = [r.run_id for r in runs]
-        steps, tools, reasoning, reviews = _rows(ids)
-        appended = appended_rows.rows_of(ids)
-        leaves = leaves_of(ids)
-        tails = tails_of(ids)
-        noted = set(TailPending.objects.filter(run_id__in=ids).values_list("run_id", flat=True))
-        sessions = _sessions(runs)
-        for run in runs:
-            yield _check(
-                run.run_id,
-                by_run.pop(run.run_id, []),
-                run=run,
-                steps=steps.pop(run.run_id, []),
-                tools=tools.pop(run.run_id, []),
-                reasoning=reasoning.pop(run.run_id, []),
-                reviews=reviews.pop(run.run_id, []),
-                appended=appended.get(run.run_id, ()),
-                leaf=leaves.get(run.run_id),
-                tails=tails.get(run.run_id, ()),
-                tail_noted=run.run_id in noted,
-                book=book,
-                session=sessions.get(run.session_id),
-            )
+        yield from check_runs(runs, by_run, book=book, adopted=adopted)
     for run_id in orphaned_run_ids():
         yield verify_run(run_id)
+
+
+def check_runs(
+    runs: list[DiagnosisRun],
+    events: dict[str, list[TraceEvent]],
+    *,
+    book: PriceBook | None,
+    adopted: Adoption,
+    now: dt.datetime | None = None,
+    liveness: bool = True,
+) -> Iterator[RunVerification]:
+    """Verify `runs` (one batch) given their events in sequence order (`events`, run id → events;
+    consumed): their rows, leaves, tails, tail notes and sessions are read with one query each. What
+    `verify_audit` checks of every run, and what the checkpointer checks before it anchors one
+    (`audit.transparency.gate`: without a price `book`, the cost is not compared; without `liveness`,
+    a run late for anchoring is not a problem of its own)."""
+    ids = [r.run_id for r in runs]
+    steps, tools, reasoning, reviews = _rows(ids)
+    appended = appended_rows.rows_of(ids)
+    leaves = leaves_of(ids)
+    tails = tails_of(ids)
+    noted = set(TailPending.objects.filter(run_id__in=ids).values_list("run_id", flat=True))
+    sessions = _sessions(runs)
+    for run in runs:
+        yield _check(
+            run.run_id,
+            events.pop(run.run_id, []),
+            run=run,
+            steps=steps.pop(run.run_id, []),
+            tools=tools.pop(run.run_id, []),
+            reasoning=reasoning.pop(run.run_id, []),
+            reviews=reviews.pop(run.run_id, []),
+            appended=appended.get(run.run_id, ()),
+            leaf=leaves.get(run.run_id),
+            tails=tails.get(run.run_id, ()),
+            tail_noted=run.run_id in noted,
+            book=book,
+            session=sessions.get(run.session_id),
+            adopted=adopted,
+            now=now,
+            liveness=liveness,
+        )
 
 
 def orphaned_run_ids() -> list[str]:
@@ -272,10 +299,26 @@ def _check(
     tail_noted: bool | None = None,
     book: PriceBook | None = None,
     session: ChatSession | None = None,
+    adopted: Adoption | None = None,
+    now: dt.datetime | None = None,
+    liveness: bool = True,
 ) -> RunVerification:
     verdict = verify_chain(events)
     result = RunVerification(run_id=run_id, events=verdict.events, chain_valid=verdict.valid)
     result.invalid.extend(verdict.problems)
+    anchors = [lf for lf in (leaf, *tails) if lf is not None]
+    tags = tag_verdict(
+        events,
+        domain=writeauth.RUN,
+        vouched_upto=legacy_vouched_upto(anchors),
+        adopted_upto=lambda: (adopted or adoption()).runs.get(run_id, 0),
+    )
+    result.invalid.extend(tags.problems)
+    if tags.legacy:
+        result.notes.append(
+            f"{tags.legacy} event(s) recorded before write authentication: the signed log vouches for them"
+        )
+    result.write_key_id = tags.head_key_id
     anchor_problems, anchor_notes = check_anchor(
         run=run, events=events, leaf=leaf, tails=tails, tail_noted=tail_noted
     )
@@ -283,6 +326,8 @@ def _check(
     result.leaf_index = leaf.leaf_index if leaf is not None else None
     result.unanchored = UNANCHORED in anchor_notes
     result.notes.extend(n for n in anchor_notes if n != UNANCHORED)
+    if liveness:
+        result.invalid.extend(liveness_problems(run, events, anchored=leaf is not None, now=now))
     rows = verify_rows(
         events=events,
         run=run,
@@ -325,6 +370,28 @@ def _check(
     return result
 
 
+def liveness_problems(
+    run: Any | None, events: list[Any], *, anchored: bool, now: dt.datetime | None
+) -> list[str]:
+    """A finished run the log does not anchor: a problem when it has no chain at all (nothing
+    authenticates it, and the checkpointer never anchors a run without one), or when its finish
+    (RUN_FINISHED's chained time; the run's column for a run whose finish was never chained) lies more
+    than `AUDIT_ANCHOR_DEADLINE_SECONDS` back: every checkpoint since should have anchored it."""
+    if anchored or run is None or not run.is_terminal:
+        return []
+    if not events:
+        return ["finished run without a chain: nothing authenticates it, and the log never anchors it"]
+    finished = next((e.created_at for e in reversed(events) if e.event_type == EventType.RUN_FINISHED), None)
+    finished = finished or run.finished_at
+    deadline = dt.timedelta(seconds=float(settings.AUDIT_ANCHOR_DEADLINE_SECONDS))
+    if finished is None or finished + deadline >= (now or timezone.now()):
+        return []
+    return [
+        f"finished {timestamp(finished)}, not anchored in the transparency log within "
+        f"{deadline.total_seconds():g} s (AUDIT_ANCHOR_DEADLINE_SECONDS)"
+    ]
+
+
 def refresh_facts(results: list[RunVerification]) -> int:
     """Rewrite the stored list facts of the runs among `results` whose facts disagreed; returns how
     many run rows were rewritten."""
@@ -350,7 +417,13 @@ def verify_governance(
     anchors = {
         seq: list(leaves) for seq, leaves in (governance_anchors() if anchors is None else anchors).items()
     }
-    expected, prev, checked, last_seen = 1, GENESIS_HASH, 0, 0
+    # Untagged events only where a governance leaf of before write authentication vouches for them.
+    vouched = max(
+        (seq for seq, leaves in anchors.items() for _, f in leaves if f and leafdata.write_key_id(f) is None),
+        default=0,
+    )
+    links: list[_Link] = []
+    expected, prev, checked, last_seen, last_at = 1, GENESIS_HASH, 0, 0, None
     while True:
         batch = list(
             GovernanceEvent.objects.filter(sequence_no__gt=last_seen).order_by("sequence_no")[:batch_size]
@@ -366,6 +439,9 @@ def verify_governance(
                 problems.append(f"governance event {seq}: prev_hash does not match the previous event's hash")
             if governance_hash(event) != event.hash:
                 problems.append(f"governance event {seq}: stored hash does not match its content")
+            if event.tag and last_at is not None and event.created_at < last_at:
+                problems.append(f"governance event {seq}: its time is before the previous event's")
+            links.append(_Link(seq, event.hash, event.tag))
             for leaf_index, fields in anchors.pop(seq, ()):
                 if fields is None:
                     problems.append(f"log leaf {leaf_index}: not a canonical governance leaf")
@@ -376,15 +452,36 @@ def verify_governance(
                         f"governance event {seq}: differs from the head anchored in the transparency log "
                         f"(leaf {leaf_index}): the chain was rewritten after it was anchored"
                     )
-            prev, expected, last_seen = event.hash, seq + 1, seq
+                elif (key := leafdata.write_key_id(fields)) and writeauth.key_id_of_tag(event.tag) != key:
+                    problems.append(
+                        f"governance event {seq}: its write tag is not by the key {key} its leaf "
+                        f"{leaf_index} names"
+                    )
+            prev, expected, last_seen, last_at = event.hash, seq + 1, seq, event.created_at
     for seq, leaves in sorted(anchors.items()):
         for leaf_index, _ in leaves:
             problems.append(
                 f"governance event {seq}: anchored in the transparency log (leaf {leaf_index}) but missing "
                 "from the chain"
             )
+    problems.extend(
+        tag_verdict(
+            links,
+            domain=writeauth.GOVERNANCE,
+            vouched_upto=vouched,
+            adopted_upto=lambda: adoption().governance_upto,
+            what="governance event",
+        ).problems
+    )
     problems.extend(hold_problems())
     return checked, problems
+
+
+@dataclass(frozen=True, slots=True)
+class _Link:
+    sequence_no: int
+    hash: str
+    tag: str
 
 
 def governance_anchors() -> dict[int, list[tuple[int, dict[str, Any] | None]]]:

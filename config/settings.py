@@ -312,28 +312,24 @@ CHAT_SSE_HEARTBEAT_SECONDS = env.float("CHAT_SSE_HEARTBEAT_SECONDS", default=15.
 # sends no answer text before RELEASE_DECISION, the outcome carries it; `draft` streams unverified drafts
 # as `draft` events and records that it did (run.delivery). Anything else stops the server (check).
 CHAT_RELEASE = env.str("CHAT_RELEASE", default="verified").strip().lower()
-# Under `draft`, answer text the model writes within this many milliseconds of a run's first held piece
-# goes out as one `draft` frame (agent/runtime/live.py, ChannelLayerSink; 0 = one frame per piece;
-# 10 ms measured best in B3, docs/performance.md).
+# Under `draft`, text written within this many ms of a run's first held piece goes out as one `draft`
+# frame (agent/runtime/live.py; 0 = one frame per piece; 10 ms measured best in B3).
 CHAT_DRAFT_COALESCE_MS = env.float("CHAT_DRAFT_COALESCE_MS", default=10.0)
 
 # ---------------------------------------------------------------------------------------------------
 # AI Ops analyses (docs/aiops.md)
 # ---------------------------------------------------------------------------------------------------
-# Bearer token Alertmanager sends to POST /api/aiops/alertmanager (http_config.authorization). Empty: the
-# webhook refuses every request (401).
+# Bearer token Alertmanager sends to POST /api/aiops/alertmanager (empty: the webhook answers 401).
 AIOPS_WEBHOOK_TOKEN = env.str("AIOPS_WEBHOOK_TOKEN", default="")
 # The user that owns the sessions of alert groups (created on first use, with no usable password).
 AIOPS_SERVICE_USER = env.str("AIOPS_SERVICE_USER", default="alertmanager")
-# Queued analyses each server process executes at once (0: this process never claims any; then run
-# `manage.py run_worker`), how often it looks for new ones, and how long a run may wait for a worker
-# before the sweeper fails it (QUEUE_EXPIRED).
+# Queued analyses each server process runs at once (0: none; then `manage.py run_worker`), how often it
+# looks for new ones, how long a run may wait for a worker before the sweeper fails it (QUEUE_EXPIRED).
 AIOPS_WORKER_CONCURRENCY = env.int("AIOPS_WORKER_CONCURRENCY", default=2)
 AIOPS_POLL_INTERVAL_SECONDS = env.float("AIOPS_POLL_INTERVAL_SECONDS", default=2.0)
 AIOPS_QUEUE_TIMEOUT_SECONDS = env.int("AIOPS_QUEUE_TIMEOUT_SECONDS", default=3600)
-# Tool calls that require a person's approval (create_silence; docs/aiops.md, *Approvals*): how long a
-# request waits before it expires (recorded, treated as rejected), whether the requester of a run may
-# approve its own request, and the longest silence the tool may ask Alertmanager for.
+# Approvals (docs/aiops.md): how long a request waits before it expires (treated as rejected), whether a
+# run's requester may approve its own request, the longest silence the tool may ask Alertmanager for.
 APPROVAL_TIMEOUT_SECONDS = env.int("APPROVAL_TIMEOUT_SECONDS", default=1800)
 APPROVAL_ALLOW_SELF = env.bool("APPROVAL_ALLOW_SELF", default=False)
 APPROVAL_SILENCE_MAX_SECONDS = env.int("APPROVAL_SILENCE_MAX_SECONDS", default=4 * 3600)
@@ -442,24 +438,33 @@ AUDIT_SIGNING_KEYS = env.list("AUDIT_SIGNING_KEYS", default=[])
 AUDIT_VERIFY_KEYS = env.list("AUDIT_VERIFY_KEYS", default=[])
 # Development only, like the reasoning key: generated once and reused; with DEBUG off audit.E001 stops.
 AUDIT_DEV_SIGNING_KEY_FILE = BASE_DIR / ".local" / "audit-signing.key" if DEBUG else None
-# The log's name in every checkpoint it signs: the C2SP checkpoint's origin line and the signing key's
-# name. Set it once, to a schema-less URL naming this deployment (e.g. audit.example.com/diagnosis), before
-# configuring witnesses: a witness knows a log by its origin, and changing it starts a new log for them.
+# The log's name in every checkpoint (origin line, key name): set it once, before configuring witnesses, to a
+# schema-less URL naming this deployment (e.g. audit.example.com/diagnosis); changing it starts a new log.
 AUDIT_LOG_ORIGIN = env.str("AUDIT_LOG_ORIGIN", default="diagnosis-audit")
-# How often each server process appends finished runs and signs a checkpoint (0 = off).
+# How often each server process appends finished runs and signs a checkpoint (0 = off); every Nth time (and
+# at start) it searches every run, not only those created since its cursor (audit/transparency/log.py).
 AUDIT_CHECKPOINT_INTERVAL_SECONDS = env.float("AUDIT_CHECKPOINT_INTERVAL_SECONDS", default=60.0)
+AUDIT_CHECKPOINT_FULL_SCAN_EVERY = env.int("AUDIT_CHECKPOINT_FULL_SCAN_EVERY", default=10)
+# A finished run not anchored this long after its chained finish is a problem (verify_audit, /metrics).
+AUDIT_ANCHOR_DEADLINE_SECONDS = env.float(
+    "AUDIT_ANCHOR_DEADLINE_SECONDS", default=2 * (AUDIT_CHECKPOINT_INTERVAL_SECONDS or 60.0)
+)
+# How far apart the clocks of the processes writing the record may be (verify_audit's time checks).
+AUDIT_CLOCK_TOLERANCE_SECONDS = env.float("AUDIT_CLOCK_TOLERANCE_SECONDS", default=5.0)
+# HMAC keys tagging every chain link the service writes (audit/writeauth.py), newest first, base64 of 32
+# bytes; not the signing keys, never in the database. In DEBUG, one is generated into .local/.
+AUDIT_WRITE_KEYS = env.list("AUDIT_WRITE_KEYS", default=[])
+AUDIT_DEV_WRITE_KEY_FILE = BASE_DIR / ".local" / "audit-write.key" if DEBUG else None
 # Optional file every signed checkpoint is appended to (one JSON line each), for write-once storage.
 AUDIT_WITNESS_PATH = env.str("AUDIT_WITNESS_PATH", default="")
-# C2SP tlog-witness witnesses that cosign each new checkpoint: "<submission URL> <cosigner vkey>" entries,
-# comma-separated (audit/transparency/witnesses.py). Refusals are recorded and exported on /metrics.
+# C2SP tlog-witness witnesses cosigning each checkpoint: "<submission URL> <cosigner vkey>", comma-separated.
 AUDIT_WITNESSES = env.list("AUDIT_WITNESSES", default=[])
 AUDIT_WITNESS_TIMEOUT_SECONDS = env.float("AUDIT_WITNESS_TIMEOUT_SECONDS", default=5.0)
 # The witness policy verify_audit holds the log to: cosigner vkeys, and how many of them must have cosigned
 # the checkpoint covering a run (0 = all). Empty: no policy (cosignatures are still verified when known).
 AUDIT_WITNESS_POLICY = env.list("AUDIT_WITNESS_POLICY", default=[])
 AUDIT_WITNESS_QUORUM = env.int("AUDIT_WITNESS_QUORUM", default=0)
-# Trace records are kept this many days (EU AI Act Art. 19 and 26(6): at least six months), then purged
-# to tombstones by `manage.py purge_audit`.
+# Trace records are kept this many days (EU AI Act Art. 19, 26(6): six months at least), then purged.
 AUDIT_RETENTION_DAYS = env.int("AUDIT_RETENTION_DAYS", default=183)
 # How often each server process runs that purge (0 = off; the log's lock makes processes take turns).
 AUDIT_PURGE_INTERVAL_SECONDS = env.float("AUDIT_PURGE_INTERVAL_SECONDS", default=3600.0)
@@ -467,10 +472,8 @@ AUDIT_PURGE_INTERVAL_SECONDS = env.float("AUDIT_PURGE_INTERVAL_SECONDS", default
 # ---------------------------------------------------------------------------------------------------
 # Telemetry (docs/observability.md): finished runs as OpenTelemetry GenAI traces, and /metrics
 # ---------------------------------------------------------------------------------------------------
-# The standard OTLP variables: the traces endpoint, or the base endpoint + /v1/traces. Unset: no export.
-# Headers, timeout, compression and certificates are read by the OTLP exporter itself
-# (OTEL_EXPORTER_OTLP_HEADERS, OTEL_EXPORTER_OTLP_TIMEOUT, ...), the resource from OTEL_SERVICE_NAME and
-# OTEL_RESOURCE_ATTRIBUTES.
+# The standard OTLP variables: the traces endpoint, or the base endpoint + /v1/traces (unset: no export);
+# the exporter reads OTEL_EXPORTER_OTLP_HEADERS, _TIMEOUT, … and OTEL_SERVICE_NAME itself.
 OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = env.str("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", default="") or (
     env.str("OTEL_EXPORTER_OTLP_ENDPOINT", default="").rstrip("/") + "/v1/traces"
     if env.str("OTEL_EXPORTER_OTLP_ENDPOINT", default="")
@@ -485,9 +488,8 @@ OTEL_EXPORT_MAX_BACKOFF_SECONDS = env.float("OTEL_EXPORT_MAX_BACKOFF_SECONDS", d
 OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT = env.bool(
     "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", default=False
 )
-# Bearer token a scraper sends to GET /metrics. Empty: anonymous scrapes are allowed with DEBUG on
-# (development) and refused with DEBUG off, unless METRICS_ALLOW_ANONYMOUS is set (bound to an
-# internal address only; docs/observability.md).
+# Bearer token a scraper sends to GET /metrics. Empty: anonymous scrapes only with DEBUG on, or with
+# METRICS_ALLOW_ANONYMOUS (bound to an internal address only; docs/observability.md).
 METRICS_TOKEN = env.str("METRICS_TOKEN", default="")
 METRICS_ALLOW_ANONYMOUS = env.bool("METRICS_ALLOW_ANONYMOUS", default=DEBUG)
 # Seconds the database aggregates behind /metrics are reused between scrapes.
@@ -495,13 +497,11 @@ METRICS_CACHE_SECONDS = env.float("METRICS_CACHE_SECONDS", default=5.0)
 # The record metrics cover the runs, steps and tool calls created in this window (telemetry/metrics.py).
 METRICS_WINDOW_SECONDS = env.int("METRICS_WINDOW_SECONDS", default=3600)
 
-# Online evaluators (evaluations/, `manage.py run_evaluations`): the worker scores runs finished in the
-# last EVALUATION_LOOKBACK_HOURS; a worker's claim on a (run, evaluator) is taken over after
-# EVALUATION_CLAIM_SECONDS (a worker that died mid-judge).
+# Online evaluators (evaluations/): the worker scores runs finished in the last EVALUATION_LOOKBACK_HOURS;
+# a claim on a (run, evaluator) is taken over after EVALUATION_CLAIM_SECONDS (a worker died mid-judge).
 EVALUATION_LOOKBACK_HOURS = env.float("EVALUATION_LOOKBACK_HOURS", default=24.0)
 EVALUATION_CLAIM_SECONDS = env.float("EVALUATION_CLAIM_SECONDS", default=300.0)
-# The worker tries a failing LLM-judge call this many times (a pass after each stale claim) before it
-# records the failure as a `judge_error` score.
+# Tries of a failing LLM-judge call (a pass after each stale claim) before a `judge_error` score.
 EVALUATION_JUDGE_ATTEMPTS = env.int("EVALUATION_JUDGE_ATTEMPTS", default=3)
 
 # ---------------------------------------------------------------------------------------------------

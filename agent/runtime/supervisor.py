@@ -317,9 +317,9 @@ async def _sweep() -> None:
 
 
 async def _checkpoint() -> None:
-    from audit.transparency.log import checkpoint
+    from audit.transparency.log import periodic_checkpoint
 
-    await db(checkpoint)
+    await db(periodic_checkpoint)
 
 
 async def _purge() -> None:

@@ -20,7 +20,8 @@ from django.db import DatabaseError, IntegrityError, connection
 from django.db.models import F, JSONField
 from django.utils import timezone
 
-from audit import rowdigest
+from audit import rowdigest, writeauth
+from audit.authenticity import ChainNotAuthentic, require_authentic_head
 from audit.bound import GOVERNANCE_EVENTS
 from audit.facts import fact_statements, refresh_run_facts
 from audit.group_commit import get_committer
@@ -242,7 +243,11 @@ class ChainWriter:
                 # Another process wrote this run's timeline (e.g. a sweeper that thought it dead):
                 # reload the chain head once and retry; anything else is an audit failure.
                 if attempt == 1 and self._sequence_taken():
-                    self._reload_head()
+                    try:
+                        self._reload_head()
+                    except ChainNotAuthentic as refused:
+                        self._refuse_head(spec.what, refused)
+                        return None
                     continue
                 self._failed(spec.what, exc)
                 return None
@@ -257,13 +262,17 @@ class ChainWriter:
         return None
 
     def append_after(
-        self, head: tuple[int, str] | None, events: Sequence[ChainEvent], rows: Sequence[Insert] = ()
+        self, head: tuple[int, str, str] | None, events: Sequence[ChainEvent], rows: Sequence[Insert] = ()
     ) -> int:
-        """Chain `events` after `head` — (sequence_no, hash) of the run's newest event as its appender
-        read it under the run row's lock; None for an empty chain — and commit them now with the rows
-        they bind; returns the `sequence_no` of the last one. Fail-closed, for
-        `audit.recorder.tail.append_to_finished_run` alone (which holds that lock and retries): whatever
-        kept the events from committing is raised, nothing is counted, and the chain stays at `head`."""
+        """Chain `events` after `head` — (sequence_no, hash, tag) of the run's newest event as its
+        appender read it under the run row's lock; None for an empty chain — and commit them now with
+        the rows they bind; returns the `sequence_no` of the last one. Fail-closed, for
+        `audit.recorder.tail.append_to_finished_run` alone (which holds that lock and retries): a head
+        the service did not write is refused (`ChainNotAuthentic`: tagging after it would authenticate
+        it), whatever kept the events from committing is raised, nothing is counted, and the chain
+        stays at `head`."""
+        if head:
+            require_authentic_head(writeauth.RUN, head, run_id=self.run_id)
         self._next_sequence, self._prev_hash = (head[0] + 1, head[1]) if head else (1, GENESIS_HASH)
         spec = _Spec("", events, rows, (), None)
         start = (self._next_sequence, self._prev_hash)
@@ -286,6 +295,7 @@ class ChainWriter:
         """The decision's op with its events chained from the current head, which it advances."""
         events, run_fields = spec.events, spec.run_fields
         t = _tables()
+        tagger = writeauth.verifier()  # raises before anything is chained when no write key exists
         seq = self._next_sequence
         prev = self._prev_hash
         after = spec.after if spec.after is not None else self._late()
@@ -334,6 +344,7 @@ class ChainWriter:
                         prev,
                         digest,
                         created_at,
+                        tagger.tag(writeauth.RUN, digest),
                     ),
                 )
             )
@@ -434,13 +445,30 @@ class ChainWriter:
             return False
 
     def _reload_head(self) -> None:
+        """Continue from the stored head, which must be one the service wrote (`ChainNotAuthentic`
+        otherwise: whatever this recorder tagged after it would authenticate it)."""
         last = (
             TraceEvent.objects.filter(run_id=self.run_id)
             .order_by("-sequence_no")
-            .values_list("sequence_no", "hash")
+            .values_list("sequence_no", "hash", "tag")
             .first()
         )
+        if last is not None:
+            require_authentic_head(writeauth.RUN, last, run_id=self.run_id)
         self._next_sequence, self._prev_hash = (last[0] + 1, last[1]) if last else (1, GENESIS_HASH)
+
+    def _refuse_head(self, what: str, exc: ChainNotAuthentic) -> None:
+        """The stored head of this run's chain was not written by the service (another writer chained
+        events the recorder cannot authenticate): the decision is lost (counted), and the owner is told
+        as for a fenced write, so that the run stops at its next safe point and nothing more is tagged."""
+        logger.error("audit chain head not authentic run=%s op=%s", self.run_id, what)
+        self._failed(what, exc)
+        self.fenced = True
+        if self.on_fenced is not None:
+            try:
+                self.on_fenced()
+            except Exception as hook_error:
+                logger.error("fenced hook failed run=%s error=%s", self.run_id, type(hook_error).__name__)
 
     def _persisted_counts(self) -> dict[str, int]:
         return {

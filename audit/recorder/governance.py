@@ -25,7 +25,8 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from audit import rowdigest
+from audit import rowdigest, writeauth
+from audit.authenticity import require_authentic_head
 from audit.integrity import GENESIS_HASH, chain_hash, timestamp
 from audit.models import EventType, GovernanceEvent, GovernanceEventType, Phase
 from audit.recorder.facts import ChainEvent
@@ -116,12 +117,14 @@ def record_governance_event(
     permission: str = "",
     details: Mapping[str, Any] | None = None,
 ) -> GovernanceEvent:
-    """Append one event at the head of the governance chain and return it.
+    """Append one event at the head of the governance chain, tagged with the write key, and return it.
 
     Fail-closed: it runs inside the caller's transaction (opening one if there is none), so a change
     whose event could not be written is rolled back with it. Concurrent writers are ordered by a
     locking read of the head (on SQLite by the write transaction itself); a writer that loses the race
-    for a sequence number retries."""
+    for a sequence number retries. A head the service did not write is refused
+    (`audit.authenticity.ChainNotAuthentic`): the change is rolled back rather than authenticated after
+    a forged event. Its time is never before the head's."""
     if event_type not in GovernanceEventType.values:
         raise ValueError(f"not a governance event type: {event_type!r}")
     for attempt in range(1, APPEND_ATTEMPTS + 1):
@@ -130,10 +133,14 @@ def record_governance_event(
                 last = (
                     GovernanceEvent.objects.select_for_update()
                     .order_by("-sequence_no")
-                    .values_list("sequence_no", "hash")
+                    .values_list("sequence_no", "hash", "tag", "created_at")
                     .first()
                 )
+                if last is not None:
+                    require_authentic_head(writeauth.GOVERNANCE, last)
                 sequence_no, prev_hash = (last[0] + 1, last[1]) if last else (1, GENESIS_HASH)
+                # Governance times never go backwards, whichever process's clock wrote the head.
+                now = timezone.now()
                 event = GovernanceEvent(
                     sequence_no=sequence_no,
                     event_type=event_type,
@@ -144,9 +151,10 @@ def record_governance_event(
                     details=dict(details or {}),
                     prev_hash=prev_hash,
                     # The database keeps microseconds; hash what it will give back.
-                    created_at=timezone.now(),
+                    created_at=max(now, last[3]) if last is not None else now,
                 )
                 event.hash = governance_hash(event)
+                event.tag = writeauth.tag(writeauth.GOVERNANCE, event.hash)
                 event.save(force_insert=True)
                 return event
         except IntegrityError:

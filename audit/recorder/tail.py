@@ -117,14 +117,14 @@ def append_to_finished_run(
     raise AssertionError("unreachable")
 
 
-def locked_head(run_id: str) -> tuple[int, str] | None:
-    """(sequence_no, hash) of the run's newest event by a locking read — the newest committed head, also
-    under REPEATABLE READ — or None for an empty chain. Callers hold the run row's lock first."""
+def locked_head(run_id: str) -> tuple[int, str, str] | None:
+    """(sequence_no, hash, tag) of the run's newest event by a locking read — the newest committed head,
+    also under REPEATABLE READ — or None for an empty chain. Callers hold the run row's lock first."""
     return (
         TraceEvent.objects.select_for_update()
         .filter(run_id=run_id)
         .order_by("-sequence_no")
-        .values_list("sequence_no", "hash")
+        .values_list("sequence_no", "hash", "tag")
         .first()
     )
 

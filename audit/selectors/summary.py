@@ -13,7 +13,10 @@ Summary semantics (documented in docs/api.md):
   not in the chain); `returned`: rows in this response — the persisted rows whose `session_id` is the
   run's session (a row stored under the run's id but another session is excluded and named in `gaps`).
 * `chainValid`: `audit.integrity.verify_chain` over every persisted event (1..n without gap or repeat,
-  each `prev_hash` the previous `hash`, each hash recomputed from its own fields).
+  each `prev_hash` the previous `hash`, each hash recomputed from its own fields). Every event must also
+  carry a write tag that verifies (`audit.authenticity.tag_verdict`, the rule `verify_audit` applies):
+  an event the service did not write is named in `gaps` and the audit is incomplete; events recorded
+  before write authentication that the signed log vouches for are a note.
 * `rowsVerified` is true when every stored row of the run (steps, tools, reasoning rows, the run's
   terminal summary) carries a digest in the chain and matches it when recomputed from its stored columns
   (`audit.binding.verify_rows`), no bound row is missing, and a finished run's chain holds its
@@ -51,6 +54,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from audit import writeauth
+from audit.authenticity import adoption, legacy_vouched_upto, tag_verdict
 from audit.binding import verify_rows
 from audit.integrity import verify_chain
 from audit.models import (
@@ -188,6 +193,17 @@ def summarize(
     if not verdict.valid:
         complete = False
         gaps.extend(f"hash chain: {problem}" for problem in verdict.problems)
+    tags = tag_verdict(
+        events,
+        domain=writeauth.RUN,
+        vouched_upto=legacy_vouched_upto([lf for lf in (leaf, *tails) if lf is not None]),
+        adopted_upto=lambda: adoption().runs.get(run.run_id, 0),
+    )
+    if tags.problems:
+        complete = False
+        gaps.extend(f"write authentication: {problem}" for problem in tags.problems)
+    if tags.legacy:
+        gaps.append(f"{_n(tags.legacy, 'event')} recorded before write authentication (the log vouches)")
     if rows.problems:
         complete = False
         gaps.extend(rows.problems)

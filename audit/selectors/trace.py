@@ -129,6 +129,7 @@ class StoredEvent:
         "session_id",
         "status",
         "summary",
+        "tag",
     )
 
     def __init__(self, *values: Any) -> None:
@@ -144,6 +145,7 @@ class StoredEvent:
             self.prev_hash,
             self.hash,
             self.created_at,
+            self.tag,
             self.details_text,
         ) = values
         self.details = json_loads(self.details_text) if self.details_text is not None else None
@@ -169,6 +171,7 @@ _EVENT_VALUES = (
     "prev_hash",
     "hash",
     "created_at",
+    "tag",
 )
 
 

@@ -27,7 +27,9 @@ with where it is (`events[3] (sequence 4): …`, `rows.tools[0] (tool call call_
 3. the rows: each form's digest recomputed and equal to the one listed and to the latest binding in the
    chain (`audit.bound.collect`, the rules the server's `verify_audit` uses), each bound row present;
 4. the anchor: the leaf data recomputed from the chain up to its `lastSequenceNo` (only governance events
-   and reviews may follow), its RFC 9162 leaf hash, the inclusion proof up to the checkpoint's root, the
+   and reviews may follow; the `writeKeyId` of an authenticated leaf names the write key whose tag the
+   service verified on that head — reported, not checked: the tag needs the key), its RFC 9162 leaf
+   hash, the inclusion proof up to the checkpoint's root, the
    checkpoint's body (tree size and root) and its Ed25519 signature by one of the given public keys
    (a C2SP signed note, or the JSON checkpoint of older bundles) and, with a witness policy, a valid
    cosignature/v1 by at least N of its M witness keys;
@@ -403,6 +405,9 @@ def _verify_anchor(
     last = fields["lastSequenceNo"]
     prefix = leafdata.anchored_prefix(events, last) if isinstance(last, int) else []
     expected = leafdata.run_leaf(run_id=run_id, session_id=session_id, events=prefix)
+    write_key = leafdata.write_key_id(fields)
+    if write_key is not None:
+        expected[leafdata.WRITE_KEY_ID] = write_key  # the service's to check: it holds the key
     if fields != expected:
         differing = ", ".join(k for k in leafdata.FIELDS if fields.get(k) != expected.get(k))
         report.failures.append(f"anchor.leafData: differs from the chain up to sequence {last} ({differing})")
@@ -427,6 +432,13 @@ def _verify_anchor(
         report.passed.append(
             f"anchor: leaf {anchor['leafIndex']} recomputed from the chain (sequence 1..{last}), included in "
             f"the checkpoint of tree size {body.tree_size} signed {body.signed_at} by key {signed}"
+        )
+        report.passed.append(
+            f"write authentication: the signed leaf says the service verified write key {write_key}'s tag on "
+            "the anchored head before anchoring it"
+            if write_key
+            else "write authentication: the run was anchored before write authentication (the signed log "
+            "vouches for it)"
         )
     return body if signed else None
 

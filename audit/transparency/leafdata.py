@@ -28,6 +28,13 @@ checkpoint found it:
 
 The chain head commits to every governance event up to it, so a governance chain rewritten and
 re-hashed after a checkpoint anchored it no longer ends in that hash at that sequence number.
+
+**Authenticated leaves.** Since write authentication (issue 43, `audit.writeauth`) every leaf of every
+kind also carries `"writeKeyId"`: the id of the write key whose tag on the anchored head event the
+checkpointer verified before it appended the leaf (the checkpointer anchors nothing else). A leaf without
+it is one of before write authentication: it vouches for the untagged events up to its head, and no
+such leaf may follow an authenticated one. Anyone can read which write key authenticated a run from the
+signed leaf; only the service, which holds the key, can check the tag itself.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ FIELDS = ("kind", "runId", "sessionId", "chainHead", "lastSequenceNo", "runDiges
 TAIL_FIELDS = ("kind", "runId", "sessionId", "chainHead", "lastSequenceNo")
 GOVERNANCE_FIELDS = ("kind", "chainHead", "lastSequenceNo", "lastEventAt")
 _KINDS = {KIND_RUN: FIELDS, KIND_RUN_TAIL: TAIL_FIELDS, KIND_GOVERNANCE: GOVERNANCE_FIELDS}
+WRITE_KEY_ID = "writeKeyId"  # the field of an authenticated leaf (see the module docstring)
 
 
 class Event(Protocol):
@@ -87,41 +95,75 @@ def leaf_fields(
     head_sequence_no: int | None,
     finished_details: Any,
     finished_at: dt.datetime | str | None,
+    write_key_id: str | None = None,
 ) -> dict[str, Any]:
-    """The leaf fields from the chain's head and its last RUN_FINISHED (None: the run has no such event)."""
+    """The leaf fields from the chain's head and its last RUN_FINISHED (None: the run has no such event);
+    `write_key_id`: the key whose tag on the head was verified (None: a leaf of before write
+    authentication)."""
     details = finished_details if isinstance(finished_details, dict) else {}
-    return {
-        "kind": KIND_RUN,
-        "runId": run_id,
-        "sessionId": session_id,
-        "chainHead": head_hash if head_hash is not None else GENESIS_HASH,
-        "lastSequenceNo": int(head_sequence_no or 0),
-        "runDigest": details.get("runDigest"),
-        "finishedAt": _time(finished_at) if finished_at is not None else None,
-    }
+    return _authenticated(
+        {
+            "kind": KIND_RUN,
+            "runId": run_id,
+            "sessionId": session_id,
+            "chainHead": head_hash if head_hash is not None else GENESIS_HASH,
+            "lastSequenceNo": int(head_sequence_no or 0),
+            "runDigest": details.get("runDigest"),
+            "finishedAt": _time(finished_at) if finished_at is not None else None,
+        },
+        write_key_id,
+    )
 
 
 def governance_fields(
-    *, head_hash: str, head_sequence_no: int, created_at: dt.datetime | str
+    *, head_hash: str, head_sequence_no: int, created_at: dt.datetime | str, write_key_id: str | None = None
 ) -> dict[str, Any]:
     """The leaf fields anchoring the governance chain's head (its last event's hash, number and time)."""
-    return {
-        "kind": KIND_GOVERNANCE,
-        "chainHead": head_hash,
-        "lastSequenceNo": int(head_sequence_no),
-        "lastEventAt": _time(created_at),
-    }
+    return _authenticated(
+        {
+            "kind": KIND_GOVERNANCE,
+            "chainHead": head_hash,
+            "lastSequenceNo": int(head_sequence_no),
+            "lastEventAt": _time(created_at),
+        },
+        write_key_id,
+    )
 
 
-def tail_fields(*, run_id: str, session_id: str, head_hash: str, head_sequence_no: int) -> dict[str, Any]:
+def tail_fields(
+    *, run_id: str, session_id: str, head_hash: str, head_sequence_no: int, write_key_id: str | None = None
+) -> dict[str, Any]:
     """The fields of a run-tail leaf: the run's chain head when a checkpoint found it grown."""
-    return {
-        "kind": KIND_RUN_TAIL,
-        "runId": run_id,
-        "sessionId": session_id,
-        "chainHead": head_hash,
-        "lastSequenceNo": int(head_sequence_no),
-    }
+    return _authenticated(
+        {
+            "kind": KIND_RUN_TAIL,
+            "runId": run_id,
+            "sessionId": session_id,
+            "chainHead": head_hash,
+            "lastSequenceNo": int(head_sequence_no),
+        },
+        write_key_id,
+    )
+
+
+def _authenticated(fields: dict[str, Any], write_key_id: str | None) -> dict[str, Any]:
+    if write_key_id is not None:
+        fields[WRITE_KEY_ID] = write_key_id
+    return fields
+
+
+def _has_fields(fields: dict[str, Any], wanted: tuple[str, ...]) -> bool:
+    """Exactly the kind's fields, with or without `writeKeyId` (a non-empty string when present)."""
+    names = tuple(sorted(fields))
+    if names == tuple(sorted(wanted)):
+        return True
+    key_id = fields.get(WRITE_KEY_ID)
+    return names == tuple(sorted((*wanted, WRITE_KEY_ID))) and isinstance(key_id, str) and bool(key_id)
+
+
+def write_key_id(fields: dict[str, Any]) -> str | None:
+    """The write key id an authenticated leaf names; None for a leaf of before write authentication."""
+    return fields.get(WRITE_KEY_ID)
 
 
 def encode(fields: dict[str, Any]) -> bytes:
@@ -132,7 +174,7 @@ def decode(data: str | bytes) -> dict[str, Any]:
     """The fields of stored leaf data; ValueError unless it is exactly a canonical run leaf."""
     text = data.decode("utf-8") if isinstance(data, bytes) else data
     fields = json.loads(text)
-    if not isinstance(fields, dict) or tuple(sorted(fields)) != tuple(sorted(FIELDS)):
+    if not isinstance(fields, dict) or not _has_fields(fields, FIELDS):
         raise ValueError("leaf data does not have exactly the leaf fields")
     if fields["kind"] != KIND_RUN:
         raise ValueError(f"unknown leaf kind {fields['kind']!r}")
@@ -154,7 +196,7 @@ def decode_any(data: str | bytes) -> dict[str, Any]:
     wanted = _KINDS.get(fields.get("kind"))
     if wanted is None:
         raise ValueError(f"unknown leaf kind {fields.get('kind')!r}")
-    if tuple(sorted(fields)) != tuple(sorted(wanted)):
+    if not _has_fields(fields, wanted):
         raise ValueError(f"leaf data does not have exactly the {fields['kind']} leaf fields")
     if not isinstance(fields["lastSequenceNo"], int) or isinstance(fields["lastSequenceNo"], bool):
         raise ValueError("leaf data's lastSequenceNo is not an integer")
@@ -167,7 +209,7 @@ def decode_governance(data: str | bytes) -> dict[str, Any]:
     """The fields of a stored governance leaf; ValueError unless it is exactly a canonical one."""
     text = data.decode("utf-8") if isinstance(data, bytes) else data
     fields = json.loads(text)
-    if not isinstance(fields, dict) or tuple(sorted(fields)) != tuple(sorted(GOVERNANCE_FIELDS)):
+    if not isinstance(fields, dict) or not _has_fields(fields, GOVERNANCE_FIELDS):
         raise ValueError("leaf data does not have exactly the governance leaf fields")
     if fields["kind"] != KIND_GOVERNANCE:
         raise ValueError(f"not a governance leaf: kind {fields['kind']!r}")

@@ -37,26 +37,24 @@ import datetime as dt
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, JSONField, Max, Min, OuterRef, Q, Subquery
+from django.db.models import Exists, Min, OuterRef, Q
 from django.utils import timezone
 
+from audit import writeauth
 from audit.integrity import timestamp
 from audit.models import (
     Checkpoint,
-    EventType,
-    GovernanceEvent,
     LogHead,
     LogLeaf,
     LogNode,
     TailPending,
-    TraceEvent,
 )
 from audit.recorder.tail import locked_head
-from audit.transparency import keys, leafdata, merkle, note, store, witnesses
+from audit.transparency import gate, keys, leafdata, merkle, note, store, witnesses
 from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun
 
 logger = logging.getLogger(__name__)
@@ -77,6 +75,7 @@ class CheckpointResult:
     tree_size: int
     governance_anchored: int | None = None
     tails: int = 0  # run-tail leaves appended
+    refused: list[str] = field(default_factory=list)  # runs whose record did not authenticate (gate)
 
     @property
     def newest(self) -> Checkpoint | None:
@@ -97,32 +96,41 @@ def ensure_head() -> None:
 def checkpoint(
     *, now: dt.datetime | None = None, full_scan: bool = False, batch_size: int = APPEND_BATCH
 ) -> CheckpointResult:
-    """Append every finished run not yet in the log and sign a checkpoint per batch (see the module
-    docstring). Signs nothing when no run is waiting and the governance chain has not grown. Raises
-    `keys.SigningKeysMissing` without keys."""
-    keys.current_key()  # fail before taking the lock when nothing could be signed
+    """Append every finished run not yet in the log whose record authenticates (`gate`), and sign a
+    checkpoint per batch (see the module docstring). Signs nothing when no run is waiting and the
+    governance chain has not grown. Raises `keys.SigningKeysMissing` without signing keys and
+    `writeauth.WriteKeysMissing` without write keys (nothing could be checked)."""
+    keys.current_key()  # fail before taking the lock when nothing could be signed or authenticated
+    writeauth.verifier()
     ensure_head()
     appended, signed, governance, tails = 0, [], None, 0
+    refused: dict[str, list[str]] = {}
+    governance_problems: list[str] = []
     done = False
     while not done:
         with transaction.atomic():
             head = LogHead.objects.select_for_update().get(pk=1)
             stamp = now or timezone.now()
             scan_from = None if full_scan else head.scan_from
-            runs = _waiting_runs(scan_from, batch_size)
-            if len(runs) < batch_size:
+            waiting = _waiting_runs(scan_from, batch_size, head.tree_size, skip=set(refused))
+            if len(waiting) < batch_size:
                 done = True
+            runs = gate.admit_runs(waiting)
+            refused.update(runs.refused)
             # Tails and the governance head are anchored once per call, with the last batch of runs.
-            grown = _grown_tails(exclude={r.run_id for r in runs}) if done else []
-            gov_head = _unanchored_governance_head() if done else None
-            if runs or gov_head or grown:
-                appended += _append(head, runs, stamp, gov_head, grown)
-                tails += len(grown)
-                signed.append(_sign(head, stamp))
+            grown = _grown_tails(exclude=set(waiting)) if done else gate.Verdict()
+            refused.update(grown.refused)
+            gov_head, governance_problems = gate.admit_governance() if done else (None, [])
+            if runs.admitted or gov_head or grown.admitted:
+                appended += append_leaves(head, runs.admitted, stamp, gov_head, grown.admitted)
+                tails += len(grown.admitted)
+                # Signed now, after every head it anchors was read: no anchored event is newer.
+                signed.append(sign_head(head, now or timezone.now()))
                 if gov_head:
-                    governance = gov_head[0]
+                    governance = gov_head.sequence_no
             if done:
-                _advance_scan(head, scan_from, stamp)
+                _advance_scan(head, scan_from, stamp, refused=set(refused))
+    gate.report_refusals(refused, governance_problems)
     for cp in signed:
         _witness(cp)
     _cosign()
@@ -133,7 +141,22 @@ def checkpoint(
         tree_size=tree_size,
         governance_anchored=governance,
         tails=tails,
+        refused=sorted(refused),
     )
+
+
+_periodic = {"calls": 0}
+
+
+def periodic_checkpoint() -> CheckpointResult:
+    """The server's periodic checkpointer: a full scan at its first call in this process and every
+    `AUDIT_CHECKPOINT_FULL_SCAN_EVERY` calls, incremental (from `LogHead.scan_from`) otherwise. The
+    cursor is only an optimisation: whatever a database writer sets it to, the next full scan finds
+    every finished run it hid (and until then `verify_audit` reports each as late)."""
+    every = max(1, int(getattr(settings, "AUDIT_CHECKPOINT_FULL_SCAN_EVERY", 10)))
+    full = _periodic["calls"] % every == 0
+    _periodic["calls"] += 1
+    return checkpoint(full_scan=full)
 
 
 def anchored_heads(run_ids: list[str]) -> dict[str, int]:
@@ -155,11 +178,11 @@ def anchored_heads(run_ids: list[str]) -> dict[str, int]:
     return heads
 
 
-def _grown_tails(*, exclude: set[str], limit: int = TAIL_BATCH) -> list[tuple[str, str, int, str]]:
-    """(run_id, session_id, head sequence, head hash) of each anchored run noted as grown
-    (`audit.recorder.tail`) whose chain now reaches past its newest anchored head; deletes the notes that the
-    anchored or appended heads cover (and those of runs that no longer exist). Runs in `exclude` are
-    being anchored by this very checkpoint and keep their notes for the next one."""
+def _grown_tails(*, exclude: set[str], limit: int = TAIL_BATCH) -> gate.Verdict:
+    """The anchored runs noted as grown (`audit.recorder.tail`) whose chain now reaches past their newest
+    anchored head, verified by the gate (admitted: their tail heads; refused: kept noted, retried by the
+    next checkpoint); deletes the notes that the anchored heads cover (and those of runs that no longer
+    exist). Runs in `exclude` are being anchored by this very checkpoint and keep their notes."""
     pending = [
         (run_id, seq)
         for run_id, seq in TailPending.objects.order_by("id").values_list("run_id", "last_sequence_no")[
@@ -168,19 +191,19 @@ def _grown_tails(*, exclude: set[str], limit: int = TAIL_BATCH) -> list[tuple[st
         if run_id not in exclude
     ]
     if not pending:
-        return []
+        return gate.Verdict()
     ids = [run_id for run_id, _ in pending]
     anchored = anchored_heads(ids)
     # The run rows' locks order this read after any append in flight (appenders hold them).
-    sessions = dict(
+    present = set(
         DiagnosisRun.objects.select_for_update()
         .filter(run_id__in=ids)
         .order_by("run_id")
-        .values_list("run_id", "session_id")
+        .values_list("run_id", flat=True)
     )
     grown, covered = [], []
     for run_id, _seq in pending:
-        if run_id not in sessions:
+        if run_id not in present:
             covered.append((run_id, None))  # purged or deleted: nothing left to anchor
             continue
         if run_id not in anchored:
@@ -189,60 +212,43 @@ def _grown_tails(*, exclude: set[str], limit: int = TAIL_BATCH) -> list[tuple[st
         if last is None:
             continue
         if last[0] > anchored[run_id]:
-            grown.append((run_id, sessions[run_id], last[0], last[1]))
-        covered.append((run_id, max(last[0], anchored[run_id])))
+            grown.append(run_id)
+        else:
+            covered.append((run_id, anchored[run_id]))
+    verdict = gate.admit_runs(grown)
+    covered.extend((h.run_id, h.sequence_no) for h in verdict.admitted)
     for run_id, upto in covered:
         notes = TailPending.objects.filter(run_id=run_id)
         if upto is not None:
             notes = notes.filter(last_sequence_no__lte=upto)
         notes.delete()
-    return grown
+    return verdict
 
 
-def _unanchored_governance_head() -> tuple[int, str, dt.datetime] | None:
-    """(sequence_no, hash, created_at) of the governance chain's head when no leaf anchors it yet."""
-    last = (
-        GovernanceEvent.objects.order_by("-sequence_no")
-        .values_list("sequence_no", "hash", "created_at")
-        .first()
-    )
-    if last is None:
-        return None
-    anchored = LogLeaf.objects.aggregate(at=Max("governance_sequence_no"))["at"] or 0
-    return last if last[0] > anchored else None
-
-
-def _waiting_runs(scan_from: dt.datetime | None, limit: int) -> list[DiagnosisRun]:
-    last = TraceEvent.objects.filter(run_id=OuterRef("run_id")).order_by("-sequence_no")
-    finish = TraceEvent.objects.filter(run_id=OuterRef("run_id"), event_type=EventType.RUN_FINISHED).order_by(
-        "-sequence_no"
-    )
-    anchored = LogLeaf.objects.filter(run_id=OuterRef("run_id"))
+def _waiting_runs(scan_from: dt.datetime | None, limit: int, tree_size: int, *, skip: set[str]) -> list[str]:
+    """Ids of finished runs without a leaf under the signed size, oldest finish first (a leaf row beyond
+    the log's size, which no checkpoint signs, anchors nothing); `skip`: runs refused earlier in this
+    call."""
+    anchored = LogLeaf.objects.filter(run_id=OuterRef("run_id"), leaf_index__lt=tree_size)
     runs = DiagnosisRun.objects.filter(status__in=TERMINAL_RUN_STATUSES)
     if scan_from is not None:
         runs = runs.filter(created_at__gte=scan_from)
+    if skip:
+        runs = runs.exclude(run_id__in=sorted(skip))
     return list(
-        runs.filter(~Exists(anchored))
-        .annotate(
-            head_hash=Subquery(last.values("hash")[:1]),
-            head_sequence_no=Subquery(last.values("sequence_no")[:1]),
-            finished_details=Subquery(finish.values("details")[:1], output_field=JSONField()),
-            finished_event_at=Subquery(finish.values("created_at")[:1]),
-        )
-        .only("run_id", "session_id", "finished_at", "created_at")
-        .order_by("finished_at", "id")[:limit]
+        runs.filter(~Exists(anchored)).order_by("finished_at", "id").values_list("run_id", flat=True)[:limit]
     )
 
 
-def _append(
+def append_leaves(
     head: LogHead,
-    runs: list[DiagnosisRun],
+    runs: list[gate.Head],
     now: dt.datetime,
-    governance: tuple[int, str, dt.datetime] | None = None,
-    tails: list[tuple[str, str, int, str]] = (),
+    governance: gate.GovernanceHead | None = None,
+    tails: list[gate.Head] = (),
 ) -> int:
-    """Append the runs' leaves, then the grown tails', then the governance head's (if any); returns how
-    many runs."""
+    """Append the runs' leaves, then the grown tails', then the governance head's (if any), each naming
+    the write key whose tag on the anchored head the gate verified; returns how many runs."""
     edge = store.frontier(head.tree_size)
     leaves, nodes = [], []
 
@@ -262,23 +268,30 @@ def _append(
         fields = leafdata.leaf_fields(
             run_id=run.run_id,
             session_id=run.session_id,
-            head_hash=run.head_hash,
-            head_sequence_no=run.head_sequence_no,
+            head_hash=run.hash,
+            head_sequence_no=run.sequence_no,
             finished_details=_details(run.finished_details),
-            finished_at=run.finished_event_at,
+            finished_at=run.finished_at,
+            write_key_id=run.write_key_id,
         )
         add(fields, run_id=run.run_id, session_id=run.session_id)
-    for run_id, session_id, sequence_no, head_hash in tails:
+    for tail in tails:
         fields = leafdata.tail_fields(
-            run_id=run_id, session_id=session_id, head_hash=head_hash, head_sequence_no=sequence_no
+            run_id=tail.run_id,
+            session_id=tail.session_id,
+            head_hash=tail.hash,
+            head_sequence_no=tail.sequence_no,
+            write_key_id=tail.write_key_id,
         )
-        add(fields, tail_of=run_id, session_id=session_id)
+        add(fields, tail_of=tail.run_id, session_id=tail.session_id)
     if governance is not None:
-        sequence_no, head_hash, created_at = governance
         fields = leafdata.governance_fields(
-            head_hash=head_hash, head_sequence_no=sequence_no, created_at=created_at
+            head_hash=governance.hash,
+            head_sequence_no=governance.sequence_no,
+            created_at=governance.created_at,
+            write_key_id=governance.write_key_id,
         )
-        add(fields, governance_sequence_no=sequence_no, session_id="")
+        add(fields, governance_sequence_no=governance.sequence_no, session_id="")
     LogLeaf.objects.bulk_create(leaves, batch_size=500)
     LogNode.objects.bulk_create(
         [LogNode(level=level, node_index=index, hash=h.hex()) for level, index, h in nodes], batch_size=500
@@ -300,7 +313,7 @@ def _details(value):
     return value
 
 
-def _sign(head: LogHead, now: dt.datetime) -> Checkpoint:
+def sign_head(head: LogHead, now: dt.datetime) -> Checkpoint:
     """A C2SP checkpoint of the head, signed as a signed note by the newest key under the origin's name
     (`audit.transparency.note.NoteBody`); it names the previous checkpoint's hash, whatever its format."""
     key = keys.current_key()
@@ -325,12 +338,22 @@ def _sign(head: LogHead, now: dt.datetime) -> Checkpoint:
     )
 
 
-def _advance_scan(head: LogHead, scanned_from: dt.datetime | None, now: dt.datetime) -> None:
-    """Every run created before the returned time is terminal and anchored (see the module docstring)."""
+def _advance_scan(
+    head: LogHead, scanned_from: dt.datetime | None, now: dt.datetime, *, refused: set[str] = frozenset()
+) -> None:
+    """Every run created before the new cursor is terminal and anchored, or refused (kept in view: a
+    refused run is examined again by every checkpoint until its record authenticates). Only an
+    optimisation: a full scan searches every run whatever it says (`periodic_checkpoint`)."""
     open_runs = DiagnosisRun.objects.exclude(status__in=TERMINAL_RUN_STATUSES)
     if scanned_from is not None:
         open_runs = open_runs.filter(created_at__gte=scanned_from)
     oldest_open = open_runs.aggregate(at=Min("created_at"))["at"]
+    if refused:
+        oldest_refused = DiagnosisRun.objects.filter(run_id__in=sorted(refused)).aggregate(
+            at=Min("created_at")
+        )["at"]
+        if oldest_refused is not None:
+            oldest_open = oldest_refused if oldest_open is None else min(oldest_open, oldest_refused)
     bound = now - SCAN_GRACE
     new = min(oldest_open, bound) if oldest_open is not None else bound
     if scanned_from is not None and new < scanned_from:

@@ -38,6 +38,7 @@ from typing import Any
 
 from django.db.models import Q
 
+from audit import writeauth
 from audit.binding import GOVERNANCE_EVENTS
 from audit.integrity import timestamp
 from audit.models import (
@@ -292,6 +293,7 @@ def verify_log(
     frontier = merkle.Frontier()
     node_problems = 0
     purged_seen: set[str] = set()
+    authenticated_since: int | None = None  # the first leaf that names a write key
     for rows in _leaf_batches(batch_size):
         first = frontier.size
         made: dict[tuple[int, int], str] = {}
@@ -300,6 +302,13 @@ def verify_log(
             index, leaf_hex, data = leaf.index, leaf.leaf_hash, leaf.data
             fields, problems = leaf_problems(leaf)
             result.invalid.extend(problems)
+            if fields is not None and leafdata.write_key_id(fields) is not None:
+                authenticated_since = index if authenticated_since is None else authenticated_since
+            elif fields is not None and authenticated_since is not None:
+                result.invalid.append(
+                    f"log leaf {index}: a leaf of before write authentication after an authenticated one "
+                    f"(leaf {authenticated_since}): the log vouches for untagged records only before"
+                )
             if fields is not None and fields["kind"] == leafdata.KIND_GOVERNANCE:
                 result.governance.setdefault(fields["lastSequenceNo"], []).append((index, fields))
             elif fields is not None:
@@ -484,6 +493,8 @@ def check_anchor(
     ):
         if now[key] != anchored[key] and not problems:
             problems.append(f"{where}: the {label} differs from the anchored one")
+    by_seq = {e.sequence_no: e for e in events}
+    problems.extend(_write_key_problems(where, anchored, by_seq.get(last)))
     later = [e for e in events if e.sequence_no > last and e.event_type not in GOVERNANCE_EVENTS]
     if later:
         problems.append(
@@ -491,7 +502,6 @@ def check_anchor(
             "that are not governance events"
         )
     newest = last
-    by_seq = {e.sequence_no: e for e in events}
     for tail in sorted(tails, key=lambda t: t.leaf_index):
         at = f"anchored in log leaf {tail.leaf_index} (a tail)"
         try:
@@ -515,6 +525,8 @@ def check_anchor(
                 f"{at}: the chain head at sequence {seq} differs from the anchored one "
                 "(the run's record was rewritten after it was anchored)"
             )
+        else:
+            problems.extend(_write_key_problems(at, fields, head))
         if fields["sessionId"] != anchored["sessionId"]:
             problems.append(f"{at}: names another session than the run's leaf")
         newest = max(newest, seq)
@@ -533,6 +545,17 @@ def check_anchor(
     if run is not None and not run.is_terminal:
         problems.append(f"{where} as finished, but the run is stored as {run.status}")
     return problems, notes
+
+
+def _write_key_problems(where: str, fields: dict[str, Any], head: Any | None) -> list[str]:
+    """An authenticated leaf names the write key of the tag on the head it anchors (whether that tag
+    verifies is `audit.authenticity.tag_verdict`'s check of the chain)."""
+    wanted = leafdata.write_key_id(fields)
+    if wanted is None or head is None:
+        return []
+    if writeauth.key_id_of_tag(getattr(head, "tag", "")) != wanted:
+        return [f"{where}: the anchored head's write tag is not by the write key {wanted} the leaf names"]
+    return []
 
 
 def tails_of(run_ids: Iterable[str]) -> dict[str, list[LogLeaf]]:

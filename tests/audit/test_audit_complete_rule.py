@@ -13,7 +13,7 @@ import itertools
 
 import pytest
 
-from audit import rowdigest
+from audit import rowdigest, writeauth
 from audit.facts import annotate_recomputed
 from audit.integrity import GENESIS_HASH, link_hash
 from audit.models import AgentStep, EventType, ToolInvocation, ToolStatus, TraceEvent
@@ -42,7 +42,8 @@ def _both(run: DiagnosisRun) -> tuple[bool, bool]:
 
 def _as_recorded(run: DiagnosisRun) -> None:
     """Rebind the run's rows as they now are into its chain (digests, expected counts from the run's
-    columns, every hash recomputed), as if the recorder had recorded this state: the row digests, which
+    columns, every hash recomputed and tagged with the write key), as if the recorder had recorded this
+    state: the row digests, which
     only the trace can check, then agree, and the two rules are compared on what both decide."""
     run.refresh_from_db()
     tools = {t.tool_call_id: t for t in ToolInvocation.objects.filter(run_id=run.run_id)}
@@ -61,7 +62,8 @@ def _as_recorded(run: DiagnosisRun) -> None:
             }
         event.details, event.prev_hash = details, prev
         event.hash = link_hash(event)
-        event.save(update_fields=["details", "prev_hash", "hash"])
+        event.tag = writeauth.tag(writeauth.RUN, event.hash)  # as the recorder would have tagged it
+        event.save(update_fields=["details", "prev_hash", "hash", "tag"])
         prev = event.hash
 
 

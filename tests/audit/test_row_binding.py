@@ -25,6 +25,7 @@ from reasoning.capture import build_capture
 from reasoning.fields import Ciphertext
 from reasoning.models import AgentReasoningAudit
 from reasoning.services import purge_reasoning, rotate_reasoning_keys
+from tests.audit.legacy import recorded_before_write_authentication
 from tests.factories import REASONING_MARKER, executing, make_recorded_run, usage
 
 pytestmark = pytest.mark.django_db
@@ -452,6 +453,8 @@ def _strip_digests(run):
 def test_a_run_recorded_before_row_digests_reads_as_not_bound(user):
     run = make_recorded_run(user)
     _strip_digests(run)
+    # Row digests came before write authentication: such a run is one the signed log vouches for.
+    assert recorded_before_write_authentication().anchored_runs == 1
     ok, out = _verify(run)
     assert ok, out
     assert "NOTE model steps 1, 2: not bound (recorded before row digests)" in out
@@ -534,6 +537,8 @@ def test_a_run_started_before_identity_digests_verifies_with_a_note(user):
     TraceEvent.objects.filter(pk=started.pk).update(details=legacy)
     _rehash_from(run, started.sequence_no)
     DiagnosisRun.objects.filter(pk=run.pk).update(query="changed: nothing bound it then")
+    # Identity digests came before write authentication: such a run is one the signed log vouches for.
+    assert recorded_before_write_authentication().anchored_runs == 1
     ok, out = _verify(run)
     assert ok, out
     assert "run identity (question, session, owner) not bound" in out
@@ -545,6 +550,8 @@ def test_a_run_finished_in_form_run_3_still_verifies_and_its_intent_is_then_unbo
     details = {**finished.details, "runForm": "run/3", "runDigest": rowdigest.RUN_V3.digest_of(run)}
     TraceEvent.objects.filter(pk=finished.pk).update(details=details)
     _rehash_from(run, finished.sequence_no)
+    # Form run/4 came before write authentication: a run/3 run is one the signed log vouches for.
+    recorded_before_write_authentication()
     _assert_clean(run)
     DiagnosisRun.objects.filter(pk=run.pk).update(error_message="not in run/3")
     assert _verify(run)[0]

@@ -1,4 +1,5 @@
-"""`manage.py audit_checkpoint [--full]`: append finished runs to the transparency log, sign a checkpoint."""
+"""`manage.py audit_checkpoint [--incremental]`: append finished runs whose record authenticates to the
+transparency log, sign a checkpoint. It searches every run unless told to trust the search cursor."""
 
 from django.core.management.base import BaseCommand
 
@@ -7,14 +8,22 @@ from audit.transparency.log import APPEND_BATCH, checkpoint, newest_checkpoint
 
 class Command(BaseCommand):
     help = (
-        "Append every finished run not yet in the transparency log (in one global order, under the "
-        "log's lock) and sign a checkpoint of the new size with the newest AUDIT_SIGNING_KEYS key. "
-        "Signs nothing when no run is waiting. --full searches every run instead of those created "
-        "since the oldest one still unfinished."
+        "Append every finished run not yet in the transparency log whose record authenticates (chain, "
+        "write tags, row digests; a run that does not is refused, named and recorded once in the "
+        "governance chain) in one global order, under the log's lock, and sign a checkpoint of the new "
+        "size with the newest AUDIT_SIGNING_KEYS key. Signs nothing when no run is waiting. Searches "
+        "every run; --incremental only those created since the stored search cursor (an optimisation "
+        "a database writer can move)."
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("--full", action="store_true", help="search every run, not only recent ones")
+        parser.add_argument(
+            "--incremental",
+            action="store_true",
+            help="search only runs created since the stored cursor (the server's checkpointer does so "
+            "between its full scans)",
+        )
+        parser.add_argument("--full", action="store_true", help="search every run (the default)")
         parser.add_argument(
             "--batch-size",
             type=int,
@@ -23,7 +32,10 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options):
-        result = checkpoint(full_scan=options["full"], batch_size=max(1, options["batch_size"]))
+        full = options["full"] or not options["incremental"]
+        result = checkpoint(full_scan=full, batch_size=max(1, options["batch_size"]))
+        for run_id in result.refused:
+            self.stderr.write(f"run={run_id} REFUSED: its record does not authenticate (verify_audit --run)")
         for cp in result.checkpoints:
             self.stdout.write(
                 f"checkpoint tree_size={cp.tree_size} root={cp.root_hash} key={cp.key_id} "

@@ -10,6 +10,7 @@ import io
 import pytest
 from django.core.management import CommandError, call_command
 
+from audit import writeauth
 from audit.models import GovernanceEvent, LogLeaf
 from audit.recorder.governance import governance_hash
 from audit.transparency import leafdata, log
@@ -89,10 +90,13 @@ def test_a_rewritten_governance_chain_no_longer_matches_its_anchor(user, signing
     GovernanceEvent.objects.filter(pk=second.pk).update(subject_user="someone-else")
     rehash_governance(start=second.sequence_no)
     _, problems = verify_governance()
-    # … but the anchored head is no longer the stored one.
+    # … but the anchored head is no longer the stored one, and the re-hashed links carry tags the
+    # attacker could not make.
     assert problems == [
         f"governance event {anchored.sequence_no}: differs from the head anchored in the transparency log "
-        f"(leaf {leaf.leaf_index}): the chain was rewritten after it was anchored"
+        f"(leaf {leaf.leaf_index}): the chain was rewritten after it was anchored",
+        f"governance events {second.sequence_no}–{anchored.sequence_no}: tag by write key "
+        f"{writeauth.verifier().current.key_id} does not verify (not written by the service)",
     ]
     ok, out = _verify()
     assert not ok and f"governance INVALID governance event {anchored.sequence_no}: differs" in out
@@ -127,7 +131,12 @@ def test_a_forged_governance_leaf_breaks_the_signed_root(user, signing_key):
         )
     )
     LogLeaf.objects.filter(pk=leaf.pk).update(data=forged.decode())
-    assert verify_governance()[1] == []  # the chain now matches the forged leaf, but …
+    # The chain now matches the forged leaf, but the re-hashed head carries no tag the attacker could
+    # make, …
+    assert verify_governance()[1] == [
+        f"governance event {event.sequence_no}: tag by write key {writeauth.verifier().current.key_id} does "
+        "not verify (not written by the service)"
+    ]
     result = verify_log()
     assert f"log leaf {leaf.leaf_index} (governance): leaf hash does not match its data" in result.invalid
     assert not _verify()[0]

@@ -14,8 +14,17 @@ from django.core.management import call_command
 from django.db import transaction
 from django.utils import timezone
 
+from audit import writeauth
 from audit.checks import check_signing_keys
-from audit.models import Checkpoint, GovernanceEvent, LogHead, LogLeaf, LogNode, TraceEvent
+from audit.models import (
+    Checkpoint,
+    GovernanceEvent,
+    GovernanceEventType,
+    LogHead,
+    LogLeaf,
+    LogNode,
+    TraceEvent,
+)
 from audit.recorder import RunRecorder
 from audit.transparency import keys, leafdata, log, merkle, note, store
 from diagnosis import services
@@ -50,6 +59,9 @@ def test_finished_runs_are_appended_in_finish_order_and_signed(user, signing_key
     for leaf, run in zip(leaves, (first, second), strict=True):
         events = list(TraceEvent.objects.filter(run_id=run.run_id).order_by("sequence_no"))
         fields = leafdata.run_leaf(run_id=run.run_id, session_id=run.session_id, events=events)
+        # The leaf names the write key whose tag on the head the checkpointer verified.
+        fields[leafdata.WRITE_KEY_ID] = writeauth.verifier().current.key_id
+        assert writeauth.key_id_of_tag(events[-1].tag) == fields[leafdata.WRITE_KEY_ID]
         assert leaf.data == leafdata.encode(fields).decode()
         assert fields["chainHead"] == events[-1].hash and fields["lastSequenceNo"] == events[-1].sequence_no
         assert fields["runDigest"] == events[-1].details["runDigest"]
@@ -100,29 +112,51 @@ def test_batches_sign_consecutive_checkpoints_that_are_consistent(user, signing_
 
 def test_the_search_window_moves_forward_and_full_finds_a_run_before_it(user, signing_key):
     old = finished_runs(user, 1)[0]
-    long_ago = timezone.now() - dt.timedelta(days=2)
-    DiagnosisRun.objects.filter(pk=old.pk).update(created_at=long_ago)
     open_run = services.create_run(session=old.session, query="open")
-    hour_ago = timezone.now() - dt.timedelta(hours=1)
-    DiagnosisRun.objects.filter(pk=open_run.pk).update(created_at=hour_ago)
     log.checkpoint()
-    assert LogHead.objects.get(pk=1).scan_from == hour_ago  # the oldest run still open
+    assert LogHead.objects.get(pk=1).scan_from <= open_run.created_at  # never past a run still open
     assert LogLeaf.objects.filter(run_id=old.run_id).exists()  # the first scan searches everything
 
+    # One UPDATE of the cursor (issue 43): a database writer moves it into the future.
+    LogHead.objects.filter(pk=1).update(scan_from=timezone.now() + dt.timedelta(days=365))
     late = finished_runs(user, 1)[0]
-    DiagnosisRun.objects.filter(pk=late.pk).update(created_at=long_ago)  # a row older than the window
-    assert log.checkpoint().appended == 0
+    assert log.checkpoint().appended == 0  # the incremental scan trusts the cursor ...
     out = io.StringIO()
-    call_command("audit_checkpoint", "--full", stdout=out)
+    call_command("audit_checkpoint", stdout=out)  # ... the command searches every run by default
     assert "appended 1 run(s); log holds 2" in out.getvalue()
+    assert LogLeaf.objects.filter(run_id=late.run_id).exists()
 
 
-def test_a_run_whose_every_event_was_lost_is_anchored_with_an_empty_chain(user, signing_key):
-    run = services.create_run(session=services.create_session(owner=user), query="q")
-    DiagnosisRun.objects.filter(pk=run.pk).update(status="FAILED")
-    log.checkpoint()
-    fields = leafdata.decode(LogLeaf.objects.get(run_id=run.run_id).data)
-    assert fields["lastSequenceNo"] == 0 and fields["runDigest"] is None and fields["finishedAt"] is None
+def test_the_periodic_checkpointer_scans_everything_at_start_and_every_nth_call(user, signing_key, settings):
+    """The cursor is only an optimisation: the server's checkpointer searches every run at its first
+    call and every AUDIT_CHECKPOINT_FULL_SCAN_EVERY calls, so a cursor moved into the future delays a
+    run's anchoring by at most that many intervals, whatever the cursor says."""
+    settings.AUDIT_CHECKPOINT_FULL_SCAN_EVERY = 3
+    log._periodic["calls"] = 0
+    log.periodic_checkpoint()  # the first call: a full scan
+    LogHead.objects.filter(pk=1).update(scan_from=timezone.now() + dt.timedelta(days=365))
+    hidden = finished_runs(user, 1)[0]
+    assert log.periodic_checkpoint().appended == 0
+    assert log.periodic_checkpoint().appended == 0
+    assert log.periodic_checkpoint().appended == 1  # the third call after the first: a full scan again
+    assert LogLeaf.objects.filter(run_id=hidden.run_id).exists()
+
+
+def test_a_run_without_a_chain_is_never_anchored_and_the_refusal_is_recorded(user, signing_key):
+    """Issue 43: a bare finished run row (every event lost, or inserted by a database writer) is
+    authenticated by nothing: the checkpointer refuses it, says so once in the governance chain, and
+    anchors the rest of the batch."""
+    bare = services.create_run(session=services.create_session(owner=user), query="q")
+    DiagnosisRun.objects.filter(pk=bare.pk).update(status="FAILED")
+    good = finished_runs(user, 1)[0]
+    result = log.checkpoint()
+    assert result.refused == [bare.run_id] and result.appended == 1
+    assert not LogLeaf.objects.filter(run_id=bare.run_id).exists()
+    assert LogLeaf.objects.filter(run_id=good.run_id).exists()
+    refusals = GovernanceEvent.objects.filter(event_type=GovernanceEventType.ANCHOR_REFUSED)
+    assert [e.details["runIds"] for e in refusals] == [[bare.run_id]]
+    assert log.checkpoint().refused == [bare.run_id]  # examined again, not recorded again
+    assert refusals.count() == 1
 
 
 def test_each_checkpoint_is_appended_to_the_witness_file(user, signing_key, settings, tmp_path):

@@ -16,7 +16,7 @@ import pytest
 from django.contrib.auth.models import Permission
 from django.core.management import CommandError, call_command
 
-from audit import rowdigest
+from audit import rowdigest, writeauth
 from audit.models import (
     Checkpoint,
     EventType,
@@ -153,6 +153,7 @@ def test_a_review_appended_after_the_anchor_is_anchored_by_the_next_checkpoint(u
         "sessionId": run.session_id,
         "chainHead": head.hash,
         "lastSequenceNo": head.sequence_no,
+        "writeKeyId": writeauth.key_id_of_tag(head.tag),  # the key whose tag on the head was verified
     }
     ok, out = _verify()
     assert ok, out

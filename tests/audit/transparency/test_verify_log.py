@@ -9,6 +9,7 @@ import json
 import pytest
 from django.core.management import CommandError, call_command
 
+from audit import writeauth
 from audit.models import Checkpoint, LogHead, LogLeaf, LogNode, ToolInvocation
 from audit.transparency import keys, leafdata, log, merkle, note
 from diagnosis.models import DiagnosisRun
@@ -118,11 +119,14 @@ def test_a_run_rewritten_with_a_recomputed_chain_is_detected(anchored):
     assert _verify("--run", anchored[0].run_id)[0] is True
     ok, out, _ = _verify("--run", run.run_id)
     assert not ok
-    # The run's own chain and rows verify (the attacker recomputed them); only the anchor differs.
+    # The run's rows verify (the attacker recomputed them); the rewritten links carry tags the attacker
+    # could not make, and the anchor differs.
     lines = [line for line in out.splitlines() if "INVALID" in line]
     assert lines == [
+        f"run={run.run_id} INVALID sequences {sequence}–{_last_sequence(run)}: tag by write key "
+        f"{writeauth.verifier().current.key_id} does not verify (not written by the service)",
         f"run={run.run_id} INVALID anchored in log leaf 2: the chain head at sequence "
-        f"{_last_sequence(run)} differs from the anchored one (the run was rewritten)"
+        f"{_last_sequence(run)} differs from the anchored one (the run was rewritten)",
     ], out
     assert sequence < _last_sequence(run)
 
@@ -135,7 +139,9 @@ def test_a_run_rewritten_with_a_recomputed_chain_is_detected(anchored):
     rebuild_tree()
     ok, out, _ = _verify()
     assert not ok
-    assert f"run={run.run_id} INVALID" not in out  # the run now agrees with its (forged) leaf
+    # The run agrees with its (forged) leaf; its links still carry no valid tag.
+    assert f"run={run.run_id} INVALID anchored" not in out
+    assert f"run={run.run_id} INVALID sequences {sequence}–" in out
     assert "log INVALID checkpoint tree_size=3: root does not match the first 3 stored leaves" in out
     assert "log INVALID checkpoint tree_size=6: root does not match the first 6 stored leaves" in out
 

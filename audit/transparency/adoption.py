@@ -1,0 +1,180 @@
+"""Upgrading a store recorded before write authentication: one step, run once by `migrate` (issue 43,
+item 10; migration `audit.0019_adopt_records_before_write_authentication`).
+
+A store the previous version wrote carries no write tags. Its history stays verifiable without
+rewriting any of it, because the signed log already vouches for what it anchored: an untagged link is
+accepted where a leaf of before write authentication (one without `writeKeyId`) anchors it
+(`audit.authenticity`). `adopt` closes the gap between the previous version's last checkpoint and the
+first authenticated write, and records that it did:
+
+1. it anchors, with leaves of before write authentication and one signed checkpoint, exactly what the
+   previous version's checkpointer would have anchored next: every finished run without a leaf (also one
+   without any event, as it did: chain head GENESIS), every anchored run whose chain grew since its
+   newest anchored head, and the governance chain's head. These are "records before write
+   authentication" in the same sense as all the others: the log, signed before any write was
+   authenticated, vouches for them, and nothing else ever will again;
+2. it tags the head of every run still open (queued, running, waiting for approval), so that the new
+   version's recorder can continue its chain (a writer builds only on an authenticated head); each is
+   listed with the sequence number adopted;
+3. it chains `WRITE_AUTH_STARTED` (tagged) on the governance chain, naming the open runs it adopted
+   and the legacy governance head, and the access app's migration then chains `RIGHTS_BASELINE`, the
+   rights every user and group held (`access.baseline`): the replay of authority
+   (`audit.authority`) starts from it, since the chain did not record rights granted before it existed.
+
+From then on nothing untagged is anchored, chained onto or accepted by `verify_audit`: a store written
+with write authentication from the start (a new installation) never adopts anything, and `adopt` is a
+no-op on a store where any link carries a tag. The window it closes is the previous version's (its
+runs between its last checkpoint and the upgrade were as forgeable then as before); the upgrade
+procedure in docs/audit-integrity.md keeps it short.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+
+from django.db import transaction
+from django.db.models import Exists, JSONField, OuterRef, Subquery
+from django.utils import timezone
+
+from audit import writeauth
+from audit.models import (
+    EventType,
+    GovernanceEvent,
+    GovernanceEventType,
+    LogHead,
+    LogLeaf,
+    TailPending,
+    TraceEvent,
+)
+from audit.recorder.governance import record_governance_event
+from audit.transparency import gate, keys, leafdata, log
+from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun
+
+ACTOR = "migrate"
+
+
+@dataclass(slots=True)
+class AdoptionReport:
+    anchored_runs: int = 0
+    anchored_tails: int = 0
+    governance_head: int = 0
+    open_runs: dict[str, int] = field(default_factory=dict)
+    event: int | None = None  # the WRITE_AUTH_STARTED event's sequence number
+
+
+def needed() -> bool:
+    """Whether this store was recorded before write authentication: it holds links and none is tagged."""
+    has_links = TraceEvent.objects.exists() or GovernanceEvent.objects.exists() or LogLeaf.objects.exists()
+    if not has_links:
+        return False
+    tagged = TraceEvent.objects.exclude(tag="").exists() or GovernanceEvent.objects.exclude(tag="").exists()
+    return not tagged
+
+
+def adopt(*, now: dt.datetime | None = None) -> AdoptionReport | None:
+    """Adopt the store (see the module docstring); None when there is nothing to adopt."""
+    if not needed():
+        return None
+    keys.current_key()
+    writeauth.verifier()
+    report = AdoptionReport()
+    log.ensure_head()
+    with transaction.atomic():
+        head = LogHead.objects.select_for_update().get(pk=1)
+        stamp = now or timezone.now()
+        runs = _legacy_run_heads(head.tree_size)
+        tails = _legacy_tails()
+        governance = _legacy_governance_head()
+        if runs or tails or governance:
+            log.append_leaves(head, runs, stamp, governance, tails)
+            log.sign_head(head, timezone.now())
+        report.anchored_runs, report.anchored_tails = len(runs), len(tails)
+        report.governance_head = governance.sequence_no if governance else _governance_head_seq()
+        TailPending.objects.filter(run_id__in=[t.run_id for t in tails]).delete()
+        report.open_runs = _tag_open_heads()
+        event = record_governance_event(
+            event_type=GovernanceEventType.WRITE_AUTH_STARTED,
+            actor=ACTOR,
+            details={
+                "writeKeyId": writeauth.verifier().current.key_id,
+                "anchoredRuns": report.anchored_runs,
+                "anchoredTails": report.anchored_tails,
+                "governanceAdoptedUpto": report.governance_head,
+                "openRuns": report.open_runs,
+            },
+        )
+        report.event = event.sequence_no
+    return report
+
+
+def _legacy_run_heads(tree_size: int) -> list[gate.Head]:
+    """Every finished run without a leaf, with its chain head and last RUN_FINISHED, as the previous
+    version's checkpointer read them (no write key: leaves of before write authentication)."""
+    last = TraceEvent.objects.filter(run_id=OuterRef("run_id")).order_by("-sequence_no")
+    finish = TraceEvent.objects.filter(run_id=OuterRef("run_id"), event_type=EventType.RUN_FINISHED).order_by(
+        "-sequence_no"
+    )
+    anchored = LogLeaf.objects.filter(run_id=OuterRef("run_id"), leaf_index__lt=tree_size)
+    rows = (
+        DiagnosisRun.objects.filter(status__in=TERMINAL_RUN_STATUSES)
+        .filter(~Exists(anchored))
+        .annotate(
+            head_hash=Subquery(last.values("hash")[:1]),
+            head_sequence_no=Subquery(last.values("sequence_no")[:1]),
+            finished_details=Subquery(finish.values("details")[:1], output_field=JSONField()),
+            finished_event_at=Subquery(finish.values("created_at")[:1]),
+        )
+        .order_by("finished_at", "id")
+    )
+    return [
+        gate.Head(
+            run_id=r.run_id,
+            session_id=r.session_id,
+            sequence_no=r.head_sequence_no or 0,
+            hash=r.head_hash or leafdata.GENESIS_HASH,
+            write_key_id=None,
+            finished_details=r.finished_details,
+            finished_at=r.finished_event_at,
+        )
+        for r in rows
+    ]
+
+
+def _legacy_tails() -> list[gate.Head]:
+    """Every anchored run whose chain grew since its newest anchored head (its tail note names it)."""
+    ids = list(TailPending.objects.order_by("id").values_list("run_id", flat=True))
+    anchored = log.anchored_heads(ids)
+    sessions = dict(DiagnosisRun.objects.filter(run_id__in=ids).values_list("run_id", "session_id"))
+    tails = []
+    for run_id in ids:
+        head = TraceEvent.objects.filter(run_id=run_id).order_by("-sequence_no").first()
+        grown = head is not None and run_id in anchored and head.sequence_no > anchored[run_id]
+        if grown and run_id in sessions:
+            tails.append(gate.Head(run_id, sessions[run_id], head.sequence_no, head.hash, None))
+    return tails
+
+
+def _legacy_governance_head() -> gate.GovernanceHead | None:
+    head = GovernanceEvent.objects.order_by("-sequence_no").first()
+    anchored = gate.anchored_governance_head()
+    if head is None or (anchored is not None and anchored[0] >= head.sequence_no):
+        return None
+    return gate.GovernanceHead(head.sequence_no, head.hash, head.created_at, None)
+
+
+def _governance_head_seq() -> int:
+    return GovernanceEvent.objects.order_by("-sequence_no").values_list("sequence_no", flat=True).first() or 0
+
+
+def _tag_open_heads() -> dict[str, int]:
+    """Tag the head event of every open run that has a chain; returns run id → the head's sequence."""
+    adopted = {}
+    open_ids = DiagnosisRun.objects.exclude(status__in=TERMINAL_RUN_STATUSES).values_list("run_id", flat=True)
+    for run_id in open_ids.order_by("id"):
+        head = TraceEvent.objects.filter(run_id=run_id).order_by("-sequence_no").first()
+        if head is None:
+            continue
+        TraceEvent.objects.filter(pk=head.pk).update(tag=writeauth.tag(writeauth.RUN, head.hash))
+        adopted[run_id] = head.sequence_no
+    return adopted

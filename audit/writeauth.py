@@ -1,0 +1,204 @@
+"""Write authentication: the tag that says a chain link was written by this service, and the write keys.
+
+A hash chain proves that nothing changed since it was built, not who built it: anyone who can write the
+database and read this source can compute a valid-looking chain with the project's own functions. So
+every link the service writes — each event of a run's chain (`audit.recorder.chain`, which every writer of
+a run's chain goes through, the appenders of `audit.recorder.tail` included) and each event of the
+governance chain (`audit.recorder.governance`) — carries a **tag** beside its hash, made with a server
+*write key* that never enters the database:
+
+    tag = "<key id>:" + hex(HMAC-SHA-256(write key, "diagnosis-audit/write-tag/v1\\n" + domain + "\\n"
+                                          + key id + "\\n" + link hash))
+
+`domain` is `run` or `governance` (a tag of one chain is never valid in the other), the key id names the
+key that made it (8 hex digits: the first 4 bytes of SHA-256("diagnosis-audit/write-key-id/v1\\n" + key)),
+and the link hash is the event's stored `hash` (64 lowercase hex digits). Since a link hash commits to
+every link before it, a valid tag on an event authenticates its whole chain up to it.
+
+**Why HMAC-SHA-256 and not Ed25519.** The tags are checked by this service alone — the checkpointer
+before it anchors a head, `verify_audit`, and every writer before it chains onto a head it read from the
+database — all of which hold the key; third parties trust the signed checkpoints and the witnesses, never
+the write key (an evidence bundle names the key id and verifies without it). An HMAC costs about a
+microsecond per event, an Ed25519 signature about fifty: on the recorder's path (about twenty events a
+run) that is the difference between noise and a quarter of the recording cost (B1). A public-key tag
+would let an auditor without the key check it, but would not add anything the checkpoints and witnesses
+do not already give them, and the key it would need to hide is the same.
+
+**Keys.** `settings.AUDIT_WRITE_KEYS`: base64 of 32 random bytes each, comma-separated, newest first; the
+newest tags, every listed one verifies (keep a rotated-out key listed for as long as its tags must verify:
+with HMAC there is no public half to keep instead). Separate from the checkpoint signing keys
+(`AUDIT_SIGNING_KEYS`; the system check `audit.E005` refuses a key listed in both). In development
+(`AUDIT_DEV_WRITE_KEY_FILE`, set only while DEBUG is on) and without configured keys, one is generated
+once into `.local/audit-write.key` and reused; with DEBUG off and no keys the check `audit.E005` stops the
+server and tagging raises `WriteKeysMissing`.
+
+The MAC itself (`mac`, `key_id_of`, `Verifier`) imports no Django, so that the golden vectors
+(tests/audit/test_format_vectors.py) pin it without settings.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import functools
+import hashlib
+import hmac
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+RUN = "run"
+GOVERNANCE = "governance"
+DOMAINS = frozenset({RUN, GOVERNANCE})
+KEY_BYTES = 32
+KEY_ID_CHARS = 8
+TAG_CHARS = KEY_ID_CHARS + 1 + 64  # "<key id>:<64 hex digits>", the stored column's form
+_TAG_PREFIX = b"diagnosis-audit/write-tag/v1\n"
+_KEY_ID_PREFIX = b"diagnosis-audit/write-key-id/v1\n"
+
+
+class WriteKeyError(ValueError):
+    """A write key that cannot be used (not base64 of 32 bytes); the message never holds the key."""
+
+
+def parse_key(text: str) -> bytes:
+    """The 32 bytes of a configured write key (base64); WriteKeyError otherwise."""
+    try:
+        raw = base64.b64decode(text.strip(), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise WriteKeyError("a write key is base64 of 32 random bytes") from exc
+    if len(raw) != KEY_BYTES:
+        raise WriteKeyError("a write key is base64 of 32 random bytes")
+    return raw
+
+
+def key_id_of(key: bytes) -> str:
+    """The key's id: 8 hex digits of SHA-256 over a fixed prefix and the key (reveals nothing of it)."""
+    return hashlib.sha256(_KEY_ID_PREFIX + key).hexdigest()[:KEY_ID_CHARS]
+
+
+def mac(key: bytes, key_id: str, domain: str, link_hash: str) -> str:
+    """The 64 hex digits of HMAC-SHA-256 over the domain, the key id and the link hash."""
+    if domain not in DOMAINS:
+        raise ValueError(f"unknown tag domain {domain!r}")
+    message = b"".join(
+        (_TAG_PREFIX, domain.encode("ascii"), b"\n", key_id.encode("ascii"), b"\n", link_hash.encode("ascii"))
+    )
+    return hmac.digest(key, message, "sha256").hex()
+
+
+def generate_key_text() -> str:
+    """A new write key in its configured form."""
+    return base64.b64encode(os.urandom(KEY_BYTES)).decode("ascii")
+
+
+@dataclass(frozen=True, slots=True)
+class WriteKey:
+    key_id: str
+    secret: bytes
+
+    def __repr__(self) -> str:  # never the secret, whatever prints it
+        return f"WriteKey({self.key_id})"
+
+
+class Verifier:
+    """Tags made with and checked against a set of write keys (the first one tags)."""
+
+    def __init__(self, keys: Iterable[bytes]) -> None:
+        self.keys = tuple(WriteKey(key_id_of(k), k) for k in keys)
+        if not self.keys:
+            raise WriteKeyError("no write key")
+        self._by_id = {}
+        for key in self.keys:
+            self._by_id.setdefault(key.key_id, key)
+
+    @property
+    def current(self) -> WriteKey:
+        return self.keys[0]
+
+    def tag(self, domain: str, link_hash: str) -> str:
+        """The stored tag of a link: `<key id>:<mac>` by the newest key."""
+        key = self.keys[0]
+        return f"{key.key_id}:{mac(key.secret, key.key_id, domain, link_hash)}"
+
+    def problem(self, domain: str, link_hash: str, tag: str) -> str | None:
+        """Why `tag` does not authenticate the link (None: it does). An empty tag is "untagged" (the
+        caller decides whether the log vouches for it instead)."""
+        if not tag:
+            return "untagged"
+        key_id, sep, given = tag.partition(":")
+        key = self._by_id.get(key_id) if sep else None
+        if key is None:
+            return f"tagged by an unknown write key {key_id[:KEY_ID_CHARS] if sep else '?'}"
+        if not hmac.compare_digest(given, mac(key.secret, key.key_id, domain, link_hash)):
+            return f"tag by write key {key.key_id} does not verify"
+        return None
+
+    def valid(self, domain: str, link_hash: str, tag: str) -> bool:
+        return self.problem(domain, link_hash, tag) is None
+
+
+def key_id_of_tag(tag: str) -> str:
+    """The key id a stored tag names ("" for an untagged link)."""
+    key_id, sep, _ = (tag or "").partition(":")
+    return key_id if sep else ""
+
+
+# --------------------------------------------------------------------------------------------------
+# The configured keys (Django settings)
+# --------------------------------------------------------------------------------------------------
+class WriteKeysMissing(Exception):
+    """No write key is configured and no development key file is allowed (DEBUG off)."""
+
+
+@functools.lru_cache(maxsize=4)
+def _dev_key(path: str) -> str:
+    from core.devkeys import read_or_create
+
+    return read_or_create(path, generate=generate_key_text, validate=parse_key, what="a write key")
+
+
+def configured_key_texts() -> list[str]:
+    """The write keys in effect, newest first: the configured ones, else the development key file's."""
+    from django.conf import settings
+
+    keys = [k.strip() for k in getattr(settings, "AUDIT_WRITE_KEYS", []) if k.strip()]
+    if keys:
+        return keys
+    dev_file = getattr(settings, "AUDIT_DEV_WRITE_KEY_FILE", None)
+    if dev_file:
+        return [_dev_key(str(dev_file))]
+    raise WriteKeysMissing(
+        "AUDIT_WRITE_KEYS is empty: nothing the service writes to the audit record can be authenticated. "
+        'Generate a key with `python -c "import base64, os; '
+        'print(base64.b64encode(os.urandom(32)).decode())"`.'
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _verifier(texts: tuple[str, ...]) -> Verifier:
+    keys = []
+    for position, text in enumerate(texts, start=1):
+        try:
+            keys.append(parse_key(text))
+        except WriteKeyError as exc:
+            raise WriteKeyError(f"AUDIT_WRITE_KEYS entry {position} is not base64 of 32 bytes") from exc
+    return Verifier(keys)
+
+
+def verifier() -> Verifier:
+    """The configured write keys (cached per key set, so that settings overrides apply)."""
+    return _verifier(tuple(configured_key_texts()))
+
+
+def tag(domain: str, link_hash: str) -> str:
+    """The tag of a link the service writes now (the one path every writer takes)."""
+    return verifier().tag(domain, link_hash)
+
+
+def key_ids() -> list[str]:
+    """The ids of the configured write keys, newest first (empty when none is configured)."""
+    with contextlib.suppress(WriteKeysMissing):
+        return [k.key_id for k in verifier().keys]
+    return []
