@@ -22,9 +22,9 @@ from django.dispatch import receiver
 
 from audit.models import REVIEW_PERMISSION
 from core.groups import APPROVERS, REASONING_AUDITORS, REVIEWERS, STAFF_VIEWERS, GroupGrant, ensure_groups
+from diagnosis.models import APPROVE_PERMISSION
 from reasoning.models import REASONING_PERMISSION
 
-APPROVE_PERMISSION = "diagnosis.approve_tool_call"
 VIEW_RUNS_PERMISSION = "diagnosis.view_diagnosisrun"
 CONSOLE_APPS = ("diagnosis", "audit", "reasoning")
 # Never granted to "Staff viewers", whatever models the apps gain later.
@@ -41,6 +41,10 @@ GRANTS = (
 
 @receiver(post_migrate, dispatch_uid="access.create_role_groups")
 def create_role_groups(sender, using="default", apps=global_apps, **kwargs) -> None:
+    """With the application's own models, not the migrated state's that `post_migrate` passes: their
+    changes fire the governance signals (`access.signals`), so every grant a group receives here is a
+    chained PERMISSION_GRANTED, from which `audit.authority` replays who held what (the migrated
+    state's models are other classes, which no receiver follows)."""
     if getattr(sender, "name", None) != "access":
         return
-    ensure_groups(GRANTS, using=using, apps=apps)
+    ensure_groups(GRANTS, using=using, apps=global_apps)

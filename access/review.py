@@ -24,12 +24,11 @@ from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
 from access.selectors import holders_now, sensitive_permissions
-from audit.models import GovernanceEvent, LegalHold
+from audit.models import HOLD_PERMISSION, GovernanceEvent, LegalHold
 from audit.models import GovernanceEventType as T
 from reasoning.models import REASONING_PERMISSION, ReasoningAccessLog
 
 DEFAULT_DAYS = 90
-HOLD_PERMISSION = "audit.place_legal_hold"
 _LOSSES = (
     T.GROUP_MEMBER_REMOVED,
     T.PERMISSION_REVOKED,

@@ -18,8 +18,9 @@ from audit.models import (
 )
 from audit.retention import HOLD_PERMISSION, lift_hold, place_hold
 from audit.transparency import store
+from audit.transparency.checkpoints import check_checkpoint
 from audit.transparency.keys import verification_keys
-from audit.transparency.verify import check_checkpoint, verify_log
+from audit.transparency.verify import verify_log
 
 
 class EventTypeFilter(admin.SimpleListFilter):

@@ -33,6 +33,7 @@ from django.db.models import Q
 from audit import writeauth
 from audit.models import Checkpoint, GovernanceEvent, GovernanceEventType, LogLeaf
 from audit.transparency import keys, leafdata, merkle, note, store
+from audit.transparency.checkpoints import check_checkpoint
 
 
 class ChainNotAuthentic(Exception):
@@ -224,14 +225,10 @@ def included_in_newest_checkpoint(leaf: Any) -> bool:
     """Whether the stored leaf is proven included in the newest stored checkpoint, whose signature
     verifies with a key this deployment knows (its body, not its columns, gives size and root)."""
     newest = Checkpoint.objects.order_by("-tree_size").first()
-    if newest is None:
+    if newest is None or check_checkpoint(newest, keys.verification_keys()):
         return False
     try:
         body = note.parse_any(newest.body)
-        public = note.find_signer(body, newest.signature, list(keys.verification_keys().values()))
-        if public is None:
-            return False
-        note.verify_checkpoint(newest.body, body, newest.signature, public)
         if leaf.leaf_index >= body.tree_size:
             return False
         proof = store.inclusion_proof(leaf.leaf_index, body.tree_size)
@@ -245,3 +242,24 @@ def included_in_newest_checkpoint(leaf: Any) -> bool:
     except (note.NoteError, merkle.ProofError, store.TreeIncomplete, ValueError):
         return False
     return True
+
+
+def authenticated_chain(run_id: str) -> list[Any]:
+    """The run's stored events in sequence order, once proven written by the service — the hash chain
+    verifies and every link's tag does (or the log or the upgrade vouches for it) — else
+    ChainNotAuthentic. What the runtime acts on when it resumes a run (a recorded decision must not be
+    one a database writer put there or changed)."""
+    from audit.integrity import verify_chain
+    from audit.models import TraceEvent
+
+    events = list(TraceEvent.objects.filter(run_id=run_id).order_by("sequence_no"))
+    chain = verify_chain(events)
+    tags = tag_verdict(
+        events,
+        domain=writeauth.RUN,
+        vouched_upto=legacy_vouched_upto(LogLeaf.objects.filter(Q(run_id=run_id) | Q(tail_of=run_id))),
+        adopted_upto=lambda: adoption().runs.get(run_id, 0),
+    )
+    if not chain.valid or not tags.ok:
+        raise ChainNotAuthentic(f"run {run_id}: its chain does not authenticate")
+    return events

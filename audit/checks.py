@@ -3,7 +3,9 @@
 `audit.E001` (an error, so `manage.py check --deploy`, `migrate` and `runserver` refuse to start): DEBUG is
 off and `AUDIT_SIGNING_KEYS` is empty. `audit.E002`: a configured signing key is not an Ed25519 key;
 `audit.E003`: an `AUDIT_VERIFY_KEYS` entry is not an Ed25519 public key; `audit.E004`: the witnesses, the
-witness policy or the origin cannot be used. Messages never contain a private key.
+witness policy or the origin cannot be used; `audit.E005`: the write keys (`AUDIT_WRITE_KEYS`,
+`audit.writeauth`) are missing while DEBUG is off, one is not base64 of 32 bytes, or one is also a
+signing key. Messages never contain a key.
 """
 
 from django.conf import settings
@@ -77,4 +79,48 @@ def check_witnesses(app_configs=None, **kwargs) -> list[Error]:
         signednote.check_name(getattr(settings, "AUDIT_LOG_ORIGIN", ""))
     except signednote.SignedNoteError as exc:
         errors.append(Error(f"AUDIT_LOG_ORIGIN: {exc}", id="audit.E004"))
+    return errors
+
+
+@register(Tags.security)
+def check_write_keys(app_configs=None, **kwargs) -> list[Error]:
+    """`audit.E005`: see the module docstring."""
+    from audit.writeauth import WriteKeyError, parse_key
+
+    keys = [k.strip() for k in getattr(settings, "AUDIT_WRITE_KEYS", []) if k.strip()]
+    hint = (
+        "Set AUDIT_WRITE_KEYS to one or more comma-separated keys, newest first: base64 of 32 random bytes "
+        '(`python -c "import base64, os; print(base64.b64encode(os.urandom(32)).decode())"`), kept like '
+        "the signing keys and never equal to one."
+    )
+    errors = []
+    if not keys and not settings.DEBUG:
+        errors.append(
+            Error(
+                "AUDIT_WRITE_KEYS is empty while DEBUG is off: nothing the service writes to the audit "
+                "record can be authenticated.",
+                hint=hint,
+                id="audit.E005",
+            )
+        )
+    signing = {k.strip() for k in getattr(settings, "AUDIT_SIGNING_KEYS", []) if k.strip()}
+    for position, key in enumerate(keys, start=1):
+        try:
+            parse_key(key)
+        except WriteKeyError:
+            errors.append(
+                Error(
+                    f"AUDIT_WRITE_KEYS entry {position} is not base64 of 32 bytes.",
+                    hint=hint,
+                    id="audit.E005",
+                )
+            )
+        if key in signing:
+            errors.append(
+                Error(
+                    f"AUDIT_WRITE_KEYS entry {position} is also a checkpoint signing key: keep them apart.",
+                    hint=hint,
+                    id="audit.E005",
+                )
+            )
     return errors

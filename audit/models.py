@@ -231,6 +231,7 @@ class ToolInvocation(models.Model):
 # Human reviews of runs (audit/reviews.py, docs/admin.md "Reviews")
 # --------------------------------------------------------------------------------------------------
 REVIEW_PERMISSION = "audit.review_run"
+HOLD_PERMISSION = "audit.place_legal_hold"  # LegalHold.Meta (placing and lifting holds)
 REVIEW_NOTE_CHARS = 2000
 
 

@@ -37,7 +37,9 @@ from django.db.models import Count, Exists, OuterRef, Q, Subquery
 from django.utils import timezone
 
 from audit import appended_rows
+from audit.authority import permitted
 from audit.models import (
+    HOLD_PERMISSION,
     AgentStep,
     Checkpoint,
     GovernanceEvent,
@@ -60,7 +62,6 @@ from reasoning.models import AgentReasoningAudit
 
 logger = logging.getLogger(__name__)
 
-HOLD_PERMISSION = "audit.place_legal_hold"
 _TABLES = (
     ("events", TraceEvent),
     ("steps", AgentStep),
@@ -91,13 +92,16 @@ class ChainedHold:
     reason_sha256: str | None = None  # None: placed before the chain carried it
     lifted_by: str = ""
     lift_reason_sha256: str | None = None
+    lifted_seq: int | None = None
 
-    def covers(self, *, run_id: str, session_id: str, at: dt.datetime) -> bool:
+    def covers(self, *, run_id: str, session_id: str, at_seq: int) -> bool:
+        """Whether the hold covered the run at governance event `at_seq`: placed before it in the chain
+        and not lifted before it. Positions in the signed chain decide, never the times written."""
         target = run_id if self.scope == HoldScope.RUN else session_id
         return (
             self.target_id == target
-            and self.placed_at <= at
-            and (self.lifted_at is None or self.lifted_at > at)
+            and self.placed_seq < at_seq
+            and (self.lifted_seq is None or self.lifted_seq > at_seq)
         )
 
 
@@ -134,6 +138,7 @@ def chained_holds() -> list[ChainedHold]:
                 lifted_at=event.created_at,
                 lifted_by=event.actor,
                 lift_reason_sha256=details.get("reasonSha256"),
+                lifted_seq=event.sequence_no,
             )
     return list(holds.values())
 
@@ -220,7 +225,7 @@ def held(*, run_field: str = "run_id", session_field: str = "session_id") -> Q:
 
 
 def _check(user: AbstractBaseUser, reason: str) -> str:
-    if not (user.is_active and user.has_perm(HOLD_PERMISSION)):
+    if not permitted(user, HOLD_PERMISSION):  # the database's answer and the governance chain's
         raise PermissionDenied
     reason = (reason or "").strip()
     if not reason:
@@ -503,10 +508,27 @@ def tombstone_problems(
     if purged_at > timezone.now() + dt.timedelta(minutes=5):
         problems.append(f"{where}: purge time lies in the future")
     holds = chained_holds() if holds is None else holds
+    # By positions in the chain: the purge's against each hold's placement and lift; a purge the chain
+    # does not record happened at the latest now, after every event (a hold still in force covers it).
+    at_seq = (
+        purge[0] if purge is not None else max((h.lifted_seq or h.placed_seq for h in holds), default=0) + 1
+    )
     covering = {
-        h.hold_id for h in holds if h.covers(run_id=tombstone.run_id, session_id=session_id, at=purged_at)
+        h.hold_id for h in holds if h.covers(run_id=tombstone.run_id, session_id=session_id, at_seq=at_seq)
     }
     covering |= {h.pk for h in holds_at(run_id=tombstone.run_id, session_id=session_id, at=purged_at)}
     for hold_id in sorted(covering):
         problems.append(f"{where}: purged while legal hold {hold_id} covered it")
     return problems
+
+
+def held_at_problems(
+    *, run_id: str, session_id: str, at_seq: int, holds: list[ChainedHold], what: str
+) -> list[str]:
+    """`what` (a change the governance chain records at `at_seq`, e.g. a reasoning purge) made while a
+    chained hold covered the run: one problem per hold, decided by positions in the chain."""
+    return [
+        f"{what} while legal hold {h.hold_id} covered the run (governance events {h.placed_seq}–{at_seq})"
+        for h in holds
+        if h.covers(run_id=run_id, session_id=session_id, at_seq=at_seq)
+    ]

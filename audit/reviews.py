@@ -32,6 +32,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from audit.authority import governance_position, permitted
 from audit.models import (
     REVIEW_NOTE_CHARS,
     REVIEW_PERMISSION,
@@ -52,7 +53,8 @@ APPEND_ATTEMPTS = 5
 
 
 def may_review(user: AbstractBaseUser) -> bool:
-    return bool(user.is_active and user.has_perm(REVIEW_PERMISSION))
+    """`audit.review_run` by the database and by the governance chain (`audit.authority.permitted`)."""
+    return permitted(user, REVIEW_PERMISSION)
 
 
 def record_review(*, run: DiagnosisRun, user: AbstractBaseUser, verdict: str, note: str = "") -> RunReview:
@@ -96,6 +98,8 @@ def record_review(*, run: DiagnosisRun, user: AbstractBaseUser, verdict: str, no
                 "reviewer": reviewer,
                 "noteChars": len(note),
                 "noteSha256": sha256_hex(note),
+                # Where the reviewer's right is judged (`audit.authority`): the governance head now.
+                "governanceAt": governance_position(),
             },
             bind={"reviewDigest": row},
         )

@@ -34,7 +34,7 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from audit import appended_rows, writeauth
+from audit import appended_rows, authority, provenance, writeauth
 from audit.authenticity import Adoption, adoption, legacy_vouched_upto, tag_verdict
 from audit.binding import verify_rows
 from audit.chunks import run_chunks
@@ -52,6 +52,7 @@ from audit.models import (
     ToolInvocation,
     TraceEvent,
 )
+from audit.provenance import CheckpointTimes, GovernanceView
 from audit.recorder.governance import governance_hash
 from audit.retention import chained_purges, hold_problems, tombstone_problems
 from audit.rowdigest import stored_reasoning_rows
@@ -122,6 +123,8 @@ def verify_run(run_id: str) -> RunVerification:
         book=load_price_book(),
         session=sessions.get(run.session_id) if run is not None else None,
         adopted=adoption(),
+        governance=GovernanceView.load(),
+        times=CheckpointTimes.load(),
     )
     result.invalid[:0] = leaf_index_problems
     if run is None:
@@ -199,8 +202,9 @@ def verify_all_runs(*, batch_size: int = RUN_BATCH) -> Iterator[RunVerification]
     name without a run row (`orphaned_run_ids`)."""
     book = load_price_book()
     adopted = adoption()
+    governance, times = GovernanceView.load(), CheckpointTimes.load()
     for runs, by_run in run_chunks(annotate_recomputed(DiagnosisRun.objects.all()), batch_size):
-        yield from check_runs(runs, by_run, book=book, adopted=adopted)
+        yield from check_runs(runs, by_run, book=book, adopted=adopted, governance=governance, times=times)
     for run_id in orphaned_run_ids():
         yield verify_run(run_id)
 
@@ -213,6 +217,8 @@ def check_runs(
     adopted: Adoption,
     now: dt.datetime | None = None,
     liveness: bool = True,
+    governance: GovernanceView | None = None,
+    times: CheckpointTimes | None = None,
 ) -> Iterator[RunVerification]:
     """Verify `runs` (one batch) given their events in sequence order (`events`, run id → events;
     consumed): their rows, leaves, tails, tail notes and sessions are read with one query each. What
@@ -244,6 +250,8 @@ def check_runs(
             adopted=adopted,
             now=now,
             liveness=liveness,
+            governance=governance,
+            times=times,
         )
 
 
@@ -302,6 +310,8 @@ def _check(
     adopted: Adoption | None = None,
     now: dt.datetime | None = None,
     liveness: bool = True,
+    governance: GovernanceView | None = None,
+    times: CheckpointTimes | None = None,
 ) -> RunVerification:
     verdict = verify_chain(events)
     result = RunVerification(run_id=run_id, events=verdict.events, chain_valid=verdict.valid)
@@ -328,6 +338,16 @@ def _check(
     result.notes.extend(n for n in anchor_notes if n != UNANCHORED)
     if liveness:
         result.invalid.extend(liveness_problems(run, events, anchored=leaf is not None, now=now))
+    result.invalid.extend(
+        provenance.run_problems(
+            run_id=run_id,
+            session_id=run.session_id if run is not None else "",
+            events=events,
+            anchors=anchors,
+            view=governance,
+            times=times,
+        )
+    )
     rows = verify_rows(
         events=events,
         run=run,
@@ -423,6 +443,7 @@ def verify_governance(
         default=0,
     )
     links: list[_Link] = []
+    held_events: list[GovernanceEvent] = []  # events whose actor needed a right (legal holds)
     expected, prev, checked, last_seen, last_at = 1, GENESIS_HASH, 0, 0, None
     while True:
         batch = list(
@@ -442,6 +463,8 @@ def verify_governance(
             if event.tag and last_at is not None and event.created_at < last_at:
                 problems.append(f"governance event {seq}: its time is before the previous event's")
             links.append(_Link(seq, event.hash, event.tag))
+            if event.event_type in authority.GOVERNANCE_RIGHTS:
+                held_events.append(event)
             for leaf_index, fields in anchors.pop(seq, ()):
                 if fields is None:
                     problems.append(f"log leaf {leaf_index}: not a canonical governance leaf")
@@ -464,15 +487,16 @@ def verify_governance(
                 f"governance event {seq}: anchored in the transparency log (leaf {leaf_index}) but missing "
                 "from the chain"
             )
-    problems.extend(
-        tag_verdict(
-            links,
-            domain=writeauth.GOVERNANCE,
-            vouched_upto=vouched,
-            adopted_upto=lambda: adoption().governance_upto,
-            what="governance event",
-        ).problems
+    tags = tag_verdict(
+        links,
+        domain=writeauth.GOVERNANCE,
+        vouched_upto=vouched,
+        adopted_upto=lambda: adoption().governance_upto,
+        what="governance event",
     )
+    problems.extend(tags.problems)
+    if tags.ok and not problems:  # rights are replayed only from a chain that verifies
+        problems.extend(authority.governance_problems(held_events, authority.current()))
     problems.extend(hold_problems())
     return checked, problems
 

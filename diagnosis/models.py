@@ -10,6 +10,9 @@ from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db import models
 
+# Deciding a tool call that waits for approval (declared in DiagnosisRun.Meta; group "Approvers").
+APPROVE_PERMISSION = "diagnosis.approve_tool_call"
+
 
 class RunStatus(models.TextChoices):
     PENDING = "PENDING"

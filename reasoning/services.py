@@ -193,11 +193,9 @@ def purge_reasoning(
                 reasoning_content=None, assistant_text=None, purged_at=now
             )
             rows = stored_reasoning_rows(pk__in=locked)
-            record_reasoning_change(event_type=EventType.REASONING_PURGED, rows=rows)
-            # The purge appends to the runs' chains: their stored list facts are decided again.
-            refresh_run_facts(run_ids={row["run_id"] for row in rows})
             if locked:
-                record_governance_event(
+                # The governance record first: each run's REASONING_PURGED names it.
+                record = record_governance_event(
                     event_type=GovernanceEventType.REASONING_ROWS_PURGED,
                     actor=actor,
                     details={
@@ -207,6 +205,11 @@ def purge_reasoning(
                         **({"tamperedRowsLeft": changed} if changed else {}),
                     },
                 )
+                record_reasoning_change(
+                    event_type=EventType.REASONING_PURGED, rows=rows, governance_sequence_no=record.sequence_no
+                )
+            # The purge appends to the runs' chains: their stored list facts are decided again.
+            refresh_run_facts(run_ids={row["run_id"] for row in rows})
         purged += len(locked)
     if tampered:
         logger.warning("reasoning purge left rows=%d that do not match their chained digests", tampered)
@@ -327,13 +330,18 @@ def rotate_reasoning_keys(
                 else:
                     report.rotated += 1
             if changed:
-                record_reasoning_change(
-                    event_type=EventType.REASONING_REKEYED, rows=stored_reasoning_rows(pk__in=changed)
-                )
-                record_governance_event(
+                rows = stored_reasoning_rows(pk__in=changed)
+                record = record_governance_event(
                     event_type=GovernanceEventType.REASONING_KEYS_ROTATED,
                     actor=actor,
-                    details={"rows": len(changed), "keyId": report.key_id},
+                    details={
+                        "rows": len(changed),
+                        "keyId": report.key_id,
+                        "runIds": sorted({row["run_id"] for row in rows}),
+                    },
+                )
+                record_reasoning_change(
+                    event_type=EventType.REASONING_REKEYED, rows=rows, governance_sequence_no=record.sequence_no
                 )
     logger.info(
         "reasoning keys rotated key=%s scanned=%d rotated=%d encrypted=%d unreadable=%d skipped=%d "

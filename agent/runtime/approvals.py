@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
@@ -40,17 +41,18 @@ from django.dispatch import receiver
 from django.utils import timezone
 
 from agent.runtime.canonical import CanonicalStore, CanonicalUnavailable, delete_states
+from audit.authenticity import authenticated_chain
+from audit.authority import governance_position, permitted
 from audit.models import EventType, ToolInvocation, ToolStatus, TraceEvent
 from audit.payloads import canonical_json, sha256_hex
-from audit.recorder import RunRecorder, arguments_digest
+from audit.recorder import ChainNotAuthentic, RunRecorder, arguments_digest, end_unauthentic_run
 from core.groups import APPROVERS
-from diagnosis.models import ChatSession, DiagnosisRun, RunStatus
+from diagnosis.models import APPROVE_PERMISSION, ChatSession, DiagnosisRun, RunStatus
 from reasoning import crypto
 from reasoning.signals import reasoning_purging
 
 logger = logging.getLogger(__name__)
 
-APPROVE_PERMISSION = "diagnosis.approve_tool_call"
 APPROVERS_GROUP = APPROVERS
 APPROVED = "APPROVED"
 REJECTED = "REJECTED"
@@ -167,13 +169,18 @@ def checkpoint_of(interrupted: RunInterrupted, *, step_counts: dict[str, int], g
 
 def interrupted_record(run_id: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """The last RUN_INTERRUPTED's details and each pending call's latest APPROVAL_DECIDED details (by
-    `tool_call_id`), read from the run's chain."""
-    events = TraceEvent.objects.filter(
-        run_id=run_id, event_type__in=(EventType.RUN_INTERRUPTED, EventType.APPROVAL_DECIDED)
-    ).order_by("sequence_no")
+    `tool_call_id`), read from the run's chain once it is proven written by the service
+    (`audit.authenticity.authenticated_chain`; else `ResumeStateUnavailable`: a decision a database
+    writer put into the chain, or changed, releases nothing)."""
+    try:
+        chain = authenticated_chain(run_id)
+    except ChainNotAuthentic:
+        raise ResumeStateUnavailable("the run's recorded chain does not authenticate") from None
     interrupted: dict[str, Any] = {}
     decisions: dict[str, dict[str, Any]] = {}
-    for event in events:
+    for event in chain:
+        if event.event_type not in (EventType.RUN_INTERRUPTED, EventType.APPROVAL_DECIDED):
+            continue
         details = event.details if isinstance(event.details, dict) else {}
         if event.event_type == EventType.RUN_INTERRUPTED:
             interrupted, decisions = details, {}
@@ -306,7 +313,16 @@ class Decided:
 
 
 def may_approve(user: AbstractBaseUser) -> bool:
-    return bool(user.is_authenticated and user.is_active and user.has_perm(APPROVE_PERMISSION))
+    """`diagnosis.approve_tool_call` by the database and by the governance chain
+    (`audit.authority.permitted`): a right given outside the application confers nothing."""
+    return bool(user.is_authenticated and permitted(user, APPROVE_PERMISSION))
+
+
+def approver_still_permitted(username: str) -> bool:
+    """Whether the person who approved a call still holds the approval right now (the database and the
+    governance chain), checked again right before the approved call executes."""
+    user = get_user_model().objects.filter(username=username).first() if username else None
+    return user is not None and may_approve(user)
 
 
 def decider_owner(username: str) -> str:
@@ -382,7 +398,14 @@ def decide(
         decided_at = timezone.now()
         late = decision != EXPIRED and is_expired(tool.created_at, now=decided_at)
         recorded, decided_by = (EXPIRED, "") if late else (decision, username)
-        recorder = RunRecorder.resume(run.run_id, lease_epoch=epoch)
+        try:
+            recorder = RunRecorder.resume(run.run_id, lease_epoch=epoch)
+        except ChainNotAuthentic:
+            transaction.set_rollback(True)
+            raise ApprovalConflict(
+                "The run's record was not written by this service; nothing was decided.",
+                code="chain_not_authentic",
+            ) from None
         try:
             seq = recorder.approval_decided(
                 tool_call_id=tool_call_id,
@@ -395,6 +418,7 @@ def decide(
                 requested_sequence_no=requested["sequence_no"],
                 claimable_until=None if _others_waiting(run.run_id, tool_call_id) else _claimable_until(),
                 decided_at=decided_at,
+                governance_at=governance_position(),
             )
         except Exception:
             transaction.set_rollback(True)
@@ -526,7 +550,12 @@ def cancel_waiting(*, run: DiagnosisRun, reason: str = "cancel requested") -> bo
     epoch = _claim_interrupted(run, owner=decider_owner("cancel"), decided=True)
     if epoch is None:
         return False
-    recorder = RunRecorder.resume(run.run_id, lease_epoch=epoch)
+    try:
+        recorder = RunRecorder.resume(run.run_id, lease_epoch=epoch)
+    except ChainNotAuthentic:
+        end_unauthentic_run(run.run_id, lease_epoch=epoch)
+        forget_checkpoint(CanonicalStore(run.run_id))
+        return True
     recorder.close_tools(
         status=ToolStatus.INTERRUPTED,
         error_code=APPROVAL_CANCELLED,

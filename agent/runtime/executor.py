@@ -74,7 +74,7 @@ from agent.runtime.prompts import DEFAULT_PROMPTS, SystemPrompts
 from agent.runtime.providers import get_model_client
 from agent.runtime.tools.registry import ToolRegistry, default_registry
 from audit.models import EventType, ToolStatus, TraceEvent
-from audit.recorder import RunRecorder
+from audit.recorder import ChainNotAuthentic, RunRecorder, end_unauthentic_run
 from diagnosis import services
 from diagnosis.models import DEMO_PROVIDER, ChatSession, DiagnosisRun, RunStatus
 from diagnosis.selectors import owned_session
@@ -307,11 +307,16 @@ async def _execute(
     # A run that started before and is PENDING again was interrupted for an approval and decided: it is
     # resumed (its recorder rebuilt from the store, fenced by this claim's epoch), not started again.
     resuming = run.started_at is not None
-    recorder = (
-        await db(RunRecorder.resume, run_id, lease_epoch=run.lease_epoch)
-        if resuming
-        else RunRecorder.for_run(run)
-    )
+    try:
+        recorder = (
+            await db(RunRecorder.resume, run_id, lease_epoch=run.lease_epoch)
+            if resuming
+            else RunRecorder.for_run(run)
+        )
+    except ChainNotAuthentic:
+        # Its chain was not written by this service: nothing is chained after it, nothing executes.
+        await db(end_unauthentic_run, run_id, lease_epoch=run.lease_epoch)
+        raise RunNotClaimable(run_id) from None
     _trip_on_fence(recorder, token)
     heartbeat = asyncio.create_task(
         _heartbeat(run_id, run.lease_epoch, token, claimed_at=claimed_at), name=f"lease:{run_id}"

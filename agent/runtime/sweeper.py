@@ -34,7 +34,7 @@ from django.utils import timezone
 from agent.runtime.db import db
 from agent.runtime.live import persisted_frames, publish
 from audit.models import ToolStatus
-from audit.recorder import RunRecorder
+from audit.recorder import ChainNotAuthentic, RunRecorder, end_unauthentic_run
 from diagnosis import services
 from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun, RunStatus
 
@@ -88,7 +88,10 @@ def fail_run(run_id: str, *, error_code: str, error_message: str, lease_epoch: i
     status = DiagnosisRun.objects.filter(run_id=run_id).values_list("status", flat=True).first()
     if status is None or status in TERMINAL_RUN_STATUSES:
         return False
-    recorder = RunRecorder.resume(run_id, lease_epoch=lease_epoch)
+    try:
+        recorder = RunRecorder.resume(run_id, lease_epoch=lease_epoch)
+    except ChainNotAuthentic:
+        return end_unauthentic_run(run_id, lease_epoch=lease_epoch)
     recorder.note_fenced_writes()
     recorder.close_tools(status=ToolStatus.FAILED, error_code=error_code, error_message=error_message)
     recorder.finish(status=RunStatus.FAILED, error_code=error_code, error_message=error_message)

@@ -13,9 +13,12 @@
   epoch; `row_insert` builds the row such an event binds. Nothing outside this package touches a
   recorder's private state;
 * `governance`: chained events of reasoning purges and key rotations (outside a run's execution), and
-  the global governance chain of access changes (`record_governance_event`).
+  the global governance chain of access changes (`record_governance_event`);
+* `refusal`: a run whose stored chain the service did not write (`ChainNotAuthentic` when a takeover
+  finds it) is ended on its row alone (`end_unauthentic_run`), never chained onto.
 """
 
+from audit.authenticity import ChainNotAuthentic
 from audit.recorder.approvals import DecisionNotRecorded
 from audit.recorder.chain import row_insert
 from audit.recorder.facts import (
@@ -29,12 +32,15 @@ from audit.recorder.facts import (
     Usage,
 )
 from audit.recorder.governance import record_governance_event, record_reasoning_change
+from audit.recorder.refusal import CHAIN_NOT_AUTHENTIC, end_unauthentic_run
 from audit.recorder.run import RunRecorder
 from audit.recorder.tail import RunNotFinished, Tail, append_to_finished_run
 from audit.recorder.tools import arguments_digest
 
 __all__ = [
+    "CHAIN_NOT_AUTHENTIC",
     "ChainEvent",
+    "ChainNotAuthentic",
     "Committed",
     "DecisionNotRecorded",
     "DeclaredToolCall",
@@ -48,6 +54,7 @@ __all__ = [
     "Usage",
     "append_to_finished_run",
     "arguments_digest",
+    "end_unauthentic_run",
     "record_governance_event",
     "record_reasoning_change",
     "row_insert",

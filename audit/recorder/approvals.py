@@ -235,6 +235,7 @@ class ApprovalRecords:
         requested_sequence_no: int | None,
         claimable_until: Any = None,
         decided_at: Any = None,
+        governance_at: int | None = None,
     ) -> int:
         """APPROVAL_DECIDED (APPROVED, REJECTED or EXPIRED): who decided (a username; "" for the
         system's expiry), when (`decided_at`: the instant the decider checked the deadline at; default
@@ -267,6 +268,8 @@ class ApprovalRecords:
                             "arguments": bound_json(arguments),
                             "argumentsDigest": arguments_digest,
                             "requestedAt": requested_sequence_no,
+                            # Where the decider's right is judged (`audit.authority`).
+                            **({"governanceAt": governance_at} if governance_at is not None else {}),
                         },
                     )
                 ],

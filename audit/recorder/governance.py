@@ -37,13 +37,17 @@ _VERBS = {EventType.REASONING_PURGED: "purged", EventType.REASONING_REKEYED: "re
 _STATUS = {EventType.REASONING_PURGED: "PURGED", EventType.REASONING_REKEYED: "REKEYED"}
 
 
-def record_reasoning_change(*, event_type: str, rows: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+def record_reasoning_change(
+    *, event_type: str, rows: Iterable[Mapping[str, Any]], governance_sequence_no: int
+) -> dict[str, int]:
     """Append one `event_type` event per run to the runs of `rows` (stored reasoning rows as
     `audit.rowdigest.stored_reasoning_rows` returns them, read after the change), in run-id order, each
     through `append_to_finished_run` (under the run row's lock and its current lease epoch; a run still
-    executing is appended to as well). Must run inside the transaction that changed the rows, which
-    locked them first (lock order: reasoning rows, run rows by id, chain heads). Returns each run's new
-    event's `sequence_no`."""
+    executing is appended to as well), naming the governance event that records the change
+    (`governanceSequenceNo`: `REASONING_ROWS_PURGED` or `REASONING_KEYS_ROTATED`, written first in the
+    same transaction; `audit.authority.decision_problems` holds each run event to it). Must run inside
+    the transaction that changed the rows, which locked them first (lock order: reasoning rows, run rows
+    by id, chain heads). Returns each run's new event's `sequence_no`."""
     if event_type not in _VERBS:
         raise ValueError(f"not a reasoning governance event: {event_type!r}")
     by_run: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
@@ -58,7 +62,7 @@ def record_reasoning_change(*, event_type: str, rows: Iterable[Mapping[str, Any]
             event_type,
             _STATUS[event_type],
             f"{len(bindings)} reasoning row(s) {_VERBS[event_type]}: step(s) {', '.join(map(str, steps))}",
-            {"rows": bindings},
+            {"rows": bindings, "governanceSequenceNo": governance_sequence_no},
         )
         written[run_id] = append_to_finished_run(run_id=run_id, events=[event], finished_only=False)
     return written

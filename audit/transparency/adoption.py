@@ -79,19 +79,9 @@ def adopt(*, now: dt.datetime | None = None) -> AdoptionReport | None:
     keys.current_key()
     writeauth.verifier()
     report = AdoptionReport()
-    log.ensure_head()
     with transaction.atomic():
-        head = LogHead.objects.select_for_update().get(pk=1)
-        stamp = now or timezone.now()
-        runs = _legacy_run_heads(head.tree_size)
-        tails = _legacy_tails()
-        governance = _legacy_governance_head()
-        if runs or tails or governance:
-            log.append_leaves(head, runs, stamp, governance, tails)
-            log.sign_head(head, timezone.now())
-        report.anchored_runs, report.anchored_tails = len(runs), len(tails)
-        report.governance_head = governance.sequence_no if governance else _governance_head_seq()
-        TailPending.objects.filter(run_id__in=[t.run_id for t in tails]).delete()
+        report.anchored_runs, report.anchored_tails, governance = anchor_legacy(now=now)
+        report.governance_head = governance or _governance_head_seq()
         report.open_runs = _tag_open_heads()
         event = record_governance_event(
             event_type=GovernanceEventType.WRITE_AUTH_STARTED,
@@ -106,6 +96,24 @@ def adopt(*, now: dt.datetime | None = None) -> AdoptionReport | None:
         )
         report.event = event.sequence_no
     return report
+
+
+def anchor_legacy(*, now: dt.datetime | None = None) -> tuple[int, int, int | None]:
+    """Step 1 (what the previous version's checkpointer did next): anchor every finished run without a
+    leaf, every grown tail and the governance head with leaves of before write authentication, and sign
+    one checkpoint; returns (runs, tails, the governance sequence anchored or None)."""
+    log.ensure_head()
+    with transaction.atomic():
+        head = LogHead.objects.select_for_update().get(pk=1)
+        stamp = now or timezone.now()
+        runs = _legacy_run_heads(head.tree_size)
+        tails = _legacy_tails()
+        governance = _legacy_governance_head()
+        if runs or tails or governance:
+            log.append_leaves(head, runs, stamp, governance, tails)
+            log.sign_head(head, timezone.now())
+        TailPending.objects.filter(run_id__in=[t.run_id for t in tails]).delete()
+    return len(runs), len(tails), governance.sequence_no if governance else None
 
 
 def _legacy_run_heads(tree_size: int) -> list[gate.Head]:

@@ -31,7 +31,6 @@ Messages name ids, indexes and sizes, never content.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,7 +39,6 @@ from django.db.models import Q
 
 from audit import writeauth
 from audit.binding import GOVERNANCE_EVENTS
-from audit.integrity import timestamp
 from audit.models import (
     Checkpoint,
     CheckpointCosignature,
@@ -50,7 +48,8 @@ from audit.models import (
     RunTombstone,
 )
 from audit.retention import chained_holds, chained_purges, tombstone_problems
-from audit.transparency import keys, leafdata, merkle, note, signednote, store
+from audit.transparency import keys, leafdata, merkle, signednote, store
+from audit.transparency.checkpoints import WitnessEntry, check_checkpoint, witness_problems
 from audit.transparency.cosignatures import check_cosignatures, policy_problems
 from diagnosis.models import DiagnosisRun
 
@@ -73,80 +72,6 @@ class LogVerification:
     @property
     def ok(self) -> bool:
         return not self.invalid
-
-
-@dataclass(frozen=True, slots=True)
-class WitnessEntry:
-    line: int
-    body: str
-    signature: str
-
-
-def read_witness(path: str) -> list[WitnessEntry]:
-    """The checkpoints of a witness file (one `{"body", "signature"}` JSON object per line)."""
-    entries = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-                entries.append(WitnessEntry(number, str(item["body"]), str(item["signature"])))
-            except (ValueError, KeyError, TypeError):
-                entries.append(WitnessEntry(number, "", ""))
-    return entries
-
-
-# --------------------------------------------------------------------------------------------------
-# Checkpoints
-# --------------------------------------------------------------------------------------------------
-def check_checkpoint(cp: Checkpoint, known: dict[str, Any]) -> list[str]:
-    """The problems of one stored checkpoint on its own (body, columns, key, signature), in either
-    format (`audit.transparency.note.parse_any`)."""
-    where = f"checkpoint tree_size={cp.tree_size}"
-    try:
-        body = note.parse_any(cp.body)
-    except note.NoteError as exc:
-        return [f"{where}: {exc}"]
-    problems = []
-    signer = note.signer_key_id(body, cp.signature)
-    columns = (cp.tree_size, cp.root_hash, cp.previous_hash, cp.key_id, timestamp(cp.signed_at))
-    if columns != (body.tree_size, body.root_hash, body.previous, signer, body.signed_at):
-        problems.append(f"{where}: stored columns differ from its signed body")
-    if note.body_hash(cp.body) != cp.checkpoint_hash:
-        problems.append(f"{where}: stored hash is not the hash of its body")
-    problems.extend(f"{where}{p}" for p in _signature_problems(cp.body, body, cp.signature, known))
-    return problems
-
-
-def _signature_problems(text: str, body, signature: str, known: dict[str, Any]) -> list[str]:
-    """Problems (each starting with ": " or " (…)") of a checkpoint's signature by a known key."""
-    signer = note.signer_key_id(body, signature)
-    public = note.find_signer(body, signature, list(known.values()))
-    if public is None:
-        return [f": signed by unknown key {signer or '?'}"]
-    try:
-        note.verify_checkpoint(text, body, signature, public)
-    except note.NoteError as exc:
-        return [f": {exc} (key {signer})"]
-    return []
-
-
-def _witness_problems(entries: Sequence[WitnessEntry], known: dict[str, Any]) -> tuple[list[str], list]:
-    problems, bodies = [], []
-    for entry in entries:
-        where = f"witness line {entry.line}"
-        try:
-            body = note.parse_any(entry.body)
-        except note.NoteError as exc:
-            problems.append(f"{where}: {exc}")
-            continue
-        found = _signature_problems(entry.body, body, entry.signature, known)
-        if found:
-            problems.extend(f"{where} (tree_size={body.tree_size}){p}" for p in found)
-            continue
-        bodies.append((entry, body))
-    return problems, bodies
 
 
 # --------------------------------------------------------------------------------------------------
@@ -267,8 +192,8 @@ def verify_log(
             )
         previous = cp.checkpoint_hash
         targets.setdefault(cp.tree_size, []).append((f"checkpoint tree_size={cp.tree_size}", cp.root_hash))
-    witness_problems, witnessed = _witness_problems(witness, known)
-    result.invalid.extend(witness_problems)
+    from_witness, witnessed = witness_problems(witness, known)
+    result.invalid.extend(from_witness)
     by_size = {cp.tree_size: cp for cp in checkpoints}
     for entry, body in witnessed:
         stored = by_size.get(body.tree_size)

@@ -12,8 +12,21 @@ from audit.transparency import adoption
 
 
 def recorded_before_write_authentication():
-    """Blank every tag (what the previous version stored), then adopt the store as `migrate` does;
-    returns the adoption report."""
+    """Blank every tag (what the previous version stored), then upgrade the store as `migrate` does
+    (`audit.0019`: adoption; `access.0004`: the rights baseline); returns the adoption report."""
+    from access.baseline import record_baseline
+
     TraceEvent.objects.exclude(tag="").update(tag="")
     GovernanceEvent.objects.exclude(tag="").update(tag="")
-    return adoption.adopt()
+    report = adoption.adopt()
+    record_baseline()
+    return report
+
+
+def previous_version_wrote(checkpoint: bool = True) -> None:
+    """What the previous version left of everything recorded so far: no tags; with `checkpoint`, its
+    checkpointer then anchored every finished run (leaves of before write authentication)."""
+    TraceEvent.objects.exclude(tag="").update(tag="")
+    GovernanceEvent.objects.exclude(tag="").update(tag="")
+    if checkpoint:
+        adoption.anchor_legacy()

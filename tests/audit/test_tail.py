@@ -24,8 +24,10 @@ from tests.factories import LEASE_OWNER, executing, make_recorded_run
 
 
 def _rekey_event(note: str) -> ChainEvent:
-    """A governance event as a key rotation writes one (an empty row list keeps the bindings unchanged)."""
-    return ChainEvent(Phase.RUN, EventType.REASONING_REKEYED, "REKEYED", note, {"rows": []})
+    """An event appended to a finished run, binding no row and needing no governance record: a reader's
+    vote (a key rotation's would have to name its REASONING_KEYS_ROTATED record, audit.authority)."""
+    details = {"reader": "r", "rating": "up", "commentChars": 0, "commentSha256": ""}
+    return ChainEvent(Phase.RUN, EventType.FEEDBACK_RECORDED, "UP", note, details)
 
 
 def _chain(run_id: str) -> list[TraceEvent]:

@@ -91,12 +91,14 @@ def test_an_anchored_run_and_one_rewritten_after_anchoring(user, run, settings):
     log.checkpoint()
     trace = get_trace(run=run)
     anchor = trace.summary.anchor
-    assert (anchor.leaf_index, anchor.tree_size) == (0, 1) and trace.summary.audit_complete
+    # The run, then the governance chain migrate wrote: one leaf more in the first checkpoint.
+    assert (anchor.leaf_index, anchor.tree_size) == (0, 2) and trace.summary.audit_complete
     _same(trace)
     rewrite_tool_output(run, preview="forged")
     trace = get_trace(run=run)
     assert not trace.summary.audit_complete and trace.summary.chain_valid and trace.summary.rows_verified
     assert any("differs from the anchored one (the run was rewritten)" in g for g in trace.summary.gaps)
+    assert any(g.startswith("write authentication: sequence") for g in trace.summary.gaps)
     _same(trace)
 
 

@@ -159,6 +159,7 @@ def environment(overrides: dict[str, str]) -> dict[str, str]:
         "SECRET_KEY": secrets.token_urlsafe(50),
         "REASONING_ENCRYPTION_KEYS": Fernet.generate_key().decode(),
         "AUDIT_SIGNING_KEYS": generate_key_text(),
+        "AUDIT_WRITE_KEYS": generate_key_text(),
         "REDACTION_HMAC_KEY": secrets.token_hex(32),
         "AIOPS_WEBHOOK_TOKEN": secrets.token_urlsafe(24),
         "METRICS_TOKEN": secrets.token_urlsafe(24),

@@ -60,6 +60,7 @@ def _production_env(**extra: str) -> dict[str, str]:
             "ALLOWED_HOSTS": f"{PRODUCTION_HOST},testserver",
             "REASONING_ENCRYPTION_KEYS": Fernet.generate_key().decode(),
             "AUDIT_SIGNING_KEYS": generate_key_text(),
+            "AUDIT_WRITE_KEYS": generate_key_text(),
             "REDACTION_HMAC_KEY": secrets.token_hex(32),
             "DATABASE_URL": "sqlite:///:memory:",
             "LOG_LEVEL": "DEBUG",
@@ -270,7 +271,14 @@ def test_no_key_like_literal_is_committed_and_secrets_come_from_the_environment(
     ignored = (BASE_DIR / ".gitignore").read_text()
     assert ".env" in ignored and ".local" in ignored
     source = (BASE_DIR / "config" / "settings.py").read_text()
-    names = ("SECRET_KEY", "LLM_API_KEY", "REASONING_ENCRYPTION_KEYS", "AUDIT_SIGNING_KEYS", "DATABASE_URL")
+    names = (
+        "SECRET_KEY",
+        "LLM_API_KEY",
+        "REASONING_ENCRYPTION_KEYS",
+        "AUDIT_SIGNING_KEYS",
+        "AUDIT_WRITE_KEYS",
+        "DATABASE_URL",
+    )
     for name in (*names, "REDIS_URL"):
         assert re.search(rf'env\.\w+\("{name}"', source), name
 

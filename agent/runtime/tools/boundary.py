@@ -56,7 +56,7 @@ from django.conf import settings
 from django.db import DatabaseError
 
 from agent.redaction import Redactor
-from agent.runtime.approvals import APPROVED, EXPIRED, approval_request
+from agent.runtime.approvals import APPROVED, EXPIRED, approval_request, approver_still_permitted
 from agent.runtime.cancel import RunCancelled
 from agent.runtime.canonical import CanonicalUnavailable
 from agent.runtime.context import RunContext
@@ -76,6 +76,8 @@ TOOL_BAD_ARGUMENTS = "TOOL_BAD_ARGUMENTS"
 TOOL_REPEATED = "TOOL_REPEATED"
 APPROVAL_REJECTED = "APPROVAL_REJECTED"
 APPROVAL_EXPIRED = "APPROVAL_EXPIRED"
+# The approver no longer holds the approval right when the approved call is about to execute.
+APPROVAL_REVOKED = "APPROVAL_REVOKED"
 APPROVAL_UNRECORDED = "APPROVAL_UNRECORDED"
 ERROR_OBSERVED = "ERROR_OBSERVED"
 
@@ -347,7 +349,8 @@ class ToolBoundary:
 
     async def run_decided(self, call: DeclaredToolCall, decision: dict[str, Any]) -> ToolOutcome:
         """A call that waited for approval, once decided (`decision`: the APPROVAL_DECIDED details).
-        Approved: started under its own `tool_call_id` (the recorder checks the declaring step and the
+        Approved: the approver must still hold the approval right (else FAILED with APPROVAL_REVOKED);
+        then started under its own `tool_call_id` (the recorder checks the declaring step and the
         approved digest, fail-closed) and executed exactly once. Rejected or expired: its recorded
         refusal (FAILED with APPROVAL_REJECTED / APPROVAL_EXPIRED) is the tool's result."""
         ctx = self.ctx
@@ -366,6 +369,14 @@ class ToolBoundary:
                 message += f". Note: {note}"
             message = clip(message, ERROR_MESSAGE_CHARS)
             return await self._fail(call, code, message)
+        approver = str(decision.get("decidedBy") or "")
+        if not await db(approver_still_permitted, approver):
+            # Checked again now (issue 43): an approver who lost the right since does not release it.
+            message = (
+                f"the approver ({approver or 'unknown'}) no longer holds diagnosis.approve_tool_call "
+                "(by the database or the governance chain); the call was not made"
+            )
+            return await self._fail(call, APPROVAL_REVOKED, clip(message, ERROR_MESSAGE_CHARS))
         try:
             arguments = ctx.redactor.redact_value(spec.validate(call.arguments))
             seq = await db(

@@ -18,7 +18,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 from audit.models import LogLeaf, TraceEvent
 from audit.transparency import signednote, witnesses
-from audit.transparency.verify import UNANCHORED, prove_run, read_witness, verify_log
+from audit.transparency.checkpoints import read_witness
+from audit.transparency.verify import UNANCHORED, prove_run, verify_log
 from audit.verification import (
     RUN_BATCH,
     newest_governance_anchor,

@@ -52,11 +52,12 @@ def test_finished_runs_are_appended_in_finish_order_and_signed(user, signing_key
     RunRecorder.for_run(running).run_started()
 
     result = log.checkpoint()
-    assert result.appended == 2 and result.tree_size == 2 and len(result.checkpoints) == 1
+    # The runs, then the governance chain migrate wrote (the role groups' grants): one leaf more.
+    assert result.appended == 2 and result.tree_size == 3 and len(result.checkpoints) == 1
     leaves = _leaves()
-    assert [leaf.run_id for leaf in leaves] == [first.run_id, second.run_id]
-    assert [leaf.leaf_index for leaf in leaves] == [0, 1]
-    for leaf, run in zip(leaves, (first, second), strict=True):
+    assert [leaf.run_id for leaf in leaves] == [first.run_id, second.run_id, None]
+    assert [leaf.leaf_index for leaf in leaves] == [0, 1, 2]
+    for leaf, run in zip(leaves, (first, second), strict=False):
         events = list(TraceEvent.objects.filter(run_id=run.run_id).order_by("sequence_no"))
         fields = leafdata.run_leaf(run_id=run.run_id, session_id=run.session_id, events=events)
         # The leaf names the write key whose tag on the head the checkpointer verified.
@@ -73,13 +74,13 @@ def test_finished_runs_are_appended_in_finish_order_and_signed(user, signing_key
     assert cp.key_id == note.note_key_id(body.origin, public) and body.previous == ""
     assert cp.root_hash == merkle.mth([bytes.fromhex(leaf.leaf_hash) for leaf in leaves]).hex()
     head = LogHead.objects.get(pk=1)
-    assert (head.tree_size, head.root_hash) == (2, cp.root_hash)
+    assert (head.tree_size, head.root_hash) == (3, cp.root_hash)
 
     # Nothing waiting: nothing signed. The running run joins once it finished.
     assert log.checkpoint().checkpoints == []
     RunRecorder.resume(running.run_id).finish(status="FAILED", error_code="X")
     later = log.checkpoint().newest
-    assert later.tree_size == 3 and later.previous_hash == cp.checkpoint_hash
+    assert later.tree_size == 4 and later.previous_hash == cp.checkpoint_hash
     _verify_checkpoint(later, public)
     assert _leaves()[-1].run_id == running.run_id
 
@@ -87,7 +88,7 @@ def test_finished_runs_are_appended_in_finish_order_and_signed(user, signing_key
 def test_batches_sign_consecutive_checkpoints_that_are_consistent(user, signing_key):
     finished_runs(user, 5)
     result = log.checkpoint(batch_size=2)
-    assert [cp.tree_size for cp in result.checkpoints] == [2, 4, 5]
+    assert [cp.tree_size for cp in result.checkpoints] == [2, 4, 6]  # the last with the governance head
     for older, newer in itertools.pairwise(result.checkpoints):
         assert newer.previous_hash == older.checkpoint_hash
         proof = store.consistency_proof(older.tree_size, newer.tree_size)
@@ -106,8 +107,8 @@ def test_batches_sign_consecutive_checkpoints_that_are_consistent(user, signing_
                 leaves[index], index, cp.tree_size, proof.hashes, bytes.fromhex(cp.root_hash)
             )
             assert proof.rows_read <= 2 * cp.tree_size.bit_length()
-    # Every complete subtree is stored once: 5 leaves make nodes 1/0, 1/1 and 2/0.
-    assert sorted(LogNode.objects.values_list("level", "node_index")) == [(1, 0), (1, 1), (2, 0)]
+    # Every complete subtree is stored once: 6 leaves make nodes 1/0, 1/1, 1/2 and 2/0.
+    assert sorted(LogNode.objects.values_list("level", "node_index")) == [(1, 0), (1, 1), (1, 2), (2, 0)]
 
 
 def test_the_search_window_moves_forward_and_full_finds_a_run_before_it(user, signing_key):
@@ -123,7 +124,7 @@ def test_the_search_window_moves_forward_and_full_finds_a_run_before_it(user, si
     assert log.checkpoint().appended == 0  # the incremental scan trusts the cursor ...
     out = io.StringIO()
     call_command("audit_checkpoint", stdout=out)  # ... the command searches every run by default
-    assert "appended 1 run(s); log holds 2" in out.getvalue()
+    assert "appended 1 run(s); log holds 3" in out.getvalue()  # and the governance leaf migrate's events made
     assert LogLeaf.objects.filter(run_id=late.run_id).exists()
 
 
@@ -167,19 +168,22 @@ def test_each_checkpoint_is_appended_to_the_witness_file(user, signing_key, sett
     assert lines == [{"body": cp.body, "signature": cp.signature} for cp in signed]
     settings.AUDIT_WITNESS_PATH = str(tmp_path / "missing-dir" / "witness.jsonl")
     finished_runs(user, 1)
-    assert log.checkpoint().newest.tree_size == 4  # a failed witness write is logged, not raised
+    assert log.checkpoint().newest.tree_size == 5  # a failed witness write is logged, not raised
 
 
 def test_the_command_reports_what_it_signed(user, signing_key):
     out = io.StringIO()
+    call_command("audit_checkpoint", stdout=out)  # the governance chain migrate wrote: anchored first
+    assert "appended 0 run(s), the governance chain up to event" in out.getvalue()
+    out = io.StringIO()
     call_command("audit_checkpoint", stdout=out)
-    assert "no finished run waiting; no checkpoint yet" in out.getvalue()
+    assert "no finished run waiting; newest checkpoint tree_size=1" in out.getvalue()
     finished_runs(user, 2)
     out = io.StringIO()
     call_command("audit_checkpoint", stdout=out)
-    cp = Checkpoint.objects.get()
-    assert f"checkpoint tree_size=2 root={cp.root_hash} key={cp.key_id}" in out.getvalue()
-    assert "appended 2 run(s); log holds 2" in out.getvalue()
+    cp = Checkpoint.objects.order_by("-tree_size").first()
+    assert f"checkpoint tree_size=3 root={cp.root_hash} key={cp.key_id}" in out.getvalue()
+    assert "appended 2 run(s); log holds 3" in out.getvalue()
 
 
 # --------------------------------------------------------------------------------------------------

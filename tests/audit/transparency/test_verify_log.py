@@ -38,9 +38,10 @@ def _verify(*args):
 
 @pytest.fixture
 def anchored(user, signing_key):
-    """Six finished runs, anchored by two checkpoints (sizes 3 and 6)."""
+    """Six finished runs, anchored by two checkpoints (sizes 3 and 6), then the governance chain migrate
+    wrote (the role groups' grants: leaf 6, checkpoint 7)."""
     runs = finished_runs(user, 6, tools=1)
-    assert [cp.tree_size for cp in log.checkpoint(batch_size=3).checkpoints] == [3, 6]
+    assert [cp.tree_size for cp in log.checkpoint(batch_size=3).checkpoints] == [3, 6, 7]
     return runs
 
 
@@ -50,12 +51,12 @@ def test_a_clean_store_verifies_and_one_run_proves_its_inclusion(anchored, user)
     assert ok, out
     assert "verified 7 run(s): 7 ok, 0 with problems" in out
     assert "1 finished run(s) not yet anchored" in out
-    assert "verified the log: 6 leaf(s), 2 checkpoint(s), newest checkpoint 6 signed" in out and out.endswith(
+    assert "verified the log: 7 leaf(s), 3 checkpoint(s), newest checkpoint 7 signed" in out and out.endswith(
         ": ok\n"
     )
     ok, out, _ = _verify("--run", anchored[4].run_id)
     assert ok, out
-    assert f"run={anchored[4].run_id} anchored at log leaf 4; inclusion in checkpoint tree_size=6" in out
+    assert f"run={anchored[4].run_id} anchored at log leaf 4; inclusion in checkpoint tree_size=7" in out
     assert "verified\n" in out
 
 
@@ -85,7 +86,7 @@ def test_a_truncated_log_is_detected(anchored):
         "log INVALID checkpoint tree_size=6: covers 6 leaves but only 4 are stored (the log was truncated)"
         in out
     )
-    assert "log INVALID log head says 6 leaves, 4 are stored" in out
+    assert "log INVALID log head says 7 leaves, 4 are stored" in out
 
 
 def test_runs_log_and_checkpoints_cut_back_together_need_the_witness(anchored, settings, tmp_path):
@@ -99,7 +100,7 @@ def test_runs_log_and_checkpoints_cut_back_together_need_the_witness(anchored, s
     for run in anchored[3:]:
         delete_run(run.run_id)
     LogLeaf.objects.filter(leaf_index__gte=3).delete()
-    Checkpoint.objects.filter(tree_size=6).delete()
+    Checkpoint.objects.filter(tree_size__gt=3).delete()
     rebuild_tree()
     assert _verify()[0] is True  # consistent in itself: the limit of a log without an outside copy
     ok, out, _ = _verify("--witness", str(witness))
@@ -229,11 +230,11 @@ def test_a_checkpoint_signed_by_an_unknown_key_is_detected(anchored, settings):
 def test_an_old_format_checkpoint_signed_by_an_unknown_key_is_detected(anchored, settings):
     legacy_checkpoints()
     stranger = note.load_private(keys.generate_key_text())
-    cp = Checkpoint.objects.get(tree_size=6)
+    cp = Checkpoint.objects.order_by("-tree_size").first()  # the newest: no later one names its hash
     body = note.parse_body(cp.body)
     other = note.Body(
         origin=body.origin,
-        tree_size=6,
+        tree_size=cp.tree_size,
         root_hash=body.root_hash,
         signed_at=body.signed_at,
         previous=body.previous,
@@ -248,7 +249,7 @@ def test_an_old_format_checkpoint_signed_by_an_unknown_key_is_detected(anchored,
     )
     ok, out, _ = _verify()
     assert not ok
-    assert f"log INVALID checkpoint tree_size=6: signed by unknown key {other.key_id}" in out
+    assert f"log INVALID checkpoint tree_size={cp.tree_size}: signed by unknown key {other.key_id}" in out
     # Once the operator adds its public key as a verification key, it verifies.
     settings.AUDIT_VERIFY_KEYS = [note.public_text(stranger.public_key())]
     assert _verify()[0] is True
@@ -258,7 +259,7 @@ def test_unsigned_leaves_a_changed_status_and_events_after_the_anchor_are_named(
     extra = finished_runs(user, 1)[0]
     with_leaf = LogLeaf.objects.get(leaf_index=5)
     LogLeaf.objects.create(
-        leaf_index=6,
+        leaf_index=7,
         run_id=extra.run_id,
         session_id=extra.session_id,
         leaf_hash=merkle.leaf_hash(b"x").hex(),
@@ -268,7 +269,7 @@ def test_unsigned_leaves_a_changed_status_and_events_after_the_anchor_are_named(
     DiagnosisRun.objects.filter(run_id=anchored[0].run_id).update(status="RUNNING")
     ok, out, _ = _verify()
     assert not ok
-    assert "log INVALID log leaves 6–6 are not covered by a signed checkpoint" in out
+    assert "log INVALID log leaves 7–7 are not covered by a signed checkpoint" in out
     assert (
         f"run={anchored[0].run_id} INVALID anchored in log leaf 0 as finished, "
         "but the run is stored as RUNNING" in out
@@ -287,4 +288,4 @@ def test_a_chain_rehashed_without_a_change_still_verifies(anchored):
     rehash_chain(anchored[0].run_id)
     assert _verify()[0] is True
     assert ToolInvocation.objects.filter(run_id=anchored[0].run_id).exists()
-    assert LogHead.objects.get(pk=1).tree_size == 6
+    assert LogHead.objects.get(pk=1).tree_size == 7
