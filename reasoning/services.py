@@ -206,7 +206,9 @@ def purge_reasoning(
                     },
                 )
                 record_reasoning_change(
-                    event_type=EventType.REASONING_PURGED, rows=rows, governance_sequence_no=record.sequence_no
+                    event_type=EventType.REASONING_PURGED,
+                    rows=rows,
+                    governance_sequence_no=record.sequence_no,
                 )
             # The purge appends to the runs' chains: their stored list facts are decided again.
             refresh_run_facts(run_ids={row["run_id"] for row in rows})
@@ -341,7 +343,9 @@ def rotate_reasoning_keys(
                     },
                 )
                 record_reasoning_change(
-                    event_type=EventType.REASONING_REKEYED, rows=rows, governance_sequence_no=record.sequence_no
+                    event_type=EventType.REASONING_REKEYED,
+                    rows=rows,
+                    governance_sequence_no=record.sequence_no,
                 )
     logger.info(
         "reasoning keys rotated key=%s scanned=%d rotated=%d encrypted=%d unreadable=%d skipped=%d "
