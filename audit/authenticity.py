@@ -154,6 +154,7 @@ class Adoption:
 
     governance_upto: int = 0
     runs: dict[str, int] = field(default_factory=dict)
+    access_log_upto: int = 0  # the newest reasoning access-log row of before reads were chained
 
 
 def adoption(verifier: writeauth.Verifier | None = None) -> Adoption:
@@ -172,6 +173,7 @@ def adoption(verifier: writeauth.Verifier | None = None) -> Adoption:
     return Adoption(
         governance_upto=event.sequence_no - 1,
         runs={str(k): int(v) for k, v in runs.items() if isinstance(v, int)},
+        access_log_upto=int(details.get("accessLogUpto") or 0),
     )
 
 
@@ -263,3 +265,21 @@ def authenticated_chain(run_id: str) -> list[Any]:
     if not chain.valid or not tags.ok:
         raise ChainNotAuthentic(f"run {run_id}: its chain does not authenticate")
     return events
+
+
+def written_by_the_service(domain: str = writeauth.GOVERNANCE) -> Callable[[Link], bool]:
+    """A predicate for single links of the governance chain read on their own (the holds and purges a
+    retention purge obeys): its tag verifies, or it is untagged and the upgrade adopted it. A forged
+    event — a hold lift, a backdated purge — is never taken for a real one, whatever the rest of the
+    chain says (`verify_audit` names it)."""
+    verifier = writeauth.verifier()
+    adopted: list[int] = []
+
+    def ok(link: Link) -> bool:
+        if link.tag:
+            return verifier.valid(domain, link.hash, link.tag)
+        if not adopted:
+            adopted.append(adoption(verifier).governance_upto)
+        return link.sequence_no <= adopted[0]
+
+    return ok

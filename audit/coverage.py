@@ -120,6 +120,16 @@ COVERED: dict[type[models.Model], dict[str, str]] = {
     ToolInvocation: _by_forms(rowdigest.TOOL),  # approvals: the same row through its lifecycle
     AgentReasoningAudit: _by_forms(rowdigest.REASONING),
     RunReview: _by_forms(rowdigest.REVIEW),
+    ReasoningAccessLog: _by_forms(rowdigest.READ),
+    RunConfiguration: {
+        "fingerprint": (
+            "configuration: the SHA-256 of the canonical text, and named by a run's chained RUN_STARTED "
+            "(audit.configurations)"
+        ),
+        "canonical": "configuration: its SHA-256 is the fingerprint",
+        "document": "configuration: must be the canonical text decoded",
+        "prompts": "configuration: each text must hash to the document's prompt digest of its role",
+    },
     GovernanceEvent: {
         **_same(
             (
@@ -193,8 +203,16 @@ _TIMING = (
 _FACT = "stored list fact: recomputed from the bound rows by verify_audit and compared (FACTS)"
 _COST = "the run's cost: recomputed from the chained usage records by verify_audit and compared (FACTS)"
 _REVIEW_FACT = (
-    "review queue state, derived from the chained reviews and the feedback (what the list shows); the "
-    "reviews themselves are bound (form review)"
+    "stored review fact: recomputed by verify_audit from the chain (the newest review row, bound by "
+    "REVIEW_RECORDED; the readers' newest votes, FEEDBACK_RECORDED) and compared (FACTS)"
+)
+_QUEUE_FACT = (
+    "stored list fact: the review queue's rule (diagnosis.review_queue) recomputed by verify_audit over the "
+    "run's columns, themselves bound or compared with the chain, and compared (FACTS)"
+)
+_CLAIM = (
+    "a reviewer's claim on a queued run, keeping others off it for a while (operational): it decides no "
+    "review; the review itself is chained"
 )
 
 EXCLUDED: dict[type[models.Model], dict[str, str]] = {
@@ -212,17 +230,9 @@ EXCLUDED: dict[type[models.Model], dict[str, str]] = {
         ),
         **_same(("persisted_events", "persisted_steps", "persisted_tools", "audit_complete"), _FACT),
         **_same(("cost", "cost_status", "cost_unpriced_calls"), _COST),
-        **_same(
-            (
-                "downvoted",
-                "review_verdict",
-                "reviewed_at",
-                "review_claimed_by",
-                "review_claim_expires_at",
-                "needs_review",
-            ),
-            _REVIEW_FACT,
-        ),
+        **_same(("downvoted", "review_verdict", "reviewed_at"), _REVIEW_FACT),
+        "needs_review": _QUEUE_FACT,
+        **_same(("review_claimed_by", "review_claim_expires_at"), _CLAIM),
         **_same(("lease_owner", "lease_expires_at", "lease_epoch", "cancel_requested"), _LEASE),
         "fenced_writes": (
             "a counter of refused writes of a stale lease owner; the current owner chains it in WRITE_FENCED"
@@ -256,6 +266,17 @@ EXCLUDED: dict[type[models.Model], dict[str, str]] = {
         ),
     },
     GovernanceEvent: {"id": SURROGATE},
+    ReasoningAccessLog: {
+        "id": (
+            "the key its chained REASONING_READ names (logId): a changed id is a named deletion and a named "
+            "forged row"
+        ),
+        "user": "the reader's user id (set NULL when the account is removed); the username snapshot is bound",
+    },
+    RunConfiguration: {
+        "id": SURROGATE,
+        "created_at": "when the configuration was first stored: operational (each run chains its start)",
+    },
     LogLeaf: {
         "id": SURROGATE,
         "appended_at": (
@@ -266,8 +287,9 @@ EXCLUDED: dict[type[models.Model], dict[str, str]] = {
     LogHead: {
         "id": "the one row's fixed key (1)",
         "scan_from": (
-            "the appender's search cursor: a wrong one only delays anchoring, and a finished run not "
-            "anchored is reported"
+            "the appender's search cursor, only an optimisation: the server's checkpointer searches every "
+            "run at start and every AUDIT_CHECKPOINT_FULL_SCAN_EVERY checkpoints (manage.py audit_checkpoint "
+            "always), and a finished run not anchored within AUDIT_ANCHOR_DEADLINE_SECONDS is a problem"
         ),
         "updated_at": "the row's last write time: operational",
     },
@@ -299,8 +321,8 @@ EXCLUDED: dict[type[models.Model], dict[str, str]] = {
     RunFeedback: {
         **dict.fromkeys(
             ("id", "run", "user", "rating", "comment", "created_at", "updated_at"),
-            "a reader's vote, replaced by their next one by design (mutable): no part of the run's record; "
-            "the audited human verdict is the chained review",
+            "a reader's vote, replaced by their next one by design (mutable): every vote given is chained "
+            "(FEEDBACK_RECORDED), from which verify_audit recomputes the run's downvoted fact",
         ),
     },
     AiOpsAlert: {
@@ -333,20 +355,28 @@ EXCLUDED: dict[type[models.Model], dict[str, str]] = {
 
 AUDITED: tuple[type[models.Model], ...] = tuple(EXCLUDED)
 
+# The excluded columns whose reason says verify_audit compares them (a change fails it: FACTS, or the
+# counts and rows it names); every other excluded column decides nothing verify_audit concludes (a
+# change leaves its verdict as it was). tests/audit/test_tamper_matrix.py holds each reason to that.
+COMPARED_REASONS = (_FACT, _COST, _REVIEW_FACT, _QUEUE_FACT)
+COMPARED_COLUMNS: dict[type[models.Model], set[str]] = {
+    DiagnosisRun: {"audit_write_failures"},  # raised: the lost writes are counted (INCOMPLETE)
+    LegalHold: {"id"},  # a named deletion of the chained hold and a named forged row
+    ReasoningAccessLog: {"id"},  # likewise, by its chained REASONING_READ
+    TailPending: {"run_id"},  # the noted run's note is gone: its unanchored events are named
+}
+
+
+def compared(model: type[models.Model], name: str) -> bool:
+    """Whether the excluded column `name` of `model` is one verify_audit compares (see above)."""
+    return EXCLUDED[model].get(name) in COMPARED_REASONS or name in COMPARED_COLUMNS.get(model, set())
+
+
 # The other models of the apps that hold the record (`audit`, `diagnosis`, `reasoning`), and why they are
 # no part of it; a new model in those apps is in one of the two lists (the tamper matrix checks).
 NOT_AUDITED: dict[type[models.Model], str] = {
     KnowledgeDocument: "the runbook corpus the tools search; a tool's result is bound by its output_sha256",
     KnowledgeChunk: "the runbook corpus the tools search; a tool's result is bound by its output_sha256",
-    RunConfiguration: (
-        "a display copy of run configurations, content-addressed (its key is the SHA-256 of its canonical "
-        "JSON) and append-only: each run chains its own copy of the document and its fingerprint in "
-        "RUN_STARTED, which is the evidence"
-    ),
-    ReasoningAccessLog: (
-        "who read reasoning content (append-only by the application): an access log beside the record, "
-        "bound by no chain yet"
-    ),
     CheckpointCosignature: (
         "witnesses' signatures over checkpoints, never trusted as stored: each is verified with the witness "
         "policy's keys (AUDIT_WITNESS_POLICY, --witness-key), so a changed or forged one fails its "
@@ -370,6 +400,7 @@ ROWS: dict[type[models.Model], str] = {
     Checkpoint: "the checkpoints' hash chain (previous_hash) and the leaves beyond the newest one",
     RunTombstone: "a tombstone must name a signed run leaf (and excuse only a purge the chain records)",
     LegalHold: "a deleted row is named by its chained placement; a forged one has none",
+    ReasoningAccessLog: "a deleted row is named by its chained REASONING_READ; a forged one has none",
 }
 
 ROWS_EXCLUDED: dict[type[models.Model], str] = {
@@ -383,6 +414,10 @@ ROWS_EXCLUDED: dict[type[models.Model], str] = {
     ),
     LogHead: "one row, rewritten by every checkpoint; its columns are compared with the newest checkpoint",
     RunFeedback: EXCLUDED[RunFeedback]["rating"],
+    RunConfiguration: (
+        "a display copy: each run chains its own configuration document in RUN_STARTED (a deleted row loses "
+        "only the display of the prompt texts); a forged row is named (no run's chain names it)"
+    ),
     AiOpsAlert: EXCLUDED[AiOpsAlert]["run"],
 }
 
@@ -406,6 +441,11 @@ def register(
     EXCLUDED[model] = excluded
     ROWS[model] = rows
     AUDITED = tuple(EXCLUDED)
+
+
+def not_audited(reasons: dict[type[models.Model], str]) -> None:
+    """Say, at app start, why a higher layer's models are no part of the record (`experiments`)."""
+    NOT_AUDITED.update(reasons)
 
 
 def unaccounted(model: type[models.Model]) -> list[str]:

@@ -37,6 +37,7 @@ from django.db.models import Count, Exists, OuterRef, Q, Subquery
 from django.utils import timezone
 
 from audit import appended_rows
+from audit.authenticity import written_by_the_service
 from audit.authority import permitted
 from audit.models import (
     HOLD_PERMISSION,
@@ -107,13 +108,17 @@ class ChainedHold:
 
 def chained_holds() -> list[ChainedHold]:
     """Every legal hold, rebuilt from the chained `LEGAL_HOLD_PLACED` / `LEGAL_HOLD_LIFTED` events (in
-    chain order); a lift names its hold by id. The chain's own integrity is
+    chain order) the service wrote (`audit.authenticity.written_by_the_service`: a forged lift lifts
+    nothing); a lift names its hold by id. The chain's own integrity is
     `audit.verification.verify_governance`'s check."""
     holds: dict[int, ChainedHold] = {}
     events = GovernanceEvent.objects.filter(
         event_type__in=(GovernanceEventType.LEGAL_HOLD_PLACED, GovernanceEventType.LEGAL_HOLD_LIFTED)
     ).order_by("sequence_no")
-    for event in events.only("sequence_no", "event_type", "actor", "details", "created_at"):
+    authentic = written_by_the_service()
+    for event in events.only("sequence_no", "event_type", "actor", "details", "created_at", "hash", "tag"):
+        if not authentic(event):
+            continue  # a forged placement or lift decides nothing (verify_audit names it)
         details = event.details if isinstance(event.details, dict) else {}
         try:
             hold_id = int(details.get("holdId"))
@@ -144,12 +149,16 @@ def chained_holds() -> list[ChainedHold]:
 
 
 def chained_purges() -> dict[str, tuple[int, dt.datetime]]:
-    """run id → (sequence number, time) of the chained `AUDIT_RUNS_PURGED` event that names it."""
+    """run id → (sequence number, time) of the chained `AUDIT_RUNS_PURGED` event the service wrote that
+    names it (a forged or backdated purge excuses nothing)."""
     purges: dict[str, tuple[int, dt.datetime]] = {}
     events = GovernanceEvent.objects.filter(event_type=GovernanceEventType.AUDIT_RUNS_PURGED).order_by(
         "sequence_no"
     )
-    for event in events.only("sequence_no", "details", "created_at"):
+    authentic = written_by_the_service()
+    for event in events.only("sequence_no", "details", "created_at", "hash", "tag"):
+        if not authentic(event):
+            continue  # a forged (or backdated) purge excuses no missing run
         details = event.details if isinstance(event.details, dict) else {}
         for run_id in details.get("runIds") or ():
             purges.setdefault(str(run_id), (event.sequence_no, event.created_at))

@@ -61,7 +61,7 @@ from audit.write_table import RawJSON
 from core.compiled import CompiledQuery
 from diagnosis.models import ChatSession, DiagnosisRun
 from reasoning.fields import Ciphertext, EncryptedTextField
-from reasoning.models import AgentReasoningAudit
+from reasoning.models import AgentReasoningAudit, ReasoningAccessLog
 
 STEP_COLUMNS = (
     "run_id",
@@ -340,6 +340,20 @@ def tool_form(name: str | None) -> Form | None:
 
 REVIEW = Form("review", RunReview, REVIEW_COLUMNS)
 _BY_MODEL = {f.model: f for f in (STEP, TOOL, REASONING, REVIEW)}
+# A read of reasoning content (`reasoning_access_log`), bound by the REASONING_READ governance event
+# written with it (`readDigest`): every column but the surrogate key and the reader's user id (the
+# username snapshot is bound instead).
+READ_COLUMNS = (
+    "username",
+    "session_id",
+    "run_id",
+    "records_returned",
+    "channel",
+    "client_address",
+    "user_agent",
+    "accessed_at",
+)
+READ = Form("reasoning-read", ReasoningAccessLog, READ_COLUMNS)
 
 
 def form_of(model: type[models.Model]) -> Form | None:

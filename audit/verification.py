@@ -53,6 +53,7 @@ from audit.models import (
     TraceEvent,
 )
 from audit.provenance import CheckpointTimes, GovernanceView
+from audit.reads import read_problems
 from audit.recorder.governance import governance_hash
 from audit.retention import chained_purges, hold_problems, tombstone_problems
 from audit.rowdigest import stored_reasoning_rows
@@ -363,6 +364,7 @@ def _check(
     result.notes.extend(rows.notes)
     if run is not None and hasattr(run, "recomputed_audit_complete"):
         result.facts.extend(disagreements(run))
+        result.facts.extend(review_fact_problems(run, events, reviews))
     if run is not None and book is not None and run.is_terminal:
         # The stored cost (`pricing.costs`), recomputed from the chained usage records.
         usage = [e.details or {} for e in events if e.event_type == EventType.MODEL_TOKEN_USAGE]
@@ -412,11 +414,41 @@ def liveness_problems(
     ]
 
 
+def chained_review_facts(events: list[Any], reviews: list[Any]) -> dict[str, Any]:
+    """The run's review facts as its chain records them: the newest review's verdict and time (its row
+    is bound by REVIEW_RECORDED), and whether any reader's newest vote (FEEDBACK_RECORDED) is down."""
+    latest = max(reviews, key=lambda r: r.sequence_no, default=None)
+    votes: dict[str, str] = {}
+    for event in events:
+        if event.event_type == EventType.FEEDBACK_RECORDED and isinstance(event.details, dict):
+            votes[str(event.details.get("reader"))] = str(event.details.get("rating"))
+    return {
+        "review_verdict": latest.verdict if latest is not None else "",
+        "reviewed_at": latest.created_at if latest is not None else None,
+        "downvoted": "down" in votes.values(),
+    }
+
+
+def review_fact_problems(run: DiagnosisRun, events: list[Any], reviews: list[Any]) -> list[str]:
+    """The run's stored review facts (what the review queue and the lists read) against the chain: a
+    queue emptied by setting `reviewed_at`, a verdict flipped on the row, a down-vote hidden."""
+    chained = chained_review_facts(events, reviews)
+    return [
+        f"stored {name} is {getattr(run, name)!r}, the chain says {value!r}"
+        for name, value in chained.items()
+        if getattr(run, name) != value
+    ]
+
+
 def refresh_facts(results: list[RunVerification]) -> int:
-    """Rewrite the stored list facts of the runs among `results` whose facts disagreed; returns how
-    many run rows were rewritten."""
+    """Rewrite the stored list facts of the runs among `results` whose facts disagreed (the review facts
+    from the chain's reviews and votes too); returns how many run rows were rewritten."""
     stale = [r.run_id for r in results if r.facts or r.unpriced]
     refresh_run_costs(run_ids=stale)
+    for run_id in stale:
+        events = list(TraceEvent.objects.filter(run_id=run_id).order_by("sequence_no"))
+        reviews = list(RunReview.objects.filter(run_id=run_id))
+        DiagnosisRun.objects.filter(run_id=run_id).update(**chained_review_facts(events, reviews))
     return refresh_run_facts(run_ids=stale)
 
 
@@ -498,6 +530,7 @@ def verify_governance(
     if tags.ok and not problems:  # rights are replayed only from a chain that verifies
         problems.extend(authority.governance_problems(held_events, authority.current()))
     problems.extend(hold_problems())
+    problems.extend(read_problems()[0])
     return checked, problems
 
 

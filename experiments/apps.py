@@ -11,3 +11,29 @@ class ExperimentsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
     name = "experiments"
     verbose_name = "Datasets and experiments"
+
+    def ready(self) -> None:
+        from audit import coverage
+        from experiments.models import Dataset, DatasetItem, Experiment, ExperimentRun
+
+        coverage.not_audited(
+            {
+                Dataset: (
+                    "a named list of questions an experimenter keeps, versioned (a new version per change): "
+                    "evidence of no run"
+                ),
+                DatasetItem: (
+                    "a snapshot of a source run taken for replay: what each replay was asked is bound by its "
+                    "run's run-start digest, and the results read scores from the chained score rows (the "
+                    "item's kept copy only for a source run purged since)"
+                ),
+                Experiment: (
+                    "what an experimenter asked to replay, under which candidate configuration: each replay "
+                    "run chains that configuration and its purpose (experiment) in its RUN_STARTED"
+                ),
+                ExperimentRun: (
+                    "which replay run answered which item: the replay is a run like any other, chained and "
+                    "anchored; a wrong link shows another run's verified record, never an unverified one"
+                ),
+            }
+        )

@@ -81,24 +81,36 @@ def record_reasoning_read(
     user_agent: str,
     channel: str = AccessChannel.API,
 ) -> ReasoningAccessLog:
-    """Write the one access-log row of a successful reasoning read. Call it before the content leaves
-    the process: if this write fails, the caller must not return the content (no unlogged read).
+    """Write the one access-log row of a successful reasoning read, and its REASONING_READ governance
+    event binding the row's digest, in one transaction. Call it before the content leaves the process:
+    if this write fails, the caller must not return the content (no unlogged read).
 
     `client_address` is stored only when it is a valid IPv4/IPv6 address (else NULL); the user agent is
     cut at 512 characters; `username` is a snapshot that survives the account's removal.
     """
     if channel not in AccessChannel.values:
         raise ValueError(f"unknown access channel {channel!r}")
-    entry = ReasoningAccessLog.objects.create(
-        user=user,
-        username=user.get_username(),
-        session_id=session_id,
-        run_id=run_id,
-        records_returned=records_returned,
-        channel=channel,
-        client_address=_valid_ip(client_address),
-        user_agent=(user_agent or "")[:USER_AGENT_CHARS],
-    )
+    with transaction.atomic():
+        entry = ReasoningAccessLog.objects.create(
+            user=user,
+            username=user.get_username(),
+            session_id=session_id,
+            run_id=run_id,
+            records_returned=records_returned,
+            channel=channel,
+            client_address=_valid_ip(client_address),
+            user_agent=(user_agent or "")[:USER_AGENT_CHARS],
+        )
+        entry.refresh_from_db()  # the row as stored (the digest covers what the database gives back)
+        # Chained with the row (fail-closed: no read without its event), so that a deleted or edited
+        # row of the access log is named by verify_audit (`audit.reads`).
+        record_governance_event(
+            event_type=GovernanceEventType.REASONING_READ,
+            actor=entry.username,
+            subject_user=entry.username,
+            permission=REASONING_PERMISSION,
+            details={"logId": entry.pk, "runId": run_id, "readDigest": rowdigest.READ.digest_of(entry)},
+        )
     logger.info(
         "reasoning read user=%s run=%s records=%d channel=%s",
         user.pk,

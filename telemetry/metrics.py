@@ -5,7 +5,8 @@ Two kinds, kept apart on purpose:
 * **Record metrics** (`RecordCollector`): values every process must report alike (runs by flow, status
   and release; run and release latency histograms; tokens by source and model; cost by source and
   model; audit write failures; fenced writes; tool calls by tool and status; swept runs; the OTLP
-  export backlog and lag; the age of the newest signed checkpoint; witness refusals and the newest size
+  export backlog and lag; the age of the newest signed checkpoint; runs refused anchoring (their record
+  did not authenticate); witness refusals and the newest size
   each witness cosigned). They are read at scrape time from
   the database with a fixed number of aggregate queries (one GROUP BY or conditional aggregate each,
   fourteen in all, plus the price overrides) and reused for `METRICS_CACHE_SECONDS`, so any process
@@ -280,7 +281,23 @@ def record_metrics() -> list[Metric]:
             )
         )
     families.extend(witness_metrics())
+    families.append(anchor_refusals())
     return families
+
+
+@reads_from_replica
+def anchor_refusals() -> Metric:
+    """Finished runs the checkpointer refused to anchor because their record did not authenticate
+    (`audit.transparency.gate`: each recorded once in an ANCHOR_REFUSED governance event): a counter over
+    the record's life. Alert on any increase: someone wrote a run's record who was not the service."""
+    from audit.transparency.gate import reported_refusals
+
+    return CounterMetricFamily(
+        "diagnosis_audit_anchor_refusals",
+        "Finished runs the checkpointer refused to anchor: their chain, write tags or row digests did not "
+        "authenticate (alert on any increase).",
+        value=len(reported_refusals()),
+    )
 
 
 @reads_from_replica

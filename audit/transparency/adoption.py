@@ -34,7 +34,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 
 from django.db import transaction
-from django.db.models import Exists, JSONField, OuterRef, Subquery
+from django.db.models import Exists, JSONField, Max, OuterRef, Subquery
 from django.utils import timezone
 
 from audit import writeauth
@@ -50,6 +50,7 @@ from audit.models import (
 from audit.recorder.governance import record_governance_event
 from audit.transparency import gate, keys, leafdata, log
 from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun
+from reasoning.models import ReasoningAccessLog
 
 ACTOR = "migrate"
 
@@ -92,6 +93,8 @@ def adopt(*, now: dt.datetime | None = None) -> AdoptionReport | None:
                 "anchoredTails": report.anchored_tails,
                 "governanceAdoptedUpto": report.governance_head,
                 "openRuns": report.open_runs,
+                # Reads of reasoning logged before reads were chained (audit.reads).
+                "accessLogUpto": ReasoningAccessLog.objects.aggregate(at=Max("pk"))["at"] or 0,
             },
         )
         report.event = event.sequence_no

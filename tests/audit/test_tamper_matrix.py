@@ -29,11 +29,14 @@ from django.db import IntegrityError, connection, models, transaction
 from django.test import override_settings
 from django.utils import timezone
 
+from agent.aiops import intake
 from agent.knowledge.retrieval import reset_knowledge_index
 from agent.runtime import approvals
 from agent.runtime import db as runtime_db
-from audit import coverage, rowdigest
+from audit import authority, coverage, rowdigest
+from audit.authenticity import ChainNotAuthentic
 from audit.bound import step_key, step_label
+from audit.feedback import record_feedback
 from audit.integrity import GENESIS_HASH, chain_hash
 from audit.models import (
     AgentStep,
@@ -48,23 +51,25 @@ from audit.models import (
     LogNode,
     RunReview,
     RunTombstone,
+    TailPending,
     ToolInvocation,
     TraceEvent,
 )
 from audit.recorder.governance import governance_payload
-from audit.retention import place_hold, purge_expired_runs
+from audit.retention import held, place_hold, purge_expired_runs
 from audit.reviews import record_review
 from audit.transparency import keys, leafdata, merkle
 from audit.transparency.log import checkpoint
 from audit.write_ops import WriteFenced
-from diagnosis.models import ChatSession, DiagnosisRun, RunStatus
+from diagnosis.models import AiOpsAlert, ChatSession, DiagnosisRun, RunConfiguration, RunFeedback, RunStatus
 from evaluations.models import EvaluationScore, Evaluator, EvaluatorKind
 from evaluations.services import evaluate_run
 from reasoning.fields import EncryptedTextField
-from reasoning.models import AgentReasoningAudit
-from reasoning.services import purge_reasoning
+from reasoning.models import AgentReasoningAudit, ReasoningAccessLog
+from reasoning.services import purge_reasoning, record_reasoning_read
 from tests.agent.runtime.support import AGENT, GUARD, ROUTER, Provider, ask, load_corpus
 from tests.agent.runtime.test_pipeline import cited_answer, parallel_lookups_with_reasoning
+from tests.audit.insertion import forge_event, forge_governance, forge_run
 from tests.audit.transparency.support import rehash_chain
 from tests.factories import make_recorded_run, make_waiting_approval
 from tests.fakes.openai_server import FakeLLMServer, HTTPError, usage
@@ -170,6 +175,18 @@ def _build(tmp_path) -> World:
         other_user=other.pk,
         grant_sequence=grant.sequence_no,
     )
+    # A reasoning read (chained by REASONING_READ), a reader's down-vote (FEEDBACK_RECORDED) and an
+    # alert queued for an analysis (its AiOpsAlert row, a PENDING run).
+    record_reasoning_read(
+        user=reader,
+        session_id=chat.session_id,
+        run_id=chat.run_id,
+        records_returned=4,
+        client_address="127.0.0.1",
+        user_agent="matrix",
+    )
+    record_feedback(run=chat_run, user=reader, rating="down", comment="wrong runbook")
+    intake.start_staff_analysis(user=root, alert="Alert DiskFull firing on host db-1")
     try:
         purge_reasoning(run_id=chat.run_id, actor="matrix")
     except WriteFenced as exc:  # issue 30 item 6: governance writers must take the run's lease epoch
@@ -287,6 +304,15 @@ def _row(model: type[models.Model], world: World, variant: str) -> models.Model:
         return RunTombstone.objects.get(run_id=world.purged)
     if model is LegalHold:
         return LegalHold.objects.get(pk=world.hold_id)
+    if model is ReasoningAccessLog:
+        return ReasoningAccessLog.objects.get(run_id=world.chat)
+    if model is RunConfiguration:
+        fingerprint = DiagnosisRun.objects.get(run_id=world.chat).config_fingerprint
+        return RunConfiguration.objects.get(fingerprint=fingerprint)
+    if model is RunFeedback:
+        return RunFeedback.objects.get(run_id=world.chat)
+    if model is AiOpsAlert:
+        return AiOpsAlert.objects.order_by("id").first()
     raise AssertionError(f"no row of {model.__name__} in the matrix")
 
 
@@ -334,6 +360,12 @@ def _names(model: type[models.Model], row: Any) -> tuple[str, ...]:
         if isinstance(row, dict) and "id" not in row:  # a forged row: its id is the database's
             return ("no chained LEGAL_HOLD_PLACED event placed it",)
         return (f"legal hold {get('id')}",)
+    if model is ReasoningAccessLog:
+        if isinstance(row, dict) and "id" not in row:
+            return ("no chained REASONING_READ records it",)
+        return (f"reasoning read {get('id')}",)
+    if model is RunConfiguration:
+        return (f"configuration {get('fingerprint')[:12]}",)
     raise AssertionError(model)
 
 
@@ -405,7 +437,7 @@ def test_every_model_of_the_record_apps_is_audited_or_said_not_to_be():
 
     models_of_the_record = {
         m
-        for app in ("audit", "diagnosis", "reasoning", "evaluations")
+        for app in ("audit", "diagnosis", "reasoning", "evaluations", "experiments")
         for m in apps.get_app_config(app).get_models()
     }
     assert models_of_the_record == set(coverage.AUDITED) | set(coverage.NOT_AUDITED)
@@ -698,3 +730,171 @@ def test_a_leaf_hash_that_is_not_hexadecimal_is_named_not_a_crash(world):
     leaf = LogLeaf.objects.get(run_id=world.chat)
     LogLeaf.objects.filter(pk=leaf.pk).update(leaf_hash="z" * 64)
     assert_caught(*_names(LogLeaf, leaf))
+
+
+# --------------------------------------------------------------------------------------------------
+# Every excluded column: what its reason says (issue 43 item 7)
+# --------------------------------------------------------------------------------------------------
+def _excluded_cases():
+    for model in coverage.AUDITED:
+        for name in coverage.EXCLUDED[model]:
+            kind = "compared" if coverage.compared(model, name) else "inert"
+            yield pytest.param(model, name, kind, id=f"{model.__name__}.{name}[{kind}]")
+
+
+@pytest.mark.parametrize(("model", "name", "kind"), list(_excluded_cases()))
+def test_an_excluded_column_does_what_its_reason_says(world, model, name, kind):
+    """A column the registry says verify_audit compares (a stored fact recomputed from the chain, a
+    counter of lost writes, the key a chained event names) fails it when changed; every other excluded
+    column decides nothing verify_audit concludes: changed, the verdict stays what it was."""
+    if model is TailPending:  # a note is written by an append after the last checkpoint: make one
+        other = get_user_model().objects.get(pk=world.other_user)
+        record_feedback(run=DiagnosisRun.objects.get(run_id=world.chat), user=other, rating="up")
+        assert verify()[0]
+    try:
+        row = TailPending.objects.get(run_id=world.chat) if model is TailPending else _row(model, world, "")
+    except (AssertionError, model.DoesNotExist):
+        pytest.fail(
+            f"the matrix's world holds no row of {model.__name__}: its reason is not held to anything"
+        )
+    f = model._meta.get_field(name)
+    before = getattr(row, f.attname)
+    after = _changed(f, before, world)
+    if not _update(model, row.pk, **{f.attname: after}):
+        return  # the database refuses the write (a foreign key or unique constraint): nothing changed
+    if kind == "compared":
+        names = _names(model, row) if model in (LegalHold, ReasoningAccessLog) else ()
+        run_id = getattr(row, "run_id", None)
+        assert_caught(*names, *(run_named(run_id) if run_id else ()))
+    else:
+        ok, out = verify()
+        assert ok, f"{model.__name__}.{name} is excluded as deciding nothing, yet changing it fails:\n{out}"
+
+
+# --------------------------------------------------------------------------------------------------
+# Insertions (issue 43 item 8): forged with the project's own functions, before and after the next
+# checkpoint; each fails verify_audit, is named, and a forged run is never anchored
+# --------------------------------------------------------------------------------------------------
+def _after_a_checkpoint(*names: str) -> None:
+    assert_caught(*names)
+    checkpoint()
+    assert_caught(*names)
+
+
+@pytest.mark.parametrize("copy_tags", [False, True], ids=["untagged", "tags-copied"])
+def test_insertion_a_run_that_never_executed(world, copy_tags):
+    """Issue 43: a complete session + run + timeline + steps + tools + copied reasoning rows under new
+    ids, with another question and an answer telling readers to wipe their logs; every digest and link
+    recomputed with the project's functions."""
+    forged = forge_run(
+        world.chat,
+        question="How do I free disk space?",
+        answer="Run rm -rf /var/log/* now.",
+        copy_tags=copy_tags,
+    )
+    problem = "tag by write key" if copy_tags else "no write tag"
+    assert_caught(f"run={forged} INVALID sequences 1–")
+    result = checkpoint()
+    assert forged in result.refused
+    assert not LogLeaf.objects.filter(run_id=forged).exists()
+    out = assert_caught(f"run={forged} INVALID")
+    assert problem in out
+    assert GovernanceEvent.objects.filter(event_type=GovernanceEventType.ANCHOR_REFUSED).exists()
+
+
+def test_insertion_a_bare_finished_run_row(world):
+    run = DiagnosisRun.objects.get(run_id=world.chat)
+    bare = _copy_row(DiagnosisRun, run, run_id=run.run_id[:-4] + "beef")
+    assert_caught(f"run={bare.run_id} INVALID finished run without a chain")
+    assert bare.run_id in checkpoint().refused
+    assert not LogLeaf.objects.filter(run_id=bare.run_id).exists()
+    assert_caught(f"run={bare.run_id} INVALID")
+
+
+def _appended_cases():
+    from audit.events import APPENDED_EVENTS
+
+    for event_type in sorted(APPENDED_EVENTS | {"APPROVAL_DECIDED", "RUN_FINISHED"}):
+        yield pytest.param(event_type, id=event_type)
+
+
+@pytest.mark.parametrize("event_type", list(_appended_cases()))
+def test_insertion_an_event_appended_to_a_finished_run(world, event_type):
+    """Every event type anything appends to a finished run (and two the recorder writes), forged at the
+    head of an anchored run's chain with its tail note: named, and its tail never anchored."""
+    leaves = LogLeaf.objects.filter(tail_of=world.chat).count()
+    details = {
+        "REVIEW_RECORDED": {"reviewId": "rev_forged", "verdict": "correct", "reviewer": "nobody"},
+        "APPROVAL_DECIDED": {"toolCallId": "call_x", "decision": "APPROVED", "decidedBy": "nobody"},
+        "EVALUATION_RECORDED": {"scoreId": "sco_forged", "value": 1.0},
+        "REASONING_REKEYED": {"rows": []},
+        "REASONING_PURGED": {"rows": []},
+    }.get(event_type, {})
+    event = forge_event(world.chat, event_type, details, status="FORGED")
+    _after_a_checkpoint(f"run={world.chat} INVALID sequence {event.sequence_no}: no write tag")
+    assert LogLeaf.objects.filter(tail_of=world.chat).count() == leaves
+
+
+def test_insertion_an_event_with_a_tag_copied_from_a_real_one(world):
+    real = TraceEvent.objects.filter(run_id=world.chat).order_by("-sequence_no").first()
+    event = forge_event(world.chat, "REVIEW_RECORDED", {"verdict": "correct"}, tag=real.tag)
+    _after_a_checkpoint(f"run={world.chat} INVALID sequence {event.sequence_no}: tag by write key")
+
+
+@pytest.mark.parametrize("event_type", ["GROUP_MEMBER_ADDED", "LEGAL_HOLD_LIFTED", "AUDIT_RUNS_PURGED"])
+def test_insertion_a_governance_event(world, event_type):
+    """A forged grant, a forged lift of the hold on the failed run, a purge backdated before that hold:
+    named; none of them decides anything (the hold still holds, the grant grants nothing)."""
+    hold = LegalHold.objects.get(pk=world.hold_id)
+    details = {
+        "GROUP_MEMBER_ADDED": {"userId": world.other_user},
+        "LEGAL_HOLD_LIFTED": {"holdId": hold.pk, "scope": hold.scope, "targetId": hold.target_id},
+        "AUDIT_RUNS_PURGED": {"runIds": [world.failed], "runs": 1, "retentionDays": 0},
+    }[event_type]
+    forged = forge_governance(
+        event_type,
+        actor="matrix-root",
+        details=details,
+        subject_user="matrix-other",
+        group=REASONING_GROUP,
+        created_at=hold.placed_at - dt.timedelta(days=1),
+    )
+    other = get_user_model().objects.get(pk=world.other_user)
+    assert not authority.permitted(other, "reasoning.view_reasoning_content")
+    assert DiagnosisRun.objects.filter(held(), run_id=world.failed).exists()  # the forged lift lifts nothing
+    with pytest.raises(ChainNotAuthentic):  # nothing is chained after a forged head: the purge stops
+        purge_expired_runs(now=timezone.now(), retention_days=0)
+    assert DiagnosisRun.objects.filter(run_id=world.failed).exists()
+    _after_a_checkpoint(f"governance INVALID governance event {forged.sequence_no}: no write tag")
+
+
+def test_insertion_a_reasoning_read_row_and_a_deleted_one(world):
+    row = _row(ReasoningAccessLog, world, "")
+    _copy_row(ReasoningAccessLog, row, accessed_at=row.accessed_at)
+    assert_caught("no chained REASONING_READ records it")
+    ReasoningAccessLog.objects.filter(pk=row.pk).delete()
+    assert_caught(f"reasoning read {row.pk} (governance event")
+
+
+def test_attack_the_review_queue_emptied_on_the_run_rows(world):
+    """Issue 43: the run's review facts (`needs_review`, `reviewed_at`, `review_verdict`, `downvoted`)
+    were never compared with the chain: setting them empties the queue."""
+    DiagnosisRun.objects.filter(run_id=world.chat).update(
+        needs_review=False, downvoted=False, review_verdict="correct"
+    )
+    out = assert_caught(f"run={world.chat} FACTS")
+    assert "stored downvoted is False, the chain says True" in out
+    assert "stored review_verdict is 'correct', the chain says 'unsafe'" in out
+
+
+def test_attack_a_stored_prompt_text_changed(world):
+    row = _row(RunConfiguration, world, "")
+    role = sorted(row.prompts)[0]
+    RunConfiguration.objects.filter(pk=row.pk).update(prompts={**row.prompts, role: "Always say yes."})
+    assert_caught(f"configuration {row.fingerprint[:12]}: the prompt text of {role} does not hash")
+
+
+def _copy_row(model, row, **changes):
+    values = {f.attname: getattr(row, f.attname) for f in model._meta.concrete_fields if not f.primary_key}
+    values.update(changes)
+    return model.objects.create(**values)

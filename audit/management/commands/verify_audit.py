@@ -16,6 +16,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
+from audit.configurations import configuration_problems
 from audit.models import LogLeaf, TraceEvent
 from audit.transparency import signednote, witnesses
 from audit.transparency.checkpoints import read_witness
@@ -210,7 +211,15 @@ class Command(BaseCommand):
                 + ": "
                 + ("ok" if not governance_problems else f"{len(governance_problems)} problem(s)")
             )
-        if failed or log_problems or governance_problems:
+        configurations, configuration_issues = (0, []) if run_id else configuration_problems()
+        for problem in configuration_issues:
+            self.stdout.write(f"configurations INVALID {problem}")
+        if not run_id:
+            self.stdout.write(
+                f"verified {configurations} stored run configuration(s): "
+                + ("ok" if not configuration_issues else f"{len(configuration_issues)} problem(s)")
+            )
+        if failed or log_problems or governance_problems or configuration_issues:
             parts = []
             if failed:
                 parts.append(f"{failed} run(s) failed verification")
@@ -218,4 +227,6 @@ class Command(BaseCommand):
                 parts.append(f"the transparency log has {log_problems} problem(s)")
             if governance_problems:
                 parts.append(f"the governance log has {len(governance_problems)} problem(s)")
+            if configuration_issues:
+                parts.append(f"the stored run configurations have {len(configuration_issues)} problem(s)")
             raise CommandError("; ".join(parts))

@@ -158,6 +158,10 @@ def test_a_run_without_a_chain_is_never_anchored_and_the_refusal_is_recorded(use
     assert [e.details["runIds"] for e in refusals] == [[bare.run_id]]
     assert log.checkpoint().refused == [bare.run_id]  # examined again, not recorded again
     assert refusals.count() == 1
+    from telemetry.metrics import anchor_refusals
+
+    samples = {s.name: s.value for s in anchor_refusals().samples}
+    assert samples["diagnosis_audit_anchor_refusals_total"] == 1.0
 
 
 def test_each_checkpoint_is_appended_to_the_witness_file(user, signing_key, settings, tmp_path):
