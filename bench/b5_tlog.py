@@ -140,13 +140,15 @@ def _sign_head(size: int, root_hex: str) -> None:
 
 
 def add_finished_runs(n: int, owner, tag: str) -> list[str]:
-    """`n` finished runs with a valid two-event chain (RUN_STARTED, RUN_FINISHED), bulk-inserted."""
-    from audit import rowdigest
+    """`n` finished runs with a valid two-event chain (RUN_STARTED, RUN_FINISHED), tagged with the write key
+    as the recorder tags it, bulk-inserted (what the checkpointer verifies before it anchors them)."""
+    from audit import rowdigest, writeauth
     from audit.integrity import GENESIS_HASH, chain_hash, event_payload
     from audit.models import TraceEvent
     from diagnosis import services
     from diagnosis.models import DiagnosisRun
 
+    tagger = writeauth.verifier()
     session = services.create_session(owner=owner, title=f"bench B5 {tag}")
     now = timezone.now()
     runs, events = [], []
@@ -194,6 +196,7 @@ def add_finished_runs(n: int, owner, tag: str) -> list[str]:
                     prev_hash=prev,
                     hash=h,
                     created_at=now,
+                    tag=tagger.tag(writeauth.RUN, h),  # as the recorder tags every link
                 )
             )
             prev = h

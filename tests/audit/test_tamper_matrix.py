@@ -203,6 +203,9 @@ def world(django_db_setup, django_db_blocker, tmp_path_factory):
     """The module's runs, committed once; every table `migrate` did not fill is emptied after the
     module's last case."""
     with django_db_blocker.unblock(), override_settings(**_settings_of_the_module(keys.generate_key_text())):
+        migrated = (
+            GovernanceEvent.objects.order_by("-sequence_no").values_list("sequence_no", flat=True).first()
+        )
         try:
             built = _build(tmp_path_factory.mktemp("matrix"))
             ok, out = verify()
@@ -210,7 +213,7 @@ def world(django_db_setup, django_db_blocker, tmp_path_factory):
             yield built
         finally:
             runtime_db.shutdown_pools()
-            _empty_what_the_module_wrote()
+            _empty_what_the_module_wrote(migrated or 0)
 
 
 # What `migrate` writes (and a fresh test database holds): kept, so that the next module finds the groups
@@ -220,11 +223,15 @@ MIGRATED_TABLES = frozenset(
 )
 
 
-def _empty_what_the_module_wrote() -> None:
-    """Empty every other table (sequences reset), as the fresh test database had them."""
+def _empty_what_the_module_wrote(governance_upto: int) -> None:
+    """Empty every other table (sequences reset), as the fresh test database had them — but for the
+    governance events `migrate` wrote (the role groups' grants, up to `governance_upto`), which the
+    authority of every later test's reviewers, approvers and auditors is replayed from."""
     from django.core.management.color import no_style
 
-    tables = [t for t in connection.introspection.table_names() if t not in MIGRATED_TABLES]
+    GovernanceEvent.objects.filter(sequence_no__gt=governance_upto).delete()
+    kept = MIGRATED_TABLES | {GovernanceEvent._meta.db_table}
+    tables = [t for t in connection.introspection.table_names() if t not in kept]
     connection.ops.execute_sql_flush(connection.ops.sql_flush(no_style(), tables, reset_sequences=True))
 
 

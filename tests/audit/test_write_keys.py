@@ -17,9 +17,25 @@ from tests.factories import make_recorded_run
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture(autouse=True)
+def _database_key(settings):
+    """The key the test database's migrate-time governance events were tagged with (the development
+    key), read before a test overrides the keys."""
+    _DATABASE_KEY[:] = writeauth.configured_key_texts()
+
+
+_DATABASE_KEY: list[str] = []
+
+
+def _keys_and_the_test_databases(*texts: str) -> list[str]:
+    """`texts` first, then the test database's key (a deployment rotating its key keeps the old one
+    listed the same way)."""
+    return [*texts, *_DATABASE_KEY]
+
+
 def test_every_link_of_a_run_and_of_the_governance_chain_is_tagged_by_the_newest_key(user, settings):
     old, new = writeauth.generate_key_text(), writeauth.generate_key_text()
-    settings.AUDIT_WRITE_KEYS = [new, old]
+    settings.AUDIT_WRITE_KEYS = _keys_and_the_test_databases(new, old)
     run = make_recorded_run(user)
     event = record_governance_event(event_type="TOKEN_ISSUED", actor="x", subject_user="y")
     new_id = writeauth.key_id_of(writeauth.parse_key(new))
@@ -34,13 +50,14 @@ def test_every_link_of_a_run_and_of_the_governance_chain_is_tagged_by_the_newest
 
 def test_a_rotated_key_keeps_old_tags_verifying_and_a_dropped_one_names_them(user, settings):
     first, second = writeauth.generate_key_text(), writeauth.generate_key_text()
-    settings.AUDIT_WRITE_KEYS = [first]
+    settings.AUDIT_WRITE_KEYS = _keys_and_the_test_databases(first)
     run = make_recorded_run(user)
-    settings.AUDIT_WRITE_KEYS = [second, first]  # rotated: the newest tags, both verify
+    settings.AUDIT_WRITE_KEYS = _keys_and_the_test_databases(second, first)  # rotated: the newest tags
     assert verify_run(run.run_id).ok
     later = make_recorded_run(user)
     assert verify_run(later.run_id).ok
-    settings.AUDIT_WRITE_KEYS = [second]  # the old key dropped: its tags are named, never trusted
+    # The old key dropped: its tags are named, never trusted.
+    settings.AUDIT_WRITE_KEYS = _keys_and_the_test_databases(second)
     result = verify_run(run.run_id)
     first_id = writeauth.key_id_of(writeauth.parse_key(first))
     assert any(f"tagged by an unknown write key {first_id}" in p for p in result.invalid), result.invalid
