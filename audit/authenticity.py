@@ -1,6 +1,6 @@
 """What authenticates each stored link of a chain, and which heads the service may build on.
 
-Every link the service writes carries a write tag (`audit.writeauth`); a tag on a link authenticates
+Every link the service writes carries a write tag (`core.writeauth`); a tag on a link authenticates
 the whole chain up to it, since its hash commits to every link before. Two rules follow, each written
 once, here:
 
@@ -30,10 +30,10 @@ from typing import Any, Protocol
 
 from django.db.models import Q
 
-from audit import writeauth
 from audit.models import Checkpoint, GovernanceEvent, GovernanceEventType, LogLeaf
 from audit.transparency import keys, leafdata, merkle, note, store
 from audit.transparency.checkpoints import check_checkpoint
+from core import writeauth
 
 
 class ChainNotAuthentic(Exception):
@@ -145,6 +145,19 @@ def legacy_vouched_upto(leaves: Iterable[Any]) -> int:
         if leafdata.write_key_id(fields) is None:
             upto = max(upto, fields["lastSequenceNo"])
     return upto
+
+
+def anchored_before_write_authentication(leaves: Iterable[Any]) -> bool:
+    """Whether a leaf of before write authentication anchors the run (its record, row included, is one
+    the signed log vouches for: it needs no creation tag)."""
+    for leaf in leaves:
+        try:
+            fields = leafdata.decode_any(leaf.data)
+        except ValueError:
+            continue
+        if leafdata.write_key_id(fields) is None:
+            return True
+    return False
 
 
 @dataclass(frozen=True, slots=True)

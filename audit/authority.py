@@ -34,10 +34,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from audit import writeauth
 from audit.integrity import GENESIS_HASH
 from audit.models import HOLD_PERMISSION, REVIEW_PERMISSION, GovernanceEvent
 from audit.models import GovernanceEventType as T
+from core import writeauth
 from diagnosis.models import APPROVE_PERMISSION
 
 logger = logging.getLogger(__name__)

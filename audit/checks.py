@@ -4,7 +4,7 @@
 off and `AUDIT_SIGNING_KEYS` is empty. `audit.E002`: a configured signing key is not an Ed25519 key;
 `audit.E003`: an `AUDIT_VERIFY_KEYS` entry is not an Ed25519 public key; `audit.E004`: the witnesses, the
 witness policy or the origin cannot be used; `audit.E005`: the write keys (`AUDIT_WRITE_KEYS`,
-`audit.writeauth`) are missing while DEBUG is off, one is not base64 of 32 bytes, or one is also a
+`core.writeauth`) are missing while DEBUG is off, one is not base64 of 32 bytes, or one is also a
 signing key. Messages never contain a key.
 """
 
@@ -85,7 +85,7 @@ def check_witnesses(app_configs=None, **kwargs) -> list[Error]:
 @register(Tags.security)
 def check_write_keys(app_configs=None, **kwargs) -> list[Error]:
     """`audit.E005`: see the module docstring."""
-    from audit.writeauth import WriteKeyError, parse_key
+    from core.writeauth import WriteKeyError, parse_key
 
     keys = [k.strip() for k in getattr(settings, "AUDIT_WRITE_KEYS", []) if k.strip()]
     hint = (

@@ -74,7 +74,7 @@ _CHAIN = "chain: hashed into the event's link (audit.integrity.event_payload)"
 _GOVERNANCE_CHAIN = "governance chain: hashed into the event's link (governance_payload)"
 
 _TAG = (
-    "write tag: must verify with a write key (audit.writeauth, audit.authenticity.tag_verdict); "
+    "write tag: must verify with a write key (core.writeauth, audit.authenticity.tag_verdict); "
     "untagged only where a signed leaf of before write authentication vouches for the link"
 )
 _HOLD_CHAIN = (
@@ -94,6 +94,10 @@ COVERED: dict[type[models.Model], dict[str, str]] = {
         "purpose": (
             "chain: must equal the purpose of the run's chained RUN_STARTED ('production' when it carries "
             "none): an experiment replay cannot pass as production, nor the reverse"
+        ),
+        "created_tag": (
+            "creation tag: must verify, with a write key, over the run's identity as the service created it "
+            "(diagnosis.services.identity_digest); a run without one is never executed"
         ),
     },
     ChatSession: _by_forms(rowdigest.SESSION),

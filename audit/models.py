@@ -87,7 +87,7 @@ class TraceEvent(models.Model):
     prev_hash = models.CharField(max_length=64)
     hash = models.CharField(max_length=64)
     created_at = models.DateTimeField()
-    # `<write key id>:<HMAC>` over the hash (audit.writeauth); "" only in a store recorded before it.
+    # `<write key id>:<HMAC>` over the hash (core.writeauth); "" only in a store recorded before it.
     tag = models.CharField(max_length=80, blank=True, default="")
 
     class Meta:

@@ -34,8 +34,14 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from audit import appended_rows, authority, provenance, writeauth
-from audit.authenticity import Adoption, adoption, legacy_vouched_upto, tag_verdict
+from audit import appended_rows, authority, provenance
+from audit.authenticity import (
+    Adoption,
+    adoption,
+    anchored_before_write_authentication,
+    legacy_vouched_upto,
+    tag_verdict,
+)
 from audit.binding import verify_rows
 from audit.chunks import run_chunks
 from audit.facts import annotate_recomputed, disagreements, refresh_run_facts
@@ -66,6 +72,8 @@ from audit.transparency.verify import (
     leaves_of,
     tails_of,
 )
+from core import writeauth
+from diagnosis import services
 from diagnosis.models import ChatSession, DiagnosisRun
 from pricing.costs import cost_disagreements, load_price_book, price_of_run, refresh_run_costs
 from pricing.rules import CostStatus, PriceBook
@@ -330,6 +338,15 @@ def _check(
             f"{tags.legacy} event(s) recorded before write authentication: the signed log vouches for them"
         )
     result.write_key_id = tags.head_key_id
+    if (
+        run is not None
+        and not services.created_by_the_service(run)
+        and not anchored_before_write_authentication(anchors)
+    ):
+        result.invalid.append(
+            "run row not created by the service: its creation tag does not verify over its identity "
+            "(id, session, question, flow, purpose, creation time)"
+        )
     anchor_problems, anchor_notes = check_anchor(
         run=run, events=events, leaf=leaf, tails=tails, tail_noted=tail_noted
     )

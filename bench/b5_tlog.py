@@ -142,9 +142,10 @@ def _sign_head(size: int, root_hex: str) -> None:
 def add_finished_runs(n: int, owner, tag: str) -> list[str]:
     """`n` finished runs with a valid two-event chain (RUN_STARTED, RUN_FINISHED), tagged with the write key
     as the recorder tags it, bulk-inserted (what the checkpointer verifies before it anchors them)."""
-    from audit import rowdigest, writeauth
+    from audit import rowdigest
     from audit.integrity import GENESIS_HASH, chain_hash, event_payload
     from audit.models import TraceEvent
+    from core import writeauth
     from diagnosis import services
     from diagnosis.models import DiagnosisRun
 

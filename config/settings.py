@@ -451,7 +451,7 @@ AUDIT_ANCHOR_DEADLINE_SECONDS = env.float(
 )
 # How far apart the clocks of the processes writing the record may be (verify_audit's time checks).
 AUDIT_CLOCK_TOLERANCE_SECONDS = env.float("AUDIT_CLOCK_TOLERANCE_SECONDS", default=5.0)
-# HMAC keys tagging every chain link the service writes (audit/writeauth.py), newest first, base64 of 32
+# HMAC keys tagging every chain link the service writes (core/writeauth.py), newest first, base64 of 32
 # bytes; not the signing keys, never in the database. In DEBUG, one is generated into .local/.
 AUDIT_WRITE_KEYS = env.list("AUDIT_WRITE_KEYS", default=[])
 AUDIT_DEV_WRITE_KEY_FILE = BASE_DIR / ".local" / "audit-write.key" if DEBUG else None

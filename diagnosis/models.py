@@ -217,6 +217,9 @@ class DiagnosisRun(models.Model):
     # latest review's verdict and time (the reviews themselves are `audit.RunReview`, chained), the
     # current claim of a reviewer working the queue (a username snapshot and its expiry), and
     # `needs_review`, the queue's rule stored for the list (written by whatever changes its inputs).
+    # `<write key id>:<HMAC>` over the run's identity as the service created it (`services.identity_digest`):
+    # a run row a database writer inserted carries none, and is never executed (issue 43).
+    created_tag = models.CharField(max_length=80, blank=True, default="")
     downvoted = models.BooleanField(default=False)
     review_verdict = models.CharField(max_length=24, blank=True, default="")
     reviewed_at = models.DateTimeField(null=True, blank=True)

@@ -10,6 +10,8 @@ recorder's writes are conditional on; the recorder's `finish` releases the lease
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import json
 import secrets
 import time
 from typing import Any
@@ -22,6 +24,7 @@ from django.db.models import Count, Exists, F, IntegerField, Max, OuterRef, Q, S
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
+from core import writeauth
 from diagnosis.models import (
     AgentFlow,
     ChatSession,
@@ -94,12 +97,31 @@ def create_run(
             redaction=redaction,
             purpose=session.purpose,
         )
+        run.refresh_from_db(fields=["created_at"])  # as stored: the tag covers what is read back
+        run.created_tag = writeauth.tag(writeauth.RUN_CREATED, identity_digest(run))
+        DiagnosisRun.objects.filter(pk=run.pk).update(created_tag=run.created_tag)
         # The session's stored list facts, in the run's transaction.
         ChatSession.objects.filter(pk=session.pk).update(
             run_count=F("run_count") + 1,
             last_run_at=Greatest(Coalesce("last_run_at", Value(run.created_at)), Value(run.created_at)),
         )
     return run
+
+
+def identity_digest(run: DiagnosisRun) -> str:
+    """The SHA-256 of what a run is, as created — its id, session, the user's question, the flow, its
+    purpose and creation time (UTC, microseconds) — as the compact JSON array of those strings: the one
+    home of what the creation tag covers."""
+    created = run.created_at.astimezone(dt.UTC).isoformat(timespec="microseconds") if run.created_at else ""
+    identity = [run.run_id, run.session_id, run.query, run.agent_flow, run.purpose, created]
+    text = json.dumps(identity, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def created_by_the_service(run: DiagnosisRun) -> bool:
+    """Whether the run row carries a creation tag that verifies over its identity as it is now: one the
+    service created through `create_run`, unchanged since (`core.writeauth`)."""
+    return writeauth.verifier().valid(writeauth.RUN_CREATED, identity_digest(run), run.created_tag)
 
 
 def refresh_session_facts(*, session_ids) -> int:

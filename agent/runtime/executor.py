@@ -74,7 +74,7 @@ from agent.runtime.prompts import DEFAULT_PROMPTS, SystemPrompts
 from agent.runtime.providers import get_model_client
 from agent.runtime.tools.registry import ToolRegistry, default_registry
 from audit.models import EventType, ToolStatus, TraceEvent
-from audit.recorder import ChainNotAuthentic, RunRecorder, end_unauthentic_run
+from audit.recorder import RUN_NOT_AUTHENTIC, ChainNotAuthentic, RunRecorder, end_unauthentic_run
 from diagnosis import services
 from diagnosis.models import DEMO_PROVIDER, ChatSession, DiagnosisRun, RunStatus
 from diagnosis.selectors import owned_session
@@ -306,6 +306,10 @@ async def _execute(
     out = sink if isinstance(sink, SafeSink) else SafeSink(sink, run_id=run_id)
     # A run that started before and is PENDING again was interrupted for an approval and decided: it is
     # resumed (its recorder rebuilt from the store, fenced by this claim's epoch), not started again.
+    if not services.created_by_the_service(run):
+        # A run row a database writer inserted (or changed) is never executed (issue 43).
+        await db(end_unauthentic_run, run_id, lease_epoch=run.lease_epoch, code=RUN_NOT_AUTHENTIC)
+        raise RunNotClaimable(run_id)
     resuming = run.started_at is not None
     try:
         recorder = (

@@ -17,7 +17,7 @@ def adopt(apps, schema_editor):
 class Migration(migrations.Migration):
     dependencies = [
         ("audit", "0018_write_authentication"),
-        ("diagnosis", "0016_human_names"),
+        ("diagnosis", "0017_run_creation_tag"),
         ("reasoning", "0003_list_indexes"),
     ]
 

@@ -32,13 +32,14 @@ from audit.recorder.facts import (
     Usage,
 )
 from audit.recorder.governance import record_governance_event, record_reasoning_change
-from audit.recorder.refusal import CHAIN_NOT_AUTHENTIC, end_unauthentic_run
+from audit.recorder.refusal import CHAIN_NOT_AUTHENTIC, RUN_NOT_AUTHENTIC, end_unauthentic_run
 from audit.recorder.run import RunRecorder
 from audit.recorder.tail import RunNotFinished, Tail, append_to_finished_run
 from audit.recorder.tools import arguments_digest
 
 __all__ = [
     "CHAIN_NOT_AUTHENTIC",
+    "RUN_NOT_AUTHENTIC",
     "ChainEvent",
     "ChainNotAuthentic",
     "Committed",

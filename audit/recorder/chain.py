@@ -20,7 +20,7 @@ from django.db import DatabaseError, IntegrityError, connection
 from django.db.models import F, JSONField
 from django.utils import timezone
 
-from audit import rowdigest, writeauth
+from audit import rowdigest
 from audit.authenticity import ChainNotAuthentic, require_authentic_head
 from audit.bound import GOVERNANCE_EVENTS
 from audit.facts import fact_statements, refresh_run_facts
@@ -31,6 +31,7 @@ from audit.payloads import bound_json_text, clip, sha256_hex
 from audit.recorder.facts import SUMMARY_CHARS, ChainEvent, Committed, Usage
 from audit.write_ops import Fence, Insert, RawJSON, Update, WriteFenced, WriteOp, execute
 from audit.write_ops import Table as RowTable
+from core import writeauth
 from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun
 from reasoning import crypto
 from reasoning.fields import Ciphertext, EncryptedTextField

@@ -25,12 +25,13 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from audit import rowdigest, writeauth
+from audit import rowdigest
 from audit.authenticity import require_authentic_head
 from audit.integrity import GENESIS_HASH, chain_hash, timestamp
 from audit.models import EventType, GovernanceEvent, GovernanceEventType, Phase
 from audit.recorder.facts import ChainEvent
 from audit.recorder.tail import append_to_finished_run
+from core import writeauth
 
 APPEND_ATTEMPTS = 5
 _VERBS = {EventType.REASONING_PURGED: "purged", EventType.REASONING_REKEYED: "re-encrypted"}

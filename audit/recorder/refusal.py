@@ -20,25 +20,37 @@ from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun, RunStatus
 logger = logging.getLogger("audit.recorder")
 
 CHAIN_NOT_AUTHENTIC = "CHAIN_NOT_AUTHENTIC"
-MESSAGE = (
-    "The run's recorded chain was not written by this service (its newest link carries no valid write "
-    "tag): nothing more was recorded or executed. See verify_audit."
-)
+RUN_NOT_AUTHENTIC = "RUN_NOT_AUTHENTIC"
+MESSAGES = {
+    CHAIN_NOT_AUTHENTIC: (
+        "The run's recorded chain was not written by this service (its newest link carries no valid write "
+        "tag): nothing more was recorded or executed. See verify_audit."
+    ),
+    RUN_NOT_AUTHENTIC: (
+        "The run was not created by this service, or was changed since (its creation tag does not verify): "
+        "nothing was executed. See verify_audit."
+    ),
+}
 
 
-def end_unauthentic_run(run_id: str, *, lease_epoch: int | None = None) -> bool:
-    """End the open run `run_id` FAILED without writing to its chain (see the module docstring); with
-    `lease_epoch`, only while the run still holds that epoch. Returns whether the row was updated."""
+def end_unauthentic_run(
+    run_id: str, *, lease_epoch: int | None = None, code: str = CHAIN_NOT_AUTHENTIC
+) -> bool:
+    """End the open run `run_id` FAILED without writing to its chain (see the module docstring): its chain
+    does not authenticate (`CHAIN_NOT_AUTHENTIC`), or its row carries no valid creation tag
+    (`RUN_NOT_AUTHENTIC`, `diagnosis.services.created_by_the_service`: a run a database writer inserted
+    is never executed). With `lease_epoch`, only while the run still holds that epoch. Returns whether
+    the row was updated."""
     rows = DiagnosisRun.objects.filter(run_id=run_id).exclude(status__in=TERMINAL_RUN_STATUSES)
     if lease_epoch is not None:
         rows = rows.filter(lease_epoch=lease_epoch)
     updated = rows.update(
         status=RunStatus.FAILED,
-        error_code=CHAIN_NOT_AUTHENTIC,
-        error_message=MESSAGE,
+        error_code=code,
+        error_message=MESSAGES[code],
         lease_owner="",
         lease_expires_at=None,
         finished_at=timezone.now(),
     )
-    logger.error("run ended: its chain does not authenticate run=%s", run_id)
+    logger.error("run ended: its record does not authenticate run=%s code=%s", run_id, code)
     return bool(updated)

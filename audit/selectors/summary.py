@@ -54,8 +54,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from audit import writeauth
-from audit.authenticity import adoption, legacy_vouched_upto, tag_verdict
+from audit.authenticity import (
+    adoption,
+    anchored_before_write_authentication,
+    legacy_vouched_upto,
+    tag_verdict,
+)
 from audit.binding import verify_rows
 from audit.integrity import verify_chain
 from audit.models import (
@@ -70,6 +74,8 @@ from audit.models import (
 )
 from audit.reconcile import CallUsage, KeptLedger, Reconciliation, reconcile, usage_counts
 from audit.transparency.verify import check_anchor
+from core import writeauth
+from diagnosis import services
 from diagnosis.models import DiagnosisRun, RunStatus
 
 
@@ -193,10 +199,11 @@ def summarize(
     if not verdict.valid:
         complete = False
         gaps.extend(f"hash chain: {problem}" for problem in verdict.problems)
+    anchors = [lf for lf in (leaf, *tails) if lf is not None]
     tags = tag_verdict(
         events,
         domain=writeauth.RUN,
-        vouched_upto=legacy_vouched_upto([lf for lf in (leaf, *tails) if lf is not None]),
+        vouched_upto=legacy_vouched_upto(anchors),
         adopted_upto=lambda: adoption().runs.get(run.run_id, 0),
     )
     if tags.problems:
@@ -204,6 +211,9 @@ def summarize(
         gaps.extend(f"write authentication: {problem}" for problem in tags.problems)
     if tags.legacy:
         gaps.append(f"{_n(tags.legacy, 'event')} recorded before write authentication (the log vouches)")
+    if not services.created_by_the_service(run) and not anchored_before_write_authentication(anchors):
+        complete = False
+        gaps.append("write authentication: the run row was not created by the service (creation tag)")
     if rows.problems:
         complete = False
         gaps.extend(rows.problems)

@@ -13,9 +13,10 @@ first authenticated write, and records that it did:
    newest anchored head, and the governance chain's head. These are "records before write
    authentication" in the same sense as all the others: the log, signed before any write was
    authenticated, vouches for them, and nothing else ever will again;
-2. it tags the head of every run still open (queued, running, waiting for approval), so that the new
-   version's recorder can continue its chain (a writer builds only on an authenticated head); each is
-   listed with the sequence number adopted;
+2. it tags every run still open (queued, running, waiting for approval) as created, and the head of
+   its chain, so that the new version can execute it and its recorder continue its chain (a run row is
+   executed, and a writer builds on a head, only when authenticated); each is listed with the sequence
+   number adopted;
 3. it chains `WRITE_AUTH_STARTED` (tagged) on the governance chain, naming the open runs it adopted
    and the legacy governance head, and the access app's migration then chains `RIGHTS_BASELINE`, the
    rights every user and group held (`access.baseline`): the replay of authority
@@ -37,7 +38,6 @@ from django.db import transaction
 from django.db.models import Exists, JSONField, Max, OuterRef, Subquery
 from django.utils import timezone
 
-from audit import writeauth
 from audit.models import (
     EventType,
     GovernanceEvent,
@@ -49,6 +49,8 @@ from audit.models import (
 )
 from audit.recorder.governance import record_governance_event
 from audit.transparency import gate, keys, leafdata, log
+from core import writeauth
+from diagnosis import services
 from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun
 from reasoning.models import ReasoningAccessLog
 
@@ -179,13 +181,14 @@ def _governance_head_seq() -> int:
 
 
 def _tag_open_heads() -> dict[str, int]:
-    """Tag the head event of every open run that has a chain; returns run id → the head's sequence."""
+    """Tag every open run as created (its creation tag: `diagnosis.services.identity_digest`) and the
+    head event of each that has a chain; returns run id → the head's sequence (0: no chain yet)."""
     adopted = {}
-    open_ids = DiagnosisRun.objects.exclude(status__in=TERMINAL_RUN_STATUSES).values_list("run_id", flat=True)
-    for run_id in open_ids.order_by("id"):
-        head = TraceEvent.objects.filter(run_id=run_id).order_by("-sequence_no").first()
-        if head is None:
-            continue
-        TraceEvent.objects.filter(pk=head.pk).update(tag=writeauth.tag(writeauth.RUN, head.hash))
-        adopted[run_id] = head.sequence_no
+    for run in DiagnosisRun.objects.exclude(status__in=TERMINAL_RUN_STATUSES).order_by("id"):
+        created = writeauth.tag(writeauth.RUN_CREATED, services.identity_digest(run))
+        DiagnosisRun.objects.filter(pk=run.pk).update(created_tag=created)
+        head = TraceEvent.objects.filter(run_id=run.run_id).order_by("-sequence_no").first()
+        if head is not None:
+            TraceEvent.objects.filter(pk=head.pk).update(tag=writeauth.tag(writeauth.RUN, head.hash))
+        adopted[run.run_id] = head.sequence_no if head is not None else 0
     return adopted

@@ -28,13 +28,13 @@ from typing import Any
 
 from django.db.models import Max
 
-from audit import writeauth
 from audit.authenticity import adoption, tag_verdict
 from audit.integrity import GENESIS_HASH
 from audit.models import EventType, GovernanceEvent, GovernanceEventType, LogLeaf, TraceEvent
 from audit.recorder.governance import governance_hash, record_governance_event
 from audit.transparency import leafdata
 from audit.verification import check_runs
+from core import writeauth
 from diagnosis.models import DiagnosisRun
 
 logger = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ checkpoint found it:
 The chain head commits to every governance event up to it, so a governance chain rewritten and
 re-hashed after a checkpoint anchored it no longer ends in that hash at that sequence number.
 
-**Authenticated leaves.** Since write authentication (issue 43, `audit.writeauth`) every leaf of every
+**Authenticated leaves.** Since write authentication (issue 43, `core.writeauth`) every leaf of every
 kind also carries `"writeKeyId"`: the id of the write key whose tag on the anchored head event the
 checkpointer verified before it appended the leaf (the checkpointer anchors nothing else). A leaf without
 it is one of before write authentication: it vouches for the untagged events up to its head, and no

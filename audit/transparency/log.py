@@ -44,7 +44,6 @@ from django.db import IntegrityError, transaction
 from django.db.models import Exists, Min, OuterRef, Q
 from django.utils import timezone
 
-from audit import writeauth
 from audit.integrity import timestamp
 from audit.models import (
     Checkpoint,
@@ -55,6 +54,7 @@ from audit.models import (
 )
 from audit.recorder.tail import locked_head
 from audit.transparency import gate, keys, leafdata, merkle, note, store, witnesses
+from core import writeauth
 from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun
 
 logger = logging.getLogger(__name__)

@@ -37,7 +37,6 @@ from typing import Any
 
 from django.db.models import Q
 
-from audit import writeauth
 from audit.binding import GOVERNANCE_EVENTS
 from audit.models import (
     Checkpoint,
@@ -51,6 +50,7 @@ from audit.retention import chained_holds, chained_purges, tombstone_problems
 from audit.transparency import keys, leafdata, merkle, signednote, store
 from audit.transparency.checkpoints import WitnessEntry, check_checkpoint, witness_problems
 from audit.transparency.cosignatures import check_cosignatures, policy_problems
+from core import writeauth
 from diagnosis.models import DiagnosisRun
 
 UNANCHORED = "finished, not yet anchored in the transparency log (the next checkpoint appends it)"

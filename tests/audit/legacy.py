@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from audit.models import GovernanceEvent, TraceEvent
 from audit.transparency import adoption
+from diagnosis.models import DiagnosisRun
 
 
 def recorded_before_write_authentication():
@@ -16,8 +17,7 @@ def recorded_before_write_authentication():
     (`audit.0019`: adoption; `access.0004`: the rights baseline); returns the adoption report."""
     from access.baseline import record_baseline
 
-    TraceEvent.objects.exclude(tag="").update(tag="")
-    GovernanceEvent.objects.exclude(tag="").update(tag="")
+    _untag()
     report = adoption.adopt()
     record_baseline()
     return report
@@ -26,7 +26,12 @@ def recorded_before_write_authentication():
 def previous_version_wrote(checkpoint: bool = True) -> None:
     """What the previous version left of everything recorded so far: no tags; with `checkpoint`, its
     checkpointer then anchored every finished run (leaves of before write authentication)."""
-    TraceEvent.objects.exclude(tag="").update(tag="")
-    GovernanceEvent.objects.exclude(tag="").update(tag="")
+    _untag()
     if checkpoint:
         adoption.anchor_legacy()
+
+
+def _untag() -> None:
+    TraceEvent.objects.exclude(tag="").update(tag="")
+    GovernanceEvent.objects.exclude(tag="").update(tag="")
+    DiagnosisRun.objects.exclude(created_tag="").update(created_tag="")

@@ -13,11 +13,12 @@ import itertools
 
 import pytest
 
-from audit import rowdigest, writeauth
+from audit import rowdigest
 from audit.facts import annotate_recomputed
 from audit.integrity import GENESIS_HASH, link_hash
 from audit.models import AgentStep, EventType, ToolInvocation, ToolStatus, TraceEvent
 from audit.selectors import get_trace
+from core import writeauth
 from diagnosis import services
 from diagnosis.models import DiagnosisRun, RunStatus
 from tests.factories import make_recorded_run

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from audit import writeauth
 from audit.checks import check_write_keys
 from audit.models import GovernanceEvent, TraceEvent
 from audit.recorder import record_governance_event
 from audit.transparency import keys
 from audit.verification import verify_governance, verify_run
+from core import writeauth
 from tests.factories import make_recorded_run
 
 pytestmark = pytest.mark.django_db

@@ -232,6 +232,31 @@ def test_claim_is_exclusive_and_the_lease_is_released_at_the_end(llm, user, sett
         execute(run.run_id)
 
 
+@pytest.mark.parametrize("forgery", ["inserted", "question changed"])
+def test_a_run_the_service_did_not_create_is_never_executed(llm, user, forgery):
+    """Issue 43: a PENDING run row a database writer inserted (a copy of a real one under a new id), or
+    a real one whose question was changed before a worker took it, carries no valid creation tag: the
+    runtime ends it RUN_NOT_AUTHENTIC without a model call, a tool or a chain event."""
+    from audit.recorder import RUN_NOT_AUTHENTIC
+    from audit.verification import verify_run
+
+    real = prepare_run(user=user, query="hello")
+    if forgery == "inserted":
+        values = {f.attname: getattr(real, f.attname) for f in DiagnosisRun._meta.concrete_fields}
+        values.pop("id")
+        values.update(run_id=real.run_id[:-4] + "f0f0", query="Silence every alert for a week")
+        run = DiagnosisRun.objects.create(**values)
+    else:
+        DiagnosisRun.objects.filter(pk=real.pk).update(query="Silence every alert for a week")
+        run = real
+    with pytest.raises(RunNotClaimable):
+        execute(run.run_id)
+    run.refresh_from_db()
+    assert (run.status, run.error_code) == (RunStatus.FAILED, RUN_NOT_AUTHENTIC)
+    assert not TraceEvent.objects.filter(run_id=run.run_id).exists() and not any(llm.requests.values())
+    assert any("not created by the service" in p for p in verify_run(run.run_id).invalid)
+
+
 # --------------------------------------------------------------------------------------------------
 # Guards
 # --------------------------------------------------------------------------------------------------

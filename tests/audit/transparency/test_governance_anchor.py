@@ -10,12 +10,12 @@ import io
 import pytest
 from django.core.management import CommandError, call_command
 
-from audit import writeauth
 from audit.models import GovernanceEvent, LogLeaf
 from audit.recorder.governance import governance_hash
 from audit.transparency import leafdata, log
 from audit.transparency.verify import verify_log
 from audit.verification import verify_governance
+from core import writeauth
 from tests.factories import make_recorded_run
 
 pytestmark = pytest.mark.django_db

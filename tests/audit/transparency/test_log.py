@@ -14,7 +14,6 @@ from django.core.management import call_command
 from django.db import transaction
 from django.utils import timezone
 
-from audit import writeauth
 from audit.checks import check_signing_keys
 from audit.models import (
     Checkpoint,
@@ -27,6 +26,7 @@ from audit.models import (
 )
 from audit.recorder import RunRecorder
 from audit.transparency import keys, leafdata, log, merkle, note, store
+from core import writeauth
 from diagnosis import services
 from diagnosis.models import DiagnosisRun
 from tests.audit.transparency.support import finished_runs, manage

@@ -16,7 +16,7 @@ import pytest
 from django.contrib.auth.models import Permission
 from django.core.management import CommandError, call_command
 
-from audit import rowdigest, writeauth
+from audit import rowdigest
 from audit.models import (
     Checkpoint,
     EventType,
@@ -32,6 +32,7 @@ from audit.models import (
 from audit.retention import place_hold, purge_expired_runs
 from audit.reviews import record_review
 from audit.transparency import leafdata, log
+from core import writeauth
 from diagnosis.models import DiagnosisRun
 from tests.audit.transparency.support import delete_run, rebuild_tree, rehash_chain
 from tests.audit.transparency.test_governance_anchor import rehash_governance

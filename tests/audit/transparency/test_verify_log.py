@@ -9,9 +9,9 @@ import json
 import pytest
 from django.core.management import CommandError, call_command
 
-from audit import writeauth
 from audit.models import Checkpoint, LogHead, LogLeaf, LogNode, ToolInvocation
 from audit.transparency import keys, leafdata, log, merkle, note
+from core import writeauth
 from diagnosis.models import DiagnosisRun
 from tests.audit.transparency.support import (
     delete_run,

@@ -10,7 +10,8 @@ governance chain (`audit.recorder.governance`) — carries a **tag** beside its 
     tag = "<key id>:" + hex(HMAC-SHA-256(write key, "diagnosis-audit/write-tag/v1\\n" + domain + "\\n"
                                           + key id + "\\n" + link hash))
 
-`domain` is `run` or `governance` (a tag of one chain is never valid in the other), the key id names the
+`domain` is `run` or `governance` (a tag of one chain is never valid in the other; `run-created` tags a
+run row's identity when the service creates it, `diagnosis.services.create_run`), the key id names the
 key that made it (8 hex digits: the first 4 bytes of SHA-256("diagnosis-audit/write-key-id/v1\\n" + key)),
 and the link hash is the event's stored `hash` (64 lowercase hex digits). Since a link hash commits to
 every link before it, a valid tag on an event authenticates its whole chain up to it.
@@ -32,8 +33,9 @@ with HMAC there is no public half to keep instead). Separate from the checkpoint
 once into `.local/audit-write.key` and reused; with DEBUG off and no keys the check `audit.E005` stops the
 server and tagging raises `WriteKeysMissing`.
 
-The MAC itself (`mac`, `key_id_of`, `Verifier`) imports no Django, so that the golden vectors
-(tests/audit/test_format_vectors.py) pin it without settings.
+The MAC itself (`mac`, `key_id_of`, `Verifier`) imports no Django, so that the golden vectors pin it
+without settings. It lives in `core` because the identity layer tags what it creates (a run row) and
+every layer above checks tags.
 """
 
 from __future__ import annotations
@@ -50,7 +52,9 @@ from dataclasses import dataclass
 
 RUN = "run"
 GOVERNANCE = "governance"
-DOMAINS = frozenset({RUN, GOVERNANCE})
+# A run row as the service created it (`diagnosis.services.create_run`): its identity, before it executes.
+RUN_CREATED = "run-created"
+DOMAINS = frozenset({RUN, GOVERNANCE, RUN_CREATED})
 KEY_BYTES = 32
 KEY_ID_CHARS = 8
 TAG_CHARS = KEY_ID_CHARS + 1 + 64  # "<key id>:<64 hex digits>", the stored column's form
