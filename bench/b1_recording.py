@@ -228,7 +228,20 @@ def sequential(*, runs_per_rep: int, reps: int, database: str, log=print) -> lis
     grouped_ratio = spread([g / f for g, f in zip(grouped_s, floor_s, strict=True)])
     floor = spread([f * 1e3 for f in floor_s])
     common = {"records": records, "floor_ms": floor}
+    tags = tag_cost(reps=reps)
+    tag_share = spread([100 * t * workload.EVENTS_PER_RUN / d for t, d in zip(tags, direct_s, strict=False)])
     return [
+        Row(
+            "B1",
+            "write tag per event (HMAC-SHA-256 over the link hash, as the recorder makes it)",
+            f"{spread([t * 1e6 for t in tags]).median:.2f} µs per event, "
+            f"{spread([t * 1e6 * workload.EVENTS_PER_RUN for t in tags]).median:.0f} µs per run of "
+            f"{workload.EVENTS_PER_RUN} events",
+            tag_share,
+            None,
+            ratio_unit=" %",
+            note="context: the share of the direct path's time per run; included in it",
+        ),
         Row(
             "B1",
             "one run at a time, recorder (direct path) vs autocommit floor",
@@ -247,6 +260,24 @@ def sequential(*, runs_per_rep: int, reps: int, database: str, log=print) -> lis
             extra={**common, "ms": spread([g * 1e3 for g in grouped_s])},
         ),
     ]
+
+
+def tag_cost(*, reps: int, links: int = 20000) -> list[float]:
+    """Seconds per write tag (`core.writeauth`: the key id, the domain, HMAC-SHA-256 over a link hash),
+    one figure per repetition over `links` distinct hashes."""
+    import hashlib
+
+    from core import writeauth
+
+    verifier = writeauth.verifier()
+    hashes = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(links)]
+    figures = []
+    for _ in range(max(reps, 3)):
+        start = time.perf_counter()
+        for link in hashes:
+            verifier.tag(writeauth.RUN, link)
+        figures.append((time.perf_counter() - start) / links)
+    return figures
 
 
 def concurrent(*, runs: int, reps: int, database: str, log=print) -> list[Row]:

@@ -203,6 +203,12 @@ def add_finished_runs(n: int, owner, tag: str) -> list[str]:
             prev = h
     DiagnosisRun.objects.bulk_create(runs, batch_size=500)
     TraceEvent.objects.bulk_create(events, batch_size=1000)
+    # Each row tagged as created by the service (`create_run` does it one run at a time), over the
+    # creation time the database stored.
+    stored = {r.run_id: r for r in DiagnosisRun.objects.filter(run_id__in=[r.run_id for r in runs])}
+    for run in stored.values():
+        run.created_tag = tagger.tag(writeauth.RUN_CREATED, services.identity_digest(run))
+    DiagnosisRun.objects.bulk_update(list(stored.values()), ["created_tag"], batch_size=500)
     return [r.run_id for r in runs]
 
 

@@ -16,6 +16,7 @@ from django.core.management import call_command
 from audit.models import Checkpoint, ToolInvocation
 from audit.transparency import bundle, keys, log, note, signednote
 from audit.transparency.evidence import build_bundle
+from core import writeauth
 from reasoning.services import purge_reasoning
 from tests.audit.transparency.support import finished_runs, legacy_checkpoints, rewrite_tool_output
 from tests.factories import REASONING_MARKER
@@ -73,6 +74,11 @@ def test_an_exported_bundle_verifies_offline_without_django(anchored_run, tmp_pa
         "OK rows: 9 record(s) match the digests their chain binds" in done.stdout
     )  # with the run's identity and session
     assert "OK anchor: leaf 1 recomputed from the chain" in done.stdout
+    # Which write key authenticated the run, as the signed leaf says (checking the tag needs the key).
+    key = writeauth.verifier().current.key_id
+    assert f"OK write authentication: the signed leaf says the service verified write key {key}'s tag" in (
+        done.stdout
+    )
     assert f"VERIFIED run {anchored_run.run_id}" in done.stdout
     # The key may also be given as a file holding it.
     (tmp_path / "log.pub").write_text(public + "\n")
