@@ -57,7 +57,7 @@ from audit.models import (
 from audit.payloads import sha256_hex
 from audit.recorder.governance import record_governance_event
 from audit.transparency import keys, leafdata
-from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun, RunFeedback
+from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun, RunConfiguration, RunFeedback
 from diagnosis.services import refresh_session_facts
 from reasoning.models import AgentReasoningAudit
 
@@ -415,9 +415,16 @@ def purge_expired_runs(
                     for r in batch
                 ]
             )
-            DiagnosisRun.objects.filter(run_id__in=ids).delete()
-            # Their sessions' stored run counts, in the purge's transaction.
+            purged = DiagnosisRun.objects.filter(run_id__in=ids)
+            fingerprints = set(purged.values_list("config_fingerprint", flat=True)) - {""}
+            purged.delete()
+            # Their sessions' stored run counts, in the purge's transaction; and the stored
+            # configurations no run names any more (display copies of nothing: `audit.configurations`
+            # names a stored configuration no run's chain names as forged).
             refresh_session_facts(session_ids={r.session_id for r in batch})
+            RunConfiguration.objects.filter(fingerprint__in=sorted(fingerprints)).exclude(
+                fingerprint__in=DiagnosisRun.objects.values("config_fingerprint")
+            ).delete()
             report.purged.extend(ids)
     logger.info(
         "audit purge runs=%d held=%d unanchored=%d retention_days=%d",

@@ -86,6 +86,18 @@ def prepare(database: str = DEFAULT_DB) -> None:
             what="an Ed25519 key",
         ),
     )
+    # Likewise one write key (core.writeauth): the kept datasets' tags must keep verifying.
+    from core import writeauth
+
+    os.environ.setdefault(
+        "AUDIT_WRITE_KEYS",
+        read_or_create(
+            bench_key_path().with_name("audit-write.key"),
+            generate=writeauth.generate_key_text,
+            validate=writeauth.parse_key,
+            what="a write key",
+        ),
+    )
     os.environ["SECURE_SSL_REDIRECT"] = "false"
     # B3's clients reach daphne on loopback without TLS (a deployment terminates TLS at its proxy).
     os.environ["WEBSOCKET_REQUIRE_TLS"] = "false"

@@ -41,7 +41,8 @@ def _client(user=None):
 @pytest.fixture
 def anchored(user, signing_key):
     runs = [make_recorded_run(user) for _ in range(3)]
-    log.checkpoint(batch_size=2)  # checkpoints of sizes 2 and 3
+    # Checkpoints of sizes 2 and 4: the last run, then the governance chain (migrate's grants).
+    assert [cp.tree_size for cp in log.checkpoint(batch_size=2).checkpoints] == [2, 4]
     return runs
 
 
@@ -99,7 +100,7 @@ def test_the_checkpoint_list_is_newest_first_with_the_public_keys(anchored, user
     denied = _client(users["owner"]).get("/api/audit/checkpoints/")
     assert denied.status_code == 403 and denied.json()["error"]["code"] == "permission_denied"
     body = _client(users["auditor"]).get("/api/audit/checkpoints/").json()
-    assert body["count"] == 2 and [c["treeSize"] for c in body["results"]] == [3, 2]
+    assert body["count"] == 2 and [c["treeSize"] for c in body["results"]] == [4, 2]
     newest = body["results"][0]
     assert newest["previousHash"] == body["results"][1]["checkpointHash"]
     [key] = body["publicKeys"]
@@ -115,29 +116,29 @@ def test_the_checkpoint_list_is_newest_first_with_the_public_keys(anchored, user
 
 def test_a_consistency_proof_between_checkpoints(anchored, users):
     client = _client(users["staff"])
-    body = client.get("/api/audit/checkpoints/3/consistency?from=2").json()
-    assert (body["fromTreeSize"], body["treeSize"]) == (2, 3)
+    body = client.get("/api/audit/checkpoints/4/consistency?from=2").json()
+    assert (body["fromTreeSize"], body["treeSize"]) == (2, 4)
     assert body["fromCheckpoint"] is not None and body["checkpoint"]["body"]
     merkle.verify_consistency(
         2,
-        3,
+        4,
         bytes.fromhex(body["fromRootHash"]),
         bytes.fromhex(body["rootHash"]),
         [bytes.fromhex(h) for h in body["proof"]],
     )
     older = note.parse_any(body["fromCheckpoint"]["body"])
     assert older.root_hash == body["fromRootHash"]
-    one = client.get("/api/audit/checkpoints/3/consistency?from=1").json()
+    one = client.get("/api/audit/checkpoints/4/consistency?from=1").json()
     assert one["fromCheckpoint"] is None and len(one["proof"]) >= 1
 
 
 @pytest.mark.parametrize(
     ("url", "status"),
     [
-        ("/api/audit/checkpoints/3/consistency", 400),
-        ("/api/audit/checkpoints/3/consistency?from=0", 400),
-        ("/api/audit/checkpoints/3/consistency?from=x", 400),
-        ("/api/audit/checkpoints/3/consistency?from=4", 400),
+        ("/api/audit/checkpoints/4/consistency", 400),
+        ("/api/audit/checkpoints/4/consistency?from=0", 400),
+        ("/api/audit/checkpoints/4/consistency?from=x", 400),
+        ("/api/audit/checkpoints/4/consistency?from=5", 400),
         ("/api/audit/checkpoints/1/consistency?from=1", 404),
         ("/api/audit/checkpoints/abc/consistency?from=1", 404),
     ],
