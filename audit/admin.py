@@ -6,6 +6,7 @@ from django.utils.html import format_html
 from audit.admin_base import ReadOnlyAdmin
 from audit.events import EVENTS
 from audit.models import (
+    HOLD_PERMISSION,
     AgentStep,
     Checkpoint,
     GovernanceEvent,
@@ -16,7 +17,7 @@ from audit.models import (
     ToolInvocation,
     TraceEvent,
 )
-from audit.retention import HOLD_PERMISSION, lift_hold, place_hold
+from audit.retention import lift_hold, place_hold
 from audit.transparency import store
 from audit.transparency.checkpoints import check_checkpoint
 from audit.transparency.keys import verification_keys

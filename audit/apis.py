@@ -17,9 +17,10 @@ from rest_framework import serializers
 from rest_framework.exceptions import APIException, NotFound, ValidationError
 from rest_framework.response import Response
 
+from audit.holds import holds_of_session
 from audit.models import REVIEW_NOTE_CHARS, Checkpoint, HoldScope, ReviewVerdict
 from audit.permissions import CanPlaceLegalHold, CanReadEvidence, CanReviewRun, IsSuperuser
-from audit.retention import holds_of_session, lift_hold, place_hold
+from audit.retention import lift_hold, place_hold
 from audit.reviews import RunNotFinished, record_review
 from audit.selectors import AuditKind, get_session_audits, get_trace, review_views
 from audit.serializers import (

@@ -6,7 +6,7 @@ A valid write tag proves the service wrote a link; it does not prove the service
 
 * **authority** (`audit.authority`): a review or approval decision by someone who held the right at the
   governance position it recorded; a reasoning purge or re-encryption naming the governance record of
-  it; a reasoning purge made while no chained legal hold covered the run (`audit.retention`, by
+  it; a reasoning purge made while no chained legal hold covered the run (`audit.holds`, by
   positions in the governance chain, never by times written);
 * **time** (`CheckpointTimes`): an event a leaf anchors was written before the checkpoint that signed
   the leaf (its time at most the first covering checkpoint's signed time, within
@@ -28,9 +28,9 @@ from typing import Any
 from django.conf import settings
 
 from audit import authority as rights
+from audit.holds import ChainedHold, chained_holds, held_at_problems
 from audit.integrity import timestamp
 from audit.models import Checkpoint, EventType
-from audit.retention import ChainedHold, chained_holds, held_at_problems
 from audit.transparency import leafdata
 
 

@@ -45,6 +45,7 @@ from audit.authenticity import (
 from audit.binding import verify_rows
 from audit.chunks import run_chunks
 from audit.facts import annotate_recomputed, disagreements, refresh_run_facts
+from audit.holds import chained_purges, hold_problems, tombstone_problems
 from audit.integrity import GENESIS_HASH, timestamp, verify_chain
 from audit.models import (
     AgentStep,
@@ -61,7 +62,6 @@ from audit.models import (
 from audit.provenance import CheckpointTimes, GovernanceView
 from audit.reads import read_problems
 from audit.recorder.governance import governance_hash
-from audit.retention import chained_purges, hold_problems, tombstone_problems
 from audit.rowdigest import stored_reasoning_rows
 from audit.transparency import leafdata
 from audit.transparency.verify import (
@@ -480,7 +480,7 @@ def verify_governance(
     signed data (`anchors`, as `audit.transparency.verify.verify_log` derived them, else
     `governance_anchors`), never from their index columns; that the leaves are the signed ones is
     `verify_log`'s check. Then the legal-hold table against the holds the chain placed and lifted
-    (`audit.retention.hold_problems`). Problems name sequence numbers, leaf indexes and hold ids only.
+    (`audit.holds.hold_problems`). Problems name sequence numbers, leaf indexes and hold ids only.
     Reads `batch_size` events at a time."""
     problems: list[str] = []
     anchors = {

@@ -23,9 +23,9 @@ from access.stepup import OTP_MESSAGE, otp_satisfied
 from audit import rowdigest
 from audit.bound import collect
 from audit.facts import refresh_run_facts
+from audit.holds import held
 from audit.models import EventType, GovernanceEventType, TraceEvent
 from audit.recorder import record_governance_event, record_reasoning_change
-from audit.retention import held
 from audit.rowdigest import stored_reasoning_rows
 from reasoning import crypto
 from reasoning.fields import Ciphertext

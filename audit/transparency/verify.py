@@ -38,6 +38,7 @@ from typing import Any
 from django.db.models import Q
 
 from audit.binding import GOVERNANCE_EVENTS
+from audit.holds import chained_holds, chained_purges, tombstone_problems
 from audit.models import (
     Checkpoint,
     CheckpointCosignature,
@@ -46,7 +47,6 @@ from audit.models import (
     LogNode,
     RunTombstone,
 )
-from audit.retention import chained_holds, chained_purges, tombstone_problems
 from audit.transparency import keys, leafdata, merkle, signednote, store
 from audit.transparency.checkpoints import WitnessEntry, check_checkpoint, witness_problems
 from audit.transparency.cosignatures import check_cosignatures, policy_problems

@@ -37,6 +37,7 @@ from audit import authority, coverage, rowdigest
 from audit.authenticity import ChainNotAuthentic
 from audit.bound import step_key, step_label
 from audit.feedback import record_feedback
+from audit.holds import held
 from audit.integrity import GENESIS_HASH, chain_hash
 from audit.models import (
     AgentStep,
@@ -56,7 +57,7 @@ from audit.models import (
     TraceEvent,
 )
 from audit.recorder.governance import governance_payload
-from audit.retention import held, place_hold, purge_expired_runs
+from audit.retention import place_hold, purge_expired_runs
 from audit.reviews import record_review
 from audit.transparency import keys, leafdata, merkle
 from audit.transparency.log import checkpoint
