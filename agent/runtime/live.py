@@ -236,6 +236,12 @@ def persisted_frames(run_id: str, *, after: int) -> Replay:
     number.
     """
     rows, run = chat_timeline(run_id=run_id, after=after, event_types=CHAT_TIMELINE_TYPES)
+    if run.status in TERMINAL_RUN_STATUSES and not any(r.event_type == EventType.RUN_FINISHED for r in rows):
+        # The row read terminal after the events were read: the finish may have committed in between
+        # (its last events and RUN_FINISHED commit with the row). Read the events once more, so that a
+        # run is closed with its last frames, not only its outcome; if RUN_FINISHED is still absent,
+        # its write failed.
+        rows, run = chat_timeline(run_id=run_id, after=after, event_types=CHAT_TIMELINE_TYPES)
     events: list[Event] = []
     finished_seq: int | None = None
     for row in rows:
