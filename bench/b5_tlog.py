@@ -136,7 +136,7 @@ def _sign_head(size: int, root_hex: str) -> None:
         head = LogHead.objects.select_for_update().get(pk=1)
         head.tree_size, head.root_hash, head.scan_from = size, root_hex, timezone.now()
         head.save()
-        log._sign(head, timezone.now())
+        log.sign_head(head, timezone.now())
 
 
 def add_finished_runs(n: int, owner, tag: str) -> list[str]:

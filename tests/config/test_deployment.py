@@ -41,6 +41,7 @@ from access.lockout import METRICS
 from agent.aiops import intake
 from agent.runtime.sweeper import LEASE_EXPIRED
 from audit.verification import verify_run
+from core import writeauth
 from diagnosis.models import DiagnosisRun, RunStatus
 from tests.config.support import (
     BASE_DIR,
@@ -108,6 +109,10 @@ class Deployment:
                 "RUN_SWEEP_INTERVAL_SECONDS": "1",
                 "AIOPS_POLL_INTERVAL_SECONDS": "0.5",
                 "LOG_LEVEL": "INFO",
+                # The test database was migrated (its grants recorded and tagged) by this process: the
+                # deployment serving it holds the same write key, as a deployment holds the key its
+                # database was written with.
+                "AUDIT_WRITE_KEYS": ",".join(writeauth.configured_key_texts()),
             }
         )
         self.manage("collectstatic", "--noinput")
