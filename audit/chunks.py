@@ -21,7 +21,8 @@ from diagnosis.models import DiagnosisRun
 def run_chunks(
     runs: QuerySet[DiagnosisRun], size: int
 ) -> Iterator[tuple[list[DiagnosisRun], dict[str, list[TraceEvent]]]]:
-    """(runs, their events by run id) per chunk of at most `size` runs, in primary-key order."""
+    """(runs, their events by run id) per chunk of at most `size` runs, in primary-key order (a chunk
+    shorter than `size` is the last)."""
     last = 0
     while True:
         batch = list(runs.filter(pk__gt=last).order_by("pk")[:size])
@@ -33,3 +34,5 @@ def run_chunks(
         for event in TraceEvent.objects.filter(run_id__in=ids).order_by("run_id", "sequence_no"):
             events[event.run_id].append(event)
         yield batch, events
+        if len(batch) < size:
+            return  # a short chunk was the last: no query for an empty one

@@ -13,8 +13,8 @@ A valid write tag proves the service wrote a link; it does not prove the service
   `AUDIT_CLOCK_TOLERANCE_SECONDS` for the clocks of different processes), and a run's times never go
   back by more than that tolerance along its chain.
 
-`GovernanceView.load()` reads the governance chain once per verification; `CheckpointTimes.load()` the
-checkpoints' sizes and signed times once.
+`GovernanceView.load()` reads the governance chain once per verification (rights, holds, purges,
+adoption); `CheckpointTimes.load()` the checkpoints' sizes and signed times once.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from typing import Any
 from django.conf import settings
 
 from audit import authority as rights
-from audit.holds import ChainedHold, chained_holds, held_at_problems
+from audit.authenticity import Adoption, adoption
+from audit.holds import ChainedHold, chained_holds, chained_purges, held_at_problems
 from audit.integrity import timestamp
 from audit.models import Checkpoint, EventType
 from audit.transparency import leafdata
@@ -36,14 +37,18 @@ from audit.transparency import leafdata
 
 @dataclass(slots=True)
 class GovernanceView:
-    """The replayed rights and the chained holds, read once."""
+    """What one verification reads of the governance chain, read once and shared by every check of
+    that verification (runs, log, governance chain): the replayed rights, the chained holds, the
+    chained retention purges (run id → (sequence number, time)) and the upgrade's adoption."""
 
     authority: rights.Authority
     holds: list[ChainedHold] = field(default_factory=list)
+    purges: dict[str, tuple[int, dt.datetime]] = field(default_factory=dict)
+    adopted: Adoption = field(default_factory=Adoption)
 
     @classmethod
     def load(cls) -> GovernanceView:
-        return cls(rights.current(), chained_holds())
+        return cls(rights.current(), chained_holds(), chained_purges(), adoption())
 
 
 @dataclass(slots=True)

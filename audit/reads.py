@@ -9,14 +9,15 @@ logged before reads were chained: counted, not failed. Problems name row ids and
 
 from __future__ import annotations
 
-from audit.authenticity import adoption
+from audit.authenticity import Adoption, adoption
 from audit.models import GovernanceEvent, GovernanceEventType
 from audit.rowdigest import READ
 from reasoning.models import ReasoningAccessLog
 
 
-def read_problems() -> tuple[list[str], int]:
-    """(problems, rows logged before reads were chained) of the whole access log."""
+def read_problems(adopted: Adoption | None = None) -> tuple[list[str], int]:
+    """(problems, rows logged before reads were chained) of the whole access log; `adopted`: the
+    upgrade's adoption as the verification read it (read here when not given)."""
     chained: dict[int, tuple[int, str | None]] = {}
     events = GovernanceEvent.objects.filter(event_type=GovernanceEventType.REASONING_READ).order_by(
         "sequence_no"
@@ -27,7 +28,7 @@ def read_problems() -> tuple[list[str], int]:
             chained.setdefault(int(details.get("logId")), (seq, details.get("readDigest")))
         except (TypeError, ValueError):
             continue
-    before = adoption().access_log_upto
+    before = (adopted or adoption()).access_log_upto
     problems, legacy = [], 0
     for row in ReasoningAccessLog.objects.order_by("pk").iterator(chunk_size=2000):
         record = chained.pop(row.pk, None)

@@ -45,7 +45,7 @@ from audit.authenticity import (
 from audit.binding import verify_rows
 from audit.chunks import run_chunks
 from audit.facts import annotate_recomputed, disagreements, refresh_run_facts
-from audit.holds import chained_purges, hold_problems, tombstone_problems
+from audit.holds import hold_problems, tombstone_problems
 from audit.integrity import GENESIS_HASH, timestamp, verify_chain
 from audit.models import (
     AgentStep,
@@ -102,15 +102,17 @@ class RunVerification:
         return not self.invalid and not self.incomplete and not self.facts
 
 
-def verify_run(run_id: str) -> RunVerification:
+def verify_run(run_id: str, *, governance: GovernanceView | None = None) -> RunVerification:
     """Verify one run (its events are checked even when the run row is missing; a run purged by
-    retention is checked through its tombstone)."""
+    retention is checked through its tombstone). `governance`: the governance chain as this
+    verification read it (read here when not given)."""
     run = annotate_recomputed(DiagnosisRun.objects.filter(run_id=run_id)).first()
     events = list(TraceEvent.objects.filter(run_id=run_id).order_by("sequence_no"))
     leaf = LogLeaf.objects.filter(run_id=run_id).first()
     tombstone = RunTombstone.objects.filter(run_id=run_id).first() if run is None and not events else None
+    governance = governance or GovernanceView.load()
     if tombstone is not None:
-        return _purged(run_id, tombstone, leaf)
+        return _purged(run_id, tombstone, leaf, purge=governance.purges.get(run_id))
     steps, tools, reasoning, reviews = _rows([run_id])
     appended = appended_rows.rows_of([run_id])
     # One run alone: its leaves found by their signed data too, not only by the index columns.
@@ -131,8 +133,8 @@ def verify_run(run_id: str) -> RunVerification:
         tail_noted=noted,
         book=load_price_book(),
         session=sessions.get(run.session_id) if run is not None else None,
-        adopted=adoption(),
-        governance=GovernanceView.load(),
+        adopted=governance.adopted,
+        governance=governance,
         times=CheckpointTimes.load(),
     )
     result.invalid[:0] = leaf_index_problems
@@ -176,7 +178,9 @@ def _leaves_by_data(run_id: str, leaf: LogLeaf | None) -> tuple[LogLeaf | None, 
     return leaf, tails, problems
 
 
-def _purged(run_id: str, tombstone: RunTombstone, leaf: LogLeaf | None) -> RunVerification:
+def _purged(
+    run_id: str, tombstone: RunTombstone, leaf: LogLeaf | None, *, purge: tuple[int, dt.datetime] | None
+) -> RunVerification:
     result = RunVerification(run_id=run_id, leaf_index=tombstone.leaf_index)
     result.notes.append(
         f"records purged {tombstone.purged_at.isoformat()} by {tombstone.purged_by} "
@@ -199,23 +203,26 @@ def _purged(run_id: str, tombstone: RunTombstone, leaf: LogLeaf | None) -> RunVe
             leaf_index=leaf.leaf_index,
             finished_at=fields.get("finishedAt"),
             signed_at=covering.signed_at if covering else None,
-            purge=chained_purges().get(run_id),
+            purge=purge,
             session_id=fields.get("sessionId"),
         )
     )
     return result
 
 
-def verify_all_runs(*, batch_size: int = RUN_BATCH) -> Iterator[RunVerification]:
+def verify_all_runs(
+    *, batch_size: int = RUN_BATCH, governance: GovernanceView | None = None
+) -> Iterator[RunVerification]:
     """Verify every run, oldest first, `batch_size` runs at a time, then every run id that audit rows
-    name without a run row (`orphaned_run_ids`)."""
+    name without a run row (`orphaned_run_ids`). `governance`: the governance chain as this
+    verification read it (read here when not given)."""
     book = load_price_book()
-    adopted = adoption()
-    governance, times = GovernanceView.load(), CheckpointTimes.load()
+    governance, times = governance or GovernanceView.load(), CheckpointTimes.load()
+    adopted = governance.adopted
     for runs, by_run in run_chunks(annotate_recomputed(DiagnosisRun.objects.all()), batch_size):
         yield from check_runs(runs, by_run, book=book, adopted=adopted, governance=governance, times=times)
     for run_id in orphaned_run_ids():
-        yield verify_run(run_id)
+        yield verify_run(run_id, governance=governance)
 
 
 def check_runs(
@@ -270,12 +277,14 @@ def orphaned_run_ids() -> list[str]:
     without a run leaf (a tombstone forged for a run never anchored). Each is verified like a run
     (`verify_run`), so that its rows are named."""
     known = DiagnosisRun.objects.values("run_id")
-    ids: set[str] = set()
-    for model in (TraceEvent, AgentStep, ToolInvocation, AgentReasoningAudit, RunReview):
-        ids.update(model.objects.exclude(run_id__in=known).values_list("run_id", flat=True).distinct())
-    ids.update(appended_rows.orphan_run_ids())
     anchored = LogLeaf.objects.filter(run_id__isnull=False).values("run_id")
-    ids.update(RunTombstone.objects.exclude(run_id__in=anchored).values_list("run_id", flat=True))
+    named = [
+        model.objects.exclude(run_id__in=known).order_by().values_list("run_id", flat=True)
+        for model in (TraceEvent, AgentStep, ToolInvocation, AgentReasoningAudit, RunReview)
+    ]
+    tombstones = RunTombstone.objects.exclude(run_id__in=anchored).order_by().values_list("run_id", flat=True)
+    ids = set(named[0].union(*named[1:], tombstones))  # one query (UNION: distinct)
+    ids.update(appended_rows.orphan_run_ids())
     return sorted(ids)
 
 
@@ -470,7 +479,10 @@ def refresh_facts(results: list[RunVerification]) -> int:
 
 
 def verify_governance(
-    *, batch_size: int = 1000, anchors: dict[int, list[tuple[int, dict[str, Any] | None]]] | None = None
+    *,
+    batch_size: int = 1000,
+    anchors: dict[int, list[tuple[int, dict[str, Any] | None]]] | None = None,
+    governance: GovernanceView | None = None,
 ) -> tuple[int, list[str]]:
     """(events checked, problems) of the whole governance chain: sequence numbers 1..n without gap or
     repeat, each `prev_hash` the previous event's hash, each hash recomputed from the stored fields, and
@@ -481,7 +493,9 @@ def verify_governance(
     `governance_anchors`), never from their index columns; that the leaves are the signed ones is
     `verify_log`'s check. Then the legal-hold table against the holds the chain placed and lifted
     (`audit.holds.hold_problems`). Problems name sequence numbers, leaf indexes and hold ids only.
-    Reads `batch_size` events at a time."""
+    Reads `batch_size` events at a time; `governance`: the chain's replayed rights, holds and adoption
+    as this verification read them (read here when not given)."""
+    governance = governance or GovernanceView.load()
     problems: list[str] = []
     anchors = {
         seq: list(leaves) for seq, leaves in (governance_anchors() if anchors is None else anchors).items()
@@ -540,14 +554,14 @@ def verify_governance(
         links,
         domain=writeauth.GOVERNANCE,
         vouched_upto=vouched,
-        adopted_upto=lambda: adoption().governance_upto,
+        adopted_upto=lambda: governance.adopted.governance_upto,
         what="governance event",
     )
     problems.extend(tags.problems)
     if tags.ok and not problems:  # rights are replayed only from a chain that verifies
-        problems.extend(authority.governance_problems(held_events, authority.current()))
-    problems.extend(hold_problems())
-    problems.extend(read_problems()[0])
+        problems.extend(authority.governance_problems(held_events, governance.authority))
+    problems.extend(hold_problems(governance.holds))
+    problems.extend(read_problems(adopted=governance.adopted)[0])
     return checked, problems
 
 

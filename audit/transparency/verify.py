@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db.models import Q
 
@@ -52,6 +52,9 @@ from audit.transparency.checkpoints import WitnessEntry, check_checkpoint, witne
 from audit.transparency.cosignatures import check_cosignatures, policy_problems
 from core import writeauth
 from diagnosis.models import DiagnosisRun
+
+if TYPE_CHECKING:
+    from audit.provenance import GovernanceView
 
 UNANCHORED = "finished, not yet anchored in the transparency log (the next checkpoint appends it)"
 LEAF_BATCH = 900  # below SQLite's 999 parameters per query
@@ -162,14 +165,16 @@ def verify_log(
     batch_size: int = LEAF_BATCH,
     policy: signednote.Policy | None = None,
     witnesses: Sequence[signednote.Verifier] = (),
+    governance: GovernanceView | None = None,
 ) -> LogVerification:
     """Verify the whole log (see the module docstring). Every conclusion about what is anchored comes
     from the leaves' signed data: the anchored runs (whose records must still exist, or be purged by a
     chained retention purge) and the anchored governance heads (`governance`, for
-    `audit.verification.verify_governance`)."""
+    `audit.verification.verify_governance`). `governance`: the chained purges and holds as this
+    verification read them (`audit.provenance.GovernanceView`; read here when not given)."""
     result = LogVerification()
-    purges = chained_purges()
-    holds = chained_holds()
+    purges = chained_purges() if governance is None else governance.purges
+    holds = chained_holds() if governance is None else governance.holds
     known = keys.verification_keys()
     checkpoints = list(Checkpoint.objects.order_by("tree_size"))
     result.checkpoints = len(checkpoints)

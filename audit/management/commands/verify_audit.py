@@ -18,6 +18,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from audit.configurations import configuration_problems
 from audit.models import LogLeaf, TraceEvent
+from audit.provenance import GovernanceView
 from audit.transparency import signednote, witnesses
 from audit.transparency.checkpoints import read_witness
 from audit.transparency.verify import UNANCHORED, prove_run, verify_log
@@ -98,6 +99,8 @@ class Command(BaseCommand):
             known_witnesses = [w.verifier for w in witnesses.configured()]
         except ImproperlyConfigured as exc:
             raise CommandError(str(exc)) from exc
+        # The governance chain (rights, holds, purges, adoption) read once for every check below.
+        governance = GovernanceView.load()
         if run_id:
             if not (
                 DiagnosisRun.objects.filter(run_id=run_id).exists()
@@ -105,9 +108,9 @@ class Command(BaseCommand):
                 or LogLeaf.objects.filter(run_id=run_id).exists()
             ):
                 raise CommandError(f"no run {run_id}")
-            results = iter([verify_run(run_id)])
+            results = iter([verify_run(run_id, governance=governance)])
         else:
-            results = verify_all_runs(batch_size=max(1, options["batch_size"]))
+            results = verify_all_runs(batch_size=max(1, options["batch_size"]), governance=governance)
 
         total = failed = rows = unanchored = 0
         stale: list = []
@@ -165,7 +168,7 @@ class Command(BaseCommand):
                 witness_problem = (
                     f"the configured witness file (AUDIT_WITNESS_PATH) cannot be read: {type(exc).__name__}"
                 )
-            log = verify_log(witness=witness, policy=policy, witnesses=known_witnesses)
+            log = verify_log(witness=witness, policy=policy, witnesses=known_witnesses, governance=governance)
             if witness_problem and log.checkpoints:
                 log.invalid.insert(0, witness_problem)
             # The witnesses' live answers, never the stored attempts or cosignatures (a database writer's).
@@ -194,7 +197,7 @@ class Command(BaseCommand):
             )
             log_problems = len(log.invalid)
         governance_events, governance_problems = (
-            (0, []) if run_id else verify_governance(anchors=log.governance)
+            (0, []) if run_id else verify_governance(anchors=log.governance, governance=governance)
         )
         for problem in governance_problems:
             self.stdout.write(f"governance INVALID {problem}")
