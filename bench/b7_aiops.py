@@ -107,7 +107,7 @@ class RoundTrips:
     """Durable commits, connection pings and pool jobs the process paid while open (counted, not timed),
     so that the figure shows what changed independent of the machine's noise. Counted at the MySQL
     backend's cursor and connection, and at the driver cursor the recorder's writes use in production
-    (`audit.write_cursor.DriverCursor`; no execute wrapper, so every write takes its usual path): a write
+    (`audit.write.cursor.DriverCursor`; no execute wrapper, so every write takes its usual path): a write
     statement in autocommit mode (the single-statement path, the MariaDB compound transaction) or a
     COMMIT is one commit; `is_usable` is one ping; a job handed to the runtime's pools
     (`agent.runtime.db`) is one job. With `B7_TRACE=1` each commit is also named by the recorder
@@ -157,10 +157,10 @@ class RoundTrips:
         from django.db.backends.mysql import base
 
         from agent.runtime import db as runtime_db
-        from audit import write_cursor
+        from audit.write import cursor
 
         execute, is_usable = base.CursorWrapper.execute, base.DatabaseWrapper.is_usable
-        driver_execute = write_cursor.DriverCursor.execute
+        driver_execute = cursor.DriverCursor.execute
         commit = base.DatabaseWrapper._commit
         job = runtime_db._job
         counter = self
@@ -173,7 +173,7 @@ class RoundTrips:
                 counter._job(time.perf_counter() - wall, time.thread_time() - cpu)
 
         def count(query, autocommit: bool) -> None:
-            # The recorder's compound writes may arrive bound, as bytes (`audit.write_cursor.bind_params`).
+            # The recorder's compound writes may arrive bound, as bytes (`audit.write.cursor.bind_params`).
             head = (
                 (query[:64].decode(errors="replace") if isinstance(query, bytes) else query)
                 .lstrip()[:16]
@@ -200,7 +200,7 @@ class RoundTrips:
             return commit(conn)
 
         base.CursorWrapper.execute = counted_execute
-        write_cursor.DriverCursor.execute = counted_driver_execute
+        cursor.DriverCursor.execute = counted_driver_execute
         base.DatabaseWrapper.is_usable = counted_is_usable
         base.DatabaseWrapper._commit = counted_commit
         runtime_db._job = counted_job
@@ -209,7 +209,7 @@ class RoundTrips:
         finally:
             runtime_db._job = job
             base.CursorWrapper.execute = execute
-            write_cursor.DriverCursor.execute = driver_execute
+            cursor.DriverCursor.execute = driver_execute
             base.DatabaseWrapper.is_usable = is_usable
             base.DatabaseWrapper._commit = commit
 

@@ -300,7 +300,7 @@ RUN_LEASE_SECONDS = env.int("RUN_LEASE_SECONDS", default=30)
 # holds one database connection, so these bound this process's connections however many runs are live.
 RUNTIME_DB_THREADS = env.int("RUNTIME_DB_THREADS", default=8)
 RUNTIME_TOOL_THREADS = env.int("RUNTIME_TOOL_THREADS", default=8)
-# Group commit of concurrent audit writers (audit/group_commit.py, docs/performance.md): decisions of
+# Group commit of concurrent audit writers (audit/write/group_commit.py, docs/performance.md): decisions of
 # several runs that wait for a COMMIT at the same time share one transaction.
 AUDIT_GROUP_COMMIT = env.bool("AUDIT_GROUP_COMMIT", default=False)
 # Batches of the event loop's group commit written at once (agent/runtime/db.py; one connection each).
@@ -370,7 +370,7 @@ SENSITIVE_PERMISSIONS = env.list(
         "audit.review_run",
     ],
 )
-# The review queue (audit.reviews): how long a reviewer's claim on a queued run keeps others off it.
+# The review queue (audit.write.reviews): how long a reviewer's claim on a queued run keeps others off it.
 REVIEW_CLAIM_MINUTES = env.float("REVIEW_CLAIM_MINUTES", default=30.0)
 # Groups whose membership the governance log always records, whether or not they hold a sensitive
 # permission (yet) or exist (yet); any other group is followed the moment it holds a sensitive permission.
@@ -420,8 +420,8 @@ OIDC_GROUPS_CLAIM = env.str("OIDC_GROUPS_CLAIM", default="groups")
 OIDC_GROUP_MAP = env.json("OIDC_GROUP_MAP", default={})
 OIDC_ACCEPTED_AMR = env.list("OIDC_ACCEPTED_AMR", default=[])
 OIDC_ACCEPTED_ACR = env.list("OIDC_ACCEPTED_ACR", default=[])
-OIDC_CALLBACK_CLASS = "access.oidc_views.CallbackView"
-OIDC_AUTHENTICATE_CLASS = "access.oidc_views.AuthenticateView"
+OIDC_CALLBACK_CLASS = "surfaces.oidc_views.CallbackView"
+OIDC_AUTHENTICATE_CLASS = "surfaces.oidc_views.AuthenticateView"
 LOGIN_REDIRECT_URL = "front-door"
 LOGIN_REDIRECT_URL_FAILURE = "/admin/login/"
 # `all` (default): every user may sign in with a local password. `breakglass`: only the superusers named
@@ -510,7 +510,7 @@ EVALUATION_JUDGE_ATTEMPTS = env.int("EVALUATION_JUDGE_ATTEMPTS", default=3)
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.SessionAuthentication",
-        "access.authentication.ApiTokenAuthentication",
+        "surfaces.api.authentication.ApiTokenAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
@@ -539,14 +539,14 @@ SPECTACULAR_SETTINGS = {
         "drf_spectacular.hooks.postprocess_schema_enums",
         "surfaces.chat.schema.add_chat_paths",
         # Every token-authenticated operation can answer 429 `locked_out` (access/lockout.py).
-        "access.schema.add_locked_out",
+        "surfaces.api.auth_schema.add_locked_out",
     ],
     "ENUM_NAME_OVERRIDES": {
         "RunStatusEnum": "diagnosis.models.RunStatus.values",
         "ToolStatusEnum": "audit.models.ToolStatus.values",
         "AlertStatusEnum": "surfaces.api.aiops.ALERT_STATUSES",
-        "CostStatusEnum": "audit.serializers.COST_STATUSES",
-        "CallCostStatusEnum": "audit.serializers.CALL_COST_STATUSES",
+        "CostStatusEnum": "surfaces.api.audit_serializers.COST_STATUSES",
+        "CallCostStatusEnum": "surfaces.api.audit_serializers.CALL_COST_STATUSES",
     },
 }
 
@@ -576,7 +576,7 @@ if not DEBUG:
 WEBSOCKET_REQUIRE_TLS = env.bool("WEBSOCKET_REQUIRE_TLS", default=not DEBUG)
 
 # ---------------------------------------------------------------------------------------------------
-# Logging: structured enough to grep, never content (see audit.recorder for what a line may hold)
+# Logging: structured enough to grep, never content (see audit.write for what a line may hold)
 # ---------------------------------------------------------------------------------------------------
 LOG_LEVEL = env.str("LOG_LEVEL", default="INFO")
 LOGGING = {

@@ -112,7 +112,7 @@ class DiagnosisRun(models.Model):
     source; `tokens_reasoning` and `tokens_cached_input` are NULL when no model call reported them.
     `model_calls` counts calls as they start. `tokens_reconciled` is true only when every started call
     has a stored usage record with a total and the stored records agree with the ledger
-    (`audit.reconcile`). `lease_owner`/`lease_expires_at` name the process executing the run;
+    (`audit.verify.reconcile`). `lease_owner`/`lease_expires_at` name the process executing the run;
     `lease_epoch` is the lease's fencing token: every claim (executor or sweeper) increments it, and every
     audit write for the run commits only while the epoch is still the one its writer claimed.
     `fenced_writes` counts the writes refused that way (a stale owner's, after a takeover).
@@ -120,8 +120,8 @@ class DiagnosisRun(models.Model):
     see before the release and what waiting for the guards cost.
 
     `persisted_events/steps/tools` and `audit_complete` are stored list facts: what the list rule of
-    `audit.facts` decides from the stored audit rows, written with the run's terminal row and again by
-    whatever changes them later (a failed write after the end, a purge, `verify_audit --refresh-facts`);
+    `audit.read.list_facts` decides from the stored audit rows, written with the run's terminal row and again
+    by whatever changes them later (a failed write after the end, a purge, `verify_audit --refresh-facts`);
     before the run ends they are 0 and False. `verify_audit` recomputes them and reports a disagreement.
     """
 
@@ -180,7 +180,7 @@ class DiagnosisRun(models.Model):
     expected_tools = models.IntegerField(default=0)
     audit_write_failures = models.IntegerField(default=0)
 
-    # Stored list facts (`audit.facts`)
+    # Stored list facts (`audit.read.list_facts`)
     persisted_events = models.IntegerField(default=0)
     persisted_steps = models.IntegerField(default=0)
     persisted_tools = models.IntegerField(default=0)
@@ -213,7 +213,7 @@ class DiagnosisRun(models.Model):
     # and compared by `verify_audit`; such runs are left out of production reads (`selectors.PRODUCTION`).
     purpose = models.CharField(max_length=16, choices=RunPurpose.choices, default=RunPurpose.PRODUCTION)
 
-    # Review facts (`audit.reviews`, `audit.review_queue`): whether any user voted the run down, the
+    # Review facts (`audit.write.reviews`, `audit.review_queue`): whether any user voted the run down, the
     # latest review's verdict and time (the reviews themselves are `audit.RunReview`, chained), the
     # current claim of a reviewer working the queue (a username snapshot and its expiry), and
     # `needs_review`, the queue's rule stored for the list (written by whatever changes its inputs).

@@ -1,5 +1,5 @@
 """Writes of the identity layer: sessions, runs, the run's lease and feedback. Keyword-only arguments; no
-audit records here (those go through `audit.recorder`, which also writes the run's terminal row).
+audit records here (those go through `audit.write`, which also writes the run's terminal row).
 
 The run's lease (`lease_owner`, `lease_expires_at`, `lease_epoch`) is written only here: a claim by the
 executor (`claim_run`), its renewal (`renew_lease`), a sweeper's takeover (`claim_expired_run`) and a

@@ -22,7 +22,7 @@ from django.utils import timezone
 from agent.runtime.guards import extract_citations
 from agent.runtime.llm import LLMError, aclose_clients, parse_json_object
 from agent.runtime.providers import get_model_client
-from audit.recorder import Usage
+from audit.write import Usage
 from diagnosis.models import KnowledgeChunk
 from evaluations.models import DEFAULT_JUDGE_PROMPT, Evaluator
 from evaluations.recording import JudgeCall, Outcome

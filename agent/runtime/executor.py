@@ -74,7 +74,7 @@ from agent.runtime.prompts import DEFAULT_PROMPTS, SystemPrompts
 from agent.runtime.providers import get_model_client
 from agent.runtime.tools.registry import ToolRegistry, default_registry
 from audit.models import EventType, ToolStatus, TraceEvent
-from audit.recorder import RUN_NOT_AUTHENTIC, ChainNotAuthentic, RunRecorder, end_unauthentic_run
+from audit.write import RUN_NOT_AUTHENTIC, ChainNotAuthentic, RunRecorder, end_unauthentic_run
 from diagnosis import services
 from diagnosis.models import DEMO_PROVIDER, ChatSession, DiagnosisRun, RunStatus
 from diagnosis.selectors import owned_session

@@ -24,7 +24,7 @@ from agent.runtime import prompts
 from agent.runtime.demo.answers import answer_from_evidence
 from agent.runtime.demo.text import question_of
 from agent.runtime.llm import parse_json_object
-from audit.recorder import DeclaredToolCall
+from audit.write import DeclaredToolCall
 
 _EXPR_RE = re.compile(r"^\s*(?:expression|expr|query)\s*:\s*(.+?)\s*$", re.I | re.M)
 _TOOLS_LINE_RE = re.compile(r"can use these tools:\s*([^.\n]*)")

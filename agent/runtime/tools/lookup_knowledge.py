@@ -13,7 +13,7 @@ import json
 
 from agent.knowledge.retrieval import search_knowledge
 from agent.runtime.tools.registry import FLOW_AI_OPS, FLOW_CHAT, EvidenceRecord, ToolResult, register_tool
-from audit.recorder import RetrievalFacts
+from audit.write import RetrievalFacts
 
 QUERY_MAX_CHARS = 500
 TOP_K_MAX = 10
