@@ -76,7 +76,7 @@ LEAFWARD: tuple[tuple[str, tuple[str, ...]], ...] = (
             "/threading.py",
             "/runtime/db.py",
             "/queue.py",
-            "/audit/group_commit.py",  # only the `Bridged` frames reach here (see `categorise`)
+            "/audit/write/group_commit.py",  # only the `Bridged` frames reach here (see `categorise`)
         ),
     ),
     ("runtime (router, agent loop, guards, release)", ("/diagnosis/",)),
