@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 import tempfile
 import threading
 import time
@@ -34,9 +33,10 @@ from django.test.utils import override_settings
 from agent.runtime import prompts
 from bench.provider import AGENT, BenchProvider
 from bench.stats import Row, spread
+from diagnosis.evidence import ID_RE
 from tests.fakes.openai_server import FakeLLMServer, finish_chunk, text_chunks, tool_call_chunks
 
-EVIDENCE = re.compile(r"(?:prom:[0-9a-f]{16}|kb:[a-z0-9]+(?:[-_][a-z0-9]+)*#[1-9][0-9]*)")
+EVIDENCE = ID_RE
 ALERT = {
     "labels": {"alertname": "PrometheusScrapeSlow", "severity": "warning", "job": "prometheus"},
     "annotations": {"summary": "Prometheus scrapes itself slowly", "description": "scrape duration high"},

@@ -10,6 +10,8 @@ from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db import models
 
+from diagnosis.evidence import RUNBOOK_CHUNK, SLUG_PATTERN
+
 # Deciding a tool call that waits for approval (declared in DiagnosisRun.Meta; group "Approvers").
 APPROVE_PERMISSION = "diagnosis.approve_tool_call"
 
@@ -404,7 +406,7 @@ class AiOpsAlert(models.Model):
 # ---------------------------------------------------------------------------------------------------
 # Knowledge: operations runbooks the agent's `lookup_knowledge` tool retrieves evidence from
 # ---------------------------------------------------------------------------------------------------
-KNOWLEDGE_SLUG_PATTERN = r"[a-z0-9]+(?:[-_][a-z0-9]+)*"
+KNOWLEDGE_SLUG_PATTERN = SLUG_PATTERN  # the slug of evidence ids `kb:<slug>#<n>` (diagnosis.evidence)
 
 
 class KnowledgeLanguage(models.TextChoices):
@@ -475,4 +477,4 @@ class KnowledgeChunk(models.Model):
     @property
     def evidence_id(self) -> str:
         """`kb:<slug>#<n>`; reads `document` (select it with the chunk to avoid a query per chunk)."""
-        return f"kb:{self.document.slug}#{self.ordinal}"
+        return RUNBOOK_CHUNK.format(slug=self.document.slug, ordinal=self.ordinal)
