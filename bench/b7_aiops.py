@@ -220,7 +220,7 @@ def _payer() -> str:
     found, recorder = "", []
     for frame in traceback.extract_stack():
         path = frame.filename.replace(os.sep, "/")
-        if "/audit/recorder/" in path:
+        if "/audit/write/" in path:
             recorder.append(frame.name)
         elif not recorder and "/diagnosis/" in path and not path.endswith("runtime/db.py"):
             found = f"{Path(path).stem}.{frame.name}"
