@@ -198,7 +198,6 @@ def test_lost_step_and_tool_rows_and_write_failures_are_named(api_client, user, 
     assert "3 audit write failures recorded" in summary["gaps"]
 
 
-@pytest.mark.xfail(strict=True, reason="the trace does not check the session digest yet (issue 44 item 6)")
 @pytest.mark.parametrize("column", ["owner", "created_at"])
 def test_a_changed_session_row_is_named_by_the_trace_as_by_verify_audit(
     api_client, staff_user, other_user, traced_run, column
