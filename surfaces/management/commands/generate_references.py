@@ -62,7 +62,7 @@ def stale() -> list[str]:
 
 
 class Command(BaseCommand):
-    help = "Rewrite the files generated from declarations (OpenAPI snapshot, event table); --check only names drift."
+    help = "Rewrite the files generated from declarations; --check only names the ones that drifted."
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--check", action="store_true", help="Write nothing; exit 1 when a file drifted.")
