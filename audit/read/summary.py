@@ -1,50 +1,10 @@
 """The trace summary: what a run's stored record proves, decided from rows already loaded (no query).
 
 `summarize` compares what is stored with what the recorder expected to write, and every stored row with
-the digest its chain carries, so that an incomplete or altered audit is visible and never silent (seed
-001, sections 6–8); `reconcile_trace` is its token reconciliation. The trace (`audit.read.trace`)
-calls it on the rows it read; the list facts recompute the same rule in SQL (`audit.read.list_facts`).
-
-Summary semantics (documented in docs/api.md):
-
-* `persisted`: rows stored under the run's id; `expected`: what the recorder attempted, as its chain
-  records it (`RUN_FINISHED`'s counts plus governance events; before the finish, the events
-  themselves; the run's `expected_*` columns for runs recorded before row digests or whose finish is
-  not in the chain); `returned`: rows in this response — the persisted rows whose `session_id` is the
-  run's session (a row stored under the run's id but another session is excluded and named in `gaps`).
-* `chainValid`: `audit.verify.hash_chain.verify_chain` over every persisted event (1..n without gap or repeat,
-  each `prev_hash` the previous `hash`, each hash recomputed from its own fields). Every event must also
-  carry a write tag that verifies (`audit.verify.authenticity.tag_verdict`, the rule `verify_audit` applies):
-  an event the service did not write is named in `gaps` and the audit is incomplete; events recorded
-  before write authentication that the signed log vouches for are a note.
-* `rowsVerified` is true when every stored row of the run (steps, tools, reasoning rows, the run's
-  terminal summary) carries a digest in the chain and matches it when recomputed from its stored columns
-  (`audit.verify.rows.verify_rows`), no bound row is missing, and a finished run's chain holds its
-  RUN_FINISHED; `rowsVerifiedCount` is how many rows matched (rows recorded before row digests are not
-  bound: they make `rowsVerified` false without making the audit incomplete).
-* `auditComplete` is true exactly when the run is terminal (SUCCESS, FAILED, CANCELLED), persisted equals
-  expected for events, steps, tools (and reasoning rows), returned equals persisted,
-  `auditWriteFailures` is 0, the chain is valid, every bound row matches its digest and no tool of the
-  finished run is still RUNNING.
-* `gaps` names, in words and without content, every reason `auditComplete` is false, and also what the
-  provider did not supply (model calls without token usage, an unreconciled token ledger), each tool
-  lifecycle step the recorder refused (a conflicting start or terminal: its CONFLICT event), rows
-  recorded before row digests ("not bound") and reasoning purged by governance. Those notes alone do not
-  make the audit incomplete: the audit recorded faithfully what happened.
-* `anchor`: where the run is anchored in the transparency log (its leaf index and the first checkpoint
-  covering it: its hash, tree size and signing time), or null when no checkpoint covers it yet. When the
-  run is anchored, its stored chain must still have the head its leaf committed to (a run rewritten
-  and re-hashed after anchoring, or events other than governance after the anchored head): otherwise
-  `gaps` names it and the audit is incomplete (`audit.transparency.verify.check_anchor`).
-* `fencedWrites`: writes of a stale lease owner (one that another process took the run from) that the
-  lease fence refused; none of their rows is stored, so they do not make the audit incomplete, and
-  `gaps` names them.
-* `ledger` is the token reconciliation at read time (`audit.verify.reconcile`) over the rows already loaded:
-  the stored usage events and step rows against the run's ledger columns and its `model_calls` (counted as
-  calls start). It names each call whose records differ or that lacks usage; the run's `reconciled` is
-  this verdict and the one the recorder wrote at finish.
-* A FAILED or CANCELLED run never carries a release decision or content (the recorder withdraws one
-  recorded before the failure); a stored row that does is named in `gaps` and the audit is incomplete.
+the digest its chain carries, so an incomplete or altered audit is visible, never silent (seed 001,
+sections 6–8); `reconcile_trace` is its token reconciliation at read time. It never queries and never
+reads reasoning text. The trace (`audit.read.trace`) calls it; `audit.read.list_facts` is the rule in SQL.
+Details: docs/api.md, *The trace summary*.
 """
 
 from __future__ import annotations

@@ -1,24 +1,12 @@
 """The trace read model: one run's record aggregated at read time (`get_trace`).
 
-`get_trace` turns a run into a `Trace`: the run row (with the viewer's feedback), its ordered timeline,
-its model steps and its tool invocations, and a `TraceSummary` (`audit.read.summary`) that compares
-what is stored with what the recorder expected to write, and every stored row with the digest its chain
-carries. It costs seven queries whatever the run's size (events, steps, tools, the reasoning rows' stored
-columns, the run's reviews, its leaf in the transparency log with whether a tail note waits, and the
-price overrides; plus one for the feedback only when the caller did not annotate it on the run, and one
-for the run's session row, which its chain binds, only when the caller neither annotated it
-(`get_visible_run(with_session=True)`) nor joined it). No reasoning or assistant text is read: the
-reasoning rows (`reasoning.AgentReasoningAudit`) are read as stored, ciphertext cast to plain text and
-never decrypted, only to recompute their digests; nothing of them enters the trace.
-
-`Trace.provider` is the provider recorded at RUN_STARTED; `demo` is true for the offline demo model, whose
-text and reasoning are not a real model's.
-
-`assemble` builds a `Trace` from rows read elsewhere too (`audit.read.batches.iter_traces`, a chunk
-of runs at a time), so both give the same trace of a run.
-
-The API (`surfaces.api.audit.TraceApi`) and the admin's "export as JSON" both call `get_trace` and render it
-with `surfaces.api.audit_serializers.TraceSerializer`, so both produce the same shape.
+`get_trace` turns a run into a `Trace` (run row, ordered timeline, steps, tools, reviews and a
+`TraceSummary` from `audit.read.summary`) in seven queries whatever the run's size (one more for the
+session row its chain binds, unless the caller joined it). It reads no
+reasoning or assistant text: reasoning rows are read as stored, never decrypted, only to recompute their
+digests. `assemble` builds the same `Trace` from rows read elsewhere (`audit.read.batches.iter_traces`).
+The API and the admin's export render it with one serializer, so both give the same shape.
+Details: docs/architecture.md, *The read side and reasoning governance*.
 """
 
 from __future__ import annotations

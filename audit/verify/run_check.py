@@ -1,33 +1,12 @@
 """One run's verification, once: every check of a run's stored record, from rows already loaded.
 
-`check_run` is given a run's rows as its caller read them (the run, its events in sequence order, steps,
-tools, reasoning rows as stored, reviews, rows appended events bind, its session, its leaf and tail
-leaves) and what the caller could afford to read besides (the upgrade's adoption, the governance view,
-the checkpoints' times, a price book, the clock for liveness). It runs no query of its own (but the
-adoption, read lazily when untagged events need it and not given). It returns a `RunCheck` holding the
-verdict of every check, worded without content:
-
-* the hash chain (`audit.verify.hash_chain.verify_chain`) and every link's write tag
-  (`audit.verify.authenticity.tag_verdict`), and the run row's creation tag;
-* every stored row against the digest its chain binds, the run's session included
-  (`audit.verify.rows.verify_rows`), and what the recorder expected to write against what is stored;
-* the run's chain against every head the transparency log anchored for it
-  (`audit.transparency.verify.check_anchor`), its provenance — decisions against the rights the
-  governance chain gave (with a `governance` view) and times against the checkpoints (with `times`) —
-  and, on request, liveness (a finished run anchored within the deadline);
-* the facts of a finished run: no tool still RUNNING, no release on a FAILED or CANCELLED run, no audit
-  write failure;
-* notes that do not make the record incomplete: the token ledger reconciled at read time, refused
-  tool lifecycle steps, writes of a previous lease owner the fence refused;
-* with a run annotated by `audit.read.list_facts.annotate_recomputed`, its stored list facts and review
-  facts against the rule and the chain; with a price `book`, its stored cost recomputed.
-
-Three readers map the one verdict into their shapes: the trace summary (`audit.read.summary.summarize`:
-`gaps` and `auditComplete`), `verify_audit` (`audit.verify.runs`: invalid / incomplete / facts / notes)
-and the checkpointer's gate (`audit.transparency.gate`, through `check_runs`). What differs between
-them is what their callers can read, never the rule: the trace has no governance view (replaying the
-governance chain is unbounded) and asks for no liveness (its verdict must not change with the clock,
-as the stored list fact it is held to cannot); it takes the checkpoint times of the run's own anchors.
+`check_run` takes a run's rows as its caller read them (run, events, steps, tools, reasoning rows as
+stored, reviews, appended rows, session, leaf and tails) and what the caller could afford besides
+(adoption, governance view, checkpoint times, price book, clock), runs no query of its own, and returns
+a `RunCheck` holding the verdict of every check, worded without content. The trace summary,
+`verify_audit` and the checkpointer's gate map that one verdict into their shapes; only what their
+callers can read differs, never the rule.
+Details: docs/audit-integrity.md, *One verification per run (`audit/verify/run_check.py`)*.
 """
 
 from __future__ import annotations

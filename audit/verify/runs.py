@@ -1,24 +1,12 @@
 """Verification of stored audit records, run by run, in bounded memory (`manage.py verify_audit`).
 
-For each run: the timeline's hash chain and sequence numbers (`audit.verify.hash_chain.verify_chain`: 1..n
-without gap or repeat, `prev_hash` links, each hash recomputed from its own fields); every durable row
-(steps, tools, reasoning rows, reviews, the run's identity and its session's, the run's terminal
-summary) against the digest its chain carries
-(`audit.verify.rows.verify_rows`: a changed, deleted or unrecorded row is named); and, for a finished run,
-whether the stored events, steps, tools and reasoning rows match the counts the chain says the recorder
-attempted (older runs without counts in their chain: the run's `expected_*` columns) and whether any audit
-write failed; and, for a run in the transparency log, that its stored chain still has the head its leaf
-anchored (`audit.transparency.verify.check_anchor`; a finished run not yet anchored is a note). The log
-itself (leaves, nodes, checkpoints, runs deleted whole) is checked by `audit.transparency.verify`; the
-global governance chain of access changes by `verify_governance`, which also checks every anchor of that
-chain's head in the transparency log.
-Problems are worded without content (ids, sequence numbers, counts only). Reasoning rows are read as
-stored (ciphertext), never decrypted. Every run's stored list facts (`persisted_*`, `audit_complete`) are
-recomputed by the rule of `audit.read.list_facts` and any disagreement is a problem (`facts`), so that the
-flag lists filter on can be trusted; `refresh_facts` rewrites them from the rule.
-
-Runs are read in primary-key batches, each batch's events, steps, tools and reasoning rows in one query
-each, so memory is bounded by the batch size whatever the number of runs.
+For each run: the hash chain, every durable row against the digest its chain carries, the counts the
+chain says the recorder attempted, audit write failures, the anchored head, and the stored list facts
+against their rule (`refresh_facts` rewrites them). Runs are read in primary-key batches, so memory is
+bounded whatever the number of runs. Problems name ids, sequence numbers and counts, never content;
+reasoning rows are read as stored, never decrypted. The log and the governance chain are checked
+elsewhere (`audit.transparency.verify`, `verify_governance`).
+Details: docs/audit-integrity.md, *What `verify_audit` checks per run (`audit/verify/runs.py`)*.
 """
 
 from __future__ import annotations
