@@ -1,20 +1,12 @@
 """The channel layer of a single process (no `REDIS_URL`): channels' in-memory layer with its expiry
 sweep amortised.
 
-`channels.layers.InMemoryChannelLayer` walks every channel's queue and every group's members on each
-`receive` and `group_send` to drop expired messages and memberships: O(channels) work per frame, so
-O(chats²) per second of streaming. Under 200 concurrent chats that sweep was about a fifth of the
-process's CPU (docs/performance.md, B3 profile). Here the sweep runs at most once per `sweep_interval`
-seconds (`CHANNEL_LAYER_SWEEP_SECONDS`, default 1; 0 sweeps on every call, as channels does): a message
-older than its expiry (60 s) or a membership older than the group expiry (a day) is dropped up to one
-interval later than before.
-
-`group_send` delivers to the group's members one after the other in the calling task, instead of one
-task per member gathered through `asyncio.as_completed`: an in-memory `send` never waits (it puts
-without blocking, or raises `ChannelFull`), so the outcome is the same (every member that has room gets
-its own copy; a full member is skipped, as channels does) without creating and scheduling a task and its
-completion machinery per member and frame. Nothing else changes (capacities, the copy per member,
-group semantics).
+`InMemoryChannelLayer` sweeps expired messages and memberships at most once per
+`CHANNEL_LAYER_SWEEP_SECONDS` (default 1; 0 sweeps on every call, as channels does) instead of on every
+`receive` and `group_send`, and `group_send` delivers to the members in the calling task instead of one
+task per member. Nothing else changes: capacities, the copy per member, a full member skipped
+(`ChannelFull`), group semantics; an expired message may only live up to one interval longer.
+Details: docs/performance.md, *Live capacity* (the B3 profile and the measurements).
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
 """Service metrics in Prometheus' text format (`GET /metrics`, `telemetry.views.metrics`).
 
-Two kinds, kept apart on purpose:
-
-* **Record metrics** (`RecordCollector`): values every process must report alike (runs by flow, status
-  and release; run and release latency histograms; tokens by source and model; cost by source and
-  model; audit write failures; fenced writes; tool calls by tool and status; swept runs; the OTLP
-  export backlog and lag; the age of the newest signed checkpoint; runs refused anchoring (their record
-  did not authenticate); witness refusals and the newest size
-  each witness cosigned). They are read at scrape time from
-  the database with a fixed number of aggregate queries (one GROUP BY or conditional aggregate each,
-  fourteen in all, plus the price overrides) and reused for `METRICS_CACHE_SECONDS`, so any process
-  answers with the same numbers. They are gauges over a sliding window: the runs, steps and tool calls
-  created in the last `METRICS_WINDOW_SECONDS` (default one hour, `diagnosis_metrics_window_seconds`),
-  read through the `created_at` indexes, so a scrape reads the window's rows only and costs the same at
-  a thousand stored runs as at a million (the export backlog and the checkpoint age are read whole:
-  their own queries are bounded).
-* **Process metrics**: runs this process executes now and live run followers (stream subscribers) in
-  it (registered by the agent at start: `register_process_gauge`), plus prometheus_client's process
-  collector (CPU, memory, file descriptors). Scrape every process.
-
-Nothing here reads or exposes content: labels are enumerations, model names and tool names.
+Record metrics (`RecordCollector`) come from the database at scrape time in a fixed number of aggregate
+queries over a sliding window (`METRICS_WINDOW_SECONDS`), cached `METRICS_CACHE_SECONDS`, so every
+process reports the same numbers at the same cost whatever the number of stored runs. Process metrics
+(`register_process_gauge`: active runs, live followers; prometheus_client's process collector) are per
+process. Nothing here reads or exposes content: labels are enumerations, model names and tool names.
+Details: docs/observability.md, *Service metrics: `GET /metrics`*.
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """The export outbox: which finished runs are to be exported as traces, exporting them, and retrying.
 
-* `enqueue_finished_runs` scans runs created since the cursor's `scan_from` (the `idx_run_created`
-  index) and inserts a PENDING row for each terminal run that has none; the cursor then moves to the
-  oldest run still open (never later than `SCAN_SLACK` ago, so a run committed late is still seen).
-  Nothing on a run's path writes here: an exporter outage never touches a run.
-* `export_due` claims due rows (PENDING, or FAILED whose `next_attempt_at` passed; the claim is a
-  conditional update, so processes that all do this never export one row at the same time), reads each
-  run's durable record through `audit.read.get_trace`, projects it (`telemetry.spans`) and hands
-  the spans to the OTLP/HTTP exporter. Success: EXPORTED with the span count; failure: FAILED with a
-  bounded, content-free error and the next attempt after an exponential back-off (at most
-  `OTEL_EXPORT_MAX_BACKOFF_SECONDS`), retried until it succeeds, so nothing is lost.
-* `requeue` puts runs back to PENDING (`manage.py export_otel`); export is idempotent, so a re-export is
-  the same trace.
-
-The exporter is `OTLPSpanExporter` configured by the standard `OTEL_EXPORTER_OTLP_*` variables
-(`telemetry.selectors.exporter_enabled()` is false when no endpoint is set).
+`enqueue_finished_runs` adds a PENDING row per terminal run since its cursor (nothing on a run's path
+writes here); `export_due` claims due rows with a conditional update (no two processes export one row at
+once), projects each run's durable record (`telemetry.spans`) and sends it over OTLP/HTTP, retrying a
+failure with exponential back-off until it succeeds; `requeue` re-exports (`manage.py export_otel`).
+Export is idempotent and off while no `OTEL_EXPORTER_OTLP_*` endpoint is set.
+Details: docs/observability.md, *The export is a projection of the audit, not a second source*.
 """
 
 from __future__ import annotations

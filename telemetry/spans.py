@@ -1,33 +1,12 @@
 """A run's durable record as OpenTelemetry GenAI spans (a projection of `audit.read.get_trace`).
 
-`project_trace(trace)` turns the trace read model (run row, timeline, steps, tools; nothing in memory of
-a live run) into `ReadableSpan`s ready for an exporter. The shape follows the GenAI semantic
-conventions' latest experimental names (what `OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental`
-emits; docs/observability.md shows the tree):
-
-* root `invoke_agent diagnosis_agent` (chat runs) or `invoke_workflow` (AI Ops runs, with one
-  `invoke_agent {agent}` child per `agent_name` found in the run's steps): `gen_ai.operation.name`,
-  `gen_ai.agent.name`, `gen_ai.conversation.id` = the session id, and the run's id, flow, intent,
-  status, release decision and audit verdict under `diagnosis.*`; every timeline event is a span event
-  of the root carrying its `sequence_no`, hash, phase and status (no summary text);
-* `chat {model}` per model call: each router attempt (ROUTING_ATTEMPT), each agent step (step row),
-  and the semantic guard's call (under its `apply_guardrail` span): `gen_ai.provider.name`,
-  `gen_ai.request.model`, `gen_ai.response.finish_reasons`, and `gen_ai.usage.*` only for counts the
-  provider reported (absent, never 0, when it did not);
-* `execute_tool {name}` per tool invocation: `gen_ai.tool.name`, `gen_ai.tool.call.id`,
-  `gen_ai.tool.type`, status and `error.type`; arguments and result only with
-  `OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`, as bounded previews;
-* `apply_guardrail {guard}` per guard verdict (evidence guard, semantic guard), following the draft
-  security-guardian convention (`diagnosis.semconv.draft` says so).
-
-Reasoning content is never read here (the trace read model does not carry it): a model-call span has
-only `diagnosis.reasoning.available` and, when a reasoning row exists, `diagnosis.reasoning.ref`, the
-path of the governed reasoning endpoint (the conventions' "store content externally and record
-references" option) and the row's step index.
-
-Ids are deterministic, so a re-export is the same trace: the trace id is the first 16 bytes of
-sha256(run id), each span id the first 8 bytes of sha256(run id, record kind, record id). Span times
-are the recorded times (a model call recorded with its duration starts that long before its event).
+`project_trace(trace)` turns the trace read model (never a live run's memory) into `ReadableSpan`s ready
+for an exporter, under the GenAI conventions' latest experimental names: a root `invoke_agent` (chat) or
+`invoke_workflow` (AI Ops), `chat {model}` per model call, `execute_tool {name}` per tool invocation and
+`apply_guardrail {guard}` per guard verdict. It never reads reasoning content (a model-call span carries a
+reference to the governed endpoint), carries tool content only as opt-in bounded previews, and reports
+only usage the provider reported. Ids and times are deterministic: a re-export is the same trace.
+Details: docs/observability.md, *Span shape*.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
-"""The oversight dashboard's numbers for a period [since, until), aggregated in SQL and bounded: a fixed
-number of queries whatever the number of runs (one per figure, plus four for the percentiles), each
-returning one row per day (and source, model, tool or reader), never a row per run.
+"""The oversight dashboard's numbers for a period [since, until), aggregated in SQL and bounded.
 
-* runs per day by release decision (FAILED/CANCELLED runs without one count as `none`), block rate
-  (BLOCKED of released), audit-incomplete and unreconciled terminal runs, stored cost per day (priced
-  runs' sum, and the runs whose cost is unavailable or demo, counted);
-* p50 / p95 of run latency (`total_duration_ms`) and first-output latency over the period, nearest rank
-  (the value at rank ⌈p·n⌉ of the n known values): one count query, then one `ORDER BY … LIMIT 1 OFFSET
-  k` per percentile, which SQLite and MariaDB both read from an index range (no window function needed);
-* tokens per day by source and model from the calls' MODEL_TOKEN_USAGE records, with their cost by the
-  pricing rule (`pricing.rules`) applied to each day's sums at that day's prices (exact for per-token
-  prices; tiered prices would be priced on the sum); calls without usage counted;
-* tool calls and failures by tool (FAILED, INTERRUPTED, ABANDONED count as failed);
-* reasoning reads per day by reader (`reasoning_access_log`);
-* readers' feedback (👍 / 👎) given or changed in the period, by rating (`run_feedback`).
-
-Days are UTC dates (`TIME_ZONE`).
+A fixed number of queries whatever the number of runs (one per figure, plus four for the percentiles),
+each returning one row per day (and source, model, tool or reader), never a row per run: runs by release
+decision, block rate, audit-incomplete and unreconciled runs, stored cost, p50/p95 latencies (nearest
+rank), tokens and their cost by source and model, tool failures, reasoning reads, readers' feedback.
+`priced_usage` is shared with `/metrics`. It reads no content. Days are UTC dates.
+Details: docs/admin.md, *The oversight dashboard*.
 """
 
 from __future__ import annotations

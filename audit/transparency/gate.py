@@ -1,20 +1,12 @@
 """The checkpointer is a verifier first: only what authenticates is anchored (issue 43, item 2).
 
-Before `audit.transparency.log` appends a leaf it verifies what the leaf would vouch for, exactly as
-`verify_audit` does:
-
-* a run (its first leaf) or a run that grew (a tail leaf): the run's chain, every link's write tag
-  (`audit.verify.authenticity.tag_verdict`), every row against the digest its chain binds, and its existing
-  anchors (`audit.verify.runs.check_runs`); a run with no chain is never anchored;
-* the governance chain's head: every event after the newest anchored head, their links, hashes and
-  tags, continuing from that head.
-
-What fails is never anchored: it is returned as refused, with its problems (ids and sequence numbers,
-never content), and `report_refusals` logs each refused run, records one `ANCHOR_REFUSED` governance
-event for the runs not reported before (so the refusal is itself on the record, and on `/metrics`:
-`telemetry.metrics`), and leaves the run to `verify_audit`, which names the same problems. The rest of
-the batch is anchored all the same. A lost write (an audit write failure, counted) is no refusal: the
-run is anchored and stays incomplete in `verify_audit`.
+Before `audit.transparency.log` appends a leaf it verifies what the leaf would vouch for exactly as
+`verify_audit` does: a run or a grown run tail (chain, write tags, rows against their digests, existing
+anchors; a run with no chain is never anchored) and the governance chain's events after its newest
+anchored head. What fails is refused with its problems (ids and sequence numbers, never content);
+`report_refusals` logs it and records one `ANCHOR_REFUSED` governance event per run not reported before.
+The rest of the batch is anchored all the same; a lost write is incompleteness, not a refusal.
+Details: docs/audit-integrity.md, *How runs get into the log*.
 """
 
 from __future__ import annotations

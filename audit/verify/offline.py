@@ -1,20 +1,11 @@
 """The offline verifier of a run's evidence bundle (`python -m audit.verify_bundle FILE --public-key KEY`).
 
-Needs only the standard library and `cryptography`: no Django, no settings, no database (this module
-and what it imports — `audit.transparency.bundle`, `merkle`, `note`, `signednote`, `leafdata`,
-`audit.verify.chain_digests`, `audit.verify.hash_chain`, `audit.payloads` — import no Django). KEY is a
-trusted Ed25519 public key: its base64 text (as `GET /api/audit/checkpoints/` and `manage.py audit_keys`
-publish it), its signed-note vkey (`<origin>+<key id>+<base64>`), or a file holding either or a PEM public
-key; give `--public-key` once per key you trust (e.g. after a rotation).
-
-Witness policy: `--witness-key VKEY` (repeatable; a witness's cosigner vkey, type 0x04) and
-`--witness-quorum N` (default: all): the checkpoint must carry valid C2SP cosignature/v1 lines of at least
-N of those witnesses, else the bundle is NOT VERIFIED and the missing witnesses are named.
-
-Prints what held (`OK …`), notes and every failure with where it is (`FAIL events[3] (sequence 4): …`),
-then `VERIFIED` or `NOT VERIFIED`. Exit status: 0 only when every digest, the chain, the leaf, the
-inclusion proof, the checkpoint's signature and the witness policy hold; 1 when any does not (or the
-run is not anchored); 2 when the file or a key cannot be read.
+Needs only the standard library and `cryptography`: no Django, no settings, no database. It checks every
+digest, the chain, the leaf, the inclusion proof, the checkpoint's signature against the keys trusted
+(`--public-key`, repeatable) and the witness policy (`--witness-key`, `--witness-quorum`); prints what
+held, notes and every failure with where it is, then `VERIFIED` or `NOT VERIFIED`. Exit status 0 only
+when all hold, 1 when any does not (or the run is not anchored), 2 when the file or a key cannot be read.
+Details: docs/audit-integrity.md, *Commands* (the offline verifier).
 """
 
 from __future__ import annotations

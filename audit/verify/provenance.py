@@ -1,20 +1,12 @@
 """Who and when, for a run's authenticated chain: its decisions against the rights the governance chain
 gave, and its times against the signed checkpoints (issue 43, items 3 and 4; `verify_audit`).
 
-A valid write tag proves the service wrote a link; it does not prove the service was right to. So
-`verify_audit` also holds every authenticated link to:
-
-* **authority** (`audit.verify.authority`): a review or approval decision by someone who held the right at the
-  governance position it recorded; a reasoning purge or re-encryption naming the governance record of
-  it; a reasoning purge made while no chained legal hold covered the run (`audit.verify.holds`, by
-  positions in the governance chain, never by times written);
-* **time** (`CheckpointTimes`): an event a leaf anchors was written before the checkpoint that signed
-  the leaf (its time at most the first covering checkpoint's signed time, within
-  `AUDIT_CLOCK_TOLERANCE_SECONDS` for the clocks of different processes), and a run's times never go
-  back by more than that tolerance along its chain.
-
-`GovernanceView.load()` reads the governance chain once per verification (rights, holds, purges,
-adoption); `CheckpointTimes.load()` the checkpoints' sizes and signed times once.
+A valid write tag proves the service wrote a link, not that it was right to: every authenticated link is
+also held to authority (`audit.verify.authority`, `audit.verify.holds`: decisions by someone who held the
+right at the governance position recorded, purges outside chained holds) and to time (`CheckpointTimes`:
+written before the checkpoint that signed it, within `AUDIT_CLOCK_TOLERANCE_SECONDS`). `GovernanceView.load()`
+and `CheckpointTimes.load()` read the governance chain and the checkpoints once per verification.
+Details: docs/audit-integrity.md, *Write authentication* (authority and time from the log).
 """
 
 from __future__ import annotations
