@@ -1,19 +1,12 @@
 """The password and session authentication backend: Django's `ModelBackend`, with the user read that
 every session-authenticated request makes (`get_user`) compiled once (`core.compiled.CompiledQuery`).
 
-`ModelBackend.get_user` builds and compiles `User._default_manager.get(pk=…)` on every request, which
-cost more than the query itself (≈ 0.4 ms of a trace read's ≈ 5 ms; docs/performance.md, B2). This
-backend runs the same SELECT of every concrete column as compiled SQL and builds the instance as the ORM
-does (`Model.from_db`); whether the user may authenticate (`user_can_authenticate`), passwords,
-permissions and everything else are Django's.
-
-With `LOCAL_PASSWORD_LOGIN=breakglass` (`access.passwords`) it checks no password of a username outside
-`BREAK_GLASS_USERNAMES`, and a session it signed in ends at the next request unless its user is an
-active break-glass superuser.
-
-Sessions name the backend that logged them in; a session made under
-`django.contrib.auth.backends.ModelBackend` (before this backend) is not recognised and its user signs
-in again once.
+The same SELECT of every concrete column, run as compiled SQL, builds the instance as the ORM does;
+`user_can_authenticate`, passwords, permissions and everything else are Django's. With
+`LOCAL_PASSWORD_LOGIN=breakglass` it checks no password of a name outside `BREAK_GLASS_USERNAMES`, and a
+session it signed in ends at the next request unless its user is an active break-glass superuser.
+Sessions made under Django's own backend are not recognised: their users sign in once more.
+Details: docs/security.md, sections 1 and 7 (sessions, break-glass passwords).
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
-"""The role groups and what each holds, made so after every migrate: one table, one receiver.
+"""The role groups and what each holds, made so after every migrate: one table (`GRANTS`), one receiver.
 
-A data migration cannot do this on a fresh database: Django creates permissions in its own post_migrate
-handler, after all migrations ran. The receiver runs once per migrate (sender = this app) and creates the
-permissions it names itself first (`core.groups.ensure_groups`), so the order in which Django sends the
-signal to the apps does not matter; `get_or_create`, `add` and `set` make it idempotent.
-
-* "Staff viewers": read access to the console, nothing more: exactly the `view_*` permissions of the
-  diagnosis, audit and reasoning models except `view_reasoning_content` (the auditors' group has it) and
-  `view_reasoningaccesslog` (the access log is for superusers only), re-synchronised on each migrate.
-* "Reviewers" and "Reasoning Auditors": `audit.review_run` (reviews); the auditors also read reasoning.
-* "Approvers": deciding tool calls that wait for approval, and reading the run page (the call, its
-  arguments, the run's record) before deciding.
-
-Each change is also a governance event (`access.signals`): these groups are governed
-(`settings.GOVERNED_GROUPS`) and their permissions sensitive (`SENSITIVE_PERMISSIONS`).
+The post_migrate receiver runs once per migrate, creates the permissions it names itself first
+(`core.groups.ensure_groups`), and is idempotent. "Staff viewers" holds exactly the `view_*` permissions
+of the diagnosis, audit and reasoning models but reasoning content and the access log; "Reviewers" and
+"Reasoning Auditors" review (the auditors also read reasoning); "Approvers" decide waiting tool calls.
+Each change is also a governance event (`access.signals`): these groups are governed.
+Details: docs/admin.md, *Who sees what* (the role groups).
 """
 
 from django.apps import apps as global_apps

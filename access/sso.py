@@ -1,18 +1,11 @@
 """What single sign-on decides from an identity provider's claims (`access.oidc` verifies them first).
 
-* **Groups** (`apply_claims`): on every sign-in the groups claim (`OIDC_GROUPS_CLAIM`, a list of the
-  IdP's group names, or one name) is mapped through `OIDC_GROUP_MAP` (IdP group → one or more of the
-  governed groups of `core.groups.GOVERNED`); the user is added to each mapped group they lack and
-  removed from each governed group the IdP no longer asserts. Other groups are never touched. A token
-  without the claim asserts no group. `is_staff` follows: on while any governed group is held (or the
-  user is a superuser, whose flags single sign-on never changes). Each change is written by the
-  governance receivers (`access.signals`), as every membership and flag change is, under the actor
-  `(single sign-on)` with `details.source` naming the issuer, the subject and the IdP groups that
-  asserted the group.
-* **Second factor** (`second_factor`): the ID token's `amr` values and `acr` are compared with
-  `OIDC_ACCEPTED_AMR` and `OIDC_ACCEPTED_ACR`; a match makes the session count as having passed a
-  second factor for the reasoning step-up (`mark_session`, read by `access.stepup.session_verified`),
-  bound to that user and to the single sign-on backend. Any other sign-in clears it.
+* `apply_claims`: on every sign-in the groups claim, mapped through `OIDC_GROUP_MAP`, sets the user's
+  governed groups (added when asserted, removed when no longer asserted; other groups never touched),
+  and `is_staff` follows; a superuser's flags are never changed. Each change is a governance event.
+* `second_factor` / `mark_session`: an `amr` or `acr` the settings accept makes the session count as
+  step-up verified, bound to that user and the single sign-on backend; any other sign-in clears it.
+Details: docs/security.md, *7. Single sign-on* (groups) and *3. Step-up* (the second factor).
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """Who may speak for clients, and TLS on every WebSocket: the one home of both rules.
 
-* `TrustedProxyHeaders` (ASGI, outermost in `config.asgi`): the forwarded headers (`X-Forwarded-For`,
-  `X-Forwarded-Proto`, `X-Forwarded-Host`, `X-Forwarded-Port`, `X-Real-IP`, `Forwarded`) of an HTTP request
-  or WebSocket handshake are kept only when the peer that connected (`scope["client"]`) is inside one
-  of the `TRUSTED_PROXIES` networks; from any other peer they are removed before anything reads them.
-  So a client that reaches a daphne port directly is recorded as itself (`reasoning.utils.client_address`
-  and axes see no `X-Forwarded-For`, and `TRUSTED_PROXY_COUNT` then has nothing to count) and cannot
-  claim HTTPS through `SECURE_PROXY_SSL_HEADER`. A peer without an address (a UNIX socket) is not trusted.
-* `arrived_over_tls(scope)`: the connection was TLS at the daphne socket (`https`/`wss`) or, by a
-  trusted proxy's `X-Forwarded-Proto: https`, at the proxy.
-* `WebSocketTlsRequired` (ASGI, in front of the chat WebSocket): with `WEBSOCKET_REQUIRE_TLS` (default:
-  on whenever DEBUG is off) a handshake that did not arrive over TLS is accepted only to be closed at
-  once with close code `CLOSE_TLS_REQUIRED` (4426, after HTTP's 426 Upgrade Required) and nothing else
-  is read or sent; the application behind it never sees the connection. The HTTP counterpart is
-  Django's `SECURE_SSL_REDIRECT` (301 to https://).
+`TrustedProxyHeaders` (ASGI, outermost in `config.asgi`) keeps the forwarded headers of a request or
+handshake only when its peer is inside `TRUSTED_PROXIES`, and removes them from any other peer before
+anything reads them. `arrived_over_tls(scope)` says whether the connection was TLS at daphne or at a
+trusted proxy. `WebSocketTlsRequired` (with `WEBSOCKET_REQUIRE_TLS`) closes a chat handshake that did not
+arrive over TLS at once with `CLOSE_TLS_REQUIRED` (4426); the application behind it never sees it.
+Details: docs/security.md, *Proxies and TLS*.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """Encryption at rest of reasoning and assistant text: Fernet keys, newest first, and the stored form.
 
-Keys come from `settings.REASONING_ENCRYPTION_KEYS` (comma-separated Fernet keys in the environment,
-newest first). The newest key encrypts; every configured key can decrypt. In development (the settings
-set `REASONING_DEV_KEY_FILE` only while `DEBUG` is on) and without configured keys, one key is generated
-once into that file (`.local/reasoning-encryption.key`, git-ignored, mode 0600) and reused by every
-process afterwards. With `DEBUG` off and no keys the system check `reasoning.E001` stops the server, and
-any attempt to encrypt or decrypt raises `EncryptionKeysMissing` (fail-closed: nothing is ever stored
-in plaintext because a key is missing).
-
-Stored form of a value: ``fernet:<kid>:<token>``, where `<kid>` is the first 8 hex digits of the sha256
-of the key that encrypted it (a fingerprint, not the key) and `<token>` the Fernet token. The key id lets
-`rotate_reasoning_keys` select rows not under the newest key in SQL, and lets decryption pick the right
-key directly. A value without the prefix is legacy plaintext from before encryption was switched on; it
-reads as it is and `rotate_reasoning_keys` encrypts it.
+Keys come from `REASONING_ENCRYPTION_KEYS`: the newest encrypts, every one decrypts; in development only
+(`REASONING_DEV_KEY_FILE`) one key is generated once into a git-ignored file. Without keys it is
+fail-closed: the check `reasoning.E001` stops the server and any encryption or decryption raises
+`EncryptionKeysMissing`, so nothing is ever stored in plaintext for want of a key. A value is stored as
+``fernet:<kid>:<token>`` (`<kid>`: a fingerprint of the key, never the key); a value without the prefix
+is legacy plaintext, read as it is until `rotate_reasoning_keys` encrypts it.
+Details: docs/api.md, *Encryption at rest*.
 """
 
 from __future__ import annotations

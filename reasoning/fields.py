@@ -1,18 +1,11 @@
 """`EncryptedTextField`: a LONGTEXT column whose values are Fernet tokens (see `reasoning.crypto`).
 
-Writes encrypt with the newest configured key; reads decrypt with whichever configured key the stored
-value names. The column type is the one of `TextField` (LONGTEXT on MariaDB/MySQL, text on SQLite), so
-the seed's table shape is unchanged and every ORM write path (the recorder's `save`, `update`,
-`bulk_update`) encrypts without knowing it.
-
-Two values are passed through unchanged on write, never re-encrypted:
-* `None` (NULL: no content, or purged);
-* a `Ciphertext`: an already-encrypted stored value. Reads return one when no configured key decrypts
-  the stored value (its key was removed), so that loading and saving such a row never destroys it and
-  never raises in list views; `rotate_reasoning_keys` writes its re-encrypted tokens through it.
-
-Equality lookups on this field compare ciphertexts and never match plaintext (encryption is randomised);
+Writes encrypt with the newest configured key and reads decrypt with the key the value names, on every
+ORM write path, with `TextField`'s column type (the table's shape is unchanged). `None` and a
+`Ciphertext` (a stored value no configured key decrypts, as reads return it) pass through unchanged, so
+loading and saving such a row never destroys it. Lookups compare ciphertexts and never match plaintext:
 only `isnull` is meaningful in queries.
+Details: docs/api.md, *Encryption at rest*.
 """
 
 from __future__ import annotations

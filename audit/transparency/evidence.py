@@ -1,19 +1,12 @@
 """Building a run's evidence bundle from the store (API `…/runs/{runId}/evidence`, `manage.py
 export_evidence`); its format and verification are `audit.transparency.bundle`.
 
-The bundle holds the run's whole chain, the canonical form of every step, tool row and the terminal
-summary (what their digests are taken of: `audit.verify.row_digests.Form.document`), the digest of each
-reasoning row (never its content, not even encrypted), the run's leaf, its inclusion proof in the newest
-checkpoint (O(log n) stored nodes) and that checkpoint's body and signature, and each of its run-tail
-leaves (what was appended after it was anchored) with its inclusion proof in the same checkpoint. A run
-not yet anchored has `anchor: null` (the verifier then fails and says so). Queries: the run's events,
-steps, tools, reasoning rows and reviews, its leaf and covering checkpoint, its tails, and the proofs'
-two each.
-
-`build_evidence` adds the server's verdict on the same rows: the run's one verification
-(`audit.verify.run_check.check_run`, the trace's and `verify_audit`'s), reported in `verify_audit`'s
-words by `manage.py export_evidence`. The bundle itself is the same either way (its format is the
-offline verifier's, `audit.transparency.bundle`, which imports no Django).
+The bundle holds the run's whole chain, the canonical forms its digests are taken of, each reasoning
+row's digest only (never its content, not even encrypted), the run's leaf and tails with their inclusion
+proofs in the newest checkpoint, and that checkpoint; a run not yet anchored has `anchor: null`. It reads
+a fixed number of queries per run. `build_evidence` adds the server's verdict on the same rows (the run's
+one verification, `audit.verify.run_check.check_run`); the bundle is the same either way.
+Details: docs/audit-integrity.md, *The evidence bundle*.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """Chained events written by governance, outside a run's execution, in two chains:
 
-* a run's own chain: a reasoning purge or key rotation changes stored reasoning rows, and records the new
-  digests of those rows in each affected run's chain (`REASONING_PURGED`, `REASONING_REKEYED`), so that a
-  purged or re-encrypted row verifies as such and any other change to it is still named; appended
-  through `audit.write.tail.append_to_finished_run`, like every write to a finished run;
-* the global governance chain (`audit.models.GovernanceEvent`, `record_governance_event`): every change
-  to who may do what — membership of groups holding a sensitive permission, grants of sensitive
-  permissions, superuser/staff/active flags, API tokens issued and revoked, OTP devices, lockouts and
-  their lifting — hashed exactly like a run's timeline (`audit.verify.hash_chain.chain_hash` over canonical
-  JSON) and verified by `audit.verify.governance_chain.verify_governance` (`verify_audit`).
-
-Unlike the recorder's decisions these writes are **not** fail-open: they run inside the caller's
-transaction with the row changes they describe, and an error rolls both back (a purge whose event could
-not be written would look like tampering).
+* a run's own chain: a reasoning purge or key rotation records the rows' new digests in each affected
+  run's chain (`REASONING_PURGED`, `REASONING_REKEYED`), through `append_to_finished_run`;
+* the global governance chain (`record_governance_event`): every change to who may do what, hashed like a
+  run's timeline and verified by `audit.verify.governance_chain.verify_governance`.
+Unlike the recorder's decisions these writes are never fail-open: they run in the caller's transaction
+with the change they describe, and an error rolls both back.
+Details: docs/security.md, *4. The governance log*; docs/architecture.md (purges and key rotation).
 """
 
 from __future__ import annotations

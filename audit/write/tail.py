@@ -1,19 +1,12 @@
 """The one way anything but the run's own recorder writes to a run's chain: `append_to_finished_run`,
 and the tail notes that get what it appended anchored (`note_appended`).
 
-A finished run's record can still grow: a reasoning purge or key rotation (`REASONING_PURGED`,
-`REASONING_REKEYED`, `audit.write.governance`; these also reach a run still executing) and a human
-review (`REVIEW_RECORDED`, `audit.write.reviews`) append events, and rows they bind, after its
-`RUN_FINISHED`. Such a write is fenced like every write of a run (`audit.write.ops.Fence`): it commits
-only while the run row holds the lease epoch it was made under. A run the runtime executed holds the
-epoch of its last claim (1 or more), so the epoch is read from the run row, under that row's lock,
-never assumed.
-
-**Tails are anchored.** Each append also writes a tail note (`audit.models.TailPending`) in its
-transaction; the next checkpoint (`audit.transparency.log.checkpoint`) appends a run-tail leaf anchoring
-the run's new head, and `verify_audit` holds the run to every head anchored for it
-(`audit.transparency.verify.check_anchor`). Until that checkpoint the new events are in the documented
-window before anchoring (a note, not a failure; a problem when their note is gone).
+Reasoning purges and key rotations (`audit.write.governance`, also on a run still executing), reviews
+and feedback append events, and rows they bind, after a run's `RUN_FINISHED`. Each append is fenced by
+the lease epoch read from the run row under its lock (never assumed), and writes a tail note
+(`audit.models.TailPending`) in its transaction, so the next checkpoint anchors the run's new head in a
+run-tail leaf and `verify_audit` holds the run to every head anchored for it.
+Details: docs/audit-integrity.md, *How runs get into the log* (a finished run's record can grow).
 """
 
 from __future__ import annotations
