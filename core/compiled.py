@@ -1,15 +1,10 @@
 """Read queries compiled once by the ORM and run again with other parameters.
 
-A hot read path that sends the same few queries on every request (the trace endpoint: eight of them)
-spent a large share of its time in Django's query construction and SQL compilation, repeated per request
-for the same SQL. `CompiledQuery` keeps what the ORM compiled: the QuerySet stays the one definition of
-each query (tables, columns, joins, orders, the database's dialect), it is compiled once per database
-alias, and every call executes that SQL with its own parameter values through the connection's cursor
-(so it is counted and logged like any other query) and converts each column with the converters Django's
-compiler would apply. The rows are exactly what `values_list()` of the same QuerySet returns.
-
-Only for queries whose SQL does not depend on parameter values (equality filters on strings and
-integers: Django compiles `None` or lists differently).
+`CompiledQuery` keeps what the ORM compiled for a QuerySet (which stays each query's one definition),
+once per database alias, and executes that SQL with new parameter values through the connection's
+cursor (counted and logged like any query), converting columns as Django's compiler would: its rows
+are exactly `values_list()`'s. Only for queries whose SQL does not depend on parameter values.
+Details: docs/architecture.md, *The read side and reasoning governance*.
 """
 
 from __future__ import annotations

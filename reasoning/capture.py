@@ -1,16 +1,11 @@
 """Extract and bound a model step's reasoning and assistant text (seed 000 capture rules).
 
-Source priority for reasoning:
-1. the dedicated `reasoning_content` attribute of the message object (how the `openai` SDK exposes
-   DeepSeek's field on a parsed message or delta);
-2. the extra keys, in this order: `reasoning_content`, `reasoningContent`, `reasoning`, `thinking`,
-   `reasoning_text`, `reasoningText` — looked up in a mapping, the SDK object's `model_extra`, or a
-   `metadata` mapping.
-
-Each field is cut at 32000 characters (code points). `assistant_text` is the visible text plus, when the
-step called tools, a bounded `tool_calls:` preview of names and arguments (never results).
-`content_source` and `content_bytes` describe exactly what is stored. When the provider sent no reasoning,
-`reasoning_available` is false and `reasoning_content` is None: nothing is ever synthesised into it.
+Reasoning is taken from the message's `reasoning_content` attribute first, then from known extra keys
+in a fixed order; each field is cut at 32000 characters. `assistant_text` is the visible text plus, when
+the step called tools, a bounded preview of their names and arguments (never results);
+`content_source` and `content_bytes` describe exactly what is stored. When the provider sent no
+reasoning, `reasoning_available` is false and `reasoning_content` None: nothing is ever synthesised.
+Details: docs/runtime.md, *Reasoning of every model call*.
 """
 
 from __future__ import annotations

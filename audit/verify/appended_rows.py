@@ -1,16 +1,11 @@
 """Rows bound by an appended event whose table lives in a higher layer (evaluation scores): how the
 verifier finds them without importing that layer.
 
-An `APPENDED` event type that binds a row of another app declares in the registry (`audit.events`) the
-details key naming the row and the key carrying its digest (`EventSpec.keys`); the app that owns the
-table registers, when Django starts (its `AppConfig.ready`), a `RowSource`: for a batch of run ids,
-each stored row's id and the digest recomputed from the stored columns (its form in
-`audit.verify.row_digests`, registered with `rowdigest.register_form`). `audit.verify.rows.verify_rows` then
-holds every stored row against the latest event binding it, as it does for reviews: a changed row, a row
-without an event, and an event whose row is gone are each named by `verify_audit` and the trace summary.
-
-The offline bundle verifier (`audit.transparency.bundle`) does not carry these rows: it checks the
-events themselves (their chain and anchor), not the rows they bind.
+The owning app registers a `RowSource` when Django starts (each stored row's id and its recomputed
+digest, for a batch of runs); `audit.verify.rows.verify_rows` then holds every such row against the
+latest event binding it (`EventSpec.keys`), so a changed row, a row without an event and an event whose
+row is gone are each named. The offline bundle verifier does not carry these rows.
+Details: docs/architecture.md, *Rows of higher layers*.
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """Legal holds and retention purges as the governance chain records them: what holds a run, what purged
 it, and whether a tombstone or a hold row says the same (read side; `audit.write.retention` writes them).
 
-**The chain decides, the tables are an index.** Placing and lifting a hold, and every retention purge,
-are chained governance events (`LEGAL_HOLD_PLACED`/`LIFTED` with the hold's id, scope and target;
-`AUDIT_RUNS_PURGED` with the run ids), taken only when the service wrote them
-(`audit.verify.authenticity.written_by_the_service`: a forged lift lifts nothing, a forged purge excuses
-nothing). Which runs are held, and since when, is rebuilt from those events (`chained_holds`): the purges
-exclude what either the chain or the hold table holds (`held`), and `verify_audit` judges a tombstone by
-the chained purge that names it and the holds at that position of the chain (`tombstone_problems`),
-names every hold row that disagrees with the chain (`hold_problems`), and every chained change made
-while a hold covered the run (`held_at_problems`). Editing or deleting a hold row, or forging a tombstone,
-therefore proves nothing.
+The chain decides, the tables are an index: holds are rebuilt from the chained events the service wrote
+(`chained_holds`; a forged lift lifts nothing, a forged purge excuses nothing), purges exclude what
+either the chain or the hold table holds (`held`), and `verify_audit` names tombstones, hold rows and
+chained changes that disagree with the chain (`tombstone_problems`, `hold_problems`, `held_at_problems`).
+Editing or deleting a hold row, or forging a tombstone, therefore proves nothing.
+Details: docs/audit-integrity.md, *Retention and legal holds*.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """`manage.py user_groups USERNAME [--create] [--add GROUP]... [--remove GROUP]... [--staff | --no-staff]`:
 put a user in (or take them out of) the role groups, and print the groups they are in afterwards.
 
-The production accounts are made by command (docs/deployment.md, "Accounts"): `createsuperuser
---noinput` for the first superuser, and this command for everyone else and what they may do. `--create`
-makes the user when there is none, with the password in `DJANGO_USER_PASSWORD` (like createsuperuser's
-`DJANGO_SUPERUSER_PASSWORD`; validated by `AUTH_PASSWORD_VALIDATORS`) or, without it, no usable password
-(set one with `changepassword`; token-only accounts need none). Only existing groups are accepted
-("Staff viewers", "Reviewers", "Reasoning Auditors", "Approvers" are created by `migrate`), so a typo
-never creates a new, unfollowed group. `--staff` also sets `is_staff` (needed to sign in to the admin
-console), `--no-staff` clears it.
-Each change is a governance event (access.signals) that names `manage.py user_groups` as its actor.
+`--create` makes a missing user, with the password in `DJANGO_USER_PASSWORD` (validated) or none;
+only existing groups are accepted, so a typo never creates an unfollowed group; `--staff` / `--no-staff`
+set or clear `is_staff`. Each change is a governance event naming `manage.py user_groups` as its actor.
+Details: docs/deployment.md, *5. Accounts*.
 """
 
 from django.contrib.auth import get_user_model

@@ -3,14 +3,11 @@
 transparency log, and the log itself; exit 1 on any problem (a disagreeing fact rewritten by
 `--refresh-facts` is still reported, and still fails).
 
-The witness policy (`--witness-key` repeated, default `AUDIT_WITNESS_POLICY`; `--witness-quorum`, default
-`AUDIT_WITNESS_QUORUM`, 0 or absent meaning all): the checkpoint covering the runs verified (the newest)
-must carry valid cosignatures of at least N of those witness keys.
-
-Without `--run`, each witness of `AUDIT_WITNESSES` is asked over the network which size it has cosigned
-(`audit.transparency.witnesses.check_sizes`): a log whose newest checkpoint is smaller (rolled back) is a
-problem; a witness that cannot be asked is a note, or a problem when fewer than the policy's quorum of its
-witnesses answered."""
+With a witness policy the newest checkpoint must carry cosignatures of at least N of its witnesses;
+without `--run`, each witness of `AUDIT_WITNESSES` is asked live which size it has cosigned, so a
+rolled-back log is a problem.
+Details: docs/audit-integrity.md, *Commands* and *Witnesses* (witness policy, rollback).
+"""
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
