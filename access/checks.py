@@ -1,13 +1,10 @@
-"""System checks of sign-in settings (errors stop `runserver`, `migrate` and `check --deploy`):
+"""System checks of sign-in settings (errors stop `runserver`, `migrate` and `check --deploy`).
 
-* `access.E001`: `LOCAL_PASSWORD_LOGIN` is neither `all` nor `breakglass` (a typo must not pick a policy);
-* `access.E002`: `breakglass` without `BREAK_GLASS_USERNAMES` (nobody could sign in when the IdP is down);
-* `access.E003`: `OIDC_ENABLED` without a client id, secret, issuer, authorization, token or JWKS endpoint;
-* `access.E004`: `OIDC_GROUP_MAP` is not an object of IdP group → governed group name(s)
-  (`core.groups.GOVERNED`);
-* `access.E005`: `OIDC_RP_SIGN_ALGO` is not an asymmetric JWS algorithm (the ID token must be verified
-  with the provider's public keys, never a shared secret);
-* `access.W001`: with DEBUG off, an OIDC endpoint or the issuer is not https.
+`access.E001`–`E002`: the local password policy (`LOCAL_PASSWORD_LOGIN`, `BREAK_GLASS_USERNAMES`);
+`access.E003`–`E005`: single sign-on's settings (endpoints and client, `OIDC_GROUP_MAP`, an asymmetric
+`OIDC_RP_SIGN_ALGO`); `access.W001`: a non-https OIDC endpoint with DEBUG off. A typo never picks a
+policy, and nobody is left unable to sign in when the identity provider is down.
+Details: docs/security.md, *7. Single sign-on (OpenID Connect) and break-glass passwords*.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """The access review: for each sensitive permission, who could use it during a period, who did, and
 which grants went unused (`manage.py access_review`, the admin's *Access review* page, CSV export).
 
-* **held during** `[since, now]`: everyone holding it now (directly, through a group, or as an active
-  superuser), plus everyone whose hold ended in the period — a governance event after `since` that took
-  it away (removed from a group granting it, the permission revoked from them or from their group,
-  superuser revoked, account deactivated). Whoever held it at any moment of the period either still
-  holds it or lost it later, and every loss is a governance event, so this is complete from the moment
-  the governance log exists.
-* **used**: `reasoning.view_reasoning_content` — reads in the reasoning access log (API and admin);
-  `audit.place_legal_hold` — holds placed or lifted. Counts per user, first and last use.
-* **unused**: held during the period, never used in it.
+Held during the period is everyone holding it now plus everyone whose hold ended in it by a governance
+event, which is complete from the day the governance log exists; used is read from the reasoning access
+log and the legal holds; unused is held and never used.
+Details: docs/security.md, *5. Access review*.
 """
 
 from __future__ import annotations

@@ -2,12 +2,10 @@
 cost from its MODEL_TOKEN_USAGE records, and the run's stored cost (`DiagnosisRun.cost`, `cost_status`,
 `cost_unpriced_calls`) written and recomputed.
 
-The recorder prices a run in the transaction of its terminal row (`audit.write.run.RunRecorder.finish`,
-from the usage records it re-reads there for reconciliation, plus one query for the overrides). The stored
-cost is a list fact like `audit_complete`: `verify_audit` recomputes it from the chained usage records
-and reports a disagreement (an override edited after the run, a price table upgrade), and
-`verify_audit --refresh-facts` (or `audit.read.list_facts.refresh_run_costs`) rewrites it. The usage
-records are bound into the hash chain; the cost columns are derived and outside the run's digest.
+The recorder prices a run in its terminal row's transaction; the stored cost is a list fact that
+`verify_audit` recomputes from the chained usage records and `--refresh-facts` rewrites. The cost
+columns are derived, outside the run's digest.
+Details: docs/admin.md, *Cost*.
 """
 
 from __future__ import annotations

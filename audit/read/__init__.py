@@ -1,15 +1,9 @@
-"""Reading the record (the read side of `audit`): read models, one module each, plus the dashboard's
-aggregates (`dashboard`), the stored list facts' rule (`list_facts`) and the paging rule of many runs
-(`chunks`):
-
-* `trace`: one run's record aggregated at read time (`get_trace` → `Trace`);
-* `summary`: what that record proves (`summarize` → `TraceSummary`: counts, chain, row digests, anchor,
-  token reconciliation);
-* `batches`: the traces of many runs, a chunk at a time (`iter_traces`);
-* `session`: a session's newest model-step and tool records (`get_session_audits`);
-* `chat`: the stored events a chat follower replays as frames (`chat_timeline`, `finished_by`).
+"""Reading the record (the read side of `audit`): read models, one module each (`trace`, `summary`,
+`batches`, `session`, `chat`), plus the dashboard's aggregates (`dashboard`), the stored list facts' rule
+(`list_facts`) and the paging rule of many runs (`chunks`).
 
 The names below are re-exported so that `from audit.read import get_trace` keeps working.
+Details: docs/architecture.md, *The read side and reasoning governance*.
 """
 
 from audit.read.batches import EXPORT_CHUNK, iter_traces

@@ -1,15 +1,11 @@
 """The log's Ed25519 signing keys, from settings, and the public keys checkpoints are verified with.
 
-`settings.AUDIT_SIGNING_KEYS` lists private keys, newest first (comma-separated in the environment:
-base64 of each key's 32-byte seed, e.g. `python -c "import base64, os;
-print(base64.b64encode(os.urandom(32)).decode())"`). The newest signs; every listed key's public key
-verifies. `settings.AUDIT_VERIFY_KEYS` adds the public keys (base64 of the 32 raw bytes) of retired
-signing keys whose private part was removed, so that old checkpoints stay verifiable after a rotation.
-The private keys live in the environment (or the development file) only, never in the database.
-
-In development (`settings.AUDIT_DEV_SIGNING_KEY_FILE`, set only while DEBUG is on) and without configured
-keys, one key is generated once into `.local/audit-signing.key` and reused (`core.devkeys`). With DEBUG
-off and no keys, the system check `audit.E001` stops the server and signing raises `SigningKeysMissing`.
+`AUDIT_SIGNING_KEYS` lists private keys, newest first: the newest signs, every listed key's public key
+verifies, and `AUDIT_VERIFY_KEYS` adds the public keys of retired keys so old checkpoints stay
+verifiable. Private keys live in the environment (or, in development only, a generated file), never in
+the database. With DEBUG off and no keys, the check `audit.E001` stops the server and signing raises
+`SigningKeysMissing`.
+Details: docs/audit-integrity.md, *Keys*.
 """
 
 from __future__ import annotations

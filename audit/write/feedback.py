@@ -1,13 +1,10 @@
-"""Reader feedback as part of the run's record: `record_feedback` stores the reader's vote
-(`diagnosis.services.submit_feedback`: one row per reader and run, replaced by their next vote) and, in
-the same transaction, appends `FEEDBACK_RECORDED` to the run's chain through
-`audit.write.append_to_finished_run` (fail-closed: no vote without its event).
+"""Reader feedback as part of the run's record: `record_feedback` stores the reader's vote (one row per
+reader and run, replaced by their next vote) and, in the same transaction, appends `FEEDBACK_RECORDED`
+to the run's chain through `append_to_finished_run` (fail-closed: no vote without its event).
 
-The row is the reader's current vote, mutable by design (`audit.verify.coverage` excludes it); the chain keeps
-every vote ever given — who, the rating, the comment's length and sha256, never the comment — so a
-deleted or flipped down-vote (which puts a run in the review queue) is still on the record, and a
-verifier holding the comment can tell it was the one given. Only finished runs are voted on (a reader
-sees no answer before its release): `RunNotFinished` otherwise.
+The chain keeps every vote ever given (who, the rating, the comment's length and sha256, never the
+comment); only finished runs are voted on (`RunNotFinished` otherwise).
+Details: docs/architecture.md, *Reader feedback on the record*.
 """
 
 from __future__ import annotations
