@@ -1,43 +1,12 @@
 """Database and blocking-work thread pools for the async runtime.
 
-Recorder methods, selectors and the lease are synchronous Django ORM code. The runtime awaits them
-through `db()`, which runs them on a small dedicated pool (`RUNTIME_DB_THREADS`, default 8): each pool
-thread keeps one database connection, so however many runs are in flight (hundreds of coroutines in one
-process) this process holds at most that many connections for audit writes. Every write is awaited
-before the run takes its next decision. Synchronous tools run on a second bounded pool
-(`RUNTIME_TOOL_THREADS`), so a slow tool can never starve the audit writes; `background()` runs duties
-that wait on the network (the trace exporter) on a third, one-thread pool.
-
-Pool threads live outside Django's request cycle, so nothing checks their connections between jobs the
-way Django does around each request. `_job` does it instead, so that a restarted or unreachable database
-costs at most one failed job per thread, never a thread that fails forever:
-
-* a connection idle for longer than `IDLE_CLOSE_SECONDS` is closed before the next job and reopened
-  lazily (the server may have dropped it meanwhile);
-* a connection idle for longer than `PING_IDLE_SECONDS` is pinged before the next job and closed if the
-  server does not answer (e.g. MariaDB was restarted between two runs), so the job reconnects; busy
-  threads pay nothing;
-* after a job during which a database error occurred, a connection that no longer answers is closed
-  (Django's `close_if_unusable_or_obsolete`, as at the end of a request), so the next job reconnects.
-
-**Suspended writes (the async write path).** Every `db()` job runs as an `audit.write.group_commit.Bridged`
-greenlet on one pool thread. When a recorder decision under group commit (`settings.AUDIT_GROUP_COMMIT`)
-reaches its write, the job does not block its thread: it suspends, and its pool thread hands the op to
-the process's `audit.write.group_commit.BatchWriter` (one transaction and one multi-row INSERT per table for
-every op queued, whatever the number of runs, written on the `audit-writer` thread), then takes other
-jobs. Once the batch committed, the writer thread queues the job's next step back on **the same pool
-thread**, where it resumes; so `await db(recorder.method)` still returns only when the decision is
-durable, hundreds of runs share each COMMIT instead of at most one per pool thread, and the event loop
-pays one hand-off to the pool and one back per `db()` call, never one per write. A job that wants a
-recorder's lock held by a suspended job suspends too (`RecorderLock`) and is queued back on its thread
-when the lock is released, so no pool thread ever waits on a job it would have to resume. A suspended
-job does not depend on the loop: when its caller is cancelled it still runs to its end (its write is
-resolved, its recorder's lock released), as a thread would finish the call. Jobs that never suspend (any
-other ORM code, recorders without group commit) run as before. The pool is `RUNTIME_DB_THREADS` threads,
-each with its own job queue (`_Worker`); the writer thread holds one more connection.
-
-`shutdown_pools()` closes every pool thread's connection and stops the pools; they are recreated on next
-use (tests call it between cases).
+`db()` runs synchronous ORM work (recorder, selectors, the lease) on `RUNTIME_DB_THREADS` threads, each
+with one connection, so a process holds at most that many connections however many runs are live; every
+write is awaited before the run's next decision. Synchronous tools run on a separate pool, so a slow
+tool never starves audit writes; `background()` runs network-bound duties on a third. Each job checks its
+connection's health first, so a database restart costs a thread at most one failed job; under group
+commit a job suspends on its write instead of blocking its thread. `shutdown_pools()` stops them all.
+Details: docs/runtime.md, *Database work*; docs/architecture.md, *The recorder* (suspended writes).
 """
 
 from __future__ import annotations

@@ -1,35 +1,12 @@
 """The executor: owns one run from claim to terminal state, whatever happens in between.
 
-`execute_run(run_id=…, sink=…, cancel=…)`:
-
-1. **Claims** the run with a database lease (`services.claim_run`): one conditional UPDATE sets
-   `lease_owner` (this process, `host:pid:uuid`), `lease_expires_at = now + RUN_LEASE_SECONDS` and the
-   next `lease_epoch` only while the run is PENDING and its lease is free or expired; losing that race
-   raises `RunNotClaimable` and touches nothing. The recorder is fenced by the epoch claimed: once
-   another process claims the run, none of this process's audit writes can land.
-2. **Renews** the lease from a heartbeat task every `RUN_LEASE_SECONDS / 3`, which also reads the run's
-   `cancel_requested` column (a cancel sent through any process) and fires the `CancelToken`. A renewal
-   that finds another owner or epoch (a sweeper took the run), or that cannot reach the database until
-   the lease it last renewed has expired, cancels with `lease_lost`; so does a recorder write refused by
-   the fence. The run then stops without writing anything more (the new owner writes its terminal state).
-3. Records RUN_STARTED (with the release policy, `CHAT_RELEASE`), emits `RunEvent`, runs the pipeline
-   (`agent.runtime.pipeline`; an `AI_OPS` run: `agent.runtime.aiops.run_aiops`), and ends the
-   run exactly once through `recorder.finish`, then emits `OutcomeEvent` (under the `verified` policy
-   the first answer text any reader gets):
-   * pipeline completed → SUCCESS with the release decision and the released content;
-   * `RunInterrupted` (AI Ops: a call waits for approval) → RUN_INTERRUPTED, the run INTERRUPTED with
-     its lease released; a decision makes it PENDING again and the next claim *resumes* it (RUN_RESUMED
-     instead of RUN_STARTED, the recorder rebuilt from the store; `agent.runtime.approvals`);
-   * `RunCancelled` (token, column, or a cancelled task) → running tool tasks are cancelled, the recorder
-     closes the tools still RUNNING as INTERRUPTED (`close_tools`), RUN_CANCELLED, CANCELLED;
-   * `LLMError` (the provider kept failing) → FAILED with its code (`LLM_*`), `ErrorEvent` first;
-   * anything else → FAILED with `INTERNAL_ERROR` and a generic message; only the exception class and
-     the run id are logged (no stack trace or message can leak content).
-   Status, content and release decision always agree: SUCCESS has a release decision and its content;
-   FAILED and CANCELLED have neither.
-
-`prepare_run` (create the session if needed, then the PENDING run) is what `manage.py diagnose`, demo
-data and the chat service call; `run_to_completion` prepares and executes in one synchronous call.
+`execute_run(run_id=…, sink=…, cancel=…)` claims the run under a fenced lease (`RunNotClaimable`
+otherwise, nothing touched), renews it from a heartbeat that also reads cancels, runs the pipeline (or
+the AI Ops flow) and ends the run exactly once through `recorder.finish`: SUCCESS, INTERRUPTED (waiting
+for approval), CANCELLED or FAILED (`LLM_*`, or `INTERNAL_ERROR` logging only the exception's class).
+A lost lease stops the run writing nothing more. Status, content and release always agree.
+`prepare_run` creates the PENDING run; `run_to_completion` prepares and executes synchronously.
+Details: docs/runtime.md, *Pipeline* and *Run error codes*.
 """
 
 from __future__ import annotations

@@ -1,31 +1,12 @@
 """Live fan-out of a run's events, replay of what was persisted, and following a run until its outcome.
 
-A run is executed by one process (the lease owner); any number of connections, in any process, may watch
-it. The executor's sink (`ChannelLayerSink`) publishes each event (`agent.runtime.events`) to the
-watchers of its own process directly and, for those of other processes, to the channel-layer group of
-the run (`run_group`; see `agent.runtime.local_fanout`); a watcher (`RunFollower`) subscribes to that
-group, replays the persisted timeline after a sequence number, then follows the live events until the
-run's outcome. The follower yields the same event objects the executor emitted; the chat transport
-encodes them (`surfaces.chat.protocol`). A `run`, `tool` or `outcome` event carries the `sequence_no`
-of its timeline event (`sequence_of`), so transports can emit SSE `id:` lines and clients resume
-exactly.
-
-Replay maps persisted `TraceEvent`s (read through `audit.read.chat_timeline`): `RUN_STARTED` →
-`RunEvent`; a stage's decision → its FINISHED `ProgressEvent` (`events.progress_of`, the mapping the live
-path uses too); `TOOL_INVOCATION` → `ToolEvent` with the event's status (REFUSED starts are not tool
-calls and are skipped); `RUN_FINISHED` → `OutcomeEvent` (status, release decision and content from the
-run row), preceded by `ErrorEvent` for a FAILED run. Drafts and STARTED stages are not persisted; the
-outcome carries the full content.
-
-No gap, no duplicate: the follower subscribes *before* it reads the database, buffers what arrives
-meanwhile, replays, then drains the buffer skipping what it already sent (by sequence number and by the
-event's identity, `events.identity`: one `run`, one `outcome`, one `error`, and one event per tool call
-and status). The executor publishes an event only after its row committed, so whatever was published
-before the subscription is in the database. Live delivery is best effort (a full channel drops messages;
-the channel layer may be briefly unreachable), so the follower also reads the database whenever a live
-event skips sequence numbers that could hold frames, and when the stream has been idle for
-`CATCHUP_SECONDS`; a finished run is therefore always closed with its outcome, even when its live events
-were lost or it was finished by the sweeper in another process.
+The executor's sink (`ChannelLayerSink`) publishes each event, after its row committed, to the watchers
+of its own process directly and to the run's channel-layer group (`run_group`) for the others. A
+`RunFollower`, in any process, subscribes first, replays the persisted timeline after a sequence number,
+then follows live events until the outcome: no gap, no duplicate, and a finished run always reaches its
+outcome, because the follower reads the database again whenever live delivery skips or stalls. It
+yields the executor's event objects (`agent.runtime.events`); the chat transport encodes them.
+Details: docs/chat.md, *Runs outlive their connections*; docs/runtime.md, *Live events*.
 """
 
 from __future__ import annotations

@@ -1,29 +1,12 @@
 """The model client: one streamed chat completion against an OpenAI-compatible API, with bounded retries.
 
-`ModelClient` is the interface the router, the agent loop and the semantic guard call; two providers
-implement it: `OpenAIModelClient` (the official `openai` SDK's `AsyncOpenAI`, for OpenAI, DeepSeek and any
-compatible endpoint) and `agent.runtime.demo.DemoModelClient` (offline, deterministic).
-`agent.runtime.providers.get_model_client()` picks one from `LLM_PROVIDER`.
-
-One `complete()` call streams a chat completion (`stream_options={"include_usage": True}`) and assembles:
-
-* the visible text, each piece forwarded to the async `on_text` callback as it arrives;
-* the reasoning, concatenated from the deltas with `reasoning.capture.extract_reasoning` (DeepSeek's
-  `reasoning_content`, or `reasoning`, `thinking`, … — seed 000's priority order);
-* tool calls whose id, name and arguments arrive in fragments, several in parallel (keyed by `index`);
-* the finish reason and the usage (prompt/completion/total, `completion_tokens_details.reasoning_tokens`,
-  cached input from `prompt_tokens_details.cached_tokens` or DeepSeek's `prompt_cache_hit_tokens`). A
-  stream without usage yields `Usage.unavailable()`, never zeros.
-
-Retries are ours, not the SDK's (`max_retries=0`), so that every attempt is visible in the step's
-`provider_attempts`: up to `LLM_MAX_RETRIES` more attempts on HTTP 429, 5xx, 408, connection errors and
-timeouts, *only while the attempt has received no stream data*, waiting `retry-after-ms` / `retry-after`
-when the provider sends it (0..60 s), else exponential backoff with full jitter (0.5 s, 1 s, 2 s … capped
-at 8 s). `x-should-retry: true|false` from the provider overrides the status rule. A stream that breaks
-after data arrived, a malformed chunk, or an error event inside the stream is never retried (the visible
-text may already have reached the user). When the provider keeps failing, `LLMError.code` is the run's
-error code: `LLM_RATE_LIMITED`, `LLM_UNAVAILABLE`, `LLM_TIMEOUT`, `LLM_BAD_RESPONSE`, `LLM_REJECTED`.
-Error messages name the status and attempt count only, never the provider's error body.
+`ModelClient` is the interface the router, the agent loop and the semantic guard call; `OpenAIModelClient`
+(the `openai` SDK) and `agent.runtime.demo.DemoModelClient` implement it, picked by
+`agent.runtime.providers.get_model_client()`. `complete()` streams one completion and assembles visible
+text (to `on_text`), reasoning, fragmented parallel tool calls, the finish reason and the usage
+(`Usage.unavailable()` when none was reported, never zeros). Retries are ours, each attempt recorded,
+and only before any stream data arrived; a provider that keeps failing raises `LLMError` with the run's
+error code. Details: docs/runtime.md, *Model client and retry policy* and *Run error codes*.
 """
 
 from __future__ import annotations

@@ -1,33 +1,12 @@
 """Per-process ownership of live runs: start, cancel, and the process's background duties.
 
-Transports (the WebSocket consumer, the SSE views) never execute a run themselves. The chat service
-(`surfaces.chat.service`) creates the run, subscribes a follower (`agent.runtime.live`) and calls
-`launch` (execute it in an `asyncio` task owned by this process). The task
-is kept in a per-process registry with a strong reference until it ends; it is not tied to any
-connection, so closing the socket or the HTTP stream never stops the run.
-
-Cancel (`request_cancel`) sets the run's `cancel_requested` column (the executor's heartbeat reads it at
-its next beat, whatever process owns the run), fires the run's in-process `CancelToken` when this
-process owns it, and otherwise sends a control message to the run's control group, which the owning
-process joined when it launched the run, so the owner stops at once.
-
-Background duties, started once per process (per event loop) by `ensure_background()`: at process start
-when the server runs through `python -m config.serve` (the shipped systemd units, deploy/; it schedules
-`ensure_background` on the reactor's loop before the first connection and `stop_background` before the
-reactor shuts down on SIGTERM), at ASGI lifespan start-up for servers that send it (uvicorn), and
-otherwise with the first connection (`BackgroundDuties` in `config.asgi`) or the first run launched; the
-readiness probe `/healthz` never starts them, so it reports what the process really runs
-(`duty_status`). The duties: the
-control listener (one channel per process), the periodic sweeper (`agent.runtime.sweeper`,
-every `RUN_SWEEP_INTERVAL_SECONDS`; 0 disables it) and the transparency log's checkpointer
-(`audit.transparency.log.checkpoint`, every `AUDIT_CHECKPOINT_INTERVAL_SECONDS`; 0 disables it): it
-appends runs that finished since and signs a checkpoint, on the database pool, never on a run's path;
-the log's lock makes the processes that all do this take turns; the retention purge
-(`audit.write.retention.purge_expired_runs`, every `AUDIT_PURGE_INTERVAL_SECONDS`; 0 disables it); and the
-queue worker (`agent.runtime.worker`, up to `AIOPS_WORKER_CONCURRENCY` queued AI Ops runs at once;
-0 disables it); and the trace exporter (`telemetry.outbox.run_export_pass`, every
-`OTEL_EXPORT_INTERVAL_SECONDS`, only when an OTLP endpoint is configured): it enqueues runs that finished
-and exports them from their durable record, on a one-thread pool of its own, never on a run's path.
+`launch` executes a run in an `asyncio` task kept in a per-process registry until it ends, tied to no
+connection, so closing a socket never stops a run. `request_cancel` sets the run's `cancel_requested`
+column, fires the token when this process owns the run, and otherwise messages the owner's control
+group. `ensure_background()` starts the process's duties once per event loop (control listener,
+sweeper, checkpointer, retention purge, queue worker, trace exporter), never from `/healthz`, which
+reports them (`duty_status`); `stop_background` stops them.
+Details: docs/deployment.md, *Background duties*; docs/architecture.md, *Live runs*.
 """
 
 from __future__ import annotations

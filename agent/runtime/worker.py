@@ -1,31 +1,12 @@
 """The queue worker: execute queued runs (AI Ops analyses) with no client connected.
 
-Queued runs are PENDING runs of a queued flow that nobody has claimed (`services.queued_runs`). A worker
-claims the oldest one (`services.claim_next_queued`: `SELECT … FOR UPDATE SKIP LOCKED` on MariaDB, the
-claim's conditional update on SQLite; the same lease and fencing epoch as any run) and hands it to the
-process's supervisor to execute (`launch`, which is `supervisor.launch`: the run is then in the process's
-registry, can be cancelled from any process, and its live events reach anyone who follows it; the
-supervisor passes it in, so this module does not import the supervisor that runs it). A worker never
-holds more than `concurrency` runs of its own at once, besides the successors of runs that are finishing.
-
-**The hand-over overlaps the end of a run.** A run tells the worker when it has no model call or tool
-left, only its last records (`execute_run(on_finishing=…)`: after the release, before the
-self-evaluation and the terminal row). The worker then claims its next run at once and launches it
-behind a gate (`execute_run(gate=…)`) that opens when the finishing run's task has ended: the new run
-records its start (RUN_STARTED, the routing decision) while the other writes its end, and makes its
-first model call only once the gate is open. So neither the claim's transaction nor the new run's first
-records sit between one analysis and the next, and still at most `concurrency` runs of a worker call
-models or tools at once (a finishing run has one successor at most). A claim is never left unserved:
-the claimed run is launched at once, gated or not.
-
-Where workers run:
-* every server process, as a background duty (`supervisor.ensure_background`) when
-  `AIOPS_WORKER_CONCURRENCY` > 0, polling every `AIOPS_POLL_INTERVAL_SECONDS`;
-* `manage.py run_worker`, the same loop in its own process (for deployments that keep analyses off the
-  web servers: set `AIOPS_WORKER_CONCURRENCY=0` on those), or `--until-idle` to drain the queue and exit.
-
-A run that waits longer than `AIOPS_QUEUE_TIMEOUT_SECONDS` for any worker is failed by the sweeper
-(`QUEUE_EXPIRED`), so an unserved queue shows up as failed runs rather than silence.
+A worker claims the oldest queued run (`services.claim_next_queued`, under the same lease and fencing
+epoch as any run) and hands it to the process's supervisor (`launch`, passed in, so this module does not
+import the supervisor). It never has more than `concurrency` runs calling models or tools at once, and
+claims a finishing run's successor early, launched behind a gate (`execute_run(on_finishing=…,
+gate=…)`); a claimed run is always launched. It runs in every server process as a background duty, or
+alone in `manage.py run_worker`; a run no worker took is failed by the sweeper (`QUEUE_EXPIRED`).
+Details: docs/aiops.md, *The queue and its workers*.
 """
 
 from __future__ import annotations

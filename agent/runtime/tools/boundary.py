@@ -1,45 +1,12 @@
 """The tool boundary: every tool call of the agent passes here, through the audited lifecycle (seed 002).
 
-For each declared call of a model step (parallel calls run concurrently with `asyncio.gather`):
-
-1. the arguments are parsed and validated against the tool's schema;
-2. `recorder.tool_started` commits the `RUNNING` row and its TOOL_INVOCATION event *before* the tool runs;
-   the step's calls that start are written in one transaction, in the order of the calls, before any of
-   them runs (`recorder.record_together`)
-   (refused with `ToolCallNotDeclared` when no recorded step declared the id; a conflicting repeat raises
-   `ToolLifecycleConflict`; a repeat with the same facts raises `ToolCallRepeated` and the tool is not
-   run a second time: the model gets a TOOL_REPEATED refusal); the live `tool` event RUNNING follows
-   the commit;
-3. the tool runs: synchronous tools on the runtime's bounded tool pool, `async` tools as tasks, each
-   under its timeout (`ToolSpec.timeout`, default `TOOL_TIMEOUT`) and raced against the run's cancel token;
-4. on success the full result is written to the canonical store (read back and compared) *before* the
-   model sees it, then `recorder.tool_finished(SUCCEEDED)` records the bounded output (preview, length,
-   sha256) and retrieval facts; a canonical failure leaves the tool SUCCEEDED (it ran) with the note
-   "canonical store unavailable" and marks the run's canonical store degraded (the evidence guard then
-   fails closed);
-5. failures are one terminal update `FAILED` with a code and a bounded message: TOOL_BAD_ARGUMENTS,
-   TOOL_REFUSED (unknown tool), TOOL_TIMEOUT, TOOL_ERROR (the tool raised);
-6. a terminal the recorder refuses as conflicting (the call already ended with other facts; the
-   recorder records the refusal as a CONFLICT event) never stops the run: it is logged without content,
-   and live clients still get the tool's terminal frame.
-
-A tool that `requires_approval` is never executed here when the model calls it: with valid arguments the
-call is recorded AWAITING_APPROVAL with APPROVAL_REQUESTED (`recorder.tool_awaiting_approval`) and its
-outcome says so; the agent loop then interrupts the run (`agent.runtime.approvals`). Once decided,
-the resumed run hands the call to `run_decided`: approved, it starts under the same `tool_call_id`
-(`recorder.approved_tool_started`: the declaring step must be in this run, fail-closed) and executes
-once; rejected or expired, its recorded refusal is the result. Where no approval may be asked
-(`ctx.approvals_allowed` off) such a call is refused (TOOL_REFUSED).
-
-Seed 002's terminal rule for a bare tool error: in a step that may end in an interruption (one of its
-calls asks for approval), a tool that raises is recorded as an observation (ERROR_OBSERVED), not a
-terminal. Interrupted, the call is kept pending and the resumed run runs it again (`rerun_pending`);
-FAILED, CANCELLED or a lease expiry close it with the observed error; a step that was not interrupted
-after all gives it the observed error as its FAILED terminal.
-
-The model receives a bounded tool message: the tool's `model_content` (evidence ids, titles, text), or
-`{"error": {"code", "message"}}`. A cancel while tools run raises `RunCancelled` once every call has
-stopped waiting; the executor then closes the still-RUNNING tools as INTERRUPTED.
+`ToolBoundary.run` takes a step's declared calls (concurrently): each is validated, recorded RUNNING
+before it runs (an undeclared call or a repeat never runs), run under its timeout and the cancel token,
+and ends in one recorded terminal: SUCCEEDED only once its full result is in the canonical store, else
+FAILED with a code and a bounded message. A tool that `requires_approval` never runs when the model
+calls it: it is recorded AWAITING_APPROVAL and runs once, after a decision (`run_decided`). The model
+gets only the tool's bounded `model_content` or `{"error": …}`; a refused terminal never stops the run.
+Details: docs/runtime.md, *Tool boundary*; docs/aiops.md, *Approvals* (`rerun_pending`).
 """
 
 from __future__ import annotations
