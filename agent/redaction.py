@@ -1,27 +1,12 @@
 """Secret redaction (and optional PII masking) of text that enters a run from outside: the question and the
 previous turns, tool arguments and tool outputs, alert payloads (issue 33 items 1 and 2).
 
-One `Redactor` per run. `redact(text)` replaces every secret found with a typed placeholder
-`[REDACTED:<kind>#<n>]`, numbered per kind in the order the run met them; the same original gets the same
-placeholder for the whole run (so the model can still speak of "the same key"), also across the run's
-question and its tools: the redactor remembers each original only by its keyed HMAC, which is what the
-run keeps (`facts()`), never the original. `redact_value` does the same for every string of a JSON value.
-
-What is found:
-
-* `detect-secrets`' own plugins (AWS, GitHub, GitLab, Slack, Stripe, OpenAI, npm, PyPI, Twilio, JWT, basic
-  auth, keyword assignments, …, and its quoted high-entropy strings at its default limits: base64 4.5,
-  hex 3.0); every span a plugin reports is replaced wherever it occurs on its line;
-* the project's rules: PEM private-key blocks over several lines (also inside JSON with `\\n` escapes,
-  and a block cut off before its END line), the password of a URL's userinfo (`scheme://user:pass@`),
-  JSON Web Tokens, a GCP service-account JSON's `private_key_id`, `Authorization: Bearer …` tokens;
-* `REDACTION_EXTRA_PATTERNS`: `kind=regex` entries (group 1 when the regex has a group, else the match);
-* with `PII_MASKING` on, the kinds of `PII_MASKING_KINDS` (`email`, `phone`, `ipv4`, `ipv6`).
-
-Kinds in `REDACTION_ALLOW_KINDS` are never replaced; `REDACTION_MODE=off` replaces nothing. A redaction is
-recorded as facts only: kind, placeholder and `HMAC-SHA256(REDACTION_HMAC_KEY, original)` in hex with the
-key's id (`key_id`), so that an auditor holding the key can confirm which value was pasted
-(`verify_hmac`). Pure: no database, no logging of what it finds.
+One `Redactor` per run: `redact(text)` (and `redact_value` for every string of a JSON value) replaces
+each secret found (`detect-secrets`' plugins, the project's rules, `REDACTION_EXTRA_PATTERNS`, PII kinds
+when `PII_MASKING` is on) with a typed placeholder `[REDACTED:<kind>#<n>]`, the same for the same
+original across the run. It keeps only facts (`take()`: kinds, placeholders, a keyed HMAC of each
+original), which an auditor holding the key can check (`verify_hmac`). Pure: no database, no logging.
+Details: docs/security.md, *6. Secret redaction and PII masking*.
 """
 
 from __future__ import annotations

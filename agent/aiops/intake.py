@@ -1,25 +1,11 @@
 """Starting AI Ops analyses: from Alertmanager's webhook, from staff, from a shell. Writes only.
 
-Every entry point ends in `start_analysis`, which creates (in one transaction) the session if needed, a
-PENDING run with `agent_flow = AI_OPS` and its `AiOpsAlert` row. Nothing executes here: the run waits in
-the queue until a worker claims it (`diagnosis.services.claim_next_queued`, driven by
-`agent.runtime.worker` in every server process and in `manage.py run_worker`), so an analysis runs
-with no client connected.
-
-Alertmanager (webhook payload version 4, `https://prometheus.io/docs/alerting/latest/configuration/
-#webhook_config`): one notification is one alert group. `accept_notification` starts one run per
-distinct *firing* of the group: the dedupe key is the sha256 of `groupKey` and the firing alerts'
-fingerprints with their `startsAt`, so Alertmanager re-sending the same firing (every `repeat_interval`,
-or after a failed delivery) starts nothing and only counts the notification on the existing row, while a
-new alert in the group, or the same alert firing again after it resolved, starts a new analysis. A
-notification with no firing alert (the group resolved) starts nothing and stamps `resolved_at` on the
-group's rows. Each alert group has its own session (`ses_am_<sha256(groupKey)>`), owned by the service
-user `AIOPS_SERVICE_USER`, so the analyses of one group read as one conversation.
-
-The run's query is a bounded, plain-text description of the alerts (`describe_alerts`): labels,
-annotations and times only, as Alertmanager sent them. Labels and annotations stored on `AiOpsAlert` are
-bounded copies for the admin's lists. Both are redacted (`agent.redaction`) before they are stored: a
-secret in an annotation reaches neither the model nor the database.
+Every entry point ends in `start_analysis`, which creates in one transaction the session if needed, a
+PENDING `AI_OPS` run and its `AiOpsAlert` row; nothing executes here (a queue worker claims the run).
+`accept_notification` starts one run per distinct firing of an Alertmanager group (a re-sent firing
+starts nothing; a resolved group stamps `resolved_at`), in the group's own session. The run's query is
+`describe_alerts`' bounded plain text; it and the stored labels are redacted before they are stored.
+Details: docs/aiops.md, *Starting analyses* and *The webhook*.
 """
 
 from __future__ import annotations

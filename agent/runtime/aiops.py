@@ -1,28 +1,12 @@
 """The AI Ops analysis of one run (`agent_flow == "AI_OPS"`): planner → executor → the chat pipeline's
 guards and release → self-evaluation. `execute_run` calls `run_aiops` instead of `run_pipeline`.
 
-* **No router.** An analysis is a diagnosis by construction: ROUTING_DECISION is recorded with intent
-  DIAGNOSIS and status NOT_APPLICABLE (`notApplicable: true`), so the run's `intent` and every reader of
-  the routing stage stay as they are for chat runs.
-* **Planner** (agent_name `planner`, its own step counter, no tools): one model call with
-  `prompts.PLANNER_SYSTEM` and the alert text (the run's query). Its plan (`agent.runtime.plan`:
-  ≤ 8 bounded steps `{check, why, tool?}`) is recorded as PLAN_DECISION `ACCEPTED`. An answer holding no
-  usable plan is recorded as PLAN_DECISION `UNUSABLE` (with the problems), followed by PLAN_DECISION
-  `FALLBACK`: the default plan (`plan.default_plan`) the executor then follows.
-* **Executor** (agent_name `executor`, its own step counter): the agent loop (`agent.Agent`) with the
-  run's registry (`ctx.registry`: the AI Ops tools), `ctx.prompts.executor` and the alert plus the
-  plan. A step whose text holds a ```plan block revises the plan: PLAN_DECISION `REVISED` with
-  `revision` n (1, 2, …), recorded right after that step (an unreadable block: `UNUSABLE`, the plan
-  stays). The last step's text is the report (Markdown: Summary, Evidence, Likely cause, Next steps,
-  every claim cited), without its ```plan blocks.
-* **Approvals**: a call of a tool that requires approval (`create_silence`) interrupts the executor
-  (`agent.runtime.approvals`): its state is saved, the attempt ends INTERRUPTED; once the call is
-  decided, a worker resumes the run here (`resuming=True`): the decided calls go through the boundary and
-  the executor continues with the steps it has left.
-* **Guards and release**: `pipeline.verify_and_release`, the chat pipeline's own (evidence guard, one
-  repair round by the executor, semantic guard, RELEASE_DECISION).
-* **Self-evaluation** (`agent.runtime.selfeval`): computed from the run's record once the release is
-  recorded, returned in `PipelineResult.self_evaluation` for the terminal update.
+No router (ROUTING_DECISION is recorded NOT_APPLICABLE with intent DIAGNOSIS). The planner (no tools)
+writes a bounded plan, recorded as PLAN_DECISION (ACCEPTED, or UNUSABLE then the default plan); the
+executor runs the agent loop with the AI Ops tools, may revise the plan, and writes the cited report.
+A call that needs approval interrupts the run; a worker resumes it here (`resuming=True`). The guards and
+release are the chat pipeline's own (`pipeline.verify_and_release`), then `agent.runtime.selfeval`.
+Details: docs/aiops.md, *How an analysis runs*.
 """
 
 from __future__ import annotations

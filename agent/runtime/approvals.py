@@ -1,26 +1,12 @@
 """Human approval of risky tool calls (seed 002): request, decide, expire, cancel while waiting, resume.
 
-A tool that `requires_approval` (`create_silence`) is never executed when the model calls it. The tool
-boundary records the call AWAITING_APPROVAL with APPROVAL_REQUESTED (`approval_request` says who may
-decide and when the request expires), the agent loop raises `RunInterrupted`, the AI Ops executor saves
-its state (`save_checkpoint`: the run's canonical store, its sha256 in RUN_INTERRUPTED) and the executor
-ends the attempt: RUN_INTERRUPTED, the run INTERRUPTED, its lease released. Nothing is executed.
-
-`decide` is the one way a decision is made (API, admin, chat page; `expire_due` for the sweeper): it
-takes the run's lease (a conditional update on the INTERRUPTED run with the epoch read: a new fencing
-epoch, so two decisions can never both land), checks the call still waits with the recorded arguments
-and, under that claim, that its deadline (`expiry_of`, the recorded `expiresAt`) has not come (else the
-expiry is recorded instead and the decision refused: `ApprovalExpired`), writes APPROVAL_DECIDED through
-a recorder fenced by that epoch and, in the same transaction, makes the run PENDING with a free lease. A
-queue worker of any process then claims it (a new lease and epoch) and `execute_run` resumes it:
-RUN_RESUMED, the saved state read back and checked against its digest, the decided calls handed to the
-boundary (`run_decided`: approved → executed once under the same `tool_call_id`; rejected or expired → a
-recorded refusal), and the executor continues.
-
-`cancel_waiting` ends an INTERRUPTED run that is cancelled while it waits: its pending calls closed
-INTERRUPTED (`APPROVAL_CANCELLED`), RUN_CANCELLED, RUN_FINISHED CANCELLED, under its own claim.
-
-This module is the write side; what waits for whom is read by `agent.runtime.approval_queue`.
+A tool that `requires_approval` is never executed when the model calls it: the call is recorded waiting
+(`approval_request`), the run's state saved (`save_checkpoint`) and the run INTERRUPTED. `decide` is the
+one way a decision is made (API, admin, chat page; `expire_due` for the sweeper): under a new fencing
+epoch, so two decisions never both land, and never at or after the recorded deadline (`expiry_of`,
+`ApprovalExpired`); it makes the run PENDING for a worker to resume. `cancel_waiting` ends a waiting
+run. This module is the write side; `agent.runtime.approval_queue` reads what waits for whom.
+Details: docs/aiops.md, *Approvals*.
 """
 
 from __future__ import annotations

@@ -1,29 +1,12 @@
 """What a run tells its live listeners: the chat frames of the API contract, and the sink they go to.
 
-The pipeline reports to an `EventSink` (`async def emit(event)`); the transport decides where frames go
-(a WebSocket group, an SSE response, the terminal for `manage.py diagnose`). The events are exactly the
-contract's chat frames and carry nothing else: no reasoning, no tool input or output, no trace data.
-
-Order for one run: `RunEvent` first; then `ProgressEvent`s as the run's stages start and decide, a
-`ToolEvent` per tool status change (RUNNING, then SUCCEEDED / FAILED / INTERRUPTED), and, only under the
-`draft` release policy, `DraftEvent`s with unverified answer text as the model writes it; a failed run
-sends an `ErrorEvent`; every finished run ends with one `OutcomeEvent`, whose `content` is the released
-content. Under the default `verified` policy no answer text is emitted before RELEASE_DECISION: the
-outcome is the first text a reader gets.
-
-A progress event is either a stage that STARTED (live only, no sequence number: the model step, the
-semantic check) or a stage that FINISHED, which is exactly one committed timeline event
-(`progress_of`: ROUTING_DECISION, AGENT_MODEL_STEP, EVIDENCE_GUARD_*, SEMANTIC_GUARD_DECISION,
-RELEASE_DECISION, and APPROVAL_REQUESTED / APPROVAL_DECIDED as stage APPROVAL with verdict WAITING, then
-APPROVED / REJECTED / EXPIRED, REDACTION_APPLIED as stage REDACTION with verdict APPLIED and the kinds and
-counts replaced) with a few bounded fields (intent, step index, agent name, verdict, redacted), so
-that replay rebuilds from the timeline exactly what the live stream sent. Never answer text, reasons
-or reasoning.
-
-`RunEvent`, `ToolEvent`, FINISHED `ProgressEvent`s and `OutcomeEvent` are emitted only after the timeline
-event they correspond to (RUN_STARTED, TOOL_INVOCATION, the stage's decision, RUN_FINISHED) committed, and
-carry its `sequence_no` (None when that audit write failed, or for tools closed in bulk on cancel) beside
-the frame: transports use it for SSE `id:` lines and for resuming without gaps or duplicates.
+The pipeline reports to an `EventSink` (`async def emit(event)`); the transport decides where frames go.
+The events are exactly the contract's chat frames and carry nothing else (no reasoning, tool input or
+output, trace data): `RunEvent` first, `ProgressEvent`s, `ToolEvent`s, `DraftEvent`s only under the
+`draft` policy, `ErrorEvent` for a failed run, and one `OutcomeEvent` last. A finished stage is exactly
+one committed timeline event (`progress_of`), and events tied to a timeline event are emitted after it
+committed with its `sequence_no`, so replay rebuilds exactly what the live stream sent.
+Details: docs/runtime.md, *Live events (for the chat transport)*; docs/chat.md.
 """
 
 from __future__ import annotations

@@ -1,28 +1,12 @@
 """The process-local path of a run's live events: the executor's events reach the followers of the same
 process directly, and the channel layer carries them only to followers in other processes.
 
-A chat's run executes in the process whose connection started it (`supervisor.launch`), so its own
-follower is almost always local. Through the Redis channel layer every frame cost that process four
-Redis round trips to publish (`group_send`: expire, read the group, expire the channels, a script) and a
-blocking pop and a decode to receive, per follower: at 50 draft pieces a second per chat this was most
-of the process's CPU and the frames queued for seconds (docs/performance.md, B3). Here:
-
-- Every `RunFollower` registers itself (`register`) before it subscribes to the run's group, so an event
-  published after that reaches it through `deliver`, in emit order, without the layer. Delivery into a
-  follower of another event loop of the process goes through that loop (`call_soon_threadsafe`). A
-  follower holding `LOCAL_QUEUE_MAX` undelivered events misses the next ones, as a full channel does;
-  it catches up from the database like after any lost live frame.
-- Every message the process sends through the layer carries `ORIGIN`, this process's token; a follower
-  drops a layer message of its own origin, which it has had locally already. So nothing arrives twice,
-  drafts included (they carry no sequence number to de-duplicate by).
-- `needs_layer` says whether an event must still go through the layer. Not with the in-memory layer (it
-  reaches no other process). With another layer, every event but a draft goes (a handful per run, and
-  what a follower elsewhere needs whatever its timing); a draft goes only when the run's group has a
-  member that is not one of this process's followers, as read from the layer at most once per
-  `REMOTE_CHECK_SECONDS` per run. A follower in another process that subscribes meanwhile therefore
-  gets drafts from up to that long after it subscribed — the same as subscribing that much later.
-  Drafts are best-effort by contract (not persisted; the outcome carries the whole answer), and when
-  the group cannot be read the draft goes through the layer as before.
+Each `RunFollower` registers (`register`) before it subscribes, and gets later events through `deliver`
+in emit order; a layer message of this process's own `ORIGIN` is dropped, so nothing arrives twice.
+`needs_layer` sends every event but a draft through a cross-process layer, and a draft only while the
+run's group has a member elsewhere. Delivery is best effort as through the layer: a full local queue
+drops events, and the follower catches up from the database.
+Details: docs/chat.md, *Runs outlive their connections* (the process-local path).
 """
 
 from __future__ import annotations

@@ -1,28 +1,12 @@
 """The pipeline of one run: router → agent loop → evidence guard (→ one repair round) → semantic guard →
 release. Each stage records its own decision through the run's recorder when it makes it.
 
-* CHITCHAT and OUT_OF_SCOPE are answered with fixed text (`FIXED_REPLIES`), never with model text: the
-  intent is the router model's word alone, and a prompt can talk the router into it, so nothing a model
-  wrote may be published on it without the guards. No agent call is made; the evidence guard is recorded
-  as not required, no semantic guard runs, and the fixed reply is PUBLISHED.
-* DIAGNOSIS and KNOWLEDGE run the agent loop with tools (`AGENT_MAX_STEPS` model calls at most). The
-  evidence guard checks the draft's citations against the canonical store (EVIDENCE_GUARD_INITIAL). On
-  NO_CITATION or UNKNOWN_CITATION the draft and a repair request are appended and the agent gets one
-  repair round of at most `REPAIR_MAX_STEPS` calls (EVIDENCE_GUARD_RETRY follows); CANONICAL_UNAVAILABLE
-  cannot be repaired and blocks at once. A passing draft goes to the semantic guard model
-  (SEMANTIC_GUARD_DECISION); PUBLISHED only if it says `supported: true`, otherwise BLOCKED (an unusable
-  guard answer or a failing guard model counts as not supported).
-* Release (RELEASE_DECISION): the published content is the final draft; a BLOCKED run's content is
-  `BLOCKED_MESSAGE`. Under the default `verified` release policy no draft was sent to anyone: the outcome
-  is the first answer text a reader gets; under `draft` the drafts were streamed as unverified.
-
-Each stage records through `RunContext.record`, which also sends the stage's FINISHED progress; the slow
-stages (routing, each model step, the semantic check) announce themselves when their model call starts
-(`RunContext.before_model_request`).
-
-Previous turns given to the models are the last `PREVIOUS_TURNS` PUBLISHED runs of the session (query and
-released content only: never reasoning, drafts or tool output), redacted again by the run's redactor
-(`agent.redaction`; turns stored before redaction existed, or while it was off, may hold secrets).
+CHITCHAT and OUT_OF_SCOPE get fixed text (`FIXED_REPLIES`), never model text, since the router's word
+alone decides them; DIAGNOSIS and KNOWLEDGE run the agent with tools, and their draft is PUBLISHED only
+when the evidence guard (one repair round; CANONICAL_UNAVAILABLE blocks at once) and the semantic guard
+pass, else the run releases `BLOCKED_MESSAGE`. Under the default `verified` policy the outcome is the
+first answer text a reader gets. Previous turns are released content only, redacted again.
+Entry points: `run_pipeline`, `verify_and_release` (shared with AI Ops). Details: docs/runtime.md.
 """
 
 from __future__ import annotations

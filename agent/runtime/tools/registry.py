@@ -1,28 +1,11 @@
 """The tool registry: what tools exist, their JSON schema, their timeout, and how the model sees them.
 
-A tool is one module in `agent/runtime/tools/` with one decorated function::
-
-    @register_tool(
-        name="lookup_knowledge",
-        description="Search the operations runbooks ...",
-        parameters={"type": "object", "properties": {...}, "required": [...]},
-        timeout=None,  # seconds; None = settings.TOOL_TIMEOUT
-        flows=(FLOW_CHAT, FLOW_AI_OPS),  # the agent flows that may use it; default (FLOW_CHAT,)
-        requires_approval=False,  # True: a person approves each call before it executes
-    )
-    def lookup_knowledge(query: str, top_k: int = 5) -> ToolResult: ...
-
-The function receives the validated arguments as keyword arguments and returns a `ToolResult` (or any
-JSON-serialisable value, wrapped as `ToolResult(data=value)`). It may be synchronous (run on the runtime's
-bounded tool thread pool) or `async def`. `default_registry(flow=...)` imports every module of the package
-and returns the tools of that agent flow (a run's `agent_flow`: `FLOW_CHAT` = "DIAGNOSIS_AGENT", the
-default, or `FLOW_AI_OPS` = "AI_OPS"), so a new module is all it takes; a tool that names no flows is
-a chat tool only. Tests and special flows can build their own `ToolRegistry`.
-
-Arguments are validated against the schema's subset the runtime relies on: `type` (object, string,
-integer, number, boolean, array), `properties`, `required`, `additionalProperties: false`, `enum`,
-`minLength`/`maxLength`, `minimum`/`maximum`, `items`/`maxItems` (arrays), and `default` (applied when
-absent).
+A tool is one module in `agent/runtime/tools/` with one function decorated by `register_tool` (name,
+description, JSON `parameters`, `timeout`, `flows`, `requires_approval`); it receives the validated
+arguments and returns a `ToolResult`. `default_registry(flow=...)` imports every module of the package
+and returns that flow's tools, so a new module is all it takes; tests can build their own
+`ToolRegistry`. Arguments are validated against the schema subset the runtime relies on.
+Details: docs/runtime.md, *Adding a tool*; docs/contributing.md, *A new tool*.
 """
 
 from __future__ import annotations
