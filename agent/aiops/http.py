@@ -1,21 +1,12 @@
 """The HTTP path to the monitoring servers and the errors it raises.
 
 `MonitoringHTTP(base_url, name=..., timeout=..., max_bytes=...)` does one GET or POST at a time with
-httpx: connect/read/write/pool timeouts of `timeout` seconds, the body read in chunks and refused once it
-exceeds `max_bytes` (never buffered whole first), JSON decoded. Credentials in the URL's userinfo
-(`https://user:secret@prometheus.example`) are taken out of the URL and sent as HTTP basic auth, so they
-are in no request URL that httpx logs; errors name the server (`name`, e.g. "Prometheus") and the
-failure, never the URL.
-
-Errors (`AiOpsError` subclasses; the tool boundary records `<ClassName>: <message>` as the tool's failure):
-
-- `NotConfigured`: the server's URL setting is empty;
-- `Unreachable`: no connection (refused, DNS, reset, protocol error);
-- `RequestTimeout`: no answer within the timeout;
-- `HTTPError`: a non-2xx status (`status`; `detail` bounded);
-- `BadQuery`: the server refused the query itself (`error_type`, `error` as the server gave them);
-- `ResponseTooLarge`: the body exceeded `max_bytes`;
-- `BadResponse`: the body is not the JSON the API documents.
+httpx, under `timeout`, reading the body in chunks and refusing it past `max_bytes` (never buffered whole
+first), and decodes the JSON. Credentials in the URL's userinfo are sent as basic auth, never in a
+request URL; errors name the server and the failure, never the URL. Every failure is an `AiOpsError`
+(`NotConfigured`, `Unreachable`, `RequestTimeout`, `HTTPError`, `BadQuery`, `ResponseTooLarge`,
+`BadResponse`), which the tool boundary records as `<ClassName>: <message>`.
+Details: docs/aiops.md, *Failures*.
 """
 
 from __future__ import annotations

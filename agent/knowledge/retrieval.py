@@ -1,25 +1,12 @@
 """Knowledge retrieval for the `lookup_knowledge` tool: L0 (document metadata) and L1 (BM25 over chunks).
 
-One public function, `search_knowledge(query, top_k=5) -> RetrievalResult`, synchronous and thread-safe.
-
-- **L0** matches the query against each document's title, tags and summary. A tag hit (the whole tag
-  occurs in the query, as a phrase for latin tags or as a substring for CJK tags) weighs most; title and
-  summary token overlaps add their normalised IDF over all documents' metadata, so words every runbook
-  shares ("diagnoses", "排查") count for almost nothing. A document matches with a tag hit or a score of
-  at least `L0_MATCH_SCORE`; it contributes its best chunk (highest BM25 for the query, else its first).
-- **L1** ranks every chunk (heading + text) with BM25 (`bm25s`, Lucene variant, numpy backend).
-- **Tokenisation** (shared by both): NFKC, lowercase; CJK runs segmented with jieba's search mode (fine
-  and coarse words); latin words kept whole and, when joined by `_ - .`, also as parts; punctuation and
-  the English and Chinese stop words of `data/stopwords_en.txt` and `data/stopwords_zh.txt` dropped.
-- **Merge**: score = BM25 / best BM25 of the query (0..1) + L0 score / best L0 score (0..1) for a
-  document's chosen chunk; deduplicated by evidence id; best `top_k` first. An item's `layer` is `L0`
-  when L0 chose it, else `L1`; the result's `layer` names the layers that contributed to the items
-  returned (`L0`, `L1`, `L0+L1`, or `""` when nothing matched).
-
-The index (tokens, BM25 matrix, metadata, chunk texts) is built once per process from two queries and
-kept in memory. It is rebuilt when this process wrote knowledge (`agent.knowledge.ingest` bumps a
-generation) or when the version stamp (document count and latest `updated_at`), read at most every
-`VERSION_CHECK_SECONDS`, changed because another process wrote. A warm search issues at most one query.
+One public function, `search_knowledge(query, top_k=5) -> RetrievalResult`, synchronous and thread-safe:
+L0 matches the query against each document's title, tags and summary and contributes each matching
+document's best chunk; L1 ranks every chunk with BM25 (`bm25s`); both share one tokeniser (jieba for CJK,
+latin words and their parts, the project's stop words); scores are normalised, merged and deduplicated
+by evidence id, each item naming the layer that chose it. The index is built once per process, kept in
+memory, and rebuilt when knowledge changed in any process; a warm search issues at most one query.
+Details: docs/architecture.md, *Knowledge (`agent/knowledge/`)*.
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """A candidate configuration for an experiment (issue 34 item 4): what replaces the product's own.
 
-A candidate is a JSON or TOML file (`Candidate.load`), every key optional:
-
-```toml
-name = "agent prompt v2, no disk runbook"
-runbooks = "runbooks-candidate"          # a folder of *.md runbooks, relative to the file
-tools = ["lookup_knowledge"]             # the tools offered (a subset of the flow's)
-[models]                                 # per role: router, agent, guard
-agent = "gpt-4.1-mini"
-[prompts]                                # per role of `prompts.SystemPrompts`: a text, or {file = "…"}
-agent = { file = "agent-v2.txt" }
-```
-
-`apply_candidate(candidate, client=…, registry=…)` gives the model client (each role's model renamed),
-the registry (only the named tools), the instruction texts and the runbook corpus
-(`agent.knowledge.corpus`) that the executor then runs with (`execute_run(client=…, registry=…,
-run_prompts=…, corpus=…)`), so the run's configuration fingerprint (`agent.runtime.configuration`) is
-the candidate's. An unknown key, role or tool is refused (`CandidateError`), never ignored.
+A candidate is a JSON or TOML file (`Candidate.load`), every key optional: `name`, `runbooks` (a folder),
+`tools` (a subset of the flow's), `[models]` and `[prompts]` per role. `apply_candidate(candidate,
+client=…, registry=…)` gives the model client, the registry, the instruction texts and the runbook
+corpus that `execute_run` then runs with, so the run's configuration fingerprint is the candidate's.
+An unknown key, role or tool is refused (`CandidateError`), never ignored.
+Details: docs/experiments.md, *Candidates*.
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """The evidence guard (citations proven against the canonical store) and the semantic guard's verdict.
 
-Answers cite evidence as `[kb:<slug>#<n>]` (a runbook chunk, `lookup_knowledge`) or `[prom:<hex>]` (a
-Prometheus query result, `query_metrics`); several ids in one bracket, of either kind, separated by
-commas or semicolons, are accepted. Both kinds, their grammar and the citation pattern are declared once,
-in `diagnosis.evidence`. Ids are extracted in a deliberately loose form (`prom:` followed by any
-characters but brackets, blanks, `,` and `;`), so a malformed id counts as cited and is refused as
-unknown instead of being overlooked: a cited id that `diagnosis.evidence.parse` does not read as well
-formed is unknown even if the store held it. The evidence guard requires, for a DIAGNOSIS or KNOWLEDGE
-answer (and an AI Ops report), at least one citation (else NO_CITATION) and every cited id, of either
-kind, to be present in this run's canonical store (else UNKNOWN_CITATION). When the store cannot be read, or a
-write to it failed earlier in the run and a cited id is missing (it may be one that was lost), the
-reason is CANONICAL_UNAVAILABLE: the evidence cannot be proven, so the release is blocked (fail-closed).
-
-The semantic guard model answers `{"supported": bool, "unsupportedClaims": [str], "reason": str}`;
-`parse_semantic_verdict` accepts it bare or wrapped in prose/fences, and anything else is unusable
-(`supported=None`), which the release treats as not supported. `guard_evidence` gives that model each
-cited item as id, title, heading and text, the text cut at `GUARD_TEXT_CHARS` (a metric result's text is
-the readable account `agent.aiops.prometheus` wrote into its payload, never the raw series).
+The evidence guard requires, of a DIAGNOSIS or KNOWLEDGE answer and an AI Ops report, at least one
+citation (else NO_CITATION) and every cited id, read loosely so a malformed id counts as cited and is
+refused, to be well formed and in this run's canonical store (else UNKNOWN_CITATION); a store that
+cannot prove it is CANONICAL_UNAVAILABLE, which blocks the release (fail-closed). The kinds and their
+grammar are `diagnosis.evidence`'s. `parse_semantic_verdict` reads the guard model's JSON (anything
+unusable counts as not supported); `guard_evidence` gives it exactly the cited items, bounded.
+Details: docs/runtime.md, *Pipeline* (6 and 7); docs/architecture.md, *Evidence ids*.
 """
 
 from __future__ import annotations

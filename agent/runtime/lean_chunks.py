@@ -1,21 +1,12 @@
 """Streamed chat chunks read as JSON views instead of pydantic models: the `openai` SDK's client with one
 step of its chunk handling replaced.
 
-The SDK sends the request, retries nothing (`max_retries=0`; the runtime retries), decodes the SSE
-stream, stops at `[DONE]`, drains the body for connection reuse and raises `APIError` for an `error`
-object in the stream, exactly as before. Only its last step per chunk changes: `construct_type` building
-a `ChatCompletionChunk` with its nested choice, delta, tool-call and usage models, about half of the
-SDK's CPU per chunk (docs/performance.md, B3 profile), and on the chat profile a run reads ≈ 1 200
-chunks. `LeanChunkClient` hands the decoded JSON object to the runtime as a `ChunkView` instead.
-
-`ChunkView` answers what the runtime's `StreamAssembler`, `usage_from` and
-`reasoning.capture.extract_reasoning` read, the way the SDK's models answer it: an attribute is the
-JSON value of that key (None when absent); the objects the SDK declares as models (`choices`,
-`delta`, `tool_calls`, `function`, `usage` and its details) are views themselves, every other value is
-the JSON value as it came (an extra reasoning block stays a dict, as pydantic keeps extras); and
-`model_extra` is the keys the SDK's model does not declare, so a reasoning field is found under the
-same source (`reasoning_content` as the attribute, other keys as extras) and recorded the same.
-Everything but streamed chat chunks (errors, non-streamed responses) goes through the SDK unchanged.
+`LeanChunkClient` leaves the SDK to send the request, decode the SSE stream, stop at `[DONE]`, drain the
+body and raise `APIError` for a streamed error, exactly as before, and hands each chunk's decoded JSON to
+the runtime as a `ChunkView` instead of building the SDK's models (about half its CPU per chunk). A view
+answers what the runtime reads (`StreamAssembler`, `usage_from`, reasoning capture, `model_extra`
+included) as the SDK's models would; everything but streamed chat chunks goes through the SDK unchanged.
+Details: docs/runtime.md, *Model client and retry policy*.
 """
 
 from __future__ import annotations

@@ -2,24 +2,11 @@
 record when its guards and release are done, plus the model's own stated confidence, labelled as such.
 
 `self_evaluation(...)` reads the run's timeline and tool rows (two queries) and its `model_calls` column,
-and returns (all counts, no content beyond evidence ids):
-
-* `evidence`: ids the report cites (`guards.extract_citations`, the evidence guard's reading) against
-  the ids the run's tools returned and the canonical store accepted (`gathered`), with the cited ids no
-  tool returned (`citedNotGathered`, at most 10) and how many gathered ids the report leaves uncited;
-* `tools`: calls started and how many did not succeed (FAILED, INTERRUPTED, ABANDONED);
-* `guards`: evidence-guard retries (repair rounds), the last evidence verdict and the semantic verdict;
-* `modelCalls`: calls started and those without a usage total (calls that reported none, and calls
-  started but never recorded);
-* `plan`: steps planned (of the plan in force at the end: the last revision, else the planner's or the
-  default), steps done (a step naming a tool is done when the executor ran that tool successfully, each
-  call counting for one step), steps naming no tool (not checkable), revisions, and whether the default
-  plan replaced an unusable one;
-* `statedByModel`: `{"confidence": "high"|"medium"|"low"}` from the report's `Confidence:` line, or
-  None when it states none. It is the model's claim about itself, not a measurement.
-
-The result is written by the run's terminal update (`RunRecorder.finish(self_evaluation=…)`) and bound
-by the terminal digest (form `run/3`).
+and returns counts only, no content beyond evidence ids: `evidence` (cited against gathered), `tools`,
+`guards`, `modelCalls`, `plan` (planned against done), and `statedByModel`, the report's `Confidence:`
+line, which is the model's claim about itself, not a measurement. The terminal update writes it
+(`RunRecorder.finish(self_evaluation=…)`), bound by the terminal digest.
+Details: docs/aiops.md, *How an analysis runs* (6. Self-evaluation).
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """The sweeper: fail runs whose executing process stopped renewing its lease, and close their tools.
 
-A run is executed by the process holding its lease (`lease_owner`, `lease_expires_at`, renewed by the
-executor's heartbeat every `RUN_LEASE_SECONDS / 3`). When that process dies (killed, out of memory, its
-machine gone), the lease runs out and the run would stay RUNNING forever, holding one of its user's
-active-run slots. `sweep_expired_runs` finds such runs and, for each, takes the lease itself with a
-conditional update on the exact lease it observed (`services.claim_expired_run`: so a run whose owner
-renewed meanwhile, or that another sweeper took, is left alone), which increments the lease epoch, then
-finishes it through a recorder fenced by that new epoch (`RunRecorder.resume`): writes the old owner
-attempted after the takeover and the fence refused are noted (WRITE_FENCED), tools still RUNNING are
-closed FAILED with `LEASE_EXPIRED`, `RUN_FINISHED` is written and the run ends FAILED with error
-`LEASE_EXPIRED`. The old owner, should it wake up, can land no row any more. A PENDING run that no
-process claimed within `RUN_LEASE_SECONDS` of its creation is treated the same way (its lease never
-started, so it has expired too), except a queued run (AI Ops: it waits for a queue worker,
-`agent.runtime.worker`), which fails with `QUEUE_EXPIRED` only after `AIOPS_QUEUE_TIMEOUT_SECONDS`.
-
-It runs periodically inside every server process (`agent.runtime.supervisor`) and on demand as
-`manage.py sweep_runs`. `publish_swept` then sends each swept run's `error` and `outcome` frames to its
-live group, so that connections following it end at once (they would also find the outcome in the
-database on their next idle check).
+`sweep_expired_runs` takes each run whose lease expired (or that nobody claimed in time) with a
+conditional update on exactly the lease it observed, epoch included, so an owner that renewed meanwhile
+or another sweeper wins instead; then, through a recorder fenced by the new epoch, it closes the run's
+running tools and ends it FAILED `LEASE_EXPIRED` (a queued AI Ops run: `QUEUE_EXPIRED`, after
+`AIOPS_QUEUE_TIMEOUT_SECONDS`). The old owner can land no row any more. `publish_swept` ends the runs'
+followers at once. It runs in every server process and as `manage.py sweep_runs`.
+Details: docs/chat.md, *Leases, the sweeper and fencing*.
 """
 
 from __future__ import annotations
