@@ -1,18 +1,11 @@
 """Alertmanager: the API v2 client (alerts) and the bounding of an alert list.
 
-`AlertmanagerClient.from_settings()` reads `ALERTMANAGER_URL` (empty: `NotConfigured`), the timeout
-`AIOPS_HTTP_TIMEOUT_SECONDS` and the body bound `AIOPS_MAX_RESPONSE_BYTES`. `alerts(active_only=True,
-filters=())` is `GET /api/v2/alerts`: by default only active alerts (not silenced, not inhibited);
-`filters` are Alertmanager label matchers (`alertname="HighLatency"`, `severity=~"warn|crit"`), all of
-which must match. A matcher Alertmanager refuses (HTTP 400) raises `BadQuery` (`error_type`
-"bad_filter"); other error statuses raise `HTTPError` (see `agent.aiops.http`).
-
-`create_silence(...)` is `POST /api/v2/silences` (the `create_silence` tool, which runs only once a
-person approved the call) and `silences()` is `GET /api/v2/silences`.
-
-`bound_alerts(alerts)` keeps at most `ALERTS_MAX` alerts, most recently started first, each reduced to
-the fields an analysis reads (fingerprint, state, labels, annotations, times, generator URL, receivers)
-with bounded label and annotation values, and says how many there were and whether any were cut.
+`AlertmanagerClient.from_settings()` (`ALERTMANAGER_URL`, empty: `NotConfigured`) lists alerts
+(`alerts(active_only=True, filters=())`, all matchers must match; a refused matcher raises `BadQuery`),
+creates a silence (`create_silence`, only for an approved call of the tool) and lists silences.
+`bound_alerts(alerts)` keeps at most `ALERTS_MAX` alerts, newest first, reduced to the fields an analysis
+reads with bounded values, and says how many there were and whether any were cut.
+Details: docs/aiops.md, *`list_alerts`* and *Approvals*.
 """
 
 from __future__ import annotations

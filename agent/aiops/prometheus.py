@@ -1,21 +1,12 @@
 """Prometheus: the HTTP API client, the bounding of a query result, and its `prom:` evidence id.
 
-`PrometheusClient.from_settings()` reads `PROMETHEUS_URL` (empty: `NotConfigured`), the timeout
-`AIOPS_HTTP_TIMEOUT_SECONDS` and the body bound `AIOPS_MAX_RESPONSE_BYTES`. `query(q, time=t)` is
-`GET /api/v1/query`, `query_range(q, start=, end=, step=)` is `GET /api/v1/query_range`; both return a
-`QueryResult` (`resultType`, `result` exactly as Prometheus gives it: sample values stay strings, and
-warnings). A refused query (HTTP 400/422 with `status: error`) raises `BadQuery` with Prometheus'
-`errorType` and `error`; any other error status raises `HTTPError` (see `agent.aiops.http`).
-
-`metric_evidence(...)` turns a result into the one citable evidence payload of a query:
-
-- the result bounded to `SERIES_MAX` series × `POINTS_MAX` points (a range keeps each series' latest
-  points), `LABELS_MAX` labels per series and `LABEL_VALUE_CHARS` per label value, with `seriesTotal`,
-  `pointsTotal` and `truncated` saying what was cut;
-- its id `prom:<16 hex>`: the first 16 hex digits of the sha256 of the canonical JSON of
-  `{"query", "kind", "time" | "start", "end", "step", "resultType", "result"}` (the bounded result),
-  so anyone holding the payload can recompute it;
-- `title`, `heading` (the query) and `text`: the result as bounded, readable lines for the guard model.
+`PrometheusClient.from_settings()` (`PROMETHEUS_URL`, empty: `NotConfigured`) runs `query` and
+`query_range`, returning results exactly as Prometheus gives them (sample values stay strings); a refused
+query raises `BadQuery`. `metric_evidence(...)` turns a result into the one citable evidence payload of a
+query: the result bounded (series, points, labels, label values, saying what was cut), its id
+`prom:<16 hex>` over the canonical JSON of query, times and bounded result (anyone holding the payload
+can recompute it), and readable `text` for the guard model.
+Details: docs/aiops.md, *`query_metrics`*.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Writes of the knowledge base: parse runbook markdown, cut it into chunks, upsert documents.
 
-`upsert_document` is the one way a `KnowledgeDocument` is written (the `load_knowledge` command and the
-admin both call it). It re-chunks whenever the body changes and bumps `knowledge_generation()`, which the
-retrieval index (`agent.knowledge.retrieval`) compares to rebuild itself in this process;
-other processes notice through the documents' version stamp.
-
-Chunking rules (`chunk_markdown`): a chunk never crosses a `#`/`##` section and carries that section's
-heading; inside a section the body is cut into blank-line blocks, never splitting a fenced code block, a
-block that introduces the next one (ending with ``:`` or a `###` heading line) is glued to it, and
-consecutive units are merged while the chunk stays within `MAX_CHUNK_CHARS`. A trailing unit shorter than
-`MIN_CHUNK_CHARS` is merged into the previous chunk when that fits. A prose block longer than the maximum
-is cut at sentence ends; a code block longer than the maximum stays whole.
+`upsert_document` is the one way a `KnowledgeDocument` is written (`load_knowledge` and the admin): it
+re-chunks whenever the body changes and bumps `knowledge_generation()`, so this process's retrieval
+index rebuilds (other processes notice the documents' version stamp). `chunk_markdown` never crosses a
+section or splits a fenced code block.
+Details: docs/architecture.md, *Knowledge (`agent/knowledge/`)* (storage and chunking).
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """The agent loop: ReAct with function calling, every model call recorded as a step where it happens.
 
-`Agent.run(messages, tools=..., max_steps=...)` calls the agent model up to `max_steps` times. Each call
-streams its visible text to the run's sink as it arrives and is recorded through `recorder.model_step`
-(step row, reasoning row, AGENT_MODEL_STEP and MODEL_TOKEN_USAGE with source AGENT, in one transaction)
-before anything acts on it, which also declares its tool calls so that the boundary may start them. A
-step that calls tools appends the assistant message (with DeepSeek's `reasoning_content` when the
-provider sent it: DeepSeek requires it back within the turn during tool calls) and the tools' results,
-then loops; a step without tool calls ends the loop with its text as the draft answer. The last allowed
-step is sent with `tool_choice="none"` so the model must answer. A model call that fails (`LLMError`) or
-is cancelled is still recorded as a step, with what had arrived, usage unavailable and finish reason
-`error` / `cancelled`, then the exception propagates. A step's tool calls are recorded under ids unique
-in the run (`RunRecorder.run_unique_calls`), while every message sent back to the provider names them by
-the provider's own ids.
-
-Reasoning never enters later turns: the runtime builds each run's conversation from the previous runs'
-published answers only.
+`Agent.run(messages, tools=..., max_steps=...)` calls the agent model up to `max_steps` times (the last
+with `tool_choice="none"`). Each call is recorded through `recorder.model_step` before anything acts on
+it, which declares its tool calls (under run-unique ids) to the boundary; a step with tool calls loops
+with their results, a step without ends with its text as the draft. A failed or cancelled call is still
+recorded as a step, then the exception propagates. Reasoning is sent back only within a turn, where
+DeepSeek requires it, and never enters later turns.
+Details: docs/runtime.md, *Pipeline* (5) and *Tool call ids*; *DeepSeek notes*.
 """
 
 from __future__ import annotations

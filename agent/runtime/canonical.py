@@ -1,20 +1,12 @@
 """The canonical store: the current run's full tool results, the only ground the evidence guard accepts.
 
-Backed by the Django cache alias `canonical` (local memory by default, Redis when `REDIS_URL` is set), with
-keys per run and the TTL `CANONICAL_TTL_SECONDS`:
-
-    run:<run_id>:tool:<tool_call_id>     the tool's full result (canonical JSON)
-    run:<run_id>:evidence:<evidence_id>  one citable evidence item (canonical JSON)
-    run:<run_id>:state:checkpoint        the executor's state when the run was interrupted for an approval,
-                                         encrypted with the reasoning keys, kept for its own bounded
-                                         lifetime (`approvals.save_checkpoint`; its sha256 is chained)
-
-It is **fail-closed** (seed 001, section 7): every write is read back and compared; a write or read that
-fails, or a read-back that differs, raises `CanonicalUnavailable`. The tool boundary then records the tool
-as it ran (the durable audit stays complete) and marks the run's canonical store degraded; the evidence
-guard fails with CANONICAL_UNAVAILABLE whenever it cannot prove a citation, and the release is BLOCKED.
-
-Methods are synchronous (cache clients block); the runtime calls them on its database pool via `db()`.
+Backed by the Django cache alias `canonical` (local memory, or Redis with `REDIS_URL`), with keys per run
+(each tool's full result, each citable evidence item, an interrupted run's encrypted executor state)
+and the TTL `CANONICAL_TTL_SECONDS`. It is fail-closed (seed 001, section 7): every write is read back
+and compared, and any failure raises `CanonicalUnavailable`, after which the run's store is degraded and
+the evidence guard blocks what it cannot prove. Methods are synchronous; the runtime calls them on its
+database pool via `db()`.
+Details: docs/runtime.md, *Canonical store (`canonical.py`)*.
 """
 
 from __future__ import annotations

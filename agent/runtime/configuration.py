@@ -1,19 +1,12 @@
 """The effective configuration of a run, and its fingerprint (issue 34, item 1).
 
-`effective_configuration(client=…, registry=…, flow=…, release_mode=…, prompts=…, knowledge=…)` is
-built by the executor from the very objects the run then uses: the model client (its provider and each
-role's model), the tool registry (the tools offered and their JSON schemas as the model receives them),
-the run's instruction texts (`RunContext.prompts`), the knowledge snapshot its searches read
-(`agent.knowledge.retrieval.knowledge_snapshot`: a digest over every chunk a search could return), the
-guards' settings and the release policy (`CHAT_RELEASE`). Its `document` holds digests, ids and numbers
-only (never a prompt's text, never a secret or the provider's URL); `canonical` is that document's
-canonical JSON (`audit.payloads.canonical_json`) and `fingerprint` its SHA-256: identical
-configurations share one fingerprint, and a change of any part gives another.
-
-The executor chains `document` and `fingerprint` in the run's RUN_STARTED (`configuration`,
-`configFingerprint`), the recorder copies the fingerprint to `DiagnosisRun.config_fingerprint` (the
-verifier compares the two), and `diagnosis.RunConfiguration` keeps each distinct document once, keyed by
-its fingerprint, so that pages can show and compare configurations without reading events.
+`effective_configuration(client=…, registry=…, flow=…, release_mode=…, prompts=…, knowledge=…)` is built
+by the executor from the very objects the run then uses (models, tools and their schemas, instruction
+texts, the knowledge snapshot, guard settings, release policy). Its `document` holds digests, ids and
+numbers only, never a prompt's text, a secret or the provider's URL; `fingerprint` is the SHA-256 of its
+canonical JSON, equal for equal configurations. It is chained in RUN_STARTED, copied to the run row and
+kept once per fingerprint in `diagnosis.RunConfiguration`.
+Details: docs/runtime.md, *Configuration fingerprint (`configuration.py`)*.
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """`create_silence(matchers, duration_minutes, comment)`: an Alertmanager API v2 silence — a tool that
 changes the monitored system, so it **requires approval** (`requires_approval=True`).
 
-The tool boundary never executes it when the executor calls it: the call is recorded AWAITING_APPROVAL
-with APPROVAL_REQUESTED, the run is interrupted, and only after a person with
-`diagnosis.approve_tool_call` approved exactly these arguments does a resumed run execute it, under the
-same `tool_call_id` (docs/aiops.md, *Approvals*). A rejected or expired request never reaches
-Alertmanager: the model gets the recorded refusal as the tool's result.
-
-Arguments: `matchers` (1–10 `{name, value, isRegex?, isEqual?}`, Alertmanager's own matcher shape),
-`duration_minutes` (the silence starts now and lasts at most `APPROVAL_SILENCE_MAX_SECONDS`; a longer one
-is refused as bad arguments before any approval is asked) and `comment` (why, shown in Alertmanager).
-The result is the new silence's id and what it silences. Offered to AI Ops analyses only.
+It never runs when the executor calls it: only after a person with `diagnosis.approve_tool_call`
+approved exactly these arguments does a resumed run execute it, under the same `tool_call_id`; a
+rejected or expired request never reaches Alertmanager. Arguments are bounded (1–10 matchers, at most
+`APPROVAL_SILENCE_MAX_SECONDS`, refused before any approval is asked otherwise). The result is the new
+silence's id and what it silences. Offered to AI Ops analyses only.
+Details: docs/aiops.md, *Approvals*.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """`query_metrics(query, range_minutes=None, step_seconds=None)`: a PromQL query against Prometheus.
 
-Without `range_minutes` it is an instant query evaluated now; with it, a range query over the last
-`range_minutes` minutes ending now, one point every `step_seconds` (default: the smallest whole step
-that gives at most `agent.aiops.prometheus.POINTS_MAX` points; a step that would ask Prometheus
-for more than `FETCH_POINTS_MAX` points per series is raised to fit, and `stepAdjusted` says so). The
-evaluation time (or start, end, step) is fixed here and sent to Prometheus, so it is part of the result.
-
-The result (bounded by `agent.aiops.prometheus.metric_evidence`: series × points, label sizes,
-with `truncated`) is one citable evidence record `prom:<16 hex>` stored in the run's canonical store,
-and the tool's canonical data. The model sees it as the one item of `evidence` (id, title, heading,
-text, the bounded result: the shape `lookup_knowledge` uses) with the citation format. A Prometheus
-that is not configured, unreachable, slow, answering an error status or refusing the query makes the
-tool raise the typed error of `agent.aiops.http`: the boundary records it as FAILED (`TOOL_ERROR`,
-"<ErrorType>: <message>"). Offered to AI Ops analyses only.
+An instant query now, or a range query over the last `range_minutes` minutes (the step defaulted and
+bounded, `stepAdjusted` saying when it was raised); the evaluation times are fixed here and part of the
+result. The bounded result is one citable evidence record `prom:<16 hex>` in the run's canonical store,
+which the model sees in the shape `lookup_knowledge` uses. Any Prometheus failure raises the typed error
+of `agent.aiops.http`, recorded as FAILED (`TOOL_ERROR`). Offered to AI Ops analyses only.
+Details: docs/aiops.md, *`query_metrics`* and *Failures*.
 """
 
 from __future__ import annotations
