@@ -1,28 +1,11 @@
 """A released answer as safe HTML: the one place where answer text (Markdown written by a model) becomes
 markup, for the chat page (the `outcome` frame's `contentHtml`), the admin run page and the runbook view.
 
-`render_answer(content) -> str` (a `SafeString`: templates print it as is; JSON encodes it as a string):
-
-1. **Parse** with markdown-it-py, CommonMark plus tables, `html` off (a `<script>` or `<img onerror>` the
-   model writes stays text and is shown escaped), linkify off (bare URLs stay text). markdown-it's own
-   link validation already refuses `javascript:`, `vbscript:`, `file:` and `data:` link targets.
-2. **Citations.** A core rule after `text_join` turns every bracket of evidence ids in *text* tokens —
-   `[kb:slug#n]`, or several ids separated by `,` or `;` as the evidence guard accepts them — into
-   `<a class="citation" href="/knowledge/<slug>/?chunk=<n>#chunk-<n>">kb:slug#n</a>` (the runbook view,
-   `knowledge-document`, with the cited chunk highlighted). A metric citation `[prom:<hex>]` (a
-   Prometheus query result, which has no page of its own) becomes a labelled chip that is not a link:
-   `<code class="citation citation-metric">prom:<hex></code>`; kb and prom ids may share a bracket.
-   Ids are read by `diagnosis.evidence` (`STRICT_CITATION_RE`, `ID_RE`, `parse`), where every kind is
-   declared once: a runbook chunk is a link, any other kind a chip; a bracket holding anything but
-   well-formed ids stays text. Code spans and code blocks are not text tokens, so a citation written
-   inside them stays literal; text inside a link is left alone (no link inside a link).
-3. **Sanitize** the HTML with nh3 (ammonia) against an allowlist: the tags Markdown produces
-   (`ALLOWED_TAGS`), `a[href, class]` and `code[class]` only, URL schemes `http`/`https` plus relative
-   URLs, every link `rel="noopener noreferrer"`. Whatever slipped through the parser is dropped here.
-
-Renders are cached (`functools.lru_cache`, `CACHE_SIZE` entries): every follower of a run gets the same
-outcome, and the admin page is reloaded. The citation URLs are built with `reverse`, so the cache
-assumes one URL prefix per process (true for this deployment: no per-request `SCRIPT_NAME`).
+`render_answer(content) -> str` (a `SafeString`) parses with markdown-it-py with raw HTML and linkify off,
+turns well-formed evidence citations in text (ids read by `diagnosis.evidence`) into runbook links or
+metric chips, and sanitizes the result with nh3 against an allowlist, so nothing a model writes can
+become script, an unsafe link or an attribute outside the list. Renders are cached (`CACHE_SIZE`).
+Details: docs/chat.md, *Rendering answers (`surfaces/answers.py`)*.
 """
 
 from __future__ import annotations

@@ -32,9 +32,6 @@ PACKAGES = (
 # moved to docs/, a pointer to it), then delete its line here; never add one.
 LONG_DOCSTRINGS_NOT_YET_SHORTENED = frozenset(
     {
-        "agent/runtime/demo/aiops.py",
-        "agent/runtime/plan.py",
-        "agent/runtime/tools/list_alerts.py",
         "config/asgi.py",
         "config/serve.py",
         "evaluations/judge.py",
@@ -54,16 +51,11 @@ LONG_DOCSTRINGS_NOT_YET_SHORTENED = frozenset(
         "surfaces/admin/compare.py",
         "surfaces/admin/oversight.py",
         "surfaces/admin/runs.py",
-        "surfaces/answers.py",
         "surfaces/api/aiops.py",
         "surfaces/api/audit.py",
-        "surfaces/api/authentication.py",
-        "surfaces/chat/auth.py",
         "surfaces/chat/consumers.py",
         "surfaces/chat/pages.py",
-        "surfaces/chat/protocol.py",
         "surfaces/chat/service.py",
-        "surfaces/chat/sse.py",
         "surfaces/chat/throttle.py",
         "surfaces/health.py",
     }

@@ -1,14 +1,11 @@
 """The AI Ops plan: what the planner writes, what the executor may revise, and the default plan.
 
-A plan is an ordered list of at most `PLAN_MAX_STEPS` steps `{"check": str, "why": str, "tool": str |
-None}`, read from a model's text as a JSON object `{"steps": [...]}` (bare, or in a fenced block; the
-executor's revision is a block fenced as `plan`). `parse_plan` is the one reader: it bounds every text
-(`check` ≤ 200 characters, `why` ≤ 300), drops steps without a `check`, drops a `tool` the run's registry
-does not hold, cuts the plan at `PLAN_MAX_STEPS`, and names each such repair in `problems`. A text with
-no such object, or whose steps are all unusable, gives no plan (`Plan.usable` false).
-
-`default_plan(tool_names)` is the plan the executor follows when the planner's is unusable: the alert's
-state in Alertmanager, its metric in Prometheus, the runbooks, with only the tools the run has.
+A plan is at most `PLAN_MAX_STEPS` steps `{"check", "why", "tool"?}`, read from a model's text as a JSON
+object `{"steps": [...]}` (bare or fenced; a revision is fenced as `plan`). `parse_plan` is the one
+reader: it bounds every text, drops unusable steps and tools the run lacks, names each repair in
+`problems`, and gives no plan (`Plan.usable` false) when nothing usable is left. `default_plan(tool_names)`
+is what the executor follows then, with only the tools the run has.
+Details: docs/aiops.md, *How an analysis runs* (2. Planner).
 """
 
 from __future__ import annotations

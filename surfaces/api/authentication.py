@@ -1,24 +1,12 @@
 """`Authorization: Token <token>` for the REST API, the SSE views and the WebSocket handshake.
 
-`authenticate_token(request, token_text)` is the one decision, used by the DRF class
-(`ApiTokenAuthentication`) and the WebSocket middleware (`surfaces.chat.auth`):
-
-1. the token is found by its clear prefix and its digest compared in constant time
-   (`access.selectors.find_token`); no match is a failure counted in the client address's *anonymous*
-   counter (`access.lockout`), which, once locked, refuses that address's unknown tokens only (429
-   `locked_out`, uncounted, so no guess is confirmed);
-2. a match whose owner is locked out *from this address* is refused (`LockedOut`, 429 `locked_out`) —
-   even a valid token, as axes refuses a right password of a locked-out user; other users' failures,
-   and anonymous ones, never refuse it;
-3. a match that is revoked, expired or whose user is inactive is a failure counted against (that user,
-   the address) (a stolen-but-revoked token is guessing too);
-4. otherwise the token's user, with the token row as `request.auth` (so `auth.otp_verified` can be read
-   by the reasoning step-up, `access.stepup`).
-
-Cost on success: the token's row (one indexed read) and axes' count of (owner, address).
-
-Failures raise `AuthenticationFailed` (401 `authentication_failed`), or `LockedOut` when this failure
-reached the limit. Messages say which case, never echoing the token.
+`authenticate_token(request, token_text)` is the one decision, used by `ApiTokenAuthentication` (DRF)
+and `surfaces.chat.auth`: the token is found by its clear prefix and its digest compared in constant
+time; unknown, revoked or expired tokens and inactive users are failures counted by `access.lockout`
+(per address, or per owner and address), and a locked-out owner or address is refused (`LockedOut`, 429)
+even with a valid token. Success sets the token row as `request.auth` (its `otp_verified` serves the
+step-up). Messages say which case, never echoing the token.
+Details: docs/security.md, *1. No unlimited guessing* and *2. API tokens*.
 """
 
 from __future__ import annotations

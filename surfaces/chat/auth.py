@@ -1,25 +1,12 @@
 """Who is on the other end of a chat, over either transport: an API token for scripts, the session
-cookie for pages. The REST API's own authenticators decide, on the runtime's bounded database pool
-(`runtime.db.db`).
+cookie for pages. The REST API's own authenticators decide, on the runtime's bounded database pool.
 
-* HTTP (`authenticate_http`, the SSE views): `surfaces.api.authentication.ApiTokenAuthentication` (hashed,
-  expiring, revocable tokens; failures counted by axes), then DRF's `SessionAuthentication` with its CSRF
-  enforcement on unsafe methods — the REST API's authenticators, tried token first, so a request with
-  `Authorization: Token <token>` is decided by the token alone. A failure is the contract's JSON error:
-  401 `not_authenticated` / `authentication_failed` (with `WWW-Authenticate: Token`), 403
-  `permission_denied` (CSRF), 429 `locked_out` (too many failures, `access.lockout`).
-* WebSocket (`ChatAuthMiddleware`): channels' session authentication (cookie), overridden when the
-  handshake carries `Authorization`: that header alone then decides, through the same
-  `surfaces.api.authentication.authenticate_token` (an unknown, expired or revoked token, an inactive user or
-  another scheme is anonymous, and the failure is counted against the client address and the token's
-  owner; a locked-out handshake is marked `scope["auth_refusal"] = "locked_out"`, which the consumer
-  answers with a `locked_out` error frame and close code 4429; the session cookie is not consulted).
-  Tokens never travel in the URL, so they stay out of access logs. CSRF does not apply to a handshake;
-  `ChatOriginValidator` protects cookie-authenticated sockets against cross-site WebSocket hijacking
-  instead: browsers always send `Origin`, and it must name a host of `ALLOWED_HOSTS` (as channels'
-  `AllowedHostsOriginValidator`). A handshake without `Origin` cannot come from a web page; it is accepted
-  only when it authenticates with a token (browsers cannot set `Authorization` on a WebSocket handshake), so
-  scripts need not invent an origin.
+`authenticate_http` (the SSE views): the API token, then the session with CSRF on unsafe methods, with
+the REST API's JSON errors (401, 403, 429 `locked_out`). `ChatAuthMiddleware` (WebSocket): the session
+cookie, unless the handshake carries `Authorization`, which alone then decides (`authenticate_token`;
+a lock-out is answered by the consumer with close code 4429). Tokens never travel in the URL.
+`ChatOriginValidator` requires an allowed `Origin`, or a token when the handshake sends none.
+Details: docs/chat.md, *Authentication for scripts*.
 """
 
 from __future__ import annotations

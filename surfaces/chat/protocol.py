@@ -1,32 +1,12 @@
 """The chat protocol: every frame of the API contract's *Chat* section, defined once, encoded for the
 WebSocket and for Server-Sent Events.
 
-A frame is a run event (`agent.runtime.events`); `_PAYLOAD` states, once per frame type, the
-contract's keys and where each value comes from. The two encodings differ by one rule: a WebSocket may
-follow several runs, so `progress`, `draft` and `tool` frames (whose payload does not name the run) also
-carry `runId` there, while an SSE stream is one run's. Frames carry nothing else: no reasoning, no tool
-input or output, no trace data. A `progress` frame carries only the fields that apply (`intent`,
-`stepIndex`, `agentName`, `verdict`, `retry`, `redacted`); `sequenceNo` is null for a stage that STARTED
-(not a timeline event). `draft` frames exist only under `CHAT_RELEASE=draft`. The outcome's `contentHtml`
-is the released content as sanitised HTML with citation links (`surfaces.answers.render_answer`), for
-pages: an addition to the contract's keys; `content` stays exactly the released text. The `run` frame's
-`demo` (true when the offline demo model answers the run, so pages label it DEMO) is another.
-
-WebSocket (JSON text, `ws_frame`)::
-
-    {"type": "run", "sessionId", "runId", "demo"}
-    {"type": "progress", "runId", "stage", "status", "sequenceNo", ...}
-    {"type": "draft", "runId", "text"}
-    {"type": "tool", "runId", "toolCallId", "name", "status"}
-    {"type": "outcome", "runId", "status", "releaseDecision", "content", "contentHtml"}
-    {"type": "error", "code", "message"}
-
-A refused request is `ChatRefused`, answered as an `error` frame on the WebSocket and as the contract's
-JSON error before an SSE stream starts.
-
-SSE (`sse_message`): `event:` the type, `data:` the payload as one line of JSON, `id:` the timeline
-`sequenceNo` on `run`, `progress`, `tool` and `outcome` when known; `SSE_RETRY` opens a stream and
-`SSE_KEEP_ALIVE` fills idle time.
+A frame is a run event (`agent.runtime.events`); `_PAYLOAD` states each frame type's keys and sources
+once. `ws_frame` adds `runId` to frames whose payload does not name the run (a socket may follow
+several); `sse_message` writes `event:`, one line of JSON `data:` and the timeline `id:` when known.
+Frames carry nothing else: no reasoning, no tool input or output, no trace data. A refused request is
+`ChatRefused`: an `error` frame on the WebSocket, the contract's JSON error before an SSE stream.
+Details: docs/chat.md, *Frames*.
 """
 
 from __future__ import annotations

@@ -1,40 +1,12 @@
 """Chat over Server-Sent Events, and cancel: three async Django views (one per operation).
 
-* `POST /api/chat` — body `{"query": str (1..8000), "sessionId"?: str}` → `text/event-stream`: starts a
-  run in this process and streams it like an attach from 0 (`run` first, `outcome` last).
-* `GET /api/diagnosis/{sessionId}/runs/{runId}/events?after=N` → `text/event-stream`: the run's frames
-  with timeline sequence > N from the database, then live until the outcome. A browser `EventSource`
-  that reconnects sends `Last-Event-ID`, which counts like `after` (the larger wins).
-* `POST /api/diagnosis/{sessionId}/runs/{runId}/cancel` → 202 `{"runId", "status"}` (the status when the
-  cancel was requested; cancelling a finished run changes nothing and answers its final status).
-
-Streams: `event:` is the frame type, `data:` one line of JSON with the contract's keys, `id:` the
-timeline `sequenceNo` on frames that map to a timeline event (`run`, `tool`, `outcome`), a `retry:`
-hint first and a `: keep-alive` comment every `CHAT_SSE_HEARTBEAT_SECONDS` (default 15) so proxies keep
-idle streams open. Closing the stream stops following, never the run.
-
-Authentication as for the REST API: `Authorization: Token <key>` (DRF token; the session is then not
-consulted) or the session cookie, in which case unsafe methods need the CSRF token
-(`X-CSRFToken` header), as DRF's session authentication requires. Errors before a stream starts are
-JSON in the contract's shape (`core.api.json_error`): 400 `invalid_request` (also a body not in its
-declared charset), 415 `unsupported_media_type` (a `Content-Type` other than JSON, or an unknown charset:
-`core.parsers.content_type_refusal`), 401
-`not_authenticated`/`authentication_failed`, 403 `permission_denied` (CSRF), 404 `not_found` (also for
-runs the user may not see), 405, 429 `too_many_active_runs` or `throttled` (more chats started than
-`CHAT_THROTTLE_RATE` allows; `Retry-After` header, see `surfaces.chat.throttle`). Authentication is
-`surfaces.chat.auth`, the rest the chat service (`surfaces.chat.service`) shared with the WebSocket;
-the frames and their encoding are `surfaces.chat.protocol`.
-
-Why these are not `core.api.ApiView`s: DRF has no async views, and a response that streams for minutes
-must not hold a worker thread. They keep the same rules through the same declarations instead:
-authentication is required on every one (`chat_view`; the REST API's authenticators, 401 before
-anything about the run), then 400 for the request alone (`service.validate_id` with
-`core.ids.MAX_ID_CHARS`, `validate_after`), then 404 for a run the user may not see or that does not
-exist, alike (`diagnosis.selectors.get_visible_run`, whose path-id limit is the same `core.ids`), with the
-REST API's texts (`core.api.NOT_FOUND_RUN`, `NOT_FOUND_SESSION`), and every error in the contract's shape
-(`core.api.json_error`). They have no role to check (any user may chat and follow or cancel what they
-see), so there is no 403 beyond CSRF. One difference: a wrong method is 405 before authentication.
-`tests/surfaces/api/test_base_view.py` names them and holds them to 401 for anonymous requests.
+`POST /api/chat` starts a run and streams it; `GET …/runs/{runId}/events?after=N` replays the run's
+frames after N (or `Last-Event-ID`), then follows it live until the outcome; `POST …/runs/{runId}/cancel`
+answers 202 with the status when asked. Closing a stream stops following, never the run. They are not
+`core.api.ApiView`s (DRF has no async views, and a stream must not hold a thread) but keep its rules:
+authentication first (`surfaces.chat.auth`), then 400, then one 404 for unseen and missing runs, every
+error in the contract's shape. The chat service and the frames are `surfaces.chat.service`/`protocol`.
+Details: docs/chat.md, *Server-Sent Events*.
 """
 
 from __future__ import annotations

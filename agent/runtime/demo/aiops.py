@@ -1,15 +1,11 @@
 """The demo model's AI Ops roles (`agent.runtime.aiops`, recognised by their system prompts).
 
-* `aiops_plan`: as the planner, a plan grounded on the alert text (the alert's name and expression,
-  `alert_facts`, with the tools the prompt lists);
-* `aiops_execute`: as the executor, first `list_alerts` and `query_metrics` (the alert's expression, else
-  `ALERTS{alertname=…}`) when they are offered, a `create_silence` when the alert asks for one
-  (`silence_minutes`), then `lookup_knowledge` with the alert text (revising the plan with a ```plan
-  block when a tool failed), and last the report from what the tools returned: metric sentences cited
-  with the `prom:` ids of the results it got, runbook sentences with their `kb:` ids (never an id no
-  tool returned), and a stated `Confidence:` line.
-
-Each returns (text, reasoning, declared tool calls), as the client's roles do.
+`aiops_plan` writes the planner's plan from the alert text (`alert_facts`) with the tools the prompt
+lists; `aiops_execute` plays the executor: the alert and metric tools when offered, a `create_silence`
+when the alert asks for one (`silence_minutes`), the runbooks, a revised plan when a tool failed, and a
+report citing only ids its tools returned, with a stated `Confidence:` line. Each returns (text,
+reasoning, declared tool calls), as the client's roles do.
+Details: docs/aiops.md, *Offline* and *Approvals* (offline demo).
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """`list_alerts(active_only=True, filter=[])`: the alerts Alertmanager holds (API v2).
 
-`filter` are Alertmanager label matchers that must all match (`alertname="HighLatency"`,
-`severity=~"warning|critical"`); `active_only` (default) leaves out silenced and inhibited alerts. The
-list is bounded by `agent.aiops.alertmanager.bound_alerts` (most recent first, at most
-`ALERTS_MAX`, `alertsTotal` and `truncated` say what was cut) and is the tool's canonical data; the
-model sees it too. Alerts are context, not citable evidence: a report cites the metric results
-(`query_metrics`) and runbooks behind its claims. An Alertmanager that is not configured, unreachable,
-slow, answering an error status or refusing a matcher makes the tool raise the typed error of
-`agent.aiops.http`: the boundary records it as FAILED. Offered to AI Ops analyses only.
+`filter` are label matchers that must all match; `active_only` leaves out silenced and inhibited alerts.
+The list, bounded by `agent.aiops.alertmanager.bound_alerts`, is the tool's canonical data and what the
+model sees. Alerts are context, not citable evidence. Any Alertmanager failure raises the typed error of
+`agent.aiops.http`, recorded as FAILED. Offered to AI Ops analyses only.
+Details: docs/aiops.md, *`list_alerts`*.
 """
 
 from __future__ import annotations
