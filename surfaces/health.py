@@ -1,17 +1,10 @@
 """`GET /healthz`: the readiness probe for the proxy and the process manager. No authentication, no data.
 
-The answer names only components and `up`/`down`:
-
-    {"status": "up", "database": "up", "redis": "up", "duties": {"runs:sweeper": "up", ...}}
-
-* `database`: a `SELECT 1` on the runtime's database pool (`agent.runtime.db.db`, the threads runs
-  write through) within `HEALTH_TIMEOUT_SECONDS`;
-* `redis` (only when `REDIS_URL` is set): a `PING` within the same time;
-* `duties`: each background duty of this process, by task name (`agent.runtime.supervisor.duty_status`);
-  the probe never starts them itself, so `{}` means this process has not started its duties.
-
-200 when everything is up, 503 otherwise (`status: down`). Exempt from the HTTPS redirect
-(`SECURE_REDIRECT_EXEMPT`), so it can be asked on a daphne port; `Cache-Control: no-store`.
+The answer names only components and `up`/`down`: the database (`SELECT 1` on the runtime's database
+pool within `HEALTH_TIMEOUT_SECONDS`), Redis when `REDIS_URL` is set, and each background duty of this
+process (`duty_status`; the probe never starts them). 200 when everything is up, 503 otherwise; exempt
+from the HTTPS redirect, `Cache-Control: no-store`.
+Details: docs/deployment.md, *Metrics and readiness*.
 """
 
 from __future__ import annotations

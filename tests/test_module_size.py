@@ -47,17 +47,9 @@ LONG_DOCSTRINGS_NOT_YET_SHORTENED = frozenset(
         "experiments/results.py",
         "experiments/runner.py",
         "surfaces/admin/__init__.py",
-        "surfaces/admin/analyse.py",
-        "surfaces/admin/compare.py",
         "surfaces/admin/oversight.py",
-        "surfaces/admin/runs.py",
-        "surfaces/api/aiops.py",
         "surfaces/api/audit.py",
-        "surfaces/chat/consumers.py",
         "surfaces/chat/pages.py",
-        "surfaces/chat/service.py",
-        "surfaces/chat/throttle.py",
-        "surfaces/health.py",
     }
 )
 

@@ -1,21 +1,12 @@
 """The "Analyse an alert" page (`/admin/diagnosis/diagnosisrun/analyse/`): staff start an AI Ops analysis
 from the browser and watch it run.
 
-Three ways to say which alert, one form each:
-
-* **a firing alert** picked from the configured Alertmanager (`ALERTMANAGER_URL`, its API v2
-  `GET /api/v2/alerts`, active ones only). The form posts only the alert's fingerprint; the alert itself
-  is read again from Alertmanager when the form is sent, so what is analysed is what Alertmanager holds,
-  not what the browser sent back;
-* **pasted JSON**: an alert of Alertmanager's webhook payload or of its API v2 list, a list of alerts or
-  a whole webhook notification (`agent.aiops.intake.alert_from_object`);
-* **a simple form**: the alert's name, severity, other labels and annotations (`key=value` per line).
-
-Each starts the analysis through the one service the API's `POST /api/aiops/analyses` uses
-(`agent.aiops.intake.start_staff_analysis`: a new session of the user, a queued AI Ops run and its alert
-row, the alert redacted before anything is stored) and redirects to the chat page of that session
-(`/chat/?session=…`), where the run streams live as a worker executes it. GET reads, POST writes
-(CSRF-protected by the admin). Staff who may view runs, like every page hung off the run admin.
+Three forms say which alert: one firing in the configured Alertmanager (only its fingerprint is posted;
+the alert is read again when the form is sent), pasted JSON (`agent.aiops.intake.alert_from_object`) or
+name, severity, labels and annotations. Each starts the analysis through the API's own service
+(`agent.aiops.intake.start_staff_analysis`: the alert redacted before anything is stored) and redirects
+to the chat page of its session. GET reads, POST writes (CSRF-protected); staff who may view runs.
+Details: docs/admin.md, *Analyse an alert*.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """Two runs side by side: what the compare page draws, shaped from the API's trace body of each run.
 
-Input is exactly what `GET /api/diagnosis/{sessionId}/trace?runId=…` returns for each run
-(`surfaces.api.trace_render.trace_data` over `audit.read.get_trace`): the compare page reads the same one
-rendering as the API, the run page's export and the trace download, so a fact shown here is the fact an
-API client sees. Pure: no query, no request. Each section is a list of rows (label, left, right,
-`differs`); a row differs when its two values are not equal as shown.
-
-Sections: the run (question, status, flow, provider, route), the configuration (the fingerprints chained
-in RUN_STARTED and every part of the two configuration documents that differs, with the prompt texts
-behind a differing prompt digest when the caller passes them), steps per agent (count and models), tools
-in call order with their inputs, citations (the evidence guard's cited ids), guard verdicts, release,
-tokens, cost, latency, audit and reviews. Cost is the trace's `run.cost`, worded as on the run page
-(the amount, or why there is none: demo, unavailable with the calls that could not be priced, not priced
-yet); "not recorded" only for a trace without it.
+Input is exactly what the trace endpoint returns for each run (`surfaces.api.trace_render.trace_data`),
+so a fact shown here is the fact an API client sees. Pure: no query, no request. Each section (run,
+configuration, steps, tools, citations, guards, release, tokens, cost, latency, audit and reviews) is a
+list of rows (label, left, right, `differs`); a row differs when its two values are not equal as shown.
+Details: docs/admin.md, *Compare two runs*.
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """Runs in the admin: a dense list over the runs' stored facts, the one-page run view, the reasoning panel,
 the trace download and export; and users' feedback on runs.
 
-The run list stays flat at a million runs (`core.admin_lists`): it reads only `diagnosis_run` columns
-(audit completeness is the stored fact of `audit.read.list_facts`, the session is joined by its unique key)
-plus each listed run's mean evaluation score (a correlated subquery on the scores' (run, evaluator) index,
-`surfaces.admin.evaluation_views`), orders by the indexed `(-created_at, -id)`, counts at most 10 000
-rows, filters on indexed columns (a date range on `created_at` replaces the date hierarchy), sorts by
-indexed columns (and, on request, by the mean score, which reads every run's scores), and searches
-through `diagnosis.selectors.search_runs` (id prefixes on the unique indexes, question words in the
-full-text index).
-
-The run page draws the trace read model (`audit.read.get_trace`) as `surfaces.admin.run_page`
-shapes it; nothing on it is reconstructed from logs. The downloads are the API's trace body (same
-selector, same serializer, same renderer). Runs are read-only here. Reasoning is loaded on request by a
-separate view that checks `reasoning.view_reasoning_content` and logs the read (channel ADMIN) exactly
-like the API.
+The run list stays flat at a million runs (`core.admin_lists`): stored `diagnosis_run` columns only,
+indexed orders, filters and searches, capped counts. The run page draws the trace read model
+(`audit.read.get_trace`, shaped by `surfaces.admin.run_page`); the downloads are the API's trace body.
+Runs are read-only here. Reasoning is loaded on request by a separate view that checks
+`reasoning.view_reasoning_content` and logs the read, exactly like the API.
+Details: docs/admin.md, *The run list* and *The run page*; docs/contributing.md, *A new admin page*.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """AI Ops endpoints: Alertmanager's webhook, staff analyses, the analyses list (API contract, *AI Ops*).
 
-* `POST /api/aiops/alertmanager` — Alertmanager's webhook (payload version 4), authenticated only by
-  `Authorization: Bearer <AIOPS_WEBHOOK_TOKEN>` (`WebhookTokenAuthentication`, constant-time compare;
-  every other request, and every request while the token is unset, is 401; wrong tokens count in the
-  client address's own webhook counter, `access.lockout`: 429 `locked_out` from that address once
-  locked). 202 with the run the notification started, or the one it duplicates (`deduplicated: true`);
-  200 with `run: null` when nothing in the group fires. Sessions and cookies are not accepted here.
-* `POST /api/aiops/analyses` — staff start an analysis of a free question (`query`) or an alert
-  (`alert`: text, or an object with `labels` and `annotations`). 202 with the queued run.
-* `GET /api/aiops/analyses` — staff: AI Ops runs newest first with their alert, filterable by
-  `alertname`, `severity`, `status` and `releaseDecision`, paginated.
-
-The runs are queued; the report is the run's released content, read through the trace
-(`GET /api/diagnosis/{sessionId}/trace?runId=…`) or followed live through the run's events stream.
+`POST /api/aiops/alertmanager` accepts only `Authorization: Bearer <AIOPS_WEBHOOK_TOKEN>`
+(`WebhookTokenAuthentication`, constant-time, its own lock-out counter; never a session): 202 with the
+run a notification started or duplicates, 200 with `run: null` when nothing fires. `POST` and `GET
+/api/aiops/analyses` let staff start an analysis and list them. Runs are queued; the report is the run's
+released content, read through the trace or followed live.
+Details: docs/aiops.md, *Starting analyses* and *The webhook*; docs/api.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """The chat WebSocket (`ws/chat/`): start, cancel and follow runs; frames exactly as the API contract.
 
-Client → server (JSON text frames of at most 64 KiB)::
-
-    {"type": "chat", "query": str (1..8000), "sessionId"?: str}
-    {"type": "cancel", "runId": str}
-    {"type": "attach", "runId": str, "after"?: int ≥ 0}
-
-Server → client: `run`, `delta`, `tool`, `outcome`, `error` frames (`surfaces.chat.protocol`).
-
-Authentication happens in the handshake (`surfaces.chat.auth`: session cookie or `Authorization: Token`);
-an anonymous connection is accepted and closed at once with code 4401 so the client can tell why (4429
-after a `locked_out` error frame when the client address or the token's owner is locked out after too
-many failed authentications, `access.lockout`). A
-malformed, binary, oversized or unknown frame is answered with an `error` frame and the socket stays
-usable. `chat` starts a run in this process and follows it; `attach` follows a run (replay after `after`,
-then live until its outcome) from any process; `cancel` asks a run to stop, and the outcome reaches
-whoever follows it. Closing the socket stops following, never the runs. Starting, finding, following
-and cancelling runs are the chat service's (`surfaces.chat.service`), shared with the SSE views.
+Client frames (JSON text, at most 64 KiB) are `chat`, `attach` and `cancel`; server frames are those of
+`surfaces.chat.protocol`. Authentication is the handshake's (`surfaces.chat.auth`): an anonymous
+connection is closed at once with 4401 (4429 after a `locked_out` error). A malformed, binary,
+oversized or unknown frame gets an `error` frame and the socket stays usable. Closing the socket stops
+following, never the runs; starting, finding, following and cancelling are `surfaces.chat.service`'s,
+shared with the SSE views.
+Details: docs/chat.md, *WebSocket `ws/chat/`*.
 """
 
 from __future__ import annotations

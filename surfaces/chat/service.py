@@ -1,19 +1,12 @@
 """The chat service: what both transports (WebSocket `surfaces.chat.consumers`, SSE `surfaces.chat.sse`)
 do to start, follow and cancel runs, so that each rule and each step exists once.
 
-* `start_chat` (synchronous; await it through `db`): the rate limit (`surfaces.chat.throttle`), the query
-  (`diagnosis.services.validate_query`), the session (one of the user's, else 404), the per-user limit of
-  active runs (429), then `executor.prepare_run` with the session already found and the query redacted
-  (`executor.redact_query`) before the user's row is locked. The query is validated once, as sent, and
-  the session read once; `tests/surfaces/chat/test_chat_start.py` counts the statements.
-* `open_chat`: start a chat, subscribe to the run, *then* launch it in this process, so the follower
-  misses nothing the run publishes; returns the follower (replay from 0, then live).
-* `find_run`: the run the user asks for, by the one visibility rule (`selectors.get_visible_run`), else
-  404 — as for a run that does not exist.
-* `open_stream`: a follower of a run the caller found (replay after `after`, then live until its outcome).
-* `cancel_run`: ask a visible run to stop; returns its status when the cancel was requested.
-
-Every refusal is a `ChatRefused` (`surfaces.chat.protocol`) that the transport renders in its shape.
+`start_chat` (the rate limit, the query, the session, the active-run limit, then the PENDING run with the
+query redacted), `open_chat` (start, subscribe, *then* launch, so the follower misses nothing),
+`find_run` (the one visibility rule: an unseen run is 404 like a missing one), `open_stream` (replay
+after `after`, then live until the outcome) and `cancel_run`. Every refusal is a `ChatRefused` that the
+transport renders in its own shape.
+Details: docs/chat.md, *Runs outlive their connections*.
 """
 
 from __future__ import annotations

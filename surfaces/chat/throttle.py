@@ -1,16 +1,10 @@
 """The rate limit on starting chats: `POST /api/chat` and the WebSocket `chat` frame share one budget.
 
-`CHAT_THROTTLE_RATE` (default `30/min`; DRF's rate syntax `N/sec|min|hour|day`; empty = off) is the
-number of runs one user may *start* per period, whichever transport starts them. It complements
-`CHAT_MAX_ACTIVE_RUNS_PER_USER` (how many may run at once): without it a script could start, cancel and
-start again without end, each start costing a run row, a lease and model calls.
-
-DRF's `SimpleRateThrottle` does the counting (a sliding window of timestamps in Django's `default` cache:
-per process without `REDIS_URL`, shared by every process with it). A refusal is `ChatThrottled`, a
-`ChatRefused` with status 429, code `throttled` and the seconds to wait (`Retry-After` on SSE, in the
-message on the WebSocket); refused attempts are not counted. The chat service
-(`surfaces.chat.service.start_chat`) checks it before the query is validated, as DRF throttles come
-before a view's validation.
+`CHAT_THROTTLE_RATE` (default `30/min`; empty = off) bounds the runs one user may start per period,
+beside `CHAT_MAX_ACTIVE_RUNS_PER_USER`, so a script cannot start and cancel without end. DRF's
+`SimpleRateThrottle` counts in Django's `default` cache; a refusal is `ChatThrottled` (429 `throttled`
+with the seconds to wait) and is not counted. `surfaces.chat.service.start_chat` checks it first.
+Details: docs/deployment.md, *Rate limits*.
 """
 
 from __future__ import annotations
