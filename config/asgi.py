@@ -1,20 +1,11 @@
 """ASGI entry point served by daphne: HTTP through Django, WebSocket chat through channels.
 
-`daphne -b 127.0.0.1 -p 8000 config.asgi:application` (or `manage.py runserver`, which is daphne's).
-
-* HTTP: Django (REST API, SSE chat, admin, pages). With DEBUG on, static files are served here too, so a
-  bare daphne serves the chat page's script and the admin's styles; in production put them behind the
-  proxy (`manage.py collectstatic`, `STATIC_ROOT`).
-* WebSocket `ws/chat/`: `ChatOriginValidator` (the `Origin` header must name an allowed host, as channels'
-  `AllowedHostsOriginValidator`; a handshake without `Origin` is accepted only when it authenticates with
-  a token), then `ChatAuthMiddleware` (session cookie, or `Authorization: Token <key>` for scripts; never
-  a token in the query string, so tokens stay out of access logs). See docs/chat.md.
-* `TrustedProxyHeaders` (outermost) removes forwarded headers that did not come from a `TRUSTED_PROXIES`
-  peer; `WebSocketTlsRequired` closes a chat WebSocket that did not arrive over TLS with code 4426 when
-  `WEBSOCKET_REQUIRE_TLS` (DEBUG off); see `core.proxy`.
-* `BackgroundDuties` starts the process's sweeper, checkpointer, purge and AI Ops queue worker with the
-  first connection (or at lifespan start-up); `python -m config.serve` (the shipped units) starts them
-  at process start instead, see `agent.runtime.supervisor`.
+HTTP goes to Django (static files too while DEBUG is on); the WebSocket `ws/chat/` passes
+`ChatOriginValidator` and `ChatAuthMiddleware` (`surfaces.chat.auth`). Outermost, `TrustedProxyHeaders`
+drops forwarded headers from untrusted peers and `WebSocketTlsRequired` closes a chat socket that did
+not arrive over TLS (`core.proxy`). `BackgroundDuties` starts the process's duties with the first
+connection or at lifespan start-up, unless `python -m config.serve` already did at process start.
+Details: docs/deployment.md, *Background duties*; docs/chat.md; docs/security.md, *Proxies and TLS*.
 """
 
 import os

@@ -1,21 +1,11 @@
 """`python -m config.serve SERVER LOOP ARGS…`: serve `config.asgi:application` with daphne (or uvicorn, a
-development dependency) on the asyncio or the uvloop event loop; B3 compares them on the same
-application (docs/performance.md, issue 19), and `daphne uvloop` is the measured faster way to run one
-process: `python -m config.serve daphne uvloop -b 0.0.0.0 -p 8000 config.asgi:application`.
+development dependency) on the asyncio or the uvloop event loop.
 
-* `daphne asyncio ARGS` is exactly `daphne ARGS`; `daphne uvloop ARGS` installs uvloop's event-loop
-  policy before daphne imports Twisted's asyncio reactor (which creates its loop with
-  `asyncio.new_event_loop()`), so the reactor runs on a uvloop loop.
-* `uvicorn LOOP ARGS` is `uvicorn --loop LOOP ARGS` (WebSockets through the `websockets` library).
-
-Background duties at process start (issue 37): daphne sends no ASGI lifespan, so under daphne this
-module schedules `agent.runtime.supervisor.ensure_background` on the reactor's event loop, to run as
-soon as the loop starts (after daphne imported the application, before any connection), and adds a
-"before shutdown" trigger that awaits `supervisor.shutdown` (the duties, then the model clients):
-Twisted stops the reactor on SIGTERM and SIGINT, daphne closes its connections and the duties are
-cancelled and awaited before the process exits. uvicorn sends lifespan, which `BackgroundDuties` in
-`config.asgi` answers the same way. This is why the shipped systemd units
-(deploy/systemd/) run daphne through this module.
+`daphne asyncio ARGS` is `daphne ARGS`; `daphne uvloop ARGS` installs uvloop's policy before daphne
+builds its reactor's loop; `uvicorn LOOP ARGS` is `uvicorn --loop LOOP ARGS`. Under daphne, which sends
+no ASGI lifespan, it schedules the background duties on the reactor's loop before any connection and
+awaits `supervisor.shutdown` before the reactor stops (SIGTERM, SIGINT): why the shipped units use it.
+Details: docs/deployment.md, *Background duties*; docs/performance.md (daphne, uvicorn, uvloop in B3).
 """
 
 from __future__ import annotations

@@ -2,14 +2,10 @@
 comparison of two runs. Views of `DiagnosisRunAdmin` (wrapped by `admin_view`: login, staff,
 never_cache, csrf_protect); each reads through selectors and writes through `audit.write.reviews`.
 
-* `review_view` (POST `<run>/review/`): records a review (`audit.write.reviews.record_review`, which checks
-  `audit.review_run`) and goes back to the run page, or, from the queue, on to the next queued run.
-* `queue_view` (`queue/`): the runs that need a human (`diagnosis.review_queue`), oldest first, one
-  reason or all, each with its reasons and its claim; `claim_view` (POST `queue/claim/`) claims one,
-  `next_view` (POST `queue/next/`) claims and opens the oldest one nobody else holds.
-* `compare_view` (`compare/?a=<runId>&b=<runId>`): two runs side by side
-  (`surfaces.admin.compare` over each run's API trace body); the run list's action "Compare the two
-  selected runs" leads there.
+`review_view` (POST `<run>/review/`) records a review and returns to the run page or the queue's next
+run; `queue_view`, `claim_view` and `next_view` show and claim the runs that need a human
+(`diagnosis.review_queue`); `compare_view` draws two runs side by side (`surfaces.admin.compare`).
+Details: docs/admin.md, *Reviews*, *The review queue* and *Compare two runs*.
 """
 
 from __future__ import annotations

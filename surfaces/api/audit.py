@@ -1,13 +1,11 @@
-"""Trace endpoints (`GET /api/diagnosis/{sessionId}/trace`, `…/audits`) and the transparency log's
-(`GET /api/diagnosis/{sessionId}/runs/{runId}/evidence`, `GET /api/audit/checkpoints/`,
-`GET /api/audit/checkpoints/{treeSize}/consistency?from=M`) and legal holds
-(`GET|POST /api/diagnosis/{sessionId}/holds`, `POST …/holds/{holdId}/lift`) and reviews
-(`POST /api/diagnosis/{sessionId}/runs/{runId}/reviews`).
+"""Trace endpoints (`…/trace`, `…/audits`), the transparency log's (a run's evidence, checkpoints and
+their consistency proofs), legal holds and reviews, under `/api/diagnosis/{sessionId}/…` and
+`/api/audit/…`.
 
-Thin views (`core.api.ApiView`: authentication, the order of checks, the not-found texts): validate the
-request, find the object through `diagnosis.selectors`' visibility rule, ask a selector, render through a
-serializer. The roles are `surfaces.api.audit_permissions`; the read model `audit.read`; the shapes
-`surfaces.api.audit_serializers`.
+Thin views (`core.api.ApiView`): validate the request, find the object through `diagnosis.selectors`'
+visibility rule, ask a selector, render through a serializer. The roles are
+`surfaces.api.audit_permissions`; the read model `audit.read`; the shapes `surfaces.api.audit_serializers`.
+Details: docs/api.md (the endpoint table and each endpoint).
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """The front door (`/`), the chat page (`/chat/`), a run-id link into the admin's run page, and the
 read-only runbook view that citation links open (`/knowledge/<slug>/`).
 
-The chat page is a plain Django template (`templates/chat.html`) and one static script
-(`surfaces/static/surfaces/chat.js`, no build step, no CDN) that speaks the SSE chat API of
-`surfaces.chat.sse` with the session cookie and the CSRF token: it shows the run's progress stages
-as they happen (with elapsed time), an unverified draft when the server streams drafts, each tool
-call's status, the release decision and the outcome (its `contentHtml`, rendered by
-`surfaces.answers.render_answer`), cancels, and reattaches with `after=<last id>` when the connection
-drops.
+The chat page is a plain template and one static script (no build step, no CDN) speaking the SSE chat
+API with the session cookie and the CSRF token: progress, drafts when streamed, tools, the release and
+the outcome's `contentHtml`, cancel, and reattaching after the last id when the connection drops.
+Details: docs/chat.md, *The chat page*.
 """
 
 from __future__ import annotations
