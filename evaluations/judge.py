@@ -1,15 +1,11 @@
-"""The LLM judge: one model call through the configured provider's client (`agent.runtime.providers`:
-the real `openai` SDK path, or the offline demo model), priced by `pricing` and returned with its
-reasoning capture for the governed store (`evaluations.recording`).
+"""The LLM judge: one model call through the configured provider's client (`agent.runtime.providers`),
+priced by `pricing` and returned with its reasoning capture for the governed store.
 
-The judge sees the run's question, its released answer and the text of the runbook chunks the answer
-cites (`kb:<slug>#<n>`; other kinds of evidence are named, not quoted, and an id that is not well
-formed is marked as such: `diagnosis.evidence`), all redacted as stored; it answers one JSON object
-`{"score", "label", "explanation"}`. A reply in the semantic guard's shape (`{"supported": bool,
-"reason": …}`, what the demo model's guard role answers) is read as `supported` (1) or `unsupported`
-(0). A reply that is neither is scored None with the label `judge_error`, as is a call that failed
-(`LLMError`): the call is recorded all the same (its attempts, usage and price), so failed judging is
-visible and paid for.
+The judge sees the run's question, its released answer and the text of the runbook chunks it cites, all
+redacted as stored, and answers `{"score", "label", "explanation"}` (a reply in the semantic guard's
+shape is read as supported or unsupported). Anything else, or a failed call, is scored None with
+`judge_error`, and the call is recorded all the same, so failed judging is visible and paid for.
+Details: docs/evaluations.md, *Evaluators* (the LLM judge).
 """
 
 from __future__ import annotations

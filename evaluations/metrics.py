@@ -1,15 +1,9 @@
 """Evaluation scores on /metrics (`telemetry.metrics.register_record_source`): read with the record
-metrics, over the same sliding window (scores recorded in the last `METRICS_WINDOW_SECONDS`) and cached
-with them. Labels: the evaluator's name and version and the scored run's configuration fingerprint
-(empty for runs recorded before fingerprints), plus the label for the counts. Experiment replays'
-scores are left out (`evaluations.selectors.production_scores`). One query.
-
-* `diagnosis_evaluation_score_mean{evaluator,version,fingerprint}`: mean value of the window's scores
-  (scores without a value — unpriced, judge errors — left out);
-* `diagnosis_evaluation_scores{evaluator,version,fingerprint,label}`: how many scores of each label;
-* `diagnosis_evaluation_judge_cost_dollars{evaluator,version,model}`: what the window's judge calls cost.
-
-The shipped alerting rules (`deploy/prometheus/rules.yml`) alert on a low or dropping mean.
+metrics, in one query over the same sliding window, and cached with them; experiment replays' scores
+are left out. Series: `diagnosis_evaluation_score_mean`, `diagnosis_evaluation_scores` (by label) and
+`diagnosis_evaluation_judge_cost_dollars`, labelled by evaluator, version and configuration fingerprint
+(or judge model). The shipped alerting rules alert on a low or dropping mean.
+Details: docs/evaluations.md, *Where scores show* (Prometheus) and *Alerting rules*.
 """
 
 from __future__ import annotations

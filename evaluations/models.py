@@ -1,16 +1,11 @@
 """Online evaluators and the scores they give finished runs (issue 34 item 2).
 
-`Evaluator` is configured in the admin: a name and a version (a new version is a new row; every score
-names the exact row that gave it), a kind (an LLM judge with its prompt and model, or a deterministic
-check: citation coverage, answer length, forbidden commands, latency bound, cost bound), a filter on the
-run (flow, intent, release decision) and a sampling rate (deterministic: a hash of the evaluator's name
-and the run id, so the same runs are sampled again and by every version of one evaluator).
-
-`EvaluationScore` is one evaluator's score of one run, at most one per (run, evaluator version): the
-unique constraint is the fence that keeps two workers from scoring a run twice. The row is bound into
-the run's chain by its `EVALUATION_RECORDED` event (form `evaluation-score`, `evaluations.recording`),
-so a score edited in the database is named by `verify_audit`. `EvaluationClaim` is the worker's
-claim on a (run, evaluator) pair while it scores it (operational state, no evidence).
+`Evaluator`: a name and a version (a new version is a new row), a kind (an LLM judge, or a deterministic
+check), a filter on the run and a deterministic sampling rate. `EvaluationScore`: one evaluator
+version's score of one run, unique per pair (the fence against scoring twice), bound into the run's
+chain by its `EVALUATION_RECORDED` event. `EvaluationClaim`: a worker's claim on a pair while it scores
+it (operational state, no evidence).
+Details: docs/evaluations.md.
 """
 
 from __future__ import annotations

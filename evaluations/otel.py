@@ -1,19 +1,12 @@
 """Scores as OpenTelemetry: one `gen_ai.evaluation.result` span per score, parented to the run's root
-span (the trace and span ids of `telemetry.spans`: the run's trace id, the root's span id), exported
-when the score is recorded if an OTLP endpoint is configured (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`).
+span (the trace and span ids of `telemetry.spans`), exported when the score is recorded if an OTLP
+endpoint is configured.
 
-The span follows the GenAI semantic conventions' evaluation event (`gen_ai.evaluation.result`:
-`gen_ai.evaluation.name`, `gen_ai.evaluation.score.value`, `gen_ai.evaluation.score.label`,
-`gen_ai.evaluation.explanation`) and adds what the conventions lack: the evaluator's version and kind
-(`diagnosis.evaluation.evaluator.version`, `.kind`), the score's id and the sequence number of its
-chained event, and for a judge its model and usage (`gen_ai.request.model`, `gen_ai.usage.*`). The same
-attributes ride a span event of that name, for backends that read the convention as an event. A judge's
-explanation is model output about the run's content: exported only with
-`OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`, as a bounded preview; a deterministic
-evaluator's explanation (counts, bounds, pattern names) always. Reasoning is never exported.
-
-Export is best effort: the score is recorded and chained first; a failed export is logged and counted
-(`EXPORT_FAILURES`), never retried by the score's writer (the score stays in the record).
+The span follows the GenAI conventions' evaluation result and adds the evaluator's version and kind,
+the score's id and event, and a judge's model and usage. A judge's explanation is exported only with
+content capture on, as a bounded preview; reasoning never. Export is best effort: the score is
+recorded and chained first, and a failed export is logged and counted (`EXPORT_FAILURES`), never retried.
+Details: docs/evaluations.md, *Where scores show* (OpenTelemetry).
 """
 
 from __future__ import annotations

@@ -2,17 +2,10 @@
 to the finished run's chain in one transaction through `audit.write.append_to_finished_run`
 (fail-closed: no score without its event, no event without its row).
 
-The event carries bounded facts: the score's id, the evaluator's name, version and kind, the value and
-label, the explanation's length and sha256 (never its text), the run's configuration fingerprint and,
-for an LLM judge, its model, the usage the provider reported (`judgeUsage`, the form of
-`MODEL_TOKEN_USAGE`), the attempts, the duration and the price (`pricing`); plus `scoreDigest`, the
-digest of the score row (form `evaluation-score`). A judge's reasoning and visible text go to the
-governed reasoning store (`agent_reasoning_audit`, agent `judge`, step index the event's sequence
-number), bound by the same event's `reasoningDigest`, so they are purged, re-encrypted and read under
-the same rules as every other reasoning row.
-
-`register()` (at app start) gives the row its form (`audit.verify.row_digests.register_form`) and its source
-for the verifier (`audit.verify.appended_rows`): `verify_audit` then recomputes each stored score's digest.
+The event carries bounded facts and `scoreDigest` (never the explanation's text); a judge's reasoning
+and reply go to the governed reasoning store, bound by the same event. `register()` (at app start) gives
+the row its digest form and its source for the verifier, so `verify_audit` recomputes every score.
+Details: docs/evaluations.md, *In the record*.
 """
 
 from __future__ import annotations

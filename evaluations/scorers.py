@@ -1,19 +1,10 @@
 """Which runs an evaluator scores (`applies`, `sampled`) and the deterministic evaluators' scores.
 
-Every deterministic score is a value in [0, 1] with a label and a one-line explanation made of counts,
-bounds and pattern names, never the answer's text:
-
-* citation coverage: the answer's claims (its sentences and list items, headings, code fences and the
-  `Confidence:` line left out) that cite evidence ids (`[kb:…#n]`, `[prom:…]`, the evidence guard's
-  reading, `agent.runtime.guards.extract_citations`) over all claims; `covered` at or above
-  `min_coverage`, else `uncovered`; `no_answer` when nothing was released;
-* answer length: 1 within [`min_chars`, `max_chars`], else 0 (`too_short`, `too_long`);
-* forbidden commands: 0 and `forbidden` when any pattern matches the released answer (the explanation
-  names the patterns), 1 and `clean` otherwise;
-* latency bound: 1 when the run's total duration is within `max_latency_ms` (`within`), else 0
-  (`exceeded`); None and `unmeasured` without a duration;
-* cost bound: the same with the run's stored cost and `max_cost_usd`; None and `unpriced` for a run
-  without a price (demo provider, unknown model).
+Every deterministic score is a value in [0, 1] (or None when it cannot be measured) with a label and a
+one-line explanation made of counts, bounds and pattern names, never the answer's text: citation
+coverage, answer length, forbidden commands, latency bound and cost bound. A run is taken by the
+evaluator's filter on its columns and sampled deterministically (the same runs for every version).
+Details: docs/evaluations.md, *Evaluators*.
 """
 
 from __future__ import annotations

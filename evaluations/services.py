@@ -1,16 +1,11 @@
 """Scoring finished runs: `evaluate_run` (one run, now) and `score_pending` (the worker's pass).
 
-`evaluate_run(run_id=…, evaluators=None)` scores a finished run with the given evaluators (default:
-every enabled one whose filter and sample take the run), skipping versions that scored it already, and
-returns the scores it recorded. Each score is claimed first (`EvaluationClaim`, unique per run and
-evaluator: the first insert wins, so two workers never make the same judge call), computed (the
-deterministic scorers, or the judge's model call), then recorded and chained in one transaction
-(`evaluations.recording.record_score`; the unique (run, evaluator) of the score row is the last
-fence), then exported to OpenTelemetry (`evaluations.otel`, best effort: a failed export is logged and
-counted, the score stays). Nothing here runs on a run's path: the runtime never calls it.
-
-`score_pending(limit=…)` is one pass of the worker (`manage.py run_evaluations`): the finished runs of
-the last `EVALUATION_LOOKBACK_HOURS` that some enabled evaluator has not scored yet, oldest first.
+Each score is claimed first (`EvaluationClaim`: two workers never make the same judge call), computed
+(a deterministic scorer or the judge's call), recorded and chained in one transaction
+(`evaluations.recording.record_score`), then exported to OpenTelemetry, best effort. `score_pending` is
+one pass of `manage.py run_evaluations` over the recent finished runs some enabled evaluator has not
+scored. Nothing here runs on a run's path: the runtime never calls it.
+Details: docs/evaluations.md, *The worker*.
 """
 
 from __future__ import annotations

@@ -32,13 +32,6 @@ PACKAGES = (
 # moved to docs/, a pointer to it), then delete its line here; never add one.
 LONG_DOCSTRINGS_NOT_YET_SHORTENED = frozenset(
     {
-        "evaluations/judge.py",
-        "evaluations/metrics.py",
-        "evaluations/models.py",
-        "evaluations/otel.py",
-        "evaluations/recording.py",
-        "evaluations/scorers.py",
-        "evaluations/services.py",
         "experiments/admin.py",
         "experiments/datasets.py",
         "experiments/models.py",
