@@ -1,15 +1,11 @@
 """Datasets and experiments in the admin: read-only (like django-auditlog's log), because versions and
 items are append-only and an experiment is a record of what ran.
 
-* Datasets: the versions with their items; `items.jsonl` downloads a version as JSON Lines
-  (`experiments.datasets.export_jsonl`, the same lines as `manage.py export_dataset`); the action *Run
-  an experiment on the selected version* asks for a candidate (JSON, the shape of
-  `agent.runtime.candidate.Candidate`) and replays the version through the real runtime
-  (`experiments.runner.run_experiment`, synchronously: for a large dataset use `manage.py
-  run_experiment`), then opens the results. Running needs `experiments.add_experiment`.
-* Experiments: the list, and per experiment its results page (`experiments.results`): the aggregate per
-  evaluator (mean delta with its 95 % interval, items worse and better), releases, cost and latency of
-  both sides, then every item, regressions first, with both runs linked and compared side by side.
+Datasets list their versions and items, download a version as `items.jsonl`, and replay a version
+under a candidate (the action needs `experiments.add_experiment`; it runs synchronously, so a large
+dataset belongs to `manage.py run_experiment`). Experiments show their results page
+(`experiments.results`).
+Details: docs/experiments.md and docs/admin.md, *Datasets and experiments*.
 """
 
 from __future__ import annotations

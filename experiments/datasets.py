@@ -1,19 +1,11 @@
 """Writing datasets: every version is a new set of rows (`experiments.models`, append-only).
 
-* `add_runs(name=…, runs=…, by=…, note=…)`: a new version of dataset `name` (version 1 when it does
-  not exist) holding the previous version's items, copied as they were, then one item per given run
-  that is finished and not in it yet (newest runs last, in the order given). Experiment replays are
-  never taken (`diagnosis.selectors.PRODUCTION`). Returns the new version, or the current one unchanged
-  when nothing new was given (no empty version is written).
-* `import_jsonl(name=…, lines=…, by=…, note=…)`: a new version from JSON Lines (one item an object, the
-  shape `item_json` writes); the file's items are added after the previous version's, items whose
-  source run is already in it are skipped.
-* `item_json(item)` / `export_jsonl(dataset)`: one JSON object per item, in position order.
-
-A snapshot (`snapshot_of`) is the run's question, its released answer as the reference, its release
-decision, intent, flow and configuration fingerprint, its chained reviews (verdict, reviewer, note,
-time, sequence) and its evaluation scores (evaluator name and version, kind, value, label, time), read
-when the item is taken and never refreshed.
+`add_runs` writes a new version holding the previous one's items as they were plus the given finished
+production runs not in it yet (nothing new: the current version, unchanged); `import_jsonl` does the same
+from JSON Lines; `item_json` / `export_jsonl` write items back out. An item's snapshot (`snapshot_of`:
+question, released answer as the reference, reviews, scores) is read when it is taken and never
+refreshed.
+Details: docs/experiments.md, *Datasets*.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """Datasets of real runs, and experiments that replay them (issue 34 items 3 and 4).
 
-* `Dataset`: one *version* of a named dataset. Versions are append-only: adding runs to a dataset, or
-  importing a file into it, writes a new `Dataset` row (version n+1, `parent` = version n) with a new
-  set of `DatasetItem` rows (the parent's items copied as they were, then the new ones); no row of a
-  dataset or an item is ever updated or deleted by the application (`experiments.services` is the one
-  writer, the admin is read-only).
-* `DatasetItem`: one item of one version: its source run (id, session, flow, configuration
-  fingerprint), the question, the released answer as the reference (with the release decision and
-  intent), and the run's reviews and evaluation scores as they were when the item was taken.
-* `Experiment`: one dataset version replayed under one candidate configuration (`candidate`: the JSON
-  the operator gave, see `agent.runtime.configuration.Candidate`), by whom and when, with the
-  candidate's configuration fingerprint (identical for every replay of a chat dataset).
-* `ExperimentRun`: one item's replay: the run the real runtime executed (purpose `experiment`), or the
-  error that kept it from running.
+`Dataset` is one version of a named dataset and `DatasetItem` one item of it (its source run's question,
+reference answer, reviews and scores as they were); versions and items are append-only, written only by
+`experiments.datasets` and never updated or deleted. `Experiment` is one dataset version replayed under
+one candidate (`agent.runtime.candidate.Candidate`) with its configuration fingerprint; `ExperimentRun`
+is one item's replay, or the error that kept it from running.
+Details: docs/experiments.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """An experiment's results: baseline (the source runs) against candidate (the replays), per item and in
 aggregate (issue 34 item 4). Pure reads; the admin's results page draws `experiment_results`.
 
-Per item: each evaluator's baseline and candidate value and their delta (the baseline's score is the
-source run's stored score when the run is still here, else the score the item kept), the release
-decisions, cost and total duration of both runs, and whether the candidate *regressed*: a lower score
-on any evaluator, a release lost (PUBLISHED before, BLOCKED or none now), or a replay that failed or
-did not run. Regressions come first, the worst score delta first.
-
-In aggregate: per evaluator the items scored on both sides, the mean delta with a 95 % confidence
-interval (a percentile bootstrap over the item deltas, 2,000 resamples, seeded so a page shows the same
-interval every time; none below two items), the number of items worse and better; the releases
-(published and blocked on each side), the summed cost of the runs priced on each side and how many
-were not priced, and the median total duration.
+Per item, each evaluator's two values and delta, both releases, costs and durations, and whether the
+candidate regressed (a lower score, a release lost, a replay that failed or did not run), regressions
+first. In aggregate, per evaluator, the mean delta with a seeded 95 % bootstrap interval and the items
+worse and better, and per side the releases, priced cost and median duration.
+Details: docs/experiments.md, *Results*.
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """Running an experiment: every item of a dataset version replayed through the real runtime under a
 candidate configuration (issue 34 item 4).
 
-`run_experiment(dataset=…, candidate=…, user=…)`:
-
-1. applies the candidate to the product's own client and tool registry
-   (`agent.runtime.candidate.apply_candidate`: models, prompts, tools, runbook folder); a candidate that
-   cannot be applied is refused before anything is written (`CandidateError`);
-2. writes the `Experiment` row, then for each item, in position order: a new session owned by `user`
-   with purpose `experiment` (one per item, so no replay reads another's turns as history), a PENDING
-   run of the item's question in the item's flow (the question redacted as any question is), executed to
-   its end by `agent.runtime.executor.execute_run` — the entry the chat, the API and `manage.py diagnose`
-   use — with the candidate's client, registry, prompts and corpus, so the run is recorded, chained,
-   verifiable and fingerprinted like any other, marked `experiment` in RUN_STARTED and on its row; its
-   `ExperimentRun` row names the run (or the error that kept it from running);
-3. scores the replays and the source runs still stored with the same evaluators
-   (`experiments.scoring.score_runs`), and marks the experiment finished.
-
-Replays run one after the other (an experiment is a batch, not traffic). An item of a multi-turn
-conversation is replayed without its earlier turns.
+`run_experiment(dataset=…, candidate=…, user=…)` applies the candidate (refused before anything is
+written when it cannot be: `CandidateError`), then replays each item, in order and one after the other,
+as a new run in a session of its own, executed by `agent.runtime.executor.execute_run` like any run:
+recorded, chained, verifiable, fingerprinted and marked `experiment`. It then scores the replays and the
+source runs still stored with the same evaluators (`experiments.scoring.score_runs`). A multi-turn item
+is replayed without its earlier turns. Details: docs/experiments.md, *Experiments*.
 """
 
 from __future__ import annotations
