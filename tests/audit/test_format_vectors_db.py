@@ -75,7 +75,11 @@ def test_a_recorded_run_is_stored_in_the_pinned_format(user, settings):
     (started,) = by_type["RUN_STARTED"]
     assert started["startDigest"] == _digest(started["startForm"], _columns(stored, started["startForm"]))
     session = ChatSession.objects.get(session_id=run.session_id)
-    values = {"session_id": session.session_id, "owner_id": session.owner_id, "created_at": session.created_at}
+    values = {
+        "session_id": session.session_id,
+        "owner_id": session.owner_id,
+        "created_at": session.created_at,
+    }
     assert started["sessionDigest"] == _digest(started["sessionForm"], values)
 
     steps = {(s.agent_name, s.step_index): s for s in AgentStep.objects.filter(run_id=run.run_id)}
@@ -97,7 +101,9 @@ def test_a_recorded_run_is_stored_in_the_pinned_format(user, settings):
     terminal = {d["toolCallId"]: d for d in by_type["TOOL_INVOCATION"] if d.get("status") != "RUNNING"}
     assert terminal and set(terminal) == set(tools)
     for call_id, details in terminal.items():
-        assert details["rowDigest"] == _digest(details["rowForm"], _columns(tools[call_id], details["rowForm"]))
+        assert details["rowDigest"] == _digest(
+            details["rowForm"], _columns(tools[call_id], details["rowForm"])
+        )
 
     (finished,) = by_type["RUN_FINISHED"]
     assert finished["runDigest"] == _digest(finished["runForm"], _columns(stored, finished["runForm"]))
