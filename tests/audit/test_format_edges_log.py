@@ -312,3 +312,108 @@ def test_a_signed_note_joins_its_body_and_signature_lines():
     assert (
         note.signed_note(CHECKPOINT["body"], N["origin"], CHECKPOINT["signature"], [cosig.line[:-1]]) == text
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# Merkle trees: the boundaries of the ranges and the exact refusals
+# --------------------------------------------------------------------------------------------------
+M = VECTORS["merkle"]
+HASHES = [bytes.fromhex(h) for h in M["leafHashes"]]
+ROOTS = [bytes.fromhex(h) for h in M["roots"]]
+
+
+def test_ranges_and_proofs_refuse_what_is_outside_the_tree():
+    from audit.transparency import merkle
+
+    for index, size in ((-1, 3), (3, 3), (0, 0)):
+        with pytest.raises(ValueError, match=r"^leaf index outside the tree$"):
+            merkle.inclusion_ranges(index, size)
+        with pytest.raises(ValueError, match=r"^leaf index outside the tree$"):
+            merkle.path(index, HASHES[: max(size, 0)])
+    for old, new in ((0, 3), (4, 3), (-1, 3)):
+        with pytest.raises(ValueError, match=r"^a consistency proof needs 0 < old size <= new size$"):
+            merkle.consistency_ranges(old, new)
+    for start, end in ((3, 3), (4, 3), (-1, 3)):
+        with pytest.raises(ValueError, match=r"^an empty or negative range has no nodes$"):
+            merkle.range_nodes(start, end)
+    with pytest.raises(ValueError, match=r"^nothing to fold$"):
+        merkle.fold([])
+    for n in (0, 1):
+        with pytest.raises(ValueError, match=r"^a split needs at least two leaves$"):
+            merkle.split(n)
+    assert [merkle.split(n) for n in (2, 3, 4, 5, 8, 9)] == [1, 2, 2, 4, 4, 8]
+    assert merkle.inclusion_ranges(0, 1) == [] and merkle.consistency_ranges(5, 5) == []
+    assert merkle.inclusion_ranges(2, 3) == [(0, 2)] and merkle.inclusion_ranges(1, 3) == [(0, 1), (2, 3)]
+    assert merkle.consistency_ranges(3, 7) == [(2, 3), (3, 4), (0, 2), (4, 7)]
+    assert merkle.consistency_ranges(4, 7) == [(4, 7)]
+    assert merkle.range_nodes(0, 7) == [(2, 0), (1, 2), (0, 6)] and merkle.range_nodes(5, 8) == [
+        (0, 5),
+        (1, 3),
+    ]
+    assert merkle.root_nodes(0) == [] and merkle.root_nodes(6) == [(2, 0), (1, 2)]
+    assert merkle.nodes_needed([(0, 3), (4, 6)]) == {(1, 0), (0, 2), (1, 2)}
+
+
+def test_a_frontier_reports_the_nodes_each_leaf_completes():
+    from audit.transparency import merkle
+
+    frontier = merkle.Frontier()
+    made = [frontier.append(h) for h in HASHES[:4]]
+    assert made[0] == [] and made[2] == []
+    assert made[1] == [(1, 0, merkle.node_hash(HASHES[0], HASHES[1]))]
+    assert made[3] == [(1, 1, merkle.node_hash(HASHES[2], HASHES[3])), (2, 0, ROOTS[3])]
+    assert frontier.size == 4 and frontier.root() == ROOTS[3]
+    resumed = merkle.Frontier(3, [merkle.node_hash(HASHES[0], HASHES[1]), HASHES[2]])
+    assert resumed.root() == ROOTS[2] and resumed.size == 3
+    with pytest.raises(ValueError, match=r"^a tree of 3 leaves has 2 right-edge nodes, not 1$"):
+        merkle.Frontier(3, [ROOTS[2]])
+
+
+def test_inclusion_proofs_are_refused_for_their_exact_fault():
+    from audit.transparency import merkle
+
+    proof = [merkle.path(5, HASHES)][0]
+    assert merkle.root_from_inclusion(HASHES[5], 5, 8, proof) == ROOTS[7]
+    for index, size in ((8, 8), (-1, 8)):
+        with pytest.raises(
+            merkle.ProofError, match=rf"^leaf index {index} is outside a tree of {size} leaves$"
+        ):
+            merkle.root_from_inclusion(HASHES[5], index, size, proof)
+    with pytest.raises(merkle.ProofError, match=r"^leaf\[0\] is not a 32-byte hash$"):
+        merkle.root_from_inclusion(HASHES[5][:31], 5, 8, proof)
+    with pytest.raises(merkle.ProofError, match=r"^proof\[1\] is not a 32-byte hash$"):
+        merkle.root_from_inclusion(HASHES[5], 5, 8, [proof[0], "x" * 32, proof[2]])
+    assert merkle.root_from_inclusion(bytearray(HASHES[5]), 5, 8, [bytearray(p) for p in proof]) == ROOTS[7]
+    with pytest.raises(merkle.ProofError, match=r"^inclusion proof is longer than the path of the leaf$"):
+        merkle.root_from_inclusion(HASHES[5], 5, 8, [*proof, ROOTS[0]])
+    with pytest.raises(merkle.ProofError, match=r"^inclusion proof is shorter than the path of the leaf$"):
+        merkle.root_from_inclusion(HASHES[5], 5, 8, proof[:-1])
+    with pytest.raises(
+        merkle.ProofError, match=r"^inclusion proof of leaf 5 does not lead to the root of tree size 8$"
+    ):
+        merkle.verify_inclusion(HASHES[5], 5, 8, proof, ROOTS[6])
+    # The last leaf of an unbalanced tree climbs past the levels where it has no sibling.
+    proof = merkle.path(6, HASHES[:7])
+    assert merkle.root_from_inclusion(HASHES[6], 6, 7, proof) == ROOTS[6]
+
+
+def test_consistency_proofs_are_refused_for_their_exact_fault():
+    from audit.transparency import merkle
+
+    proof = merkle.subproof(3, HASHES[:7])
+    merkle.verify_consistency(3, 7, ROOTS[2], ROOTS[6], proof)
+    merkle.verify_consistency(4, 7, ROOTS[3], ROOTS[6], merkle.subproof(4, HASHES[:7]))  # old: a power of 2
+    cases = (
+        ((3, 7, ROOTS[2][:31], ROOTS[6], proof), r"^root\[0\] is not a 32-byte hash$"),
+        ((3, 7, ROOTS[2], ROOTS[6], [*proof[:1], b"x"]), r"^proof\[1\] is not a 32-byte hash$"),
+        ((0, 7, ROOTS[2], ROOTS[6], proof), "^no consistency proof from size 0 to size 7$"),
+        ((8, 7, ROOTS[2], ROOTS[6], proof), "^no consistency proof from size 8 to size 7$"),
+        ((3, 7, ROOTS[2], ROOTS[6], []), "^empty consistency proof$"),
+        ((3, 7, ROOTS[2], ROOTS[6], [*proof, ROOTS[0]]), "^consistency proof is longer than needed$"),
+        ((3, 7, ROOTS[2], ROOTS[6], proof[:-1]), "^consistency proof is shorter than needed$"),
+        ((3, 7, ROOTS[1], ROOTS[6], proof), "^consistency proof does not lead to the root of tree size 3$"),
+        ((3, 7, ROOTS[2], ROOTS[5], proof), "^consistency proof does not lead to the root of tree size 7$"),
+    )
+    for args, message in cases:
+        with pytest.raises(merkle.ProofError, match=message):
+            merkle.verify_consistency(*args)

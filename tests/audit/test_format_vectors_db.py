@@ -87,6 +87,15 @@ def test_a_recorded_run_is_stored_in_the_pinned_format(user, settings):
         (r["agent_name"], r["step_index"]): r for r in rowdigest.stored_reasoning_rows(run_id=run.run_id)
     }
     assert any(r["reasoning_content"] for r in reasoning.values())  # ciphertext, as stored
+    assert all(
+        r["reasoning_content"].startswith("fernet:") for r in reasoning.values() if r["reasoning_content"]
+    )
+    # The run's compiled query (built at import) gives what the general query gives, built again now.
+    fresh = rowdigest._ReasoningOfRun()
+    rows = [dict(zip(fresh.names(), r, strict=True)) for r in fresh.rows(run_id=run.run_id)]
+    assert rows == rowdigest.stored_reasoning_rows(run_id=run.run_id, step_index__gte=-(10**6))
+    assert rows == rowdigest.stored_reasoning_rows(run_id=run.run_id) and len(rows) == len(reasoning)
+    assert fresh.rows(run_id="another run") == []
     for details in by_type["AGENT_MODEL_STEP"]:
         key = (details["agentName"], details["stepIndex"])
         assert details["stepDigest"] == _digest("step", _columns(steps[key], "step"))
