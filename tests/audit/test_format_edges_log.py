@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,6 +24,11 @@ N = VECTORS["signedNotes"]
 PRIVATE = Ed25519PrivateKey.from_private_bytes(bytes.fromhex(N["rfc8032Seed"]))
 WITNESS = Ed25519PrivateKey.from_private_bytes(bytes.fromhex(N["witnessSeed"]))
 CHECKPOINT = N["checkpoints"][1]
+
+
+def exactly(message: str) -> str:
+    """A `match=` pattern for exactly this message (a changed message is a changed behaviour)."""
+    return f"^{re.escape(message)}$"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -51,31 +57,37 @@ def _text(fields):
     return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-@pytest.mark.parametrize("decode", [leafdata.decode, leafdata.decode_any])
-def test_a_run_leaf_is_read_back_only_in_exactly_its_canonical_form(decode):
+@pytest.mark.parametrize(
+    ("decode", "fields_message"),
+    [
+        (leafdata.decode, "leaf data does not have exactly the leaf fields"),
+        (leafdata.decode_any, "leaf data does not have exactly the run leaf fields"),
+    ],
+)
+def test_a_run_leaf_is_read_back_only_in_exactly_its_canonical_form(decode, fields_message):
     data = LEAVES["an authenticated run leaf"]["data"]
     fields = json.loads(data)
     assert decode(data) == fields == decode(data.encode())
     for bad, message in (
-        ({**fields, "extra": 1}, "leaf data does not have exactly the"),
-        ({k: v for k, v in fields.items() if k != "runDigest"}, "leaf data does not have exactly the"),
-        ({**fields, "writeKeyId": ""}, "leaf data does not have exactly the"),
-        ({**fields, "writeKeyId": 7}, "leaf data does not have exactly the"),
+        ({**fields, "extra": 1}, fields_message),
+        ({k: v for k, v in fields.items() if k != "runDigest"}, fields_message),
+        ({**fields, "writeKeyId": ""}, fields_message),
+        ({**fields, "writeKeyId": 7}, fields_message),
     ):
-        with pytest.raises(ValueError, match=message):
+        with pytest.raises(ValueError, match=exactly(message)):
             decode(_text(bad))
-    with pytest.raises(ValueError, match="not in canonical form"):
+    with pytest.raises(ValueError, match=exactly("leaf data is not in canonical form")):
         decode(json.dumps(fields))
     with pytest.raises(ValueError):
         decode("[1]")
 
 
 def test_decode_reads_run_leaves_only():
-    with pytest.raises(ValueError, match="unknown leaf kind 'runTail'"):
+    with pytest.raises(ValueError, match=exactly("unknown leaf kind 'runTail'")):
         leafdata.decode(
             _text({**json.loads(LEAVES["a run tail"]["data"]), "runDigest": None, "finishedAt": None})
         )
-    with pytest.raises(ValueError, match="leaf data does not have exactly the leaf fields"):
+    with pytest.raises(ValueError, match=exactly("leaf data does not have exactly the leaf fields")):
         leafdata.decode(LEAVES["a run tail"]["data"])
 
 
@@ -93,7 +105,7 @@ def test_decode_any_names_what_is_wrong():
         (json.dumps(tail), "leaf data is not in canonical form"),
     )
     for text, message in cases:
-        with pytest.raises(ValueError, match=message):
+        with pytest.raises(ValueError, match=exactly(message)):
             leafdata.decode_any(text)
 
 
@@ -102,14 +114,18 @@ def test_decode_governance_reads_governance_leaves_only():
     fields = json.loads(data)
     assert leafdata.decode_governance(data.encode()) == fields
     assert leafdata.write_key_id(fields) == "1a2b3c4d"
-    with pytest.raises(ValueError, match="leaf data does not have exactly the governance leaf fields"):
+    with pytest.raises(
+        ValueError, match=exactly("leaf data does not have exactly the governance leaf fields")
+    ):
         leafdata.decode_governance(LEAVES["a run tail"]["data"])
-    with pytest.raises(ValueError, match="leaf data does not have exactly the governance leaf fields"):
+    with pytest.raises(
+        ValueError, match=exactly("leaf data does not have exactly the governance leaf fields")
+    ):
         leafdata.decode_governance("[]")
     wrong_kind = {**fields, "kind": "run"}
-    with pytest.raises(ValueError, match="not a governance leaf: kind 'run'"):
+    with pytest.raises(ValueError, match=exactly("not a governance leaf: kind 'run'")):
         leafdata.decode_governance(_text(wrong_kind))
-    with pytest.raises(ValueError, match="not in canonical form"):
+    with pytest.raises(ValueError, match=exactly("leaf data is not in canonical form")):
         leafdata.decode_governance(json.dumps(fields))
 
 
@@ -145,6 +161,7 @@ def test_a_legacy_body_is_refused_for_its_exact_fault(change, message):
 
 def test_a_legacy_body_is_json_of_exactly_its_fields_in_canonical_form():
     assert note.parse_body(N["legacy"]["body"]).previous == ""
+    assert note.parse_body(_text({**LEGACY, "treeSize": 1})).tree_size == 1  # the smallest tree signed
     assert note.parse_body(_text({**LEGACY, "previous": "ab" * 32})).previous == "ab" * 32
     for text, message in (
         ("{", "checkpoint body is not JSON"),
@@ -152,7 +169,7 @@ def test_a_legacy_body_is_json_of_exactly_its_fields_in_canonical_form():
         ("[]", "checkpoint body does not have exactly the v1 fields"),
         (json.dumps(LEGACY), "checkpoint body is not in canonical form"),
     ):
-        with pytest.raises(note.NoteError, match=message):
+        with pytest.raises(note.NoteError, match=exactly(message)):
             note.parse_body(text)
     assert not note.is_legacy(CHECKPOINT["body"]) and not note.is_legacy(None)
 
@@ -208,6 +225,8 @@ def test_a_note_checkpoint_names_its_signer_in_its_signature():
     public, stranger = PRIVATE.public_key(), WITNESS.public_key()
     assert note.signer_key_id(body, CHECKPOINT["signature"]) == N["noteKeyId"]
     assert note.signer_key_id(body, "***") == ""
+    unnamed = note.NoteBody("no key name", 8, CHECKPOINT["rootHash"], CHECKPOINT["signedAt"], "")
+    assert note.signer_key_id(unnamed, CHECKPOINT["signature"]) == ""  # read under its own origin
     assert note.find_signer(body, CHECKPOINT["signature"], [stranger, public]) is public
     assert note.find_signer(body, CHECKPOINT["signature"], [stranger]) is None
     legacy = note.parse_body(N["legacy"]["body"])
@@ -417,3 +436,30 @@ def test_consistency_proofs_are_refused_for_their_exact_fault():
     for args, message in cases:
         with pytest.raises(merkle.ProofError, match=message):
             merkle.verify_consistency(*args)
+
+
+def test_a_note_signature_is_refused_for_its_exact_fault():
+    body = CHECKPOINT["body"]
+    log_key = signednote.parse_vkey(N["vkey"])
+    good = signednote.sign_line(body, N["origin"], PRIVATE)
+    signednote.verify_signature(body, good, log_key)
+    by_id = f"the signature is not by key {N['origin']}+{N['noteKeyId']}"
+    wrong_id = signednote.Signature(good.name, b"\x00\x00\x00\x00", good.signature)  # a valid signature
+    with pytest.raises(signednote.SignedNoteError, match=exactly(by_id)):
+        signednote.verify_signature(body, wrong_id, log_key)
+    renamed = signednote.Signature("other.example/log", good.key_id, good.signature)
+    with pytest.raises(signednote.SignedNoteError, match=exactly(by_id)):
+        signednote.verify_signature(body, renamed, log_key)
+    with pytest.raises(
+        signednote.SignedNoteError, match=r"^the signature is not by key witness\.example/w1\+"
+    ):
+        signednote.verify_signature(body, good, W1)
+    short = signednote.Signature(good.name, good.key_id, good.signature[:63])
+    with pytest.raises(signednote.SignedNoteError, match=exactly("an Ed25519 signature is 64 bytes")):
+        signednote.verify_signature(body, short, log_key)
+    with pytest.raises(
+        signednote.SignedNoteError, match=exactly(f"signature by {N['origin']} does not verify")
+    ):
+        signednote.verify_signature(body + "x\n", good, log_key)
+    with pytest.raises(signednote.SignedNoteError, match=exactly("the note has no signature by a known key")):
+        signednote.verify_note(CHECKPOINT["note"], [W1])
