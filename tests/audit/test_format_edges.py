@@ -170,6 +170,22 @@ def test_the_gap_message_names_one_number_or_a_range():
     assert integrity._ranges([2, 3, 4, 5]) == "2–5"
 
 
+def test_a_link_read_with_its_stored_details_text_is_checked_over_that_text():
+    """`timeline_of` reads details as stored text: the verdict comes from that text without decoding
+    it (the decoded details are needed only when the text is not what was hashed)."""
+    e = ref.typed(VECTORS["chains"][1]["events"][0])  # one intact event
+    link = SimpleNamespace(
+        run_id=e["runId"], session_id=e["sessionId"], sequence_no=e["sequenceNo"], phase=e["phase"],
+        event_type=e["eventType"], status=e["status"], summary=e["summary"], created_at=e["createdAt"],
+        prev_hash=e["prevHash"], hash=e["hash"], details=object(), details_text=canonical_json(e["details"]),
+    )  # fmt: skip
+    assert integrity.verify_chain([link]).valid
+    link.details_text = '{"n":2}'  # neither the text nor the details are what was hashed
+    assert integrity.verify_chain([link]).problems == ["sequence 1: stored hash does not match its content"]
+    del link.details_text
+    assert not integrity.verify_chain([link]).valid
+
+
 def test_the_payload_text_converts_every_field_as_canonical_json_does():
     fields = {
         "run_id": ref.Text("r"),
@@ -197,6 +213,8 @@ def test_a_write_key_is_base64_of_exactly_32_bytes():
     ):
         with pytest.raises(writeauth.WriteKeyError, match=r"^a write key is base64 of 32 random bytes$"):
             writeauth.parse_key(text)
+    with pytest.raises(writeauth.WriteKeyError, match=r"^a write key is base64 of 32 random bytes$"):
+        writeauth.parse_key(KEYS[0][:10] + "!" + KEYS[0][10:])  # only the alphabet: nothing is skipped
     generated = writeauth.generate_key_text()
     assert len(writeauth.parse_key(generated)) == 32 and generated != writeauth.generate_key_text()
     with pytest.raises(writeauth.WriteKeyError, match=r"^no write key$"):
@@ -221,12 +239,18 @@ def test_why_a_tag_does_not_authenticate():
         verifier.problem(writeauth.RUN, link, "ffffffff0000:x") == "tagged by an unknown write key ffffffff"
     )
     assert verifier.problem(writeauth.RUN, "1" * 64, good) == f"tag by write key {key_id} does not verify"
-    assert verifier.problem(writeauth.RUN, link, good[:-1] + "0") is not None or good.endswith("0")
+    flipped = good[:-1] + ("1" if good.endswith("0") else "0")
+    assert verifier.problem(writeauth.RUN, link, flipped) == f"tag by write key {key_id} does not verify"
     assert not verifier.valid(writeauth.RUN, link, "") and verifier.valid(writeauth.RUN, link, good)
     assert (
         writeauth.key_id_of_tag("") == "" == writeauth.key_id_of_tag(None) == writeauth.key_id_of_tag("abc")
     )
     assert repr(verifier.current) == f"WriteKey({key_id})"
+    assert writeauth.key_id_of_tag("ab:cd:ef") == "ab"  # what precedes the first colon
+    assert (
+        verifier.problem(writeauth.RUN, link, f"{key_id}:{good}")
+        == f"tag by write key {key_id} does not verify"
+    )
 
 
 def test_a_repeated_key_is_listed_once_by_id_and_the_first_tags():
