@@ -322,3 +322,57 @@ def test_a_form_built_now_takes_stored_json_as_it_is_and_round_trips_written_jso
     assert encoded.canonical({"doc": {"t": when}}, stored=True) == {"doc": {"t": when}}
     decoded = column(encoder=DjangoJSONEncoder, decoder=json.JSONDecoder)
     assert decoded.canonical({"doc": {"t": when}}, stored=True) == {"doc": {"t": "2026-01-01T00:00:00Z"}}
+
+
+def test_digests_and_documents_are_of_written_values_unless_told_stored():
+    """`stored` reaches every path (document, digest, the run forms), and written is the default: a
+    written JSON value the column could not hold raises, a stored one is taken as it is."""
+    when = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    step = {**_typed(ROWS[0]["values"]), "model_output": {"t": when}}
+    run = {**_typed(next(v for v in ROWS if v["form"] == "run/4")["values"]), "self_evaluation": {"t": when}}
+    for form, values, column in (
+        (rowdigest.STEP, step, "model_output"),
+        (rowdigest.RUN, run, "self_evaluation"),
+    ):
+        for written in (form.canonical, form.document, form.digest):
+            with pytest.raises(TypeError):
+                written(values)
+        stored = form.document(values, stored=True)
+        assert stored["row"][column] == {"t": when}
+        text = canonical_json({"form": form.name, "row": {**stored["row"], column: {"t": str(when)}}})
+        assert form.digest(values, stored=True) == ref.sha256_text(text)
+        assert form.canonical(values, stored=True)[column] == {"t": when}
+    listed = rowdigest.STEP.document({**_typed(ROWS[0]["values"]), "model_input": ({"a": 1},)})
+    assert type(listed["row"]["model_input"]) is list  # written: what the column gives back
+
+
+def test_a_naive_time_is_utc_whatever_the_process_time_zone(monkeypatch):
+    import time
+
+    vector = next(v for v in ROWS if v["name"] == "naive and non-UTC times")
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    try:
+        assert rowdigest.STEP.digest(_typed(vector["values"])) == vector["digest"]
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
+def test_a_tag_without_a_colon_names_no_key_even_when_it_is_a_key_id():
+    verifier = writeauth.Verifier([base64.b64decode(k) for k in KEYS])
+    key_id = VECTORS["writeTags"]["keyIds"][0]
+    assert verifier.problem(writeauth.RUN, "0" * 64, key_id) == "tagged by an unknown write key ?"
+
+
+def test_without_write_key_settings_tagging_is_refused_and_says_how_to_make_a_key(settings):
+    del settings.AUDIT_WRITE_KEYS
+    del settings.AUDIT_DEV_WRITE_KEY_FILE
+    with pytest.raises(writeauth.WriteKeysMissing) as raised:
+        writeauth.configured_key_texts()
+    assert str(raised.value) == (
+        "AUDIT_WRITE_KEYS is empty: nothing the service writes to the audit record can be authenticated. "
+        'Generate a key with `python -c "import base64, os; '
+        'print(base64.b64encode(os.urandom(32)).decode())"`.'
+    )
+    assert writeauth.key_ids() == []

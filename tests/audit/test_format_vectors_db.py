@@ -16,6 +16,7 @@ from audit.models import AgentStep, ToolInvocation, TraceEvent
 from core import writeauth
 from diagnosis.models import ChatSession, DiagnosisRun
 from reasoning.fields import Ciphertext
+from reasoning.models import AgentReasoningAudit
 from tests.audit.vectors import reference as ref
 from tests.factories import make_recorded_run
 
@@ -96,6 +97,16 @@ def test_a_recorded_run_is_stored_in_the_pinned_format(user, settings):
     assert rows == rowdigest.stored_reasoning_rows(run_id=run.run_id, step_index__gte=-(10**6))
     assert rows == rowdigest.stored_reasoning_rows(run_id=run.run_id) and len(rows) == len(reasoning)
     assert fresh.rows(run_id="another run") == []
+    # Rows of several runs: by run, then step index, then insertion (a guard's negative step last).
+    other = make_recorded_run(user)
+    AgentReasoningAudit.objects.create(  # inserted last, ordered first: a router's row written late
+        session_id=other.session_id, run_id=other.run_id, step_index=-5, agent_name="router",
+        reasoning_available=False, content_bytes=0, created_at=other.created_at,
+    )  # fmt: skip
+    both = rowdigest.stored_reasoning_rows(run_id__in=[run.run_id, other.run_id])
+    order = [(r["run_id"], r["step_index"], r["id"]) for r in both]
+    assert order == sorted(order) and {r["run_id"] for r in both} == {run.run_id, other.run_id}
+    assert [r["step_index"] for r in rowdigest.stored_reasoning_rows(run_id=other.run_id)] == [-5, 1, 2]
     for details in by_type["AGENT_MODEL_STEP"]:
         key = (details["agentName"], details["stepIndex"])
         assert details["stepDigest"] == _digest("step", _columns(steps[key], "step"))
