@@ -463,3 +463,53 @@ def test_a_note_signature_is_refused_for_its_exact_fault():
         signednote.verify_signature(body + "x\n", good, log_key)
     with pytest.raises(signednote.SignedNoteError, match=exactly("the note has no signature by a known key")):
         signednote.verify_note(CHECKPOINT["note"], [W1])
+
+
+def test_a_signed_note_is_split_at_its_last_blank_line_and_refused_for_its_exact_fault():
+    line = signednote.parse_signature_line(CHECKPOINT["note"].split("\n\n")[-1])
+    text = "first\n\nsecond\n\n" + line.line  # a blank line inside the text: the last one separates
+    assert signednote.split_note(text) == ("first\n\nsecond\n", [line])
+    assert signednote.split_note("\n\n" + line.line) == ("\n", [line])  # an empty text
+    assert len(signednote.split_note("t\n\n" + line.line * 64)[1]) == 64
+    for bad, message in (
+        ("t\n\n" + line.line[:-1], "a signed note ends with a newline"),
+        ("t\x01\n\n" + line.line, "a signed note has no control characters but newlines"),
+        ("t\n" + line.line, "a signed note has a blank line before its signatures"),
+        ("t\n\n", "a signed note has at least one signature"),
+        ("t\n\n" + line.line * 65, "a signed note has more than 64 signatures"),
+        ("t\n\n- x y\n", "a signature line starts with an em dash and a space"),
+        ("t\n\n\u2014 x\n", "a signature line is '— <name> <base64>'"),
+        ("t\n\n\u2014 x AAAA\n", "a signature has a key id and at least one byte"),
+        ("t\n\n\u2014 x+y AAAAAAA=\n", "a key name is non-empty, without spaces or '+'"),
+    ):
+        with pytest.raises(signednote.SignedNoteError, match=exactly(message)):
+            signednote.split_note(bad)
+
+
+def test_a_vkey_and_a_checkpoint_body_are_refused_for_their_exact_fault():
+    name, key_id, material = N["vkey"].split("+", 2)
+    for bad, message in (
+        (f"{name}+{key_id}", "a vkey is <name>+<hex key id>+<base64 key>"),
+        (f"{name}+zz{key_id[2:]}+{material}", "vkey key id is not hex"),
+        (
+            f"{name}+{key_id}+{material[:-4]}",
+            "vkey is not an Ed25519 (0x01) or Ed25519 cosignature (0x04) key",
+        ),
+        (f"{name}+{key_id}00+{material}", "vkey is not an Ed25519 (0x01) or Ed25519 cosignature (0x04) key"),
+    ):
+        with pytest.raises(signednote.SignedNoteError, match=exactly(message)):
+            signednote.parse_vkey(bad)
+    body = CHECKPOINT["body"]
+    origin, size, root = body.split("\n")[:3]
+    for bad, message in (
+        (body[:-1], "a checkpoint ends with a newline"),
+        (f"{origin}\n{size}\n", "a checkpoint has an origin, a size and a root hash line"),
+        (f"\n{size}\n{root}\n", "checkpoint origin is empty"),
+        (f"{origin}\n08\n{root}\n", "checkpoint size is not a decimal without leading zeros"),
+        (f"{origin}\n-8\n{root}\n", "checkpoint size is not a decimal without leading zeros"),
+        (f"{origin}\n{size}\n{root[:-4]}\n", "checkpoint root hash is not 32 bytes"),
+        (f"{origin}\n{size}\n{root}\n\n", "checkpoint extension lines are not empty"),
+    ):
+        with pytest.raises(signednote.SignedNoteError, match=exactly(message)):
+            signednote.parse_checkpoint(bad)
+    assert signednote.parse_checkpoint(f"{origin}\n0\n{root}\n").tree_size == 0
