@@ -491,6 +491,7 @@ def test_a_vkey_and_a_checkpoint_body_are_refused_for_their_exact_fault():
     for bad, message in (
         (f"{name}+{key_id}", "a vkey is <name>+<hex key id>+<base64 key>"),
         (f"{name}+zz{key_id[2:]}+{material}", "vkey key id is not hex"),
+        (f"{name}+{key_id}+{material[:-1]}!", "vkey key is not base64"),
         (
             f"{name}+{key_id}+{material[:-4]}",
             "vkey is not an Ed25519 (0x01) or Ed25519 cosignature (0x04) key",
