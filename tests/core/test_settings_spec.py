@@ -4,13 +4,15 @@ and docs/configuration.md's table is the declaration's.
 
 * the documentation's table is the one the declaration generates (the failure names the command);
 * every declared setting is a Django setting of this process with the value `read` gives;
-* `config/settings.py` reads no variable itself;
+* `config/settings.py` reads no variable itself, and no project module reads a declared setting with
+  `getattr(settings, NAME, default)`;
 * a secret's default is never shown, a production-only variable is read only with DEBUG off, and with
   DEBUG off SECRET_KEY has no default.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -25,7 +27,7 @@ from core.settings_spec import SETTINGS
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "configuration.md"
-BY_NAME = {item.name: item for item in SETTINGS}
+NOT_PROJECT = {"tests", "bench", ".venv", ".venv-peers", ".venv-phoenix", "node_modules", "migrations"}
 
 
 def _env(**values: str) -> environ.Env:
@@ -61,6 +63,33 @@ def test_every_declared_setting_is_a_django_setting_with_the_value_read():
 def test_config_settings_reads_no_variable_itself():
     source = (ROOT / "config" / "settings.py").read_text(encoding="utf-8")
     assert not re.findall(r'env\.\w+\("[A-Z_0-9]+"', source)
+
+
+def _project_modules():
+    for path in ROOT.rglob("*.py"):
+        if NOT_PROJECT.isdisjoint(path.relative_to(ROOT).parts):
+            yield path
+
+
+def test_no_module_restates_the_default_of_a_declared_setting():
+    """`getattr(settings, "NAME", default)` of a declared setting hid a second default (REDACTION_MODE had
+    three); the setting always exists, so it is `settings.NAME`. A default is left only for a setting this
+    project does not declare (a library's, or a hook no deployment sets), named in the call."""
+    declared = {item.django_name for item in SETTINGS if item.django_name}
+    found = []
+    for path in _project_modules():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "getattr"
+                and len(node.args) == 3
+                and isinstance(node.args[0], ast.Name)
+                and node.args[0].id == "settings"
+                and not (isinstance(node.args[1], ast.Constant) and node.args[1].value not in declared)
+            ):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node.args[1])}")
+    assert found == []
 
 
 def test_a_secrets_default_is_never_shown():
