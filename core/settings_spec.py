@@ -8,9 +8,10 @@ each names: `env.int`, `env.list`, ...) and makes each the Django setting of the
 reads `settings.NAME` and never restates a default. The table of `docs/configuration.md` is generated from
 this list (`core/settings_doc.py`; `tests/core/test_settings_spec.py` fails when the two differ).
 
-A default is a value, or a function of the values declared before it (the ones that follow `DEBUG`), which
-returns `REQUIRED` when the variable must be set (django-environ then raises ImproperlyConfigured). A
-secret's default is never shown in the documentation. Nothing here imports Django.
+A default is a value, or a function of the values declared before it (`not v["DEBUG"]`, the agent's model
+for the router's), which returns `REQUIRED` when the variable must be set (django-environ then raises
+ImproperlyConfigured). A secret's default is never shown in the documentation. Reading needs no Django
+setup, so `config/settings.py` and the documentation's generator can both use it.
 """
 
 from __future__ import annotations
