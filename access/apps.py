@@ -10,6 +10,7 @@ class AccessConfig(AppConfig):
     verbose_name = "Access governance"
 
     def ready(self) -> None:
-        # OpenAPI extension; the role groups after migrate; governance receivers; system checks; the
-        # single sign-on receiver that clears the IdP's second factor at any other login.
-        from access import checks, groups, schema, signals, sso  # noqa: F401
+        # The role groups after migrate; governance receivers; system checks; the single sign-on
+        # receiver that clears the IdP's second factor at any other login. (The token authentication's
+        # OpenAPI extension is the API's: `surfaces.api.auth_schema`.)
+        from access import checks, groups, signals, sso  # noqa: F401

@@ -2,7 +2,7 @@
 
 The governance chain records every change the application makes to sensitive rights from the moment
 it existed; rights granted before that (a superuser created before the chain, a group's permissions
-from an older version) appear in no event. `audit.authority` replays the chain to decide who held a
+from an older version) appear in no event. `audit.verify.authority` replays the chain to decide who held a
 right at each point, so a store upgraded to write authentication needs one starting point: the rights
 as the tables hold them at the upgrade, chained (and tagged) once, right after the upgrade's
 `WRITE_AUTH_STARTED` (`audit.transparency.adoption`). A new installation needs none: its chain records
@@ -16,7 +16,7 @@ from django.contrib.auth.models import Group
 from access.selectors import sensitive_permissions_of_group, sensitive_rights_of_user
 from audit.models import GovernanceEvent
 from audit.models import GovernanceEventType as T
-from audit.recorder import record_governance_event
+from audit.write import record_governance_event
 
 
 def needed() -> bool:

@@ -43,7 +43,7 @@ GRANTS = (
 def create_role_groups(sender, using="default", apps=global_apps, **kwargs) -> None:
     """With the application's own models, not the migrated state's that `post_migrate` passes: their
     changes fire the governance signals (`access.signals`), so every grant a group receives here is a
-    chained PERMISSION_GRANTED, from which `audit.authority` replays who held what (the migrated
+    chained PERMISSION_GRANTED, from which `audit.verify.authority` replays who held what (the migrated
     state's models are other classes, which no receiver follows)."""
     if getattr(sender, "name", None) != "access":
         return

@@ -3,7 +3,7 @@ authentications, each against the counter of the one who guessed.
 
 The admin/session login goes through axes as documented (`AxesStandaloneBackend` first in
 `AUTHENTICATION_BACKENDS`, `AxesMiddleware`). Token authentication has no password form, so the REST
-API, the SSE views, the WebSocket handshake (`access.authentication`), the Alertmanager webhook and
+API, the SSE views, the WebSocket handshake (`surfaces.api.authentication`), the Alertmanager webhook and
 `/metrics` use axes' handler API directly: `is_locked` before a failure is counted, and Django's
 `user_login_failed` signal (which axes records) for a wrong, expired or revoked credential. One table,
 one admin view of attempts (*Axes › Access attempts*) and one `axes_reset` command for every kind of
@@ -45,7 +45,6 @@ from axes.handlers.proxy import AxesProxyHandler
 from axes.helpers import get_client_username, get_cool_off
 from axes.models import AccessAttempt
 from django.conf import settings
-from django.contrib import admin
 from django.contrib.auth.signals import user_login_failed
 from django.core.exceptions import BadRequest, SuspiciousOperation
 from django.db.models import Max
@@ -56,9 +55,9 @@ from django.template.loader import render_to_string
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 from django.utils.datastructures import MultiValueDict
-from rest_framework import status
-from rest_framework.exceptions import APIException
 
+from core.errors import ClientRefusal
+from core.product import PRODUCT_NAME
 from reasoning.utils import client_address
 
 LOCKED_OUT = "locked_out"
@@ -128,13 +127,15 @@ def retry_after(request: HttpRequest, username: str | None) -> int | None:
     return max(1, math.ceil(left))
 
 
-class LockedOut(APIException):
-    status_code = status.HTTP_429_TOO_MANY_REQUESTS
-    default_code = LOCKED_OUT
+class LockedOut(ClientRefusal):
+    """429 `locked_out`: this counter is locked (the API answers it through `core.api`)."""
+
+    status_code = 429
+    code = LOCKED_OUT
 
     def __init__(self, request: HttpRequest | None = None, username: str | None = None) -> None:
-        self.wait = retry_after(request, username) if request is not None else None
-        super().__init__(detail=message(username, self.wait), code=LOCKED_OUT)
+        wait = retry_after(request, username) if request is not None else None
+        super().__init__(message(username, wait), wait=wait)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -196,7 +197,7 @@ def lockout_response(request, original_response=None, credentials=None) -> HttpR
             "message": text,
             "wait_text": _wait_text(wait),
             "login_url": _login_url(request),
-            "site_header": admin.site.site_header,
+            "site_header": PRODUCT_NAME,
         }
         page = render_to_string("access/locked_out.html", context, request=request)
         response = HttpResponse(page, status=429, content_type="text/html; charset=utf-8")

@@ -2,7 +2,7 @@
 flow (with PKCE and a nonce), with the ID token checked as OpenID Connect Core 3.1.3.7 asks and the
 account found by (issuer, subject).
 
-`OidcBackend.authenticate` answers only the callback view (`access.oidc_views`), never a password form:
+`OidcBackend.authenticate` answers only the callback view (`surfaces.oidc_views`), never a password form:
 
 1. the code is redeemed at `OIDC_OP_TOKEN_ENDPOINT` (client secret, PKCE verifier);
 2. the ID token (`verify_token`) must be signed with `OIDC_RP_SIGN_ALGO` by a key of the provider's JWKS,

@@ -4,12 +4,12 @@
 * `breakglass`: the team signs in through the identity provider (`access.oidc`); a local password is
   accepted only from an active superuser named in `BREAK_GLASS_USERNAMES` (the account kept for when the
   provider is down). Every other username is refused with `REFUSED` *before* its password is checked,
-  so nothing is guessed and nothing is counted (`access.forms.LoginForm`); a listed name that is not an
-  active superuser is refused after the check, uncounted. A session that was signed in with a password
+  so nothing is guessed and nothing is counted (`surfaces.admin.login_form.LoginForm`); a listed name that is
+  not an active superuser is refused after the check, uncounted. A session that was signed in with a password
   before the switch ends at its next request (`access.backends.ModelBackend.get_user`), and the password
   backend itself refuses an unlisted username whoever calls it.
 
-API tokens are issued only to a signed-in session (`access.apis`), so no password reaches them either.
+API tokens are issued only to a signed-in session (`surfaces.api.tokens`), so no password reaches them either.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Writes of access governance: issuing and revoking API tokens. Each write and its governance event
-(`audit.recorder.record_governance_event`) commit together or not at all. Keyword-only arguments; log
+(`audit.write.record_governance_event`) commit together or not at all. Keyword-only arguments; log
 lines name users by id and tokens by prefix, never a token's text."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from access.models import ApiToken
 from access.stepup import ISSUE_OTP_MESSAGE, token_needs_otp
 from access.tokens import digest_of, new_token, prefix_of
 from audit.models import GovernanceEventType
-from audit.recorder import record_governance_event
+from audit.write import record_governance_event
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ Token issue and revoke are recorded by `access.services`. The actor is the user 
 thread the change happens (`access.middleware.current_actor`), "" for the system (shell, migrations);
 changes single sign-on makes from an identity provider's claims name `(single sign-on)` and carry
 `details.source` (the issuer, the subject, the IdP groups asserted: `access.sso`).
-Events are written by `audit.recorder.record_governance_event` in the transaction of the change.
+Events are written by `audit.write.record_governance_event` in the transaction of the change.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from access.selectors import (
     sensitive_rights_of_user,
 )
 from audit.models import GovernanceEventType as T
-from audit.recorder import record_governance_event
+from audit.write import record_governance_event
 
 User = get_user_model()
 

@@ -1,13 +1,13 @@
 """The second factor for reading reasoning content (`REASONING_REQUIRE_OTP`).
 
 `otp_satisfied(request)` is the one rule, asked by the reasoning permission (API, answering 403
-`otp_required`) and again by `reasoning.services.read_reasoning` (API and admin panel), so no path reads
+`otp_required`) and again by `access.reasoning_reads.read_reasoning` (API and admin panel), so no path reads
 reasoning on a password alone:
 
 * a request authenticated by an API token: the token was issued after a TOTP check (`otp_verified`);
 * a session (admin, cookie API calls): django-otp's `OTPMiddleware` says this session passed a TOTP
-  check (`request.user.is_verified()`; the admin's *Verify second factor* page, `access.views`), or the
-  session was signed in through the identity provider with a second factor the settings accept
+  check (`request.user.is_verified()`; the admin's *Verify second factor* page, `surfaces.admin.stepup`), or
+  the session was signed in through the identity provider with a second factor the settings accept
   (`OIDC_ACCEPTED_AMR` / `OIDC_ACCEPTED_ACR`, `access.sso.session_second_factor`).
 
 `session_verified(request)` is that one decision for a session.

@@ -9,4 +9,4 @@ class AuditConfig(AppConfig):
     verbose_name = "Audit"
 
     def ready(self) -> None:
-        from audit import checks  # noqa: F401  (registers checks)
+        from audit.transparency import checks  # noqa: F401  (registers checks)

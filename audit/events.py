@@ -3,18 +3,18 @@ what it means. Django-free, so that the offline verifier (`python -m audit.verif
 declarations as the server.
 
 Everything that enumerates event types derives from `EVENTS`: `audit.models.EventType` (the Python
-constants), the chain's bindings (`audit.bound`: which events are appended after a run's finish), the
-OpenAPI schema (the `eventType` enum and its description, `audit.serializers`), the admin's event-type
-filter, and the table in docs/architecture.md (`markdown_table`, held equal by
+constants), the chain's bindings (`audit.verify.chain_digests`: which events are appended after a run's
+finish), the OpenAPI schema (the `eventType` enum and its description, `surfaces.api.audit_serializers`), the
+admin's event-type filter, and the table in docs/architecture.md (`markdown_table`, held equal by
 `tests/audit/test_event_registry.py`). A new event type is one `EventSpec` here plus the code that writes
 it (docs/contributing.md, *A new event type*).
 
 **Who writes an event** (`writer`):
 
-* `RECORDER`: the run's own recorder (`audit.recorder.RunRecorder`) while the run executes, under its
+* `RECORDER`: the run's own recorder (`audit.write.RunRecorder`) while the run executes, under its
   lease; counted in the run's expected events and anchored with the run's finished head;
 * `APPENDED`: anything else, after the run finished (or beside its recorder, for reasoning governance),
-  through `audit.recorder.append_to_finished_run` alone: under the run row's lock, at the chain head
+  through `audit.write.append_to_finished_run` alone: under the run row's lock, at the chain head
   read there, fenced by the run's current lease epoch. Never expected by the recorder; allowed after the
   head the transparency log anchored and anchored in turn by the next checkpoint's run-tail leaf.
 """
@@ -40,7 +40,7 @@ class EventSpec:
     binds: str = ""
     row: str = ""
     # (details key naming the bound row, details key carrying its digest) of an appended event whose row
-    # lives in a higher layer's table, registered there (`audit.appended_rows`); () for none.
+    # lives in a higher layer's table, registered there (`audit.verify.appended_rows`); () for none.
     keys: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -215,7 +215,7 @@ EVENTS: tuple[EventSpec, ...] = (
         "An auditor's verdict on the finished run (correct, incorrect, unsafe, needs follow-up).",
         binds="`reviewDigest`",
         row="the review row (`audit_run_review`, form `review`), named by its `reviewId`, inserted in the "
-        "same transaction by `audit.reviews.record_review`",
+        "same transaction by `audit.write.reviews.record_review`",
     ),
     EventSpec(
         "FEEDBACK_RECORDED",

@@ -79,7 +79,7 @@ class TraceEvent(models.Model):
     sequence_no = models.PositiveIntegerField()
     phase = models.CharField(max_length=16, choices=Phase.choices)
     # No `choices`: the types are declared in `audit.events` (a new one needs no migration); the admin
-    # filters by them (`audit.admin.EventTypeFilter`) and the API documents them.
+    # filters by them (`surfaces.admin.audit_records.EventTypeFilter`) and the API documents them.
     event_type = models.CharField(max_length=48)
     status = models.CharField(max_length=32, blank=True, default="")
     summary = models.CharField(max_length=PREVIEW_CHARS, blank=True, default="")
@@ -228,7 +228,7 @@ class ToolInvocation(models.Model):
 
 
 # --------------------------------------------------------------------------------------------------
-# Human reviews of runs (audit/reviews.py, docs/admin.md "Reviews")
+# Human reviews of runs (audit/write/reviews.py, docs/admin.md "Reviews")
 # --------------------------------------------------------------------------------------------------
 REVIEW_PERMISSION = "audit.review_run"
 HOLD_PERMISSION = "audit.place_legal_hold"  # LegalHold.Meta (placing and lifting holds)
@@ -245,9 +245,9 @@ class ReviewVerdict(models.TextChoices):
 class RunReview(models.Model):
     """One reviewer's verdict on a finished run (`audit_run_review`): append-only, never updated.
 
-    Written by `audit.reviews.record_review` alone, in the transaction that appends its
+    Written by `audit.write.reviews.record_review` alone, in the transaction that appends its
     `REVIEW_RECORDED` event to the run's chain (`sequence_no` is that event's); the event carries the
-    digest of this row (form `review`, `audit.rowdigest`), so an edited or deleted review is named by
+    digest of this row (form `review`, `audit.verify.row_digests`), so an edited or deleted review is named by
     `verify_audit` and the trace summary. A later review supersedes an earlier one in display; both
     stay. `reviewer_username` is a snapshot (the user may be renamed or deleted later)."""
 
@@ -335,7 +335,7 @@ class LogLeaf(models.Model):
 
 class TailPending(models.Model):
     """A finished run whose chain grew after it was anchored (`audit_tail_pending`): written, in the same
-    transaction, by whatever appends to a finished run's chain (`audit.recorder.tail.note_appended`), with the
+    transaction, by whatever appends to a finished run's chain (`audit.write.tail.note_appended`), with the
     newest sequence number appended; the next checkpoint appends a run-tail leaf anchoring the run's new
     head and deletes the row when that head covers `last_sequence_no`. A work queue, not audit truth:
     deleting a row only delays the anchoring (what is not anchored yet is the documented window before
@@ -455,7 +455,7 @@ class WitnessAttempt(models.Model):
 
 
 # --------------------------------------------------------------------------------------------------
-# Retention: tombstones of purged runs and legal holds (audit/retention.py)
+# Retention: tombstones of purged runs and legal holds (audit/write/retention.py)
 # --------------------------------------------------------------------------------------------------
 class RunTombstone(models.Model):
     """What is left of a run whose trace records were purged after `AUDIT_RETENTION_DAYS`
@@ -557,23 +557,24 @@ class GovernanceEventType(models.TextChoices):
     USER_DELETED = "USER_DELETED"
     BREAK_GLASS_SIGN_IN = "BREAK_GLASS_SIGN_IN"
     # Write authentication began in a store recorded before it (audit.transparency.adoption); the rights
-    # every user held then (the replay's starting point, audit.authority); a run the checkpointer refused.
+    # every user held then (the replay's starting point, audit.verify.authority); a run the checkpointer
+    # refused.
     WRITE_AUTH_STARTED = "WRITE_AUTH_STARTED"
     RIGHTS_BASELINE = "RIGHTS_BASELINE"
     ANCHOR_REFUSED = "ANCHOR_REFUSED"
-    REASONING_READ = "REASONING_READ"  # a read of reasoning content (reasoning.services), chained
+    REASONING_READ = "REASONING_READ"  # a read of reasoning content (access.reasoning_reads), chained
 
 
 class GovernanceEvent(models.Model):
     """One change to who may do what (`audit_governance_event`), in one global hash chain.
 
     `sequence_no` is 1, 2, 3 … without gap; `hash` is sha256(prev_hash + canonical JSON of
-    `audit.recorder.governance.governance_payload`), the first chaining to GENESIS, exactly as a run's
+    `audit.write.governance.governance_payload`), the first chaining to GENESIS, exactly as a run's
     timeline. `actor` is who made the change (a username snapshot; "" for the system, e.g. a migration),
     `subject_user` whose rights changed (username snapshot; "" for a change to a group), `group` and
     `permission` the group and permission (`app_label.codename`) concerned. `details` holds ids and
     counts, never secrets (a token appears by its prefix only). Append-only: written by
-    `audit.recorder.governance.record_governance_event` alone, read-only in the admin, checked by
+    `audit.write.governance.record_governance_event` alone, read-only in the admin, checked by
     `verify_audit`."""
 
     sequence_no = models.PositiveIntegerField(unique=True)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 
-from audit.recorder import RunRecorder
+from audit.write import RunRecorder
 from bench import workload
 from bench.env import raw_connect
 from bench.stats import Row, spread
@@ -176,8 +176,8 @@ def _connect() -> None:
 
 def check_complete(runs: list[DiagnosisRun]) -> None:
     """Every recorded run stored exactly what it expected (nothing lost), chain valid."""
-    from audit.integrity import verify_chain
     from audit.models import AgentStep, ToolInvocation, TraceEvent
+    from audit.verify.hash_chain import verify_chain
 
     for run in runs:
         run.refresh_from_db()

@@ -27,7 +27,7 @@ from django.db import connection, connections
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from audit.recorder import DeclaredToolCall, RunRecorder
+from audit.write import DeclaredToolCall, RunRecorder
 from bench import workload
 from bench.env import create_database, raw_connect
 from bench.stats import Row, spread
@@ -297,7 +297,7 @@ def generate_background(database: str, total: int, owner_id: int, log=print) -> 
     # A mix the lists can filter on (B6): 1 % FAILED and 1 % CANCELLED (no release, no content), 5 % of
     # the successes BLOCKED, intents and providers in fixed shares, 1 % with a failed audit write
     # (their stored `audit_complete` is false), 2 % with draft text shown; 1 % of the questions name
-    # Redis and 1 % are in Chinese (the search cases). Every stored list fact is what `audit.facts`
+    # Redis and 1 % are in Chinese (the search cases). Every stored list fact is what `audit.read.list_facts`
     # decides for such a row.
     status = "CASE s.seq % 100 WHEN 7 THEN 'FAILED' WHEN 13 THEN 'CANCELLED' ELSE 'SUCCESS' END"
     audit_failed = f"s.seq % {AUDIT_FAILED_EVERY} = {AUDIT_FAILED_AT}"

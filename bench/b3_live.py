@@ -231,8 +231,8 @@ def lost_records(run_ids: list[str]) -> tuple[int, int]:
     """(runs whose stored audit differs from what was expected, records missing in total)."""
     from django.db.models import Count
 
-    from audit.integrity import verify_chain
     from audit.models import AgentStep, ToolInvocation, TraceEvent
+    from audit.verify.hash_chain import verify_chain
     from diagnosis.models import DiagnosisRun
 
     runs = {r.run_id: r for r in DiagnosisRun.objects.filter(run_id__in=run_ids)}

@@ -76,7 +76,7 @@ LEAFWARD: tuple[tuple[str, tuple[str, ...]], ...] = (
             "/threading.py",
             "/runtime/db.py",
             "/queue.py",
-            "/audit/group_commit.py",  # only the `Bridged` frames reach here (see `categorise`)
+            "/audit/write/group_commit.py",  # only the `Bridged` frames reach here (see `categorise`)
         ),
     ),
     ("runtime (router, agent loop, guards, release)", ("/diagnosis/",)),
@@ -119,8 +119,9 @@ def categorise(raw: str) -> tuple[Counter, Counter, int]:
         frames, count = _frames(line)
         total += count
         paths = [_path(f) for f in frames]
-        # Every job of the runtime's database pool runs inside a `Bridged` greenlet (audit/group_commit.py):
-        # that frame is the pool's transport, not recorder work, so it owns nothing.
+        # Every job of the runtime's database pool runs inside a `Bridged` greenlet
+        # (audit/write/group_commit.py): that frame is the pool's transport, not recorder work, so it owns
+        # nothing.
         owners = [p for f, p in zip(frames, paths, strict=True) if not f.startswith(BRIDGE_FRAMES)]
         found = next((n for n, frags in OWNERS if any(f in p for p in owners for f in frags)), None)
         if found is None:

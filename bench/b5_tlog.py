@@ -142,9 +142,9 @@ def _sign_head(size: int, root_hex: str) -> None:
 def add_finished_runs(n: int, owner, tag: str) -> list[str]:
     """`n` finished runs with a valid two-event chain (RUN_STARTED, RUN_FINISHED), tagged with the write key
     as the recorder tags it, bulk-inserted (what the checkpointer verifies before it anchors them)."""
-    from audit import rowdigest
-    from audit.integrity import GENESIS_HASH, chain_hash, event_payload
     from audit.models import TraceEvent
+    from audit.verify import row_digests
+    from audit.verify.hash_chain import GENESIS_HASH, chain_hash, event_payload
     from core import writeauth
     from diagnosis import services
     from diagnosis.models import DiagnosisRun
@@ -168,7 +168,10 @@ def add_finished_runs(n: int, owner, tag: str) -> list[str]:
         for seq, (etype, details) in enumerate(
             (
                 ("RUN_STARTED", {}),
-                ("RUN_FINISHED", {"runDigest": rowdigest.RUN.digest_of(run), "runForm": rowdigest.RUN.name}),
+                (
+                    "RUN_FINISHED",
+                    {"runDigest": row_digests.RUN.digest_of(run), "runForm": row_digests.RUN.name},
+                ),
             ),
             start=1,
         ):

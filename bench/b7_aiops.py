@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 import tempfile
 import threading
 import time
@@ -34,9 +33,10 @@ from django.test.utils import override_settings
 from agent.runtime import prompts
 from bench.provider import AGENT, BenchProvider
 from bench.stats import Row, spread
+from diagnosis.evidence import ID_RE
 from tests.fakes.openai_server import FakeLLMServer, finish_chunk, text_chunks, tool_call_chunks
 
-EVIDENCE = re.compile(r"(?:prom:[0-9a-f]{16}|kb:[a-z0-9]+(?:[-_][a-z0-9]+)*#[1-9][0-9]*)")
+EVIDENCE = ID_RE
 ALERT = {
     "labels": {"alertname": "PrometheusScrapeSlow", "severity": "warning", "job": "prometheus"},
     "annotations": {"summary": "Prometheus scrapes itself slowly", "description": "scrape duration high"},
@@ -107,7 +107,7 @@ class RoundTrips:
     """Durable commits, connection pings and pool jobs the process paid while open (counted, not timed),
     so that the figure shows what changed independent of the machine's noise. Counted at the MySQL
     backend's cursor and connection, and at the driver cursor the recorder's writes use in production
-    (`audit.write_cursor.DriverCursor`; no execute wrapper, so every write takes its usual path): a write
+    (`audit.write.cursor.DriverCursor`; no execute wrapper, so every write takes its usual path): a write
     statement in autocommit mode (the single-statement path, the MariaDB compound transaction) or a
     COMMIT is one commit; `is_usable` is one ping; a job handed to the runtime's pools
     (`agent.runtime.db`) is one job. With `B7_TRACE=1` each commit is also named by the recorder
@@ -157,10 +157,10 @@ class RoundTrips:
         from django.db.backends.mysql import base
 
         from agent.runtime import db as runtime_db
-        from audit import write_cursor
+        from audit.write import cursor
 
         execute, is_usable = base.CursorWrapper.execute, base.DatabaseWrapper.is_usable
-        driver_execute = write_cursor.DriverCursor.execute
+        driver_execute = cursor.DriverCursor.execute
         commit = base.DatabaseWrapper._commit
         job = runtime_db._job
         counter = self
@@ -173,7 +173,7 @@ class RoundTrips:
                 counter._job(time.perf_counter() - wall, time.thread_time() - cpu)
 
         def count(query, autocommit: bool) -> None:
-            # The recorder's compound writes may arrive bound, as bytes (`audit.write_cursor.bind_params`).
+            # The recorder's compound writes may arrive bound, as bytes (`audit.write.cursor.bind_params`).
             head = (
                 (query[:64].decode(errors="replace") if isinstance(query, bytes) else query)
                 .lstrip()[:16]
@@ -200,7 +200,7 @@ class RoundTrips:
             return commit(conn)
 
         base.CursorWrapper.execute = counted_execute
-        write_cursor.DriverCursor.execute = counted_driver_execute
+        cursor.DriverCursor.execute = counted_driver_execute
         base.DatabaseWrapper.is_usable = counted_is_usable
         base.DatabaseWrapper._commit = counted_commit
         runtime_db._job = counted_job
@@ -209,7 +209,7 @@ class RoundTrips:
         finally:
             runtime_db._job = job
             base.CursorWrapper.execute = execute
-            write_cursor.DriverCursor.execute = driver_execute
+            cursor.DriverCursor.execute = driver_execute
             base.DatabaseWrapper.is_usable = is_usable
             base.DatabaseWrapper._commit = commit
 
@@ -220,7 +220,7 @@ def _payer() -> str:
     found, recorder = "", []
     for frame in traceback.extract_stack():
         path = frame.filename.replace(os.sep, "/")
-        if "/audit/recorder/" in path:
+        if "/audit/write/" in path:
             recorder.append(frame.name)
         elif not recorder and "/diagnosis/" in path and not path.endswith("runtime/db.py"):
             found = f"{Path(path).stem}.{frame.name}"

@@ -25,7 +25,7 @@ from bench.stats import Row, spread
 def run_all(*, runs: int, reps: int, log=print) -> list[Row]:
     from django.contrib.auth import get_user_model
 
-    from audit.selectors import get_trace
+    from audit.read import get_trace
     from diagnosis import services
     from diagnosis.models import DiagnosisRun
     from telemetry.outbox import export_due, make_exporter, requeue

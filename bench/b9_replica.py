@@ -8,7 +8,7 @@ the replica receives it by replication. Then, per repetition and for each config
 worker processes (`python -m bench.b9_replica load …`, production settings) loop for a fixed time over
 one of the two read paths the replica serves, each path measured on its own: the admin's run list
 (`GET /admin/diagnosis/diagnosisrun/` through Django's test client as a superuser: middleware, change
-list, template) and a run's trace (`audit.selectors.trace.get_trace`, rows verified). The
+list, template) and a run's trace (`audit.read.trace.get_trace`, rows verified). The
 configurations differ only in `DATABASE_REPLICA_URL` (unset / the replica, read as the SELECT-only
 account).
 
@@ -187,7 +187,7 @@ def _load_worker(seconds: float, path: str) -> dict:
     from django.contrib.auth import get_user_model
     from django.test import Client
 
-    from audit.selectors.trace import get_trace
+    from audit.read.trace import get_trace
     from core.db_router import read_counts
     from diagnosis.models import DiagnosisRun
 

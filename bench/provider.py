@@ -27,6 +27,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from diagnosis.evidence import RUNBOOK_CHUNK
 from tests.fakes.openai_server import (
     FakeLLMServer,
     Stream,
@@ -37,7 +38,7 @@ from tests.fakes.openai_server import (
 )
 
 ROUTER, AGENT, GUARD = "bench-router", "bench-agent", "bench-guard"
-EVIDENCE_ID = re.compile(r"kb:[a-z0-9]+(?:[-_][a-z0-9]+)*#[1-9][0-9]*")
+EVIDENCE_ID = re.compile(RUNBOOK_CHUNK.pattern)
 
 
 STAMP = "<@@T@@>"

@@ -133,11 +133,11 @@ def using_pair(name: str, *, migrate: bool = True) -> Iterator[None]:
 
 def _forget_compiled_sql() -> None:
     """The SQL the project compiles once per alias (`core.compiled.CompiledQuery`, the recorder's
-    `audit.write_table.Table`) is the dialect of whatever `default` was: a suite on SQLite swapping
+    `audit.write.table.Table`) is the dialect of whatever `default` was: a suite on SQLite swapping
     `default` to the pair (and back) must compile it again."""
     import gc
 
-    from audit.write_table import Table
+    from audit.write.table import Table
     from core.compiled import CompiledQuery
 
     for obj in gc.get_objects():

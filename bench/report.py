@@ -162,8 +162,8 @@ Each page through Django's test client as a logged-in superuser (REST: also as t
 session), in `<db>` ({small:,} background runs) and `<db>_big` ({big:,}), B2's generator with a mix of
 statuses, release decisions, intents, providers, failed audit writes (1 %), drafts shown (2 %) and
 questions naming Redis (1 %) or in Chinese (1 %), one session per 10 runs; the runs' stored list facts
-are what `audit.facts` decides. Times are medians of the repetitions (each the mean of several reads),
-growth is big / small per repetition; queries are per request (small / big: constant per page). The
+are what `audit.read.list_facts` decides. Times are medians of the repetitions (each the mean of several
+reads), growth is big / small per repetition; queries are per request (small / big: constant per page). The
 EXPLAIN column summarises, per table, the access type, the key and the estimated rows of every SELECT
 the page sends on the big database (`index … ~N` with a LIMIT reads only up to the LIMIT; a
 `filesort` sorts only the rows the key range found); a full scan or a filesort of more than 100 000
@@ -226,7 +226,7 @@ The overhead row also gives the commits and pings per analysis, counted (not tim
 backend's cursor and connection while the worker runs (the worker's claims included; `B7_TRACE=1`
 names the decision that paid each commit): they do not move with the machine's load. What the
 profile of issue 15's target found and the worker now avoids (`agent/runtime/worker.py`,
-`audit/facts.py`, `audit/recorder/chain.py`, `agent/runtime/tools/boundary.py`):
+`audit/read/list_facts.py`, `audit/write/chain_writer.py`, `agent/runtime/tools/boundary.py`):
 
 * **The hand-over**: the claim's transaction and the next run's first records (RUN_STARTED, the routing
   decision) sat between one analysis and the next. A run now says when its last model call is made; the

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from audit.recorder import DeclaredToolCall, RetrievalFacts, RunRecorder, Usage
+from audit.write import DeclaredToolCall, RetrievalFacts, RunRecorder, Usage
 from reasoning.capture import CapturedReasoning, build_capture
 
 TOOLS = 3

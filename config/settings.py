@@ -263,8 +263,8 @@ AXES_SENSITIVE_PARAMETERS = ["password", "otp_token", "token"]
 
 # Single sign-on over OpenID Connect (access/oidc.py, docs/security.md): the OIDC_* variables of the spec;
 # mozilla-django-oidc's views are ours, and a login lands on the front door.
-OIDC_CALLBACK_CLASS = "access.oidc_views.CallbackView"
-OIDC_AUTHENTICATE_CLASS = "access.oidc_views.AuthenticateView"
+OIDC_CALLBACK_CLASS = "surfaces.oidc_views.CallbackView"
+OIDC_AUTHENTICATE_CLASS = "surfaces.oidc_views.AuthenticateView"
 LOGIN_REDIRECT_URL = "front-door"
 LOGIN_REDIRECT_URL_FAILURE = "/admin/login/"
 
@@ -274,7 +274,7 @@ LOGIN_REDIRECT_URL_FAILURE = "/admin/login/"
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.SessionAuthentication",
-        "access.authentication.ApiTokenAuthentication",
+        "surfaces.api.authentication.ApiTokenAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
@@ -303,14 +303,14 @@ SPECTACULAR_SETTINGS = {
         "drf_spectacular.hooks.postprocess_schema_enums",
         "surfaces.chat.schema.add_chat_paths",
         # Every token-authenticated operation can answer 429 `locked_out` (access/lockout.py).
-        "access.schema.add_locked_out",
+        "surfaces.api.auth_schema.add_locked_out",
     ],
     "ENUM_NAME_OVERRIDES": {
         "RunStatusEnum": "diagnosis.models.RunStatus.values",
         "ToolStatusEnum": "audit.models.ToolStatus.values",
         "AlertStatusEnum": "surfaces.api.aiops.ALERT_STATUSES",
-        "CostStatusEnum": "audit.serializers.COST_STATUSES",
-        "CallCostStatusEnum": "audit.serializers.CALL_COST_STATUSES",
+        "CostStatusEnum": "surfaces.api.audit_serializers.COST_STATUSES",
+        "CallCostStatusEnum": "surfaces.api.audit_serializers.CALL_COST_STATUSES",
     },
 }
 
@@ -335,7 +335,7 @@ if not _debug:
     CSRF_COOKIE_SECURE = True
 
 # ---------------------------------------------------------------------------------------------------
-# Logging: structured enough to grep, never content (see audit.recorder for what a line may hold)
+# Logging: structured enough to grep, never content (see audit.write for what a line may hold)
 # ---------------------------------------------------------------------------------------------------
 LOGGING = {
     "version": 1,

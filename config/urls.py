@@ -5,9 +5,9 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from access.apis import ApiTokensApi, RevokeApiTokenApi
-from access.views import verify_otp
-from audit.apis import (
+from surfaces.admin.stepup import verify_otp
+from surfaces.api.aiops import AlertmanagerWebhookApi, AnalysesApi
+from surfaces.api.audit import (
     CheckpointListApi,
     ConsistencyApi,
     EvidenceApi,
@@ -17,9 +17,9 @@ from audit.apis import (
     SessionAuditsApi,
     TraceApi,
 )
-from reasoning.apis import ReasoningApi
-from surfaces.api.aiops import AlertmanagerWebhookApi, AnalysesApi
+from surfaces.api.reasoning import ReasoningApi
 from surfaces.api.runs import ApprovalDecisionApi, ApprovalListApi, RunFeedbackApi, RunListApi, SessionListApi
+from surfaces.api.tokens import ApiTokensApi, RevokeApiTokenApi
 from surfaces.chat import pages as chat_pages
 from surfaces.chat import sse as chat_sse
 from surfaces.health import healthz
@@ -28,10 +28,10 @@ from telemetry import views as telemetry_views
 urlpatterns = [
     path("", chat_pages.front_door, name="front-door"),
     path("favicon.ico", chat_pages.favicon, name="favicon"),
-    # The admin's TOTP step-up for reading reasoning (access/views.py), before the admin's own URLs.
+    # The admin's TOTP step-up for reading reasoning (surfaces/admin/stepup.py), before the admin's own URLs.
     path("admin/verify-otp/", verify_otp, name="verify-otp"),
     path("admin/", admin.site.urls),
-    # OpenID Connect sign-in (access/oidc_views.py): 404 while OIDC_ENABLED is off.
+    # OpenID Connect sign-in (surfaces/oidc_views.py): 404 while OIDC_ENABLED is off.
     path("oidc/", include("mozilla_django_oidc.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     # The split view serves Swagger UI's init script as its own request: no inline script (core/csp.py).
@@ -69,7 +69,7 @@ urlpatterns = [
         LiftLegalHoldApi.as_view(),
         name="api-legal-hold-lift",
     ),
-    # The user's own API tokens (access/apis.py).
+    # The user's own API tokens (surfaces/api/tokens.py).
     path("api/auth/tokens/", ApiTokensApi.as_view(), name="api-tokens"),
     path("api/auth/tokens/<int:tokenId>/revoke", RevokeApiTokenApi.as_view(), name="api-token-revoke"),
     # The transparency log (docs/audit-integrity.md).

@@ -45,6 +45,7 @@ from rest_framework.permissions import BasePermission, IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView, set_rollback
 
+from core.errors import ClientRefusal
 from core.ids import MAX_ID_CHARS
 from core.middleware import ResponseMiddleware
 
@@ -129,8 +130,20 @@ def client_error(exc: BaseException) -> tuple[int, str] | None:
     return None
 
 
+class Refused(exceptions.APIException):
+    """A `core.errors.ClientRefusal` as DRF raises it (an authentication class must raise an
+    `APIException`, so that DRF records the request as unauthenticated before answering)."""
+
+    def __init__(self, refusal: ClientRefusal) -> None:
+        self.status_code = refusal.status_code
+        self.wait = refusal.wait
+        super().__init__(detail=refusal.detail, code=refusal.code)
+
+
 def exception_handler(exc, context) -> Response:
     """DRF's exception handler in the contract's shape; never returns None (no HTML 500 from DRF)."""
+    if isinstance(exc, ClientRefusal):
+        exc = Refused(exc)
     refused = client_error(exc)
     if refused is not None:
         set_rollback()

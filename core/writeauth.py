@@ -2,9 +2,9 @@
 
 A hash chain proves that nothing changed since it was built, not who built it: anyone who can write the
 database and read this source can compute a valid-looking chain with the project's own functions. So
-every link the service writes — each event of a run's chain (`audit.recorder.chain`, which every writer of
-a run's chain goes through, the appenders of `audit.recorder.tail` included) and each event of the
-governance chain (`audit.recorder.governance`) — carries a **tag** beside its hash, made with a server
+every link the service writes — each event of a run's chain (`audit.write.chain_writer`, which every writer of
+a run's chain goes through, the appenders of `audit.write.tail` included) and each event of the
+governance chain (`audit.write.governance`) — carries a **tag** beside its hash, made with a server
 *write key* that never enters the database:
 
     tag = "<key id>:" + hex(HMAC-SHA-256(write key, "diagnosis-audit/write-tag/v1\\n" + domain + "\\n"

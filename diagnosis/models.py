@@ -10,6 +10,8 @@ from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db import models
 
+from diagnosis.evidence import RUNBOOK_CHUNK, SLUG_PATTERN
+
 # Deciding a tool call that waits for approval (declared in DiagnosisRun.Meta; group "Approvers").
 APPROVE_PERMISSION = "diagnosis.approve_tool_call"
 
@@ -112,7 +114,7 @@ class DiagnosisRun(models.Model):
     source; `tokens_reasoning` and `tokens_cached_input` are NULL when no model call reported them.
     `model_calls` counts calls as they start. `tokens_reconciled` is true only when every started call
     has a stored usage record with a total and the stored records agree with the ledger
-    (`audit.reconcile`). `lease_owner`/`lease_expires_at` name the process executing the run;
+    (`audit.verify.reconcile`). `lease_owner`/`lease_expires_at` name the process executing the run;
     `lease_epoch` is the lease's fencing token: every claim (executor or sweeper) increments it, and every
     audit write for the run commits only while the epoch is still the one its writer claimed.
     `fenced_writes` counts the writes refused that way (a stale owner's, after a takeover).
@@ -120,8 +122,8 @@ class DiagnosisRun(models.Model):
     see before the release and what waiting for the guards cost.
 
     `persisted_events/steps/tools` and `audit_complete` are stored list facts: what the list rule of
-    `audit.facts` decides from the stored audit rows, written with the run's terminal row and again by
-    whatever changes them later (a failed write after the end, a purge, `verify_audit --refresh-facts`);
+    `audit.read.list_facts` decides from the stored audit rows, written with the run's terminal row and again
+    by whatever changes them later (a failed write after the end, a purge, `verify_audit --refresh-facts`);
     before the run ends they are 0 and False. `verify_audit` recomputes them and reports a disagreement.
     """
 
@@ -180,7 +182,7 @@ class DiagnosisRun(models.Model):
     expected_tools = models.IntegerField(default=0)
     audit_write_failures = models.IntegerField(default=0)
 
-    # Stored list facts (`audit.facts`)
+    # Stored list facts (`audit.read.list_facts`)
     persisted_events = models.IntegerField(default=0)
     persisted_steps = models.IntegerField(default=0)
     persisted_tools = models.IntegerField(default=0)
@@ -213,7 +215,7 @@ class DiagnosisRun(models.Model):
     # and compared by `verify_audit`; such runs are left out of production reads (`selectors.PRODUCTION`).
     purpose = models.CharField(max_length=16, choices=RunPurpose.choices, default=RunPurpose.PRODUCTION)
 
-    # Review facts (`audit.reviews`, `audit.review_queue`): whether any user voted the run down, the
+    # Review facts (`audit.write.reviews`, `audit.review_queue`): whether any user voted the run down, the
     # latest review's verdict and time (the reviews themselves are `audit.RunReview`, chained), the
     # current claim of a reviewer working the queue (a username snapshot and its expiry), and
     # `needs_review`, the queue's rule stored for the list (written by whatever changes its inputs).
@@ -404,7 +406,7 @@ class AiOpsAlert(models.Model):
 # ---------------------------------------------------------------------------------------------------
 # Knowledge: operations runbooks the agent's `lookup_knowledge` tool retrieves evidence from
 # ---------------------------------------------------------------------------------------------------
-KNOWLEDGE_SLUG_PATTERN = r"[a-z0-9]+(?:[-_][a-z0-9]+)*"
+KNOWLEDGE_SLUG_PATTERN = SLUG_PATTERN  # the slug of evidence ids `kb:<slug>#<n>` (diagnosis.evidence)
 
 
 class KnowledgeLanguage(models.TextChoices):
@@ -475,4 +477,4 @@ class KnowledgeChunk(models.Model):
     @property
     def evidence_id(self) -> str:
         """`kb:<slug>#<n>`; reads `document` (select it with the chunk to avoid a query per chunk)."""
-        return f"kb:{self.document.slug}#{self.ordinal}"
+        return RUNBOOK_CHUNK.format(slug=self.document.slug, ordinal=self.ordinal)

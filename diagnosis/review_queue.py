@@ -4,7 +4,7 @@ One home for the rule (the admin's queue page, its counts on the admin index, th
 
 * `REASONS`: each reason a run needs a human, as a `Q` over `diagnosis_run` columns only (no join):
   BLOCKED by the guards; voted down by a user (`downvoted`, written with the feedback); audit incomplete
-  (the stored fact `audit_complete` of `audit.facts`); token ledger not reconciled
+  (the stored fact `audit_complete` of `audit.read.list_facts`); token ledger not reconciled
   (`tokens_reconciled`); an unverified draft delivered to a reader (`draft_chars > 0`: the release
   policy `draft` streamed text before the guards decided, `diagnosis.models.ReleaseMode`); an AI Ops
   report (every AI Ops analysis is reviewed once).
@@ -16,8 +16,8 @@ One home for the rule (the admin's queue page, its counts on the admin index, th
   (`diagnosis.selectors.PRODUCTION`) and at least one reason holds. A review
   takes the run off the queue for good (a down-vote after the review does not bring it back: the
   reviewer saw the run as it is; the vote stays visible on the run).
-* `needs_review_expression` as one `UPDATE` of the flag (`audit.facts.fact_statements`, compiled once;
-  `refresh_needs_review` for querysets), run by whatever changes an input: the recorder's terminal
+* `needs_review_expression` as one `UPDATE` of the flag (`audit.read.list_facts.fact_statements`, compiled
+  once; `refresh_needs_review` for querysets), run by whatever changes an input: the recorder's terminal
   write and every late write after it (same transaction, after the list facts), the feedback
   service, the review service, `refresh_run_facts` (`verify_audit --refresh-facts`, purges) and the
   migration that added the flag.

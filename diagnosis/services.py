@@ -1,5 +1,5 @@
 """Writes of the identity layer: sessions, runs, the run's lease and feedback. Keyword-only arguments; no
-audit records here (those go through `audit.recorder`, which also writes the run's terminal row).
+audit records here (those go through `audit.write`, which also writes the run's terminal row).
 
 The run's lease (`lease_owner`, `lease_expires_at`, `lease_epoch`) is written only here: a claim by the
 executor (`claim_run`), its renewal (`renew_lease`), a sweeper's takeover (`claim_expired_run`) and a
@@ -82,13 +82,17 @@ def create_run(
     redaction: dict[str, Any] | None = None,
 ) -> DiagnosisRun:
     """A PENDING run of `query` in `session`; the session takes the first query as its title and counts
-    the run in its stored `run_count` and `last_run_at` (one transaction). `query` is already redacted
-    by the caller (`agent.redaction`); `redaction` is what that replaced (facts only, never originals).
-    The run takes its session's `purpose` (an experiment's session holds only experiment replays)."""
-    with transaction.atomic():
+    the run in its stored `run_count` and `last_run_at` (one transaction; the session's row is written
+    once, title and counts in one UPDATE). `query` is already redacted by the caller
+    (`agent.redaction`); `redaction` is what that replaced (facts only, never originals). The run takes
+    its session's `purpose` (an experiment's session holds only experiment replays). No savepoint of its
+    own: inside a caller's transaction an error rolls that transaction back."""
+    with transaction.atomic(savepoint=False):
+        titled: dict[str, Any] = {}
         if not session.title:
             session.title = " ".join(query.split())[:TITLE_CHARS]
-            session.save(update_fields=["title", "updated_at"])
+            session.updated_at = timezone.now()
+            titled = {"title": session.title, "updated_at": session.updated_at}
         run = DiagnosisRun.objects.create(
             run_id=new_id("run"),
             session=session,
@@ -100,10 +104,11 @@ def create_run(
         run.refresh_from_db(fields=["created_at"])  # as stored: the tag covers what is read back
         run.created_tag = writeauth.tag(writeauth.RUN_CREATED, identity_digest(run))
         DiagnosisRun.objects.filter(pk=run.pk).update(created_tag=run.created_tag)
-        # The session's stored list facts, in the run's transaction.
+        # The session's stored list facts (and its first title), in the run's transaction.
         ChatSession.objects.filter(pk=session.pk).update(
             run_count=F("run_count") + 1,
             last_run_at=Greatest(Coalesce("last_run_at", Value(run.created_at)), Value(run.created_at)),
+            **titled,
         )
     return run
 

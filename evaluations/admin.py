@@ -13,7 +13,7 @@ from django.contrib import admin, messages
 from django.db import transaction
 from django.db.models import Max
 
-from audit.admin_base import ReadOnlyAdmin
+from core.admin_base import ReadOnlyAdmin
 from evaluations.models import EvaluationScore, Evaluator
 
 CONFIG_FIELDS = (

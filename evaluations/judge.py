@@ -3,11 +3,13 @@ the real `openai` SDK path, or the offline demo model), priced by `pricing` and 
 reasoning capture for the governed store (`evaluations.recording`).
 
 The judge sees the run's question, its released answer and the text of the runbook chunks the answer
-cites (`kb:<slug>#<n>`), all redacted as stored; it answers one JSON object `{"score", "label",
-"explanation"}`. A reply in the semantic guard's shape (`{"supported": bool, "reason": …}`, what the
-demo model's guard role answers) is read as `supported` (1) or `unsupported` (0). A reply that is
-neither is scored None with the label `judge_error`, as is a call that failed (`LLMError`): the call is
-recorded all the same (its attempts, usage and price), so failed judging is visible and paid for.
+cites (`kb:<slug>#<n>`; other kinds of evidence are named, not quoted, and an id that is not well
+formed is marked as such: `diagnosis.evidence`), all redacted as stored; it answers one JSON object
+`{"score", "label", "explanation"}`. A reply in the semantic guard's shape (`{"supported": bool,
+"reason": …}`, what the demo model's guard role answers) is read as `supported` (1) or `unsupported`
+(0). A reply that is neither is scored None with the label `judge_error`, as is a call that failed
+(`LLMError`): the call is recorded all the same (its attempts, usage and price), so failed judging is
+visible and paid for.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from django.utils import timezone
 from agent.runtime.guards import extract_citations
 from agent.runtime.llm import LLMError, aclose_clients, parse_json_object
 from agent.runtime.providers import get_model_client
-from audit.recorder import Usage
+from audit.write import Usage
+from diagnosis.evidence import RUNBOOK_CHUNK, parse
 from diagnosis.models import KnowledgeChunk
 from evaluations.models import DEFAULT_JUDGE_PROMPT, Evaluator
 from evaluations.recording import JudgeCall, Outcome
@@ -34,19 +37,21 @@ LABELS = ("supported", "partially_supported", "unsupported")
 EVIDENCE_CHARS = 6000
 ANSWER_CHARS = 8000
 EXPLANATION_CHARS = 2000
-_KB = re.compile(r"^kb:(?P<slug>[^#]+)#(?P<ordinal>\d+)$")
 
 
 def evidence_text(answer: str) -> str:
     """The cited runbook chunks, `[id] heading: text` each, cut at `EVIDENCE_CHARS` in all."""
     parts: list[str] = []
     for evidence_id in extract_citations(answer):
-        m = _KB.match(evidence_id)
-        if m is None:
-            parts.append(f"[{evidence_id}] (metric evidence, not quoted)")
+        cited = parse(evidence_id)
+        if cited is None:
+            parts.append(f"[{evidence_id}] (not an evidence id)")
+            continue
+        if cited.kind is not RUNBOOK_CHUNK:
+            parts.append(f"[{evidence_id}] ({cited.kind.label} evidence, not quoted)")
             continue
         chunk = (
-            KnowledgeChunk.objects.filter(document__slug=m["slug"], ordinal=int(m["ordinal"]))
+            KnowledgeChunk.objects.filter(document__slug=cited["slug"], ordinal=cited["ordinal"])
             .only("heading", "text")
             .first()
         )

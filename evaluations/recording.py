@@ -1,5 +1,5 @@
 """A score into the run's record: `record_score` inserts the score row and appends `EVALUATION_RECORDED`
-to the finished run's chain in one transaction through `audit.recorder.append_to_finished_run`
+to the finished run's chain in one transaction through `audit.write.append_to_finished_run`
 (fail-closed: no score without its event, no event without its row).
 
 The event carries bounded facts: the score's id, the evaluator's name, version and kind, the value and
@@ -11,8 +11,8 @@ governed reasoning store (`agent_reasoning_audit`, agent `judge`, step index the
 number), bound by the same event's `reasoningDigest`, so they are purged, re-encrypted and read under
 the same rules as every other reasoning row.
 
-`register()` (at app start) gives the row its form (`audit.rowdigest.register_form`) and its source
-for the verifier (`audit.appended_rows`): `verify_audit` then recomputes each stored score's digest.
+`register()` (at app start) gives the row its form (`audit.verify.row_digests.register_form`) and its source
+for the verifier (`audit.verify.appended_rows`): `verify_audit` then recomputes each stored score's digest.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from audit import appended_rows, coverage, rowdigest
 from audit.models import EventType, Phase
 from audit.payloads import canonical_json, sha256_hex
-from audit.recorder import ChainEvent, Tail, append_to_finished_run, row_insert
+from audit.verify import appended_rows, coverage, row_digests
+from audit.write import ChainEvent, Tail, append_to_finished_run, row_insert
 from diagnosis.services import new_id
 from evaluations.models import EvaluationClaim, EvaluationScore, Evaluator
 from reasoning.capture import CapturedReasoning
@@ -62,12 +62,12 @@ SCORE_COLUMNS = (
     "sequence_no",
     "created_at",
 )
-SCORE_FORM = rowdigest.Form("evaluation-score", EvaluationScore, SCORE_COLUMNS)
+SCORE_FORM = row_digests.Form("evaluation-score", EvaluationScore, SCORE_COLUMNS)
 
 
 @dataclass(frozen=True, slots=True)
 class JudgeCall:
-    """The judge's model call as it happened: model, usage (`audit.recorder.facts.Usage`), attempts,
+    """The judge's model call as it happened: model, usage (`audit.write.runtime_facts.Usage`), attempts,
     duration, price, and its reasoning capture (None: nothing to store)."""
 
     model: str
@@ -111,7 +111,7 @@ def record_score(
 ) -> EvaluationScore:
     """Insert `evaluator`'s score of the finished `run` and chain it (see the module docstring).
     IntegrityError when the run already has a score of this evaluator version (nothing written);
-    `audit.recorder.RunNotFinished` for a run that is not terminal."""
+    `audit.write.RunNotFinished` for a run that is not terminal."""
     score: EvaluationScore | None = None
     cost = judge.cost.quantize(COST_PLACES) if judge is not None and judge.cost is not None else None
 
@@ -243,7 +243,7 @@ def _orphans() -> set[str]:
 
 
 def register() -> None:
-    rowdigest.register_form(SCORE_FORM)
+    row_digests.register_form(SCORE_FORM)
     coverage.register(
         EvaluationScore,
         covered=coverage._by_forms(SCORE_FORM),

@@ -27,7 +27,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
-from audit.recorder import RunNotFinished
+from audit.write import RunNotFinished
 from diagnosis.models import DiagnosisRun
 from diagnosis.selectors import production
 from evaluations import otel

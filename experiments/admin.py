@@ -24,7 +24,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
 from agent.runtime.candidate import Candidate, CandidateError
-from audit.admin_base import ReadOnlyAdmin
+from core.admin_base import ReadOnlyAdmin
 from experiments.datasets import export_jsonl
 from experiments.models import Dataset, DatasetItem, Experiment
 from experiments.results import experiment_results

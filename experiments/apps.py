@@ -13,7 +13,7 @@ class ExperimentsConfig(AppConfig):
     verbose_name = "Datasets and experiments"
 
     def ready(self) -> None:
-        from audit import coverage
+        from audit.verify import coverage
         from experiments.models import Dataset, DatasetItem, Experiment, ExperimentRun
 
         coverage.not_audited(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from audit.recorder import RunNotFinished
+from audit.write import RunNotFinished
 from diagnosis.models import DiagnosisRun
 from evaluations.models import EvaluationScore, Evaluator
 from evaluations.services import evaluate_run

@@ -2,29 +2,26 @@
 cost from its MODEL_TOKEN_USAGE records, and the run's stored cost (`DiagnosisRun.cost`, `cost_status`,
 `cost_unpriced_calls`) written and recomputed.
 
-The recorder prices a run in the transaction of its terminal row (`audit.recorder.run.RunRecorder.finish`,
+The recorder prices a run in the transaction of its terminal row (`audit.write.run.RunRecorder.finish`,
 from the usage records it re-reads there for reconciliation, plus one query for the overrides). The stored
 cost is a list fact like `audit_complete`: `verify_audit` recomputes it from the chained usage records
 and reports a disagreement (an override edited after the run, a price table upgrade), and
-`verify_audit --refresh-facts` (or `refresh_run_costs`) rewrites it. The usage records are bound into the
-hash chain; the cost columns are derived and outside the run's digest.
+`verify_audit --refresh-facts` (or `audit.read.list_facts.refresh_run_costs`) rewrites it. The usage
+records are bound into the hash chain; the cost columns are derived and outside the run's digest.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterable
 from decimal import Decimal
 from typing import Any
 
-from audit.models import EventType, TraceEvent
 from core.compiled import CompiledQuery
 from diagnosis.models import DiagnosisRun
 from pricing.models import PriceOverride
 from pricing.rules import CallCost, CallTokens, CostStatus, Override, PriceBook, Rate, RunCost
 
 COST_FIELDS = ("cost", "cost_status", "cost_unpriced_calls")
-REFRESH_BATCH = 500
 
 
 _OVERRIDE_COLUMNS = (
@@ -95,52 +92,11 @@ def _q(value: Decimal | None) -> Decimal | None:
     return None if value is None else Decimal(value).quantize(Decimal("1e-10"))
 
 
-def usage_details_of(run_ids: list[str]) -> dict[str, list[dict[str, Any]]]:
-    """The usage records' details of `run_ids`, per run in timeline order (one query)."""
-    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for run_id, details in (
-        TraceEvent.objects.filter(run_id__in=run_ids, event_type=EventType.MODEL_TOKEN_USAGE)
-        .order_by("run_id", "sequence_no")
-        .values_list("run_id", "details")
-    ):
-        out[run_id].append(details or {})
-    return out
-
-
-def refresh_run_costs(*, run_ids: Iterable[str] | None = None, only_unpriced: bool = False) -> int:
-    """Write the stored cost of the terminal runs `run_ids` (every terminal run when None; with
-    `only_unpriced`, only those not priced yet), `REFRESH_BATCH` runs per read; returns how many."""
-    from diagnosis.models import TERMINAL_RUN_STATUSES
-
-    runs = DiagnosisRun.objects.filter(status__in=TERMINAL_RUN_STATUSES)
-    if run_ids is not None:
-        runs = runs.filter(run_id__in=list(run_ids))
-    if only_unpriced:
-        runs = runs.filter(cost_status=CostStatus.NOT_PRICED)
-    book = load_price_book()
-    written, last = 0, 0
-    while True:
-        batch = list(
-            runs.filter(pk__gt=last)
-            .order_by("pk")
-            .only("pk", "run_id", "provider", "model_calls", "created_at", "status")[:REFRESH_BATCH]
-        )
-        if not batch:
-            return written
-        last = batch[-1].pk
-        details = usage_details_of([r.run_id for r in batch])
-        for run in batch:
-            cost, _calls = price_of_run(run, details.get(run.run_id, []), book=book)
-            written += DiagnosisRun.objects.filter(pk=run.pk).update(**cost_fields(cost))
-
-
 __all__ = [
     "COST_FIELDS",
     "cost_disagreements",
     "cost_fields",
     "load_price_book",
     "price_of_run",
-    "refresh_run_costs",
     "usage_calls",
-    "usage_details_of",
 ]

@@ -128,7 +128,7 @@ class CallTokens:
 
     @classmethod
     def from_usage(cls, usage: Any) -> CallTokens:
-        """From a usage record as `audit.reconcile.CallUsage` (or the recorder's `Usage`) holds it."""
+        """From a usage record as `audit.verify.reconcile.CallUsage` (or the recorder's `Usage`) holds it."""
         return cls(
             prompt=usage.prompt_tokens,
             completion=usage.completion_tokens,

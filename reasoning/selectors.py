@@ -1,7 +1,7 @@
 """Reads of the governed reasoning store.
 
 `get_reasoning_records` returns decrypted content: callers outside this app do not call it but
-`reasoning.services.read_reasoning`, which checks `REASONING_PERMISSION` and logs the read before the
+`access.reasoning_reads.read_reasoning`, which checks `REASONING_PERMISSION` and logs the read before the
 content is returned (the API and the admin panel both do, so both log alike).
 """
 
@@ -41,7 +41,7 @@ class ReasoningRecord:
 def get_reasoning_records(*, run_id: str) -> list[ReasoningRecord]:
     """Every reasoning record of the run in the order the calls were recorded (one query): router
     attempts (`agent_name` `router`), agent steps, semantic guard calls (`semantic_guard`). Agent steps
-    have step indexes 1, 2, 3 …; the other calls negative ones (`audit.recorder.facts`)."""
+    have step indexes 1, 2, 3 …; the other calls negative ones (`audit.write.runtime_facts`)."""
     records = []
     for row in AgentReasoningAudit.objects.filter(run_id=run_id).order_by("created_at", "id"):
         reasoning, assistant = row.reasoning_content, row.assistant_text

@@ -12,9 +12,9 @@ markup, for the chat page (the `outcome` frame's `contentHtml`), the admin run p
    `knowledge-document`, with the cited chunk highlighted). A metric citation `[prom:<hex>]` (a
    Prometheus query result, which has no page of its own) becomes a labelled chip that is not a link:
    `<code class="citation citation-metric">prom:<hex></code>`; kb and prom ids may share a bracket.
-   Ids are matched by `agent.knowledge.retrieval.EVIDENCE_ID_RE` and
-   `agent.aiops.prometheus.EVIDENCE_ID_RE`, the id patterns' one home each; a bracket holding
-   anything else stays text. Code spans and code blocks are not text tokens, so a citation written
+   Ids are read by `diagnosis.evidence` (`STRICT_CITATION_RE`, `ID_RE`, `parse`), where every kind is
+   declared once: a runbook chunk is a link, any other kind a chip; a bracket holding anything but
+   well-formed ids stays text. Code spans and code blocks are not text tokens, so a citation written
    inside them stays literal; text inside a link is left alone (no link inside a link).
 3. **Sanitize** the HTML with nh3 (ammonia) against an allowlist: the tags Markdown produces
    (`ALLOWED_TAGS`), `a[href, class]` and `code[class]` only, URL schemes `http`/`https` plus relative
@@ -28,7 +28,6 @@ assumes one URL prefix per process (true for this deployment: no per-request `SC
 from __future__ import annotations
 
 import functools
-import re
 
 import nh3
 from django.urls import reverse
@@ -37,8 +36,7 @@ from markdown_it import MarkdownIt
 from markdown_it.rules_core import StateCore
 from markdown_it.token import Token
 
-from agent.aiops.prometheus import EVIDENCE_ID_RE as METRIC_ID_RE
-from agent.knowledge.retrieval import EVIDENCE_ID_RE
+from diagnosis.evidence import ID_RE, RUNBOOK_CHUNK, STRICT_CITATION_RE, parse
 
 CACHE_SIZE = 512
 CITATION_CLASS = "citation"
@@ -74,11 +72,9 @@ ALLOWED_ATTRIBUTES = {"a": {"href", "class"}, "code": {"class"}}
 URL_SCHEMES = frozenset({"http", "https"})
 LINK_REL = "noopener noreferrer"
 
-# A bracket of evidence ids: `[` id (`,`|`;` id)* `]`, the ids being EVIDENCE_ID_RE's or METRIC_ID_RE's
-# (composed from their patterns, not restated).
-_ID = rf"(?:{EVIDENCE_ID_RE.pattern})|(?:{METRIC_ID_RE.pattern})"
-_ID_RE = re.compile(_ID)
-_BRACKET_RE = re.compile(rf"\[\s*(?:{_ID})(?:\s*[,;]\s*(?:{_ID}))*\s*\]")
+# A bracket of well-formed evidence ids: `[` id (`,`|`;` id)* `]` (`diagnosis.evidence`).
+_ID_RE = ID_RE
+_BRACKET_RE = STRICT_CITATION_RE
 
 
 def chunk_url(*, slug: str, ordinal: int | str) -> str:
@@ -106,10 +102,13 @@ def _citation_tokens(text: str) -> list[Token] | None:
             separator = inner[cursor : evidence.start()].strip()
             if separator:  # `,` or `;` between two ids, kept as the model wrote it
                 out.append(_text_token(separator + " "))
-            runbook = EVIDENCE_ID_RE.fullmatch(evidence[0])
-            if runbook is not None:
+            cited = parse(evidence[0])
+            if cited is not None and cited.kind is RUNBOOK_CHUNK:
                 link = Token("link_open", "a", 1)
-                link.attrs = {"class": CITATION_CLASS, "href": chunk_url(slug=runbook[1], ordinal=runbook[2])}
+                link.attrs = {
+                    "class": CITATION_CLASS,
+                    "href": chunk_url(slug=cited["slug"], ordinal=cited["ordinal"]),
+                }
                 out.extend([link, _text_token(evidence[0]), Token("link_close", "a", -1)])
             else:  # a metric result: a chip, not a link (markdown-it escapes the content)
                 chip = Token("code_inline", "code", 0)

@@ -1,5 +1,7 @@
 from django.apps import AppConfig
 
+from core.product import PRODUCT_NAME
+
 
 class SurfacesConfig(AppConfig):
     """What people and programs use: the admin console (every page hangs off the run admin), the chat
@@ -12,10 +14,9 @@ class SurfacesConfig(AppConfig):
     def ready(self) -> None:
         from django.contrib import admin
 
+        from surfaces.api import auth_schema  # noqa: F401  (the token authentication's OpenAPI extension)
+
         # The product's name on the login page and every console page, not "Django administration".
         admin.site.site_header = PRODUCT_NAME
         admin.site.site_title = PRODUCT_NAME
         admin.site.index_title = "Console"
-
-
-PRODUCT_NAME = "Diagnosis agent"

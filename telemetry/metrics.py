@@ -82,8 +82,8 @@ def _histogram(name: str, doc: str, queryset, field: str, buckets: tuple[float, 
 @reads_from_replica
 def record_metrics() -> list[Metric]:
     """The record metrics as of now (see the module docstring)."""
-    from audit.dashboard import priced_usage
     from audit.models import Checkpoint, EventType, ToolInvocation, TraceEvent
+    from audit.read.dashboard import priced_usage
     from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun
     from diagnosis.selectors import production
     from pricing.costs import load_price_book
@@ -173,7 +173,7 @@ def record_metrics() -> list[Metric]:
                 by_model.add_metric([str(row["source"]).lower(), str(row["model"]), kind], row[kind])
     families.append(by_model)
     # Cost by the pricing rule (`pricing.rules`) of the window's calls, summed per source and model
-    # (`audit.dashboard.priced_usage`: one GROUP BY, plus the price overrides); calls that cannot be
+    # (`audit.read.dashboard.priced_usage`: one GROUP BY, plus the price overrides); calls that cannot be
     # priced (unknown model, no usage, the demo model) are counted, never priced at 0.
     cost = GaugeMetricFamily(
         "diagnosis_model_cost_dollars",

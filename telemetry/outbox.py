@@ -6,7 +6,7 @@
   Nothing on a run's path writes here: an exporter outage never touches a run.
 * `export_due` claims due rows (PENDING, or FAILED whose `next_attempt_at` passed; the claim is a
   conditional update, so processes that all do this never export one row at the same time), reads each
-  run's durable record through `audit.selectors.get_trace`, projects it (`telemetry.spans`) and hands
+  run's durable record through `audit.read.get_trace`, projects it (`telemetry.spans`) and hands
   the spans to the OTLP/HTTP exporter. Success: EXPORTED with the span count; failure: FAILED with a
   bounded, content-free error and the next attempt after an exponential back-off (at most
   `OTEL_EXPORT_MAX_BACKOFF_SECONDS`), retried until it succeeds, so nothing is lost.
@@ -31,7 +31,7 @@ from django.db.models import Exists, Min, OuterRef
 from django.utils import timezone
 
 from audit.payloads import clip
-from audit.selectors import get_trace
+from audit.read import get_trace
 from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun
 from telemetry.models import ERROR_CHARS, ExportCursor, ExportState, TraceExport
 from telemetry.spans import project_trace, resource

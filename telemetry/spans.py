@@ -1,4 +1,4 @@
-"""A run's durable record as OpenTelemetry GenAI spans (a projection of `audit.selectors.get_trace`).
+"""A run's durable record as OpenTelemetry GenAI spans (a projection of `audit.read.get_trace`).
 
 `project_trace(trace)` turns the trace read model (run row, timeline, steps, tools; nothing in memory of
 a live run) into `ReadableSpan`s ready for an exporter. The shape follows the GenAI semantic
@@ -51,7 +51,7 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 
 from audit.models import CHAT_AGENT_NAME, AgentStep, EventType, ToolInvocation, ToolStatus, TraceEvent
 from audit.payloads import canonical_json, clip
-from audit.selectors import Trace
+from audit.read import Trace
 from diagnosis.models import AgentFlow, RunStatus
 
 SCOPE = InstrumentationScope("diagnosis.telemetry", "1")

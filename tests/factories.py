@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from audit.recorder import DeclaredToolCall, RetrievalFacts, RunRecorder, Usage
+from audit.write import DeclaredToolCall, RetrievalFacts, RunRecorder, Usage
 from diagnosis import services
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
 from reasoning.capture import build_capture

@@ -1,12 +1,13 @@
 """The package layout is the architecture (docs/architecture.md, "Layers"): every import between the
 project's top-level packages points down the layers, so the folders cannot drift from the diagram.
 
-Bottom up: `core` (plumbing, no project imports) → `diagnosis` (identity) → the record (`audit`,
-`reasoning`, `pricing`, `access`, `telemetry`) → `agent` (the runtime) → `surfaces` (admin, chat,
-APIs, commands) → `config` (settings, URLs, ASGI: imported by nobody). Within the record the packages
-use each other (the recorder writes reasoning rows, the reasoning governance appends to the chain);
-what is checked here is that nothing below reaches up out of its layer. Every import is read, at module
-level and inside functions, from the source (nothing is imported).
+Bottom up: `core` (plumbing, no project imports) → `diagnosis` (identity) → the record (`reasoning`,
+`pricing`, `audit`, `access`, `telemetry`, in that order: the recorder writes reasoning rows and prices
+runs; access governance and telemetry read and append to the record) → `agent` (the runtime) →
+`surfaces` (admin, chat, APIs, commands) → `config` (settings, URLs, ASGI: imported by nobody). Checked
+here: nothing below reaches up out of its layer; no two packages import each other; the record imports
+no transport (no DRF, no admin: those are the surfaces'). Every import is read, at module level and
+inside functions, from the source (nothing is imported).
 """
 
 from __future__ import annotations
@@ -22,22 +23,24 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = {
     "core": 0,
     "diagnosis": 1,
-    "audit": 2,
     "reasoning": 2,
-    "pricing": 2,
-    "access": 2,
-    "telemetry": 2,
-    "agent": 3,
-    "evaluations": 3,
-    "experiments": 3,
-    "surfaces": 4,
-    "config": 5,
+    "pricing": 3,
+    "audit": 4,
+    "access": 5,
+    "telemetry": 6,
+    "agent": 7,
+    "evaluations": 7,
+    "experiments": 7,
+    "surfaces": 8,
+    "config": 9,
 }
+RECORD = ("diagnosis", "reasoning", "pricing", "audit", "access", "telemetry")
+TRANSPORT = ("rest_framework", "drf_spectacular", "django.contrib.admin")
 
 # Imports that reach up on purpose, each with its reason. Keep this list short.
 ALLOWED_UP = {
     # The migration that added the list facts backfilled them with the record's own rule (one home).
-    ("diagnosis.migrations.0009_list_facts", "audit.facts"),
+    ("diagnosis.migrations.0009_list_facts", "audit.read.list_facts"),
 }
 
 
@@ -76,6 +79,36 @@ def _violations() -> list[str]:
 
 def test_every_import_between_packages_points_down_the_layers():
     assert _violations() == []
+
+
+def test_no_two_packages_import_each_other():
+    """A two-way pair is one package in two folders: the one below must not know the one above (the
+    migration allowed in `ALLOWED_UP` aside)."""
+    edges: set[tuple[str, str]] = set()
+    for package in LAYERS:
+        for path in (ROOT / package).rglob("*.py"):
+            module = _module(path)
+            for name in _imports(path):
+                target = name.split(".")[0]
+                allowed = any(module == m and name.startswith(t) for m, t in ALLOWED_UP)
+                if target in LAYERS and target != package and not allowed:
+                    edges.add((package, target))
+    assert sorted((a, b) for a, b in edges if (b, a) in edges) == []
+
+
+def test_the_record_imports_no_transport():
+    """DRF views, serializers, permissions and admin classes live under `surfaces/` (and the admin's
+    read-only base in `core`); the record is reached through its services and selectors. Migrations,
+    frozen history, are exempt."""
+    offenders = [
+        f"{_module(path)} imports {name}"
+        for package in RECORD
+        for path in (ROOT / package).rglob("*.py")
+        if "migrations" not in path.parts
+        for name in _imports(path)
+        if name.startswith(TRANSPORT)
+    ]
+    assert offenders == []
 
 
 def test_nothing_imports_config_but_the_entry_points():

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -31,11 +30,13 @@ from django.conf import settings
 
 from agent.aiops.http import BadQuery, BadResponse, MonitoringHTTP
 from audit.payloads import canonical_json, clip
+from diagnosis.evidence import METRIC_HEX_CHARS, METRIC_RESULT
 
 NAME = "Prometheus"
-EVIDENCE_HEX_CHARS = 16
-# The id as minted here; the evidence guard extracts a looser form so a malformed id is refused, not ignored.
-EVIDENCE_ID_RE = re.compile(rf"prom:[0-9a-f]{{{EVIDENCE_HEX_CHARS}}}(?![0-9a-f])")
+EVIDENCE_HEX_CHARS = METRIC_HEX_CHARS
+# The id as minted here (`diagnosis.evidence`, group `digest`); the evidence guard extracts a looser form
+# so a malformed id is refused, not ignored.
+EVIDENCE_ID_RE = METRIC_RESULT.regex
 
 SERIES_MAX = 20
 POINTS_MAX = 60
@@ -142,7 +143,7 @@ def bound_result(result_type: str, result: Any) -> tuple[Any, dict[str, Any]]:
 
 def evidence_id(core: dict[str, Any]) -> str:
     digest = hashlib.sha256(canonical_json(core).encode("utf-8")).hexdigest()
-    return f"prom:{digest[:EVIDENCE_HEX_CHARS]}"
+    return METRIC_RESULT.format(digest=digest[:EVIDENCE_HEX_CHARS])
 
 
 def metric_evidence(*, query: str, window: dict[str, float], result: QueryResult) -> dict[str, Any]:

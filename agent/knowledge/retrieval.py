@@ -40,6 +40,7 @@ from typing import Any
 from django.db.models import Count, Max
 
 from agent.knowledge.ingest import knowledge_generation
+from diagnosis.evidence import RUNBOOK_CHUNK
 from diagnosis.models import KnowledgeChunk, KnowledgeDocument
 
 logger = logging.getLogger(__name__)
@@ -58,7 +59,8 @@ LAYER_L0 = "L0"
 LAYER_L1 = "L1"
 LAYER_BOTH = "L0+L1"
 
-EVIDENCE_ID_RE = re.compile(r"kb:([a-z0-9]+(?:[-_][a-z0-9]+)*)#([1-9][0-9]*)")
+# A well-formed `kb:<slug>#<n>` (groups: slug, ordinal), as declared in `diagnosis.evidence`.
+EVIDENCE_ID_RE = RUNBOOK_CHUNK.regex
 
 
 def _stopwords(name: str) -> frozenset[str]:
@@ -302,7 +304,7 @@ def _make_index(
         if doc is None:  # written between the two reads; picked up by the next rebuild
             continue
         spans.setdefault(doc, []).append(len(chunks))
-        chunks.append(_Chunk(f"kb:{slugs[doc]}#{ordinal}", doc, heading, text))
+        chunks.append(_Chunk(RUNBOOK_CHUNK.format(slug=slugs[doc], ordinal=ordinal), doc, heading, text))
 
     documents: list[_Document] = []
     doc_freq: dict[str, int] = {}
@@ -442,7 +444,7 @@ def overridden_sections(slug: str, first: int, last: int) -> list[tuple[int, str
     out = []
     for chunk in index.chunks:
         document = index.documents[chunk.document]
-        ordinal = int(chunk.evidence_id.rsplit("#", 1)[1])
+        ordinal = RUNBOOK_CHUNK.parse(chunk.evidence_id)["ordinal"]
         if document.slug == slug and first <= ordinal <= last:
             out.append((ordinal, document.title, chunk.heading, chunk.text))
     return out

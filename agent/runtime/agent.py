@@ -32,7 +32,7 @@ from agent.runtime.events import Stage
 from agent.runtime.llm import LLMError, ModelResult, StreamProgress
 from agent.runtime.tools.boundary import ERROR_OBSERVED, ToolBoundary
 from audit.models import CHAT_AGENT_NAME, ToolStatus
-from audit.recorder import Usage
+from audit.write import Usage
 from reasoning.capture import build_capture
 
 AGENT_NAME = CHAT_AGENT_NAME

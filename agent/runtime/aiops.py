@@ -49,7 +49,7 @@ from agent.runtime.llm import ModelResult
 from agent.runtime.pipeline import PipelineResult, verify_and_release
 from agent.runtime.plan import Plan, default_plan, parse_plan, strip_plan_blocks
 from agent.runtime.selfeval import self_evaluation
-from audit.recorder import DeclaredToolCall
+from audit.write import DeclaredToolCall
 from diagnosis.models import AgentFlow
 
 AGENT_FLOW = AgentFlow.AI_OPS

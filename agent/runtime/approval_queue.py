@@ -14,7 +14,7 @@ from django.contrib.auth.models import AbstractBaseUser
 
 from agent.runtime.approvals import expiry_of, may_approve
 from audit.models import ToolInvocation, ToolStatus
-from audit.recorder import arguments_digest
+from audit.write import arguments_digest
 from diagnosis.models import RunStatus
 from diagnosis.selectors import visibility
 

@@ -41,11 +41,11 @@ from django.dispatch import receiver
 from django.utils import timezone
 
 from agent.runtime.canonical import CanonicalStore, CanonicalUnavailable, delete_states
-from audit.authenticity import authenticated_chain
-from audit.authority import governance_position, permitted
 from audit.models import EventType, ToolInvocation, ToolStatus, TraceEvent
 from audit.payloads import canonical_json, sha256_hex
-from audit.recorder import ChainNotAuthentic, RunRecorder, arguments_digest, end_unauthentic_run
+from audit.verify.authenticity import authenticated_chain
+from audit.verify.authority import governance_position, permitted
+from audit.write import ChainNotAuthentic, RunRecorder, arguments_digest, end_unauthentic_run
 from core.groups import APPROVERS
 from diagnosis.models import APPROVE_PERMISSION, ChatSession, DiagnosisRun, RunStatus
 from reasoning import crypto
@@ -170,7 +170,7 @@ def checkpoint_of(interrupted: RunInterrupted, *, step_counts: dict[str, int], g
 def interrupted_record(run_id: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """The last RUN_INTERRUPTED's details and each pending call's latest APPROVAL_DECIDED details (by
     `tool_call_id`), read from the run's chain once it is proven written by the service
-    (`audit.authenticity.authenticated_chain`; else `ResumeStateUnavailable`: a decision a database
+    (`audit.verify.authenticity.authenticated_chain`; else `ResumeStateUnavailable`: a decision a database
     writer put into the chain, or changed, releases nothing)."""
     try:
         chain = authenticated_chain(run_id)
@@ -250,8 +250,8 @@ def discard_resume_states(*, run_ids: Any, **_signal: Any) -> None:
     """Erase the saved state of every run in `run_ids` (an iterable of run ids, e.g. a queryset): the
     reasoning purge sends `reasoning.signals.reasoning_purging` before it erases any row, with the runs
     whose rows it is about to purge,
-    because a saved state holds the same reasoning (`reasoning.services.purge_reasoning`, by age and by
-    run; runs under a legal hold are not in its scope, so their state is kept). A run whose state was
+    because a saved state holds the same reasoning (`audit.write.reasoning_changes.purge_reasoning`, by age
+    and by run; runs under a legal hold are not in its scope, so their state is kept). A run whose state was
     erased that way fails its resumption with RESUME_STATE_UNAVAILABLE: the erasure wins. Raises
     `CanonicalUnavailable` when the store cannot be reached (the purge then erases nothing)."""
     delete_states(run_ids, CHECKPOINT)
@@ -314,7 +314,7 @@ class Decided:
 
 def may_approve(user: AbstractBaseUser) -> bool:
     """`diagnosis.approve_tool_call` by the database and by the governance chain
-    (`audit.authority.permitted`): a right given outside the application confers nothing."""
+    (`audit.verify.authority.permitted`): a right given outside the application confers nothing."""
     return bool(user.is_authenticated and permitted(user, APPROVE_PERMISSION))
 
 

@@ -16,7 +16,7 @@ from agent.runtime.events import STARTED, DraftEvent, EventSink, ProgressEvent, 
 from agent.runtime.llm import ModelClient
 from agent.runtime.prompts import DEFAULT_PROMPTS, SystemPrompts
 from agent.runtime.tools.registry import ToolRegistry
-from audit.recorder import Committed, RunRecorder
+from audit.write import Committed, RunRecorder
 from diagnosis.models import ReleaseMode
 
 T = TypeVar("T")

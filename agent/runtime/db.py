@@ -20,10 +20,10 @@ costs at most one failed job per thread, never a thread that fails forever:
 * after a job during which a database error occurred, a connection that no longer answers is closed
   (Django's `close_if_unusable_or_obsolete`, as at the end of a request), so the next job reconnects.
 
-**Suspended writes (the async write path).** Every `db()` job runs as an `audit.group_commit.Bridged`
+**Suspended writes (the async write path).** Every `db()` job runs as an `audit.write.group_commit.Bridged`
 greenlet on one pool thread. When a recorder decision under group commit (`settings.AUDIT_GROUP_COMMIT`)
 reaches its write, the job does not block its thread: it suspends, and its pool thread hands the op to
-the process's `audit.group_commit.BatchWriter` (one transaction and one multi-row INSERT per table for
+the process's `audit.write.group_commit.BatchWriter` (one transaction and one multi-row INSERT per table for
 every op queued, whatever the number of runs, written on the `audit-writer` thread), then takes other
 jobs. Once the batch committed, the writer thread queues the job's next step back on **the same pool
 thread**, where it resumes; so `await db(recorder.method)` still returns only when the decision is
@@ -58,7 +58,7 @@ from typing import Any, TypeVar
 from django.conf import settings
 from django.db import connections
 
-from audit.group_commit import BatchWriter, Bridged, Commit, RecorderLock, get_committer
+from audit.write.group_commit import BatchWriter, Bridged, Commit, RecorderLock, get_committer
 
 T = TypeVar("T")
 

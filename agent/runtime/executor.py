@@ -74,7 +74,7 @@ from agent.runtime.prompts import DEFAULT_PROMPTS, SystemPrompts
 from agent.runtime.providers import get_model_client
 from agent.runtime.tools.registry import ToolRegistry, default_registry
 from audit.models import EventType, ToolStatus, TraceEvent
-from audit.recorder import RUN_NOT_AUTHENTIC, ChainNotAuthentic, RunRecorder, end_unauthentic_run
+from audit.write import RUN_NOT_AUTHENTIC, ChainNotAuthentic, RunRecorder, end_unauthentic_run
 from diagnosis import services
 from diagnosis.models import DEMO_PROVIDER, ChatSession, DiagnosisRun, RunStatus
 from diagnosis.selectors import owned_session
@@ -133,12 +133,15 @@ def prepare_run(
     `services.validate_query` refuses; `SessionNotFound` when `session_id` is not one of the user's.
     The question is redacted (`agent.redaction`) before anything stores it: the run keeps the redacted
     text and the facts of what was replaced (its recorder chains them as REDACTION_APPLIED). `redacted`:
-    the caller redacted `query` already (`redact_query`, before taking a lock) and passes its facts as
-    `redaction`."""
-    query = services.validate_query(query)
+    the caller validated and redacted `query` already (`validate_query`, then `redact_query`, before
+    taking a lock: `surfaces.chat.service.start_chat`) and passes its facts as `redaction`; the query is
+    then validated once, as the user sent it, never again as redacted.
+
+    No savepoint of its own: inside a caller's transaction (the chat's, under the user's row lock) an
+    error rolls that whole transaction back; alone, it is its own transaction."""
     if not redacted:
-        query, redaction = redact_query(query)
-    with transaction.atomic():
+        query, redaction = redact_query(services.validate_query(query))
+    with transaction.atomic(savepoint=False):
         if session is None and session_id:
             session = owned_session(user=user, session_id=session_id)
             if session is None:

@@ -2,11 +2,13 @@
 
 Answers cite evidence as `[kb:<slug>#<n>]` (a runbook chunk, `lookup_knowledge`) or `[prom:<hex>]` (a
 Prometheus query result, `query_metrics`); several ids in one bracket, of either kind, separated by
-commas or semicolons, are accepted. Ids are extracted in a deliberately loose form (`prom:` followed by
-any characters but brackets, blanks, `,` and `;`), so a malformed id counts as cited and is refused as
-unknown instead of being overlooked. The evidence guard requires, for a DIAGNOSIS or KNOWLEDGE answer
-(and an AI Ops report), at least one citation (else NO_CITATION) and every cited id, of either kind, to
-be present in this run's canonical store (else UNKNOWN_CITATION). When the store cannot be read, or a
+commas or semicolons, are accepted. Both kinds, their grammar and the citation pattern are declared once,
+in `diagnosis.evidence`. Ids are extracted in a deliberately loose form (`prom:` followed by any
+characters but brackets, blanks, `,` and `;`), so a malformed id counts as cited and is refused as
+unknown instead of being overlooked: a cited id that `diagnosis.evidence.parse` does not read as well
+formed is unknown even if the store held it. The evidence guard requires, for a DIAGNOSIS or KNOWLEDGE
+answer (and an AI Ops report), at least one citation (else NO_CITATION) and every cited id, of either
+kind, to be present in this run's canonical store (else UNKNOWN_CITATION). When the store cannot be read, or a
 write to it failed earlier in the run and a cited id is missing (it may be one that was lost), the
 reason is CANONICAL_UNAVAILABLE: the evidence cannot be proven, so the release is blocked (fail-closed).
 
@@ -19,7 +21,6 @@ the readable account `agent.aiops.prometheus` wrote into its payload, never the 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,8 @@ from typing import Any
 from agent.runtime.canonical import CanonicalStore, CanonicalUnavailable
 from agent.runtime.llm import parse_json_object
 from audit.payloads import clip
+from diagnosis.evidence import CITATION_RE as CITATION_RE  # the configuration fingerprint hashes it
+from diagnosis.evidence import cited_ids, parse
 
 NO_CITATION = "NO_CITATION"
 UNKNOWN_CITATION = "UNKNOWN_CITATION"
@@ -34,17 +37,10 @@ CANONICAL_UNAVAILABLE = "CANONICAL_UNAVAILABLE"
 
 GUARD_TEXT_CHARS = 4000
 
-_ID = r"(?:kb:[^\[\]\s,;#]+#\d+|prom:[^\[\]\s,;]+)"
-CITATION_RE = re.compile(rf"\[\s*({_ID}(?:\s*[,;]\s*{_ID})*)\s*\]")
-_ID_RE = re.compile(_ID)
-
 
 def extract_citations(text: str | None) -> list[str]:
-    """Cited evidence ids in order of first appearance, without repeats."""
-    ids: list[str] = []
-    for bracket in CITATION_RE.findall(text or ""):
-        ids.extend(_ID_RE.findall(bracket))
-    return list(dict.fromkeys(ids))
+    """Cited evidence ids in order of first appearance, without repeats (`diagnosis.evidence.cited_ids`)."""
+    return cited_ids(text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +73,7 @@ def check_evidence(
         return EvidenceVerdict(
             passed=False, required=True, reasons=(CANONICAL_UNAVAILABLE,), cited=tuple(cited)
         )
-    unknown = tuple(i for i in cited if i not in found)
+    unknown = tuple(i for i in cited if i not in found or parse(i) is None)
     if not unknown:
         return EvidenceVerdict(passed=True, required=True, cited=tuple(cited), evidence=found)
     reason = CANONICAL_UNAVAILABLE if store_degraded else UNKNOWN_CITATION

@@ -10,7 +10,7 @@ encodes them (`surfaces.chat.protocol`). A `run`, `tool` or `outcome` event carr
 of its timeline event (`sequence_of`), so transports can emit SSE `id:` lines and clients resume
 exactly.
 
-Replay maps persisted `TraceEvent`s (read through `audit.selectors.chat_timeline`): `RUN_STARTED` →
+Replay maps persisted `TraceEvent`s (read through `audit.read.chat_timeline`): `RUN_STARTED` →
 `RunEvent`; a stage's decision → its FINISHED `ProgressEvent` (`events.progress_of`, the mapping the live
 path uses too); `TOOL_INVOCATION` → `ToolEvent` with the event's status (REFUSED starts are not tool
 calls and are skipped); `RUN_FINISHED` → `OutcomeEvent` (status, release decision and content from the
@@ -58,7 +58,7 @@ from agent.runtime.events import (
     to_message,
 )
 from audit.models import EventType
-from audit.selectors import chat_timeline, finished_by
+from audit.read import chat_timeline, finished_by
 from diagnosis.models import DEMO_PROVIDER, TERMINAL_RUN_STATUSES, DiagnosisRun, RunStatus
 
 logger = logging.getLogger(__name__)
@@ -230,7 +230,7 @@ def _outcome_events(run: DiagnosisRun, seq: int | None) -> list[Event]:
 def persisted_frames(run_id: str, *, after: int) -> Replay:
     """The events a follower gets from the database for timeline events with `sequence_no > after`.
 
-    Two queries (`audit.selectors.chat_timeline`). `row_pending` says RUN_FINISHED is stored but the row's
+    Two queries (`audit.read.chat_timeline`). `row_pending` says RUN_FINISHED is stored but the row's
     terminal update has not landed yet (the caller waits and asks again). A run whose row is terminal
     without a RUN_FINISHED event (that audit write failed) still gets its outcome, without a sequence
     number.

@@ -45,7 +45,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from agent.runtime.lean_chunks import LeanChunkClient
-from audit.recorder import DeclaredToolCall, Usage
+from audit.write import DeclaredToolCall, Usage
 from reasoning.capture import REASONING_KEYS, extract_reasoning
 
 logger = logging.getLogger(__name__)

@@ -49,7 +49,7 @@ from agent.runtime.guards import (
 )
 from agent.runtime.llm import LLMError, StreamProgress
 from agent.runtime.router import route
-from audit.recorder import Usage
+from audit.write import Usage
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
 from reasoning.capture import build_capture
 

@@ -19,7 +19,7 @@ from agent.runtime.cancel import RunCancelled
 from agent.runtime.context import RunContext
 from agent.runtime.events import Stage
 from agent.runtime.llm import LLMError, StreamProgress, parse_json_object
-from audit.recorder import Usage
+from audit.write import Usage
 from reasoning.capture import build_capture
 
 ROUTER_MAX_ATTEMPTS = 2

@@ -23,7 +23,7 @@ every `RUN_SWEEP_INTERVAL_SECONDS`; 0 disables it) and the transparency log's ch
 (`audit.transparency.log.checkpoint`, every `AUDIT_CHECKPOINT_INTERVAL_SECONDS`; 0 disables it): it
 appends runs that finished since and signs a checkpoint, on the database pool, never on a run's path;
 the log's lock makes the processes that all do this take turns; the retention purge
-(`audit.retention.purge_expired_runs`, every `AUDIT_PURGE_INTERVAL_SECONDS`; 0 disables it); and the
+(`audit.write.retention.purge_expired_runs`, every `AUDIT_PURGE_INTERVAL_SECONDS`; 0 disables it); and the
 queue worker (`agent.runtime.worker`, up to `AIOPS_WORKER_CONCURRENCY` queued AI Ops runs at once;
 0 disables it); and the trace exporter (`telemetry.outbox.run_export_pass`, every
 `OTEL_EXPORT_INTERVAL_SECONDS`, only when an OTLP endpoint is configured): it enqueues runs that finished
@@ -323,7 +323,7 @@ async def _checkpoint() -> None:
 
 
 async def _purge() -> None:
-    from audit.retention import purge_expired_runs
+    from audit.write.retention import purge_expired_runs
 
     await db(purge_expired_runs, purged_by="server")
 

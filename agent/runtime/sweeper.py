@@ -34,7 +34,7 @@ from django.utils import timezone
 from agent.runtime.db import db
 from agent.runtime.live import persisted_frames, publish
 from audit.models import ToolStatus
-from audit.recorder import ChainNotAuthentic, RunRecorder, end_unauthentic_run
+from audit.write import ChainNotAuthentic, RunRecorder, end_unauthentic_run
 from diagnosis import services
 from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun, RunStatus
 

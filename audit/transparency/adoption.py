@@ -4,7 +4,7 @@ item 10; migration `audit.0019_adopt_records_before_write_authentication`).
 A store the previous version wrote carries no write tags. Its history stays verifiable without
 rewriting any of it, because the signed log already vouches for what it anchored: an untagged link is
 accepted where a leaf of before write authentication (one without `writeKeyId`) anchors it
-(`audit.authenticity`). `adopt` closes the gap between the previous version's last checkpoint and the
+(`audit.verify.authenticity`). `adopt` closes the gap between the previous version's last checkpoint and the
 first authenticated write, and records that it did:
 
 1. it anchors, with leaves of before write authentication and one signed checkpoint, exactly what the
@@ -20,7 +20,7 @@ first authenticated write, and records that it did:
 3. it chains `WRITE_AUTH_STARTED` (tagged) on the governance chain, naming the open runs it adopted
    and the legacy governance head, and the access app's migration then chains `RIGHTS_BASELINE`, the
    rights every user and group held (`access.baseline`): the replay of authority
-   (`audit.authority`) starts from it, since the chain did not record rights granted before it existed.
+   (`audit.verify.authority`) starts from it, since the chain did not record rights granted before it existed.
 
 From then on nothing untagged is anchored, chained onto or accepted by `verify_audit`: a store written
 with write authentication from the start (a new installation) never adopts anything, and `adopt` is a
@@ -47,8 +47,8 @@ from audit.models import (
     TailPending,
     TraceEvent,
 )
-from audit.recorder.governance import record_governance_event
 from audit.transparency import gate, keys, leafdata, log
+from audit.write.governance import record_governance_event
 from core import writeauth
 from diagnosis import services
 from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun
@@ -95,7 +95,7 @@ def adopt(*, now: dt.datetime | None = None) -> AdoptionReport | None:
                 "anchoredTails": report.anchored_tails,
                 "governanceAdoptedUpto": report.governance_head,
                 "openRuns": report.open_runs,
-                # Reads of reasoning logged before reads were chained (audit.reads).
+                # Reads of reasoning logged before reads were chained (audit.verify.access_log).
                 "accessLogUpto": ReasoningAccessLog.objects.aggregate(at=Max("pk"))["at"] or 0,
             },
         )

@@ -23,9 +23,10 @@ with where it is (`events[3] (sequence 4): …`, `rows.tools[0] (tool call call_
 
 1. the shape: exactly these keys, the v1 format;
 2. the chain: sequence numbers 1..n, each `prevHash` the previous `hash`, each `hash` recomputed
-   (`audit.integrity.chain_hash`), every event of the bundle's run and session;
+   (`audit.verify.hash_chain.chain_hash`), every event of the bundle's run and session;
 3. the rows: each form's digest recomputed and equal to the one listed and to the latest binding in the
-   chain (`audit.bound.collect`, the rules the server's `verify_audit` uses), each bound row present;
+   chain (`audit.verify.chain_digests.collect`, the rules the server's `verify_audit` uses), each bound row
+   present;
 4. the anchor: the leaf data recomputed from the chain up to its `lastSequenceNo` (only governance events
    and reviews may follow; the `writeKeyId` of an authenticated leaf names the write key whose tag the
    service verified on that head — reported, not checked: the tag needs the key), its RFC 9162 leaf
@@ -49,10 +50,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from audit import bound
-from audit.integrity import EVENT_FIELDS, GENESIS_HASH, chain_hash
 from audit.payloads import canonical_json, sha256_hex
 from audit.transparency import leafdata, merkle, note, signednote
+from audit.verify import chain_digests
+from audit.verify.hash_chain import EVENT_FIELDS, GENESIS_HASH, chain_hash
 
 FORMAT = "diagnosis-audit-evidence/v1"
 TOP_KEYS = {"format", "runId", "sessionId", "events", "rows", "anchor"}
@@ -78,7 +79,8 @@ class Report:
 
 
 class _Event:
-    """A bundle event with the attributes `audit.bound` and `audit.transparency.leafdata` read."""
+    """A bundle event with the attributes `audit.verify.chain_digests` and `audit.transparency.leafdata`
+    read."""
 
     __slots__ = ("created_at", "details", "event_type", "hash", "sequence_no", "status")
 
@@ -124,7 +126,7 @@ def verify(bundle: Any, public_keys: Sequence[Any], policy: signednote.Policy | 
     events = _verify_chain(bundle["events"], run_id, session_id, report)
     if events is None:
         return report
-    bindings = bound.collect(events)
+    bindings = chain_digests.collect(events)
     _verify_rows(bundle["rows"], run_id, bindings, report)
     body = _verify_anchor(bundle["anchor"], run_id, session_id, events, public_keys, policy, report)
     _verify_tails(bundle.get("tails", []), bundle["anchor"], run_id, session_id, events, body, report)
@@ -228,7 +230,7 @@ def _row_check(
     where: str,
     form_name: str,
     run_id: str,
-    binding: bound.Bound | None,
+    binding: chain_digests.Bound | None,
     report: Report,
 ) -> bool:
     if not _keys(entry, ROW_KEYS, where, report):
@@ -259,7 +261,7 @@ def _row_check(
     return ok
 
 
-def _verify_identity(identity: Any, run_id: str, b: bound.Bindings, report: Report) -> int:
+def _verify_identity(identity: Any, run_id: str, b: chain_digests.Bindings, report: Report) -> int:
     """The run's identity and its session's against RUN_STARTED's digests; returns how many were
     checked. A chain that binds none (a run started before identity digests) must carry none."""
     if not _keys(identity, {"start", "session"}, "rows.identity", report):
@@ -290,7 +292,7 @@ def _verify_identity(identity: Any, run_id: str, b: bound.Bindings, report: Repo
     return checked
 
 
-def _verify_rows(rows: Any, run_id: str, b: bound.Bindings, report: Report) -> None:
+def _verify_rows(rows: Any, run_id: str, b: chain_digests.Bindings, report: Report) -> None:
     # `reviews` (the run's review rows) is in every bundle built since reviews exist, `identity` (the
     # run's question, flow and session, its session's owner) since RUN_STARTED binds them; older
     # bundles have neither, and those events are checked with the chain only.
@@ -315,8 +317,8 @@ def _verify_rows(rows: Any, run_id: str, b: bound.Bindings, report: Report) -> N
             row = entry.get("form", {}).get("row", {}) if isinstance(entry, dict) else {}
             row = row if isinstance(row, dict) else {}
             if name == "steps":
-                key = bound.step_key(row.get("step_index"), row.get("agent_name"))
-                where = f"rows.{name}[{i}] ({bound.step_label(key)})"
+                key = chain_digests.step_key(row.get("step_index"), row.get("agent_name"))
+                where = f"rows.{name}[{i}] ({chain_digests.step_label(key)})"
                 binding = steps.pop(key, None)
                 form_name = "step"
             else:
@@ -371,11 +373,11 @@ def _verify_rows(rows: Any, run_id: str, b: bound.Bindings, report: Report) -> N
                 report.failures.append(f"rows.run: the terminal summary bound at sequence {seq} is missing")
         else:
             where = "rows.run (terminal summary)"
-            _row_check(run_entry, where, form_name or "run", run_id, bound.Bound(seq, digest), report)
+            _row_check(run_entry, where, form_name or "run", run_id, chain_digests.Bound(seq, digest), report)
             checked += 1
     elif run_entry is not None:
         report.failures.append("rows.run: the chain records no RUN_FINISHED to bind it")
-    for what, binding in bound.unclaimed(steps, tools, reasoning):
+    for what, binding in chain_digests.unclaimed(steps, tools, reasoning):
         report.failures.append(f"rows: {what} bound at sequence {binding.sequence_no} is missing")
     if len(report.failures) == before:
         report.passed.append(f"rows: {checked} record(s) match the digests their chain binds")
@@ -413,7 +415,9 @@ def _verify_anchor(
         report.failures.append(f"anchor.leafData: differs from the chain up to sequence {last} ({differing})")
     cut = last if isinstance(last, int) else 0
     not_governance = [
-        e.sequence_no for e in events if e.sequence_no > cut and e.event_type not in bound.GOVERNANCE_EVENTS
+        e.sequence_no
+        for e in events
+        if e.sequence_no > cut and e.event_type not in chain_digests.GOVERNANCE_EVENTS
     ]
     if not_governance:
         report.failures.append(

@@ -1,7 +1,7 @@
 """A stored checkpoint on its own — its body, columns, key and signature — and the witness file's
 copies of checkpoints (one `{"body", "signature"}` JSON object per line, `AUDIT_WITNESS_PATH`). Used by
 the log's verification (`audit.transparency.verify`) and by every writer that must know a leaf is
-signed before it trusts it (`audit.authenticity`). Messages name sizes and key ids, never content."""
+signed before it trusts it (`audit.verify.authenticity`). Messages name sizes and key ids, never content."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from audit.integrity import timestamp
 from audit.transparency import note
+from audit.verify.hash_chain import timestamp
 
 
 @dataclass(frozen=True, slots=True)

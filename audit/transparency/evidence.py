@@ -2,8 +2,8 @@
 export_evidence`); its format and verification are `audit.transparency.bundle`.
 
 The bundle holds the run's whole chain, the canonical form of every step, tool row and the terminal
-summary (what their digests are taken of: `audit.rowdigest.Form.document`), the digest of each reasoning
-row (never its content, not even encrypted), the run's leaf, its inclusion proof in the newest
+summary (what their digests are taken of: `audit.verify.row_digests.Form.document`), the digest of each
+reasoning row (never its content, not even encrypted), the run's leaf, its inclusion proof in the newest
 checkpoint (O(log n) stored nodes) and that checkpoint's body and signature, and each of its run-tail
 leaves (what was appended after it was anchored) with its inclusion proof in the same checkpoint. A run
 not yet anchored has `anchor: null` (the verifier then fails and says so). Queries: the run's events,
@@ -14,14 +14,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from audit import rowdigest
-from audit.bound import collect
-from audit.integrity import event_payload
 from audit.models import AgentStep, EventType, RunReview, ToolInvocation, TraceEvent
-from audit.rowdigest import stored_reasoning_rows
-from audit.selectors.trace import written_with
+from audit.read.trace import written_with
 from audit.transparency import bundle, note, signednote, store
 from audit.transparency.verify import anchor_of, tails_of
+from audit.verify import row_digests
+from audit.verify.chain_digests import collect
+from audit.verify.hash_chain import event_payload
+from audit.verify.row_digests import stored_reasoning_rows
 from core.db_router import reads_from_replica
 from diagnosis.models import DiagnosisRun
 
@@ -41,7 +41,7 @@ def _event(e: TraceEvent) -> dict[str, Any]:
     return {**payload, "prevHash": e.prev_hash, "hash": e.hash}
 
 
-def _row(form: rowdigest.Form, values: dict[str, Any]) -> dict[str, Any]:
+def _row(form: row_digests.Form, values: dict[str, Any]) -> dict[str, Any]:
     return {"digest": form.digest(values), "form": form.document(values)}
 
 
@@ -59,19 +59,19 @@ def build_bundle(*, run: DiagnosisRun) -> dict[str, Any]:
         "sessionId": run.session_id,
         "events": [_event(e) for e in events],
         "rows": {
-            "steps": [_row(rowdigest.STEP, rowdigest.STEP.values_of(s)) for s in steps],
+            "steps": [_row(row_digests.STEP, row_digests.STEP.values_of(s)) for s in steps],
             "tools": [_row(form, form.values_of(t)) for t, form in _tool_forms(tools, events)],
             "reasoning": [
                 {
                     "stepIndex": r["step_index"],
                     "agentName": r["agent_name"],
-                    "digest": rowdigest.REASONING.digest(r),
+                    "digest": row_digests.REASONING.digest(r),
                 }
                 for r in reasoning
             ],
             "run": _run_row(run, events),
             "reviews": [
-                _row(rowdigest.REVIEW, rowdigest.REVIEW.values_of(r))
+                _row(row_digests.REVIEW, row_digests.REVIEW.values_of(r))
                 for r in RunReview.objects.filter(run_id=run_id).order_by("sequence_no")
             ],
             "identity": _identity(run, events),
@@ -80,13 +80,13 @@ def build_bundle(*, run: DiagnosisRun) -> dict[str, Any]:
     }
 
 
-def _tool_forms(tools: Any, events: list[TraceEvent]) -> list[tuple[ToolInvocation, rowdigest.Form]]:
+def _tool_forms(tools: Any, events: list[TraceEvent]) -> list[tuple[ToolInvocation, row_digests.Form]]:
     """Each tool row with the form its latest binding names (`rowForm`; none: the first form)."""
     bindings = collect(events).tools
     out = []
     for tool in tools:
         binding = bindings.get(tool.tool_call_id)
-        form = rowdigest.tool_form(binding.form if binding is not None else None) or rowdigest.TOOL
+        form = row_digests.tool_form(binding.form if binding is not None else None) or row_digests.TOOL
         out.append((tool, form))
     return out
 
@@ -96,8 +96,8 @@ def _identity(run: DiagnosisRun, events: list[TraceEvent]) -> dict[str, Any]:
     binds none (a run started before identity digests)."""
     started = next((e for e in events if e.event_type == EventType.RUN_STARTED), None)
     details = (started.details or {}) if started is not None else {}
-    start = rowdigest.start_form(details.get("startForm")) if details.get("startDigest") else None
-    session = rowdigest.session_form(details.get("sessionForm")) if details.get("sessionDigest") else None
+    start = row_digests.start_form(details.get("startForm")) if details.get("startDigest") else None
+    session = row_digests.session_form(details.get("sessionForm")) if details.get("sessionDigest") else None
     return {
         "start": _row(start, start.values_of(run)) if start is not None else None,
         "session": _row(session, session.values_of(run.session)) if session is not None else None,
@@ -110,7 +110,7 @@ def _run_row(run: DiagnosisRun, events: list[TraceEvent]) -> dict[str, Any] | No
         return None
     finished = next((e for e in reversed(events) if e.event_type == EventType.RUN_FINISHED), None)
     name = (finished.details or {}).get("runForm") if finished is not None else None
-    form = rowdigest.run_form(name) or rowdigest.RUN
+    form = row_digests.run_form(name) or row_digests.RUN
     return _row(form, form.values_of(run))
 
 

@@ -4,8 +4,8 @@ Before `audit.transparency.log` appends a leaf it verifies what the leaf would v
 `verify_audit` does:
 
 * a run (its first leaf) or a run that grew (a tail leaf): the run's chain, every link's write tag
-  (`audit.authenticity.tag_verdict`), every row against the digest its chain binds, and its existing
-  anchors (`audit.verification.check_runs`); a run with no chain is never anchored;
+  (`audit.verify.authenticity.tag_verdict`), every row against the digest its chain binds, and its existing
+  anchors (`audit.verify.runs.check_runs`); a run with no chain is never anchored;
 * the governance chain's head: every event after the newest anchored head, their links, hashes and
   tags, continuing from that head.
 
@@ -28,12 +28,12 @@ from typing import Any
 
 from django.db.models import Max
 
-from audit.authenticity import adoption, tag_verdict
-from audit.integrity import GENESIS_HASH
 from audit.models import EventType, GovernanceEvent, GovernanceEventType, LogLeaf, TraceEvent
-from audit.recorder.governance import governance_hash, record_governance_event
 from audit.transparency import leafdata
-from audit.verification import check_runs
+from audit.verify.authenticity import adoption, tag_verdict
+from audit.verify.hash_chain import GENESIS_HASH
+from audit.verify.runs import check_runs
+from audit.write.governance import governance_hash, record_governance_event
 from core import writeauth
 from diagnosis.models import DiagnosisRun
 
@@ -151,7 +151,7 @@ def admit_governance() -> tuple[GovernanceHead | None, list[str]]:
     """(the head to anchor, or None when the chain has not grown or does not verify; the problems) of
     the governance events after the newest anchored head: each links to the one before (the first to
     the anchored head), its hash is recomputed, and its tag verifies (untagged only where the upgrade
-    adopted the chain, `audit.authenticity`)."""
+    adopted the chain, `audit.verify.authenticity`)."""
     anchored = anchored_governance_head()
     start, prev = anchored if anchored is not None else (0, GENESIS_HASH)
     events = list(GovernanceEvent.objects.filter(sequence_no__gt=start).order_by("sequence_no"))

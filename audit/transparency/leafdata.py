@@ -44,8 +44,8 @@ import json
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from audit.integrity import GENESIS_HASH, timestamp
 from audit.transparency.note import canonical
+from audit.verify.hash_chain import GENESIS_HASH, timestamp
 
 KIND_RUN = "run"
 KIND_RUN_TAIL = "runTail"

@@ -10,7 +10,7 @@ and every `AUDIT_CHECKPOINT_INTERVAL_SECONDS` in each server process).
    chain head and last RUN_FINISHED read in the same query (correlated subqueries on the unique
    `(run_id, sequence_no)` index); only runs created at or after the head's `scan_from` are searched;
 3. append their leaves (`audit.transparency.leafdata`), then a run-tail leaf for each anchored run whose
-   chain grew after its newest anchored head (`audit.recorder.tail`: reviews, reasoning purges and
+   chain grew after its newest anchored head (`audit.write.tail`: reviews, reasoning purges and
    re-encryptions; read under the run row's lock, so an append in flight is anchored by the next
    checkpoint, never lost), then — when the governance chain (`audit.models.GovernanceEvent`) has grown
    since it was last anchored — one governance leaf anchoring its head, and the complete subtrees they
@@ -44,7 +44,6 @@ from django.db import IntegrityError, transaction
 from django.db.models import Exists, Min, OuterRef, Q
 from django.utils import timezone
 
-from audit.integrity import timestamp
 from audit.models import (
     Checkpoint,
     LogHead,
@@ -52,8 +51,9 @@ from audit.models import (
     LogNode,
     TailPending,
 )
-from audit.recorder.tail import locked_head
 from audit.transparency import gate, keys, leafdata, merkle, note, store, witnesses
+from audit.verify.hash_chain import timestamp
+from audit.write.tail import locked_head
 from core import writeauth
 from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun
 
@@ -179,7 +179,7 @@ def anchored_heads(run_ids: list[str]) -> dict[str, int]:
 
 
 def _grown_tails(*, exclude: set[str], limit: int = TAIL_BATCH) -> gate.Verdict:
-    """The anchored runs noted as grown (`audit.recorder.tail`) whose chain now reaches past their newest
+    """The anchored runs noted as grown (`audit.write.tail`) whose chain now reaches past their newest
     anchored head, verified by the gate (admitted: their tail heads; refused: kept noted, retried by the
     next checkpoint); deletes the notes that the anchored heads cover (and those of runs that no longer
     exist). Runs in `exclude` are being anchored by this very checkpoint and keep their notes."""

@@ -13,10 +13,11 @@
   is in addition checked with the consistency proof the API serves;
 * no leaf is stored beyond the newest checkpoint (the writer signs in the transaction that appends) and
   none is missing below it (a truncated log), and the head row agrees;
-* every anchored run still exists (governance leaves anchor no run: `audit.verification.verify_governance`
-  checks them against the governance chain): a leaf whose run row is gone is named (deleting a whole run
-  is detected), unless a tombstone says retention purged it, which is accepted only when the purge came
-  after the run's anchored finish plus `AUDIT_RETENTION_DAYS` and while no legal hold covered it;
+* every anchored run still exists (governance leaves anchor no run:
+  `audit.verify.governance_chain.verify_governance` checks them against the governance chain): a leaf whose
+  run row is gone is named (deleting a whole run is detected), unless a tombstone says retention purged it,
+  which is accepted only when the purge came after the run's anchored finish plus `AUDIT_RETENTION_DAYS` and
+  while no legal hold covered it;
 * optionally, every checkpoint of a witness file (the copy kept outside the database) verifies and is
   in the database unchanged, or its root still matches the stored leaves: a log truncated together with
   its checkpoints is detected this way too (a fallback: the file is on the operator's own storage);
@@ -37,8 +38,6 @@ from typing import TYPE_CHECKING, Any
 
 from django.db.models import Q
 
-from audit.binding import GOVERNANCE_EVENTS
-from audit.holds import chained_holds, chained_purges, tombstone_problems
 from audit.models import (
     Checkpoint,
     CheckpointCosignature,
@@ -50,11 +49,13 @@ from audit.models import (
 from audit.transparency import keys, leafdata, merkle, signednote, store
 from audit.transparency.checkpoints import WitnessEntry, check_checkpoint, witness_problems
 from audit.transparency.cosignatures import check_cosignatures, policy_problems
+from audit.verify.holds import chained_holds, chained_purges, tombstone_problems
+from audit.verify.rows import GOVERNANCE_EVENTS
 from core import writeauth
 from diagnosis.models import DiagnosisRun
 
 if TYPE_CHECKING:
-    from audit.provenance import GovernanceView
+    from audit.verify.provenance import GovernanceView
 
 UNANCHORED = "finished, not yet anchored in the transparency log (the next checkpoint appends it)"
 LEAF_BATCH = 900  # below SQLite's 999 parameters per query
@@ -170,8 +171,8 @@ def verify_log(
     """Verify the whole log (see the module docstring). Every conclusion about what is anchored comes
     from the leaves' signed data: the anchored runs (whose records must still exist, or be purged by a
     chained retention purge) and the anchored governance heads (`governance`, for
-    `audit.verification.verify_governance`). `governance`: the chained purges and holds as this
-    verification read them (`audit.provenance.GovernanceView`; read here when not given)."""
+    `audit.verify.governance_chain.verify_governance`). `governance`: the chained purges and holds as this
+    verification read them (`audit.verify.provenance.GovernanceView`; read here when not given)."""
     result = LogVerification()
     purges = chained_purges() if governance is None else governance.purges
     holds = chained_holds() if governance is None else governance.holds
@@ -389,7 +390,7 @@ def check_anchor(
     its head need only be tail events). `events` in sequence order. Notes: `UNANCHORED` for a finished
     run not in the log yet, and events appended after the newest anchored head (anchored by the next
     checkpoint) — a problem instead when `tail_noted` is False: nothing would ever anchor them, as the
-    note the append wrote in its transaction (`audit.recorder.tail`) is gone."""
+    note the append wrote in its transaction (`audit.write.tail`) is gone."""
     if leaf is None:
         problems = [f"log leaf {t.leaf_index}: a tail of the run, which has no run leaf" for t in tails]
         if run is not None and run.is_terminal:
@@ -479,7 +480,7 @@ def check_anchor(
 
 def _write_key_problems(where: str, fields: dict[str, Any], head: Any | None) -> list[str]:
     """An authenticated leaf names the write key of the tag on the head it anchors (whether that tag
-    verifies is `audit.authenticity.tag_verdict`'s check of the chain)."""
+    verifies is `audit.verify.authenticity.tag_verdict`'s check of the chain)."""
     wanted = leafdata.write_key_id(fields)
     if wanted is None or head is None:
         return []

@@ -9,9 +9,9 @@ BATCH = 5000
 
 
 def backfill(apps, schema_editor):
-    """The stored facts of every existing run (the rule of `audit.facts`, on the historical models) and
+    """The stored facts of every existing run (the rule of `audit.read.list_facts`, on the historical models) and
     every session's run count and newest run."""
-    from audit.facts import refresh_facts_of
+    from audit.read.list_facts import refresh_facts_of
 
     run_model = apps.get_model("diagnosis", "DiagnosisRun")
     session_model = apps.get_model("diagnosis", "ChatSession")

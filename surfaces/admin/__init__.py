@@ -7,8 +7,31 @@
 - `sessions`: sessions with their runs inline.
 - `knowledge`: runbook documents and their chunks.
 - `aiops`: AI Ops analyses (their alert and run), filtered by alert name and severity.
+- `audit_records`, `reasoning_records`: the record's append-only tables, read-only for everyone.
+- `access_users`: users, groups, API tokens, single sign-on identities; the login form.
+- `prices`: price overrides; `export_outbox`: the trace export's outbox.
 """
 
-from surfaces.admin import aiops, knowledge, runs, sessions
+from surfaces.admin import (
+    access_users,
+    aiops,
+    audit_records,
+    export_outbox,
+    knowledge,
+    prices,
+    reasoning_records,
+    runs,
+    sessions,
+)
 
-__all__ = ["aiops", "knowledge", "runs", "sessions"]
+__all__ = [
+    "access_users",
+    "aiops",
+    "audit_records",
+    "export_outbox",
+    "knowledge",
+    "prices",
+    "reasoning_records",
+    "runs",
+    "sessions",
+]

@@ -10,7 +10,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from audit.admin_base import ReadOnlyAdmin
+from core.admin_base import ReadOnlyAdmin
 from diagnosis.models import AiOpsAlert
 from surfaces.admin.display import chip, provider_chip
 from surfaces.admin.runs import CONSOLE_MEDIA

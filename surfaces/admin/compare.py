@@ -1,7 +1,7 @@
 """Two runs side by side: what the compare page draws, shaped from the API's trace body of each run.
 
 Input is exactly what `GET /api/diagnosis/{sessionId}/trace?runId=…` returns for each run
-(`audit.trace_render.trace_data` over `audit.selectors.get_trace`): the compare page reads the same one
+(`surfaces.api.trace_render.trace_data` over `audit.read.get_trace`): the compare page reads the same one
 rendering as the API, the run page's export and the trace download, so a fact shown here is the fact an
 API client sees. Pure: no query, no request. Each section is a list of rows (label, left, right,
 `differs`); a row differs when its two values are not equal as shown.

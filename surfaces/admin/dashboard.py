@@ -1,5 +1,5 @@
 """The oversight dashboard (`/admin/diagnosis/diagnosisrun/dashboard/`): a period picker and, for the
-period, the figures of `audit.dashboard` as server-drawn SVG charts (`surfaces.admin.charts`), each with
+period, the figures of `audit.read.dashboard` as server-drawn SVG charts (`surfaces.admin.charts`), each with
 its numbers as a table. Staff with the run list's view permission see it; it is linked from the index."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_date
 from django.utils.http import urlencode
 
-from audit.dashboard import get_dashboard
+from audit.read.dashboard import get_dashboard
 from pricing.rules import format_usd
 from surfaces.admin import evaluation_views
 from surfaces.admin.charts import empty_chart, stacked_bars

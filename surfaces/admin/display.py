@@ -73,7 +73,7 @@ def chip(value: str | None, tone_name: str | None = None):
 def provider_chip(provider: str | None):
     """A run's provider: the DEMO chip for the offline demo model (labelled wherever a run is listed),
     else its name."""
-    from audit.selectors import DEMO_PROVIDER
+    from audit.read import DEMO_PROVIDER
 
     if provider == DEMO_PROVIDER:
         return format_html('<span class="dc-chip dc-warn" title="{}">DEMO</span>', "offline demo model")

@@ -14,7 +14,8 @@ from pricing.rules import CostStatus
 
 
 class AuditCompleteFilter(admin.SimpleListFilter):
-    """Runs whose stored `audit_complete` fact (`audit.facts`) is true or false (an indexed column)."""
+    """Runs whose stored `audit_complete` fact (`audit.read.list_facts`) is true or false (an indexed
+    column)."""
 
     title = "audit complete"
     parameter_name = "audit_complete"

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from audit.models import EventType, UsageSource
-from audit.reconcile import CallUsage
-from audit.selectors import Trace
+from audit.read import Trace
+from audit.verify.reconcile import CallUsage
 from pricing.rules import CallCost, CostStatus, format_usd
 
 

@@ -1,8 +1,8 @@
 """The auditor's pages beside the run list: the review form's target, the review queue and the
 comparison of two runs. Views of `DiagnosisRunAdmin` (wrapped by `admin_view`: login, staff,
-never_cache, csrf_protect); each reads through selectors and writes through `audit.reviews`.
+never_cache, csrf_protect); each reads through selectors and writes through `audit.write.reviews`.
 
-* `review_view` (POST `<run>/review/`): records a review (`audit.reviews.record_review`, which checks
+* `review_view` (POST `<run>/review/`): records a review (`audit.write.reviews.record_review`, which checks
   `audit.review_run`) and goes back to the run page, or, from the queue, on to the next queued run.
 * `queue_view` (`queue/`): the runs that need a human (`diagnosis.review_queue`), oldest first, one
   reason or all, each with its reasons and its claim; `claim_view` (POST `queue/claim/`) claims one,
@@ -25,13 +25,20 @@ from django.utils import timezone
 from django.utils.http import urlencode
 
 from audit.models import REVIEW_NOTE_CHARS, ReviewVerdict
-from audit.reviews import RunNotFinished, claim_run, may_review, next_in_queue, record_review, release_claim
-from audit.selectors import get_trace
-from audit.trace_render import trace_data
+from audit.read import get_trace
+from audit.write.reviews import (
+    RunNotFinished,
+    claim_run,
+    may_review,
+    next_in_queue,
+    record_review,
+    release_claim,
+)
 from diagnosis.models import DiagnosisRun
 from diagnosis.review_queue import REASONS, queue_counts, queued_runs, reason, reasons_of
 from diagnosis.selectors import run_configurations
 from surfaces.admin.compare import compare_traces
+from surfaces.api.trace_render import trace_data
 
 QUEUE_PAGE = 50
 FROM_QUEUE = "queue"

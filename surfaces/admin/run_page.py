@@ -1,6 +1,6 @@
 """Shapes one run's trace for the admin run page: verdict, timing, token ledger, timeline, tools, audit.
 
-Input is the trace read model (`audit.selectors.get_trace`: the run row, its events, steps and tools as
+Input is the trace read model (`audit.read.get_trace`: the run row, its events, steps and tools as
 stored, and the summary), the same object the API and the export serialize. Everything here is pure: no
 query, no request, no template. The admin view fetches; `build_run_page` shapes; the template draws.
 The waterfall is drawn by `surfaces.admin.waterfall`, the token ledger and cost by `surfaces.admin.ledger`.
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from audit.models import EventType, Phase, ToolInvocation
-from audit.selectors import AnchorView, ReviewView, Trace
+from audit.read import AnchorView, ReviewView, Trace
 from diagnosis.models import DiagnosisRun, FeedbackRating, ReleaseDecision, RunStatus
 from diagnosis.selectors import FeedbackView
 from surfaces.admin.display import (

@@ -2,15 +2,15 @@
 the trace download and export; and users' feedback on runs.
 
 The run list stays flat at a million runs (`core.admin_lists`): it reads only `diagnosis_run` columns
-(audit completeness is the stored fact of `audit.facts`, the session is joined by its unique key) plus
-each listed run's mean evaluation score (a correlated subquery on the scores' (run, evaluator) index,
+(audit completeness is the stored fact of `audit.read.list_facts`, the session is joined by its unique key)
+plus each listed run's mean evaluation score (a correlated subquery on the scores' (run, evaluator) index,
 `surfaces.admin.evaluation_views`), orders by the indexed `(-created_at, -id)`, counts at most 10 000
 rows, filters on indexed columns (a date range on `created_at` replaces the date hierarchy), sorts by
 indexed columns (and, on request, by the mean score, which reads every run's scores), and searches
 through `diagnosis.selectors.search_runs` (id prefixes on the unique indexes, question words in the
 full-text index).
 
-The run page draws the trace read model (`audit.selectors.get_trace`) as `surfaces.admin.run_page`
+The run page draws the trace read model (`audit.read.get_trace`) as `surfaces.admin.run_page`
 shapes it; nothing on it is reconstructed from logs. The downloads are the API's trace body (same
 selector, same serializer, same renderer). Runs are read-only here. Reasoning is loaded on request by a
 separate view that checks `reasoning.view_reasoning_content` and logs the read (channel ADMIN) exactly
@@ -34,18 +34,16 @@ from django.utils.http import urlencode
 from django.utils.text import Truncator
 from rest_framework.renderers import JSONRenderer
 
+from access.reasoning_reads import read_reasoning
 from access.stepup import BROWSER_OTP_MESSAGE, otp_satisfied
 from agent.runtime import approval_queue, approvals
-from audit.export import jsonl_lines
-from audit.selectors import get_trace
-from audit.serializers import serialize_trace
+from audit.read import get_trace
 from audit.transparency.evidence import build_bundle
 from core.admin_lists import ScalableListAdmin
 from core.db_router import primary_reads, render_from_replica
 from diagnosis.models import DiagnosisRun, RunFeedback, RunStatus
 from diagnosis.selectors import all_feedback, search_runs
 from reasoning.models import REASONING_PERMISSION, AccessChannel
-from reasoning.services import read_reasoning
 from surfaces.admin import configs, datasets, evaluation_views, oversight
 from surfaces.admin.analyse import analyse_view
 from surfaces.admin.dashboard import dashboard_view
@@ -62,6 +60,8 @@ from surfaces.admin.filters import (
 from surfaces.admin.keys import keys_view
 from surfaces.admin.ledger import run_cost_label
 from surfaces.admin.run_page import build_run_page
+from surfaces.api.audit_serializers import serialize_trace
+from surfaces.api.trace_export import jsonl_lines
 from telemetry.selectors import export_of_run, exporter_enabled
 
 # The run page's query that loads the reasoning panel on arrival (after the TOTP step-up).
@@ -502,9 +502,9 @@ class DiagnosisRunAdmin(EvaluationColumn, ScalableListAdmin, admin.ModelAdmin):
         permissions=["view"],
     )
     def export_traces(self, request, queryset):
-        """Streamed, one trace per line, read `audit.export`'s chunk at a time: any number of runs (the
-        filtered list with Django's "select all"), in memory bounded by one chunk. Each line is the API's
-        trace body for this user (with their own feedback)."""
+        """Streamed, one trace per line, read `surfaces.api.trace_export`'s chunk at a time: any number of
+        runs (the filtered list with Django's "select all"), in memory bounded by one chunk. Each line is the
+        API's trace body for this user (with their own feedback)."""
         stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
         response = StreamingHttpResponse(
             jsonl_lines(queryset.select_related(None), viewer=request.user),

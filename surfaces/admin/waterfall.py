@@ -2,7 +2,7 @@
 one lane per agent (`router`, `planner`, `executor` or the chat's `diagnosis_agent`, `semantic_guard`):
 each lane holds its agent's calls, a step's tools under it.
 
-Built from the trace read model's rows (`audit.selectors.Trace`); pure, no query. Nothing here invents a
+Built from the trace read model's rows (`audit.read.Trace`); pure, no query. Nothing here invents a
 time: a bar whose start is derived from a recorded end minus a recorded duration is marked *derived*, a
 call whose duration was not recorded is a *point*, and a tool without a measured duration is drawn
 open-ended and hatched (*unknown*).
@@ -14,7 +14,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 
 from audit.models import CHAT_AGENT_NAME, AgentStep, EventType, ToolInvocation, TraceEvent
-from audit.selectors import Trace
+from audit.read import Trace
 from surfaces.admin.display import format_duration, format_instant, format_ms, ms_between, tone
 
 # A bar narrower than this share of the axis is widened so that it stays visible (its label keeps the value).

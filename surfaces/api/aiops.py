@@ -28,7 +28,7 @@ from rest_framework.response import Response
 
 from access import lockout
 from agent.aiops import intake
-from core.api import ApiView, error_responses, paginated_response, paginated_serializer
+from core.api import ApiView, Refused, error_responses, paginated_response, paginated_serializer
 from diagnosis import selectors, services
 from diagnosis.models import ReleaseDecision, RunStatus
 
@@ -54,11 +54,11 @@ class WebhookTokenAuthentication(authentication.BaseAuthentication):
         # is locked every webhook call from that address is 429, uncounted, the right token too (no guess
         # is confirmed); nobody's API token or login is refused because of it.
         if lockout.is_locked(raw, username=lockout.WEBHOOK):
-            raise lockout.LockedOut(raw, lockout.WEBHOOK)
+            raise Refused(lockout.LockedOut(raw, lockout.WEBHOOK))
         given = header[1] if len(header) == 2 else b""
         if not configured or not hmac.compare_digest(given, configured.encode()):
             if lockout.record_failure(raw, username=lockout.WEBHOOK):
-                raise lockout.LockedOut(raw, lockout.WEBHOOK)
+                raise Refused(lockout.LockedOut(raw, lockout.WEBHOOK))
             raise exceptions.AuthenticationFailed("Invalid webhook token.")
         return intake.service_user(), None
 

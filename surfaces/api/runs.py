@@ -15,9 +15,7 @@ from rest_framework.exceptions import APIException
 from rest_framework.response import Response
 
 from agent.runtime import approval_queue, approvals
-from audit.apis import Conflict
-from audit.feedback import RunNotFinished, record_feedback
-from audit.serializers import FeedbackSerializer, RunCostSerializer, RunIdentitySerializer
+from audit.write.feedback import RunNotFinished, record_feedback
 from core.api import (
     NOT_FOUND_RUN,
     NOT_FOUND_SESSION,
@@ -30,6 +28,8 @@ from core.api import (
 )
 from diagnosis import selectors, services
 from diagnosis.models import FeedbackRating, Intent, ReleaseDecision, RunStatus
+from surfaces.api.audit import Conflict
+from surfaces.api.audit_serializers import FeedbackSerializer, RunCostSerializer, RunIdentitySerializer
 
 
 class SessionSerializer(serializers.Serializer):
@@ -169,7 +169,7 @@ class RunListApi(ApiView):
 class RunFeedbackApi(ApiView):
     """The user's verdict on a run they may see: `{"rating": "up" | "down", "comment"?: str ≤ 2000}` → 201.
     One feedback per user and run; a second submission replaces the first, and each one is chained into
-    the run's record as `FEEDBACK_RECORDED` (`audit.feedback`). 401 anonymous; 403 a
+    the run's record as `FEEDBACK_RECORDED` (`audit.write.feedback`). 401 anonymous; 403 a
     session-authenticated request without a valid CSRF token; 400 invalid body; 404 the session or run is
     absent or not visible (same body); 409 the run has not finished yet."""
 

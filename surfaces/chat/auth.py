@@ -2,7 +2,7 @@
 cookie for pages. The REST API's own authenticators decide, on the runtime's bounded database pool
 (`runtime.db.db`).
 
-* HTTP (`authenticate_http`, the SSE views): `access.authentication.ApiTokenAuthentication` (hashed,
+* HTTP (`authenticate_http`, the SSE views): `surfaces.api.authentication.ApiTokenAuthentication` (hashed,
   expiring, revocable tokens; failures counted by axes), then DRF's `SessionAuthentication` with its CSRF
   enforcement on unsafe methods — the REST API's authenticators, tried token first, so a request with
   `Authorization: Token <token>` is decided by the token alone. A failure is the contract's JSON error:
@@ -10,7 +10,7 @@ cookie for pages. The REST API's own authenticators decide, on the runtime's bou
   `permission_denied` (CSRF), 429 `locked_out` (too many failures, `access.lockout`).
 * WebSocket (`ChatAuthMiddleware`): channels' session authentication (cookie), overridden when the
   handshake carries `Authorization`: that header alone then decides, through the same
-  `access.authentication.authenticate_token` (an unknown, expired or revoked token, an inactive user or
+  `surfaces.api.authentication.authenticate_token` (an unknown, expired or revoked token, an inactive user or
   another scheme is anonymous, and the failure is counted against the client address and the token's
   owner; a locked-out handshake is marked `scope["auth_refusal"] = "locked_out"`, which the consumer
   answers with a `locked_out` error frame and close code 4429; the session cookie is not consulted).
@@ -36,9 +36,9 @@ from rest_framework.parsers import BaseParser
 from rest_framework.request import Request
 
 from access import lockout
-from access.authentication import ApiTokenAuthentication, authenticate_token, token_from_header
 from agent.runtime.db import db
 from core.api import json_error
+from surfaces.api.authentication import ApiTokenAuthentication, authenticate_token, token_from_header
 
 AUTHENTICATORS = (ApiTokenAuthentication, SessionAuthentication)
 

@@ -4,7 +4,8 @@ do to start, follow and cancel runs, so that each rule and each step exists once
 * `start_chat` (synchronous; await it through `db`): the rate limit (`surfaces.chat.throttle`), the query
   (`diagnosis.services.validate_query`), the session (one of the user's, else 404), the per-user limit of
   active runs (429), then `executor.prepare_run` with the session already found and the query redacted
-  (`executor.redact_query`) before the user's row is locked.
+  (`executor.redact_query`) before the user's row is locked. The query is validated once, as sent, and
+  the session read once; `tests/surfaces/chat/test_chat_start.py` counts the statements.
 * `open_chat`: start a chat, subscribe to the run, *then* launch it in this process, so the follower
   misses nothing the run publishes; returns the follower (replay from 0, then live).
 * `find_run`: the run the user asks for, by the one visibility rule (`selectors.get_visible_run`), else

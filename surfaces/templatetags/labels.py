@@ -1,12 +1,12 @@
 """Labels in people's words for the console's templates: `{{ rec.step_index|step_label:rec.agent_name }}`
 ("router", "semantic guard", "planner step 2"; the numbering's one reading is
-`audit.recorder.facts.step_label`), `{{ review.verdict|verdict_label }}` (the verdict enum's label) and
+`audit.write.runtime_facts.step_label`), `{{ review.verdict|verdict_label }}` (the verdict enum's label) and
 `{{ run.status|enum_label }}` (a stored enum word: `surfaces.admin.display.label`)."""
 
 from django import template
 
 from audit.models import ReviewVerdict
-from audit.recorder.facts import step_label as _step_label
+from audit.write.runtime_facts import step_label as _step_label
 from surfaces.admin.display import label as _label
 
 register = template.Library()

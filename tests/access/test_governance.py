@@ -13,7 +13,7 @@ from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from audit.models import GovernanceEvent
 from audit.models import GovernanceEventType as T
-from audit.verification import verify_governance
+from audit.verify.governance_chain import verify_governance
 
 pytestmark = pytest.mark.django_db
 
@@ -172,8 +172,8 @@ def test_verify_audit_detects_an_edited_a_deleted_and_a_relinked_event(user):
 
 def test_legal_holds_and_purges_are_governance_events(superuser, traced_run):
     from audit.payloads import sha256_hex
-    from audit.retention import lift_hold, place_hold
-    from reasoning.services import purge_reasoning
+    from audit.write.reasoning_changes import purge_reasoning
+    from audit.write.retention import lift_hold, place_hold
 
     mark = _mark()
     hold = place_hold(user=superuser, scope="RUN", target_id=traced_run.run_id, reason="litigation")

@@ -14,7 +14,7 @@ from django.core.cache import cache
 
 from audit.models import GovernanceEvent
 from audit.models import GovernanceEventType as T
-from audit.verification import verify_governance
+from audit.verify.governance_chain import verify_governance
 from tests.factories import issue_token, make_recorded_run
 
 pytestmark = pytest.mark.django_db
@@ -107,7 +107,7 @@ def test_token_issue_and_revoke_one_event_each(user):
 
 
 def test_reasoning_key_rotation_one_event(settings, user):
-    from reasoning.services import rotate_reasoning_keys
+    from audit.write.reasoning_changes import rotate_reasoning_keys
 
     old, new = Fernet.generate_key().decode(), Fernet.generate_key().decode()
     settings.REASONING_ENCRYPTION_KEYS = [old]
@@ -129,8 +129,8 @@ def test_a_run_purge_one_event(user, settings):
 
     from django.utils import timezone
 
-    from audit.retention import purge_expired_runs
     from audit.transparency import keys
+    from audit.write.retention import purge_expired_runs
 
     settings.AUDIT_SIGNING_KEYS = [keys.generate_key_text()]
     settings.AUDIT_VERIFY_KEYS = []
@@ -142,8 +142,8 @@ def test_a_run_purge_one_event(user, settings):
 
 
 def test_a_reasoning_purge_and_a_legal_hold_one_event_each(superuser, traced_run):
-    from audit.retention import lift_hold, place_hold
-    from reasoning.services import purge_reasoning
+    from audit.write.reasoning_changes import purge_reasoning
+    from audit.write.retention import lift_hold, place_hold
 
     mark = _mark()
     hold = place_hold(user=superuser, scope="RUN", target_id=traced_run.run_id, reason="litigation")

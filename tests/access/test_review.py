@@ -15,9 +15,9 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
+from access.reasoning_reads import record_reasoning_read
 from access.review import access_review
 from reasoning.models import ReasoningAccessLog
-from reasoning.services import record_reasoning_read
 
 pytestmark = pytest.mark.django_db
 

@@ -30,7 +30,7 @@ from django.contrib.auth.models import Group
 
 from access.models import OidcIdentity
 from audit.models import GovernanceEvent, GovernanceEventType
-from audit.verification import verify_governance
+from audit.verify.governance_chain import verify_governance
 from tests.agent.aiops.servers import _die_with_parent, free_port
 
 pytestmark = pytest.mark.django_db

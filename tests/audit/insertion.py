@@ -10,8 +10,6 @@ from typing import Any
 
 from django.utils import timezone
 
-from audit import rowdigest
-from audit.integrity import GENESIS_HASH, link_hash
 from audit.models import (
     AgentStep,
     EventType,
@@ -21,8 +19,10 @@ from audit.models import (
     ToolInvocation,
     TraceEvent,
 )
-from audit.recorder.governance import governance_hash
-from audit.rowdigest import stored_reasoning_rows
+from audit.verify import row_digests
+from audit.verify.hash_chain import GENESIS_HASH, link_hash
+from audit.verify.row_digests import stored_reasoning_rows
+from audit.write.governance import governance_hash
 from diagnosis.models import ChatSession, DiagnosisRun
 from reasoning.models import AgentReasoningAudit
 
@@ -44,18 +44,18 @@ def rebind(run_id: str) -> None:
     for event in TraceEvent.objects.filter(run_id=run_id).order_by("sequence_no"):
         d = dict(event.details or {})
         if event.event_type == EventType.RUN_STARTED and "startDigest" in d:
-            d["startDigest"] = rowdigest.RUN_START.digest_of(run)
-            d["sessionDigest"] = rowdigest.SESSION.digest_of(run.session)
+            d["startDigest"] = row_digests.RUN_START.digest_of(run)
+            d["sessionDigest"] = row_digests.SESSION.digest_of(run.session)
         if event.event_type == EventType.AGENT_MODEL_STEP and "stepDigest" in d:
-            d["stepDigest"] = rowdigest.STEP.digest_of(steps[(d.get("agentName"), d.get("stepIndex"))])
+            d["stepDigest"] = row_digests.STEP.digest_of(steps[(d.get("agentName"), d.get("stepIndex"))])
         if "rowDigest" in d and d.get("toolCallId") in tools:
-            d["rowDigest"] = rowdigest.tool_form(d.get("rowForm")).digest_of(tools[d["toolCallId"]])
+            d["rowDigest"] = row_digests.tool_form(d.get("rowForm")).digest_of(tools[d["toolCallId"]])
         if "reasoningDigest" in d:
             key = (d.get("reasoningStepIndex", d.get("stepIndex")), d.get("agentName"))
             if key in reasoning:
-                d["reasoningDigest"] = rowdigest.REASONING.digest(reasoning[key], stored=True)
+                d["reasoningDigest"] = row_digests.REASONING.digest(reasoning[key], stored=True)
         if event.event_type == EventType.RUN_FINISHED and "runDigest" in d:
-            d["runDigest"] = rowdigest.run_form(d.get("runForm")).digest_of(run)
+            d["runDigest"] = row_digests.run_form(d.get("runForm")).digest_of(run)
         event.details, event.prev_hash = d, prev
         event.hash = link_hash(event)
         TraceEvent.objects.filter(pk=event.pk).update(details=d, prev_hash=prev, hash=event.hash)

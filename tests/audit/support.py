@@ -44,14 +44,14 @@ def wait_queued(committer, n):
 
 
 def reasoning_row(run, *, step_index: int):
-    """A bare reasoning row of `run` as the recorder's write path takes it (`audit.write_ops.Insert`)."""
+    """A bare reasoning row of `run` as the recorder's write path takes it (`audit.write.ops.Insert`)."""
     from django.utils import timezone
 
-    from audit import write_ops
-    from audit.recorder.chain import _tables
+    from audit.write import ops
+    from audit.write.chain_writer import _tables
 
     t = _tables()
-    return write_ops.Insert(
+    return ops.Insert(
         t.reasoning,
         t.reasoning.row(
             session_id=run.session_id,

@@ -1,4 +1,4 @@
-"""The event loop's write path (agent/runtime/db.py "Suspended writes", audit/group_commit.py
+"""The event loop's write path (agent/runtime/db.py "Suspended writes", audit/write/group_commit.py
 `BatchWriter`): recorder decisions awaited through `db()` under group commit suspend instead of holding a
 pool thread and share the writer's batches. Nothing is lost with hundreds of runs in flight (more than the
 pool has threads), a batch is one transaction, a bad op fails alone and is counted, a stale writer's op
@@ -14,10 +14,10 @@ from django.db.models import F
 
 from agent.runtime import db as runtime_db
 from agent.runtime.db import batch_writer, db
-from audit.group_commit import RecorderLock, get_committer
-from audit.integrity import verify_chain
 from audit.models import AgentStep, ToolInvocation, TraceEvent
-from audit.recorder import DeclaredToolCall, RunRecorder
+from audit.verify.hash_chain import verify_chain
+from audit.write import DeclaredToolCall, RunRecorder
+from audit.write.group_commit import RecorderLock, get_committer
 from diagnosis import services
 from diagnosis.models import DiagnosisRun, RunStatus
 from reasoning.capture import build_capture

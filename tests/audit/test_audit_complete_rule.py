@@ -1,6 +1,6 @@
 """The audit-complete rule has two implementations that must agree: the run list's stored fact, decided in
-SQL by `audit.facts` (here recomputed by `annotate_recomputed`, the expressions the recorder stores) and the
-trace summary (`audit.selectors.summarize`, through
+SQL by `audit.read.list_facts` (here recomputed by `annotate_recomputed`, the expressions the recorder stores)
+and the trace summary (`audit.read.summarize`, through
 `get_trace`). Over a matrix of runs — every status, each audit table with a row missing, an extra row,
 or the count it expects, a failed audit write, a tool left RUNNING, provider-side notes — both give the
 same answer (each state rebound into the chain as if recorded). The checks only the trace can make (the
@@ -13,11 +13,11 @@ import itertools
 
 import pytest
 
-from audit import rowdigest
-from audit.facts import annotate_recomputed
-from audit.integrity import GENESIS_HASH, link_hash
 from audit.models import AgentStep, EventType, ToolInvocation, ToolStatus, TraceEvent
-from audit.selectors import get_trace
+from audit.read import get_trace
+from audit.read.list_facts import annotate_recomputed
+from audit.verify import row_digests
+from audit.verify.hash_chain import GENESIS_HASH, link_hash
 from core import writeauth
 from diagnosis import services
 from diagnosis.models import DiagnosisRun, RunStatus
@@ -52,9 +52,9 @@ def _as_recorded(run: DiagnosisRun) -> None:
     for event in TraceEvent.objects.filter(run_id=run.run_id).order_by("sequence_no"):
         details = dict(event.details)
         if event.event_type == EventType.TOOL_INVOCATION and details.get("rowDigest"):
-            details["rowDigest"] = rowdigest.TOOL.digest_of(tools[details["toolCallId"]])
+            details["rowDigest"] = row_digests.TOOL.digest_of(tools[details["toolCallId"]])
         if event.event_type == EventType.RUN_FINISHED:
-            details["runDigest"] = rowdigest.RUN.digest_of(run)
+            details["runDigest"] = row_digests.RUN.digest_of(run)
             details["expected"] = {
                 **details["expected"],
                 "events": run.expected_events,
@@ -110,7 +110,7 @@ def test_only_the_trace_sees_a_broken_chain_rows_of_another_session_or_an_altere
 
 
 def test_a_purged_run_is_complete_for_both(user):
-    from reasoning.services import purge_reasoning
+    from audit.write.reasoning_changes import purge_reasoning
 
     run = make_recorded_run(user)
     assert purge_reasoning(run_id=run.run_id) == 2

@@ -16,11 +16,11 @@ from django.core.management.base import CommandError
 from django.db import connection
 
 from agent.runtime import approvals
-from audit import authority
 from audit.models import REVIEW_PERMISSION, GovernanceEvent, HoldScope
 from audit.models import GovernanceEventType as T
-from audit.retention import place_hold
-from audit.reviews import record_review
+from audit.verify import authority
+from audit.write.retention import place_hold
+from audit.write.reviews import record_review
 from diagnosis.models import APPROVE_PERMISSION
 from tests.factories import make_recorded_run, make_waiting_approval
 
@@ -125,9 +125,9 @@ def test_verify_audit_names_a_decision_whose_actor_lacked_the_right(user, audito
     record_review(run=run, user=auditor, verdict="correct")
     assert _verify("--run", run.run_id)[0]
     _join_behind_the_applications_back(user, "Reviewers")
-    import audit.reviews
+    import audit.write.reviews
 
-    monkeypatch.setattr(audit.reviews, "permitted", lambda who, permission: True)
+    monkeypatch.setattr(audit.write.reviews, "permitted", lambda who, permission: True)
     record_review(run=run, user=user, verdict="unsafe")
     ok, out = _verify("--run", run.run_id)
     assert not ok
@@ -140,9 +140,9 @@ def test_verify_audit_names_a_decision_whose_actor_lacked_the_right(user, audito
 
 def test_a_hold_placed_by_someone_the_chain_gave_no_right_is_named(user, superuser, monkeypatch):
     run = make_recorded_run(user)
-    import audit.retention
+    import audit.write.retention
 
-    monkeypatch.setattr(audit.retention, "permitted", lambda who, permission: True)
+    monkeypatch.setattr(audit.write.retention, "permitted", lambda who, permission: True)
     place_hold(user=user, scope=HoldScope.RUN, target_id=run.run_id, reason="not mine to place")
     ok, out = _verify()
     assert not ok
@@ -152,7 +152,7 @@ def test_a_hold_placed_by_someone_the_chain_gave_no_right_is_named(user, superus
 def test_the_chain_is_replayed_only_when_it_verifies(user, superuser):
     """The replay is verified once per head of the chain (cached): one untagged event, and from the next
     head on nothing is taken from the chain any more (fail-closed)."""
-    from audit.recorder import record_governance_event
+    from audit.write import record_governance_event
 
     assert authority.permitted(superuser, REVIEW_PERMISSION)
     granted = GovernanceEvent.objects.filter(event_type=T.SUPERUSER_GRANTED, subject_user=superuser.username)

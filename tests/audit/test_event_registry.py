@@ -14,12 +14,13 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from audit import bound, events
-from audit.admin import EventTypeFilter
-from audit.feedback import RunNotFinished, record_feedback
+from audit import events
 from audit.models import EventType, TailPending, TraceEvent
 from audit.transparency import keys
+from audit.verify import chain_digests
+from audit.write.feedback import RunNotFinished, record_feedback
 from diagnosis.models import RunFeedback, RunStatus
+from surfaces.admin.audit_records import EventTypeFilter
 from tests.agent.runtime.support import ask, script_reasoned_diagnosis
 
 DOCS = Path(settings.BASE_DIR) / "docs"
@@ -29,7 +30,7 @@ def test_every_enumeration_is_the_registry():
     declared = [spec.type for spec in events.EVENTS]
     assert list(EventType.values) == declared
     assert EventType.REVIEW_RECORDED.label == events.BY_TYPE["REVIEW_RECORDED"].label
-    assert {s.type for s in events.EVENTS if s.writer == events.APPENDED} == bound.GOVERNANCE_EVENTS
+    assert {s.type for s in events.EVENTS if s.writer == events.APPENDED} == chain_digests.GOVERNANCE_EVENTS
     assert [value for value, _ in EventTypeFilter.lookups(None, None, None)] == declared
 
 

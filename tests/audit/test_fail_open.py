@@ -24,10 +24,10 @@ from django.db import connection
 
 from agent.runtime.executor import execute_run, prepare_run
 from agent.runtime.llm import aclose_clients
-from audit.group_commit import get_committer
 from audit.models import AgentStep, ToolInvocation, TraceEvent
-from audit.recorder import RunRecorder
-from audit.selectors import get_trace
+from audit.read import get_trace
+from audit.write import RunRecorder
+from audit.write.group_commit import get_committer
 from diagnosis import services
 from diagnosis.models import ReleaseDecision, RunStatus
 from reasoning.capture import build_capture

@@ -37,16 +37,16 @@ from agent.runtime import executor
 from agent.runtime.cancel import CancelToken
 from agent.runtime.sweeper import LEASE_EXPIRED, expired_runs, fail_run, sweep_expired_runs
 from agent.runtime.tools.registry import default_registry
-from audit.group_commit import get_committer
 from audit.models import AgentStep, EventType, ToolInvocation, ToolStatus, TraceEvent
-from audit.recorder import DeclaredToolCall, RunRecorder
-from audit.selectors import get_trace
-from audit.serializers import TraceSerializer
-from audit.trace_render import trace_data
+from audit.read import get_trace
+from audit.write import DeclaredToolCall, RunRecorder
+from audit.write.group_commit import get_committer
 from diagnosis import services
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
 from reasoning.capture import build_capture
 from reasoning.models import AgentReasoningAudit
+from surfaces.api.audit_serializers import TraceSerializer
+from surfaces.api.trace_render import trace_data
 from tests.agent.runtime.support import AGENT, ask, in_every_runtime_thread
 from tests.factories import issue_token, usage
 from tests.fakes.openai_server import FakeLLMServer, stream_tool_calls

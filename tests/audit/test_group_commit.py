@@ -1,7 +1,7 @@
-"""Group commit (audit/group_commit.py) keeps every recorder guarantee: concurrent runs from many threads
-share transactions yet stay gapless, chained and complete; a write that fails inside a batch fails alone
-and is counted exactly; a method returns only once its batch committed; the second-writer clash still
-reloads the chain head. Also the compound-statement write path on MariaDB (audit/write_ops.py).
+"""Group commit (audit/write/group_commit.py) keeps every recorder guarantee: concurrent runs from many
+threads share transactions yet stay gapless, chained and complete; a write that fails inside a batch fails
+alone and is counted exactly; a method returns only once its batch committed; the second-writer clash still
+reloads the chain head. Also the compound-statement write path on MariaDB (audit/write/ops.py).
 
 These tests are `transaction=True`: group commit writes on whichever writer thread leads a batch, and a
 separate connection cannot see rows of a test transaction."""
@@ -11,10 +11,10 @@ import threading
 import pytest
 from django.db import OperationalError, connection
 
-from audit.group_commit import GroupCommitter, get_committer
-from audit.integrity import verify_chain
 from audit.models import AgentStep, ToolInvocation, TraceEvent
-from audit.recorder import DeclaredToolCall, RunRecorder
+from audit.verify.hash_chain import verify_chain
+from audit.write import DeclaredToolCall, RunRecorder
+from audit.write.group_commit import GroupCommitter, get_committer
 from diagnosis import services
 from diagnosis.models import DiagnosisRun, RunStatus
 from reasoning.capture import build_capture
@@ -234,8 +234,8 @@ def test_a_real_database_error_in_a_compound_batch_fails_only_its_op(runs):
 @pytest.mark.mariadb
 def test_compound_write_keeps_the_database_error_class_and_rolls_back(runs):
     """A duplicate step index inside a compound transaction: IntegrityError, nothing of it stored."""
-    from audit import write_ops
-    from audit.recorder.chain import _tables
+    from audit.write import ops
+    from audit.write.chain_writer import _tables
 
     t = _tables()
     run = runs[0]
@@ -250,10 +250,10 @@ def test_compound_write_keeps_the_database_error_class_and_rolls_back(runs):
     from django.utils import timezone
 
     now = timezone.now()
-    op = write_ops.WriteOp(
+    op = ops.WriteOp(
         inserts=[
             reasoning_row(run, step_index=9),
-            write_ops.Insert(
+            ops.Insert(
                 t.step,
                 t.step.row(
                     run_id=run.run_id,
@@ -269,7 +269,7 @@ def test_compound_write_keeps_the_database_error_class_and_rolls_back(runs):
     )
     assert connection.mysql_is_mariadb and not connection.execute_wrappers
     with pytest.raises(IntegrityError):
-        write_ops.execute([op], connection)
+        ops.execute([op], connection)
     assert not AgentReasoningAudit.objects.filter(run_id=run.run_id, step_index=9).exists()
     assert not connection.in_atomic_block
     assert AgentStep.objects.filter(run_id=run.run_id).count() == 1
@@ -277,7 +277,7 @@ def test_compound_write_keeps_the_database_error_class_and_rolls_back(runs):
 
 def test_committer_releases_every_writer_when_a_batch_raises_a_bug():
     """A non-database exception while writing a batch fails its ops; nobody waits forever."""
-    from audit.write_ops import Update, WriteOp
+    from audit.write.ops import Update, WriteOp
 
     class Broken:
         db_table = "diagnosis_run"

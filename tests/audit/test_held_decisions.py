@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 from django.db import OperationalError, connection
 
-from audit.integrity import verify_chain
 from audit.models import AgentStep, EventType, ToolInvocation, TraceEvent
-from audit.recorder import DeclaredToolCall, RunRecorder, ToolCallNotDeclared
-from audit.verification import verify_run
+from audit.verify.hash_chain import verify_chain
+from audit.verify.runs import verify_run
+from audit.write import DeclaredToolCall, RunRecorder, ToolCallNotDeclared
 from diagnosis.models import DiagnosisRun, RunStatus
 from reasoning.capture import build_capture
 from tests.factories import usage

@@ -10,12 +10,12 @@ from django.utils import timezone
 
 from agent.runtime.sweeper import sweep_expired_runs
 from audit.models import AgentStep, EventType, TraceEvent
-from audit.recorder import RunRecorder, Usage
-from audit.selectors import get_trace
-from audit.serializers import TraceSerializer
-from audit.trace_render import trace_data
+from audit.read import get_trace
+from audit.write import RunRecorder, Usage
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
 from reasoning.capture import build_capture
+from surfaces.api.audit_serializers import TraceSerializer
+from surfaces.api.trace_render import trace_data
 from tests.agent.runtime.support import AGENT, GUARD, ROUTER, ask, evidence_ids
 from tests.fakes.openai_server import (
     stream_answer,
@@ -237,12 +237,12 @@ def test_a_deleted_step_row_or_usage_record_is_named(run):
 
 
 def test_usage_and_call_usage_and_the_step_row_carry_exactly_the_one_usage_field_set():
-    """`audit.reconcile.USAGE_FIELDS` is the one list of a call's counts: the provider's `Usage`, the stored
-    record's `CallUsage` and the step row's columns each hold exactly those, and `Usage.as_details` writes
-    them under its keys (what is hashed into MODEL_TOKEN_USAGE)."""
+    """`audit.verify.reconcile.USAGE_FIELDS` is the one list of a call's counts: the provider's `Usage`, the
+    stored record's `CallUsage` and the step row's columns each hold exactly those, and `Usage.as_details`
+    writes them under its keys (what is hashed into MODEL_TOKEN_USAGE)."""
     from dataclasses import fields
 
-    from audit.reconcile import USAGE_FIELDS, CallUsage
+    from audit.verify.reconcile import USAGE_FIELDS, CallUsage
 
     attrs = [attr for _key, attr in USAGE_FIELDS]
     assert [f.name for f in fields(Usage)] == ["available", *attrs]

@@ -1,5 +1,5 @@
-"""The runs' stored list facts (`audit.facts`): written with the terminal row and by what changes them
-later, always equal to the rule recomputed from the stored rows; `verify_audit` reports a disagreement
+"""The runs' stored list facts (`audit.read.list_facts`): written with the terminal row and by what changes
+them later, always equal to the rule recomputed from the stored rows; `verify_audit` reports a disagreement
 (and `--refresh-facts` rewrites it); the sessions' `run_count` and `last_run_at` follow their runs."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from agent.runtime.sweeper import sweep_expired_runs
-from audit.facts import FACT_FIELDS, annotate_recomputed, disagreements
 from audit.models import AgentStep, ToolInvocation
-from audit.recorder import DeclaredToolCall, RunRecorder
-from audit.verification import verify_run
+from audit.read.list_facts import FACT_FIELDS, annotate_recomputed, disagreements
+from audit.verify.runs import verify_run
+from audit.write import DeclaredToolCall, RunRecorder
+from audit.write.reasoning_changes import purge_reasoning
 from diagnosis import services
 from diagnosis.models import ChatSession, DiagnosisRun, ReleaseDecision, RunStatus
 from reasoning.capture import build_capture
-from reasoning.services import purge_reasoning
 from tests.factories import make_recorded_run, record_full_run, usage
 
 pytestmark = pytest.mark.django_db

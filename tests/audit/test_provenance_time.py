@@ -11,9 +11,9 @@ import pytest
 from django.utils import timezone
 
 from audit.models import GovernanceEvent, TraceEvent
-from audit.recorder import record_governance_event
 from audit.transparency.log import checkpoint
-from audit.verification import verify_run
+from audit.verify.runs import verify_run
+from audit.write import record_governance_event
 from tests.factories import make_recorded_run
 
 pytestmark = pytest.mark.django_db
@@ -26,7 +26,7 @@ def _clock(monkeypatch, module: str, offset: dt.timedelta) -> None:
 
 def test_a_link_written_after_the_checkpoint_that_anchored_it_is_named(user, monkeypatch, settings):
     settings.AUDIT_CLOCK_TOLERANCE_SECONDS = 5
-    _clock(monkeypatch, "audit.recorder.chain", dt.timedelta(hours=1))  # the recorder's clock runs ahead
+    _clock(monkeypatch, "audit.write.chain_writer", dt.timedelta(hours=1))  # the recorder's clock runs ahead
     run = make_recorded_run(user)
     monkeypatch.undo()
     checkpoint()
@@ -41,7 +41,7 @@ def test_a_link_written_after_the_checkpoint_that_anchored_it_is_named(user, mon
 
 def test_within_the_tolerance_a_skewed_clock_is_no_problem(user, monkeypatch, settings):
     settings.AUDIT_CLOCK_TOLERANCE_SECONDS = 5
-    _clock(monkeypatch, "audit.recorder.chain", dt.timedelta(seconds=2))
+    _clock(monkeypatch, "audit.write.chain_writer", dt.timedelta(seconds=2))
     run = make_recorded_run(user)
     monkeypatch.undo()
     checkpoint()
@@ -49,7 +49,7 @@ def test_within_the_tolerance_a_skewed_clock_is_no_problem(user, monkeypatch, se
 
 
 def test_a_run_whose_times_go_back_along_its_chain_is_named(user, monkeypatch, settings):
-    from audit.recorder import RunRecorder
+    from audit.write import RunRecorder
     from diagnosis import services
     from tests.factories import executing
 
@@ -57,7 +57,7 @@ def test_a_run_whose_times_go_back_along_its_chain_is_named(user, monkeypatch, s
     run = services.create_run(session=services.create_session(owner=user), query="q")
     rec = executing(run)
     rec.run_started(release_mode="verified")
-    _clock(monkeypatch, "audit.recorder.chain", dt.timedelta(minutes=-10))  # a takeover on a slow clock
+    _clock(monkeypatch, "audit.write.chain_writer", dt.timedelta(minutes=-10))  # a takeover on a slow clock
     RunRecorder.resume(run.run_id).finish(status="FAILED", error_code="X")
     monkeypatch.undo()
     result = verify_run(run.run_id)
@@ -66,7 +66,7 @@ def test_a_run_whose_times_go_back_along_its_chain_is_named(user, monkeypatch, s
 
 def test_governance_times_never_go_backwards_whatever_the_writers_clock(monkeypatch):
     first = record_governance_event(event_type="TOKEN_ISSUED", actor="a", subject_user="u")
-    _clock(monkeypatch, "audit.recorder.governance", dt.timedelta(hours=-1))
+    _clock(monkeypatch, "audit.write.governance", dt.timedelta(hours=-1))
     second = record_governance_event(event_type="TOKEN_REVOKED", actor="a", subject_user="u")
     assert second.created_at == first.created_at  # the later of the writer's clock and the head's
     stored = list(GovernanceEvent.objects.order_by("sequence_no").values_list("created_at", flat=True))

@@ -7,9 +7,9 @@ import threading
 import pytest
 from django.db import OperationalError, connection
 
-from audit.integrity import GENESIS_HASH, verify_chain
 from audit.models import AgentStep, EventType, ToolInvocation, ToolStatus, TraceEvent
-from audit.recorder import (
+from audit.verify.hash_chain import GENESIS_HASH, verify_chain
+from audit.write import (
     DeclaredToolCall,
     RunRecorder,
     ToolCallNotDeclared,
@@ -171,7 +171,7 @@ def test_deleted_and_recomputed_events_are_detected(run):
     assert not verdict.valid and verdict.missing_sequences == [4]
 
     # A forger who recomputes the edited event's own hash still breaks the next link.
-    from audit.integrity import link_hash
+    from audit.verify.hash_chain import link_hash
 
     e = _events(run.run_id)[5]
     e.summary = "forged"

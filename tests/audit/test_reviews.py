@@ -7,7 +7,6 @@ import pytest
 from django.contrib.auth.models import Group
 from django.core.exceptions import PermissionDenied, ValidationError
 
-from audit.integrity import verify_chain
 from audit.models import (
     REVIEW_PERMISSION,
     EventType,
@@ -16,14 +15,15 @@ from audit.models import (
     RunReview,
     TraceEvent,
 )
-from audit.reviews import RunNotFinished, record_review
-from audit.selectors import get_trace
-from audit.serializers import serialize_trace
-from audit.trace_render import trace_data
+from audit.read import get_trace
 from audit.transparency.log import checkpoint
-from audit.verification import verify_run
+from audit.verify.hash_chain import verify_chain
+from audit.verify.runs import verify_run
+from audit.write.reviews import RunNotFinished, record_review
 from diagnosis import services
 from diagnosis.models import DiagnosisRun
+from surfaces.api.audit_serializers import serialize_trace
+from surfaces.api.trace_render import trace_data
 
 pytestmark = pytest.mark.django_db
 

@@ -14,17 +14,17 @@ from cryptography.fernet import Fernet
 from django.core.management import CommandError, call_command
 from django.db import connection
 
-from audit import rowdigest
-from audit.integrity import GENESIS_HASH, link_hash
 from audit.models import AgentStep, EventType, ToolInvocation, ToolStatus, TraceEvent
-from audit.recorder import DeclaredToolCall, RunRecorder, ToolCallRepeated
-from audit.selectors import get_trace
+from audit.read import get_trace
+from audit.verify import row_digests
+from audit.verify.hash_chain import GENESIS_HASH, link_hash
+from audit.write import DeclaredToolCall, RunRecorder, ToolCallRepeated
+from audit.write.reasoning_changes import purge_reasoning, rotate_reasoning_keys
 from diagnosis.models import DiagnosisRun, RunStatus
 from reasoning import crypto
 from reasoning.capture import build_capture
 from reasoning.fields import Ciphertext
 from reasoning.models import AgentReasoningAudit
-from reasoning.services import purge_reasoning, rotate_reasoning_keys
 from tests.audit.legacy import recorded_before_write_authentication
 from tests.factories import REASONING_MARKER, executing, make_recorded_run, usage
 
@@ -76,7 +76,7 @@ def _assert_named(run, problem):
 
 def _stored_reasoning(run, step_index):
     return next(
-        r for r in rowdigest.stored_reasoning_rows(run_id=run.run_id) if r["step_index"] == step_index
+        r for r in row_digests.stored_reasoning_rows(run_id=run.run_id) if r["step_index"] == step_index
     )
 
 
@@ -230,7 +230,7 @@ def test_a_digest_rewritten_in_an_event_breaks_the_chain(user):
     event = TraceEvent.objects.get(run_id=run.run_id, sequence_no=seq)
     event.details = {
         **event.details,
-        "rowDigest": rowdigest.TOOL.digest_of(
+        "rowDigest": row_digests.TOOL.digest_of(
             ToolInvocation.objects.get(run_id=run.run_id, tool_call_id="call_0")
         ),
     }
@@ -485,9 +485,10 @@ def test_rows_written_on_the_production_paths_verify(user, group_commit):
 
 
 def test_the_pure_chain_reader_names_the_models_event_types_and_tool_statuses():
-    """`audit.bound` (shared with the offline bundle verifier) spells the choices of `audit.models`."""
-    from audit import bound
+    """`audit.verify.chain_digests` (shared with the offline bundle verifier) spells the choices of
+    `audit.models`."""
     from audit.models import EventType, ToolStatus
+    from audit.verify import chain_digests
 
     for name in (
         "AGENT_MODEL_STEP",
@@ -496,8 +497,8 @@ def test_the_pure_chain_reader_names_the_models_event_types_and_tool_statuses():
         "REASONING_PURGED",
         "REASONING_REKEYED",
     ):
-        assert getattr(bound, name) == EventType[name].value
-    assert frozenset(ToolStatus.values) == bound.TOOL_STATUSES
+        assert getattr(chain_digests, name) == EventType[name].value
+    assert frozenset(ToolStatus.values) == chain_digests.TOOL_STATUSES
 
 
 # --------------------------------------------------------------------------------------------------
@@ -518,8 +519,8 @@ def test_a_new_run_binds_its_identity_and_its_session_at_start(user):
     run = make_recorded_run(user)
     started = TraceEvent.objects.get(run_id=run.run_id, event_type=EventType.RUN_STARTED)
     assert started.details["startForm"] == "run-start" and started.details["sessionForm"] == "session"
-    assert started.details["startDigest"] == rowdigest.RUN_START.digest_of(run)
-    assert started.details["sessionDigest"] == rowdigest.SESSION.digest_of(run.session)
+    assert started.details["startDigest"] == row_digests.RUN_START.digest_of(run)
+    assert started.details["sessionDigest"] == row_digests.SESSION.digest_of(run.session)
     assert started.details["owner"] == user.get_username()
     finished = TraceEvent.objects.get(run_id=run.run_id, event_type=EventType.RUN_FINISHED)
     assert finished.details["runForm"] == "run/4"
@@ -547,7 +548,7 @@ def test_a_run_started_before_identity_digests_verifies_with_a_note(user):
 def test_a_run_finished_in_form_run_3_still_verifies_and_its_intent_is_then_unbound(user):
     run = make_recorded_run(user)
     finished = TraceEvent.objects.get(run_id=run.run_id, event_type=EventType.RUN_FINISHED)
-    details = {**finished.details, "runForm": "run/3", "runDigest": rowdigest.RUN_V3.digest_of(run)}
+    details = {**finished.details, "runForm": "run/3", "runDigest": row_digests.RUN_V3.digest_of(run)}
     TraceEvent.objects.filter(pk=finished.pk).update(details=details)
     _rehash_from(run, finished.sequence_no)
     # Form run/4 came before write authentication: a run/3 run is one the signed log vouches for.

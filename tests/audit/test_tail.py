@@ -1,4 +1,4 @@
-"""`audit.recorder.append_to_finished_run`: the one write to a run's chain by others than its recorder.
+"""`audit.write.append_to_finished_run`: the one write to a run's chain by others than its recorder.
 It writes under the run's current lease epoch (read under the run row's lock), so it lands on runs whose
 lease was claimed once or taken over since; it refuses a run not finished (unless told otherwise) and a
 call outside a transaction; concurrent appenders to the same run land one after the other."""
@@ -13,19 +13,19 @@ from django.db import transaction
 from django.utils import timezone
 
 from agent.runtime.sweeper import sweep_expired_runs
-from audit.integrity import verify_chain
 from audit.models import EventType, Phase, TraceEvent
-from audit.recorder import ChainEvent, RunNotFinished, append_to_finished_run
-from audit.verification import verify_run
+from audit.verify.hash_chain import verify_chain
+from audit.verify.runs import verify_run
+from audit.write import ChainEvent, RunNotFinished, append_to_finished_run
+from audit.write.reasoning_changes import purge_reasoning
 from diagnosis.models import DiagnosisRun, RunStatus
-from reasoning.services import purge_reasoning
 from tests.audit.support import in_threads, join_threads
 from tests.factories import LEASE_OWNER, executing, make_recorded_run
 
 
 def _rekey_event(note: str) -> ChainEvent:
     """An event appended to a finished run, binding no row and needing no governance record: a reader's
-    vote (a key rotation's would have to name its REASONING_KEYS_ROTATED record, audit.authority)."""
+    vote (a key rotation's would have to name its REASONING_KEYS_ROTATED record, audit.verify.authority)."""
     details = {"reader": "r", "rating": "up", "commentChars": 0, "commentSha256": ""}
     return ChainEvent(Phase.RUN, EventType.FEEDBACK_RECORDED, "UP", note, details)
 

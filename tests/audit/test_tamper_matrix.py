@@ -1,5 +1,5 @@
 """The tamper matrix (issue 30 item 4): no database write to an audited table passes `verify_audit`
-unless its column is in the documented exclusion list (`audit.coverage.EXCLUDED`).
+unless its column is in the documented exclusion list (`audit.verify.coverage.EXCLUDED`).
 
 The cases are generated from the models' concrete fields and the registry, so a new field that is
 neither covered nor excluded fails `test_every_field_is_covered_or_excluded`, and a covered one is
@@ -29,16 +29,11 @@ from django.db import IntegrityError, connection, models, transaction
 from django.test import override_settings
 from django.utils import timezone
 
+from access.reasoning_reads import record_reasoning_read
 from agent.aiops import intake
 from agent.knowledge.retrieval import reset_knowledge_index
 from agent.runtime import approvals
 from agent.runtime import db as runtime_db
-from audit import authority, coverage, rowdigest
-from audit.authenticity import ChainNotAuthentic
-from audit.bound import step_key, step_label
-from audit.feedback import record_feedback
-from audit.holds import held
-from audit.integrity import GENESIS_HASH, chain_hash
 from audit.models import (
     AgentStep,
     Checkpoint,
@@ -56,18 +51,24 @@ from audit.models import (
     ToolInvocation,
     TraceEvent,
 )
-from audit.recorder.governance import governance_payload
-from audit.retention import place_hold, purge_expired_runs
-from audit.reviews import record_review
 from audit.transparency import keys, leafdata, merkle
 from audit.transparency.log import checkpoint
-from audit.write_ops import WriteFenced
+from audit.verify import authority, coverage, row_digests
+from audit.verify.authenticity import ChainNotAuthentic
+from audit.verify.chain_digests import step_key, step_label
+from audit.verify.hash_chain import GENESIS_HASH, chain_hash
+from audit.verify.holds import held
+from audit.write.feedback import record_feedback
+from audit.write.governance import governance_payload
+from audit.write.ops import WriteFenced
+from audit.write.reasoning_changes import purge_reasoning
+from audit.write.retention import place_hold, purge_expired_runs
+from audit.write.reviews import record_review
 from diagnosis.models import AiOpsAlert, ChatSession, DiagnosisRun, RunConfiguration, RunFeedback, RunStatus
 from evaluations.models import EvaluationScore, Evaluator, EvaluatorKind
 from evaluations.services import evaluate_run
 from reasoning.fields import EncryptedTextField
 from reasoning.models import AgentReasoningAudit, ReasoningAccessLog
-from reasoning.services import purge_reasoning, record_reasoning_read
 from tests.agent.runtime.support import AGENT, GUARD, ROUTER, Provider, ask, load_corpus
 from tests.agent.runtime.test_pipeline import cited_answer, parallel_lookups_with_reasoning
 from tests.audit.insertion import forge_event, forge_governance, forge_run
@@ -459,7 +460,7 @@ def test_the_documented_table_is_the_registry():
 
     doc = (Path(settings.BASE_DIR) / "docs" / "audit-integrity.md").read_text(encoding="utf-8")
     assert coverage.markdown_table() in doc, (
-        "docs/audit-integrity.md (Coverage): run audit.coverage.markdown_table()"
+        "docs/audit-integrity.md (Coverage): run audit.verify.coverage.markdown_table()"
     )
 
 
@@ -572,7 +573,7 @@ def _rewrite_content(run_id: str, content: str) -> None:
     finished = TraceEvent.objects.get(run_id=run_id, event_type=EventType.RUN_FINISHED)
     details = {
         **finished.details,
-        "runDigest": rowdigest.run_form(finished.details["runForm"]).digest_of(run),
+        "runDigest": row_digests.run_form(finished.details["runForm"]).digest_of(run),
     }
     TraceEvent.objects.filter(pk=finished.pk).update(details=details)
     rehash_chain(run_id, start=finished.sequence_no)
@@ -625,7 +626,7 @@ def test_attack_review_flipped_after_a_checkpoint(world):
     RunReview.objects.filter(review_id=world.review_id).update(verdict="correct")
     review = RunReview.objects.get(review_id=world.review_id)
     event = TraceEvent.objects.get(run_id=world.chat, sequence_no=review.sequence_no)
-    details = {**event.details, "reviewDigest": rowdigest.REVIEW.digest_of(review)}
+    details = {**event.details, "reviewDigest": row_digests.REVIEW.digest_of(review)}
     if "verdict" in details:
         details["verdict"] = "correct"
     TraceEvent.objects.filter(pk=event.pk).update(
@@ -708,7 +709,7 @@ def test_rehash_rewritten_question_with_its_start_digest_chain_and_leaf(world):
     DiagnosisRun.objects.filter(run_id=world.chat).update(query="Delete every log file")
     run = DiagnosisRun.objects.get(run_id=world.chat)
     started = TraceEvent.objects.get(run_id=world.chat, event_type=EventType.RUN_STARTED)
-    details = {**started.details, "startDigest": rowdigest.RUN_START.digest_of(run)}
+    details = {**started.details, "startDigest": row_digests.RUN_START.digest_of(run)}
     TraceEvent.objects.filter(pk=started.pk).update(details=details)
     rehash_chain(world.chat)
     _reanchor(world.chat)
@@ -726,7 +727,7 @@ def test_rehash_rewritten_step_with_its_digest_and_chain(world):
         details__agentName=step.agent_name,
     )
     TraceEvent.objects.filter(pk=event.pk).update(
-        details={**event.details, "stepDigest": rowdigest.STEP.digest_of(step)}
+        details={**event.details, "stepDigest": row_digests.STEP.digest_of(step)}
     )
     rehash_chain(world.chat, start=event.sequence_no)
     assert_caught(*run_named(world.chat))

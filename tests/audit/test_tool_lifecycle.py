@@ -19,10 +19,10 @@ from agent.runtime.context import RunContext
 from agent.runtime.events import ToolEvent
 from agent.runtime.tools.boundary import TOOL_REPEATED, ToolBoundary
 from agent.runtime.tools.registry import default_registry
-from audit.integrity import verify_chain
 from audit.models import EventType, ToolInvocation, ToolStatus, TraceEvent
-from audit.recorder import DeclaredToolCall, RunRecorder, ToolLifecycleConflict
-from audit.selectors import get_trace
+from audit.read import get_trace
+from audit.verify.hash_chain import verify_chain
+from audit.write import DeclaredToolCall, RunRecorder, ToolLifecycleConflict
 from diagnosis.models import ReleaseDecision, RunStatus
 from reasoning.capture import build_capture
 from tests.agent.runtime.support import AGENT, CollectingSink, FailInserts, ask, evidence_ids

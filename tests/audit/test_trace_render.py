@@ -1,4 +1,4 @@
-"""The trace API builds its body without DRF serializers (audit/trace_render.py); it must be exactly
+"""The trace API builds its body without DRF serializers (surfaces/api/trace_render.py); it must be exactly
 `TraceSerializer(trace).data`, key order included, for every kind of trace."""
 
 import json
@@ -6,13 +6,13 @@ import json
 import pytest
 from django.db import OperationalError, connection
 
-from audit.recorder import RunRecorder
-from audit.selectors import get_trace
-from audit.serializers import TraceSerializer
-from audit.trace_render import TraceRenderer, trace_data, trace_json
+from audit.read import get_trace
+from audit.write import RunRecorder
 from diagnosis import services
 from diagnosis.models import RunStatus
 from diagnosis.selectors import get_visible_run
+from surfaces.api.audit_serializers import TraceSerializer
+from surfaces.api.trace_render import TraceRenderer, trace_data, trace_json
 from tests.factories import record_full_run
 
 pytestmark = pytest.mark.django_db
@@ -50,7 +50,7 @@ class _FailEvents:
 def test_failed_incomplete_run_with_a_running_tool(run):
     rec = RunRecorder.for_run(run)
     rec.run_started()
-    from audit.recorder import DeclaredToolCall
+    from audit.write import DeclaredToolCall
     from reasoning.capture import build_capture
     from tests.factories import usage
 
@@ -127,7 +127,7 @@ def test_details_stored_in_another_spelling_render_as_their_value(run):
 def _orm_trace(run, viewer):
     """The same trace read through the ORM's model instances (the export's path, `iter_traces`), none of
     the endpoint's compiled queries (`core.compiled`) or stored-text shortcuts."""
-    from audit.selectors import iter_traces
+    from audit.read import iter_traces
     from diagnosis.models import DiagnosisRun
 
     (trace,) = iter_traces(DiagnosisRun.objects.filter(pk=run.pk), viewer=viewer)
@@ -142,8 +142,8 @@ def test_endpoint_body_is_byte_identical_to_the_orm_read_of_a_full_anchored_run(
     from decimal import Decimal
 
     from audit.models import ReviewVerdict
-    from audit.reviews import record_review
     from audit.transparency import keys, log
+    from audit.write.reviews import record_review
     from pricing.models import PriceOverride
 
     settings.AUDIT_SIGNING_KEYS = [keys.generate_key_text()]

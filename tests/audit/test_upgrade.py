@@ -12,12 +12,12 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from audit.authenticity import adoption as adopted
 from audit.models import GovernanceEvent, GovernanceEventType, LogLeaf, TraceEvent
-from audit.recorder import RunRecorder
-from audit.reviews import record_review
 from audit.transparency import leafdata
 from audit.transparency.log import checkpoint
+from audit.verify.authenticity import adoption as adopted
+from audit.write import RunRecorder
+from audit.write.reviews import record_review
 from diagnosis import services
 from diagnosis.models import RunStatus
 from tests.audit.legacy import previous_version_wrote, recorded_before_write_authentication
@@ -102,7 +102,7 @@ def test_an_untagged_run_forged_after_the_upgrade_is_named_and_never_anchored(up
 
 
 def test_a_legacy_run_rewritten_after_the_upgrade_is_refused_as_a_base_for_new_links(upgraded, superuser):
-    from audit.authenticity import ChainNotAuthentic
+    from audit.verify.authenticity import ChainNotAuthentic
 
     first = upgraded["anchored"][1]
     last = TraceEvent.objects.filter(run_id=first.run_id).order_by("-sequence_no").first()

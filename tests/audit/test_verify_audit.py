@@ -13,8 +13,8 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 
 from audit.models import TraceEvent
-from audit.recorder import RunRecorder
-from audit.verification import verify_all_runs
+from audit.verify.runs import verify_all_runs
+from audit.write import RunRecorder
 from diagnosis.models import DiagnosisRun
 from tests.factories import REASONING_MARKER, make_recorded_run
 
@@ -50,7 +50,7 @@ def test_a_tampered_event_fails_with_exit_code_1(user):
 
 
 def _trace_read(run):
-    from audit.selectors import get_trace
+    from audit.read import get_trace
 
     return get_trace(run=DiagnosisRun.objects.get(pk=run.pk)).summary
 

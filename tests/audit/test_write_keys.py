@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from audit.checks import check_write_keys
 from audit.models import GovernanceEvent, TraceEvent
-from audit.recorder import record_governance_event
 from audit.transparency import keys
-from audit.verification import verify_governance, verify_run
+from audit.transparency.checks import check_write_keys
+from audit.verify.governance_chain import verify_governance
+from audit.verify.runs import verify_run
+from audit.write import record_governance_event
 from core import writeauth
 from tests.factories import make_recorded_run
 

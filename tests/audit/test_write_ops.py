@@ -1,4 +1,4 @@
-"""The recorder's statement parameters (audit/write_table.py, audit/write_cursor.py): each column
+"""The recorder's statement parameters (audit/write/table.py, audit/write/cursor.py): each column
 converted exactly as the backend's own adapters (and so `Model.save`) convert it, fast paths included."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from django.db import connection
 from django.utils import timezone
 
 from audit.models import TraceEvent
-from audit.write_table import Table
+from audit.write.table import Table
 from reasoning.models import AgentReasoningAudit
 
 
@@ -41,7 +41,7 @@ def test_the_compound_statements_parameters_are_bound_as_the_driver_binds_them()
         pytest.skip("the compound statement is MariaDB's")
     from decimal import Decimal
 
-    from audit.write_cursor import bind_params
+    from audit.write.cursor import bind_params
 
     values = [
         "plain",
@@ -74,29 +74,28 @@ def test_the_compound_statements_parameters_are_bound_as_the_driver_binds_them()
 @pytest.mark.django_db(transaction=True)
 def test_writes_outside_a_transaction_use_the_drivers_cursor_with_djangos_errors(user, monkeypatch):
     """In production (no caller's transaction, no execute wrapper, queries not logged) the recorder's
-    statements run on the driver's cursor (`audit.write_cursor.DriverCursor`): the rows land, a server
+    statements run on the driver's cursor (`audit.write.cursor.DriverCursor`): the rows land, a server
     error is Django's error class (the MySQL backend's IntegrityError codes included), nothing of a
     failed transaction is stored; while queries are logged (DEBUG, a test capturing them) Django's
     cursor runs and logs them."""
     from django.db import IntegrityError
     from django.test.utils import CaptureQueriesContext
 
-    from audit import write_cursor, write_ops
-    from audit.integrity import verify_chain
-    from audit.recorder import RunRecorder
-    from audit.recorder.chain import _tables
+    from audit.verify.hash_chain import verify_chain
+    from audit.write import RunRecorder, cursor, ops
+    from audit.write.chain_writer import _tables
     from diagnosis import services
     from tests.audit.support import reasoning_row
     from tests.factories import record_full_run
 
     seen = []
-    driver_execute = write_cursor.DriverCursor.execute
+    driver_execute = cursor.DriverCursor.execute
 
     def spy(cursor, sql, params=None):
         seen.append(sql.lstrip()[:16])
         return driver_execute(cursor, sql, params)
 
-    monkeypatch.setattr(write_cursor.DriverCursor, "execute", spy)
+    monkeypatch.setattr(cursor.DriverCursor, "execute", spy)
     session = services.create_session(owner=user)
     run = services.create_run(session=session, query="driver cursor")
     assert not connection.in_atomic_block and not connection.queries_logged
@@ -112,7 +111,7 @@ def test_writes_outside_a_transaction_use_the_drivers_cursor_with_djangos_errors
     now = timezone.now()
 
     def event(sequence_no, phase):
-        return write_ops.Insert(
+        return ops.Insert(
             t.event,
             t.event.row(
                 run_id=run.run_id,
@@ -122,7 +121,7 @@ def test_writes_outside_a_transaction_use_the_drivers_cursor_with_djangos_errors
                 event_type="X",
                 status="X",
                 summary="",
-                details=write_ops.RawJSON("{}"),
+                details=ops.RawJSON("{}"),
                 prev_hash="0" * 64,
                 hash="1" * 64,
                 created_at=now,
@@ -133,19 +132,19 @@ def test_writes_outside_a_transaction_use_the_drivers_cursor_with_djangos_errors
     # 1048 (a NULL in a NOT NULL column): the driver's OperationalError, Django's IntegrityError; alone
     # (one statement) and in a compound transaction, whose other row is rolled back with it.
     with pytest.raises(IntegrityError):
-        write_ops.execute([write_ops.WriteOp(inserts=[event(900, None)])], connection)
+        ops.execute([ops.WriteOp(inserts=[event(900, None)])], connection)
     with pytest.raises(IntegrityError):
-        write_ops.execute([write_ops.WriteOp(inserts=[reasoning, event(901, None)])], connection)
+        ops.execute([ops.WriteOp(inserts=[reasoning, event(901, None)])], connection)
     # 1062 (a duplicate key): the driver's IntegrityError, Django's.
     with pytest.raises(IntegrityError):
-        write_ops.execute([write_ops.WriteOp(inserts=[reasoning, event(1, "RUN")])], connection)
+        ops.execute([ops.WriteOp(inserts=[reasoning, event(1, "RUN")])], connection)
     assert not TraceEvent.objects.filter(run_id=run.run_id, sequence_no__gte=900).exists()
     assert not AgentReasoningAudit.objects.filter(run_id=run.run_id, step_index=99).exists()
     assert connection.is_usable() and not connection.in_atomic_block
 
     seen.clear()
     with CaptureQueriesContext(connection) as captured:
-        write_ops.execute([write_ops.WriteOp(inserts=[reasoning, event(902, "RUN")])], connection)
+        ops.execute([ops.WriteOp(inserts=[reasoning, event(902, "RUN")])], connection)
     assert not seen
     assert any("BEGIN NOT ATOMIC" in q["sql"] for q in captured.captured_queries)
     assert TraceEvent.objects.filter(run_id=run.run_id, sequence_no=902).exists()

@@ -39,7 +39,7 @@ def test_floor_is_the_recorders_own_rows_one_statement_each(user):
     session = services.create_session(owner=user)
     statements, template_run = b1_recording.capture_floor(session, workload.make_inputs())
     # 23 events + 4 steps + 4 reasoning rows + 3 tool rows, 3 tool updates, 6 run-row updates and the
-    # updates of the run's stored list facts (`audit.facts`) and of its review-queue flag
+    # updates of the run's stored list facts (`audit.read.list_facts`) and of its review-queue flag
     # (`diagnosis.review_queue`), both in the terminal row's transaction.
     assert len(statements) == 45
     assert sum(s.sql.startswith("INSERT INTO") for s in statements) == 34
@@ -132,10 +132,10 @@ def test_b3_profile_categories_of_a_collapsed_profile():
     from bench import b3_profile
 
     loop = "<module> (daphne:6);BaseEventLoop._run_once (asyncio/base_events.py:1922)"
-    job = "Bridged._body (audit/group_commit.py:274);_job (agent/runtime/db.py:282)"
+    job = "Bridged._body (audit/write/group_commit.py:274);_job (agent/runtime/db.py:282)"
     raw = "\n".join(
         [
-            f"{loop};RunRecorder._commit (audit/recorder/chain.py:120);dumps (json/__init__.py:231) 5",
+            f"{loop};RunRecorder._commit (audit/write/chain_writer.py:120);dumps (json/__init__.py:231) 5",
             f"{loop};Stream.__anext__ (openai/_streaming.py:40);BaseModel.construct (pydantic/main.py:1) 3",
             f"{loop};AsyncAPIClient.request (openai/_base_client.py:1500);build (httpx2/_models.py:9) 2",
             f"{loop};InMemoryChannelLayer._clean_expired (channels/layers.py:330) 4",
@@ -143,9 +143,9 @@ def test_b3_profile_categories_of_a_collapsed_profile():
             f"{loop} 1",
             # A database job of the runtime's pool runs in a `Bridged` greenlet, which owns nothing:
             # a recorder decision there is the recorder's, a run's claim is other database work.
-            f"{job};RunRecorder.finish (audit/recorder/run.py:581);dumps (json/__init__.py:231) 2",
+            f"{job};RunRecorder.finish (audit/write/run.py:581);dumps (json/__init__.py:231) 2",
             f"{job};claim_run (diagnosis/services.py:117);execute (django/db/backends/utils.py:78) 3",
-            "Bridged.step (audit/group_commit.py:280) 1",
+            "Bridged.step (audit/write/group_commit.py:280) 1",
         ]
     )
     per, _, total = b3_profile.categorise(raw)

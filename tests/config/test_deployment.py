@@ -40,7 +40,7 @@ from websockets.sync.client import connect as ws_connect
 from access.lockout import METRICS
 from agent.aiops import intake
 from agent.runtime.sweeper import LEASE_EXPIRED
-from audit.verification import verify_run
+from audit.verify.runs import verify_run
 from core import writeauth
 from diagnosis.models import DiagnosisRun, RunStatus
 from tests.config.support import (

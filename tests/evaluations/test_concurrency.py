@@ -9,7 +9,7 @@ import pytest
 from django.db import connection, connections
 
 from audit.models import EventType, TraceEvent
-from audit.verification import verify_run
+from audit.verify.runs import verify_run
 from evaluations.models import EvaluationScore, Evaluator, EvaluatorKind
 from evaluations.services import score_pending
 from tests.agent.runtime.support import ask, script_reasoned_diagnosis

@@ -17,9 +17,9 @@ from django.db import connection
 from django.utils import timezone
 
 from audit.models import EventType, TailPending, TraceEvent
-from audit.selectors import get_trace
+from audit.read import get_trace
 from audit.transparency import keys
-from audit.verification import verify_run
+from audit.verify.runs import verify_run
 from diagnosis.models import RunStatus
 from evaluations.models import EvaluationScore, Evaluator, EvaluatorKind
 from evaluations.services import evaluate_run
@@ -150,7 +150,7 @@ def test_scores_are_chained_anchored_verified_and_an_edited_score_is_named(llm, 
 @pytest.mark.usefixtures("runtime_pools", "corpus", "signing_key")
 def test_the_retention_purge_deletes_a_runs_scores_with_its_record(llm, user, settings):
     from audit.models import RunTombstone
-    from audit.retention import purge_expired_runs
+    from audit.write.retention import purge_expired_runs
 
     settings.AUDIT_WITNESS_PATH = ""
     script_reasoned_diagnosis(llm)

@@ -21,7 +21,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from agent.runtime.demo import DemoModelClient
-from audit.reviews import record_review
+from audit.write.reviews import record_review
 from diagnosis.models import DiagnosisRun
 from experiments.datasets import add_runs
 from experiments.models import Dataset, DatasetItem, Experiment

@@ -17,8 +17,8 @@ from django.core.management.base import CommandError
 
 from agent.runtime.candidate import Candidate
 from agent.runtime.demo import DemoModelClient
-from audit.dashboard import get_dashboard
 from audit.models import EventType, ToolInvocation, TraceEvent
+from audit.read.dashboard import get_dashboard
 from diagnosis.models import ChatSession, DiagnosisRun, ReleaseDecision, RunPurpose
 from diagnosis.review_queue import queued_runs
 from diagnosis.selectors import session_list

@@ -10,10 +10,11 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from audit.recorder import RunRecorder, Usage
+from audit.read.list_facts import refresh_run_costs
+from audit.write import RunRecorder, Usage
 from diagnosis import services
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
-from pricing.costs import load_price_book, refresh_run_costs
+from pricing.costs import load_price_book
 from pricing.models import PriceOverride
 from pricing.rules import CallTokens, CostStatus, PriceBook, format_usd
 from reasoning.capture import build_capture

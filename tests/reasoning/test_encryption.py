@@ -16,11 +16,11 @@ from django.core.management import CommandError, call_command
 from django.core.management.base import SystemCheckError
 from django.db import connection, transaction
 
+from audit.write.reasoning_changes import rotate_reasoning_keys
 from diagnosis import services
 from reasoning import crypto
 from reasoning.fields import Ciphertext
 from reasoning.models import AgentReasoningAudit
-from reasoning.services import rotate_reasoning_keys
 from tests.factories import REASONING_MARKER, make_recorded_run
 
 pytestmark = pytest.mark.django_db
@@ -62,7 +62,7 @@ def test_the_raw_columns_hold_no_plaintext(user):
 
 
 def test_utf8mb4_text_round_trips_encrypted(user):
-    from audit.recorder import RunRecorder
+    from audit.write import RunRecorder
     from diagnosis import services
     from reasoning.capture import build_capture
     from tests.factories import usage

@@ -11,12 +11,12 @@ from django.conf import settings as django_settings
 from django.core.management import call_command
 
 from audit.models import EventType, TraceEvent
-from audit.recorder.facts import guard_reasoning_step, router_reasoning_step
-from audit.selectors import get_trace
-from audit.serializers import TraceSerializer
-from audit.trace_render import trace_data
+from audit.read import get_trace
+from audit.write.runtime_facts import guard_reasoning_step, router_reasoning_step
 from diagnosis.models import ReleaseDecision
 from reasoning.models import AgentReasoningAudit
+from surfaces.api.audit_serializers import TraceSerializer
+from surfaces.api.trace_render import trace_data
 from tests.agent.runtime.support import (
     GUARD_THINKING,
     ROUTE,

@@ -10,9 +10,10 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
+from access.reasoning_reads import record_reasoning_read
+from audit.write.reasoning_changes import purge_reasoning
 from reasoning.models import AccessChannel, AgentReasoningAudit, ReasoningAccessLog
 from reasoning.selectors import get_reasoning_records
-from reasoning.services import purge_reasoning, record_reasoning_read
 from tests.factories import REASONING_MARKER, make_recorded_run
 
 pytestmark = pytest.mark.django_db

@@ -14,8 +14,8 @@ from django.contrib.auth.models import Group
 from django.core.management import call_command
 
 from audit.models import EventType, TraceEvent
-from audit.reviews import record_review
 from audit.transparency import keys
+from audit.write.reviews import record_review
 from diagnosis.models import ReleaseDecision, RunStatus
 from reasoning.models import AgentReasoningAudit
 from reasoning.selectors import get_reasoning_records
@@ -142,7 +142,7 @@ def test_a_row_changed_in_the_database_is_neither_purged_nor_rekeyed_and_stays_n
     from django.core.management import CommandError
     from django.utils import timezone
 
-    from reasoning.services import purge_reasoning, rotate_reasoning_keys
+    from audit.write.reasoning_changes import purge_reasoning, rotate_reasoning_keys
 
     run = _execute(llm, user)
     row = AgentReasoningAudit.objects.filter(run_id=run.run_id).order_by("pk").first()

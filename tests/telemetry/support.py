@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from audit.recorder import DeclaredToolCall, RunRecorder, Usage
+from audit.write import DeclaredToolCall, RunRecorder, Usage
 from diagnosis import services
 from diagnosis.models import AgentFlow, DiagnosisRun, ReleaseDecision, RunStatus
 from reasoning.capture import build_capture

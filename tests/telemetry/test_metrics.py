@@ -147,7 +147,7 @@ def test_record_metrics_cover_the_window_only_with_a_constant_number_of_queries(
 def test_cost_by_source_and_model_is_the_pricing_rule_and_unpriced_calls_are_counted(scrape, user):
     from decimal import Decimal
 
-    from audit.recorder import Usage
+    from audit.write import Usage
     from pricing.rules import CallTokens, PriceBook
     from tests.pricing.test_cost import _recorded_run
 

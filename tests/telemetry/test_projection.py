@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from audit.selectors import get_trace
+from audit.read import get_trace
 from diagnosis.models import RunStatus
 from telemetry.models import ExportState, TraceExport
 from telemetry.outbox import enqueue_finished_runs, export_due, requeue

@@ -24,7 +24,8 @@ from agent.runtime import prompts
 from agent.runtime.demo.answers import answer_from_evidence
 from agent.runtime.demo.text import question_of
 from agent.runtime.llm import parse_json_object
-from audit.recorder import DeclaredToolCall
+from audit.write import DeclaredToolCall
+from diagnosis.evidence import METRIC_RESULT, RUNBOOK_CHUNK
 
 _EXPR_RE = re.compile(r"^\s*(?:expression|expr|query)\s*:\s*(.+?)\s*$", re.I | re.M)
 _TOOLS_LINE_RE = re.compile(r"can use these tools:\s*([^.\n]*)")
@@ -119,7 +120,7 @@ def _metric_items(results: Sequence[tuple[str, dict[str, Any]]]) -> list[dict[st
         items.extend(
             {"id": i["id"], "text": i["text"]}
             for i in candidates
-            if str(i.get("id", "")).startswith("prom:") and isinstance(i.get("text"), str)
+            if METRIC_RESULT.owns(str(i.get("id", ""))) and isinstance(i.get("text"), str)
         )
     return items
 
@@ -233,7 +234,7 @@ def _report(
         for item in data.get("evidence") or []:
             if (
                 isinstance(item, dict)
-                and str(item.get("id", "")).startswith("kb:")
+                and RUNBOOK_CHUNK.owns(str(item.get("id", "")))
                 and item["id"] not in seen
             ):
                 seen.add(item["id"])

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agent.runtime.demo.text import CITATION_RE, CITED_ID_RE, SENTENCE_RE, content_tokens, has_cjk, units
+from diagnosis.evidence import RUNBOOK_CHUNK
 
 MAX_EVIDENCE_ITEMS = 3
 SENTENCES_PER_ITEM = 2
@@ -142,7 +143,8 @@ def route(query: str) -> dict[str, Any]:
 
 
 def _slug(item: dict[str, Any]) -> str:
-    return str(item.get("id", "")).split("#", 1)[0].removeprefix("kb:")
+    parsed = RUNBOOK_CHUNK.parse(str(item.get("id", "")))
+    return parsed["slug"] if parsed is not None else ""
 
 
 def _pick(wanted: set[str], text: str) -> list[str]:

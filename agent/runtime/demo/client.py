@@ -23,7 +23,7 @@ from agent.runtime.demo.aiops import aiops_execute, aiops_plan
 from agent.runtime.demo.answers import answer_from_evidence, check_claims, no_evidence_answer, route
 from agent.runtime.demo.text import count_tokens, evidence_in_turn, has_cjk, question_of
 from agent.runtime.llm import ModelResult, ModelRoles, StreamProgress, TextCallback, parse_json_object
-from audit.recorder import DeclaredToolCall, Usage
+from audit.write import DeclaredToolCall, Usage
 
 DELTA_DELAY_SECONDS = 0.005
 DELTA_WORDS = 3

@@ -14,13 +14,16 @@ from typing import Any
 
 from agent.runtime import prompts
 from agent.runtime.llm import parse_json_object
+from diagnosis.evidence import PREFIXES
 
 _TOKEN_RE = re.compile(r"[A-Za-z0-9_]+|[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]|[^\sA-Za-z0-9_]")
 _WORD_RE = re.compile(r"[a-z0-9]+(?:[-_./][a-z0-9]+)*")
 _CJK_RUN_RE = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+")
-CITATION_RE = re.compile(r"\[(?:(?:kb|prom):[^\[\]\s,;]+)(?:\s*[,;]\s*(?:kb|prom):[^\[\]\s,;]+)*\]")
-CITED_ID_RE = re.compile(r"(?:kb|prom):[^\[\]\s,;]+")
-SENTENCE_RE = re.compile(r"(?<=[.!?])\s+(?!\[(?:kb|prom):)|(?<=[。！？])(?!\s*\[(?:kb|prom):)")
+# Any id of a declared kind, well formed or not (`diagnosis.evidence.PREFIXES`: `(?:kb|prom)`).
+_CITED_ID = rf"{PREFIXES}:[^\[\]\s,;]+"
+CITATION_RE = re.compile(rf"\[(?:{_CITED_ID})(?:\s*[,;]\s*{_CITED_ID})*\]")
+CITED_ID_RE = re.compile(_CITED_ID)
+SENTENCE_RE = re.compile(rf"(?<=[.!?])\s+(?!\[{PREFIXES}:)|(?<=[。！？])(?!\s*\[{PREFIXES}:)")
 _STOP_WORDS = """
 a an the and or but if of to in on at by for with from into about as is are was were be been being
 it its this that these those there here i you we they he she my your our their me us them do does

@@ -65,7 +65,7 @@ from agent.runtime.events import ToolEvent
 from agent.runtime.tools.registry import EvidenceRecord, ToolArgumentsError, ToolResult, ToolSpec
 from audit.models import ToolStatus
 from audit.payloads import canonical_json, clip
-from audit.recorder import DeclaredToolCall, ToolCallNotDeclared, ToolCallRepeated, ToolLifecycleConflict
+from audit.write import DeclaredToolCall, ToolCallNotDeclared, ToolCallRepeated, ToolLifecycleConflict
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,8 @@ import json
 
 from agent.knowledge.retrieval import search_knowledge
 from agent.runtime.tools.registry import FLOW_AI_OPS, FLOW_CHAT, EvidenceRecord, ToolResult, register_tool
-from audit.recorder import RetrievalFacts
+from audit.write import RetrievalFacts
+from diagnosis.evidence import RUNBOOK_CHUNK
 
 QUERY_MAX_CHARS = 500
 TOP_K_MAX = 10
@@ -23,8 +24,8 @@ TOP_K_MAX = 10
     name="lookup_knowledge",
     description=(
         "Search the team's operations runbooks (English and Chinese) for evidence about a symptom, error "
-        "message, component or procedure. Returns evidence items with ids like kb:<slug>#<n>; cite the "
-        "ids you use as [kb:<slug>#<n>]."
+        f"message, component or procedure. Returns evidence items with ids like {RUNBOOK_CHUNK.form}; cite "
+        f"the ids you use as [{RUNBOOK_CHUNK.form}]."
     ),
     parameters={
         "type": "object",
@@ -74,7 +75,7 @@ def lookup_knowledge(query: str, top_k: int = 5) -> ToolResult:
             for item in items
         ],
         "note": (
-            "Cite the ids you rely on as [kb:<slug>#<n>]."
+            f"Cite the ids you rely on as [{RUNBOOK_CHUNK.form}]."
             if items
             else "No runbook matched this query; try other words, or say the runbooks do not cover it."
         ),

@@ -23,6 +23,7 @@ import time
 
 from agent.aiops.prometheus import POINTS_MAX, PrometheusClient, metric_evidence
 from agent.runtime.tools.registry import FLOW_AI_OPS, EvidenceRecord, ToolResult, register_tool
+from diagnosis.evidence import METRIC_RESULT
 
 QUERY_MAX_CHARS = 1000
 RANGE_MINUTES_MAX = 1440
@@ -49,8 +50,8 @@ def _window(range_minutes: int | None, step_seconds: int | None, now: float) -> 
     name="query_metrics",
     description=(
         "Run a PromQL query against the monitoring Prometheus: an instant query now, or with range_minutes "
-        "a range query over the last minutes. Returns one evidence item with an id like prom:<hex>; cite "
-        "it as [prom:<hex>] for every claim the numbers support."
+        "a range query over the last minutes. Returns one evidence item with an id like "
+        f"{METRIC_RESULT.form}; cite it as [{METRIC_RESULT.form}] for every claim the numbers support."
     ),
     parameters={
         "type": "object",

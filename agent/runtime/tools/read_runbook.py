@@ -11,14 +11,13 @@ error), never a guess. Offered to the chat and to AI Ops analyses.
 from __future__ import annotations
 
 import json
-import re
 
 from agent.knowledge.retrieval import EVIDENCE_TEXT_CHARS, overridden_sections
 from agent.runtime.tools.registry import FLOW_AI_OPS, FLOW_CHAT, EvidenceRecord, ToolResult, register_tool
-from diagnosis.models import KNOWLEDGE_SLUG_PATTERN, KnowledgeChunk
+from diagnosis.evidence import RUNBOOK_CHUNK
+from diagnosis.models import KnowledgeChunk
 
 AROUND_MAX = 2
-EVIDENCE_ID = re.compile(rf"^kb:(?P<slug>{KNOWLEDGE_SLUG_PATTERN})#(?P<ordinal>[1-9][0-9]{{0,5}})\Z")
 
 
 class UnknownEvidenceId(LookupError):
@@ -28,9 +27,9 @@ class UnknownEvidenceId(LookupError):
 @register_tool(
     name="read_runbook",
     description=(
-        "Read a runbook section by its evidence id kb:<slug>#<n> (as lookup_knowledge returned it), with "
-        "the sections just before and after it, to follow a procedure to its end. Cite the ids you use "
-        "as [kb:<slug>#<n>]."
+        f"Read a runbook section by its evidence id {RUNBOOK_CHUNK.form} (as lookup_knowledge returned it), "
+        "with the sections just before and after it, to follow a procedure to its end. Cite the ids you "
+        f"use as [{RUNBOOK_CHUNK.form}]."
     ),
     parameters={
         "type": "object",
@@ -55,10 +54,10 @@ class UnknownEvidenceId(LookupError):
     flows=(FLOW_CHAT, FLOW_AI_OPS),
 )
 def read_runbook(id: str, around: int = 1) -> ToolResult:
-    match = EVIDENCE_ID.match(id.strip())
-    if match is None:
-        raise UnknownEvidenceId(f"{id!r} is not an evidence id of the form kb:<slug>#<n>")
-    slug, ordinal = match["slug"], int(match["ordinal"])
+    parsed = RUNBOOK_CHUNK.parse(id.strip()) if isinstance(id, str) else None
+    if parsed is None:
+        raise UnknownEvidenceId(f"{id!r} is not an evidence id of the form {RUNBOOK_CHUNK.form}")
+    slug, ordinal = parsed["slug"], parsed["ordinal"]
     # An experiment's candidate runbook folder replaces the knowledge base (`agent.knowledge.corpus`).
     sections = overridden_sections(slug, ordinal - around, ordinal + around)
     if sections is None:
@@ -74,7 +73,7 @@ def read_runbook(id: str, around: int = 1) -> ToolResult:
         raise UnknownEvidenceId(f"no runbook section {id} exists")
     items = [
         {
-            "id": f"kb:{slug}#{n}",
+            "id": RUNBOOK_CHUNK.format(slug=slug, ordinal=n),
             "slug": slug,
             "title": title,
             "heading": heading,
@@ -83,12 +82,12 @@ def read_runbook(id: str, around: int = 1) -> ToolResult:
         for n, title, heading, text in sections
     ]
     data = {
-        "id": f"kb:{slug}#{ordinal}",
+        "id": parsed.text,
         "around": around,
         "items": items,
         "isTruncated": any(len(text) > EVIDENCE_TEXT_CHARS for *_rest, text in sections),
     }
-    model_view = {"evidence": items, "note": "Cite the ids you rely on as [kb:<slug>#<n>]."}
+    model_view = {"evidence": items, "note": f"Cite the ids you rely on as [{RUNBOOK_CHUNK.form}]."}
     return ToolResult(
         data=data,
         evidence=[EvidenceRecord(id=item["id"], payload=item) for item in items],

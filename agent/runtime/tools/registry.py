@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from audit.recorder import RetrievalFacts
+from audit.write import RetrievalFacts
 
 SKIP_MODULES = frozenset({"registry", "boundary"})
 

@@ -4,7 +4,7 @@ tombstones and their leaves in the transparency log."""
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from audit.retention import purge_expired_runs
+from audit.write.retention import purge_expired_runs
 
 
 class Command(BaseCommand):

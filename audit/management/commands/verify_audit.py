@@ -16,20 +16,14 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
-from audit.configurations import configuration_problems
 from audit.models import LogLeaf, TraceEvent
-from audit.provenance import GovernanceView
 from audit.transparency import signednote, witnesses
 from audit.transparency.checkpoints import read_witness
 from audit.transparency.verify import UNANCHORED, prove_run, verify_log
-from audit.verification import (
-    RUN_BATCH,
-    newest_governance_anchor,
-    refresh_facts,
-    verify_all_runs,
-    verify_governance,
-    verify_run,
-)
+from audit.verify.configurations import configuration_problems
+from audit.verify.governance_chain import newest_governance_anchor, verify_governance
+from audit.verify.provenance import GovernanceView
+from audit.verify.runs import RUN_BATCH, refresh_facts, verify_all_runs, verify_run
 from diagnosis.models import DiagnosisRun
 
 

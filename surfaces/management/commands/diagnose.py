@@ -2,7 +2,7 @@
 
 Prints the run's stages and tool status as they happen (and, under `CHAT_RELEASE=draft`, the unverified
 draft as it streams), then prints the released answer, the release
-decision and a one-screen trace summary read back from the database (`audit.selectors.get_trace`).
+decision and a one-screen trace summary read back from the database (`audit.read.get_trace`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from agent.runtime.events import DraftEvent, ErrorEvent, OutcomeEvent, ProgressEvent, ToolEvent
 from agent.runtime.executor import SessionNotFound, run_to_completion
-from audit.selectors import get_trace
+from audit.read import get_trace
 from diagnosis.models import ChatSession, DiagnosisRun
 
 

@@ -14,11 +14,11 @@ from django.urls import reverse
 from agent.runtime.events import ProgressEvent
 from agent.runtime.guards import extract_citations
 from agent.runtime.pipeline import BLOCKED_MESSAGE
-from audit import rowdigest
-from audit.integrity import verify_chain
 from audit.models import AgentStep, EventType, Phase, ToolInvocation, ToolStatus, TraceEvent
-from audit.rowdigest import stored_reasoning_rows
-from audit.verification import verify_run
+from audit.verify import row_digests
+from audit.verify.hash_chain import verify_chain
+from audit.verify.row_digests import stored_reasoning_rows
+from audit.verify.runs import verify_run
 from diagnosis.models import ReleaseDecision, RunStatus
 from reasoning.models import AgentReasoningAudit
 from tests.agent.aiops.support import aiops_registry, metric_result, run_aiops
@@ -382,12 +382,12 @@ def test_admin_run_page_shows_one_lane_per_agent_the_ledger_per_agent_and_the_se
 def test_tool_rows_verify_in_the_form_their_event_names(demo, user):
     """A tool row bound before per-agent steps (form `tool`, no `rowForm`) verifies as it was recorded;
     the same digest under the new form's name is a mismatch."""
-    from audit.binding import verify_rows
+    from audit.verify.rows import verify_rows
 
     run, _outcome, _sink = run_aiops(user, registry=aiops_registry())
     events = _events(run)
     tools = list(ToolInvocation.objects.filter(run_id=run.run_id))
-    assert all(rowdigest.TOOL.digest_of(t) != rowdigest.TOOL_V1.digest_of(t) for t in tools)
+    assert all(row_digests.TOOL.digest_of(t) != row_digests.TOOL_V1.digest_of(t) for t in tools)
 
     class Event:
         def __init__(self, e, details):
@@ -405,7 +405,7 @@ def test_tool_rows_verify_in_the_form_their_event_names(demo, user):
         for e in events:
             d = dict(e.details or {})
             if e.event_type == EventType.TOOL_INVOCATION and "rowDigest" in d:
-                d["rowDigest"] = rowdigest.TOOL_V1.digest_of(by_id[d["toolCallId"]])
+                d["rowDigest"] = row_digests.TOOL_V1.digest_of(by_id[d["toolCallId"]])
                 if not keep_form:
                     d.pop("rowForm")
             out.append(Event(e, d))

@@ -15,7 +15,7 @@ from django.core.management import call_command
 
 from agent.runtime.guards import extract_citations
 from audit.models import AgentStep, EventType, ToolInvocation, ToolStatus, TraceEvent
-from audit.verification import verify_run
+from audit.verify.runs import verify_run
 from bench.b7_aiops import AiOpsBenchProvider
 from diagnosis.models import AgentFlow, AiOpsAlert, DiagnosisRun, ReleaseDecision, RunStatus
 from tests.agent.aiops import servers

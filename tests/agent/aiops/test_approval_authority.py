@@ -9,10 +9,10 @@ import pytest
 from django.contrib.auth.models import Group
 
 from agent.runtime import approvals
-from audit.authority import permitted
 from audit.models import EventType, ToolInvocation, ToolStatus
-from audit.recorder import CHAIN_NOT_AUTHENTIC
-from audit.verification import verify_run
+from audit.verify.authority import permitted
+from audit.verify.runs import verify_run
+from audit.write import CHAIN_NOT_AUTHENTIC
 from diagnosis.models import APPROVE_PERMISSION, DiagnosisRun, RunStatus
 from tests.agent.aiops.test_approvals import (
     AlertmanagerClient,

@@ -26,8 +26,8 @@ from agent.runtime.executor import RESUME_STATE_UNAVAILABLE, execute_run
 from agent.runtime.llm import aclose_clients
 from agent.runtime.tools.registry import FLOW_AI_OPS, default_registry
 from audit.models import EventType, ToolInvocation, ToolStatus, TraceEvent
-from audit.recorder import DeclaredToolCall
-from audit.verification import verify_run
+from audit.verify.runs import verify_run
+from audit.write import DeclaredToolCall
 from diagnosis.models import DiagnosisRun, RunStatus
 
 pytestmark = [
@@ -210,7 +210,7 @@ def test_lease_expiry_of_the_resuming_worker_closes_the_pending_calls(staff_user
     from django.utils import timezone
 
     from agent.runtime.sweeper import LEASE_EXPIRED, sweep_expired_runs
-    from audit.recorder import RunRecorder
+    from audit.write import RunRecorder
     from diagnosis import services
 
     run = interrupted(staff_user, Probe())

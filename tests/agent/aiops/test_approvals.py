@@ -27,7 +27,7 @@ from agent.runtime import approvals, supervisor
 from agent.runtime.llm import aclose_clients
 from agent.runtime.worker import work
 from audit.models import EventType, ToolInvocation, ToolStatus, TraceEvent
-from audit.verification import verify_run
+from audit.verify.runs import verify_run
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
 
 pytestmark = [
@@ -122,7 +122,7 @@ def test_the_call_waits_and_nothing_runs_until_a_person_approves(staff_user, app
     }
     assert not any(e.event_type == EventType.RUN_FINISHED for e in timeline)
     assert verify_run(run.run_id).ok
-    from audit.selectors import get_trace
+    from audit.read import get_trace
 
     summary = get_trace(run=run, viewer=approver).summary
     assert summary.persisted == summary.expected and summary.chain_valid
@@ -219,7 +219,7 @@ def test_a_rejected_call_never_reaches_alertmanager_and_the_model_gets_the_refus
     verification = verify_run(run.run_id)
     assert verification.ok, verification.problems
     # The finished run projects into OpenTelemetry spans like any other (the rejected call never ran).
-    from audit.selectors import get_trace
+    from audit.read import get_trace
     from telemetry.spans import project_trace
 
     spans = project_trace(get_trace(run=run, viewer=approver))
@@ -340,7 +340,7 @@ def test_the_progress_stream_reports_the_approval(staff_user, approver):
 
 
 def test_the_waterfall_shows_the_wait_for_approval(staff_user, approver):
-    from audit.selectors import get_trace
+    from audit.read import get_trace
     from surfaces.admin.waterfall import build_waterfall
 
     run = interrupted_run(staff_user, "waterfall")

@@ -20,7 +20,7 @@ from agent.aiops import intake
 from agent.aiops.alertmanager import AlertmanagerClient
 from agent.runtime import approvals, prompts
 from audit.models import ToolInvocation, ToolStatus
-from audit.verification import verify_run
+from audit.verify.runs import verify_run
 from bench.b7_aiops import AiOpsBenchProvider
 from diagnosis.models import DiagnosisRun, RunStatus
 from tests.agent.aiops.support import drain

@@ -29,7 +29,7 @@ from agent.aiops import intake
 from agent.aiops.alertmanager import AlertmanagerClient
 from agent.runtime import approvals
 from audit.models import EventType, ToolInvocation, ToolStatus, TraceEvent
-from audit.verification import verify_run
+from audit.verify.runs import verify_run
 from diagnosis.models import DiagnosisRun, RunStatus
 from tests.accessibility import assert_accessible
 from tests.browser import launch_chromium, requires_chromium

@@ -21,7 +21,7 @@ from agent.runtime import supervisor
 from agent.runtime.llm import aclose_clients
 from agent.runtime.sweeper import QUEUE_EXPIRED, sweep_expired_runs
 from agent.runtime.worker import work
-from audit.verification import verify_run
+from audit.verify.runs import verify_run
 from diagnosis import services
 from diagnosis.models import AgentFlow, DiagnosisRun, RunStatus
 
@@ -119,7 +119,7 @@ def test_the_next_run_is_claimed_while_one_finishes_and_calls_no_model_before_it
     is free. So at no moment do more than `concurrency` of the worker's runs call models, and every
     claimed run is executed."""
     from agent.runtime import worker
-    from audit.recorder import RunRecorder
+    from audit.write import RunRecorder
 
     call_command("load_knowledge", str(RUNBOOKS), stdout=io.StringIO())
     ids = queue(staff_user, 5)

@@ -16,8 +16,8 @@ from rest_framework.test import APIClient
 from agent.redaction import verify_hmac
 from agent.runtime.canonical import CanonicalStore
 from audit.models import EventType, ToolInvocation, TraceEvent
-from audit.selectors import get_trace
-from audit.verification import verify_run
+from audit.read import get_trace
+from audit.verify.runs import verify_run
 from diagnosis.models import AiOpsAlert, DiagnosisRun
 from telemetry.spans import project_trace
 from tests.agent.leaks import found_in_logs, found_in_requests, found_in_spans, found_in_tables

@@ -34,13 +34,13 @@ from agent.runtime.canonical import CanonicalStore
 from agent.runtime.executor import RESUME_STATE_UNAVAILABLE
 from audit.models import EventType, HoldScope, ToolInvocation, ToolStatus, TraceEvent
 from audit.payloads import sha256_hex
-from audit.retention import place_hold
-from audit.verification import verify_run
+from audit.verify.runs import verify_run
+from audit.write.reasoning_changes import purge_reasoning
+from audit.write.retention import place_hold
 from bench.b7_aiops import AiOpsBenchProvider
 from diagnosis.models import DiagnosisRun, RunStatus
 from reasoning import crypto
 from reasoning.models import AgentReasoningAudit
-from reasoning.services import purge_reasoning
 from tests.agent.aiops.support import drain
 from tests.fakes.openai_server import FakeLLMServer, finish_chunk, reasoning_chunks, tool_call_chunks
 

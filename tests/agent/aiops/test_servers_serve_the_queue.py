@@ -12,7 +12,7 @@ import pytest
 from django.core.management import call_command
 
 from agent.aiops import intake
-from audit.verification import verify_run
+from audit.verify.runs import verify_run
 from diagnosis.models import DiagnosisRun, RunStatus
 from tests.agent.aiops.test_intake import notification
 from tests.surfaces.chat.support import DaphneServer

@@ -22,7 +22,7 @@ from agent.runtime.tools.boundary import TOOL_ERROR, ToolBoundary
 from agent.runtime.tools.registry import FLOW_AI_OPS, default_registry
 from audit.models import ToolInvocation, ToolStatus
 from audit.payloads import canonical_json
-from audit.recorder import DeclaredToolCall
+from audit.write import DeclaredToolCall
 from reasoning.capture import build_capture
 from tests.agent.aiops.servers import ALERT_DEADLINE, ALERT_NAME
 from tests.agent.runtime.support import CollectingSink

@@ -32,7 +32,7 @@ from agent.runtime.executor import prepare_run
 from agent.runtime.tools.registry import ToolResult, default_registry
 from audit.models import AgentStep, EventType, ToolInvocation, ToolStatus, TraceEvent
 from audit.payloads import canonical_json
-from audit.selectors import get_trace
+from audit.read import get_trace
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
 from tests.agent.reliability.support import DatabaseOutageProxy, routed_through
 from tests.agent.runtime.support import (
@@ -104,7 +104,7 @@ def test_audit_database_outage_mid_run_completes_the_run_and_names_the_gaps(
     )
     llm.add(GUARD, guard_after_recovery)
     try:
-        with routed_through(proxy), caplog.at_level(logging.ERROR, logger="audit.recorder"):
+        with routed_through(proxy), caplog.at_level(logging.ERROR, logger="audit.write"):
             run = prepare_run(user=user, query="nginx answers 502 after the deploy")
             outcome, sink = execute(run.run_id, registry=registry)
             runtime_db.shutdown_pools()

@@ -39,8 +39,8 @@ from schemathesis.specs.openapi.checks import (
 
 from access.models import ApiToken
 from audit.models import Checkpoint, LegalHold
-from audit.retention import place_hold
 from audit.transparency.log import checkpoint
+from audit.write.retention import place_hold
 from diagnosis.models import DiagnosisRun
 from tests.agent.reliability.test_content_types import MALFORMED
 from tests.factories import issue_token, make_recorded_run, make_waiting_approval

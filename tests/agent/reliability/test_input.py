@@ -26,7 +26,7 @@ from urllib.parse import quote
 import pytest
 
 from audit.models import ToolInvocation, TraceEvent
-from audit.selectors import get_trace
+from audit.read import get_trace
 from diagnosis import services
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunFeedback, RunStatus
 from reasoning.models import ReasoningAccessLog

@@ -29,7 +29,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.db import connection
 
-from audit.selectors import get_trace
+from audit.read import get_trace
 from diagnosis.models import DiagnosisRun
 from tests.factories import issue_token
 from tests.surfaces.chat.support import ARTIFACTS, DaphneServer, parse_sse

@@ -16,7 +16,7 @@ from django.db import connection
 
 from agent.runtime import db as runtime_db
 from agent.runtime.llm import aclose_clients
-from audit.selectors import get_trace
+from audit.read import get_trace
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
 from tests.agent.reliability.support import mariadb_running, restart_mariadb
 from tests.agent.runtime.support import AGENT, CollectingSink, start_run

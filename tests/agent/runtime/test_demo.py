@@ -19,7 +19,7 @@ from agent.runtime.demo import (
 from agent.runtime.events import DraftEvent, OutcomeEvent, ProgressEvent, ToolEvent
 from agent.runtime.pipeline import BLOCKED_MESSAGE
 from audit.models import AgentStep, EventType, ToolInvocation, TraceEvent
-from audit.selectors import get_trace
+from audit.read import get_trace
 from diagnosis.models import ReleaseDecision, RunStatus
 from reasoning.models import AgentReasoningAudit
 from tests.agent.runtime.support import ask

@@ -14,9 +14,9 @@ from agent.runtime.events import DraftEvent, ErrorEvent, OutcomeEvent, ProgressE
 from agent.runtime.executor import RunNotClaimable, prepare_run
 from agent.runtime.pipeline import BLOCKED_MESSAGE, fixed_reply
 from agent.runtime.tools.registry import ToolRegistry, default_registry
-from audit.integrity import verify_chain
 from audit.models import AgentStep, EventType, ToolInvocation, ToolStatus, TraceEvent
-from audit.selectors import get_trace
+from audit.read import get_trace
+from audit.verify.hash_chain import verify_chain
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
 from reasoning.models import AgentReasoningAudit
 from tests.agent.runtime.support import (
@@ -237,8 +237,8 @@ def test_a_run_the_service_did_not_create_is_never_executed(llm, user, forgery):
     """Issue 43: a PENDING run row a database writer inserted (a copy of a real one under a new id), or
     a real one whose question was changed before a worker took it, carries no valid creation tag: the
     runtime ends it RUN_NOT_AUTHENTIC without a model call, a tool or a chain event."""
-    from audit.recorder import RUN_NOT_AUTHENTIC
-    from audit.verification import verify_run
+    from audit.verify.runs import verify_run
+    from audit.write import RUN_NOT_AUTHENTIC
 
     real = prepare_run(user=user, query="hello")
     if forgery == "inserted":

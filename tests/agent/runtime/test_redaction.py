@@ -15,7 +15,7 @@ from agent.runtime.canonical import CanonicalStore
 from agent.runtime.events import OutcomeEvent, ProgressEvent, Stage
 from agent.runtime.tools.registry import FLOW_CHAT, EvidenceRecord, ToolResult, default_registry
 from audit.models import EventType, ToolInvocation, TraceEvent
-from audit.selectors import get_trace
+from audit.read import get_trace
 from diagnosis.models import ReleaseDecision, RunStatus
 from telemetry.spans import project_trace
 from tests.agent.leaks import found_in_logs, found_in_requests, found_in_spans, found_in_tables

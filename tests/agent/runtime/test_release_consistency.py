@@ -11,12 +11,12 @@ from agent.runtime.events import DraftEvent, OutcomeEvent
 from agent.runtime.pipeline import fixed_reply
 from agent.runtime.sweeper import sweep_expired_runs
 from audit.models import EventType, TraceEvent
-from audit.recorder import RunRecorder, Usage
-from audit.selectors import get_trace
-from audit.serializers import TraceSerializer
+from audit.read import get_trace
+from audit.write import RunRecorder, Usage
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
 from reasoning.capture import build_capture
 from reasoning.models import AgentReasoningAudit
+from surfaces.api.audit_serializers import TraceSerializer
 from tests.agent.runtime.support import AGENT, GUARD, ROUTER, ask
 from tests.fakes.openai_server import stream_answer, usage
 

@@ -43,8 +43,8 @@ def manage(*args: str, env: dict[str, str] | None = None, popen: bool = False):
 def rehash_chain(run_id: str, *, start: int = 1) -> None:
     """Recompute `prev_hash` and `hash` of the run's events from sequence `start` on, as an attacker who
     changed an event (or a row and its digest) would, so that the chain verifies again."""
-    from audit.integrity import GENESIS_HASH, link_hash
     from audit.models import TraceEvent
+    from audit.verify.hash_chain import GENESIS_HASH, link_hash
 
     prev = GENESIS_HASH
     for event in TraceEvent.objects.filter(run_id=run_id).order_by("sequence_no"):
@@ -58,8 +58,8 @@ def rehash_chain(run_id: str, *, start: int = 1) -> None:
 def rewrite_tool_output(run, *, preview: str) -> int:
     """Change a tool row's output preview, put its new digest into the event that binds it and re-hash the
     chain from there: every per-run check passes afterwards. Returns the rewritten event's sequence."""
-    from audit import rowdigest
     from audit.models import EventType, ToolInvocation, TraceEvent
+    from audit.verify import row_digests
 
     tool = ToolInvocation.objects.filter(run_id=run.run_id).order_by("id").first()
     ToolInvocation.objects.filter(pk=tool.pk).update(output_preview=preview)
@@ -71,7 +71,7 @@ def rewrite_tool_output(run, *, preview: str) -> int:
         .get()
     )
     details = dict(event.details)
-    details["rowDigest"] = rowdigest.TOOL.digest_of(tool)
+    details["rowDigest"] = row_digests.TOOL.digest_of(tool)
     TraceEvent.objects.filter(pk=event.pk).update(details=details)
     rehash_chain(run.run_id, start=event.sequence_no)
     return event.sequence_no
@@ -110,9 +110,9 @@ def legacy_checkpoints(*, upto: int | None = None) -> None:
     """Re-sign the stored checkpoints (those of at most `upto` leaves; all by default) in the JSON format
     of before issue 35 (`diagnosis-audit-checkpoint/v1`), chained as that format chains them, with the
     current key: the log a deployment signed before the switch to C2SP signed notes."""
-    from audit.integrity import timestamp
     from audit.models import Checkpoint
     from audit.transparency import keys, note
+    from audit.verify.hash_chain import timestamp
 
     key = keys.current_key()
     previous = ""

@@ -16,8 +16,8 @@ from django.core.management import call_command
 from audit.models import Checkpoint, ToolInvocation
 from audit.transparency import bundle, keys, log, note, signednote
 from audit.transparency.evidence import build_bundle
+from audit.write.reasoning_changes import purge_reasoning
 from core import writeauth
-from reasoning.services import purge_reasoning
 from tests.audit.transparency.support import finished_runs, legacy_checkpoints, rewrite_tool_output
 from tests.factories import REASONING_MARKER
 

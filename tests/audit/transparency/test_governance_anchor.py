@@ -11,10 +11,10 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from audit.models import GovernanceEvent, LogLeaf
-from audit.recorder.governance import governance_hash
 from audit.transparency import leafdata, log
 from audit.transparency.verify import verify_log
-from audit.verification import verify_governance
+from audit.verify.governance_chain import verify_governance
+from audit.write.governance import governance_hash
 from core import writeauth
 from tests.factories import make_recorded_run
 

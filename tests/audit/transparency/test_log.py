@@ -14,7 +14,6 @@ from django.core.management import call_command
 from django.db import transaction
 from django.utils import timezone
 
-from audit.checks import check_signing_keys
 from audit.models import (
     Checkpoint,
     GovernanceEvent,
@@ -24,8 +23,9 @@ from audit.models import (
     LogNode,
     TraceEvent,
 )
-from audit.recorder import RunRecorder
 from audit.transparency import keys, leafdata, log, merkle, note, store
+from audit.transparency.checks import check_signing_keys
+from audit.write import RunRecorder
 from core import writeauth
 from diagnosis import services
 from diagnosis.models import DiagnosisRun

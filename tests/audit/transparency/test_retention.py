@@ -14,13 +14,13 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from audit.models import AgentStep, LegalHold, LogLeaf, RunReview, RunTombstone, TraceEvent
-from audit.retention import place_hold, purge_expired_runs
-from audit.reviews import record_review
 from audit.transparency import log
+from audit.write.reasoning_changes import purge_reasoning
+from audit.write.retention import place_hold, purge_expired_runs
+from audit.write.reviews import record_review
 from diagnosis import services
 from diagnosis.models import DiagnosisRun
 from reasoning.models import AgentReasoningAudit
-from reasoning.services import purge_reasoning
 from tests.audit.transparency.support import delete_run
 from tests.factories import issue_token, make_recorded_run, record_full_run
 from tests.surfaces.admin.support import grant_console
@@ -92,7 +92,7 @@ def test_a_purge_after_retention_keeps_verify_audit_green_and_holds_exempt(
     assert purge_reasoning(run_id=recent.run_id) == 2
 
     # Lifted: the next purge takes it.
-    from audit.retention import lift_hold
+    from audit.write.retention import lift_hold
 
     lift_hold(user=keeper, hold=LegalHold.objects.get(target_id=run_held.run_id), reason="case closed")
     assert purge_expired_runs().purged == [run_held.run_id]

@@ -16,7 +16,6 @@ import pytest
 from django.contrib.auth.models import Permission
 from django.core.management import CommandError, call_command
 
-from audit import rowdigest
 from audit.models import (
     Checkpoint,
     EventType,
@@ -29,9 +28,10 @@ from audit.models import (
     TailPending,
     TraceEvent,
 )
-from audit.retention import place_hold, purge_expired_runs
-from audit.reviews import record_review
 from audit.transparency import leafdata, log
+from audit.verify import row_digests
+from audit.write.retention import place_hold, purge_expired_runs
+from audit.write.reviews import record_review
 from core import writeauth
 from diagnosis.models import DiagnosisRun
 from tests.audit.transparency.support import delete_run, rebuild_tree, rehash_chain
@@ -56,7 +56,7 @@ def _rewrite_content(run: DiagnosisRun, content: str) -> None:
     finished = TraceEvent.objects.get(run_id=run.run_id, event_type=EventType.RUN_FINISHED)
     stored = DiagnosisRun.objects.get(pk=run.pk)
     details = dict(finished.details)
-    form = rowdigest.run_form(details.get("runForm"))
+    form = row_digests.run_form(details.get("runForm"))
     details["runDigest"] = form.digest_of(stored)
     TraceEvent.objects.filter(pk=finished.pk).update(details=details)
     rehash_chain(run.run_id, start=finished.sequence_no)
@@ -68,7 +68,7 @@ def flip_review(review: RunReview, *, verdict: str) -> None:
     RunReview.objects.filter(pk=review.pk).update(verdict=verdict)
     review.refresh_from_db()
     event = TraceEvent.objects.get(run_id=review.run_id, event_type=EventType.REVIEW_RECORDED)
-    digest = rowdigest.form_of(RunReview).digest_of(review)
+    digest = row_digests.form_of(RunReview).digest_of(review)
     details = dict(event.details, verdict=verdict, reviewDigest=digest)
     TraceEvent.objects.filter(pk=event.pk).update(details=details, status=verdict.upper())
     rehash_chain(review.run_id, start=event.sequence_no)
@@ -350,7 +350,7 @@ def test_the_purge_decides_by_the_signed_leaf_not_the_runs_mutable_columns(user,
 
 
 def test_the_trace_holds_the_run_to_its_tail_anchor(user, superuser, signing_key):
-    from audit.selectors import get_trace
+    from audit.read import get_trace
 
     run = make_recorded_run(user)
     log.checkpoint()

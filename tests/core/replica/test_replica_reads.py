@@ -60,7 +60,7 @@ def _reads(database: str, reason: str) -> int:
 
 
 def test_the_router_sends_each_kind_of_query_where_it_belongs(replica_up, llm, corpus, runtime_pools):
-    from audit.selectors.trace import get_trace
+    from audit.read.trace import get_trace
     from audit.transparency.evidence import build_bundle
     from diagnosis.models import ChatSession, DiagnosisRun
     from reasoning.selectors import get_reasoning_records
@@ -165,7 +165,7 @@ def test_reads_see_replicated_data_and_metrics_show_the_lag(replica_up):
 def test_a_lagging_replica_sends_reads_to_the_primary_until_it_catches_up(
     replica_up, llm, corpus, runtime_pools
 ):
-    from audit.selectors.trace import get_trace
+    from audit.read.trace import get_trace
 
     _user, run = _finished_run(llm, "replica-lag")
     replica_pair.sql(replica_pair.REPLICA_PORT, "STOP SLAVE SQL_THREAD")
@@ -189,7 +189,7 @@ def test_a_lagging_replica_sends_reads_to_the_primary_until_it_catches_up(
 def test_a_replica_stopped_and_started_under_load_costs_no_error(replica_up, llm, corpus, runtime_pools):
     """Four threads read traces and the run list while the replica server is stopped and started again:
     no read fails; reads move to the primary while it is down and come back once it answers."""
-    from audit.selectors.trace import get_trace
+    from audit.read.trace import get_trace
 
     user, run = _finished_run(llm, "replica-load")
     user.is_superuser = True

@@ -8,7 +8,7 @@ import time
 from django.contrib.auth.models import Group
 from django.utils import timezone
 
-from audit.recorder import DeclaredToolCall, RetrievalFacts, RunRecorder, Usage
+from audit.write import DeclaredToolCall, RetrievalFacts, RunRecorder, Usage
 from core.groups import STAFF_VIEWERS
 from diagnosis import services
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus

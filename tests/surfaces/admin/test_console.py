@@ -19,17 +19,17 @@ from django.urls import reverse
 from django.utils.html import escape
 
 from access.groups import WITHHELD_CODENAMES, create_role_groups
+from access.reasoning_reads import record_reasoning_read
 from audit.models import AgentStep, ToolInvocation, TraceEvent
-from audit.recorder import RunRecorder
-from audit.selectors import get_trace
-from audit.serializers import serialize_trace
+from audit.read import get_trace
+from audit.write import RunRecorder
 from core.groups import STAFF_VIEWERS
 from diagnosis import services
 from diagnosis.models import DiagnosisRun, RunStatus
 from reasoning.models import AccessChannel, AgentReasoningAudit, ReasoningAccessLog
-from reasoning.services import record_reasoning_read
 from surfaces.admin.display import format_ms
 from surfaces.admin.run_page import build_run_page
+from surfaces.api.audit_serializers import serialize_trace
 from tests.factories import REASONING_MARKER, make_recorded_run
 from tests.surfaces.admin.support import (
     BLOCK_REASON,
@@ -45,7 +45,7 @@ READ_ONLY_MODELS = [TraceEvent, AgentStep, ToolInvocation, AgentReasoningAudit, 
 # Session, user, the user's two permission sets, then: run, events, steps, tools, the reasoning rows'
 # stored columns (for their digests, never decrypted), its reviews, the run's leaf in the transparency log,
 # feedback, the price overrides (for each call's cost); the rows appended events bind (evaluation scores,
-# `audit.appended_rows`: one query per registered source), the run page's table of those scores, and
+# `audit.verify.appended_rows`: one query per registered source), the run page's table of those scores, and
 # every reader's feedback (one bounded query).
 RUN_PAGE_MAX_QUERIES = 16
 # Session, user, permissions (2), two counts, the page of runs, the date hierarchy (2).

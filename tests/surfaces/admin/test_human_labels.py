@@ -1,6 +1,6 @@
 """The console says things in people's words: reasoning steps of the router and the semantic guard are
 "router" and "semantic guard" (not -1 / -101; one reading of the numbering,
-`audit.recorder.facts.step_label`), review verdicts by their label ("needs follow-up"), correct plurals
+`audit.write.runtime_facts.step_label`), review verdicts by their label ("needs follow-up"), correct plurals
 on the admin index ("1 run needs a human", "1 tool call waits"), "Log leaves" and "Run feedback", the
 approvals page with one heading and linked from the index with its count, a run waiting for approval
 says so instead of "audit incomplete", and "Verify the whole transparency log" runs without a ticked
@@ -15,7 +15,7 @@ from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
 
-from audit.recorder.facts import guard_reasoning_step, router_reasoning_step, step_label
+from audit.write.runtime_facts import guard_reasoning_step, router_reasoning_step, step_label
 from diagnosis.models import ReleaseDecision
 from tests.agent.runtime.support import ask, script_reasoned_diagnosis
 from tests.surfaces.admin.support import grant_console

@@ -12,16 +12,16 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from audit.facts import refresh_run_facts
 from audit.models import RunReview
-from audit.recorder import RunRecorder, Usage
-from audit.reviews import claim_run, next_in_queue, record_review
-from audit.selectors import get_trace
-from audit.trace_render import trace_data
+from audit.read import get_trace
+from audit.read.list_facts import refresh_run_facts
+from audit.write import RunRecorder, Usage
+from audit.write.reviews import claim_run, next_in_queue, record_review
 from diagnosis import services
 from diagnosis.models import AgentFlow, DiagnosisRun, ReleaseDecision, RunStatus
 from diagnosis.review_queue import queue_counts, queued_runs, reasons_of
 from surfaces.admin.compare import NOT_RECORDED, compare_traces
+from surfaces.api.trace_render import trace_data
 from tests.factories import make_recorded_run, record_full_run
 from tests.surfaces.admin.support import grant_console, make_blocked_run
 
@@ -343,7 +343,7 @@ def test_the_queue_page_reads_the_flags_index_without_a_sort(client, user, revie
 
 
 def test_verify_audit_reports_a_queue_flag_that_disagrees_and_refresh_rewrites_it(user):
-    from audit.verification import refresh_facts, verify_run
+    from audit.verify.runs import refresh_facts, verify_run
 
     run = make_blocked_run(user)
     DiagnosisRun.objects.filter(pk=run.pk).update(needs_review=False)  # behind the rule's back

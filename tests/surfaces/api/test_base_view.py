@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.test import APIClient, APIRequestFactory, force_authenticate
 from rest_framework.views import APIView
 
-from audit.retention import place_hold
+from audit.write.retention import place_hold
 from core.api import NOT_FOUND_RUN, ApiView, RolePermission
 from surfaces.chat import sse
 from tests.factories import issue_token, make_recorded_run

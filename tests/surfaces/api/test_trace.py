@@ -9,7 +9,7 @@ from django.db import connection
 from django.utils import timezone
 
 from audit.models import AgentStep, ToolInvocation, TraceEvent
-from audit.recorder import RunRecorder
+from audit.write import RunRecorder
 from diagnosis import services
 from diagnosis.models import DiagnosisRun, RunFeedback, RunStatus
 from tests.factories import REASONING_MARKER, issue_token, record_full_run, usage
@@ -210,7 +210,7 @@ def test_a_row_of_another_session_under_the_run_id_is_not_returned(api_client, u
 
 
 def test_missing_provider_usage_is_named_but_the_audit_is_complete(api_client, user, run):
-    from audit.recorder import Usage
+    from audit.write import Usage
     from reasoning.capture import build_capture
 
     rec = RunRecorder.for_run(run)
@@ -276,9 +276,9 @@ def test_trace_query_count_is_constant_from_5_to_500_events(
     for run in (small, big):
         # Run with feedback, events, steps, tools, the reasoning rows' stored columns (for their digests,
         # never decrypted), its reviews, the rows appended events bind (evaluation scores, one query per
-        # source of `audit.appended_rows`), the run's leaf in the transparency log, the price overrides,
-        # plus two for the session, or three for a token (its row by prefix, and axes' lockout counts for
-        # the address and the user).
+        # source of `audit.verify.appended_rows`), the run's leaf in the transparency log, the price
+        # overrides, plus two for the session, or three for a token (its row by prefix, and axes' lockout
+        # counts for the address and the user).
         with django_assert_max_num_queries(11 if auth == "session" else 12) as captured:
             body = _trace(api_client, run, runId=run.run_id)
         counts[run.run_id] = len(captured.captured_queries)

@@ -23,8 +23,8 @@ from agent.runtime.events import DraftEvent, Event, OutcomeEvent, RunEvent, Tool
 from agent.runtime.live import RunFollower, persisted_frames, publish
 from agent.runtime.sweeper import LEASE_EXPIRED, sweep_expired_runs
 from audit.models import EventType, Phase, ToolInvocation, ToolStatus, TraceEvent
-from audit.recorder import ChainEvent, DeclaredToolCall, RunRecorder, ToolCallNotDeclared
-from audit.selectors import get_trace
+from audit.read import get_trace
+from audit.write import ChainEvent, DeclaredToolCall, RunRecorder, ToolCallNotDeclared
 from diagnosis import services
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
 from reasoning.capture import build_capture

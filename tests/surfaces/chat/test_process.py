@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from agent.runtime.sweeper import LEASE_EXPIRED
 from audit.models import EventType, ToolInvocation, ToolStatus, TraceEvent
-from audit.selectors import get_trace
+from audit.read import get_trace
 from diagnosis.models import DiagnosisRun, RunStatus
 from tests.factories import issue_token
 from tests.surfaces.chat.support import DaphneServer, ScriptedProvider, iter_sse, wait_for

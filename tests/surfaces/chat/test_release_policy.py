@@ -20,7 +20,7 @@ from asgiref.sync import sync_to_async
 from agent.runtime.events import CHAT_TIMELINE_TYPES
 from agent.runtime.pipeline import BLOCKED_MESSAGE
 from audit.models import EventType, TraceEvent
-from audit.selectors import get_trace
+from audit.read import get_trace
 from diagnosis.models import DiagnosisRun, ReleaseDecision
 from tests.surfaces.chat.transports import (
     post_chat,

@@ -11,12 +11,12 @@ from asgiref.sync import sync_to_async
 from django.test import AsyncClient
 from rest_framework.authentication import SessionAuthentication
 
-from access.authentication import ApiTokenAuthentication
 from agent.runtime import supervisor
 from audit.models import EventType, TraceEvent
 from core.api import NOT_FOUND_RUN, NOT_FOUND_SESSION
 from diagnosis.models import DiagnosisRun, RunStatus
 from surfaces.answers import render_answer
+from surfaces.api.authentication import ApiTokenAuthentication
 from tests.factories import make_recorded_run
 from tests.surfaces.chat.support import assert_frame_keys, parse_sse
 from tests.surfaces.chat.transports import TIMEOUT, TokenClient

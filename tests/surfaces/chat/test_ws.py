@@ -18,7 +18,7 @@ from agent.runtime import supervisor
 from agent.runtime.events import CHAT_TIMELINE_TYPES
 from agent.runtime.tools.registry import default_registry
 from audit.models import EventType, ToolInvocation, ToolStatus, TraceEvent
-from audit.selectors import get_trace
+from audit.read import get_trace
 from config.asgi import application
 from core.api import NOT_FOUND_RUN
 from diagnosis.models import DiagnosisRun, RunStatus

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
-from audit.recorder import Usage
+from audit.write import Usage
 from pricing.rules import format_usd
 from tests.browser import launch_chromium, requires_chromium
 from tests.bulk import bulk_runs

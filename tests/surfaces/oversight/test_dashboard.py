@@ -13,7 +13,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from audit.dashboard import get_dashboard
+from audit.read.dashboard import get_dashboard
 from tests.bulk import DAY0, bulk_runs
 
 pytestmark = pytest.mark.django_db

@@ -12,10 +12,10 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from audit.export import jsonl_lines
-from audit.selectors import get_trace
-from audit.trace_render import trace_data
+from audit.read import get_trace
 from diagnosis.models import DiagnosisRun
+from surfaces.api.trace_export import jsonl_lines
+from surfaces.api.trace_render import trace_data
 from tests.bulk import DAY0, bulk_runs
 from tests.factories import REASONING_MARKER, make_recorded_run
 

@@ -1,0 +1,370 @@
+"""The trace read model: one run's record aggregated at read time (`get_trace`).
+
+`get_trace` turns a run into a `Trace`: the run row (with the viewer's feedback), its ordered timeline,
+its model steps and its tool invocations, and a `TraceSummary` (`audit.read.summary`) that compares
+what is stored with what the recorder expected to write, and every stored row with the digest its chain
+carries. It costs seven queries whatever the run's size (events, steps, tools, the reasoning rows' stored
+columns, the run's reviews, its leaf in the transparency log and the price overrides; plus one for the
+feedback only when the caller did not annotate it on the run). No reasoning or assistant text is read: the
+reasoning rows (`reasoning.AgentReasoningAudit`) are read as stored, ciphertext cast to plain text and
+never decrypted, only to recompute their digests; nothing of them enters the trace.
+
+`Trace.provider` is the provider recorded at RUN_STARTED; `demo` is true for the offline demo model, whose
+text and reasoning are not a real model's.
+
+`assemble` builds a `Trace` from rows read elsewhere too (`audit.read.batches.iter_traces`, a chunk
+of runs at a time), so both give the same trace of a run.
+
+The API (`surfaces.api.audit.TraceApi`) and the admin's "export as JSON" both call `get_trace` and render it
+with `surfaces.api.audit_serializers.TraceSerializer`, so both produce the same shape.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db.models import OuterRef, Q, QuerySet, Subquery, TextField
+from django.db.models.functions import Cast
+
+from audit.models import AgentStep, Checkpoint, EventType, LogLeaf, RunReview, ToolInvocation, TraceEvent
+from audit.read.summary import Counts, TraceSummary, summarize
+from audit.verify import appended_rows
+from audit.verify.row_digests import stored_reasoning_rows
+from core.compiled import CompiledQuery, json_loads
+from core.db_router import LIVE, reads_from_replica
+from diagnosis.models import (
+    DEMO_PROVIDER,
+    DiagnosisRun,
+)
+from diagnosis.selectors import FeedbackView, RunResolution, get_feedback, viewer_feedback
+from pricing.costs import load_price_book, price_of_run
+from pricing.rules import CallCost, PriceBook
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderLabel:
+    """The model provider a run used, as RUN_STARTED recorded it; `demo` marks the offline demo model."""
+
+    name: str
+    demo: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ReviewView:
+    """One human review of the run (`audit.RunReview`) as the trace shows it: `superseded` when a later
+    review of the run exists (display only: every review is kept)."""
+
+    review_id: str
+    verdict: str
+    note: str
+    reviewer: str
+    sequence_no: int
+    created_at: dt.datetime
+    superseded: bool
+
+
+def review_views(reviews: Sequence[RunReview]) -> list[ReviewView]:
+    """The run's reviews, oldest first; every one but the latest is superseded."""
+    ordered = sorted(reviews, key=lambda r: r.sequence_no)
+    return [
+        ReviewView(
+            review_id=r.review_id,
+            verdict=r.verdict,
+            note=r.note,
+            reviewer=r.reviewer_username,
+            sequence_no=r.sequence_no,
+            created_at=r.created_at,
+            superseded=i < len(ordered) - 1,
+        )
+        for i, r in enumerate(ordered)
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class CallCostView:
+    """One model call's cost by the pricing rule (`pricing.rules`) under the prices in force now, next to
+    the usage record (`event`, MODEL_TOKEN_USAGE) it prices."""
+
+    event: TraceEvent
+    cost: CallCost
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    session_id: str
+    run_resolution: str
+    run: DiagnosisRun
+    feedback: FeedbackView | None
+    timeline: list[StoredEvent]  # like TraceEvent rows (same attributes), read as stored
+    steps: list[Any]  # every AgentStep column by attribute name
+    tools: list[Any]  # every ToolInvocation column by attribute name
+    summary: TraceSummary
+    provider: ProviderLabel | None = None
+    reviews: list[ReviewView] = field(default_factory=list)
+    # Each model call's cost (usage records in timeline order); the run's stored cost is on `run`.
+    call_costs: tuple[CallCostView, ...] = ()
+
+
+class StoredEvent:
+    """One timeline event as stored, read without a model instance: the `TraceEvent` fields under their
+    names, `details` decoded, and `details_text`, the details column's text as stored (the canonical JSON
+    the recorder hashed), which `audit.verify.hash_chain.verify_chain` checks the hash over first."""
+
+    __slots__ = (
+        "created_at",
+        "details",
+        "details_text",
+        "event_type",
+        "hash",
+        "id",
+        "phase",
+        "prev_hash",
+        "run_id",
+        "sequence_no",
+        "session_id",
+        "status",
+        "summary",
+        "tag",
+    )
+
+    def __init__(self, *values: Any) -> None:
+        (
+            self.id,
+            self.run_id,
+            self.session_id,
+            self.sequence_no,
+            self.phase,
+            self.event_type,
+            self.status,
+            self.summary,
+            self.prev_hash,
+            self.hash,
+            self.created_at,
+            self.tag,
+            self.details_text,
+        ) = values
+        self.details = json_loads(self.details_text) if self.details_text is not None else None
+
+    @property
+    def pk(self) -> int:
+        return self.id
+
+    def __repr__(self) -> str:
+        return f"<StoredEvent {self.run_id}#{self.sequence_no} {self.event_type}>"
+
+
+# The columns `timeline_of` reads, in `StoredEvent.__init__`'s order (the details text follows them).
+_EVENT_VALUES = (
+    "id",
+    "run_id",
+    "session_id",
+    "sequence_no",
+    "phase",
+    "event_type",
+    "status",
+    "summary",
+    "prev_hash",
+    "hash",
+    "created_at",
+    "tag",
+)
+
+
+_TIMELINE = CompiledQuery(
+    lambda run_id: (
+        TraceEvent.objects.filter(run_id=run_id)
+        .order_by("sequence_no")
+        .annotate(details_text=Cast("details", output_field=TextField()))
+        .values_list(*_EVENT_VALUES, "details_text")
+    ),
+    run_id=str,
+)
+
+
+def timeline_of(*, run_id: str) -> list[StoredEvent]:
+    """The run's timeline in sequence order, one query (compiled once: `core.compiled`), no model
+    instances (a long trace spent most of its read building them and decoding JSON through the field)."""
+    return [StoredEvent(*row) for row in _TIMELINE.rows(run_id=run_id)]
+
+
+class _RowsOfRun:
+    """The rows of `model` stored under one run id, in `order`, as attribute bags of every concrete
+    column under its attribute name (the digests cover every column) and `pk`, without model instances;
+    one query compiled once (`core.compiled`), with `annotations` (name → expression) added."""
+
+    def __init__(self, model, order: Sequence[str], *, match=None, **annotations: Any) -> None:
+        self._pk = model._meta.pk.attname
+        match = match or (lambda run_id: Q(run_id=run_id))
+        self._query = CompiledQuery(
+            lambda run_id: model.objects.filter(match(run_id)).order_by(*order).annotate(**annotations),
+            run_id=str,
+        )
+
+    def __call__(self, run_id: str) -> list[SimpleNamespace]:
+        names = self._query.names()
+        pk = names.index(self._pk)
+        return [
+            SimpleNamespace(pk=row[pk], **dict(zip(names, row, strict=True)))
+            for row in self._query.rows(run_id=run_id)
+        ]
+
+
+_STEPS_OF_RUN = _RowsOfRun(AgentStep, ("id",))
+_TOOLS_OF_RUN = _RowsOfRun(ToolInvocation, ("started_at", "id"))
+_REVIEWS_OF_RUN = _RowsOfRun(RunReview, ("sequence_no",))
+
+
+def provider_of(events: list[TraceEvent]) -> ProviderLabel | None:
+    """The provider named by the run's RUN_STARTED event, or None when none is stored."""
+    for event in events:
+        if event.event_type == EventType.RUN_STARTED:
+            name = (event.details or {}).get("provider")
+            if isinstance(name, str) and name:
+                return ProviderLabel(name=name, demo=name == DEMO_PROVIDER)
+            return None
+    return None
+
+
+def written_with(*args: Any, run: DiagnosisRun, **kwargs: Any) -> Any:
+    """What a read of `run`'s record depends on (`core.db_router`): a finished run's rows were all
+    written by its `finished_at`; a run still running is read from the primary (`LIVE`)."""
+    return run.finished_at if run.is_terminal and run.finished_at is not None else LIVE
+
+
+@reads_from_replica(written_at=written_with)
+def get_trace(
+    *,
+    run: DiagnosisRun,
+    run_resolution: str = RunResolution.EXACT,
+    viewer: AbstractBaseUser | None = None,
+) -> Trace:
+    """The trace of `run` (from the read replica when it is usable and shows the finished run:
+    `core.db_router`). The viewer's feedback comes from the run's annotations
+    (`diagnosis.selectors.get_visible_run(with_feedback=True)`), else from one query when `viewer` is
+    given, else it is None."""
+    events = timeline_of(run_id=run.run_id)
+    # Every column of the step and tool rows: their digests cover them (`audit.verify.row_digests`).
+    steps = _STEPS_OF_RUN(run.run_id)
+    tools = _TOOLS_OF_RUN(run.run_id)
+    reasoning = stored_reasoning_rows(run_id=run.run_id)
+    reviews = _REVIEWS_OF_RUN(run.run_id)
+    leaf, tails = anchored_leaves(run_id=run.run_id)
+    book = load_price_book()  # the price overrides: one small query
+
+    if hasattr(run, "viewer_feedback_rating"):
+        feedback = viewer_feedback(run)
+    elif viewer is not None:
+        feedback = get_feedback(run_id=run.run_id, user=viewer)
+    else:
+        feedback = None
+    return assemble(
+        run,
+        run_resolution=run_resolution,
+        feedback=feedback,
+        events=events,
+        steps=steps,
+        tools=tools,
+        reasoning=reasoning,
+        reviews=reviews,
+        leaf=leaf,
+        tails=tails,
+        book=book,
+    )
+
+
+def assemble(
+    run: DiagnosisRun,
+    *,
+    run_resolution: str,
+    feedback: FeedbackView | None,
+    events: list[TraceEvent],
+    steps: list[AgentStep],
+    tools: list[ToolInvocation],
+    reasoning: list[dict],
+    reviews: list[RunReview],
+    leaf: LogLeaf | None,
+    book: PriceBook,
+    tails: Sequence[Any] = (),
+) -> Trace:
+    session_id = run.session_id
+    returned_events = [e for e in events if e.session_id == session_id]
+    returned_steps = [s for s in steps if s.session_id == session_id]
+    returned_tools = [t for t in tools if t.session_id == session_id]
+    summary = summarize(
+        run=run,
+        events=events,
+        persisted=Counts(len(events), len(steps), len(tools)),
+        returned=Counts(len(returned_events), len(returned_steps), len(returned_tools)),
+        tools=tools,
+        steps=steps,
+        reasoning=reasoning,
+        reviews=reviews,
+        leaf=leaf,
+        tails=tails,
+        appended=appended_rows.rows_of([run.run_id]).get(run.run_id, ()),
+    )
+    return Trace(
+        session_id=session_id,
+        run_resolution=run_resolution,
+        run=run,
+        feedback=feedback,
+        timeline=returned_events,
+        steps=returned_steps,
+        tools=returned_tools,
+        summary=summary,
+        provider=provider_of(events),
+        reviews=review_views(reviews),
+        call_costs=call_costs_of(run, returned_events, book=book),
+    )
+
+
+def call_costs_of(
+    run: DiagnosisRun, events: list[TraceEvent], *, book: PriceBook
+) -> tuple[CallCostView, ...]:
+    """The cost of each usage record among `events` (`pricing.costs.price_of_run`)."""
+    usage = [e for e in events if e.event_type == EventType.MODEL_TOKEN_USAGE]
+    _run_cost, costs = price_of_run(run, [e.details or {} for e in usage], book=book)
+    return tuple(CallCostView(event=e, cost=c) for e, c in zip(usage, costs, strict=True))
+
+
+def anchored_leaf(*, run_id: str) -> Any | None:
+    """The run's leaf in the transparency log (its columns by attribute name, not a model instance) with
+    the first checkpoint that covers it annotated (`covering_hash`, `covering_size`,
+    `covering_signed_at`; None when none does yet); one query. A run has at most one leaf (unique)."""
+    return anchored_leaves(run_id=run_id)[0]
+
+
+def anchored_leaves(*, run_id: str) -> tuple[Any | None, list[Any]]:
+    """The run's leaf (as `anchored_leaf`) and its run-tail leaves in log order, in one query."""
+    leaf, tails = None, []
+    for found in _LEAF_OF_RUN(run_id):
+        if found.tail_of is not None:
+            tails.append(found)
+        elif found.run_id == run_id:
+            leaf = found
+    return leaf, tails
+
+
+def annotate_covering(leaves: QuerySet[LogLeaf]) -> QuerySet[LogLeaf]:
+    covering = Checkpoint.objects.filter(tree_size__gt=OuterRef("leaf_index")).order_by("tree_size")
+    return leaves.annotate(
+        covering_hash=Subquery(covering.values("checkpoint_hash")[:1]),
+        covering_size=Subquery(covering.values("tree_size")[:1]),
+        covering_signed_at=Subquery(covering.values("signed_at")[:1]),
+    )
+
+
+_COVERING = Checkpoint.objects.filter(tree_size__gt=OuterRef("leaf_index")).order_by("tree_size")
+_LEAF_OF_RUN = _RowsOfRun(
+    LogLeaf,
+    ("leaf_index",),
+    match=lambda run_id: Q(run_id=run_id) | Q(tail_of=run_id),
+    covering_hash=Subquery(_COVERING.values("checkpoint_hash")[:1]),
+    covering_size=Subquery(_COVERING.values("tree_size")[:1]),
+    covering_signed_at=Subquery(_COVERING.values("signed_at")[:1]),
+)
