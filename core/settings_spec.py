@@ -436,8 +436,8 @@ SETTINGS: tuple[Setting, ...] = _in_sections(
         "bool",
         False,
         "group commit of concurrent audit writers (`audit/write/group_commit.py`): decisions of runs that "
-        "wait for a COMMIT at the same time share one transaction; every decision is still durable before its "
-        "recorder method returns. Worth it with many concurrent runs and spare cores; measurements in "
+        "wait for a COMMIT at the same time share one transaction; every decision is still durable before "
+        "its recorder method returns. Worth it with many concurrent runs and spare cores; measurements in "
         "[performance.md](performance.md)",
     ),
     Setting(

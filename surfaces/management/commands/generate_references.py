@@ -3,7 +3,10 @@
 
 * `tests/surfaces/api/data/openapi_schema.json`: the OpenAPI schema as `/api/schema/?format=json` serves
   it (JSON, sorted keys, indent 2), the contract's committed copy;
-* docs/architecture.md's event table: `audit.events.markdown_table()`, the event-type registry.
+* docs/architecture.md's event table: `audit.events.markdown_table()`, the event-type registry;
+* docs/configuration.md's settings tables: `core.settings_doc.with_table`, from every setting's
+  declaration in `core/settings_spec.py` (also `python -m core.settings_doc --write docs/configuration.md`,
+  which needs no Django).
 
 After changing a declaration (an event type, a serializer, a setting) run it once and review the diff;
 the tests run the check."""
@@ -21,6 +24,7 @@ from core.env import BASE_DIR
 ROOT = Path(BASE_DIR)
 SCHEMA_SNAPSHOT = ROOT / "tests" / "surfaces" / "api" / "data" / "openapi_schema.json"
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
+CONFIGURATION = ROOT / "docs" / "configuration.md"
 
 
 def openapi_schema(_current: str) -> str:
@@ -46,9 +50,17 @@ def architecture_event_table(current: str) -> str:
     return "\n".join(lines[:start] + table + lines[end:])
 
 
+def configuration_tables(current: str) -> str:
+    """The doc with its generated part (between its markers) rewritten from the settings' declaration."""
+    from core.settings_doc import with_table
+
+    return with_table(current)
+
+
 GENERATED: list[tuple[Path, Callable[[str], str]]] = [
     (SCHEMA_SNAPSHOT, openapi_schema),
     (ARCHITECTURE, architecture_event_table),
+    (CONFIGURATION, configuration_tables),
 ]
 
 
@@ -62,7 +74,10 @@ def stale() -> list[str]:
 
 
 class Command(BaseCommand):
-    help = "Rewrite the files generated from declarations (OpenAPI snapshot, event table); --check only names drift."
+    help = (
+        "Rewrite the files generated from declarations (OpenAPI snapshot, event table, settings tables); "
+        "--check only names drift."
+    )
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--check", action="store_true", help="Write nothing; exit 1 when a file drifted.")
