@@ -1,38 +1,11 @@
 """Bounded guessing without locking out the team: django-axes counts failed logins *and* failed token
 authentications, each against the counter of the one who guessed.
 
-The admin/session login goes through axes as documented (`AxesStandaloneBackend` first in
-`AUTHENTICATION_BACKENDS`, `AxesMiddleware`). Token authentication has no password form, so the REST
-API, the SSE views, the WebSocket handshake (`surfaces.api.authentication`), the Alertmanager webhook and
-`/metrics` use axes' handler API directly: `is_locked` before a failure is counted, and Django's
-`user_login_failed` signal (which axes records) for a wrong, expired or revoked credential. One table,
-one admin view of attempts (*Axes › Access attempts*) and one `axes_reset` command for every kind of
-guessing.
-
-Counters (`AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]`: axes filters on both, a missing
-username as NULL):
-
-* **named** — (username, address): a login form's username, the TOTP page's user, or the owner of a
-  token whose prefix matched but whose secret, expiry or revocation did not. Limit
-  `LOCKOUT_FAILURE_LIMIT`.
-* **anonymous** — (no username, address): API tokens whose prefix matches no token. Limit
-  `LOCKOUT_ANONYMOUS_FAILURE_LIMIT` (higher: a whole NAT shares it, and the guesses are against 256-bit
-  secrets).
-* **webhook**, **metrics** — (a reserved name, address): wrong Alertmanager webhook tokens and wrong
-  `/metrics` bearer tokens, each its own counter with the anonymous limit. The reserved names contain
-  spaces and parentheses, which no Django username can (`UnicodeUsernameValidator`).
-
-So a locked counter refuses only the attempts it counts: another user's valid token, or the admin's
-right password, from the same address is never refused because of someone else's failures. While a
-counter is locked its attempts are refused *before* the credential is checked and are not counted
-(`AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False`): no guess is confirmed, a right password is
-never recorded as a failure, and the lockout ends `AXES_COOLOFF_TIME` after the failure that caused it —
-which is what `Retry-After` says (`retry_after`).
-
-A locked-out request gets 429 `locked_out` in the contract's error shape under `/api/` (`LockedOut`,
-`lockout_response`, also for SSE), a readable page with the wait and a way back elsewhere (the admin
-login, the TOTP page), and a WebSocket handshake is closed. The lockout and its lifting are governance
-events (`access.signals`).
+Counters: named (username, address), anonymous, webhook and metrics (address); a locked counter refuses
+only the attempts it counts, before the credential is checked and without counting them. Token
+authentication uses axes' handler API (`is_locked`, `record_failure`); a lockout answers 429
+`locked_out` with `Retry-After` (`retry_after`, `lockout_response`). Lockouts and their lifting are
+governance events (`access.signals`). Details: docs/security.md, *1. No unlimited guessing*.
 """
 
 from __future__ import annotations

@@ -2,26 +2,11 @@
 flow (with PKCE and a nonce), with the ID token checked as OpenID Connect Core 3.1.3.7 asks and the
 account found by (issuer, subject).
 
-`OidcBackend.authenticate` answers only the callback view (`surfaces.oidc_views`), never a password form:
-
-1. the code is redeemed at `OIDC_OP_TOKEN_ENDPOINT` (client secret, PKCE verifier);
-2. the ID token (`verify_token`) must be signed with `OIDC_RP_SIGN_ALGO` by a key of the provider's JWKS,
-   name the configured issuer (`iss == OIDC_OP_ISSUER`, exactly), be addressed to this client (`aud`,
-   and `azp` when it has several audiences), be unexpired (`exp`, with `OIDC_CLOCK_SKEW_SECONDS`), not
-   issued in the future (`iat`, `nbf`) and carry the nonce of this browser's sign-in;
-3. the userinfo response (when `OIDC_OP_USER_ENDPOINT` is set) must be about the same `sub`; its claims
-   fill in what the ID token lacks, the ID token's win;
-4. the account: the user linked to (iss, sub) (`access.models.OidcIdentity`); else a new user named by
-   `OIDC_USERNAME_CLAIM` (default `preferred_username`, else `sub`) with no usable password. A local
-   account of that name is linked only with `OIDC_LINK_EXISTING_USERS` and never when it is a
-   superuser; otherwise the sign-in is refused (an IdP whose users choose their names must not take
-   over a local account). A deactivated account is refused;
-5. groups and `is_staff` from the claims (`access.sso.apply_claims`), in the transaction that links or
-   updates the user, each change a governance event; the accepted second factor (`access.sso`) is
-   handed to the callback view on the user object (`sso_second_factor`).
-
-A refusal is logged (its reason, never a token) and shown on the login page; nothing is counted by the
-lockout (`access.lockout.not_counted`): a callback is not a guess of a secret held here.
+`OidcBackend.authenticate` answers only the callback view (`surfaces.oidc_views`), never a password form;
+`verify_token` refuses an ID token that is not exactly this provider's, for this client, current and of
+this browser's sign-in. A superuser is never linked; a refusal signs nobody in, is logged (never a
+token) and is not counted by the lockout.
+Details: docs/security.md, *7. Single sign-on (OpenID Connect) and break-glass passwords*.
 """
 
 from __future__ import annotations

@@ -1,26 +1,10 @@
 """Governance events from signals: every change to who may do what that the ORM can see.
 
-* group membership (`User.groups`, from either side) of a governed group: one named in
-  `GOVERNED_GROUPS` ("Reasoning Auditors", "Approvers", "Reviewers", "Staff viewers", whether they exist
-  yet or not) or one that grants a sensitive permission (`SENSITIVE_PERMISSIONS`) — one event per user
-  and group;
-* a governed group deleted (`GROUP_DELETED`, with its members and sensitive permissions), and a user who
-  held sensitive rights deleted (`USER_DELETED`: superuser or staff, a sensitive permission directly or
-  through a group, membership of a governed group; with what they held) — Django removes their
-  memberships without `m2m_changed`, so `pre_delete` records them;
-* sensitive permissions granted to or taken from a user (`User.user_permissions`) or a group
-  (`Group.permissions`) — one event per permission and user or group;
-* the superuser, staff and active flags of a user (a new superuser included);
-* TOTP devices added to and removed from a user;
-* lockouts (axes' `user_locked_out`, once when a counter reaches its limit, `access.lockout`) and their
-  lifting (an `AccessAttempt` at or over its limit deleted: by `axes_reset`, the admin, or the cool-off
-  cleanup); `details.counter` says which counter (`named`, `anonymous`, `webhook`, `metrics`).
-
-Token issue and revoke are recorded by `access.services`. The actor is the user of the request in whose
-thread the change happens (`access.middleware.current_actor`), "" for the system (shell, migrations);
-changes single sign-on makes from an identity provider's claims name `(single sign-on)` and carry
-`details.source` (the issuer, the subject, the IdP groups asserted: `access.sso`).
-Events are written by `audit.write.record_governance_event` in the transaction of the change.
+Group membership of governed groups, governed groups and users with sensitive rights deleted, sensitive
+permissions granted or taken, a user's superuser/staff/active flags, TOTP devices, lockouts and their
+lifting: each one event, written by `audit.write.record_governance_event` in the transaction of the
+change, with the request's user as actor (`access.middleware.current_actor`). Changes made with raw SQL
+bypass every signal and are not recorded. Details: docs/security.md, *4. The governance log*.
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """The second factor for reading reasoning content (`REASONING_REQUIRE_OTP`).
 
-`otp_satisfied(request)` is the one rule, asked by the reasoning permission (API, answering 403
-`otp_required`) and again by `access.reasoning_reads.read_reasoning` (API and admin panel), so no path reads
-reasoning on a password alone:
-
-* a request authenticated by an API token: the token was issued after a TOTP check (`otp_verified`);
-* a session (admin, cookie API calls): django-otp's `OTPMiddleware` says this session passed a TOTP
-  check (`request.user.is_verified()`; the admin's *Verify second factor* page, `surfaces.admin.stepup`), or
-  the session was signed in through the identity provider with a second factor the settings accept
-  (`OIDC_ACCEPTED_AMR` / `OIDC_ACCEPTED_ACR`, `access.sso.session_second_factor`).
-
-`session_verified(request)` is that one decision for a session.
-
-With `REASONING_REQUIRE_OTP` off (the default in DEBUG/development and tests) every request satisfies it.
-
-`token_needs_otp(user)` is the rule for issuing tokens: with `REASONING_REQUIRE_OTP` on, a user who may
-read reasoning (`reasoning.view_reasoning_content` directly or through a group; superusers hold every
-permission) gets an API token only after a TOTP check, and the token carries that fact (`otp_verified`):
-`access.services.issue_token` refuses otherwise, so every way of issuing one (the API, `manage.py
-issue_token`) obeys it.
+`otp_satisfied(request)` is the one rule, asked by the reasoning permission (API: 403 `otp_required`)
+and again by `access.reasoning_reads.read_reasoning`, so no path reads reasoning on a password alone: a
+token issued after a TOTP check, or a session verified by TOTP or by an accepted IdP second factor
+(`session_verified`). `token_needs_otp(user)` is the rule for issuing tokens. With the setting off (the
+default in development and tests) every request satisfies it.
+Details: docs/security.md, *3. Step-up for reasoning* and *2. API tokens*.
 """
 
 from __future__ import annotations

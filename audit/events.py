@@ -2,21 +2,11 @@
 what it means. Django-free, so that the offline verifier (`python -m audit.verify_bundle`) reads the same
 declarations as the server.
 
-Everything that enumerates event types derives from `EVENTS`: `audit.models.EventType` (the Python
-constants), the chain's bindings (`audit.verify.chain_digests`: which events are appended after a run's
-finish), the OpenAPI schema (the `eventType` enum and its description, `surfaces.api.audit_serializers`), the
-admin's event-type filter, and the table in docs/architecture.md (`markdown_table`, held equal by
-`tests/audit/test_event_registry.py`). A new event type is one `EventSpec` here plus the code that writes
-it (docs/contributing.md, *A new event type*).
-
-**Who writes an event** (`writer`):
-
-* `RECORDER`: the run's own recorder (`audit.write.RunRecorder`) while the run executes, under its
-  lease; counted in the run's expected events and anchored with the run's finished head;
-* `APPENDED`: anything else, after the run finished (or beside its recorder, for reasoning governance),
-  through `audit.write.append_to_finished_run` alone: under the run row's lock, at the chain head
-  read there, fenced by the run's current lease epoch. Never expected by the recorder; allowed after the
-  head the transparency log anchored and anchored in turn by the next checkpoint's run-tail leaf.
+Everything that enumerates event types derives from `EVENTS` (`audit.models.EventType`, the chain's
+bindings, the OpenAPI enum, the admin's filter, the table of docs/architecture.md printed by
+`markdown_table`). A writer is `RECORDER` (the run's recorder, under its lease) or `APPENDED` (anything
+else, after the finish, through `audit.write.append_to_finished_run` alone). A new event type is one
+`EventSpec` here plus the code that writes it (docs/contributing.md, *A new audit event type*).
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """Admin change lists that stay flat on big tables: a capped count and index-friendly ordering.
 
-Every list of a table that grows with the runs (runs, sessions, trace events, steps, tools, reasoning
-rows, the access log, feedback) mixes in `ScalableListAdmin`:
-
-* no full `COUNT(*)`: `show_full_result_count = False` (Django's "N total" link is not computed), and
-  the paginator counts at most `CappedCountPaginator.cap` matching rows (`SELECT COUNT(*) FROM (SELECT …
-  LIMIT cap + 1)`, which reads at most that many index entries); beyond it the list says "more than
-  10000" and pages up to the cap (narrow the list with a filter or a date range to go further back);
-* a deterministic order the indexes serve: a list sorted by a column is ordered by that column and the
-  primary key only (Django would append the default ordering, and a descending primary key), the key in
-  the direction of the column, so that `ORDER BY x ASC, id ASC` and `ORDER BY x DESC, id DESC` both read
-  an index on `x` (InnoDB appends the primary key to every secondary index) forwards or backwards, with
-  no filesort;
-* no join that could make the optimizer read another table first: related rows a list shows are
-  fetched by a second query on their primary or unique key (`list_prefetch_related`) instead of
-  `select_related` (with a join, MariaDB may scan the joined table and sort, instead of reading the
-  list's index backwards up to the LIMIT).
-
-Which columns are sortable and which filters exist is each list's choice; each must be served by an index
-(`tests/surfaces/admin/test_list_scaling.py` checks the plans on MariaDB).
+Every list of a table that grows with the runs mixes in `ScalableListAdmin`: no full `COUNT(*)`
+(`CappedCountPaginator` counts at most `cap` rows), an order by the sorted column and the primary key
+only, in the same direction, so an index serves it with no filesort, and related rows fetched by a
+second query on their key (`list_prefetch_related`) instead of a join. Each list's sortable columns and
+filters must be served by an index (`tests/surfaces/admin/test_list_scaling.py`).
+Details: docs/admin.md, *Lists on big tables (`core/admin_lists.py`)*.
 """
 
 from __future__ import annotations

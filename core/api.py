@@ -1,28 +1,12 @@
 """API plumbing shared by every app's `apis.py`: the error shape, pagination, and the error handlers.
 
-Every 4xx/5xx body under `/api/` is ``{"error": {"code": str, "message": str}}`` (API contract, *Errors*):
-
-* DRF views: `exception_handler` (settings `REST_FRAMEWORK["EXCEPTION_HANDLER"]`) folds DRF's detail into
-  the shape. Anonymous requests get 401 with ``WWW-Authenticate: Token`` whatever the order of the
-  authentication classes (DRF would answer 403 when session authentication comes first). Validation
-  errors are 400 `invalid_request` with an extra `fields` object. Any other exception is a 500
-  `server_error` whose body says nothing about it; the log line names only the exception class and the
-  innermost project frame (file:line), never its message, which can quote SQL or stored values.
-* Non-DRF responses (URL resolver 404, a plain Django view's error, CSRF failures): `ApiErrorMiddleware`
-  rewrites any non-JSON error response under `/api/` into the shape, in DEBUG too, and turns an exception
-  escaping a view into the same 500 without the traceback. `handler404`/`handler500` (wired in
-  `config.urls`) do the same for Django's own error paths with DEBUG off.
-
-Codes: `invalid_request` (400), `not_authenticated` / `authentication_failed` (401), `permission_denied` /
-`otp_required` (403; the latter `access.stepup`), `not_found` (404), `method_not_allowed` (405),
-`not_acceptable` (406), `request_too_large` (413: a body over `DATA_UPLOAD_MAX_MEMORY_SIZE`),
-`unsupported_media_type` (415), `throttled` / `locked_out` (429; the latter `access.lockout`),
-`server_error` (500). Django's other `SuspiciousOperation`s are the client's fault too: 400, never a 500.
-
-Every DRF view under `/api/` is an `ApiView`, which declares once what each endpoint has in common:
-authentication is required (deny by default), the checks run 401 → 400 → 404 → 403, a path id outside
-`core.ids` finds nothing (404) and a query or body id is an `IdField` (400), and the not-found texts
-are `NOT_FOUND_*`. A view states only what it allows (`permission_classes`, `anonymous`).
+Every 4xx/5xx body under `/api/` is ``{"error": {"code": str, "message": str}}``: DRF errors through
+`exception_handler`, anything else through `ApiErrorMiddleware` and `handler404`/`handler500`; a 500 body
+says nothing, and its log line never carries the exception's message. Every DRF view under `/api/` is an
+`ApiView`, which declares once what every endpoint shares: authentication required (deny by default),
+the checks in the order 401 → 400 → 404 → 403, the id limits and the not-found texts (`NOT_FOUND_*`).
+A view states only what it allows (`permission_classes`, `anonymous`).
+Details: docs/api.md, *Order of checks* and *Errors*.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """Content-Security-Policy for every response (Django 5.2 has no built-in CSP).
 
-`ContentSecurityPolicyMiddleware` sets one policy header on each response that has none yet:
-
-    default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; font-src 'self';
-    connect-src 'self' ws://<host> wss://<host>; frame-ancestors 'none'; object-src 'none';
-    base-uri 'self'; form-action 'self'
-
-* No inline script anywhere: the chat page and the admin console load their scripts from static files,
-  and the Swagger UI is served by `SpectacularSwaggerSplitView` (its init script is a separate request).
-* `style-src` adds `'unsafe-inline'` only under `CSP_INLINE_STYLE_PATHS` (default `/admin/` and
-  `/api/docs/`): the admin console's waterfall positions its bars with inline `style` attributes computed
-  on the server, and drf-spectacular's Swagger page has an inline `<style>` block. Inline styles there
-  cannot run code; scripts stay `'self'` only.
-* `connect-src` names the WebSocket URLs of the request's own host explicitly (not every browser
-  counts `ws:`/`wss:` of the same host as `'self'`). The host is the validated `request.get_host()`.
-* `frame-ancestors 'none'` matches `X_FRAME_OPTIONS = "DENY"` for browsers that honour only CSP.
-
-A view that needs another policy sets the header itself; the middleware leaves it alone.
+`ContentSecurityPolicyMiddleware` sets one policy header on each response that has none yet: scripts
+from `'self'` only (no inline script anywhere), inline styles only under `CSP_INLINE_STYLE_PATHS`, the
+request's own WebSocket URLs in `connect-src`, `frame-ancestors 'none'`. A view that needs another
+policy sets the header itself; the middleware leaves it alone.
+Details: docs/deployment.md, *Content-Security-Policy*.
 """
 
 from __future__ import annotations

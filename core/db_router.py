@@ -1,29 +1,10 @@
 """Reads on a replica: explicit scopes at the read paths, a router whose default is the primary.
 
-With `DATABASE_REPLICA_URL` set there is a second database alias, `replica` (a MariaDB replica of the
-primary). Nothing goes there by accident: `ReplicaRouter` sends every read to the primary unless the code
-runs inside a *replica scope*, which only the read-only surfaces open:
-
-* `reads_from_replica` decorates a selector (the trace, the evidence bundle, the export's traces, the
-  metrics collector): the function's queries go to the replica; when one fails with a database error
-  before anything was returned, the replica is marked down and the function runs again on the primary,
-  so a replica stopping under load costs no error;
-* `render_from_replica(view)` does the same for an admin page, the template rendered inside the scope
-  (the change lists evaluate their querysets while rendering).
-
-A scope decides once, when it opens, and the decision is the primary (with the reason counted) when:
-
-* no replica is configured (`unconfigured`);
-* the replica is down or lags more than `DATABASE_REPLICA_MAX_LAG_SECONDS` (`down`, `lagging`,
-  `unknown`: `core.replica`'s heartbeat, measured at most every `DATABASE_REPLICA_CHECK_SECONDS`);
-* the request's user wrote within `DATABASE_REPLICA_PIN_SECONDS` (`pinned`: read your own writes);
-* the read depends on a write the replica has not shown yet (`fresh`: `written_at` returns `LIVE`, e.g.
-  a run still running, or a time after the replica's watermark less one second).
-
-Inside a replica scope a query still goes to the primary while the thread's primary connection is in a
-transaction (`atomic`, `select_for_update`: what must read its own writes), and every write goes to the
-primary. What never opens a scope (the run's lease and executor, the recorder, live attach, approvals,
-the services) reads the primary. See docs/reliability.md, *Reads on a replica*.
+`ReplicaRouter` sends every read to the primary unless the code runs inside a replica scope, which only
+the read-only surfaces open (`reads_from_replica` on selectors, `render_from_replica` on admin pages); a
+scope decides once, when it opens, and falls back to the primary when the replica is missing, down,
+lagging, the user is pinned or the read needs fresher data. Every write goes to the primary, and a read
+that fails on the replica is run again there. See docs/reliability.md, *Reads on a replica*.
 """
 
 from __future__ import annotations

@@ -1,26 +1,10 @@
 """The read replica's health and lag, measured by a heartbeat (what `core.db_router` decides with).
 
-Each process writes its own heartbeat row on the primary (`replica_heartbeat`: its source name and the
-time of the write, in microseconds of this process's clock) and reads the same row back from the replica,
-at most every `DATABASE_REPLICA_CHECK_SECONDS`, on two connections of its own (never a request's, so a
-caller's transaction never holds a beat back). From the beats it wrote and the one the replica shows:
-
-* **watermark**: the write time of the newest beat the replica has applied. Replication applies the
-  primary's commits in commit order, so everything committed on the primary before that moment is
-  readable on the replica;
-* **lag**: 0 when the replica shows the newest beat, else the age of the oldest beat it has not applied
-  (a lower bound of how old the replica's view is; it grows by one second per second while the replica's
-  SQL thread is stopped or cannot keep up).
-
-Why a heartbeat rather than `SHOW REPLICA STATUS`'s `Seconds_Behind_Master`: that figure is computed
-from the binlog events the IO thread has already fetched, so it reads 0 while the IO thread is stalled
-or disconnected and the replica is in fact falling behind; it is NULL while the SQL thread is stopped;
-and it needs the REPLICA MONITOR privilege, where the heartbeat needs only SELECT on the replica (the
-application's replica account can be read-only). Both clocks are this process's, so the servers' clocks
-do not enter the figure.
-
-A replica that does not answer (or whose row cannot be read) is *down*; the primary not answering makes
-the state *unknown* (not usable either). `usable(max_lag)` is what the router asks.
+Each process writes its own heartbeat row on the primary and reads it back from the replica, at most
+every `DATABASE_REPLICA_CHECK_SECONDS`, on two connections of its own (never a request's). From them it
+derives the replica's watermark and lag, both from this process's clock, so the servers' clocks never
+enter the figure. `usable(max_lag)` is what the router asks.
+Details: docs/reliability.md, *Reads on a replica* (lag, measured by a heartbeat).
 """
 
 from __future__ import annotations

@@ -1,17 +1,13 @@
 # Over 600 lines: the declaration of every setting, one entry each, is a table; splitting it would
 # split the one place a setting is declared.
-"""Every setting of the service, declared once (issue 44): its environment variable, how django-environ
-parses it, its default, its section and one sentence for people.
+"""Every setting of the service, declared once (issue 44): its environment variable, django-environ's
+reader, its default, its section and one sentence for people. `config/settings.py` reads them all with
+`read(env)` and makes each the Django setting of its name, so code reads `settings.NAME` and never
+restates a default; docs/configuration.md's tables are generated from this list (`core/settings_doc.py`).
 
-`config/settings.py` reads them all with `read(env)` (the one `env` of `core/env.py`, through the reader
-each names: `env.int`, `env.list`, ...) and makes each the Django setting of the same name, so the code
-reads `settings.NAME` and never restates a default. The table of `docs/configuration.md` is generated from
-this list (`core/settings_doc.py`; `tests/core/test_settings_spec.py` fails when the two differ).
-
-A default is a value, or a function of the values declared before it (`not v["DEBUG"]`, the agent's model
-for the router's), which returns `REQUIRED` when the variable must be set (django-environ then raises
-ImproperlyConfigured). A secret's default is never shown in the documentation. Reading needs no Django
-setup, so `config/settings.py` and the documentation's generator can both use it.
+A default is a value or a function of the values declared before it (`not v["DEBUG"]`), returning
+`REQUIRED` where the variable must be set (django-environ then raises ImproperlyConfigured). A secret's
+default is never shown. Reading needs no Django setup. How to add one: docs/contributing.md.
 """
 
 from __future__ import annotations

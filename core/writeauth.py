@@ -1,41 +1,11 @@
 """Write authentication: the tag that says a chain link was written by this service, and the write keys.
 
-A hash chain proves that nothing changed since it was built, not who built it: anyone who can write the
-database and read this source can compute a valid-looking chain with the project's own functions. So
-every link the service writes — each event of a run's chain (`audit.write.chain_writer`, which every writer of
-a run's chain goes through, the appenders of `audit.write.tail` included) and each event of the
-governance chain (`audit.write.governance`) — carries a **tag** beside its hash, made with a server
-*write key* that never enters the database:
-
-    tag = "<key id>:" + hex(HMAC-SHA-256(write key, "diagnosis-audit/write-tag/v1\\n" + domain + "\\n"
-                                          + key id + "\\n" + link hash))
-
-`domain` is `run` or `governance` (a tag of one chain is never valid in the other; `run-created` tags a
-run row's identity when the service creates it, `diagnosis.services.create_run`), the key id names the
-key that made it (8 hex digits: the first 4 bytes of SHA-256("diagnosis-audit/write-key-id/v1\\n" + key)),
-and the link hash is the event's stored `hash` (64 lowercase hex digits). Since a link hash commits to
-every link before it, a valid tag on an event authenticates its whole chain up to it.
-
-**Why HMAC-SHA-256 and not Ed25519.** The tags are checked by this service alone — the checkpointer
-before it anchors a head, `verify_audit`, and every writer before it chains onto a head it read from the
-database — all of which hold the key; third parties trust the signed checkpoints and the witnesses, never
-the write key (an evidence bundle names the key id and verifies without it). An HMAC costs about a
-microsecond per event, an Ed25519 signature about fifty: on the recorder's path (about twenty events a
-run) that is the difference between noise and a quarter of the recording cost (B1). A public-key tag
-would let an auditor without the key check it, but would not add anything the checkpoints and witnesses
-do not already give them, and the key it would need to hide is the same.
-
-**Keys.** `settings.AUDIT_WRITE_KEYS`: base64 of 32 random bytes each, comma-separated, newest first; the
-newest tags, every listed one verifies (keep a rotated-out key listed for as long as its tags must verify:
-with HMAC there is no public half to keep instead). Separate from the checkpoint signing keys
-(`AUDIT_SIGNING_KEYS`; the system check `audit.E005` refuses a key listed in both). In development
-(`AUDIT_DEV_WRITE_KEY_FILE`, set only while DEBUG is on) and without configured keys, one is generated
-once into `.local/audit-write.key` and reused; with DEBUG off and no keys the check `audit.E005` stops the
-server and tagging raises `WriteKeysMissing`.
-
-The MAC itself (`mac`, `key_id_of`, `Verifier`) imports no Django, so that the golden vectors pin it
-without settings. It lives in `core` because the identity layer tags what it creates (a run row) and
-every layer above checks tags.
+Every link the service writes (each event of a run's chain, through `audit.write.chain_writer`, and of
+the governance chain) carries a tag beside its hash: an HMAC-SHA-256 with a server write key that never
+enters the database (`settings.AUDIT_WRITE_KEYS`, newest first: the newest tags, every listed one
+verifies). A valid tag on an event authenticates its whole chain up to it. The MAC (`mac`, `key_id_of`,
+`Verifier`) imports no Django; it lives in `core` because the identity layer tags the runs it creates.
+Details: docs/audit-integrity.md, *Write authentication*.
 """
 
 from __future__ import annotations

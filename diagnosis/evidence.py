@@ -2,36 +2,11 @@
 follows an id (`kb:` by the knowledge tools and the runbook model, `prom:` by the Prometheus tool, both by
 the evidence guard, the judge, the answer renderer and the demo model).
 
-A kind is one `EvidenceKind`: its prefix, what it names, its parts (each a name, a pattern and how its
-text becomes a value) and how they are laid out after `<prefix>:`. Everything else is derived from
-`KINDS`:
-
-* `parse(text)`: a bare id (exactly, no blanks around it) as an `EvidenceId`, or None;
-  `parse_citation(text)`: the ids of one bracket `[a]`, `[a, b]` or `[a; b]`, or None;
-* `kind.format(**values)`: the id of those values (ValueError when the result would not parse);
-* `CITATION_RE` / `cited_ids(text)`: the evidence guard's reading of an answer. It finds citations in a
-  deliberately loose form (`kind.loose` after the prefix) so that a malformed id counts as cited and is
-  refused (never overlooked); whether a cited id is well formed is `parse`'s answer, the same for the
-  guard, `read_runbook`, the judge and the renderer;
-* `ID_PATTERN` / `ID_RE` / `STRICT_CITATION_RE`: well-formed ids only (no capturing groups), for finding
-  ids to render or count (`ID_RE` never takes the head of a longer word: `kb:a#1234567` is no id).
-
-The grammar: `kb:<slug>#<n>`, a runbook chunk (`slug`: lowercase ASCII letters and digits in words joined
-by single `-` or `_`, `SLUG_PATTERN`, the knowledge document's slug rule; `n`: 1 to 999999, no leading
-zero, ASCII digits); `prom:<16 hex>`, a Prometheus query result (lowercase hex, the digest's first 16
-digits). A new kind is one more declaration in `KINDS`, e.g. an MCP tool result::
-
-    EvidenceKind(
-        prefix="mcp",
-        label="tool",
-        noun="MCP tool result",
-        parts=(Part("server", SLUG_PATTERN), Part("digest", HEX_PATTERN)),
-        layout="{server}/{digest}",
-        placeholder="<server>/<hex>",
-        loose=r"[^\\[\\]\\s,;]+",
-    )
-
-Pure Python (no Django): the identity layer's models and the offline tools import it alike.
+A kind is one `EvidenceKind` in `KINDS`; everything else derives from it: `parse` / `parse_citation`
+(well-formed ids, the same answer for every reader), `kind.format`, and the guard's deliberately loose
+`CITATION_RE` / `cited_ids`, so a malformed id counts as cited and is refused, never overlooked. A new
+kind is one more declaration. Pure Python (no Django).
+Details: docs/architecture.md, *Evidence ids (`diagnosis/evidence.py`)*.
 """
 
 from __future__ import annotations

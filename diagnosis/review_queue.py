@@ -1,29 +1,10 @@
 """The review queue's rule: which finished runs need a human, as SQL over the run's own stored columns.
 
 One home for the rule (the admin's queue page, its counts on the admin index, the stored flag):
-
-* `REASONS`: each reason a run needs a human, as a `Q` over `diagnosis_run` columns only (no join):
-  BLOCKED by the guards; voted down by a user (`downvoted`, written with the feedback); audit incomplete
-  (the stored fact `audit_complete` of `audit.read.list_facts`); token ledger not reconciled
-  (`tokens_reconciled`); an unverified draft delivered to a reader (`draft_chars > 0`: the release
-  policy `draft` streamed text before the guards decided, `diagnosis.models.ReleaseMode`); an AI Ops
-  report (every AI Ops analysis is reviewed once).
-* reasons registered by higher layers at app start (`register_reason`): an online evaluator's score
-  labelled `unsupported` (LLM judge) or `forbidden` (a forbidden command in the released answer),
-  `evaluations.queue`, as a subquery of `evaluations_score` by the run's id;
-* `needs_review`: stored on the run and indexed with `created_at` (`idx_run_needs_review`), true exactly
-  when the run is terminal, has no review yet (`reviewed_at` NULL), is not an experiment replay
-  (`diagnosis.selectors.PRODUCTION`) and at least one reason holds. A review
-  takes the run off the queue for good (a down-vote after the review does not bring it back: the
-  reviewer saw the run as it is; the vote stays visible on the run).
-* `needs_review_expression` as one `UPDATE` of the flag (`audit.read.list_facts.fact_statements`, compiled
-  once; `refresh_needs_review` for querysets), run by whatever changes an input: the recorder's terminal
-  write and every late write after it (same transaction, after the list facts), the feedback
-  service, the review service, `refresh_run_facts` (`verify_audit --refresh-facts`, purges) and the
-  migration that added the flag.
-
-The flag reads only columns of its own row, so the statement gives the same answer on every backend
-whatever order a database evaluates a multi-column `UPDATE` in (it is always its own statement).
+`REASONS` (each a `Q` over `diagnosis_run` columns only, no join), reasons higher layers add at app start
+(`register_reason`), and `needs_review_expression`, the stored, indexed `needs_review` flag rewritten by
+whatever changes an input (`refresh_needs_review`). A review takes a run off the queue for good.
+Details: docs/admin.md, *The review queue*.
 """
 
 from __future__ import annotations

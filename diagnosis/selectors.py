@@ -16,7 +16,7 @@ from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import NotSupportedError, connections
-from django.db.models import Lookup, OuterRef, Q, QuerySet, Subquery
+from django.db.models import F, Lookup, OuterRef, Q, QuerySet, Subquery
 
 from core.compiled import CompiledQuery
 from core.ids import MAX_ID_CHARS, valid_id
@@ -237,6 +237,7 @@ def get_visible_run(
     session_id: str | None = None,
     run_id: str | None = None,
     with_feedback: bool = False,
+    with_session: bool = False,
 ) -> DiagnosisRun | None:
     """The run the user asks for if they may see it; else None, as for a run that does not exist.
 
@@ -244,7 +245,9 @@ def get_visible_run(
     `session_id`; the session's latest run when `run_id` is None; the run `run_id` in any session when
     `session_id` is None (the WebSocket names runs alone). Ids that are not strings of 1..`MAX_ID_CHARS`
     characters find nothing. One query; with `with_feedback` the viewer's own feedback is annotated onto
-    the run (read it with `viewer_feedback`)."""
+    the run (read it with `viewer_feedback`), with `with_session` its session's owner and creation time
+    (`session_owner_id`, `session_created_at`: the columns the run's chain binds, which the trace
+    verifies) from the session row the query joins anyway to see whose it is."""
     if session_id is None and run_id is None:
         return None
     if (session_id is not None and not valid_id(session_id)) or (run_id is not None and not valid_id(run_id)):
@@ -252,7 +255,7 @@ def get_visible_run(
     if not user.is_authenticated or not user.is_active:
         return None
     owned = not sees_all_sessions(user)
-    query = _visible_run_query(session_id is not None, owned, with_feedback, run_id is not None)
+    query = _visible_run_query(session_id is not None, owned, with_feedback, run_id is not None, with_session)
     params: dict[str, Any] = {}
     if session_id is not None:
         params["session_id"] = session_id
@@ -277,7 +280,9 @@ _RUN_ATTNAMES = tuple(f.attname for f in DiagnosisRun._meta.concrete_fields)
 
 
 @functools.cache
-def _visible_run_query(by_session: bool, owned: bool, with_feedback: bool, by_run: bool) -> CompiledQuery:
+def _visible_run_query(
+    by_session: bool, owned: bool, with_feedback: bool, by_run: bool, with_session: bool = False
+) -> CompiledQuery:
     """`get_visible_run`'s query for one shape of request, compiled once (`core.compiled`): it is
     sent on every trace read and chat frame replay, and building it cost more than running it."""
 
@@ -300,6 +305,10 @@ def _visible_run_query(by_session: bool, owned: bool, with_feedback: bool, by_ru
                 viewer_feedback_rating=Subquery(mine.values("rating")[:1]),
                 viewer_feedback_comment=Subquery(mine.values("comment")[:1]),
                 viewer_feedback_created_at=Subquery(mine.values("created_at")[:1]),
+            )
+        if with_session:
+            qs = qs.annotate(
+                session_owner_id=F("session__owner_id"), session_created_at=F("session__created_at")
             )
         if run_id is not None:
             qs = qs.filter(run_id=run_id)

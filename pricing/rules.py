@@ -1,33 +1,11 @@
 """The pricing rule: what one model call cost, and what a run cost. The one home of it.
 
-Inputs of a call: the provider that executed the run (`DiagnosisRun.provider`), the call's model name and
-its usage as the provider reported it (a MODEL_TOKEN_USAGE record), and the date the run was created
-(prices in force then). Output: a `CallCost` whose `amount` is a `Decimal` in US dollars, or None with a
-`status` that says why (never 0 for a price not known):
-
-* `demo` — the offline demo model has no price;
-* `usage_unavailable` — the provider reported no usage for the call (or not the input and output
-  counts), so nothing can be priced;
-* `unknown_model` — no override matches and `genai-prices` does not know the model;
-* `priced` — from an override (`source="override"`) or from `genai-prices` (`source="genai-prices"`).
-
-Tokens, as OpenAI-compatible providers (OpenAI, DeepSeek) report them: `prompt_tokens` includes the
-cached input (`cached_tokens`, DeepSeek's `prompt_cache_hit_tokens`), which is priced at the cache price
-and the rest at the input price; `completion_tokens` includes the reasoning tokens, priced as output. A
-provider that reports more reasoning tokens than completion tokens counts them beside the completion
-(both priced as output). Cached input a provider did not report is priced as input.
-
-Price source: an override (`pricing.models.PriceOverride`) wins over `genai-prices`. Among the
-overrides that match a call (pattern, provider when set, effective at the run's date), the most specific
-applies: a provider-bound one before an any-provider one, an exact name before a pattern, a pattern with
-more literal characters before a broader one; then the one effective most recently; then the newest row.
-`genai-prices` (its bundled snapshot, no network) finds the provider from the model name (`deepseek-*`
-→ deepseek, `gpt-*` → openai): the run's provider names only the client (`openai` is any
-OpenAI-compatible endpoint), and the endpoint's URL is not recorded with the run.
-
-A run's cost is the sum of its calls' costs when every call started was priced; otherwise None, with
-the number of calls that could not be priced (`RunCost.unpriced_calls`; a call started but never
-recorded counts among them). A run of the demo provider is `demo`. A run with no model call cost 0.
+A call is priced from the run's provider, the call's model and its reported usage, at the run's creation
+date: a `CallCost` whose `amount` is a `Decimal` in US dollars, or None with a `status` saying why
+(`demo`, `usage_unavailable`, `unknown_model`; never 0 for a price not known). An override
+(`pricing.models.PriceOverride`) wins over `genai-prices` (its bundled snapshot, no network). A run's
+cost (`RunCost`) is the sum of its calls' when every call started was priced, else None with the count
+of unpriced calls. Details: docs/admin.md, *Cost*.
 """
 
 from __future__ import annotations

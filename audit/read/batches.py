@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Q, QuerySet
@@ -15,7 +16,7 @@ from audit.read.chunks import run_chunks
 from audit.read.trace import Trace, annotate_covering, assemble
 from audit.verify.row_digests import stored_reasoning_rows
 from core.db_router import reads_from_replica
-from diagnosis.models import DiagnosisRun
+from diagnosis.models import ChatSession, DiagnosisRun
 from diagnosis.selectors import RunResolution, feedback_of
 from pricing.costs import load_price_book
 
@@ -27,9 +28,9 @@ def iter_traces(
     runs: QuerySet[DiagnosisRun], *, viewer: AbstractBaseUser | None = None, chunk: int = EXPORT_CHUNK
 ) -> Iterator[Trace]:
     """The trace of each run of `runs`, in primary-key order, `chunk` runs at a time: per chunk one
-    query each for the runs, their events, steps, tools, reasoning rows' stored columns, reviews, leaves
-    and (with a `viewer`) the viewer's feedback, so memory holds one chunk whatever the number of runs
-    (`manage.py export_traces`, the admin's export), from the read replica when it is usable
+    query each for the runs, their events, steps, tools, reasoning rows' stored columns, reviews, leaves,
+    sessions and (with a `viewer`) the viewer's feedback, so memory holds one chunk whatever the number
+    of runs (`manage.py export_traces`, the admin's export), from the read replica when it is usable
     (`core.db_router`). Each trace equals `get_trace(run=run, viewer=viewer)`."""
     book = load_price_book()
     for batch, events in run_chunks(runs, chunk):
@@ -53,6 +54,12 @@ def iter_traces(
             elif lf.run_id is not None:
                 leaves[lf.run_id] = lf
         feedback = feedback_of(run_ids=ids, user=viewer) if viewer is not None else {}
+        sessions = {
+            row["session_id"]: SimpleNamespace(**row)
+            for row in ChatSession.objects.filter(session_id__in={r.session_id for r in batch}).values(
+                "session_id", "owner_id", "created_at"
+            )
+        }
         for run in batch:
             yield assemble(
                 run,
@@ -66,4 +73,5 @@ def iter_traces(
                 leaf=leaves.get(run.run_id),
                 tails=tails.get(run.run_id, ()),
                 book=book,
+                session=sessions.get(run.session_id),
             )

@@ -1,28 +1,11 @@
 """Stored per-run list facts: the one home of the list's "audit complete" rule, written and recomputed.
 
-Lists (the admin's run list, its filters) read `DiagnosisRun.persisted_events/steps/tools` and
-`audit_complete` as columns instead of recomputing them per row. This module holds the rule that decides
-them, as SQL expressions over the stored audit rows, and everything that applies it:
-
-* `fact_expressions` — the rule: the persisted counts (governance events, which no run expects, are not
-  counted) and `audit_complete`, true exactly when the run is terminal, every event, step and tool the
-  recorder attempted is stored (no more, no fewer), no audit write failed, no tool is still RUNNING, and a
-  FAILED or CANCELLED run carries no release decision or content. Three checks need every row's content
-  and are made by the trace summary only (`audit.read.summarize`): the hash chain, rows stored under
-  the run's id but another session, and every row against its digest in the chain.
-  `tests/audit/test_audit_complete_rule.py` holds the rule and the summary to the same answer.
-* `fact_update_sql` — the rule as one `UPDATE` of one run, which the recorder runs in the transaction of
-  the run's terminal row (`audit.write.run.RunRecorder.finish`).
-* `refresh_run_facts` — the same `UPDATE` for any set of runs: after a failed write that follows the
-  run's end, a reasoning purge, the backfill migration and `verify_audit --refresh-facts`.
-* `fact_statements` — what the recorder runs after a terminal or late write: `fact_update_sql` and then
-  the review queue's flag (`diagnosis.review_queue.needs_review_expression`, which reads `audit_complete`),
-  each its own statement; `refresh_run_facts` rewrites that flag too.
-* `annotate_recomputed` — the rule evaluated at read time under `recomputed_*` names (and the review
-  queue's flag), so that `verify_audit` can compare it with what is stored (`disagreements`).
-
-Before a run ends its facts are 0 and False (the model's defaults): the rule is false for a run that is
-not terminal, and the counts are written when it ends.
+Lists read `DiagnosisRun.persisted_events/steps/tools` and `audit_complete` as columns instead of
+recomputing them per row; this module is the rule as SQL over the stored audit rows (`fact_expressions`)
+and everything that applies it: `fact_update_sql` / `fact_statements` (the recorder, with the run's
+terminal row), `refresh_run_facts` (later changes), `annotate_recomputed` (what `verify_audit` compares).
+The checks that need every row's content are the trace summary's (`audit.read.summarize`).
+Details: docs/admin.md, *The run list* (audit complete).
 """
 
 from __future__ import annotations

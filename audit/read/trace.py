@@ -1,22 +1,12 @@
 """The trace read model: one run's record aggregated at read time (`get_trace`).
 
-`get_trace` turns a run into a `Trace`: the run row (with the viewer's feedback), its ordered timeline,
-its model steps and its tool invocations, and a `TraceSummary` (`audit.read.summary`) that compares
-what is stored with what the recorder expected to write, and every stored row with the digest its chain
-carries. It costs seven queries whatever the run's size (events, steps, tools, the reasoning rows' stored
-columns, the run's reviews, its leaf in the transparency log and the price overrides; plus one for the
-feedback only when the caller did not annotate it on the run). No reasoning or assistant text is read: the
-reasoning rows (`reasoning.AgentReasoningAudit`) are read as stored, ciphertext cast to plain text and
-never decrypted, only to recompute their digests; nothing of them enters the trace.
-
-`Trace.provider` is the provider recorded at RUN_STARTED; `demo` is true for the offline demo model, whose
-text and reasoning are not a real model's.
-
-`assemble` builds a `Trace` from rows read elsewhere too (`audit.read.batches.iter_traces`, a chunk
-of runs at a time), so both give the same trace of a run.
-
-The API (`surfaces.api.audit.TraceApi`) and the admin's "export as JSON" both call `get_trace` and render it
-with `surfaces.api.audit_serializers.TraceSerializer`, so both produce the same shape.
+`get_trace` turns a run into a `Trace` (run row, ordered timeline, steps, tools, reviews and a
+`TraceSummary` from `audit.read.summary`) in seven queries whatever the run's size (one more for the
+session row its chain binds, unless the caller joined it). It reads no
+reasoning or assistant text: reasoning rows are read as stored, never decrypted, only to recompute their
+digests. `assemble` builds the same `Trace` from rows read elsewhere (`audit.read.batches.iter_traces`).
+The API and the admin's export render it with one serializer, so both give the same shape.
+Details: docs/architecture.md, *The read side and reasoning governance*.
 """
 
 from __future__ import annotations
@@ -28,17 +18,28 @@ from types import SimpleNamespace
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import OuterRef, Q, QuerySet, Subquery, TextField
+from django.db.models import Exists, OuterRef, Q, QuerySet, Subquery, TextField
 from django.db.models.functions import Cast
 
-from audit.models import AgentStep, Checkpoint, EventType, LogLeaf, RunReview, ToolInvocation, TraceEvent
+from audit.models import (
+    AgentStep,
+    Checkpoint,
+    EventType,
+    LogLeaf,
+    RunReview,
+    TailPending,
+    ToolInvocation,
+    TraceEvent,
+)
 from audit.read.summary import Counts, TraceSummary, summarize
 from audit.verify import appended_rows
 from audit.verify.row_digests import stored_reasoning_rows
+from audit.verify.rows import UNCHECKED
 from core.compiled import CompiledQuery, json_loads
 from core.db_router import LIVE, reads_from_replica
 from diagnosis.models import (
     DEMO_PROVIDER,
+    ChatSession,
     DiagnosisRun,
 )
 from diagnosis.selectors import FeedbackView, RunResolution, get_feedback, viewer_feedback
@@ -255,6 +256,7 @@ def get_trace(
     reviews = _REVIEWS_OF_RUN(run.run_id)
     leaf, tails = anchored_leaves(run_id=run.run_id)
     book = load_price_book()  # the price overrides: one small query
+    session = session_of(run)  # no query when the caller annotated or joined it
 
     if hasattr(run, "viewer_feedback_rating"):
         feedback = viewer_feedback(run)
@@ -274,7 +276,23 @@ def get_trace(
         leaf=leaf,
         tails=tails,
         book=book,
+        session=session,
     )
+
+
+def session_of(run: DiagnosisRun) -> Any | None:
+    """The stored columns of `run`'s session that its chain binds (id, owner, creation time: form
+    `session`), for the trace to verify: from `get_visible_run(with_session=True)`'s annotations or a
+    session the caller's query joined (`select_related`), else one query; None when there is no row."""
+    if hasattr(run, "session_owner_id"):
+        return SimpleNamespace(
+            session_id=run.session_id, owner_id=run.session_owner_id, created_at=run.session_created_at
+        )
+    if DiagnosisRun.session.is_cached(run):
+        return run.session
+    rows = ChatSession.objects.filter(session_id=run.session_id)
+    found = rows.values("session_id", "owner_id", "created_at").first()
+    return SimpleNamespace(**found) if found is not None else None
 
 
 def assemble(
@@ -290,6 +308,7 @@ def assemble(
     leaf: LogLeaf | None,
     book: PriceBook,
     tails: Sequence[Any] = (),
+    session: Any = UNCHECKED,
 ) -> Trace:
     session_id = run.session_id
     returned_events = [e for e in events if e.session_id == session_id]
@@ -307,6 +326,8 @@ def assemble(
         leaf=leaf,
         tails=tails,
         appended=appended_rows.rows_of([run.run_id]).get(run.run_id, ()),
+        session=session,
+        tail_noted=bool(getattr(leaf, "tail_noted", False)) if leaf is not None else None,
     )
     return Trace(
         session_id=session_id,
@@ -351,15 +372,21 @@ def anchored_leaves(*, run_id: str) -> tuple[Any | None, list[Any]]:
 
 
 def annotate_covering(leaves: QuerySet[LogLeaf]) -> QuerySet[LogLeaf]:
+    """`leaves` with their first covering checkpoint (`covering_hash`, `covering_size`,
+    `covering_signed_at`) and, on a run leaf, whether a tail note waits for its run (`tail_noted`)."""
     covering = Checkpoint.objects.filter(tree_size__gt=OuterRef("leaf_index")).order_by("tree_size")
     return leaves.annotate(
         covering_hash=Subquery(covering.values("checkpoint_hash")[:1]),
         covering_size=Subquery(covering.values("tree_size")[:1]),
         covering_signed_at=Subquery(covering.values("signed_at")[:1]),
+        tail_noted=_TAIL_NOTED,
     )
 
 
 _COVERING = Checkpoint.objects.filter(tree_size__gt=OuterRef("leaf_index")).order_by("tree_size")
+# A run leaf's tail note (`audit.write.tail`): events appended after the newest anchored head without
+# one would never be anchored (`audit.transparency.verify.check_anchor`). Read with the leaf, no query.
+_TAIL_NOTED = Exists(TailPending.objects.filter(run_id=OuterRef("run_id")))
 _LEAF_OF_RUN = _RowsOfRun(
     LogLeaf,
     ("leaf_index",),
@@ -367,4 +394,5 @@ _LEAF_OF_RUN = _RowsOfRun(
     covering_hash=Subquery(_COVERING.values("checkpoint_hash")[:1]),
     covering_size=Subquery(_COVERING.values("tree_size")[:1]),
     covering_signed_at=Subquery(_COVERING.values("signed_at")[:1]),
+    tail_noted=_TAIL_NOTED,
 )

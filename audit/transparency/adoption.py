@@ -1,32 +1,11 @@
 """Upgrading a store recorded before write authentication: one step, run once by `migrate` (issue 43,
 item 10; migration `audit.0019_adopt_records_before_write_authentication`).
 
-A store the previous version wrote carries no write tags. Its history stays verifiable without
-rewriting any of it, because the signed log already vouches for what it anchored: an untagged link is
-accepted where a leaf of before write authentication (one without `writeKeyId`) anchors it
-(`audit.verify.authenticity`). `adopt` closes the gap between the previous version's last checkpoint and the
-first authenticated write, and records that it did:
-
-1. it anchors, with leaves of before write authentication and one signed checkpoint, exactly what the
-   previous version's checkpointer would have anchored next: every finished run without a leaf (also one
-   without any event, as it did: chain head GENESIS), every anchored run whose chain grew since its
-   newest anchored head, and the governance chain's head. These are "records before write
-   authentication" in the same sense as all the others: the log, signed before any write was
-   authenticated, vouches for them, and nothing else ever will again;
-2. it tags every run still open (queued, running, waiting for approval) as created, and the head of
-   its chain, so that the new version can execute it and its recorder continue its chain (a run row is
-   executed, and a writer builds on a head, only when authenticated); each is listed with the sequence
-   number adopted;
-3. it chains `WRITE_AUTH_STARTED` (tagged) on the governance chain, naming the open runs it adopted
-   and the legacy governance head, and the access app's migration then chains `RIGHTS_BASELINE`, the
-   rights every user and group held (`access.baseline`): the replay of authority
-   (`audit.verify.authority`) starts from it, since the chain did not record rights granted before it existed.
-
-From then on nothing untagged is anchored, chained onto or accepted by `verify_audit`: a store written
-with write authentication from the start (a new installation) never adopts anything, and `adopt` is a
-no-op on a store where any link carries a tag. The window it closes is the previous version's (its
-runs between its last checkpoint and the upgrade were as forgeable then as before); the upgrade
-procedure in docs/audit-integrity.md keeps it short.
+`adopt` anchors with leaves of before write authentication what the previous version's checkpointer
+would have anchored next, tags every run still open and its chain head, and chains `WRITE_AUTH_STARTED`;
+it rewrites nothing, and is a no-op on a store where any link carries a tag (a new installation never
+adopts anything). Details: docs/audit-integrity.md, *Upgrading a store recorded before write
+authentication*.
 """
 
 from __future__ import annotations

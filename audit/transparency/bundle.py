@@ -1,45 +1,10 @@
 """The evidence bundle of one run, and its verification without Django, settings or a database.
 
-A bundle (`diagnosis-audit-evidence/v1`, built by `audit.transparency.evidence`) is one JSON object:
-
-    {"format", "runId", "sessionId",
-     "events": [{<the hashed fields of each event: runId, sessionId, sequenceNo, phase, eventType, status,
-                 summary, details, createdAt>, "prevHash", "hash"}, ...],          # the whole chain
-     "rows": {"steps": [{"digest", "form"}], "tools": [{"digest", "form"}],     # form: what is hashed
-              "reasoning": [{"stepIndex", "agentName", "digest"}],                 # digests only
-              "run": {"digest", "form"} | null,                                     # terminal summary
-              "reviews": [{"digest", "form"}],                   # review rows (absent in older bundles)
-              "identity": {"start": {"digest", "form"} | null,    # who asked what (absent in older
-                           "session": {"digest", "form"} | null}},  # bundles): run-start, session
-     "anchor": {"leafIndex", "leafData", "leafHash", "treeSize", "inclusionProof": [hex],
-                "checkpoint": {"note"} | {"body", "signature"}} | null,  # see _verify_checkpoint
-     "tails": [{"leafIndex", "leafData", "leafHash", "inclusionProof": [hex]}]}  # absent in older bundles
-
-No reasoning or assistant text is in it, not even encrypted: reasoning rows appear as the digest the
-chain binds. The run's released content appears only as its SHA-256 (inside the run form).
-
-`verify(bundle, public_keys)` checks every field it is given, so that any change to a record is named
-with where it is (`events[3] (sequence 4): …`, `rows.tools[0] (tool call call_0): …`):
-
-1. the shape: exactly these keys, the v1 format;
-2. the chain: sequence numbers 1..n, each `prevHash` the previous `hash`, each `hash` recomputed
-   (`audit.verify.hash_chain.chain_hash`), every event of the bundle's run and session;
-3. the rows: each form's digest recomputed and equal to the one listed and to the latest binding in the
-   chain (`audit.verify.chain_digests.collect`, the rules the server's `verify_audit` uses), each bound row
-   present;
-4. the anchor: the leaf data recomputed from the chain up to its `lastSequenceNo` (only governance events
-   and reviews may follow; the `writeKeyId` of an authenticated leaf names the write key whose tag the
-   service verified on that head — reported, not checked: the tag needs the key), its RFC 9162 leaf
-   hash, the inclusion proof up to the checkpoint's root, the
-   checkpoint's body (tree size and root) and its Ed25519 signature by one of the given public keys
-   (a C2SP signed note, or the JSON checkpoint of older bundles) and, with a witness policy, a valid
-   cosignature/v1 by at least N of its M witness keys;
-5. the tails (what was appended to the run after it was anchored, each anchored by a later checkpoint):
-   each a run-tail leaf of this run whose chain head is the bundle's event at its `lastSequenceNo`,
-   after the head anchored before it, included in the anchor's checkpoint. Events after the newest
-   anchored head are a note (the next checkpoint anchors them), not a failure.
-
-It passes only when all of it holds and the run is anchored.
+A bundle (`diagnosis-audit-evidence/v1`, built by `audit.transparency.evidence`) is one JSON object: the
+run's whole chain, the digests of its rows, its anchor in the log and its tail leaves; no reasoning or
+assistant text, not even encrypted. `verify(bundle, public_keys)` checks every field and names where
+each change is; it passes only when all of it holds and the run is anchored.
+Details: docs/audit-integrity.md, *The evidence bundle (`audit/transparency/bundle.py`)*.
 """
 
 from __future__ import annotations

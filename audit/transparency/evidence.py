@@ -7,23 +7,33 @@ reasoning row (never its content, not even encrypted), the run's leaf, its inclu
 checkpoint (O(log n) stored nodes) and that checkpoint's body and signature, and each of its run-tail
 leaves (what was appended after it was anchored) with its inclusion proof in the same checkpoint. A run
 not yet anchored has `anchor: null` (the verifier then fails and says so). Queries: the run's events,
-steps, tools and reasoning rows, its leaf and covering checkpoint, its tails, and the proofs' two each.
+steps, tools, reasoning rows and reviews, its leaf and covering checkpoint, its tails, and the proofs'
+two each.
+
+`build_evidence` adds the server's verdict on the same rows: the run's one verification
+(`audit.verify.run_check.check_run`, the trace's and `verify_audit`'s), reported in `verify_audit`'s
+words by `manage.py export_evidence`. The bundle itself is the same either way (its format is the
+offline verifier's, `audit.transparency.bundle`, which imports no Django).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from audit.models import AgentStep, EventType, RunReview, ToolInvocation, TraceEvent
+from audit.models import AgentStep, EventType, RunReview, TailPending, ToolInvocation, TraceEvent
 from audit.read.trace import written_with
 from audit.transparency import bundle, note, signednote, store
 from audit.transparency.verify import anchor_of, tails_of
-from audit.verify import row_digests
+from audit.verify import appended_rows, row_digests
 from audit.verify.chain_digests import collect
 from audit.verify.hash_chain import event_payload
+from audit.verify.provenance import CheckpointTimes
 from audit.verify.row_digests import stored_reasoning_rows
+from audit.verify.run_check import check_run
+from audit.verify.runs import RunVerification, verification_of
 from core.db_router import reads_from_replica
-from diagnosis.models import DiagnosisRun
+from diagnosis.models import ChatSession, DiagnosisRun
 
 
 def _event(e: TraceEvent) -> dict[str, Any]:
@@ -45,38 +55,93 @@ def _row(form: row_digests.Form, values: dict[str, Any]) -> dict[str, Any]:
     return {"digest": form.digest(values), "form": form.document(values)}
 
 
+@dataclass(frozen=True, slots=True)
+class _Rows:
+    """What a bundle is built from, read once: the same rows the run's verification checks."""
+
+    events: list[TraceEvent]
+    steps: list[AgentStep]
+    tools: list[ToolInvocation]
+    reasoning: list[dict[str, Any]]
+    reviews: list[RunReview]
+
+
+def _read(run: DiagnosisRun) -> _Rows:
+    run_id = run.run_id
+    return _Rows(
+        events=list(TraceEvent.objects.filter(run_id=run_id).order_by("sequence_no")),
+        steps=list(AgentStep.objects.filter(run_id=run_id).order_by("id")),
+        tools=list(ToolInvocation.objects.filter(run_id=run_id).order_by("id")),
+        reasoning=stored_reasoning_rows(run_id=run_id),
+        reviews=list(RunReview.objects.filter(run_id=run_id).order_by("sequence_no")),
+    )
+
+
 @reads_from_replica(written_at=written_with)
 def build_bundle(*, run: DiagnosisRun) -> dict[str, Any]:
     """The evidence bundle of `run` (the caller has decided the reader may see it)."""
+    return _bundle(run, _read(run), anchor_of(run.run_id))
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """A run's bundle and what the server's own verification of the very rows it carries says
+    (`audit.verify.run_check.check_run` in `verify_audit`'s shape; no governance replay, no liveness:
+    those are `verify_audit`'s, over the whole store)."""
+
+    bundle: dict[str, Any]
+    verification: RunVerification
+
+
+@reads_from_replica(written_at=written_with)
+def build_evidence(*, run: DiagnosisRun) -> Evidence:
+    """`build_bundle`, and the run's verification over the rows read for it (`manage.py
+    export_evidence` reports it: a bundle of a record that does not verify is still exported — it is
+    the evidence — but the exporter is told what the offline verifier will find)."""
+    rows, anchor = _read(run), anchor_of(run.run_id)
     run_id = run.run_id
-    events = list(TraceEvent.objects.filter(run_id=run_id).order_by("sequence_no"))
-    steps = AgentStep.objects.filter(run_id=run_id).order_by("id")
-    tools = ToolInvocation.objects.filter(run_id=run_id).order_by("id")
-    reasoning = stored_reasoning_rows(run_id=run_id)
+    leaf = anchor.leaf if anchor is not None else None
+    check = check_run(
+        run_id,
+        rows.events,
+        run=run,
+        steps=rows.steps,
+        tools=rows.tools,
+        reasoning=rows.reasoning,
+        reviews=rows.reviews,
+        appended=appended_rows.rows_of([run_id]).get(run_id, ()),
+        session=ChatSession.objects.filter(session_id=run.session_id).first(),
+        leaf=leaf,
+        tails=tails_of([run_id]).get(run_id, []),
+        tail_noted=TailPending.objects.filter(run_id=run_id).exists() if leaf is not None else None,
+        times=CheckpointTimes.load(),
+    )
+    return Evidence(bundle=_bundle(run, rows, anchor), verification=verification_of(check, run))
+
+
+def _bundle(run: DiagnosisRun, rows: _Rows, anchor: Any) -> dict[str, Any]:
+    run_id, events = run.run_id, rows.events
     return {
         "format": bundle.FORMAT,
         "runId": run_id,
         "sessionId": run.session_id,
         "events": [_event(e) for e in events],
         "rows": {
-            "steps": [_row(row_digests.STEP, row_digests.STEP.values_of(s)) for s in steps],
-            "tools": [_row(form, form.values_of(t)) for t, form in _tool_forms(tools, events)],
+            "steps": [_row(row_digests.STEP, row_digests.STEP.values_of(s)) for s in rows.steps],
+            "tools": [_row(form, form.values_of(t)) for t, form in _tool_forms(rows.tools, events)],
             "reasoning": [
                 {
                     "stepIndex": r["step_index"],
                     "agentName": r["agent_name"],
                     "digest": row_digests.REASONING.digest(r),
                 }
-                for r in reasoning
+                for r in rows.reasoning
             ],
             "run": _run_row(run, events),
-            "reviews": [
-                _row(row_digests.REVIEW, row_digests.REVIEW.values_of(r))
-                for r in RunReview.objects.filter(run_id=run_id).order_by("sequence_no")
-            ],
+            "reviews": [_row(row_digests.REVIEW, row_digests.REVIEW.values_of(r)) for r in rows.reviews],
             "identity": _identity(run, events),
         },
-        **_anchors(run_id),
+        **_anchors(run_id, anchor),
     }
 
 
@@ -114,10 +179,9 @@ def _run_row(run: DiagnosisRun, events: list[TraceEvent]) -> dict[str, Any] | No
     return _row(form, form.values_of(run))
 
 
-def _anchors(run_id: str) -> dict[str, Any]:
-    """`anchor` (the run leaf in the newest checkpoint) and `tails` (its run-tail leaves, proven in the
-    same checkpoint)."""
-    anchor = anchor_of(run_id)
+def _anchors(run_id: str, anchor: Any) -> dict[str, Any]:
+    """`anchor` (the run leaf in the newest checkpoint: `anchor_of`) and `tails` (its run-tail leaves,
+    proven in the same checkpoint)."""
     if anchor is None or anchor.newest is None:
         return {"anchor": None, "tails": []}
     leaf, cp = anchor.leaf, anchor.newest

@@ -1,40 +1,10 @@
 """What a run's leaf in the transparency log commits to; no Django (the offline verifier uses it).
 
-A leaf's data is the canonical JSON (UTF-8) of
-
-    {"kind": "run", "runId", "sessionId",
-     "chainHead": <hash of the run's last timeline event when it was anchored (GENESIS for none)>,
-     "lastSequenceNo": <that event's sequence number, 0 for none>,
-     "runDigest": <RUN_FINISHED's details.runDigest: the digest of the run's terminal summary, or null>,
-     "finishedAt": <RUN_FINISHED's createdAt as hashed in the chain, or null>}
-
-and its hash is RFC 9162's `SHA-256(0x00 || data)`. The chain head commits to every event up to it, and
-through their digests to every row those events bind; `runDigest` and `finishedAt` are repeated so that
-the leaf says what it anchors without the chain. Everything is read from the chain itself, never from
-mutable run columns, so the leaf can be recomputed by anyone holding the events. Events appended after
-the anchored head may only be tail events (reviews, reasoning purged or re-encrypted), which chain from
-it; the next checkpoint anchors each run's new head in a run-tail leaf:
-
-    {"kind": "runTail", "runId", "sessionId", "chainHead", "lastSequenceNo"}
-
-so a finished run's record can grow, but what was appended can no more change than what was anchored
-first. A run is held to every head anchored for it (its run leaf and each of its tail leaves).
-
-A governance leaf anchors the head of the global governance chain (`audit.models.GovernanceEvent`) as a
-checkpoint found it:
-
-    {"kind": "governance", "chainHead": <hash of the governance event anchored>,
-     "lastSequenceNo": <its sequence number>, "lastEventAt": <its createdAt as hashed in the chain>}
-
-The chain head commits to every governance event up to it, so a governance chain rewritten and
-re-hashed after a checkpoint anchored it no longer ends in that hash at that sequence number.
-
-**Authenticated leaves.** Since write authentication (issue 43, `core.writeauth`) every leaf of every
-kind also carries `"writeKeyId"`: the id of the write key whose tag on the anchored head event the
-checkpointer verified before it appended the leaf (the checkpointer anchors nothing else). A leaf without
-it is one of before write authentication: it vouches for the untagged events up to its head, and no
-such leaf may follow an authenticated one. Anyone can read which write key authenticated a run from the
-signed leaf; only the service, which holds the key, can check the tag itself.
+A leaf's data is the canonical JSON of a run's (or a run tail's, or the governance chain's) anchored head,
+read from the chain itself, never from mutable run columns, so anyone holding the events can recompute it;
+its hash is RFC 9162's `SHA-256(0x00 || data)`. A run is held to every head anchored for it, so what was
+appended can no more change than what was anchored first.
+Details: docs/audit-integrity.md, *Leaf data (`audit/transparency/leafdata.py`)*.
 """
 
 from __future__ import annotations

@@ -1,34 +1,12 @@
 """Appending finished runs to the transparency log and signing checkpoints (`manage.py audit_checkpoint`,
 and every `AUDIT_CHECKPOINT_INTERVAL_SECONDS` in each server process).
 
-`checkpoint()` works in batches, each one transaction:
-
-1. lock the log head (`SELECT … FOR UPDATE` on its one row; SQLite's write transaction serialises the
-   same way), so that one writer at a time appends, whichever process it runs in, and leaf indexes form
-   one gapless global order;
-2. find finished runs (SUCCESS, FAILED, CANCELLED) without a leaf, oldest finish first, with each run's
-   chain head and last RUN_FINISHED read in the same query (correlated subqueries on the unique
-   `(run_id, sequence_no)` index); only runs created at or after the head's `scan_from` are searched;
-3. append their leaves (`audit.transparency.leafdata`), then a run-tail leaf for each anchored run whose
-   chain grew after its newest anchored head (`audit.write.tail`: reviews, reasoning purges and
-   re-encryptions; read under the run row's lock, so an append in flight is anchored by the next
-   checkpoint, never lost), then — when the governance chain (`audit.models.GovernanceEvent`) has grown
-   since it was last anchored — one governance leaf anchoring its head, and the complete subtrees they
-   complete, starting from the stored right edge of the tree (O(log n) rows read);
-4. sign a checkpoint of the new size with the newest key, naming the previous checkpoint's hash, and
-   store it; then commit. Every stored leaf is therefore covered by a checkpoint signed in the
-   transaction that stored it.
-
-After commit the checkpoint is appended as one JSON line to `AUDIT_WITNESS_PATH` when set (the operator
-ships that file to write-once storage: a copy an attacker holding the database cannot rewrite). A failed
-witness write is logged, never raised: the checkpoint is already durable. Then the newest checkpoint is
-submitted to the witnesses of `AUDIT_WITNESSES` that have not cosigned it (`audit.transparency.witnesses`,
-C2SP tlog-witness), on every call, so that a refused or failed submission is retried by the next one.
-
-`scan_from` moves forward to the creation time of the oldest run still unfinished (at most to
-`SCAN_GRACE` before now, so that a run row committed late is still found); `full_scan=True` searches
-every run (`audit_checkpoint --full`). The run's own path never waits on any of this: runs are appended
-only after they finished, by whoever checkpoints next.
+`checkpoint()` appends, in batches of one transaction each under the log head's lock (one writer at a
+time, one gapless leaf order), the leaves of finished runs, grown run tails and the governance head, and
+signs a checkpoint of the new size in the same transaction, so every stored leaf is covered by a signed
+checkpoint. After commit it writes the witness file and submits to the witnesses; failures there are
+logged, never raised. A run's own path never waits on any of this.
+Details: docs/audit-integrity.md, *How runs get into the log*.
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """RFC 9162 §2.1 Merkle tree hashing, proofs and their verification; the standard library only.
 
-* Leaf hash `SHA-256(0x00 || data)`, interior node `SHA-256(0x01 || left || right)`, the empty tree's
-  root `SHA-256("")`; the tree head MTH splits a list of n > 1 leaves at k, the largest power of two
-  smaller than n (§2.1.1).
-* The inclusion proof of leaf m in a tree of n leaves is PATH(m, D[n]) (§2.1.3.1), the consistency proof
-  between sizes m and n is PROOF(m, D[n]) (§2.1.4.1); both are lists of subtree hashes, leaf side first.
-  The verifiers are the algorithms of §2.1.3.2 and §2.1.4.2.
-
-How proofs are read from storage: every hash a proof (or a root) needs is the MTH of a leaf range
-`[start, end)` that the RFC recursion produces, and such a range is the concatenation, left to right, of
-maximal *complete* subtrees (sizes the binary digits of `end - start`, aligned on their size); its MTH is
-the right fold `H(h1, H(h2, … hk))` of their hashes (`fold`). A complete subtree never changes once
-its last leaf is appended, so the log stores each one as a node `(level, index)` — the 2^level leaves
-from `index << level` — and a proof reads O(log n) of them (`inclusion_ranges` / `consistency_ranges`
-name the ranges, `range_nodes` their nodes). `Frontier` is the right edge of a growing tree: the complete
-subtrees of `[0, n)`, from which appending a leaf yields the new complete nodes and the root.
-
-`mth`, `path` and `subproof` are the RFC's recursive definitions over an in-memory list of leaf hashes,
-kept as the reference the iterative, storage-shaped functions are tested against.
+Leaf hash `SHA-256(0x00 || data)`, node `SHA-256(0x01 || left || right)`; inclusion (PATH) and
+consistency (PROOF) proofs and their verifiers are the RFC's algorithms. Proofs are read from stored
+complete subtrees, O(log n) nodes each (`inclusion_ranges`, `consistency_ranges`, `range_nodes`,
+`fold`); `Frontier` is a growing tree's right edge. `mth`, `path` and `subproof` are the RFC's recursive
+definitions, kept as the reference the storage-shaped functions are tested against.
+Details: docs/audit-integrity.md, *Merkle tree (`audit/transparency/merkle.py`)*.
 """
 
 from __future__ import annotations

@@ -1,24 +1,10 @@
 """The signed checkpoint: its exact text, its hash, Ed25519 keys and signature verification.
 
 No Django: the offline verifier (`python -m audit.verify_bundle`) uses this module with `cryptography`.
-
-Two formats. Checkpoints are written as a C2SP `tlog-checkpoint` body in a C2SP `signed-note` envelope
-(`NoteBody`, `audit.transparency.signednote`; issue 35): the origin, the size, the base64 root and two
-extension lines, `signed-at <time>` and `previous <hash>`; the `signature` column holds the base64 of
-the note signature line (4-byte key id, Ed25519 signature), by the key named after the origin. Those
-signed before are in the JSON format below (`Body`) and stay verifiable: `parse_any` reads both, and
-`find_signer` / `verify_checkpoint` verify either.
-
-A legacy checkpoint's **body** is the canonical JSON (sorted keys, no whitespace, UTF-8) of
-
-    {"format": "diagnosis-audit-checkpoint/v1", "origin": <the log's name>, "treeSize": n,
-     "rootHash": <hex MTH of the first n leaves>, "signedAt": <UTC ISO 8601, microseconds>,
-     "previous": <hex hash of the previous checkpoint's body, "" for the first>, "keyId": <key id>}
-
-The **signature** is Ed25519 over the body's UTF-8 bytes (base64 in storage and bundles); the
-checkpoint's **hash** is the hex SHA-256 of the body bytes, and each checkpoint names its predecessor's,
-so the checkpoints form a chain of their own (like CloudTrail's digest files). A **key id** is the first
-16 hex digits of the SHA-256 of the raw 32-byte public key: it names the key, it is not the key.
+Checkpoints are C2SP signed notes (`NoteBody`); those signed before issue 35 are canonical JSON (`Body`)
+and stay verifiable: `parse_any` reads both, `find_signer` / `verify_checkpoint` verify either. Each
+checkpoint names its predecessor's hash, so checkpoints form a chain of their own.
+Details: docs/audit-integrity.md, *Checkpoint format*.
 """
 
 from __future__ import annotations

@@ -3,20 +3,9 @@ https://c2sp.org/tlog-checkpoint, https://c2sp.org/tlog-cosignature): the standa
 checkpoints since issue 35.
 
 No Django: the offline verifier (`python -m audit.verify_bundle`) uses this module with `cryptography`.
-
-* A **signed note** is a text ending in a newline, a blank line, and one or more signature lines
-  `— <key name> <base64(4-byte key id || signature)>`. A key is named by (key name, key id); the key id
-  is `SHA-256(name || 0x0A || type || public key)[:4]`, type 0x01 for Ed25519 note signatures and 0x04 for
-  timestamped Ed25519 cosignatures. A **vkey** (verifier key) is `<name>+<hex key id>+<base64(type ||
-  public key)>`.
-* A **checkpoint** body is the origin line (the log's name), the tree size in decimal, the base64 root
-  hash, then extension lines. This log writes two: `signed-at <UTC ISO 8601>` and, except for the first
-  checkpoint, `previous <hex SHA-256 of the previous checkpoint's body>` (the checkpoints' own chain,
-  kept from the JSON format they replace). The log signs with the key name equal to its origin.
-* A **cosignature/v1** is a witness's note signature (type 0x04) whose signature is
-  `u64 timestamp (big endian) || Ed25519 signature` over `"cosignature/v1\\ntime <timestamp>\\n" + body`:
-  the witness states that, at that time, this is the largest tree it saw for the origin, consistent with
-  all it saw before.
+Notes, vkeys, checkpoint bodies (with this log's `signed-at` and `previous` extension lines) and
+witnesses' cosignature/v1 lines are parsed, made and verified here, and nowhere else.
+Details: docs/audit-integrity.md, *Checkpoint format*.
 """
 
 from __future__ import annotations

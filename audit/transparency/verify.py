@@ -1,33 +1,11 @@
 """Verification of the transparency log against the store (`manage.py verify_audit`).
 
-`verify_log` reads the whole log once, in leaf order and in batches (bounded memory), and checks:
-
-* the leaves are indexed 0..n-1 without a gap, each leaf hash is RFC 9162's hash of its stored data, and
-  every complete subtree stored in `audit_log_node` is the hash of its two children (recomputed while
-  streaming; a missing, altered or extra node is named with the leaves it covers);
-* every checkpoint: its body parses, its signature verifies with a key this deployment knows
-  (`AUDIT_SIGNING_KEYS` and `AUDIT_VERIFY_KEYS`; an unknown key id is named), it names the previous
-  checkpoint's hash, its columns repeat its body, and its root equals the MTH of the first `treeSize`
-  stored leaves. Roots recomputed from one sequence of leaves are consistent with each other by
-  construction, so this also proves every checkpoint consistent with the one before; the newest pair
-  is in addition checked with the consistency proof the API serves;
-* no leaf is stored beyond the newest checkpoint (the writer signs in the transaction that appends) and
-  none is missing below it (a truncated log), and the head row agrees;
-* every anchored run still exists (governance leaves anchor no run:
-  `audit.verify.governance_chain.verify_governance` checks them against the governance chain): a leaf whose
-  run row is gone is named (deleting a whole run is detected), unless a tombstone says retention purged it,
-  which is accepted only when the purge came after the run's anchored finish plus `AUDIT_RETENTION_DAYS` and
-  while no legal hold covered it;
-* optionally, every checkpoint of a witness file (the copy kept outside the database) verifies and is
-  in the database unchanged, or its root still matches the stored leaves: a log truncated together with
-  its checkpoints is detected this way too (a fallback: the file is on the operator's own storage);
-* every stored witness cosignature by a known witness key (`AUDIT_WITNESSES`, the policy) verifies, and,
-  with a witness policy (N of M witness keys), the newest checkpoint — the one covering every run — is
-  cosigned by at least N of them: a rebuilt history is not, since the witnesses refuse it.
-
-`check_anchor` compares one run's stored chain with its leaf (a run rewritten and re-hashed after it was
-anchored has another chain head); `anchor_of` reads a run's leaf and the checkpoints that cover it.
-Messages name ids, indexes and sizes, never content.
+`verify_log` reads the whole log once, in leaf order and in batches (bounded memory), and checks leaves,
+stored subtrees, checkpoints (signatures, chaining, roots), the head, that every anchored run still
+exists or was purged by retention as allowed, an optional witness file and the witness cosignatures.
+`check_anchor` compares one run's stored chain with its leaf; `anchor_of` reads a run's leaf and the
+checkpoints covering it. Messages name ids, indexes and sizes, never content.
+Details: docs/audit-integrity.md, *What `verify_log` checks (`audit/transparency/verify.py`)*.
 """
 
 from __future__ import annotations

@@ -1,38 +1,10 @@
 """Witness cosigning: each new checkpoint is submitted, with its consistency proof, to the configured
 witnesses over the C2SP `tlog-witness` protocol, and their cosignatures are stored beside it.
 
-`settings.AUDIT_WITNESSES` lists the witnesses, each `<submission URL prefix> <cosigner vkey>` (the vkey
-`<name>+<key id>+<base64(0x04 || Ed25519 key)>` as the witness publishes it). After every checkpoint run
-(`audit.transparency.log.checkpoint`, after its transaction committed) `submit_all` brings each witness
-up to the newest checkpoint that it has not cosigned yet:
-
-    POST <prefix>/add-checkpoint
-    old <size the witness last cosigned, 0 at first>
-    <RFC 9162 consistency proof from that size, one base64 hash a line>
-
-    <the checkpoint as a signed note>
-
-* 200: the body is note signature lines; the one by the configured key must be a valid cosignature/v1
-  of the checkpoint: it is stored (`audit.CheckpointCosignature`), lines by other keys are ignored;
-* 409 Conflict: the body is the witness's size (`text/x.tlog.size`); when this log has a checkpoint
-  that size, the submission is repeated once from it (the witness was ahead of what we stored, e.g.
-  cosignatures lost with a restore), else it is a conflict: the witness saw a history we cannot prove
-  ours consistent with (a split view, or a rebuilt log);
-* 403 (no signature by a key the witness trusts for our origin), 404 (the witness does not know our
-  origin), 422 (the consistency proof, or a same-size root, does not verify), other statuses, network
-  errors, and a 200 without a valid cosignature by the configured key are refusals.
-
-Every attempt's outcome is recorded (`audit.WitnessAttempt`) and exported on `/metrics`
-(`diagnosis_audit_witness_failures_total{witness,reason}`, `diagnosis_audit_witness_last_cosigned_size`);
-a refusal is logged as a warning and never raised (the checkpoint is durable already), and the next
-checkpoint run submits again: a witness that was down catches up with the newest checkpoint then.
-Checkpoints in the JSON format of before issue 35 are never submitted (a witness reads only notes).
-
-`check_sizes` (for `verify_audit`) asks each witness which size it has cosigned, with the same request:
-the log's newest checkpoint submitted with `old` = its own size and no proof. A witness at that size with
-that root answers 200 with a cosignature; at another size, 409 with its size; at that size with another
-root, 422. A size above the log's newest checkpoint means the log was cut back below what the witness
-saw. This is the one check that trusts no stored row: it records no attempt and stores no cosignature.
+`submit_all` (after every checkpoint run commits) brings each witness of `settings.AUDIT_WITNESSES` up to
+the newest checkpoint; every attempt is recorded and exported on `/metrics`, and a refusal is logged,
+never raised. `check_sizes` (for `verify_audit`) asks each witness live which size it cosigned, trusting
+no stored row. Details: docs/audit-integrity.md, *Witnesses*.
 """
 
 from __future__ import annotations

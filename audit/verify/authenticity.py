@@ -1,25 +1,12 @@
 """What authenticates each stored link of a chain, and which heads the service may build on.
 
-Every link the service writes carries a write tag (`core.writeauth`); a tag on a link authenticates
-the whole chain up to it, since its hash commits to every link before. Two rules follow, each written
-once, here:
-
-* **Reading a chain** (`tag_verdict`: `verify_audit`, the trace, the checkpointer before it anchors):
-  every link must carry a tag that verifies with a known write key, except the links of before write
-  authentication, which are accepted only where something the attacker cannot forge vouches for them —
-  a leaf of before write authentication (`audit.transparency.leafdata`, no `writeKeyId`) that anchors
-  them in a signed checkpoint (`vouched_upto`), or, for a run still open when the upgrade ran and the
-  legacy governance chain, the upgrade's own tagged `WRITE_AUTH_STARTED` governance event
-  (`audit.transparency.adoption`, `adopted_upto`). Anything else untagged, and any tag that does not
-  verify, is named as not written by the service.
-* **Writing after a head** (`require_authentic_head`: the recorder when it continues a chain it did not
-  write itself, every appender to a finished run, the governance chain): the stored head must carry a
-  valid tag, or be an untagged head that a leaf of before write authentication anchors, proven included
-  in the newest checkpoint whose signature verifies; otherwise `ChainNotAuthentic` and nothing is
-  written. Tagging a link after a forged head would authenticate the forgery.
-
-Only the service holds the write key, so only it checks tags; third parties rely on the signed
-checkpoints and witnesses (`docs/audit-integrity.md`).
+Two rules, each written once here: reading a chain (`tag_verdict`: every link carries a write tag that
+verifies, or is a link of before write authentication that a signed leaf or the upgrade's tagged
+`WRITE_AUTH_STARTED` vouches for) and writing after a head (`require_authentic_head`: the stored head
+must authenticate, otherwise `ChainNotAuthentic` and nothing is written, since tagging a link after a
+forged head would authenticate the forgery). Only the service holds the write key, so only it checks
+tags; third parties rely on the signed checkpoints and witnesses.
+Details: docs/audit-integrity.md, *Write authentication*.
 """
 
 from __future__ import annotations

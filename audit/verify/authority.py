@@ -1,28 +1,11 @@
 """Authority from the chain: who held which sensitive permission at each point of the governance chain.
 
-The database's permission tables say who may do what *now*, and a database writer can change them
-without a trace (a raw `INSERT` into `auth_user_groups` fires no signal). The governance chain records
-every change the application made to sensitive rights (`access.signals`), tagged by the write key, so
-replaying it says who held a permission at any point of it, whatever the tables say:
-
-* users and groups as the chain names them (usernames and group names are the chain's snapshots);
-* `GROUP_MEMBER_ADDED` / `REMOVED`, `PERMISSION_GRANTED` / `REVOKED` (to a user, or to a group: the
-  event names the group's members then, which also brings in members of a group the chain followed
-  only from that grant on), `SUPERUSER_GRANTED` / `REVOKED`, `USER_DEACTIVATED` / `REACTIVATED`,
-  `GROUP_DELETED`, `USER_DELETED`;
-* `RIGHTS_BASELINE` (written once by the upgrade to write authentication, `access.baseline`): every
-  user's and group's sensitive rights at that point, replacing what the replay held, because a store
-  from before the governance chain carries rights granted before it existed.
-
-A user holds a permission at a point when the chain knows them there, they are active, and they are
-a superuser or hold it directly or through a group. Someone the chain never names holds nothing (a user
-who does not exist holds nothing either way).
-
-`Authority.held(user, permission, at)` answers for any point; `verify_audit` asks it for every
-appended decision of a run (reviews, approvals: the governance position the decision recorded,
-`governanceAt`) and every hold placed or lifted (the event's own position); the services ask it for
-the head before they act (`permitted`: the database's answer *and* the chain's), and the runtime asks
-it again before an approved call executes. One replay per governance head and process (cached).
+The permission tables say who may do what *now*, and a database writer can change them without a trace;
+replaying the tagged governance chain says who held a permission at any point of it, whatever the tables
+say. `Authority.held(user, permission, at)` answers for any point (`verify_audit`, for appended decisions
+and holds); `permitted` asks the database *and* the chain at the head before a service acts. Someone the
+chain never names holds nothing. One replay per governance head and process (cached).
+Details: docs/audit-integrity.md, *Write authentication* (authority from the chain).
 """
 
 from __future__ import annotations

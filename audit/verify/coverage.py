@@ -1,23 +1,11 @@
 """Every stored byte of the audited tables accounted for: what covers each column, or why none does.
 
-The one registry of issue 30 item 3. For every audited model, each concrete field is either
-
-* **covered**, in `COVERED[model][field]`, by what makes a change to it fail `verify_audit`: a row
-  digest bound into the run's chain (the forms of `audit.verify.row_digests`, named by form; their column
-  lists are the one home of what a form binds, so these entries are generated from them), the run's hash
-  chain itself (`chain`), the governance chain (`governance chain`), or the transparency log's signed
-  checkpoints (`checkpoint: …`, `leaf data: …`); every one of these is reachable from a signed
-  checkpoint (a run's leaf commits to its chain head, the head to every event, each event to the
-  digests it carries); or
-* **excluded**, in `EXCLUDED[model][field]` with its reason: a surrogate key, a lease or queue column,
-  a timing or counter column that is evidence of nothing, or a stored fact that `verify_audit`
-  recomputes from covered rows and compares (named `FACTS` in its output).
-
-`ROWS[model]` says how a deleted or forged row of the table is caught, and `ROWS_EXCLUDED[model]` why
-it is not for the tables whose rows carry no evidence on their own. `tests/audit/test_tamper_matrix.py`
-is generated from this registry and the models' fields: a field in neither mapping fails it, and every
-covered field is changed on runs the real runtime executed and must fail verification. The table in
-`docs/audit-integrity.md` (*Coverage*) is this registry in words (`markdown_table` prints it).
+The one registry of issue 30 item 3: each concrete field of every audited model is either covered
+(`COVERED`: a row digest, the run's chain, the governance chain or the signed log, all reachable from a
+signed checkpoint) or excluded with its reason (`EXCLUDED`); `ROWS` / `ROWS_EXCLUDED` say how a deleted
+or forged row is caught, or why not. `tests/audit/test_tamper_matrix.py` is generated from it, and
+`markdown_table` prints the table of docs/audit-integrity.md.
+Details: docs/audit-integrity.md, *Coverage: every stored byte accounted for*.
 """
 
 from __future__ import annotations

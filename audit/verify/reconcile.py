@@ -1,22 +1,11 @@
 """Token reconciliation: what is stored about a run's model calls, compared with the ledger that was kept.
 
-A run's token ledger is kept three times: by the provider (the usage it reported for each call, which the
-recorder holds while the run executes), by the recorder (the run's `tokens_*` columns written at finish)
-and by the stored per-call records (each call's MODEL_TOKEN_USAGE event and, for agent steps, the step
-row's token columns). `reconcile` re-reads the stored records and compares them with the kept ledger and,
-when given, with what the provider reported; it names every call whose records differ or that lacks usage.
-
-A run is *reconciled* exactly when every model call that was started has a stored usage record with a
-total, the step row of every agent call agrees with its usage record, the provider's report of each call
-(when known) equals what is stored, and the kept ledger equals the sums of the stored records. Calls that
-were started but never recorded (the process died during the call, or the write failed) count as calls
-without usage; they are never dropped.
-
-Reasoning and cached-input tokens a provider did not report are None, never 0: a sum is None when no call
-reported the count, and `reasoning_unreported` / `cached_unreported` say how many calls lacked it.
-
-`RunRecorder.finish` runs it on the rows it re-reads in one query; the trace (`audit.read`) runs it
-on the rows it already loaded. Names and sentences hold counts and call names only, never content.
+`reconcile` re-reads the stored per-call records (usage events, step rows) and compares them with the
+run's kept ledger and, when given, the provider's reports; it names every call whose records differ or
+that lacks usage, in counts and call names only, never content. Calls started but never recorded count
+as calls without usage, never dropped; unreported reasoning and cached tokens are None, never 0.
+`RunRecorder.finish` runs it at the end, the trace again at read time.
+Details: docs/api.md, *The token ledger (`run.tokens`)*.
 """
 
 from __future__ import annotations

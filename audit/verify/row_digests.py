@@ -1,47 +1,11 @@
 """The canonical form of every audited row and its digest: how a durable row is bound into the run's chain.
 
-A row's digest is `sha256(canonical JSON of {"form": <form>, "row": {column: value, …}})` over an
-explicit, fixed list of columns per form (below; the one place where a column enters a form). Values are
-normalised exactly as they round-trip the database, so the digest computed from the values the recorder
-writes equals the digest recomputed from the stored row:
-
-* date-times: `audit.verify.hash_chain.timestamp` (UTC, microseconds), NULL as null;
-* JSON columns: the value after `json.dumps` / `json.loads` (what the column gives back);
-* booleans and integers as such; text as text;
-* the encrypted reasoning columns: the **stored** value (the `fernet:<kid>:<token>` ciphertext, or NULL
-  when purged), never the plaintext: verification never decrypts and never reads reasoning text.
-
-Forms:
-
-* `step` (`agent_step`, named by its agent and step index), `reasoning` (`agent_reasoning_audit`, what is
-  stored);
-* `tool/2` (`tool_invocation`: bound once as the RUNNING row inserted, once as the row after its terminal
-  update): the declaring step's `agent_name` beside its `step_index`. Tool events name their form
-  (`rowForm`); without one it is `tool`, the form of rows recorded before per-agent step counters;
-* `run`: the run's terminal summary as `finish` writes it: status, release decision, error code, the
-  sha256 of the released `content` (not the content), the token ledger, the counts of model calls and
-  calls without usage, the reconciliation verdict and the expected counts;
-* `run/2` (runs recorded since the release policy): `run` plus what the reader could see: the release
-  mode, the unverified draft characters sent, the answer's last token time and the release latency.
-* `run/3` (runs recorded since AI Ops analyses): `run/2` plus the run's `self_evaluation` (NULL for chat
-  runs), written by the same terminal update.
-* `run/4` (runs recorded since every stored byte is accounted for, `audit.verify.coverage`): `run/3` plus the
-  run's `intent` (the router's decision, written again by the terminal update), `error_message`, the
-  `provider` that executed it and `finished_at`.
-  RUN_FINISHED names its form (`runForm`); without one it is `run`.
-* `run-start` (`diagnosis_run`, bound by RUN_STARTED's `startDigest`, form named by `startForm`): the
-  run's identity as created, before anything executed: its id, session, the user's question (`query`),
-  the agent flow and its creation time. Read back from the stored row when the run starts (one query).
-* `session` (`chat_session`, bound by the same RUN_STARTED's `sessionDigest`, `sessionForm`): the
-  identity of the run's session: its id, its owner (the user id; RUN_STARTED's details also carry the
-  owner's username as a snapshot) and its creation time. Every run of a session binds it again, so a
-  session whose owner is changed is named by each of its runs.
-* `review` (`audit_run_review`): every column but the reviewer's user id (a snapshot of the username is
-  bound instead), bound by its `REVIEW_RECORDED` event (`reviewDigest`).
-
-Auto-increment ids are not part of any form (they are assigned by the database after the digest is
-taken); rows are named by their run-scoped keys (agent name + step index, tool call id).
-Changing a form's column list changes the digest of every row recorded before: add a new form then.
+A row's digest is `sha256(canonical JSON of {"form": <form>, "row": {column: value, …}})` over an explicit
+column list per form, defined only here, with values normalised as they round-trip the database, so the
+digest of the values the recorder writes equals the one recomputed from the stored row. It never reads
+reasoning plaintext (the stored ciphertext is hashed). Changing a form's columns changes every older
+row's digest: add a new form version instead.
+Details: docs/audit-integrity.md, *Row digests (`audit/verify/row_digests.py`)*.
 """
 
 from __future__ import annotations

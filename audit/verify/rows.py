@@ -1,29 +1,10 @@
 """Verification of a run's durable rows against the digests its chain carries (`audit.verify.row_digests`).
 
-The recorder puts each row's digest into the details of the event that records it:
-
-* `AGENT_MODEL_STEP`: `stepDigest` (the step row named by its `agentName` and `stepIndex`: each agent
-  counts its steps from 1) and `reasoningDigest` (the reasoning row of the same `stepIndex` and
-  `agentName`); any other event carrying `reasoningDigest` with `agentName` and
-  `reasoningStepIndex` (router and semantic-guard decisions) or `stepIndex` binds a reasoning row the
-  same way;
-* `TOOL_INVOCATION` with a tool status: `rowDigest`, the RUNNING row at start, the row after its terminal
-  update at terminal (the latest one binds), in the form `rowForm` names (`tool/2`; none: `tool`);
-* `REASONING_PURGED` / `REASONING_REKEYED`: `rows`, each `{id, stepIndex, agentName, digest}` of what is
-  stored after the purge or re-encryption;
-* `REVIEW_RECORDED`: `reviewDigest`, the review row (`audit.RunReview`) named by its `reviewId`;
-* an appended event declaring `keys` (`EVALUATION_RECORDED`: `scoreId`, `scoreDigest`): the row of a
-  higher layer's table it names, given as `appended` (`audit.verify.appended_rows`);
-* `RUN_STARTED`: `startDigest` (the run's identity as created: id, session, question, flow, creation;
-  form `startForm`, `run-start`) and `sessionDigest` (its session's id, owner and creation; form
-  `sessionForm`, `session`). A run started before these digests is noted, not failed;
-* `RUN_FINISHED`: `runDigest` (the run's terminal summary, in the form named by `runForm`; see
-  `audit.verify.row_digests`) and `expected` (events, steps, tools and reasoning rows the recorder attempted).
-
 `verify_rows` recomputes every digest from the stored rows and names each row that does not match, is
 missing, or is stored without a record in the chain, in words and ids only (never content). Rows of runs
-recorded before row digests existed are reported as not bound, which is a note, not a failure. The chain
-is read by `audit.verify.chain_digests.collect`, which the offline bundle verifier shares.
+recorded before row digests are reported as not bound, a note, not a failure. The chain is read by
+`audit.verify.chain_digests.collect`, which the offline bundle verifier shares.
+Details: docs/architecture.md, *What a record proves, and what it does not*.
 """
 
 from __future__ import annotations

@@ -1,24 +1,12 @@
 """Verification of stored audit records, run by run, in bounded memory (`manage.py verify_audit`).
 
-For each run: the timeline's hash chain and sequence numbers (`audit.verify.hash_chain.verify_chain`: 1..n
-without gap or repeat, `prev_hash` links, each hash recomputed from its own fields); every durable row
-(steps, tools, reasoning rows, reviews, the run's identity and its session's, the run's terminal
-summary) against the digest its chain carries
-(`audit.verify.rows.verify_rows`: a changed, deleted or unrecorded row is named); and, for a finished run,
-whether the stored events, steps, tools and reasoning rows match the counts the chain says the recorder
-attempted (older runs without counts in their chain: the run's `expected_*` columns) and whether any audit
-write failed; and, for a run in the transparency log, that its stored chain still has the head its leaf
-anchored (`audit.transparency.verify.check_anchor`; a finished run not yet anchored is a note). The log
-itself (leaves, nodes, checkpoints, runs deleted whole) is checked by `audit.transparency.verify`; the
-global governance chain of access changes by `verify_governance`, which also checks every anchor of that
-chain's head in the transparency log.
-Problems are worded without content (ids, sequence numbers, counts only). Reasoning rows are read as
-stored (ciphertext), never decrypted. Every run's stored list facts (`persisted_*`, `audit_complete`) are
-recomputed by the rule of `audit.read.list_facts` and any disagreement is a problem (`facts`), so that the
-flag lists filter on can be trusted; `refresh_facts` rewrites them from the rule.
-
-Runs are read in primary-key batches, each batch's events, steps, tools and reasoning rows in one query
-each, so memory is bounded by the batch size whatever the number of runs.
+For each run: the hash chain, every durable row against the digest its chain carries, the counts the
+chain says the recorder attempted, audit write failures, the anchored head, and the stored list facts
+against their rule (`refresh_facts` rewrites them). Runs are read in primary-key batches, so memory is
+bounded whatever the number of runs. Problems name ids, sequence numbers and counts, never content;
+reasoning rows are read as stored, never decrypted. The log and the governance chain are checked
+elsewhere (`audit.transparency.verify`, `verify_governance`).
+Details: docs/audit-integrity.md, *What `verify_audit` checks per run (`audit/verify/runs.py`)*.
 """
 
 from __future__ import annotations
@@ -30,14 +18,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.conf import settings
 from django.db.models import Q
-from django.utils import timezone
 
 from audit.models import (
     AgentStep,
     Checkpoint,
-    EventType,
     LogLeaf,
     RunReview,
     RunTombstone,
@@ -46,35 +31,39 @@ from audit.models import (
     TraceEvent,
 )
 from audit.read.chunks import run_chunks
-from audit.read.list_facts import annotate_recomputed, disagreements, refresh_run_costs, refresh_run_facts
+from audit.read.list_facts import annotate_recomputed, refresh_run_costs, refresh_run_facts
 from audit.transparency import leafdata
-from audit.transparency.verify import (
-    UNANCHORED,
-    StoredLeaf,
-    check_anchor,
-    leaf_problems,
-    leaves_of,
-    tails_of,
-)
-from audit.verify import appended_rows, provenance
-from audit.verify.authenticity import (
-    Adoption,
-    adoption,
-    anchored_before_write_authentication,
-    legacy_vouched_upto,
-    tag_verdict,
-)
-from audit.verify.hash_chain import timestamp, verify_chain
+from audit.transparency.verify import StoredLeaf, leaf_problems, leaves_of, tails_of
+from audit.verify import appended_rows
+from audit.verify.authenticity import Adoption
 from audit.verify.holds import tombstone_problems
 from audit.verify.provenance import CheckpointTimes, GovernanceView
 from audit.verify.row_digests import stored_reasoning_rows
-from audit.verify.rows import verify_rows
-from core import writeauth
-from diagnosis import services
+from audit.verify.run_check import (  # the review facts and liveness re-exported: their home was here
+    RunCheck,
+    chained_review_facts,
+    check_run,
+    liveness_problems,
+    review_fact_problems,
+)
 from diagnosis.models import ChatSession, DiagnosisRun
-from pricing.costs import cost_disagreements, load_price_book, price_of_run
-from pricing.rules import CostStatus, PriceBook
+from pricing.costs import load_price_book
+from pricing.rules import PriceBook
 from reasoning.models import AgentReasoningAudit
+
+__all__ = [
+    "RUN_BATCH",
+    "RunVerification",
+    "chained_review_facts",
+    "check_runs",
+    "liveness_problems",
+    "orphaned_run_ids",
+    "refresh_facts",
+    "review_fact_problems",
+    "verification_of",
+    "verify_all_runs",
+    "verify_run",
+]
 
 RUN_BATCH = 200
 
@@ -328,139 +317,85 @@ def _check(
     governance: GovernanceView | None = None,
     times: CheckpointTimes | None = None,
 ) -> RunVerification:
-    verdict = verify_chain(events)
-    result = RunVerification(run_id=run_id, events=verdict.events, chain_valid=verdict.valid)
-    result.invalid.extend(verdict.problems)
-    anchors = [lf for lf in (leaf, *tails) if lf is not None]
-    tags = tag_verdict(
+    """The run's one verification (`audit.verify.run_check.check_run`) in `verify_audit`'s shape."""
+    check = check_run(
+        run_id,
         events,
-        domain=writeauth.RUN,
-        vouched_upto=legacy_vouched_upto(anchors),
-        adopted_upto=lambda: (adopted or adoption()).runs.get(run_id, 0),
-    )
-    result.invalid.extend(tags.problems)
-    if tags.legacy:
-        result.notes.append(
-            f"{tags.legacy} event(s) recorded before write authentication: the signed log vouches for them"
-        )
-    result.write_key_id = tags.head_key_id
-    if (
-        run is not None
-        and not services.created_by_the_service(run)
-        and not anchored_before_write_authentication(anchors)
-    ):
-        result.invalid.append(
-            "run row not created by the service: its creation tag does not verify over its identity "
-            "(id, session, question, flow, purpose, creation time)"
-        )
-    anchor_problems, anchor_notes = check_anchor(
-        run=run, events=events, leaf=leaf, tails=tails, tail_noted=tail_noted
-    )
-    result.invalid.extend(anchor_problems)
-    result.leaf_index = leaf.leaf_index if leaf is not None else None
-    result.unanchored = UNANCHORED in anchor_notes
-    result.notes.extend(n for n in anchor_notes if n != UNANCHORED)
-    if liveness:
-        result.invalid.extend(liveness_problems(run, events, anchored=leaf is not None, now=now))
-    result.invalid.extend(
-        provenance.run_problems(
-            run_id=run_id,
-            session_id=run.session_id if run is not None else "",
-            events=events,
-            anchors=anchors,
-            view=governance,
-            times=times,
-        )
-    )
-    rows = verify_rows(
-        events=events,
         run=run,
         steps=steps,
         tools=tools,
         reasoning=reasoning,
         reviews=reviews,
-        session=session,
         appended=appended,
+        session=session,
+        leaf=leaf,
+        tails=tails,
+        tail_noted=tail_noted,
+        adopted=adopted,
+        governance=governance,
+        times=times,
+        book=book,
+        liveness=liveness,
+        now=now,
     )
-    result.rows_verified = rows.verified
-    result.invalid.extend(rows.problems)
-    result.notes.extend(rows.notes)
-    if run is not None and hasattr(run, "recomputed_audit_complete"):
-        result.facts.extend(disagreements(run))
-        result.facts.extend(review_fact_problems(run, events, reviews))
-    if run is not None and book is not None and run.is_terminal:
-        # The stored cost (`pricing.costs`), recomputed from the chained usage records.
-        usage = [e.details or {} for e in events if e.event_type == EventType.MODEL_TOKEN_USAGE]
-        recomputed, _calls = price_of_run(run, usage, book=book)
-        result.facts.extend(cost_disagreements(run, recomputed))
-        result.unpriced = run.cost_status == CostStatus.NOT_PRICED
-    if run is not None and run.is_terminal:
-        if rows.unfinished:
-            result.incomplete.append(rows.unfinished)
-        expected = rows.expected
-        checks = [
-            ("timeline event", len(events), expected.events if expected else run.expected_events),
-            ("model step", len(steps), expected.steps if expected else run.expected_steps),
-            ("tool invocation", len(tools), expected.tools if expected else run.expected_tools),
-        ]
-        if expected is not None and expected.reasoning is not None:
-            checks.append(("reasoning row", len(reasoning), expected.reasoning))
-        for label, stored, wanted in checks:
-            if stored < wanted:
-                result.incomplete.append(f"{wanted - stored} {label}(s) expected but not stored")
-            elif stored > wanted:
-                result.incomplete.append(f"{stored - wanted} {label}(s) stored beyond the {wanted} expected")
-        if run.audit_write_failures:
-            result.incomplete.append(f"{run.audit_write_failures} audit write failure(s) recorded")
+    return verification_of(check, run)
+
+
+def verification_of(check: RunCheck, run: DiagnosisRun | None) -> RunVerification:
+    """`check` in `verify_audit`'s shape: what was tampered with is invalid, what a finished run lost
+    is incomplete, stored facts that disagree with the rule are facts, the rest notes."""
+    result = RunVerification(
+        run_id=check.run_id,
+        events=check.chain.events,
+        chain_valid=check.chain.valid,
+        rows_verified=check.rows.verified,
+        leaf_index=check.leaf_index,
+        unanchored=check.unanchored,
+        write_key_id=check.tags.head_key_id,
+        facts=check.facts,
+        unpriced=check.unpriced,
+    )
+    result.invalid.extend(check.chain.problems)
+    result.invalid.extend(check.tags.problems)
+    if check.tags.legacy:
+        result.notes.append(
+            f"{check.tags.legacy} event(s) recorded before write authentication: "
+            "the signed log vouches for them"
+        )
+    if not check.created_by_the_service:
+        result.invalid.append(
+            "run row not created by the service: its creation tag does not verify over its identity "
+            "(id, session, question, flow, purpose, creation time)"
+        )
+    result.invalid.extend(check.anchor_problems)
+    result.notes.extend(check.anchor_notes)
+    result.invalid.extend(check.liveness)
+    result.invalid.extend(check.provenance)
+    result.invalid.extend(check.rows.problems)
+    result.notes.extend(check.rows.notes)
+    result.notes.extend(check.conflicts)
+    if check.fenced_writes:
+        result.notes.append(
+            f"{check.fenced_writes} write(s) of a previous lease owner refused by the lease fence"
+        )
+    if check.terminal:
+        if check.rows.unfinished:
+            result.incomplete.append(check.rows.unfinished)
+        for c in check.lost():
+            if c.stored < c.expected:
+                result.incomplete.append(f"{c.expected - c.stored} {c.label}(s) expected but not stored")
+            else:
+                result.incomplete.append(
+                    f"{c.stored - c.expected} {c.label}(s) stored beyond the {c.expected} expected"
+                )
+        if check.write_failures:
+            result.incomplete.append(f"{check.write_failures} audit write failure(s) recorded")
+        result.incomplete.extend(
+            f"tool call {t} still RUNNING after the run ended" for t in check.running_tools
+        )
+    if check.release_after_failure:
+        result.incomplete.append(f"run {run.status} carries {check.release_after_failure}")
     return result
-
-
-def liveness_problems(
-    run: Any | None, events: list[Any], *, anchored: bool, now: dt.datetime | None
-) -> list[str]:
-    """A finished run the log does not anchor: a problem when it has no chain at all (nothing
-    authenticates it, and the checkpointer never anchors a run without one), or when its finish
-    (RUN_FINISHED's chained time; the run's column for a run whose finish was never chained) lies more
-    than `AUDIT_ANCHOR_DEADLINE_SECONDS` back: every checkpoint since should have anchored it."""
-    if anchored or run is None or not run.is_terminal:
-        return []
-    if not events:
-        return ["finished run without a chain: nothing authenticates it, and the log never anchors it"]
-    finished = next((e.created_at for e in reversed(events) if e.event_type == EventType.RUN_FINISHED), None)
-    finished = finished or run.finished_at
-    deadline = dt.timedelta(seconds=float(settings.AUDIT_ANCHOR_DEADLINE_SECONDS))
-    if finished is None or finished + deadline >= (now or timezone.now()):
-        return []
-    return [
-        f"finished {timestamp(finished)}, not anchored in the transparency log within "
-        f"{deadline.total_seconds():g} s (AUDIT_ANCHOR_DEADLINE_SECONDS)"
-    ]
-
-
-def chained_review_facts(events: list[Any], reviews: list[Any]) -> dict[str, Any]:
-    """The run's review facts as its chain records them: the newest review's verdict and time (its row
-    is bound by REVIEW_RECORDED), and whether any reader's newest vote (FEEDBACK_RECORDED) is down."""
-    latest = max(reviews, key=lambda r: r.sequence_no, default=None)
-    votes: dict[str, str] = {}
-    for event in events:
-        if event.event_type == EventType.FEEDBACK_RECORDED and isinstance(event.details, dict):
-            votes[str(event.details.get("reader"))] = str(event.details.get("rating"))
-    return {
-        "review_verdict": latest.verdict if latest is not None else "",
-        "reviewed_at": latest.created_at if latest is not None else None,
-        "downvoted": "down" in votes.values(),
-    }
-
-
-def review_fact_problems(run: DiagnosisRun, events: list[Any], reviews: list[Any]) -> list[str]:
-    """The run's stored review facts (what the review queue and the lists read) against the chain: a
-    queue emptied by setting `reviewed_at`, a verdict flipped on the row, a down-vote hidden."""
-    chained = chained_review_facts(events, reviews)
-    return [
-        f"stored {name} is {getattr(run, name)!r}, the chain says {value!r}"
-        for name, value in chained.items()
-        if getattr(run, name) != value
-    ]
 
 
 def refresh_facts(results: list[RunVerification]) -> int:

@@ -2,26 +2,9 @@
 and the facts they hand it, how its writes reach the database, and the writes made after a run
 (reviews, feedback, retention purges and legal holds).
 
-* `runtime_facts`: what the runtime imports (usage, declared tool calls, retrieval facts, refusals);
-* `run`: `RunRecorder`, the one front: construction, takeover (`resume`), run lifecycle and `finish`;
-* `decisions`: its routing, model-step, guard and release decisions with the rows each writes;
-* `chain_writer`: sequence numbers, hash chain, one write per decision, fail-open accounting;
-* `ops`, `table`, `cursor`: the statements each decision becomes; `group_commit`: many runs' decisions
-  in one transaction;
-* `tools`: the tool lifecycle of seed 002;
-* `approvals`: calls that wait for a person's decision, the interruption, the decision and the resumption;
-* `ledger`: the token ledger kept while the run executes;
-* `tail`: `append_to_finished_run`, the one public way anything but the run's own recorder writes to its
-  chain (reviews, reasoning purges and key rotations, and every event the registry `audit.events`
-  declares `appended`), under the run row's lock, at the head read there and the run's current lease
-  epoch; `row_insert` builds the row such an event binds. Nothing outside this package touches a
-  recorder's private state;
-* `governance`: chained events of reasoning purges and key rotations (outside a run's execution), and
-  the global governance chain of access changes (`record_governance_event`);
-* `refusal`: a run whose stored chain the service did not write (`ChainNotAuthentic` when a takeover
-  finds it) is ended on its row alone (`end_unauthentic_run`), never chained onto;
-* `reviews`, `feedback`, `retention`: reviews and reader votes appended to a finished run, retention
-  purges and legal holds.
+`append_to_finished_run` (`tail`) is the one public way anything but a run's own recorder writes to its
+chain; `record_governance_event` writes the global governance chain. Nothing outside this package
+touches a recorder's private state. Its modules: docs/architecture.md, *The recorder (`audit/write/`)*.
 """
 
 from audit.verify.authenticity import ChainNotAuthentic

@@ -1,40 +1,11 @@
 """Group commit of concurrent recorders: many runs' decisions written in one transaction (record layer).
 
-When many runs record at once (hundreds of coroutines of one process awaiting their writes on the
-runtime's database pool), each decision as its own transaction pays one durable COMMIT (a redo-log
-flush) per decision. The `GroupCommitter` lets writers that arrive while a COMMIT is in flight share the
-next one, the way database servers group-commit their own log:
-
-* **leader / followers.** A writer hands its `WriteOp` to `submit` and blocks. If no batch is being
-  written, it becomes the *leader*: it takes every pending op (its own included), writes them with
-  `audit.write.ops.execute` on **its own thread's connection** in one transaction (one multi-row INSERT
-  per table, the UPDATEs one by one), commits once, then resolves every op of the batch. Writers that
-  arrived meanwhile queue up; when the leader is done it promotes the first of them, which leads the next
-  batch. With one writer at a time this is exactly the direct path (no hand-off, no extra thread);
-  under load the batch grows by itself. There is no background thread to start, stop or leak.
-* **Durable before return.** `submit` returns only after the COMMIT that contains its op succeeded, so
-  the recorder's rule "durable before the next decision" holds for every run.
-* **One bad write never fails the others.** When a batch fails (a database error, or any other
-  exception, e.g. a reasoning row whose encryption fails while its parameters are prepared) it is rolled
-  back and retried op by op, each op in its own transaction, so only the op that really fails gets the
-  error (and the recorder counts exactly that one as an audit write failure); the others commit.
-
-Ops are taken only from callers whose connection is in autocommit mode: an op submitted from inside an
-atomic block belongs to that caller's transaction and is written directly by the recorder (this is
-also why group commit is invisible to pytest-django's transaction-wrapped tests).
-
-**On an event loop** (the runtime: `agent.runtime.db.db()` runs every job as a `Bridged` greenlet on
-a pool thread) a writer does not lead or follow on its thread: `submit` suspends its job, the op joins
-the process's `BatchWriter`, whose writer thread writes everything queued as one batch through the same
-`write_ops` (one transaction, op-by-op retry) and then queues each job's next step back on its own pool
-thread; the loop is not involved until the job returns. A pool thread is then never parked on a COMMIT,
-so a batch holds the decisions of every run waiting at that moment (hundreds) instead of at most one
-per pool thread. `RecorderLock` keeps one run's decisions one at a time when a job holding it is
-suspended.
-
-`execute_wrapper(fn)` installs a Django execute wrapper on whichever connection writes batches while the
-context is open (tests inject database faults through it). Switch: `settings.AUDIT_GROUP_COMMIT` (per
-recorder; off: every decision is its own transaction on the caller's thread, on a loop as elsewhere).
+Writers that arrive while a COMMIT is in flight share the next one: `GroupCommitter.submit` leads or
+follows a batch on the calling thread; on an event loop the op joins the process's `BatchWriter`.
+`submit` returns only after the COMMIT containing its op succeeded, and a failed batch is retried op by
+op, so one bad write never fails the others. Ops from inside an atomic block bypass it. Switch:
+`settings.AUDIT_GROUP_COMMIT` (off by default).
+Details: docs/architecture.md, *Group commit (`group_commit.py`)*.
 """
 
 from __future__ import annotations

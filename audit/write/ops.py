@@ -1,43 +1,12 @@
 """The recorder's write operations and how they reach the database (record layer; used only by
 `audit.write` and `audit.write.group_commit`).
 
-A `WriteOp` is one decision's rows: INSERTs (`Insert`) and UPDATEs (`Update`, optionally with a row to
-insert when the update matched nothing). `execute(ops)` writes one or several ops in **one transaction**
-on the calling thread's connection and returns only after COMMIT:
-
-* rows of the same table across ops become one multi-row INSERT (ids come back through `RETURNING` where
-  the database supports it, else one INSERT per row that needs its id);
-* UPDATEs run one by one, sorted by table and key so that two batches never lock rows in opposite orders;
-* a single statement needs no transaction (in autocommit mode it is its own);
-* on MariaDB outside any atomic block, the whole transaction is **one compound statement**
-  (`BEGIN NOT ATOMIC … START TRANSACTION; …; COMMIT; END` with an exit handler that rolls back and
-  re-raises the error with its own code): one round trip per decision instead of one per statement plus
-  transaction control (Django's `atomic()` would also add two `SET autocommit` round trips per
-  transaction). On MySQL: the statements between `START TRANSACTION` and `COMMIT`;
-* inside an atomic block (a caller's transaction, or a pytest-django test) the op runs in a savepoint of
-  that transaction; while execute wrappers are installed on the connection (instrumentation, fault
-  injection) it runs in Django's `atomic()`, statement by statement, so that each wrapper sees exactly
-  the statements it saw before this module existed; on SQLite it is `atomic()` too.
-
-**Fencing.** An op may carry a `Fence`: the run row's lease epoch its writer claimed. The op then commits
-only while that row still holds that epoch, checked inside the op's own transaction and costing no extra
-statement: on MariaDB at the head of the compound statement (`IF NOT ((SELECT epoch … FOR UPDATE) <=> %s)
-THEN SIGNAL …`); statement by statement (the single-statement path, savepoints, execute wrappers, SQLite)
-the op's first INSERT becomes `INSERT … SELECT … WHERE EXISTS (SELECT 1 FROM run WHERE key AND epoch
-[FOR UPDATE])` per row and an UPDATE of the fenced row gets the epoch in its WHERE, each refused when it
-writes fewer rows than given. On SQLite the guarded statement itself holds the database's write lock, so
-the check and the write cannot be split. A batch of several runs' ops written statement by statement
-(group commit without the compound statement), or an op with no statement that can carry the guard, is
-checked with one `SELECT epoch … [FOR UPDATE]` per fenced row instead. A refusal raises `WriteFenced`
-and writes nothing; in a batch of several ops the whole transaction is refused, and the caller (group
-commit) retries the ops one by one so that only the fenced op fails.
-
-Statements are built from the models' own field definitions (column names, and the fields' own database
-preparation for JSON, date-times and the encrypted reasoning text: `audit.write.table.Table`), so a row
-written here is the row the ORM would write. They run through Django's cursor, so
-`connection.execute_wrapper` hooks, error translation (`IntegrityError`, `OperationalError` …) and the
-connection's session settings all apply; in production through the driver's cursor with the same checks
-and errors (`audit.write.cursor`).
+A `WriteOp` is one decision's rows (`Insert`s and `Update`s). `execute(ops)` writes one or several ops in
+one transaction on the calling thread's connection and returns only after COMMIT; on MariaDB outside an
+atomic block that is one compound statement, one round trip. An op carrying a `Fence` commits only while
+the run row holds the writer's lease epoch, checked in the same transaction; a refusal raises
+`WriteFenced` and writes nothing. Statements are built from the models' own fields, so a row written
+here is the row the ORM would write. Details: docs/architecture.md, *Write operations (`ops.py`)*.
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """Retention of trace records and the placing and lifting of legal holds (`manage.py purge_audit`, the
 API's and the admin's holds); what holds a run, read from the chain, is `audit.verify.holds`.
 
-**Retention.** A finished run's trace records (timeline events, model steps, tool rows, reasoning rows,
-feedback, reviews and the run row) are kept `AUDIT_RETENTION_DAYS` after it finished (default 183: EU AI Act
-Art. 19 and 26(6) ask for at least six months), then `purge_expired_runs` deletes them and writes a
-`RunTombstone` in the same transaction. Only anchored runs are purged (the purge checkpoints first), and
-their leaves stay in the transparency log, so the log, its checkpoints and every other run still verify;
-`verify_audit` accepts a missing anchored run only with a tombstone that was written after the run's
-anchored finish time plus the retention and while no legal hold covered it, and reports it as purged.
-Batches take the log's lock, so a purge never interleaves with a checkpoint (or another purge).
-
-**Legal holds.** An active hold (not lifted) on a session or run exempts its records from this purge and
-from the reasoning purge (`audit.write.reasoning_changes.purge_reasoning`) until it is lifted. Placing and
-lifting need `audit.place_legal_hold`; who, when and why are recorded, holds are never deleted.
-
-Which runs are held is decided by the chained holds (`audit.verify.holds`): a purge excludes what either
-the chain or the hold table holds.
+`purge_expired_runs` deletes a finished, anchored run's records `AUDIT_RETENTION_DAYS` after it finished
+and leaves a `RunTombstone` in the same transaction; its leaf stays, so the log still verifies. Batches
+take the log's lock, never interleaving with a checkpoint. An active legal hold (by the chain *or* the
+hold table) exempts a session or run from this and the reasoning purge; holds need
+`audit.place_legal_hold`, are recorded and never deleted.
+Details: docs/audit-integrity.md, *Retention and legal holds*.
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """Human reviews of finished runs: the write (`record_review`) and the queue's claims (`claim_run`,
 `next_in_queue`); the trace reads them (`audit.read.get_trace`, `Trace.reviews`).
 
-A review is recorded twice, in one transaction, fail-closed (a review whose event could not be written
-is not recorded at all):
-
-* as a `REVIEW_RECORDED` event appended to the head of the run's own hash chain (after its
-  `RUN_FINISHED`, like a reasoning purge: `audit.verify.chain_digests.GOVERNANCE_EVENTS` are the events others
-  append to a finished run; they are never expected by the run's recorder and are allowed after the head the
-  transparency log anchored). The event carries the verdict, the reviewer, the note's length and sha256
-  (never the note: timeline details stay bounded) and `reviewDigest`, the digest of the review row;
-* as a row of `audit.RunReview` (append-only, read-only in the admin), with the event's sequence number.
-
-So an edited, deleted or inserted review row is named by `verify_audit` and the trace summary
-(`audit.verify.rows.verify_rows`), and an edited event breaks the chain. The run's stored review facts
-(`review_verdict`, `reviewed_at`, the claim, `needs_review`) are rewritten in the same transaction.
-
-The write is fenced like every write of a run: it goes through `audit.write.tail.append_to_finished_run`,
-which holds the run row's lock (`SELECT … FOR UPDATE`) and commits under the lease epoch it read there.
-Only terminal runs are reviewed (`RunNotFinished`, raised there).
+A review is recorded twice in one transaction, fail-closed: a `REVIEW_RECORDED` event appended to the run's
+chain (verdict, reviewer, the note's length and sha256, never the note; `reviewDigest`) and an
+append-only `audit.RunReview` row, so an edited, deleted or inserted review is named by `verify_audit`.
+It is fenced through `audit.write.tail.append_to_finished_run`; only terminal runs are reviewed
+(`RunNotFinished`). Details: docs/admin.md, *Reviews*.
 """
 
 from __future__ import annotations

@@ -1,47 +1,11 @@
 """The one write API for decision owners: every audit record of a run is written through a RunRecorder.
 
-Decision owners (router, agent step hook, tool boundary, guards, release, executor) call the typed method
-for their decision at the moment they decide. The recorder:
-
-* allocates the run's timeline `sequence_no` 1, 2, 3 … with no gap: a number is consumed only when its
-  event commits, so a failed write leaves no hole in what is stored (the miss shows in the counts);
-* chains `hash = sha256(prev_hash + canonical JSON of the event)` (see `audit.verify.hash_chain`);
-* bounds every payload (`audit.payloads`: previews ≤ 500 characters plus full length and sha256);
-* writes a decision's rows in one transaction, durable before the method returns (a model step is its
-  step row, its reasoning row and its two timeline events); a decision recorded through `hold` (no effect
-  of the run follows it before its next record) is chained at once and commits in the transaction of
-  the run's next write, or at `flush` (see `audit.write.chain_writer.ChainWriter`); `record_together`
-  writes several decisions in one transaction and returns each one's outcome;
-* keeps the run's *expected* counts (what it attempted) beside what committed, and its token ledger;
-* is **fail-open**: any exception of the durable path (a database error, a reasoning row whose
-  encryption fails, the write path itself, serialisation) costs only that decision's record: it is
-  logged with the run id, the operation and the error class only (never content), counted in
-  `audit_write_failures`, and never raised into the caller.
-
-Two refusals are *not* audit failures and are raised to the caller: starting a tool whose `tool_call_id`
-no recorded step of this run declared (`ToolCallNotDeclared`, fail-closed per seed 002), and repeating a
-tool start or terminal with different facts (`ToolLifecycleConflict`, also recorded as a CONFLICT event).
-A repeated start with the same facts writes nothing and raises `ToolCallRepeated` (the tool must not run
-twice); a repeated terminal with the same facts is a no-op.
-
-Every writing method returns the `sequence_no` of its (last) timeline event, or None when the write
-failed or was a no-op; transports use it as the resumption id of live events.
-
-Rows reach the database as one `audit.write.ops.WriteOp` per decision (statements built from the models'
-fields; on MariaDB one round trip per decision), directly on the calling thread's connection or, with
-`settings.AUDIT_GROUP_COMMIT`, through `audit.write.group_commit` together with other runs' decisions that
-wait for a COMMIT at the same time. Either way a method returns only once its decision committed.
-
-Every write is fenced by the run's lease epoch the recorder holds (`for_run`: the epoch of the caller's
-claim; `resume`: the epoch the taking-over process claimed): once another process claimed the run, this
-recorder's writes land nothing, are counted in `fenced_writes` (not as audit write failures) and set
-`fenced`; `on_fenced`, when set, is called so that the owner stops the run (see `audit.write.chain_writer`).
-
-One RunRecorder exists per run, in the process holding the run's lease. It is thread-safe (one lock per
-run; parallel tool calls may record from several threads). `RunRecorder.resume` rebuilds the state from
-the database for another process (the sweeper) that takes over a run whose owner died. All methods are
-synchronous Django ORM code; async callers run them on the runtime's bounded database pool
-(`agent.runtime.db.db`).
+One recorder per run, in the process holding the run's lease; decision owners call one typed method per
+decision as they decide. It numbers events 1..n without gap, chains and bounds them, commits a decision's
+rows together before returning (fenced by the run's lease epoch), and is fail-open: a failed write is
+logged (never content), counted in `audit_write_failures` and never raised. Only the tool lifecycle's
+refusals are raised. Entry points: `RunRecorder.for_run`, `RunRecorder.resume`.
+Details: docs/architecture.md, *The recorder (`audit/write/`)*.
 """
 
 from __future__ import annotations

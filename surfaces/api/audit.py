@@ -86,7 +86,9 @@ class TraceApi(ApiView):
         run_id = query.validated_data.get("runId")
         run = self.found(
             request,
-            get_visible_run(user=request.user, session_id=sessionId, run_id=run_id, with_feedback=True),
+            get_visible_run(
+                user=request.user, session_id=sessionId, run_id=run_id, with_feedback=True, with_session=True
+            ),
             NOT_FOUND_RUN,
         )
         trace = get_trace(

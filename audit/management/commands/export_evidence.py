@@ -1,10 +1,11 @@
-"""`manage.py export_evidence RUN_ID [--output FILE]`: write a run's evidence bundle (JSON)."""
+"""`manage.py export_evidence RUN_ID [--output FILE]`: write a run's evidence bundle (JSON), and say on
+standard error what the server's verification of the same rows finds (`audit.verify.run_check`)."""
 
 import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from audit.transparency.evidence import build_bundle
+from audit.transparency.evidence import build_evidence
 from diagnosis.models import DiagnosisRun
 
 
@@ -24,7 +25,8 @@ class Command(BaseCommand):
         run = DiagnosisRun.objects.filter(run_id=options["run_id"]).first()
         if run is None:
             raise CommandError(f"no run {options['run_id']}")
-        body = build_bundle(run=run)
+        evidence = build_evidence(run=run)
+        body = evidence.bundle
         text = json.dumps(body, indent=1, ensure_ascii=False) + "\n"
         if options["output"]:
             with open(options["output"], "w", encoding="utf-8") as handle:
@@ -33,3 +35,13 @@ class Command(BaseCommand):
             self.stderr.write(f"wrote {options['output']}: {len(body['events'])} event(s), {anchored}")
         else:
             self.stdout.write(text, ending="")
+        # The server's verification of the rows the bundle carries, in verify_audit's words: what the
+        # offline verifier will find, said before the file leaves.
+        verdict = evidence.verification
+        for problem in verdict.invalid:
+            self.stderr.write(f"run={run.run_id} INVALID {problem}")
+        for problem in verdict.incomplete:
+            self.stderr.write(f"run={run.run_id} INCOMPLETE {problem}")
+        if not verdict.invalid and not verdict.incomplete:
+            rows = verdict.rows_verified
+            self.stderr.write(f"run={run.run_id}: the server verifies its record ({rows} row(s) verified)")

@@ -1,15 +1,9 @@
 """`manage.py generate_references [--check]`: rewrite every file generated from a declaration, or (with
-`--check`) name the ones that drifted from it and exit 1.
-
-* `tests/surfaces/api/data/openapi_schema.json`: the OpenAPI schema as `/api/schema/?format=json` serves
-  it (JSON, sorted keys, indent 2), the contract's committed copy;
-* docs/architecture.md's event table: `audit.events.markdown_table()`, the event-type registry;
-* docs/configuration.md's settings tables: `core.settings_doc.with_table`, from every setting's
-  declaration in `core/settings_spec.py` (also `python -m core.settings_doc --write docs/configuration.md`,
-  which needs no Django).
-
-After changing a declaration (an event type, a serializer, a setting) run it once and review the diff;
-the tests run the check."""
+`--check`) name the ones that drifted from it and exit 1: the OpenAPI snapshot
+(`tests/surfaces/api/data/openapi_schema.json`), docs/architecture.md's event table (`audit.events`) and
+docs/configuration.md's settings tables (`core/settings_spec.py`; `python -m core.settings_doc --write
+docs/configuration.md` does that one without Django). After changing a declaration (an event type, a
+serializer, a setting) run it once and review the diff; the tests run the check."""
 
 from __future__ import annotations
 
@@ -74,10 +68,7 @@ def stale() -> list[str]:
 
 
 class Command(BaseCommand):
-    help = (
-        "Rewrite the files generated from declarations (OpenAPI snapshot, event table, settings tables); "
-        "--check only names drift."
-    )
+    help = "Rewrite the files generated from declarations; --check only names the ones that drifted."
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--check", action="store_true", help="Write nothing; exit 1 when a file drifted.")

@@ -11,7 +11,7 @@ from django.utils import timezone
 from audit.models import AgentStep, ToolInvocation, TraceEvent
 from audit.write import RunRecorder
 from diagnosis import services
-from diagnosis.models import DiagnosisRun, RunFeedback, RunStatus
+from diagnosis.models import ChatSession, DiagnosisRun, RunFeedback, RunStatus
 from tests.factories import REASONING_MARKER, issue_token, record_full_run, usage
 
 pytestmark = pytest.mark.django_db
@@ -196,6 +196,25 @@ def test_lost_step_and_tool_rows_and_write_failures_are_named(api_client, user, 
     assert "1 model step expected but not stored" in summary["gaps"]
     assert "2 tool invocations expected but not stored" in summary["gaps"]
     assert "3 audit write failures recorded" in summary["gaps"]
+
+
+@pytest.mark.parametrize("column", ["owner", "created_at"])
+def test_a_changed_session_row_is_named_by_the_trace_as_by_verify_audit(
+    api_client, staff_user, other_user, traced_run, column
+):
+    """The run's session is bound at RUN_STARTED (form `session`: id, owner, creation time): a conversation
+    moved to another owner, or its creation time rewritten, is named by `verify_audit` and by the trace."""
+    from audit.verify.runs import verify_run
+
+    change = {"owner": other_user, "created_at": timezone.now() - dt.timedelta(days=3)}[column]
+    ChatSession.objects.filter(session_id=traced_run.session_id).update(**{column: change})
+    named = f"session {traced_run.session_id}: stored owner or creation time does not match its digest"
+    assert any(p.startswith(named) for p in verify_run(traced_run.run_id).invalid)
+    api_client.force_login(staff_user)  # the staff see every session, whoever owns it now
+    summary = _trace(api_client, traced_run, runId=traced_run.run_id)["summary"]
+    assert summary["auditComplete"] is False
+    assert any(g.startswith(named) for g in summary["gaps"]), summary["gaps"]
+    assert summary["chainValid"] is True
 
 
 def test_a_row_of_another_session_under_the_run_id_is_not_returned(api_client, user, traced_run):
