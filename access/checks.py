@@ -29,7 +29,7 @@ URLS = (*REQUIRED[2:], "OIDC_OP_USER_ENDPOINT")
 
 @register()
 def check_password_policy(app_configs=None, **kwargs) -> list[Error]:
-    mode = str(getattr(settings, "LOCAL_PASSWORD_LOGIN", "all") or "").strip().lower()
+    mode = str(settings.LOCAL_PASSWORD_LOGIN or "").strip().lower()
     if mode not in MODES:
         return [
             Error(
@@ -38,7 +38,7 @@ def check_password_policy(app_configs=None, **kwargs) -> list[Error]:
                 id="access.E001",
             )
         ]
-    if mode == "breakglass" and not getattr(settings, "BREAK_GLASS_USERNAMES", None):
+    if mode == "breakglass" and not settings.BREAK_GLASS_USERNAMES:
         return [
             Error(
                 "LOCAL_PASSWORD_LOGIN=breakglass names no break-glass account.",
@@ -64,10 +64,10 @@ def _map_errors(raw) -> list[str]:
 
 @register()
 def check_oidc(app_configs=None, **kwargs) -> list:
-    if not getattr(settings, "OIDC_ENABLED", False):
+    if not settings.OIDC_ENABLED:
         return []
     problems: list = []
-    missing = [name for name in REQUIRED if not getattr(settings, name, "")]
+    missing = [name for name in REQUIRED if not getattr(settings, name)]
     if missing:
         problems.append(
             Error(
@@ -76,7 +76,7 @@ def check_oidc(app_configs=None, **kwargs) -> list:
                 id="access.E003",
             )
         )
-    bad = _map_errors(getattr(settings, "OIDC_GROUP_MAP", {}))
+    bad = _map_errors(settings.OIDC_GROUP_MAP)
     if bad:
         problems.append(
             Error(
@@ -85,17 +85,16 @@ def check_oidc(app_configs=None, **kwargs) -> list:
                 id="access.E004",
             )
         )
-    if getattr(settings, "OIDC_RP_SIGN_ALGO", "") not in ASYMMETRIC:
+    if settings.OIDC_RP_SIGN_ALGO not in ASYMMETRIC:
         problems.append(
             Error(
-                f"OIDC_RP_SIGN_ALGO={getattr(settings, 'OIDC_RP_SIGN_ALGO', '')!r} is not an asymmetric "
-                "JWS algorithm.",
+                f"OIDC_RP_SIGN_ALGO={settings.OIDC_RP_SIGN_ALGO!r} is not an asymmetric JWS algorithm.",
                 hint="Use the provider's signing algorithm, e.g. RS256 (its keys come from the JWKS).",
                 id="access.E005",
             )
         )
     if not settings.DEBUG:
-        plain = [name for name in URLS if str(getattr(settings, name, "")).startswith("http://")]
+        plain = [name for name in URLS if str(getattr(settings, name)).startswith("http://")]
         if plain:
             problems.append(
                 Warning(

@@ -112,7 +112,7 @@ class OidcBackend(OIDCAuthenticationBackend):
                 algorithms=[algorithm],
                 audience=self.OIDC_RP_CLIENT_ID,
                 issuer=settings.OIDC_OP_ISSUER,
-                leeway=int(getattr(settings, "OIDC_CLOCK_SKEW_SECONDS", 60)),
+                leeway=int(settings.OIDC_CLOCK_SKEW_SECONDS),
                 options={"require": REQUIRED_CLAIMS},
             )
         except jwt.ExpiredSignatureError:
@@ -142,7 +142,7 @@ class OidcBackend(OIDCAuthenticationBackend):
         return claims
 
     def get_userinfo(self, access_token, id_token, payload):
-        if not getattr(settings, "OIDC_OP_USER_ENDPOINT", ""):
+        if not settings.OIDC_OP_USER_ENDPOINT:
             return {}
         try:
             response = requests.get(
@@ -187,7 +187,7 @@ class OidcBackend(OIDCAuthenticationBackend):
         username = self._username(claims)
         existing = self.UserModel._default_manager.filter(**{self.UserModel.USERNAME_FIELD: username}).first()
         if existing is not None:
-            if not getattr(settings, "OIDC_LINK_EXISTING_USERS", False) or existing.is_superuser:
+            if not settings.OIDC_LINK_EXISTING_USERS or existing.is_superuser:
                 raise Refused(
                     f"an account named {username!r} already exists here and is not linked to this identity "
                     "(an administrator may allow linking with OIDC_LINK_EXISTING_USERS, never for superusers)"
@@ -200,7 +200,7 @@ class OidcBackend(OIDCAuthenticationBackend):
         return user
 
     def _username(self, claims: dict) -> str:
-        claim = getattr(settings, "OIDC_USERNAME_CLAIM", "") or "sub"
+        claim = settings.OIDC_USERNAME_CLAIM or "sub"
         username = claims.get(claim) or claims["sub"]
         field = self.UserModel._meta.get_field(self.UserModel.USERNAME_FIELD)
         try:

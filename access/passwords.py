@@ -18,7 +18,7 @@ REFUSED_CODE = "password_login_disabled"
 
 
 def mode() -> str:
-    return str(getattr(settings, "LOCAL_PASSWORD_LOGIN", "all") or "all").strip().lower()
+    return str(settings.LOCAL_PASSWORD_LOGIN or "all").strip().lower()
 
 
 def breakglass_only() -> bool:
@@ -27,7 +27,7 @@ def breakglass_only() -> bool:
 
 
 def break_glass_names() -> set[str]:
-    return {str(name).strip() for name in getattr(settings, "BREAK_GLASS_USERNAMES", ()) if str(name).strip()}
+    return {str(name).strip() for name in settings.BREAK_GLASS_USERNAMES if str(name).strip()}
 
 
 def may_try_password(username: str | None) -> bool:
@@ -50,11 +50,11 @@ def password_session_allowed(user) -> bool:
 
 
 def provider_name() -> str:
-    return str(getattr(settings, "OIDC_PROVIDER_NAME", "") or "single sign-on")
+    return str(settings.OIDC_PROVIDER_NAME or "single sign-on")
 
 
 def refused_message() -> str:
-    if getattr(settings, "OIDC_ENABLED", False):
+    if settings.OIDC_ENABLED:
         return (
             f"Password sign-in is turned off for this account: use “Sign in with {provider_name()}”. "
             "Only break-glass administrator accounts sign in with a password here."
@@ -64,7 +64,7 @@ def refused_message() -> str:
 
 def login_context(request) -> dict:
     """Template context processor: `sso` for the login page (`templates/admin/login.html`)."""
-    enabled = bool(getattr(settings, "OIDC_ENABLED", False))
+    enabled = bool(settings.OIDC_ENABLED)
     return {
         "sso": {
             "enabled": enabled,

@@ -33,7 +33,7 @@ def tokens_of(*, user) -> QuerySet[ApiToken]:
 
 def sensitive_permissions() -> list[str]:
     """`app_label.codename` of the permissions the governance log and the access review follow."""
-    return list(getattr(settings, "SENSITIVE_PERMISSIONS", []))
+    return list(settings.SENSITIVE_PERMISSIONS)
 
 
 def sensitive_permission_filter() -> Q:
@@ -54,7 +54,7 @@ def is_sensitive(permission: Permission) -> bool:
 
 def governed_group_names() -> list[str]:
     """Groups whose membership is always recorded (`GOVERNED_GROUPS`), existing yet or not."""
-    return list(getattr(settings, "GOVERNED_GROUPS", []))
+    return list(settings.GOVERNED_GROUPS)
 
 
 def is_governed_group(group: Group, granted: list[str] | None = None) -> bool:

@@ -29,12 +29,12 @@ SECOND_FACTOR_KEY = "access_sso_second_factor"
 
 
 def enabled() -> bool:
-    return bool(getattr(settings, "OIDC_ENABLED", False))
+    return bool(settings.OIDC_ENABLED)
 
 
 def group_map() -> dict[str, tuple[str, ...]]:
     """`OIDC_GROUP_MAP` as IdP group → governed groups (the check access.E004 refuses other targets)."""
-    raw = getattr(settings, "OIDC_GROUP_MAP", None) or {}
+    raw = settings.OIDC_GROUP_MAP or {}
     mapped: dict[str, tuple[str, ...]] = {}
     for idp_group, targets in raw.items():
         names = (targets,) if isinstance(targets, str) else tuple(targets)
@@ -43,7 +43,7 @@ def group_map() -> dict[str, tuple[str, ...]]:
 
 
 def asserted_groups(claims: dict) -> list[str]:
-    value = claims.get(getattr(settings, "OIDC_GROUPS_CLAIM", "groups") or "groups")
+    value = claims.get(settings.OIDC_GROUPS_CLAIM or "groups")
     if value is None:
         return []
     if isinstance(value, str):
@@ -71,7 +71,7 @@ def apply_claims(user, claims: dict) -> dict[str, list[str]]:
         "kind": "oidc",
         "issuer": str(claims.get("iss", ""))[:200],
         "subject": str(claims.get("sub", ""))[:200],
-        "claim": getattr(settings, "OIDC_GROUPS_CLAIM", "groups"),
+        "claim": settings.OIDC_GROUPS_CLAIM,
     }
     held = {g.name: g for g in user.groups.filter(name__in=GOVERNED)}
     groups = {g.name: g for g in Group.objects.filter(name__in=list(granted))}
@@ -99,8 +99,8 @@ def apply_claims(user, claims: dict) -> dict[str, list[str]]:
 
 def second_factor(id_token_claims: dict) -> dict | None:
     """The accepted second factor the ID token asserts ({"amr": [...], "acr": ...}), or None."""
-    accepted_amr = {str(v) for v in getattr(settings, "OIDC_ACCEPTED_AMR", ()) or ()}
-    accepted_acr = {str(v) for v in getattr(settings, "OIDC_ACCEPTED_ACR", ()) or ()}
+    accepted_amr = {str(v) for v in settings.OIDC_ACCEPTED_AMR or ()}
+    accepted_acr = {str(v) for v in settings.OIDC_ACCEPTED_ACR or ()}
     amr = id_token_claims.get("amr")
     amr = [str(v) for v in amr] if isinstance(amr, list) else []
     acr = id_token_claims.get("acr")

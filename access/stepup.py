@@ -37,7 +37,7 @@ BROWSER_OTP_MESSAGE = (
 
 
 def otp_required() -> bool:
-    return bool(getattr(settings, "REASONING_REQUIRE_OTP", False))
+    return bool(settings.REASONING_REQUIRE_OTP)
 
 
 def otp_satisfied(request) -> bool:

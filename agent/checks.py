@@ -15,7 +15,7 @@ from diagnosis.models import ReleaseMode
 
 @register()
 def check_release_mode(app_configs=None, **kwargs) -> list[Error]:
-    value = str(getattr(settings, "CHAT_RELEASE", ReleaseMode.VERIFIED)).strip().lower()
+    value = str(settings.CHAT_RELEASE).strip().lower()
     if value in ReleaseMode.values:
         return []
     return [
@@ -33,7 +33,7 @@ def check_trusted_proxies(app_configs=None, **kwargs) -> list[Error]:
     import ipaddress
 
     bad = []
-    for item in getattr(settings, "TRUSTED_PROXIES", ()) or ():
+    for item in settings.TRUSTED_PROXIES or ():
         try:
             ipaddress.ip_network(str(item).strip(), strict=False)
         except ValueError:
@@ -57,7 +57,7 @@ def check_redaction(app_configs=None, **kwargs) -> list[Error]:
     from agent.redaction import MODES, parse_extra_patterns
 
     errors = []
-    mode = str(getattr(settings, "REDACTION_MODE", "enforce") or "").strip().lower()
+    mode = str(settings.REDACTION_MODE).strip().lower()
     if mode not in MODES:
         errors.append(
             Error(
@@ -67,11 +67,11 @@ def check_redaction(app_configs=None, **kwargs) -> list[Error]:
             )
         )
     try:
-        parse_extra_patterns(getattr(settings, "REDACTION_EXTRA_PATTERNS", ()) or ())
+        parse_extra_patterns(settings.REDACTION_EXTRA_PATTERNS or ())
     except ValueError as exc:
         errors.append(Error(str(exc), hint="Write each entry as kind=regex.", id="diagnosis.E003"))
-    key = str(getattr(settings, "REDACTION_HMAC_KEY", "") or "").strip()
-    if not getattr(settings, "REDACTION_DEV_KEY_FILE", None) and len(key) < 32:
+    key = str(settings.REDACTION_HMAC_KEY or "").strip()
+    if not settings.REDACTION_DEV_KEY_FILE and len(key) < 32:
         errors.append(
             Error(
                 "REDACTION_HMAC_KEY is missing or shorter than 32 characters.",
@@ -87,7 +87,7 @@ def check_redaction(app_configs=None, **kwargs) -> list[Error]:
 def check_llm_http_client(app_configs=None, **kwargs) -> list[Error]:
     from agent.runtime.llm import HTTP_CLIENTS
 
-    value = str(getattr(settings, "LLM_HTTP_CLIENT", "aiohttp") or "").strip().lower()
+    value = str(settings.LLM_HTTP_CLIENT or "").strip().lower()
     if value in HTTP_CLIENTS:
         return []
     return [

@@ -30,7 +30,6 @@ ENFORCE = "enforce"
 OFF = "off"
 MODES = (ENFORCE, OFF)
 ALGORITHM = "HMAC-SHA256"
-PII_KINDS = ("email", "phone", "ipv4", "ipv6")
 PLACEHOLDER = re.compile(r"\[REDACTED:[a-z0-9-]+#\d+\]")
 
 # detect-secrets' secret types as placeholder kinds (any other type: its name in lowercase-hyphens).
@@ -101,14 +100,12 @@ class Config:
 
     @classmethod
     def from_settings(cls) -> Config:
-        mode = str(getattr(settings, "REDACTION_MODE", ENFORCE) or ENFORCE).strip().lower()
-        allow = frozenset(
-            str(k).strip().lower() for k in getattr(settings, "REDACTION_ALLOW_KINDS", ()) or ()
-        )
-        extra = tuple(parse_extra_patterns(getattr(settings, "REDACTION_EXTRA_PATTERNS", ()) or ()))
+        mode = str(settings.REDACTION_MODE).strip().lower()
+        allow = frozenset(str(k).strip().lower() for k in settings.REDACTION_ALLOW_KINDS or ())
+        extra = tuple(parse_extra_patterns(settings.REDACTION_EXTRA_PATTERNS or ()))
         pii: tuple[str, ...] = ()
-        if getattr(settings, "PII_MASKING", False):
-            kinds = getattr(settings, "PII_MASKING_KINDS", PII_KINDS) or ()
+        if settings.PII_MASKING:
+            kinds = settings.PII_MASKING_KINDS or ()
             pii = tuple(k for k in (str(x).strip().lower() for x in kinds) if k in _PII_RULES)
         return cls(mode=mode, allow_kinds=allow, extra_patterns=extra, pii_kinds=pii)
 
@@ -140,10 +137,10 @@ def _validate_key(value: str) -> None:
 def hmac_key() -> bytes:
     """`REDACTION_HMAC_KEY`, or in DEBUG the development key of `REDACTION_DEV_KEY_FILE`.
     ImproperlyConfigured without either (check `agent.E001` names it at start)."""
-    key = str(getattr(settings, "REDACTION_HMAC_KEY", "") or "").strip()
+    key = str(settings.REDACTION_HMAC_KEY or "").strip()
     if key:
         return key.encode()
-    dev_file = getattr(settings, "REDACTION_DEV_KEY_FILE", None)
+    dev_file = settings.REDACTION_DEV_KEY_FILE
     if dev_file:
         from core.devkeys import read_or_create
 

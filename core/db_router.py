@@ -77,7 +77,7 @@ def _pin_key(user_pk: Any) -> str:
 def pin_reads_to_primary(user: Any) -> None:
     """`user` just wrote: their reads stay on the primary for `DATABASE_REPLICA_PIN_SECONDS` (shared by
     the processes through the default cache: Redis with `REDIS_URL`)."""
-    seconds = float(getattr(settings, "DATABASE_REPLICA_PIN_SECONDS", 10.0))
+    seconds = float(settings.DATABASE_REPLICA_PIN_SECONDS)
     if seconds <= 0 or not replica_configured() or not getattr(user, "is_authenticated", False):
         return
     cache.set(_pin_key(user.pk), time.time() + seconds, timeout=max(1, round(seconds + 0.5)))
@@ -138,7 +138,7 @@ def _choose(written_at: Any) -> tuple[str, str]:
     if _pinned():
         return PRIMARY, "pinned"
     state = monitor.state()
-    if not state.usable(float(getattr(settings, "DATABASE_REPLICA_MAX_LAG_SECONDS", 5.0))):
+    if not state.usable(float(settings.DATABASE_REPLICA_MAX_LAG_SECONDS)):
         return PRIMARY, "down" if state.state == "healthy" else state.state
     if written_at is not None:
         when = written_at.timestamp() if isinstance(written_at, dt.datetime) else float(written_at)

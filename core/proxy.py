@@ -36,7 +36,7 @@ def _networks(spec: tuple[str, ...]) -> tuple[ipaddress.IPv4Network | ipaddress.
 def trusted_networks() -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
     """`TRUSTED_PROXIES` parsed (CIDRs or single addresses; an invalid entry raises ValueError, which
     the system check `diagnosis.E002` reports at start-up)."""
-    return _networks(tuple(getattr(settings, "TRUSTED_PROXIES", ()) or ()))
+    return _networks(tuple(settings.TRUSTED_PROXIES or ()))
 
 
 def is_trusted_proxy(address: str | None) -> bool:

@@ -55,10 +55,6 @@ class ReplicaState:
 UNCHECKED = ReplicaState("unknown", None, None, float("-inf"))
 
 
-def _settings_float(name: str, default: float) -> float:
-    return float(getattr(settings, name, default))
-
-
 class ReplicaMonitor:
     """The heartbeat of one process (see the module docstring). Thread-safe: one thread measures at a
     time; the others meanwhile use the last measurement."""
@@ -77,7 +73,7 @@ class ReplicaMonitor:
         """The last measurement, measured again first when older than `DATABASE_REPLICA_CHECK_SECONDS`
         (unless another thread is measuring right now)."""
         current = self._state
-        if time.monotonic() - current.checked_at < _settings_float("DATABASE_REPLICA_CHECK_SECONDS", 1.0):
+        if time.monotonic() - current.checked_at < float(settings.DATABASE_REPLICA_CHECK_SECONDS):
             return current
         if not self._lock.acquire(blocking=False):
             return current
@@ -110,7 +106,7 @@ class ReplicaMonitor:
         if conn is None:
             config = dict(connections.settings[alias])
             options = dict(config.get("OPTIONS") or {})
-            timeout = max(1, round(_settings_float("DATABASE_REPLICA_CONNECT_TIMEOUT", 2.0)))
+            timeout = max(1, round(float(settings.DATABASE_REPLICA_CONNECT_TIMEOUT)))
             options.setdefault("connect_timeout", timeout)
             options.setdefault("read_timeout", timeout)
             options.setdefault("write_timeout", timeout)
@@ -168,7 +164,7 @@ class ReplicaMonitor:
         if applied is not None:  # the beats the replica has are no longer needed to measure
             while self._beats and self._beats[0] <= applied:
                 self._beats.popleft()
-        state = "healthy" if lag <= _settings_float("DATABASE_REPLICA_MAX_LAG_SECONDS", 5.0) else "lagging"
+        state = "healthy" if lag <= float(settings.DATABASE_REPLICA_MAX_LAG_SECONDS) else "lagging"
         watermark = applied / 1_000_000 if applied is not None else None
         return ReplicaState(state, lag, watermark, time.monotonic())
 

@@ -137,10 +137,10 @@ def configured_key_texts() -> list[str]:
     """The write keys in effect, newest first: the configured ones, else the development key file's."""
     from django.conf import settings
 
-    keys = [k.strip() for k in getattr(settings, "AUDIT_WRITE_KEYS", []) if k.strip()]
+    keys = [k.strip() for k in settings.AUDIT_WRITE_KEYS if k.strip()]
     if keys:
         return keys
-    dev_file = getattr(settings, "AUDIT_DEV_WRITE_KEY_FILE", None)
+    dev_file = settings.AUDIT_DEV_WRITE_KEY_FILE
     if dev_file:
         return [_dev_key(str(dev_file))]
     raise WriteKeysMissing(

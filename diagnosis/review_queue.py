@@ -17,9 +17,6 @@ from django.db.models import BooleanField, Case, Q, QuerySet, Value, When
 from diagnosis.models import TERMINAL_RUN_STATUSES, AgentFlow, DiagnosisRun, ReleaseDecision
 from diagnosis.selectors import PRODUCTION
 
-# How long a reviewer's claim on a queued run keeps others from taking it (`claim_run`).
-CLAIM_MINUTES_DEFAULT = 30
-
 
 @dataclass(frozen=True, slots=True)
 class Reason:

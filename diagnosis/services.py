@@ -146,13 +146,13 @@ def refresh_session_facts(*, session_ids) -> int:
 # ---------------------------------------------------------------------------------------------------
 def lease_seconds() -> float:
     """How long a claim or renewal holds a run (`settings.RUN_LEASE_SECONDS`, default 30)."""
-    return float(getattr(settings, "RUN_LEASE_SECONDS", 30))
+    return float(settings.RUN_LEASE_SECONDS)
 
 
 def release_mode() -> ReleaseMode:
     """The release policy runs start under (`settings.CHAT_RELEASE`; the check `diagnosis.E001` refuses
     any other value at start-up, so this never guesses)."""
-    return ReleaseMode(str(getattr(settings, "CHAT_RELEASE", ReleaseMode.VERIFIED)).strip().lower())
+    return ReleaseMode(str(settings.CHAT_RELEASE).strip().lower())
 
 
 def _lease_until(now: dt.datetime) -> dt.datetime:

@@ -33,13 +33,7 @@ from evaluations.scorers import DETERMINISTIC, TERMINAL, applies
 
 logger = logging.getLogger("evaluations")
 
-CLAIM_SECONDS_DEFAULT = 300.0
-# A judge call that failed (provider down, rate limited) is retried by a later pass, after the claim has
-# gone stale; the last attempt's failure is recorded as a `judge_error` score (so it is visible, priced
-# where usage was reported, and the run is not retried for ever).
-JUDGE_ATTEMPTS_DEFAULT = 3
 RETRY_OWNER = "(retry after a failed judge call)"  # no process's owner: only a stale claim is taken over
-LOOKBACK_HOURS_DEFAULT = 24.0
 
 
 def _owner() -> str:
@@ -47,7 +41,7 @@ def _owner() -> str:
 
 
 def claim_seconds() -> float:
-    return float(getattr(settings, "EVALUATION_CLAIM_SECONDS", CLAIM_SECONDS_DEFAULT))
+    return float(settings.EVALUATION_CLAIM_SECONDS)
 
 
 def claim(*, run_id: str, evaluator: Evaluator, owner: str | None = None) -> bool:
@@ -73,7 +67,10 @@ def claim(*, run_id: str, evaluator: Evaluator, owner: str | None = None) -> boo
 
 
 def judge_attempts() -> int:
-    return max(1, int(getattr(settings, "EVALUATION_JUDGE_ATTEMPTS", JUDGE_ATTEMPTS_DEFAULT)))
+    """A judge call that failed (provider down, rate limited) is retried by a later pass, after the claim
+    has gone stale; the last attempt's failure is recorded as a `judge_error` score (so it is visible,
+    priced where usage was reported, and the run is not retried for ever)."""
+    return max(1, int(settings.EVALUATION_JUDGE_ATTEMPTS))
 
 
 def _retry_later(run_id: str, evaluator: Evaluator) -> bool:
@@ -172,7 +169,7 @@ def evaluate_run(*, run_id: str, evaluators: Iterable[Evaluator] | None = None) 
 
 
 def lookback_hours() -> float:
-    return float(getattr(settings, "EVALUATION_LOOKBACK_HOURS", LOOKBACK_HOURS_DEFAULT))
+    return float(settings.EVALUATION_LOOKBACK_HOURS)
 
 
 def pending_runs(*, evaluator: Evaluator) -> Iterable[DiagnosisRun]:

@@ -13,7 +13,7 @@ from reasoning.crypto import validate_key
 
 @register(Tags.security)
 def check_encryption_keys(app_configs=None, **kwargs) -> list[Error]:
-    keys = [k for k in getattr(settings, "REASONING_ENCRYPTION_KEYS", []) if k.strip()]
+    keys = [k for k in settings.REASONING_ENCRYPTION_KEYS if k.strip()]
     errors = []
     if not keys and not settings.DEBUG:
         errors.append(

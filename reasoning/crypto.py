@@ -119,10 +119,10 @@ def _dev_key(path: str) -> str:
 
 def configured_keys() -> list[str]:
     """The keys in effect, newest first: the configured ones, else the development key file's."""
-    keys = [k.strip() for k in getattr(settings, "REASONING_ENCRYPTION_KEYS", []) if k.strip()]
+    keys = [k.strip() for k in settings.REASONING_ENCRYPTION_KEYS if k.strip()]
     if keys:
         return keys
-    dev_file = getattr(settings, "REASONING_DEV_KEY_FILE", None)
+    dev_file = settings.REASONING_DEV_KEY_FILE
     if dev_file:
         return [_dev_key(str(dev_file))]
     raise EncryptionKeysMissing(

@@ -13,7 +13,7 @@ from django.conf import settings
 
 def client_address(request) -> str | None:
     remote = request.META.get("REMOTE_ADDR") or None
-    hops = int(getattr(settings, "TRUSTED_PROXY_COUNT", 0) or 0)
+    hops = int(settings.TRUSTED_PROXY_COUNT or 0)
     if hops <= 0:
         return remote
     forwarded = [part.strip() for part in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",")]

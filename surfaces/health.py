@@ -55,7 +55,7 @@ async def _redis_up(url: str) -> bool:
 async def healthz(request: HttpRequest) -> JsonResponse:
     """The readiness answer above; see the module docstring for its contract."""
     checks = [_database_up()]
-    redis_url = getattr(settings, "REDIS_URL", "")
+    redis_url = settings.REDIS_URL
     if redis_url:
         checks.append(_redis_up(redis_url))
     results = await asyncio.gather(*checks)

@@ -35,7 +35,7 @@ SWEEP_CODES = ("LEASE_EXPIRED", "QUEUE_EXPIRED")
 
 def window_seconds() -> int:
     """The record metrics' window (`METRICS_WINDOW_SECONDS`, default 3600, at least 60)."""
-    return max(60, int(getattr(settings, "METRICS_WINDOW_SECONDS", 3600)))
+    return max(60, int(settings.METRICS_WINDOW_SECONDS))
 
 
 def _reported(path: str) -> Q:
@@ -329,7 +329,7 @@ class RecordCollector(Collector):
         self._families: list[Metric] = []
 
     def collect(self) -> Iterator[Metric]:
-        ttl = float(getattr(settings, "METRICS_CACHE_SECONDS", 5.0))
+        ttl = float(settings.METRICS_CACHE_SECONDS)
         with self._lock:
             if not self._families or time.monotonic() - self._at >= ttl:
                 self._families = record_metrics() + [m for source in _record_sources for m in source()]

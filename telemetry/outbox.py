@@ -89,7 +89,7 @@ class ExportPass:
 
 
 def backoff_seconds(attempts: int) -> float:
-    cap = float(getattr(settings, "OTEL_EXPORT_MAX_BACKOFF_SECONDS", 300.0))
+    cap = float(settings.OTEL_EXPORT_MAX_BACKOFF_SECONDS)
     return min(cap, BACKOFF_BASE_SECONDS * (2 ** max(0, attempts - 1)))
 
 
@@ -114,7 +114,7 @@ def export_due(
     """Export every due row (at most `limit`, default `OTEL_EXPORT_BATCH`) with `exporter` (default:
     `make_exporter()`, shut down afterwards)."""
     now = now or timezone.now()
-    limit = limit or int(getattr(settings, "OTEL_EXPORT_BATCH", 50))
+    limit = limit or int(settings.OTEL_EXPORT_BATCH)
     rows = due_exports(now=now, limit=limit)
     if not rows:
         return ExportPass(0, 0, 0, 0)

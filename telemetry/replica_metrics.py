@@ -21,7 +21,7 @@ class ReplicaCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         if replica_configured():
             state = monitor.state()
-            max_lag = float(getattr(settings, "DATABASE_REPLICA_MAX_LAG_SECONDS", 5.0))
+            max_lag = float(settings.DATABASE_REPLICA_MAX_LAG_SECONDS)
             lag = GaugeMetricFamily(
                 "diagnosis_db_replica_lag_seconds",
                 "Age of the oldest heartbeat the read replica has not applied (0: it shows the newest; "

@@ -14,7 +14,7 @@ from telemetry.models import ExportState, TraceExport
 
 def exporter_enabled() -> bool:
     """Whether an OTLP traces endpoint is configured (`OTEL_EXPORTER_OTLP_*`)."""
-    return bool(getattr(settings, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", ""))
+    return bool(settings.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)
 
 
 @dataclass(frozen=True, slots=True)

@@ -109,7 +109,7 @@ def _clean(attributes: dict[str, Any]) -> dict[str, Any]:
 
 
 def capture_content() -> bool:
-    return bool(getattr(settings, "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", False))
+    return bool(settings.OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT)
 
 
 # -------------------------------------------------------------------------------------------------

@@ -23,14 +23,14 @@ from telemetry.metrics import registry
 
 def _authorized(request: HttpRequest) -> int | None:
     """None when the scrape may proceed, else the status to refuse it with."""
-    token = getattr(settings, "METRICS_TOKEN", "")
+    token = settings.METRICS_TOKEN
     if token:
         header = request.headers.get("Authorization", "")
         scheme, _, sent = header.partition(" ")
         if scheme.lower() == "bearer" and hmac.compare_digest(sent.strip().encode(), token.encode()):
             return None
         return 401
-    return None if getattr(settings, "METRICS_ALLOW_ANONYMOUS", False) else 403
+    return None if settings.METRICS_ALLOW_ANONYMOUS else 403
 
 
 @require_GET
@@ -38,7 +38,7 @@ def metrics(request: HttpRequest) -> HttpResponse:
     # Guessing the token is bounded in its own counter per address (access.lockout): while it is locked
     # every scrape from that address is 429 with Retry-After, uncounted, the right token too (no guess is
     # confirmed); nobody's API token or login is refused because of it.
-    if getattr(settings, "METRICS_TOKEN", "") and lockout.is_locked(request, username=lockout.METRICS):
+    if settings.METRICS_TOKEN and lockout.is_locked(request, username=lockout.METRICS):
         return lockout.lockout_response(request, credentials={"username": lockout.METRICS})
     refused = _authorized(request)
     if refused == 401:

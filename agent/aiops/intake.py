@@ -193,7 +193,7 @@ def service_user() -> AbstractBaseUser:
     """The owner of alert-group sessions (`AIOPS_SERVICE_USER`), created on first use without a usable
     password, so nobody can sign in as it."""
     User = get_user_model()
-    name = str(getattr(settings, "AIOPS_SERVICE_USER", "alertmanager"))
+    name = str(settings.AIOPS_SERVICE_USER)
     user = User.objects.filter(username=name).first()
     if user is not None:
         return user

@@ -51,11 +51,11 @@ NOTE_CHARS = 1000
 
 
 def timeout_seconds() -> int:
-    return int(getattr(settings, "APPROVAL_TIMEOUT_SECONDS", 1800))
+    return int(settings.APPROVAL_TIMEOUT_SECONDS)
 
 
 def self_approval_allowed() -> bool:
-    return bool(getattr(settings, "APPROVAL_ALLOW_SELF", False))
+    return bool(settings.APPROVAL_ALLOW_SELF)
 
 
 # ---------------------------------------------------------------------------------------------------

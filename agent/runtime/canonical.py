@@ -41,7 +41,7 @@ class CanonicalStore:
         return caches[self.alias]
 
     def _timeout(self) -> int:
-        return int(getattr(settings, "CANONICAL_TTL_SECONDS", 3600))
+        return int(settings.CANONICAL_TTL_SECONDS)
 
     def tool_key(self, tool_call_id: str) -> str:
         return f"run:{self.run_id}:tool:{tool_call_id}"

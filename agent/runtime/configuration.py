@@ -140,10 +140,10 @@ def effective_configuration(
         },
         "release": {"mode": str(release_mode)},
         "redaction": {
-            "mode": str(getattr(settings, "REDACTION_MODE", "")),
-            "allowKinds": sorted(getattr(settings, "REDACTION_ALLOW_KINDS", []) or []),
-            "extraPatterns": len(getattr(settings, "REDACTION_EXTRA_PATTERNS", []) or []),
-            "piiMasking": bool(getattr(settings, "PII_MASKING", False)),
+            "mode": str(settings.REDACTION_MODE),
+            "allowKinds": sorted(settings.REDACTION_ALLOW_KINDS or []),
+            "extraPatterns": len(settings.REDACTION_EXTRA_PATTERNS or []),
+            "piiMasking": bool(settings.PII_MASKING),
         },
     }
     canonical = canonical_json(document)

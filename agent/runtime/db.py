@@ -212,8 +212,8 @@ def _db_workers() -> _Workers:
             workers = _workers
             if workers is None:
                 workers = _workers = _Workers(
-                    int(getattr(settings, "RUNTIME_DB_THREADS", 8)),
-                    max(1, int(getattr(settings, "AUDIT_BATCH_WRITERS", 1))),
+                    int(settings.RUNTIME_DB_THREADS),
+                    max(1, int(settings.AUDIT_BATCH_WRITERS)),
                 )
     return workers
 
@@ -233,7 +233,7 @@ def _pool(kind: str) -> ThreadPoolExecutor:
                     size = 1
                 else:
                     size = int(
-                        getattr(settings, "RUNTIME_DB_THREADS" if kind == "db" else "RUNTIME_TOOL_THREADS", 8)
+                        getattr(settings, "RUNTIME_DB_THREADS" if kind == "db" else "RUNTIME_TOOL_THREADS")
                     )
                 pool = ThreadPoolExecutor(max_workers=max(1, size), thread_name_prefix=f"runtime-{kind}")
                 _pools[kind] = pool

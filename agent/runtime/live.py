@@ -87,7 +87,7 @@ async def publish(run_id: str, event: Event) -> bool:
 def draft_coalesce_seconds() -> float:
     """How long the sink may hold a run's draft text to send several pieces as one frame
     (`CHAT_DRAFT_COALESCE_MS`; 0 = one frame per piece)."""
-    return max(0.0, float(getattr(settings, "CHAT_DRAFT_COALESCE_MS", 0) or 0)) / 1000.0
+    return max(0.0, float(settings.CHAT_DRAFT_COALESCE_MS or 0)) / 1000.0
 
 
 # A coalesced draft frame is sent at once when its text reaches this many characters.

@@ -179,32 +179,32 @@ def ensure_background(*, serve_queue: bool = True) -> None:
         return
     ready = asyncio.Event()
     tasks = [loop.create_task(_control_listener(ready), name="runs:control")]
-    exporting = bool(getattr(settings, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", ""))
+    exporting = bool(settings.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)
     duties = (
-        ("runs:sweeper", "sweep", _sweep, float(getattr(settings, "RUN_SWEEP_INTERVAL_SECONDS", 15))),
+        ("runs:sweeper", "sweep", _sweep, float(settings.RUN_SWEEP_INTERVAL_SECONDS)),
         (
             "audit:checkpoint",
             "checkpoint",
             _checkpoint,
-            float(getattr(settings, "AUDIT_CHECKPOINT_INTERVAL_SECONDS", 60)),
+            float(settings.AUDIT_CHECKPOINT_INTERVAL_SECONDS),
         ),
         (
             "audit:purge",
             "audit purge",
             _purge,
-            float(getattr(settings, "AUDIT_PURGE_INTERVAL_SECONDS", 3600)),
+            float(settings.AUDIT_PURGE_INTERVAL_SECONDS),
         ),
         (
             "telemetry:export",
             "trace export",
             _export,
-            float(getattr(settings, "OTEL_EXPORT_INTERVAL_SECONDS", 10)) if exporting else 0.0,
+            float(settings.OTEL_EXPORT_INTERVAL_SECONDS) if exporting else 0.0,
         ),
     )
     for name, what, job, every in duties:  # an interval of 0 turns a duty off
         if every > 0:
             tasks.append(loop.create_task(_periodically(every, what, job), name=name))
-    workers = int(getattr(settings, "AIOPS_WORKER_CONCURRENCY", 2))
+    workers = int(settings.AIOPS_WORKER_CONCURRENCY)
     if workers > 0 and serve_queue:
         tasks.append(loop.create_task(_work_queue(workers), name="runs:queue-worker"))
     _background = _Background(loop=loop, channel=None, tasks=tasks, ready=ready)
@@ -318,7 +318,7 @@ async def _export() -> None:
 async def _work_queue(concurrency: int) -> None:
     from agent.runtime.worker import work
 
-    interval = float(getattr(settings, "AIOPS_POLL_INTERVAL_SECONDS", 2.0))
+    interval = float(settings.AIOPS_POLL_INTERVAL_SECONDS)
     while True:
         try:
             await work(launch=launch, concurrency=concurrency, poll_interval=interval)

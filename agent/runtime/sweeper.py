@@ -42,7 +42,7 @@ def sweeper_owner() -> str:
 
 def queue_timeout_seconds() -> float:
     """How long a queued run may wait for a worker (`AIOPS_QUEUE_TIMEOUT_SECONDS`, default one hour)."""
-    return float(getattr(settings, "AIOPS_QUEUE_TIMEOUT_SECONDS", 3600))
+    return float(settings.AIOPS_QUEUE_TIMEOUT_SECONDS)
 
 
 def expired_runs(*, now: dt.datetime | None = None, limit: int = SWEEP_BATCH) -> list[DiagnosisRun]:

@@ -22,7 +22,7 @@ KEY_HINT = (
 
 @register(Tags.security)
 def check_signing_keys(app_configs=None, **kwargs) -> list[Error]:
-    keys = [k for k in getattr(settings, "AUDIT_SIGNING_KEYS", []) if k.strip()]
+    keys = [k for k in settings.AUDIT_SIGNING_KEYS if k.strip()]
     errors = []
     if not keys and not settings.DEBUG:
         errors.append(
@@ -44,7 +44,7 @@ def check_signing_keys(app_configs=None, **kwargs) -> list[Error]:
                     id="audit.E002",
                 )
             )
-    for position, key in enumerate(getattr(settings, "AUDIT_VERIFY_KEYS", []), start=1):
+    for position, key in enumerate(settings.AUDIT_VERIFY_KEYS, start=1):
         if not key.strip():
             continue
         try:
@@ -76,7 +76,7 @@ def check_witnesses(app_configs=None, **kwargs) -> list[Error]:
         except ImproperlyConfigured as exc:
             errors.append(Error(str(exc), id="audit.E004"))
     try:
-        signednote.check_name(getattr(settings, "AUDIT_LOG_ORIGIN", ""))
+        signednote.check_name(settings.AUDIT_LOG_ORIGIN)
     except signednote.SignedNoteError as exc:
         errors.append(Error(f"AUDIT_LOG_ORIGIN: {exc}", id="audit.E004"))
     return errors
@@ -87,7 +87,7 @@ def check_write_keys(app_configs=None, **kwargs) -> list[Error]:
     """`audit.E005`: see the module docstring."""
     from core.writeauth import WriteKeyError, parse_key
 
-    keys = [k.strip() for k in getattr(settings, "AUDIT_WRITE_KEYS", []) if k.strip()]
+    keys = [k.strip() for k in settings.AUDIT_WRITE_KEYS if k.strip()]
     hint = (
         "Set AUDIT_WRITE_KEYS to one or more comma-separated keys, newest first: base64 of 32 random bytes "
         '(`python -c "import base64, os; print(base64.b64encode(os.urandom(32)).decode())"`), kept like '
@@ -103,7 +103,7 @@ def check_write_keys(app_configs=None, **kwargs) -> list[Error]:
                 id="audit.E005",
             )
         )
-    signing = {k.strip() for k in getattr(settings, "AUDIT_SIGNING_KEYS", []) if k.strip()}
+    signing = {k.strip() for k in settings.AUDIT_SIGNING_KEYS if k.strip()}
     for position, key in enumerate(keys, start=1):
         try:
             parse_key(key)

@@ -60,10 +60,10 @@ def _dev_key(path: str) -> str:
 
 def configured_private_keys() -> list[str]:
     """The signing keys in effect, newest first: the configured ones, else the development key file's."""
-    keys = [k.strip() for k in getattr(settings, "AUDIT_SIGNING_KEYS", []) if k.strip()]
+    keys = [k.strip() for k in settings.AUDIT_SIGNING_KEYS if k.strip()]
     if keys:
         return keys
-    dev_file = getattr(settings, "AUDIT_DEV_SIGNING_KEY_FILE", None)
+    dev_file = settings.AUDIT_DEV_SIGNING_KEY_FILE
     if dev_file:
         return [_dev_key(str(dev_file))]
     raise SigningKeysMissing(
@@ -101,7 +101,7 @@ def verification_keys() -> dict[str, Ed25519PublicKey]:
     with contextlib.suppress(SigningKeysMissing):
         for key in signing_keys():
             found[key.key_id] = key.public
-    for position, text in enumerate(getattr(settings, "AUDIT_VERIFY_KEYS", []), start=1):
+    for position, text in enumerate(settings.AUDIT_VERIFY_KEYS, start=1):
         if not text.strip():
             continue
         try:

@@ -131,7 +131,7 @@ def periodic_checkpoint() -> CheckpointResult:
     `AUDIT_CHECKPOINT_FULL_SCAN_EVERY` calls, incremental (from `LogHead.scan_from`) otherwise. The
     cursor is only an optimisation: whatever a database writer sets it to, the next full scan finds
     every finished run it hid (and until then `verify_audit` reports each as late)."""
-    every = max(1, int(getattr(settings, "AUDIT_CHECKPOINT_FULL_SCAN_EVERY", 10)))
+    every = max(1, int(settings.AUDIT_CHECKPOINT_FULL_SCAN_EVERY))
     full = _periodic["calls"] % every == 0
     _periodic["calls"] += 1
     return checkpoint(full_scan=full)
@@ -347,7 +347,7 @@ def witness_line(cp: Checkpoint) -> str:
 
 
 def _witness(cp: Checkpoint) -> None:
-    path = getattr(settings, "AUDIT_WITNESS_PATH", "")
+    path = settings.AUDIT_WITNESS_PATH
     if not path:
         return
     try:

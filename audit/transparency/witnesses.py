@@ -53,7 +53,7 @@ def parse_witness(text: str) -> Witness:
 
 def configured() -> list[Witness]:
     found = []
-    for position, text in enumerate(getattr(settings, "AUDIT_WITNESSES", []), start=1):
+    for position, text in enumerate(settings.AUDIT_WITNESSES, start=1):
         if not text.strip():
             continue
         try:
@@ -66,9 +66,9 @@ def configured() -> list[Witness]:
 def policy() -> signednote.Policy | None:
     """The witness policy of this deployment (`AUDIT_WITNESS_POLICY` vkeys, `AUDIT_WITNESS_QUORUM` of
     them, 0 meaning all), None without one."""
-    quorum = int(getattr(settings, "AUDIT_WITNESS_QUORUM", 0) or 0) or None
+    quorum = int(settings.AUDIT_WITNESS_QUORUM or 0) or None
     try:
-        return signednote.make_policy(list(getattr(settings, "AUDIT_WITNESS_POLICY", [])), quorum)
+        return signednote.make_policy(list(settings.AUDIT_WITNESS_POLICY), quorum)
     except signednote.SignedNoteError as exc:
         raise ImproperlyConfigured(f"AUDIT_WITNESS_POLICY: {exc}") from exc
 
@@ -122,7 +122,7 @@ def last_cosigned_size(witness: Witness) -> int:
 
 def new_client() -> httpx.Client:
     """An HTTP client for the witnesses: `AUDIT_WITNESS_TIMEOUT_SECONDS` per request, no redirects."""
-    timeout = float(getattr(settings, "AUDIT_WITNESS_TIMEOUT_SECONDS", 5.0))
+    timeout = float(settings.AUDIT_WITNESS_TIMEOUT_SECONDS)
     return httpx.Client(timeout=timeout, follow_redirects=False)
 
 

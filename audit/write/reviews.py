@@ -33,7 +33,7 @@ from audit.verify.authority import governance_position, permitted
 from audit.write import ChainEvent, Tail, append_to_finished_run, row_insert
 from audit.write import RunNotFinished as RunNotFinished  # raised by record_review
 from diagnosis.models import DiagnosisRun
-from diagnosis.review_queue import CLAIM_MINUTES_DEFAULT, refresh_needs_review
+from diagnosis.review_queue import refresh_needs_review
 from diagnosis.services import new_id
 
 logger = logging.getLogger("audit.write.reviews")
@@ -113,7 +113,7 @@ def record_review(*, run: DiagnosisRun, user: AbstractBaseUser, verdict: str, no
 # reviewers from working the same run at once; the review itself is what is recorded and chained)
 # --------------------------------------------------------------------------------------------------
 def claim_minutes() -> float:
-    return float(getattr(settings, "REVIEW_CLAIM_MINUTES", CLAIM_MINUTES_DEFAULT))
+    return float(settings.REVIEW_CLAIM_MINUTES)
 
 
 def claim_run(*, run_id: str, user: AbstractBaseUser) -> bool:

@@ -83,9 +83,7 @@ class RunRecorder(DecisionRecords, ApprovalRecords, ToolLifecycle, ChainWriter):
         # The provider that executes the run (RUN_STARTED names it; a resumed run's row holds it): what
         # the run's cost is priced under (`pricing`).
         self.provider = provider
-        self._group_commit = (
-            bool(getattr(settings, "AUDIT_GROUP_COMMIT", False)) if group_commit is None else group_commit
-        )
+        self._group_commit = bool(settings.AUDIT_GROUP_COMMIT) if group_commit is None else group_commit
         self._lock = RecorderLock()
         self._next_sequence = 1
         self._prev_hash = GENESIS_HASH

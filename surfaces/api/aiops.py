@@ -38,7 +38,7 @@ class WebhookTokenAuthentication(authentication.BaseAuthentication):
     keyword = "Bearer"
 
     def authenticate(self, request):
-        configured = str(getattr(settings, "AIOPS_WEBHOOK_TOKEN", "") or "")
+        configured = str(settings.AIOPS_WEBHOOK_TOKEN or "")
         header = authentication.get_authorization_header(request).split()
         if not header or header[0].lower() != self.keyword.lower().encode():
             raise exceptions.NotAuthenticated("Send Authorization: Bearer <AIOPS_WEBHOOK_TOKEN>.")

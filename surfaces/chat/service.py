@@ -40,7 +40,7 @@ def _not_found(message: str = NOT_FOUND_RUN) -> ChatRefused:
 
 
 def max_active_runs() -> int:
-    return int(getattr(settings, "CHAT_MAX_ACTIVE_RUNS_PER_USER", 3))
+    return int(settings.CHAT_MAX_ACTIVE_RUNS_PER_USER)
 
 
 def validate_id(value: Any, name: str) -> str | None:

@@ -31,7 +31,7 @@ MAX_BODY_BYTES = 64 * 1024
 
 def heartbeat_seconds() -> float:
     """Seconds between SSE keep-alive comments (`CHAT_SSE_HEARTBEAT_SECONDS`, default 15)."""
-    return float(getattr(settings, "CHAT_SSE_HEARTBEAT_SECONDS", 15.0))
+    return float(settings.CHAT_SSE_HEARTBEAT_SECONDS)
 
 
 def _refused(refused: ChatRefused) -> JsonResponse:

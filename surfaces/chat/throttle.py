@@ -43,7 +43,7 @@ class ChatRateThrottle(SimpleRateThrottle):
     scope = "chat"
 
     def get_rate(self) -> str | None:
-        return getattr(settings, "CHAT_THROTTLE_RATE", "30/min") or None
+        return settings.CHAT_THROTTLE_RATE or None
 
     def get_cache_key(self, request, view) -> str:
         return self.cache_format % {"scope": self.scope, "ident": request.user.pk}

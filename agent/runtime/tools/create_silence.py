@@ -27,7 +27,7 @@ CREATED_BY = "diagnosis agent (approved tool call)"
 
 def max_minutes() -> int:
     """The longest silence the tool may create, in whole minutes (`APPROVAL_SILENCE_MAX_SECONDS`)."""
-    return max(1, int(getattr(settings, "APPROVAL_SILENCE_MAX_SECONDS", 4 * 3600)) // 60)
+    return max(1, int(settings.APPROVAL_SILENCE_MAX_SECONDS) // 60)
 
 
 def check_arguments(arguments: dict[str, Any]) -> None:

@@ -75,7 +75,7 @@ class Command(BaseCommand):
         try:
             if not options["witness_key"] and not options["witness_quorum"]:
                 return witnesses.policy()
-            vkeys = options["witness_key"] or list(getattr(settings, "AUDIT_WITNESS_POLICY", []))
+            vkeys = options["witness_key"] or list(settings.AUDIT_WITNESS_POLICY)
             policy = signednote.make_policy(vkeys, options["witness_quorum"] or None)
         except (signednote.SignedNoteError, ImproperlyConfigured) as exc:
             raise CommandError(f"bad witness policy: {exc}") from exc
@@ -147,7 +147,7 @@ class Command(BaseCommand):
             log_problems = len(problems)
             failed = failed or bool(problems)
         else:
-            witness_path = options["witness"] or getattr(settings, "AUDIT_WITNESS_PATH", "")
+            witness_path = options["witness"] or settings.AUDIT_WITNESS_PATH
             witness, witness_problem = [], None
             try:
                 witness = read_witness(witness_path) if witness_path else []

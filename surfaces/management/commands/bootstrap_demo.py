@@ -72,7 +72,7 @@ class Command(BaseCommand):
         )
         self.stdout.write(f"  secret {secret}")
         self.stdout.write(f"  {device.config_url}")
-        if not getattr(settings, "REASONING_REQUIRE_OTP", False):
+        if not settings.REASONING_REQUIRE_OTP:
             self.stdout.write("  (REASONING_REQUIRE_OTP is off in development: set it to true to require it)")
 
     def _demo_runs(self, User) -> None:

@@ -1,12 +1,9 @@
 """`manage.py generate_references [--check]`: rewrite every file generated from a declaration, or (with
-`--check`) name the ones that drifted from it and exit 1.
-
-* `tests/surfaces/api/data/openapi_schema.json`: the OpenAPI schema as `/api/schema/?format=json` serves
-  it (JSON, sorted keys, indent 2), the contract's committed copy;
-* docs/architecture.md's event table: `audit.events.markdown_table()`, the event-type registry.
-
-After changing a declaration (an event type, a serializer, a setting) run it once and review the diff;
-the tests run the check."""
+`--check`) name the ones that drifted from it and exit 1: the OpenAPI snapshot
+(`tests/surfaces/api/data/openapi_schema.json`), docs/architecture.md's event table (`audit.events`) and
+docs/configuration.md's settings tables (`core/settings_spec.py`; `python -m core.settings_doc --write
+docs/configuration.md` does that one without Django). After changing a declaration (an event type, a
+serializer, a setting) run it once and review the diff; the tests run the check."""
 
 from __future__ import annotations
 
@@ -21,6 +18,7 @@ from core.env import BASE_DIR
 ROOT = Path(BASE_DIR)
 SCHEMA_SNAPSHOT = ROOT / "tests" / "surfaces" / "api" / "data" / "openapi_schema.json"
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
+CONFIGURATION = ROOT / "docs" / "configuration.md"
 
 
 def openapi_schema(_current: str) -> str:
@@ -46,9 +44,17 @@ def architecture_event_table(current: str) -> str:
     return "\n".join(lines[:start] + table + lines[end:])
 
 
+def configuration_tables(current: str) -> str:
+    """The doc with its generated part (between its markers) rewritten from the settings' declaration."""
+    from core.settings_doc import with_table
+
+    return with_table(current)
+
+
 GENERATED: list[tuple[Path, Callable[[str], str]]] = [
     (SCHEMA_SNAPSHOT, openapi_schema),
     (ARCHITECTURE, architecture_event_table),
+    (CONFIGURATION, configuration_tables),
 ]
 
 

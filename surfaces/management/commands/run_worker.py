@@ -28,13 +28,13 @@ class Command(BaseCommand):
         parser.add_argument(
             "--concurrency",
             type=int,
-            default=max(1, int(getattr(settings, "AIOPS_WORKER_CONCURRENCY", 2))),
+            default=max(1, int(settings.AIOPS_WORKER_CONCURRENCY)),
             help="runs executed at once (default AIOPS_WORKER_CONCURRENCY, at least 1)",
         )
         parser.add_argument(
             "--poll",
             type=float,
-            default=float(getattr(settings, "AIOPS_POLL_INTERVAL_SECONDS", 2.0)),
+            default=float(settings.AIOPS_POLL_INTERVAL_SECONDS),
             help="seconds between looks at an empty queue",
         )
         parser.add_argument("--until-idle", action="store_true", help="drain the queue, then exit")
