@@ -3,14 +3,20 @@ and the facts they hand it, how its writes reach the database, and the writes ma
 (reviews, feedback, retention purges and legal holds).
 
 * `runtime_facts`: what the runtime imports (usage, declared tool calls, retrieval facts, refusals);
-* `run`: `RunRecorder`, the one front: construction, takeover (`resume`), run lifecycle and `finish`;
-* `decisions`: its routing, model-step, guard and release decisions with the rows each writes;
-* `chain_writer`: sequence numbers, hash chain, one write per decision, fail-open accounting;
+* `run`: `RunRecorder`, the one front over its parts: construction, takeover (`resume`), run lifecycle
+  and `finish`;
+* `decisions` (`recorder.decisions`): its routing, model-step, guard and release decisions;
+  `decision_rows`: the step and reasoning rows and the events they are made of;
+* `chain_writer` (`recorder.chain`, `RunChain`): sequence numbers, hash chain, held decisions, one write
+  per decision, fail-open accounting; `rows`: the recorder's table layouts, sealing and row digests;
 * `ops`, `table`, `cursor`: the statements each decision becomes; `group_commit`: many runs' decisions
   in one transaction;
-* `tools`: the tool lifecycle of seed 002;
-* `approvals`: calls that wait for a person's decision, the interruption, the decision and the resumption;
-* `ledger`: the token ledger kept while the run executes;
+* `tools` (`recorder.tools`): the tool lifecycle of seed 002; `tool_facts`: a call's state and the
+  facts its terminal writes;
+* `approvals` (`recorder.approvals`): calls that wait for a person's decision, the interruption, the
+  decision and the resumption;
+* `ledger` (`recorder.ledger`): the token ledger kept while the run executes, its reconciliation and
+  the run's cost;
 * `tail`: `append_to_finished_run`, the one public way anything but the run's own recorder writes to its
   chain (reviews, reasoning purges and key rotations, and every event the registry `audit.events`
   declares `appended`), under the run row's lock, at the head read there and the run's current lease
@@ -26,9 +32,9 @@ and the facts they hand it, how its writes reach the database, and the writes ma
 
 from audit.verify.authenticity import ChainNotAuthentic
 from audit.write.approvals import DecisionNotRecorded
-from audit.write.chain_writer import row_insert
 from audit.write.governance import record_governance_event, record_reasoning_change
 from audit.write.refusal import CHAIN_NOT_AUTHENTIC, RUN_NOT_AUTHENTIC, end_unauthentic_run
+from audit.write.rows import row_insert
 from audit.write.run import RunRecorder
 from audit.write.runtime_facts import (
     ChainEvent,
@@ -41,7 +47,7 @@ from audit.write.runtime_facts import (
     Usage,
 )
 from audit.write.tail import RunNotFinished, Tail, append_to_finished_run
-from audit.write.tools import arguments_digest
+from audit.write.tool_facts import arguments_digest
 
 __all__ = [
     "CHAIN_NOT_AUTHENTIC",
