@@ -148,24 +148,25 @@ class Decisions:
             if ok
             else f"attempt {attempt}: unusable ({clip(error, 120)})"
         )
-        return self._write_call(
-            "routing_attempt",
-            [
-                ChainEvent(
-                    Phase.ROUTING,
-                    EventType.ROUTING_ATTEMPT,
-                    "OK" if ok else "INVALID",
-                    summary,
-                    details,
-                    bind=bind,
-                ),
-                usage_event(
-                    UsageSource.ROUTER, model, usage, phase=Phase.ROUTING, agent_name=ROUTER_AGENT_NAME
-                ),
-            ],
-            usage,
-            inserts=inserts,
-        )
+        with self.chain.lock:  # the ledger's entry and the write, as one decision
+            return self._write_call(
+                "routing_attempt",
+                [
+                    ChainEvent(
+                        Phase.ROUTING,
+                        EventType.ROUTING_ATTEMPT,
+                        "OK" if ok else "INVALID",
+                        summary,
+                        details,
+                        bind=bind,
+                    ),
+                    usage_event(
+                        UsageSource.ROUTER, model, usage, phase=Phase.ROUTING, agent_name=ROUTER_AGENT_NAME
+                    ),
+                ],
+                usage,
+                inserts=inserts,
+            )
 
     def routing_decision(
         self,
@@ -461,8 +462,8 @@ class Decisions:
     # ----------------------------------------------------------------------------------------------
     def _write_call(self, what: str, events: Sequence[ChainEvent], usage: Usage, **write: Any) -> int | None:
         """Write a model call's decision, whose last event is its MODEL_TOKEN_USAGE: the usage enters
-        the ledger first, whether or not the write commits (the call happened)."""
+        the ledger first, whether or not the write commits (the call happened). The caller holds the
+        chain's lock."""
         d = events[-1].details
-        with self.chain.lock:
-            self.ledger.add(d["source"], usage, d.get("stepIndex"), d.get("agentName"))
-            return self.chain.write(what, events, **write)
+        self.ledger.add(d["source"], usage, d.get("stepIndex"), d.get("agentName"))
+        return self.chain.write(what, events, **write)

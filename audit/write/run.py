@@ -42,8 +42,8 @@ numbers, head, hash chain, held decisions, fencing, fail-open accounting and exp
 path), `decisions` (`Decisions`: routing, model steps, plans, guards, release), `tools` (`ToolCalls`:
 declared calls and the tool lifecycle), `approvals` (`Approvals`: calls waiting for a person) and
 `ledger` (`TokenLedger`). The front's own state is the run's: its timing, provider and release policy.
-Every public method of a part is a method of the front too (`_Part`), so decision owners call
-`recorder.<method>` and never reach a part.
+Every public method of a part is a method of the front too (`_PartMethod`; its state the front
+shows, `_Part`), so decision owners call `recorder.<method>` and never reach a part.
 
 One RunRecorder exists per run, in the process holding the run's lease. It is thread-safe (one lock per
 run, the chain's, taken by every part; parallel tool calls may record from several threads).
@@ -78,8 +78,8 @@ from reasoning.models import AgentReasoningAudit
 
 
 class _Part:
-    """A name of `RunRecorder` that is one of its parts': reading it reads the part's method or value,
-    setting it sets the part's (`recorder.fenced` is `recorder.chain.fenced`)."""
+    """A value of `RunRecorder` that is one of its parts': reading it reads the part's, setting it sets
+    the part's (`recorder.fenced` is `recorder.chain.fenced`)."""
 
     __slots__ = ("name", "part")
 
@@ -98,6 +98,27 @@ class _Part:
         setattr(getattr(recorder, self.part), self.name, value)
 
 
+class _PartMethod:
+    """A method of `RunRecorder` that is one of its parts': `recorder.tool_started` is
+    `recorder.tools.tool_started`, looked up once and then kept on the recorder (a decision costs no
+    more than a method of the recorder itself)."""
+
+    __slots__ = ("name", "part")
+
+    def __init__(self, part: str) -> None:
+        self.part = part
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, recorder: Any, owner: type | None = None) -> Any:
+        if recorder is None:
+            return self
+        method = getattr(getattr(recorder, self.part), self.name)
+        recorder.__dict__[self.name] = method
+        return method
+
+
 class RunRecorder:
     """Writes one run's audit records. Create it with `RunRecorder.for_run(run)` in the lease owner, or
     `RunRecorder.resume(run_id)` in a process taking over a run. See the module docstring for the rules."""
@@ -114,34 +135,34 @@ class RunRecorder:
     expected_steps = _Part("chain")
     expected_tools = _Part("chain")
     expected_reasoning = _Part("chain")
-    holds = _Part("chain")
-    flush = _Part("chain")
-    append_after = _Part("chain")
+    holds = _PartMethod("chain")
+    flush = _PartMethod("chain")
+    append_after = _PartMethod("chain")
     # The run's decisions (`audit.write.decisions.Decisions`) and what the terminal row writes again.
     intent = _Part("decisions")
     release_decision = _Part("decisions")
-    redaction_applied = _Part("decisions")
-    routing_attempt = _Part("decisions")
-    routing_decision = _Part("decisions")
-    model_step = _Part("decisions")
-    plan_decision = _Part("decisions")
-    evidence_guard = _Part("decisions")
-    semantic_guard = _Part("decisions")
-    release = _Part("decisions")
+    redaction_applied = _PartMethod("decisions")
+    routing_attempt = _PartMethod("decisions")
+    routing_decision = _PartMethod("decisions")
+    model_step = _PartMethod("decisions")
+    plan_decision = _PartMethod("decisions")
+    evidence_guard = _PartMethod("decisions")
+    semantic_guard = _PartMethod("decisions")
+    release = _PartMethod("decisions")
     # The tool lifecycle (`audit.write.tools.ToolCalls`).
-    is_declared = _Part("tools")
-    run_unique_calls = _Part("tools")
-    tool_started = _Part("tools")
-    tool_finished = _Part("tools")
-    close_tools = _Part("tools")
-    tool_error_observed = _Part("tools")
-    tool_restarted = _Part("tools")
+    is_declared = _PartMethod("tools")
+    run_unique_calls = _PartMethod("tools")
+    tool_started = _PartMethod("tools")
+    tool_finished = _PartMethod("tools")
+    close_tools = _PartMethod("tools")
+    tool_error_observed = _PartMethod("tools")
+    tool_restarted = _PartMethod("tools")
     # Calls that wait for a person (`audit.write.approvals.Approvals`).
-    tool_awaiting_approval = _Part("approvals")
-    approved_tool_started = _Part("approvals")
-    interrupt = _Part("approvals")
-    approval_decided = _Part("approvals")
-    run_resumed = _Part("approvals")
+    tool_awaiting_approval = _PartMethod("approvals")
+    approved_tool_started = _PartMethod("approvals")
+    interrupt = _PartMethod("approvals")
+    approval_decided = _PartMethod("approvals")
+    run_resumed = _PartMethod("approvals")
 
     def __init__(
         self,
@@ -192,9 +213,8 @@ class RunRecorder:
         entry's result is what its method returns when called alone, known once written: the sequence
         number of its last event (None when not written), or the exception it raised (returned in its
         place; a refusal it recorded is written with the others)."""
-        with self.chain.lock:
-            own = [(self._own(w, HOLDABLE | TOGETHER, "written together"), kwargs) for w, kwargs in writes]
-            return self.chain.together(own)
+        own = [(self._own(w, HOLDABLE | TOGETHER, "written together"), kwargs) for w, kwargs in writes]
+        return self.chain.together(own)
 
     def _own(self, write: Callable[..., Any], names: frozenset[str], how: str) -> Callable[..., Any]:
         """`write` when it is one of `names`, a method of this recorder; ValueError otherwise."""
