@@ -4,7 +4,7 @@ and the facts they hand it, how its writes reach the database, and the writes ma
 
 * `runtime_facts`: what the runtime imports (usage, declared tool calls, retrieval facts, refusals);
 * `run`: `RunRecorder`, the one front over its parts: construction, takeover (`resume`), run lifecycle
-  and `finish`;
+  and `finish`; `parts`: how the front shows its parts' methods and values;
 * `decisions` (`recorder.decisions`): its routing, model-step, guard and release decisions;
   `decision_rows`: the step and reasoning rows and the events they are made of;
 * `chain_writer` (`recorder.chain`, `RunChain`): sequence numbers, hash chain, held decisions, one write

@@ -42,8 +42,8 @@ numbers, head, hash chain, held decisions, fencing, fail-open accounting and exp
 path), `decisions` (`Decisions`: routing, model steps, plans, guards, release), `tools` (`ToolCalls`:
 declared calls and the tool lifecycle), `approvals` (`Approvals`: calls waiting for a person) and
 `ledger` (`TokenLedger`). The front's own state is the run's: its timing, provider and release policy.
-Every public method of a part is a method of the front too (`_PartMethod`; its state the front
-shows, `_Part`), so decision owners call `recorder.<method>` and never reach a part.
+Every public method of a part is a method of the front too (`PartMethod`; its state the front
+shows, `Part`), so decision owners call `recorder.<method>` and never reach a part.
 
 One RunRecorder exists per run, in the process holding the run's lease. It is thread-safe (one lock per
 run, the chain's, taken by every part; parallel tool calls may record from several threads).
@@ -70,6 +70,7 @@ from audit.write.approvals import Approvals
 from audit.write.chain_writer import HOLDABLE, TOGETHER, RunChain, logger
 from audit.write.decisions import Decisions
 from audit.write.ledger import TokenLedger, priced
+from audit.write.parts import Part, PartMethod
 from audit.write.rows import ms, recover_connection
 from audit.write.runtime_facts import ERROR_MESSAGE_CHARS, SUMMARY_CHARS, WITHDRAWN, ChainEvent
 from audit.write.tools import ToolCalls
@@ -77,92 +78,50 @@ from diagnosis.models import DiagnosisRun, ReleaseMode, RunStatus
 from reasoning.models import AgentReasoningAudit
 
 
-class _Part:
-    """A value of `RunRecorder` that is one of its parts': reading it reads the part's, setting it sets
-    the part's (`recorder.fenced` is `recorder.chain.fenced`)."""
-
-    __slots__ = ("name", "part")
-
-    def __init__(self, part: str) -> None:
-        self.part = part
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, recorder: Any, owner: type | None = None) -> Any:
-        if recorder is None:
-            return self
-        return getattr(getattr(recorder, self.part), self.name)
-
-    def __set__(self, recorder: Any, value: Any) -> None:
-        setattr(getattr(recorder, self.part), self.name, value)
-
-
-class _PartMethod:
-    """A method of `RunRecorder` that is one of its parts': `recorder.tool_started` is
-    `recorder.tools.tool_started`, looked up once and then kept on the recorder (a decision costs no
-    more than a method of the recorder itself)."""
-
-    __slots__ = ("name", "part")
-
-    def __init__(self, part: str) -> None:
-        self.part = part
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, recorder: Any, owner: type | None = None) -> Any:
-        if recorder is None:
-            return self
-        method = getattr(getattr(recorder, self.part), self.name)
-        recorder.__dict__[self.name] = method
-        return method
-
-
 class RunRecorder:
     """Writes one run's audit records. Create it with `RunRecorder.for_run(run)` in the lease owner, or
     `RunRecorder.resume(run_id)` in a process taking over a run. See the module docstring for the rules."""
 
     # The write path (`audit.write.chain_writer.RunChain`): its accounting, and the held decisions.
-    lease_epoch = _Part("chain")
-    fenced = _Part("chain")
-    fenced_writes = _Part("chain")
-    on_fenced = _Part("chain")
-    committed = _Part("chain")
-    finished = _Part("chain")
-    audit_write_failures = _Part("chain")
-    expected_events = _Part("chain")
-    expected_steps = _Part("chain")
-    expected_tools = _Part("chain")
-    expected_reasoning = _Part("chain")
-    holds = _PartMethod("chain")
-    flush = _PartMethod("chain")
-    append_after = _PartMethod("chain")
+    lease_epoch = Part("chain")
+    fenced = Part("chain")
+    fenced_writes = Part("chain")
+    on_fenced = Part("chain")
+    committed = Part("chain")
+    finished = Part("chain")
+    audit_write_failures = Part("chain")
+    expected_events = Part("chain")
+    expected_steps = Part("chain")
+    expected_tools = Part("chain")
+    expected_reasoning = Part("chain")
+    holds = PartMethod("chain")
+    flush = PartMethod("chain")
+    append_after = PartMethod("chain")
     # The run's decisions (`audit.write.decisions.Decisions`) and what the terminal row writes again.
-    intent = _Part("decisions")
-    release_decision = _Part("decisions")
-    redaction_applied = _PartMethod("decisions")
-    routing_attempt = _PartMethod("decisions")
-    routing_decision = _PartMethod("decisions")
-    model_step = _PartMethod("decisions")
-    plan_decision = _PartMethod("decisions")
-    evidence_guard = _PartMethod("decisions")
-    semantic_guard = _PartMethod("decisions")
-    release = _PartMethod("decisions")
+    intent = Part("decisions")
+    release_decision = Part("decisions")
+    redaction_applied = PartMethod("decisions")
+    routing_attempt = PartMethod("decisions")
+    routing_decision = PartMethod("decisions")
+    model_step = PartMethod("decisions")
+    plan_decision = PartMethod("decisions")
+    evidence_guard = PartMethod("decisions")
+    semantic_guard = PartMethod("decisions")
+    release = PartMethod("decisions")
     # The tool lifecycle (`audit.write.tools.ToolCalls`).
-    is_declared = _PartMethod("tools")
-    run_unique_calls = _PartMethod("tools")
-    tool_started = _PartMethod("tools")
-    tool_finished = _PartMethod("tools")
-    close_tools = _PartMethod("tools")
-    tool_error_observed = _PartMethod("tools")
-    tool_restarted = _PartMethod("tools")
+    is_declared = PartMethod("tools")
+    run_unique_calls = PartMethod("tools")
+    tool_started = PartMethod("tools")
+    tool_finished = PartMethod("tools")
+    close_tools = PartMethod("tools")
+    tool_error_observed = PartMethod("tools")
+    tool_restarted = PartMethod("tools")
     # Calls that wait for a person (`audit.write.approvals.Approvals`).
-    tool_awaiting_approval = _PartMethod("approvals")
-    approved_tool_started = _PartMethod("approvals")
-    interrupt = _PartMethod("approvals")
-    approval_decided = _PartMethod("approvals")
-    run_resumed = _PartMethod("approvals")
+    tool_awaiting_approval = PartMethod("approvals")
+    approved_tool_started = PartMethod("approvals")
+    interrupt = PartMethod("approvals")
+    approval_decided = PartMethod("approvals")
+    run_resumed = PartMethod("approvals")
 
     def __init__(
         self,
