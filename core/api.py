@@ -4,8 +4,8 @@ Every 4xx/5xx body under `/api/` is ``{"error": {"code": str, "message": str}}``
 `exception_handler`, anything else through `ApiErrorMiddleware` and `handler404`/`handler500`; a 500 body
 says nothing, and its log line never carries the exception's message. Every DRF view under `/api/` is an
 `ApiView`, which declares once what every endpoint shares: authentication required (deny by default),
-the checks in the order 401 → 400 → 404 → 403, the id limits and the not-found texts (`NOT_FOUND_*`).
-A view states only what it allows (`permission_classes`, `anonymous`).
+the checks in the order 401 → 400 → 404 → 403, the id limits, the not-found texts (`NOT_FOUND_*`) and
+the one shape of a changing POST (`ApiView.submit`). A view states only what it allows.
 Details: docs/api.md, *Order of checks* and *Errors*.
 """
 
@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 import logging
 import traceback
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig, SuspiciousOperation
@@ -181,6 +183,14 @@ NOT_FOUND_SESSION = "No such session."
 NOT_FOUND_RUN = "No such session or run."
 
 
+class Conflict(exceptions.APIException):
+    """409: the resource is not in a state that allows the change (`conflict`)."""
+
+    status_code = 409
+    default_code = "conflict"
+    default_detail = "Conflict."
+
+
 class IdField(serializers.CharField):
     """A `sessionId` or `runId` in a query or body: 1..`MAX_ID_CHARS` characters, else 400."""
 
@@ -249,6 +259,34 @@ class ApiView(APIView):
             raise exceptions.NotFound(not_found)
         self.check_object_permissions(request, obj)
         return obj
+
+    def submit(
+        self,
+        request,
+        *,
+        act: Callable[[Any, dict], Any],
+        output: Callable[[Any], Any],
+        find: Callable[[dict], Any] | None = None,
+        not_found: str = "",
+        refusals: Mapping[type[Exception], Callable[[Any], Exception]] | None = None,
+        status: int = 200,
+    ) -> Response:
+        """The shape of a POST that changes something, in the order above: the body is validated by the
+        view's `InputSerializer` (400); `find(validated data)`, a visibility selector's call, finds the
+        object the change is made to (None: 404 with `not_found`; then the roles on it: 403; no `find`:
+        no object, None is passed on); `act(object, validated data)` calls the service; an exception of
+        a class in `refusals` is raised as the API error its function makes of it (e.g. 409);
+        `output(result)` is the body, answered with `status`."""
+        body = self.InputSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        obj = self.found(request, find(data), not_found) if find is not None else None
+        try:
+            result = act(obj, data)
+        except tuple(refusals or ()) as exc:
+            refused = next(make for kind, make in refusals.items() if isinstance(exc, kind))
+            raise refused(exc) from exc
+        return Response(output(result), status=status)
 
     def finalize_response(self, request, response, *args, **kwargs):
         if (

@@ -111,29 +111,7 @@ def record_score(
     def compose(tail: Tail):
         nonlocal score
         now = timezone.now()
-        usage = judge.usage if judge is not None else None
-        score = EvaluationScore(
-            score_id=new_id("score"),
-            run_id=tail.run_id,
-            session_id=tail.session_id,
-            evaluator=evaluator,
-            evaluator_name=evaluator.name,
-            evaluator_version=evaluator.version,
-            kind=evaluator.kind,
-            value=_rounded(outcome.value),
-            label=outcome.label[:32],
-            explanation=outcome.explanation,
-            fingerprint=fingerprint or "",
-            judge_model=judge.model if judge is not None else "",
-            judge_input_tokens=getattr(usage, "prompt_tokens", None),
-            judge_output_tokens=getattr(usage, "completion_tokens", None),
-            judge_reasoning_tokens=getattr(usage, "reasoning_tokens", None),
-            judge_cost_usd=cost,
-            judge_cost_status=judge.cost_status if judge is not None else "",
-            judge_duration_ms=judge.duration_ms if judge is not None else None,
-            sequence_no=tail.next_sequence,
-            created_at=now,
-        )
+        score = _score_row(tail, evaluator, outcome, fingerprint, judge, cost, now)
         row = row_insert(score)
         details: dict[str, Any] = {
             "scoreId": score.score_id,
@@ -151,47 +129,7 @@ def record_score(
         bind: dict[str, Any] = {"scoreDigest": row}
         rows = [row]
         if judge is not None:
-            details.update(
-                {
-                    "judgeModel": judge.model,
-                    "judgeProvider": judge.provider,
-                    "judgeUsage": usage.as_details() if usage is not None else {"usageAvailable": False},
-                    "judgeAttempts": list(judge.attempts),
-                    "judgeDurationMs": judge.duration_ms,
-                    "judgeCostUsd": str(cost) if cost is not None else None,
-                    "judgeCostStatus": judge.cost_status,
-                }
-            )
-            if judge.error_code:
-                details["judgeError"] = judge.error_code
-            if judge.reasoning is not None:
-                reasoning = judge.reasoning
-                reasoning_row = row_insert(
-                    AgentReasoningAudit(
-                        session_id=tail.session_id,
-                        run_id=tail.run_id,
-                        step_index=tail.next_sequence,
-                        agent_name=JUDGE_AGENT,
-                        reasoning_available=reasoning.reasoning_available,
-                        reasoning_content=reasoning.reasoning_content,
-                        assistant_text=reasoning.assistant_text,
-                        content_source=reasoning.content_source,
-                        content_bytes=reasoning.content_bytes,
-                        created_at=now,
-                    )
-                )
-                rows.append(reasoning_row)
-                bind["reasoningDigest"] = reasoning_row
-                details.update(
-                    {
-                        "reasoningStepIndex": tail.next_sequence,
-                        "agentName": JUDGE_AGENT,
-                        "reasoningAvailable": reasoning.reasoning_available,
-                        "reasoningBytes": reasoning.reasoning_bytes,
-                        "assistantBytes": reasoning.assistant_bytes,
-                        "contentSource": reasoning.content_source,
-                    }
-                )
+            rows += _judge_facts(tail, judge, cost, now, details, bind)
         event = ChainEvent(
             Phase.RUN,
             EventType.EVALUATION_RECORDED,
@@ -216,6 +154,97 @@ def record_score(
         score.label,
     )
     return EvaluationScore.objects.get(score_id=score.score_id)
+
+
+def _score_row(
+    tail: Tail,
+    evaluator: Evaluator,
+    outcome: Outcome,
+    fingerprint: str,
+    judge: JudgeCall | None,
+    cost: Decimal | None,
+    now: Any,
+) -> EvaluationScore:
+    """The score row as appended at the run's chain head (`tail`), with the judge's call when one ran."""
+    usage = judge.usage if judge is not None else None
+    return EvaluationScore(
+        score_id=new_id("score"),
+        run_id=tail.run_id,
+        session_id=tail.session_id,
+        evaluator=evaluator,
+        evaluator_name=evaluator.name,
+        evaluator_version=evaluator.version,
+        kind=evaluator.kind,
+        value=_rounded(outcome.value),
+        label=outcome.label[:32],
+        explanation=outcome.explanation,
+        fingerprint=fingerprint or "",
+        judge_model=judge.model if judge is not None else "",
+        judge_input_tokens=getattr(usage, "prompt_tokens", None),
+        judge_output_tokens=getattr(usage, "completion_tokens", None),
+        judge_reasoning_tokens=getattr(usage, "reasoning_tokens", None),
+        judge_cost_usd=cost,
+        judge_cost_status=judge.cost_status if judge is not None else "",
+        judge_duration_ms=judge.duration_ms if judge is not None else None,
+        sequence_no=tail.next_sequence,
+        created_at=now,
+    )
+
+
+def _judge_facts(
+    tail: Tail,
+    judge: JudgeCall,
+    cost: Decimal | None,
+    now: Any,
+    details: dict[str, Any],
+    bind: dict[str, Any],
+) -> list[Any]:
+    """What the event says about the judge's call (added to `details`): its model, usage, attempts,
+    duration, cost and error; with its reasoning, the reasoning row (bound in `bind`), which is returned
+    to be appended with the score."""
+    usage = judge.usage
+    details.update(
+        {
+            "judgeModel": judge.model,
+            "judgeProvider": judge.provider,
+            "judgeUsage": usage.as_details() if usage is not None else {"usageAvailable": False},
+            "judgeAttempts": list(judge.attempts),
+            "judgeDurationMs": judge.duration_ms,
+            "judgeCostUsd": str(cost) if cost is not None else None,
+            "judgeCostStatus": judge.cost_status,
+        }
+    )
+    if judge.error_code:
+        details["judgeError"] = judge.error_code
+    if judge.reasoning is None:
+        return []
+    reasoning = judge.reasoning
+    reasoning_row = row_insert(
+        AgentReasoningAudit(
+            session_id=tail.session_id,
+            run_id=tail.run_id,
+            step_index=tail.next_sequence,
+            agent_name=JUDGE_AGENT,
+            reasoning_available=reasoning.reasoning_available,
+            reasoning_content=reasoning.reasoning_content,
+            assistant_text=reasoning.assistant_text,
+            content_source=reasoning.content_source,
+            content_bytes=reasoning.content_bytes,
+            created_at=now,
+        )
+    )
+    bind["reasoningDigest"] = reasoning_row
+    details.update(
+        {
+            "reasoningStepIndex": tail.next_sequence,
+            "agentName": JUDGE_AGENT,
+            "reasoningAvailable": reasoning.reasoning_available,
+            "reasoningBytes": reasoning.reasoning_bytes,
+            "assistantBytes": reasoning.assistant_bytes,
+            "contentSource": reasoning.content_source,
+        }
+    )
+    return [reasoning_row]
 
 
 # --------------------------------------------------------------------------------------------------

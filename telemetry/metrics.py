@@ -67,18 +67,31 @@ def _histogram(name: str, doc: str, queryset, field: str, buckets: tuple[float, 
 
 @reads_from_replica
 def record_metrics() -> list[Metric]:
-    """The record metrics as of now (see the module docstring)."""
-    from audit.models import Checkpoint, EventType, ToolInvocation, TraceEvent
-    from audit.read.dashboard import priced_usage
-    from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun
+    """The record metrics as of now (see the module docstring), in this order: the window's runs, their
+    ledgers (tokens, cost, guard latency, gaps), tool calls, sweeps, the OTLP export outbox, the
+    transparency log's checkpoints and witnesses."""
+    from diagnosis.models import DiagnosisRun
     from diagnosis.selectors import production
-    from pricing.costs import load_price_book
-    from telemetry.selectors import export_backlog
 
-    families: list[Metric] = []
     window = window_seconds()
     since = timezone.now() - dt.timedelta(seconds=window)
     recent_runs = production(DiagnosisRun.objects.filter(created_at__gte=since))
+    families = _run_metrics(recent_runs, window)
+    families += _ledger_metrics(recent_runs, since)
+    families += _tool_metrics(since)
+    families += _sweep_metrics(recent_runs)
+    families += _export_metrics()
+    families += _checkpoint_metrics()
+    families.extend(witness_metrics())
+    families.append(anchor_refusals())
+    return families
+
+
+def _run_metrics(recent_runs, window: int) -> list[Metric]:
+    """The window, the window's runs by flow, status and release, and the finished ones' latencies."""
+    from diagnosis.models import TERMINAL_RUN_STATUSES
+
+    families: list[Metric] = []
     families.append(
         GaugeMetricFamily(
             "diagnosis_metrics_window_seconds",
@@ -116,7 +129,15 @@ def record_metrics() -> list[Metric]:
             RELEASE_SECONDS_BUCKETS,
         )
     )
+    return families
 
+
+def _ledger_metrics(recent_runs, since) -> list[Metric]:
+    """What the window's ledgers hold: tokens by source and by model, cost, the semantic guard's
+    latency, and the gaps (calls without usage, failed and fenced audit writes)."""
+    from audit.models import EventType, TraceEvent
+
+    families: list[Metric] = []
     ledger = recent_runs.aggregate(
         router=Sum("tokens_router"),
         agent=Sum("tokens_agent"),
@@ -131,58 +152,8 @@ def record_metrics() -> list[Metric]:
     for source in ("router", "agent", "guard"):
         tokens.add_metric([source], ledger[source] or 0)
     families.append(tokens)
-    by_model = GaugeMetricFamily(
-        "diagnosis_model_tokens",
-        "Tokens of the window's model calls (router, agents, semantic guard) by source, model and kind, "
-        "as the provider reported them (a kind no call reported is absent, never 0).",
-        labels=["source", "model", "kind"],
-    )
-    # One row per (source, model) from the calls' MODEL_TOKEN_USAGE events (the ledger's own record),
-    # read through the (event_type, created_at) index.
-    kinds = (("input", "promptTokens"), ("output", "completionTokens"))
-    kinds += (("reasoning", "reasoningTokens"), ("cache_read", "cachedTokens"))
-    for row in (
-        TraceEvent.objects.filter(
-            event_type=EventType.MODEL_TOKEN_USAGE, status="REPORTED", created_at__gte=since
-        )
-        .values(source=KT("details__source"), model=KT("details__model"))
-        .annotate(
-            **{
-                kind: Sum(Cast(KT(f"details__{key}"), BigIntegerField()), filter=_reported(f"details__{key}"))
-                for kind, key in kinds
-            }
-        )
-        .order_by()
-    ):
-        for kind, _key in kinds:
-            if row[kind] is not None:
-                by_model.add_metric([str(row["source"]).lower(), str(row["model"]), kind], row[kind])
-    families.append(by_model)
-    # Cost by the pricing rule (`pricing.rules`) of the window's calls, summed per source and model
-    # (`audit.read.dashboard.priced_usage`: one GROUP BY, plus the price overrides); calls that cannot be
-    # priced (unknown model, no usage, the demo model) are counted, never priced at 0.
-    cost = GaugeMetricFamily(
-        "diagnosis_model_cost_dollars",
-        "Cost in US dollars of the window's model calls by source and model (priced calls only).",
-        labels=["source", "model"],
-    )
-    unpriced = GaugeMetricFamily(
-        "diagnosis_model_calls_unpriced",
-        "Model calls of the window whose cost is unavailable, by source, model and reason.",
-        labels=["source", "model", "reason"],
-    )
-    priced_sum: dict[tuple[str, str], float] = {}
-    for row in priced_usage(since=since, until=timezone.now(), book=load_price_book(), by_day=False):
-        key = (row.source.lower(), row.model)
-        if row.cost is not None:
-            priced_sum[key] = priced_sum.get(key, 0.0) + float(row.cost)
-            if row.without_usage:
-                unpriced.add_metric([*key, "usage_unavailable"], row.without_usage)
-        else:
-            unpriced.add_metric([*key, row.cost_status], row.calls)
-    for key, value in sorted(priced_sum.items()):
-        cost.add_metric(list(key), value)
-    families.extend((cost, unpriced))
+    families.append(_model_token_metric(since))
+    families.extend(_cost_metrics(since))
     families.append(
         _histogram(
             "diagnosis_guard_duration_seconds",
@@ -213,6 +184,77 @@ def record_metrics() -> list[Metric]:
             value=ledger["fenced"] or 0,
         )
     )
+    return families
+
+
+def _model_token_metric(since) -> Metric:
+    """Tokens of the window's model calls by source, model and kind."""
+    from audit.models import EventType, TraceEvent
+
+    by_model = GaugeMetricFamily(
+        "diagnosis_model_tokens",
+        "Tokens of the window's model calls (router, agents, semantic guard) by source, model and kind, "
+        "as the provider reported them (a kind no call reported is absent, never 0).",
+        labels=["source", "model", "kind"],
+    )
+    # One row per (source, model) from the calls' MODEL_TOKEN_USAGE events (the ledger's own record),
+    # read through the (event_type, created_at) index.
+    kinds = (("input", "promptTokens"), ("output", "completionTokens"))
+    kinds += (("reasoning", "reasoningTokens"), ("cache_read", "cachedTokens"))
+    for row in (
+        TraceEvent.objects.filter(
+            event_type=EventType.MODEL_TOKEN_USAGE, status="REPORTED", created_at__gte=since
+        )
+        .values(source=KT("details__source"), model=KT("details__model"))
+        .annotate(
+            **{
+                kind: Sum(Cast(KT(f"details__{key}"), BigIntegerField()), filter=_reported(f"details__{key}"))
+                for kind, key in kinds
+            }
+        )
+        .order_by()
+    ):
+        for kind, _key in kinds:
+            if row[kind] is not None:
+                by_model.add_metric([str(row["source"]).lower(), str(row["model"]), kind], row[kind])
+    return by_model
+
+
+def _cost_metrics(since) -> list[Metric]:
+    """Cost of the window's model calls by source and model, and the calls that could not be priced."""
+    from audit.read.dashboard import priced_usage
+    from pricing.costs import load_price_book
+
+    # Cost by the pricing rule (`pricing.rules`) of the window's calls, summed per source and model
+    # (`audit.read.dashboard.priced_usage`: one GROUP BY, plus the price overrides); calls that cannot be
+    # priced (unknown model, no usage, the demo model) are counted, never priced at 0.
+    cost = GaugeMetricFamily(
+        "diagnosis_model_cost_dollars",
+        "Cost in US dollars of the window's model calls by source and model (priced calls only).",
+        labels=["source", "model"],
+    )
+    unpriced = GaugeMetricFamily(
+        "diagnosis_model_calls_unpriced",
+        "Model calls of the window whose cost is unavailable, by source, model and reason.",
+        labels=["source", "model", "reason"],
+    )
+    priced_sum: dict[tuple[str, str], float] = {}
+    for row in priced_usage(since=since, until=timezone.now(), book=load_price_book(), by_day=False):
+        key = (row.source.lower(), row.model)
+        if row.cost is not None:
+            priced_sum[key] = priced_sum.get(key, 0.0) + float(row.cost)
+            if row.without_usage:
+                unpriced.add_metric([*key, "usage_unavailable"], row.without_usage)
+        else:
+            unpriced.add_metric([*key, row.cost_status], row.calls)
+    for key, value in sorted(priced_sum.items()):
+        cost.add_metric(list(key), value)
+    return [cost, unpriced]
+
+
+def _tool_metrics(since) -> list[Metric]:
+    """Tool invocations of the window by tool and status."""
+    from audit.models import ToolInvocation
 
     tools = GaugeMetricFamily(
         "diagnosis_tool_calls",
@@ -226,8 +268,11 @@ def record_metrics() -> list[Metric]:
         .order_by()
     ):
         tools.add_metric([row["tool_name"], row["status"]], row["n"])
-    families.append(tools)
+    return [tools]
 
+
+def _sweep_metrics(recent_runs) -> list[Metric]:
+    """Runs of the window the sweeper failed, by reason."""
     swept = GaugeMetricFamily(
         "diagnosis_runs_swept", "Runs of the window failed by the sweeper, by reason.", labels=["reason"]
     )
@@ -240,7 +285,12 @@ def record_metrics() -> list[Metric]:
     }
     for code in SWEEP_CODES:
         swept.add_metric([code], counts.get(code, 0))
-    families.append(swept)
+    return [swept]
+
+
+def _export_metrics() -> list[Metric]:
+    """The OTLP export outbox: runs by state, and how long the oldest waits."""
+    from telemetry.selectors import export_backlog
 
     backlog = export_backlog()
     exports = GaugeMetricFamily(
@@ -248,27 +298,30 @@ def record_metrics() -> list[Metric]:
     )
     for state, n in backlog.by_state.items():
         exports.add_metric([state], n)
-    families.append(exports)
-    families.append(
+    return [
+        exports,
         GaugeMetricFamily(
             "diagnosis_otlp_export_lag_seconds",
             "How long the oldest finished run not yet exported has waited (0: none waits).",
             value=backlog.lag_seconds,
-        )
-    )
+        ),
+    ]
+
+
+def _checkpoint_metrics() -> list[Metric]:
+    """The age of the newest signed checkpoint (none before the first)."""
+    from audit.models import Checkpoint
 
     newest = Checkpoint.objects.aggregate(at=Max("signed_at"))["at"]
-    if newest is not None:
-        families.append(
-            GaugeMetricFamily(
-                "diagnosis_checkpoint_age_seconds",
-                "Seconds since the newest signed checkpoint of the transparency log.",
-                value=max(0.0, (timezone.now() - newest).total_seconds()),
-            )
+    if newest is None:
+        return []
+    return [
+        GaugeMetricFamily(
+            "diagnosis_checkpoint_age_seconds",
+            "Seconds since the newest signed checkpoint of the transparency log.",
+            value=max(0.0, (timezone.now() - newest).total_seconds()),
         )
-    families.extend(witness_metrics())
-    families.append(anchor_refusals())
-    return families
+    ]
 
 
 @reads_from_replica

@@ -273,34 +273,12 @@ async def _execute(
 ) -> RunOutcome:
     token = cancel if cancel is not None else CancelToken()
     claimed_at = time.monotonic()
-    if claimed is not None:
-        if claimed.run_id != run_id or claimed.lease_owner != _OWNER:
-            raise RunNotClaimable(run_id)
-        run = claimed
-    else:
-        run = await db(services.claim_run, run_id=run_id, owner=_OWNER)
-    if run is None:
-        raise RunNotClaimable(run_id)
-    if run.cancel_requested:  # cancelled while it waited: stop at the first safe point
-        token.cancel("cancel requested")
+    run = await _claim(run_id, claimed, token)
     out = sink if isinstance(sink, SafeSink) else SafeSink(sink, run_id=run_id)
     # A run that started before and is PENDING again was interrupted for an approval and decided: it is
     # resumed (its recorder rebuilt from the store, fenced by this claim's epoch), not started again.
-    if not services.created_by_the_service(run):
-        # A run row a database writer inserted (or changed) is never executed (issue 43).
-        await db(end_unauthentic_run, run_id, lease_epoch=run.lease_epoch, code=RUN_NOT_AUTHENTIC)
-        raise RunNotClaimable(run_id)
     resuming = run.started_at is not None
-    try:
-        recorder = (
-            await db(RunRecorder.resume, run_id, lease_epoch=run.lease_epoch)
-            if resuming
-            else RunRecorder.for_run(run)
-        )
-    except ChainNotAuthentic:
-        # Its chain was not written by this service: nothing is chained after it, nothing executes.
-        await db(end_unauthentic_run, run_id, lease_epoch=run.lease_epoch)
-        raise RunNotClaimable(run_id) from None
+    recorder = await _recorder_of(run, resuming=resuming)
     _trip_on_fence(recorder, token)
     heartbeat = asyncio.create_task(
         _heartbeat(run_id, run.lease_epoch, token, claimed_at=claimed_at), name=f"lease:{run_id}"
@@ -311,70 +289,10 @@ async def _execute(
     out.before_emit = ending.commit_held
     try:
         try:
-            setup_error: Exception | None = None
-            details: dict[str, Any] = {"leaseOwner": _OWNER, "purpose": run.purpose}
-            mode = services.release_mode()
-            if resuming:
-                mode = recorder.release_mode or mode
-            try:
-                client = client if client is not None else get_model_client()
-                registry = registry if registry is not None else default_registry(flow=run.agent_flow)
-                details.update(
-                    provider=client.provider,
-                    models={
-                        "router": client.roles.router,
-                        "agent": client.roles.agent,
-                        "guard": client.roles.guard,
-                    },
-                    tools=registry.names(),
-                )
-                if not resuming:
-                    config = await db(
-                        configure_run,
-                        client=client,
-                        registry=registry,
-                        flow=run.agent_flow,
-                        release_mode=mode,
-                        prompts_in_use=run_prompts,
-                        knowledge=corpus.snapshot if corpus is not None else None,
-                    )
-                    details.update(configuration=config.document, configFingerprint=config.fingerprint)
-            except Exception as exc:  # reported after RUN_STARTED, so the run still reads in order
-                setup_error = exc
-            if resuming:
-                seq = await db(recorder.run_resumed, details={**details, "leaseEpoch": run.lease_epoch})
-            else:
-                seq = await db(
-                    recorder.run_started, agent_flow=run.agent_flow, release_mode=mode, details=details
-                )
-            demo = details.get("provider") == DEMO_PROVIDER
-            await out.emit(RunEvent(session_id=run.session_id, run_id=run_id, sequence_no=seq, demo=demo))
-            if setup_error is not None:
-                raise setup_error
-            ctx = RunContext(
-                run_id=run_id,
-                session_id=run.session_id,
-                query=run.query,
-                recorder=recorder,
-                sink=out,
-                token=token,
-                client=client,
-                registry=registry,
-                canonical=CanonicalStore(run_id),
-                release_mode=mode,
-                prompts=run_prompts,
-                on_finishing=ending.finishing,
-                gate=gate,
-                redactor=Redactor(
-                    known=await db(known_redactions, run, resuming=True)
-                    if resuming
-                    else known_redactions(run)
-                ),
-            )
-            ending.ctx = ctx
-            if run.redaction and not resuming:
-                source = "alert" if is_aiops(run.agent_flow) else "question"
-                await ctx.record(recorder.redaction_applied, source=source, facts=run.redaction)
+            ctx = await _start(
+                run, recorder, out, token, ending, client=client, registry=registry, gate=gate,
+                run_prompts=run_prompts, corpus=corpus, resuming=resuming,
+            )  # fmt: skip
             if is_aiops(run.agent_flow):
                 result = await run_aiops(ctx, created_at=run.created_at, resuming=resuming)
             elif resuming:
@@ -400,6 +318,117 @@ async def _execute(
         return await ending.succeeded(result.release_decision, result.content, result.self_evaluation)
     finally:
         heartbeat.cancel()
+
+
+async def _claim(run_id: str, claimed: DiagnosisRun | None, token: CancelToken) -> DiagnosisRun:
+    """The run this process now holds the lease of (claimed here unless the caller did); a run cancelled
+    while it waited stops at the first safe point. RunNotClaimable when it cannot be claimed."""
+    if claimed is not None:
+        if claimed.run_id != run_id or claimed.lease_owner != _OWNER:
+            raise RunNotClaimable(run_id)
+        run = claimed
+    else:
+        run = await db(services.claim_run, run_id=run_id, owner=_OWNER)
+    if run is None:
+        raise RunNotClaimable(run_id)
+    if run.cancel_requested:
+        token.cancel("cancel requested")
+    return run
+
+
+async def _recorder_of(run: DiagnosisRun, *, resuming: bool) -> RunRecorder:
+    """The run's recorder, new or (`resuming`) rebuilt from the store. A run row or chain this service
+    did not write is ended on its row alone and never executed (RunNotClaimable; issue 43)."""
+    if not services.created_by_the_service(run):  # a row a database writer inserted or changed
+        await db(end_unauthentic_run, run.run_id, lease_epoch=run.lease_epoch, code=RUN_NOT_AUTHENTIC)
+        raise RunNotClaimable(run.run_id)
+    try:
+        return (
+            await db(RunRecorder.resume, run.run_id, lease_epoch=run.lease_epoch)
+            if resuming
+            else RunRecorder.for_run(run)
+        )
+    except ChainNotAuthentic:
+        # Its chain was not written by this service: nothing is chained after it, nothing executes.
+        await db(end_unauthentic_run, run.run_id, lease_epoch=run.lease_epoch)
+        raise RunNotClaimable(run.run_id) from None
+
+
+async def _start(
+    run: DiagnosisRun,
+    recorder: RunRecorder,
+    out: SafeSink,
+    token: CancelToken,
+    ending: _Ending,
+    *,
+    client: ModelClient | None,
+    registry: ToolRegistry | None,
+    gate: asyncio.Event | None,
+    run_prompts: SystemPrompts,
+    corpus: Corpus | None,
+    resuming: bool,
+) -> RunContext:
+    """RUN_STARTED (RUN_RESUMED when `resuming`) naming the run's provider, models, tools and (new runs)
+    configuration, and its frame, then the run's context; an error of the set-up is raised after that
+    record, so the run still reads in order."""
+    details: dict[str, Any] = {"leaseOwner": _OWNER, "purpose": run.purpose}
+    mode = services.release_mode()
+    if resuming:
+        mode = recorder.release_mode or mode
+    setup_error: Exception | None = None
+    try:  # the model client and tool registry, and a new run's configuration chained with its fingerprint
+        client = client if client is not None else get_model_client()
+        registry = registry if registry is not None else default_registry(flow=run.agent_flow)
+        roles = client.roles
+        details.update(
+            provider=client.provider,
+            models={"router": roles.router, "agent": roles.agent, "guard": roles.guard},
+            tools=registry.names(),
+        )
+        if not resuming:
+            config = await db(
+                configure_run,
+                client=client,
+                registry=registry,
+                flow=run.agent_flow,
+                release_mode=mode,
+                prompts_in_use=run_prompts,
+                knowledge=corpus.snapshot if corpus is not None else None,
+            )
+            details.update(configuration=config.document, configFingerprint=config.fingerprint)
+    except Exception as exc:  # reported after RUN_STARTED, so the run still reads in order
+        setup_error = exc
+    if resuming:
+        seq = await db(recorder.run_resumed, details={**details, "leaseEpoch": run.lease_epoch})
+    else:
+        seq = await db(recorder.run_started, agent_flow=run.agent_flow, release_mode=mode, details=details)
+    demo = details.get("provider") == DEMO_PROVIDER
+    await out.emit(RunEvent(session_id=run.session_id, run_id=run.run_id, sequence_no=seq, demo=demo))
+    if setup_error is not None:
+        raise setup_error
+    ctx = RunContext(
+        run_id=run.run_id,
+        session_id=run.session_id,
+        query=run.query,
+        recorder=recorder,
+        sink=out,
+        token=token,
+        client=client,
+        registry=registry,
+        canonical=CanonicalStore(run.run_id),
+        release_mode=mode,
+        prompts=run_prompts,
+        on_finishing=ending.finishing,
+        gate=gate,
+        redactor=Redactor(
+            known=await db(known_redactions, run, resuming=True) if resuming else known_redactions(run)
+        ),
+    )
+    ending.ctx = ctx
+    if run.redaction and not resuming:
+        source = "alert" if is_aiops(run.agent_flow) else "question"
+        await ctx.record(recorder.redaction_applied, source=source, facts=run.redaction)
+    return ctx
 
 
 @dataclass(eq=False)

@@ -10,7 +10,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from audit.transparency import note
+from audit.models import Checkpoint, CheckpointCosignature
+from audit.transparency import note, signednote
+from audit.transparency.cosignatures import check_cosignatures
 from audit.verify.hash_chain import timestamp
 
 
@@ -83,3 +85,47 @@ def witness_problems(entries: Sequence[WitnessEntry], known: dict[str, Any]) -> 
             continue
         bodies.append((entry, body))
     return problems, bodies
+
+
+def checkpoint_targets(
+    invalid: list[str],
+    checkpoints: list[Checkpoint],
+    known: Any,
+    cosigners: list[signednote.Verifier],
+    witness: Sequence[WitnessEntry],
+) -> dict[int, list[tuple[str, str]]]:
+    """Check the checkpoints on their own (signatures, cosignatures) and their chain, and the witnessed
+    ones against them (problems appended to `invalid`); returns the roots the leaves must produce, by
+    tree size (label, root). For `audit.transparency.verify.verify_log`."""
+    targets: dict[int, list[tuple[str, str]]] = {}
+    previous = ""
+    cosignatures: dict[int, list[CheckpointCosignature]] = {}
+    if cosigners:  # one query for all of them, and none without a witness key to check them with
+        for c in CheckpointCosignature.objects.order_by("id"):
+            cosignatures.setdefault(c.checkpoint_id, []).append(c)
+    for cp in checkpoints:
+        invalid.extend(check_checkpoint(cp, known))
+        invalid.extend(check_cosignatures(cp, cosigners, cosignatures.get(cp.pk, [])))
+        if cp.previous_hash != previous:
+            invalid.append(f"checkpoint tree_size={cp.tree_size}: does not name the previous checkpoint")
+        previous = cp.checkpoint_hash
+        targets.setdefault(cp.tree_size, []).append((f"checkpoint tree_size={cp.tree_size}", cp.root_hash))
+    from_witness, witnessed = witness_problems(witness, known)
+    invalid.extend(from_witness)
+    by_size = {cp.tree_size: cp for cp in checkpoints}
+    for entry, body in witnessed:
+        stored = by_size.get(body.tree_size)
+        if stored is not None and stored.body != entry.body:
+            invalid.append(
+                f"witness line {entry.line}: checkpoint tree_size={body.tree_size} in the database differs "
+                "from the witnessed one"
+            )
+        elif stored is None:
+            invalid.append(
+                f"witness line {entry.line}: checkpoint tree_size={body.tree_size} (signed {body.signed_at}) "
+                "is missing from the database"
+            )
+        targets.setdefault(body.tree_size, []).append(
+            (f"witnessed tree_size={body.tree_size}", body.root_hash)
+        )
+    return targets

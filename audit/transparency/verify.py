@@ -18,14 +18,13 @@ from django.db.models import Q
 
 from audit.models import (
     Checkpoint,
-    CheckpointCosignature,
     LogHead,
     LogLeaf,
     LogNode,
     RunTombstone,
 )
 from audit.transparency import keys, leafdata, merkle, signednote, store
-from audit.transparency.checkpoints import WitnessEntry, check_checkpoint, witness_problems
+from audit.transparency.checkpoints import WitnessEntry, check_checkpoint, checkpoint_targets
 from audit.transparency.cosignatures import check_cosignatures, policy_problems
 from audit.verify.holds import chained_holds, chained_purges, tombstone_problems
 from audit.verify.rows import GOVERNANCE_EVENTS
@@ -158,111 +157,116 @@ def verify_log(
     checkpoints = list(Checkpoint.objects.order_by("tree_size"))
     result.checkpoints = len(checkpoints)
     result.newest = checkpoints[-1] if checkpoints else None
-
-    # Checkpoints on their own, and their chain.
-    targets: dict[int, list[tuple[str, str]]] = {}
-    previous = ""
     cosigners = [*witnesses, *(policy.witnesses if policy else ())]
-    cosignatures: dict[int, list[CheckpointCosignature]] = {}
-    if cosigners:  # one query for all of them, and none without a witness key to check them with
-        for c in CheckpointCosignature.objects.order_by("id"):
-            cosignatures.setdefault(c.checkpoint_id, []).append(c)
-    for cp in checkpoints:
-        result.invalid.extend(check_checkpoint(cp, known))
-        result.invalid.extend(check_cosignatures(cp, cosigners, cosignatures.get(cp.pk, [])))
-        if cp.previous_hash != previous:
-            result.invalid.append(
-                f"checkpoint tree_size={cp.tree_size}: does not name the previous checkpoint"
-            )
-        previous = cp.checkpoint_hash
-        targets.setdefault(cp.tree_size, []).append((f"checkpoint tree_size={cp.tree_size}", cp.root_hash))
-    from_witness, witnessed = witness_problems(witness, known)
-    result.invalid.extend(from_witness)
-    by_size = {cp.tree_size: cp for cp in checkpoints}
-    for entry, body in witnessed:
-        stored = by_size.get(body.tree_size)
-        if stored is not None and stored.body != entry.body:
-            result.invalid.append(
-                f"witness line {entry.line}: checkpoint tree_size={body.tree_size} in the database differs "
-                "from the witnessed one"
-            )
-        elif stored is None:
-            result.invalid.append(
-                f"witness line {entry.line}: checkpoint tree_size={body.tree_size} (signed {body.signed_at}) "
-                "is missing from the database"
-            )
-        targets.setdefault(body.tree_size, []).append(
-            (f"witnessed tree_size={body.tree_size}", body.root_hash)
-        )
+    targets = checkpoint_targets(result.invalid, checkpoints, known, cosigners, witness)
     head = LogHead.objects.filter(pk=1).first()
     if head is not None and head.tree_size:
         targets.setdefault(head.tree_size, []).append(("log head", head.root_hash))
-
-    # The leaves, in order: contiguity, leaf hashes, stored nodes, roots, anchored runs still present.
-    frontier = merkle.Frontier()
-    node_problems = 0
-    purged_seen: set[str] = set()
-    authenticated_since: int | None = None  # the first leaf that names a write key
+    walk = _LeafWalk(result, targets, checkpoints, purges=purges, holds=holds)
     for rows in _leaf_batches(batch_size):
-        first = frontier.size
+        walk.batch(rows)
+    walk.done()
+    _check_coverage(result, targets, walk.frontier.size, head, policy, checkpoints)
+    return result
+
+
+class _LeafWalk:
+    """The leaves, in order, one batch at a time: contiguity, leaf hashes, stored nodes, roots, and the
+    anchored runs still present (or purged by a chained retention purge)."""
+
+    def __init__(
+        self,
+        result: LogVerification,
+        targets: dict[int, list[tuple[str, str]]],
+        checkpoints: list[Checkpoint],
+        *,
+        purges: Any,
+        holds: Any,
+    ) -> None:
+        self.result = result
+        self.targets = targets
+        self.checkpoints = checkpoints
+        self.purges = purges
+        self.holds = holds
+        self.frontier = merkle.Frontier()
+        self.node_problems = 0
+        self.purged_seen: set[str] = set()
+        self.authenticated_since: int | None = None  # the first leaf that names a write key
+
+    def batch(self, rows: list[LogLeaf]) -> None:
+        first = self.frontier.size
         made: dict[tuple[int, int], str] = {}
         anchored_runs: dict[str, tuple[int, dict[str, Any]]] = {}
         for leaf in rows:
-            index, leaf_hex, data = leaf.index, leaf.leaf_hash, leaf.data
-            fields, problems = leaf_problems(leaf)
-            result.invalid.extend(problems)
-            if fields is not None and leafdata.write_key_id(fields) is not None:
-                authenticated_since = index if authenticated_since is None else authenticated_since
-            elif fields is not None and authenticated_since is not None:
-                result.invalid.append(
-                    f"log leaf {index}: a leaf of before write authentication after an authenticated one "
-                    f"(leaf {authenticated_since}): the log vouches for untagged records only before"
-                )
-            if fields is not None and fields["kind"] == leafdata.KIND_GOVERNANCE:
-                result.governance.setdefault(fields["lastSequenceNo"], []).append((index, fields))
-            elif fields is not None:
-                anchored_runs.setdefault(fields["runId"], (index, fields))
-            if index != frontier.size:
-                gap = f"{frontier.size}" if index == frontier.size + 1 else f"{frontier.size}–{index - 1}"
-                result.invalid.append(f"log leaf index {gap} missing (the log was cut or reordered)")
-                # Continue from the stored index so later checks still run; roots will not match.
-                while frontier.size < index:
-                    frontier.append(merkle.EMPTY_ROOT)
-            computed = merkle.leaf_hash(data.encode("utf-8"))
-            if computed.hex() != leaf_hex:
-                what = f"run {fields['runId']}" if fields and "runId" in fields else "governance"
-                result.invalid.append(f"log leaf {index} ({what}): leaf hash does not match its data")
-            try:
-                stored_hash = bytes.fromhex(leaf_hex)
-            except (ValueError, TypeError):
-                stored_hash = computed  # named just above; the roots will still be checked
-            for level, node_index, h in frontier.append(stored_hash):
-                made[(level, node_index)] = h.hex()
-            for label, root_hex in targets.get(frontier.size, ()):
-                if frontier.root().hex() != root_hex:
-                    result.invalid.append(
-                        f"{label}: root does not match the first {frontier.size} stored leaves"
-                    )
-        stored = _stored_nodes(first, frontier.size)
+            self._leaf(leaf, made, anchored_runs)
+        self._nodes(made, _stored_nodes(first, self.frontier.size))
+        self._anchored(anchored_runs)
+
+    def _leaf(
+        self,
+        leaf: LogLeaf,
+        made: dict[tuple[int, int], str],
+        anchored_runs: dict[str, tuple[int, dict[str, Any]]],
+    ) -> None:
+        result, frontier = self.result, self.frontier
+        index, leaf_hex, data = leaf.index, leaf.leaf_hash, leaf.data
+        fields, problems = leaf_problems(leaf)
+        result.invalid.extend(problems)
+        if fields is not None and leafdata.write_key_id(fields) is not None:
+            self.authenticated_since = index if self.authenticated_since is None else self.authenticated_since
+        elif fields is not None and self.authenticated_since is not None:
+            result.invalid.append(
+                f"log leaf {index}: a leaf of before write authentication after an authenticated one "
+                f"(leaf {self.authenticated_since}): the log vouches for untagged records only before"
+            )
+        if fields is not None and fields["kind"] == leafdata.KIND_GOVERNANCE:
+            result.governance.setdefault(fields["lastSequenceNo"], []).append((index, fields))
+        elif fields is not None:
+            anchored_runs.setdefault(fields["runId"], (index, fields))
+        if index != frontier.size:
+            gap = f"{frontier.size}" if index == frontier.size + 1 else f"{frontier.size}–{index - 1}"
+            result.invalid.append(f"log leaf index {gap} missing (the log was cut or reordered)")
+            # Continue from the stored index so later checks still run; roots will not match.
+            while frontier.size < index:
+                frontier.append(merkle.EMPTY_ROOT)
+        computed = merkle.leaf_hash(data.encode("utf-8"))
+        if computed.hex() != leaf_hex:
+            what = f"run {fields['runId']}" if fields and "runId" in fields else "governance"
+            result.invalid.append(f"log leaf {index} ({what}): leaf hash does not match its data")
+        try:
+            stored_hash = bytes.fromhex(leaf_hex)
+        except (ValueError, TypeError):
+            stored_hash = computed  # named just above; the roots will still be checked
+        for level, node_index, h in frontier.append(stored_hash):
+            made[(level, node_index)] = h.hex()
+        for label, root_hex in self.targets.get(frontier.size, ()):
+            if frontier.root().hex() != root_hex:
+                result.invalid.append(f"{label}: root does not match the first {frontier.size} stored leaves")
+
+    def _nodes(self, made: dict[tuple[int, int], str], stored: dict[tuple[int, int], str]) -> None:
+        """The stored nodes the batch completed, against those its leaves make."""
         for node in sorted(set(made) | set(stored)):
             if made.get(node) == stored.get(node):
                 continue
-            node_problems += 1
-            if node_problems > MAX_NODE_PROBLEMS:
+            self.node_problems += 1
+            if self.node_problems > MAX_NODE_PROBLEMS:
                 continue
             level, node_index = node
             span = f"leaves {node_index << level}–{((node_index + 1) << level) - 1}"
             if node not in stored:
-                result.invalid.append(f"log node level {level} index {node_index} ({span}) missing")
+                self.result.invalid.append(f"log node level {level} index {node_index} ({span}) missing")
             elif node not in made:
-                result.invalid.append(
+                self.result.invalid.append(
                     f"log node level {level} index {node_index} ({span}) stored but not expected"
                 )
             else:
-                result.invalid.append(
+                self.result.invalid.append(
                     f"log node level {level} index {node_index} ({span}) does not match its leaves"
                 )
-        # Every run these leaves anchor (from their data) must still exist, or be purged by retention.
+
+    def _anchored(self, anchored_runs: dict[str, tuple[int, dict[str, Any]]]) -> None:
+        """Every run these leaves anchor (from their data) must still exist, or be purged by retention."""
+        result = self.result
         present = set(
             DiagnosisRun.objects.filter(run_id__in=list(anchored_runs)).values_list("run_id", flat=True)
         )
@@ -273,45 +277,61 @@ def verify_log(
             if tombstone is None:
                 result.invalid.append(f"anchored run {run_id} (leaf {index}) is missing from the store")
                 continue
-            if run_id in purged_seen:
+            if run_id in self.purged_seen:
                 continue
-            purged_seen.add(run_id)
+            self.purged_seen.add(run_id)
             result.purged += 1
-            first = next((cp for cp in checkpoints if cp.tree_size > index), None)
+            first = next((cp for cp in self.checkpoints if cp.tree_size > index), None)
             result.invalid.extend(
                 tombstone_problems(
                     tombstone,
                     leaf_index=index,
                     finished_at=fields.get("finishedAt"),
                     signed_at=first.signed_at if first else None,
-                    purge=purges.get(run_id),
-                    holds=holds,
+                    purge=self.purges.get(run_id),
+                    holds=self.holds,
                     session_id=fields.get("sessionId"),
                 )
             )
-    if node_problems > MAX_NODE_PROBLEMS:
-        result.invalid.append(f"… and {node_problems - MAX_NODE_PROBLEMS} more log node problem(s)")
-    stored_nodes_total = LogNode.objects.count()
-    expected_nodes = sum(frontier.size >> level for level in range(1, frontier.size.bit_length()))
-    if stored_nodes_total > expected_nodes:
-        result.invalid.append(f"{stored_nodes_total - expected_nodes} log node(s) stored beyond the leaves")
-    result.leaves = frontier.size
 
-    for size in sorted(targets):
-        if size > frontier.size:
-            for label, _ in targets[size]:
+    def done(self) -> None:
+        """After the last batch: the node problems left unnamed, nodes stored beyond the leaves."""
+        result, size = self.result, self.frontier.size
+        if self.node_problems > MAX_NODE_PROBLEMS:
+            result.invalid.append(f"… and {self.node_problems - MAX_NODE_PROBLEMS} more log node problem(s)")
+        stored_nodes_total = LogNode.objects.count()
+        expected_nodes = sum(size >> level for level in range(1, size.bit_length()))
+        if stored_nodes_total > expected_nodes:
+            result.invalid.append(
+                f"{stored_nodes_total - expected_nodes} log node(s) stored beyond the leaves"
+            )
+        result.leaves = size
+
+
+def _check_coverage(
+    result: LogVerification,
+    targets: dict[int, list[tuple[str, str]]],
+    size: int,
+    head: LogHead | None,
+    policy: signednote.Policy | None,
+    checkpoints: list[Checkpoint],
+) -> None:
+    """What the stored leaves (`size`) must cover: every signed, witnessed and head tree size, no leaf
+    unsigned; the head's count, the witness policy, and the consistency of the last two checkpoints."""
+    for tree_size in sorted(targets):
+        if tree_size > size:
+            for label, _ in targets[tree_size]:
                 result.invalid.append(
-                    f"{label}: covers {size} leaves but only {frontier.size} are stored "
-                    "(the log was truncated)"
+                    f"{label}: covers {tree_size} leaves but only {size} are stored (the log was truncated)"
                 )
-    if result.newest is not None and frontier.size > result.newest.tree_size:
+    if result.newest is not None and size > result.newest.tree_size:
         result.invalid.append(
-            f"log leaves {result.newest.tree_size}–{frontier.size - 1} are not covered by a signed checkpoint"
+            f"log leaves {result.newest.tree_size}–{size - 1} are not covered by a signed checkpoint"
         )
-    if result.newest is None and frontier.size:
-        result.invalid.append(f"{frontier.size} log leaves but no checkpoint signs them")
-    if head is not None and head.tree_size != frontier.size:
-        result.invalid.append(f"log head says {head.tree_size} leaves, {frontier.size} are stored")
+    if result.newest is None and size:
+        result.invalid.append(f"{size} log leaves but no checkpoint signs them")
+    if head is not None and head.tree_size != size:
+        result.invalid.append(f"log head says {head.tree_size} leaves, {size} are stored")
     if policy is not None:
         result.invalid.extend(policy_problems(result.newest, policy))
     if len(checkpoints) >= 2 and not result.invalid:
@@ -327,7 +347,6 @@ def verify_log(
             )
         except (merkle.ProofError, store.TreeIncomplete) as exc:
             result.invalid.append(f"consistency proof {older.tree_size} → {newer.tree_size}: {exc}")
-    return result
 
 
 # --------------------------------------------------------------------------------------------------

@@ -172,32 +172,10 @@ def reconcile(
     differences: list[str] = []
     without_usage = [name for name, call in zip(names, stored, strict=True) if not call.has_total]
 
-    by_step = {c.step_key: (n, c) for n, c in zip(names, stored, strict=True) if c.source == "AGENT"}
-    for step_index, row in steps:
-        entry = by_step.pop((row.agent, step_index), None)
-        if entry is None:
-            differences.append(f"{call_names([row])[0]}: step row has no usage record")
-            continue
-        name, call = entry
-        for (_key, attr), got, want in zip(USAGE_FIELDS, row.counts()[1:], call.counts()[1:], strict=True):
-            if got != want:
-                differences.append(f"{name}: step row {attr} {got} differs from its usage record {want}")
-        if row.available != call.available:
-            differences.append(f"{name}: step row usage_available differs from its usage record")
-    for name, _call in by_step.values():
-        differences.append(f"{name}: usage record has no step row")
-
+    _step_differences(names, stored, steps, differences)
     recorded = len(stored)
     if reported is not None:
-        reported_names = call_names(reported)
-        stored_by_name = dict(zip(names, stored, strict=True))
-        for name, call in zip(reported_names, reported, strict=True):
-            kept_call = stored_by_name.get(name)
-            if kept_call is None:
-                differences.append(f"{name}: usage reported by the provider was not stored")
-                without_usage.append(name)
-            elif kept_call.counts() != call.counts():
-                differences.append(f"{name}: stored usage differs from what the provider reported")
+        _reported_differences(names, stored, reported, differences, without_usage)
         recorded = max(recorded, len(reported))
 
     model_calls = max(started_calls, recorded, kept.model_calls if kept else 0)
@@ -222,28 +200,7 @@ def reconcile(
     unavailable = unreported_base + sum(1 for c in stored if not c.has_total)
 
     if kept is not None:
-        for source in SOURCES:
-            if kept.by_source.get(source, 0) != by_source[source]:
-                differences.append(
-                    f"ledger {source.lower()} tokens {kept.by_source.get(source, 0)} differ from the "
-                    f"stored usage records ({by_source[source]})"
-                )
-        if kept.total != total:
-            differences.append(f"ledger total {kept.total} differs from the stored usage records ({total})")
-        if kept.reasoning != reasoning:
-            differences.append(
-                f"ledger reasoning tokens {kept.reasoning} differ from the stored usage records ({reasoning})"
-            )
-        if kept.cached_input != cached:
-            differences.append(
-                f"ledger cached input tokens {kept.cached_input} differ from the stored usage records "
-                f"({cached})"
-            )
-        if kept.unavailable_calls != unavailable:
-            differences.append(
-                f"ledger counts {kept.unavailable_calls} call(s) without usage, the stored records "
-                f"{unavailable}"
-            )
+        differences += _ledger_differences(kept, by_source, total, reasoning, cached, unavailable)
 
     return Reconciliation(
         reconciled=not differences and not without_usage,
@@ -261,6 +218,81 @@ def reconcile(
         lost_calls=lost,
         by_agent=by_agent,
     )
+
+
+def _step_differences(
+    names: list[str],
+    stored: Sequence[CallUsage],
+    steps: Sequence[tuple[int, CallUsage]],
+    differences: list[str],
+) -> None:
+    """Each agent step row against the usage record of the same agent and step index."""
+    by_step = {c.step_key: (n, c) for n, c in zip(names, stored, strict=True) if c.source == "AGENT"}
+    for step_index, row in steps:
+        entry = by_step.pop((row.agent, step_index), None)
+        if entry is None:
+            differences.append(f"{call_names([row])[0]}: step row has no usage record")
+            continue
+        name, call = entry
+        for (_key, attr), got, want in zip(USAGE_FIELDS, row.counts()[1:], call.counts()[1:], strict=True):
+            if got != want:
+                differences.append(f"{name}: step row {attr} {got} differs from its usage record {want}")
+        if row.available != call.available:
+            differences.append(f"{name}: step row usage_available differs from its usage record")
+    for name, _call in by_step.values():
+        differences.append(f"{name}: usage record has no step row")
+
+
+def _reported_differences(
+    names: list[str],
+    stored: Sequence[CallUsage],
+    reported: Sequence[CallUsage],
+    differences: list[str],
+    without_usage: list[str],
+) -> None:
+    """The provider's report of each call against its stored usage record (a report never stored is a
+    call without usage)."""
+    stored_by_name = dict(zip(names, stored, strict=True))
+    for name, call in zip(call_names(reported), reported, strict=True):
+        kept_call = stored_by_name.get(name)
+        if kept_call is None:
+            differences.append(f"{name}: usage reported by the provider was not stored")
+            without_usage.append(name)
+        elif kept_call.counts() != call.counts():
+            differences.append(f"{name}: stored usage differs from what the provider reported")
+
+
+def _ledger_differences(
+    kept: KeptLedger,
+    by_source: dict[str, int],
+    total: int,
+    reasoning: int | None,
+    cached: int | None,
+    unavailable: int,
+) -> list[str]:
+    """The ledger the recorder kept against the totals of the stored usage records."""
+    differences = []
+    for source in SOURCES:
+        if kept.by_source.get(source, 0) != by_source[source]:
+            differences.append(
+                f"ledger {source.lower()} tokens {kept.by_source.get(source, 0)} differ from the "
+                f"stored usage records ({by_source[source]})"
+            )
+    if kept.total != total:
+        differences.append(f"ledger total {kept.total} differs from the stored usage records ({total})")
+    if kept.reasoning != reasoning:
+        differences.append(
+            f"ledger reasoning tokens {kept.reasoning} differ from the stored usage records ({reasoning})"
+        )
+    if kept.cached_input != cached:
+        differences.append(
+            f"ledger cached input tokens {kept.cached_input} differ from the stored usage records ({cached})"
+        )
+    if kept.unavailable_calls != unavailable:
+        differences.append(
+            f"ledger counts {kept.unavailable_calls} call(s) without usage, the stored records {unavailable}"
+        )
+    return differences
 
 
 def _int(value: Any) -> int | None:

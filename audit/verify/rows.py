@@ -78,97 +78,137 @@ def verify_rows(
     """Verify one run's stored rows against the digests in its (ordered) events; `session`: the run's
     stored session row (None: there is none), checked against RUN_STARTED's `sessionDigest` unless
     not given."""
-    verdict = RowVerdict()
     bindings = collect(events)
-    bound_steps, bound_tools, bound_reasoning = bindings.steps, bindings.tools, bindings.reasoning
-    bound_reviews = bindings.reviews
-    finished, digests_seen, governance = bindings.finished, bindings.digests_seen, bindings.governance
+    rows = _RowCheck(digests_seen=bindings.digests_seen)
+    _check_run_rows(rows, bindings, steps, tools, reasoning)
+    _check_appended_rows(rows, bindings, reviews, appended)
+    for what, bound in unclaimed(bindings.steps, bindings.tools, bindings.reasoning):
+        rows.verdict.problems.append(f"{what} missing (recorded at sequence {bound.sequence_no})")
+    _check_terminal(rows, bindings, run)
+    _check_identity(rows.verdict, bindings, run, session)
+    verdict = rows.done()
+    verdict.expected = _expected(bindings, run, events)
+    return verdict
 
-    legacy: dict[str, list[str]] = {}
 
-    def unrecorded(label: str, name: str, what: str) -> None:
-        if digests_seen:
-            verdict.problems.append(f"{what}: stored row not recorded in the chain")
+class _RowCheck:
+    """One run's rows checked against the digests its chain binds: the verdict, and the rows recorded
+    before row digests (`legacy`, by label: noted, never a failure) once the chain holds no digest."""
+
+    def __init__(self, *, digests_seen: bool) -> None:
+        self.verdict = RowVerdict()
+        self.digests_seen = digests_seen
+        self.legacy: dict[str, list[str]] = {}
+
+    def unrecorded(self, label: str, name: str, what: str) -> None:
+        if self.digests_seen:
+            self.verdict.problems.append(f"{what}: stored row not recorded in the chain")
         else:
-            legacy.setdefault(label, []).append(name)
+            self.legacy.setdefault(label, []).append(name)
 
-    def check(label: str, name: str, what: str, bound: Bound | None, digest: str) -> None:
+    def check(self, label: str, name: str, what: str, bound: Bound | None, digest: str) -> None:
         if bound is None:
-            unrecorded(label, name, what)
+            self.unrecorded(label, name, what)
         elif bound.digest is None:
-            legacy.setdefault(label, []).append(name)
+            self.legacy.setdefault(label, []).append(name)
         elif bound.digest == digest:
-            verdict.verified += 1
+            self.verdict.verified += 1
             if bound.purged:
-                verdict.notes.append(f"{what} purged (sequence {bound.sequence_no})")
+                self.verdict.notes.append(f"{what} purged (sequence {bound.sequence_no})")
         else:
-            verdict.problems.append(
+            self.verdict.problems.append(
                 f"{what}: stored row does not match its digest at sequence {bound.sequence_no}"
             )
 
+    def done(self) -> RowVerdict:
+        """The verdict, with a note per label of the rows recorded before row digests."""
+        for label, names in self.legacy.items():
+            self.verdict.notes.append(
+                f"{label}{'' if len(names) == 1 else 's'} {', '.join(names)}: {NOT_BOUND}"
+            )
+        return self.verdict
+
+
+def _check_run_rows(
+    rows: _RowCheck,
+    bindings: Any,
+    steps: Iterable[Any],
+    tools: Iterable[Any],
+    reasoning: Iterable[Mapping[str, Any]],
+) -> None:
+    """The rows the run's recorder wrote: model steps, tool calls (in the form their event names) and
+    reasoning rows; each bound one is taken from `bindings` (what is left is missing)."""
     for step in steps:
         key = step_key(step.step_index, step.agent_name)
         label = step_label(key)
-        check(
+        rows.check(
             "model step",
             label.removeprefix("model step "),
             label,
-            bound_steps.pop(key, None),
+            bindings.steps.pop(key, None),
             row_digests.STEP.digest_of(step),
         )
     for tool in tools:
-        bound = bound_tools.pop(tool.tool_call_id, None)
+        bound = bindings.tools.pop(tool.tool_call_id, None)
         form = row_digests.tool_form(bound.form if bound is not None else None)
         if form is None:
-            verdict.problems.append(
+            rows.verdict.problems.append(
                 f"tool call {tool.tool_call_id}: bound at sequence {bound.sequence_no} in an unknown form"
             )
             continue
-        check("tool call", tool.tool_call_id, f"tool call {tool.tool_call_id}", bound, form.digest_of(tool))
+        rows.check(
+            "tool call", tool.tool_call_id, f"tool call {tool.tool_call_id}", bound, form.digest_of(tool)
+        )
     for row in reasoning:
         key = (row["step_index"], row["agent_name"])
-        check(
+        rows.check(
             "reasoning row",
             reasoning_label(key),
             f"reasoning row for {reasoning_label(key)}",
-            bound_reasoning.pop(key, None),
+            bindings.reasoning.pop(key, None),
             row_digests.REASONING.digest(row, stored=True),
         )
 
+
+def _check_appended_rows(
+    rows: _RowCheck, bindings: Any, reviews: Iterable[Any], appended: Iterable[Any]
+) -> None:
+    """Rows others appended after the run: reviews, and rows of a higher layer bound by appended events
+    (`audit.verify.appended_rows.AppendedRow`). They exist only since row digests, so one outside the
+    chain is never "legacy"; one bound but not stored is missing."""
+    problems = rows.verdict.problems
     for review in reviews:
         what = f"review {review.review_id}"
-        bound = bound_reviews.pop(review.review_id, None)
+        bound = bindings.reviews.pop(review.review_id, None)
         if bound is None:
-            # Reviews exist only since row digests: one outside the chain is never "legacy".
-            verdict.problems.append(f"{what}: stored row not recorded in the chain")
+            problems.append(f"{what}: stored row not recorded in the chain")
         else:
-            check("review", review.review_id, what, bound, row_digests.REVIEW.digest_of(review))
-    for review_id, bound in bound_reviews.items():
-        verdict.problems.append(f"review {review_id} missing (recorded at sequence {bound.sequence_no})")
-
-    # Rows of a higher layer bound by appended events (`audit.verify.appended_rows.AppendedRow`): like
-    # reviews, they exist only since row digests, so one outside the chain is never "legacy".
+            rows.check("review", review.review_id, what, bound, row_digests.REVIEW.digest_of(review))
+    for review_id, bound in bindings.reviews.items():
+        problems.append(f"review {review_id} missing (recorded at sequence {bound.sequence_no})")
     bound_appended = bindings.appended
     for row in appended:
         what = f"{row.label} {row.row_id}"
         bound = bound_appended.pop((row.event_type, row.row_id), None)
         if bound is None:
-            verdict.problems.append(f"{what}: stored row not recorded in the chain")
+            problems.append(f"{what}: stored row not recorded in the chain")
         else:
-            check(row.label, row.row_id, what, bound, row.digest)
+            rows.check(row.label, row.row_id, what, bound, row.digest)
     for (event_type, row_id), bound in bound_appended.items():
         if bound.digest is not None:
             what = event_label(event_type).lower()
-            verdict.problems.append(f"{what} {row_id} missing (recorded at sequence {bound.sequence_no})")
+            problems.append(f"{what} {row_id} missing (recorded at sequence {bound.sequence_no})")
 
-    for what, bound in unclaimed(bound_steps, bound_tools, bound_reasoning):
-        verdict.problems.append(f"{what} missing (recorded at sequence {bound.sequence_no})")
 
+def _check_terminal(rows: _RowCheck, bindings: Any, run: Any | None) -> None:
+    """The run's terminal summary against RUN_FINISHED's digest (in the form it names); a terminal run
+    whose chain holds no RUN_FINISHED is `unfinished`."""
+    finished, verdict = bindings.finished, rows.verdict
     if run is not None and finished is not None:
         seq, digest, _, form_name = finished
         form = row_digests.run_form(form_name)
         if digest is None:
-            legacy.setdefault("run summary", []).append(run.run_id)
+            rows.legacy.setdefault("run summary", []).append(run.run_id)
         elif form is None:
             verdict.problems.append(f"run: terminal summary at sequence {seq} names an unknown form")
         elif digest == form.digest_of(run):
@@ -178,18 +218,18 @@ def verify_rows(
                 "run: stored terminal summary (status, release, error, content, token ledger, expected "
                 f"counts) does not match its digest at sequence {seq}"
             )
-    elif run is not None and run.is_terminal and digests_seen:
+    elif run is not None and run.is_terminal and bindings.digests_seen:
         verdict.unfinished = "run: terminal summary not recorded in the chain"
 
-    _check_identity(verdict, bindings, run, session)
 
-    for label, names in legacy.items():
-        verdict.notes.append(f"{label}{'' if len(names) == 1 else 's'} {', '.join(names)}: {NOT_BOUND}")
-
+def _expected(bindings: Any, run: Any | None, events: Sequence[Any]) -> Expected | None:
+    """The counts the chain carries: RUN_FINISHED's (plus what governance appended), or, for a run still
+    executing, what its events so far announce; None when the chain carries none."""
+    finished = bindings.finished
     if finished is not None and isinstance(finished[2], dict):
         counts = finished[2]
-        verdict.expected = Expected(
-            events=int(counts.get("events", 0)) + governance,
+        return Expected(
+            events=int(counts.get("events", 0)) + bindings.governance,
             steps=int(counts.get("steps", 0)),
             tools=int(counts.get("tools", 0)),
             reasoning=(
@@ -198,14 +238,14 @@ def verify_rows(
                 else int(counts["reasoning"]) + bindings.appended_reasoning
             ),
         )
-    elif finished is None and not (run is not None and run.is_terminal):
-        verdict.expected = Expected(
+    if finished is None and not (run is not None and run.is_terminal):
+        return Expected(
             events=events[-1].sequence_no if events else 0,
             steps=bindings.step_events,
             tools=bindings.tool_starts,
-            reasoning=bindings.reasoning_events if digests_seen else None,
+            reasoning=bindings.reasoning_events if bindings.digests_seen else None,
         )
-    return verdict
+    return None
 
 
 def _check_identity(verdict: RowVerdict, bindings: Any, run: Any | None, session: Any) -> None:

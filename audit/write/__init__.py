@@ -9,9 +9,9 @@ touches a recorder's private state. Its modules: docs/architecture.md, *The reco
 
 from audit.verify.authenticity import ChainNotAuthentic
 from audit.write.approvals import DecisionNotRecorded
-from audit.write.chain_writer import row_insert
 from audit.write.governance import record_governance_event, record_reasoning_change
 from audit.write.refusal import CHAIN_NOT_AUTHENTIC, RUN_NOT_AUTHENTIC, end_unauthentic_run
+from audit.write.rows import row_insert
 from audit.write.run import RunRecorder
 from audit.write.runtime_facts import (
     ChainEvent,
@@ -24,7 +24,7 @@ from audit.write.runtime_facts import (
     Usage,
 )
 from audit.write.tail import RunNotFinished, Tail, append_to_finished_run
-from audit.write.tools import arguments_digest
+from audit.write.tool_facts import arguments_digest
 
 __all__ = [
     "CHAIN_NOT_AUTHENTIC",

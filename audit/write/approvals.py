@@ -18,8 +18,9 @@ from django.utils import timezone
 from audit.models import AgentStep, EventType, Phase, ToolInvocation, ToolStatus
 from audit.payloads import bound_json, canonical_json, clip
 from audit.verify import row_digests
-from audit.write.chain_writer import _tables
+from audit.write.chain_writer import RunChain
 from audit.write.ops import Insert, Update
+from audit.write.rows import tables
 from audit.write.runtime_facts import (
     INPUT_STRING_CHARS,
     SUMMARY_CHARS,
@@ -28,7 +29,8 @@ from audit.write.runtime_facts import (
     ToolCallRepeated,
     ToolLifecycleConflict,
 )
-from audit.write.tools import arguments_digest
+from audit.write.tool_facts import arguments_digest
+from audit.write.tools import ToolCalls
 from diagnosis.models import RunStatus
 
 APPROVAL_REQUESTED_STATUS = "WAITING"
@@ -38,8 +40,15 @@ class DecisionNotRecorded(Exception):
     """An approval decision whose event did not commit: it does not stand."""
 
 
-class ApprovalRecords:
-    """The approval half of `RunRecorder` (mixed into it; uses its chain writer and its tool states)."""
+class Approvals:
+    """The recorder's approval part (`recorder.approvals`): it keeps no state of its own; the calls it
+    records are the tool part's (`ToolCalls`), written through the run's chain."""
+
+    def __init__(self, chain: RunChain, tools: ToolCalls) -> None:
+        self.chain = chain
+        self.tools = tools
+        self.run_id = chain.run_id
+        self.session_id = chain.session_id
 
     def tool_awaiting_approval(
         self,
@@ -58,15 +67,15 @@ class ApprovalRecords:
         decisions are held to. The same refusals as `tool_started` apply
         (undeclared id, a repeat). Returns the sequence of APPROVAL_REQUESTED, or None when the write
         failed (then no request exists: the caller must not wait for one)."""
-        with self._lock:
+        with self.chain.lock:
             now = timezone.now()
-            state = self._starting(
+            state = self.tools.starting(
                 tool_call_id, tool_name, input_params, status=ToolStatus.AWAITING_APPROVAL, now=now
             )
             effective_input, agent_name, step_index = state.input_params, state.agent_name, state.step_index
             provider_id = state.provider_id
-            t = _tables()
-            row = self._new_tool_row(
+            t = tables()
+            row = self.tools.new_row(
                 t, tool_call_id=tool_call_id, tool_name=tool_name, provider_id=provider_id,
                 agent_name=agent_name, step_index=step_index, status=ToolStatus.AWAITING_APPROVAL,
                 input_params=effective_input, started_at=None, now=now,
@@ -80,7 +89,7 @@ class ApprovalRecords:
                 "stepIndex": step_index,
                 "agentName": agent_name,
             }
-            sequence_no = self._write(
+            sequence_no = self.chain.write(
                 "tool_awaiting_approval",
                 [
                     ChainEvent(
@@ -109,9 +118,9 @@ class ApprovalRecords:
             )
             if sequence_no is None:
                 return None
-            self.expected_tools += 1
+            self.chain.expected_tools += 1
             state.row = dict(zip(t.tool.columns, row.values, strict=True))
-            self._tools[tool_call_id] = state
+            self.tools.calls[tool_call_id] = state
             return sequence_no
 
     def approved_tool_started(
@@ -128,10 +137,10 @@ class ApprovalRecords:
         that is no longer waiting raises ToolCallRepeated (it is never executed twice)."""
         effective_input = bound_json(input_params, max_string=INPUT_STRING_CHARS)
         input_key = canonical_json(effective_input)
-        with self._lock:
-            state = self._tools.get(tool_call_id)
-            if state is None or tool_call_id not in self._declared:
-                self._refused(tool_call_id, tool_name, "NO_WAITING_CALL", "has no recorded waiting call")
+        with self.chain.lock:
+            state = self.tools.calls.get(tool_call_id)
+            if state is None or tool_call_id not in self.tools.declared:
+                self.tools.refused(tool_call_id, tool_name, "NO_WAITING_CALL", "has no recorded waiting call")
                 raise ToolCallNotDeclared(f"tool call {tool_call_id} has no recorded waiting call")
             if state.status != ToolStatus.AWAITING_APPROVAL:
                 raise ToolCallRepeated(tool_call_id, state.status)
@@ -140,32 +149,32 @@ class ApprovalRecords:
                 or state.input_key != input_key
                 or arguments_digest(state.input_params) != approved_digest
             ):
-                self._conflict(
+                self.tools.conflict(
                     tool_call_id,
                     tool_name,
                     "APPROVED_ARGUMENTS_DIFFER",
                     {"recordedToolName": state.name, "approvedDigest": approved_digest},
                 )
                 raise ToolLifecycleConflict(f"tool call {tool_call_id}: not the arguments approved")
-            agent_name, step_index = self._declared[tool_call_id]
-            self.flush()  # what is read next must include every decision recorded
+            agent_name, step_index = self.tools.declared[tool_call_id]
+            self.chain.flush()  # what is read next must include every decision recorded
             if not _declared_in_store(self, tool_call_id, agent_name, step_index):
-                self._refused(
+                self.tools.refused(
                     tool_call_id, tool_name, "DECLARING_STEP_NOT_FOUND", "has no declaring step in this run"
                 )
                 raise ToolCallNotDeclared(f"tool call {tool_call_id}: no declaring step in this run")
             now = timezone.now()
             fields = {"status": ToolStatus.RUNNING.value, "started_at": now, "updated_at": now}
             update = Update(
-                _tables().tool,
+                tables().tool,
                 tuple(fields),
                 tuple(fields.values()),
                 ("run_id", "tool_call_id", "status"),
                 (self.run_id, tool_call_id, ToolStatus.AWAITING_APPROVAL.value),
             )
             image = {**state.row, **fields}
-            t = _tables()
-            sequence_no = self._write(
+            t = tables()
+            sequence_no = self.chain.write(
                 "approved_tool_started",
                 [
                     ChainEvent(
@@ -201,8 +210,8 @@ class ApprovalRecords:
         becomes INTERRUPTED and its lease is released in the same transaction (no RUN_FINISHED: the
         run is not over). `checkpoint_sha256` names the executor's saved state the resumption must
         find unchanged."""
-        with self._lock:
-            return self._write(
+        with self.chain.lock:
+            return self.chain.write(
                 "run_interrupted",
                 [
                     ChainEvent(
@@ -244,8 +253,8 @@ class ApprovalRecords:
         with a free lease in the same transaction, so a worker resumes it (the sweeper fails it if none
         claims it by then); else it stays INTERRUPTED. Not fail-open: a decision that did not commit
         raises `DecisionNotRecorded` (nothing changed, the call still waits)."""
-        with self._lock:
-            seq = self._write(
+        with self.chain.lock:
+            seq = self.chain.write(
                 "approval_decided",
                 [
                     ChainEvent(
@@ -285,14 +294,14 @@ class ApprovalRecords:
 
     def run_resumed(self, *, details: dict[str, Any]) -> int | None:
         """RUN_RESUMED: a worker claimed the interrupted run (a new lease and epoch) and continues it."""
-        return self._write(
+        return self.chain.write(
             "run_resumed",
             [ChainEvent(Phase.RUN, EventType.RUN_RESUMED, RunStatus.RUNNING, "run resumed", dict(details))],
             run_fields={"status": RunStatus.RUNNING},
         )
 
 
-def _declared_in_store(rec: Any, tool_call_id: str, agent_name: str, step_index: int) -> bool:
+def _declared_in_store(rec: Approvals, tool_call_id: str, agent_name: str, step_index: int) -> bool:
     """Whether a stored model step of the recorder's run, in its session, declared `tool_call_id`, and
     the stored call waits in that session (read from the database, not from memory)."""
     steps = AgentStep.objects.filter(

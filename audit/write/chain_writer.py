@@ -1,48 +1,44 @@
 """How a decision reaches the database: sequence numbers, the hash chain, one write per decision,
-fail-open accounting, lease fencing. `RunRecorder` inherits this; nothing else uses it.
+fail-open accounting, lease fencing. `RunChain` is the recorder's part that does it (`recorder.chain`):
+the other parts (`decisions`, `tools`, `approvals`) hand it their decisions' events and rows.
 
 Every write carries the run's lease epoch the recorder was made with (`audit.write.ops.Fence`): it commits
 only while the run row still holds that epoch. A refused write (`WriteFenced`: another process claimed the
 run since) lands no row, is not an audit write failure, and is counted in the run's `fenced_writes` by
-one unconditional counter update; the recorder then calls its `on_fenced` hook (the executor trips the
+one unconditional counter update; the chain then calls its `on_fenced` hook (the executor trips the
 run's cancel, so the stale pipeline stops at its next safe point)."""
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connection
-from django.db.models import F, JSONField
+from django.db.models import F
 from django.utils import timezone
 
-from audit.models import AgentStep, EventType, ToolInvocation, TraceEvent
+from audit.models import AgentStep, ToolInvocation, TraceEvent
 from audit.payloads import bound_json_text, clip, sha256_hex
 from audit.read.list_facts import fact_statements, refresh_run_facts
-from audit.verify import row_digests
 from audit.verify.authenticity import ChainNotAuthentic, require_authentic_head
 from audit.verify.chain_digests import GOVERNANCE_EVENTS
 from audit.verify.hash_chain import GENESIS_HASH, event_payload_json
-from audit.write.group_commit import get_committer
+from audit.write.group_commit import RecorderLock, get_committer
 from audit.write.ops import Fence, Insert, RawJSON, Update, WriteFenced, WriteOp, execute
-from audit.write.ops import Table as RowTable
-from audit.write.runtime_facts import SUMMARY_CHARS, ChainEvent, Committed, Usage
+from audit.write.rows import ascii_json, recover_connection, row_digest, seal, tables
+from audit.write.runtime_facts import SUMMARY_CHARS, ChainEvent, Committed
 from core import writeauth
 from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun
-from reasoning import crypto
-from reasoning.fields import Ciphertext, EncryptedTextField
-from reasoning.models import AgentReasoningAudit
 
 logger = logging.getLogger("audit.write")
 
 
 @dataclass(eq=False, slots=True)
 class _Spec:
-    """One decision as its owner handed it to `ChainWriter._write` (kept to write it again on its own)."""
+    """One decision as its owner handed it to `RunChain.write` (kept to write it again on its own)."""
 
     what: str
     events: Sequence[ChainEvent]
@@ -68,8 +64,13 @@ class _Held:
     result: int | None = None
 
 
-class ChainWriter:
-    """The write half of `RunRecorder`: state it relies on is set by `RunRecorder.__init__`.
+class RunChain:
+    """One run's chain as its recorder writes it (`recorder.chain`): the head (next sequence number and
+    previous hash), the decisions held for their commit, the lease epoch every write is fenced by, the
+    fail-open accounting (`audit_write_failures`, `fenced_writes`, `fenced`), the expected counts every
+    run-row update carries (what the recorder attempted: the other parts count their steps, reasoning
+    rows and tools here), and the lock every part of the recorder takes (one run's decisions happen one at
+    a time, in order).
 
     **Held decisions.** A decision recorded through `hold` (no effect of the run follows it before the
     run's next record) is chained at once (its sequence numbers, hash, timestamps and counts are those
@@ -82,7 +83,34 @@ class ChainWriter:
     that fail on their own are counted as audit write failures. A refused (fenced) transaction counts
     one fenced write per decision in it."""
 
-    def _write(
+    def __init__(self, *, run_id: str, session_id: str, lease_epoch: int, group_commit: bool) -> None:
+        self.run_id = run_id
+        self.session_id = session_id
+        self.lease_epoch = lease_epoch
+        self._fence_made: Fence | None = None  # `_fence` for `lease_epoch`, made once
+        self.group_commit = group_commit
+        self.lock = RecorderLock()
+        self._next_sequence = 1
+        self._prev_hash = GENESIS_HASH
+        # Decisions chained but not committed yet (`hold`), and whether the current one is held.
+        self.held: list[_Held] = []
+        self.holding = False
+        # Set when a write was refused because another process claimed the run since `lease_epoch`.
+        self.fenced = False
+        self.fenced_writes = 0
+        self.on_fenced: Callable[[], None] | None = None
+        # When a deque: every committed event is appended as a `Committed` (its live listeners drain it
+        # from another thread; see `agent.runtime.context.RunContext.record`). None: nothing kept.
+        self.committed: deque[Committed] | None = None
+        self.expected_events = 0
+        self.expected_steps = 0
+        self.expected_tools = 0
+        self.expected_reasoning = 0
+        self.audit_write_failures = 0
+        # Set once the terminal row is written: every later write also rewrites the stored list facts.
+        self.finished = False
+
+    def write(
         self,
         what: str,
         events: Sequence[ChainEvent],
@@ -90,7 +118,6 @@ class ChainWriter:
         inserts: Sequence[Insert] = (),
         updates: Sequence[Update] = (),
         run_fields: dict[str, Any] | None = None,
-        usage: Usage | None = None,
         on_commit: Callable[[], None] | None = None,
     ) -> int | None:
         """Write the decision's rows (`inserts`, `updates`), its events and the run fields in one
@@ -98,57 +125,42 @@ class ChainWriter:
 
         Returns the `sequence_no` of the last event written (transports use it as the resumption id of
         live events), or None when the write failed (or the decision is held: see the class docstring).
-
-        The usage, when given, enters the ledger whether or not the write commits (the call happened);
-        `finish` reconciles the ledger with the usage records that did commit.
         """
-        with self._lock:
+        with self.lock:
             self.expected_events += len(events)
-            usage_event = next((e for e in events if e.event_type == EventType.MODEL_TOKEN_USAGE), None)
-            if usage is not None and usage_event is not None:
-                d = usage_event.details
-                self._ledger.add(d["source"], usage, d.get("stepIndex"), d.get("agentName"))
             spec = _Spec(what, events, inserts, updates, run_fields, on_commit=on_commit)
-            if self._holding:
+            if self.holding:
                 self._hold(spec)
                 return None
             return self._write_now(spec)
 
-    def hold(self, write: Callable[..., Any], /, **kwargs: Any) -> None:
-        """Record the decision `write(**kwargs)` (one of `HOLDABLE`, a method of this recorder) as a held
-        decision (see the class docstring); returns nothing, as the decision has no committed sequence
-        yet. A model step that declares tool calls is written at once: its calls' rows name its row id."""
-        name = getattr(write, "__name__", "")
-        if name not in HOLDABLE or getattr(write, "__self__", None) is not self:
-            raise ValueError(f"not a decision that can be held: {name or write!r}")
-        with self._lock:
-            self._holding = not (name == "model_step" and kwargs.get("tool_calls"))
+    def hold(self, write: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+        """Record the decision `write(**kwargs)` as a held decision (see the class docstring). A model
+        step that declares tool calls is written at once: its calls' rows name its row id."""
+        with self.lock:
+            self.holding = _holdable(write, kwargs)
             try:
                 write(**kwargs)
             finally:
-                self._holding = False
+                self.holding = False
 
-    def record_together(self, writes: Sequence[tuple[Callable[..., Any], dict[str, Any]]]) -> list[Any]:
-        """Record several decisions (`(method, kwargs)`, each of `HOLDABLE` or `TOGETHER`, methods of this
-        recorder) in order, in one transaction with whatever is held, committed before returning. Each
-        entry's result is what its method returns when called alone, known once written: the sequence
-        number of its last event (None when not written), or the exception it raised (returned in its
-        place; a refusal it recorded is written with the others)."""
+    def together(self, writes: Sequence[tuple[Callable[..., Any], dict[str, Any]]]) -> list[Any]:
+        """Record several decisions (`(method, kwargs)`) in order, in one transaction with whatever is
+        held, committed before returning. Each entry's result is what its method returns when called
+        alone, known once written: the sequence number of its last event (None when not written), or the
+        exception it raised (returned in its place; a refusal it recorded is written with the others)."""
         outcomes: list[tuple[Any, list[_Held]]] = []
-        with self._lock:
+        with self.lock:
             for write, kwargs in writes:
-                name = getattr(write, "__name__", "")
-                if name not in HOLDABLE | TOGETHER or getattr(write, "__self__", None) is not self:
-                    raise ValueError(f"not a decision that can be written together: {name or write!r}")
-                before = len(self._held)
-                self._holding = not (name == "model_step" and kwargs.get("tool_calls"))
+                before = len(self.held)
+                self.holding = _holdable(write, kwargs)
                 try:
                     result: Any = write(**kwargs)
                 except Exception as exc:
                     result = exc
                 finally:
-                    self._holding = False
-                outcomes.append((result, self._held[before:]))
+                    self.holding = False
+                outcomes.append((result, self.held[before:]))
             self.flush()
         return [
             result if isinstance(result, Exception) or not held else held[-1].result
@@ -157,12 +169,12 @@ class ChainWriter:
 
     def holds(self) -> bool:
         """Whether decisions wait for their commit (the owner then flushes before a frame leaves)."""
-        return bool(self._held)
+        return bool(self.held)
 
     def flush(self) -> None:
         """Commit the held decisions (one transaction; see the class docstring). Fail-open."""
-        with self._lock:
-            if self._held:
+        with self.lock:
+            if self.held:
                 self._write_now(None)
 
     def _hold(self, spec: _Spec) -> None:
@@ -171,13 +183,13 @@ class ChainWriter:
             op, entries = self._build(spec)
         except Exception as exc:  # serialisation or encryption: this decision is lost, as when written
             self._next_sequence, self._prev_hash = start
-            self._failed(spec.what, exc)
+            self.failed(spec.what, exc)
             return
-        self._held.append(_Held(spec, op, entries, start, self._next_sequence - 1))
+        self.held.append(_Held(spec, op, entries, start, self._next_sequence - 1))
 
     def _write_now(self, spec: _Spec | None) -> int | None:
         """Write `spec` (None: nothing but the held decisions) together with the held decisions."""
-        held, self._held = self._held, []
+        held, self.held = self.held, []
         if not held:
             return self._attempt(spec)
         ops = [h.op for h in held]
@@ -195,7 +207,7 @@ class ChainWriter:
             return None
         except Exception:
             end = (self._next_sequence, self._prev_hash)
-            _recover_connection()
+            recover_connection()
             if not self._landed(held[0]):
                 # Nothing of the transaction was written: each decision on its own, from the first held.
                 self._next_sequence, self._prev_hash = held[0].start
@@ -215,7 +227,7 @@ class ChainWriter:
     def _landed(self, held: _Held) -> bool:
         """Whether the first event of `held` is stored as chained here: a transaction whose outcome was
         lost with its connection may have committed (then it holds every decision written with it)."""
-        t = _tables().event
+        t = tables().event
         index = t.columns.index("hash")
         digest = next((row.values[index] for row in held.op.inserts if row.table is t), None)
         if digest is None:
@@ -225,7 +237,7 @@ class ChainWriter:
                 run_id=self.run_id, sequence_no=held.start[0], hash=digest
             ).exists()
         except DatabaseError:
-            _recover_connection()
+            recover_connection()
             return False
 
     def _attempt(self, spec: _Spec) -> int | None:
@@ -245,18 +257,18 @@ class ChainWriter:
                 # reload the chain head once and retry; anything else is an audit failure.
                 if attempt == 1 and self._sequence_taken():
                     try:
-                        self._reload_head()
+                        self.reload_head()
                     except ChainNotAuthentic as refused:
                         self._refuse_head(spec.what, refused)
                         return None
                     continue
-                self._failed(spec.what, exc)
+                self.failed(spec.what, exc)
                 return None
             except Exception as exc:
                 self._next_sequence, self._prev_hash = start
                 # Any failure of the durable path (database, encryption of a reasoning row, the
                 # write path itself, serialisation) costs this decision's record, never the run.
-                self._failed(spec.what, exc)
+                self.failed(spec.what, exc)
                 return None
             self._committed(entries, spec)
             return self._next_sequence - 1
@@ -295,22 +307,22 @@ class ChainWriter:
     def _build(self, spec: _Spec) -> tuple[WriteOp, list[Committed]]:
         """The decision's op with its events chained from the current head, which it advances."""
         events, run_fields = spec.events, spec.run_fields
-        t = _tables()
+        t = tables()
         tagger = writeauth.verifier()  # raises before anything is chained when no write key exists
         seq = self._next_sequence
         prev = self._prev_hash
         after = spec.after if spec.after is not None else self._late()
         op = WriteOp(inserts=list(spec.inserts), updates=list(spec.updates), fence=self._fence(), after=after)
         for row in op.inserts:
-            _seal(row)
+            seal(row)
         for upd in op.updates:
             if upd.fallback is not None:
-                _seal(upd.fallback)
+                seal(upd.fallback)
         for event in events:
             created_at = timezone.now()
             details = event.details
             if event.bind:
-                details = {**details, **{key: _row_digest(row) for key, row in event.bind.items()}}
+                details = {**details, **{key: row_digest(row) for key, row in event.bind.items()}}
             _, details_json = bound_json_text(details)
             summary = clip(event.summary, SUMMARY_CHARS)
             phase, event_type, status = str(event.phase), str(event.event_type), str(event.status)
@@ -341,7 +353,7 @@ class ChainWriter:
                         summary,
                         # Stored as the hashed canonical text (ASCII-escaped when it holds non-ASCII,
                         # so that any string the JSON module accepts can be stored).
-                        RawJSON(details_json if details_json.isascii() else _ascii_json(details_json)),
+                        RawJSON(details_json if details_json.isascii() else ascii_json(details_json)),
                         prev,
                         digest,
                         created_at,
@@ -367,7 +379,7 @@ class ChainWriter:
     def _submit(self, op: WriteOp) -> None:
         """Write `op` durably (group commit when enabled and the caller is in autocommit mode, else
         directly on this thread's connection); raise whatever kept it from committing."""
-        if self._group_commit and not connection.in_atomic_block:
+        if self.group_commit and not connection.in_atomic_block:
             get_committer().submit(op)
         else:
             try:
@@ -379,12 +391,12 @@ class ChainWriter:
 
     def _late(self) -> list[tuple[str, tuple]]:
         """A write after the run's terminal row also rewrites its stored list facts (same transaction)."""
-        return fact_statements(self.run_id) if getattr(self, "finished", False) else []
+        return fact_statements(self.run_id) if self.finished else []
 
     def _fence(self) -> Fence:
         fence = self._fence_made
         if fence is None or fence.epoch != self.lease_epoch:
-            fence = Fence(_tables().run, "run_id", self.run_id, "lease_epoch", self.lease_epoch)
+            fence = Fence(tables().run, "run_id", self.run_id, "lease_epoch", self.lease_epoch)
             self._fence_made = fence
         return fence
 
@@ -396,10 +408,10 @@ class ChainWriter:
             "audit_write_failures": self.audit_write_failures,
         }
 
-    def _update_run(self, what: str, *, after: Sequence[tuple[str, tuple]] = (), **fields: Any) -> bool:
+    def update_run(self, what: str, *, after: Sequence[tuple[str, tuple]] = (), **fields: Any) -> bool:
         """Update the run row (fenced, fail-open), with the held decisions; `after`: statements of the
         same transaction."""
-        with self._lock:
+        with self.lock:
             spec = _Spec(what, (), run_fields=fields, after=list(after) or None)
             return self._write_now(spec) is not None
 
@@ -411,14 +423,14 @@ class ChainWriter:
         try:
             DiagnosisRun.objects.filter(run_id=self.run_id).update(fenced_writes=F("fenced_writes") + 1)
         except DatabaseError:
-            _recover_connection()
+            recover_connection()
         if self.on_fenced is not None:
             try:
                 self.on_fenced()
             except Exception as exc:  # the hook must never turn a refusal into a crash
                 logger.error("fenced hook failed run=%s error=%s", self.run_id, type(exc).__name__)
 
-    def _failed(self, what: str, exc: BaseException) -> None:
+    def failed(self, what: str, exc: BaseException) -> None:
         """Account one lost decision: counted here and on the run row, logged with the run id, the
         operation and the error class only (messages of database, encryption or serialisation errors
         can quote the values they rejected)."""
@@ -427,7 +439,7 @@ class ChainWriter:
         logger.error(
             "audit write failed run=%s op=%s error=%s code=%s", self.run_id, what, type(exc).__name__, code
         )
-        _recover_connection()
+        recover_connection()
         try:
             DiagnosisRun.objects.filter(run_id=self.run_id).update(
                 audit_write_failures=F("audit_write_failures") + 1
@@ -437,7 +449,7 @@ class ChainWriter:
                 runs=DiagnosisRun.objects.filter(run_id=self.run_id, status__in=TERMINAL_RUN_STATUSES)
             )
         except Exception:
-            _recover_connection()
+            recover_connection()
 
     def _sequence_taken(self) -> bool:
         try:
@@ -445,7 +457,7 @@ class ChainWriter:
         except DatabaseError:
             return False
 
-    def _reload_head(self) -> None:
+    def reload_head(self) -> None:
         """Continue from the stored head, which must be one the service wrote (`ChainNotAuthentic`
         otherwise: whatever this recorder tagged after it would authenticate it)."""
         last = (
@@ -463,7 +475,7 @@ class ChainWriter:
         events the recorder cannot authenticate): the decision is lost (counted), and the owner is told
         as for a fenced write, so that the run stops at its next safe point and nothing more is tagged."""
         logger.error("audit chain head not authentic run=%s op=%s", self.run_id, what)
-        self._failed(what, exc)
+        self.failed(what, exc)
         self.fenced = True
         if self.on_fenced is not None:
             try:
@@ -471,7 +483,7 @@ class ChainWriter:
             except Exception as hook_error:
                 logger.error("fenced hook failed run=%s error=%s", self.run_id, type(hook_error).__name__)
 
-    def _persisted_counts(self) -> dict[str, int]:
+    def stored_counts(self) -> dict[str, int]:
         return {
             # Governance events (purge, key rotation, review): appended by others, never expected.
             "events": TraceEvent.objects.filter(run_id=self.run_id)
@@ -482,14 +494,19 @@ class ChainWriter:
         }
 
 
-# The decisions `ChainWriter.hold` accepts: their callers need no outcome (fail-open, nothing raised, the
+# The decisions `RunRecorder.hold` accepts: their callers need no outcome (fail-open, nothing raised, the
 # sequence number unused but for progress frames, which follow the commit).
 HOLDABLE = frozenset({"routing_decision", "plan_decision", "model_step", "evidence_guard", "semantic_guard"})
 
 
-# Decisions `ChainWriter.record_together` also accepts: their callers need the outcome, which it returns
+# Decisions `RunRecorder.record_together` also accepts: their callers need the outcome, which it returns
 # once the decisions written together committed (the starts of one step's parallel tool calls).
 TOGETHER = frozenset({"tool_started"})
+
+
+def _holdable(write: Callable[..., Any], kwargs: dict[str, Any]) -> bool:
+    """Whether the decision is held: all of them but a model step that declares tool calls."""
+    return not (getattr(write, "__name__", "") == "model_step" and kwargs.get("tool_calls"))
 
 
 def _merged(ops: Sequence[WriteOp]) -> WriteOp:
@@ -521,78 +538,3 @@ def _merged(ops: Sequence[WriteOp]) -> WriteOp:
     return WriteOp(
         inserts=[row for op in ops for row in op.inserts], updates=updates, fence=ops[-1].fence, after=after
     )
-
-
-def _seal(row: Insert) -> None:
-    """Encrypt the row's plaintext reasoning columns here, so that the digest covers the ciphertext as
-    stored (a `Ciphertext` is written as is), and serialise its JSON columns once, as the column stores
-    them (`RawJSON`: the digest reads the value back from that text, the write sends it as it is)."""
-    t = _tables()
-    encrypted = t.encrypted.get(row.table)
-    json_columns = t.json.get(row.table)
-    if not encrypted and not json_columns:
-        return
-    values = list(row.values)
-    for i in encrypted or ():
-        if values[i] is not None and not isinstance(values[i], Ciphertext):
-            values[i] = Ciphertext(crypto.keyring().encrypt(str(values[i])))
-    for i, encoder in json_columns or ():
-        if values[i] is not None and type(values[i]) is not RawJSON:
-            values[i] = RawJSON(json.dumps(values[i], cls=encoder))
-    row.values = tuple(values)
-
-
-def _row_digest(row: Insert) -> str:
-    return row_digests.form_of(row.table.model).digest(dict(zip(row.table.columns, row.values, strict=True)))
-
-
-def _ascii_json(canonical: str) -> str:
-    return json.dumps(json.loads(canonical), sort_keys=True, separators=(",", ":"))
-
-
-class _Tables:
-    """Row layouts of the recorder's tables (every concrete column but the auto primary key)."""
-
-    def __init__(self) -> None:
-        self.event = _table(TraceEvent)
-        self.step = _table(AgentStep)
-        self.reasoning = _table(AgentReasoningAudit)
-        self.tool = _table(ToolInvocation)
-        self.run = _table(DiagnosisRun)
-        self.encrypted = {
-            table: [i for i, f in enumerate(table.fields) if isinstance(f, EncryptedTextField)]
-            for table in (self.step, self.reasoning, self.tool)
-        }
-        # JSON columns of the rows bound by a digest, with the encoder their column writes with.
-        self.json = {
-            table: [(i, f.encoder) for i, f in enumerate(table.fields) if isinstance(f, JSONField)]
-            for table in (self.step, self.reasoning, self.tool)
-        }
-
-
-@functools.cache
-def _table(model) -> RowTable:
-    return RowTable(model, [f.attname for f in model._meta.concrete_fields if not f.primary_key])
-
-
-def row_insert(instance) -> Insert:
-    """The INSERT of a new model row as an appender binds it to its event (`ChainEvent.bind`): every
-    concrete column but the auto primary key, with the values `instance` holds."""
-    table = _table(type(instance))
-    return Insert(table, tuple(getattr(instance, column) for column in table.columns))
-
-
-@functools.cache
-def _tables() -> _Tables:
-    return _Tables()
-
-
-def _ms(delta) -> int:
-    return int(delta.total_seconds() * 1000)
-
-
-def _recover_connection() -> None:
-    """After a database error outside any atomic block, drop a broken connection so the next write
-    reconnects (a long-running run never passes through Django's request-boundary cleanup)."""
-    if not connection.in_atomic_block:
-        connection.close_if_unusable_or_obsolete()

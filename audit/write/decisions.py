@@ -1,6 +1,6 @@
 """The decisions a run records beside its lifecycle: routing, the agent's model steps, the guards and
-the release, each with the rows it writes (step, reasoning) and its token usage. Mixed into
-`RunRecorder`; the state it uses is set by `RunRecorder.__init__`."""
+the release, each with the rows it writes (step, reasoning) and its token usage. `Decisions` is the
+recorder's part that records them (`recorder.decisions`)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,19 @@ from typing import Any
 
 from django.utils import timezone
 
-from audit.models import CHAT_AGENT_NAME, EventType, Phase, UsageSource
+from audit.models import EventType, Phase, UsageSource
 from audit.payloads import bound_json, bound_text, clip
-from audit.write.chain_writer import _tables
+from audit.write.chain_writer import RunChain
+from audit.write.decision_rows import (
+    GUARD_AGENT_NAME,
+    ROUTER_AGENT_NAME,
+    reasoning_details,
+    reasoning_insert,
+    step_event,
+    step_insert,
+    usage_event,
+)
+from audit.write.ledger import TokenLedger
 from audit.write.ops import Insert
 from audit.write.runtime_facts import (
     SUMMARY_CHARS,
@@ -21,7 +31,7 @@ from audit.write.runtime_facts import (
     guard_reasoning_step,
     router_reasoning_step,
 )
-from audit.write.table import Table
+from audit.write.tools import ToolCalls
 from diagnosis.models import ReleaseDecision
 from reasoning.capture import CapturedReasoning
 
@@ -29,8 +39,24 @@ from reasoning.capture import CapturedReasoning
 REDACTION_ITEMS = 40
 
 
-class DecisionRecords:
-    """The decision half of `RunRecorder` (see the package docstring for the rules)."""
+class Decisions:
+    """The recorder's decision part (`recorder.decisions`; see `audit.write.run` for the rules). What it
+    keeps is what the run decided that its terminal row writes again: the router's `intent`, the
+    `release_decision`, and the end of the latest agent step (`last_token_at`, the answer's last
+    token once the guards take over); and the count of guard calls (their reasoning rows' step index).
+    A model call's usage enters the token `ledger` whether or not its record commits (the call happened;
+    `finish` reconciles the ledger with the usage records that did)."""
+
+    def __init__(self, chain: RunChain, tools: ToolCalls, ledger: TokenLedger) -> None:
+        self.chain = chain
+        self.tools = tools
+        self.ledger = ledger
+        self.run_id = chain.run_id
+        self.session_id = chain.session_id
+        self.intent: str | None = None
+        self.release_decision: str | None = None
+        self.last_token_at: Any = None
+        self.guard_calls = 0
 
     # ----------------------------------------------------------------------------------------------
     # Redaction
@@ -64,7 +90,7 @@ class DecisionRecords:
         total = sum(counts.values())
         summary = f"{source}: {total} redacted (" + ", ".join(f"{k} {v}" for k, v in counts.items()) + ")"
         phase = Phase.TOOL if source.startswith("tool") else Phase.RUN
-        return self._write(
+        return self.chain.write(
             "redaction_applied",
             [ChainEvent(phase, EventType.REDACTION_APPLIED, "APPLIED", clip(summary, 300), details)],
         )
@@ -109,35 +135,38 @@ class DecisionRecords:
         bind: dict[str, Insert] = {}
         if reasoning is not None:
             step_index = router_reasoning_step(attempt)
-            details.update(_reasoning_details(reasoning, step_index, ROUTER_AGENT_NAME))
-            reasoning_row = self._reasoning_insert(step_index, ROUTER_AGENT_NAME, reasoning)
+            details.update(reasoning_details(reasoning, step_index, ROUTER_AGENT_NAME))
+            reasoning_row = reasoning_insert(
+                self.run_id, self.session_id, step_index, ROUTER_AGENT_NAME, reasoning
+            )
             inserts.append(reasoning_row)
             bind["reasoningDigest"] = reasoning_row
-            with self._lock:
-                self.expected_reasoning += 1
+            with self.chain.lock:
+                self.chain.expected_reasoning += 1
         summary = (
             f"attempt {attempt}: {intent} ({confidence})"
             if ok
             else f"attempt {attempt}: unusable ({clip(error, 120)})"
         )
-        return self._write(
-            "routing_attempt",
-            [
-                ChainEvent(
-                    Phase.ROUTING,
-                    EventType.ROUTING_ATTEMPT,
-                    "OK" if ok else "INVALID",
-                    summary,
-                    details,
-                    bind=bind,
-                ),
-                self._usage_event(
-                    UsageSource.ROUTER, model, usage, phase=Phase.ROUTING, agent_name=ROUTER_AGENT_NAME
-                ),
-            ],
-            inserts=inserts,
-            usage=usage,
-        )
+        with self.chain.lock:  # the ledger's entry and the write, as one decision
+            return self._write_call(
+                "routing_attempt",
+                [
+                    ChainEvent(
+                        Phase.ROUTING,
+                        EventType.ROUTING_ATTEMPT,
+                        "OK" if ok else "INVALID",
+                        summary,
+                        details,
+                        bind=bind,
+                    ),
+                    usage_event(
+                        UsageSource.ROUTER, model, usage, phase=Phase.ROUTING, agent_name=ROUTER_AGENT_NAME
+                    ),
+                ],
+                usage,
+                inserts=inserts,
+            )
 
     def routing_decision(
         self,
@@ -168,7 +197,7 @@ class DecisionRecords:
             # once this decision committed (held or not); a lost decision leaves it as it was.
             self.intent = intent
 
-        return self._write(
+        return self.chain.write(
             "routing_decision",
             [
                 ChainEvent(
@@ -207,89 +236,33 @@ class DecisionRecords:
         no reasoning or assistant text reaches the step row or the timeline, only their byte counts.
         """
         now = timezone.now()
-        with self._lock:
-            for call in tool_calls:
-                self._declared[call.tool_call_id] = (agent_name, step_index)
-                self._provider_ids[call.tool_call_id] = call.provider_id
-            self.expected_steps += 1
-            self.expected_reasoning += 1
-            names = [c.name for c in tool_calls]
-            named = "" if agent_name == CHAT_AGENT_NAME else f"{agent_name} "
-            summary = f"{named}step {step_index}: {model}, finish {finish_reason or 'unknown'}"
-            if names:
-                summary += f", {len(names)} tool call(s): {', '.join(names)}"
-            t = _tables()
-            step = Insert(
-                t.step,
-                t.step.row(
-                    run_id=self.run_id,
-                    session_id=self.session_id,
-                    step_index=step_index,
-                    agent_name=agent_name,
-                    model=clip(model, 128),
-                    model_input=bound_json(list(model_input)),
-                    model_output=bound_json(
-                        {
-                            "textLength": text_length,
-                            "finishReason": finish_reason,
-                            "toolCalls": [
-                                {
-                                    "id": c.tool_call_id,
-                                    "providerToolCallId": c.provider_id,
-                                    "name": c.name,
-                                    "argumentsLength": len(c.arguments),
-                                }
-                                for c in tool_calls
-                            ],
-                        }
-                    ),
-                    tool_call_ids=[c.tool_call_id for c in tool_calls],
-                    has_tool_call=bool(tool_calls),
-                    finish_reason=clip(finish_reason, 32),
-                    attempts=bound_json(list(provider_attempts)),
-                    started_at=started_at,
-                    finished_at=finished_at,
-                    duration_ms=duration_ms,
-                    usage_available=usage.available,
-                    prompt_tokens=usage.prompt_tokens,
-                    completion_tokens=usage.completion_tokens,
-                    reasoning_tokens=usage.reasoning_tokens,
-                    cached_tokens=usage.cached_tokens,
-                    total_tokens=usage.total_tokens,
-                    reasoning_available=reasoning.reasoning_available,
-                    reasoning_bytes=reasoning.reasoning_bytes,
-                    assistant_bytes=reasoning.assistant_bytes,
-                    content_source=reasoning.content_source,
-                    created_at=now,
-                ),
-                want_id=True,
+        with self.chain.lock:
+            self.tools.declare(tool_calls, agent_name=agent_name, step_index=step_index)
+            self.chain.expected_steps += 1
+            self.chain.expected_reasoning += 1
+            step = step_insert(
+                self.run_id, self.session_id,
+                step_index=step_index, agent_name=agent_name, model=model, usage=usage, reasoning=reasoning,
+                tool_calls=tool_calls, finish_reason=finish_reason, started_at=started_at,
+                finished_at=finished_at, duration_ms=duration_ms, model_input=model_input,
+                text_length=text_length, provider_attempts=provider_attempts, now=now,
+            )  # fmt: skip
+            reasoning_row = reasoning_insert(
+                self.run_id, self.session_id, step_index, agent_name, reasoning, now=now
             )
-            reasoning_row = self._reasoning_insert(step_index, agent_name, reasoning, now=now)
             events = [
-                ChainEvent(
-                    Phase.AGENT,
-                    EventType.AGENT_MODEL_STEP,
-                    "TOOL_CALLS" if tool_calls else "ANSWER",
-                    clip(summary, SUMMARY_CHARS),
-                    {
-                        "stepIndex": step_index,
-                        "agentName": agent_name,
-                        "model": model,
-                        "finishReason": finish_reason,
-                        "toolCalls": [
-                            {"id": c.tool_call_id, "providerToolCallId": c.provider_id, "name": c.name}
-                            for c in tool_calls
-                        ],
-                        "durationMs": duration_ms,
-                        "reasoningAvailable": reasoning.reasoning_available,
-                        "reasoningBytes": reasoning.reasoning_bytes,
-                        "assistantBytes": reasoning.assistant_bytes,
-                        "contentSource": reasoning.content_source,
-                        "providerAttempts": len(provider_attempts),
-                    },
+                step_event(
+                    step_index,
+                    agent_name,
+                    model,
+                    reasoning,
+                    tool_calls,
+                    finish_reason,
+                    duration_ms,
+                    len(provider_attempts),
                     bind={"stepDigest": step, "reasoningDigest": reasoning_row},
                 ),
-                self._usage_event(
+                usage_event(
                     UsageSource.AGENT,
                     model,
                     usage,
@@ -301,19 +274,16 @@ class DecisionRecords:
 
             if finished_at is not None:
                 # The latest agent step's end is the answer's last token once the guards take over.
-                self._last_token_at = finished_at
+                self.last_token_at = finished_at
 
             def step_id() -> None:  # the row id, once the step committed (its tool calls' rows name it)
                 if step.id is not None:
-                    self._step_ids[(agent_name, step_index)] = step.id
+                    self.tools.step_ids[(agent_name, step_index)] = step.id
 
-            return self._write(
-                "model_step", events, inserts=[step, reasoning_row], usage=usage, on_commit=step_id
+            return self._write_call(
+                "model_step", events, usage, inserts=[step, reasoning_row], on_commit=step_id
             )
 
-    # ----------------------------------------------------------------------------------------------
-    # Plan (AI Ops)
-    # ----------------------------------------------------------------------------------------------
     def plan_decision(
         self,
         *,
@@ -340,7 +310,7 @@ class DecisionRecords:
         )
         if problems:
             summary += f" ({clip(problems[0], 120)})"
-        return self._write(
+        return self.chain.write(
             "plan_decision",
             [
                 ChainEvent(
@@ -384,7 +354,7 @@ class DecisionRecords:
         )
         if not required:
             summary = f"{verdict}: evidence not required for this intent"
-        return self._write(
+        return self.chain.write(
             "evidence_guard",
             [
                 ChainEvent(
@@ -436,18 +406,20 @@ class DecisionRecords:
             "durationMs": duration_ms,
             "providerAttempts": list(provider_attempts),
         }
-        with self._lock:
-            self._guard_calls += 1
+        with self.chain.lock:
+            self.guard_calls += 1
             inserts = []
             bind: dict[str, Insert] = {}
             if reasoning is not None:
-                step_index = guard_reasoning_step(self._guard_calls)
-                details.update(_reasoning_details(reasoning, step_index, GUARD_AGENT_NAME))
-                reasoning_row = self._reasoning_insert(step_index, GUARD_AGENT_NAME, reasoning)
+                step_index = guard_reasoning_step(self.guard_calls)
+                details.update(reasoning_details(reasoning, step_index, GUARD_AGENT_NAME))
+                reasoning_row = reasoning_insert(
+                    self.run_id, self.session_id, step_index, GUARD_AGENT_NAME, reasoning
+                )
                 inserts.append(reasoning_row)
                 bind["reasoningDigest"] = reasoning_row
-                self.expected_reasoning += 1
-            return self._write(
+                self.chain.expected_reasoning += 1
+            return self._write_call(
                 "semantic_guard",
                 [
                     ChainEvent(
@@ -458,12 +430,12 @@ class DecisionRecords:
                         details,
                         bind=bind,
                     ),
-                    self._usage_event(
+                    usage_event(
                         UsageSource.GUARD, model, usage, phase=Phase.GUARD, agent_name=GUARD_AGENT_NAME
                     ),
                 ],
+                usage,
                 inserts=inserts,
-                usage=usage,
             )
 
     def release(self, *, decision: str, reason: str, details: dict[str, Any] | None = None) -> int | None:
@@ -471,7 +443,7 @@ class DecisionRecords:
         if decision not in ReleaseDecision.values:
             raise ValueError(f"unknown release decision {decision!r}")
         self.release_decision = decision
-        return self._write(
+        return self.chain.write(
             "release",
             [
                 ChainEvent(
@@ -488,71 +460,10 @@ class DecisionRecords:
     # ----------------------------------------------------------------------------------------------
     # Internals
     # ----------------------------------------------------------------------------------------------
-    def _reasoning_insert(
-        self, step_index: int, agent_name: str, reasoning: CapturedReasoning, *, now: Any = None
-    ) -> Insert:
-        """The `agent_reasoning_audit` row of one model call (seed 000 columns, content as captured)."""
-        table: Table = _tables().reasoning
-        return Insert(
-            table,
-            table.row(
-                session_id=self.session_id,
-                run_id=self.run_id,
-                step_index=step_index,
-                agent_name=agent_name,
-                reasoning_available=reasoning.reasoning_available,
-                reasoning_content=reasoning.reasoning_content,
-                assistant_text=reasoning.assistant_text,
-                content_source=reasoning.content_source,
-                content_bytes=reasoning.content_bytes,
-                created_at=now or timezone.now(),
-            ),
-        )
-
-    def _usage_event(
-        self,
-        source: str,
-        model: str,
-        usage: Usage,
-        *,
-        phase: str,
-        step_index: int | None = None,
-        agent_name: str,
-    ) -> ChainEvent:
-        if usage.available:
-            summary = (
-                f"{source}: {usage.total_tokens} tokens "
-                f"({usage.prompt_tokens} in, {usage.completion_tokens} out)"
-            )
-        else:
-            summary = f"{source}: usage not reported by the provider"
-        details = {
-            "source": str(source),
-            "agentName": agent_name,
-            "model": model,
-            "stepIndex": step_index,
-            **usage.as_details(),
-        }
-        return ChainEvent(
-            phase,
-            EventType.MODEL_TOKEN_USAGE,
-            "REPORTED" if usage.available else "UNAVAILABLE",
-            summary,
-            details,
-        )
-
-
-ROUTER_AGENT_NAME = "router"
-GUARD_AGENT_NAME = "semantic_guard"
-
-
-def _reasoning_details(reasoning: CapturedReasoning, step_index: int, agent_name: str) -> dict[str, Any]:
-    """What a decision event says about its call's reasoning row: metadata only, never the text."""
-    return {
-        "reasoningStepIndex": step_index,
-        "agentName": agent_name,
-        "reasoningAvailable": reasoning.reasoning_available,
-        "reasoningBytes": reasoning.reasoning_bytes,
-        "assistantBytes": reasoning.assistant_bytes,
-        "contentSource": reasoning.content_source,
-    }
+    def _write_call(self, what: str, events: Sequence[ChainEvent], usage: Usage, **write: Any) -> int | None:
+        """Write a model call's decision, whose last event is its MODEL_TOKEN_USAGE: the usage enters
+        the ledger first, whether or not the write commits (the call happened). The caller holds the
+        chain's lock."""
+        d = events[-1].details
+        self.ledger.add(d["source"], usage, d.get("stepIndex"), d.get("agentName"))
+        return self.chain.write(what, events, **write)

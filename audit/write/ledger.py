@@ -1,15 +1,31 @@
-"""The run's token ledger as the recorder keeps it while the run executes."""
+"""The run's token ledger as the recorder keeps it while the run executes (`recorder.ledger`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import logging
+from dataclasses import dataclass, field, replace
+from typing import Any
 
-from audit.verify.reconcile import SOURCES, CallUsage, KeptLedger, usage_counts
+from audit.models import EventType, TraceEvent
+from audit.verify.reconcile import (
+    SOURCES,
+    CallUsage,
+    KeptLedger,
+    Reconciliation,
+    reconcile,
+    stored_usage,
+    usage_counts,
+)
+from audit.write.rows import recover_connection
 from audit.write.runtime_facts import Usage
+from pricing.costs import cost_fields, load_price_book
+from pricing.rules import CallTokens
+
+logger = logging.getLogger("audit.write")
 
 
 @dataclass(slots=True)
-class _Ledger:
+class TokenLedger:
     """The provider's report of every model call the recorder was given (`calls`, in order) and the
     number of calls counted when they started (`started`). Calls started but never reported (the
     process died during the call) count as calls without usage. Reasoning and cached-input sums are
@@ -17,6 +33,17 @@ class _Ledger:
 
     calls: list[CallUsage] = field(default_factory=list)
     started: int = 0
+
+    def restore(self, run_id: str, *, started: int) -> None:
+        """The ledger of a run taken over: the usage events stored (one query), and the calls its row
+        counted when they started (`started`: a call lost with its process stays in the count)."""
+        for details in (
+            TraceEvent.objects.filter(run_id=run_id, event_type=EventType.MODEL_TOKEN_USAGE)
+            .order_by("sequence_no")
+            .values_list("details", flat=True)
+        ):
+            self.calls.append(CallUsage.from_details(details))
+        self.started = started
 
     def add(
         self, source: str, usage: Usage, step_index: int | None = None, agent_name: str | None = None
@@ -51,6 +78,26 @@ class _Ledger:
     def unavailable_calls(self) -> int:
         return (self.model_calls - len(self.calls)) + sum(1 for c in self.calls if not c.has_total)
 
+    def reconcile(self, run_id: str) -> tuple[Reconciliation, list[CallUsage] | None]:
+        """This ledger compared with what is stored of run `run_id` (see `audit.verify.reconcile`), and
+        the stored usage records (None when they cannot be read; then not reconciled)."""
+        try:
+            stored, steps = stored_usage(run_id)
+        except Exception as exc:  # a read for the verdict: its failure only costs the verdict
+            logger.warning("ledger reconciliation read failed run=%s error=%s", run_id, type(exc).__name__)
+            recover_connection()
+            stored, steps = None, ()
+        verdict = reconcile(
+            stored=stored if stored is not None else [],
+            steps=steps,
+            started_calls=self.started,
+            kept=self.kept(),
+            reported=self.calls,
+        )
+        if stored is None:
+            return replace(verdict, reconciled=False), None
+        return verdict, stored
+
     def kept(self) -> KeptLedger:
         return KeptLedger(
             by_source=self.by_source,
@@ -72,3 +119,24 @@ def call_usage(
         **usage_counts(usage),
         agent_name=agent_name,
     )
+
+
+def priced(
+    run_id: str, provider: str, stored: list[CallUsage], *, started_calls: int, at: Any
+) -> dict[str, Any]:
+    """The run's cost columns (`pricing.costs`) from the usage records re-read for reconciliation,
+    priced at the run's creation (`at`); fail-open: when the overrides cannot be read, the run stays not
+    priced (`cost_status` "") for `verify_audit --refresh-facts` to price."""
+    try:
+        book = load_price_book()
+        cost, _calls = book.price_run(
+            provider=provider,
+            calls=[(c.model or "", CallTokens.from_usage(c)) for c in stored],
+            started_calls=started_calls,
+            at=at,
+        )
+    except Exception as exc:  # a derived fact: its failure costs only the stored cost
+        logger.warning("run pricing failed run=%s error=%s", run_id, type(exc).__name__)
+        recover_connection()
+        return {}
+    return cost_fields(cost)

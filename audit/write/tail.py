@@ -18,8 +18,8 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from audit.models import TailPending, TraceEvent
+from audit.write.chain_writer import RunChain
 from audit.write.ops import Insert
-from audit.write.run import RunRecorder
 from audit.write.runtime_facts import ChainEvent
 from diagnosis.models import DiagnosisRun
 
@@ -64,9 +64,9 @@ def append_to_finished_run(
       its session and its current `lease_epoch` there, and raises `RunNotFinished` unless the run is
       terminal; with `finished_only=False` (a reasoning purge or key rotation) also on a run still
       executing or waiting: the events then sit between its recorder's, which reloads the head it lost
-      at its next write (`ChainWriter._attempt`), and a claim waits for the row lock;
+      at its next write (`RunChain._attempt`), and a claim waits for the row lock;
     * then reads the chain head with a locking read (the newest committed head, also under REPEATABLE
-      READ) and writes through a `RunRecorder` fenced by the epoch read under the lock: the epoch of the
+      READ) and writes through a `RunChain` fenced by the epoch read under the lock: the epoch of the
       run's last claim (1 or more on any run the runtime executed), which no claim can move while the
       lock is held, so the write is never refused (`WriteFenced`) for a stale epoch (SQLite has no row
       locks: there the database serialises the writing transactions);
@@ -98,8 +98,8 @@ def append_to_finished_run(
                 appended, bound = compose(tail) if compose is not None else (events, rows)
                 if not appended:
                     raise ValueError("nothing to append")
-                writer = RunRecorder(
-                    run_id=run_id, session_id=run.session_id, group_commit=False, lease_epoch=run.lease_epoch
+                writer = RunChain(
+                    run_id=run_id, session_id=run.session_id, lease_epoch=run.lease_epoch, group_commit=False
                 )
                 last = writer.append_after(head, appended, bound)
                 note_appended(run_id=run_id, sequence_no=last)

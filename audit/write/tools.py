@@ -7,16 +7,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from django.utils import timezone
 
-from audit.models import TOOL_CONFLICT, EventType, Phase, ToolStatus
-from audit.payloads import bound_json, bound_text, canonical_json, clip, sha256_hex
+from audit.models import (
+    CHAT_AGENT_NAME,
+    TOOL_CONFLICT,
+    AgentStep,
+    EventType,
+    Phase,
+    ToolInvocation,
+    ToolStatus,
+    TraceEvent,
+)
+from audit.payloads import BoundedText, bound_json, bound_text, canonical_json, clip
 from audit.verify import row_digests
-from audit.write.chain_writer import _tables
+from audit.write.chain_writer import RunChain
 from audit.write.ops import Insert, Update
+from audit.write.rows import tables
 from audit.write.runtime_facts import (
     ERROR_MESSAGE_CHARS,
     INPUT_STRING_CHARS,
@@ -28,55 +37,98 @@ from audit.write.runtime_facts import (
     ToolCallRepeated,
     ToolLifecycleConflict,
 )
+from audit.write.tool_facts import (
+    ERROR_OBSERVED,
+    OPEN_TOOL_STATUSES,
+    ToolState,
+    terminal_event,
+    terminal_fields,
+    terminal_key,
+)
 from diagnosis.models import RunStatus
 
 TOOL_CALL_ID_CHARS = 128
-# Tool states that have no terminal yet: executing, or recorded and waiting for a person's decision.
-OPEN_TOOL_STATUSES = frozenset({ToolStatus.RUNNING.value, ToolStatus.AWAITING_APPROVAL.value})
-# Status of the TOOL_INVOCATION event that records a bare tool error kept until the run's verdict.
-ERROR_OBSERVED = "ERROR_OBSERVED"
-
-
-def arguments_digest(effective_input: Any) -> str:
-    """sha256 of the canonical JSON of a call's effective input as recorded (the digest an approval
-    names: a decision applies to exactly these arguments)."""
-    return sha256_hex(canonical_json(effective_input))
-
-
 # Room kept for the suffix of a run-unique id (`~s<step>` and, rarely, `.<n>`).
 _SUFFIX_CHARS = 24
 
 
-@dataclass(slots=True)
-class _ToolState:
-    name: str
-    input_key: str
-    step_index: int | None
-    started_monotonic: float | None
-    started_at: Any
-    agent_name: str = ""
-    input_params: Any = None
-    provider_id: str = ""
-    status: str = ToolStatus.RUNNING
-    terminal_key: tuple | None = None
-    # The tool row as last written (column -> value): the start of its terminal image.
-    row: dict[str, Any] = field(default_factory=dict)
-    # A bare error observed while the run may still be interrupted: (code, message), no terminal yet;
-    # the run's verdict decides (seed 002, `tool_error_observed`).
-    observed: tuple[str, str] | None = None
+class ToolCalls:
+    """The recorder's tool part (`recorder.tools`): the calls the run's model steps declared (with the
+    provider's ids and the declaring step's row id) and the state of every call started, written through
+    the run's chain."""
 
+    def __init__(self, chain: RunChain) -> None:
+        self.chain = chain
+        self.run_id = chain.run_id
+        self.session_id = chain.session_id
+        # tool_call_id -> the declaring step, (agent_name, step_index); and the provider's id of each.
+        self.declared: dict[str, tuple[str, int]] = {}
+        self.provider_ids: dict[str, str] = {}
+        # (agent_name, step_index) -> the step row's id, once that step committed.
+        self.step_ids: dict[tuple[str, int], int] = {}
+        # tool_call_id -> the state of every call started (or waiting for approval).
+        self.calls: dict[str, ToolState] = {}
 
-def terminal_key(status: str, output_sha256: str | None, error_code: str, error_message: str) -> tuple:
-    """The facts a terminal is compared on (as stored: bounded code and message, sha256 of the output)."""
-    message = clip(error_message, ERROR_MESSAGE_CHARS)
-    return (str(status), output_sha256 or None, clip(error_code, 64), message)
+    def declare(self, calls: Sequence[DeclaredToolCall], *, agent_name: str, step_index: int) -> None:
+        """The tool calls a model step declares: their starts are accepted from now on."""
+        for call in calls:
+            self.declared[call.tool_call_id] = (agent_name, step_index)
+            self.provider_ids[call.tool_call_id] = call.provider_id
 
-
-class ToolLifecycle:
-    """The tool half of `RunRecorder` (mixed into it; uses its chain writer)."""
+    def restore(self) -> Any:
+        """Rebuild the state of a run taken over from what is stored (`RunRecorder.resume`): the steps'
+        declared calls (with the provider's ids) and row ids, the tool states (with their input and
+        terminal facts, so that a conflicting terminal is still refused; started elsewhere, so their
+        duration stays unknown), and the bare errors observed and kept until the run's verdict (seed
+        002: the last event of such a call is its ERROR_OBSERVED). Returns the latest end of a stored
+        step (the answer's last token so far), or None."""
+        last_token_at = None
+        for agent_name, step_index, step_id, ids, output, finished_at in AgentStep.objects.filter(
+            run_id=self.run_id
+        ).values_list("agent_name", "step_index", "id", "tool_call_ids", "model_output", "finished_at"):
+            self.step_ids[(agent_name, step_index)] = step_id
+            if finished_at is not None and (last_token_at is None or finished_at > last_token_at):
+                last_token_at = finished_at
+            for tool_call_id in ids or []:
+                self.declared[tool_call_id] = (agent_name, step_index)
+            for call in (output or {}).get("toolCalls") or []:
+                if isinstance(call, dict) and call.get("providerToolCallId"):
+                    self.provider_ids[str(call.get("id"))] = str(call["providerToolCallId"])
+        columns = tables().tool.columns
+        for tool in ToolInvocation.objects.filter(run_id=self.run_id):
+            self.calls[tool.tool_call_id] = ToolState(
+                name=tool.tool_name,
+                input_key=canonical_json(tool.input_params),
+                step_index=tool.step_index,
+                agent_name=tool.agent_name or CHAT_AGENT_NAME,
+                started_monotonic=None,
+                started_at=tool.started_at,
+                input_params=tool.input_params,
+                provider_id=tool.provider_tool_call_id or tool.tool_call_id,
+                status=tool.status,
+                terminal_key=(
+                    None
+                    if tool.status in OPEN_TOOL_STATUSES
+                    else terminal_key(tool.status, tool.output_sha256, tool.error_code, tool.error_message)
+                ),
+                row={c: getattr(tool, c) for c in columns},
+            )
+        last: dict[str, tuple[str, dict]] = {}
+        for status, details in (
+            TraceEvent.objects.filter(run_id=self.run_id, event_type=EventType.TOOL_INVOCATION)
+            .order_by("sequence_no")
+            .values_list("status", "details")
+        ):
+            if isinstance(details, dict) and details.get("toolCallId"):
+                last[str(details["toolCallId"])] = (status, details)
+        for tool_call_id, (status, details) in last.items():
+            state = self.calls.get(tool_call_id)
+            if status == ERROR_OBSERVED and state is not None and state.status == ToolStatus.RUNNING:
+                state.observed = (str(details.get("errorCode") or ""), str(details.get("errorMessage") or ""))
+        return last_token_at
 
     def is_declared(self, tool_call_id: str) -> bool:
-        return tool_call_id in self._declared
+        return tool_call_id in self.declared
 
     def run_unique_calls(
         self, calls: Sequence[DeclaredToolCall], *, step_index: int
@@ -87,8 +139,8 @@ class ToolLifecycle:
         run's id; a reused one becomes `<provider id>~s<step_index>` (then `.2`, `.3` … while taken).
         Deterministic: the same calls in the same order get the same ids, also in a resumed recorder.
         """
-        with self._lock:
-            taken = set(self._declared) | set(self._tools)
+        with self.chain.lock:
+            taken = set(self.declared) | set(self.calls)
             out = []
             for call in calls:
                 provider = call.provider_id
@@ -110,7 +162,7 @@ class ToolLifecycle:
                 )
             return tuple(out)
 
-    def _new_tool_row(
+    def new_row(
         self,
         t,
         *,
@@ -130,7 +182,7 @@ class ToolLifecycle:
             t.tool.row(
                 run_id=self.run_id,
                 session_id=self.session_id,
-                step_id=self._step_ids.get((agent_name, step_index)),
+                step_id=self.step_ids.get((agent_name, step_index)),
                 step_index=step_index,
                 agent_name=agent_name,
                 tool_call_id=tool_call_id,
@@ -144,9 +196,9 @@ class ToolLifecycle:
             ),
         )  # fmt: skip
 
-    def _starting(
+    def starting(
         self, tool_call_id: str, tool_name: str, input_params: dict[str, Any], *, status: str, now: Any
-    ) -> _ToolState:
+    ) -> ToolState:
         """What every start of a new call begins with (under the recorder's lock): its effective input as
         recorded (bounded) and the key its facts are compared on, the refusals (`_refuse_start`), then
         the new call's state — its declaring step, the provider's id, `status`, started at `now` when it
@@ -154,8 +206,8 @@ class ToolLifecycle:
         effective_input = bound_json(input_params, max_string=INPUT_STRING_CHARS)
         input_key = canonical_json(effective_input)
         self._refuse_start(tool_call_id, tool_name, input_key)
-        agent_name, step_index = self._declared[tool_call_id]
-        return _ToolState(
+        agent_name, step_index = self.declared[tool_call_id]
+        return ToolState(
             name=tool_name,
             input_key=input_key,
             step_index=step_index,
@@ -163,7 +215,7 @@ class ToolLifecycle:
             started_monotonic=None,
             started_at=now if status == ToolStatus.RUNNING else None,
             input_params=effective_input,
-            provider_id=self._provider_ids.get(tool_call_id, tool_call_id),
+            provider_id=self.provider_ids.get(tool_call_id, tool_call_id),
             status=status,
         )
 
@@ -171,23 +223,23 @@ class ToolLifecycle:
         """The refusals every start shares: a repeat (same facts: ToolCallRepeated, nothing written;
         other facts: ToolLifecycleConflict, a CONFLICT event) and an id no recorded step declared
         (ToolCallNotDeclared, a REFUSED event)."""
-        existing = self._tools.get(tool_call_id)
+        existing = self.calls.get(tool_call_id)
         if existing is not None:
             if existing.name == tool_name and existing.input_key == input_key:
                 raise ToolCallRepeated(tool_call_id, existing.status)
-            self._conflict(
+            self.conflict(
                 tool_call_id,
                 tool_name,
                 "CONFLICTING_START",
                 {"recordedStatus": existing.status, "recordedToolName": existing.name},
             )
             raise ToolLifecycleConflict(f"tool call {tool_call_id} was already started with other facts")
-        if tool_call_id not in self._declared:
-            self._refused(tool_call_id, tool_name, "UNDECLARED_TOOL_CALL", "not declared by a recorded step")
+        if tool_call_id not in self.declared:
+            self.refused(tool_call_id, tool_name, "UNDECLARED_TOOL_CALL", "not declared by a recorded step")
             raise ToolCallNotDeclared(f"tool call {tool_call_id} was not declared by a recorded step")
 
-    def _refused(self, tool_call_id: str, tool_name: str, reason: str, why: str) -> None:
-        self._write(
+    def refused(self, tool_call_id: str, tool_name: str, reason: str, why: str) -> None:
+        self.chain.write(
             "tool_refused",
             [
                 ChainEvent(
@@ -208,21 +260,21 @@ class ToolLifecycle:
         name or input (recorded as a CONFLICT event), ToolCallRepeated when it was started with the same
         facts (nothing is written; the caller must not execute the tool again).
         """
-        with self._lock:
+        with self.chain.lock:
             now = timezone.now()
-            state = self._starting(tool_call_id, tool_name, input_params, status=ToolStatus.RUNNING, now=now)
+            state = self.starting(tool_call_id, tool_name, input_params, status=ToolStatus.RUNNING, now=now)
             effective_input, agent_name, step_index = state.input_params, state.agent_name, state.step_index
             provider_id = state.provider_id
-            self._tools[tool_call_id] = state
-            self.expected_tools += 1
-            t = _tables()
-            row = self._new_tool_row(
+            self.calls[tool_call_id] = state
+            self.chain.expected_tools += 1
+            t = tables()
+            row = self.new_row(
                 t, tool_call_id=tool_call_id, tool_name=tool_name, provider_id=provider_id,
                 agent_name=agent_name, step_index=step_index, status=ToolStatus.RUNNING,
                 input_params=effective_input, started_at=now, now=now,
             )  # fmt: skip
             state.row = dict(zip(t.tool.columns, row.values, strict=True))
-            sequence_no = self._write(
+            sequence_no = self.chain.write(
                 "tool_started",
                 [
                     ChainEvent(
@@ -264,10 +316,10 @@ class ToolLifecycle:
         """The tool's one terminal update (SUCCEEDED or FAILED here; INTERRUPTED/ABANDONED come from
         `finish` or `close_tools`). Same facts again: no-op; different facts, or no start:
         ToolLifecycleConflict, recorded as a CONFLICT event (the first terminal stands)."""
-        with self._lock:
-            state = self._tools.get(tool_call_id)
+        with self.chain.lock:
+            state = self.calls.get(tool_call_id)
             if state is None:
-                self._conflict(tool_call_id, "", "NOT_STARTED", {"refusedStatus": str(status)})
+                self.conflict(tool_call_id, "", "NOT_STARTED", {"refusedStatus": str(status)})
                 raise ToolLifecycleConflict(f"tool call {tool_call_id} was never started")
             return self._terminate(
                 tool_call_id, state, status, output, error_code, error_message, retrieval, summary_note
@@ -280,8 +332,8 @@ class ToolLifecycle:
         terminal `status` (e.g. INTERRUPTED on cancel). Returns each closed tool's `tool_call_id` with
         the `sequence_no` of its terminal event (None if the write failed)."""
         which = ToolStatus.AWAITING_APPROVAL if awaiting else ToolStatus.RUNNING
-        with self._lock:
-            running = [(k, s) for k, s in self._tools.items() if s.status == which]
+        with self.chain.lock:
+            running = [(k, s) for k, s in self.calls.items() if s.status == which]
             # A call whose bare error was observed is closed with that error (the verdict is the run's).
             return {
                 tool_call_id: self._terminate(
@@ -305,13 +357,13 @@ class ToolLifecycle:
         (`close_tools`); an interruption keeps it pending and the resumption runs it again
         (`tool_restarted`); a run that goes on uninterrupted gives it the observed error as its
         terminal (`tool_finished`)."""
-        with self._lock:
-            state = self._tools.get(tool_call_id)
+        with self.chain.lock:
+            state = self.calls.get(tool_call_id)
             if state is None or state.status != ToolStatus.RUNNING:
                 raise ToolLifecycleConflict(f"tool call {tool_call_id} is not running")
             code, message = clip(error_code, 64), clip(error_message, ERROR_MESSAGE_CHARS)
             state.observed = (code, message)
-            return self._write(
+            return self.chain.write(
                 "tool_error_observed",
                 [
                     ChainEvent(
@@ -334,15 +386,15 @@ class ToolLifecycle:
         """A call kept pending across an interruption (its bare error observed) runs again in the
         resumed run under its own id: TOOL_INVOCATION RUNNING (`restarted: true`, the row's new start
         bound). Only such a call: anything else raises ToolCallRepeated (never executed twice)."""
-        with self._lock:
-            state = self._tools.get(tool_call_id)
+        with self.chain.lock:
+            state = self.calls.get(tool_call_id)
             if state is None or state.status != ToolStatus.RUNNING or state.observed is None:
                 raise ToolCallRepeated(tool_call_id, state.status if state else "")
             now = timezone.now()
             fields = {"started_at": now, "updated_at": now}
-            t = _tables()
+            t = tables()
             image = {**state.row, **fields}
-            seq = self._write(
+            seq = self.chain.write(
                 "tool_restarted",
                 [
                     ChainEvent(
@@ -381,7 +433,9 @@ class ToolLifecycle:
             state.started_monotonic = time.monotonic()
             return seq
 
-    def _close_dangling_tools(self, run_status: str) -> None:
+    def close_dangling(self, run_status: str) -> None:
+        """The run ends (`finish`): close what still runs or waits for approval, with the terminal
+        status the run's ending gives it."""
         closing = {
             RunStatus.FAILED.value: (ToolStatus.FAILED, "RUN_FAILED"),
             RunStatus.CANCELLED.value: (ToolStatus.INTERRUPTED, "RUN_CANCELLED"),
@@ -400,7 +454,7 @@ class ToolLifecycle:
     def _terminate(
         self,
         tool_call_id: str,
-        state: _ToolState,
+        state: ToolState,
         status: str,
         output: str | None,
         error_code: str,
@@ -408,23 +462,14 @@ class ToolLifecycle:
         retrieval: RetrievalFacts | None,
         summary_note: str,
     ) -> int | None:
+        """A call's one terminal: refused when it ended already with other facts (a no-op with the
+        same), else its row's terminal update and its TOOL_INVOCATION event, written together."""
         bounded = bound_text(output) if output is not None else None
         key = terminal_key(status, bounded.sha256 if bounded else None, error_code, error_message)
         if state.status not in OPEN_TOOL_STATUSES:
             if state.terminal_key == key:
-                return
-            self._conflict(
-                tool_call_id,
-                state.name,
-                "CONFLICTING_TERMINAL",
-                {
-                    "recordedStatus": state.status,
-                    "refusedStatus": str(status),
-                    "refusedOutputSha256": bounded.sha256 if bounded else None,
-                    "refusedErrorCode": error_code or None,
-                },
-            )
-            raise ToolLifecycleConflict(f"tool call {tool_call_id} already ended as {state.status}")
+                return None
+            self._refuse_terminal(tool_call_id, state, status, bounded, error_code)
         now = timezone.now()
         duration_ms = (
             int((time.monotonic() - state.started_monotonic) * 1000)
@@ -434,56 +479,8 @@ class ToolLifecycle:
         prior = str(state.status)
         state.status = status
         state.terminal_key = key
-        fields: dict[str, Any] = {
-            "status": status,
-            "finished_at": now,
-            "duration_ms": duration_ms,
-            "error_code": clip(error_code, 64),
-            "error_message": clip(error_message, ERROR_MESSAGE_CHARS),
-            "updated_at": now,
-        }
-        if bounded is not None:
-            fields.update(
-                output_preview=bounded.preview,
-                output_length=bounded.length,
-                output_sha256=bounded.sha256,
-                is_truncated=bounded.truncated or bool(retrieval and retrieval.is_truncated),
-            )
-        if retrieval is not None:
-            fields.update(
-                retrieval_layer=retrieval.layer,
-                l0_match_count=retrieval.l0_match_count,
-                l1_match_count=retrieval.l1_match_count,
-                retrieval_details=bound_json(retrieval.details),
-            )
-        parts = [f"{state.name} {status.lower()}"]
-        if duration_ms is not None:
-            parts.append(f"in {duration_ms} ms")
-        if bounded is not None:
-            parts.append(f"{bounded.length} chars")
-        if error_code:
-            parts.append(f"error {error_code}")
-        if summary_note:
-            parts.append(summary_note)
-        details: dict[str, Any] = {
-            "toolCallId": tool_call_id,
-            "providerToolCallId": state.provider_id or tool_call_id,
-            "toolName": state.name,
-            "stepIndex": state.step_index,
-            "agentName": state.agent_name or None,
-            "durationMs": duration_ms,
-            "outputLength": bounded.length if bounded else None,
-            "outputSha256": bounded.sha256 if bounded else None,
-            "errorCode": error_code or None,
-        }
-        if retrieval is not None:
-            details.update(
-                retrievalLayer=retrieval.layer,
-                l0MatchCount=retrieval.l0_match_count,
-                l1MatchCount=retrieval.l1_match_count,
-            )
-
-        t = _tables()
+        fields = terminal_fields(status, now, duration_ms, bounded, error_code, error_message, retrieval)
+        t = tables()
         # The RUNNING row may never have committed (an earlier audit write failed): then the row the
         # terminal update would have produced is inserted instead (real input included), so the terminal
         # facts are kept and the one terminal digest verifies whichever way the row was written.
@@ -498,26 +495,32 @@ class ToolLifecycle:
             (self.run_id, tool_call_id, prior),
             fallback=fallback,
         )
-
-        return self._write(
-            "tool_finished",
-            [
-                ChainEvent(
-                    Phase.TOOL,
-                    EventType.TOOL_INVOCATION,
-                    status,
-                    clip(", ".join(parts), SUMMARY_CHARS),
-                    {**details, "rowForm": row_digests.TOOL.name},
-                    bind={"rowDigest": fallback},
-                )
-            ],
-            updates=[update],
+        event = terminal_event(
+            tool_call_id, state, status, duration_ms, bounded, error_code, retrieval, summary_note, fallback
         )
+        return self.chain.write("tool_finished", [event], updates=[update])
 
-    def _conflict(self, tool_call_id: str, tool_name: str, reason: str, facts: dict[str, Any]) -> None:
+    def _refuse_terminal(
+        self, tool_call_id: str, state: ToolState, status: str, bounded: BoundedText | None, error_code: str
+    ) -> None:
+        """A second terminal with other facts than the first: a CONFLICT event, and the refusal raised."""
+        self.conflict(
+            tool_call_id,
+            state.name,
+            "CONFLICTING_TERMINAL",
+            {
+                "recordedStatus": state.status,
+                "refusedStatus": str(status),
+                "refusedOutputSha256": bounded.sha256 if bounded else None,
+                "refusedErrorCode": error_code or None,
+            },
+        )
+        raise ToolLifecycleConflict(f"tool call {tool_call_id} already ended as {state.status}")
+
+    def conflict(self, tool_call_id: str, tool_name: str, reason: str, facts: dict[str, Any]) -> None:
         """Record a refused lifecycle step as a CONFLICT event (the refusal itself is raised by the
         caller); the recorded row is left as it is."""
-        self._write(
+        self.chain.write(
             "tool_conflict",
             [
                 ChainEvent(
@@ -534,5 +537,5 @@ class ToolLifecycle:
         )
 
 
-def _start_timing(state: _ToolState) -> None:
+def _start_timing(state: ToolState) -> None:
     state.started_monotonic = time.monotonic()

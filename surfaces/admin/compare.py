@@ -195,6 +195,14 @@ def compare_traces(
     sections.append(run)
     sections.append(configuration_section(left, right, prompts))
 
+    sections += _process_sections(left, right)
+    sections += _outcome_sections(left, right)
+    return Comparison(left_id=a["runId"], right_id=b["runId"], sections=sections)
+
+
+def _process_sections(left: Mapping[str, Any], right: Mapping[str, Any]) -> list[Section]:
+    """What each run did: its route, steps per agent, tool calls, citations and guard verdicts."""
+    sections: list[Section] = []
     route = Section("route", "Route")
     ra, rb = _route(left), _route(right)
     route.rows += [_row(key, ra[key], rb[key]) for key in ("intent", "confidence", "fallback", "reason")]
@@ -234,7 +242,13 @@ def compare_traces(
             continue
         guards.rows.append(_row(label, (ga or {}).get("status"), (gb or {}).get("status")))
     sections.append(guards)
+    return sections
 
+
+def _outcome_sections(left: Mapping[str, Any], right: Mapping[str, Any]) -> list[Section]:
+    """What each run produced and cost: its release, tokens, cost, latency, audit and reviews."""
+    a, b = left["run"], right["run"]
+    sections: list[Section] = []
     release = Section("release", "Release")
     ea, eb = _last_event(left, EventType.RELEASE_DECISION), _last_event(right, EventType.RELEASE_DECISION)
     release.rows += [
@@ -280,7 +294,7 @@ def compare_traces(
         _row("latest review", _latest_review(left), _latest_review(right)),
     ]
     sections.append(audit)
-    return Comparison(left_id=a["runId"], right_id=b["runId"], sections=sections)
+    return sections
 
 
 def _latest_review(trace: Mapping[str, Any]) -> str | None:

@@ -5,8 +5,7 @@ its numbers as a table. Staff with the run list's view permission see it; it is 
 from __future__ import annotations
 
 import datetime as dt
-from collections import defaultdict
-from decimal import Decimal
+from typing import Any
 
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -57,6 +56,41 @@ def dashboard_view(model_admin, request):
     start = dt.datetime.combine(since, dt.time(), tzinfo=dt.UTC)
     end = dt.datetime.combine(until + dt.timedelta(days=1), dt.time(), tzinfo=dt.UTC)
     board = get_dashboard(since=start, until=end)
+    readers = board.readers
+    read_days = sorted(board.reads)
+    totals = board.totals
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "opts": model_admin.opts,
+        "title": "Oversight dashboard",
+        "since": since,
+        "until": until,
+        "period_error": period_error,
+        "presets": PRESETS,
+        "board": board,
+        "totals": totals,
+        "block_rate": totals.block_rate,
+        "total_cost": format_usd(totals.cost),
+        "charts": _charts(board),
+        "token_rows": [
+            {"row": t, "cost": format_usd(t.cost) if t.cost is not None else t.cost_status.replace("_", " ")}
+            for t in board.tokens
+        ],
+        "day_rows": [{"d": d, "cost": format_usd(d.cost)} for d in board.days],
+        "readers": readers,
+        "links": _run_links(start, end),
+        "read_rows": [(d, [board.reads[d].get(r, 0) for r in readers]) for d in read_days],
+        **evaluation_views.dashboard_context(since=start, until=end),
+        "media": model_admin.media,
+        "is_nav_sidebar_enabled": False,
+    }
+    request.current_app = model_admin.admin_site.name
+    return TemplateResponse(request, "admin/diagnosis/dashboard.html", context)
+
+
+def _charts(board) -> dict[str, Any]:
+    """The dashboard's charts: runs per day by release, tokens and cost per day by source and model,
+    tool calls by tool, reasoning reads per day by reader."""
     labels = [d.day.isoformat() for d in board.days]
     runs_chart = (
         stacked_bars(
@@ -127,11 +161,17 @@ def dashboard_view(model_admin, request):
         if board.tools
         else empty_chart("No tool call in this period.")
     )
-    cost_by_day: dict[dt.date, Decimal] = defaultdict(Decimal)
-    for t in board.tokens:
-        if t.cost is not None:
-            cost_by_day[t.day] += t.cost
-    totals = board.totals
+    return {
+        "runs": runs_chart,
+        "tokens": tokens_chart,
+        "cost": cost_chart,
+        "tools": tools_chart,
+        "reads": reads_chart,
+    }
+
+
+def _run_links(start: dt.datetime, end: dt.datetime) -> dict[str, str]:
+    """The run list narrowed to the period and each figure's filter."""
     runs_url = reverse("admin:diagnosis_diagnosisrun_changelist")
     period = {
         "created_at__gte": start.isoformat(),
@@ -141,46 +181,13 @@ def dashboard_view(model_admin, request):
     def runs_link(**filters: str) -> str:
         return runs_url + "?" + urlencode({**filters, **period})
 
-    context = {
-        **model_admin.admin_site.each_context(request),
-        "opts": model_admin.opts,
-        "title": "Oversight dashboard",
-        "since": since,
-        "until": until,
-        "period_error": period_error,
-        "presets": PRESETS,
-        "board": board,
-        "totals": totals,
-        "block_rate": totals.block_rate,
-        "total_cost": format_usd(totals.cost),
-        "charts": {
-            "runs": runs_chart,
-            "tokens": tokens_chart,
-            "cost": cost_chart,
-            "tools": tools_chart,
-            "reads": reads_chart,
-        },
-        "token_rows": [
-            {"row": t, "cost": format_usd(t.cost) if t.cost is not None else t.cost_status.replace("_", " ")}
-            for t in board.tokens
-        ],
-        "day_rows": [{"d": d, "cost": format_usd(d.cost)} for d in board.days],
-        "readers": readers,
-        # The run list narrowed to the period and each figure's filter.
-        "links": {
-            "runs": runs_link(),
-            "incomplete": runs_link(audit_complete="no"),
-            "unreconciled": runs_link(tokens_reconciled__exact="0"),
-            # Each count of runs without a cost links to exactly the runs it counts.
-            "cost_unavailable": runs_link(cost="unavailable"),
-            "cost_demo": runs_link(cost="demo"),
-            "cost_not_priced": runs_link(cost="not_priced"),
-            "blocked": runs_link(release_decision__exact="BLOCKED"),
-        },
-        "read_rows": [(d, [board.reads[d].get(r, 0) for r in readers]) for d in read_days],
-        **evaluation_views.dashboard_context(since=start, until=end),
-        "media": model_admin.media,
-        "is_nav_sidebar_enabled": False,
+    return {
+        "runs": runs_link(),
+        "incomplete": runs_link(audit_complete="no"),
+        "unreconciled": runs_link(tokens_reconciled__exact="0"),
+        # Each count of runs without a cost links to exactly the runs it counts.
+        "cost_unavailable": runs_link(cost="unavailable"),
+        "cost_demo": runs_link(cost="demo"),
+        "cost_not_priced": runs_link(cost="not_priced"),
+        "blocked": runs_link(release_decision__exact="BLOCKED"),
     }
-    request.current_app = model_admin.admin_site.name
-    return TemplateResponse(request, "admin/diagnosis/dashboard.html", context)

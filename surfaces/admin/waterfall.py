@@ -11,6 +11,7 @@ open-ended and hatched (*unknown*).
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from audit.models import CHAT_AGENT_NAME, AgentStep, EventType, ToolInvocation, TraceEvent
@@ -263,7 +264,42 @@ def build_waterfall(trace: Trace) -> Waterfall:
     run = trace.run
     origin = run.created_at or run.started_at
     finished = run.finished_at
+    groups = _span_groups(trace)
+    known = [t for group in groups for span in group for t in (span.start, span.end) if t is not None]
+    if origin is None and known:
+        origin = min(known)
+    if origin is None:
+        return Waterfall(bars=[], ticks=[], markers=[], span="—", origin="—", notes=["no recorded times"])
+    axis = _Axis(origin, max([*known, *([finished] if finished else [])], default=origin))
+    # Lanes in pipeline order; within a lane a group (a step and its tools, or one router/guard call)
+    # sorts by its first span's start.
+    groups.sort(
+        key=lambda g: (
+            _lane_rank(g[0].lane),
+            g[0].lane,
+            axis.offset_ms(g[0].start) if g[0].start is not None else float("inf"),
+        )
+    )
+    bars, notes = _bars((s for group in groups for s in group), axis)
+    lanes: list[Lane] = []
+    for bar in bars:
+        if not lanes or lanes[-1].name != bar.lane:
+            lanes.append(Lane(name=bar.lane, bars=[]))
+        lanes[-1].bars.append(bar)
+    return Waterfall(
+        bars=bars,
+        ticks=_ticks(axis.span_ms),
+        markers=_markers(trace, axis),
+        span=format_ms(axis.span_ms),
+        origin=format_instant(origin),
+        notes=notes,
+        lanes=lanes,
+    )
 
+
+def _span_groups(trace: Trace) -> list[list[_Span]]:
+    """The spans to draw, in groups: each router or guard call alone; each model step with the tool
+    calls it declared and their waits for approval; tool calls of no recorded step alone."""
     tools_by_step: dict[tuple[str, int | None], list[ToolInvocation]] = {}
     for tool in trace.tools:
         tools_by_step.setdefault((tool.agent_name or CHAT_AGENT_NAME, tool.step_index), []).append(tool)
@@ -285,50 +321,48 @@ def build_waterfall(trace: Trace) -> Waterfall:
         groups.append(group)
     for leftover in tools_by_step.values():
         groups.extend([_tool_span(t, nested=False)] for t in leftover)
+    return groups
 
-    spans = [span for group in groups for span in group]
-    known = [t for span in spans for t in (span.start, span.end) if t is not None]
-    if origin is None and known:
-        origin = min(known)
-    if origin is None:
-        return Waterfall(bars=[], ticks=[], markers=[], span="—", origin="—", notes=["no recorded times"])
-    axis_end = max([*known, *([finished] if finished else [])], default=origin)
-    span_ms = max((axis_end - origin).total_seconds() * 1000, 1.0)
 
-    def offset_ms(value: dt.datetime) -> float:
-        return (value - origin).total_seconds() * 1000
+class _Axis:
+    """The time axis: from `origin` to `end` (at least 1 ms), positions in milliseconds and percent."""
 
-    def pct(value: dt.datetime) -> float:
-        return max(0.0, min(100.0, offset_ms(value) / span_ms * 100))
+    def __init__(self, origin: dt.datetime, end: dt.datetime) -> None:
+        self.origin = origin
+        self.end = end
+        self.span_ms = max((end - origin).total_seconds() * 1000, 1.0)
 
-    # Lanes in pipeline order; within a lane a group (a step and its tools, or one router/guard call)
-    # sorts by its first span's start.
-    def lane_rank(lane: str) -> int:
-        if lane == GUARD_LANE:
-            return len(LANE_ORDER) + 1
-        return LANE_ORDER.index(lane) if lane in LANE_ORDER else len(LANE_ORDER)
+    def offset_ms(self, value: dt.datetime) -> float:
+        return (value - self.origin).total_seconds() * 1000
 
-    groups.sort(
-        key=lambda g: (
-            lane_rank(g[0].lane),
-            g[0].lane,
-            offset_ms(g[0].start) if g[0].start is not None else float("inf"),
-        )
-    )
+    def pct(self, value: dt.datetime) -> float:
+        return max(0.0, min(100.0, self.offset_ms(value) / self.span_ms * 100))
+
+
+def _lane_rank(lane: str) -> int:
+    if lane == GUARD_LANE:
+        return len(LANE_ORDER) + 1
+    return LANE_ORDER.index(lane) if lane in LANE_ORDER else len(LANE_ORDER)
+
+
+def _bars(spans: Iterable[_Span], axis: _Axis) -> tuple[list[Bar], list[str]]:
+    """A bar per span with a recorded time (at least `MIN_BAR_PERCENT` wide unless a point), and a note
+    for each span not drawn or drawn from the run's start."""
     bars: list[Bar] = []
     notes: list[str] = []
-    for span in (s for group in groups for s in group):
+    for span in spans:
         if span.start is None:
             notes.append(f"{span.label} {span.sublabel}: no time recorded, not drawn")
             continue
-        end = span.end if span.end is not None else (axis_end if span.mode == "unknown" else None)
-        if span.start < origin:
+        end = span.end if span.end is not None else (axis.end if span.mode == "unknown" else None)
+        if span.start < axis.origin:
+            before = format_ms(-axis.offset_ms(span.start))
             notes.append(
                 f"{span.label} {span.sublabel}: its recorded duration reaches back "
-                f"{format_ms(-offset_ms(span.start))} before the run was created; drawn from the run's start"
+                f"{before} before the run was created; drawn from the run's start"
             )
-        left = pct(span.start)
-        width = pct(end) - left if end is not None else 0.0
+        left = axis.pct(span.start)
+        width = axis.pct(end) - left if end is not None else 0.0
         if span.mode != "point" and width < MIN_BAR_PERCENT:
             width = MIN_BAR_PERCENT
             left = min(left, 100.0 - MIN_BAR_PERCENT)
@@ -341,8 +375,8 @@ def build_waterfall(trace: Trace) -> Waterfall:
                 tone=tone(span.status),
                 left=round(left, 3),
                 width=round(width, 3),
-                start_ms=round(offset_ms(span.start), 1),
-                end_ms=round(offset_ms(end), 1) if end is not None else None,
+                start_ms=round(axis.offset_ms(span.start), 1),
+                end_ms=round(axis.offset_ms(end), 1) if end is not None else None,
                 duration=format_duration(span.duration_ms) if span.duration_ms is not None else UNKNOWN,
                 mode=span.mode,
                 title=span.title,
@@ -351,36 +385,31 @@ def build_waterfall(trace: Trace) -> Waterfall:
                 lane=span.lane,
             )
         )
-    lanes: list[Lane] = []
-    for bar in bars:
-        if not lanes or lanes[-1].name != bar.lane:
-            lanes.append(Lane(name=bar.lane, bars=[]))
-        lanes[-1].bars.append(bar)
+    return bars, notes
 
+
+def _ticks(span_ms: float) -> list[tuple[float, str]]:
     step = _nice_step(span_ms)
     ticks = []
     t = 0.0
     while t <= span_ms + 1e-6:
         ticks.append((round(t / span_ms * 100, 3), format_ms(t)))
         t += step
-    instants = [("first output", run.first_output_at, "good"), ("finished", finished, "neutral")]
+    return ticks
+
+
+def _markers(trace: Trace, axis: _Axis) -> list[Marker]:
+    """The run's instants on the axis: first output, finish, interruptions and resumptions, release."""
+    run = trace.run
+    instants = [("first output", run.first_output_at, "good"), ("finished", run.finished_at, "neutral")]
     for event in trace.timeline:
         if event.event_type in (EventType.RUN_INTERRUPTED, EventType.RUN_RESUMED):
             instants.append((event.event_type.lower().replace("run_", ""), event.created_at, "warn"))
     release = next((e for e in trace.timeline if e.event_type == EventType.RELEASE_DECISION), None)
     if release is not None:
         instants.append((f"release {release.status}", release.created_at, tone(release.status)))
-    markers = [
-        Marker(label=label, left=round(pct(at), 3), at=format_ms(offset_ms(at)), tone=marker_tone)
+    return [
+        Marker(label=label, left=round(axis.pct(at), 3), at=format_ms(axis.offset_ms(at)), tone=marker_tone)
         for label, at, marker_tone in instants
         if at is not None
     ]
-    return Waterfall(
-        bars=bars,
-        ticks=ticks,
-        markers=markers,
-        span=format_ms(span_ms),
-        origin=format_instant(origin),
-        notes=notes,
-        lanes=lanes,
-    )

@@ -329,13 +329,13 @@ class AnalysesApi(ApiView):
         tags=["aiops"],
     )
     def post(self, request):
-        body = self.InputSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        try:
-            run = intake.start_staff_analysis(user=request.user, **body.validated_data)
-        except services.InvalidQuery as exc:
-            raise exceptions.ValidationError({"query": str(exc)}) from None
-        return Response(self.OutputSerializer(run).data, status=status.HTTP_202_ACCEPTED)
+        return self.submit(
+            request,
+            act=lambda _, data: intake.start_staff_analysis(user=request.user, **data),
+            refusals={services.InvalidQuery: lambda exc: exceptions.ValidationError({"query": str(exc)})},
+            output=lambda run: self.OutputSerializer(run).data,
+            status=status.HTTP_202_ACCEPTED,
+        )
 
     @extend_schema(
         operation_id="aiops_analysis_list",

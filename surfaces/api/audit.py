@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
-from rest_framework.exceptions import APIException, NotFound, ValidationError
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.response import Response
 
 from audit.models import REVIEW_NOTE_CHARS, Checkpoint, HoldScope, ReviewVerdict
@@ -27,6 +27,7 @@ from core.api import (
     NOT_FOUND_RUN,
     NOT_FOUND_SESSION,
     ApiView,
+    Conflict,
     IdField,
     error_responses,
     paginated_response,
@@ -284,25 +285,31 @@ class LegalHoldsApi(ApiView):
         tags=["evidence"],
     )
     def post(self, request, sessionId):
-        body = self.InputSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        run_id = body.validated_data.get("runId")
-        session = get_visible_session(user=request.user, session_id=sessionId)
-        # The run must be in the session: its 404 too comes before the role (checked on the session).
-        if (
-            session is not None
-            and run_id is not None
-            and get_visible_run(user=request.user, session_id=sessionId, run_id=run_id) is None
-        ):
-            raise NotFound(NOT_FOUND_RUN)
-        session = self.found(request, session, NOT_FOUND_SESSION)
-        hold = place_hold(
-            user=request.user,
-            scope=HoldScope.RUN if run_id else HoldScope.SESSION,
-            target_id=run_id or session.session_id,
-            reason=body.validated_data["reason"],
+        def find(data):
+            session = get_visible_session(user=request.user, session_id=sessionId)
+            # The run must be in the session: its 404 too comes before the role (checked on the session).
+            run_id = data.get("runId")
+            if (
+                session is not None
+                and run_id is not None
+                and get_visible_run(user=request.user, session_id=sessionId, run_id=run_id) is None
+            ):
+                raise NotFound(NOT_FOUND_RUN)
+            return session
+
+        return self.submit(
+            request,
+            find=find,
+            not_found=NOT_FOUND_SESSION,
+            act=lambda session, data: place_hold(
+                user=request.user,
+                scope=HoldScope.RUN if data.get("runId") else HoldScope.SESSION,
+                target_id=data.get("runId") or session.session_id,
+                reason=data["reason"],
+            ),
+            output=lambda hold: LegalHoldSerializer(hold).data,
+            status=201,
         )
-        return Response(LegalHoldSerializer(hold).data, status=201)
 
 
 class LiftLegalHoldApi(ApiView):
@@ -333,28 +340,25 @@ class LiftLegalHoldApi(ApiView):
         tags=["evidence"],
     )
     def post(self, request, sessionId, holdId):
-        body = self.InputSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        session = self.found(
-            request, get_visible_session(user=request.user, session_id=sessionId), NOT_FOUND_SESSION
-        )
-        hold = holds_of_session(session_id=session.session_id).filter(pk=holdId).first()
-        if hold is None:
-            raise NotFound("No such hold.")
-        return Response(
-            LegalHoldSerializer(
-                lift_hold(user=request.user, hold=hold, reason=body.validated_data["reason"])
-            ).data
+        def lift(session, data):
+            hold = holds_of_session(session_id=session.session_id).filter(pk=holdId).first()
+            if hold is None:
+                raise NotFound("No such hold.")
+            return lift_hold(user=request.user, hold=hold, reason=data["reason"])
+
+        return self.submit(
+            request,
+            find=lambda _: get_visible_session(user=request.user, session_id=sessionId),
+            not_found=NOT_FOUND_SESSION,
+            act=lift,
+            output=lambda hold: LegalHoldSerializer(hold).data,
         )
 
 
 # --------------------------------------------------------------------------------------------------
 # Reviews
 # --------------------------------------------------------------------------------------------------
-class Conflict(APIException):
-    status_code = 409
-    default_code = "conflict"
-    default_detail = "Conflict."
+NOT_FINISHED_REVIEW = "The run has not finished; only finished runs are reviewed."
 
 
 class RunReviewsApi(ApiView):
@@ -391,14 +395,12 @@ class RunReviewsApi(ApiView):
         tags=["trace"],
     )
     def post(self, request, sessionId, runId):
-        body = self.InputSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        run = self.found(
-            request, get_visible_run(user=request.user, session_id=sessionId, run_id=runId), NOT_FOUND_RUN
+        return self.submit(
+            request,
+            find=lambda _: get_visible_run(user=request.user, session_id=sessionId, run_id=runId),
+            not_found=NOT_FOUND_RUN,
+            act=lambda run, data: record_review(run=run, user=request.user, **data),
+            refusals={RunNotFinished: lambda exc: Conflict(NOT_FINISHED_REVIEW)},
+            output=lambda review: ReviewSerializer(review_views([review])[0]).data,
+            status=201,
         )
-        try:
-            review = record_review(run=run, user=request.user, **body.validated_data)
-        except RunNotFinished as exc:
-            raise Conflict("The run has not finished; only finished runs are reviewed.") from exc
-        (view,) = review_views([review])
-        return Response(ReviewSerializer(view).data, status=201)

@@ -20,6 +20,7 @@ from core.api import (
     NOT_FOUND_RUN,
     NOT_FOUND_SESSION,
     ApiView,
+    Conflict,
     NewestFirstCursorPagination,
     RolePermission,
     cursor_response,
@@ -28,7 +29,6 @@ from core.api import (
 )
 from diagnosis import selectors, services
 from diagnosis.models import FeedbackRating, Intent, ReleaseDecision, RunStatus
-from surfaces.api.audit import Conflict
 from surfaces.api.audit_serializers import FeedbackSerializer, RunCostSerializer, RunIdentitySerializer
 
 
@@ -166,6 +166,9 @@ class RunListApi(ApiView):
         )
 
 
+NOT_FINISHED_FEEDBACK = "The run has not finished; feedback is given on a finished run."
+
+
 class RunFeedbackApi(ApiView):
     """The user's verdict on a run they may see: `{"rating": "up" | "down", "comment"?: str ≤ 2000}` → 201.
     One feedback per user and run; a second submission replaces the first, and each one is chained into
@@ -203,18 +206,17 @@ class RunFeedbackApi(ApiView):
         tags=["trace"],
     )
     def post(self, request, sessionId, runId):
-        body = self.InputSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        run = self.found(
+        return self.submit(
             request,
-            selectors.get_visible_run(user=request.user, session_id=sessionId, run_id=runId),
-            NOT_FOUND_RUN,
+            find=lambda data: selectors.get_visible_run(
+                user=request.user, session_id=sessionId, run_id=runId
+            ),
+            not_found=NOT_FOUND_RUN,
+            act=lambda run, data: record_feedback(run=run, user=request.user, **data),
+            refusals={RunNotFinished: lambda exc: Conflict(NOT_FINISHED_FEEDBACK)},
+            output=lambda feedback: self.OutputSerializer(feedback).data,
+            status=status.HTTP_201_CREATED,
         )
-        try:
-            feedback = record_feedback(run=run, user=request.user, **body.validated_data)
-        except RunNotFinished as exc:
-            raise Conflict("The run has not finished; feedback is given on a finished run.") from exc
-        return Response(self.OutputSerializer(feedback).data, status=status.HTTP_201_CREATED)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -236,6 +238,14 @@ class ApprovalError(APIException):
     def __init__(self, exc: approvals.ApprovalError) -> None:
         self.status_code = exc.status
         super().__init__(detail=str(exc), code=exc.code)
+
+
+def _refused_decision(exc: approvals.ApprovalError) -> ApprovalError:
+    """A refused decision as the API answers it; one refused as expired, its expiry recorded, is said so
+    live too."""
+    if exc.decided is not None:
+        approvals.publish_decision(exc.decided)
+    return ApprovalError(exc)
 
 
 class WaitingApprovalSerializer(serializers.Serializer):
@@ -331,25 +341,25 @@ class ApprovalDecisionApi(ApiView):
         tags=["trace"],
     )
     def post(self, request, sessionId, runId, toolCallId):
-        body = self.InputSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        run = self.found(
-            request,
-            selectors.get_visible_run(user=request.user, session_id=sessionId, run_id=runId),
-            NOT_FOUND_RUN,
-        )
-        try:
+        def decide(run, data):
             decided = approvals.decide(
                 run=run,
                 tool_call_id=toolCallId,
-                decision=approvals.DECISIONS[body.validated_data["decision"]],
+                decision=approvals.DECISIONS[data["decision"]],
                 user=request.user,
-                note=body.validated_data["note"],
-                arguments_digest_seen=body.validated_data.get("argumentsDigest"),
+                note=data["note"],
+                arguments_digest_seen=data.get("argumentsDigest"),
             )
-        except approvals.ApprovalError as exc:
-            if exc.decided is not None:  # refused as expired, and the expiry recorded: say so live
-                approvals.publish_decision(exc.decided)
-            raise ApprovalError(exc) from None
-        approvals.publish_decision(decided)
-        return Response(self.OutputSerializer(decided).data)
+            approvals.publish_decision(decided)
+            return decided
+
+        return self.submit(
+            request,
+            find=lambda data: selectors.get_visible_run(
+                user=request.user, session_id=sessionId, run_id=runId
+            ),
+            not_found=NOT_FOUND_RUN,
+            act=decide,
+            refusals={approvals.ApprovalError: _refused_decision},
+            output=lambda decided: self.OutputSerializer(decided).data,
+        )

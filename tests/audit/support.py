@@ -48,7 +48,7 @@ def reasoning_row(run, *, step_index: int):
     from django.utils import timezone
 
     from audit.write import ops
-    from audit.write.chain_writer import _tables
+    from audit.write.rows import tables as _tables
 
     t = _tables()
     return ops.Insert(

@@ -235,7 +235,7 @@ def test_a_real_database_error_in_a_compound_batch_fails_only_its_op(runs):
 def test_compound_write_keeps_the_database_error_class_and_rolls_back(runs):
     """A duplicate step index inside a compound transaction: IntegrityError, nothing of it stored."""
     from audit.write import ops
-    from audit.write.chain_writer import _tables
+    from audit.write.rows import tables as _tables
 
     t = _tables()
     run = runs[0]

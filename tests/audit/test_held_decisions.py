@@ -31,13 +31,13 @@ def _types(run_id):
 def _counted(rec):
     """Count the transactions the recorder submits (one per call of its write path)."""
     submitted = []
-    inner = rec._submit
+    inner = rec.chain._submit
 
     def submit(op):
         submitted.append(op)
         inner(op)
 
-    rec._submit = submit
+    rec.chain._submit = submit
     return submitted
 
 
@@ -94,7 +94,7 @@ def test_held_decisions_commit_with_the_next_write_in_one_transaction(run):
     # The run fields of every decision of the transaction (the held routing's intent, the call count).
     assert run.intent == "DIAGNOSIS" and run.model_calls == 1
     assert run.expected_events == 5 == rec.expected_events and run.expected_steps == 1
-    assert rec._step_ids[("planner", 1)] == AgentStep.objects.get(run_id=run.run_id).id
+    assert rec.tools.step_ids[("planner", 1)] == AgentStep.objects.get(run_id=run.run_id).id
     rec.release(decision="PUBLISHED", reason="ok")
     rec.finish(status=RunStatus.SUCCESS, content="answer")
     result = verify_run(run.run_id)
@@ -189,7 +189,7 @@ def test_only_decisions_whose_callers_need_no_outcome_are_held(run):
     assert not rec.holds()
     step = AgentStep.objects.get(run_id=run.run_id)
     rec.tool_started(tool_call_id="c1", tool_name="t", input_params={})
-    assert rec._step_ids[("executor", 1)] == step.id
+    assert rec.tools.step_ids[("executor", 1)] == step.id
 
 
 def _two_calls(rec):
@@ -232,14 +232,14 @@ def test_tool_starts_written_together_return_what_each_returns_alone(run, combin
     assert [e.sequence_no for e in events] == list(range(1, len(events) + 1)) and verify_chain(events).valid
     assert ToolInvocation.objects.filter(run_id=run.run_id, status="RUNNING").count() == 2
     assert rec.audit_write_failures == 0
-    assert rec._tools["c1"].started_monotonic is not None
+    assert rec.tools.calls["c1"].started_monotonic is not None
 
 
 def test_a_combined_write_that_committed_but_lost_its_outcome_is_not_written_twice(run):
     rec = RunRecorder.for_run(run)
     rec.run_started()
     _hold_plan_and_guard(rec)
-    inner = rec._submit
+    inner = rec.chain._submit
     lost = []
 
     def submit(op):
@@ -248,7 +248,7 @@ def test_a_combined_write_that_committed_but_lost_its_outcome_is_not_written_twi
             lost.append(op)
             raise OperationalError(2013, "Lost connection to server during query")
 
-    rec._submit = submit
+    rec.chain._submit = submit
     rec.model_call_started()
     events = list(TraceEvent.objects.filter(run_id=run.run_id).order_by("sequence_no"))
     assert [e.event_type for e in events] == [

@@ -123,7 +123,7 @@ def test_an_injected_audit_write_failure_after_the_end(user):
     # A late write that fails (here, injected by the recorder's own accounting of a lost decision)
     # turns the stored flag false at once.
     rec = RunRecorder.resume(run.run_id)
-    rec._failed("late_write", RuntimeError("injected"))
+    rec.chain.failed("late_write", RuntimeError("injected"))
     run.refresh_from_db()
     assert run.audit_write_failures == 1
     assert _assert_agree(run)["audit_complete"] is False
@@ -133,7 +133,7 @@ def test_a_failed_write_during_the_run_is_in_the_terminal_facts(user):
     session = services.create_session(owner=user)
     run = services.create_run(session=session, query="q")
     rec = RunRecorder.for_run(run)
-    rec._failed("lost_decision", RuntimeError("injected"))
+    rec.chain.failed("lost_decision", RuntimeError("injected"))
     record_full_run(run, recorder=rec)
     run.refresh_from_db()
     assert run.audit_write_failures == 1

@@ -83,7 +83,7 @@ def test_writes_outside_a_transaction_use_the_drivers_cursor_with_djangos_errors
 
     from audit.verify.hash_chain import verify_chain
     from audit.write import RunRecorder, cursor, ops
-    from audit.write.chain_writer import _tables
+    from audit.write.rows import tables as _tables
     from diagnosis import services
     from tests.audit.support import reasoning_row
     from tests.factories import record_full_run

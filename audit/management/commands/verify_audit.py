@@ -102,7 +102,36 @@ class Command(BaseCommand):
             results = iter([verify_run(run_id, governance=governance)])
         else:
             results = verify_all_runs(batch_size=max(1, options["batch_size"]), governance=governance)
+        failed = self._runs(results, options)
+        if run_id:
+            problems, summary = prove_run(run_id, policy)
+            for problem in problems:
+                self.stdout.write(f"run={run_id} INVALID {problem}")
+            if summary:
+                self.stdout.write(f"run={run_id} {summary}")
+            log_problems = len(problems)
+            failed = failed or bool(problems)
+            governance_problems, configuration_issues = [], []
+        else:
+            log = self._log(options, policy, known_witnesses, governance)
+            log_problems = len(log.invalid)
+            governance_problems = self._governance(log, governance)
+            configuration_issues = self._configurations()
+        if failed or log_problems or governance_problems or configuration_issues:
+            parts = []
+            if failed:
+                parts.append(f"{failed} run(s) failed verification")
+            if log_problems:
+                parts.append(f"the transparency log has {log_problems} problem(s)")
+            if governance_problems:
+                parts.append(f"the governance log has {len(governance_problems)} problem(s)")
+            if configuration_issues:
+                parts.append(f"the stored run configurations have {len(configuration_issues)} problem(s)")
+            raise CommandError("; ".join(parts))
 
+    def _runs(self, results, options) -> int:
+        """Each run's verdict (notes, problems) and the totals; with `--refresh-facts`, the stored list
+        facts that disagree with the rule (or a cost not priced yet) rewritten. Returns the failed runs."""
         total = failed = rows = unanchored = 0
         stale: list = []
         unpriced: list = []
@@ -114,7 +143,7 @@ class Command(BaseCommand):
             unanchored += result.unanchored
             for note in result.notes:
                 self.stdout.write(f"run={result.run_id} NOTE {note}")
-            if result.unanchored and (run_id or options["verbosity"] > 1):
+            if result.unanchored and (options["run"] or options["verbosity"] > 1):
                 self.stdout.write(f"run={result.run_id} NOTE {UNANCHORED}")
             if result.ok:
                 continue
@@ -137,90 +166,80 @@ class Command(BaseCommand):
             self.stdout.write(f"{len(stale)} run(s) with stored list facts that disagree with the rule")
         if options["refresh_facts"] and (stale or unpriced):
             self.stdout.write(f"rewrote the stored list facts of {refresh_facts(stale + unpriced)} run(s)")
-        log_problems = 0
-        if run_id:
-            problems, summary = prove_run(run_id, policy)
-            for problem in problems:
-                self.stdout.write(f"run={run_id} INVALID {problem}")
-            if summary:
-                self.stdout.write(f"run={run_id} {summary}")
-            log_problems = len(problems)
-            failed = failed or bool(problems)
-        else:
-            witness_path = options["witness"] or settings.AUDIT_WITNESS_PATH
-            witness, witness_problem = [], None
-            try:
-                witness = read_witness(witness_path) if witness_path else []
-            except OSError as exc:
-                if options["witness"]:
-                    raise CommandError(f"cannot read the witness file: {type(exc).__name__}") from exc
-                # Fail closed: a configured witness that cannot be read proves nothing was witnessed,
-                # and a deleted witness file is what an attacker cutting the log back would want.
-                witness_problem = (
-                    f"the configured witness file (AUDIT_WITNESS_PATH) cannot be read: {type(exc).__name__}"
-                )
-            log = verify_log(witness=witness, policy=policy, witnesses=known_witnesses, governance=governance)
-            if witness_problem and log.checkpoints:
-                log.invalid.insert(0, witness_problem)
-            # The witnesses' live answers, never the stored attempts or cosignatures (a database writer's).
-            sizes = witnesses.check_sizes(log.newest, policy)
-            log.invalid.extend(sizes.problems)
-            for problem in log.invalid:
-                self.stdout.write(f"log INVALID {problem}")
-            for note in sizes.notes:
-                self.stdout.write(f"log NOTE {note}")
-            cp = log.newest
-            newest = (
-                f"newest checkpoint {cp.tree_size} signed {cp.signed_at.isoformat()} key {cp.key_id}"
-                if cp
-                else "no checkpoint"
+        return failed
+
+    def _log(self, options, policy, known_witnesses, governance):
+        """The transparency log against the witness file, the witness policy and the witnesses' live
+        answers; its problems and a one-line summary are written. Returns the log's verification."""
+        witness_path = options["witness"] or settings.AUDIT_WITNESS_PATH
+        witness, witness_problem = [], None
+        try:
+            witness = read_witness(witness_path) if witness_path else []
+        except OSError as exc:
+            if options["witness"]:
+                raise CommandError(f"cannot read the witness file: {type(exc).__name__}") from exc
+            # Fail closed: a configured witness that cannot be read proves nothing was witnessed,
+            # and a deleted witness file is what an attacker cutting the log back would want.
+            witness_problem = (
+                f"the configured witness file (AUDIT_WITNESS_PATH) cannot be read: {type(exc).__name__}"
             )
-            witnessed = f"; {len(witness)} witnessed checkpoint(s)" if witness else ""
-            if log.purged:
-                witnessed += f"; {log.purged} anchored run(s) purged by retention (tombstones)"
-            if policy is not None:
-                witnessed += f"; witness policy {policy.describe()}, {policy.quorum} required"
-            if sizes.asked:
-                witnessed += f"; {sizes.asked} witness(es) asked for their size, {sizes.at_size} at the log's"
-            self.stdout.write(
-                f"verified the log: {log.leaves} leaf(s), {log.checkpoints} checkpoint(s), {newest}"
-                f"{witnessed}: " + ("ok" if log.ok else f"{len(log.invalid)} problem(s)")
-            )
-            log_problems = len(log.invalid)
-        governance_events, governance_problems = (
-            (0, []) if run_id else verify_governance(anchors=log.governance, governance=governance)
+        log = verify_log(witness=witness, policy=policy, witnesses=known_witnesses, governance=governance)
+        if witness_problem and log.checkpoints:
+            log.invalid.insert(0, witness_problem)
+        # The witnesses' live answers, never the stored attempts or cosignatures (a database writer's).
+        sizes = witnesses.check_sizes(log.newest, policy)
+        log.invalid.extend(sizes.problems)
+        for problem in log.invalid:
+            self.stdout.write(f"log INVALID {problem}")
+        for note in sizes.notes:
+            self.stdout.write(f"log NOTE {note}")
+        cp = log.newest
+        newest = (
+            f"newest checkpoint {cp.tree_size} signed {cp.signed_at.isoformat()} key {cp.key_id}"
+            if cp
+            else "no checkpoint"
+        )
+        witnessed = f"; {len(witness)} witnessed checkpoint(s)" if witness else ""
+        if log.purged:
+            witnessed += f"; {log.purged} anchored run(s) purged by retention (tombstones)"
+        if policy is not None:
+            witnessed += f"; witness policy {policy.describe()}, {policy.quorum} required"
+        if sizes.asked:
+            witnessed += f"; {sizes.asked} witness(es) asked for their size, {sizes.at_size} at the log's"
+        self.stdout.write(
+            f"verified the log: {log.leaves} leaf(s), {log.checkpoints} checkpoint(s), {newest}"
+            f"{witnessed}: " + ("ok" if log.ok else f"{len(log.invalid)} problem(s)")
+        )
+        return log
+
+    def _governance(self, log, governance) -> list[str]:
+        """The governance chain against the heads the log anchors; returns its problems."""
+        governance_events, governance_problems = verify_governance(
+            anchors=log.governance, governance=governance
         )
         for problem in governance_problems:
             self.stdout.write(f"governance INVALID {problem}")
-        if not run_id:
-            anchored = newest_governance_anchor(log.governance)
-            self.stdout.write(
-                f"verified the governance log: {governance_events} event(s), anchored in the transparency "
-                f"log up to event {anchored}"
-                + (
-                    f" ({governance_events - anchored} newer, anchored by the next checkpoint)"
-                    if governance_events > anchored
-                    else ""
-                )
-                + ": "
-                + ("ok" if not governance_problems else f"{len(governance_problems)} problem(s)")
+        anchored = newest_governance_anchor(log.governance)
+        self.stdout.write(
+            f"verified the governance log: {governance_events} event(s), anchored in the transparency "
+            f"log up to event {anchored}"
+            + (
+                f" ({governance_events - anchored} newer, anchored by the next checkpoint)"
+                if governance_events > anchored
+                else ""
             )
-        configurations, configuration_issues = (0, []) if run_id else configuration_problems()
+            + ": "
+            + ("ok" if not governance_problems else f"{len(governance_problems)} problem(s)")
+        )
+        return governance_problems
+
+    def _configurations(self) -> list[str]:
+        """The stored run configurations against their fingerprints; returns their problems."""
+        configurations, configuration_issues = configuration_problems()
         for problem in configuration_issues:
             self.stdout.write(f"configurations INVALID {problem}")
-        if not run_id:
-            self.stdout.write(
-                f"verified {configurations} stored run configuration(s): "
-                + ("ok" if not configuration_issues else f"{len(configuration_issues)} problem(s)")
-            )
-        if failed or log_problems or governance_problems or configuration_issues:
-            parts = []
-            if failed:
-                parts.append(f"{failed} run(s) failed verification")
-            if log_problems:
-                parts.append(f"the transparency log has {log_problems} problem(s)")
-            if governance_problems:
-                parts.append(f"the governance log has {len(governance_problems)} problem(s)")
-            if configuration_issues:
-                parts.append(f"the stored run configurations have {len(configuration_issues)} problem(s)")
-            raise CommandError("; ".join(parts))
+        self.stdout.write(
+            f"verified {configurations} stored run configuration(s): "
+            + ("ok" if not configuration_issues else f"{len(configuration_issues)} problem(s)")
+        )
+        return configuration_issues

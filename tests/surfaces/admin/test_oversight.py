@@ -97,7 +97,7 @@ def test_a_late_failed_write_after_the_end_queues_the_run(user):
     run = make_recorded_run(user)
     rec = RunRecorder.resume(run.run_id)
     rec.finished = True
-    rec._failed("late_write", RuntimeError("lost"))  # the recorder's own accounting of a lost write
+    rec.chain.failed("late_write", RuntimeError("lost"))  # the recorder's own accounting of a lost write
     assert _reasons(run) == {"audit_incomplete"}
 
 

@@ -193,7 +193,9 @@ def test_replay_waits_for_the_terminal_row_and_survives_a_missing_run_finished(u
     rec.tool_finished(tool_call_id="call_0", status=ToolStatus.SUCCEEDED, output="{}")
     # RUN_FINISHED committed, terminal row not yet: the follower must wait, not invent an outcome.
     # (the recorder's own write path, stopped between the event and the row as `finish` is)
-    rec._write("run_finished", [ChainEvent(Phase.RUN, EventType.RUN_FINISHED, "SUCCESS", "run success", {})])
+    rec.chain.write(
+        "run_finished", [ChainEvent(Phase.RUN, EventType.RUN_FINISHED, "SUCCESS", "run success", {})]
+    )
     pending = persisted_frames(run.run_id, after=0)
     assert pending.row_pending and not pending.finished
 
