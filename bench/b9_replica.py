@@ -87,7 +87,8 @@ def measure(
     """Throughput of both paths with `processes` workers, primary only vs primary + replica."""
     per: dict[str, dict[str, dict[str, list[float]]]] = {
         path: {
-            mode: {"ops": [], "primary_selects": [], "replica_share": []} for mode in ("primary", "replica")
+            mode: {"ops": [], "primary_selects": [], "replica_share": [], "primary_reasons": {}}
+            for mode in ("primary", "replica")
         }
         for path in ("list", "trace")
     }
@@ -106,6 +107,9 @@ def measure(
                 figures["primary_selects"].append(selects / max(ops, 1))
                 scopes = sum(r["replica_scopes"] + r["primary_scopes"] for r in results)
                 figures["replica_share"].append(sum(r["replica_scopes"] for r in results) / max(scopes, 1))
+                for result in results:
+                    for reason, n in result["primary_reasons"].items():
+                        figures["primary_reasons"][reason] = figures["primary_reasons"].get(reason, 0) + n
                 log(
                     f"  B9 rep {rep + 1} {path:5s} {mode:7s}: {figures['ops'][-1]:7.1f}/s, primary "
                     f"SELECTs/op {figures['primary_selects'][-1]:5.1f}, replica share "
@@ -195,6 +199,8 @@ def _load_worker(seconds: float, path: str) -> dict:
     client = Client()
     client.force_login(user)
     runs = list(DiagnosisRun.objects.order_by("id"))
+    _wait_for_the_replica()
+    before = read_counts()
     ops = 0
     selects_before = _session_selects()
     start = time.perf_counter()
@@ -209,14 +215,32 @@ def _load_worker(seconds: float, path: str) -> dict:
                 raise RuntimeError(f"trace of {trace.run.run_id} does not verify")
         ops += 1
     elapsed = time.perf_counter() - start
-    counts = read_counts()
+    counts = {key: n - before.get(key, 0) for key, n in read_counts().items()}
     return {
         "ops": ops,
         "primary_selects": _session_selects() - selects_before,
         "elapsed": elapsed,
         "replica_scopes": sum(n for (db, _), n in counts.items() if db == "replica"),
         "primary_scopes": sum(n for (db, _), n in counts.items() if db == "primary"),
+        "primary_reasons": {reason: n for (db, reason), n in counts.items() if db == "primary"},
     }
+
+
+def _wait_for_the_replica(limit: float = 30.0) -> None:
+    """With a replica configured, wait (up to `limit` s) until this process's heartbeat finds it usable,
+    so the timed loop measures replica reads rather than the first heartbeat on a loaded machine."""
+    from django.conf import settings
+
+    from core import db_router
+    from core.replica import monitor
+
+    if not db_router.replica_configured():
+        return
+    deadline = time.monotonic() + limit
+    while not monitor.state().usable(float(settings.DATABASE_REPLICA_MAX_LAG_SECONDS)):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the replica was not usable within {limit:.0f} s: {monitor.peek()}")
+        time.sleep(0.1)
 
 
 def main(argv: list[str]) -> int:
