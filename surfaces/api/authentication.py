@@ -3,10 +3,9 @@
 `authenticate_token(request, token_text)` is the one decision, used by `ApiTokenAuthentication` (DRF)
 and `surfaces.chat.auth`: the token is found by its clear prefix and its digest compared in constant
 time; unknown, revoked or expired tokens and inactive users are failures counted by `access.lockout`
-(per address, or in the owner's token counter per address), and while the owner's token counter is
-locked their valid tokens are refused from that address (`LockedOut`, 429); their password or TOTP
-counters never refuse a token. Success sets the token row as `request.auth` (its `otp_verified` serves
-the step-up). Messages say which case, never echoing the token.
+(per address, or in the owner's token counter per address, which alone, once locked, refuses their valid
+tokens there: 429; their password or TOTP counters never do). Success sets the token row as
+`request.auth` (`otp_verified` serves the step-up). Messages say which case, never echoing the token.
 Details: docs/security.md, *1. No unlimited guessing* and *2. API tokens*.
 """
 
