@@ -580,7 +580,8 @@ SETTINGS: tuple[Setting, ...] = _in_sections(
         lambda v: not v["DEBUG"],
         "reading reasoning (API and admin) also needs a verified TOTP second factor: a verified session "
         "or a token issued after verification; a user who may read reasoning gets a token only after a "
-        "TOTP check (`issue_token --otp CODE`, or a verified session)",
+        "TOTP check (`issue_token --otp CODE`, or a verified session). `make run` sets it to true "
+        "(`scripts/run-env.sh`); `false` turns it off there explicitly",
         shown="`true` when `DEBUG=false`, else `false`",
     ),
     Setting(
