@@ -1,11 +1,11 @@
-"""Bounded guessing without locking out the team: django-axes counts failed logins *and* failed token
-authentications, each against the counter of the one who guessed.
+"""Bounded guessing without locking out the team: django-axes counts failed passwords, TOTP codes and
+tokens, each kind of credential in its own counter of the one who guessed.
 
-Counters: named (username, address), anonymous, webhook and metrics (address); a locked counter refuses
-only the attempts it counts, before the credential is checked and without counting them. Token
-authentication uses axes' handler API (`is_locked`, `record_failure`); a lockout answers 429
-`locked_out` with `Retry-After` (`retry_after`, `lockout_response`). Lockouts and their lifting are
-governance events (`access.signals`). Details: docs/security.md, *1. No unlimited guessing*.
+Counters: password, totp and token per (username, address) — `counter_name` —, anonymous, webhook and
+metrics per address; a locked counter refuses only the attempts it counts (never a credential of another
+kind), before checking them and without counting them. Token and TOTP checks use axes' handler API
+(`is_locked`, `record_failure`); a lockout answers 429 `locked_out` with `Retry-After`. Lockouts and
+their lifting are governance events (`access.signals`). Details: docs/security.md, *1. No unlimited guessing*.
 """
 
 from __future__ import annotations
@@ -41,24 +41,55 @@ WEBHOOK = "(aiops webhook token)"
 METRICS = "(metrics token)"
 RESERVED = {WEBHOOK: "webhook", METRICS: "metrics"}
 
+# The kinds of a user's credentials, each counted apart. A password attempt counts under the username
+# as typed (axes' own login handling); the others under the username and a suffix of spaces and
+# parentheses, which no Django username can hold (`UnicodeUsernameValidator`), so no account's counter
+# is another's, and the login form refuses such a name unchecked (`reserved`).
+PASSWORD, TOTP, TOKEN = "password", "totp", "token"
+NAMED = (PASSWORD, TOTP, TOKEN)
+_SUFFIX = {TOTP: " (totp code)", TOKEN: " (api token)"}
+
 _WHAT = {
-    "named": "for this account from this address",
+    PASSWORD: "with this account's password from this address",
+    TOTP: "with this account's authenticator codes from this address",
+    TOKEN: "with this account's API tokens from this address",
     "anonymous": "with unknown tokens from this address",
     "webhook": "with a wrong webhook token from this address",
     "metrics": "with a wrong metrics token from this address",
 }
 
 
+def counter_name(username: str, kind: str) -> str:
+    """The axes username of `kind`'s counter of `username` (see `_SUFFIX`)."""
+    return username + _SUFFIX.get(kind, "")
+
+
 def counter_of(username: str | None) -> str:
-    """`named`, `anonymous`, `webhook` or `metrics`: which counter an attempt with `username` counts in."""
+    """Which counter an attempt with the axes username `username` counts in: `password`, `totp`,
+    `token`, `anonymous`, `webhook` or `metrics`."""
     if not username:
         return "anonymous"
-    return RESERVED.get(username, "named")
+    if username in RESERVED:
+        return RESERVED[username]
+    return next((kind for kind, suffix in _SUFFIX.items() if username.endswith(suffix)), PASSWORD)
+
+
+def owner_of(username: str | None) -> str:
+    """The account a named counter belongs to ("" for the address-only counters)."""
+    kind = counter_of(username)
+    if kind not in NAMED:
+        return ""
+    return username.removesuffix(_SUFFIX.get(kind, ""))
+
+
+def reserved(username: str | None) -> bool:
+    """Whether `username` is the name of a counter that no login form may count in."""
+    return bool(username) and counter_of(username) != PASSWORD
 
 
 def limit_for(username: str | None) -> int:
     """The failures that lock the counter of `username` (see the module)."""
-    if counter_of(username) == "named":
+    if counter_of(username) in NAMED:
         return int(settings.LOCKOUT_FAILURE_LIMIT)
     return int(settings.LOCKOUT_ANONYMOUS_FAILURE_LIMIT)
 
@@ -230,11 +261,18 @@ def tries_left(request: HttpRequest, username: str | None) -> int | None:
     return max(0, limit_for(username) - int(failures))
 
 
-def tries_left_text(left: int) -> str:
+_LOCKED = {
+    PASSWORD: "this account's password is refused",
+    TOTP: "this account's authenticator codes are refused",
+    TOKEN: "this account's API tokens are refused",
+}
+
+
+def tries_left_text(left: int, kind: str = PASSWORD) -> str:
     cool_off = get_cool_off()
     minutes = f" for {math.ceil(cool_off.total_seconds() / 60)} minute(s)" if cool_off else ""
     tries = "1 try" if left == 1 else f"{left} tries"
-    return f"{tries} left before this account is locked out from this address{minutes}."
+    return f"{tries} left before {_LOCKED[kind]} from this address{minutes}."
 
 
 def handshake_request(scope) -> HttpRequest:

@@ -230,16 +230,15 @@ def locked_out(sender, request=None, username=None, ip_address=None, **kwargs) -
     limit = lockout.limit_for(username)
     if getattr(request, "axes_failures_since_start", None) != limit:
         return
-    counter = lockout.counter_of(username)
     record_governance_event(
         event_type=T.LOCKED_OUT,
         actor="",
-        subject_user=username if counter == "named" else "",
+        subject_user=lockout.owner_of(username),
         details={
             "clientAddress": ip_address or "",
             "path": getattr(request, "axes_path_info", "")[:200],
             "failures": limit,
-            "counter": counter,
+            "counter": lockout.counter_of(username),
         },
     )
 
@@ -248,14 +247,13 @@ def locked_out(sender, request=None, username=None, ip_address=None, **kwargs) -
 def lockout_lifted(sender, instance, **kwargs) -> None:
     if instance.failures_since_start < lockout.limit_for(instance.username):
         return
-    counter = lockout.counter_of(instance.username)
     record_governance_event(
         event_type=T.LOCKOUT_LIFTED,
         actor=current_actor(),
-        subject_user=(instance.username or "") if counter == "named" else "",
+        subject_user=lockout.owner_of(instance.username),
         details={
             "clientAddress": instance.ip_address or "",
             "failures": instance.failures_since_start,
-            "counter": counter,
+            "counter": lockout.counter_of(instance.username),
         },
     )

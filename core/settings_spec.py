@@ -580,7 +580,8 @@ SETTINGS: tuple[Setting, ...] = _in_sections(
         lambda v: not v["DEBUG"],
         "reading reasoning (API and admin) also needs a verified TOTP second factor: a verified session "
         "or a token issued after verification; a user who may read reasoning gets a token only after a "
-        "TOTP check (`issue_token --otp CODE`, or a verified session)",
+        "TOTP check (`issue_token --otp CODE`, or a verified session). `make run` sets it to true "
+        "(`scripts/run-env.sh`); `false` turns it off there explicitly",
         shown="`true` when `DEBUG=false`, else `false`",
     ),
     Setting(
@@ -988,11 +989,20 @@ SETTINGS: tuple[Setting, ...] = _in_sections(
     ),
     "Online evaluations",
     Setting(
+        "EVALUATION_DUTY_INTERVAL_SECONDS",
+        "float",
+        10.0,
+        "seconds between the online evaluators' passes in the background duties of every serving process "
+        "(and `make run`): a finished run is scored within about this delay plus the time the pass takes "
+        "for the runs ahead of it; several processes share the work through claims, never scoring a run "
+        "twice. 0 = off (then run `manage.py run_evaluations`, or nothing is scored)",
+    ),
+    Setting(
         "EVALUATION_LOOKBACK_HOURS",
         "float",
         24.0,
-        "`run_evaluations` scores runs finished in this many past hours (older runs are scored only by "
-        "`evaluations.services.evaluate_run`)",
+        "the background duty and `run_evaluations` score runs finished in this many past hours (older "
+        "runs are scored only by `evaluations.services.evaluate_run`)",
     ),
     Setting(
         "EVALUATION_CLAIM_SECONDS",
@@ -1005,7 +1015,8 @@ SETTINGS: tuple[Setting, ...] = _in_sections(
         "EVALUATION_JUDGE_ATTEMPTS",
         "int",
         3,
-        "passes of `run_evaluations` that try a failing LLM-judge call (each after its claim went stale) "
+        "passes (the duty's or `run_evaluations`') that try a failing LLM-judge call (each after its "
+        "claim went stale) "
         "before the failure is recorded as a `judge_error` score",
     ),
     "Security",

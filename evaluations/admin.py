@@ -2,6 +2,8 @@
 (read-only: a score is part of the run's record, changed only by a database writer, which
 `verify_audit` names).
 
+The list says when each evaluator last scored and how many runs wait for it, and whether the
+background duties of the serving processes score them (`EVALUATION_DUTY_INTERVAL_SECONDS`).
 An evaluator that has scored a run is frozen: its configuration is shown read-only and only `enabled`
 may change, so every score names exactly the configuration that gave it. "New version" copies the
 selected evaluators to their next version (enabled) and disables the old rows.
@@ -9,12 +11,14 @@ selected evaluators to their next version (enabled) and disables the old rows.
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib import admin, messages
 from django.db import transaction
 from django.db.models import Max
 
 from core.admin_base import ReadOnlyAdmin
 from evaluations.models import EvaluationScore, Evaluator
+from evaluations.selectors import waiting
 
 CONFIG_FIELDS = (
     "name",
@@ -62,11 +66,30 @@ class EvaluatorAdmin(admin.ModelAdmin):
         "flows",
         "intents",
         "release_decisions",
+        "last_scored",
+        "waiting_runs",
     )
     list_filter = ("kind", "enabled")
     search_fields = ("name", "description")
     ordering = ("name", "-version")
     actions = ("new_version",)
+    change_list_template = "admin/evaluations/evaluator/change_list.html"
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(last_score_at=Max("scores__created_at"))
+
+    @admin.display(description="last scored", ordering="last_score_at", empty_value="never")
+    def last_scored(self, obj):
+        return obj.last_score_at
+
+    @admin.display(description="runs waiting")
+    def waiting_runs(self, obj) -> int:
+        return waiting(evaluator=obj)
+
+    def changelist_view(self, request, extra_context=None):
+        interval = float(settings.EVALUATION_DUTY_INTERVAL_SECONDS)
+        extra = {"duty_interval": interval, "lookback_hours": float(settings.EVALUATION_LOOKBACK_HOURS)}
+        return super().changelist_view(request, {**(extra_context or {}), **extra})
 
     def get_readonly_fields(self, request, obj=None):
         if obj is not None and obj.scores.exists():

@@ -1,6 +1,6 @@
 """Reads of the scores for the console: a run's scores (the run page), the list's per-run mean (an
-annotation, `annotate_mean`), and the trend per evaluator version by day and by configuration
-fingerprint (the dashboard)."""
+annotation, `annotate_mean`), the trend per evaluator version by day and by configuration
+fingerprint (the dashboard), and how many runs wait for an evaluator (`waiting`, its admin list)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from django.db.models.functions import TruncDate
 
 from diagnosis.models import DiagnosisRun
 from diagnosis.selectors import PRODUCTION
-from evaluations.models import NEEDS_HUMAN_LABELS, EvaluationScore
+from evaluations.models import NEEDS_HUMAN_LABELS, EvaluationScore, Evaluator
+from evaluations.scorers import sampled
 
 
 def production_scores() -> QuerySet:
@@ -100,3 +101,17 @@ def by_fingerprint(*, since: dt.datetime, until: dt.datetime) -> list[Fingerprin
         )
         for r in rows
     ]
+
+
+def waiting(*, evaluator: Evaluator) -> int:
+    """Runs waiting for `evaluator`: finished in the look-back window, taken by its filter and its
+    sample, not scored yet (what the next passes of the duty will score); 0 when it is disabled."""
+    from evaluations.services import unscored
+
+    if not evaluator.enabled:
+        return 0
+    runs = unscored(evaluator=evaluator)
+    if float(evaluator.sample_rate) >= 1.0:
+        return runs.count()
+    ids = runs.values_list("run_id", flat=True).iterator(chunk_size=2000)
+    return sum(1 for run_id in ids if sampled(evaluator=evaluator, run_id=run_id))

@@ -3,8 +3,9 @@
 Each score is claimed first (`EvaluationClaim`: two workers never make the same judge call), computed
 (a deterministic scorer or the judge's call), recorded and chained in one transaction
 (`evaluations.recording.record_score`), then exported to OpenTelemetry, best effort. `score_pending` is
-one pass of `manage.py run_evaluations` over the recent finished runs some enabled evaluator has not
-scored. Nothing here runs on a run's path: the runtime never calls it.
+one pass over the recent finished runs some enabled evaluator has not scored: the background duty of
+every serving process (`evaluations.duty`) and `manage.py run_evaluations` run it. Nothing here runs on
+a run's path.
 Details: docs/evaluations.md, *The worker*.
 """
 
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from audit.write import RunNotFinished
@@ -176,6 +177,11 @@ def pending_runs(*, evaluator: Evaluator) -> Iterable[DiagnosisRun]:
     """Finished runs of the look-back window that `evaluator`'s filter takes and it has not scored,
     oldest first (one streamed query; the sample is applied by the caller, so runs outside it are
     read again at the next pass: a hash each, no write)."""
+    return unscored(evaluator=evaluator).order_by("finished_at", "id").iterator(chunk_size=500)
+
+
+def unscored(*, evaluator: Evaluator) -> QuerySet[DiagnosisRun]:
+    """The query of `pending_runs`, unordered (the admin counts the runs that wait from it)."""
     since = timezone.now() - dt.timedelta(hours=lookback_hours())
     # Production runs only: an experiment scores its own replays (`experiments.scoring`, evaluate_run).
     runs = production(DiagnosisRun.objects.filter(status__in=TERMINAL, finished_at__gte=since)).exclude(
@@ -188,7 +194,7 @@ def pending_runs(*, evaluator: Evaluator) -> Iterable[DiagnosisRun]:
     ):
         if wanted:
             runs = runs.filter(**{f"{column}__in": wanted})
-    return runs.order_by("finished_at", "id").iterator(chunk_size=500)
+    return runs
 
 
 def score_pending(*, limit: int = 100) -> Pass:

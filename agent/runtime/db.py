@@ -229,7 +229,7 @@ def _pool(kind: str) -> ThreadPoolExecutor:
         with _lock:
             pool = _pools.get(kind)
             if pool is None:
-                if kind == "background":
+                if kind in ("background", "evaluations"):
                     size = 1
                 else:
                     size = int(
@@ -293,6 +293,13 @@ async def background(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     a one-thread pool of its own, so that an outage it waits out never holds a thread of `db()`."""
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(_pool("background"), functools.partial(_job, fn, args, kwargs))
+
+
+async def evaluations_pass(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """Run the online evaluators' pass (ORM work and LLM-judge calls) on a one-thread pool of its own,
+    so a slow judge never delays the trace exporter nor holds a thread of `db()`."""
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_pool("evaluations"), functools.partial(_job, fn, args, kwargs))
 
 
 def run_blocking(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> asyncio.Future[T]:

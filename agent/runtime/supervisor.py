@@ -4,8 +4,8 @@
 connection, so closing a socket never stops a run. `request_cancel` sets the run's `cancel_requested`
 column, fires the token when this process owns the run, and otherwise messages the owner's control
 group. `ensure_background()` starts the process's duties once per event loop (control listener,
-sweeper, checkpointer, retention purge, queue worker, trace exporter), never from `/healthz`, which
-reports them (`duty_status`); `stop_background` stops them.
+sweeper, checkpointer, purge, queue worker, trace exporter, those apps register in `agent.runtime.duties`),
+never from `/healthz`, which reports them (`duty_status`); `stop_background` stops them.
 Details: docs/deployment.md, *Background duties*; docs/architecture.md, *Live runs*.
 """
 
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from channels.layers import get_channel_layer
 from django.conf import settings
 
+from agent.runtime import duties as registered_duties
 from agent.runtime.cancel import CancelToken
 from agent.runtime.db import db
 from agent.runtime.events import SafeSink
@@ -165,7 +166,7 @@ _background: _Background | None = None
 
 def ensure_background(*, serve_queue: bool = True) -> None:
     """Start this process's control listener, periodic sweeper, checkpointer, purge, trace exporter
-    (when an OTLP endpoint is set) and (unless
+    (when an OTLP endpoint is set), the duties apps registered (`agent.runtime.duties`) and (unless
     `serve_queue` is false, or `AIOPS_WORKER_CONCURRENCY` is 0) queue worker once (again after a loop
     change)."""
     global _background
@@ -201,6 +202,7 @@ def ensure_background(*, serve_queue: bool = True) -> None:
             float(settings.OTEL_EXPORT_INTERVAL_SECONDS) if exporting else 0.0,
         ),
     )
+    duties += tuple((d.name, d.what, d.job, float(d.interval())) for d in registered_duties.registered())
     for name, what, job, every in duties:  # an interval of 0 turns a duty off
         if every > 0:
             tasks.append(loop.create_task(_periodically(every, what, job), name=name))

@@ -2,7 +2,9 @@
 locked out from this address (`access.lockout`), and refusing local passwords the password policy
 turned off (`access.passwords`, `LOCAL_PASSWORD_LOGIN=breakglass`): an unlisted username before its
 password is checked (nothing counted, nothing confirmed), a listed one that is not an active superuser
-after. Installed as `admin.site.login_form` (`surfaces.admin.access_users`)."""
+after. A username that names another counter (`lockout.reserved`: no account can hold it) is refused
+unchecked and uncounted, so a typed name never counts in another credential's counter. Installed as
+`admin.site.login_form` (`surfaces.admin.access_users`)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from access import lockout, passwords, services
 class LoginForm(AdminAuthenticationForm):
     def clean(self):
         username = self.cleaned_data.get("username")
+        if lockout.reserved(username):
+            raise super().get_invalid_login_error()
         if username is not None and not passwords.may_try_password(username):
             raise ValidationError(passwords.refused_message(), code=passwords.REFUSED_CODE)
         return super().clean()

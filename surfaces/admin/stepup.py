@@ -1,8 +1,8 @@
 """The admin's TOTP step-up page (`/admin/verify-otp/`): a staff user enters a code from their TOTP
 device; a right code marks the session verified (`django_otp.login`), which `access.stepup` requires for
-reading reasoning when `REASONING_REQUIRE_OTP` is on. A wrong code is a failed authentication counted by
-axes for (the user, the address) (`access.lockout`), so codes cannot be guessed without bound either; the
-page says how many tries are left.
+reading reasoning when `REASONING_REQUIRE_OTP` is on. A wrong or reused code is a failure in the user's
+own TOTP counter for the address (`access.lockout`: never their password's or tokens'), so codes cannot be
+guessed without bound; the page says what happened (`access.totp`) and how many tries are left.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from access import lockout
 from access.stepup import session_verified
+from access.totp import VERIFIED, check_code
 
 
 @never_cache
@@ -30,20 +31,20 @@ def verify_otp(request):
     devices = list(TOTPDevice.objects.devices_for_user(user, confirmed=True))
     error = ""
     if request.method == "POST" and devices:
-        username = user.get_username()
+        username = lockout.counter_name(user.get_username(), lockout.TOTP)
         if lockout.is_locked(request, username=username):
             return lockout.lockout_response(request, credentials={"username": username})
-        code = (request.POST.get("otp_token") or "").strip()
-        device = next((d for d in devices if code and d.verify_token(code)), None)
-        if device is not None:
-            django_otp.login(request, device)
+        checked = check_code(devices, request.POST.get("otp_token") or "")
+        if checked.outcome == VERIFIED:
+            django_otp.login(request, checked.device)
             return redirect(next_url or "admin:index")
-        if lockout.record_failure(request, username=username):
-            return lockout.lockout_response(request, credentials={"username": username})
-        error = "That code is not valid. Enter the current code of your authenticator."
-        left = lockout.tries_left(request, username)
-        if left is not None:
-            error += f" {lockout.tries_left_text(left)}"
+        error = checked.message()
+        if checked.counts_as_failure:
+            if lockout.record_failure(request, username=username):
+                return lockout.lockout_response(request, credentials={"username": username})
+            left = lockout.tries_left(request, username)
+            if left is not None:
+                error += f" {lockout.tries_left_text(left, lockout.TOTP)}"
     context = {
         **site.each_context(request),
         "title": "Verify second factor",

@@ -3,9 +3,9 @@
 `authenticate_token(request, token_text)` is the one decision, used by `ApiTokenAuthentication` (DRF)
 and `surfaces.chat.auth`: the token is found by its clear prefix and its digest compared in constant
 time; unknown, revoked or expired tokens and inactive users are failures counted by `access.lockout`
-(per address, or per owner and address), and a locked-out owner or address is refused (`LockedOut`, 429)
-even with a valid token. Success sets the token row as `request.auth` (its `otp_verified` serves the
-step-up). Messages say which case, never echoing the token.
+(per address, or in the owner's token counter per address, which alone, once locked, refuses their valid
+tokens there: 429; their password or TOTP counters never do). Success sets the token row as
+`request.auth` (`otp_verified` serves the step-up). Messages say which case, never echoing the token.
 Details: docs/security.md, *1. No unlimited guessing* and *2. API tokens*.
 """
 
@@ -50,7 +50,7 @@ def authenticate_token(request: HttpRequest, token: str) -> tuple[object, ApiTok
     found = find_token(token=token)
     if found is None:
         _fail(request, INVALID)  # the address's anonymous counter
-    username = found.user.get_username()
+    username = lockout.counter_name(found.user.get_username(), lockout.TOKEN)
     if lockout.is_locked(request, username=username):
         raise lockout.LockedOut(request, username)
     if found.revoked_at is not None:

@@ -1,10 +1,11 @@
 """Bounded guessing without locking out the team (issue 33 item 4, docs/security.md section 1).
 
-Named attempts (a login, a TOTP code, a token whose prefix names its owner) count per (username,
-address); anonymous guesses (unknown tokens) per address with their own, higher limit; wrong webhook and
-`/metrics` tokens in counters of their own. A locked counter refuses only its own attempts, uncounted, in
-the contract's error shape (429 `locked_out` with `Retry-After`) or a readable page, or close code 4429;
-the lockout and its lifting are governance events. All through real requests and the real axes backend.
+A user's passwords, TOTP codes and tokens (whose prefix names their owner) count per (username,
+address), each kind in its own counter (tests/access/test_credentials.py); anonymous guesses (unknown
+tokens) per address with their own, higher limit; wrong webhook and `/metrics` tokens in counters of
+their own. A locked counter refuses only its own attempts, uncounted, in the contract's error shape (429
+`locked_out` with `Retry-After`) or a readable page, or close code 4429; the lockout and its lifting are
+governance events. All through real requests and the real axes backend.
 """
 
 from __future__ import annotations
@@ -116,7 +117,8 @@ def test_five_wrong_passwords_for_one_user_lock_only_that_user(user, staff_user,
     _, locked = _login("staff", "wrong")
     assert locked.status_code == 429
     page = locked.content.decode()
-    assert "Too many failed authentication attempts for this account from this address" in page
+    what = "with this account&#x27;s password from this address"  # the apostrophe escaped in the page
+    assert f"Too many failed authentication attempts {what}" in page
     assert "Try again in 15 minutes" in page and 'href="/admin/login/"' in page  # a way back
     # A styled page of the product (the admin's stylesheet), with the wait on its own line.
     assert "/static/admin/css/base.css" in page and "Diagnosis agent" in page
@@ -136,7 +138,7 @@ def test_five_wrong_passwords_for_one_user_lock_only_that_user(user, staff_user,
     assert elsewhere.status_code == 302 and _logged_in(client)
     (event,) = _lockouts()
     assert event.subject_user == "staff" and event.details["clientAddress"] == NAT
-    assert event.details["path"] == "/admin/login/" and event.details["counter"] == "named"
+    assert event.details["path"] == "/admin/login/" and event.details["counter"] == "password"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -147,14 +149,14 @@ def test_a_revoked_token_locks_its_owner_at_that_address_only(user, other_user):
     ApiToken.objects.filter(prefix=token[:8]).update(revoked_at="2026-01-01T00:00:00Z")
     for _ in range(LIMIT - 1):
         assert _api(token).get(SESSIONS).status_code == 401
-    _assert_locked_out(_api(token).get(SESSIONS), what="for this account from this address")
+    _assert_locked_out(_api(token).get(SESSIONS), what="with this account's API tokens from this address")
     fresh = issue_token(user)
     _assert_locked_out(_api(fresh).get(SESSIONS))  # no guess about this account is confirmed here
     assert _api(fresh, address="198.51.100.1").get(SESSIONS).status_code == 200
     assert _api(issue_token(other_user)).get(SESSIONS).status_code == 200
     assert _api(WRONG).get(SESSIONS).status_code == 401  # the address's anonymous counter is untouched
     (event,) = _lockouts()
-    assert event.subject_user == user.username
+    assert event.subject_user == user.username and event.details["counter"] == "token"
 
 
 def test_an_anonymous_guess_cannot_pick_its_counter_with_a_posted_username(user):
@@ -202,7 +204,8 @@ def test_retry_after_is_the_time_left_not_the_whole_cool_off(user):
     assert "Try again in 5 minutes" in _api(WRONG).get(SESSIONS).json()["error"]["message"]
 
 
-def test_wrong_totp_codes_lock_that_user_at_that_address_only(client, auditor, staff_user):
+def test_wrong_totp_codes_lock_that_user_at_that_address_only(settings, client, auditor, staff_user):
+    settings.OTP_TOTP_THROTTLE_FACTOR = 0  # django-otp's delay after a wrong code: tested on its own
     device = totp_device(auditor)
     client.force_login(auditor)
     wrong = "123456" if totp_code(device) != "123456" else "654321"
@@ -214,7 +217,7 @@ def test_wrong_totp_codes_lock_that_user_at_that_address_only(client, auditor, s
     right = client.post(
         "/admin/verify-otp/", {"otp_token": totp_code(device, at=time.time())}, REMOTE_ADDR=NAT
     )
-    assert right.status_code == 429 and _failures(username="auditor") == LIMIT  # refused, not counted
+    assert right.status_code == 429 and _failures(username="auditor (totp code)") == LIMIT  # not counted
     other, response = _login("staff", "pw-staff-1")
     assert response.status_code == 302 and _logged_in(other)
 

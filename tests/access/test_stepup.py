@@ -166,6 +166,7 @@ def test_admin_panel_asks_for_the_second_factor_then_shows_reasoning(
 
 def test_wrong_totp_codes_are_counted_and_lock_out(settings, client, auditor):
     settings.LOCKOUT_FAILURE_LIMIT = 3
+    settings.OTP_TOTP_THROTTLE_FACTOR = 0  # django-otp's delay: tests/access/test_credentials.py
     device = totp_device(auditor)
     client.force_login(auditor)
     wrong = "123456" if totp_code(device) != "123456" else "654321"

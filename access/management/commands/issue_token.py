@@ -9,6 +9,7 @@ from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from access.services import TokenNeedsOtp, issue_token
 from access.stepup import token_needs_otp
+from access.totp import VERIFIED, check_code
 
 
 class Command(BaseCommand):
@@ -44,8 +45,9 @@ class Command(BaseCommand):
                     f"{user.get_username()} has no confirmed TOTP device (add one in the admin: OTP_TOTP › "
                     "TOTP devices)"
                 )
-            if not any(d.verify_token(options["otp"].strip()) for d in devices):
-                raise CommandError("the TOTP code is not valid for this user's devices")
+            checked = check_code(devices, options["otp"])
+            if checked.outcome != VERIFIED:
+                raise CommandError(f"{user.get_username()}'s TOTP code was refused: {checked.message()}")
             verified = True
         try:
             issued = issue_token(

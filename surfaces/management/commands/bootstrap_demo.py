@@ -1,6 +1,7 @@
 """Demo accounts for a development machine: `admin`, `staff` and `auditor`, passwords printed once; the
-auditor's TOTP device (second factor for reading reasoning, docs/security.md), its secret printed once;
-then the runbook corpus (`runbooks`) is loaded into the knowledge base (idempotent)."""
+auditor's TOTP device (second factor for reading reasoning, docs/security.md, on under `make run`:
+scripts/run-env.sh), its secret printed once; then the runbook corpus (`runbooks`) is loaded into the
+knowledge base (idempotent)."""
 
 import base64
 import secrets
@@ -62,7 +63,15 @@ class Command(BaseCommand):
     def _auditor_totp(self, User) -> None:
         """The demo auditor's TOTP device, created once; its secret is printed only then."""
         auditor = User.objects.filter(username="auditor").first()
-        if auditor is None or TOTPDevice.objects.filter(user=auditor).exists():
+        if auditor is None:
+            return
+        if TOTPDevice.objects.filter(user=auditor).exists():
+            if settings.REASONING_REQUIRE_OTP:
+                self.stdout.write(
+                    "The auditor reads reasoning after a TOTP code (REASONING_REQUIRE_OTP is on). Its key "
+                    "was printed when the device was made; lost? Delete the device (admin › OTP_TOTP › "
+                    "TOTP devices) and run bootstrap_demo again for a new one."
+                )
             return
         device = TOTPDevice.objects.create(user=auditor, name="demo authenticator", confirmed=True)
         secret = base64.b32encode(device.bin_key).decode().rstrip("=")
@@ -72,8 +81,13 @@ class Command(BaseCommand):
         )
         self.stdout.write(f"  secret {secret}")
         self.stdout.write(f"  {device.config_url}")
-        if not settings.REASONING_REQUIRE_OTP:
-            self.stdout.write("  (REASONING_REQUIRE_OTP is off in development: set it to true to require it)")
+        if settings.REASONING_REQUIRE_OTP:
+            self.stdout.write(
+                "  The step-up is on, as in production: the auditor enters a code at /admin/verify-otp/ "
+                "before reading reasoning (REASONING_REQUIRE_OTP=false turns it off for development)."
+            )
+        else:
+            self.stdout.write("  (REASONING_REQUIRE_OTP is off: reasoning is read with a password alone)")
 
     def _demo_runs(self, User) -> None:
         """On a database without runs, a few runs of the offline demo model for `staff`, so that the

@@ -12,7 +12,14 @@ from tests.surfaces.chat.support import DaphneServer
 pytestmark = pytest.mark.django_db(transaction=True)
 
 ENV = {"AIOPS_WORKER_CONCURRENCY": "1", "AIOPS_POLL_INTERVAL_SECONDS": "0.5"}
-DUTIES = {"runs:control", "runs:sweeper", "runs:queue-worker", "audit:checkpoint", "audit:purge"}
+DUTIES = {
+    "runs:control",
+    "runs:sweeper",
+    "runs:queue-worker",
+    "audit:checkpoint",
+    "audit:purge",
+    "evaluations:score",
+}
 
 
 def test_duties_start_with_the_process_and_stop_on_sigterm():
