@@ -37,6 +37,7 @@ from diagnosis.models import DiagnosisRun, RunPurpose, RunStatus
 from experiments.datasets import add_runs, import_jsonl
 from experiments.models import Experiment
 from experiments.runner import run_experiment
+from tests.accessibility import assert_accessible
 from tests.browser import launch_chromium, requires_chromium
 
 pytestmark = [
@@ -226,6 +227,7 @@ def test_the_experiment_page_marks_what_was_not_executed_in_chromium(
             expect(marks.filter(has_text=done["source"].run_id)).to_contain_text("was replayed to the model")
             expect(marks.filter(has_text="nothing was replayed")).to_have_count(1)
             page.screenshot(path=str(ARTIFACTS / "experiment-not-executed.png"), full_page=True)
+            assert_accessible(page, "the experiment page with calls not executed")
             # On to the replay's run page: the banner names the source and the call not executed.
             page.goto(live_server.url + reverse("admin:diagnosis_diagnosisrun_change", args=[replay.pk]))
             banner = page.locator("#dc-replay")
@@ -234,5 +236,6 @@ def test_the_experiment_page_marks_what_was_not_executed_in_chromium(
             call_row = page.locator("#tools tr", has_text="create_silence")
             expect(call_row).to_contain_text("not executed: replay")
             page.screenshot(path=str(ARTIFACTS / "replay-run-page.png"), full_page=True)
+            assert_accessible(page, "a replay's run page")
         finally:
             browser.close()
