@@ -180,8 +180,19 @@ def test_a_replay_of_an_approved_silence_creates_no_silence_and_asks_no_approval
         assert verification.ok, verification.problems
     call_command("audit_checkpoint", stdout=io.StringIO())
     out = io.StringIO()
-    call_command("verify_audit", stdout=out)
-    assert "FAIL" not in out.getvalue(), out.getvalue()
+    call_command("verify_audit", stdout=out)  # raises on any problem
+    assert "verified 3 run(s): 3 ok, 0 with problems" in out.getvalue(), out.getvalue()
+    # What the model got shows in what it did: the recorded success left the plan as the source's; the
+    # bare "not executed" error made the (demo) executor revise its plan, as after any failed call.
+    revisions = {
+        e.run_id: e.details["planRevisions"]
+        for e in TraceEvent.objects.filter(
+            run_id__in=[source.run_id, replay.run_id, unsourced.run_id],
+            event_type=EventType.RELEASE_DECISION,
+        )
+    }
+    assert revisions[replay.run_id] == revisions[source.run_id]
+    assert revisions[unsourced.run_id] == revisions[source.run_id] + 1, revisions
 
     # The pages say what was not executed.
     client = Client()
