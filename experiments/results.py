@@ -4,7 +4,8 @@ aggregate (issue 34 item 4). Pure reads; the admin's results page draws `experim
 Per item, each evaluator's two values and delta, both releases, costs and durations, and whether the
 candidate regressed (a lower score, a release lost, a replay that failed or did not run), regressions
 first. In aggregate, per evaluator, the mean delta with a seeded 95 % bootstrap interval and the items
-worse and better, and per side the releases, priced cost and median duration.
+worse and better, and per side the releases, priced cost and median duration; per item, the replay's
+calls the sandbox did not execute (`agent.runtime.replay`) and the tools that ran live.
 Details: docs/experiments.md, *Results*.
 """
 
@@ -16,6 +17,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from agent.runtime.replay import NOT_EXECUTED_REPLAY
+from audit.models import ToolInvocation
 from diagnosis.models import DiagnosisRun, ReleaseDecision
 from experiments.models import Experiment
 from experiments.scoring import scores_of
@@ -35,6 +38,16 @@ class Side:
     scores: dict[str, float | None] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class NotExecuted:
+    """A replay's call of a tool that changes the world, which the sandbox did not execute: its record's
+    message says whether the source run's recorded outcome was replayed to the model."""
+
+    tool_name: str
+    tool_call_id: str
+    message: str
+
+
 @dataclass
 class ItemResult:
     position: int
@@ -44,6 +57,9 @@ class ItemResult:
     error: str = ""
     deltas: dict[str, float | None] = field(default_factory=dict)
     reasons: list[str] = field(default_factory=list)
+    # The replay's calls: those the sandbox did not execute, and the names of the tools that ran live.
+    not_executed: list[NotExecuted] = field(default_factory=list)
+    ran: list[str] = field(default_factory=list)
 
     @property
     def regressed(self) -> bool:
@@ -120,6 +136,7 @@ def experiment_results(experiment: Experiment) -> Results:
     ids = [r.run_id for r in replays if r.run_id] + [r.item.source_run_id for r in replays]
     runs = {r.run_id: r for r in DiagnosisRun.objects.filter(run_id__in=ids)}
     scores = scores_of(run_ids=ids)
+    calls = _calls_of([r.run_id for r in replays if r.run_id])
     items: list[ItemResult] = []
     for replay in replays:
         item = replay.item
@@ -131,6 +148,11 @@ def experiment_results(experiment: Experiment) -> Results:
             )
         candidate = _side(runs.get(replay.run_id), scores.get(replay.run_id, {}))
         result = ItemResult(item.position, item.question, baseline, candidate, error=replay.error)
+        for call in calls.get(replay.run_id, []):
+            if call.error_code == NOT_EXECUTED_REPLAY:
+                result.not_executed.append(NotExecuted(call.tool_name, call.tool_call_id, call.error_message))
+            elif call.tool_name not in result.ran:
+                result.ran.append(call.tool_name)
         for name in sorted(set(baseline.scores) | set(candidate.scores)):
             a, b = baseline.scores.get(name), candidate.scores.get(name)
             result.deltas[name] = None if a is None or b is None else b - a
@@ -143,6 +165,15 @@ def experiment_results(experiment: Experiment) -> Results:
         items.append(result)
     items.sort(key=lambda i: (not i.regressed, i.worst, i.position))
     return Results(experiment, items, _summaries(items), _totals(items))
+
+
+def _calls_of(run_ids: list[str]) -> dict[str, list[ToolInvocation]]:
+    """The replays' tool calls by run, in the order they were made."""
+    out: dict[str, list[ToolInvocation]] = {}
+    rows = ToolInvocation.objects.filter(run_id__in=run_ids).order_by("created_at", "id")
+    for row in rows.only("run_id", "tool_name", "tool_call_id", "error_code", "error_message"):
+        out.setdefault(row.run_id, []).append(row)
+    return out
 
 
 def _summaries(items: list[ItemResult]) -> list[EvaluatorSummary]:
@@ -171,7 +202,11 @@ def _summaries(items: list[ItemResult]) -> list[EvaluatorSummary]:
 
 
 def _totals(items: list[ItemResult]) -> dict[str, Any]:
-    totals: dict[str, Any] = {"items": len(items), "regressions": sum(1 for i in items if i.regressed)}
+    totals: dict[str, Any] = {
+        "items": len(items),
+        "regressions": sum(1 for i in items if i.regressed),
+        "not_executed": sum(len(i.not_executed) for i in items),
+    }
     for key in ("baseline", "candidate"):
         sides = [getattr(i, key) for i in items]
         priced = [s.cost for s in sides if s.cost is not None]

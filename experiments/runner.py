@@ -1,12 +1,12 @@
 """Running an experiment: every item of a dataset version replayed through the real runtime under a
 candidate configuration (issue 34 item 4).
 
-`run_experiment(dataset=…, candidate=…, user=…)` applies the candidate (refused before anything is
-written when it cannot be: `CandidateError`), then replays each item, in order and one after the other,
-as a new run in a session of its own, executed by `agent.runtime.executor.execute_run` like any run:
-recorded, chained, verifiable, fingerprinted and marked `experiment`. It then scores the replays and the
-source runs still stored with the same evaluators (`experiments.scoring.score_runs`). A multi-turn item
-is replayed without its earlier turns. Details: docs/experiments.md, *Experiments*.
+`run_experiment(dataset=…, candidate=…, user=…)` applies the candidate (or `CandidateError`, nothing
+written), then replays each item, in order, as a new run in a session of its own, executed by
+`execute_run` like any run: recorded, chained, fingerprinted, marked `experiment` and so sandboxed (a tool
+that changes the world is not executed: `agent.runtime.replay`), then scores the replays and the source
+runs still stored with the same evaluators; a multi-turn item is replayed without its earlier turns.
+Details: docs/experiments.md, *Experiments*.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ def _replay(item: DatasetItem, *, applied: Applied, user: AbstractBaseUser) -> s
                 registry=applied.registry,
                 run_prompts=applied.prompts,
                 corpus=applied.corpus,
+                replay_of=item.source_run_id,
             )
         finally:
             await aclose_clients()

@@ -15,7 +15,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from agent.runtime.approvals import expiry_of, may_approve
 from audit.models import ToolInvocation, ToolStatus
 from audit.write import arguments_digest
-from diagnosis.models import RunStatus
+from diagnosis.models import RunPurpose, RunStatus
 from diagnosis.selectors import visibility
 
 
@@ -42,6 +42,7 @@ def waiting_approvals(*, user: AbstractBaseUser, limit: int = 100) -> list[Waiti
         visibility(user=user, session_path="run__session"),
         status=ToolStatus.AWAITING_APPROVAL,
         run__status=RunStatus.INTERRUPTED,
+        run__purpose=RunPurpose.PRODUCTION,  # a replay never asks (agent.runtime.replay); none is listed
     ).order_by("created_at", "id")
     rows = list(
         rows.values(

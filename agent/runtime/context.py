@@ -15,6 +15,7 @@ from agent.runtime.db import db
 from agent.runtime.events import STARTED, DraftEvent, EventSink, ProgressEvent, progress_of
 from agent.runtime.llm import ModelClient
 from agent.runtime.prompts import DEFAULT_PROMPTS, SystemPrompts
+from agent.runtime.replay import ReplaySandbox
 from agent.runtime.tools.registry import ToolRegistry
 from audit.write import Committed, RunRecorder
 from diagnosis.models import ReleaseMode
@@ -54,6 +55,9 @@ class RunContext:
     # Whether a call of a tool that requires approval may interrupt the run here (the AI Ops executor's
     # investigation); elsewhere such a call is refused (agent.runtime.approvals).
     approvals_allowed: bool = False
+    # A run that is not production work (an experiment's replay): tools that change the world are never
+    # executed and no approval is ever asked (agent.runtime.replay). None: production.
+    replay: ReplaySandbox | None = None
     # Called once when the run has no model call or tool left, only its last records (the queue worker
     # claims its next run meanwhile: `agent.runtime.worker`). A scheduling hint, never a decision.
     on_finishing: Callable[[], None] | None = None
@@ -65,6 +69,11 @@ class RunContext:
     # The instructions this run sends (the defaults, or an experiment's candidate's): what the run's
     # configuration fingerprint digests (`agent.runtime.configuration`).
     prompts: SystemPrompts = DEFAULT_PROMPTS
+
+    @property
+    def asks_approvals(self) -> bool:
+        """Whether a call that requires approval may ask for it here: never in a replay."""
+        return self.approvals_allowed and self.replay is None
 
     def finishing(self) -> None:
         """The run is finishing (see `on_finishing`); safe to call more than once."""

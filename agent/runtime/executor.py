@@ -49,6 +49,7 @@ from agent.runtime.llm import LLMError, ModelClient, aclose_clients
 from agent.runtime.pipeline import run_pipeline
 from agent.runtime.prompts import DEFAULT_PROMPTS, SystemPrompts
 from agent.runtime.providers import get_model_client
+from agent.runtime.replay import sandbox_of, started_details
 from agent.runtime.tools.registry import ToolRegistry, default_registry
 from audit.models import EventType, ToolStatus, TraceEvent
 from audit.write import RUN_NOT_AUTHENTIC, ChainNotAuthentic, RunRecorder, end_unauthentic_run
@@ -226,6 +227,7 @@ async def execute_run(
     gate: asyncio.Event | None = None,
     run_prompts: SystemPrompts = DEFAULT_PROMPTS,
     corpus: Corpus | None = None,
+    replay_of: str = "",
 ) -> RunOutcome:
     """Claim and execute the run to its terminal state (see the module docstring). `claimed` is the run
     as this process already claimed it (a queue worker claims while it picks: `claim_next_queued`).
@@ -238,7 +240,8 @@ async def execute_run(
     `run_prompts`: the instruction
     texts the run sends (an experiment's candidate's; by default the product's). The run's
     configuration (`agent.runtime.configuration`) is built from `client`, `registry`, `run_prompts`
-    and the release policy, and chained in RUN_STARTED with its fingerprint."""
+    and the release policy, and chained in RUN_STARTED with its fingerprint. `replay_of`: the run an
+    experiment's replay replays (a run not of production purpose is sandboxed: `agent.runtime.replay`)."""
     knowledge = use_corpus(corpus) if corpus is not None else None
     try:
         return await _execute(
@@ -252,6 +255,7 @@ async def execute_run(
             gate=gate,
             run_prompts=run_prompts,
             corpus=corpus,
+            replay_of=replay_of,
         )
     finally:
         if knowledge is not None:
@@ -270,6 +274,7 @@ async def _execute(
     gate: asyncio.Event | None,
     run_prompts: SystemPrompts,
     corpus: Corpus | None,
+    replay_of: str,
 ) -> RunOutcome:
     token = cancel if cancel is not None else CancelToken()
     claimed_at = time.monotonic()
@@ -291,7 +296,7 @@ async def _execute(
         try:
             ctx = await _start(
                 run, recorder, out, token, ending, client=client, registry=registry, gate=gate,
-                run_prompts=run_prompts, corpus=corpus, resuming=resuming,
+                run_prompts=run_prompts, corpus=corpus, resuming=resuming, replay_of=replay_of,
             )  # fmt: skip
             if is_aiops(run.agent_flow):
                 result = await run_aiops(ctx, created_at=run.created_at, resuming=resuming)
@@ -367,11 +372,13 @@ async def _start(
     run_prompts: SystemPrompts,
     corpus: Corpus | None,
     resuming: bool,
+    replay_of: str = "",
 ) -> RunContext:
     """RUN_STARTED (RUN_RESUMED when `resuming`) naming the run's provider, models, tools and (new runs)
     configuration, and its frame, then the run's context; an error of the set-up is raised after that
     record, so the run still reads in order."""
-    details: dict[str, Any] = {"leaseOwner": _OWNER, "purpose": run.purpose}
+    sandbox = sandbox_of(run, replay_of=replay_of)
+    details: dict[str, Any] = {"leaseOwner": _OWNER, "purpose": run.purpose, **started_details(sandbox)}
     mode = services.release_mode()
     if resuming:
         mode = recorder.release_mode or mode
@@ -418,6 +425,7 @@ async def _start(
         canonical=CanonicalStore(run.run_id),
         release_mode=mode,
         prompts=run_prompts,
+        replay=sandbox,
         on_finishing=ending.finishing,
         gate=gate,
         redactor=Redactor(

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.runtime.replay import NOT_EXECUTED_REPLAY
 from audit.models import EventType, Phase, ToolInvocation
 from audit.read import AnchorView, ReviewView, Trace
 from diagnosis.models import DiagnosisRun, FeedbackRating, ReleaseDecision, RunStatus
@@ -317,21 +318,42 @@ class ToolRow:
     duration: str
     started: str
     finished: str
+    # A replay's call the sandbox did not execute (agent.runtime.replay): shown as such, not as failed.
+    not_executed: bool = False
 
 
 def build_tools(trace: Trace) -> list[ToolRow]:
     return [
         ToolRow(
             tool=tool,
-            tone=tone(tool.status),
+            tone="warn" if tool.error_code == NOT_EXECUTED_REPLAY else tone(tool.status),
             input_json=compact_json(tool.input_params or {}),
             retrieval_json=pretty_json(tool.retrieval_details or {}),
             duration=format_duration(tool.duration_ms) if tool.duration_ms is not None else "unknown",
             started=format_instant(tool.started_at),
             finished=format_instant(tool.finished_at),
+            not_executed=tool.error_code == NOT_EXECUTED_REPLAY,
         )
         for tool in trace.tools
     ]
+
+
+@dataclass(slots=True)
+class ReplayView:
+    """A sandboxed replay, as its RUN_STARTED chained it: the run it replays (empty: not known) and its
+    calls the sandbox did not execute."""
+
+    source_run_id: str
+    not_executed: list[ToolInvocation]
+
+
+def build_replay(trace: Trace) -> ReplayView | None:
+    started = next((e for e in trace.timeline if e.event_type == EventType.RUN_STARTED), None)
+    replay = (started.details or {}).get("replay") if started is not None else None
+    if not isinstance(replay, Mapping):
+        return None
+    calls = [t for t in trace.tools if t.error_code == NOT_EXECUTED_REPLAY]
+    return ReplayView(source_run_id=str(replay.get("sourceRunId") or ""), not_executed=calls)
 
 
 @dataclass(slots=True)
@@ -412,6 +434,7 @@ class RunPage:
     created_at: str
     # Human reviews, newest first (the latest is current; earlier ones are superseded, all kept).
     reviews: list[ReviewView] = field(default_factory=list)
+    replay: ReplayView | None = None
 
 
 def build_run_page(trace: Trace) -> RunPage:
@@ -441,4 +464,5 @@ def build_run_page(trace: Trace) -> RunPage:
         phase_counts=sorted(counts.items(), key=lambda item: PHASE_ORDER.get(item[0], len(PHASE_ORDER))),
         created_at=format_instant(origin),
         reviews=list(reversed(trace.reviews)),
+        replay=build_replay(trace),
     )

@@ -3,9 +3,9 @@
 `ToolBoundary.run` takes a step's declared calls (concurrently): each is validated, recorded RUNNING
 before it runs (an undeclared call or a repeat never runs), run under its timeout and the cancel token,
 and ends in one recorded terminal: SUCCEEDED only once its full result is in the canonical store, else
-FAILED with a code and a bounded message. A tool that `requires_approval` never runs when the model
-calls it: it is recorded AWAITING_APPROVAL and runs once, after a decision (`run_decided`). The model
-gets only the tool's bounded `model_content` or `{"error": …}`; a refused terminal never stops the run.
+FAILED with a code and a bounded message (a refused terminal never stops the run); the model gets the
+bounded `model_content` or `{"error": …}`. A tool that `requires_approval` runs only once approved
+(AWAITING_APPROVAL, `run_decided`); in a replay never (FAILED `NOT_EXECUTED_REPLAY`, `agent.runtime.replay`).
 Details: docs/runtime.md, *Tool boundary*; docs/aiops.md, *Approvals* (`rerun_pending`).
 """
 
@@ -29,6 +29,7 @@ from agent.runtime.canonical import CanonicalUnavailable
 from agent.runtime.context import RunContext
 from agent.runtime.db import db, run_blocking
 from agent.runtime.events import ToolEvent
+from agent.runtime.replay import NOT_EXECUTED_REPLAY
 from agent.runtime.tools.registry import EvidenceRecord, ToolArgumentsError, ToolResult, ToolSpec
 from audit.models import ToolStatus
 from audit.payloads import canonical_json, clip
@@ -109,7 +110,7 @@ class ToolBoundary:
         self.ctx.token.raise_if_cancelled()
         # A step with a call that will ask for approval may end in an interruption: its other calls'
         # bare errors then wait for the run's verdict (seed 002; `_observe`).
-        self.may_interrupt = self.ctx.approvals_allowed and any(self._asks_approval(c) for c in calls)
+        self.may_interrupt = self.ctx.asks_approvals and any(self._asks_approval(c) for c in calls)
         checked = [self._checked(call) for call in calls]
         # Arguments are redacted (agent.redaction) before anything records or executes them.
         await self.ctx.record_redaction("tool_input")
@@ -219,7 +220,7 @@ class ToolBoundary:
                 arguments = spec.validate(call.arguments)
             except ToolArgumentsError as exc:
                 argument_error = clip(str(exc), ERROR_MESSAGE_CHARS)
-        approval = arguments is not None and spec.requires_approval and self.ctx.approvals_allowed
+        approval = arguments is not None and spec.requires_approval and self.ctx.asks_approvals
         redact = self.ctx.redactor.redact_value
         if arguments is not None:
             arguments = redact(arguments)
@@ -276,12 +277,24 @@ class ToolBoundary:
             return await self._fail(call, TOOL_REFUSED, f"unknown tool {clip(call.name, 80)!r}")
         if arguments is None:
             return await self._fail(call, TOOL_BAD_ARGUMENTS, argument_error or "invalid arguments")
+        if spec.changes_world and ctx.replay is not None:
+            return await self._not_executed(call, arguments)
         if spec.requires_approval:
             # Reached only where no approval may be asked (ctx.approvals_allowed is off: the repair
             # round, the chat): the call is refused, never executed unapproved.
             message = "this tool requires a person's approval, which cannot be asked at this point"
             return await self._fail(call, TOOL_REFUSED, message)
         return await self._execute_started(call, spec, arguments)
+
+    async def _not_executed(self, call: DeclaredToolCall, arguments: dict[str, Any]) -> ToolOutcome:
+        """A replay's call of a tool that changes the world, started: never executed. Its terminal is
+        FAILED `NOT_EXECUTED_REPLAY`, saying whether the source run's recorded outcome was replayed."""
+        replay = self.ctx.replay
+        assert replay is not None
+        recorded = await db(replay.recorded, call.name, arguments)
+        message, content = replay.account(call.name, recorded)
+        await self._terminal(call, ToolStatus.FAILED, error_code=NOT_EXECUTED_REPLAY, error_message=message)
+        return ToolOutcome(call, ToolStatus.FAILED, clip(content, MODEL_CONTENT_CHARS), NOT_EXECUTED_REPLAY)
 
     async def _request_approval(self, call: DeclaredToolCall, arguments: dict[str, Any]) -> ToolOutcome:
         """Record the call AWAITING_APPROVAL with APPROVAL_REQUESTED (nothing executes); the run is then

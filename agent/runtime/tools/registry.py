@@ -72,6 +72,12 @@ class ToolSpec:
     # Checks the schema cannot state (e.g. a bound that is a setting); raises ToolArgumentsError.
     check: Callable[[dict[str, Any]], None] | None = None
 
+    @property
+    def changes_world(self) -> bool:
+        """Whether a call changes something outside this service: the one mark that keeps such a call
+        out of replays (`agent.runtime.replay`). Today a tool that requires approval."""
+        return self.requires_approval
+
     def openai_schema(self) -> dict[str, Any]:
         return {
             "type": "function",
