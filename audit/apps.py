@@ -9,4 +9,7 @@ class AuditConfig(AppConfig):
     verbose_name = "Audit"
 
     def ready(self) -> None:
+        from audit import review_reasons
         from audit.transparency import checks  # noqa: F401  (registers checks)
+
+        review_reasons.register()

@@ -19,6 +19,7 @@ from markdown_it import MarkdownIt
 from markdown_it.rules_core import StateCore
 from markdown_it.token import Token
 
+from audit import failed_calls
 from diagnosis.evidence import ID_RE, RUNBOOK_CHUNK, STRICT_CITATION_RE, parse
 
 CACHE_SIZE = 512
@@ -135,11 +136,24 @@ _MARKDOWN = _parser()
 
 @functools.lru_cache(maxsize=CACHE_SIZE)
 def render_answer(content: str) -> SafeString:
-    """`content` (Markdown) as sanitized HTML with citation links; "" for empty content."""
+    """`content` (Markdown) as sanitized HTML with citation links; "" for empty content. The service's
+    failed-calls section (`audit.failed_calls`) is rendered apart, in `<aside class="failed-calls">`."""
     if not content:
         return mark_safe("")
+    body, section = failed_calls.split(content)
+    html = _clean(body)
+    if section:
+        label = "Failed tool calls"
+        aside = f'<aside class="failed-calls" role="note" aria-label="{label}">{_clean(section)}</aside>'
+        html = f"{html}\n{aside}" if html else aside
+    # Safe by construction: markdown-it with raw HTML off, then nh3 with the allowlist above; the aside
+    # is fixed markup around sanitized HTML.
+    return mark_safe(html)  # noqa: S308
+
+
+def _clean(content: str) -> str:
     html = _MARKDOWN.render(content)
-    clean = nh3.clean(
+    return nh3.clean(
         html,
         tags=set(ALLOWED_TAGS),
         attributes={tag: set(names) for tag, names in ALLOWED_ATTRIBUTES.items()},
@@ -147,5 +161,3 @@ def render_answer(content: str) -> SafeString:
         link_rel=LINK_REL,
         strip_comments=True,
     ).strip()
-    # Safe by construction: markdown-it with raw HTML off, then nh3 with the allowlist above.
-    return mark_safe(clean)  # noqa: S308

@@ -33,6 +33,7 @@ from agent.runtime.guards import (
 )
 from agent.runtime.llm import LLMError, StreamProgress
 from agent.runtime.router import route
+from audit import failed_calls
 from audit.write import Usage
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
 from reasoning.capture import build_capture
@@ -60,10 +61,15 @@ FIXED_REPLIES = {
 _CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 
 
+def language_of(query: str) -> str:
+    """`zh` for a question written in Chinese, else `en`: the language of the service's own text."""
+    return "zh" if _CJK.search(query or "") else "en"
+
+
 def fixed_reply(intent: str, query: str) -> str:
     """The fixed answer of an intent that needs no evidence, in Chinese for a question written in it."""
     english, chinese = FIXED_REPLIES.get(intent, FIXED_REPLIES["OUT_OF_SCOPE"])
-    return chinese if _CJK.search(query or "") else english
+    return chinese if language_of(query) == "zh" else english
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +176,8 @@ async def verify_and_release(
             evidence="FAIL",
             extra=extra,
         )
-    semantic = await _semantic_guard(ctx, answer.text, verdict)
+    failed = await _failed_calls(ctx)
+    semantic = await _semantic_guard(ctx, answer.text, verdict, failed)
     if semantic.supported is True:
         return await _release(
             ctx,
@@ -219,12 +226,19 @@ async def _evidence_guard(ctx: RunContext, answer: AgentAnswer, *, retry: bool) 
     return verdict
 
 
-async def _semantic_guard(ctx: RunContext, answer: str, verdict: EvidenceVerdict) -> SemanticVerdict:
+async def _failed_calls(ctx: RunContext) -> list[failed_calls.FailedCall]:
+    """The run's failed calls as its chain records them (read only when the recorder saw one fail)."""
+    return await db(failed_calls.failed_calls_of, ctx.run_id) if ctx.recorder.any_failed() else []
+
+
+async def _semantic_guard(
+    ctx: RunContext, answer: str, verdict: EvidenceVerdict, failed: Sequence[failed_calls.FailedCall]
+) -> SemanticVerdict:
     model = ctx.client.roles.guard
     evidence = guard_evidence(verdict.evidence, verdict.cited)
     messages = [
         {"role": "system", "content": ctx.prompts.guard},
-        {"role": "user", "content": prompts.guard_user(answer, evidence)},
+        {"role": "user", "content": prompts.guard_user(answer, evidence, failed_calls=failed)},
     ]
     await ctx.before_model_request(Stage.SEMANTIC_GUARD)
     progress = StreamProgress()
@@ -285,6 +299,12 @@ async def _release(
 ) -> PipelineResult:
     ctx.finishing()  # no model call or tool follows a release decision
     content = answer.text if decision == ReleaseDecision.PUBLISHED else BLOCKED_MESSAGE
+    # Every release says which calls failed (fixed text from the chain, `audit.failed_calls`).
+    failed = [] if fixed_reply else await _failed_calls(ctx)
+    language = language_of(ctx.query)
+    if failed:
+        content = content.rstrip()
+        content += failed_calls.section(failed, language=language, body=content)
     await ctx.record(
         ctx.recorder.release,
         decision=decision,
@@ -297,6 +317,7 @@ async def _release(
             "contentLength": len(content),
             "agentSteps": ctx.steps_taken(),
             "fixedReply": fixed_reply,
+            "failedCalls": {"ids": [c.tool_call_id for c in failed], "language": language},
             **(extra or {}),
         },
     )

@@ -53,9 +53,11 @@ REPAIR = (
 )
 
 GUARD_SYSTEM = """You verify an operations answer against the evidence it cites.
-The user message is a JSON object {"answer": str, "evidence": [{"id", "title", "heading", "text"}]}.
+The user message is a JSON object {"answer": str, "evidence": [{"id", "title", "heading", "text"}],
+"failedCalls": [{"tool", "errorCode", "action"}]}.
 Check every factual claim of the answer against the cited evidence. A claim is supported only if the
-evidence states it.
+evidence states it. The calls in failedCalls did not succeed: an answer that says or implies that one of
+them happened or returned data (for an action: that it was carried out) makes an unsupported claim.
 Reply with one JSON object and nothing else:
 {"supported": true|false, "unsupportedClaims": ["<claim>", ...], "reason": "<short reason>"}
 supported is true only when every factual claim is supported."""
@@ -76,8 +78,11 @@ def repair_message(reasons: Sequence[str], unknown: Sequence[str]) -> str:
     return DEFAULT_PROMPTS.repair_message(reasons, unknown)
 
 
-def guard_user(answer: str, evidence: Sequence[dict[str, Any]]) -> str:
-    return json.dumps({"answer": answer, "evidence": list(evidence)}, ensure_ascii=False)
+def guard_user(answer: str, evidence: Sequence[dict[str, Any]], *, failed_calls: Sequence[Any] = ()) -> str:
+    """The guard's input: the answer, the cited evidence and the run's failed calls (`audit.failed_calls`)."""
+    failed = [{"tool": c.tool_name, "errorCode": c.error_code, "action": c.action} for c in failed_calls]
+    data = {"answer": answer, "evidence": list(evidence), "failedCalls": failed}
+    return json.dumps(data, ensure_ascii=False)
 
 
 def intent_of(messages: Sequence[dict[str, Any]]) -> str | None:

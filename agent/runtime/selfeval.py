@@ -11,23 +11,16 @@ Details: docs/aiops.md, *How an analysis runs* (6. Self-evaluation).
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 from agent.runtime.guards import extract_citations
+from audit.failed_calls import stated_confidence as stated_confidence  # the one rule, re-exported
 from audit.models import EventType, ToolInvocation, ToolStatus, TraceEvent
 from diagnosis.models import DiagnosisRun
 
 VERSION = 1
-_CONFIDENCE = re.compile(r"^[\s>*_-]*confidence[\s*_]*[:：][\s*_]*(high|medium|low)\b", re.I | re.M)
-
-
-def stated_confidence(report: str) -> str | None:
-    """The last `Confidence: high|medium|low` line of the report (lower case), or None."""
-    found = _CONFIDENCE.findall(report or "")
-    return found[-1].lower() if found else None
 
 
 def _plan_done(steps: Sequence[dict[str, Any]], succeeded: Counter) -> tuple[int, int]:

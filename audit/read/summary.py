@@ -138,6 +138,7 @@ def summarize(
     gap(*(f"tool call {t} still RUNNING after the run ended" for t in check.running_tools))
     gap(*(f"transparency log: {problem}" for problem in check.anchor_problems))
     gap(*(f"provenance: {problem}" for problem in check.provenance))
+    gap(*check.released)
     if check.release_after_failure:
         gap(f"run {run.status} carries {check.release_after_failure}")
 

@@ -20,6 +20,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
+from audit import failed_calls
 from audit.models import TOOL_CONFLICT, EventType, ToolStatus
 from audit.read.list_facts import disagreements
 from audit.transparency.verify import UNANCHORED, check_anchor
@@ -84,6 +85,7 @@ class RunCheck:
     provenance: list[str] = field(default_factory=list)
     running_tools: list[str] = field(default_factory=list)  # tool call ids still RUNNING after the end
     release_after_failure: str = ""  # "release PUBLISHED" / "released content" on a FAILED/CANCELLED run
+    released: list[str] = field(default_factory=list)  # the failed-calls section against the chain
     write_failures: int = 0
     fenced_writes: int = 0
     conflicts: list[str] = field(default_factory=list)  # refused tool lifecycle steps (recorded, named)
@@ -200,6 +202,7 @@ def check_run(
         check.release_after_failure = (
             f"release {run.release_decision}" if run.release_decision else "released content"
         )
+    check.released = released_problems(run, events)
     check.ledger = reconcile_loaded(run=run, events=events, steps=steps)
     if hasattr(run, "recomputed_audit_complete"):
         check.facts.extend(disagreements(run))
@@ -211,6 +214,14 @@ def check_run(
         check.facts.extend(cost_disagreements(run, recomputed))
         check.unpriced = run.cost_status == CostStatus.NOT_PRICED
     return check
+
+
+def released_problems(run: Any, events: Sequence[Any]) -> list[str]:
+    """The released content's failed-calls section against the chain (`audit.failed_calls.problems`)."""
+    release = next((e for e in reversed(events) if e.event_type == EventType.RELEASE_DECISION), None)
+    if release is None:
+        return []
+    return failed_calls.problems(content=run.content, release_details=release.details or {}, events=events)
 
 
 _CONFLICT_WORDS = {

@@ -371,6 +371,7 @@ def verification_of(check: RunCheck, run: DiagnosisRun | None) -> RunVerificatio
     result.notes.extend(check.anchor_notes)
     result.invalid.extend(check.liveness)
     result.invalid.extend(check.provenance)
+    result.invalid.extend(check.released)
     result.invalid.extend(check.rows.problems)
     result.notes.extend(check.rows.notes)
     result.notes.extend(check.conflicts)

@@ -67,6 +67,7 @@ class RunRecorder:
     release = PartMethod("decisions")
     # The tool lifecycle (`audit.write.tools.ToolCalls`).
     is_declared = PartMethod("tools")
+    any_failed = PartMethod("tools")
     run_unique_calls = PartMethod("tools")
     tool_started = PartMethod("tools")
     tool_finished = PartMethod("tools")

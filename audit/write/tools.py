@@ -130,6 +130,12 @@ class ToolCalls:
     def is_declared(self, tool_call_id: str) -> bool:
         return tool_call_id in self.declared
 
+    def any_failed(self) -> bool:
+        """Whether a call of this run (this recorder's or, resumed, an earlier attempt's) ended FAILED:
+        then the release reads the chain's failed calls (`audit.failed_calls`)."""
+        with self.chain.lock:
+            return any(state.status == ToolStatus.FAILED for state in self.calls.values())
+
     def run_unique_calls(
         self, calls: Sequence[DeclaredToolCall], *, step_index: int
     ) -> tuple[DeclaredToolCall, ...]:

@@ -1,16 +1,17 @@
 """The demo model's chat roles, computed from what they receive (nothing is canned per question):
 
-* `route`: the router's decision by keyword heuristics (greetings, off-topic subjects, how-to phrasing,
-  symptom words);
+* `route`: the router's decision by keyword heuristics (greetings, off-topic, how-to, symptom words);
 * `answer_from_evidence` / `no_evidence_answer`: the agent's answer from the evidence text, the sentences
   and commands sharing the most terms with the question, each cited with its `[kb:<slug>#<n>]`;
-* `check_claims`: the guard's verdict, each claim's words checked against the evidence it cites.
+* `check_claims`: the guard's verdict, each claim's words checked against the evidence it cites (and
+  a sentence naming a failed action's object, unnegated, read as a claim that it happened).
 
 `DEMO_QUESTIONS` are the questions `manage.py bootstrap_demo` asks on a fresh database.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -208,10 +209,40 @@ def no_evidence_answer(question: str) -> str:
     )
 
 
-def check_claims(answer: str, evidence: Sequence[dict[str, Any]]) -> dict[str, Any]:
+# A tool name's verb is not what a claim names (`create_silence` -> "silence").
+_TOOL_VERBS = frozenset(
+    {"create", "list", "query", "read", "lookup", "get", "run", "delete", "update", "set"}
+)
+_NEGATION_RE = re.compile(r"\b(not|no|never|failed|could not|cannot|unable)\b|未|没有|失败|不", re.IGNORECASE)
+
+
+def _claimed_actions(answer: str, failed_calls: Sequence[dict[str, Any]]) -> list[str]:
+    """Sentences that name the object of a failed action (`failedCalls` with `action`) without negating
+    it: the demo guard reads them as claims that the action happened."""
+    stems = {
+        part[:6].lower()
+        for call in failed_calls
+        if isinstance(call, dict) and call.get("action")
+        for part in str(call.get("tool") or "").split("_")
+        if part and part.lower() not in _TOOL_VERBS
+    }
+    if not stems:
+        return []
+    claims = []
+    for line in answer.splitlines():
+        for sentence in SENTENCE_RE.split(line):
+            lowered = sentence.lower()
+            if any(stem in lowered for stem in stems) and not _NEGATION_RE.search(sentence):
+                claims.append(" ".join(CITATION_RE.sub(" ", sentence).split()).strip(" -.。;；")[:200])
+    return claims
+
+
+def check_claims(
+    answer: str, evidence: Sequence[dict[str, Any]], failed_calls: Sequence[dict[str, Any]] = ()
+) -> dict[str, Any]:
     """Word-overlap support check: each claim (a sentence of ≥ 3 content terms; a line ending with a colon
     and citing nothing introduces a list and is skipped) must share ≥ 70 % of its terms with the evidence
-    it cites."""
+    it cites; a claim that a failed action happened is never supported (`_claimed_actions`)."""
     by_id = {
         str(item.get("id")): content_tokens(
             f"{item.get('title', '')}\n{item.get('heading', '')}\n{item.get('text', '')}"
@@ -235,7 +266,11 @@ def check_claims(answer: str, evidence: Sequence[dict[str, Any]]) -> dict[str, A
             if not known or len(terms & known) / len(terms) < SUPPORT_RATIO:
                 claim = " ".join(CITATION_RE.sub(" ", sentence).split()).strip(" -.。;；")
                 unsupported.append(claim[:200])
-    if unsupported:
+    actions = _claimed_actions(answer, failed_calls)
+    if actions:
+        unsupported += [a for a in actions if a not in unsupported]
+        reason = f"{len(actions)} claim(s) say a failed action happened"
+    elif unsupported:
         reason = f"{len(unsupported)} of {claims} claim(s) are not supported by the evidence they cite"
     else:
         reason = f"all {claims} claim(s) are supported by the cited evidence"

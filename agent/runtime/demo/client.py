@@ -110,7 +110,7 @@ class DemoModelClient:
         if not data or not isinstance(data.get("answer"), str):
             verdict = {"supported": False, "unsupportedClaims": [], "reason": "guard input unreadable"}
         else:
-            verdict = check_claims(data["answer"], data.get("evidence") or [])
+            verdict = check_claims(data["answer"], data.get("evidence") or [], data.get("failedCalls") or [])
         count = len((data or {}).get("evidence") or [])
         reasoning = f"Checked the answer's claims against {count} evidence item(s)."
         return json.dumps(verdict, ensure_ascii=False), reasoning, []

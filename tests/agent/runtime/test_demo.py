@@ -64,6 +64,23 @@ def test_demo_guard_checks_each_claim_against_the_evidence_it_cites():
     assert not uncited["supported"]
 
 
+def test_demo_guard_refuses_a_claim_that_a_failed_action_happened():
+    evidence = [
+        {"id": "kb:a#1", "title": "Slow scrapes", "heading": "Fix", "text": "Check the scrape duration."}
+    ]
+    failed = [{"tool": "create_silence", "errorCode": "TOOL_ERROR", "action": True}]
+    claimed = check_claims(
+        "The alert was silenced for 30 minutes. Check the scrape duration. [kb:a#1]", evidence, failed
+    )
+    assert not claimed["supported"]
+    assert claimed["unsupportedClaims"] == ["The alert was silenced for 30 minutes"]
+    # Saying it did not happen is no claim that it did; a failed read is not an action.
+    honest = "The silence was not created. Check the scrape duration. [kb:a#1]"
+    assert check_claims(honest, evidence, failed)["supported"]
+    reads = [{"tool": "query_metrics", "errorCode": "TOOL_ERROR", "action": False}]
+    assert check_claims("Check the scrape duration. [kb:a#1]", evidence, reads)["supported"]
+
+
 def test_demo_answers_only_from_relevant_evidence():
     items = [
         {"id": "kb:inode#3", "title": "Inode exhaustion", "heading": "Causes", "text": "Many small files."}

@@ -211,10 +211,11 @@ def test_queue_page_and_index_counts_do_not_depend_on_the_number_of_runs(client,
         _queries(client, "/admin/"),
     )
     assert small == large
-    # Seven reasons (six of the run's columns, one of online evaluators: `evaluations.queue`) and the
-    # total, one capped count each, the page of runs, and the governance chain's head (the reviewer's
-    # right is taken from the chain, its replay cached per head): no join, no per-row query.
-    assert large[0] <= 14
+    # Eight reasons (six of the run's columns, one of its failed tool calls: `audit.review_reasons`, one
+    # of online evaluators: `evaluations.queue`) and the total, one capped count each, the page of runs,
+    # and the governance chain's head (the reviewer's right is taken from the chain, its replay cached
+    # per head): no join, no per-row query.
+    assert large[0] <= 15
 
 
 # --------------------------------------------------------------------------------------------------
