@@ -17,6 +17,9 @@ from typing import Any
 
 from audit.models import EventType, ToolStatus, TraceEvent
 
+# The error code of a replay's call that was not executed (its row is FAILED: the action did not happen;
+# `agent.runtime.replay`).
+NOT_EXECUTED_REPLAY = "NOT_EXECUTED_REPLAY"
 MARKER = {"en": "**Failed tool calls**", "zh": "**失败的工具调用**"}
 _CONFIDENCE = re.compile(r"^[\s>*_-]*confidence[\s*_]*[:：][\s*_]*(high|medium|low)\b", re.I | re.M)
 
@@ -71,6 +74,7 @@ _WORDS = {
         "item": "- `{tool}` (call `{call}`): {what}, error {code}.",
         "action": "the action was not carried out",
         "read": "no result was obtained",
+        "replay": "not executed: this run is an offline replay",
         "unknown": "unknown",
         "lowered": (
             "Confidence: low (lowered by the service: {n} tool call(s) failed; the model stated {stated})"
@@ -81,10 +85,17 @@ _WORDS = {
         "item": "- `{tool}`（调用 `{call}`）：{what}，错误 {code}。",
         "action": "操作未执行",
         "read": "没有取得结果",
+        "replay": "未执行：本次运行是离线重放",
         "unknown": "未知",
         "lowered": "Confidence: low（由服务下调：{n} 个工具调用失败；模型原称 {stated}）",
     },
 }
+
+
+def _kind(call: FailedCall) -> str:
+    if call.error_code == NOT_EXECUTED_REPLAY:
+        return "replay"
+    return "action" if call.action else "read"
 
 
 def section(calls: Sequence[FailedCall], *, language: str, body: str) -> str:
@@ -99,7 +110,7 @@ def section(calls: Sequence[FailedCall], *, language: str, body: str) -> str:
             words["item"].format(
                 tool=call.tool_name,
                 call=call.tool_call_id,
-                what=words["action" if call.action else "read"],
+                what=words[_kind(call)],
                 code=call.error_code or words["unknown"],
             )
         )

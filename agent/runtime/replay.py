@@ -15,12 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.runtime.canonical import CanonicalStore, CanonicalUnavailable
+from audit.failed_calls import NOT_EXECUTED_REPLAY as NOT_EXECUTED_REPLAY  # its home: the record's rule
 from audit.models import TERMINAL_TOOL_STATUSES, ToolInvocation
 from audit.payloads import canonical_json, clip, sha256_hex
 from diagnosis.models import DiagnosisRun, RunPurpose
 
-# The error code of a replay's call that was not executed (its row is FAILED: the action did not happen).
-NOT_EXECUTED_REPLAY = "NOT_EXECUTED_REPLAY"
 MESSAGE_CHARS = 300
 
 

@@ -31,6 +31,7 @@ from agent.runtime.candidate import Candidate
 from agent.runtime.llm import aclose_clients
 from agent.runtime.replay import NOT_EXECUTED_REPLAY
 from agent.runtime.worker import work
+from audit import failed_calls
 from audit.models import EventType, ToolInvocation, ToolStatus, TraceEvent
 from audit.verify.runs import verify_run
 from diagnosis.models import DiagnosisRun, RunPurpose, RunStatus
@@ -157,6 +158,12 @@ def test_a_replay_of_an_approved_silence_creates_no_silence_and_asks_no_approval
         .order_by("sequence_no")
     ]
     assert statuses == ["RUNNING", "FAILED"]
+    # What the replay released says so too (the failed-calls section, `audit.failed_calls`).
+    replay.refresh_from_db()
+    listed_call = (
+        f"- `create_silence` (call `{call.tool_call_id}`): not executed: this run is an offline replay"
+    )
+    assert listed_call in failed_calls.split(replay.content)[1], replay.content
     started = TraceEvent.objects.get(run_id=replay.run_id, event_type=EventType.RUN_STARTED)
     assert started.details["replay"] == {"sandboxed": True, "sourceRunId": source.run_id}
     # Read-only tools ran live (the planner's metric and alert reads, the runbooks).
