@@ -175,15 +175,18 @@ class ToolRegistry:
     def only(self, names: Iterable[str]) -> ToolRegistry:
         """A new registry of the tools named in `names` (a resumed run keeps the tools it started with)."""
         keep = set(names)
+        if keep >= set(self._specs):
+            return self
         return ToolRegistry([spec for spec in self._specs.values() if spec.name in keep])
 
     def offered(self) -> tuple[ToolRegistry, dict[str, str]]:
-        """`(the tools that can run now, {name: why not} of those left out)`: each tool's `available`
-        check, concurrently (checks of one backend share its probe); a check that raises leaves its
-        tool out too, since nothing says it can run. Blocking: the executor runs it on the tool pool."""
+        """`(the tools that can run now, {name: why not} of those left out)` (this registry itself when
+        none is left out): each tool's `available` check, concurrently (checks of one backend share its
+        probe); a check that raises leaves its tool out too, since nothing says it can run. Blocking:
+        the executor runs it on the tool pool."""
         checked = [spec for spec in self._specs.values() if spec.available is not None]
         if not checked:
-            return self.copy(), {}
+            return self, {}
         with ThreadPoolExecutor(max_workers=len(checked), thread_name_prefix="tool-available") as pool:
             futures = {spec.name: pool.submit(spec.available) for spec in checked}  # type: ignore[arg-type]
         left_out: dict[str, str] = {}
@@ -194,6 +197,8 @@ class ToolRegistry:
                 reason = f"{type(exc).__name__}: the availability check failed"
             if reason:
                 left_out[name] = str(reason)[:300]
+        if not left_out:
+            return self, {}  # this very registry (a caller's own kind of registry stays itself)
         return ToolRegistry([s for s in self._specs.values() if s.name not in left_out]), left_out
 
     def __contains__(self, name: object) -> bool:

@@ -15,6 +15,7 @@ from django.urls import reverse
 from agent.aiops import http, intake
 from agent.aiops.http import forget_probes, unavailable
 from agent.runtime.configuration import fingerprint_of
+from agent.runtime.tools.registry import ToolRegistry
 from audit.models import EventType, ToolInvocation, ToolStatus, TraceEvent
 from audit.verify.runs import verify_run
 from diagnosis import services
@@ -179,3 +180,22 @@ def _approver():
     user = get_user_model().objects.create_user("approver2", password="pw", is_staff=True)
     user.groups.add(Group.objects.get(name=approvals.APPROVERS_GROUP))
     return user
+
+
+def test_a_check_that_raises_leaves_its_tool_out_and_a_registry_without_checks_is_itself():
+    registry = ToolRegistry()
+    schema = {"type": "object", "properties": {}}
+
+    def broken() -> str | None:
+        raise RuntimeError("secret detail")
+
+    registry.tool(name="plain", description="d", parameters=schema)(lambda: 1)
+    registry.tool(name="ready", description="d", parameters=schema, available=lambda: None)(lambda: 2)
+    registry.tool(name="down", description="d", parameters=schema, available=lambda: "Down: why")(lambda: 3)
+    registry.tool(name="broken", description="d", parameters=schema, available=broken)(lambda: 4)
+    offered, left_out = registry.offered()
+    assert offered.names() == ["plain", "ready"]
+    assert left_out == {"broken": "RuntimeError: the availability check failed", "down": "Down: why"}
+    unchecked = registry.only(["plain", "ready"])
+    assert unchecked.offered() == (unchecked, {})
+    assert registry.only(registry.names()) is registry
