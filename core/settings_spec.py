@@ -318,14 +318,15 @@ SETTINGS: tuple[Setting, ...] = _in_sections(
         "str",
         "",
         "base URL of the Prometheus the `query_metrics` tool reads (`http://prometheus:9090`; userinfo is "
-        "sent as basic auth); empty = not configured, the tool fails saying so ([aiops.md](aiops.md))",
+        "sent as basic auth); empty = not configured, the tool is not offered to analyses and their "
+        "configuration says why ([aiops.md](aiops.md))",
     ),
     Setting(
         "ALERTMANAGER_URL",
         "str",
         "",
-        "base URL of the Alertmanager the `list_alerts` tool reads (`http://alertmanager:9093`); empty = "
-        "not configured",
+        "base URL of the Alertmanager the `list_alerts` tool reads and `create_silence` writes to "
+        "(`http://alertmanager:9093`); empty = not configured, neither tool is offered",
     ),
     Setting(
         "AIOPS_HTTP_TIMEOUT_SECONDS",
@@ -338,6 +339,20 @@ SETTINGS: tuple[Setting, ...] = _in_sections(
         "int",
         4 * 1024 * 1024,
         "a larger Prometheus/Alertmanager response is refused while it is read (`ResponseTooLarge`)",
+    ),
+    Setting(
+        "AIOPS_PROBE_TIMEOUT_SECONDS",
+        "float",
+        2.0,
+        "the bound of the reachability probe (`GET /-/ready`) made before a run offers a server's tools; "
+        "a server that does not answer ready within it is left out of the run's tools, which says why",
+    ),
+    Setting(
+        "AIOPS_PROBE_CACHE_SECONDS",
+        "float",
+        30.0,
+        "how long a probe's answer (ready or why not) is reused by the runs a process starts; 0 = probe "
+        "for every run",
     ),
     "Agent runtime",
     Setting(

@@ -15,7 +15,8 @@ from typing import Any
 
 from django.conf import settings
 
-from agent.aiops.http import BadQuery, BadResponse, MonitoringHTTP
+from agent.aiops.http import BadQuery, BadResponse, MonitoringHTTP, host_of
+from agent.aiops.http import unavailable as server_unavailable
 from audit.payloads import clip
 
 NAME = "Alertmanager"
@@ -24,6 +25,17 @@ LABELS_MAX = 30
 LABEL_VALUE_CHARS = 200
 ANNOTATION_CHARS = 1000
 URL_CHARS = 500
+
+
+def unavailable() -> str | None:
+    """Why `list_alerts` and `create_silence` cannot run now (`ALERTMANAGER_URL` not configured, or not
+    ready), or None."""
+    return server_unavailable(NAME, settings.ALERTMANAGER_URL)
+
+
+def host() -> str:
+    """The host (and port) of the configured Alertmanager: where a silence would be created."""
+    return host_of(settings.ALERTMANAGER_URL)
 
 
 class AlertmanagerClient:

@@ -5,22 +5,28 @@ httpx, under `timeout`, reading the body in chunks and refusing it past `max_byt
 first), and decodes the JSON. Credentials in the URL's userinfo are sent as basic auth, never in a
 request URL; errors name the server and the failure, never the URL. Every failure is an `AiOpsError`
 (`NotConfigured`, `Unreachable`, `RequestTimeout`, `HTTPError`, `BadQuery`, `ResponseTooLarge`,
-`BadResponse`), which the tool boundary records as `<ClassName>: <message>`.
-Details: docs/aiops.md, *Failures*.
+`BadResponse`), recorded as `<ClassName>: <message>`. `unavailable(name, url)`: why a server's tools
+cannot run now (bounded `GET /-/ready`, cached), or None. Details: docs/aiops.md, *Failures*, *Only …*.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import httpx
+from django.conf import settings
 
 from audit.payloads import clip
 
 DETAIL_CHARS = 300
 USER_AGENT = "diagnosis-aiops/1"
+# The readiness endpoint both Prometheus and Alertmanager serve (no query load, a few bytes).
+PROBE_PATH = "/-/ready"
+PROBE_MAX_BYTES = 64 * 1024
 
 
 class AiOpsError(Exception):
@@ -137,3 +143,66 @@ class _NotJSON:
 
     def __init__(self, text: str) -> None:
         self.text = text
+
+
+def host_of(base_url: str) -> str:
+    """The host (and port) a server's URL points at, without credentials, path or scheme ("" when
+    the URL is empty or not one): where an approved action would be executed."""
+    try:
+        url = httpx.URL(base_url) if base_url else None
+    except (httpx.InvalidURL, TypeError):
+        url = None
+    if url is None or not url.host:
+        return ""
+    return f"{url.host}:{url.port}" if url.port else url.host
+
+
+# ---------------------------------------------------------------------------------------------------
+# Reachability: whether a server's tools are offered to a run (docs/aiops.md, *Only what can run*)
+# ---------------------------------------------------------------------------------------------------
+_probes: dict[tuple[str, str], tuple[float, str | None]] = {}
+_probe_locks: dict[tuple[str, str], threading.Lock] = {}
+_locks_lock = threading.Lock()
+
+
+def unavailable(name: str, base_url: str) -> str | None:
+    """Why the server `name` at `base_url` cannot serve a tool now, or None when it answered ready: not
+    configured, or no 2xx to `GET /-/ready` within `AIOPS_PROBE_TIMEOUT_SECONDS` (the reason is the
+    error a tool call would record, `<ErrorType>: <message>`, never the URL). The answer is reused for
+    `AIOPS_PROBE_CACHE_SECONDS` by this process; one probe per server at a time, so concurrent run starts
+    wait at most one probe's timeout for it."""
+    key = (name, base_url)
+    with _locks_lock:
+        lock = _probe_locks.setdefault(key, threading.Lock())
+    with lock:
+        cached = _probes.get(key)
+        if cached is not None and time.monotonic() < cached[0]:
+            return cached[1]
+        reason = _probe(name, base_url)
+        ttl = float(settings.AIOPS_PROBE_CACHE_SECONDS)
+        if ttl > 0:
+            _probes[key] = (time.monotonic() + ttl, reason)
+        else:
+            _probes.pop(key, None)
+        return reason
+
+
+def _probe(name: str, base_url: str) -> str | None:
+    try:
+        http = MonitoringHTTP(
+            base_url,
+            name=name,
+            timeout=float(settings.AIOPS_PROBE_TIMEOUT_SECONDS),
+            max_bytes=PROBE_MAX_BYTES,
+        )
+        status, _body = http.request("GET", PROBE_PATH)
+    except AiOpsError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    if 200 <= status < 300:
+        return None
+    return f"NotReady: {name} answered HTTP {status} to GET {PROBE_PATH}"
+
+
+def forget_probes() -> None:
+    """Drop every cached probe answer (the next run start probes again)."""
+    _probes.clear()

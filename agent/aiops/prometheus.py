@@ -20,6 +20,7 @@ from typing import Any
 from django.conf import settings
 
 from agent.aiops.http import BadQuery, BadResponse, MonitoringHTTP
+from agent.aiops.http import unavailable as server_unavailable
 from audit.payloads import canonical_json, clip
 from diagnosis.evidence import METRIC_HEX_CHARS, METRIC_RESULT
 
@@ -41,6 +42,11 @@ class QueryResult:
     result_type: str
     result: Any
     warnings: tuple[str, ...] = ()
+
+
+def unavailable() -> str | None:
+    """Why `query_metrics` cannot run now (`PROMETHEUS_URL` not configured, or not ready), or None."""
+    return server_unavailable(NAME, settings.PROMETHEUS_URL)
 
 
 class PrometheusClient:

@@ -1,7 +1,8 @@
 """The read side of human approvals (`agent.runtime.approvals` decides): the tool calls that wait for a
 decision, for the approvers' lists (API `GET /api/diagnosis/approvals/`, the admin's approvals page)
-and a run's page. Each item carries the deadline by the one rule (`approvals.expiry_of`) and the digest
-of the arguments a decider must send back; who sees which runs is `diagnosis.selectors.visibility`.
+and a run's page. Each item carries the deadline by the one rule (`approvals.expiry_of`), the digest
+of the arguments a decider must send back and what the request stated the action will be (who executes
+it, where, until when: `approval_checks.statement`); who sees which runs is `diagnosis.selectors.visibility`.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 
+from agent.runtime.approval_checks import statement
 from agent.runtime.approvals import expiry_of, may_approve
-from audit.models import ToolInvocation, ToolStatus
+from audit.models import EventType, ToolInvocation, ToolStatus, TraceEvent
 from audit.write import arguments_digest
 from diagnosis.models import RunPurpose, RunStatus
 from diagnosis.selectors import visibility
@@ -30,6 +32,19 @@ class WaitingApproval:
     requester: str
     requested_at: dt.datetime
     expires_at: dt.datetime
+    # Who executes it, where, before when and until when its effect lasts (None: the request stated
+    # nothing, e.g. one recorded before requests said so).
+    action: dict[str, Any] | None = None
+
+
+def _stated_actions(run_ids: set[str]) -> dict[tuple[str, str], dict[str, Any]]:
+    """The `action` each APPROVAL_REQUESTED of these runs stated, by (run, call); the latest wins."""
+    stated: dict[tuple[str, str], dict[str, Any]] = {}
+    events = TraceEvent.objects.filter(run_id__in=run_ids, event_type=EventType.APPROVAL_REQUESTED)
+    for run_id, details in events.order_by("sequence_no").values_list("run_id", "details"):
+        if isinstance(details, dict) and isinstance(details.get("action"), dict):
+            stated[(run_id, str(details.get("toolCallId")))] = details["action"]
+    return stated
 
 
 def waiting_approvals(*, user: AbstractBaseUser, limit: int = 100) -> list[WaitingApproval]:
@@ -55,6 +70,7 @@ def waiting_approvals(*, user: AbstractBaseUser, limit: int = 100) -> list[Waiti
             "run__session__owner__username",
         )[:limit]
     )
+    stated = _stated_actions({r["run_id"] for r in rows})
     return [
         WaitingApproval(
             run_id=r["run_id"],
@@ -66,6 +82,7 @@ def waiting_approvals(*, user: AbstractBaseUser, limit: int = 100) -> list[Waiti
             requester=r["run__session__owner__username"] or "",
             requested_at=r["created_at"],
             expires_at=expiry_of(r["created_at"]),
+            action=statement(stated.get((r["run_id"], r["tool_call_id"])), expiry_of(r["created_at"])),
         )
         for r in rows
     ]
@@ -74,9 +91,12 @@ def waiting_approvals(*, user: AbstractBaseUser, limit: int = 100) -> list[Waiti
 def waiting_in_run(*, run_id: str) -> list[WaitingApproval]:
     """The calls of one run that wait for a decision (the run page's buttons; the caller found the run
     visible)."""
-    rows = ToolInvocation.objects.filter(run_id=run_id, status=ToolStatus.AWAITING_APPROVAL).order_by(
-        "created_at", "id"
+    rows = list(
+        ToolInvocation.objects.filter(run_id=run_id, status=ToolStatus.AWAITING_APPROVAL).order_by(
+            "created_at", "id"
+        )
     )
+    stated = _stated_actions({run_id}) if rows else {}
     return [
         WaitingApproval(
             run_id=t.run_id,
@@ -88,6 +108,7 @@ def waiting_in_run(*, run_id: str) -> list[WaitingApproval]:
             requester="",
             requested_at=t.created_at,
             expires_at=expiry_of(t.created_at),
+            action=statement(stated.get((t.run_id, t.tool_call_id)), expiry_of(t.created_at)),
         )
         for t in rows
     ]

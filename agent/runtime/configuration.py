@@ -1,11 +1,11 @@
 """The effective configuration of a run, and its fingerprint (issue 34, item 1).
 
 `effective_configuration(client=…, registry=…, flow=…, release_mode=…, prompts=…, knowledge=…)` is built
-by the executor from the very objects the run then uses (models, tools and their schemas, instruction
-texts, the knowledge snapshot, guard settings, release policy). Its `document` holds digests, ids and
-numbers only, never a prompt's text, a secret or the provider's URL; `fingerprint` is the SHA-256 of its
-canonical JSON, equal for equal configurations. It is chained in RUN_STARTED, copied to the run row and
-kept once per fingerprint in `diagnosis.RunConfiguration`.
+by the executor from the very objects the run then uses (models, the tools offered and their schemas,
+those left out and why, instruction texts, the knowledge snapshot, guard settings, release policy).
+Its `document` holds digests, ids and numbers only, never a prompt's text, a secret or the provider's
+URL; `fingerprint` is the SHA-256 of its canonical JSON, equal for equal configurations. It is chained
+in RUN_STARTED, copied to the run row and kept once per fingerprint in `diagnosis.RunConfiguration`.
 Details: docs/runtime.md, *Configuration fingerprint (`configuration.py`)*.
 """
 
@@ -25,6 +25,7 @@ from agent.runtime.llm import ModelClient
 from agent.runtime.prompts import DEFAULT_PROMPTS, SystemPrompts
 from agent.runtime.router import ROUTER_MAX_ATTEMPTS
 from agent.runtime.tools.registry import FLOW_AI_OPS, ToolRegistry
+from audit.models import EventType, TraceEvent
 from audit.payloads import canonical_json
 from diagnosis import services
 
@@ -93,8 +94,11 @@ def effective_configuration(
     release_mode: str,
     knowledge: KnowledgeSnapshot,
     prompts_in_use: SystemPrompts = DEFAULT_PROMPTS,
+    left_out: Mapping[str, str] | None = None,
 ) -> EffectiveConfiguration:
-    """The configuration the run executes under (see the module docstring); pure: reads no database."""
+    """The configuration the run executes under (see the module docstring); pure: reads no database.
+    `left_out` are the flow's tools not offered, with why (`ToolRegistry.offered`): `tools.leftOut`,
+    present only when a tool was left out, so the document of a run offered every tool is unchanged."""
     aiops = flow == FLOW_AI_OPS
     roles = client.roles
     models = (
@@ -125,6 +129,7 @@ def effective_configuration(
             "names": sorted(digests),
             "schemasDigest": sha256_text(canonical_json(digests)),
             "digests": digests,
+            **({"leftOut": {name: str(left_out[name]) for name in sorted(left_out)}} if left_out else {}),
         },
         "knowledge": {
             "digest": knowledge.digest,
@@ -158,9 +163,10 @@ def configure_run(
     release_mode: str,
     prompts_in_use: SystemPrompts = DEFAULT_PROMPTS,
     knowledge: KnowledgeSnapshot | None = None,
+    left_out: Mapping[str, str] | None = None,
 ) -> EffectiveConfiguration:
     """The run's configuration with the knowledge snapshot read now (or `knowledge`, a candidate
-    corpus's), kept in `RunConfiguration` (once
+    corpus's) and the tools `left_out`, kept in `RunConfiguration` (once
     per fingerprint). Synchronous ORM code (the executor runs it on the database pool); keeping the
     row is fail-open: the chained RUN_STARTED is the evidence, the row a copy for pages."""
     config = effective_configuration(
@@ -170,6 +176,7 @@ def configure_run(
         release_mode=release_mode,
         knowledge=knowledge if knowledge is not None else knowledge_snapshot(),
         prompts_in_use=prompts_in_use,
+        left_out=left_out,
     )
     texts = _AIOPS_PROMPTS if flow == FLOW_AI_OPS else _CHAT_PROMPTS
     try:
@@ -182,6 +189,19 @@ def configure_run(
     except Exception as exc:  # a display copy: its loss costs the pages' view, never the run
         logger.warning("run configuration not kept error=%s", type(exc).__name__)
     return config
+
+
+def tools_of_start(run_id: str) -> list[str] | None:
+    """The tool names the run's RUN_STARTED offered (None: no such event): a resumed run offers the same
+    tools, so a tool left out at the start stays out (its backend's state then is what was recorded)."""
+    details = (
+        TraceEvent.objects.filter(run_id=run_id, event_type=EventType.RUN_STARTED)
+        .order_by("sequence_no")
+        .values_list("details", flat=True)
+        .first()
+    )
+    names = details.get("tools") if isinstance(details, dict) else None
+    return [str(name) for name in names] if isinstance(names, list) else None
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -33,9 +33,9 @@ from agent.runtime.aiops import is_aiops, run_aiops
 from agent.runtime.approvals import ResumeStateUnavailable, RunInterrupted
 from agent.runtime.cancel import CancelToken, RunCancelled
 from agent.runtime.canonical import CanonicalStore
-from agent.runtime.configuration import configure_run
+from agent.runtime.configuration import configure_run, tools_of_start
 from agent.runtime.context import RunContext
-from agent.runtime.db import db
+from agent.runtime.db import db, run_blocking
 from agent.runtime.events import (
     ErrorEvent,
     EventSink,
@@ -374,9 +374,10 @@ async def _start(
     resuming: bool,
     replay_of: str = "",
 ) -> RunContext:
-    """RUN_STARTED (RUN_RESUMED when `resuming`) naming the run's provider, models, tools and (new runs)
-    configuration, and its frame, then the run's context; an error of the set-up is raised after that
-    record, so the run still reads in order."""
+    """RUN_STARTED (RUN_RESUMED when `resuming`) naming the run's provider, models, the tools offered (a
+    new run's: those that can run now, `ToolRegistry.offered`; a resumed run's: the same as at its start)
+    and (new runs) configuration, and its frame, then the run's context; an error of the set-up is
+    raised after that record, so the run still reads in order."""
     sandbox = sandbox_of(run, replay_of=replay_of)
     details: dict[str, Any] = {"leaseOwner": _OWNER, "purpose": run.purpose, **started_details(sandbox)}
     mode = services.release_mode()
@@ -386,6 +387,12 @@ async def _start(
     try:  # the model client and tool registry, and a new run's configuration chained with its fingerprint
         client = client if client is not None else get_model_client()
         registry = registry if registry is not None else default_registry(flow=run.agent_flow)
+        left_out: dict[str, str] = {}  # tools whose backend cannot run them are not offered
+        if resuming:
+            started_with = await db(tools_of_start, run.run_id)
+            registry = registry.only(started_with) if started_with is not None else registry
+        else:
+            registry, left_out = await run_blocking(registry.offered)
         roles = client.roles
         details.update(
             provider=client.provider,
@@ -401,6 +408,7 @@ async def _start(
                 release_mode=mode,
                 prompts_in_use=run_prompts,
                 knowledge=corpus.snapshot if corpus is not None else None,
+                left_out=left_out,
             )
             details.update(configuration=config.document, configFingerprint=config.fingerprint)
     except Exception as exc:  # reported after RUN_STARTED, so the run still reads in order

@@ -58,15 +58,17 @@ class Approvals:
         input_params: dict[str, Any],
         approvers: dict[str, Any],
         deadline: Callable[[dt.datetime], dt.datetime],
+        action: dict[str, Any] | None = None,
     ) -> int | None:
         """Record a declared call of a tool that requires approval, without executing it: its row with
         status AWAITING_APPROVAL (no `started_at`: nothing ran), its TOOL_INVOCATION event and
         APPROVAL_REQUESTED (the tool, its bounded arguments and their digest, who may decide, when the
         request expires), in one transaction. `deadline` is the deadline rule, a function of the row's
         creation time (`agent.runtime.approvals.expiry_of`), so the recorded `expiresAt` is the one
-        decisions are held to. The same refusals as `tool_started` apply
-        (undeclared id, a repeat). Returns the sequence of APPROVAL_REQUESTED, or None when the write
-        failed (then no request exists: the caller must not wait for one)."""
+        decisions are held to. `action` states what an approved call will do (who executes it, where,
+        how long its effect lasts: bounded facts, `action` in the details). The same refusals as
+        `tool_started` apply (undeclared id, a repeat). Returns the sequence of APPROVAL_REQUESTED, or
+        None when the write failed (then no request exists: the caller must not wait for one)."""
         with self.chain.lock:
             now = timezone.now()
             state = self.tools.starting(
@@ -111,6 +113,7 @@ class Approvals:
                             "argumentsDigest": digest,
                             "approvers": dict(approvers),
                             "expiresAt": expiry.isoformat(),
+                            **({"action": dict(action)} if action else {}),
                         },
                     ),
                 ],

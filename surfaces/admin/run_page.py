@@ -406,6 +406,15 @@ def build_audit(trace: Trace) -> AuditSummary:
     )
 
 
+def tools_left_out(trace: Trace) -> list[tuple[str, str]]:
+    """`(tool, why)` of the tools the run's RUN_STARTED configuration left out (none: every tool of its
+    flow was offered, or the run started before tools were left out)."""
+    started = next((e for e in trace.timeline if e.event_type == EventType.RUN_STARTED), None)
+    details = started.details if started is not None and isinstance(started.details, Mapping) else {}
+    left = ((details.get("configuration") or {}).get("tools") or {}).get("leftOut")
+    return sorted((str(k), str(v)) for k, v in left.items()) if isinstance(left, Mapping) else []
+
+
 # ---------------------------------------------------------------------------------------------------
 # The page
 # ---------------------------------------------------------------------------------------------------
@@ -429,6 +438,8 @@ class RunPage:
     timeline: list[TimelineRow]
     waterfall: Waterfall
     tools: list[ToolRow]
+    # The flow's tools not offered to the run and why (its configuration's `tools.leftOut`).
+    tools_left_out: list[tuple[str, str]]
     audit: AuditSummary
     phase_counts: list[tuple[str, int]]
     created_at: str
@@ -460,6 +471,7 @@ def build_run_page(trace: Trace) -> RunPage:
         timeline=timeline,
         waterfall=build_waterfall(trace),
         tools=build_tools(trace),
+        tools_left_out=tools_left_out(trace),
         audit=build_audit(trace),
         phase_counts=sorted(counts.items(), key=lambda item: PHASE_ORDER.get(item[0], len(PHASE_ORDER))),
         created_at=format_instant(origin),

@@ -248,6 +248,23 @@ def _refused_decision(exc: approvals.ApprovalError) -> ApprovalError:
     return ApprovalError(exc)
 
 
+class ApprovalActionSerializer(serializers.Serializer):
+    executedBy = serializers.CharField(
+        help_text="Who executes it: the service's identity (a silence's createdBy)."
+    )
+    where = serializers.CharField(help_text="Where: the backend's host, e.g. 'Alertmanager at am:9093'.")
+    executeBefore = serializers.DateTimeField(
+        help_text="The approval deadline: an approved call starts before it or is never made."
+    )
+    endsBy = serializers.DateTimeField(
+        allow_null=True, help_text="The latest end of a lasting effect (a silence's end), or null."
+    )
+    text = serializers.CharField(help_text="All of it in one sentence, as the pages show it.")
+
+    class Meta:
+        ref_name = "ApprovalAction"
+
+
 class WaitingApprovalSerializer(serializers.Serializer):
     runId = serializers.CharField(source="run_id")
     sessionId = serializers.CharField(source="session_id")
@@ -261,6 +278,10 @@ class WaitingApprovalSerializer(serializers.Serializer):
     requester = serializers.CharField(help_text="The run's requester (its session's owner).")
     requestedAt = serializers.DateTimeField(source="requested_at")
     expiresAt = serializers.DateTimeField(source="expires_at")
+    action = ApprovalActionSerializer(
+        allow_null=True,
+        help_text="What the request stated an approved call will do; null when it stated nothing.",
+    )
 
     class Meta:
         ref_name = "WaitingApproval"

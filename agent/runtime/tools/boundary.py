@@ -23,7 +23,8 @@ from django.conf import settings
 from django.db import DatabaseError
 
 from agent.redaction import Redactor
-from agent.runtime.approvals import APPROVED, EXPIRED, approval_request, approver_still_permitted
+from agent.runtime.approval_checks import approved_call_problem
+from agent.runtime.approvals import APPROVED, EXPIRED, approval_request
 from agent.runtime.cancel import RunCancelled
 from agent.runtime.canonical import CanonicalUnavailable
 from agent.runtime.context import RunContext
@@ -44,8 +45,6 @@ TOOL_BAD_ARGUMENTS = "TOOL_BAD_ARGUMENTS"
 TOOL_REPEATED = "TOOL_REPEATED"
 APPROVAL_REJECTED = "APPROVAL_REJECTED"
 APPROVAL_EXPIRED = "APPROVAL_EXPIRED"
-# The approver no longer holds the approval right when the approved call is about to execute.
-APPROVAL_REVOKED = "APPROVAL_REVOKED"
 APPROVAL_UNRECORDED = "APPROVAL_UNRECORDED"
 ERROR_OBSERVED = "ERROR_OBSERVED"
 
@@ -301,6 +300,7 @@ class ToolBoundary:
         interrupted by the agent loop. A request whose record did not commit does not exist: the model
         gets an error instead and the run goes on without the call."""
         ctx = self.ctx
+        spec = ctx.registry.get(call.name)
         approvers, deadline_rule = await db(approval_request, session_id=ctx.session_id)
         try:
             seq = await db(
@@ -310,6 +310,7 @@ class ToolBoundary:
                 input_params=arguments,
                 approvers=approvers,
                 deadline=deadline_rule,
+                action=spec.action(arguments) if spec is not None and spec.action is not None else None,
             )
         except (ToolCallNotDeclared, ToolLifecycleConflict, ToolCallRepeated) as exc:
             logger.warning(
@@ -329,10 +330,11 @@ class ToolBoundary:
 
     async def run_decided(self, call: DeclaredToolCall, decision: dict[str, Any]) -> ToolOutcome:
         """A call that waited for approval, once decided (`decision`: the APPROVAL_DECIDED details).
-        Approved: the approver must still hold the approval right (else FAILED with APPROVAL_REVOKED);
-        then started under its own `tool_call_id` (the recorder checks the declaring step and the
-        approved digest, fail-closed) and executed exactly once. Rejected or expired: its recorded
-        refusal (FAILED with APPROVAL_REJECTED / APPROVAL_EXPIRED) is the tool's result."""
+        Approved: checked again first (`approval_checks.approved_call_problem`: still current, in time,
+        the approver still allowed; else FAILED with its code and why, never made); then started under
+        its own `tool_call_id` (the recorder checks the declaring step and the approved digest,
+        fail-closed) and executed exactly once. Rejected or expired: its recorded refusal (FAILED with
+        APPROVAL_REJECTED / APPROVAL_EXPIRED) is the tool's result."""
         ctx = self.ctx
         spec = ctx.registry.get(call.name)
         verdict = str(decision.get("decision") or "")
@@ -349,14 +351,18 @@ class ToolBoundary:
                 message += f". Note: {note}"
             message = clip(message, ERROR_MESSAGE_CHARS)
             return await self._fail(call, code, message)
-        approver = str(decision.get("decidedBy") or "")
-        if not await db(approver_still_permitted, approver):
-            # Checked again now (issue 43): an approver who lost the right since does not release it.
-            message = (
-                f"the approver ({approver or 'unknown'}) no longer holds diagnosis.approve_tool_call "
-                "(by the database or the governance chain); the call was not made"
-            )
-            return await self._fail(call, APPROVAL_REVOKED, clip(message, ERROR_MESSAGE_CHARS))
+        # Checked again now (issues 43, 45): the call still waits with the approved arguments and target,
+        # the deadline has not passed, the approver still holds the right; else it is never made.
+        problem = await db(
+            approved_call_problem,
+            run_id=ctx.run_id,
+            tool_call_id=call.tool_call_id,
+            decision=decision,
+            action_now=lambda: spec.action(spec.validate(call.arguments)) if spec.action else None,
+        )
+        if problem is not None:
+            code, why = problem
+            return await self._fail(call, code, clip(f"{why}; the call was not made", ERROR_MESSAGE_CHARS))
         try:
             arguments = ctx.redactor.redact_value(spec.validate(call.arguments))
             seq = await db(

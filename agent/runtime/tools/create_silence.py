@@ -5,8 +5,8 @@ It never runs when the executor calls it: only after a person with `diagnosis.ap
 approved exactly these arguments does a resumed run execute it, under the same `tool_call_id`; a
 rejected or expired request never reaches Alertmanager. Arguments are bounded (1–10 matchers, at most
 `APPROVAL_SILENCE_MAX_SECONDS`, refused before any approval is asked otherwise). The result is the new
-silence's id and what it silences. Offered to AI Ops analyses only.
-Details: docs/aiops.md, *Approvals*.
+silence's id and what it silences. Offered to AI Ops analyses only, while Alertmanager is configured
+and ready (`available`); the request states who creates it, where, how long (`action`; docs/aiops.md).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
+from agent.aiops import alertmanager
 from agent.aiops.alertmanager import AlertmanagerClient
 from agent.runtime.tools.registry import FLOW_AI_OPS, ToolArgumentsError, ToolResult, register_tool
 
@@ -38,6 +39,16 @@ def check_arguments(arguments: dict[str, Any]) -> None:
         )
     if not any(m.get("isEqual", True) and m.get("value") for m in arguments["matchers"]):
         raise ToolArgumentsError("arguments.matchers must hold at least one equality matcher with a value")
+
+
+def action(arguments: dict[str, Any]) -> dict[str, Any]:
+    """What an approved call does, for the person asked: the silence is created as `CREATED_BY` (its
+    `createdBy`) on the configured Alertmanager's host, and lasts `duration_minutes` from its creation."""
+    return {
+        "executedBy": CREATED_BY,
+        "where": f"Alertmanager at {alertmanager.host() or '(not configured)'}",
+        "lastsMinutes": int(arguments["duration_minutes"]),
+    }
 
 
 @register_tool(
@@ -75,6 +86,8 @@ def check_arguments(arguments: dict[str, Any]) -> None:
     flows=(FLOW_AI_OPS,),
     requires_approval=True,
     check=check_arguments,
+    available=alertmanager.unavailable,
+    action=action,
 )
 def create_silence(matchers: list[dict[str, Any]], duration_minutes: int, comment: str) -> ToolResult:
     now = timezone.now()

@@ -3,7 +3,8 @@
 `filter` are label matchers that must all match; `active_only` leaves out silenced and inhibited alerts.
 The list, bounded by `agent.aiops.alertmanager.bound_alerts`, is the tool's canonical data and what the
 model sees. Alerts are context, not citable evidence. Any Alertmanager failure raises the typed error of
-`agent.aiops.http`, recorded as FAILED. Offered to AI Ops analyses only.
+`agent.aiops.http`, recorded as FAILED. Offered to AI Ops analyses only, and only while Alertmanager
+is configured and answers ready (`available`).
 Details: docs/aiops.md, *`list_alerts`*.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+from agent.aiops import alertmanager
 from agent.aiops.alertmanager import AlertmanagerClient, bound_alerts
 from agent.runtime.tools.registry import FLOW_AI_OPS, ToolResult, register_tool
 
@@ -44,6 +46,7 @@ MATCHER_MAX_CHARS = 200
         "additionalProperties": False,
     },
     flows=(FLOW_AI_OPS,),
+    available=alertmanager.unavailable,
 )
 def list_alerts(active_only: bool = True, filter: list[str] | None = None) -> ToolResult:
     client = AlertmanagerClient.from_settings()

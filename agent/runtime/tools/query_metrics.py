@@ -4,7 +4,8 @@ An instant query now, or a range query over the last `range_minutes` minutes (th
 bounded, `stepAdjusted` saying when it was raised); the evaluation times are fixed here and part of the
 result. The bounded result is one citable evidence record `prom:<16 hex>` in the run's canonical store,
 which the model sees in the shape `lookup_knowledge` uses. Any Prometheus failure raises the typed error
-of `agent.aiops.http`, recorded as FAILED (`TOOL_ERROR`). Offered to AI Ops analyses only.
+of `agent.aiops.http`, recorded as FAILED (`TOOL_ERROR`). Offered to AI Ops analyses only, and only
+while Prometheus is configured and answers ready (`available`).
 Details: docs/aiops.md, *`query_metrics`* and *Failures*.
 """
 
@@ -14,6 +15,7 @@ import json
 import math
 import time
 
+from agent.aiops import prometheus
 from agent.aiops.prometheus import POINTS_MAX, PrometheusClient, metric_evidence
 from agent.runtime.tools.registry import FLOW_AI_OPS, EvidenceRecord, ToolResult, register_tool
 from diagnosis.evidence import METRIC_RESULT
@@ -72,6 +74,7 @@ def _window(range_minutes: int | None, step_seconds: int | None, now: float) -> 
         "additionalProperties": False,
     },
     flows=(FLOW_AI_OPS,),
+    available=prometheus.unavailable,
 )
 def query_metrics(
     query: str, range_minutes: int | None = None, step_seconds: int | None = None

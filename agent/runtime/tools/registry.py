@@ -1,10 +1,10 @@
 """The tool registry: what tools exist, their JSON schema, their timeout, and how the model sees them.
 
 A tool is one module in `agent/runtime/tools/` with one function decorated by `register_tool` (name,
-description, JSON `parameters`, `timeout`, `flows`, `requires_approval`); it receives the validated
-arguments and returns a `ToolResult`. `default_registry(flow=...)` imports every module of the package
-and returns that flow's tools, so a new module is all it takes; tests can build their own
-`ToolRegistry`. Arguments are validated against the schema subset the runtime relies on.
+description, JSON `parameters`, `timeout`, `flows`, `requires_approval`, `available`, `action`); it
+receives the validated arguments and returns a `ToolResult`. `default_registry(flow=...)` imports every
+module of the package and returns that flow's tools; `offered()` leaves out those whose backend cannot
+run them. Arguments are validated against the schema subset the runtime relies on.
 Details: docs/runtime.md, *Adding a tool*; docs/contributing.md, *A new tool*.
 """
 
@@ -15,7 +15,8 @@ import inspect
 import json
 import pkgutil
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +72,13 @@ class ToolSpec:
     requires_approval: bool = False
     # Checks the schema cannot state (e.g. a bound that is a setting); raises ToolArgumentsError.
     check: Callable[[dict[str, Any]], None] | None = None
+    # Why the tool cannot run now (its backend not configured or not reachable), or None: a tool with a
+    # reason is not offered to a run (`ToolRegistry.offered`). Cheap and bounded: it runs at each start.
+    available: Callable[[], str | None] | None = None
+    # What an approved call will do, for the person asked (`requires_approval` tools): from the
+    # validated arguments, `{"executedBy": who acts, "where": the backend's host, "lastsMinutes": how
+    # long its effect lasts once made, or None}` (docs/aiops.md, *Approvals*).
+    action: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
     @property
     def changes_world(self) -> bool:
@@ -126,6 +134,8 @@ class ToolRegistry:
         flows: Sequence[str] = (FLOW_CHAT,),
         requires_approval: bool = False,
         check: Callable[[dict[str, Any]], None] | None = None,
+        available: Callable[[], str | None] | None = None,
+        action: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         if parameters.get("type") != "object":
             raise ValueError("a tool's parameters schema must be of type object")
@@ -144,6 +154,8 @@ class ToolRegistry:
                     flows=frozenset(flows),
                     requires_approval=requires_approval,
                     check=check,
+                    available=available,
+                    action=action,
                 )
             )
             return func
@@ -166,6 +178,35 @@ class ToolRegistry:
         """A new registry of the tools that declare `flow`."""
         return ToolRegistry([spec for spec in self._specs.values() if flow in spec.flows])
 
+    def only(self, names: Iterable[str]) -> ToolRegistry:
+        """A new registry of the tools named in `names` (a resumed run keeps the tools it started with)."""
+        keep = set(names)
+        if keep >= set(self._specs):
+            return self
+        return ToolRegistry([spec for spec in self._specs.values() if spec.name in keep])
+
+    def offered(self) -> tuple[ToolRegistry, dict[str, str]]:
+        """`(the tools that can run now, {name: why not} of those left out)` (this registry itself when
+        none is left out): each tool's `available` check, concurrently (checks of one backend share its
+        probe); a check that raises leaves its tool out too, since nothing says it can run. Blocking:
+        the executor runs it on the tool pool."""
+        checked = [spec for spec in self._specs.values() if spec.available is not None]
+        if not checked:
+            return self, {}
+        with ThreadPoolExecutor(max_workers=len(checked), thread_name_prefix="tool-available") as pool:
+            futures = {spec.name: pool.submit(spec.available) for spec in checked}  # type: ignore[arg-type]
+        left_out: dict[str, str] = {}
+        for name, future in futures.items():
+            try:
+                reason = future.result()
+            except Exception as exc:
+                reason = f"{type(exc).__name__}: the availability check failed"
+            if reason:
+                left_out[name] = str(reason)[:300]
+        if not left_out:
+            return self, {}  # this very registry (a caller's own kind of registry stays itself)
+        return ToolRegistry([s for s in self._specs.values() if s.name not in left_out]), left_out
+
     def __contains__(self, name: object) -> bool:
         return name in self._specs
 
@@ -187,6 +228,8 @@ def register_tool(
     flows: Sequence[str] = (FLOW_CHAT,),
     requires_approval: bool = False,
     check: Callable[[dict[str, Any]], None] | None = None,
+    available: Callable[[], str | None] | None = None,
+    action: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated function in the default registry (see the module docstring)."""
     return _default.tool(
@@ -197,6 +240,8 @@ def register_tool(
         flows=flows,
         requires_approval=requires_approval,
         check=check,
+        available=available,
+        action=action,
     )
 
 

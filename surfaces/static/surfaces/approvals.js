@@ -75,6 +75,9 @@
       expires.title = "expires " + localTime(item.expiresAt);
       meta.appendChild(expires);
       li.appendChild(meta);
+      if (item.action) {  // who executes it, where, until when (the request's statement)
+        li.appendChild(el("p", "approval-action", "If approved: " + item.action.text));
+      }
       var args = el("pre", "approval-args", JSON.stringify(item.arguments, null, 2));
       args.setAttribute("aria-label", "arguments of " + item.toolName);
       args.tabIndex = 0;  // scrollable with the keyboard when long

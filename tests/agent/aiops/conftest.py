@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import pytest
 
+from agent.aiops.http import forget_probes
 from tests.agent.aiops.servers import (
     AlertmanagerServer,
     PrometheusServer,
@@ -47,6 +48,15 @@ def prometheus(tmp_path_factory, alertmanager):
     with PrometheusServer(tmp_path_factory.mktemp("prometheus"), alertmanager_url=alertmanager.url) as server:
         server.wait_for_samples()
         yield server
+
+
+@pytest.fixture(autouse=True)
+def fresh_probes():
+    """Each test probes the servers afresh: a probe answer cached by an earlier test (a server it
+    stopped, a URL it set) never decides which tools a later test's runs are offered."""
+    forget_probes()
+    yield
+    forget_probes()
 
 
 @pytest.fixture

@@ -2,8 +2,8 @@
 webhook on a daphne server process, and that process's queue worker runs the AI Ops analysis against
 the live Prometheus and Alertmanager, with no client connected (test database). Once with the offline
 demo model, once with the local OpenAI-compatible server through the real `openai` SDK (the bench's
-scripted AI Ops provider). And Prometheus down during an analysis: the metric tool FAILED as such, and
-no report cites a metric it never got."""
+scripted AI Ops provider). And Prometheus down when an analysis starts: the metric tool is not offered
+(the run's configuration says why), and no report cites a metric it never got."""
 
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ def test_a_firing_rule_reaches_the_webhook_and_is_analysed_against_live_metrics(
     assert DiagnosisRun.objects.filter(session_id=run.session_id).count() == 1
 
 
-def test_prometheus_down_during_an_analysis_is_a_failed_tool_and_no_invented_metric(
+def test_prometheus_down_when_an_analysis_starts_leaves_the_metric_tool_out_and_invents_no_metric(
     aiops_settings, prometheus, staff_user, settings
 ):
     import asyncio
@@ -139,8 +139,12 @@ def test_prometheus_down_during_an_analysis_is_a_failed_tool_and_no_invented_met
         assert asyncio.run(drain()) == 1
     run.refresh_from_db()
     assert run.status == RunStatus.SUCCESS
-    metrics = ToolInvocation.objects.get(run_id=run.run_id, tool_name="query_metrics")
-    assert metrics.status == ToolStatus.FAILED and "Unreachable" in metrics.error_message
+    started = TraceEvent.objects.get(run_id=run.run_id, event_type=EventType.RUN_STARTED)
+    assert "query_metrics" not in started.details["tools"] and "list_alerts" in started.details["tools"]
+    assert started.details["configuration"]["tools"]["leftOut"] == {
+        "query_metrics": "Unreachable: Prometheus is unreachable (ConnectError)"
+    }
+    assert not ToolInvocation.objects.filter(run_id=run.run_id, tool_name="query_metrics").exists()
     # Nothing cites a metric result that was never stored: the report either says so or was blocked.
     assert "[prom:" not in run.content
     assert verify_run(run.run_id).ok

@@ -290,6 +290,11 @@ def test_the_chat_page_shows_the_waiting_call_and_approves_it(
             # Readable as people read: formatted JSON, the time left, and at 360 px nothing clipped or
             # touching.
             expect(item.locator(".approval-expires")).to_contain_text("expires in")
+            # Who executes it, where and until when (issue 45): the request's stated action.
+            action = item.locator("p.approval-action")
+            expect(action).to_contain_text("If approved: Executed by the service as “diagnosis agent")
+            expect(action).to_contain_text("on Alertmanager at 127.0.0.1:")
+            expect(action).to_contain_text("it ends by")
             assert '\n  "' in item.locator("pre.approval-args").inner_text()  # indented JSON, not a repr
             page.set_viewport_size({"width": 360, "height": 800})
             args = item.locator("pre.approval-args")

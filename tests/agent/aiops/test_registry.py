@@ -60,7 +60,9 @@ def test_array_items_and_their_count_are_validated():
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("runtime_pools")
 @pytest.mark.parametrize(("flow", "tools"), [(FLOW_CHAT, CHAT_TOOLS), (FLOW_AI_OPS, AI_OPS_TOOLS)])
-def test_the_executor_offers_a_run_the_tools_of_its_flow(llm, chat_session, flow, tools):
+def test_the_executor_offers_a_run_the_tools_of_its_flow(llm, chat_session, flow, tools, request):
+    if flow == FLOW_AI_OPS:
+        request.getfixturevalue("aiops_settings")  # its tools' servers configured and ready
     run = services.create_run(session=chat_session, query="Why is the API slow?", agent_flow=flow)
     execute(run.run_id)  # the provider is unscripted: the run ends at its first model call
     started = TraceEvent.objects.get(run_id=run.run_id, event_type=EventType.RUN_STARTED)

@@ -139,7 +139,17 @@ def test_every_part_changes_the_fingerprint(llm, settings):
         "knowledge": fp(knowledge=dataclasses.replace(snapshot, digest="0" * 64)),
         "release": fp(release_mode="draft"),
         "flow": fp(flow=FLOW_AI_OPS, registry=default_registry(flow=FLOW_AI_OPS)),
+        "tools left out": fp(left_out={"query_metrics": "NotConfigured: Prometheus is not configured"}),
+        "why left out": fp(left_out={"query_metrics": "Unreachable: Prometheus is unreachable"}),
     }
+    # Nothing left out writes no `leftOut`: the document (and fingerprint) of such a run is as before.
+    assert fp(left_out={}) == base
+    assert (
+        "leftOut"
+        not in effective_configuration(
+            client=client, registry=registry, flow=FLOW_CHAT, release_mode="verified", knowledge=snapshot
+        ).document["tools"]
+    )
     settings.AGENT_MAX_STEPS = settings.AGENT_MAX_STEPS + 1
     variants["max steps"] = fp()
     settings.AGENT_MAX_STEPS -= 1
