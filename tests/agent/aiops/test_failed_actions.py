@@ -1,6 +1,6 @@
 """Reports do not hide failed actions (issue 45 item 3), on real components: an AI Ops analysis through
 the real `openai` SDK (the local OpenAI-compatible server) proposes `create_silence` beside two reads;
-a person approves it; the real Alertmanager is then unreachable, so the approved action FAILS when the
+a person approves it; the real Alertmanager then goes down, so the approved action FAILS when the
 resumed run executes it. The released text ends with the service's failed-calls section (the model's
 "Confidence: medium" lowered), the guard is told which calls failed and refuses a report that claims the
 silence anyway, the run waits in the review queue as "action failed", and `verify_audit` recomputes the
@@ -30,7 +30,6 @@ from bench.provider import GUARD
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
 from diagnosis.review_queue import queued_runs, reasons_of
 from surfaces.answers import render_answer
-from tests.agent.aiops.servers import free_port
 from tests.agent.aiops.support import drain
 from tests.fakes.openai_server import FakeLLMServer, finish_chunk, text_chunks, tool_call_chunks
 
@@ -93,13 +92,13 @@ class FailingSilenceProvider(AiOpsBenchProvider):
         return self._stream([*text_chunks(text, 3), finish_chunk("stop")], prompt=1800, completion=80)
 
 
-def analyse_with_a_failing_silence(settings, staff_user, django_user_model, *, claims: bool):
+def analyse_with_a_failing_silence(settings, alertmanager, staff_user, django_user_model, *, claims: bool):
     call_command("load_knowledge", str(RUNBOOKS), stdout=io.StringIO())
     approver = django_user_model.objects.create_user("approver", is_staff=True)
     approver.groups.add(Group.objects.get(name=approvals.APPROVERS_GROUP))
     provider = FailingSilenceProvider(claims=claims, call_seconds=0.0, chunk_interval=0.0)
-    alertmanager = AlertmanagerClient(settings.ALERTMANAGER_URL, timeout=5, max_bytes=1 << 22)
-    before = {s["id"] for s in alertmanager.silences()}
+    silences = AlertmanagerClient(settings.ALERTMANAGER_URL, timeout=5, max_bytes=1 << 22)
+    before = {s["id"] for s in silences.silences()}
     with FakeLLMServer(handler=provider) as fake:
         for key, value in provider.settings(fake.base_url).items():
             setattr(settings, key, value)
@@ -113,18 +112,19 @@ def analyse_with_a_failing_silence(settings, staff_user, django_user_model, *, c
         approvals.decide(
             run=run, tool_call_id=waiting.tool_call_id, decision=approvals.APPROVED, user=approver
         )
-        # Between the approval and its execution Alertmanager becomes unreachable (nothing listens there).
-        real_url = settings.ALERTMANAGER_URL
-        settings.ALERTMANAGER_URL = f"http://127.0.0.1:{free_port()}"
-        drain()
+        # Between the approval and its execution the real Alertmanager goes down (same address).
+        alertmanager.stop()
+        try:
+            drain()
+        finally:
+            alertmanager.start()
         assert not fake.errors
     run.refresh_from_db()
     waiting.refresh_from_db()
     assert run.status == RunStatus.SUCCESS, run.error_code
-    assert waiting.status == ToolStatus.FAILED and waiting.error_code
+    assert (waiting.status, waiting.error_code) == (ToolStatus.FAILED, "TOOL_ERROR")
     # Nothing was silenced.
-    alertmanager = AlertmanagerClient(real_url, timeout=5, max_bytes=1 << 22)
-    assert [s for s in alertmanager.silences() if s["id"] not in before] == []
+    assert [s for s in silences.silences() if s["id"] not in before] == []
     return run, waiting, provider
 
 
@@ -133,10 +133,10 @@ def release_details(run) -> dict:
 
 
 def test_an_approved_action_that_fails_is_listed_in_the_released_report(
-    settings, staff_user, django_user_model
+    settings, alertmanager, staff_user, django_user_model
 ):
     run, waiting, provider = analyse_with_a_failing_silence(
-        settings, staff_user, django_user_model, claims=False
+        settings, alertmanager, staff_user, django_user_model, claims=False
     )
     assert run.release_decision == ReleaseDecision.PUBLISHED
     body, section = failed_calls.split(run.content)
@@ -165,10 +165,10 @@ def test_an_approved_action_that_fails_is_listed_in_the_released_report(
 
 
 def test_a_report_claiming_a_failed_action_is_blocked_and_still_says_it_failed(
-    settings, staff_user, django_user_model
+    settings, alertmanager, staff_user, django_user_model
 ):
     run, waiting, _provider = analyse_with_a_failing_silence(
-        settings, staff_user, django_user_model, claims=True
+        settings, alertmanager, staff_user, django_user_model, claims=True
     )
     assert run.release_decision == ReleaseDecision.BLOCKED
     semantic = TraceEvent.objects.get(run_id=run.run_id, event_type=EventType.SEMANTIC_GUARD_DECISION)
@@ -180,11 +180,13 @@ def test_a_report_claiming_a_failed_action_is_blocked_and_still_says_it_failed(
     assert verify_run(run.run_id).ok
 
 
-def test_the_verifier_reports_a_released_text_that_drops_the_section(settings, staff_user, django_user_model):
+def test_the_verifier_reports_a_released_text_that_drops_the_section(
+    settings, alertmanager, staff_user, django_user_model
+):
     """The section is recomputed from the chain's failed calls: a released content without it, or a
     release that lists other calls than the chain's failed ones, is reported."""
     run, _waiting, _provider = analyse_with_a_failing_silence(
-        settings, staff_user, django_user_model, claims=False
+        settings, alertmanager, staff_user, django_user_model, claims=False
     )
     body, _section = failed_calls.split(run.content)
     events = list(TraceEvent.objects.filter(run_id=run.run_id).order_by("sequence_no"))
