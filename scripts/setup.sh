@@ -110,3 +110,25 @@ if [ "$want_dev" = "dev" ]; then
     echo "$PHOENIX_VERSION" > "$phoenix_stamp"
   fi
 fi
+
+# MCP servers nobody here wrote, which the MCP tests start on 127.0.0.1 (docs/mcp.md): prometheus-mcp-server
+# in a venv of its own (it pins its own fastmcp and mcp), and the reference servers of
+# tools/mcp/package.json (server-everything, server-filesystem, the conformance suite) from npm, locked.
+PROMETHEUS_MCP_VERSION=1.6.2
+if [ "$want_dev" = "dev" ]; then
+  mcp_stamp=".venv-mcp/.installed-prometheus-mcp-server"
+  if [ ! -f "$mcp_stamp" ] || [ "$(cat "$mcp_stamp")" != "$PROMETHEUS_MCP_VERSION" ]; then
+    echo "setup: installing prometheus-mcp-server $PROMETHEUS_MCP_VERSION into .venv-mcp"
+    [ -x .venv-mcp/bin/python ] || "$PY" -m venv .venv-mcp
+    .venv-mcp/bin/python -m pip install -q "prometheus-mcp-server==$PROMETHEUS_MCP_VERSION"
+    echo "$PROMETHEUS_MCP_VERSION" > "$mcp_stamp"
+  fi
+  command -v npm >/dev/null || apt_install nodejs npm
+  npm_stamp="tools/mcp/node_modules/.installed-lock"
+  lock_digest=$(sha256sum tools/mcp/package-lock.json | cut -c1-16)
+  if [ ! -f "$npm_stamp" ] || [ "$(cat "$npm_stamp")" != "$lock_digest" ]; then
+    echo "setup: installing the MCP test servers (tools/mcp, npm ci)"
+    (cd tools/mcp && npm ci --no-audit --no-fund --loglevel=error)
+    echo "$lock_digest" > "$npm_stamp"
+  fi
+fi

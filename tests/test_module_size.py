@@ -21,6 +21,7 @@ NOT_COUNTED = {
     ".venv",
     ".venv-peers",
     ".venv-phoenix",
+    ".venv-mcp",
     "migrations",
     "node_modules",
     "mutants",

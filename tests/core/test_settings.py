@@ -242,7 +242,7 @@ KEY_PATTERNS = {
     "token literal": re.compile(r"(?i)\b(?:api[_-]?key|token|secret)\s*=\s*[\"'][0-9a-f]{32,}[\"']"),
 }
 SKIP_DIRS = {".git", ".venv", ".local", "staticfiles", "test-artifacts", "node_modules", "__pycache__"}
-SKIP_DIRS |= {".pytest_cache", ".ruff_cache", ".venv-phoenix", ".venv-peers", "mutants"}
+SKIP_DIRS |= {".pytest_cache", ".ruff_cache", ".venv-phoenix", ".venv-peers", ".venv-mcp", "mutants"}
 TEXT_SUFFIXES = {".py", ".md", ".txt", ".toml", ".cfg", ".ini", ".yml", ".yaml", ".json", ".sh", ".html"}
 TEXT_SUFFIXES |= {".js", ".css", ".env", ""}
 

@@ -28,7 +28,7 @@ from core.settings_spec import SETTINGS
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "configuration.md"
 NOT_PROJECT = {"tests", "bench", ".venv", ".venv-peers", ".venv-phoenix", "node_modules", "migrations"}
-NOT_PROJECT |= {"mutants"}  # mutmut's working copy (docs/contributing.md)
+NOT_PROJECT |= {"mutants", ".venv-mcp"}  # mutmut's working copy (docs/contributing.md)
 
 
 def _env(**values: str) -> environ.Env:
