@@ -30,6 +30,7 @@ from bench.provider import GUARD
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
 from diagnosis.review_queue import queued_runs, reasons_of
 from surfaces.answers import render_answer
+from tests.agent.aiops.servers import AlertmanagerServer
 from tests.agent.aiops.support import drain
 from tests.fakes.openai_server import FakeLLMServer, finish_chunk, text_chunks, tool_call_chunks
 
@@ -43,6 +44,15 @@ SILENCE = {
     "duration_minutes": 10,
     "comment": "drill",
 }
+
+
+@pytest.fixture
+def own_alertmanager(aiops_settings, tmp_path):
+    """An Alertmanager of this test's own (the session's serves the others: stopping it would lose the
+    alerts Prometheus sent it), configured for the analysis; the test stops it before the approved call."""
+    with AlertmanagerServer(tmp_path / "alertmanager") as server:
+        aiops_settings.ALERTMANAGER_URL = server.url
+        yield server
 
 
 class FailingSilenceProvider(AiOpsBenchProvider):
@@ -92,7 +102,9 @@ class FailingSilenceProvider(AiOpsBenchProvider):
         return self._stream([*text_chunks(text, 3), finish_chunk("stop")], prompt=1800, completion=80)
 
 
-def analyse_with_a_failing_silence(settings, alertmanager, staff_user, django_user_model, *, claims: bool):
+def analyse_with_a_failing_silence(
+    settings, own_alertmanager, staff_user, django_user_model, *, claims: bool
+):
     call_command("load_knowledge", str(RUNBOOKS), stdout=io.StringIO())
     approver = django_user_model.objects.create_user("approver", is_staff=True)
     approver.groups.add(Group.objects.get(name=approvals.APPROVERS_GROUP))
@@ -112,12 +124,10 @@ def analyse_with_a_failing_silence(settings, alertmanager, staff_user, django_us
         approvals.decide(
             run=run, tool_call_id=waiting.tool_call_id, decision=approvals.APPROVED, user=approver
         )
-        # Between the approval and its execution the real Alertmanager goes down (same address).
-        alertmanager.stop()
-        try:
-            drain()
-        finally:
-            alertmanager.start()
+        # Between the approval and its execution the analysis's Alertmanager goes down (same address).
+        own_alertmanager.stop()
+        drain()
+        own_alertmanager.start()  # up again, to show that nothing was silenced
         assert not fake.errors
     run.refresh_from_db()
     waiting.refresh_from_db()
@@ -133,10 +143,10 @@ def release_details(run) -> dict:
 
 
 def test_an_approved_action_that_fails_is_listed_in_the_released_report(
-    settings, alertmanager, staff_user, django_user_model
+    settings, own_alertmanager, staff_user, django_user_model
 ):
     run, waiting, provider = analyse_with_a_failing_silence(
-        settings, alertmanager, staff_user, django_user_model, claims=False
+        settings, own_alertmanager, staff_user, django_user_model, claims=False
     )
     assert run.release_decision == ReleaseDecision.PUBLISHED
     body, section = failed_calls.split(run.content)
@@ -165,10 +175,10 @@ def test_an_approved_action_that_fails_is_listed_in_the_released_report(
 
 
 def test_a_report_claiming_a_failed_action_is_blocked_and_still_says_it_failed(
-    settings, alertmanager, staff_user, django_user_model
+    settings, own_alertmanager, staff_user, django_user_model
 ):
     run, waiting, _provider = analyse_with_a_failing_silence(
-        settings, alertmanager, staff_user, django_user_model, claims=True
+        settings, own_alertmanager, staff_user, django_user_model, claims=True
     )
     assert run.release_decision == ReleaseDecision.BLOCKED
     semantic = TraceEvent.objects.get(run_id=run.run_id, event_type=EventType.SEMANTIC_GUARD_DECISION)
@@ -181,12 +191,12 @@ def test_a_report_claiming_a_failed_action_is_blocked_and_still_says_it_failed(
 
 
 def test_the_verifier_reports_a_released_text_that_drops_the_section(
-    settings, alertmanager, staff_user, django_user_model
+    settings, own_alertmanager, staff_user, django_user_model
 ):
     """The section is recomputed from the chain's failed calls: a released content without it, or a
     release that lists other calls than the chain's failed ones, is reported."""
     run, _waiting, _provider = analyse_with_a_failing_silence(
-        settings, alertmanager, staff_user, django_user_model, claims=False
+        settings, own_alertmanager, staff_user, django_user_model, claims=False
     )
     body, _section = failed_calls.split(run.content)
     events = list(TraceEvent.objects.filter(run_id=run.run_id).order_by("sequence_no"))
