@@ -77,14 +77,33 @@ def test_without_alertmanager_an_analysis_is_not_offered_its_tools_and_its_confi
     assert 'id="dc-tools-left-out"' not in _run_page(admin_user, again)
 
 
+class SilentServer:
+    """A local port that accepts connections and never answers (a hung server); `attempts()` counts the
+    connections made to it so far (the kernel completes them in the backlog; nothing reads them)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.sock.setblocking(False)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.accepted = 0
+
+    def attempts(self) -> int:
+        while True:
+            try:
+                conn, _peer = self.sock.accept()
+            except BlockingIOError:
+                return self.accepted
+            conn.close()
+            self.accepted += 1
+
+
 @pytest.fixture
 def silent_server():
-    """A local port that accepts connections and never answers (a hung server)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    sock.close()
+    server = SilentServer()
+    yield server
+    server.sock.close()
 
 
 def _refused_url() -> str:
@@ -98,7 +117,7 @@ def _refused_url() -> str:
 def test_the_model_is_not_offered_a_tool_whose_server_refuses_or_hangs(
     llm, chat_session, settings, silent_server
 ):
-    settings.PROMETHEUS_URL = silent_server
+    settings.PROMETHEUS_URL = silent_server.url
     settings.ALERTMANAGER_URL = _refused_url()
     settings.AIOPS_PROBE_TIMEOUT_SECONDS = 0.5
     run = services.create_run(session=chat_session, query="Why is the API slow?", agent_flow=AgentFlow.AI_OPS)
@@ -126,7 +145,9 @@ def test_the_model_is_not_offered_a_tool_whose_server_refuses_or_hangs(
         started(second_run.run_id)["configuration"]["tools"]["leftOut"]
         == (details["configuration"]["tools"]["leftOut"])
     )
-    assert first < 0.5 + 3.0 and second < first
+    # The second start asked the hung server nothing: the first probe's answer was cached (no timing
+    # is asserted: the machine is shared; the times are printed).
+    assert silent_server.attempts() == 1
     print(f"run start to first model call: probing {first:.3f} s, cached {second:.3f} s")
 
 
