@@ -5,11 +5,14 @@ against a daphne process serving `config.asgi` with `MCP_SERVER_ENABLED`."""
 from __future__ import annotations
 
 import asyncio
+import http.server
 import io
 import json
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import httpx
 import httpx2
 from django.core.management import call_command
 from mcp.client import Client
@@ -91,3 +94,54 @@ def refusal_of(connect: Callable[[], Any]) -> MCPError:
             pending += list(getattr(found, "exceptions", ()))
         raise
     raise AssertionError("the client connected")
+
+
+class AuthorizingProxy:
+    """A plain HTTP proxy on 127.0.0.1 that adds `Authorization: Bearer <token>` to every request it
+    forwards to `upstream` (as a gateway in front of the endpoint would): for clients that send no
+    header of their own, like the MCP conformance suite. Bodies are buffered (the endpoint answers JSON)."""
+
+    def __init__(self, upstream: str, token: str) -> None:
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _forward(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                body = self.rfile.read(length) if length else None
+                # Everything but hop-by-hop headers, the Host and Origin included, as the client sent them.
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
+                headers["Authorization"] = f"Bearer {proxy.token}"
+                answer = httpx.request(
+                    self.command, proxy.upstream + self.path, content=body, headers=headers, timeout=30
+                )
+                self.send_response(answer.status_code)
+                for key, value in answer.headers.items():
+                    if key.lower() not in _HOP_BY_HOP | {"host"}:
+                        self.send_header(key, value)
+                self.send_header("content-length", str(len(answer.content)))
+                self.end_headers()
+                self.wfile.write(answer.content)
+
+            do_GET = do_POST = do_DELETE = _forward
+
+            def log_message(self, format, *args) -> None:
+                return
+
+        self.upstream, self.token = upstream, token
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self) -> AuthorizingProxy:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+_HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "authorization"}
