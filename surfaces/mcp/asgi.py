@@ -6,7 +6,7 @@ Before the transport: the Host (and an Origin, when sent) must be an allowed hos
 DNS-rebinding protection), then `Authorization: Bearer <API token>` is checked by the REST API's
 `authenticate_token` (constant-time digest comparison, lockout counters), then the user's rate
 (`MCP_SERVER_THROTTLE_RATE`). Refusals are JSON-RPC error bodies: 400, 401 with `WWW-Authenticate:
-Bearer`, 429 with `Retry-After`; each is counted (`surfaces.mcp.server.count`).
+Bearer`, 429 with `Retry-After`; each is counted (`surfaces.mcp.metrics`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from rest_framework.throttling import SimpleRateThrottle
 from access import lockout
 from agent.runtime.db import db
 from surfaces.api.authentication import MAX_TOKEN_CHARS, authenticate_token
-from surfaces.mcp.server import USER_KEY, build_server, count
+from surfaces.mcp.metrics import count
+from surfaces.mcp.server import USER_KEY, build_server
 
 PATH = "/mcp"
 SCHEMES = ("bearer", "token")  # `Token` as the REST API spells it; MCP clients send `Bearer`

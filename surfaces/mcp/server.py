@@ -4,22 +4,19 @@ as resources, for the user `surfaces.mcp.asgi` authenticated (`USER_KEY` in the 
 Each tool is one read of `surfaces.mcp.reads`, run on the runtime's database pool; a refusal is a tool
 result with `isError` and the REST API's message (the same text for absent and not yours), an unknown
 tool or runbook a protocol error. Every request is counted by method and outcome
-(`diagnosis_mcp_server_requests_total` on /metrics). Details: docs/mcp.md, *The record over MCP*.
+(`surfaces.mcp.metrics`). Details: docs/mcp.md, *The record over MCP*.
 """
 
 from __future__ import annotations
 
 import json
-import threading
-from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import mcp_types as types
 from mcp.server import Server, ServerRequestContext
 from mcp.shared.exceptions import MCPError
-from prometheus_client.core import CounterMetricFamily
 from rest_framework.utils.encoders import JSONEncoder as DRFEncoder
 
 from agent.runtime.db import db
@@ -27,43 +24,13 @@ from core.product import PRODUCT_NAME
 from diagnosis import review_queue
 from diagnosis.models import Intent, ReleaseDecision, RunStatus
 from surfaces.mcp import reads
+from surfaces.mcp.metrics import count
 
 USER_KEY = "diagnosis.mcp_user"
 RUNBOOK_SCHEME = "runbook://"
 RESOURCE_NOT_FOUND = -32002  # the MCP specification's code for an unknown resource
 MAX_SLUG_CHARS = 100
 ID = {"type": "string", "minLength": 1, "maxLength": 64}
-
-
-# --------------------------------------------------------------------------------------------------
-# Counting: every request by method (a tool's name for tools/call) and outcome, per process
-# --------------------------------------------------------------------------------------------------
-_counts: Counter[tuple[str, str]] = Counter()
-_counts_lock = threading.Lock()
-
-
-def count(method: str, outcome: str) -> None:
-    with _counts_lock:
-        _counts[(method, outcome)] += 1
-
-
-def counted() -> dict[tuple[str, str], int]:
-    with _counts_lock:
-        return dict(_counts)
-
-
-class RequestCounter:
-    """The counts as a Prometheus counter family (`telemetry.metrics.register_process_collector`)."""
-
-    def collect(self) -> Iterator[CounterMetricFamily]:
-        family = CounterMetricFamily(
-            "diagnosis_mcp_server_requests",
-            "Requests to the record's MCP endpoint by method (tools/call: the tool) and outcome.",
-            labels=["method", "outcome"],
-        )
-        for (method, outcome), n in sorted(counted().items()):
-            family.add_metric([method, outcome], n)
-        yield family
 
 
 # --------------------------------------------------------------------------------------------------
