@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from mcp.shared.exceptions import MCPError
 
 from core.api import NOT_FOUND_RUN
 from surfaces.mcp.reads import STAFF_ONLY
 from surfaces.mcp.server import TOOLS
+from tests.agent.runtime.support import ROUTER_THINKING
 from tests.surfaces.mcp.support import (
     QUIET,
     REASONING_TEXTS,
@@ -111,14 +113,26 @@ def test_an_owner_reads_their_runs_and_nothing_of_another_users(llm, user, other
             await client.call_tool("search_runs", {"sessionId": theirs.session_id}),
         ]
 
+    async def mistakes(client):
+        unknown = None
+        try:
+            await client.read_resource("runbook://no-such-runbook")
+        except MCPError as exc:
+            unknown = exc
+        return await client.call_tool("search_runs", {"createdAfter": "yesterday"}), unknown
+
     *refused, by_id, by_session = with_client(url, token, another_users)
     # Another user's run and a made-up one: one answer, the REST API's 404 text.
     assert [(r.is_error, text_of(r)) for r in refused] == [(True, NOT_FOUND_RUN)] * 5
     assert json_of(by_id)["runs"] == []
     assert by_session.is_error and text_of(by_session) == "No such session."
+    invalid, unknown = with_client(url, token, mistakes)
+    assert invalid.is_error and text_of(invalid).startswith("Invalid arguments: createdAfter:")
+    assert (unknown.code, unknown.message) == (-32002, "No such runbook.")
 
 
-def test_staff_read_what_the_rest_api_lets_them_read(llm, user, other_user, staff_user, api_client, server):
+def test_staff_read_what_the_rest_api_lets_them_read(llm, user, other_user, auditor, api_client, server):
+    """A staff reasoning auditor, whose token reads reasoning over REST, still gets none over MCP."""
     mine = executed_run(llm, user)
     theirs = executed_run(llm, other_user, "Nginx answers 502 Bad Gateway")
     api_client.credentials(HTTP_AUTHORIZATION=f"Token {token_of(other_user)}")
@@ -126,7 +140,7 @@ def test_staff_read_what_the_rest_api_lets_them_read(llm, user, other_user, staf
         f"/api/diagnosis/{theirs.session_id}/runs/{theirs.run_id}/feedback", {"rating": "down"}
     )
     assert vote.status_code == 201  # on the review queue: voted down
-    token = token_of(staff_user)
+    token = token_of(auditor, otp_verified=True)
 
     answers = with_client(
         f"{server.url}/mcp", token, lambda client: _everything(client, theirs.run_id, theirs.session_id)
@@ -145,6 +159,10 @@ def test_staff_read_what_the_rest_api_lets_them_read(llm, user, other_user, staf
     assert queue["total"] == 1 and {"reason": "downvoted", "label": "voted down by a user", "count": 1} in [
         {k: c[k] for k in ("reason", "label", "count")} for c in queue["counts"]
     ]
+    rest_reasoning = api_client.get(
+        f"/api/diagnosis/{theirs.session_id}/trace/reasoning", {"runId": theirs.run_id}
+    )
+    assert rest_reasoning.status_code == 200 and ROUTER_THINKING in rest_reasoning.content.decode()
     served = _served_text(answers)
     for reasoning in REASONING_TEXTS:
         assert reasoning not in served
