@@ -3,7 +3,8 @@
 HTTP goes to Django (static files too while DEBUG is on); the WebSocket `ws/chat/` passes
 `ChatOriginValidator` and `ChatAuthMiddleware` (`surfaces.chat.auth`). Outermost, `TrustedProxyHeaders`
 drops forwarded headers from untrusted peers and `WebSocketTlsRequired` closes a chat socket that did
-not arrive over TLS (`core.proxy`). `BackgroundDuties` starts the process's duties with the first
+not arrive over TLS (`core.proxy`). With `MCP_SERVER_ENABLED`, `/mcp` is the record's MCP endpoint
+(`surfaces.mcp.asgi`). `BackgroundDuties` starts the process's duties with the first
 connection or at lifespan start-up, unless `python -m config.serve` already did at process start.
 Details: docs/deployment.md, *Background duties*; docs/chat.md; docs/security.md, *Proxies and TLS*.
 """
@@ -27,6 +28,10 @@ from core.proxy import TrustedProxyHeaders, WebSocketTlsRequired  # noqa: E402
 from surfaces.chat.auth import ChatAuthMiddleware, ChatOriginValidatorFromSettings  # noqa: E402
 
 http_app = ASGIStaticFilesHandler(django_asgi_app) if settings.DEBUG else django_asgi_app
+if settings.MCP_SERVER_ENABLED:
+    from surfaces.mcp.asgi import McpMount
+
+    http_app = McpMount(http_app)
 
 application = TrustedProxyHeaders(
     BackgroundDuties(

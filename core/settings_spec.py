@@ -656,6 +656,20 @@ SETTINGS: tuple[Setting, ...] = _in_sections(
         setting="AXES_COOLOFF_TIME",
         convert=_minutes,
     ),
+    "The record over MCP",
+    Setting(
+        "MCP_SERVER_ENABLED",
+        "bool",
+        False,
+        "serve the record read-only over MCP (streamable HTTP) at `/mcp`, to API tokens "
+        "([mcp.md](mcp.md#the-record-over-mcp)); off: `/mcp` is 404",
+    ),
+    Setting(
+        "MCP_SERVER_THROTTLE_RATE",
+        "str",
+        "120/min",
+        "requests one user may send to `/mcp` per period (429 with `Retry-After`; empty = off)",
+    ),
     "Single sign-on (OpenID Connect)",
     Setting(
         "OIDC_ENABLED",

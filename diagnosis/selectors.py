@@ -124,8 +124,21 @@ def owned_session(*, user: AbstractBaseUser, session_id: str) -> ChatSession | N
 
 def run_list(*, session: ChatSession, filters: RunFilters | None = None) -> QuerySet[DiagnosisRun]:
     """The session's runs, newest first, filtered."""
+    return _filtered(DiagnosisRun.objects.filter(session_id=session.session_id), filters)
+
+
+def visible_runs(
+    *, user: AbstractBaseUser | AnonymousUser, filters: RunFilters | None = None
+) -> QuerySet[DiagnosisRun]:
+    """The production runs of every session the user may see (`visibility`), newest first, filtered as
+    `run_list` filters one session's (the record's MCP endpoint searches them, `surfaces.mcp`)."""
+    return _filtered(
+        production(DiagnosisRun.objects.filter(visibility(user=user, session_path="session"))), filters
+    )
+
+
+def _filtered(qs: QuerySet[DiagnosisRun], filters: RunFilters | None) -> QuerySet[DiagnosisRun]:
     filters = filters or RunFilters()
-    qs = DiagnosisRun.objects.filter(session_id=session.session_id)
     if filters.status:
         qs = qs.filter(status=filters.status)
     if filters.release_decision:

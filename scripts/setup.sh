@@ -114,6 +114,8 @@ fi
 # MCP servers nobody here wrote, which the MCP tests start on 127.0.0.1 (docs/mcp.md): prometheus-mcp-server
 # in a venv of its own (it pins its own fastmcp and mcp), and the reference servers of
 # tools/mcp/package.json (server-everything, server-filesystem, the conformance suite) from npm, locked.
+# The conformance suite stays at 0.1.13, the last release that runs on Debian's Node 20 (0.1.14 to 0.1.16
+# import fs.globSync, Node >= 22).
 PROMETHEUS_MCP_VERSION=1.6.2
 if [ "$want_dev" = "dev" ]; then
   mcp_stamp=".venv-mcp/.installed-prometheus-mcp-server"

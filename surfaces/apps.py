@@ -15,6 +15,10 @@ class SurfacesConfig(AppConfig):
         from django.contrib import admin
 
         from surfaces.api import auth_schema  # noqa: F401  (the token authentication's OpenAPI extension)
+        from surfaces.mcp.metrics import RequestCounter
+        from telemetry.metrics import register_process_collector
+
+        register_process_collector(RequestCounter())  # the record's MCP endpoint's requests
 
         # The product's name on the login page and every console page, not "Django administration".
         admin.site.site_header = PRODUCT_NAME

@@ -417,6 +417,20 @@ def register_process_gauge(name: str, documentation: str, read: Callable[[], flo
         _process_gauges[name] = (documentation, read)
 
 
+# Counters of this process kept by a higher layer (the record's MCP endpoint: `surfaces.mcp.server`),
+# collected at each scrape like the gauges.
+_process_collectors: list[Collector] = []
+
+
+def register_process_collector(collector: Collector) -> None:
+    """Serve `collector` (this process's own counts) on /metrics; call at app start, before the first
+    scrape."""
+    with _registry_lock:
+        if _registry is not None:
+            raise RuntimeError("process collector registered after the registry was built")
+        _process_collectors.append(collector)
+
+
 def registry() -> CollectorRegistry:
     """This process's registry: the record collector, the process gauges and the process collector."""
     global _registry
@@ -427,6 +441,8 @@ def registry() -> CollectorRegistry:
             built.register(ReplicaCollector())
             for name, (documentation, read) in sorted(_process_gauges.items()):
                 Gauge(name, documentation, registry=built).set_function(read)
+            for collector in _process_collectors:
+                built.register(collector)
             ProcessCollector(registry=built)
             _registry = built
         return _registry
