@@ -186,3 +186,37 @@ def mcp_tools(flow: str) -> tuple[list[ToolSpec], dict[str, str]]:
             else:
                 specs.append(spec)
     return specs, left_out
+
+
+def overview() -> list[dict[str, Any]]:
+    """Each configured server as this process sees it, for the admin page: where, status, last error,
+    its last stderr lines (redacted) and each listed tool with whether it is offered and needs approval."""
+    hub = current_hub()
+    if hub is None:
+        return []
+    hub.poke()
+    out = []
+    for state in hub.states.values():
+        config = state.config
+        tools = [
+            {
+                "name": tool_name(config.name, t.name),
+                "offered": config.offers(t.name),
+                "approval": config.needs_approval(t.name, t.read_only_hint),
+                "readOnlyHint": t.read_only_hint,
+            }
+            for t in sorted(state.tools, key=lambda t: t.name)
+        ]
+        out.append(
+            {
+                "name": config.name,
+                "where": config.where,
+                "transport": config.transport,
+                "trusted": config.trusted,
+                "status": state.status,
+                "lastError": state.last_error,
+                "stderr": list(state.stderr),
+                "tools": tools,
+            }
+        )
+    return out
