@@ -5,6 +5,7 @@ is neither `verified` nor `draft`. A typo must not silently pick a release polic
 `diagnosis.E002` (an error): an entry of `TRUSTED_PROXIES` is not an address or CIDR network
 (`core.proxy`); a typo must not silently trust nobody, or somebody else.
 `diagnosis.E005` (an error): `LLM_HTTP_CLIENT` is neither `aiohttp` nor `httpx`.
+`diagnosis.E006` (an error): an entry of `MCP_SERVERS` cannot work (`agent.mcp.config`).
 """
 
 from django.conf import settings
@@ -97,3 +98,15 @@ def check_llm_http_client(app_configs=None, **kwargs) -> list[Error]:
             id="diagnosis.E005",
         )
     ]
+
+
+@register()
+def check_mcp_servers(app_configs=None, **kwargs) -> list[Error]:
+    """`diagnosis.E006`: an entry of `MCP_SERVERS` cannot work (docs/mcp.md)."""
+    from agent.mcp.config import McpConfigError, servers
+
+    try:
+        servers()
+    except McpConfigError as exc:
+        return [Error(str(exc), hint="See docs/mcp.md, *Connecting a server*.", id="diagnosis.E006")]
+    return []

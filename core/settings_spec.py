@@ -354,6 +354,24 @@ SETTINGS: tuple[Setting, ...] = _in_sections(
         "how long a probe's answer (ready or why not) is reused by the runs a process starts; 0 = probe "
         "for every run",
     ),
+    "MCP servers (toolsets)",
+    Setting(
+        "MCP_SERVERS",
+        "json",
+        [],
+        "JSON list of MCP servers whose tools runs are offered ([mcp.md](mcp.md)): each `name` (a slug), "
+        "`command` + `args` + `env` (stdio; `env` names the service's variables passed on) or `url` + "
+        "`headers` (streamable HTTP; each header's value names the variable holding it), `flows`, "
+        "`allow`/`deny` tool-name globs, `trusted`, `readOnly`/`approve` globs, `timeoutSeconds`, "
+        "`outputChars`; empty = none; a malformed entry stops the server (check `diagnosis.E006`)",
+    ),
+    Setting(
+        "MCP_CONNECT_TIMEOUT_SECONDS",
+        "float",
+        10.0,
+        "seconds to start (or reach) an MCP server and list its tools; a server not ready by then is left "
+        "out of the runs that start meanwhile, and retried with back-off (1 s doubling up to 60 s)",
+    ),
     "Agent runtime",
     Setting(
         "AGENT_MAX_STEPS",

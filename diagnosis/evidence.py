@@ -1,6 +1,6 @@
 """Evidence ids: the one declaration of what an answer may cite, read by every layer that mints, finds or
-follows an id (`kb:` by the knowledge tools and the runbook model, `prom:` by the Prometheus tool, both by
-the evidence guard, the judge, the answer renderer and the demo model).
+follows an id (`kb:` by the knowledge tools, `prom:` by the Prometheus tool, `mcp:` by MCP servers' tools;
+all read by the evidence guard, the judge, the answer renderer and the demo model).
 
 A kind is one `EvidenceKind` in `KINDS`; everything else derives from it: `parse` / `parse_citation`
 (well-formed ids, the same answer for every reader), `kind.format`, and the guard's deliberately loose
@@ -139,14 +139,39 @@ METRIC_RESULT = EvidenceKind(
     loose=rf"{_ID_CHAR}+",
 )
 
-KINDS: tuple[EvidenceKind, ...] = (RUNBOOK_CHUNK, METRIC_RESULT)
+MCP_RESULT = EvidenceKind(
+    prefix="mcp",
+    label="tool",
+    noun="MCP tool result",
+    parts=(Part("server", SLUG_PATTERN), Part("digest", HEX_PATTERN)),
+    layout="{server}/{digest}",
+    placeholder="<server>/<hex>",
+    loose=rf"{_ID_CHAR}+",
+)
 
-# Every kind's prefix, as one regex alternation: `(?:kb|prom)`.
+KINDS: tuple[EvidenceKind, ...] = (RUNBOOK_CHUNK, METRIC_RESULT, MCP_RESULT)
+# The kinds the service's own tools mint: a run offered no MCP tool records the citation pattern of
+# these only (`citation_pattern`), so its configuration fingerprint is what it was before `mcp:`.
+NATIVE_KINDS: tuple[EvidenceKind, ...] = (RUNBOOK_CHUNK, METRIC_RESULT)
+
+# Every kind's prefix, as one regex alternation: `(?:kb|prom|mcp)`.
 PREFIXES = "(?:" + "|".join(re.escape(k.prefix) for k in KINDS) + ")"
-# The evidence guard's loose id and citation bracket (the configuration fingerprint hashes this pattern).
-LOOSE_ID = "(?:" + "|".join(f"{re.escape(k.prefix)}:{k.loose}" for k in KINDS) + ")"
+
+
+def loose_id(kinds: tuple[EvidenceKind, ...] = KINDS) -> str:
+    return "(?:" + "|".join(f"{re.escape(k.prefix)}:{k.loose}" for k in kinds) + ")"
+
+
+def citation_pattern(kinds: tuple[EvidenceKind, ...] = KINDS) -> str:
+    """The evidence guard's loose citation bracket over `kinds` (the configuration fingerprint hashes it)."""
+    one = loose_id(kinds)
+    return rf"\[\s*({one}(?:\s*[,;]\s*{one})*)\s*\]"
+
+
+# The evidence guard's loose id and citation bracket.
+LOOSE_ID = loose_id()
 LOOSE_ID_RE = re.compile(LOOSE_ID)
-CITATION_RE = re.compile(rf"\[\s*({LOOSE_ID}(?:\s*[,;]\s*{LOOSE_ID})*)\s*\]")
+CITATION_RE = re.compile(citation_pattern())
 # Well-formed ids only.
 ID_PATTERN = "|".join(f"(?:{k.pattern})" for k in KINDS)
 ID_RE = re.compile(rf"(?:{ID_PATTERN})(?![\w#-])")

@@ -28,6 +28,7 @@ from agent.runtime.tools.registry import FLOW_AI_OPS, ToolRegistry
 from audit.models import EventType, TraceEvent
 from audit.payloads import canonical_json
 from diagnosis import services
+from diagnosis.evidence import KINDS, NATIVE_KINDS, citation_pattern
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +87,18 @@ def tool_digests(registry: ToolRegistry) -> dict[str, str]:
     return {spec["function"]["name"]: sha256_text(canonical_json(spec)) for spec in registry.openai_tools()}
 
 
+def mcp_part(registry: ToolRegistry) -> dict[str, Any]:
+    """`tools.mcp` of a run offered MCP tools (else empty, so other runs' documents are unchanged): the
+    servers whose tools (`<server>__<tool>`) it was offered, and which of those wait for a person's
+    approval (docs/mcp.md). Flat lists: the chained details keep them whole."""
+    specs = [registry.get(name) for name in registry.names()]
+    mcp = [s for s in specs if s is not None and s.origin.startswith("mcp:")]
+    if not mcp:
+        return {}
+    servers = sorted({s.origin[4:] for s in mcp})
+    return {"mcp": {"servers": servers, "approval": [s.name for s in mcp if s.requires_approval]}}
+
+
 def effective_configuration(
     *,
     client: ModelClient,
@@ -108,6 +121,7 @@ def effective_configuration(
     )
     texts = _AIOPS_PROMPTS if aiops else _CHAT_PROMPTS
     digests = tool_digests(registry)
+    mcp = mcp_part(registry)
     parameters: dict[str, Any] = {
         "agentMaxSteps": int(settings.AGENT_MAX_STEPS),
         "llmMaxRetries": int(getattr(client, "max_retries", settings.LLM_MAX_RETRIES)),
@@ -130,6 +144,7 @@ def effective_configuration(
             "schemasDigest": sha256_text(canonical_json(digests)),
             "digests": digests,
             **({"leftOut": {name: str(left_out[name]) for name in sorted(left_out)}} if left_out else {}),
+            **mcp,
         },
         "knowledge": {
             "digest": knowledge.digest,
@@ -139,7 +154,9 @@ def effective_configuration(
         },
         "guards": {
             "evidenceIntents": sorted(prompts.EVIDENCE_INTENTS),
-            "citationPattern": sha256_text(guards.CITATION_RE.pattern),
+            # The citable kinds' pattern: `mcp:` only in a run offered MCP tools (the guard itself reads
+            # every kind; a run without them has nothing `mcp:` to prove, so a citation of one fails).
+            "citationPattern": sha256_text(citation_pattern(KINDS if mcp else NATIVE_KINDS)),
             "semanticModel": roles.guard,
             "semanticTextChars": guards.GUARD_TEXT_CHARS,
         },

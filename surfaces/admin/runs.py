@@ -51,6 +51,7 @@ from surfaces.admin.filters import (
 )
 from surfaces.admin.keys import keys_view
 from surfaces.admin.ledger import run_cost_label
+from surfaces.admin.mcp import mcp_view
 from surfaces.admin.run_page import build_run_page
 from surfaces.api.audit_serializers import serialize_trace
 from surfaces.api.trace_export import jsonl_lines
@@ -246,6 +247,7 @@ class DiagnosisRunAdmin(EvaluationColumn, ScalableListAdmin, admin.ModelAdmin):
                 name="{}_{}_dashboard".format(*info),
             ),
             path("keys/", wrap(self.keys_view), name="{}_{}_keys".format(*info)),
+            path("mcp/", wrap(self.mcp_view), name="{}_{}_mcp".format(*info)),
             path("datasets/add/", wrap(self.add_to_dataset_view), name="{}_{}_add_to_dataset".format(*info)),
             path(
                 "configurations/<str:fingerprint>/",
@@ -339,6 +341,12 @@ class DiagnosisRunAdmin(EvaluationColumn, ScalableListAdmin, admin.ModelAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         return keys_view(self, request)
+
+    def mcp_view(self, request):
+        """The MCP servers and their tools (`surfaces.admin.mcp`): staff who may view runs."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return mcp_view(self, request)
 
     def analyse_view(self, request):
         """ "Analyse an alert" (`surfaces.admin.analyse`): staff who may view runs start an AI Ops run."""

@@ -80,7 +80,7 @@ def test_well_formed_ids_parse_to_their_kind_and_values(text, kind, values):
         "prom:0123456789ABCDEF",  # lowercase hex only
         "prom:0123456789abcdeg",
         "prom:bogus",
-        "mcp:server/0123456789abcdef",  # not a declared kind (yet)
+        "mcp:Server/0123456789abcdef",  # the server part is a lowercase slug
         "disk-full#1",
     ],
 )
@@ -156,10 +156,20 @@ def test_the_guard_reads_citations_loosely_so_a_malformed_id_is_cited_not_overlo
 
 
 def test_the_guards_citation_pattern_is_unchanged_so_configuration_fingerprints_hold():
-    """`agent.runtime.configuration` hashes the pattern into every run's configuration: declaring it
-    here must not move the fingerprint of a configuration recorded before."""
+    """`agent.runtime.configuration` hashes the pattern of the native kinds into the configuration of
+    every run offered no MCP tool: declaring `mcp:` must not move the fingerprint of such a run."""
     old = r"(?:kb:[^\[\]\s,;#]+#\d+|prom:[^\[\]\s,;]+)"
-    assert evidence.CITATION_RE.pattern == rf"\[\s*({old}(?:\s*[,;]\s*{old})*)\s*\]"
+    assert evidence.citation_pattern(evidence.NATIVE_KINDS) == rf"\[\s*({old}(?:\s*[,;]\s*{old})*)\s*\]"
+    every = r"(?:kb:[^\[\]\s,;#]+#\d+|prom:[^\[\]\s,;]+|mcp:[^\[\]\s,;]+)"
+    assert evidence.CITATION_RE.pattern == rf"\[\s*({every}(?:\s*[,;]\s*{every})*)\s*\]"
+
+
+def test_an_mcp_result_id_names_its_server_and_digest():
+    text = f"mcp:prom/{HEX}"
+    assert evidence.parse(text).kind is evidence.MCP_RESULT and evidence.parse(text)["server"] == "prom"
+    assert evidence.MCP_RESULT.format(server="prom", digest=HEX) == text
+    assert evidence.parse(f"mcp:Prom/{HEX}") is None and evidence.parse("mcp:prom/xyz") is None
+    assert cited_ids(f"A [{text}] B [mcp:bogus]") == [text, "mcp:bogus"]  # malformed: cited, refused
 
 
 def test_id_re_finds_well_formed_ids_in_any_text_but_never_the_head_of_a_longer_one():
@@ -170,8 +180,8 @@ def test_id_re_finds_well_formed_ids_in_any_text_but_never_the_head_of_a_longer_
 
 def test_the_forms_people_and_models_are_shown():
     assert RUNBOOK_CHUNK.form == "kb:<slug>#<n>" and METRIC_RESULT.form == "prom:<hex>"
-    assert evidence.PREFIXES == "(?:kb|prom)"
-    assert evidence.kind_of("kb:Bad#0") is RUNBOOK_CHUNK and evidence.kind_of("mcp:x") is None
+    assert evidence.PREFIXES == "(?:kb|prom|mcp)" and evidence.MCP_RESULT.form == "mcp:<server>/<hex>"
+    assert evidence.kind_of("kb:Bad#0") is RUNBOOK_CHUNK and evidence.kind_of("mcp:x") is evidence.MCP_RESULT
 
 
 def test_a_new_kind_is_one_declaration():

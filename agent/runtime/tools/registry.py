@@ -79,6 +79,9 @@ class ToolSpec:
     # validated arguments, `{"executedBy": who acts, "where": the backend's host, "lastsMinutes": how
     # long its effect lasts once made, or None}` (docs/aiops.md, *Approvals*).
     action: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    # Where the tool comes from: "" for this package's tools, `mcp:<server>` for an MCP server's
+    # (`agent.mcp.toolset`; the run's configuration lists those by server).
+    origin: str = ""
 
     @property
     def changes_world(self) -> bool:
@@ -112,8 +115,11 @@ class ToolSpec:
 class ToolRegistry:
     """A set of tools by name. `tool(...)` is the decorator form of `register`."""
 
-    def __init__(self, specs: Sequence[ToolSpec] = ()) -> None:
+    def __init__(self, specs: Sequence[ToolSpec] = (), *, absent: Mapping[str, str] | None = None) -> None:
         self._specs: dict[str, ToolSpec] = {}
+        # Tools of the flow known not to be here, with why (an MCP server not connected): `offered`
+        # reports them as left out.
+        self.absent: dict[str, str] = dict(absent or {})
         for spec in specs:
             self.register(spec)
 
@@ -192,10 +198,10 @@ class ToolRegistry:
         the executor runs it on the tool pool."""
         checked = [spec for spec in self._specs.values() if spec.available is not None]
         if not checked:
-            return self, {}
+            return self, dict(self.absent)
         with ThreadPoolExecutor(max_workers=len(checked), thread_name_prefix="tool-available") as pool:
             futures = {spec.name: pool.submit(spec.available) for spec in checked}  # type: ignore[arg-type]
-        left_out: dict[str, str] = {}
+        left_out: dict[str, str] = dict(self.absent)
         for name, future in futures.items():
             try:
                 reason = future.result()
@@ -205,6 +211,8 @@ class ToolRegistry:
                 left_out[name] = str(reason)[:300]
         if not left_out:
             return self, {}  # this very registry (a caller's own kind of registry stays itself)
+        if left_out.keys() <= self.absent.keys():
+            return self, left_out
         return ToolRegistry([s for s in self._specs.values() if s.name not in left_out]), left_out
 
     def __contains__(self, name: object) -> bool:
@@ -247,7 +255,8 @@ def register_tool(
 
 def default_registry(*, flow: str = FLOW_CHAT) -> ToolRegistry:
     """The tools of agent flow `flow` (a new registry each call), every tool module of this package
-    imported first."""
+    imported first, and the tools of the configured MCP servers serving the flow (`agent.mcp.toolset`;
+    what they leave out is the registry's `absent`)."""
     global _discovered
     if not _discovered:
         with _discover_lock:
@@ -257,7 +266,13 @@ def default_registry(*, flow: str = FLOW_CHAT) -> ToolRegistry:
                     if module.name not in SKIP_MODULES and not module.name.startswith("_"):
                         importlib.import_module(f"agent.runtime.tools.{module.name}")
                 _discovered = True
-    return _default.for_flow(flow)
+    from agent.mcp.toolset import mcp_tools  # the MCP toolsets build on this module
+
+    native = _default.for_flow(flow)
+    specs, absent = mcp_tools(flow)
+    if not specs and not absent:
+        return native
+    return ToolRegistry([*(native.get(n) for n in native.names()), *specs], absent=absent)  # type: ignore[misc]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -298,7 +313,7 @@ def _validate_value(value: Any, schema: Mapping[str, Any], where: str) -> Any:
     kind = schema.get("type")
     if kind == "integer" and isinstance(value, float) and value.is_integer():
         value = int(value)
-    if kind is not None and not _TYPES.get(kind, lambda v: True)(value):
+    if isinstance(kind, str) and not _TYPES.get(kind, lambda v: True)(value):
         raise ToolArgumentsError(f"{where} must be of type {kind}")
     if "enum" in schema and value not in schema["enum"]:
         raise ToolArgumentsError(f"{where} must be one of {schema['enum']}")

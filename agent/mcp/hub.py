@@ -1,0 +1,312 @@
+"""The process's MCP connections: one event-loop thread holds every configured server's session.
+
+`current_hub()` gives the hub for the configured servers (rebuilt when `MCP_SERVERS` changes). Each server
+is connected in the background at the hub's start, bounded by `MCP_CONNECT_TIMEOUT_SECONDS`; its tools are
+listed then and again on `notifications/tools/list_changed` (bounded pages). A server that fails to start,
+or whose connection breaks, is retried with back-off (1 s doubling to 60 s). `call` raises only the
+bounded `McpCallError`s below. A stdio server's stderr is read line by line, redacted, kept (last lines,
+for the admin page) and logged at DEBUG: never unredacted. Details: docs/mcp.md, *What is recorded*.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import contextlib
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import mcp_types as types
+from django.conf import settings
+from mcp.client import Client
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError
+from pydantic import ValidationError
+
+from agent.mcp.config import ServerConfig, servers
+from agent.redaction import Redactor
+from audit.payloads import clip
+
+logger = logging.getLogger(__name__)
+
+BACKOFF_START_SECONDS = 1.0
+BACKOFF_MAX_SECONDS = 60.0
+STDERR_LINES = 20
+LIST_PAGES = 10
+MESSAGE_CHARS = 200
+
+
+class McpCallError(Exception):
+    """A call that did not yield a result; its message is bounded and names no argument or content."""
+
+
+class McpUnavailable(McpCallError):
+    pass
+
+
+class McpTimeout(McpCallError):
+    pass
+
+
+class McpConnectionLost(McpCallError):
+    pass
+
+
+class McpProtocolError(McpCallError):
+    pass
+
+
+class McpServerError(McpCallError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveredTool:
+    """A tool as the server listed it (its schema as sent)."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    read_only_hint: bool | None
+
+
+@dataclass(eq=False)
+class ServerState:
+    config: ServerConfig
+    status: str = "starting"  # starting → ready | down; down → starting after the back-off
+    tools: tuple[DiscoveredTool, ...] = ()
+    last_error: str = ""
+    failures: int = 0
+    retry_at: float = 0.0
+    connected_at: float = 0.0
+    lists: int = 0  # how many times the tools were listed (a change notification lists them again)
+    stderr: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=STDERR_LINES))
+    client: Client | None = None
+    closed: asyncio.Event | None = None
+    task: asyncio.Task[None] | None = None
+    settled: threading.Event = field(default_factory=threading.Event)  # first attempt ended
+
+    def reason(self) -> str | None:
+        """Why its tools cannot run now, or None."""
+        if self.status == "ready" and self.client is not None:
+            return None
+        if self.status == "starting":
+            return f"Connecting: MCP server {self.config.name} is not connected yet"
+        return clip(f"Unreachable: MCP server {self.config.name}: {self.last_error or 'down'}", 300)
+
+
+def _bounded(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return clip(f"{type(exc).__name__}: {text}" if text else type(exc).__name__, MESSAGE_CHARS)
+
+
+def _read_stderr(state: ServerState, fd: int) -> None:
+    """Each line the server writes to stderr, redacted, into `state.stderr` and the DEBUG log."""
+    redactor = Redactor()
+    with open(fd, encoding="utf-8", errors="replace") as stream:
+        for line in stream:
+            text = clip(redactor.redact(line.rstrip("\n"), count=False), 300)
+            redactor.take()
+            state.stderr.append(text)
+            logger.debug("mcp server=%s stderr: %s", state.config.name, text)
+
+
+class Hub:
+    """The connections of one configuration (see the module docstring)."""
+
+    def __init__(self, configs: tuple[ServerConfig, ...]) -> None:
+        self.configs = configs
+        self.states = {c.name: ServerState(c) for c in configs}
+        self.closing = False
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="mcp-hub", daemon=True)
+        self._thread.start()
+        for state in self.states.values():
+            self._submit(self._start(state))
+
+    def _submit(self, coro: Any) -> concurrent.futures.Future[Any]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def poke(self) -> None:
+        """Start again, now, every server that is down and whose back-off has passed (non-blocking)."""
+        now = time.monotonic()
+        for state in self.states.values() if not self.closing else ():
+            if state.status == "down" and state.retry_at <= now:
+                state.status = "starting"
+                self._submit(self._start(state))
+
+    def wait_settled(self, timeout: float) -> bool:
+        """Wait (blocking) until each server's first connection attempt ended; whether all did."""
+        deadline = time.monotonic() + timeout
+        return all(s.settled.wait(max(0.0, deadline - time.monotonic())) for s in self.states.values())
+
+    def reason(self, name: str) -> str | None:
+        self.poke()
+        return self.states[name].reason()
+
+    async def _start(self, state: ServerState) -> None:
+        state.status, state.closed = "starting", asyncio.Event()
+        state.task = asyncio.current_task()
+        try:
+            await self._serve(state)
+        except Exception as exc:
+            state.last_error = _bounded(exc)
+        except asyncio.CancelledError:
+            state.last_error = "stopped"
+        finally:
+            state.client = None
+            state.failures += 1
+            delay = min(BACKOFF_MAX_SECONDS, BACKOFF_START_SECONDS * 2 ** min(state.failures - 1, 10))
+            state.retry_at = time.monotonic() + delay
+            state.status = "down"
+            state.settled.set()
+            logger.info(
+                "mcp server=%s down error=%s retry_in=%.0fs", state.config.name, state.last_error, delay
+            )
+            if not self.closing:
+                self.loop.call_later(delay, self.poke)
+
+    def _transport(self, state: ServerState, stack: contextlib.ExitStack) -> Any:
+        config = state.config
+        if config.url:
+            http = create_mcp_http_client(headers=config.http_headers())
+            return streamable_http_client(config.url, http_client=http)
+        command = config.command
+        if os.sep in command and not os.path.isabs(command):
+            command = os.path.join(settings.BASE_DIR, command)
+        read_fd, write_fd = os.pipe()
+        errlog = stack.enter_context(open(write_fd, "w", encoding="utf-8"))  # noqa: SIM115
+        threading.Thread(target=_read_stderr, args=(state, read_fd), name="mcp-stderr", daemon=True).start()
+        params = StdioServerParameters(
+            command=command, args=list(config.args), env=config.child_env(), cwd=str(settings.BASE_DIR)
+        )
+        return stdio_client(params, errlog=errlog)
+
+    async def _serve(self, state: ServerState) -> None:
+        """Connect, list the tools, and hold the session until it is closed (a broken call, a stop)."""
+        assert state.closed is not None
+
+        async def on_message(message: Any) -> None:
+            if isinstance(message, types.ToolListChangedNotification) and state.client is not None:
+                asyncio.get_running_loop().create_task(self._relist(state, state.client))
+
+        with contextlib.ExitStack() as pipes:
+            transport = self._transport(state, pipes)
+            async with contextlib.AsyncExitStack() as stack:
+                async with asyncio.timeout(float(settings.MCP_CONNECT_TIMEOUT_SECONDS)):
+                    client = await stack.enter_async_context(
+                        Client(transport, message_handler=on_message, cache=None)
+                    )
+                    state.tools = await self._list(client)
+                state.lists += 1
+                state.client, state.status, state.last_error = client, "ready", ""
+                state.failures, state.connected_at = 0, time.time()
+                state.settled.set()
+                logger.info("mcp server=%s ready tools=%d", state.config.name, len(state.tools))
+                await state.closed.wait()
+                state.client = None
+            state.last_error = state.last_error or "the connection was closed"
+
+    @staticmethod
+    async def _list(client: Client) -> tuple[DiscoveredTool, ...]:
+        tools: list[DiscoveredTool] = []
+        cursor: str | None = None
+        for _ in range(LIST_PAGES):
+            page = await client.list_tools(cursor=cursor)
+            for tool in page.tools:
+                hint = tool.annotations.read_only_hint if tool.annotations is not None else None
+                schema = tool.input_schema if isinstance(tool.input_schema, dict) else {}
+                tools.append(DiscoveredTool(tool.name, tool.description or "", schema, hint))
+            cursor = page.next_cursor
+            if not cursor:
+                break
+        return tuple(tools)
+
+    async def _relist(self, state: ServerState, client: Client) -> None:
+        try:
+            async with asyncio.timeout(float(settings.MCP_CONNECT_TIMEOUT_SECONDS)):
+                state.tools = await self._list(client)
+            state.lists += 1
+        except Exception as exc:
+            state.last_error = f"listing the changed tools failed: {_bounded(exc)}"
+            self._broken(state, state.last_error)
+
+    def _broken(self, state: ServerState, why: str) -> None:
+        state.last_error, state.client = why, None
+        if state.closed is not None:
+            state.closed.set()
+
+    async def _call(self, name: str, tool: str, arguments: dict[str, Any]) -> types.CallToolResult:
+        state = self.states[name]
+        client, config = state.client, state.config
+        if client is None:
+            raise McpUnavailable(state.reason() or "the server is not connected")
+        try:
+            async with asyncio.timeout(config.timeout):
+                return await client.call_tool(tool, arguments)
+        except TimeoutError:
+            raise McpTimeout(f"MCP server {name} did not answer within {config.timeout:g} s") from None
+        except MCPError as exc:
+            if exc.code == types.CONNECTION_CLOSED:
+                self._broken(state, "the server closed the connection")
+                raise McpConnectionLost(f"MCP server {name} closed the connection during the call") from None
+            raise McpServerError(clip(f"MCP server {name} answered error {exc.code}: {exc}", 300)) from None
+        except ValidationError:
+            raise McpProtocolError(f"MCP server {name} answered a result that is not valid MCP") from None
+        except Exception as exc:  # a transport that broke: the server is restarted with back-off
+            self._broken(state, _bounded(exc))
+            raise McpConnectionLost(
+                f"MCP server {name}: the connection failed ({type(exc).__name__})"
+            ) from None
+
+    async def call(self, name: str, tool: str, arguments: dict[str, Any]) -> types.CallToolResult:
+        """Call `tool` on server `name` from any event loop (the session lives on the hub's loop)."""
+        return await asyncio.wrap_future(self._submit(self._call(name, tool, arguments)))
+
+    def close(self, timeout: float = 5.0) -> None:
+        self.closing = True
+
+        async def stop() -> None:
+            for state in self.states.values():
+                if state.task is not None and not state.task.done():
+                    state.task.cancel()
+            tasks = [s.task for s in self.states.values() if s.task is not None]
+            await asyncio.wait(tasks, timeout=timeout) if tasks else None
+
+        with contextlib.suppress(Exception):
+            self._submit(stop()).result(timeout + 1)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout)
+
+
+_hub: Hub | None = None
+_hub_lock = threading.Lock()
+
+
+def current_hub() -> Hub | None:
+    """The hub of the configured servers (None when none is configured); a changed configuration
+    closes the old hub's connections and starts a new one."""
+    global _hub
+    configs = servers()
+    with _hub_lock:
+        if _hub is not None and _hub.configs != configs:
+            _hub.close()
+            _hub = None
+        if _hub is None and configs:
+            _hub = Hub(configs)
+        return _hub
+
+
+def close_hub() -> None:
+    global _hub
+    with _hub_lock:
+        if _hub is not None:
+            _hub.close()
+        _hub = None
