@@ -46,6 +46,8 @@ TOOL_REPEATED = "TOOL_REPEATED"
 APPROVAL_REJECTED = "APPROVAL_REJECTED"
 APPROVAL_EXPIRED = "APPROVAL_EXPIRED"
 APPROVAL_UNRECORDED = "APPROVAL_UNRECORDED"
+# An approved call whose tool this process cannot offer when the run resumes (e.g. its MCP server is down).
+TOOL_UNAVAILABLE = "TOOL_UNAVAILABLE"
 ERROR_OBSERVED = "ERROR_OBSERVED"
 
 ERROR_MESSAGE_CHARS = 300
@@ -338,7 +340,12 @@ class ToolBoundary:
         ctx = self.ctx
         spec = ctx.registry.get(call.name)
         verdict = str(decision.get("decision") or "")
-        if verdict != APPROVED or spec is None:
+        if verdict == APPROVED and spec is None:
+            # Approved, but this process cannot run it (an MCP server that is down or no longer offers
+            # the tool): never made, and never recorded as somebody's rejection.
+            message = "the approved tool is not available now (its server is down or no longer offers it)"
+            return await self._fail(call, TOOL_UNAVAILABLE, f"{message}; the call was not made")
+        if verdict != APPROVED:
             code = APPROVAL_EXPIRED if verdict == EXPIRED else APPROVAL_REJECTED
             who = decision.get("decidedBy")
             message = (

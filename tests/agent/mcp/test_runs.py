@@ -13,12 +13,14 @@ from django.contrib.auth.models import Group
 from agent.aiops import intake
 from agent.runtime import approvals, prompts
 from agent.runtime.canonical import CanonicalStore
+from audit import failed_calls
 from audit.models import ToolInvocation, ToolStatus
 from audit.verify.runs import verify_run
 from bench.b7_aiops import AiOpsBenchProvider
 from diagnosis.evidence import ID_RE, MCP_RESULT, parse
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
 from tests.agent.aiops.support import drain
+from tests.agent.mcp.conftest import _HttpServer
 from tests.agent.runtime.support import AGENT, GUARD, ROUTE, ROUTER, VERDICT, ask
 from tests.fakes.openai_server import (
     FakeLLMServer,
@@ -137,5 +139,57 @@ def test_an_analysis_over_streamable_http_waits_for_approval_then_executes_once(
     assert write.status == ToolStatus.SUCCEEDED and write.tool_call_id == "call_1"
     result = CanonicalStore(run_id).get_result("call_1")
     assert "logging" in json.dumps(result).lower()
+    verification = verify_run(run_id)
+    assert verification.ok, (verification.invalid, verification.incomplete, verification.facts)
+
+
+@pytest.mark.usefixtures("chat_settings", "aiops_settings")
+def test_an_approved_call_whose_server_is_down_at_resume_is_not_made_and_not_called_rejected(
+    settings, staff_user, django_user_model, use_mcp, binaries
+):
+    """The server of an approved write goes down before the run resumes: the call is never made, its
+    record says the tool was unavailable or failed (never that a person rejected it), and the released
+    report lists it among the failed calls."""
+    server = _HttpServer(binaries["everything"])  # this test's own: the session's stays up
+    try:
+        use_mcp(
+            {
+                "name": "ev",
+                "url": server.url,
+                "trusted": True,
+                "flows": ["aiops"],
+                "allow": ["get-sum", "toggle-simulated-logging"],
+            }
+        )
+        approver = django_user_model.objects.create_user("approver", is_staff=True)
+        approver.groups.add(Group.objects.get(name=approvals.APPROVERS_GROUP))
+        provider = _McpAnalysis(call_seconds=0.0, chunk_interval=0.0)
+        provider.report_requests = []
+        with FakeLLMServer(handler=provider) as fake:
+            for key, value in provider.settings(fake.base_url).items():
+                setattr(settings, key, value)
+            run_id = intake.start_staff_analysis(user=staff_user, query="Alert SlowScrapes: slow").run_id
+            drain()
+            run = DiagnosisRun.objects.get(run_id=run_id)
+            assert run.status == RunStatus.INTERRUPTED, run.error_code
+            write = ToolInvocation.objects.get(run_id=run_id, tool_name="ev__toggle-simulated-logging")
+            approvals.decide(
+                run=run, tool_call_id=write.tool_call_id, decision=approvals.APPROVED, user=approver
+            )
+            server.stop()
+            drain()
+            assert not fake.errors
+    finally:
+        server.stop()
+    run.refresh_from_db()
+    write.refresh_from_db()
+    assert run.status == RunStatus.SUCCESS, run.error_code
+    assert write.status == ToolStatus.FAILED and write.error_code in ("TOOL_UNAVAILABLE", "TOOL_ERROR")
+    assert "rejected" not in write.error_message
+    _body, section = failed_calls.split(run.content)
+    assert (
+        f"`ev__toggle-simulated-logging` (call `{write.tool_call_id}`): the action was not carried out"
+        in section
+    )
     verification = verify_run(run_id)
     assert verification.ok, (verification.invalid, verification.incomplete, verification.facts)
