@@ -13,10 +13,12 @@ import signal
 import threading
 import time
 
+import mcp_types as types
 import pytest
 
 from agent.checks import check_mcp_servers
 from agent.mcp.config import McpConfigError, parse_server, servers
+from agent.mcp.toolset import to_result
 from agent.runtime.canonical import CanonicalStore
 from agent.runtime.configuration import effective_configuration, fingerprint_of
 from agent.runtime.providers import get_model_client
@@ -217,3 +219,25 @@ def test_secrets_in_results_and_stderr_are_redacted_and_bad_arguments_never_reac
     assert any("[REDACTED:" in line for line in lines) and not any(SECRET in line for line in lines)
     assert SECRET not in caplog.text
     assert verify_run(run.run_id).ok
+
+
+def test_the_evidence_id_digest_never_depends_on_a_secret_in_the_result():
+    """The id is public (cited in answers, stored): its digest is over the redacted result, so two results
+    that differ only in a secret share it, and a guess of the secret cannot be tested against it."""
+    config = parse_server({"name": "ev", "command": "x"})
+
+    def result(secret: str):
+        return to_result(
+            config,
+            "get-env",
+            types.CallToolResult(content=[types.TextContent(type="text", text=f"API_TOKEN={secret}")]),
+        )
+
+    first, second = result(SECRET), result(SECRET.replace("a", "b", 1))
+    assert first.evidence[0].id == second.evidence[0].id
+    plain = to_result(
+        config,
+        "get-env",
+        types.CallToolResult(content=[types.TextContent(type="text", text="nothing secret")]),
+    )
+    assert plain.evidence[0].id != first.evidence[0].id
