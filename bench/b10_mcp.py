@@ -68,9 +68,9 @@ def main(n: int = 300) -> None:
     from agent.mcp.hub import close_hub, current_hub
 
     relative = "tools/mcp/node_modules/.bin/mcp-server-everything"
-    command = next(
-        str(r / relative) for r in (Path(settings.BASE_DIR), Path("/work/main")) if (r / relative).exists()
-    )
+    command = str(Path(settings.BASE_DIR) / relative)
+    if not Path(command).exists():
+        raise SystemExit(f"B10 needs {relative} (scripts/setup.sh dev installs it)")
     settings.MCP_SERVERS = [
         {"name": "ev", "command": command, "args": ["stdio"], "trusted": True, "allow": ["get-sum"]}
     ]

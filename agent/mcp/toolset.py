@@ -20,7 +20,7 @@ import mcp_types as types
 
 from agent.mcp.config import ServerConfig
 from agent.mcp.hub import DiscoveredTool, Hub, McpCallError, current_hub
-from agent.redaction import Redactor
+from agent.redaction import hmac_key, keyed_digest
 from agent.runtime.tools.registry import EvidenceRecord, ToolArgumentsError, ToolResult, ToolSpec
 from audit.payloads import canonical_json, clip
 from diagnosis.evidence import MCP_RESULT
@@ -96,13 +96,10 @@ def to_result(config: ServerConfig, tool: str, result: types.CallToolResult) -> 
     size = len(stored.encode("utf-8"))
     if size > config.max_result_bytes:
         raise McpOversized(f"the result has {size} bytes, more than this server's {config.max_result_bytes}")
-    # The id's digest is taken over the result with its secrets replaced (a fresh redactor, the run's
-    # rules): a digest of the raw result would let a reader of the stored, redacted result test guesses
-    # of a short secret against it.
-    redacted = Redactor().redact(stored)
-    evidence_id = MCP_RESULT.format(
-        server=config.name, digest=hashlib.sha256(redacted.encode()).hexdigest()[:16]
-    )
+    # The id is public (cited, stored) and the result may hold a secret: its digest is keyed with the
+    # redaction HMAC key, so a reader of the stored, redacted result cannot test guesses against it.
+    digest = keyed_digest(hmac_key(), "mcp-evidence:" + stored)
+    evidence_id = MCP_RESULT.format(server=config.name, digest=digest[:16])
     shown = (
         text
         if len(text) <= config.output_chars
