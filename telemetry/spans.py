@@ -3,10 +3,10 @@
 `project_trace(trace)` turns the trace read model (never a live run's memory) into `ReadableSpan`s ready
 for an exporter, under the GenAI conventions' latest experimental names: a root `invoke_agent` (chat) or
 `invoke_workflow` (AI Ops), `chat {model}` per model call, `execute_tool {name}` per tool invocation and
-`apply_guardrail {guard}` per guard verdict. It never reads reasoning content (a model-call span carries a
-reference to the governed endpoint), carries tool content only as opt-in bounded previews, and reports
-only usage the provider reported. Ids and times are deterministic: a re-export is the same trace.
-Details: docs/observability.md, *Span shape*.
+`apply_guardrail {guard}` per guard verdict (an MCP tool's with the GenAI MCP attributes). It never reads
+reasoning content (a model-call span carries a reference to the governed endpoint), carries tool content
+only as opt-in bounded previews (an MCP call's never), and reports only usage the provider reported. Ids
+and times are deterministic: a re-export is the same trace. Details: docs/observability.md, *Span shape*.
 """
 
 from __future__ import annotations
@@ -241,9 +241,10 @@ def project_trace(trace: Trace, *, resource_: Resource | None = None) -> list[Re
             _semantic_guard(builder, event, usage_after.get(event.sequence_no), root, provider, ref)
     for step in trace.steps:
         _agent_step(builder, step, parents.get(step.agent_name, root), provider, ref, end)
+    mcp = _mcp_endpoints(trace.timeline)
     for tool in trace.tools:
         parent = parents.get(agent_of(tool), root)
-        _tool_call(builder, tool, parent, end)
+        _tool_call(builder, tool, parent, end, mcp)
 
     # The root encloses its children (a call's start is its event's time less its recorded duration).
     children = builder.spans
@@ -445,8 +446,48 @@ def _agent_step(builder, step: AgentStep, parent, provider, ref, run_end) -> Non
 _TOOL_ERRORS = {ToolStatus.FAILED, ToolStatus.ABANDONED, ToolStatus.INTERRUPTED}
 
 
-def _tool_call(builder, tool: ToolInvocation, parent, run_end) -> None:
+MCP_SEPARATOR = "__"  # an MCP server's tool is offered as `<server>__<tool>` (agent.mcp.toolset)
+
+
+def _mcp_endpoints(timeline: list[TraceEvent]) -> dict[str, dict]:
+    """`{server: how it is reached}` of the MCP servers the run was offered tools of, from the
+    configuration chained in its RUN_STARTED (`tools.mcp`); empty for a run offered none."""
+    for event in timeline:
+        if event.event_type == EventType.RUN_STARTED:
+            configuration = (event.details or {}).get("configuration") or {}
+            mcp = (configuration.get("tools") or {}).get("mcp") or {}
+            facts = {key: mcp.get(key) or {} for key in ("transports", "addresses", "ports")}
+            return {
+                str(name): {"transport": facts["transports"].get(name)}
+                | ({"address": facts["addresses"][name]} if name in facts["addresses"] else {})
+                | ({"port": facts["ports"][name]} if name in facts["ports"] else {})
+                for name in mcp.get("servers") or ()
+            }
+    return {}
+
+
+def _mcp_attributes(tool_name: str, mcp: dict[str, dict]) -> dict[str, Any] | None:
+    """The GenAI MCP conventions' client attributes of a call of an MCP server's tool (None for a native
+    tool): the method, the transport and, over HTTP, the server's host and port. Never a session id (a
+    live streamable HTTP session's handle) nor any argument or result."""
+    server, sep, _tool = tool_name.partition(MCP_SEPARATOR)
+    if not sep or server not in mcp:
+        return None
+    endpoint = mcp[server]
+    http = endpoint.get("transport") == "streamable-http"
+    return {
+        "mcp.method.name": "tools/call",
+        "network.transport": "tcp" if http else "pipe",
+        "network.protocol.name": "http" if http else None,
+        "server.address": endpoint.get("address") if http else None,
+        "server.port": endpoint.get("port") if http else None,
+        "diagnosis.mcp.server": server,
+    }
+
+
+def _tool_call(builder, tool: ToolInvocation, parent, run_end, mcp: dict[str, dict]) -> None:
     failed = tool.status in _TOOL_ERRORS
+    mcp_attributes = _mcp_attributes(tool.tool_name, mcp)
     attributes: dict[str, Any] = {
         "gen_ai.operation.name": "execute_tool",
         "gen_ai.tool.name": tool.tool_name,
@@ -458,8 +499,9 @@ def _tool_call(builder, tool: ToolInvocation, parent, run_end) -> None:
         "diagnosis.tool.output_length": tool.output_length,
         "diagnosis.tool.output_sha256": tool.output_sha256,
         "error.type": (tool.error_code or tool.status) if failed else None,
+        **(mcp_attributes or {}),
     }
-    if capture_content():
+    if capture_content() and mcp_attributes is None:  # an MCP call's content: never (docs/mcp.md)
         arguments = canonical_json(tool.input_params or {})
         attributes["gen_ai.tool.call.arguments"] = clip(arguments, PREVIEW_CHARS)
         attributes["gen_ai.tool.call.result"] = clip(tool.output_preview, PREVIEW_CHARS)

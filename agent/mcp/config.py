@@ -66,6 +66,15 @@ class ServerConfig:
             return f"MCP server {self.name} at {urlsplit(self.url).netloc.rpartition('@')[2]}"
         return f"MCP server {self.name} (stdio: {os.path.basename(self.command)})"
 
+    def endpoint(self) -> dict[str, Any]:
+        """How it is reached, for the run's configuration and its spans (never a secret): the transport,
+        and for HTTP the URL's host and port (never its user part, path or query)."""
+        if not self.url:
+            return {"transport": "stdio"}
+        parts = urlsplit(self.url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        return {"transport": "streamable-http", "address": parts.hostname or "", "port": port}
+
     def offers(self, tool: str) -> bool:
         """Whether the tool named `tool` by the server passes `allow` and not `deny`."""
         return _matches(tool, self.allow) and not _matches(tool, self.deny)

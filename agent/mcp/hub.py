@@ -2,10 +2,11 @@
 
 `current_hub()` gives the hub for the configured servers (rebuilt when `MCP_SERVERS` changes). Each server
 is connected in the background at the hub's start, bounded by `MCP_CONNECT_TIMEOUT_SECONDS`; its tools are
-listed then and again on `notifications/tools/list_changed` (bounded pages). A server that fails to start,
-or whose connection breaks, is retried with back-off (1 s doubling to 60 s). `call` raises only the
-bounded `McpCallError`s below. A stdio server's stderr is read line by line, redacted, kept (last lines,
-for the admin page) and logged at DEBUG: never unredacted. Details: docs/mcp.md, *What is recorded*.
+listed then and again on `notifications/tools/list_changed` (bounded pages; a 2026-07-28 connection sends
+it only on a `subscriptions/listen` stream, which the hub opens). A server that fails to start, or whose
+connection breaks, is retried with back-off (1 s doubling to 60 s). `call` raises only the bounded
+`McpCallError`s below. A stdio server's stderr is read line by line, redacted, kept (last lines, for the
+admin page) and logged at DEBUG: never unredacted. Details: docs/mcp.md, *What is recorded*.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from agent.mcp.config import ServerConfig, servers
@@ -210,8 +212,16 @@ class Hub:
                 state.failures, state.connected_at = 0, time.time()
                 state.settled.set()
                 logger.info("mcp server=%s ready tools=%d", state.config.name, len(state.tools))
-                await state.closed.wait()
-                state.client = None
+                modern = client.protocol_version in MODERN_PROTOCOL_VERSIONS
+                listener = asyncio.create_task(self._listen(state, client)) if modern else None
+                try:
+                    await state.closed.wait()
+                finally:
+                    state.client = None
+                    if listener is not None:
+                        listener.cancel()
+                        with contextlib.suppress(asyncio.CancelledError, Exception):
+                            await listener
             state.last_error = state.last_error or "the connection was closed"
 
     @staticmethod
@@ -228,6 +238,25 @@ class Hub:
             if not cursor:
                 break
         return tuple(tools)
+
+    async def _listen(self, state: ServerState, client: Client) -> None:
+        """On a 2026-07-28 connection a server announces changed tools only on a `subscriptions/listen`
+        stream (never on the connection itself): listen, and list the tools again at each change. A server
+        that refuses or does not honour it is not listened to; a stream that breaks once open ends the
+        session (restarted with back-off, which lists the tools again)."""
+        name, opened = state.config.name, False
+        try:
+            async with client.listen(tools_list_changed=True) as subscription:
+                opened = True
+                if not subscription.honored.tools_list_changed:
+                    logger.info("mcp server=%s does not announce changed tools", name)
+                    return
+                async for _event in subscription:
+                    await self._relist(state, client)
+        except Exception as exc:
+            logger.info("mcp server=%s change stream ended error=%s", name, _bounded(exc))
+            if opened and state.client is client:
+                self._broken(state, f"the change stream broke: {_bounded(exc)}")
 
     async def _relist(self, state: ServerState, client: Client) -> None:
         try:

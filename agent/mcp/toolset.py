@@ -11,6 +11,7 @@ citable id `mcp:<server>/<hex>`; the model sees at most the server's `outputChar
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import re
 from typing import Any
@@ -41,6 +42,10 @@ class McpOversized(McpCallError):
     pass
 
 
+class McpMalformed(McpCallError):
+    """Content valid in form that cannot be what it claims (binary data that is not base64)."""
+
+
 def tool_name(server: str, tool: str) -> str:
     return f"{server}{SEPARATOR}{_UNSAFE.sub('_', tool)}"
 
@@ -51,23 +56,30 @@ def origin_of(name: str) -> tuple[str, str] | None:
     return (server, rest) if sep else None
 
 
+def _decoded(data: str, what: str) -> bytes:
+    try:
+        return base64.b64decode("".join(data.split()), validate=True)  # line breaks allowed, nothing else
+    except (binascii.Error, ValueError):
+        raise McpMalformed(f"the result holds malformed content: {what} data that is not base64") from None
+
+
 def _block(block: Any) -> dict[str, Any]:
     """One content block as stored: text as is; binary data as its type, size and digest only."""
     if isinstance(block, types.TextContent):
         return {"type": "text", "text": block.text}
     if isinstance(block, (types.ImageContent, types.AudioContent)):
-        raw = base64.b64decode(block.data, validate=False)
+        raw = _decoded(block.data, f"{block.type} block")
         digest = hashlib.sha256(raw).hexdigest()
         return {"type": block.type, "mimeType": block.mime_type, "bytes": len(raw), "sha256": digest}
     if isinstance(block, types.EmbeddedResource):
         res = block.resource
         if isinstance(res, types.TextResourceContents):
             return {"type": "resource", "uri": str(res.uri), "text": res.text}
-        size = len(base64.b64decode(res.blob, validate=False))
+        size = len(_decoded(res.blob, "a resource blob"))
         return {"type": "resource", "uri": str(res.uri), "bytes": size}
     if isinstance(block, types.ResourceLink):
         return {"type": "resource_link", "uri": str(block.uri), "name": block.name}
-    raise McpCallError(f"unknown content block {type(block).__name__}")
+    raise McpMalformed(f"the result holds malformed content: a {type(block).__name__} block")
 
 
 def _text_of(blocks: list[dict[str, Any]], structured: Any) -> str:

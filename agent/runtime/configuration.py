@@ -20,6 +20,7 @@ from typing import Any
 from django.conf import settings
 
 from agent.knowledge.retrieval import EVIDENCE_TEXT_CHARS, KnowledgeSnapshot, knowledge_snapshot
+from agent.mcp.config import servers as mcp_servers
 from agent.runtime import guards, prompts
 from agent.runtime.llm import ModelClient
 from agent.runtime.prompts import DEFAULT_PROMPTS, SystemPrompts
@@ -89,14 +90,27 @@ def tool_digests(registry: ToolRegistry) -> dict[str, str]:
 
 def mcp_part(registry: ToolRegistry) -> dict[str, Any]:
     """`tools.mcp` of a run offered MCP tools (else empty, so other runs' documents are unchanged): the
-    servers whose tools (`<server>__<tool>`) it was offered, and which of those wait for a person's
-    approval (docs/mcp.md). Flat lists: the chained details keep them whole."""
+    servers whose tools (`<server>__<tool>`) it was offered, which of those wait for a person's approval,
+    and how each server is reached (`transports`, and an HTTP server's host in `addresses` and port in
+    `ports`: the spans' MCP attributes, docs/mcp.md). Flat lists and maps of scalars: the chained details
+    keep them whole (a deeper object would be summarised)."""
     specs = [registry.get(name) for name in registry.names()]
     mcp = [s for s in specs if s is not None and s.origin.startswith("mcp:")]
     if not mcp:
         return {}
     servers = sorted({s.origin[4:] for s in mcp})
-    return {"mcp": {"servers": servers, "approval": [s.name for s in mcp if s.requires_approval]}}
+    configs = {c.name: c for c in mcp_servers()}
+    endpoints = {name: configs[name].endpoint() for name in servers if name in configs}
+    part: dict[str, Any] = {
+        "servers": servers,
+        "approval": [s.name for s in mcp if s.requires_approval],
+        "transports": {name: e["transport"] for name, e in endpoints.items()},
+    }
+    http = {name: e for name, e in endpoints.items() if "address" in e}
+    if http:
+        part["addresses"] = {name: e["address"] for name, e in http.items()}
+        part["ports"] = {name: e["port"] for name, e in http.items()}
+    return {"mcp": part}
 
 
 def effective_configuration(
