@@ -354,5 +354,8 @@ LOGGING = {
         "httpx2": {"level": "INFO"},
         "httpcore": {"level": "INFO"},
         "aiohttp": {"level": "INFO"},  # the SDK's transport (LLM_HTTP_CLIENT=aiohttp)
+        # The MCP SDK logs a remote server's session id at INFO (a handle of a live session) and
+        # messages at DEBUG: only its warnings reach our logs (the hub logs what happened, redacted).
+        "mcp": {"level": "WARNING"},
     },
 }

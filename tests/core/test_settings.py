@@ -130,7 +130,8 @@ out = {
     "csrf_middleware": "django.middleware.csrf.CsrfViewMiddleware" in settings.MIDDLEWARE,
     "sql_logged": connection.queries_logged,
     "levels": {name: logging.getLogger(name).getEffectiveLevel()
-               for name in ("", "django.db.backends", "openai", "httpx", "httpx2", "httpcore", "aiohttp")},
+               for name in ("", "django.db.backends", "openai", "httpx", "httpx2", "httpcore", "aiohttp",
+                            "mcp")},
 }
 c = Client(HTTP_HOST="%(host)s")
 plain = c.get("/admin/login/")
@@ -170,6 +171,7 @@ def test_production_process_has_hsts_secure_cookies_https_redirect_csrf_and_csp(
     assert probe["levels"][""] == logging.DEBUG  # LOG_LEVEL=DEBUG was honoured for the application
     for name in ("django.db.backends", "openai", "httpx", "httpx2", "httpcore", "aiohttp"):
         assert probe["levels"][name] > logging.DEBUG, name
+    assert probe["levels"]["mcp"] == logging.WARNING  # not a remote session's id at INFO
 
 
 # --------------------------------------------------------------------------------------------------
