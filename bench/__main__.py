@@ -23,6 +23,8 @@
     python -m bench --only b9       # reads on a replica: admin list and trace throughput, 2 processes,
                                     # primary only vs primary + replica, on scripts/mariadb-replica.sh's
                                     # pair (127.0.0.1:3307/3308; started if needed; not default)
+    python -m bench --only b10      # an MCP call through the toolset vs the bare mcp client (stdio; needs
+                                    # scripts/setup.sh dev's tools/mcp; not in the default set)
     python -m bench --only b0       # peers: MLflow tracing on the same MariaDB, Phoenix over OTLP (needs
                                     # `make bench-peers`; skipped when absent; not in the default set)
 
@@ -40,7 +42,7 @@ from pathlib import Path
 from bench import env
 
 ALL = ("b1", "b2", "b3", "b4", "b5", "b6", "b7")
-OPTIONAL = ("b8", "b3p", "b3l", "b0", "b9")
+OPTIONAL = ("b8", "b3p", "b3l", "b0", "b9", "b10")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -213,6 +215,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         results.rows += rows
         results.evidence["b9"] = evidence
+
+    if "b10" in only:
+        from bench import b10_mcp
+
+        print("B10: an MCP call through the toolset vs the bare mcp client")
+        results.rows += b10_mcp.measure(n=100 if q else 300, reps=3 if q else 5, log=log)
 
     results.seconds = time.perf_counter() - started
     print()

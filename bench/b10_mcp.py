@@ -4,8 +4,9 @@ The same `get-sum` call of `mcp-server-everything` over stdio, N times each: (a)
 `mcp.client.Client` in the caller's loop; (b) through the runtime's MCP tool — the hub thread hop, the
 schema check, the result conversion and the result's redaction as the boundary does it. It does not
 include the recorder's database writes nor the canonical store (a full boundary run is not measured
-here). Prints median and p90 per call and the ratio of medians. Run:
-`DEBUG=true .venv/bin/python -m bench.b10_mcp [N]` (needs scripts/setup.sh dev's tools/mcp).
+here). Alone it prints median and p90 per call and the ratio of medians
+(`DEBUG=true .venv/bin/python -m bench.b10_mcp [N]`); in the table, `python -m bench --only b10` (needs
+scripts/setup.sh dev's tools/mcp; target 1.2×, issue 46).
 """
 
 from __future__ import annotations
@@ -58,6 +59,58 @@ async def _toolset(n: int) -> list[float]:
     return out
 
 
+TARGET = 1.2
+
+
+def _command() -> str:
+    from django.conf import settings
+
+    relative = "tools/mcp/node_modules/.bin/mcp-server-everything"
+    command = str(Path(settings.BASE_DIR) / relative)
+    if not Path(command).exists():
+        raise SystemExit(f"B10 needs {relative} (scripts/setup.sh dev installs it)")
+    return command
+
+
+def measure(*, n: int, reps: int, log=print) -> list:
+    """`reps` repetitions of both paths, `n` calls each, alternating; the table's row (ratio of medians)."""
+    from django.conf import settings
+
+    from agent.mcp.hub import close_hub, current_hub
+    from bench.stats import Row, spread
+
+    command = _command()
+    configured = settings.MCP_SERVERS
+    settings.MCP_SERVERS = [
+        {"name": "ev", "command": command, "args": ["stdio"], "trusted": True, "allow": ["get-sum"]}
+    ]
+    bares, tools, ratios = [], [], []
+    try:
+        hub = current_hub()
+        assert hub is not None and hub.wait_settled(30)
+        asyncio.run(_toolset(20))  # warm-up
+        for rep in range(reps):
+            bare = statistics.median(asyncio.run(_bare(command, n))) * 1000
+            tool = statistics.median(asyncio.run(_toolset(n))) * 1000
+            bares.append(bare)
+            tools.append(tool)
+            ratios.append(tool / bare)
+            log(f"  B10 rep {rep + 1}: bare {bare:.3f} ms, MCP tool {tool:.3f} ms ({tool / bare:.2f}×)")
+    finally:
+        close_hub()
+        settings.MCP_SERVERS = configured
+    return [
+        Row(
+            "B10",
+            "MCP call through the toolset vs the bare mcp client (stdio, no database)",
+            f"{spread(tools).median:.3f} ms vs {spread(bares).median:.3f} ms per call",
+            spread(ratios),
+            TARGET,
+            note="hub thread hop, schema check, result conversion, keyed evidence id, redaction",
+        )
+    ]
+
+
 def main(n: int = 300) -> None:
     import django
 
@@ -67,10 +120,7 @@ def main(n: int = 300) -> None:
 
     from agent.mcp.hub import close_hub, current_hub
 
-    relative = "tools/mcp/node_modules/.bin/mcp-server-everything"
-    command = str(Path(settings.BASE_DIR) / relative)
-    if not Path(command).exists():
-        raise SystemExit(f"B10 needs {relative} (scripts/setup.sh dev installs it)")
+    command = _command()
     settings.MCP_SERVERS = [
         {"name": "ev", "command": command, "args": ["stdio"], "trusted": True, "allow": ["get-sum"]}
     ]

@@ -18,15 +18,16 @@ from typing import Any
 
 import jsonschema
 import mcp_types as types
+from django.utils.crypto import salted_hmac
 
 from agent.mcp.config import ServerConfig
 from agent.mcp.hub import DiscoveredTool, Hub, McpCallError, current_hub
-from agent.redaction import hmac_key, keyed_digest
 from agent.runtime.tools.registry import EvidenceRecord, ToolArgumentsError, ToolResult, ToolSpec
 from audit.payloads import canonical_json, clip
 from diagnosis.evidence import MCP_RESULT
 
 SEPARATOR = "__"
+EVIDENCE_SALT = "diagnosis.mcp.evidence-id"
 NAME_CHARS = 64  # what OpenAI-compatible providers accept as a function name
 DESCRIPTION_CHARS = 2000
 SCHEMA_BYTES = 16 * 1024
@@ -108,9 +109,10 @@ def to_result(config: ServerConfig, tool: str, result: types.CallToolResult) -> 
     size = len(stored.encode("utf-8"))
     if size > config.max_result_bytes:
         raise McpOversized(f"the result has {size} bytes, more than this server's {config.max_result_bytes}")
-    # The id is public (cited, stored) and the result may hold a secret: its digest is keyed with the
-    # redaction HMAC key, so a reader of the stored, redacted result cannot test guesses against it.
-    digest = keyed_digest(hmac_key(), "mcp-evidence:" + stored)
+    # The id is public (cited, stored) and the result may hold a secret: its digest is keyed (Django's
+    # salted HMAC under SECRET_KEY, set wherever the service runs), so a reader of the stored, redacted
+    # result cannot test guesses against it.
+    digest = salted_hmac(EVIDENCE_SALT, stored, algorithm="sha256").hexdigest()
     evidence_id = MCP_RESULT.format(server=config.name, digest=digest[:16])
     shown = (
         text
