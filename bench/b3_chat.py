@@ -434,6 +434,12 @@ def _one(value: float) -> object:
     return spread([value]) if not math.isnan(value) else None
 
 
+def _ratio(value: float, floor: float) -> float:
+    """`value / floor`, NaN when the floor measured no CPU at all (a smoke-sized run: too few chunks for
+    the regression to see any), rather than a division by zero that loses the whole table."""
+    return value / floor if floor > 0 else float("nan")
+
+
 def rows(ev: dict) -> list[Row]:
     """The table's B3 rows from the evidence of `run_all` (see the module's text)."""
     p = ev["profile"]
@@ -469,15 +475,16 @@ def rows(ev: dict) -> list[Row]:
         cost = ev.get(f"cost / {mode}")
         if cost is None:
             continue
-        per_ratio = cost["per_chunk_ms"] / fl["per_chunk_ms"]
-        fixed_ratio = cost["fixed_ms"] / fl["fixed_ms"] if fl["fixed_ms"] > 0 else float("nan")
+        per_ratio = _ratio(cost["per_chunk_ms"], fl["per_chunk_ms"])
+        fixed_ratio = _ratio(cost["fixed_ms"], fl["fixed_ms"])
         out.append(
             Row(
                 "B3",
                 f"{mode} release, one process: CPU per chunk vs bare SDK ({shape})",
                 f"{cost['per_chunk_ms'] * 1e3:.0f} µs vs {fl['per_chunk_ms'] * 1e3:.0f} µs per chunk"
                 + (
-                    f" ({cost['per_chunk_ms'] / fla['per_chunk_ms']:.2f}× the same SDK on the runtime's "
+                    f" ({_ratio(cost['per_chunk_ms'], fla['per_chunk_ms']):.2f}× the same SDK on the "
+                    "runtime's "
                     f"aiohttp transport, {fla['per_chunk_ms'] * 1e3:.0f} µs)"
                     if fla
                     else ""
@@ -590,9 +597,13 @@ def markdown(ev: dict) -> str:
                 f"| {mode} release, one daphne, {c['runs']} chats at once "
                 f"| {_f(c['chat_ms_per_run'], '.0f')} | {_f(c['short_ms_per_run'])} | same streams "
                 f"| {_f(c['per_chunk_ms'] * 1e3, '.0f', ' µs')} "
-                f"({c['per_chunk_ms'] / fl['per_chunk_ms']:.2f}×"
-                + (f"; {c['per_chunk_ms'] / fla['per_chunk_ms']:.2f}× on the same transport" if fla else "")
-                + f") | {_f(c['fixed_ms'])} ({c['fixed_ms'] / fl['fixed_ms']:.1f}×) |"
+                f"({_ratio(c['per_chunk_ms'], fl['per_chunk_ms']):.2f}×"
+                + (
+                    f"; {_ratio(c['per_chunk_ms'], fla['per_chunk_ms']):.2f}× on the same transport"
+                    if fla
+                    else ""
+                )
+                + f") | {_f(c['fixed_ms'])} ({_ratio(c['fixed_ms'], fl['fixed_ms']):.1f}×) |"
             )
     out += [
         "",
