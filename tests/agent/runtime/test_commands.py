@@ -94,5 +94,10 @@ def test_bootstrap_demo_creates_demo_runs_once(settings):
     assert [r.release_decision for r in runs] == ["PUBLISHED", "PUBLISHED", "PUBLISHED", "BLOCKED"]
     assert [r.intent for r in runs][2] == "CHITCHAT" and all(r.tokens_reconciled for r in runs)
     assert "Demo runs (offline demo model, user staff):" in out.getvalue()
+    # Anchored at once: `verify_audit` straight after `make run`'s start-up finds nothing to report.
+    assert "appended 4 run(s)" in out.getvalue()
+    verified = io.StringIO()
+    call_command("verify_audit", stdout=verified)  # raises on any problem
+    assert "verified 4 run(s): 4 ok" in verified.getvalue()
     call_command("bootstrap_demo", stdout=io.StringIO())
     assert DiagnosisRun.objects.count() == 4
