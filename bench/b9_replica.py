@@ -227,8 +227,10 @@ def _load_worker(seconds: float, path: str) -> dict:
 
 
 def _wait_for_the_replica(limit: float = 30.0) -> None:
-    """With a replica configured, wait (up to `limit` s) until this process's heartbeat finds it usable,
-    so the timed loop measures replica reads rather than the first heartbeat on a loaded machine."""
+    """With a replica configured, wait (up to `limit` s) until this process's heartbeat finds it usable
+    and has seen one of its own beats applied there (a watermark: until then every read of data with a
+    write time goes to the primary as `fresh`, rightly), so the timed loop measures replica reads rather
+    than the first heartbeats on a loaded machine."""
     from django.conf import settings
 
     from core import db_router
@@ -237,7 +239,10 @@ def _wait_for_the_replica(limit: float = 30.0) -> None:
     if not db_router.replica_configured():
         return
     deadline = time.monotonic() + limit
-    while not monitor.state().usable(float(settings.DATABASE_REPLICA_MAX_LAG_SECONDS)):
+    while True:
+        state = monitor.state()
+        if state.usable(float(settings.DATABASE_REPLICA_MAX_LAG_SECONDS)) and state.watermark is not None:
+            break
         if time.monotonic() > deadline:
             raise RuntimeError(f"the replica was not usable within {limit:.0f} s: {monitor.peek()}")
         time.sleep(0.1)
