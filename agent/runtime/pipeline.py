@@ -166,6 +166,8 @@ async def verify_and_release(
             answer = replace(answer, text=draft_of(answer.text))
         verdict = await _evidence_guard(ctx, answer, retry=True)
     extra = release_details or {}
+    # No tool runs after this point: the run's failed calls are read once, for the guard and the release.
+    failed = await _failed_calls(ctx)
     if not verdict.passed:
         return await _release(
             ctx,
@@ -174,9 +176,9 @@ async def verify_and_release(
             answer,
             f"evidence guard failed ({', '.join(verdict.reasons)})",
             evidence="FAIL",
+            failed=failed,
             extra=extra,
         )
-    failed = await _failed_calls(ctx)
     semantic = await _semantic_guard(ctx, answer.text, verdict, failed)
     if semantic.supported is True:
         return await _release(
@@ -187,6 +189,7 @@ async def verify_and_release(
             "evidence and semantic guards passed",
             evidence="PASS",
             semantic="PASS",
+            failed=failed,
             extra=extra,
         )
     reason = (
@@ -202,6 +205,7 @@ async def verify_and_release(
         reason,
         evidence="PASS",
         semantic="FAIL" if semantic.supported is False else "ERROR",
+        failed=failed,
         extra=extra,
     )
 
@@ -295,12 +299,13 @@ async def _release(
     evidence: str = "NOT_REQUIRED",
     semantic: str | None = None,
     fixed_reply: bool = False,
+    failed: Sequence[failed_calls.FailedCall] = (),
     extra: dict[str, Any] | None = None,
 ) -> PipelineResult:
     ctx.finishing()  # no model call or tool follows a release decision
     content = answer.text if decision == ReleaseDecision.PUBLISHED else BLOCKED_MESSAGE
-    # Every release says which calls failed (fixed text from the chain, `audit.failed_calls`).
-    failed = [] if fixed_reply else await _failed_calls(ctx)
+    # Every release says which calls failed (fixed text from the chain, `audit.failed_calls`); a fixed
+    # reply follows no tool call.
     language = language_of(ctx.query)
     if failed:
         content = content.rstrip()
