@@ -23,7 +23,8 @@
     python -m bench --only b9       # reads on a replica: admin list and trace throughput, 2 processes,
                                     # primary only vs primary + replica, on scripts/mariadb-replica.sh's
                                     # pair (127.0.0.1:3307/3308; started if needed; not default)
-    python -m bench --only b10      # an MCP call through the toolset vs the bare mcp client (stdio; needs
+    python -m bench --only b10      # an MCP call through the toolset vs the bare mcp client, and a run's CPU
+                                    # with an MCP tool vs a native tool (stdio; needs
                                     # scripts/setup.sh dev's tools/mcp; not in the default set)
     python -m bench --only b0       # peers: MLflow tracing on the same MariaDB, Phoenix over OTLP (needs
                                     # `make bench-peers`; skipped when absent; not in the default set)
@@ -219,8 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     if "b10" in only:
         from bench import b10_mcp
 
-        print("B10: an MCP call through the toolset vs the bare mcp client")
+        print("B10: an MCP call through the toolset vs the bare mcp client; a run's CPU, MCP vs native tool")
         results.rows += b10_mcp.measure(n=100 if q else 300, reps=3 if q else 5, log=log)
+        results.rows += b10_mcp.run_cpu(runs=5 if q else 15, reps=3 if q else 5, log=log)
 
     results.seconds = time.perf_counter() - started
     print()
