@@ -220,7 +220,7 @@ class Hub:
             async with contextlib.AsyncExitStack() as stack:
                 async with asyncio.timeout(float(settings.MCP_CONNECT_TIMEOUT_SECONDS)):
                     client = await stack.enter_async_context(
-                        Client(transport, message_handler=on_message, cache=None)
+                        Client(transport, message_handler=on_message, cache=None, mode=state.config.protocol)
                     )
                     state.tools = await self._list(client)
                 state.lists += 1

@@ -5,7 +5,8 @@
   or failed under `CI` / `AIOPS_REQUIRE_SERVERS`, when scripts/setup.sh dev has not installed them.
 - `everything_http` (session): `mcp-server-everything streamableHttp` on a free port (`PORT`), `.url`.
 - `use_mcp(*entries)`: sets `MCP_SERVERS` and waits until each server's first connection attempt
-  ended (a start may take 90 s: a loaded machine is not what these tests time); the hub is closed after the test (its servers stopped).
+  ended (a start may take 90 s: a loaded machine is not what these tests time); the hub is closed
+  after the test (its servers stopped).
 The real Prometheus and Alertmanager are the AI Ops tests' (`tests/agent/aiops/conftest.py`).
 """
 

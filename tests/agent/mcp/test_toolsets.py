@@ -46,6 +46,7 @@ def test_malformed_entries_are_refused_and_named_by_the_system_check(settings):
         ({"name": "a", "command": "x", "headers": {"Authorization": "not a name!"}}, "environment"),
         ({"name": "a", "command": "x", "timeoutSeconds": 0}, "timeoutSeconds"),
         ({"name": "a", "command": "x", "secret": "x"}, "unknown"),
+        ({"name": "a", "command": "x", "protocol": "2025-06-18"}, "protocol"),
     ]:
         with pytest.raises(McpConfigError, match=words):
             parse_server(entry)
