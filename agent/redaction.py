@@ -72,6 +72,25 @@ _RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ),
 )
 
+# After detect-secrets' plugins: where a plugin names the same value more precisely (a GitHub token
+# assigned to GITHUB_TOKEN), its kind wins (`find_secrets` keeps the first of equally long spans).
+_LAST_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    # An unquoted assignment to a secret-sounding name (`password=…`, `DB_PASSWORD = …`, `Pwd=…;`,
+    # `api_key: …` when the value has a digit): detect-secrets' keyword detector needs quotes outside
+    # config files, and ops pastes (env files, DSNs, command lines) rarely quote. Not a bare number
+    # (`total_tokens=1234567`), a path (`PWD=/srv/app`), a quoted value (the detector's), a placeholder, nor
+    # past an `@` (a URL's password is `url-password`'s) or a backslash (JSON-escaped text's next line).
+    (
+        "secret-keyword",
+        re.compile(
+            r"(?i)(?<![A-Za-z0-9])[A-Za-z0-9_.-]*"
+            r"(?:passw(?:or)?d|passphrase|pwd|secret|token|api[_-]?key|access[_-]?key|auth[_-]?key|credentials?)"
+            r"[A-Za-z0-9_.-]*\s*(?:=|:=|:(?=\s*[^\s'\"]*\d))\s*"
+            r"(?![\"'\[/])(?!\d+(?:[\s,;&)]|$))([^\s'\",;&)@\\]{6,})"
+        ),
+    ),
+)
+
 _PII_RULES: dict[str, re.Pattern[str]] = {
     "email": re.compile(
         r"\b[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(?:\.[A-Za-z0-9-]{1,63})*\.[A-Za-z]{2,24}\b"
@@ -334,6 +353,7 @@ def _scan(text: str, config: Config) -> list[tuple[int, int, str]]:
     spans = (
         _regex_spans(text, _RULES)
         + _plugin_spans(text)
+        + _regex_spans(text, _LAST_RULES)
         + _regex_spans(text, _compiled(config.extra_patterns))
     )
     spans += _regex_spans(text, ((k, _PII_RULES[k]) for k in config.pii_kinds))

@@ -1,16 +1,11 @@
 """The process's MCP connections: one event loop holds every configured server's session.
 
-In a serving process that loop is the server's own (`serve_on`, called at process start by
-`python -m config.serve` and at ASGI lifespan start-up), so a run's call, made on that loop, awaits the
-session directly; elsewhere (management commands, tests, a server that sends no lifespan) the hub runs its
-own loop in a thread and a call hops to it. `current_hub()` gives the hub for the configured servers
-(rebuilt when `MCP_SERVERS` changes, or when its loop has closed). Each server
-is connected in the background at the hub's start, bounded by `MCP_CONNECT_TIMEOUT_SECONDS`; its tools are
-listed then and again on `notifications/tools/list_changed` (bounded pages; a 2026-07-28 connection sends
-it only on a `subscriptions/listen` stream, which the hub opens). A server that fails to start, or whose
-connection breaks, is retried with back-off (1 s doubling to 60 s). `call` raises only the bounded
-`McpCallError`s below. A stdio server's stderr is read line by line, redacted, kept (last lines, for the
-admin page) and logged at DEBUG: never unredacted. Details: docs/mcp.md, *What is recorded*.
+That loop is a serving process's own (`serve_on`, at process start), so a run's call takes no thread hop;
+elsewhere the hub runs a loop of its own in a thread. `current_hub()` gives the hub of the configured
+servers (rebuilt when `MCP_SERVERS` changes or its loop ended). Each server is connected in the
+background, bounded by `MCP_CONNECT_TIMEOUT_SECONDS`, its tools listed then and on change notifications,
+retried with back-off (1 s doubling to 60 s). `call` raises only the bounded `McpCallError`s below. A
+stdio server's stderr is kept and logged redacted, never raw. Details: docs/mcp.md, *Discovery*.
 """
 
 from __future__ import annotations

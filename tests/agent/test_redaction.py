@@ -20,6 +20,8 @@ ORDINARY = [
     "chain head sha256 4bf92f3577b34da6a3ce929d0e0e4736a3ce929d0e0e47364bf92f3577b34da6 does not verify",
     "redis latency p99 1200ms at 10.0.3.4, evidence prom:9f86d081884c7d65",
     "error: token expired for user alice",
+    "usage total_tokens=1234567 prompt_tokens=100 max_tokens: 4096",
+    "PWD=/srv/app and secretName: mysql-secret; if password = wrong, login fails",
     "What does 'Connection refused' on port 5432 mean?",
     "磁盘使用率超过 90%，如何清理 /var/log？",
 ]
