@@ -816,7 +816,7 @@ SETTINGS: tuple[Setting, ...] = _in_sections(
         "OIDC_TIMEOUT",
         "float",
         10.0,
-        "seconds per request to the provider",
+        "seconds per request to the provider; no answer by then: the sign-in says it is unreachable",
     ),
     Setting(
         "OIDC_CLOCK_SKEW_SECONDS",
