@@ -423,7 +423,8 @@ def _verify_checkpoint(
     checkpoints of before issue 35, which carry no cosignatures). With a witness `policy`, the checkpoint
     must carry a valid cosignature of at least its quorum of witness keys."""
     legacy = isinstance(checkpoint, dict) and "note" not in checkpoint
-    wanted = {"body", "signature"} if legacy else {"note"} | ({"link"} & set(checkpoint or ()))
+    linked = isinstance(checkpoint, dict) and "link" in checkpoint
+    wanted = {"body", "signature"} if legacy else {"note", "link"} if linked else {"note"}
     if not _keys(checkpoint, wanted, "anchor.checkpoint", report):
         return None, ""
     link_signature, part = "", "body" if legacy else "note"
