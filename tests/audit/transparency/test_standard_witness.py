@@ -29,7 +29,9 @@ from audit.transparency import keys, log, note, signednote, store
 from audit.transparency.evidence import build_bundle
 from tests.audit.transparency.support import finished_runs
 
-pytestmark = pytest.mark.django_db
+# The witness protocol does not depend on the database: run once, on the production one (MariaDB), to keep
+# the suite's time (two subprocesses of Python 3.12 and a server).
+pytestmark = [pytest.mark.django_db, pytest.mark.mariadb]
 
 ROOT = Path(__file__).resolve().parents[3]
 VENV = ROOT / ".venv-witness" / "bin"
