@@ -914,6 +914,15 @@ SETTINGS: tuple[Setting, ...] = _in_sections(
         "([audit-integrity.md](audit-integrity.md#checkpoint-format))",
     ),
     Setting(
+        "AUDIT_CHECKPOINT_EXTENSION_LINES",
+        "bool",
+        False,
+        "sign checkpoints with the `signed-at`/`previous` extension lines of issues 35 to 49 instead of a "
+        "plain C2SP checkpoint and its signed link note; standard witnesses refuse extension lines unless "
+        "their operator allows them for this log "
+        "([audit-integrity.md](audit-integrity.md#checkpoint-format))",
+    ),
+    Setting(
         "AUDIT_CHECKPOINT_INTERVAL_SECONDS",
         "float",
         60.0,

@@ -111,6 +111,36 @@ if [ "$want_dev" = "dev" ]; then
   fi
 fi
 
+# An off-the-shelf C2SP tlog-witness and tlog library nobody here wrote (aics-witness, aics-tlog from PyPI),
+# which tests/audit/transparency/test_standard_witness.py runs with its default settings to show that
+# our checkpoints are witness-ready (issue 50). Both require Python >= 3.12, so they live in a venv of
+# their own, built with the first Python 3.12 or newer found (pyenv's on this machine kind).
+AICS_WITNESS_VERSION=0.1.0
+AICS_TLOG_VERSION=0.2.1
+if [ "$want_dev" = "dev" ]; then
+  witness_stamp=".venv-witness/.installed-aics-witness"
+  witness_want="$AICS_WITNESS_VERSION $AICS_TLOG_VERSION"
+  if [ ! -f "$witness_stamp" ] || [ "$(cat "$witness_stamp")" != "$witness_want" ]; then
+    PY312=""
+    for candidate in python3.13 python3.12 /root/.pyenv/versions/3.13*/bin/python3 \
+                     /root/.pyenv/versions/3.12*/bin/python3; do
+      if "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
+        PY312="$candidate"; break
+      fi
+    done
+    if [ -z "$PY312" ]; then
+      # The witness test then fails and says why (it is never skipped).
+      echo "setup: no Python >= 3.12 found: .venv-witness (aics-witness) not built" >&2
+    else
+      echo "setup: installing aics-witness $AICS_WITNESS_VERSION into .venv-witness ($("$PY312" --version))"
+      [ -x .venv-witness/bin/python ] || "$PY312" -m venv .venv-witness
+      .venv-witness/bin/python -m pip install -q "aics-witness==$AICS_WITNESS_VERSION" \
+        "aics-tlog==$AICS_TLOG_VERSION"
+      echo "$witness_want" > "$witness_stamp"
+    fi
+  fi
+fi
+
 # MCP servers nobody here wrote, which the MCP tests start on 127.0.0.1 (docs/mcp.md): prometheus-mcp-server
 # in a venv of its own (it pins its own fastmcp and mcp), and the reference servers of
 # tools/mcp/package.json (server-everything, server-filesystem, the conformance suite) from npm, locked.
