@@ -51,7 +51,8 @@ def tfidf(texts: Sequence[str]) -> Vectors:
     column = {term: j for j, term in enumerate(vocabulary)}
     n = len(texts)
     idf = np.array([math.log((1 + n) / (1 + df[t])) + 1.0 for t in vocabulary], dtype="float64")
-    matrix = np.zeros((n, len(vocabulary)), dtype="float64")
+    # float32: a thousand questions over a few thousand terms stay a few megabytes (the matrix is dense).
+    matrix = np.zeros((n, len(vocabulary)), dtype="float32")
     for i, c in enumerate(counts):
         for term, tf in c.items():
             matrix[i, column[term]] = (1.0 + math.log(tf)) * idf[column[term]]
@@ -70,7 +71,7 @@ def agglomerate(matrix: np.ndarray, *, threshold: float = DEFAULT_THRESHOLD, wei
     n = matrix.shape[0]
     if n == 0:
         return []
-    sim = matrix @ matrix.T
+    sim = (matrix @ matrix.T).astype("float64")
     np.fill_diagonal(sim, -np.inf)
     size = np.ones(n) if weights is None else np.asarray(weights, dtype="float64").copy()
     alive = np.ones(n, dtype=bool)

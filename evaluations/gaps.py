@@ -25,7 +25,7 @@ DEFAULT_BELOW = 0.5
 # The newest runs of the period read (a period with more says so: `GapReport.capped`).
 MAX_RUNS = 5000
 # Distinct questions clustered (the most frequent first); the rest are counted as left out.
-MAX_QUESTIONS = 1500
+MAX_QUESTIONS = 1000
 # Groups shown, largest first; each lists at most `RUN_LINKS` of its runs (newest first).
 MAX_CLUSTERS = 50
 RUN_LINKS = 20
