@@ -49,6 +49,7 @@ from surfaces.admin.filters import (
     ReconciledFilter,
     UnverifiedDeliveredFilter,
 )
+from surfaces.admin.gaps import gaps_view
 from surfaces.admin.keys import keys_view
 from surfaces.admin.ledger import run_cost_label
 from surfaces.admin.mcp import mcp_view
@@ -255,6 +256,7 @@ class DiagnosisRunAdmin(EvaluationColumn, ScalableListAdmin, admin.ModelAdmin):
                 name="{}_{}_configuration".format(*info),
             ),
             path("analyse/", wrap(self.analyse_view), name="{}_{}_analyse".format(*info)),
+            path("gaps/", wrap(self.gaps_view), name="{}_{}_gaps".format(*info)),
             path(
                 "<path:object_id>/reasoning/",
                 wrap(self.reasoning_view),  # admin_view adds login, staff, never_cache and csrf_protect
@@ -353,6 +355,12 @@ class DiagnosisRunAdmin(EvaluationColumn, ScalableListAdmin, admin.ModelAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         return analyse_view(self, request)
+
+    def gaps_view(self, request):
+        """The questions the runbooks do not answer (`surfaces.admin.gaps`): staff who may view runs."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return gaps_view(self, request)
 
     def _viewable_run(self, request, object_id) -> DiagnosisRun:
         run = self.get_object(request, unquote(object_id))
