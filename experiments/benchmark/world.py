@@ -1,12 +1,11 @@
 """A scenario's world, loaded into a real Prometheus and Alertmanager that the agent's tools query.
 
-`Worlds(prometheus_url=…, alertmanager_url=…)` is entered around a whole benchmark; `worlds.around(item)`
-around each replay: for the item's scenario it starts (temporary data dir, 127.0.0.1, a free port) a
-Prometheus whose storage holds the scenario's metrics.om, shifted so its last sample is `LAG` seconds
-ago and written as blocks by `promtool tsdb create-blocks-from openmetrics`, and an Alertmanager holding
-the scenario's firing alerts (API v2), and points `PROMETHEUS_URL` / `ALERTMANAGER_URL` at them; the
-next scenario's world replaces it. Given URLs are used as they are (nothing is loaded into them but
-the alerts). Details: docs/benchmark.md, *The world*.
+`Worlds(prometheus_url=…, alertmanager_url=…)` is entered around a whole benchmark, `worlds.around(item)`
+around each replay: for an AI Ops scenario it writes metrics.om (shifted so its last sample is `LAG` s
+ago) as blocks with `promtool tsdb create-blocks-from openmetrics` and starts a Prometheus on them
+(temporary dir, 127.0.0.1, a free port), makes the scenario's alerts fire in one Alertmanager for the
+benchmark (the previous scenario's resolved), and points `PROMETHEUS_URL` / `ALERTMANAGER_URL` at them.
+Given URLs are used as they are (only the alerts are posted). Details: docs/benchmark.md, *The world*.
 """
 
 from __future__ import annotations
@@ -137,17 +136,19 @@ def start_alertmanager(workdir: Path) -> _Server:
     return _Server(argv, f"http://127.0.0.1:{port}", workdir / "alertmanager.log")
 
 
-def post_alerts(url: str, alerts: list[dict[str, Any]]) -> None:
-    """Make `alerts` fire in the Alertmanager at `url` for the next hour (API v2)."""
+def post_alerts(url: str, alerts: list[dict[str, Any]], *, resolve: bool = False) -> None:
+    """Make `alerts` fire in the Alertmanager at `url` for the next hour (API v2), or, with `resolve`,
+    end them now (the next scenario's world reuses the Alertmanager)."""
     if not alerts:
         return
     now = dt.datetime.now(dt.UTC)
+    ends = now - dt.timedelta(seconds=1) if resolve else now + dt.timedelta(hours=1)
     body = [
         {
             "labels": a.get("labels") or {},
             "annotations": a.get("annotations") or {},
             "startsAt": (now - dt.timedelta(minutes=20)).isoformat(),
-            "endsAt": (now + dt.timedelta(hours=1)).isoformat(),
+            "endsAt": ends.isoformat(),
         }
         for a in alerts
     ]
@@ -163,7 +164,9 @@ class Worlds:
         self.prometheus_url, self.alertmanager_url = prometheus_url, alertmanager_url
         self.by_id = {s.id: s for s in scenarios}
         self.current: str | None = None
-        self._servers: list[_Server] = []
+        self._servers: list[_Server] = []  # this scenario's Prometheus
+        self._alertmanager: _Server | None = None  # ours, for every scenario (alerts resolved between)
+        self._posted: list[dict[str, Any]] = []
         self._override: Any = None
         self._tmp: tempfile.TemporaryDirectory | None = None
 
@@ -173,6 +176,8 @@ class Worlds:
 
     def __exit__(self, *exc_info) -> None:
         self._unload()
+        if self._alertmanager is not None:
+            self._alertmanager.close()
         if self._tmp is not None:
             self._tmp.cleanup()
 
@@ -183,6 +188,9 @@ class Worlds:
         for server in self._servers:
             server.close()
         self._servers = []
+        if self._posted:
+            post_alerts(self.alertmanager_url or self._alertmanager.url, self._posted, resolve=True)
+            self._posted = []
         self.current = None
         forget_probes()
 
@@ -197,9 +205,11 @@ class Worlds:
             self._servers.append(start_prometheus(workdir / "prometheus", scenario))
             prometheus = self._servers[-1].url
         if not alertmanager:
-            self._servers.append(start_alertmanager(workdir / "alertmanager"))
-            alertmanager = self._servers[-1].url
+            if self._alertmanager is None:
+                self._alertmanager = start_alertmanager(Path(self._tmp.name) / "alertmanager")
+            alertmanager = self._alertmanager.url
         post_alerts(alertmanager, scenario.firing)
+        self._posted = scenario.firing
         self._override = override_settings(PROMETHEUS_URL=prometheus, ALERTMANAGER_URL=alertmanager)
         self._override.enable()
         forget_probes()
