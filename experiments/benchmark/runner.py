@@ -1,13 +1,11 @@
 """Running the incident benchmark: scenarios → a dataset → an experiment (issue 47 item 2).
 
-`run_benchmark(scenarios=…, repeat=N, user=…)` imports the scenarios as items of the dataset
-`incident-benchmark <digest>` (one item per scenario and repeat, each with its expected findings; the
-same scenario files and repeat give the same dataset version, so two configurations replay the same
-items), makes sure the diagnosis evaluators exist (`evaluations.diagnosis.ensure_evaluators`) and runs
-`experiments.runner.run_experiment` with each scenario's world loaded around its replays
-(`experiments.benchmark.world`). Replays are experiment runs, so sandboxed: a tool that changes the
-world is never executed nor asks a person (the forbidden-action scorer counts the attempt).
-Details: docs/benchmark.md.
+`run_benchmark(chosen=…, repeat=N, user=…)` imports the scenarios as items of the dataset
+`incident-benchmark <digest>` (one per scenario and repeat, with its expected findings; the same files
+and repeat give the same version, so two configurations replay the same items), makes sure the
+diagnosis evaluators exist and runs `experiments.runner.run_experiment` with each scenario's world
+loaded around its replays (`experiments.benchmark.world`). Replays are experiment runs, so sandboxed: a
+tool that changes the world is never executed nor asks a person. Details: docs/benchmark.md.
 """
 
 from __future__ import annotations
