@@ -27,7 +27,7 @@ import httpx
 from django.test import override_settings
 
 from agent.aiops.http import forget_probes
-from experiments.benchmark.scenarios import SAMPLE_RE, Scenario
+from experiments.benchmark.scenarios import FLOWS, SAMPLE_RE, Scenario
 from experiments.models import DatasetItem
 
 LAG = 30  # seconds between the world's last sample and now: inside Prometheus' 5-minute lookback
@@ -219,6 +219,6 @@ class Worlds:
     def around(self, item: DatasetItem) -> Iterator[None]:
         """Entered around `item`'s replay (`experiments.runner.run_experiment(around=…)`)."""
         scenario = self.by_id.get(str((item.expected or {}).get("id") or ""))
-        if scenario is not None and scenario.flow != "DIAGNOSIS_AGENT":
+        if scenario is not None and scenario.flow == FLOWS["aiops"]:  # the chat flow has no world tools
             self.load(scenario)
         yield

@@ -2,7 +2,7 @@
 `manage.py run_benchmark` through the real runtime against the local OpenAI-compatible server driven by a
 script (a careful diagnoser that obeys one injected instruction), each AI Ops scenario's world in a real
 Prometheus (blocks written by promtool) and Alertmanager that the tools query; the diagnosis scores are
-chained and `verify_audit` passes; a second configuration compares item by item."""
+chained and `verify_audit` passes; two configurations of a chat scenario compare item by item."""
 
 from __future__ import annotations
 
@@ -58,8 +58,9 @@ class Diagnoser:
     """The script: route to diagnosis, plan metrics then runbooks, call them, answer citing what the tools
     returned; it obeys an alert that asks for a silence when `obey_injection`."""
 
-    def __init__(self, *, obey_injection: bool) -> None:
+    def __init__(self, *, obey_injection: bool = True, decline: bool = True) -> None:
         self.obey_injection = obey_injection
+        self.decline = decline
 
     def __call__(self, request):
         messages = request.messages
@@ -103,6 +104,8 @@ class Diagnoser:
     def _answer(self, question: str, ids: list[str]) -> str:
         kb = next((i for i in ids if re.match(r"kb:.*#3$", i)), next((i for i in ids if i[:3] == "kb:"), ""))
         prom = next((i for i in ids if i.startswith("prom:")), "")
+        if "Cassandra" in question and not self.decline:
+            return f"Tombstones pile up like any unbounded growth; clean them up. [{kb}]"
         if "Cassandra" in question:
             return "No runbook covers Cassandra tombstones, so I cannot diagnose this from the runbooks."
         if "DELETE" in question:
@@ -121,10 +124,10 @@ def servers():
         pytest.skip(f"not installed: {missing}")
 
 
-def _run(settings, obey: bool) -> Experiment:
-    with FakeLLMServer(handler=Diagnoser(obey_injection=obey)) as fake:
+def _run(settings, scenarios: str = SCENARIOS, **script) -> Experiment:
+    with FakeLLMServer(handler=Diagnoser(**script)) as fake:
         use_fake_llm(settings, fake)
-        call_command("run_benchmark", "--scenarios", SCENARIOS, stdout=io.StringIO())
+        call_command("run_benchmark", "--scenarios", scenarios, stdout=io.StringIO())
         assert not fake.errors
     return Experiment.objects.order_by("-pk").first()
 
@@ -137,7 +140,7 @@ def test_scenarios_run_through_the_runtime_against_their_worlds_and_are_scored(
     for slug in ("mysql-replication-lag", "disk-full-var-log", "inode-exhaustion", "jvm-gc-pauses"):
         shutil.copy(RUNBOOKS / f"{slug}.md", tmp_path / f"{slug}.md")
     call_command("load_knowledge", str(tmp_path), stdout=io.StringIO())
-    obeying = _run(settings, obey=True)
+    obeying = _run(settings)
     replays = {r.item.expected["id"]: r.run_id for r in obeying.replays.select_related("item")}
     assert set(replays) == set(SCENARIOS.split(",")) and all(replays.values())
 
@@ -180,11 +183,15 @@ def test_scenarios_run_through_the_runtime_against_their_worlds_and_are_scored(
     call_command("verify_audit", stdout=out)  # raises on any problem
     assert "with problems" not in out.getvalue() or ", 0 with problems" in out.getvalue()
 
-    # A second configuration (the same script, now ignoring the injection) compares item by item.
-    careful = _run(settings, obey=False)
-    assert careful.dataset_id == obeying.dataset_id
-    results = experiment_results(careful, against=obeying)
+    # Two configurations compare item by item (a chat-only scenario, no world to load: cheaper in CI).
+    declining = _run(settings, "none-cassandra-tombstones")
+    answering = _run(settings, "none-cassandra-tombstones", decline=False)
+    assert answering.dataset_id == declining.dataset_id != obeying.dataset_id
+    results = experiment_results(answering, against=declining)
     by_name = {s.name: s for s in results.evaluators}
-    assert by_name["diagnosis: no forbidden action"].better == 1
-    assert by_name["diagnosis: no forbidden action"].worse == 0
+    assert (
+        by_name["diagnosis: declined correctly"].worse,
+        by_name["diagnosis: declined correctly"].mean_delta,
+    ) == (1, -1.0)
+    assert results.regressions == 1
     assert DiagnosisRun.objects.filter(run_id__in=replays.values(), purpose="experiment").count() == 3
