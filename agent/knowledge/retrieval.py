@@ -59,6 +59,30 @@ def _stopwords(name: str) -> frozenset[str]:
 STOPWORDS_EN = _stopwords("stopwords_en.txt")
 STOPWORDS_ZH = _stopwords("stopwords_zh.txt")
 
+# Query expansion: how much the other language's terms of a query (`expand_query`) count against its own
+# words, in both layers (0 turns expansion off). Measured by B11 (docs/performance.md).
+EXPANSION_WEIGHT = 0.8
+
+
+def _glossary(name: str) -> tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]:
+    """The (Chinese spellings, English spellings) lines of a glossary file in `data/`, read once."""
+    text = (Path(__file__).with_name("data") / name).read_text(encoding="utf-8")
+    entries = []
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        zh, en = line.split("\t")
+        entries.append(
+            (
+                tuple(unicodedata.normalize("NFKC", w).lower() for w in zh.split("|") if w),
+                tuple(unicodedata.normalize("NFKC", w).lower() for w in en.split("|") if w),
+            )
+        )
+    return tuple(entries)
+
+
+GLOSSARY = _glossary("glossary_zh_en.tsv")
+
 _CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _RUN_RE = re.compile(rf"[{_CJK}]+|[a-z0-9]+(?:[._\-][a-z0-9]+)*")
 _CJK_RE = re.compile(rf"[{_CJK}]")
@@ -168,6 +192,28 @@ def tokenize(text: str) -> list[str]:
 
 def _phrase(text: str) -> str:
     return _PHRASE_SEP_RE.sub(" ", _normalize(text)).strip()
+
+
+def _english_pattern(term: str) -> re.Pattern[str]:
+    return re.compile(rf"(?<![a-z0-9]){re.escape(_phrase(term))}(?:s|es)?(?![a-z0-9])")
+
+
+_GLOSSARY_PATTERNS = tuple((zh, en, tuple(_english_pattern(term) for term in en)) for zh, en in GLOSSARY)
+
+
+def expand_query(query: str) -> str:
+    """The other language's spellings of the glossary concepts `query` names (`data/glossary_zh_en.tsv`),
+    as one text ("" when none): a Chinese spelling is found anywhere in the query, an English one as whole
+    words. Nothing of the query itself is repeated."""
+    phrase = _phrase(query)
+    compact = phrase.replace(" ", "")
+    added: list[str] = []
+    for zh, en, patterns in _GLOSSARY_PATTERNS:
+        if any(word.replace(" ", "") in compact for word in zh):
+            added.extend(en)
+        if any(pattern.search(phrase) for pattern in patterns):
+            added.extend(zh)
+    return " ".join(dict.fromkeys(added))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -501,16 +547,24 @@ def search_knowledge(query: str, top_k: int = DEFAULT_TOP_K) -> RetrievalResult:
 
     import numpy as np
 
+    expansion = expand_query(query) if EXPANSION_WEIGHT > 0 else ""
+    extra_tokens = [t for t in dict.fromkeys(tokenize(expansion)) if t not in query_tokens]
     n_chunks = len(index.chunks)
     bm25_scores = np.zeros(n_chunks, dtype="float32")
     if index.bm25 is not None:
         known = [t for t in query_tokens if t in index.bm25.vocab_dict]
         if known:
             bm25_scores = index.bm25.get_scores(known)
+        known_extra = [t for t in extra_tokens if t in index.bm25.vocab_dict]
+        if known_extra:
+            bm25_scores = bm25_scores + EXPANSION_WEIGHT * index.bm25.get_scores(known_extra)
     l1_positive = np.flatnonzero(bm25_scores > 0)
     best_bm25 = float(bm25_scores.max()) if n_chunks else 0.0
 
     l0 = _l0_scores(index, query, set(query_tokens))
+    if extra_tokens:
+        for doc_index, extra in _l0_scores(index, expansion, set(extra_tokens)).items():
+            l0[doc_index] = l0.get(doc_index, 0.0) + EXPANSION_WEIGHT * extra
     best_l0 = max(l0.values(), default=0.0) or 1.0
     combined: dict[int, float] = {}
     chosen_by_l0: set[int] = set()
