@@ -165,11 +165,12 @@ def breakdown(results: list[tuple[Question, int, list[str]]]) -> dict[str, Score
     return {key: score(ranks) for key, ranks in groups.items()}
 
 
-def with_corpus(fn: Callable[[], object], folder: Path = RUNBOOKS) -> object:
+def with_corpus(fn: Callable[[], object], corpus=None) -> object:
+    """`fn()` with `corpus` (by default the shipped runbooks, indexed now) as the knowledge base."""
     from agent.knowledge.corpus import corpus_from_folder, use_corpus
     from agent.knowledge.retrieval import reset_override
 
-    token = use_corpus(corpus_from_folder(folder))
+    token = use_corpus(corpus if corpus is not None else corpus_from_folder(RUNBOOKS))
     try:
         return fn()
     finally:
@@ -220,14 +221,14 @@ def misses(results: list[tuple[Question, int, list[str]]]) -> list[str]:
     ]
 
 
-def run_all(*, log=print, verbose: bool = False) -> tuple[list[Row], dict]:
+def run_all(*, log=print, verbose: bool = False, corpus=None) -> tuple[list[Row], dict]:
     questions = load_questions()
     scenario_questions, skipped = load_scenarios()
 
     def measure():
         return evaluate(questions), evaluate(scenario_questions)
 
-    paraphrase, scenarios = with_corpus(measure)
+    paraphrase, scenarios = with_corpus(measure, corpus)
     p_scores, s_scores = breakdown(paraphrase), breakdown(scenarios)
     for key, s in p_scores.items():
         log(f"  B11 paraphrase {key:<26} {s.text()}")
