@@ -215,7 +215,8 @@ def _rows(label: str, scores: dict[str, Scores], *, targets: bool) -> list[Row]:
 
 def misses(results: list[tuple[Question, int, list[str]]]) -> list[str]:
     return [
-        f"rank {rank or '–'}: {q.question!r} → expected {'/'.join(q.expected)}, got {', '.join(found[:3])}"
+        f"rank {rank or '–'}{' (held out)' if q.holdout else ''}: {q.question!r} → expected "
+        f"{'/'.join(q.expected)}, got {', '.join(found[:3])}"
         for q, rank, found in results
         if rank != 1
     ]

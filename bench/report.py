@@ -366,10 +366,10 @@ def b11_section(res: Results) -> str:
     return f"""{B11_START}
 ## B11: retrieval quality
 
-Measured {when} by `python -m bench --only b11` (`bench/b11_retrieval.py`): every question is asked of
-`search_knowledge` (the `lookup_knowledge` tool's search, top 10 chunks) over the shipped runbooks, and
-the rank of the first expected runbook (each runbook at the rank of its best chunk) gives recall@1,
-recall@3 and MRR. A ranking, not a timing: the same on every machine. Targets on the paraphrase set
+Measured {when} by `python -m bench --only b11` (`bench/b11_retrieval.py`): every question
+is asked of `search_knowledge` (the `lookup_knowledge` tool's search, top 10 chunks) over the shipped
+runbooks, and the rank of the first expected runbook (each runbook at the rank of its best chunk) gives
+recall@1, recall@3 and MRR. A ranking, not a timing: the same on every machine. Targets on the paraphrase set
 (`benchmarks/retrieval/questions.yaml`): recall@1 ≥ {r1:g}, recall@3 ≥ {r3:g};
 `holdout` is the part written with the rest before any tuning and never tuned on;
 `cross-language` = the question's language differs from every expected runbook's.
@@ -641,6 +641,14 @@ guards, release, every decision recorded durably) against the fake provider taki
 Outside the model = the run's wall time − the time its model calls took as the runtime itself measured
 them (request sent → stream ended).
 
+**B11 retrieval quality** (issue 47). Not a timing: each question of
+`benchmarks/retrieval/questions.yaml` (and each incident scenario's question with an expected runbook)
+is asked of `search_knowledge` over the shipped runbooks indexed in memory
+(`corpus_from_folder("runbooks")`, the same index `load_knowledge` gives), and recall@1, recall@3 and MRR
+of the first expected runbook are reported overall, held out / tuning, per language, per kind and
+cross-language; one repetition, since a ranking does not vary. Its section below lists every question
+whose runbook is not first. `tests/agent/knowledge/test_retrieval_quality.py` asserts the targets.
+
 **B5 transparency log.** A log of 10 000 and of 1 000 000 leaves is built directly (synthetic leaf
 data, RFC 9162 hashes and every complete subtree computed in Python and bulk-inserted, then signed); each
 repetition adds 1 000 finished runs (bulk-inserted run rows with a valid two-event chain) and times
@@ -710,10 +718,11 @@ Trace endpoint, 500-event run, 20 reads (pyinstrument):
 ## Running it
 
 `make bench` (or `.venv/bin/python -m bench`) starts MariaDB if needed (`scripts/mariadb.sh`), creates
-and migrates `diagnosis_bench`, runs B1–B7 and writes this page; `--quick` runs short repetitions (B2
+and migrates `diagnosis_bench`, runs B1–B7 and B11 and writes this page; `--quick` runs short repetitions (B2
 growth to 100 000 runs, B3's ramp up to 50 chats) without writing it; `--only b1,b4` runs a subset;
 `--only b3` runs B3 on the chat profile alone (≈ 12 min; `--smoke` shrinks it to ≈ 2 min,
 `--b3-short` adds the short-profile sweep);
+`--only b11` measures retrieval quality alone (seconds) and rewrites its section;
 `--only b3p` profiles one daphne under 50 and 200 chats with py-spy and rewrites its section
 (`--b3p-chat`: on the chat profile's ≈ 25 s runs).
 `--only b3l` runs B3's levers side by side (daphne or uvicorn, asyncio or uvloop, draft coalescing;
