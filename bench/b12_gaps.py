@@ -1,10 +1,10 @@
-"""B11 (issue 47, item 5): the in-memory cost of grouping unanswered questions (`evaluations.clusters`).
+"""B12 (issue 47, item 5): the in-memory cost of grouping unanswered questions (`evaluations.clusters`).
 
 The report reads its runs in one query (tested in tests/evaluations/test_gaps.py); what grows with the
 period is the grouping: TF-IDF over the retrieval's tokeniser and the average linkage. This measures
 both on synthetic questions (words of the labelled set, five topics' openings plus six random words,
 so that groups form) at 100, 300 and 1,000 distinct questions (`evaluations.gaps.MAX_QUESTIONS`), jieba
-warm, median and max of 5 repetitions. Alone: `DEBUG=true .venv/bin/python -m bench.b11_gaps`; not in
+warm, median and max of 5 repetitions. Alone: `DEBUG=true .venv/bin/python -m bench.b12_gaps`; not in
 `python -m bench`'s table. Figures: docs/admin.md, *Unanswered questions*.
 """
 
