@@ -36,7 +36,7 @@ from core.db_router import primary_reads, render_from_replica
 from diagnosis.models import DiagnosisRun, RunFeedback, RunStatus
 from diagnosis.selectors import all_feedback, search_runs
 from reasoning.models import REASONING_PERMISSION, AccessChannel
-from surfaces.admin import configs, datasets, evaluation_views, oversight
+from surfaces.admin import configs, datasets, drafts, evaluation_views, oversight
 from surfaces.admin.analyse import analyse_view
 from surfaces.admin.dashboard import dashboard_view
 from surfaces.admin.display import (
@@ -340,6 +340,12 @@ class DiagnosisRunAdmin(EvaluationColumn, ScalableListAdmin, admin.ModelAdmin):
             if exc.decided is not None:  # refused as expired, and the expiry recorded
                 approvals.publish_decision(exc.decided)
             messages.error(request, f"Not decided ({exc.code}): {exc}")
+            # The note typed is offered again on the run page (unless the call is no longer waiting).
+            drafts.keep(
+                request,
+                f"approval:{run.run_id}",
+                {"call": tool_call_id, "note": request.POST.get("note", "")},
+            )
         else:
             approvals.publish_decision(decided)
             messages.success(
@@ -437,6 +443,7 @@ class DiagnosisRunAdmin(EvaluationColumn, ScalableListAdmin, admin.ModelAdmin):
             "session_url": reverse("admin:diagnosis_chatsession_change", args=[run.session.pk]),
             "waiting_approvals": waiting,
             "can_approve": approvals.may_approve(request.user),
+            "approval_draft": drafts.take(request, f"approval:{run.run_id}"),
             "all_feedback": all_feedback(run_id=run.run_id),
             "events_url": reverse("admin:audit_traceevent_changelist") + "?" + urlencode({"q": run.run_id}),
             **review_context,
