@@ -97,6 +97,17 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$digest" ]; then
   echo "$digest" > "$stamp"
 fi
 
+# The project itself, editable, so the offline bundle verifier is a command that runs from any directory:
+# .venv/bin/diagnosis-verify-bundle, and `.venv/bin/python -m audit.verify_bundle` outside this checkout
+# (pyproject.toml, [project.scripts]; docs/audit-integrity.md, *Commands*). Re-done when pyproject changes.
+project_stamp=".venv/.installed-project"
+project_digest=$(sha256sum pyproject.toml | cut -c1-16)
+if [ ! -f "$project_stamp" ] || [ "$(cat "$project_stamp")" != "$project_digest" ] || [ ! -x .venv/bin/diagnosis-verify-bundle ]; then
+  echo "setup: installing this checkout's verifier command (pip install -e .)"
+  .venv/bin/python -m pip install -q --no-deps -e .
+  echo "$project_digest" > "$project_stamp"
+fi
+
 # Arize Phoenix, the trace store the telemetry tests export to (tests/telemetry/phoenix.py): too heavy for
 # the app's venv (and never a runtime dependency), so it lives in a venv of its own. About 45 s once.
 PHOENIX_VERSION=20.26.1
