@@ -1,5 +1,5 @@
 """Grouping short questions by their words: TF-IDF vectors over the knowledge retrieval's own tokeniser
-(`agent.knowledge.retrieval.tokenize`: jieba for Chinese, latin words and their parts, the same stop
+(`agent.knowledge.text.tokenize`: jieba for Chinese, latin words and their parts, the same stop
 words) and average-linkage agglomerative clustering over their cosine similarities, stopped at a
 similarity threshold; each cluster named by its heaviest terms. Pure numpy, deterministic, no database.
 Why not a library, and how well it groups (purity on a labelled set): docs/admin.md, *Unanswered questions*.
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agent.knowledge.retrieval import _CJK_RE, tokenize
+from agent.knowledge.text import CJK_RE, tokenize
 from agent.redaction import PLACEHOLDER
 
 # Two questions (or groups) join while the mean cosine similarity of their members is at least this:
@@ -31,7 +31,7 @@ def terms(text: str) -> list[str]:
     return [
         t
         for t in tokenize(PLACEHOLDER.sub(" ", text))
-        if not t.isdigit() and not (len(t) == 1 and _CJK_RE.match(t))
+        if not t.isdigit() and not (len(t) == 1 and CJK_RE.match(t))
     ]
 
 
