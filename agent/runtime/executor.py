@@ -44,6 +44,7 @@ from agent.runtime.events import (
     RunEvent,
     SafeSink,
     ToolEvent,
+    timestamp,
 )
 from agent.runtime.llm import LLMError, ModelClient, aclose_clients
 from agent.runtime.pipeline import run_pipeline
@@ -418,7 +419,16 @@ async def _start(
     else:
         seq = await db(recorder.run_started, agent_flow=run.agent_flow, release_mode=mode, details=details)
     demo = details.get("provider") == DEMO_PROVIDER
-    await out.emit(RunEvent(session_id=run.session_id, run_id=run.run_id, sequence_no=seq, demo=demo))
+    await out.emit(
+        RunEvent(
+            session_id=run.session_id,
+            run_id=run.run_id,
+            sequence_no=seq,
+            demo=demo,
+            query=run.query,  # as stored: redacted before the run was created
+            asked_at=timestamp(run.created_at),
+        )
+    )
     if setup_error is not None:
         raise setup_error
     ctx = RunContext(

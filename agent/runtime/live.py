@@ -36,6 +36,7 @@ from agent.runtime.events import (
     identity,
     progress_of,
     sequence_of,
+    timestamp,
     to_message,
 )
 from audit.models import EventType
@@ -229,7 +230,14 @@ def persisted_frames(run_id: str, *, after: int) -> Replay:
         if row.event_type == EventType.RUN_STARTED:
             demo = (row.details or {}).get("provider") == DEMO_PROVIDER
             events.append(
-                RunEvent(session_id=run.session_id, run_id=run_id, sequence_no=row.sequence_no, demo=demo)
+                RunEvent(
+                    session_id=run.session_id,
+                    run_id=run_id,
+                    sequence_no=row.sequence_no,
+                    demo=demo,
+                    query=run.query,
+                    asked_at=timestamp(run.created_at),
+                )
             )
         elif (
             progress := progress_of(
@@ -238,6 +246,7 @@ def persisted_frames(run_id: str, *, after: int) -> Replay:
                 status=row.status,
                 details=row.details,
                 sequence_no=row.sequence_no,
+                at=timestamp(row.created_at),
             )
         ) is not None:
             events.append(progress)
@@ -251,6 +260,7 @@ def persisted_frames(run_id: str, *, after: int) -> Replay:
                     name=row.details.get("toolName", ""),
                     status=row.status,
                     sequence_no=row.sequence_no,
+                    at=timestamp(row.created_at),
                 )
             )
         elif row.event_type == EventType.RUN_FINISHED:
