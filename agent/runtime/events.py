@@ -185,6 +185,19 @@ def timestamp(value: dt.datetime | None) -> str | None:
     return value.astimezone(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def run_event(run: Any, *, sequence_no: int | None, demo: bool) -> RunEvent:
+    """The `run` frame of a run's row, live and replayed alike: its ids, the question as stored (redacted
+    before the run was created) and when it was asked."""
+    return RunEvent(
+        session_id=run.session_id,
+        run_id=run.run_id,
+        sequence_no=sequence_no,
+        demo=demo,
+        query=run.query,
+        asked_at=timestamp(run.created_at),
+    )
+
+
 def progress_of(
     *,
     run_id: str,

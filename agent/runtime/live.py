@@ -30,11 +30,11 @@ from agent.runtime.events import (
     ErrorEvent,
     Event,
     OutcomeEvent,
-    RunEvent,
     ToolEvent,
     from_message,
     identity,
     progress_of,
+    run_event,
     sequence_of,
     timestamp,
     to_message,
@@ -229,16 +229,7 @@ def persisted_frames(run_id: str, *, after: int) -> Replay:
     for row in rows:
         if row.event_type == EventType.RUN_STARTED:
             demo = (row.details or {}).get("provider") == DEMO_PROVIDER
-            events.append(
-                RunEvent(
-                    session_id=run.session_id,
-                    run_id=run_id,
-                    sequence_no=row.sequence_no,
-                    demo=demo,
-                    query=run.query,
-                    asked_at=timestamp(run.created_at),
-                )
-            )
+            events.append(run_event(run, sequence_no=row.sequence_no, demo=demo))
         elif (
             progress := progress_of(
                 run_id=run_id,

@@ -761,7 +761,7 @@
         maxChars.toLocaleString() + ". Shorten it by " + (length - maxChars).toLocaleString() + " characters.";
       note.dataset.reason = "too-long";
       show(note, true);
-    } else if (note.dataset.reason === "too-long") {
+    } else if (note.dataset.reason === "too-long" || (note.dataset.reason === "empty" && query.value.trim())) {
       note.dataset.reason = "";
       show(note, false);
     }
