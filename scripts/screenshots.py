@@ -87,7 +87,7 @@ def _shoot(base: str, password: str, out: Path, width: int) -> None:
             page.fill("#query", QUESTION)
             page.keyboard.press("Control+Enter")
             turn = page.locator(".turn").last
-            expect(turn).to_have_attribute("data-finished", "true")
+            expect(turn).to_have_attribute("data-finished", "true", timeout=60_000)  # as the page's own
             page.screenshot(path=str(out / "chat-conversation.png"), full_page=True)
 
             pages = {
