@@ -166,7 +166,9 @@ class Command(BaseCommand):
         log = self._log(options, policy, known_witnesses, governance, plan.since)
         anchors = log.governance
         if plan.since is not None:
-            anchors = {**governance_anchors(), **log.governance}
+            anchors = governance_anchors(below=plan.since.tree_size)
+            for seq, leaves in log.governance.items():
+                anchors.setdefault(seq, []).extend(leaves)
         governance_problems = self._governance(log, governance, anchors)
         configuration_issues = self._configurations()
         if failed:
