@@ -156,3 +156,25 @@ def test_workers_print_what_one_process_prints(user, state):
     two = _verify("--all", "--workers", "2", "--batch-size", "2")
     assert not one[0] and one == two
     assert f"run={runs[2].run_id} INVALID" in one[1] and f"run={runs[4].run_id} INVALID" in one[1]
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_progress_line_is_drawn_on_a_terminal_only(monkeypatch):
+    from django.core.management.base import OutputWrapper
+
+    from audit.management.commands.verify_audit import Progress
+
+    monkeypatch.delenv("CI", raising=False)
+    terminal, pipe = _Terminal(), io.StringIO()
+    for stream in (terminal, pipe):
+        progress = Progress(OutputWrapper(stream), 4)
+        for done in range(1, 5):
+            progress.tick(done)
+        progress.done()
+    drawn = terminal.getvalue()
+    assert "4/4 runs" in drawn and "runs/s" in drawn and "ETA" in drawn
+    assert pipe.getvalue() == ""  # cron, CI, a pipe: nothing but the lines and the summary
