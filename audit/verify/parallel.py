@@ -18,11 +18,11 @@ from audit.read.chunks import events_of
 from audit.read.list_facts import annotate_recomputed
 from audit.verify.provenance import CheckpointTimes, GovernanceView
 from audit.verify.runs import RunVerification, check_runs
-from core.db_router import replica_configured, replica_reads
+from core.db_router import primary_reads, replica_configured, replica_reads
 from diagnosis.models import DiagnosisRun
 from pricing.costs import load_price_book
 
-# A chunk: ("range", first pk, last pk) of every run between, or ("ids", pks) of chosen runs.
+# A chunk: ("range", first pk, last pk, runs between) or ("ids", pks) of chosen runs.
 Chunk = tuple
 
 
@@ -33,10 +33,10 @@ def range_chunks(batch_size: int) -> list[Chunk]:
         first = pk if first is None else first
         count, last = count + 1, pk
         if count == batch_size:
-            chunks.append(("range", first, last))
+            chunks.append(("range", first, last, count))
             first, count = None, 0
     if first is not None:
-        chunks.append(("range", first, last))
+        chunks.append(("range", first, last, count))
     return chunks
 
 
@@ -66,12 +66,16 @@ class _Context:
 _context: _Context | None = None
 
 
-def _verify(context: _Context, chunk: Chunk) -> list[RunVerification]:
+def _verify(context: _Context, chunk: Chunk, *, complete: bool = False) -> list[RunVerification] | None:
+    """The chunk's verdicts; None when fewer runs are read than the chunk holds and `complete` is asked
+    (a replica behind the primary that chose the chunk: the caller reads it all again there)."""
     if chunk[0] == "range":
-        runs = DiagnosisRun.objects.filter(pk__gte=chunk[1], pk__lte=chunk[2])
+        runs, expected = DiagnosisRun.objects.filter(pk__gte=chunk[1], pk__lte=chunk[2]), chunk[3]
     else:
-        runs = DiagnosisRun.objects.filter(pk__in=chunk[1])
+        runs, expected = DiagnosisRun.objects.filter(pk__in=chunk[1]), len(chunk[1])
     batch = list(annotate_recomputed(runs).order_by("pk"))
+    if complete and len(batch) < expected:
+        return None
     return list(
         check_runs(
             batch,
@@ -96,14 +100,19 @@ def _reads():
 
 def _work(chunk: Chunk) -> list[RunVerification]:
     with _reads():
-        return _verify(_context, chunk)
+        verdicts = _verify(_context, chunk, complete=replica_configured())
+    if verdicts is None:  # never fewer runs than the primary chose: the whole chunk from the primary
+        with primary_reads():
+            verdicts = _verify(_context, chunk)
+    return verdicts
 
 
 def verify_chunks(
     chunks: Sequence[Chunk], *, workers: int = 1, governance: GovernanceView | None = None
 ) -> Iterator[RunVerification]:
     """The verdicts of every run of `chunks`, in chunk order; over `workers` processes when above 1."""
-    if workers <= 1 or len(chunks) <= 1:
+    if workers <= 1 or len(chunks) <= 1 or connection.in_atomic_block:
+        # (In a transaction, as in a test, only this connection sees what it wrote: verified here.)
         context = _Context.load(governance)
         for chunk in chunks:
             yield from _verify(context, chunk)
