@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from django.db import connection, connections
 
-from audit.read.chunks import events_of
 from audit.read.list_facts import annotate_recomputed
+from audit.read.trace import timelines_of
 from audit.verify.provenance import CheckpointTimes, GovernanceView
 from audit.verify.runs import RunVerification, check_runs
 from core.db_router import primary_reads, replica_configured, replica_reads
@@ -79,7 +79,7 @@ def _verify(context: _Context, chunk: Chunk, *, complete: bool = False) -> list[
     return list(
         check_runs(
             batch,
-            events_of([r.run_id for r in batch]),
+            timelines_of([r.run_id for r in batch]),
             book=context.book,
             adopted=context.governance.adopted,
             governance=context.governance,
