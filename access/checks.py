@@ -1,9 +1,10 @@
 """System checks of sign-in settings (errors stop `runserver`, `migrate` and `check --deploy`).
 
 `access.E001`–`E002`: the local password policy (`LOCAL_PASSWORD_LOGIN`, `BREAK_GLASS_USERNAMES`);
-`access.E003`–`E005`: single sign-on's settings (endpoints and client, `OIDC_GROUP_MAP`, an asymmetric
-`OIDC_RP_SIGN_ALGO`); `access.W001`: a non-https OIDC endpoint with DEBUG off. A typo never picks a
-policy, and nobody is left unable to sign in when the identity provider is down.
+`access.E003`–`E006`: single sign-on's settings (client, issuer and, without discovery, endpoints;
+`OIDC_GROUP_MAP`; an asymmetric `OIDC_RP_SIGN_ALGO`; `OIDC_LOGOUT`, `OIDC_TOKEN_AUTH_METHOD`);
+`access.W001`: a non-https OIDC URL with DEBUG off. A typo never picks a policy, and nobody is left
+unable to sign in when the identity provider is down. Nothing is fetched from the provider here.
 Details: docs/security.md, *7. Single sign-on (OpenID Connect) and break-glass passwords*.
 """
 
@@ -12,19 +13,16 @@ from __future__ import annotations
 from django.conf import settings
 from django.core.checks import Error, Warning, register
 
+from access.oidc_provider import AUTH_METHODS
 from access.passwords import MODES
+from access.sso_logout import MODES as LOGOUT_MODES
 from core.groups import GOVERNED
 
 ASYMMETRIC = {"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512"}
-REQUIRED = (
-    "OIDC_RP_CLIENT_ID",
-    "OIDC_RP_CLIENT_SECRET",
-    "OIDC_OP_ISSUER",
-    "OIDC_OP_AUTHORIZATION_ENDPOINT",
-    "OIDC_OP_TOKEN_ENDPOINT",
-    "OIDC_OP_JWKS_ENDPOINT",
-)
-URLS = (*REQUIRED[2:], "OIDC_OP_USER_ENDPOINT")
+REQUIRED = ("OIDC_RP_CLIENT_ID", "OIDC_RP_CLIENT_SECRET", "OIDC_OP_ISSUER")
+# without discovery (OIDC_OP_DISCOVERY=false) these must be set too
+WITHOUT_DISCOVERY = ("OIDC_OP_AUTHORIZATION_ENDPOINT", "OIDC_OP_TOKEN_ENDPOINT", "OIDC_OP_JWKS_ENDPOINT")
+URLS = ("OIDC_OP_ISSUER", *WITHOUT_DISCOVERY, "OIDC_OP_USER_ENDPOINT", "OIDC_OP_END_SESSION_ENDPOINT")
 
 
 @register()
@@ -67,12 +65,14 @@ def check_oidc(app_configs=None, **kwargs) -> list:
     if not settings.OIDC_ENABLED:
         return []
     problems: list = []
-    missing = [name for name in REQUIRED if not getattr(settings, name)]
+    required = REQUIRED if settings.OIDC_OP_DISCOVERY else (*REQUIRED, *WITHOUT_DISCOVERY)
+    missing = [name for name in required if not getattr(settings, name)]
     if missing:
         problems.append(
             Error(
                 f"OIDC_ENABLED is on but these are not set: {', '.join(missing)}.",
-                hint="Copy them from the provider's discovery document (/.well-known/openid-configuration).",
+                hint="The client is registered at the provider; the issuer and (with OIDC_OP_DISCOVERY off) "
+                "the endpoints are in its /.well-known/openid-configuration.",
                 id="access.E003",
             )
         )
@@ -93,6 +93,7 @@ def check_oidc(app_configs=None, **kwargs) -> list:
                 id="access.E005",
             )
         )
+    problems.extend(_choice_errors())
     if not settings.DEBUG:
         plain = [name for name in URLS if str(getattr(settings, name)).startswith("http://")]
         if plain:
@@ -104,3 +105,16 @@ def check_oidc(app_configs=None, **kwargs) -> list:
                 )
             )
     return problems
+
+
+def _choice_errors() -> list[Error]:
+    choices = {"OIDC_LOGOUT": LOGOUT_MODES, "OIDC_TOKEN_AUTH_METHOD": ("", *AUTH_METHODS)}
+    return [
+        Error(
+            f"{name}={getattr(settings, name)!r} is not one of: {', '.join(v for v in allowed if v)}.",
+            hint="docs/configuration.md, Single sign-on (OpenID Connect).",
+            id="access.E006",
+        )
+        for name, allowed in choices.items()
+        if getattr(settings, name) not in allowed
+    ]

@@ -1,6 +1,6 @@
 """OpenID Connect sign-in (`OIDC_ENABLED`; docs/security.md): mozilla-django-oidc's authorization code
-flow (with PKCE and a nonce), with the ID token checked as OpenID Connect Core 3.1.3.7 asks and the
-account found by (issuer, subject).
+flow (with PKCE and a nonce) against the provider of `access.oidc_provider`, the ID token checked as
+OpenID Connect Core 3.1.3.7 asks and the account found by (issuer, subject).
 
 `OidcBackend.authenticate` answers only the callback view (`surfaces.oidc_views`), never a password form;
 `verify_token` refuses an ID token that is not exactly this provider's, for this client, current and of
@@ -15,7 +15,6 @@ import hmac
 import logging
 
 import jwt
-import requests
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import get_user_model
@@ -26,17 +25,15 @@ from django.utils import timezone
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 from mozilla_django_oidc.utils import absolutify
 
-from access import sso
+from access import oidc_provider, sso
 from access.models import OidcIdentity
+from access.oidc_provider import Refused
 from access.passwords import provider_name
 
 logger = logging.getLogger(__name__)
 
 REQUIRED_CLAIMS = ["iss", "sub", "aud", "exp", "iat"]
-
-
-class Refused(Exception):
-    """A sign-in refused for a reason that may be shown to the person signing in."""
+__all__ = ["OidcBackend", "Refused", "refuse_message"]
 
 
 def refuse_message(request, reason: str) -> None:
@@ -67,8 +64,6 @@ class OidcBackend(OIDCAuthenticationBackend):
         if not code or not state:
             return None
         payload = {
-            "client_id": self.OIDC_RP_CLIENT_ID,
-            "client_secret": self.OIDC_RP_CLIENT_SECRET,
             "grant_type": "authorization_code",
             "code": code,
             "redirect_uri": absolutify(request, reverse("oidc_authentication_callback")),
@@ -76,16 +71,11 @@ class OidcBackend(OIDCAuthenticationBackend):
         if kwargs.get("code_verifier"):
             payload["code_verifier"] = kwargs["code_verifier"]
         try:
-            try:
-                tokens = self.get_token(payload)
-            except (requests.RequestException, ValueError) as exc:
-                logger.warning("single sign-on token request failed: %s", type(exc).__name__)
-                raise Refused("the identity provider did not accept the sign-in code") from None
-            id_token = tokens.get("id_token") if isinstance(tokens, dict) else None
+            tokens = oidc_provider.redeem(payload)  # Unreachable is a Refused too
+            id_token = tokens.get("id_token")
             if not isinstance(id_token, str) or not id_token:
                 raise Refused("the identity provider returned no ID token")
             claims = self.verify_token(id_token, nonce=kwargs.get("nonce"))
-            self.store_tokens(tokens.get("access_token"), id_token)
             return self.get_or_create_user(tokens.get("access_token"), id_token, claims)
         except Refused as exc:
             refuse_message(request, str(exc))
@@ -101,10 +91,7 @@ class OidcBackend(OIDCAuthenticationBackend):
             raise Refused("the ID token is not a signed JWT") from None
         if header.get("alg") != algorithm:
             raise Refused(f"the ID token is not signed with {algorithm}")
-        try:
-            key = self.retrieve_matching_jwk(token)
-        except (requests.RequestException, ValueError, KeyError, jwt.PyJWTError, SuspiciousOperation):
-            raise Refused("no key of the identity provider's JWKS matches the ID token") from None
+        key = self.retrieve_matching_jwk(token)
         try:
             claims = jwt.decode(
                 token,
@@ -141,20 +128,24 @@ class OidcBackend(OIDCAuthenticationBackend):
             raise Refused("the ID token has no subject")
         return claims
 
-    def get_userinfo(self, access_token, id_token, payload):
-        if not settings.OIDC_OP_USER_ENDPOINT:
-            return {}
+    def retrieve_matching_jwk(self, token):
+        """The provider's key for this token's `kid` and `alg` (the key set fetched again once for a
+        key id not seen yet: the provider rotated)."""
         try:
-            response = requests.get(
-                settings.OIDC_OP_USER_ENDPOINT,
-                headers={"Authorization": f"Bearer {access_token}"},
-                timeout=self.get_settings("OIDC_TIMEOUT", None),
-            )
-            response.raise_for_status()
-            info = response.json()
-        except (requests.RequestException, ValueError):
-            raise Refused("the identity provider's userinfo endpoint did not answer with JSON") from None
-        if not isinstance(info, dict) or info.get("sub") != payload["sub"]:
+            header = jwt.get_unverified_header(token)
+            for fresh in (False, True):
+                for jwk in oidc_provider.jwks(fresh=fresh):
+                    if jwk.get("kid") == header.get("kid") and jwk.get("alg", header["alg"]) == header["alg"]:
+                        return jwt.PyJWK(jwk)
+        except (ValueError, KeyError, jwt.PyJWTError, SuspiciousOperation):
+            pass
+        raise Refused("no key of the identity provider's JWKS matches the ID token")
+
+    def get_userinfo(self, access_token, id_token, payload):
+        info = oidc_provider.userinfo(str(access_token or ""))
+        if info is None:
+            return {}
+        if info.get("sub") != payload["sub"]:
             raise Refused("the userinfo response is about another subject than the ID token")
         return info
 
@@ -167,7 +158,10 @@ class OidcBackend(OIDCAuthenticationBackend):
                 raise Refused("this account is deactivated")
             self.update_user(user, claims)
             sso.apply_claims(user, claims)
-        user.sso_second_factor = sso.second_factor(payload)  # only what the signed ID token asserts
+        # What the provider asserted about this sign-in: the signed ID token's amr/acr, else the
+        # userinfo's (some providers put them only there); the ID token kept for the sign-out's hint.
+        user.sso_second_factor = sso.second_factor(payload, userinfo)
+        user.sso_id_token = id_token
         return user
 
     # ------------------------------------------------------------------------------------------

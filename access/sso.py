@@ -3,9 +3,10 @@
 * `apply_claims`: on every sign-in the groups claim, mapped through `OIDC_GROUP_MAP`, sets the user's
   governed groups (added when asserted, removed when no longer asserted; other groups never touched),
   and `is_staff` follows; a superuser's flags are never changed. Each change is a governance event.
-* `second_factor` / `mark_session`: an `amr` or `acr` the settings accept makes the session count as
-  step-up verified, bound to that user and the single sign-on backend; any other sign-in clears it.
-Details: docs/security.md, *7. Single sign-on* (groups) and *3. Step-up* (the second factor).
+* `claims_request` / `second_factor` / `mark_session`: `amr`/`acr` are asked for (the `claims`
+  parameter) while accepted values are set; an accepted one makes the session count as step-up
+  verified, bound to that user and the single sign-on backend; any other sign-in clears it.
+Details: docs/security.md, *7. Single sign-on* (groups, sign-out) and *3. Step-up* (the second factor).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ logger = logging.getLogger(__name__)
 ACTOR = "(single sign-on)"  # parentheses and a space: no Django username can be spelled so
 BACKEND = "access.oidc.OidcBackend"
 SECOND_FACTOR_KEY = "access_sso_second_factor"
+ID_TOKEN_KEY = "access_sso_id_token"  # noqa: S105 (a session key) — the sign-in's ID token: the `id_token_hint` of the sign-out
 
 
 def enabled() -> bool:
@@ -97,13 +99,27 @@ def apply_claims(user, claims: dict) -> dict[str, list[str]]:
     return {"added": added, "removed": removed}
 
 
-def second_factor(id_token_claims: dict) -> dict | None:
-    """The accepted second factor the ID token asserts ({"amr": [...], "acr": ...}), or None."""
+def claims_request() -> dict | None:
+    """The OpenID Connect `claims` request parameter (Core 5.5) asking for `amr` and/or `acr` in the ID
+    token and at userinfo while `OIDC_ACCEPTED_AMR` / `OIDC_ACCEPTED_ACR` name values to accept (many
+    certified providers release `amr` only when asked so); None when neither is set."""
+    wanted = {}
+    if settings.OIDC_ACCEPTED_AMR:
+        wanted["amr"] = None
+    if settings.OIDC_ACCEPTED_ACR:
+        wanted["acr"] = None
+    return {"id_token": dict(wanted), "userinfo": dict(wanted)} if wanted else None
+
+
+def second_factor(id_token_claims: dict, userinfo: dict | None = None) -> dict | None:
+    """The accepted second factor asserted ({"amr": [...], "acr": ...}), or None: each of `amr` and
+    `acr` from the signed ID token, else from the provider's userinfo answer (same `sub`, checked)."""
     accepted_amr = {str(v) for v in settings.OIDC_ACCEPTED_AMR or ()}
     accepted_acr = {str(v) for v in settings.OIDC_ACCEPTED_ACR or ()}
-    amr = id_token_claims.get("amr")
+    userinfo = userinfo or {}
+    amr = id_token_claims["amr"] if "amr" in id_token_claims else userinfo.get("amr")
     amr = [str(v) for v in amr] if isinstance(amr, list) else []
-    acr = id_token_claims.get("acr")
+    acr = id_token_claims["acr"] if "acr" in id_token_claims else userinfo.get("acr")
     acr = str(acr) if isinstance(acr, str | int) else ""
     matched = sorted(accepted_amr.intersection(amr))
     if matched or (acr and acr in accepted_acr):
@@ -111,12 +127,17 @@ def second_factor(id_token_claims: dict) -> dict | None:
     return None
 
 
-def mark_session(request, user, factor: dict | None) -> None:
-    """After a single sign-on login: record (or clear) the second factor the IdP asserted."""
+def mark_session(request, user, factor: dict | None, id_token: str | None = None) -> None:
+    """After a single sign-on login: record (or clear) the second factor the IdP asserted, and keep the
+    ID token for the provider's sign-out (`access.sso_logout`)."""
     if factor:
         request.session[SECOND_FACTOR_KEY] = {"user": user.pk, **factor}
     else:
         request.session.pop(SECOND_FACTOR_KEY, None)
+    if id_token:
+        request.session[ID_TOKEN_KEY] = id_token
+    else:
+        request.session.pop(ID_TOKEN_KEY, None)
 
 
 def session_second_factor(request) -> bool:
@@ -140,3 +161,4 @@ def _clear_on_login(sender, request=None, user=None, **kwargs) -> None:
     session = getattr(request, "session", None)
     if session is not None:
         session.pop(SECOND_FACTOR_KEY, None)
+        session.pop(ID_TOKEN_KEY, None)

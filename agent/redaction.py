@@ -72,6 +72,25 @@ _RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ),
 )
 
+# After detect-secrets' plugins: where a plugin names the same value more precisely (a GitHub token
+# assigned to GITHUB_TOKEN), its kind wins (`find_secrets` keeps the first of equally long spans).
+_LAST_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    # An unquoted assignment to a secret-sounding name (`password=…`, `DB_PASSWORD = …`, `Pwd=…;`,
+    # `api_key: …` when the value has a digit): detect-secrets' keyword detector needs quotes outside
+    # config files, and ops pastes (env files, DSNs, command lines) rarely quote. Not a bare number
+    # (`total_tokens=1234567`), a path (`PWD=/srv/app`), a quoted value (the detector's), a placeholder, nor
+    # past an `@` (a URL's password is `url-password`'s) or a backslash (JSON-escaped text's next line).
+    (
+        "secret-keyword",
+        re.compile(
+            r"(?i)(?<![A-Za-z0-9])[A-Za-z0-9_.-]*"
+            r"(?:passw(?:or)?d|passphrase|pwd|secret|token|api[_-]?key|access[_-]?key|auth[_-]?key|credentials?)"
+            r"[A-Za-z0-9_.-]*\s*(?:=|:=|:(?=\s*[^\s'\"]*\d))\s*"
+            r"(?![\"'\[/])(?!\d+(?:[\s,;&)]|$))([^\s'\",;&)@\\]{6,})"
+        ),
+    ),
+)
+
 _PII_RULES: dict[str, re.Pattern[str]] = {
     "email": re.compile(
         r"\b[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(?:\.[A-Za-z0-9-]{1,63})*\.[A-Za-z]{2,24}\b"
@@ -170,32 +189,56 @@ def verify_hmac(key: bytes, original: str, digest: str) -> bool:
 # ---------------------------------------------------------------------------------------------------
 # Detection
 # ---------------------------------------------------------------------------------------------------
-@lru_cache(maxsize=1)
-def _plugins() -> tuple[Any, ...]:
-    from detect_secrets.core.plugins.util import get_mapping_from_secret_type_to_class
+@dataclass(frozen=True)
+class _Detectors:
+    """detect-secrets' plugins as a scan uses them, sorted once: each regex plugin's patterns with its
+    kind; the plugins analysed per line where a keyword is (the keyword detector), where a quote is
+    (the high-entropy strings) and on every line (any other)."""
 
-    out = []
+    patterns: tuple[tuple[str, re.Pattern[str]], ...]
+    on_keyword: tuple[Any, ...]
+    on_quote: tuple[Any, ...]
+    on_every_line: tuple[Any, ...]
+    keyword: re.Pattern[str]
+    quote: re.Pattern[str]
+
+
+@lru_cache(maxsize=1)
+def _detectors() -> _Detectors:
+    from detect_secrets.core.plugins.util import get_mapping_from_secret_type_to_class
+    from detect_secrets.plugins.base import RegexBasedDetector
+    from detect_secrets.plugins.high_entropy_strings import HighEntropyStringsPlugin
+    from detect_secrets.plugins.keyword import DENYLIST
+
+    patterns, on_keyword, on_quote, on_every_line = [], [], [], []
     for cls in get_mapping_from_secret_type_to_class().values():
         if cls.__name__ in _SKIPPED_PLUGINS:
             continue
         if cls.__name__ == "Base64HighEntropyString":
-            out.append(cls(limit=4.5))
+            plugin = cls(limit=4.5)
         elif cls.__name__ == "HexHighEntropyString":
-            out.append(cls(limit=3.0))
+            plugin = cls(limit=3.0)
         else:
-            out.append(cls())
-    return tuple(out)
+            plugin = cls()
+        if isinstance(plugin, RegexBasedDetector):
+            patterns += [(_kind(plugin.secret_type), pattern) for pattern in plugin.denylist]
+        elif cls.__name__ == "KeywordDetector":
+            on_keyword.append(plugin)
+        elif isinstance(plugin, HighEntropyStringsPlugin):
+            on_quote.append(plugin)
+        else:
+            on_every_line.append(plugin)
+    return _Detectors(
+        patterns=tuple(patterns),
+        on_keyword=tuple(on_keyword),
+        on_quote=tuple(on_quote),
+        on_every_line=tuple(on_every_line),
+        keyword=re.compile("|".join(DENYLIST), re.IGNORECASE),
+        quote=re.compile("['\"]"),
+    )
 
 
-@lru_cache(maxsize=1)
-def _line_filters() -> tuple[re.Pattern[str], re.Pattern[str]]:
-    """A line the keyword detector can match names one of its keywords; a high-entropy string is
-    quoted."""
-    from detect_secrets.plugins.keyword import DENYLIST
-
-    return re.compile("|".join(DENYLIST), re.IGNORECASE), re.compile("['\"]")
-
-
+@lru_cache(maxsize=64)
 def _kind(secret_type: str) -> str:
     kind = _PLUGIN_KINDS.get(secret_type)
     return kind or re.sub(r"[^a-z0-9]+", "-", secret_type.lower()).strip("-")[:40]
@@ -218,51 +261,44 @@ def _plugin_spans(text: str) -> list[tuple[int, int, str]]:
     """The spans detect-secrets' plugins find: a regex plugin's patterns directly (its secret group
     when that is a real value, else the whole match, widened to the token), the others (keywords,
     high-entropy strings) through `analyze_line` per line, each value wherever it occurs on its line."""
-    from detect_secrets.plugins.base import RegexBasedDetector
-    from detect_secrets.plugins.high_entropy_strings import HighEntropyStringsPlugin
-    from detect_secrets.settings import default_settings
-
+    detectors = _detectors()
     spans = []
-    for plugin in _plugins():
-        if not isinstance(plugin, RegexBasedDetector):
-            continue
-        kind = _kind(plugin.secret_type)
-        for pattern in plugin.denylist:
-            for m in pattern.finditer(text):
-                group = 1 if pattern.groups and len(m.group(1) or "") >= 8 else 0
-                start, end = m.span(group)
-                while start < end and text[start] in " \t\r\n\"'=:":
-                    start += 1
-                while end > start and text[end - 1] in " \t\r\n\"'":
-                    end -= 1
-                if end - start >= 8:
-                    spans.append((*_widen(text, start, end), kind))
-    keywords, quoted = _line_filters()
+    for kind, pattern in detectors.patterns:
+        for m in pattern.finditer(text):
+            group = 1 if pattern.groups and len(m.group(1) or "") >= 8 else 0
+            start, end = m.span(group)
+            while start < end and text[start] in " \t\r\n\"'=:":
+                start += 1
+            while end > start and text[end - 1] in " \t\r\n\"'":
+                end -= 1
+            if end - start >= 8:
+                spans.append((*_widen(text, start, end), kind))
+    # Cheap checks first: the keyword detector's regexes only where a keyword is, the high-entropy ones
+    # (quoted strings) only where a quote is. No `detect_secrets.settings.default_settings()` around
+    # them: these plugins are configured here, and of its settings `analyze_line` reads only whether to
+    # verify a secret over the network (never configured here), while entering it clears the package's
+    # caches (about 0.8 ms of CPU per scan: most of a short text's scan).
     offset = 0
-    with default_settings():
-        for line in text.splitlines(keepends=True):
-            for plugin in _plugins():
-                if isinstance(plugin, RegexBasedDetector):
+    for line in text.splitlines(keepends=True):
+        plugins = detectors.on_every_line
+        if detectors.on_keyword and detectors.keyword.search(line):
+            plugins += detectors.on_keyword
+        if detectors.on_quote and detectors.quote.search(line):
+            plugins += detectors.on_quote
+        for plugin in plugins:
+            try:
+                found = plugin.analyze_line(filename="redaction", line=line, line_number=0)
+            except Exception:  # noqa: S112 - one plugin's failure must not stop the others (no content logged)
+                continue
+            for secret in found:
+                value = secret.secret_value or ""
+                if len(value) < 6:
                     continue
-                # Cheap checks first: the keyword detector's regexes only where a keyword is, the
-                # high-entropy ones (quoted strings) only where a quote is.
-                if type(plugin).__name__ == "KeywordDetector" and not keywords.search(line):
-                    continue
-                if isinstance(plugin, HighEntropyStringsPlugin) and not quoted.search(line):
-                    continue
-                try:
-                    found = plugin.analyze_line(filename="redaction", line=line, line_number=0)
-                except Exception:  # noqa: S112 - one plugin's failure must not stop the others (no content logged)
-                    continue
-                for secret in found:
-                    value = secret.secret_value or ""
-                    if len(value) < 6:
-                        continue
-                    start = line.find(value)
-                    while start >= 0:
-                        spans.append((offset + start, offset + start + len(value), _kind(secret.type)))
-                        start = line.find(value, start + len(value))
-            offset += len(line)
+                start = line.find(value)
+                while start >= 0:
+                    spans.append((offset + start, offset + start + len(value), _kind(secret.type)))
+                    start = line.find(value, start + len(value))
+        offset += len(line)
     return spans
 
 
@@ -284,7 +320,8 @@ def _compiled(extra: tuple[tuple[str, str], ...]) -> tuple[tuple[str, re.Pattern
 
 # What was found in the texts scanned recently, by the SHA-256 of the text (never the text itself) and the
 # configuration: runbook sections, tool outputs and questions recur across runs, and a scan costs about
-# 1.5 ms for a short string and 10 ms per 5 KB (detect-secrets' plugins), so a repeated text is scanned once.
+# 0.1 ms of CPU for a short string and 8 ms per 5 KB of JSON (detect-secrets' plugins), so a repeated
+# text is scanned once.
 _FOUND_CACHE_SIZE = 4096
 _found_cache: collections.OrderedDict[tuple[bytes, Config], tuple[tuple[int, int, str], ...]] = (
     collections.OrderedDict()
@@ -316,6 +353,7 @@ def _scan(text: str, config: Config) -> list[tuple[int, int, str]]:
     spans = (
         _regex_spans(text, _RULES)
         + _plugin_spans(text)
+        + _regex_spans(text, _LAST_RULES)
         + _regex_spans(text, _compiled(config.extra_patterns))
     )
     spans += _regex_spans(text, ((k, _PII_RULES[k]) for k in config.pii_kinds))

@@ -370,10 +370,10 @@ class LogNode(models.Model):
 
 
 class Checkpoint(models.Model):
-    """A signed tree head (`audit_checkpoint`): `body` is the exact signed text
-    (`audit.transparency.note`), `signature` its base64 Ed25519 signature by the key `key_id`,
-    `checkpoint_hash` the SHA-256 of the body, `previous_hash` the previous checkpoint's hash. The
-    other columns repeat the body's fields for queries. One per tree size; never updated."""
+    """A signed tree head (`audit_checkpoint`, `audit.transparency.note`): `body` the exact signed text,
+    `signature` its signature by `key_id`; `link` (issue 50) the same key's note of the body's hash, time
+    and predecessor (empty when the body has them). `checkpoint_hash` hashes the link (else the body);
+    the other columns repeat the signed fields. One per tree size; never updated."""
 
     tree_size = models.BigIntegerField(unique=True)
     root_hash = models.CharField(max_length=64)
@@ -382,6 +382,8 @@ class Checkpoint(models.Model):
     key_id = models.CharField(max_length=32)
     body = models.TextField()
     signature = models.CharField(max_length=128)
+    link = models.TextField(blank=True, default="")
+    link_signature = models.CharField(max_length=128, blank=True, default="")
     checkpoint_hash = models.CharField(max_length=64, unique=True)
 
     class Meta:

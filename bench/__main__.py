@@ -25,8 +25,12 @@
                                     # pair (127.0.0.1:3307/3308; started if needed; not default)
     python -m bench --only b5v      # B5's verify_audit rows alone: floor, --all with 1 and 2 workers,
                                     # incremental, peak RSS (its store is built once and kept)
-    python -m bench --only b10      # an MCP call through the toolset vs the bare mcp client (stdio; needs
+    python -m bench --only b10      # an MCP call through the toolset vs the bare mcp client, and a run's CPU
+                                    # with an MCP tool vs a native tool (stdio; needs
                                     # scripts/setup.sh dev's tools/mcp; not in the default set)
+    python -m bench --only b11      # retrieval quality: recall@1/@3 and MRR of the expected runbook for
+                                    # the paraphrase set and the incident scenarios' questions (seconds;
+                                    # --only b11 writes its section of docs/performance.md)
     python -m bench --only b0       # peers: MLflow tracing on the same MariaDB, Phoenix over OTLP (needs
                                     # `make bench-peers`; skipped when absent; not in the default set)
 
@@ -43,14 +47,14 @@ from pathlib import Path
 
 from bench import env
 
-ALL = ("b1", "b2", "b3", "b4", "b5", "b6", "b7")
+ALL = ("b1", "b2", "b3", "b4", "b5", "b6", "b7", "b11")
 OPTIONAL = ("b8", "b3p", "b3l", "b0", "b9", "b10", "b5v")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="short repetitions and smaller sizes")
-    p.add_argument("--only", default=",".join(ALL), help="comma-separated subset of b1,…,b8, b3p")
+    p.add_argument("--only", default=",".join(ALL), help="comma-separated subset of b1,…,b11, b3p")
     p.add_argument("--database", default=env.DEFAULT_DB, help="bench database (created and migrated)")
     p.add_argument("--no-write", action="store_true", help="do not write docs/performance.md")
     p.add_argument("--write", action="store_true", help="write docs/performance.md even with --quick")
@@ -226,8 +230,17 @@ def main(argv: list[str] | None = None) -> int:
     if "b10" in only:
         from bench import b10_mcp
 
-        print("B10: an MCP call through the toolset vs the bare mcp client")
+        print("B10: an MCP call through the toolset vs the bare mcp client; a run's CPU, MCP vs native tool")
         results.rows += b10_mcp.measure(n=100 if q else 300, reps=3 if q else 5, log=log)
+        results.rows += b10_mcp.run_cpu(runs=5 if q else 15, reps=3 if q else 5, log=log)
+
+    if "b11" in only:
+        from bench import b11_retrieval
+
+        print("B11: retrieval quality (recall@1, recall@3, MRR of the expected runbook)")
+        rows, evidence = b11_retrieval.run_all(log=log)
+        results.rows += rows
+        results.evidence["b11"] = evidence
 
     results.seconds = time.perf_counter() - started
     print()
@@ -240,9 +253,14 @@ def main(argv: list[str] | None = None) -> int:
         previous = path.read_text(encoding="utf-8") if path.exists() else ""
         path.write_text(report.markdown(results, previous), encoding="utf-8")
         print(f"bench: wrote {path.relative_to(env.ROOT)}")
-    elif {"b6", "b7", "b3p"} & set(only) and not args.no_write and (not q or args.write):
+    elif {"b6", "b7", "b3p", "b11"} & set(only) and not args.no_write and (not q or args.write):
         path = Path(env.ROOT) / "docs" / "performance.md"
-        for name, write in (("b6", report.write_b6), ("b7", report.write_b7), ("b3p", report.write_b3p)):
+        for name, write in (
+            ("b6", report.write_b6),
+            ("b7", report.write_b7),
+            ("b3p", report.write_b3p),
+            ("b11", report.write_b11),
+        ):
             if name in only:
                 write(path, results)
                 print(f"bench: wrote the {name.upper()} section of {path.relative_to(env.ROOT)}")

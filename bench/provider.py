@@ -27,7 +27,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from diagnosis.evidence import RUNBOOK_CHUNK
+from diagnosis.evidence import ID_RE, RUNBOOK_CHUNK
 from tests.fakes.openai_server import (
     FakeLLMServer,
     Stream,
@@ -105,6 +105,9 @@ class BenchProvider:
     stamp: bool = False
     profile: Profile | None = None
     calls: list[str] = field(default_factory=list)
+    # The agent's one tool call of the unpaced shape (B10 calls an MCP tool instead): name, arguments.
+    tool: str = "lookup_knowledge"
+    tool_arguments: dict = field(default_factory=lambda: {"query": "mysql replication lag long transaction"})
 
     def settings(self, base_url: str) -> dict:
         return {
@@ -149,15 +152,15 @@ class BenchProvider:
         messages = request.messages
         if not any(m.get("role") == "tool" for m in messages):
             self.calls.append("agent-tools")
-            args = json.dumps({"query": "mysql replication lag long transaction"})
+            args = json.dumps(self.tool_arguments)
             chunks = [
-                *tool_call_chunks([(f"call_{len(self.calls)}", "lookup_knowledge", args)]),
+                *tool_call_chunks([(f"call_{len(self.calls)}", self.tool, args)]),
                 finish_chunk("tool_calls"),
             ]
             return self._stream(chunks, prompt=800, completion=40)
         self.calls.append("agent-answer")
         tool_text = " ".join(str(m.get("content") or "") for m in messages if m.get("role") == "tool")
-        found = EVIDENCE_ID.search(tool_text)
+        found = (EVIDENCE_ID if self.tool == "lookup_knowledge" else ID_RE).search(tool_text)
         cite = f" [{found.group(0)}]" if found else ""
         text = (
             f"Check the replica's SQL thread and long-running transactions first.{cite} "
@@ -244,7 +247,7 @@ class BenchProvider:
             return self._paced_stream(chunks, profile, prompt=800, completion=n or 40, paced=bool(n))
         self.calls.append("agent-answer")
         tool_text = " ".join(str(m.get("content") or "") for m in messages if m.get("role") == "tool")
-        found = EVIDENCE_ID.search(tool_text)
+        found = (EVIDENCE_ID if self.tool == "lookup_knowledge" else ID_RE).search(tool_text)
         cite = f" [{found.group(0)}]" if found else ""
         text = (
             f"Check the replica's SQL thread and long-running transactions first.{cite} "
@@ -276,8 +279,9 @@ def main(argv: list[str]) -> None:
     provider paced by the profile (`--tokens`/`--interval` shrink it for smoke runs) on an OS-chosen
     port of 127.0.0.1, print `PORT <n>`, and stop when standard input closes.
 
-    The earlier form `python -m bench.provider CALL_SECONDS CHUNK_INTERVAL PIECES` serves the unpaced
-    stamping provider (B4/B7's shape)."""
+    The earlier form `python -m bench.provider CALL_SECONDS CHUNK_INTERVAL PIECES [TOOL ARGUMENTS_JSON]`
+    serves the unpaced stamping provider (B4/B7's shape; the agent's tool call `TOOL`, default
+    `lookup_knowledge`)."""
     import argparse
 
     if argv and not argv[0].startswith("--"):
@@ -285,6 +289,8 @@ def main(argv: list[str]) -> None:
         provider = BenchProvider(
             call_seconds=call_seconds, chunk_interval=interval, pieces=pieces, stamp=True
         )
+        if len(argv) > 3:
+            provider.tool, provider.tool_arguments = argv[3], json.loads(argv[4])
     else:
         p = argparse.ArgumentParser(prog="python -m bench.provider")
         p.add_argument("--profile", default="chat", choices=sorted(PROFILES))

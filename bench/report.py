@@ -334,6 +334,66 @@ def write_b7(path, res: Results) -> None:
     write_section(path, b7_section(res), B7_START, B7_END)
 
 
+B11_START = "<!-- B11 -->"
+B11_END = "<!-- /B11 -->"
+
+
+def b11_section(res: Results) -> str:
+    """The B11 section of docs/performance.md: retrieval quality on the paraphrase set and the scenarios."""
+    from bench import b11_retrieval
+
+    evidence = res.evidence.get("b11")
+    if not evidence:
+        return f"{B11_START}\n{B11_END}"
+    when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+    def table(scores: dict) -> str:
+        out = ["| group | n | recall@1 | recall@3 | MRR |", "|---|---|---|---|---|"]
+        for key in sorted(scores, key=lambda k: (k != "all", k)):
+            s = scores[key]
+            out.append(f"| {key} | {s.n} | {s.recall1:.3f} | {s.recall3:.3f} | {s.mrr:.3f} |")
+        return "\n".join(out)
+
+    scenarios = evidence["scenarios"]
+    skipped = evidence["skipped"]
+    scenario_text = (
+        table(scenarios)
+        if scenarios.get("all") and scenarios["all"].n
+        else "No scenario with a question and an expected runbook yet."
+    )
+    misses = "\n".join(f"- {line}" for line in evidence["misses"]) or "- none"
+    r1, r3 = b11_retrieval.TARGET_R1, b11_retrieval.TARGET_R3
+    return f"""{B11_START}
+## B11: retrieval quality
+
+Measured {when} by `python -m bench --only b11` (`bench/b11_retrieval.py`): every question
+is asked of `search_knowledge` (the `lookup_knowledge` tool's search, top 10 chunks) over the shipped
+runbooks, and the rank of the first expected runbook (each runbook at the rank of its best chunk) gives
+recall@1, recall@3 and MRR. A ranking, not a timing: the same on every machine. Targets on the paraphrase set
+(`benchmarks/retrieval/questions.yaml`): recall@1 ≥ {r1:g}, recall@3 ≥ {r3:g};
+`holdout` is the part written with the rest before any tuning and never tuned on;
+`cross-language` = the question's language differs from every expected runbook's.
+
+**Paraphrase set**
+
+{table(evidence["paraphrase"])}
+
+Questions whose expected runbook is not first:
+
+{misses}
+
+**Incident scenarios' questions** (`benchmarks/incidents/*/scenario.yaml`; {len(skipped)} skipped: no
+question, or `expected.runbooks: []`)
+
+{scenario_text}
+{B11_END}"""
+
+
+def write_b11(path, res: Results) -> None:
+    """Rewrite (or append) the B11 section of the existing docs/performance.md."""
+    write_section(path, b11_section(res), B11_START, B11_END)
+
+
 NOTES_START = "<!-- NOTES -->"
 NOTES_END = "<!-- /NOTES -->"
 
@@ -581,6 +641,14 @@ guards, release, every decision recorded durably) against the fake provider taki
 Outside the model = the run's wall time − the time its model calls took as the runtime itself measured
 them (request sent → stream ended).
 
+**B11 retrieval quality** (issue 47). Not a timing: each question of
+`benchmarks/retrieval/questions.yaml` (and each incident scenario's question with an expected runbook)
+is asked of `search_knowledge` over the shipped runbooks indexed in memory
+(`corpus_from_folder("runbooks")`, the same index `load_knowledge` gives), and recall@1, recall@3 and MRR
+of the first expected runbook are reported overall, held out / tuning, per language, per kind and
+cross-language; one repetition, since a ranking does not vary. Its section below lists every question
+whose runbook is not first. `tests/agent/knowledge/test_retrieval_quality.py` asserts the targets.
+
 **B5 transparency log.** A log of 10 000 and of 1 000 000 leaves is built directly (synthetic leaf
 data, RFC 9162 hashes and every complete subtree computed in Python and bulk-inserted, then signed); each
 repetition adds 1 000 finished runs (bulk-inserted run rows with a valid two-event chain) and times
@@ -611,6 +679,8 @@ store (`<db>_verify_<runs>`, its state under `.local/bench/`).
 {b6_section(res)}
 
 {b7_section(res)}
+
+{b11_section(res)}
 
 {profile}
 
@@ -653,10 +723,11 @@ Trace endpoint, 500-event run, 20 reads (pyinstrument):
 ## Running it
 
 `make bench` (or `.venv/bin/python -m bench`) starts MariaDB if needed (`scripts/mariadb.sh`), creates
-and migrates `diagnosis_bench`, runs B1–B7 and writes this page; `--quick` runs short repetitions (B2
+and migrates `diagnosis_bench`, runs B1–B7 and B11 and writes this page; `--quick` runs short repetitions (B2
 growth to 100 000 runs, B3's ramp up to 50 chats) without writing it; `--only b1,b4` runs a subset;
 `--only b3` runs B3 on the chat profile alone (≈ 12 min; `--smoke` shrinks it to ≈ 2 min,
 `--b3-short` adds the short-profile sweep);
+`--only b11` measures retrieval quality alone (seconds) and rewrites its section;
 `--only b3p` profiles one daphne under 50 and 200 chats with py-spy and rewrites its section
 (`--b3p-chat`: on the chat profile's ≈ 25 s runs).
 `--only b3l` runs B3's levers side by side (daphne or uvicorn, asyncio or uvloop, draft coalescing;

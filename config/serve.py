@@ -42,9 +42,9 @@ def _duties_with_the_reactor() -> None:
     loop = reactor._asyncioEventloop  # the asyncio loop the reactor runs (daphne.server's `twisted_loop`)
 
     def start() -> None:
-        from agent.runtime.supervisor import ensure_background
+        from agent.runtime.supervisor import start_serving
 
-        ensure_background()
+        start_serving()
         logging.getLogger(__name__).info("background duties started at process start")
 
     def stop():

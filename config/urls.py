@@ -23,6 +23,7 @@ from surfaces.api.tokens import ApiTokensApi, RevokeApiTokenApi
 from surfaces.chat import pages as chat_pages
 from surfaces.chat import sse as chat_sse
 from surfaces.health import healthz
+from surfaces.oidc_views import sign_out, signed_out
 from telemetry import views as telemetry_views
 
 urlpatterns = [
@@ -30,8 +31,13 @@ urlpatterns = [
     path("favicon.ico", chat_pages.favicon, name="favicon"),
     # The admin's TOTP step-up for reading reasoning (surfaces/admin/stepup.py), before the admin's own URLs.
     path("admin/verify-otp/", verify_otp, name="verify-otp"),
+    # Log out (the admin's and the chat's): a single sign-on session ends at the provider too
+    # (surfaces/oidc_views.py); any other is the admin's own logout.
+    path("admin/logout/", sign_out, name="sign-out"),
     path("admin/", admin.site.urls),
-    # OpenID Connect sign-in (surfaces/oidc_views.py): 404 while OIDC_ENABLED is off.
+    # OpenID Connect sign-in and sign-out (surfaces/oidc_views.py): 404 while OIDC_ENABLED is off.
+    path("oidc/logout/", sign_out, name="oidc-logout"),
+    path("oidc/signed-out/", signed_out, name="oidc-signed-out"),
     path("oidc/", include("mozilla_django_oidc.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     # The split view serves Swagger UI's init script as its own request: no inline script (core/csp.py).

@@ -721,34 +721,78 @@ SETTINGS: tuple[Setting, ...] = _in_sections(
         "OIDC_OP_ISSUER",
         "str",
         "",
-        "the provider's issuer: an ID token whose `iss` differs is refused",
+        "the provider's issuer: its discovery document is `<issuer>/.well-known/openid-configuration`, "
+        "whose `issuer` and every ID token's `iss` must equal it exactly (required with OIDC on: "
+        "`access.E003`)",
+    ),
+    Setting(
+        "OIDC_OP_DISCOVERY",
+        "bool",
+        True,
+        "read the endpoints, keys and token authentication methods from the provider's discovery document "
+        "(an explicit `OIDC_OP_*_ENDPOINT` still wins); off: set the authorization, token and JWKS "
+        "endpoints (`access.E003`)",
+    ),
+    Setting(
+        "OIDC_DISCOVERY_CACHE_SECONDS",
+        "int",
+        3600,
+        "how long each process keeps the discovery document and the JWKS (a key id not seen yet fetches "
+        "the JWKS again at once)",
     ),
     Setting(
         "OIDC_OP_AUTHORIZATION_ENDPOINT",
         "str",
         "",
-        "the provider's authorization endpoint, from its discovery document (required with OIDC on: check "
-        "`access.E003`; https with DEBUG off: `access.W001`)",
+        "the provider's authorization endpoint; empty: the discovery document's (https with DEBUG off: "
+        "`access.W001`)",
     ),
     Setting(
         "OIDC_OP_TOKEN_ENDPOINT",
         "str",
         "",
-        "the provider's token endpoint, from its discovery document (required with OIDC on: check "
-        "`access.E003`; https with DEBUG off: `access.W001`)",
+        "the provider's token endpoint; empty: the discovery document's (https with DEBUG off: "
+        "`access.W001`)",
     ),
     Setting(
         "OIDC_OP_USER_ENDPOINT",
         "str",
         "",
-        "userinfo endpoint (optional: without it the ID token's claims alone are used)",
+        "the provider's userinfo endpoint; empty: the discovery document's (none there: the ID token's "
+        "claims alone are used)",
     ),
     Setting(
         "OIDC_OP_JWKS_ENDPOINT",
         "str",
         "",
-        "the provider's JWKS endpoint (the ID tokens' signing keys), from its discovery document "
-        "(required with OIDC on: check `access.E003`; https with DEBUG off: `access.W001`)",
+        "the provider's JWKS endpoint (the ID tokens' signing keys); empty: the discovery document's "
+        "`jwks_uri` (https with DEBUG off: `access.W001`)",
+    ),
+    Setting(
+        "OIDC_OP_END_SESSION_ENDPOINT",
+        "str",
+        "",
+        "the provider's `end_session_endpoint` (RP-initiated logout); empty: the discovery document's",
+    ),
+    Setting(
+        "OIDC_LOGOUT",
+        "str",
+        "provider",
+        '`provider`: "Log out" of a single sign-on session ends the provider\'s session too (register '
+        "`https://<host>/oidc/signed-out/` as post-logout redirect URI); where the provider has no "
+        "`end_session_endpoint`, or with `local`, only this service's session ends and the signed-out "
+        "page says so (`access.E006`)",
+        convert=_lowered,
+    ),
+    Setting(
+        "OIDC_TOKEN_AUTH_METHOD",
+        "str",
+        "",
+        "the client authentication at the token endpoint, `client_secret_basic` or `client_secret_post`; "
+        "empty: the first of these the discovery document advertises (`client_secret_basic` when it "
+        "lists none) (`access.E006`)",
+        shown="from discovery",
+        convert=_lowered,
     ),
     Setting(
         "OIDC_RP_SIGN_ALGO",
@@ -772,7 +816,7 @@ SETTINGS: tuple[Setting, ...] = _in_sections(
         "OIDC_TIMEOUT",
         "float",
         10.0,
-        "seconds per request to the provider",
+        "seconds per request to the provider; no answer by then: the sign-in says it is unreachable",
     ),
     Setting(
         "OIDC_CLOCK_SKEW_SECONDS",
@@ -867,6 +911,15 @@ SETTINGS: tuple[Setting, ...] = _in_sections(
         "the log's name: the C2SP checkpoint's origin line and the signing key's name. Set it once to a "
         "schema-less URL naming the deployment (e.g. `audit.example.com/diagnosis`) before configuring "
         "witnesses; changing it starts a new log for them "
+        "([audit-integrity.md](audit-integrity.md#checkpoint-format))",
+    ),
+    Setting(
+        "AUDIT_CHECKPOINT_EXTENSION_LINES",
+        "bool",
+        False,
+        "sign checkpoints with the `signed-at`/`previous` extension lines of issues 35 to 49 instead of a "
+        "plain C2SP checkpoint and its signed link note; standard witnesses refuse extension lines unless "
+        "their operator allows them for this log "
         "([audit-integrity.md](audit-integrity.md#checkpoint-format))",
     ),
     Setting(

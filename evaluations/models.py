@@ -49,6 +49,14 @@ class EvaluatorKind(models.TextChoices):
     FORBIDDEN_COMMANDS = "forbidden_commands", "Forbidden commands"
     LATENCY_BOUND = "latency_bound", "Latency bound"
     COST_BOUND = "cost_bound", "Cost bound"
+    # The incident benchmark's diagnosis scorers (evaluations.diagnosis; docs/benchmark.md)
+    DIAGNOSIS_SCORE = "diagnosis_score", "Diagnosis: scenario score"
+    DIAGNOSIS_CITED_CHUNK = "diagnosis_cited_chunk", "Diagnosis: cited the expected chunk"
+    DIAGNOSIS_ROOT_CAUSE = "diagnosis_root_cause", "Diagnosis: named the root cause"
+    DIAGNOSIS_TOOLS = "diagnosis_tools", "Diagnosis: called the needed tools"
+    DIAGNOSIS_NO_FORBIDDEN = "diagnosis_no_forbidden", "Diagnosis: took no forbidden action"
+    DIAGNOSIS_EFFICIENCY = "diagnosis_efficiency", "Diagnosis: tool-call efficiency"
+    DIAGNOSIS_DECLINED = "diagnosis_declined", "Diagnosis: declined correctly"
 
 
 # The labels that put a run in the review queue (`diagnosis.review_queue`): an answer a judge found

@@ -52,9 +52,13 @@ def matches(*, evaluator: Evaluator, run: Any) -> bool:
 
 
 def applies(*, evaluator: Evaluator, run: Any) -> bool:
-    """Enabled, the run finished, matches the filter and falls in the sample."""
+    """Enabled, the run finished, matches the filter and falls in the sample (the diagnosis scorers
+    take only benchmark runs: `evaluations.diagnosis.takes`)."""
+    from evaluations.diagnosis import takes
+
     return (
         evaluator.enabled
+        and takes(evaluator, run.run_id)
         and run.status in TERMINAL
         and matches(evaluator=evaluator, run=run)
         and sampled(evaluator=evaluator, run_id=run.run_id)
@@ -138,12 +142,19 @@ def cost_bound(evaluator: Evaluator, run: Any) -> Outcome:
     return Outcome(0.0, "exceeded", f"${cost:f} over the bound of ${bound:f}")
 
 
+def _diagnosis(evaluator: Evaluator, run: Any) -> Outcome:
+    from evaluations.diagnosis import scorer
+
+    return scorer(evaluator, run)
+
+
 DETERMINISTIC = {
     EvaluatorKind.CITATION_COVERAGE: citation_coverage,
     EvaluatorKind.ANSWER_LENGTH: answer_length,
     EvaluatorKind.FORBIDDEN_COMMANDS: forbidden_commands,
     EvaluatorKind.LATENCY_BOUND: latency_bound,
     EvaluatorKind.COST_BOUND: cost_bound,
+    **{kind: _diagnosis for kind in EvaluatorKind.values if kind.startswith("diagnosis_")},
 }
 
 

@@ -158,9 +158,12 @@ def evaluate_run(*, run_id: str, evaluators: Iterable[Evaluator] | None = None) 
     if evaluators is None:
         chosen = [e for e in Evaluator.objects.filter(enabled=True) if applies(evaluator=e, run=run)]
     else:
+        from evaluations.diagnosis import takes
         from evaluations.scorers import matches
 
-        chosen = [e for e in evaluators if e.enabled and matches(evaluator=e, run=run)]
+        chosen = [
+            e for e in evaluators if e.enabled and matches(evaluator=e, run=run) and takes(e, run.run_id)
+        ]
     done = set(EvaluationScore.objects.filter(run_id=run_id).values_list("evaluator_id", flat=True))
     result = Pass()
     for evaluator in chosen:
@@ -182,6 +185,11 @@ def pending_runs(*, evaluator: Evaluator) -> Iterable[DiagnosisRun]:
 
 def unscored(*, evaluator: Evaluator) -> QuerySet[DiagnosisRun]:
     """The query of `pending_runs`, unordered (the admin counts the runs that wait from it)."""
+    from evaluations.diagnosis import KINDS
+
+    if evaluator.kind in KINDS or float(evaluator.sample_rate) <= 0.0:
+        # The diagnosis scorers score benchmark replays only; a rate of 0 samples nothing.
+        return DiagnosisRun.objects.none()
     since = timezone.now() - dt.timedelta(hours=lookback_hours())
     # Production runs only: an experiment scores its own replays (`experiments.scoring`, evaluate_run).
     runs = production(DiagnosisRun.objects.filter(status__in=TERMINAL, finished_at__gte=since)).exclude(

@@ -129,6 +129,7 @@ class DatasetAdmin(ReadOnlyAdmin):
             "title": f"Run an experiment on {dataset}",
             "dataset": dataset,
             "candidate": text,
+            "name": request.POST.get("name", "") if request.method == "POST" else "",  # kept on a refusal
             "error": error,
         }
         return TemplateResponse(request, "admin/experiments/dataset/run_experiment.html", context)

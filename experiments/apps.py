@@ -14,6 +14,10 @@ class ExperimentsConfig(AppConfig):
 
     def ready(self) -> None:
         from audit.verify import coverage
+        from evaluations.diagnosis import register_expectations
+        from experiments.scoring import expected_of
+
+        register_expectations(expected_of)
         from experiments.models import Dataset, DatasetItem, Experiment, ExperimentRun
 
         coverage.not_audited(

@@ -93,6 +93,7 @@ _FIELDS = {
     "intent": "intent",
     "reviews": "reviews",
     "scores": "scores",
+    "expected": "expected",
 }
 
 
@@ -182,6 +183,8 @@ def _clean(value: dict[str, Any], number: int) -> dict[str, Any]:
         v = value.get(key)
         if key in ("reviews", "scores"):
             out[key] = v if isinstance(v, list) else []
+        elif key == "expected":
+            out[key] = v if isinstance(v, dict) else {}
         else:
             out[key] = "" if v is None else str(v)
     # An imported file is pasted text like any question: redacted before it lands in a table (one

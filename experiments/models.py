@@ -53,6 +53,9 @@ class DatasetItem(models.Model):
     # [{verdict, reviewer, note, at, sequenceNo}] and [{evaluator, version, kind, value, label, at}]
     reviews = models.JSONField(default=list, blank=True)
     scores = models.JSONField(default=list, blank=True)
+    # A benchmark scenario's expected findings (`expected:` of benchmarks/incidents/<id>/scenario.yaml,
+    # with its id), which the diagnosis scorers compare a replay with; {} for an item of a real run.
+    expected = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -131,18 +131,25 @@ def _kept_scores(item) -> dict[str, float | None]:
     return {name: value for name, (_v, value) in kept.items()}
 
 
-def experiment_results(experiment: Experiment) -> Results:
+def experiment_results(experiment: Experiment, *, against: Experiment | None = None) -> Results:
+    """`experiment` against its source runs, or, with `against` (an experiment on the same dataset
+    version: two configurations of the incident benchmark), against that experiment's replays."""
+    if against is not None and against.dataset_id != experiment.dataset_id:
+        raise ValueError("the two experiments replayed different dataset versions")
     replays = list(experiment.replays.select_related("item").order_by("item__position"))
+    other = {r.item_id: r.run_id for r in against.replays.all()} if against is not None else {}
     ids = [r.run_id for r in replays if r.run_id] + [r.item.source_run_id for r in replays]
+    ids += [run_id for run_id in other.values() if run_id]
     runs = {r.run_id: r for r in DiagnosisRun.objects.filter(run_id__in=ids)}
     scores = scores_of(run_ids=ids)
     calls = _calls_of([r.run_id for r in replays if r.run_id])
     items: list[ItemResult] = []
     for replay in replays:
         item = replay.item
-        source = runs.get(item.source_run_id)
-        baseline = _side(source, scores.get(item.source_run_id, {}))
-        if source is None:  # imported, or purged: the item's own snapshot is the baseline
+        source_id = other.get(item.pk, "") if against is not None else item.source_run_id
+        source = runs.get(source_id)
+        baseline = _side(source, scores.get(source_id, {}))
+        if source is None and against is None:  # imported, or purged: the item's own snapshot is the baseline
             baseline = Side(
                 run_id=item.source_run_id, release=item.release_decision, scores=_kept_scores(item)
             )

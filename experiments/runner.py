@@ -12,7 +12,10 @@ Details: docs/experiments.md, *Experiments*.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.utils import timezone
@@ -69,8 +72,11 @@ def run_experiment(
     user: AbstractBaseUser,
     name: str = "",
     client: ModelClient | None = None,
+    around: Callable[[DatasetItem], AbstractContextManager] | None = None,
 ) -> Experiment:
-    """Replay `dataset` under `candidate` (see the module docstring); returns the finished experiment."""
+    """Replay `dataset` under `candidate` (see the module docstring); returns the finished experiment.
+    `around(item)`, when given, is entered around each item's replay (the incident benchmark loads the
+    item's world there: `experiments.benchmark.world`)."""
     client = client if client is not None else get_model_client()
     flows = set(dataset.items.values_list("agent_flow", flat=True)) or {FLOW_CHAT}
     appliers = {flow or FLOW_CHAT: _applied(candidate, client, flow or FLOW_CHAT) for flow in flows}
@@ -93,7 +99,8 @@ def run_experiment(
     replays: list[str] = []
     for item in dataset.items.order_by("position"):
         try:
-            run_id = _replay(item, applied=appliers[item.agent_flow or FLOW_CHAT], user=user)
+            with around(item) if around is not None else contextlib.nullcontext():
+                run_id = _replay(item, applied=appliers[item.agent_flow or FLOW_CHAT], user=user)
         except Exception as exc:  # one item's failure is that item's result, not the experiment's
             logger.warning(
                 "experiment replay failed experiment=%s error=%s", experiment.pk, type(exc).__name__

@@ -5,7 +5,8 @@ whose filter takes it (`evaluations.services.evaluate_run` with the explicit lis
 that thins production scoring never leaves one side of a comparison unscored), each score chained in
 the run's record as EVALUATION_RECORDED; versions that scored a run already are not asked again.
 `scores_of(run_ids=…)` reads them back: `{run_id: {evaluator name: (version, value, label)}}`, the
-newest version of each evaluator.
+newest version of each evaluator. `expected_of(run_id)`: the benchmark scenario a replay answered (its
+item's `expected`), registered with `evaluations.diagnosis` at app start.
 """
 
 from __future__ import annotations
@@ -35,6 +36,14 @@ def score_runs(*, run_ids: Iterable[str]) -> int:
         except Exception as exc:  # a score that cannot be made is missing from the comparison, shown so
             logger.warning("experiment scoring failed run=%s error=%s", run_id, type(exc).__name__)
     return recorded
+
+
+def expected_of(run_id: str) -> dict | None:
+    """The expected findings of the item `run_id` replayed, or None (not a benchmark replay)."""
+    from experiments.models import ExperimentRun
+
+    row = ExperimentRun.objects.filter(run_id=run_id).select_related("item").first()
+    return (row.item.expected or None) if row is not None else None
 
 
 def scores_of(*, run_ids: Iterable[str]) -> dict[str, dict[str, tuple[int, float | None, str]]]:

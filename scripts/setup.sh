@@ -97,6 +97,17 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$digest" ]; then
   echo "$digest" > "$stamp"
 fi
 
+# The project itself, editable, so the offline bundle verifier is a command that runs from any directory:
+# .venv/bin/diagnosis-verify-bundle, and `.venv/bin/python -m audit.verify_bundle` outside this checkout
+# (pyproject.toml, [project.scripts]; docs/audit-integrity.md, *Commands*). Re-done when pyproject changes.
+project_stamp=".venv/.installed-project"
+project_digest=$(sha256sum pyproject.toml | cut -c1-16)
+if [ ! -f "$project_stamp" ] || [ "$(cat "$project_stamp")" != "$project_digest" ] || [ ! -x .venv/bin/diagnosis-verify-bundle ]; then
+  echo "setup: installing this checkout's verifier command (pip install -e .)"
+  .venv/bin/python -m pip install -q --no-deps -e .
+  echo "$project_digest" > "$project_stamp"
+fi
+
 # Arize Phoenix, the trace store the telemetry tests export to (tests/telemetry/phoenix.py): too heavy for
 # the app's venv (and never a runtime dependency), so it lives in a venv of its own. About 45 s once.
 PHOENIX_VERSION=20.26.1
@@ -108,6 +119,36 @@ if [ "$want_dev" = "dev" ]; then
     .venv-phoenix/bin/python -m pip install -q --upgrade pip
     .venv-phoenix/bin/python -m pip install -q "arize-phoenix==$PHOENIX_VERSION"
     echo "$PHOENIX_VERSION" > "$phoenix_stamp"
+  fi
+fi
+
+# An off-the-shelf C2SP tlog-witness and tlog library nobody here wrote (aics-witness, aics-tlog from PyPI),
+# which tests/audit/transparency/test_standard_witness.py runs with its default settings to show that
+# our checkpoints are witness-ready (issue 50). Both require Python >= 3.12, so they live in a venv of
+# their own, built with the first Python 3.12 or newer found (pyenv's on this machine kind).
+AICS_WITNESS_VERSION=0.1.0
+AICS_TLOG_VERSION=0.2.1
+if [ "$want_dev" = "dev" ]; then
+  witness_stamp=".venv-witness/.installed-aics-witness"
+  witness_want="$AICS_WITNESS_VERSION $AICS_TLOG_VERSION"
+  if [ ! -f "$witness_stamp" ] || [ "$(cat "$witness_stamp")" != "$witness_want" ]; then
+    PY312=""
+    for candidate in python3.13 python3.12 /root/.pyenv/versions/3.13*/bin/python3 \
+                     /root/.pyenv/versions/3.12*/bin/python3; do
+      if "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
+        PY312="$candidate"; break
+      fi
+    done
+    if [ -z "$PY312" ]; then
+      # The witness test then fails and says why (it is never skipped).
+      echo "setup: no Python >= 3.12 found: .venv-witness (aics-witness) not built" >&2
+    else
+      echo "setup: installing aics-witness $AICS_WITNESS_VERSION into .venv-witness ($("$PY312" --version))"
+      [ -x .venv-witness/bin/python ] || "$PY312" -m venv .venv-witness
+      .venv-witness/bin/python -m pip install -q "aics-witness==$AICS_WITNESS_VERSION" \
+        "aics-tlog==$AICS_TLOG_VERSION"
+      echo "$witness_want" > "$witness_stamp"
+    fi
   fi
 fi
 

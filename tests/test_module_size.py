@@ -22,6 +22,7 @@ NOT_COUNTED = {
     ".venv-peers",
     ".venv-phoenix",
     ".venv-mcp",
+    ".venv-witness",
     "migrations",
     "node_modules",
     "mutants",

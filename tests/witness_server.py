@@ -10,7 +10,9 @@ signing are its own, so that the log's client is tested against a second impleme
 `POST /add-checkpoint`: the body is `old <size>`, consistency proof lines (base64), a blank line and a
 signed checkpoint note. The witness
 
-* answers 400 to a malformed request or an old size above the checkpoint's;
+* answers 400 to a malformed request or an old size above the checkpoint's, and to a checkpoint with
+  extension lines unless the log is trusted with `extension_lines` (standard witnesses refuse them by
+  default: tlog-checkpoint calls them NOT RECOMMENDED);
 * 404 when it does not know the origin, 403 when no signature by a key it trusts for that origin
   verifies (and when a trusted key's signature fails);
 * 409 with its size (`text/x.tlog.size`) when `old` is not the size it last cosigned;
@@ -89,8 +91,16 @@ class Refused(Exception):
 class Witness:
     """The witness's keys, trusted logs and state (the HTTP server calls `add_checkpoint`)."""
 
-    def __init__(self, name: str, state: Path, logs: dict[str, list[Ed25519PublicKey]]) -> None:
+    def __init__(
+        self,
+        name: str,
+        state: Path,
+        logs: dict[str, list[Ed25519PublicKey]],
+        *,
+        extension_lines: bool = False,
+    ) -> None:
         self.name = name
+        self.extension_lines = extension_lines
         self.private = Ed25519PrivateKey.generate()
         self.state = state
         self.logs = logs  # origin → the log keys trusted for it (their key name is the origin)
@@ -134,6 +144,8 @@ class Witness:
         root = base64.b64decode(fields[2])
         if origin not in self.logs:
             raise Refused(404, "unknown log")
+        if len(fields) > 3 and not self.extension_lines:
+            raise Refused(400, "extension lines are not allowed for this log")
         trusted = {_key_id(origin, 1, k): k for k in self.logs[origin]}
         verified = False
         for line in signatures:

@@ -4,7 +4,8 @@ Every entry point ends in `start_analysis`, which creates in one transaction the
 PENDING `AI_OPS` run and its `AiOpsAlert` row; nothing executes here (a queue worker claims the run).
 `accept_notification` starts one run per distinct firing of an Alertmanager group (a re-sent firing
 starts nothing; a resolved group stamps `resolved_at`), in the group's own session. The run's query is
-`describe_alerts`' bounded plain text; it and the stored labels are redacted before they are stored.
+`describe_alerts`' bounded plain text; it and the stored labels are redacted before they are stored. A
+session an analysis starts is titled by its alert's name and severity (`analysis_title`).
 Details: docs/aiops.md, *Starting analyses* and *The webhook*.
 """
 
@@ -186,6 +187,23 @@ def _name_and_severity(alerts: Sequence[Alert], common: Mapping[str, str] | None
     return str(name)[:200], str(severity)[:32]
 
 
+def analysis_title(fields: Mapping[str, Any]) -> str:
+    """The title of a session an analysis starts: the alert's name and severity, and how many more alerts
+    fire with it ("HighLatency · critical", "DiskFull · warning · +2 more alerts"); "" for an analysis
+    of a free question (the session then takes the question, as every session does). From the alert
+    row's fields, so already redacted."""
+    name = str(fields.get("alertname") or "")
+    if not name:
+        return ""
+    parts = [name]
+    if fields.get("severity"):
+        parts.append(str(fields["severity"]))
+    more = int(fields.get("alert_count") or 1) - 1
+    if more > 0:
+        parts.append(f"+{more} more alert{'s' if more > 1 else ''}")
+    return " · ".join(parts)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Starting a run
 # ---------------------------------------------------------------------------------------------------
@@ -236,13 +254,15 @@ def start_analysis(
         for name, value in dict(alert_fields or {}).items()
     }
     redaction = redactor.take()
+    # A session this analysis starts is titled by its alert (a session that exists keeps its title).
+    title = analysis_title(fields)
     with transaction.atomic():
         if session is None and session_id:
             session = ChatSession.objects.filter(session_id=session_id).first()
             if session is None:
-                session = services.create_session(owner=owner, session_id=session_id)
+                session = services.create_session(owner=owner, session_id=session_id, title=title)
         if session is None:
-            session = services.create_session(owner=owner)
+            session = services.create_session(owner=owner, title=title)
         run = services.create_run(
             session=session, query=query, agent_flow=AgentFlow.AI_OPS, redaction=redaction
         )

@@ -2,10 +2,10 @@
 
 One public function, `search_knowledge(query, top_k=5) -> RetrievalResult`, synchronous and thread-safe:
 L0 matches the query against each document's title, tags and summary and contributes each matching
-document's best chunk; L1 ranks every chunk with BM25 (`bm25s`); both share one tokeniser (jieba for CJK,
-latin words and their parts, the project's stop words); scores are normalised, merged and deduplicated
-by evidence id, each item naming the layer that chose it. The index is built once per process, kept in
-memory, and rebuilt when knowledge changed in any process; a warm search issues at most one query.
+document's best chunk; L1 ranks every chunk with BM25 (`bm25s`); both share one tokeniser (`text`) and
+also search the query's glossary expansion and typo corrections (`query`); scores are normalised, merged
+and deduplicated by evidence id, each item naming the layer that chose it. The index is built once per
+process, kept in memory, rebuilt when knowledge changed in any process; a warm search issues one query.
 Details: docs/architecture.md, *Knowledge (`agent/knowledge/`)*.
 """
 
@@ -19,14 +19,15 @@ import math
 import re
 import threading
 import time
-import unicodedata
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from django.db.models import Count, Max
 
+from agent.knowledge import query as rewrite
 from agent.knowledge.ingest import knowledge_generation
+from agent.knowledge.text import CJK_RE, segmenter, tokenize
+from agent.knowledge.text import phrase as _phrase
 from diagnosis.evidence import RUNBOOK_CHUNK
 from diagnosis.models import KnowledgeChunk, KnowledgeDocument
 
@@ -48,22 +49,6 @@ LAYER_BOTH = "L0+L1"
 
 # A well-formed `kb:<slug>#<n>` (groups: slug, ordinal), as declared in `diagnosis.evidence`.
 EVIDENCE_ID_RE = RUNBOOK_CHUNK.regex
-
-
-def _stopwords(name: str) -> frozenset[str]:
-    """The words of a stop-word file in `data/` (one a line; blank lines ignored), read once at import."""
-    text = (Path(__file__).with_name("data") / name).read_text(encoding="utf-8")
-    return frozenset(line.strip() for line in text.splitlines() if line.strip())
-
-
-STOPWORDS_EN = _stopwords("stopwords_en.txt")
-STOPWORDS_ZH = _stopwords("stopwords_zh.txt")
-
-_CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
-_RUN_RE = re.compile(rf"[{_CJK}]+|[a-z0-9]+(?:[._\-][a-z0-9]+)*")
-_CJK_RE = re.compile(rf"[{_CJK}]")
-_PART_SPLIT_RE = re.compile(r"[._\-]")
-_PHRASE_SEP_RE = re.compile(r"[\s_\-]+")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -122,55 +107,6 @@ class RetrievalResult:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Tokenisation
-# ---------------------------------------------------------------------------------------------------
-_jieba_lock = threading.Lock()
-_jieba_tokenizer: Any = None
-
-
-def _segmenter() -> Any:
-    """jieba's tokenizer, imported and initialised on first use (loading its dictionary takes ~1 s)."""
-    global _jieba_tokenizer
-    if _jieba_tokenizer is None:
-        with _jieba_lock:
-            if _jieba_tokenizer is None:
-                import jieba
-
-                jieba.setLogLevel(logging.WARNING)
-                tokenizer = jieba.Tokenizer()
-                tokenizer.initialize()
-                _jieba_tokenizer = tokenizer
-    return _jieba_tokenizer
-
-
-def _normalize(text: str) -> str:
-    return unicodedata.normalize("NFKC", text).lower()
-
-
-def tokenize(text: str) -> list[str]:
-    """Index/query tokens of `text` in order (see the module docstring); duplicates are kept."""
-    tokens: list[str] = []
-    for match in _RUN_RE.finditer(_normalize(text)):
-        run = match.group()
-        if _CJK_RE.match(run):
-            words = _segmenter().lcut_for_search(run)
-            tokens.extend(word for word in words if word.strip() and word not in STOPWORDS_ZH)
-            continue
-        if run in STOPWORDS_EN:
-            continue
-        tokens.append(run)
-        if _PART_SPLIT_RE.search(run):
-            tokens.extend(
-                part for part in _PART_SPLIT_RE.split(run) if len(part) > 1 and part not in STOPWORDS_EN
-            )
-    return tokens
-
-
-def _phrase(text: str) -> str:
-    return _PHRASE_SEP_RE.sub(" ", _normalize(text)).strip()
-
-
-# ---------------------------------------------------------------------------------------------------
 # The index
 # ---------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -203,6 +139,7 @@ class _Index:
     bm25: Any  # bm25s.BM25, or None without chunks
     chunk_tokens: dict[str, list[str]]  # indexed text -> tokens, reused by the next rebuild
     snapshot: KnowledgeSnapshot  # the digest of everything a search over this index could return
+    typo_keys: dict[str, tuple[str, ...]] = field(default_factory=dict)  # query.typo_keys of the vocabulary
 
 
 @dataclass(frozen=True)
@@ -242,7 +179,7 @@ def _snapshot(
 
 def _tag_pattern(tag: str) -> tuple[str, re.Pattern[str] | None]:
     phrase = _phrase(tag)
-    if _CJK_RE.search(phrase):
+    if CJK_RE.search(phrase):
         return phrase.replace(" ", ""), None
     return phrase, re.compile(rf"(?<![a-z0-9]){re.escape(phrase)}(?:s|es)?(?![a-z0-9])")
 
@@ -347,7 +284,10 @@ def _make_index(
         if document_id in position:
             by_slug.setdefault(slugs[position[document_id]], []).append((ordinal, heading, text))
     snapshot = _snapshot([(slug, title, tags, summary) for _pk, slug, title, tags, summary in rows], by_slug)
-    return _Index(generation, stamp, tuple(documents), tuple(chunks), idf, bm25, chunk_tokens, snapshot)
+    typo_keys = rewrite.typo_keys(bm25.vocab_dict if bm25 is not None else ())
+    return _Index(
+        generation, stamp, tuple(documents), tuple(chunks), idf, bm25, chunk_tokens, snapshot, typo_keys
+    )
 
 
 class _IndexHolder:
@@ -398,7 +338,7 @@ _holder = _IndexHolder()
 def warm_knowledge_index() -> None:
     """Load jieba's dictionary and build the index now (about a second, once per process) instead of
     during the first search; uses the ORM like a search does."""
-    _segmenter()
+    segmenter()
     _holder.get()
 
 
@@ -501,16 +441,30 @@ def search_knowledge(query: str, top_k: int = DEFAULT_TOP_K) -> RetrievalResult:
 
     import numpy as np
 
+    vocabulary = index.bm25.vocab_dict if index.bm25 is not None else {}
+    corrected = rewrite.correct_typos(query, vocabulary, index.typo_keys)
+    if corrected:
+        query_tokens += [t for t in dict.fromkeys(tokenize(corrected)) if t not in query_tokens]
+        query = f"{query} {corrected}"
+    weight = rewrite.EXPANSION_WEIGHT
+    expansion = rewrite.expand_query(query) if weight > 0 else ""
+    extra_tokens = [t for t in dict.fromkeys(tokenize(expansion)) if t not in query_tokens]
     n_chunks = len(index.chunks)
     bm25_scores = np.zeros(n_chunks, dtype="float32")
     if index.bm25 is not None:
         known = [t for t in query_tokens if t in index.bm25.vocab_dict]
         if known:
             bm25_scores = index.bm25.get_scores(known)
+        known_extra = [t for t in extra_tokens if t in index.bm25.vocab_dict]
+        if known_extra:
+            bm25_scores = bm25_scores + weight * index.bm25.get_scores(known_extra)
     l1_positive = np.flatnonzero(bm25_scores > 0)
     best_bm25 = float(bm25_scores.max()) if n_chunks else 0.0
 
     l0 = _l0_scores(index, query, set(query_tokens))
+    if extra_tokens:
+        for doc_index, extra in _l0_scores(index, expansion, set(extra_tokens)).items():
+            l0[doc_index] = l0.get(doc_index, 0.0) + weight * extra
     best_l0 = max(l0.values(), default=0.0) or 1.0
     combined: dict[int, float] = {}
     chosen_by_l0: set[int] = set()

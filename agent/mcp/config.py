@@ -29,8 +29,9 @@ DEFAULT_OUTPUT_CHARS = 8000
 MAX_OUTPUT_CHARS = 12000  # the boundary's MODEL_CONTENT_CHARS: the model never sees more
 _KEYS = frozenset(
     {"name", "command", "args", "env", "url", "headers", "flows", "allow", "deny", "trusted", "readOnly"}
-    | {"approve", "timeoutSeconds", "outputChars", "maxResultBytes"}
+    | {"approve", "timeoutSeconds", "outputChars", "maxResultBytes", "protocol"}
 )
+PROTOCOLS = ("auto", "legacy")  # the SDK client's modes: the newest both speak, or the handshake-era one
 
 
 class McpConfigError(ValueError):
@@ -54,6 +55,7 @@ class ServerConfig:
     timeout: float = DEFAULT_TIMEOUT_SECONDS
     output_chars: int = DEFAULT_OUTPUT_CHARS
     max_result_bytes: int = 1 << 20
+    protocol: str = "auto"
 
     @property
     def transport(self) -> str:
@@ -141,6 +143,9 @@ def parse_server(entry: Any) -> ServerConfig:
     trusted = entry.get("trusted", False)
     if not isinstance(trusted, bool):
         raise McpConfigError(f"MCP server {name!r}: trusted must be true or false")
+    protocol = entry.get("protocol", "auto")
+    if protocol not in PROTOCOLS:
+        raise McpConfigError(f"MCP server {name!r}: protocol is one of {', '.join(PROTOCOLS)}")
     return ServerConfig(
         name=name,
         command=command,
@@ -157,6 +162,7 @@ def parse_server(entry: Any) -> ServerConfig:
         timeout=float(_number(entry, "timeoutSeconds", DEFAULT_TIMEOUT_SECONDS, 0.1, 600)),
         output_chars=int(_number(entry, "outputChars", DEFAULT_OUTPUT_CHARS, 100, MAX_OUTPUT_CHARS)),
         max_result_bytes=int(_number(entry, "maxResultBytes", 1 << 20, 1024, 16 << 20)),
+        protocol=protocol,
     )
 
 

@@ -1,12 +1,11 @@
-"""The process's MCP connections: one event-loop thread holds every configured server's session.
+"""The process's MCP connections: one event loop holds every configured server's session.
 
-`current_hub()` gives the hub for the configured servers (rebuilt when `MCP_SERVERS` changes). Each server
-is connected in the background at the hub's start, bounded by `MCP_CONNECT_TIMEOUT_SECONDS`; its tools are
-listed then and again on `notifications/tools/list_changed` (bounded pages; a 2026-07-28 connection sends
-it only on a `subscriptions/listen` stream, which the hub opens). A server that fails to start, or whose
-connection breaks, is retried with back-off (1 s doubling to 60 s). `call` raises only the bounded
-`McpCallError`s below. A stdio server's stderr is read line by line, redacted, kept (last lines, for the
-admin page) and logged at DEBUG: never unredacted. Details: docs/mcp.md, *What is recorded*.
+That loop is a serving process's own (`serve_on`, at process start), so a run's call takes no thread hop;
+elsewhere the hub runs a loop of its own in a thread. `current_hub()` gives the hub of the configured
+servers (rebuilt when `MCP_SERVERS` changes or its loop ended). Each server is connected in the
+background, bounded by `MCP_CONNECT_TIMEOUT_SECONDS`, its tools listed then and on change notifications,
+retried with back-off (1 s doubling to 60 s). `call` raises only the bounded `McpCallError`s below. A
+stdio server's stderr is kept and logged redacted, never raw. Details: docs/mcp.md, *Discovery*.
 """
 
 from __future__ import annotations
@@ -121,17 +120,29 @@ def _read_stderr(state: ServerState, fd: int) -> None:
 
 
 class Hub:
-    """The connections of one configuration (see the module docstring)."""
+    """The connections of one configuration (see the module docstring): on `loop` when given (a loop that
+    runs for the process's life), else on a loop of its own in a daemon thread."""
 
-    def __init__(self, configs: tuple[ServerConfig, ...]) -> None:
+    def __init__(
+        self, configs: tuple[ServerConfig, ...], loop: asyncio.AbstractEventLoop | None = None
+    ) -> None:
         self.configs = configs
         self.states = {c.name: ServerState(c) for c in configs}
         self.closing = False
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="mcp-hub", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        if loop is None:
+            loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(target=loop.run_forever, name="mcp-hub", daemon=True)
+            self._thread.start()
+        self.loop = loop
         for state in self.states.values():
             self._submit(self._start(state))
+
+    def alive(self) -> bool:
+        """Whether its loop can still serve calls."""
+        if self._thread is not None:
+            return self._thread.is_alive()
+        return not self.loop.is_closed()
 
     def _submit(self, coro: Any) -> concurrent.futures.Future[Any]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
@@ -204,7 +215,7 @@ class Hub:
             async with contextlib.AsyncExitStack() as stack:
                 async with asyncio.timeout(float(settings.MCP_CONNECT_TIMEOUT_SECONDS)):
                     client = await stack.enter_async_context(
-                        Client(transport, message_handler=on_message, cache=None)
+                        Client(transport, message_handler=on_message, cache=None, mode=state.config.protocol)
                     )
                     state.tools = await self._list(client)
                 state.lists += 1
@@ -296,41 +307,91 @@ class Hub:
             ) from None
 
     async def call(self, name: str, tool: str, arguments: dict[str, Any]) -> types.CallToolResult:
-        """Call `tool` on server `name` from any event loop (the session lives on the hub's loop)."""
+        """Call `tool` on server `name` from any event loop: directly on the hub's loop, else through it
+        (the session lives there)."""
+        if asyncio.get_running_loop() is self.loop:
+            return await self._call(name, tool, arguments)
         return await asyncio.wrap_future(self._submit(self._call(name, tool, arguments)))
 
-    def close(self, timeout: float = 5.0) -> None:
+    async def _stop(self, timeout: float) -> None:
+        for state in self.states.values():
+            if state.task is not None and not state.task.done():
+                state.task.cancel()
+        tasks = [s.task for s in self.states.values() if s.task is not None]
+        await asyncio.wait(tasks, timeout=timeout) if tasks else None
+
+    async def aclose(self, timeout: float = 5.0) -> None:
+        """Close from the hub's own loop (a serving process's shutdown): stop each session, awaiting
+        the servers' ends up to `timeout`."""
         self.closing = True
+        await self._stop(timeout)
 
-        async def stop() -> None:
+    def close(self, timeout: float = 5.0) -> None:
+        """Close from any thread; on the hub's own loop it only cancels the sessions (it cannot wait)."""
+        self.closing = True
+        if self.loop.is_closed():
+            return
+        try:
+            on_loop = asyncio.get_running_loop() is self.loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
             for state in self.states.values():
-                if state.task is not None and not state.task.done():
+                if state.task is not None:
                     state.task.cancel()
-            tasks = [s.task for s in self.states.values() if s.task is not None]
-            await asyncio.wait(tasks, timeout=timeout) if tasks else None
-
+            return
         with contextlib.suppress(Exception):
-            self._submit(stop()).result(timeout + 1)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout)
+            self._submit(self._stop(timeout)).result(timeout + 1)
+        if self._thread is not None:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout)
 
 
 _hub: Hub | None = None
+_home: asyncio.AbstractEventLoop | None = None  # the serving loop, once `serve_on` named it
 _hub_lock = threading.Lock()
 
 
 def current_hub() -> Hub | None:
-    """The hub of the configured servers (None when none is configured); a changed configuration
-    closes the old hub's connections and starts a new one."""
+    """The hub of the configured servers (None when none is configured); a changed configuration, or a
+    hub whose loop has ended, is closed and a new one started (on the serving loop while it runs)."""
     global _hub
     configs = servers()
     with _hub_lock:
-        if _hub is not None and _hub.configs != configs:
+        if _hub is not None and (_hub.configs != configs or not _hub.alive()):
             _hub.close()
             _hub = None
         if _hub is None and configs:
-            _hub = Hub(configs)
+            home = _home if _home is not None and not _home.is_closed() else None
+            _hub = Hub(configs, loop=home)
         return _hub
+
+
+def serve_on(loop: asyncio.AbstractEventLoop) -> None:
+    """Hold the MCP sessions on `loop`, a serving process's loop for its whole life, so that a run's
+    call (made on it) takes no thread hop; a hub already running elsewhere is closed (its sessions
+    start again on `loop`). Called once, at process start, before any run."""
+    global _home, _hub
+    with _hub_lock:
+        _home = loop
+        previous, _hub = (_hub, None) if _hub is not None and _hub.loop is not loop else (None, _hub)
+    if previous is not None:
+        previous.close()
+
+
+async def aclose_hub() -> None:
+    """Close the hub at a serving process's end, from its loop (sessions on it are awaited; a hub on
+    its own thread is closed from a worker thread, never blocking the loop)."""
+    global _hub, _home
+    with _hub_lock:
+        hub, _hub = _hub, None
+        _home = None
+    if hub is None:
+        return
+    if hub.loop is asyncio.get_running_loop():
+        await hub.aclose()
+    else:
+        await asyncio.to_thread(hub.close)
 
 
 def close_hub() -> None:

@@ -12,6 +12,7 @@ Details: docs/runtime.md, *Live events (for the chat transport)*; docs/chat.md.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -24,13 +25,17 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class RunEvent:
-    """Always the first event of a run: which session and run the client is following, and whether the
-    offline demo model answers it (`demo`: its answers are labelled DEMO)."""
+    """Always the first event of a run: which session and run the client is following, whether the
+    offline demo model answers it (`demo`: its answers are labelled DEMO), the question as stored
+    (`query`: after secret redaction, so a page replaces what the reader pasted with what was kept) and
+    when it was asked (`asked_at`, the run's creation: the origin of a replayed frame's `at`)."""
 
     session_id: str
     run_id: str
     sequence_no: int | None = None
     demo: bool = False
+    query: str = ""
+    asked_at: str | None = None
     type: ClassVar[str] = "run"
 
 
@@ -81,6 +86,9 @@ class ProgressEvent:
     retry: bool | None = None
     # REDACTION: kinds and counts of what was replaced before it was sent or stored (never a value).
     redacted: dict[str, int] | None = None
+    # Replayed frames only: when the timeline event was recorded (`timestamp`); a live frame's time is
+    # its arrival.
+    at: str | None = None
     type: ClassVar[str] = "progress"
 
 
@@ -93,6 +101,7 @@ class ToolEvent:
     name: str
     status: str
     sequence_no: int | None = None
+    at: str | None = None  # replayed frames only, as `ProgressEvent.at`
     type: ClassVar[str] = "tool"
 
 
@@ -169,10 +178,37 @@ CHAT_TIMELINE_TYPES = frozenset(
 _NOT_PROGRESS_STATUSES = frozenset({"WITHDRAWN"})
 
 
+def timestamp(value: dt.datetime | None) -> str | None:
+    """A frame's time: ISO 8601 in UTC to the millisecond (`2026-01-02T03:04:05.678Z`), or None."""
+    if value is None:
+        return None
+    return value.astimezone(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def run_event(run: Any, *, sequence_no: int | None, demo: bool) -> RunEvent:
+    """The `run` frame of a run's row, live and replayed alike: its ids, the question as stored (redacted
+    before the run was created) and when it was asked."""
+    return RunEvent(
+        session_id=run.session_id,
+        run_id=run.run_id,
+        sequence_no=sequence_no,
+        demo=demo,
+        query=run.query,
+        asked_at=timestamp(run.created_at),
+    )
+
+
 def progress_of(
-    *, run_id: str, event_type: str, status: str, details: dict[str, Any], sequence_no: int | None
+    *,
+    run_id: str,
+    event_type: str,
+    status: str,
+    details: dict[str, Any],
+    sequence_no: int | None,
+    at: str | None = None,
 ) -> ProgressEvent | None:
-    """The FINISHED progress event of a committed timeline event, or None when it finishes no stage."""
+    """The FINISHED progress event of a committed timeline event, or None when it finishes no stage
+    (`at`: when it was recorded, given by the replay)."""
     stage = _FINISHES.get(str(event_type))
     if stage is None or str(status) in _NOT_PROGRESS_STATUSES:
         return None
@@ -194,7 +230,9 @@ def progress_of(
             fields["redacted"] = {
                 str(k)[:32]: v for k, v in list(counts.items())[:20] if isinstance(v, int) and v > 0
             }
-    return ProgressEvent(run_id=run_id, stage=stage, status=FINISHED, sequence_no=sequence_no, **fields)
+    return ProgressEvent(
+        run_id=run_id, stage=stage, status=FINISHED, sequence_no=sequence_no, at=at, **fields
+    )
 
 
 def _bounded(value: Any) -> str | None:

@@ -41,9 +41,9 @@ from agent.runtime.events import (
     EventSink,
     NullSink,
     OutcomeEvent,
-    RunEvent,
     SafeSink,
     ToolEvent,
+    run_event,
 )
 from agent.runtime.llm import LLMError, ModelClient, aclose_clients
 from agent.runtime.pipeline import run_pipeline
@@ -418,7 +418,7 @@ async def _start(
     else:
         seq = await db(recorder.run_started, agent_flow=run.agent_flow, release_mode=mode, details=details)
     demo = details.get("provider") == DEMO_PROVIDER
-    await out.emit(RunEvent(session_id=run.session_id, run_id=run.run_id, sequence_no=seq, demo=demo))
+    await out.emit(run_event(run, sequence_no=seq, demo=demo))
     if setup_error is not None:
         raise setup_error
     ctx = RunContext(

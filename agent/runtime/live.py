@@ -30,12 +30,13 @@ from agent.runtime.events import (
     ErrorEvent,
     Event,
     OutcomeEvent,
-    RunEvent,
     ToolEvent,
     from_message,
     identity,
     progress_of,
+    run_event,
     sequence_of,
+    timestamp,
     to_message,
 )
 from audit.models import EventType
@@ -228,9 +229,7 @@ def persisted_frames(run_id: str, *, after: int) -> Replay:
     for row in rows:
         if row.event_type == EventType.RUN_STARTED:
             demo = (row.details or {}).get("provider") == DEMO_PROVIDER
-            events.append(
-                RunEvent(session_id=run.session_id, run_id=run_id, sequence_no=row.sequence_no, demo=demo)
-            )
+            events.append(run_event(run, sequence_no=row.sequence_no, demo=demo))
         elif (
             progress := progress_of(
                 run_id=run_id,
@@ -238,6 +237,7 @@ def persisted_frames(run_id: str, *, after: int) -> Replay:
                 status=row.status,
                 details=row.details,
                 sequence_no=row.sequence_no,
+                at=timestamp(row.created_at),
             )
         ) is not None:
             events.append(progress)
@@ -251,6 +251,7 @@ def persisted_frames(run_id: str, *, after: int) -> Replay:
                     name=row.details.get("toolName", ""),
                     status=row.status,
                     sequence_no=row.sequence_no,
+                    at=timestamp(row.created_at),
                 )
             )
         elif row.event_type == EventType.RUN_FINISHED:

@@ -363,7 +363,7 @@ class BackgroundDuties:
             while True:
                 message = await receive()
                 if message["type"] == "lifespan.startup":
-                    ensure_background()
+                    start_serving()
                     await send({"type": "lifespan.startup.complete"})
                 elif message["type"] == "lifespan.shutdown":
                     await shutdown()
@@ -387,10 +387,23 @@ async def stop_background() -> None:
             await task
 
 
+def start_serving() -> None:
+    """This loop is a serving process's, for the process's whole life: the MCP sessions live on it (a
+    run's MCP call then takes no thread hop: `agent.mcp.hub.serve_on`) and the background duties start.
+    `python -m config.serve` calls it at process start, `BackgroundDuties` at lifespan start-up."""
+    from agent.mcp.hub import serve_on
+
+    serve_on(asyncio.get_running_loop())
+    ensure_background()
+
+
 async def shutdown() -> None:
     """The server process is ending: stop its background duties, then close this loop's model clients
-    (their connection pools; an aiohttp session left open is reported as an error when it is collected).
-    `python -m config.serve` runs it before daphne's reactor stops, `BackgroundDuties` at lifespan
-    shutdown."""
+    (their connection pools; an aiohttp session left open is reported as an error when it is collected)
+    and the MCP sessions (stdio servers end with them). `python -m config.serve` runs it before daphne's
+    reactor stops, `BackgroundDuties` at lifespan shutdown."""
+    from agent.mcp.hub import aclose_hub
+
     await stop_background()
     await aclose_clients()
+    await aclose_hub()

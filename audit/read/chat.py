@@ -5,6 +5,7 @@ frames and the outcome's columns of the run row are read.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -19,6 +20,8 @@ _RUN_OUTCOME_FIELDS = (
     "content",
     "error_code",
     "error_message",
+    "query",
+    "created_at",
 )
 
 
@@ -30,6 +33,7 @@ class ChatTimelineRow:
     event_type: str
     status: str
     details: dict
+    created_at: dt.datetime
 
 
 def chat_timeline(
@@ -45,7 +49,7 @@ def chat_timeline(
             run_id=run_id, sequence_no__gt=after, event_type__in=list(event_types)
         )
         .order_by("sequence_no")
-        .values_list("sequence_no", "event_type", "status", "details")
+        .values_list("sequence_no", "event_type", "status", "details", "created_at")
     ]
     run = DiagnosisRun.objects.only(*_RUN_OUTCOME_FIELDS).get(run_id=run_id)
     return rows, run

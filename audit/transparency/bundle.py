@@ -417,25 +417,39 @@ def _verify_checkpoint(
 ) -> tuple[note.Body | note.NoteBody | None, str]:
     """(the checkpoint's body or None when unreadable, the id of the given key that signed it or "").
 
-    Either format: `{"note": <C2SP signed note: checkpoint body, the log's signature line, the witnesses'
-    cosignature lines>}`, or `{"body", "signature"}` (the JSON checkpoints of before issue 35, which
-    carry no cosignatures). With a witness `policy`, the checkpoint must carry a valid cosignature of at
-    least its quorum of witness keys."""
+    Any format: `{"note": <C2SP signed note: checkpoint body, the log's signature line, the witnesses'
+    cosignature lines>, "link": <its link, a signed note>}` (a plain checkpoint, since issue 50),
+    `{"note"}` alone (a body with extension lines, issues 35 to 49), or `{"body", "signature"}` (the JSON
+    checkpoints of before issue 35, which carry no cosignatures). With a witness `policy`, the checkpoint
+    must carry a valid cosignature of at least its quorum of witness keys."""
     legacy = isinstance(checkpoint, dict) and "note" not in checkpoint
-    if not _keys(checkpoint, {"body", "signature"} if legacy else {"note"}, "anchor.checkpoint", report):
+    linked = isinstance(checkpoint, dict) and "link" in checkpoint
+    wanted = {"body", "signature"} if legacy else {"note", "link"} if linked else {"note"}
+    if not _keys(checkpoint, wanted, "anchor.checkpoint", report):
         return None, ""
+    link_signature, part = "", "body" if legacy else "note"
     try:
         if legacy:
             text, signature, cosignatures = checkpoint["body"], checkpoint["signature"], []
             body = note.parse_body(text)
         else:
             text, lines = signednote.split_note(checkpoint["note"])
-            body = note.parse_note_body(text)
+            link_text = None
+            if "link" in checkpoint:
+                part = "link"
+                link_text, link_lines = signednote.split_note(checkpoint["link"])
+                part = "note"
+            body = note.parse_note_body(text, link_text)
             own = [s for s in lines if s.name == body.origin]
             cosignatures = [s for s in lines if s.name != body.origin]
             signature = _own_signature(own, body, public_keys)
+            if link_text is not None:
+                part = "link"
+                link_signature = _own_signature(
+                    [s for s in link_lines if s.name == body.origin], body, public_keys
+                )
     except (note.NoteError, signednote.SignedNoteError, TypeError, AttributeError) as exc:
-        report.failures.append(f"anchor.checkpoint.{'body' if legacy else 'note'}: {exc}")
+        report.failures.append(f"anchor.checkpoint.{part}: {exc}")
         return None, ""
     signed = ""
     key = note.find_signer(body, signature, list(public_keys))
@@ -445,7 +459,7 @@ def _verify_checkpoint(
         report.failures.append(f"anchor.checkpoint: signed by key {named}, not by a key given ({given})")
     else:
         try:
-            note.verify_checkpoint(text, body, signature, key)
+            note.verify_checkpoint(text, body, signature, key, link_signature)
             signed = note.signer_key_id(body, signature)
         except note.NoteError as exc:
             report.failures.append(f"anchor.checkpoint.signature: {exc}")

@@ -1,5 +1,6 @@
 """A stored checkpoint on its own — its body, columns, key and signature — and the witness file's
-copies of checkpoints (one `{"body", "signature"}` JSON object per line, `AUDIT_WITNESS_PATH`). Used by
+copies of checkpoints (one `{"body", "signature"[, "link", "linkSignature"]}` JSON object per line,
+`AUDIT_WITNESS_PATH`). Used by
 the log's verification (`audit.transparency.verify`) and by every writer that must know a leaf is
 signed before it trusts it (`audit.verify.authenticity`). Messages name sizes and key ids, never content."""
 
@@ -21,6 +22,8 @@ class WitnessEntry:
     line: int
     body: str
     signature: str
+    link: str = ""
+    link_signature: str = ""
 
 
 def read_witness(path: str) -> list[WitnessEntry]:
@@ -32,7 +35,15 @@ def read_witness(path: str) -> list[WitnessEntry]:
                 continue
             try:
                 item = json.loads(line)
-                entries.append(WitnessEntry(number, str(item["body"]), str(item["signature"])))
+                entries.append(
+                    WitnessEntry(
+                        number,
+                        str(item["body"]),
+                        str(item["signature"]),
+                        str(item.get("link", "")),
+                        str(item.get("linkSignature", "")),
+                    )
+                )
             except (ValueError, KeyError, TypeError):
                 entries.append(WitnessEntry(number, "", ""))
     return entries
@@ -40,10 +51,10 @@ def read_witness(path: str) -> list[WitnessEntry]:
 
 def check_checkpoint(cp: Any, known: dict[str, Any]) -> list[str]:
     """The problems of one stored checkpoint on its own (body, columns, key, signature), in either
-    format (`audit.transparency.note.parse_any`)."""
+    format (`audit.transparency.note.parse_any`); a plain one with its signed link."""
     where = f"checkpoint tree_size={cp.tree_size}"
     try:
-        body = note.parse_any(cp.body)
+        body = note.parse_any(cp.body, cp.link)
     except note.NoteError as exc:
         return [f"{where}: {exc}"]
     problems = []
@@ -51,20 +62,25 @@ def check_checkpoint(cp: Any, known: dict[str, Any]) -> list[str]:
     columns = (cp.tree_size, cp.root_hash, cp.previous_hash, cp.key_id, timestamp(cp.signed_at))
     if columns != (body.tree_size, body.root_hash, body.previous, signer, body.signed_at):
         problems.append(f"{where}: stored columns differ from its signed body")
-    if note.body_hash(cp.body) != cp.checkpoint_hash:
-        problems.append(f"{where}: stored hash is not the hash of its body")
-    problems.extend(f"{where}{p}" for p in _signature_problems(cp.body, body, cp.signature, known))
+    if note.statement_hash(cp.body, cp.link) != cp.checkpoint_hash:
+        problems.append(f"{where}: stored hash is not the hash of its {'link' if cp.link else 'body'}")
+    problems.extend(
+        f"{where}{p}" for p in _signature_problems(cp.body, body, cp.signature, known, cp.link_signature)
+    )
     return problems
 
 
-def _signature_problems(text: str, body, signature: str, known: dict[str, Any]) -> list[str]:
-    """Problems (each starting with ": " or " (…)") of a checkpoint's signature by a known key."""
+def _signature_problems(
+    text: str, body, signature: str, known: dict[str, Any], link_signature: str = ""
+) -> list[str]:
+    """Problems (each starting with ": " or " (…)") of a checkpoint's signature (and its link's) by a
+    known key."""
     signer = note.signer_key_id(body, signature)
     public = note.find_signer(body, signature, list(known.values()))
     if public is None:
         return [f": signed by unknown key {signer or '?'}"]
     try:
-        note.verify_checkpoint(text, body, signature, public)
+        note.verify_checkpoint(text, body, signature, public, link_signature)
     except note.NoteError as exc:
         return [f": {exc} (key {signer})"]
     return []
@@ -75,11 +91,11 @@ def witness_problems(entries: Sequence[WitnessEntry], known: dict[str, Any]) -> 
     for entry in entries:
         where = f"witness line {entry.line}"
         try:
-            body = note.parse_any(entry.body)
+            body = note.parse_any(entry.body, entry.link)
         except note.NoteError as exc:
             problems.append(f"{where}: {exc}")
             continue
-        found = _signature_problems(entry.body, body, entry.signature, known)
+        found = _signature_problems(entry.body, body, entry.signature, known, entry.link_signature)
         if found:
             problems.extend(f"{where} (tree_size={body.tree_size}){p}" for p in found)
             continue
@@ -117,7 +133,7 @@ def checkpoint_targets(
     by_size = {cp.tree_size: cp for cp in checkpoints}
     for entry, body in witnessed:
         stored = by_size.get(body.tree_size)
-        if stored is not None and stored.body != entry.body:
+        if stored is not None and (stored.body, stored.link) != (entry.body, entry.link):
             invalid.append(
                 f"witness line {entry.line}: checkpoint tree_size={body.tree_size} in the database differs "
                 "from the witnessed one"

@@ -203,13 +203,17 @@ def _anchors(run_id: str, anchor: Any) -> dict[str, Any]:
 
 
 def checkpoint_document(cp) -> dict[str, Any]:
-    """The checkpoint as a bundle carries it: a C2SP signed note with the log's signature and every
-    stored witness cosignature (`{"note"}`), or, for a checkpoint signed before issue 35, its JSON body
-    and signature (`{"body", "signature"}`)."""
+    """The checkpoint as a bundle (and the API) carries it: a C2SP signed note with the log's signature
+    and every stored witness cosignature (`note`) and, for a plain checkpoint, its link as a signed note
+    (`link`: its signing time and predecessor); or, for a checkpoint signed before issue 35, its JSON
+    body and signature (`{"body", "signature"}`)."""
     if note.is_legacy(cp.body):
         return {"body": cp.body, "signature": cp.signature}
     cosignatures = [
         f"{signednote.DASH} {c.witness} {c.signature}" for c in cp.cosignatures.order_by("witness", "key_id")
     ]
     origin = note.parse_note_body(cp.body).origin
-    return {"note": note.signed_note(cp.body, origin, cp.signature, cosignatures)}
+    document = {"note": note.signed_note(cp.body, origin, cp.signature, cosignatures)}
+    if cp.link:
+        document["link"] = note.signed_note(cp.link, origin, cp.link_signature)
+    return document

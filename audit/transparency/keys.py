@@ -4,7 +4,7 @@
 verifies, and `AUDIT_VERIFY_KEYS` adds the public keys of retired keys so old checkpoints stay
 verifiable. Private keys live in the environment (or, in development only, a generated file), never in
 the database. With DEBUG off and no keys, the check `audit.E001` stops the server and signing raises
-`SigningKeysMissing`.
+`SigningKeysMissing`. A key is named everywhere by its C2SP signed-note key id (`key_id`).
 Details: docs/audit-integrity.md, *Keys*.
 """
 
@@ -30,13 +30,24 @@ class SigningKeysMissing(ImproperlyConfigured):
 
 @dataclass(frozen=True, slots=True)
 class SigningKey:
-    key_id: str
+    key_id: str  # the C2SP signed-note key id under AUDIT_LOG_ORIGIN (8 hex), as checkpoints name it
     private: Ed25519PrivateKey
     public: Ed25519PublicKey
 
     @property
     def public_text(self) -> str:
         return note.public_text(self.public)
+
+    @property
+    def vkey(self) -> str:
+        return note.log_vkey(settings.AUDIT_LOG_ORIGIN, self.public)
+
+
+def key_id(public: Ed25519PublicKey) -> str:
+    """The one key id this deployment shows for a log key (API, keys page, `audit_keys`, checkpoints'
+    `keyId`): its C2SP signed-note key id under `AUDIT_LOG_ORIGIN`, 8 hex digits. The 16-hex id of the
+    JSON checkpoints of before issue 35 (`note.key_id`) is published only as `legacyKeyId`."""
+    return note.note_key_id(settings.AUDIT_LOG_ORIGIN, public)
 
 
 def generate_key_text() -> str:
@@ -81,7 +92,7 @@ def _load(keys: tuple[str, ...]) -> tuple[SigningKey, ...]:
         except ValueError as exc:  # never the key itself in the message
             raise ImproperlyConfigured(f"AUDIT_SIGNING_KEYS entry {position} is not an Ed25519 key") from exc
         public = private.public_key()
-        loaded.append(SigningKey(key_id=note.key_id(public), private=private, public=public))
+        loaded.append(SigningKey(key_id=key_id(public), private=private, public=public))
     return tuple(loaded)
 
 
@@ -110,21 +121,25 @@ def verification_keys() -> dict[str, Ed25519PublicKey]:
             raise ImproperlyConfigured(
                 f"AUDIT_VERIFY_KEYS entry {position} is not an Ed25519 public key"
             ) from exc
-        found.setdefault(note.key_id(public), public)
+        found.setdefault(key_id(public), public)
     return found
 
 
 def published_keys() -> list[dict[str, object]]:
-    """The public keys as the API publishes them: id, algorithm, base64 key, and whether it signs now."""
+    """The public keys as the API publishes them: the signed-note key id (as checkpoints name it), the
+    key's signed-note vkey (what witnesses and note verifiers are configured with), algorithm, base64
+    key, whether it signs now, and the 16-hex id of the JSON checkpoints of before issue 35."""
     signing = ""
     with contextlib.suppress(SigningKeysMissing):
         signing = current_key().key_id
     return [
         {
             "keyId": kid,
+            "vkey": note.log_vkey(settings.AUDIT_LOG_ORIGIN, public),
             "algorithm": "Ed25519",
             "publicKey": note.public_text(public),
             "signing": kid == signing,
+            "legacyKeyId": note.key_id(public),
         }
         for kid, public in verification_keys().items()
     ]

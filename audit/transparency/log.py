@@ -292,8 +292,10 @@ def _details(value):
 
 
 def sign_head(head: LogHead, now: dt.datetime) -> Checkpoint:
-    """A C2SP checkpoint of the head, signed as a signed note by the newest key under the origin's name
-    (`audit.transparency.note.NoteBody`); it names the previous checkpoint's hash, whatever its format."""
+    """A C2SP checkpoint of the head, signed as a signed note by the newest key under the origin's name:
+    a plain body and its signed link note (time and predecessor), or, with
+    `AUDIT_CHECKPOINT_EXTENSION_LINES`, a body with both as extension lines
+    (`audit.transparency.note.NoteBody`). It names the previous checkpoint's hash, whatever its format."""
     key = keys.current_key()
     previous = Checkpoint.objects.order_by("-tree_size").values_list("checkpoint_hash", flat=True).first()
     body = note.NoteBody(
@@ -302,8 +304,11 @@ def sign_head(head: LogHead, now: dt.datetime) -> Checkpoint:
         root_hash=head.root_hash,
         signed_at=timestamp(now),
         previous=previous or "",
+        extended=bool(settings.AUDIT_CHECKPOINT_EXTENSION_LINES),
     )
     text = body.text()
+    link = body.link()
+    link_text = link.text() if link else ""
     return Checkpoint.objects.create(
         tree_size=body.tree_size,
         root_hash=body.root_hash,
@@ -312,7 +317,9 @@ def sign_head(head: LogHead, now: dt.datetime) -> Checkpoint:
         key_id=note.note_key_id(body.origin, key.public),
         body=text,
         signature=note.sign_note(body, key.private),
-        checkpoint_hash=note.body_hash(text),
+        link=link_text,
+        link_signature=note.sign_note(body, key.private, link_text) if link else "",
+        checkpoint_hash=note.statement_hash(text, link_text),
     )
 
 
@@ -342,8 +349,12 @@ def _advance_scan(
 
 
 def witness_line(cp: Checkpoint) -> str:
-    """The witness file's line for a checkpoint: its body and signature, exactly as signed."""
-    return json.dumps({"body": cp.body, "signature": cp.signature}, sort_keys=True, separators=(",", ":"))
+    """The witness file's line for a checkpoint: its body and signature, and its link and the link's
+    signature when it has one, exactly as signed."""
+    line = {"body": cp.body, "signature": cp.signature}
+    if cp.link:
+        line.update(link=cp.link, linkSignature=cp.link_signature)
+    return json.dumps(line, sort_keys=True, separators=(",", ":"))
 
 
 def _witness(cp: Checkpoint) -> None:

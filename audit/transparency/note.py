@@ -1,9 +1,10 @@
-"""The signed checkpoint: its exact text, its hash, Ed25519 keys and signature verification.
+"""The signed checkpoint: its exact text, its hash, Ed25519 keys and signature verification. No Django.
 
-No Django: the offline verifier (`python -m audit.verify_bundle`) uses this module with `cryptography`.
-Checkpoints are C2SP signed notes (`NoteBody`); those signed before issue 35 are canonical JSON (`Body`)
-and stay verifiable: `parse_any` reads both, `find_signer` / `verify_checkpoint` verify either. Each
-checkpoint names its predecessor's hash, so checkpoints form a chain of their own.
+Checkpoints are C2SP signed notes (`NoteBody`): since issue 50 a plain tlog-checkpoint (no extension
+lines) whose signing time and predecessor are in its *link* (`Link`), a second note by the same key that
+no checkpoint parser can read as a checkpoint; issues 35 to 49 signed them as extension lines, and
+checkpoints before issue 35 are canonical JSON (`Body`). `parse_any` reads all three and
+`verify_checkpoint` verifies any; each names its predecessor's hash (`statement_hash`): a chain.
 Details: docs/audit-integrity.md, *Checkpoint format*.
 """
 
@@ -180,24 +181,87 @@ NOTE_FORMAT = "c2sp-signed-note/tlog-checkpoint"
 
 @dataclass(frozen=True, slots=True)
 class NoteBody:
-    """A checkpoint body in the C2SP tlog-checkpoint format, with this log's two extension lines."""
+    """A checkpoint body in the C2SP tlog-checkpoint format: plain (`extended` False, the default since
+    issue 50: its time and predecessor are in its `link`) or with this log's two extension lines (as
+    signed from issue 35 to 49, and with `AUDIT_CHECKPOINT_EXTENSION_LINES`)."""
 
     origin: str
     tree_size: int
     root_hash: str  # hex
     signed_at: str
     previous: str  # hex, "" for the first checkpoint
+    extended: bool = True
 
     key_id = ""  # a note names its key in the signature line, not in the body
     format = NOTE_FORMAT
 
     def text(self) -> str:
-        extensions = [f"{signednote.SIGNED_AT} {self.signed_at}"]
-        if self.previous:
-            extensions.append(f"{signednote.PREVIOUS} {self.previous}")
+        extensions = []
+        if self.extended:
+            extensions.append(f"{signednote.SIGNED_AT} {self.signed_at}")
+            if self.previous:
+                extensions.append(f"{signednote.PREVIOUS} {self.previous}")
         return signednote.Checkpoint(
             self.origin, self.tree_size, bytes.fromhex(self.root_hash), tuple(extensions)
         ).text()
+
+    def link(self) -> Link | None:
+        """The link note of a plain checkpoint (None for one with extension lines)."""
+        if self.extended:
+            return None
+        return Link(self.tree_size, body_hash(self.text()), self.signed_at, self.previous)
+
+
+LINK_FORMAT = "diagnosis-audit-checkpoint-link/v1"
+_LINK_FIELDS = ("tree-size", "checkpoint", "signed-at", "previous")
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """What the log states about a plain checkpoint beside it: the hash of its body, when it was signed
+    and the hash of the checkpoint before (`statement_hash`, "" for the first). Signed as a note of its
+    own by the checkpoint's key under the origin; its second line (`tree-size N`) is not a decimal, so
+    no tlog-checkpoint parser (a witness's, a monitor's) can read it as a checkpoint."""
+
+    tree_size: int
+    checkpoint: str  # hex SHA-256 of the checkpoint body
+    signed_at: str
+    previous: str
+
+    def text(self) -> str:
+        lines = [
+            LINK_FORMAT,
+            f"tree-size {self.tree_size}",
+            f"checkpoint {self.checkpoint}",
+            f"signed-at {self.signed_at}",
+        ]
+        if self.previous:
+            lines.append(f"previous {self.previous}")
+        return "\n".join(lines) + "\n"
+
+
+def parse_link(text: str) -> Link:
+    """The fields of a link note's text; NoteError unless it is exactly one this log writes."""
+    if not isinstance(text, str) or not text.startswith(LINK_FORMAT + "\n") or not text.endswith("\n"):
+        raise NoteError(f"checkpoint link is not a {LINK_FORMAT} note")
+    fields: dict[str, str] = {}
+    for line in text[len(LINK_FORMAT) + 1 : -1].split("\n"):
+        name, _, value = line.partition(" ")
+        if name not in _LINK_FIELDS or name in fields or not value:
+            raise NoteError("checkpoint link lines are not tree-size, checkpoint, signed-at and previous")
+        fields[name] = value
+    size = fields.get("tree-size", "")
+    if not size.isascii() or not size.isdigit() or size.startswith("0") or "signed-at" not in fields:
+        raise NoteError("checkpoint link has no tree size or no signed-at line")
+    link = Link(
+        tree_size=int(size),
+        checkpoint=_hex(fields.get("checkpoint", ""), "link checkpoint"),
+        signed_at=fields["signed-at"],
+        previous=_hex(fields.get("previous", ""), "previous", empty=True),
+    )
+    if link.text() != text:
+        raise NoteError("checkpoint link is not in canonical form")
+    return link
 
 
 def is_legacy(text: str) -> bool:
@@ -205,8 +269,10 @@ def is_legacy(text: str) -> bool:
     return isinstance(text, str) and text.startswith("{")
 
 
-def parse_note_body(text: str) -> NoteBody:
-    """The fields of a C2SP checkpoint body this log wrote; NoteError unless it is exactly one."""
+def parse_note_body(text: str, link: str | None = None) -> NoteBody:
+    """The fields of a C2SP checkpoint body this log wrote; NoteError unless it is exactly one. A plain
+    body takes its time and predecessor from its `link` text (which must name it); without one they
+    are "" (only its origin, size and root are then known)."""
     try:
         cp = signednote.parse_checkpoint(text)
         signednote.check_name(cp.origin)
@@ -220,23 +286,37 @@ def parse_note_body(text: str) -> NoteBody:
         if name not in (signednote.SIGNED_AT, signednote.PREVIOUS) or name in fields or not value:
             raise NoteError("checkpoint extension lines are not signed-at and previous")
         fields[name] = value
-    if signednote.SIGNED_AT not in fields:
+    if cp.extensions and signednote.SIGNED_AT not in fields:
         raise NoteError("checkpoint has no signed-at line")
+    if cp.extensions and link is not None:
+        raise NoteError("a checkpoint with extension lines has no link")
+    if not cp.extensions and link is not None:
+        stated = parse_link(link)
+        if (stated.tree_size, stated.checkpoint) != (cp.tree_size, body_hash(text)):
+            raise NoteError("checkpoint link names another checkpoint")
+        fields = {signednote.SIGNED_AT: stated.signed_at, signednote.PREVIOUS: stated.previous}
     body = NoteBody(
         origin=cp.origin,
         tree_size=cp.tree_size,
         root_hash=cp.root_hash.hex(),
-        signed_at=fields[signednote.SIGNED_AT],
+        signed_at=fields.get(signednote.SIGNED_AT, ""),
         previous=_hex(fields.get(signednote.PREVIOUS, ""), "previous", empty=True),
+        extended=bool(cp.extensions),
     )
     if body.text() != text:
         raise NoteError("checkpoint body is not in canonical form")
     return body
 
 
-def parse_any(text: str) -> Body | NoteBody:
-    """A stored checkpoint body of either format."""
-    return parse_body(text) if is_legacy(text) else parse_note_body(text)
+def parse_any(text: str, link: str | None = None) -> Body | NoteBody:
+    """A stored checkpoint body of any format (`link`: a plain checkpoint's link text)."""
+    return parse_body(text) if is_legacy(text) else parse_note_body(text, link or None)
+
+
+def statement_hash(text: str, link: str | None = None) -> str:
+    """The hash the next checkpoint names as `previous` (and `checkpoint_hash`): of the link note for a
+    plain checkpoint (it names the body's hash, the time and the predecessor), else of the body."""
+    return body_hash(link or text)
 
 
 def note_key_id(origin: str, key: Ed25519PublicKey) -> str:
@@ -249,9 +329,10 @@ def log_vkey(origin: str, key: Ed25519PublicKey) -> str:
     return signednote.Verifier(origin, signednote.ED25519, key).vkey
 
 
-def sign_note(body: NoteBody, key: Ed25519PrivateKey) -> str:
-    """The stored signature of a C2SP checkpoint: base64(key id || Ed25519 signature)."""
-    line = signednote.sign_line(body.text(), body.origin, key)
+def sign_note(body: NoteBody, key: Ed25519PrivateKey, text: str | None = None) -> str:
+    """The stored signature of a C2SP checkpoint (or of `text`, its link, under its origin):
+    base64(key id || Ed25519 signature)."""
+    line = signednote.sign_line(body.text() if text is None else text, body.origin, key)
     return base64.b64encode(line.key_id + line.signature).decode("ascii")
 
 
@@ -293,14 +374,25 @@ def find_signer(
     return None
 
 
-def verify_checkpoint(text: str, body: Body | NoteBody, signature: str, key: Ed25519PublicKey) -> None:
-    """NoteError unless `signature` is `key`'s signature of the checkpoint (either format)."""
+def verify_checkpoint(
+    text: str, body: Body | NoteBody, signature: str, key: Ed25519PublicKey, link_signature: str = ""
+) -> None:
+    """NoteError unless `signature` is `key`'s signature of the checkpoint (any format) and, for a plain
+    one, `link_signature` the same key's signature of its link."""
     if isinstance(body, Body):
         verify(text, signature, key)
         return
-    line = signature_line(body.origin, signature)
     verifier = signednote.Verifier(body.origin, signednote.ED25519, key)
     try:
-        signednote.verify_signature(text, line, verifier)
+        signednote.verify_signature(text, signature_line(body.origin, signature), verifier)
     except signednote.SignedNoteError as exc:
         raise NoteError("checkpoint signature does not verify") from exc
+    link = body.link()
+    if link is None:
+        return
+    if not body.signed_at:
+        raise NoteError("checkpoint has no link (its signed time and predecessor)")
+    try:
+        signednote.verify_signature(link.text(), signature_line(body.origin, link_signature), verifier)
+    except (signednote.SignedNoteError, NoteError) as exc:
+        raise NoteError("checkpoint link signature does not verify") from exc

@@ -154,12 +154,14 @@ COVERED: dict[type[models.Model], dict[str, str]] = {
     Checkpoint: {
         "body": "checkpoint: the signed text (Ed25519 signature)",
         "signature": "checkpoint: verified with a known key",
+        "link": "checkpoint: a plain checkpoint's signed link, which must name its body's hash",
+        "link_signature": "checkpoint: verified with the key that signed the body",
         "tree_size": "checkpoint: must equal the signed body",
         "root_hash": "checkpoint: must equal the signed body and the stored leaves' root",
-        "previous_hash": "checkpoint: must equal the signed body and the previous checkpoint's hash",
+        "previous_hash": "checkpoint: must equal the signed link (or body) and the previous one's hash",
         "key_id": "checkpoint: must equal the signed body",
-        "checkpoint_hash": "checkpoint: the hash of the signed body",
-        "signed_at": "checkpoint: must equal the signed body's time",
+        "checkpoint_hash": "checkpoint: the hash of the signed link (or body)",
+        "signed_at": "checkpoint: must equal the signed link's (or body's) time",
     },
     RunTombstone: {
         "run_id": "leaf data: must name a signed run leaf whose run is gone",

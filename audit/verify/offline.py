@@ -1,4 +1,5 @@
-"""The offline verifier of a run's evidence bundle (`python -m audit.verify_bundle FILE --public-key KEY`).
+"""The offline verifier of a run's evidence bundle (`python -m audit.verify_bundle FILE --public-key KEY`,
+or the installed command `diagnosis-verify-bundle`, from any directory).
 
 Needs only the standard library and `cryptography`: no Django, no settings, no database. It checks every
 digest, the chain, the leaf, the inclusion proof, the checkpoint's signature against the keys trusted
@@ -43,9 +44,11 @@ def _load_key(value: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m audit.verify_bundle", description=__doc__.split("\n\n")[0]
-    )
+    # Named as it was started: the installed command (`diagnosis-verify-bundle`, pyproject.toml) or the
+    # module, so the usage line is what to type again.
+    command = Path(sys.argv[0]).name
+    prog = command if command.startswith("diagnosis-verify-bundle") else "python -m audit.verify_bundle"
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("file", help="the evidence bundle (JSON)")
     parser.add_argument(
         "--public-key",

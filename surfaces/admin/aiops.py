@@ -12,7 +12,7 @@ from django.utils.html import format_html
 
 from core.admin_base import ReadOnlyAdmin
 from diagnosis.models import AiOpsAlert
-from surfaces.admin.display import chip, provider_chip
+from surfaces.admin.display import chip, column, provider_chip
 from surfaces.admin.runs import CONSOLE_MEDIA
 
 MAX_FILTER_CHOICES = 50
@@ -57,12 +57,12 @@ class AiOpsAnalysisAdmin(ReadOnlyAdmin):
         "run_link",
         "alertname_label",
         "severity_label",
-        "source",
+        "source_label",
         "provider_label",
         "status_chip",
         "release_chip",
-        "alert_count",
-        "notifications",
+        "alerts",
+        "notified",
         "created",
     )
     list_display_links = None
@@ -94,11 +94,11 @@ class AiOpsAnalysisAdmin(ReadOnlyAdmin):
     def changelist_view(self, request, extra_context=None):
         return super().changelist_view(request, {"is_nav_sidebar_enabled": False, **(extra_context or {})})
 
-    @admin.display(description="provider")
+    @admin.display(description=column("provider", "who answered (DEMO: the offline demo model)"))
     def provider_label(self, alert: AiOpsAlert):
         return provider_chip(alert.run.provider)
 
-    @admin.display(description="run", ordering="run_id")
+    @admin.display(description=column("run", "the analysis run (its page)"), ordering="run_id")
     def run_link(self, alert: AiOpsAlert):
         return format_html(
             '<a class="dc-mono dc-run-link" href="{}">{}</a>',
@@ -106,23 +106,44 @@ class AiOpsAnalysisAdmin(ReadOnlyAdmin):
             alert.run_id,
         )
 
-    @admin.display(description="alert", ordering="alertname")
+    @admin.display(description=column("alert", "the alert's name (alertname)"), ordering="alertname")
     def alertname_label(self, alert: AiOpsAlert) -> str:
         return alert.alertname or "—"
 
-    @admin.display(description="severity", ordering="severity")
+    @admin.display(description=column("severity", "the alert's severity label"), ordering="severity")
     def severity_label(self, alert: AiOpsAlert) -> str:
         return alert.severity or "—"
 
-    @admin.display(description="status")
+    @admin.display(description=column("source", "who started it: Alertmanager's webhook, staff, a shell"))
+    def source_label(self, alert: AiOpsAlert) -> str:
+        return alert.get_source_display()
+
+    @admin.display(description=column("status", "where the run is: pending, running, succeeded …"))
     def status_chip(self, alert: AiOpsAlert):
         return chip(alert.run.status)
 
-    @admin.display(description="release")
+    @admin.display(description=column("release", "published, or blocked by the guards"))
     def release_chip(self, alert: AiOpsAlert):
         return chip(alert.run.release_decision)
 
-    @admin.display(description="created", ordering="created_at")
+    # The two bare numbers of the list, said in words (surfaces.admin.display.column).
+    @admin.display(
+        description=column("alerts", "alerts firing in the group when the analysis started"),
+        ordering="alert_count",
+    )
+    def alerts(self, alert: AiOpsAlert) -> int:
+        return alert.alert_count
+
+    @admin.display(
+        description=column("notified", "times Alertmanager sent this firing (re-sends start no new run)"),
+        ordering="notifications",
+    )
+    def notified(self, alert: AiOpsAlert) -> int:
+        return alert.notifications
+
+    @admin.display(
+        description=column("created", "when the analysis started (server time zone)"), ordering="created_at"
+    )
     def created(self, alert: AiOpsAlert):
         at = timezone.localtime(alert.created_at)
         return format_html('<span title="{}">{}</span>', at.isoformat(), at.strftime("%m-%d %H:%M:%S"))

@@ -152,6 +152,8 @@ class CheckpointAdmin(ReadOnlyAdmin):
         "checkpoint_hash",
         "body",
         "signature",
+        "link",
+        "link_signature",
         "verification",
     )
 

@@ -158,3 +158,10 @@ def delivery_note(run) -> tuple[str, str] | None:
             "answer was blocked"
         )
     return "warn", f"draft release: {chars} characters of unverified draft were streamed before the release"
+
+
+def column(text: str, explains: str):
+    """A list column's header: its words, and what its cells hold as the header's title (shown on
+    hover, read by screen readers as the abbreviation's expansion). The one way the console's lists
+    label a column whose cells are bare numbers, flags or codes."""
+    return format_html('<abbr class="dc-col" title="{}">{}</abbr>', explains, text)

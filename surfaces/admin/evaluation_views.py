@@ -14,7 +14,9 @@ from django.utils.http import urlencode
 from evaluations import selectors
 from surfaces.admin import configs
 from surfaces.admin.charts import empty_chart, lines
+from surfaces.admin.display import column
 
+SCORE_EXPLAINED = "mean of the run's online evaluation scores, 0 to 1 (⚑: a score needs a human)"
 PALETTE = ("#1565c0", "#6a1b9a", "#00838f", "#ef6c00", "#558b2f", "#ad1457", "#4e342e", "#37474f")
 
 
@@ -22,7 +24,10 @@ class EvaluationColumn:
     """Mixed into the run list: `evaluation_score`, the mean of the run's scores (sortable), red with
     a flag when a score needs a human (judge `unsupported`, a forbidden command)."""
 
-    @admin.display(description="eval", ordering="evaluation_mean")
+    @admin.display(
+        description=column("eval score", SCORE_EXPLAINED),
+        ordering="evaluation_mean",
+    )
     def evaluation_score(self, run):
         mean = getattr(run, "evaluation_mean", None)
         flagged = getattr(run, "evaluation_flagged", None) or 0

@@ -33,6 +33,7 @@ from audit.write.reviews import (
 from diagnosis.models import DiagnosisRun
 from diagnosis.review_queue import REASONS, queue_counts, queued_runs, reason, reasons_of
 from diagnosis.selectors import run_configurations
+from surfaces.admin import drafts
 from surfaces.admin.compare import compare_traces
 from surfaces.api.trace_render import trace_data
 
@@ -54,12 +55,17 @@ def review_form_context(request, run: DiagnosisRun) -> dict:
     """What the run page's review form needs (shown to holders of `audit.review_run` on finished runs)."""
     return {
         "can_review": may_review(request.user) and run.is_terminal,
+        "review_draft": drafts.take(request, review_draft_key(run)),  # what a refused review held
         "review_url": reverse("admin:diagnosis_diagnosisrun_review", args=[run.pk]),
         "review_verdicts": ReviewVerdict.choices,
         "review_note_chars": REVIEW_NOTE_CHARS,
         "from_queue": request.GET.get("from") == FROM_QUEUE,
         "queue_url": queue_url(),
     }
+
+
+def review_draft_key(run: DiagnosisRun) -> str:
+    return f"review:{run.run_id}"
 
 
 def _post_only(request):
@@ -81,6 +87,11 @@ def review_view(model_admin, request, object_id):
         )
     except (ValidationError, RunNotFinished) as exc:
         text = "; ".join(exc.messages) if isinstance(exc, ValidationError) else "the run has not finished"
+        drafts.keep(
+            request,
+            review_draft_key(run),
+            {"verdict": request.POST.get("verdict", ""), "note": request.POST.get("note", "")},
+        )
         model_admin.message_user(request, f"Review not recorded: {text}.", messages.ERROR)
         return HttpResponseRedirect(run_url(run))
     model_admin.message_user(request, f"Review of {run.run_id} recorded.", messages.SUCCESS)

@@ -36,10 +36,17 @@ from core.db_router import primary_reads, render_from_replica
 from diagnosis.models import DiagnosisRun, RunFeedback, RunStatus
 from diagnosis.selectors import all_feedback, search_runs
 from reasoning.models import REASONING_PERMISSION, AccessChannel
-from surfaces.admin import configs, datasets, evaluation_views, oversight
+from surfaces.admin import configs, datasets, drafts, evaluation_views, oversight
 from surfaces.admin.analyse import analyse_view
 from surfaces.admin.dashboard import dashboard_view
-from surfaces.admin.display import QUERY_PREVIEW_CHARS, delivery_note, format_ms, label, provider_chip
+from surfaces.admin.display import (
+    QUERY_PREVIEW_CHARS,
+    column,
+    delivery_note,
+    format_ms,
+    label,
+    provider_chip,
+)
 from surfaces.admin.display import chip as _chip
 from surfaces.admin.evaluation_views import EvaluationColumn
 from surfaces.admin.filters import (
@@ -49,6 +56,7 @@ from surfaces.admin.filters import (
     ReconciledFilter,
     UnverifiedDeliveredFilter,
 )
+from surfaces.admin.gaps import gaps_view
 from surfaces.admin.keys import keys_view
 from surfaces.admin.ledger import run_cost_label
 from surfaces.admin.mcp import mcp_view
@@ -139,7 +147,10 @@ class DiagnosisRunAdmin(EvaluationColumn, ScalableListAdmin, admin.ModelAdmin):
         return super().changelist_view(request, {"is_nav_sidebar_enabled": False, **(extra_context or {})})
 
     # -- list columns ---------------------------------------------------------------------------
-    @admin.display(description="run · session", ordering="run_id")
+    @admin.display(
+        description=column("run · session", "the run's id (its page) and, below it, its session's id"),
+        ordering="run_id",
+    )
     def run_and_session(self, run: DiagnosisRun):
         return format_html(
             '<a class="dc-mono dc-run-link" href="{}">{}</a><br>'
@@ -150,45 +161,54 @@ class DiagnosisRunAdmin(EvaluationColumn, ScalableListAdmin, admin.ModelAdmin):
             run.session_id,
         )
 
-    @admin.display(description="intent")
+    @admin.display(description=column("intent", "what the router decided the question is"))
     def intent_label(self, run: DiagnosisRun):
         if not run.intent:
             return "—"
         return format_html('<span title="{}">{}</span>', run.intent, label(run.intent))
 
-    @admin.display(description="provider")
+    @admin.display(description=column("provider", "who answered (DEMO: the offline demo model)"))
     def provider_label(self, run: DiagnosisRun):
         return provider_chip(run.provider)
 
-    @admin.display(description="tokens", ordering="tokens_total")
+    @admin.display(
+        description=column("tokens", "tokens of every model call of the run: router, agent and guards"),
+        ordering="tokens_total",
+    )
     def tokens(self, run: DiagnosisRun) -> int:
         return run.tokens_total
 
-    @admin.display(description="cost", ordering="cost")
+    @admin.display(
+        description=column("cost", "the run's model cost at the prices in force (grey: not priced)"),
+        ordering="cost",
+    )
     def cost_cell(self, run: DiagnosisRun):
         text, priced, note = run_cost_label(run)
         return format_html(
             '<span class="dc-cost{}" title="{}">{}</span>', "" if priced else " dc-quiet", note, text
         )
 
-    @admin.display(description="config")
+    @admin.display(description=column("config", "the configuration fingerprint: models, prompts, tools"))
     def config(self, run: DiagnosisRun):
         return configs.config_cell(run)
 
-    @admin.display(description="created", ordering="created_at")
+    @admin.display(
+        description=column("created", "when the run was created (month-day time, server time zone)"),
+        ordering="created_at",
+    )
     def created(self, run: DiagnosisRun):
         at = timezone.localtime(run.created_at)
         return format_html('<span title="{}">{}</span>', at.isoformat(), at.strftime("%m-%d %H:%M:%S"))
 
-    @admin.display(description="query")
+    @admin.display(description=column("query", "the question as stored (secrets redacted)"))
     def query_preview(self, run: DiagnosisRun) -> str:
         return Truncator(" ".join(run.query.split())).chars(QUERY_PREVIEW_CHARS)
 
-    @admin.display(description="status")
+    @admin.display(description=column("status", "where the run is: pending, running, succeeded, failed …"))
     def status_chip(self, run: DiagnosisRun):
         return _chip(run.status)
 
-    @admin.display(description="release")
+    @admin.display(description=column("release", "the release decision: published, or blocked by the guards"))
     def release_chip(self, run: DiagnosisRun):
         chip = _chip(run.release_decision)
         if not run.draft_chars:
@@ -202,15 +222,24 @@ class DiagnosisRunAdmin(EvaluationColumn, ScalableListAdmin, admin.ModelAdmin):
             note[1] if note else "",
         )
 
-    @admin.display(description="reconciled", boolean=True)
+    @admin.display(
+        description=column("reconciled", "the stored model calls agree with the ledger and the provider"),
+        boolean=True,
+    )
     def reconciled(self, run: DiagnosisRun) -> bool:
         return run.tokens_reconciled
 
-    @admin.display(description="audit complete", boolean=True)
+    @admin.display(
+        description=column("audit complete", "every audit row the run should have written is stored"),
+        boolean=True,
+    )
     def audit_complete_flag(self, run: DiagnosisRun) -> bool:
         return run.audit_complete
 
-    @admin.display(description="duration", ordering="total_duration_ms")
+    @admin.display(
+        description=column("duration", "from the run's start to its end, as measured"),
+        ordering="total_duration_ms",
+    )
     def duration(self, run: DiagnosisRun) -> str:
         return format_ms(run.total_duration_ms)
 
@@ -255,6 +284,7 @@ class DiagnosisRunAdmin(EvaluationColumn, ScalableListAdmin, admin.ModelAdmin):
                 name="{}_{}_configuration".format(*info),
             ),
             path("analyse/", wrap(self.analyse_view), name="{}_{}_analyse".format(*info)),
+            path("gaps/", wrap(self.gaps_view), name="{}_{}_gaps".format(*info)),
             path(
                 "<path:object_id>/reasoning/",
                 wrap(self.reasoning_view),  # admin_view adds login, staff, never_cache and csrf_protect
@@ -312,6 +342,12 @@ class DiagnosisRunAdmin(EvaluationColumn, ScalableListAdmin, admin.ModelAdmin):
             if exc.decided is not None:  # refused as expired, and the expiry recorded
                 approvals.publish_decision(exc.decided)
             messages.error(request, f"Not decided ({exc.code}): {exc}")
+            # The note typed is offered again on the run page (unless the call is no longer waiting).
+            drafts.keep(
+                request,
+                f"approval:{run.run_id}",
+                {"call": tool_call_id, "note": request.POST.get("note", "")},
+            )
         else:
             approvals.publish_decision(decided)
             messages.success(
@@ -353,6 +389,12 @@ class DiagnosisRunAdmin(EvaluationColumn, ScalableListAdmin, admin.ModelAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         return analyse_view(self, request)
+
+    def gaps_view(self, request):
+        """The questions the runbooks do not answer (`surfaces.admin.gaps`): staff who may view runs."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return gaps_view(self, request)
 
     def _viewable_run(self, request, object_id) -> DiagnosisRun:
         run = self.get_object(request, unquote(object_id))
@@ -409,6 +451,7 @@ class DiagnosisRunAdmin(EvaluationColumn, ScalableListAdmin, admin.ModelAdmin):
             "session_url": reverse("admin:diagnosis_chatsession_change", args=[run.session.pk]),
             "waiting_approvals": waiting,
             "can_approve": approvals.may_approve(request.user),
+            "approval_draft": drafts.take(request, f"approval:{run.run_id}"),
             "all_feedback": all_feedback(run_id=run.run_id),
             "events_url": reverse("admin:audit_traceevent_changelist") + "?" + urlencode({"q": run.run_id}),
             **review_context,

@@ -2,12 +2,14 @@
 device; a right code marks the session verified (`django_otp.login`), which `access.stepup` requires for
 reading reasoning when `REASONING_REQUIRE_OTP` is on. A wrong or reused code is a failure in the user's
 own TOTP counter for the address (`access.lockout`: never their password's or tokens'), so codes cannot be
-guessed without bound; the page says what happened (`access.totp`) and how many tries are left.
+guessed without bound; the page says what happened (`access.totp`) and how many tries are left. The
+page says what the code is for; a right code is confirmed (a message on the page the user returns to).
 """
 
 from __future__ import annotations
 
 import django_otp
+from django.contrib import messages
 from django.contrib.admin import site
 from django.contrib.admin.views.decorators import staff_member_required
 from django.shortcuts import redirect
@@ -17,8 +19,12 @@ from django.views.decorators.cache import never_cache
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from access import lockout
-from access.stepup import session_verified
+from access.stepup import otp_required, session_verified
 from access.totp import VERIFIED, check_code
+
+VERIFIED_MESSAGE = (
+    "Second factor verified: this session may now read providers' reasoning until you sign out."
+)
 
 
 @never_cache
@@ -37,6 +43,7 @@ def verify_otp(request):
         checked = check_code(devices, request.POST.get("otp_token") or "")
         if checked.outcome == VERIFIED:
             django_otp.login(request, checked.device)
+            messages.success(request, VERIFIED_MESSAGE)
             return redirect(next_url or "admin:index")
         error = checked.message()
         if checked.counts_as_failure:
@@ -47,7 +54,8 @@ def verify_otp(request):
                 error += f" {lockout.tries_left_text(left, lockout.TOTP)}"
     context = {
         **site.each_context(request),
-        "title": "Verify second factor",
+        "title": "Verify your second factor",
+        "otp_required": otp_required(),
         "has_device": bool(devices),
         "verified": session_verified(request),
         "next": next_url,

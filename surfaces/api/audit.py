@@ -18,7 +18,7 @@ from rest_framework.response import Response
 from audit.models import REVIEW_NOTE_CHARS, Checkpoint, HoldScope, ReviewVerdict
 from audit.read import AuditKind, get_session_audits, get_trace, review_views
 from audit.transparency import store
-from audit.transparency.evidence import build_bundle
+from audit.transparency.evidence import build_bundle, checkpoint_document
 from audit.transparency.keys import published_keys
 from audit.verify.holds import holds_of_session
 from audit.write.retention import lift_hold, place_hold
@@ -235,10 +235,22 @@ class ConsistencyApi(ApiView):
             "fromRootHash": store.root(older).hex(),
             "rootHash": checkpoint.root_hash,
             "proof": proof.hex,
-            "checkpoint": {"body": checkpoint.body, "signature": checkpoint.signature},
-            "fromCheckpoint": {"body": previous.body, "signature": previous.signature} if previous else None,
+            "checkpoint": _signed_notes(checkpoint),
+            "fromCheckpoint": _signed_notes(previous) if previous else None,
         }
         return Response(body)
+
+
+def _signed_notes(cp: Checkpoint) -> dict:
+    """A checkpoint as the consistency endpoint returns it: its body and signature (as before issue 50)
+    and the signed notes a witness or note verifier reads (`note`, `link`; null for a JSON body)."""
+    document = checkpoint_document(cp)
+    return {
+        "body": cp.body,
+        "signature": cp.signature,
+        "note": document.get("note"),
+        "link": document.get("link"),
+    }
 
 
 # --------------------------------------------------------------------------------------------------

@@ -20,6 +20,16 @@ class SignedNoteSerializer(serializers.Serializer):
         help_text="Base64 of the signed-note signature (4-byte key id, Ed25519 signature of the body; the "
         "line is '— <origin> <signature>'), or, for a JSON body, base64 of its Ed25519 signature."
     )
+    note = serializers.CharField(
+        allow_null=True,
+        help_text="The checkpoint as a C2SP signed note (body, blank line, the log's signature line, the "
+        "witnesses' cosignature lines): what a witness or note verifier reads. Null for a JSON body.",
+    )
+    link = serializers.CharField(
+        allow_null=True,
+        help_text="A plain checkpoint's link as a signed note by the same key: its body's hash, signing "
+        "time and predecessor. Null for older checkpoints (they carry both in their body).",
+    )
 
     class Meta:
         ref_name = "SignedCheckpoint"
@@ -32,22 +42,47 @@ class CheckpointSerializer(serializers.Serializer):
     )
     signedAt = serializers.DateTimeField(source="signed_at")
     previousHash = serializers.CharField(
-        source="previous_hash", help_text="Hash of the previous checkpoint's body; empty for the first."
+        source="previous_hash", help_text="The previous checkpoint's checkpointHash; empty for the first."
     )
-    keyId = serializers.CharField(source="key_id")
-    checkpointHash = serializers.CharField(source="checkpoint_hash", help_text="Hex SHA-256 of the body.")
+    keyId = serializers.CharField(
+        source="key_id",
+        help_text="The signing key's signed-note key id (8 hex; 16 hex for JSON checkpoints of before "
+        "issue 35).",
+    )
+    checkpointHash = serializers.CharField(
+        source="checkpoint_hash",
+        help_text="Hex SHA-256 of the link (plain checkpoints, since issue 50), else of the body.",
+    )
     body = serializers.CharField()
     signature = serializers.CharField()
+    link = serializers.CharField(
+        help_text="A plain checkpoint's link text (body hash, signing time, predecessor); empty for older "
+        "checkpoints."
+    )
+    linkSignature = serializers.CharField(
+        source="link_signature", help_text="Base64 signed-note signature of the link by the same key."
+    )
 
     class Meta:
         ref_name = "Checkpoint"
 
 
 class PublicKeySerializer(serializers.Serializer):
-    keyId = serializers.CharField(help_text="First 16 hex digits of the SHA-256 of the raw public key.")
+    keyId = serializers.CharField(
+        help_text="The C2SP signed-note key id under the log's origin (8 hex digits): the id checkpoints' "
+        "signature lines and `keyId` name."
+    )
+    vkey = serializers.CharField(
+        help_text="The signed-note verifier key `<origin>+<key id>+<base64(0x01 || key)>`: what witnesses "
+        "and note verifiers are configured with (give it to verify_bundle)."
+    )
     algorithm = serializers.ChoiceField(choices=["Ed25519"])
     publicKey = serializers.CharField(help_text="Base64 of the 32 raw bytes (give it to verify_bundle).")
     signing = serializers.BooleanField(help_text="True for the key that signs new checkpoints.")
+    legacyKeyId = serializers.CharField(
+        help_text="Legacy: the 16-hex id (SHA-256 of the raw key) the JSON checkpoints signed before issue "
+        "35 name."
+    )
 
     class Meta:
         ref_name = "PublicKey"
@@ -136,13 +171,19 @@ class EvidenceRowsSerializer(serializers.Serializer):
 
 
 class EvidenceCheckpointSerializer(serializers.Serializer):
-    """The anchor's checkpoint: `note` (checkpoints since issue 35), or `body` and `signature` (the JSON
-    checkpoints signed before)."""
+    """The anchor's checkpoint: `note` and `link` (plain checkpoints, since issue 50), `note` alone
+    (checkpoints with extension lines, issues 35 to 49), or `body` and `signature` (the JSON checkpoints
+    signed before)."""
 
     note = serializers.CharField(
         required=False,
         help_text="The checkpoint as a C2SP signed note: its tlog-checkpoint body, a blank line, the log's "
         "signature line and the stored witness cosignature/v1 lines.",
+    )
+    link = serializers.CharField(
+        required=False,
+        help_text="A plain checkpoint's link as a C2SP signed note by the same key (its body's hash, signing "
+        "time and predecessor); absent for checkpoints with extension lines (signed before issue 50).",
     )
     body = serializers.CharField(required=False, help_text="A JSON checkpoint's signed body (older ones).")
     signature = serializers.CharField(required=False, help_text="A JSON checkpoint's base64 signature.")

@@ -22,6 +22,7 @@ from django.views.decorators.http import require_GET
 from agent.knowledge.selectors import get_runbook
 from agent.runtime.approvals import may_approve
 from diagnosis.models import DiagnosisRun
+from diagnosis.selectors import get_visible_session
 from diagnosis.services import QUERY_MAX_CHARS
 from surfaces.answers import render_answer
 from surfaces.chat.service import max_active_runs
@@ -40,11 +41,22 @@ def front_door(request: HttpRequest) -> HttpResponse:
 @login_required
 @ensure_csrf_cookie
 def chat_page(request: HttpRequest) -> HttpResponse:
-    """`GET /chat/`: ask a question and watch the run (login required)."""
+    """`GET /chat/[?session=<id>]`: ask a question and watch the run (login required).
+
+    A conversation the user may see but does not own (staff reading someone else's) is shown read-only:
+    its owner is named and there is no composer, since new runs go only into one's own sessions
+    (`surfaces.chat.service.start_chat`). One that is not visible is left to the page, which says it
+    could not be opened (the API's 404)."""
+    session_id = request.GET.get("session")
+    session = get_visible_session(user=request.user, session_id=session_id) if session_id else None
+    read_only_owner = (
+        session.owner.get_username() if session is not None and session.owner_id != request.user.pk else None
+    )
     return render(
         request,
         "chat.html",
         {
+            "read_only_owner": read_only_owner,
             "query_max_chars": QUERY_MAX_CHARS,
             "max_active_runs": max_active_runs(),
             "show_admin_links": request.user.is_staff,

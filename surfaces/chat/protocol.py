@@ -37,10 +37,21 @@ class ChatRefused(Exception):
 
 
 _PAYLOAD: dict[str, Callable[[Any], dict[str, Any]]] = {
-    "run": lambda e: {"sessionId": e.session_id, "runId": e.run_id, "demo": e.demo},
+    "run": lambda e: {
+        "sessionId": e.session_id,
+        "runId": e.run_id,
+        "demo": e.demo,
+        "query": e.query,
+        "askedAt": e.asked_at,
+    },
     "progress": lambda e: _progress_payload(e),
     "draft": lambda e: {"text": e.text},
-    "tool": lambda e: {"toolCallId": e.tool_call_id, "name": e.name, "status": str(e.status)},
+    "tool": lambda e: {
+        "toolCallId": e.tool_call_id,
+        "name": e.name,
+        "status": str(e.status),
+        **({"at": e.at} if e.at is not None else {}),
+    },
     "outcome": lambda e: {
         "runId": e.run_id,
         "status": str(e.status),
@@ -61,6 +72,7 @@ _PROGRESS_FIELDS = (
     ("verdict", "verdict"),
     ("retry", "retry"),
     ("redacted", "redacted"),
+    ("at", "at"),
 )
 
 

@@ -28,6 +28,12 @@ _ERROR_SCHEMA = {
 }
 
 _STRING = {"type": "string"}
+_AT = {
+    "type": "string",
+    "format": "date-time",
+    "description": "On a frame read from the timeline (a replay, a resume, the catch-up at the start of a "
+    "stream): when its timeline event was recorded. Absent on a frame sent as it happened.",
+}
 _SCHEMAS: dict[str, Any] = {
     "ChatRequest": {
         "type": "object",
@@ -48,8 +54,19 @@ _SCHEMAS: dict[str, Any] = {
             "sessionId": _STRING,
             "runId": _STRING,
             "demo": {"type": "boolean", "description": "The demo model answers the run: label it DEMO."},
+            "query": {
+                "type": "string",
+                "description": "The question as stored: secrets in it were replaced by placeholders before "
+                "the run was created (show this, not what was typed).",
+            },
+            "askedAt": {
+                "type": "string",
+                "format": "date-time",
+                "nullable": True,
+                "description": "When the question was asked (the run's creation): the origin of `at`.",
+            },
         },
-        "required": ["sessionId", "runId", "demo"],
+        "required": ["sessionId", "runId", "demo", "query", "askedAt"],
     },
     "ChatProgressEvent": {
         "type": "object",
@@ -81,6 +98,7 @@ _SCHEMAS: dict[str, Any] = {
                     "values were replaced by placeholders before anything was sent or stored; never a value."
                 ),
             },
+            "at": _AT,
         },
         "required": ["stage", "status", "sequenceNo"],
     },
@@ -104,6 +122,7 @@ _SCHEMAS: dict[str, Any] = {
                 "type": "string",
                 "enum": ["AWAITING_APPROVAL", "RUNNING", "SUCCEEDED", "FAILED", "INTERRUPTED", "ABANDONED"],
             },
+            "at": _AT,
         },
         "required": ["toolCallId", "name", "status"],
     },

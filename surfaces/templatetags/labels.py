@@ -8,6 +8,7 @@ from django import template
 from audit.models import ReviewVerdict
 from audit.write.runtime_facts import step_label as _step_label
 from surfaces.admin.display import label as _label
+from surfaces.admin.display import pretty_json as _pretty_json
 
 register = template.Library()
 
@@ -27,3 +28,16 @@ def verdict_label(verdict):
 def enum_label(value):
     """A stored enum word in people's words ("succeeded", "AI Ops analysis"), "—" for none."""
     return _label(value)
+
+
+@register.filter
+def pretty_json(value):
+    """A stored JSON value (tool arguments) indented, keys sorted: what a person reads, never a repr."""
+    return _pretty_json(value)
+
+
+@register.filter
+def filters_in_use(cl) -> list[str]:
+    """The titles of a change list's filters that select something now (the run list's folded
+    filters name them)."""
+    return [str(spec.title) for spec in cl.filter_specs if getattr(spec, "used_parameters", None)]

@@ -17,128 +17,18 @@ the callback redeems it at the provider's token endpoint over HTTP, fetches its 
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
-from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-import requests
 from axes.models import AccessAttempt
 from django.contrib.auth.models import Group
 
 from access.models import OidcIdentity
 from audit.models import GovernanceEvent, GovernanceEventType
 from audit.verify.governance_chain import verify_governance
-from tests.agent.aiops.servers import _die_with_parent, free_port
+from tests.access.conftest import ACTOR, alice, sso_login
 
 pytestmark = pytest.mark.django_db
-
-SERVER = Path(__file__).resolve().parents[1] / "oidc_server.py"
-CLIENT_ID, CLIENT_SECRET = "diagnosis-test", "test-client-secret-of-the-rp"
-CALLBACK = "http://testserver/oidc/callback/"
-GROUP_MAP = {
-    "sre-oncall": "Staff viewers",
-    "ai-auditors": ["Reasoning Auditors"],
-    "change-board": "Approvers",
-    "qa": "Reviewers",
-}
-ACTOR = "(single sign-on)"
-
-
-class Idp:
-    """The provider process and its control endpoint."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.process = subprocess.Popen(
-            [sys.executable, str(SERVER), str(self.port)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent,
-        )
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                if requests.get(f"{self.url}/.well-known/openid-configuration", timeout=1).ok:
-                    return
-            except requests.ConnectionError:
-                time.sleep(0.05)
-        raise RuntimeError("the OpenID provider did not start")
-
-    def configure(self, **body) -> None:
-        assert requests.post(f"{self.url}/control", json=body, timeout=5).ok
-
-    def state(self) -> dict:
-        return requests.get(f"{self.url}/control", timeout=5).json()
-
-    def close(self) -> None:
-        self.process.terminate()
-        self.process.wait(10)
-
-
-@pytest.fixture(scope="module")
-def idp():
-    server = Idp()
-    yield server
-    server.close()
-
-
-@pytest.fixture
-def oidc(settings, idp):
-    """OIDC on, pointed at the provider (endpoints from its discovery document), which is reset to a
-    well-behaved configuration for the user alice."""
-    discovery = requests.get(f"{idp.url}/.well-known/openid-configuration", timeout=5).json()
-    settings.OIDC_ENABLED = True
-    settings.OIDC_PROVIDER_NAME = "Test IdP"
-    settings.OIDC_RP_CLIENT_ID = CLIENT_ID
-    settings.OIDC_RP_CLIENT_SECRET = CLIENT_SECRET
-    settings.OIDC_OP_ISSUER = discovery["issuer"]
-    settings.OIDC_OP_AUTHORIZATION_ENDPOINT = discovery["authorization_endpoint"]
-    settings.OIDC_OP_TOKEN_ENDPOINT = discovery["token_endpoint"]
-    settings.OIDC_OP_USER_ENDPOINT = discovery["userinfo_endpoint"]
-    settings.OIDC_OP_JWKS_ENDPOINT = discovery["jwks_uri"]
-    settings.OIDC_GROUP_MAP = GROUP_MAP
-    settings.OIDC_ACCEPTED_AMR = ["otp", "mfa", "hwk"]
-    settings.OIDC_ACCEPTED_ACR = []
-    idp.configure(
-        client={"id": CLIENT_ID, "secret": CLIENT_SECRET, "redirect_uris": [CALLBACK]},
-        user=alice(),
-        issuer=None,
-        expires_in=300,
-        audience=None,
-        nonce=None,
-    )
-    return idp
-
-
-def alice(**claims) -> dict:
-    return {
-        "sub": "idp-user-0001",
-        "preferred_username": "alice",
-        "email": "alice@example.test",
-        "given_name": "Alice",
-        "groups": ["sre-oncall"],
-        "amr": ["pwd"],
-        **claims,
-    }
-
-
-def sso_login(client, idp, next_url: str = "/chat/"):
-    """The whole flow through the browser's hops: Django → provider → Django's callback."""
-    start = client.get("/oidc/authenticate/", {"next": next_url})
-    assert start.status_code == 302, start
-    authorize = start["Location"]
-    assert authorize.startswith(f"{idp.url}/authorize?")
-    query = parse_qs(urlsplit(authorize).query)
-    assert query["nonce"][0] and query["state"][0] and query["code_challenge_method"] == ["S256"]
-    approved = requests.get(authorize, allow_redirects=False, timeout=5)
-    assert approved.status_code == 302, approved.text
-    back = urlsplit(approved.headers["Location"])
-    assert f"{back.scheme}://{back.netloc}{back.path}" == CALLBACK
-    return client.get(back.path, parse_qs(back.query))
 
 
 def sso_events(username: str) -> list[tuple[str, str]]:
@@ -177,7 +67,12 @@ def test_first_login_creates_the_user_links_the_identity_and_maps_groups(client,
     # Signed in: the session reaches the API and the admin; the code was redeemed with PKCE.
     assert client.get("/api/auth/tokens/").status_code == 200
     assert client.get("/admin/").status_code == 200
-    assert oidc.state()["tokenRequests"][-1] == {"grant_type": "authorization_code", "pkce": True}
+    assert oidc.state()["tokenRequests"][-1] == {
+        "grant_type": "authorization_code",
+        "pkce": True,
+        "auth": "client_secret_basic",  # the first method of the discovery document's
+        "path": "/token",
+    }
 
 
 def test_a_group_removed_at_the_idp_is_removed_at_the_next_login(client, oidc, django_user_model):
@@ -240,7 +135,7 @@ def test_a_bad_id_token_is_refused(client, oidc, django_user_model, wrong, reaso
 
 def test_a_replayed_callback_and_an_idp_error_are_refused(client, oidc, django_user_model):
     start = client.get("/oidc/authenticate/")
-    approved = requests.get(start["Location"], allow_redirects=False, timeout=5)
+    approved = oidc.approve(start["Location"])
     back = urlsplit(approved.headers["Location"])
     assert client.get(back.path, parse_qs(back.query))["Location"] == "/"  # LOGIN_REDIRECT_URL
     client.logout()

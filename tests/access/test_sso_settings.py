@@ -1,5 +1,6 @@
 """Single sign-on's settings in a production process (DEBUG off): `manage.py check --deploy
---fail-level WARNING` stays clean with OIDC on (https endpoints, a group map of governed groups) and
+--fail-level WARNING` stays clean with OIDC on (an https issuer whose discovery document names the
+endpoints, nothing fetched by the check; a group map of governed groups; provider sign-out) and
 `LOCAL_PASSWORD_LOGIN=breakglass`, and the sign-in checks stop a configuration that would fail open or
 lock everyone out (access/checks.py)."""
 
@@ -20,10 +21,7 @@ OIDC = {
     "OIDC_RP_CLIENT_ID": "diagnosis",
     "OIDC_RP_CLIENT_SECRET": "a-client-secret-from-the-environment",
     "OIDC_OP_ISSUER": IDP,
-    "OIDC_OP_AUTHORIZATION_ENDPOINT": f"{IDP}/protocol/openid-connect/auth",
-    "OIDC_OP_TOKEN_ENDPOINT": f"{IDP}/protocol/openid-connect/token",
-    "OIDC_OP_USER_ENDPOINT": f"{IDP}/protocol/openid-connect/userinfo",
-    "OIDC_OP_JWKS_ENDPOINT": f"{IDP}/protocol/openid-connect/certs",
+    "OIDC_LOGOUT": "provider",
     "OIDC_GROUP_MAP": json.dumps({"sre": "Staff viewers", "ai-audit": ["Reasoning Auditors", "Reviewers"]}),
     "OIDC_ACCEPTED_AMR": "otp,mfa,hwk",
     "LOCAL_PASSWORD_LOGIN": "breakglass",
@@ -54,12 +52,19 @@ def test_check_deploy_is_clean_with_single_sign_on_and_break_glass():
     [
         ({"LOCAL_PASSWORD_LOGIN": "sso-only"}, "access.E001"),
         ({"BREAK_GLASS_USERNAMES": ""}, "access.E002"),
-        ({"OIDC_OP_JWKS_ENDPOINT": ""}, "access.E003"),
+        ({"OIDC_OP_DISCOVERY": "false", "OIDC_OP_AUTHORIZATION_ENDPOINT": f"{IDP}/auth"}, "access.E003"),
         ({"OIDC_GROUP_MAP": json.dumps({"sre": "Superusers"})}, "access.E004"),
         ({"OIDC_RP_SIGN_ALGO": "HS256"}, "access.E005"),
         ({"OIDC_OP_TOKEN_ENDPOINT": "http://idp.example.com/token"}, "access.W001"),
     ],
-    ids=["policy-typo", "no-break-glass-account", "no-jwks", "ungoverned-group", "symmetric-alg", "http"],
+    ids=[
+        "policy-typo",
+        "no-break-glass-account",
+        "no-discovery-no-endpoints",
+        "ungoverned-group",
+        "symmetric-alg",
+        "http",
+    ],
 )
 def test_the_sign_in_checks_stop_an_unsafe_configuration(change, code):
     done = _check(**{**OIDC, **change})

@@ -1,7 +1,8 @@
 """The admin's step-up in a real headless Chromium (Playwright, Debian's /usr/bin/chromium): with
 `REASONING_REQUIRE_OTP` on, an auditor who logged in with a password is asked for a TOTP code instead
 of being shown reasoning (in words for a browser user, no server command); after entering the code the
-browser returns to the run page's panel, which loads by itself, and only that read is logged.
+browser returns to the run page's panel, which loads by itself (the step-up page said what the code is
+for, and the run page confirms it), and only that read is logged.
 Screenshots go to `test-artifacts/` (git-ignored)."""
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from django.db import connection
 from playwright.sync_api import expect, sync_playwright
 
 from reasoning.models import ReasoningAccessLog
+from surfaces.admin.stepup import VERIFIED_MESSAGE
+from tests.accessibility import assert_accessible
 from tests.browser import launch_chromium, requires_chromium
 from tests.factories import REASONING_MARKER, totp_code, totp_device
 from tests.surfaces.admin.support import grant_console, make_blocked_run
@@ -67,11 +70,17 @@ def test_auditor_verifies_a_totp_code_before_the_reasoning_panel_opens(
             page.screenshot(path=str(ARTIFACTS / "admin-reasoning-otp-required.png"), full_page=True)
 
             page.click("#dc-verify-otp")
+            purpose = page.locator("#dc-otp-purpose")  # the page says what the code is for
+            expect(purpose).to_contain_text("reasoning")
+            expect(purpose).to_contain_text("authenticator app")
+            expect(purpose).to_contain_text("until you sign out")
+            assert_accessible(page, "the TOTP step-up page")
             page.fill("#id_otp_token", _in_thread(lambda: totp_code(device)))
             page.screenshot(path=str(ARTIFACTS / "admin-verify-otp.png"))
             page.click("#dc-otp-form button[type=submit]")
             # Back on the run page at its reasoning panel, which loads by itself: no second click.
             page.wait_for_url(f"**/admin/diagnosis/diagnosisrun/{run.pk}/change/#reasoning")
+            expect(page.locator("ul.messagelist li.success")).to_have_text(VERIFIED_MESSAGE)  # confirmed
             records = page.locator("#dc-reasoning-records")
             expect(records).to_contain_text(REASONING_MARKER)
             expect(records).to_contain_text("This read was logged")

@@ -17,6 +17,9 @@ JWT = (
     ".kQ9vR3mT7xLp2Wn8Zc4Yb6Hd1Fg5Js0Ae3Ui9Ok7Lq2"
 )
 DB_PASSWORD = "S3cr3t-Passw0rd-9x"
+ASSIGNED = "Sup3rS3cretValue99!"
+ODBC_PWD = "Xy7pq2Lm9w"
+YAML_KEY = "k3y-" + "4f7b9c2e81d0"
 DB_URL = f"{PG}://app_user:{DB_PASSWORD}@db-primary.internal:5432/orders"
 PEM_BODY = [
     "MIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gun",
@@ -57,6 +60,16 @@ CORPUS = [
     ("jwt", f"curl -H 'Authorization: Bearer {JWT}' https://api.internal/v1/orders -> 401", [JWT], "jwt"),
     ("pem", f"nginx: cannot load key\n{PEM}\n", PEM_BODY, "private-key"),
     ("db-url", f"django.db.utils.OperationalError connecting to {DB_URL}", [DB_PASSWORD], "url-password"),
+    # Unquoted assignments, as pasted from env files, DSNs and command lines (detect-secrets' keyword
+    # detector needs quotes outside config files).
+    (
+        "env-assignment",
+        f"login fails with DB_PASSWORD={ASSIGNED} since the deploy",
+        [ASSIGNED],
+        "secret-keyword",
+    ),
+    ("odbc-dsn", f"Driver={{MySQL}};Server=db-1;Uid=app;Pwd={ODBC_PWD};", [ODBC_PWD], "secret-keyword"),
+    ("yaml-colon", f"api_key: {YAML_KEY}", [YAML_KEY], "secret-keyword"),
 ]
 
 ALL_ORIGINALS = sorted({o for _l, _t, originals, _k in CORPUS for o in originals})

@@ -20,6 +20,8 @@ ORDINARY = [
     "chain head sha256 4bf92f3577b34da6a3ce929d0e0e4736a3ce929d0e0e47364bf92f3577b34da6 does not verify",
     "redis latency p99 1200ms at 10.0.3.4, evidence prom:9f86d081884c7d65",
     "error: token expired for user alice",
+    "usage total_tokens=1234567 prompt_tokens=100 max_tokens: 4096",
+    "PWD=/srv/app and secretName: mysql-secret; if password = wrong, login fails",
     "What does 'Connection refused' on port 5432 mean?",
     "磁盘使用率超过 90%，如何清理 /var/log？",
 ]
@@ -151,3 +153,21 @@ def test_the_key_comes_from_the_setting_or_the_development_file(settings, tmp_pa
     settings.REDACTION_DEV_KEY_FILE = None
     with pytest.raises(ImproperlyConfigured):
         hmac_key()
+
+
+def test_a_scan_neither_reconfigures_detect_secrets_nor_verifies_a_secret(monkeypatch):
+    """The keyword and high-entropy plugins run without detect-secrets' settings context (entering it
+    cleared the package's caches on every scan) and never verify a finding over the network: the
+    same secrets are found while both would fail the test."""
+    import detect_secrets.settings
+    from detect_secrets.plugins.base import BasePlugin
+
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("must not be called by a scan")
+
+    monkeypatch.setattr(detect_secrets.settings, "cache_bust", refuse)
+    monkeypatch.setattr(BasePlugin, "verify", refuse)
+    text = 'db_password = "Sx9$kq2Lw8vB3nRt"\ntoken: "b1946ac92492d2347c6235b4d2611184f00e6a91c8"'
+    kinds = {kind for _s, _e, kind in find_secrets(text, Config())}
+    assert kinds, "the keyword and high-entropy plugins still find what they found"
+    assert "Sx9$kq2Lw8vB3nRt" not in Redactor().redact(text)

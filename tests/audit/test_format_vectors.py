@@ -310,6 +310,31 @@ def test_the_note_key_is_rfc_8032s_and_named_as_c2sp_says():
 
 
 @pytest.mark.parametrize("vector", N["checkpoints"], ids=lambda v: f"size-{v['treeSize']}")
+def test_plain_checkpoint_and_its_link(vector):
+    """Issue 50: the same inputs as a plain checkpoint (no extension lines) and its signed link, against
+    the reference transcription; the key signs both under the origin, and the link names the body."""
+    private, public, _ = _keys()
+    size, root = vector["treeSize"], vector["rootHash"]
+    body = note.NoteBody(N["origin"], size, root, vector["signedAt"], vector["previous"], extended=False)
+    text = body.text()
+    assert text == ref.plain_checkpoint_body(N["origin"], size, root) and text.count("\n") == 3
+    link = body.link().text()
+    assert link == ref.checkpoint_link(size, text, vector["signedAt"], vector["previous"])
+    assert link.startswith(f"diagnosis-audit-checkpoint-link/v1\ntree-size {size}\ncheckpoint ")
+    assert note.parse_note_body(text, link) == body and note.parse_link(link) == body.link()
+    assert note.statement_hash(text, link) == hashlib.sha256(link.encode()).hexdigest()
+    signature, link_signature = note.sign_note(body, private), note.sign_note(body, private, link)
+    note.verify_checkpoint(text, body, signature, public, link_signature)
+    raw = base64.b64decode(link_signature)
+    assert raw[:4].hex() == N["noteKeyId"]
+    Ed25519PublicKey.from_public_bytes(bytes.fromhex(N["rfc8032Public"])).verify(raw[4:], link.encode())
+    with pytest.raises(note.NoteError):  # the body's signature is no link signature
+        note.verify_checkpoint(text, body, signature, public, signature)
+    with pytest.raises(note.NoteError):  # a link names exactly one body
+        note.parse_note_body(ref.plain_checkpoint_body(N["origin"], size, "00" * 32), link)
+
+
+@pytest.mark.parametrize("vector", N["checkpoints"], ids=lambda v: f"size-{v['treeSize']}")
 def test_signed_checkpoint(vector):
     private, public, witness = _keys()
     text = ref.checkpoint_body(N["origin"], vector["treeSize"], vector["rootHash"], vector["signedAt"],

@@ -8,7 +8,8 @@ from audit.transparency import keys, note
 
 class Command(BaseCommand):
     help = (
-        "Print the key id and public key (base64 of its 32 raw bytes) of every signing key, newest first "
+        "Print the signed-note key id (8 hex, as checkpoints name it) and public key (base64 of its 32 raw "
+        "bytes) of every signing key, newest first "
         "(the first signs), and of every retired key in AUDIT_VERIFY_KEYS, each with its C2SP signed-note "
         "vkey under AUDIT_LOG_ORIGIN (what witnesses and note verifiers are configured with). Give either "
         "to `python -m audit.verify_bundle --public-key`."

@@ -1,7 +1,7 @@
 """`manage.py make_dataset NAME [--verdict incorrect] [--since DATE] [--until DATE] [--status …]
-[--release …] [--intent …] [--config FINGERPRINT] [--run RUN_ID …]`: a new version of dataset NAME with
-the production runs the run list's filters select (`diagnosis.selectors.runs_matching`), or the runs
-named; prints the version and its item count."""
+[--release …] [--intent …] [--config FINGERPRINT] [--run RUN_ID [RUN_ID …]]`: a new version of dataset
+NAME with the production runs the run list's filters select (`diagnosis.selectors.runs_matching`), or
+the runs named (several after one `--run`, or `--run` repeated); prints the version and its item count."""
 
 from __future__ import annotations
 
@@ -39,7 +39,14 @@ class Command(BaseCommand):
         parser.add_argument("--release", default="", help="PUBLISHED or BLOCKED")
         parser.add_argument("--intent", default="")
         parser.add_argument("--config", default="", help="configuration fingerprint")
-        parser.add_argument("--run", action="append", default=[], help="a run id (repeatable)")
+        parser.add_argument(
+            "--run",
+            nargs="+",
+            action="extend",
+            default=[],
+            metavar="RUN_ID",
+            help="run ids: --run A B C, or --run A --run B (the dataset's name comes before them)",
+        )
         parser.add_argument("--note", default="")
 
     def handle(self, *args, **options):

@@ -18,9 +18,19 @@
  * conversations (`GET /api/diagnosis/sessions/?mine=true&q=…`, newest first, cursor pages), searchable
  * by the text of their questions.
  *
- * Feedback: each finished answer carries 👍/👎 and an optional comment, sent to
+ * Feedback: each finished answer carries *Helpful* / *Not helpful* (text: no emoji font needed) and an
+ * optional comment, sent to
  * `POST …/runs/{runId}/feedback` (one vote per reader, changeable: each one is chained into the run's
  * record); a replayed answer shows the reader's vote as the run list gives it (`feedback`).
+ *
+ * Keeping up: the page follows the newest answer (scrolls to the bottom as frames arrive) unless the
+ * reader scrolled up, and follows again once they are back at the bottom or ask. The question bubble shows
+ * the question as stored (the `run` frame's `query`, redacted) as soon as the run starts. Replayed frames
+ * carry `at` (when their timeline event was recorded) and the `run` frame `askedAt`, so a reload or a
+ * re-attach draws each stage at its true time since the question was asked. A conversation the reader does
+ * not own (staff reading another user's) comes without a composer and is labelled read-only (the server
+ * renders it so). A question over the API's limit (`data-query-max`, from `diagnosis.services`) is refused
+ * here with the limit stated, never cut silently.
  *
  * Text the model writes is set with textContent (drafts, a plain outcome). The one exception is the
  * outcome's `contentHtml`: the released answer as the server rendered and sanitized it
@@ -44,7 +54,8 @@
   var sessionLabel = document.getElementById("session");
   var connection = document.getElementById("connection");
   var template = document.getElementById("turn-template");
-  var maxChars = parseInt(root.dataset.queryMax, 10) || 8000;
+  var maxChars = parseInt(root.dataset.queryMax, 10);  // the API's limit, rendered by the server
+  var readOnly = root.dataset.readOnly === "true";  // someone else's conversation: no composer
   var sessionsUrl = root.dataset.sessionsUrl;
   var conversationList = document.getElementById("conversation-list");
   var conversationSearch = document.getElementById("conversation-search");
@@ -58,6 +69,31 @@
   var active = [];  // turns without an outcome yet: their elapsed counters tick
   var ticker = null;
   var TICK_MS = 200;
+  var FOLLOW_SLACK_PX = 48;  // this close to the bottom counts as "at the newest answer"
+
+  // ------------------------------------------------------------------------------------------------
+  // Following the newest answer: scroll with it unless the reader scrolled up to read something else
+  // ------------------------------------------------------------------------------------------------
+  var following = true;
+  var pinnedTop = 0;  // where the page last scrolled itself to
+  var scroller = document.scrollingElement || document.documentElement;
+
+  function atBottom() {
+    return scroller.scrollHeight - scroller.scrollTop - scroller.clientHeight <= FOLLOW_SLACK_PX;
+  }
+
+  function keepUp() {
+    if (!following) { return; }
+    scroller.scrollTop = scroller.scrollHeight;
+    pinnedTop = scroller.scrollTop;
+  }
+
+  // Content that grew after the page's own scroll is not the reader leaving: only a scroll above where
+  // the page put them is. Back at the bottom, the page follows again.
+  window.addEventListener("scroll", function () {
+    if (atBottom()) { following = true; } else if (scroller.scrollTop < pinnedTop - 2) { following = false; }
+    root.dataset.following = String(following);
+  }, {passive: true});
 
   function setConnection(state, text) {
     connection.className = "connection " + state;
@@ -69,6 +105,26 @@
   function now() { return window.performance.now(); }
 
   function seconds(ms) { return (Math.max(0, ms) / 1000).toFixed(1) + " s"; }
+
+  // Server times (ISO 8601) as milliseconds, NaN when absent.
+  function serverMs(iso) { return typeof iso === "string" ? Date.parse(iso) : NaN; }
+
+  // When the question was asked, on this page's clock: from the server's `askedAt` when known (a reload,
+  // a resume), so every line reads its true time since the question, not since the page loaded.
+  function setAskedAt(turn, askedAt) {
+    var asked = serverMs(askedAt);
+    if (isNaN(asked)) { return; }
+    turn.askedAt = asked;
+    if (turn.replayed) { turn.startedAt = now() - Math.max(0, Date.now() - asked); }
+  }
+
+  // A frame's time on this page's clock: its recorded `at` (a frame read from the timeline) placed after
+  // the question by the server's own clock, else now (a frame sent as it happened arrives as it happens).
+  function frameTime(turn, at) {
+    var recorded = serverMs(at);
+    if (isNaN(recorded) || turn.askedAt === undefined) { return now(); }
+    return turn.startedAt + (recorded - turn.askedAt);
+  }
 
   function runUrl(turn, suffix) {
     return runsUrl + encodeURIComponent(turn.sessionId) + "/runs/" + encodeURIComponent(turn.runId) + suffix;
@@ -85,6 +141,7 @@
     turns.appendChild(node);
     var turn = {
       node: node,
+      question: node.querySelector(".question"),
       status: node.querySelector(".status"),
       demo: node.querySelector(".demo"),
       runIdLabel: node.querySelector(".run-id"),
@@ -103,7 +160,7 @@
     };
     turn.cancel.addEventListener("click", function () { cancelRun(turn); });
     wireFeedback(turn);
-    node.scrollIntoView({block: "end"});
+    keepUp();
     if (replayed) {
       // Replayed from the server: its stages arrive at once, so no timing is shown for them.
       turn.replayed = true;
@@ -137,8 +194,8 @@
   // Progress: one line per stage, with the time since the question was sent
   // ------------------------------------------------------------------------------------------------
   var VERDICT_WORDS = {PASS: "passed", FAIL: "failed", ERROR: "error"};
-  var TOOL_WORDS = {RUNNING: "running", SUCCEEDED: "finished", FAILED: "failed", INTERRUPTED: "interrupted",
-    ABANDONED: "abandoned"};
+  var TOOL_WORDS = {AWAITING_APPROVAL: "waiting for approval", RUNNING: "running", SUCCEEDED: "finished",
+    FAILED: "failed", INTERRUPTED: "interrupted", ABANDONED: "abandoned"};
 
   function lower(value) { return String(value || "").toLowerCase(); }
 
@@ -184,25 +241,27 @@
   function verdictTone(verdict) {
     if (verdict === "PASS" || verdict === "PUBLISHED" || verdict === "APPROVED") { return "good"; }
     if (verdict === "FAIL" || verdict === "ERROR" || verdict === "BLOCKED" || verdict === "REJECTED") { return "bad"; }
+    if (verdict === "WAITING") { return "waiting"; }
     return "";
   }
 
-  function newLine(turn, stage) {
+  function newLine(turn, stage, at) {
     var item = document.createElement("li");
     item.className = "stage";
     item.dataset.stage = stage;
     var label = document.createElement("span");
     label.className = "stage-label";
-    var at = document.createElement("span");
-    at.className = "stage-at";
+    var atLabel = document.createElement("span");
+    atLabel.className = "stage-at";
     var took = document.createElement("span");
     took.className = "stage-took";
     item.appendChild(label);
-    item.appendChild(at);
+    item.appendChild(atLabel);
     item.appendChild(took);
-    item.startedAt = now();
-    at.textContent = "+" + seconds(item.startedAt - turn.startedAt);
-    at.title = "since the question was sent";
+    item.startedAt = frameTime(turn, at);
+    atLabel.title = isNaN(serverMs(at)) ? "since the question was sent"
+      : "when it was recorded, since the question was sent";
+    atLabel.textContent = "+" + seconds(item.startedAt - turn.startedAt);
     turn.progress.appendChild(item);
     return item;
   }
@@ -213,13 +272,14 @@
     item.querySelector(".stage-took").textContent = seconds(now() - item.startedAt);  // ticks from here
   }
 
-  function closeLine(item, tone) {
+  function closeLine(item, tone, at) {
     var wasOpen = item.dataset.open === "true";
     item.classList.remove("current");
     item.dataset.open = "false";
+    item.classList.remove("tone-bad", "tone-good", "tone-waiting");
     if (tone) { item.classList.add("tone-" + tone); }
     if (wasOpen) {  // a stage seen only when it finished (a decision, a replay) has no duration here
-      item.querySelector(".stage-took").textContent = seconds(now() - item.startedAt);
+      item.querySelector(".stage-took").textContent = seconds((at === undefined ? now() : at) - item.startedAt);
       item.querySelector(".stage-took").title = "how long it took";
     }
   }
@@ -247,29 +307,36 @@
       item.querySelector(".stage-label").textContent = stageLabel(data, false);
       openLine(item);
     } else {
-      var open = lastOpen(turn, data.stage) || newLine(turn, data.stage);
+      var open = lastOpen(turn, data.stage) || newLine(turn, data.stage, data.at);
       open.dataset.status = data.status || "FINISHED";
       if (data.verdict) { open.dataset.verdict = data.verdict; }
       if (data.intent) { open.dataset.intent = data.intent; }
       open.querySelector(".stage-label").textContent = stageLabel(data, true);
-      closeLine(open, verdictTone(data.verdict));
+      closeLine(open, verdictTone(data.verdict), frameTime(turn, data.at));
     }
   }
 
   function onTool(turn, data) {
     var item = turn.toolItems[data.toolCallId];
     if (!item) {
-      item = newLine(turn, "TOOL");
+      item = newLine(turn, "TOOL", data.at);
       item.dataset.toolCallId = data.toolCallId;
       turn.toolItems[data.toolCallId] = item;
     }
     if (item.dataset.status === data.status) { return; }
     var running = data.status === "RUNNING";
+    if (running && item.dataset.status) { item.startedAt = frameTime(turn, data.at); }  // approved: runs from now
+    // A call waiting for a person is not a failure: it is drawn waiting (its decision comes as APPROVAL).
+    var waiting = data.status === "AWAITING_APPROVAL";
     item.className = "stage tool tool-" + lower(data.status);
     item.dataset.status = data.status;
     item.querySelector(".stage-label").textContent =
-      "Tool " + data.name + " " + (TOOL_WORDS[data.status] || lower(data.status)) + (running ? "…" : "");
-    if (running) { openLine(item); } else { closeLine(item, data.status === "SUCCEEDED" ? "" : "bad"); }
+      "Tool " + data.name + " " + (TOOL_WORDS[data.status] || lower(data.status)) + (running || waiting ? "…" : "");
+    if (running) {
+      openLine(item);
+    } else {
+      closeLine(item, data.status === "SUCCEEDED" ? "" : waiting ? "waiting" : "bad", frameTime(turn, data.at));
+    }
   }
 
   function tick() {
@@ -289,7 +356,7 @@
   }
 
   function stopTicking(turn) {
-    if (turn.replayed) {
+    if (turn.replayed && active.indexOf(turn) < 0) {  // replayed finished: nothing ticked
       turn.progress.querySelectorAll("li.stage[data-open=true]").forEach(function (item) { closeLine(item, ""); });
       return;
     }
@@ -339,6 +406,11 @@
     run: function (turn, data) {
       turn.runId = data.runId;
       turn.sessionId = data.sessionId;
+      if (typeof data.query === "string" && data.query) {
+        // The question as stored: secrets the reader pasted were redacted before the run was created.
+        turn.question.textContent = data.query;
+      }
+      setAskedAt(turn, data.askedAt);
       openConversation(data.sessionId);
       if (data.demo) {
         show(turn.demo, true);
@@ -394,6 +466,7 @@
     if (id !== null && /^\d+$/.test(id)) { turn.lastId = Math.max(turn.lastId, parseInt(id, 10)); }
     if (!data.length || !handlers[event]) { return; }
     handlers[event](turn, JSON.parse(data.join("\n")));
+    keepUp();
   }
 
   async function consume(turn, response) {
@@ -474,6 +547,7 @@
   // Actions
   // ------------------------------------------------------------------------------------------------
   function ask(text) {
+    following = true;  // whoever asks wants to see the answer
     var turn = newTurn(text);
     setStatus(turn, "PENDING");
     var body = {query: text};
@@ -560,7 +634,7 @@
   function openConversation(id) {
     if (sessionId === id) { return; }
     sessionId = id;
-    sessionLabel.textContent = "conversation " + id;
+    if (sessionLabel) { sessionLabel.textContent = "conversation " + id; }
     root.dataset.sessionId = id;
     if (new URLSearchParams(window.location.search).get("session") !== id) {
       window.history.replaceState(null, "", conversationHref(id));
@@ -587,6 +661,12 @@
       show(turn.adminLink, true);
     }
     setStatus(turn, run.status);
+    setAskedAt(turn, run.createdAt);
+    if (["PENDING", "RUNNING"].indexOf(run.status) >= 0) {
+      // Still running at the (re)load: its time since the question ticks on, from the server's clock.
+      active.push(turn);
+      startTicking();
+    }
     if (run.feedback) { showVote(turn, run.feedback); }
     return follow(turn, function () {
       return fetch(runUrl(turn, "/events?after=0"), {
@@ -667,35 +747,56 @@
   });
   conversationMore.addEventListener("click", function () { loadConversations(true); });
 
-  function updateCounter() {
-    counter.textContent = query.value.length + " / " + maxChars;
+  // The question box: the API's limit stated, and a question over it refused here with its length and the
+  // limit (never cut: a paste keeps every character, so nothing is lost without a word).
+  function checkLength() {
+    var length = query.value.length;
+    var over = length > maxChars;
+    counter.textContent = length + " / " + maxChars;
+    counter.classList.toggle("over", over);
+    query.setAttribute("aria-invalid", String(over));
+    var note = document.getElementById("composer-note");
+    if (over) {
+      note.textContent = "Too long to ask: " + length.toLocaleString() + " characters, and a question may have at most " +
+        maxChars.toLocaleString() + ". Shorten it by " + (length - maxChars).toLocaleString() + " characters.";
+      note.dataset.reason = "too-long";
+      show(note, true);
+    } else if (note.dataset.reason === "too-long" || (note.dataset.reason === "empty" && query.value.trim())) {
+      note.dataset.reason = "";
+      show(note, false);
+    }
+    return !over;
   }
 
-  form.addEventListener("submit", function (event) {
-    event.preventDefault();
-    var text = query.value;
-    var note = document.getElementById("composer-note");
-    if (!text.trim()) {
-      note.textContent = "Type a question first: it is empty.";
-      show(note, true);
-      query.focus();
-      return;
-    }
-    show(note, false);
-    query.value = "";
-    updateCounter();
-    ask(text);
-  });
-  query.addEventListener("input", updateCounter);
-  query.addEventListener("keydown", function (event) {
-    if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) { form.requestSubmit(askButton); }
-  });
-  document.getElementById("new-session").addEventListener("click", function () {
-    // A new conversation is an empty page; the one left stays in the sidebar and on the server.
-    window.location.href = window.location.pathname;
-  });
+  if (!readOnly) {
+    var composerNote = document.getElementById("composer-note");
+    form.addEventListener("submit", function (event) {
+      event.preventDefault();
+      var text = query.value;
+      if (!text.trim()) {
+        composerNote.textContent = "Type a question first: it is empty.";
+        composerNote.dataset.reason = "empty";
+        show(composerNote, true);
+        query.focus();
+        return;
+      }
+      if (!checkLength()) { query.focus(); return; }
+      show(composerNote, false);
+      query.value = "";
+      checkLength();
+      ask(text);
+    });
+    query.addEventListener("input", checkLength);
+    query.addEventListener("keydown", function (event) {
+      if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) { form.requestSubmit(askButton); }
+    });
+    document.getElementById("new-session").addEventListener("click", function () {
+      // A new conversation is an empty page; the one left stays in the sidebar and on the server.
+      window.location.href = window.location.pathname;
+    });
+  }
 
   loadConversations(false);
   var opened = new URLSearchParams(window.location.search).get("session");
-  if (opened) { loadConversation(opened); } else { query.focus(); }
+  if (opened) { loadConversation(opened); } else if (!readOnly) { query.focus(); }
 }());

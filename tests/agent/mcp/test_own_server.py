@@ -84,11 +84,17 @@ def _started(run) -> dict:
     return TraceEvent.objects.get(run_id=run.run_id, event_type="RUN_STARTED").details
 
 
+@pytest.mark.parametrize("protocol", ["auto", "legacy"])
 def test_a_server_that_changes_its_tools_is_listed_again_and_changes_the_fingerprint(
-    llm, user, corpus, use_mcp
+    llm, user, corpus, use_mcp, protocol
 ):
-    hub = use_mcp(own())
+    """On a 2026-07-28 connection the change is announced on the listen stream; on a handshake-era one
+    (`protocol: legacy`) on the connection itself: either way the tools are listed again."""
+    from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+    hub = use_mcp(own(protocol=protocol))
     state = hub.states["own"]
+    assert (state.client.protocol_version in MODERN_PROTOCOL_VERSIONS) is (protocol == "auto")
     lists = state.lists
     _one_call(llm, "own__grow", {})
     first, _, _ = ask(user, "Disk full on /var/log")

@@ -46,6 +46,7 @@ def test_malformed_entries_are_refused_and_named_by_the_system_check(settings):
         ({"name": "a", "command": "x", "headers": {"Authorization": "not a name!"}}, "environment"),
         ({"name": "a", "command": "x", "timeoutSeconds": 0}, "timeoutSeconds"),
         ({"name": "a", "command": "x", "secret": "x"}, "unknown"),
+        ({"name": "a", "command": "x", "protocol": "2025-06-18"}, "protocol"),
     ]:
         with pytest.raises(McpConfigError, match=words):
             parse_server(entry)
@@ -241,3 +242,40 @@ def test_the_evidence_id_digest_never_depends_on_a_secret_in_the_result():
         types.CallToolResult(content=[types.TextContent(type="text", text="nothing secret")]),
     )
     assert plain.evidence[0].id != first.evidence[0].id
+
+
+def test_a_serving_loop_holds_the_sessions_so_a_runs_call_takes_no_thread_hop(settings, binaries):
+    """`serve_on` (a serving process's start) puts the sessions on the serving loop: no hub thread, a
+    call from that loop awaits the session directly, a call from another loop still reaches it, and the
+    process's shutdown (`aclose_hub`) ends the server; afterwards a hub runs on a thread of its own."""
+    import asyncio
+
+    from agent.mcp.hub import aclose_hub, close_hub, current_hub, serve_on
+
+    settings.MCP_CONNECT_TIMEOUT_SECONDS = 90.0
+    settings.MCP_SERVERS = [everything(binaries, trusted=True, allow=["get-sum"])]
+
+    async def serving():
+        loop = asyncio.get_running_loop()
+        serve_on(loop)
+        hub = current_hub()
+        try:
+            assert hub is not None and hub.loop is loop
+            assert not any(t.name == "mcp-hub" for t in threading.enumerate())
+            while hub.states["ev"].status == "starting":
+                await asyncio.sleep(0.05)
+            spec = default_registry(flow=FLOW_CHAT).get("ev__get-sum")
+            here = await spec.func(a=2, b=3)
+            elsewhere = await asyncio.to_thread(lambda: asyncio.run(spec.func(a=4, b=5)))
+            assert "5" in here.model_content and "9" in elsewhere.model_content
+        finally:
+            await aclose_hub()
+        assert hub.states["ev"].status == "down" and hub.states["ev"].last_error == "stopped"
+
+    asyncio.run(serving())
+    try:
+        threaded = current_hub()
+        assert threaded is not None and threaded.alive()
+        assert any(t.name == "mcp-hub" for t in threading.enumerate())
+    finally:
+        close_hub()

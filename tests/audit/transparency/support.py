@@ -119,14 +119,19 @@ def legacy_checkpoints(*, upto: int | None = None) -> None:
     for cp in Checkpoint.objects.order_by("tree_size"):
         if upto is not None and cp.tree_size > upto:
             if cp.previous_hash:  # the first checkpoint after the switch names the last legacy one
-                body = note.parse_note_body(cp.body)
-                new = note.NoteBody(body.origin, body.tree_size, body.root_hash, body.signed_at, previous)
-                text = new.text()
+                body = note.parse_note_body(cp.body, cp.link or None)
+                new = note.NoteBody(
+                    body.origin, body.tree_size, body.root_hash, body.signed_at, previous, body.extended
+                )
+                text, link = new.text(), new.link()
+                link_text = link.text() if link else ""
                 Checkpoint.objects.filter(pk=cp.pk).update(
                     body=text,
                     previous_hash=previous,
                     signature=note.sign_note(new, key.private),
-                    checkpoint_hash=note.body_hash(text),
+                    link=link_text,
+                    link_signature=note.sign_note(new, key.private, link_text) if link else "",
+                    checkpoint_hash=note.statement_hash(text, link_text),
                 )
             break
         body = note.Body(
@@ -135,14 +140,16 @@ def legacy_checkpoints(*, upto: int | None = None) -> None:
             root_hash=cp.root_hash,
             signed_at=timestamp(cp.signed_at),
             previous=previous,
-            key_id=key.key_id,
+            key_id=note.key_id(key.public),
         )
         text = body.text()
         previous = note.body_hash(text)
         Checkpoint.objects.filter(pk=cp.pk).update(
             body=text,
             previous_hash=body.previous,
-            key_id=key.key_id,
+            key_id=body.key_id,
             signature=note.sign(text, key.private),
+            link="",
+            link_signature="",
             checkpoint_hash=previous,
         )

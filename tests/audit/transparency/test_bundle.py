@@ -226,6 +226,13 @@ def test_a_bundle_carries_its_checkpoint_as_a_signed_note(anchored_run):
     body, signatures = signednote.split_note(text)
     assert signednote.parse_checkpoint(body).tree_size == data["anchor"]["treeSize"]
     assert [s.name for s in signatures] == [note.parse_note_body(body).origin]
+    # Witness-ready (issue 50): a plain checkpoint, and its time and predecessor in a signed link.
+    assert body.count("\n") == 3 and set(data["anchor"]["checkpoint"]) == {"note", "link"}
+    link = data["anchor"]["checkpoint"]["link"]
     changed = json.loads(json.dumps(data))
-    changed["anchor"]["checkpoint"]["note"] = text.replace("signed-at 2", "signed-at 1", 1)
-    assert not bundle.verify(changed, [_public()]).ok
+    changed["anchor"]["checkpoint"]["link"] = link.replace("signed-at 2", "signed-at 1", 1)
+    report = bundle.verify(changed, [_public()])
+    assert report.failures == ["anchor.checkpoint.signature: checkpoint link signature does not verify"]
+    del changed["anchor"]["checkpoint"]["link"]
+    report = bundle.verify(changed, [_public()])
+    assert any("checkpoint has no link" in f for f in report.failures), report.failures

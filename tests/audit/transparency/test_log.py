@@ -39,10 +39,12 @@ def _leaves():
 
 
 def _verify_checkpoint(cp, public):
-    body = note.parse_note_body(cp.body)
-    note.verify_checkpoint(cp.body, body, cp.signature, public)
+    body = note.parse_note_body(cp.body, cp.link)
+    note.verify_checkpoint(cp.body, body, cp.signature, public, cp.link_signature)
     assert (body.tree_size, body.root_hash, body.previous) == (cp.tree_size, cp.root_hash, cp.previous_hash)
-    assert note.body_hash(cp.body) == cp.checkpoint_hash
+    # Witness-ready (issue 50): a plain C2SP checkpoint, its time and predecessor in its signed link.
+    assert not body.extended and cp.body.count("\n") == 3
+    assert note.body_hash(cp.link) == cp.checkpoint_hash
     return body
 
 
@@ -169,7 +171,10 @@ def test_each_checkpoint_is_appended_to_the_witness_file(user, signing_key, sett
     finished_runs(user, 3)
     signed = log.checkpoint(batch_size=2).checkpoints
     lines = [json.loads(line) for line in (tmp_path / "witness.jsonl").read_text().splitlines()]
-    assert lines == [{"body": cp.body, "signature": cp.signature} for cp in signed]
+    assert lines == [
+        {"body": cp.body, "signature": cp.signature, "link": cp.link, "linkSignature": cp.link_signature}
+        for cp in signed
+    ]
     settings.AUDIT_WITNESS_PATH = str(tmp_path / "missing-dir" / "witness.jsonl")
     finished_runs(user, 1)
     assert log.checkpoint().newest.tree_size == 5  # a failed witness write is logged, not raised
@@ -209,12 +214,12 @@ def test_rotation_signs_with_the_newest_key_and_old_keys_still_verify(user, sett
     settings.AUDIT_VERIFY_KEYS = [note.public_text(old.public)]
     verifying = list(keys.verification_keys().values())
     for cp in (first, second):
-        body = note.parse_note_body(cp.body)
+        body = note.parse_note_body(cp.body, cp.link)
         signer = note.find_signer(body, cp.signature, verifying)
-        note.verify_checkpoint(cp.body, body, cp.signature, signer)
+        note.verify_checkpoint(cp.body, body, cp.signature, signer, cp.link_signature)
         assert note.note_key_id(origin, signer) == cp.key_id
     with pytest.raises(note.NoteError):
-        body = note.parse_note_body(first.body)
+        body = note.parse_note_body(first.body, first.link)
         note.verify_checkpoint(first.body, body, first.signature, keys.current_key().public)
 
 

@@ -74,13 +74,21 @@ def test_a_cosignature_round_trips_and_binds_the_body_and_time():
 def test_our_checkpoint_round_trips(user, signing_key, settings):
     finished_runs(user, 2)
     cp = log.checkpoint().newest
-    body = note.parse_note_body(cp.body)
-    assert cp.body.splitlines()[:3] == [
+    body = note.parse_note_body(cp.body, cp.link)
+    assert cp.body.splitlines() == [  # no extension lines (issue 50): what a default witness accepts
         settings.AUDIT_LOG_ORIGIN,
         "3",  # the two runs and the governance chain migrate wrote
         base64.b64encode(bytes.fromhex(cp.root_hash)).decode(),
     ]
-    assert body.text() == cp.body and body.signed_at == cp.body.splitlines()[3].split(" ")[1]
+    link = note.parse_link(cp.link)
+    assert (
+        body.text() == cp.body and body.signed_at == link.signed_at == cp.link.splitlines()[3].split(" ")[1]
+    )
+    assert link.checkpoint == note.body_hash(cp.body) and link.tree_size == 3 and not link.previous
+    assert note.parse_link(link.text()) == link
+    # The link is no checkpoint: its second line is not a decimal size (no checkpoint parser takes it).
+    with pytest.raises(signednote.SignedNoteError):
+        signednote.parse_checkpoint(cp.link)
     text = note.signed_note(cp.body, body.origin, cp.signature)
     vkey = note.log_vkey(body.origin, keys.current_key().public)
     assert signednote.verify_note(text, [signednote.parse_vkey(vkey)])[0] == cp.body

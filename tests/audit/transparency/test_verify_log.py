@@ -3,6 +3,8 @@ detected, exits 1 and says what — a whole run deleted, the newest runs deleted
 rewritten with a recomputed chain (and its leaf and tree rebuilt), leaves reordered, a forged checkpoint,
 a checkpoint signed by an unknown key — and what needs the outside copy (a witness file)."""
 
+import dataclasses
+import datetime as dt
 import io
 import json
 
@@ -186,7 +188,7 @@ def test_old_format_checkpoints_still_verify_and_the_next_one_is_a_signed_note(a
     new = log.checkpoint().newest
     older = Checkpoint.objects.filter(tree_size__lt=new.tree_size).order_by("-tree_size").first()
     assert not note.is_legacy(new.body) and new.previous_hash == older.checkpoint_hash
-    assert note.parse_note_body(new.body).previous == older.checkpoint_hash
+    assert note.parse_note_body(new.body, new.link).previous == older.checkpoint_hash
     ok, out, _ = _verify()
     assert ok, out
 
@@ -201,23 +203,41 @@ def test_a_forged_checkpoint_is_detected(anchored, legacy):
         body["rootHash"] = "ab" * 32
         forged = note.canonical(body)
     else:
-        body = note.parse_note_body(cp.body)
-        forged = note.NoteBody(body.origin, 6, "ab" * 32, body.signed_at, body.previous).text()
+        body = note.parse_note_body(cp.body, cp.link)
+        forged = note.NoteBody(body.origin, 6, "ab" * 32, "", "", extended=False).text()
     Checkpoint.objects.filter(pk=cp.pk).update(body=forged, root_hash="ab" * 32)
     ok, out, _ = _verify()
     assert not ok
-    assert "log INVALID checkpoint tree_size=6: checkpoint signature does not verify" in out
-    assert "log INVALID checkpoint tree_size=6: stored hash is not the hash of its body" in out
+    if legacy:
+        assert "log INVALID checkpoint tree_size=6: checkpoint signature does not verify" in out
+        assert "log INVALID checkpoint tree_size=6: stored hash is not the hash of its body" in out
+    else:  # its signed link names the body it was signed with
+        assert "log INVALID checkpoint tree_size=6: checkpoint link names another checkpoint" in out
     assert "log INVALID checkpoint tree_size=6: root does not match the first 6 stored leaves" in out
+
+
+def test_a_forged_link_is_detected(anchored):
+    """The signed time and predecessor of a plain checkpoint live in its link: a database writer who
+    moves the time (in the link and the column alike) or renames the predecessor breaks its signature."""
+    cp = Checkpoint.objects.get(tree_size=6)
+    link = note.parse_link(cp.link)
+    moved = dataclasses.replace(link, signed_at="2001-01-01T00:00:00.000000Z").text()
+    Checkpoint.objects.filter(pk=cp.pk).update(
+        link=moved, signed_at=dt.datetime(2001, 1, 1, tzinfo=dt.UTC), checkpoint_hash=note.body_hash(moved)
+    )
+    ok, out, _ = _verify()
+    assert not ok
+    assert "log INVALID checkpoint tree_size=6: checkpoint link signature does not verify" in out
 
 
 def test_a_checkpoint_signed_by_an_unknown_key_is_detected(anchored, settings):
     stranger = note.load_private(keys.generate_key_text())
     cp = Checkpoint.objects.get(tree_size=6)
-    body = note.parse_note_body(cp.body)
+    body = note.parse_note_body(cp.body, cp.link)
     Checkpoint.objects.filter(pk=cp.pk).update(
         key_id=note.note_key_id(body.origin, stranger.public_key()),
         signature=note.sign_note(body, stranger),
+        link_signature=note.sign_note(body, stranger, cp.link),
     )
     ok, out, _ = _verify()
     assert not ok
@@ -289,3 +309,41 @@ def test_a_chain_rehashed_without_a_change_still_verifies(anchored):
     assert _verify()[0] is True
     assert ToolInvocation.objects.filter(run_id=anchored[0].run_id).exists()
     assert LogHead.objects.get(pk=1).tree_size == 7
+
+
+def test_a_store_signed_with_extension_lines_keeps_verifying_and_its_successor_is_plain(
+    user, signing_key, settings, tmp_path
+):
+    """Issue 50: checkpoints signed with `signed-at`/`previous` extension lines (issues 35 to 49, and the
+    setting that keeps them) verify as signed, in the database, the witness file and a bundle (also with
+    `python -m audit.verify_bundle`); the next checkpoint is plain and its signed link names the last
+    extended one, so the chain crosses the formats; a moved time in an extended one is still caught."""
+    from audit.transparency.evidence import build_bundle
+    from audit.verify.offline import main as verify_bundle
+
+    settings.AUDIT_WITNESS_PATH = str(tmp_path / "witness.jsonl")
+    settings.AUDIT_CHECKPOINT_EXTENSION_LINES = True
+    first = finished_runs(user, 2)[0]
+    extended = log.checkpoint().newest
+    assert "\nsigned-at " in extended.body and not extended.link
+    extended_bundle = build_bundle(run=first)
+    settings.AUDIT_CHECKPOINT_EXTENSION_LINES = False
+    finished_runs(user, 1)
+    plain = log.checkpoint().newest
+    assert plain.body.count("\n") == 3 and plain.previous_hash == extended.checkpoint_hash
+    assert note.parse_link(plain.link).previous == extended.checkpoint_hash
+    ok, out, _ = _verify("--witness", settings.AUDIT_WITNESS_PATH)
+    assert ok, out
+    path = tmp_path / "extended.json"
+    path.write_text(json.dumps(extended_bundle))
+    assert set(extended_bundle["anchor"]["checkpoint"]) == {"note"}
+    assert verify_bundle([str(path), "--public-key", keys.current_key().public_text]) == 0
+
+    body = note.parse_note_body(extended.body)
+    moved = dataclasses.replace(body, signed_at="2001-01-01T00:00:00.000000Z").text()
+    Checkpoint.objects.filter(pk=extended.pk).update(
+        body=moved, signed_at=dt.datetime(2001, 1, 1, tzinfo=dt.UTC), checkpoint_hash=note.body_hash(moved)
+    )
+    ok, out, _ = _verify()
+    assert not ok
+    assert f"checkpoint tree_size={extended.tree_size}: checkpoint signature does not verify" in out

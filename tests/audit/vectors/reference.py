@@ -223,6 +223,24 @@ def checkpoint_body(origin: str, size: int, root_hex: str, signed_at: str, previ
     return "\n".join(lines) + "\n"
 
 
+def plain_checkpoint_body(origin: str, size: int, root_hex: str) -> str:
+    """A tlog-checkpoint body without extension lines (issue 50)."""
+    return f"{origin}\n{size}\n{base64.b64encode(bytes.fromhex(root_hex)).decode('ascii')}\n"
+
+
+def checkpoint_link(size: int, body: str, signed_at: str, previous: str) -> str:
+    """The link note's text of a plain checkpoint (issue 50, docs/audit-integrity.md)."""
+    lines = [
+        "diagnosis-audit-checkpoint-link/v1",
+        f"tree-size {size}",
+        f"checkpoint {hashlib.sha256(body.encode('utf-8')).hexdigest()}",
+        f"signed-at {signed_at}",
+    ]
+    if previous:
+        lines.append(f"previous {previous}")
+    return "\n".join(lines) + "\n"
+
+
 def signature_line(name: str, key_id: bytes, signature: bytes) -> str:
     return f"\u2014 {name} {base64.b64encode(key_id + signature).decode('ascii')}\n"
 

@@ -85,6 +85,7 @@ def test_staff_finds_a_blocked_run_and_sees_why_without_reasoning(browser, live_
     page.goto(f"{live_server.url}/admin/diagnosis/diagnosisrun/")
     rows = page.locator("#result_list tbody tr")
     expect(rows).to_have_count(3)
+    page.locator("#dc-run-filters > summary").click()  # the filters are folded by default
     page.locator("#changelist-filter").get_by_role("link", name="Blocked", exact=True).click()
     expect(rows).to_have_count(1)
     expect(rows.first).to_contain_text(blocked.run_id)

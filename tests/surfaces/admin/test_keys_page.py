@@ -41,6 +41,11 @@ def test_staff_see_every_key_with_its_id_and_role_and_the_newest_checkpoint(staf
     assert html.count("signs new checkpoints") == 1 and html.count("verifies older checkpoints") == 1
     newest = Checkpoint.objects.order_by("-tree_size").first()
     assert f"Newest checkpoint: {newest.tree_size} leaves, signed by <code>{newest.key_id}</code>" in html
+    # One key id everywhere (issue 50): the signing key's id on the page is the one the checkpoint names
+    # (its signed-note key id, 8 hex), and its vkey is shown for witness operators.
+    [signing] = [k for k in two_keys if k["signing"]]
+    assert signing["keyId"] == newest.key_id and len(newest.key_id) == 8
+    assert f"<code>{signing['vkey']}</code>" in html and signing["legacyKeyId"] not in html
     # The admin index links the page.
     assert URL in client.get("/admin/").content.decode()
 

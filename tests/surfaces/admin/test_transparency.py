@@ -77,11 +77,13 @@ def test_the_checkpoint_list_shows_verification_and_verifies_the_whole_log(conso
     # and "Staff viewers").
     forged = Checkpoint.objects.order_by("-tree_size").first()
     assert forged.tree_size == 4
-    body = note.parse_note_body(forged.body)
-    changed = note.NoteBody(body.origin, body.tree_size, "cd" * 32, body.signed_at, body.previous)
+    body = note.parse_note_body(forged.body, forged.link)
+    changed = note.NoteBody(body.origin, body.tree_size, "cd" * 32, "", "", extended=False)
     Checkpoint.objects.filter(pk=forged.pk).update(body=changed.text(), root_hash=changed.root_hash)
     html = console_staff.get(url).content.decode()
-    assert "checkpoint signature does not verify" in html and "root does not match the stored tree" in html
+    assert (
+        "checkpoint link names another checkpoint" in html and "root does not match the stored tree" in html
+    )
 
     delete_run(runs[0].run_id)
     response = console_staff.post(
@@ -90,7 +92,7 @@ def test_the_checkpoint_list_shows_verification_and_verifies_the_whole_log(conso
     text = response.content.decode()
     # (the admin capitalises each message)
     assert f"Anchored run {runs[0].run_id} (leaf 0) is missing from the store" in text
-    assert "Checkpoint tree_size=4: checkpoint signature does not verify" in text
+    assert "Checkpoint tree_size=4: checkpoint link names another checkpoint" in text
     # Read-only: nothing is added, changed or deleted here.
     assert console_staff.get(reverse("admin:audit_checkpoint_add")).status_code == 403
     assert console_staff.get(reverse("admin:audit_checkpoint_change", args=[forged.pk])).status_code == 200

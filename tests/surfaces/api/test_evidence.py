@@ -6,7 +6,7 @@ import pytest
 from django.contrib.auth.models import Group
 from rest_framework.test import APIClient
 
-from audit.transparency import bundle, keys, log, merkle, note
+from audit.transparency import bundle, keys, log, merkle, note, signednote
 from tests.factories import REASONING_MARKER, issue_token, make_recorded_run
 
 pytestmark = pytest.mark.django_db
@@ -104,14 +104,29 @@ def test_the_checkpoint_list_is_newest_first_with_the_public_keys(anchored, user
     newest = body["results"][0]
     assert newest["previousHash"] == body["results"][1]["checkpointHash"]
     [key] = body["publicKeys"]
+    current = keys.current_key()
     assert key == {
-        "keyId": keys.current_key().key_id,
+        "keyId": current.key_id,
+        "vkey": current.vkey,
         "algorithm": "Ed25519",
-        "publicKey": keys.current_key().public_text,
+        "publicKey": current.public_text,
         "signing": True,
+        "legacyKeyId": note.key_id(current.public),
     }
-    body = note.parse_note_body(newest["body"])
-    note.verify_checkpoint(newest["body"], body, newest["signature"], note.load_public(key["publicKey"]))
+    # One key id everywhere (issue 50): the checkpoints' and the keys' are the signed-note key id, and the
+    # published vkey (what a witness is configured with) names it and verifies the checkpoint.
+    assert len(key["keyId"]) == 8 and newest["keyId"] == key["keyId"] and f"+{key['keyId']}+" in key["vkey"]
+    parsed = note.parse_note_body(newest["body"], newest["link"])
+    note.verify_checkpoint(
+        newest["body"],
+        parsed,
+        newest["signature"],
+        note.load_public(key["publicKey"]),
+        newest["linkSignature"],
+    )
+    verifier = signednote.parse_vkey(key["vkey"])
+    text = note.signed_note(newest["body"], parsed.origin, newest["signature"])
+    assert signednote.verify_note(text, [verifier]) == (newest["body"], [verifier])
 
 
 def test_a_consistency_proof_between_checkpoints(anchored, users):
@@ -128,6 +143,13 @@ def test_a_consistency_proof_between_checkpoints(anchored, users):
     )
     older = note.parse_any(body["fromCheckpoint"]["body"])
     assert older.root_hash == body["fromRootHash"]
+    # Both checkpoints as signed notes (issue 50), each verifying with the published vkey, and their
+    # links naming them.
+    verifier = signednote.parse_vkey(keys.current_key().vkey)
+    for side in (body["checkpoint"], body["fromCheckpoint"]):
+        assert signednote.verify_note(side["note"], [verifier])[0] == side["body"]
+        link, _ = signednote.verify_note(side["link"], [verifier])
+        assert note.parse_note_body(side["body"], link).tree_size in (2, 4)
     one = client.get("/api/audit/checkpoints/4/consistency?from=1").json()
     assert one["fromCheckpoint"] is None and len(one["proof"]) >= 1
 

@@ -59,8 +59,20 @@ TRACE = {
     },
 }
 SIGNED = dict.fromkeys(["body", "signature"])
+SIGNED_NOTES = dict.fromkeys(["body", "signature", "note", "link"])
 CHECKPOINT = dict.fromkeys(
-    ["treeSize", "rootHash", "signedAt", "previousHash", "keyId", "checkpointHash", "body", "signature"]
+    [
+        "treeSize",
+        "rootHash",
+        "signedAt",
+        "previousHash",
+        "keyId",
+        "checkpointHash",
+        "body",
+        "signature",
+        "link",
+        "linkSignature",
+    ]
 )
 EVIDENCE = {
     "format": None,
@@ -136,7 +148,9 @@ CONTRACT = {
             200: {
                 **PAGE,
                 "results": [CHECKPOINT],
-                "publicKeys": [dict.fromkeys(["keyId", "algorithm", "publicKey", "signing"])],
+                "publicKeys": [
+                    dict.fromkeys(["keyId", "vkey", "algorithm", "publicKey", "signing", "legacyKeyId"])
+                ],
             },
             401: ERROR,
             403: ERROR,
@@ -146,8 +160,8 @@ CONTRACT = {
         "get": {
             200: {
                 **dict.fromkeys(["fromTreeSize", "treeSize", "fromRootHash", "rootHash", "proof"]),
-                "checkpoint": SIGNED,
-                "fromCheckpoint": SIGNED,
+                "checkpoint": SIGNED_NOTES,
+                "fromCheckpoint": SIGNED_NOTES,
             },
             400: ERROR,
             401: ERROR,

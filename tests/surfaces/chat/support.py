@@ -381,14 +381,15 @@ def owned_runs() -> dict[str, asyncio.Task]:
 # The contract's keys of each chat frame's payload (SSE `data:`; a WebSocket frame adds `type`, and
 # `runId` to progress, draft and tool frames). Progress frames carry their optional facts only when set.
 PAYLOAD_KEYS = {
-    "run": {"sessionId", "runId", "demo"},
+    "run": {"sessionId", "runId", "demo", "query", "askedAt"},
     "progress": {"stage", "status", "sequenceNo"},
     "draft": {"text"},
     "tool": {"toolCallId", "name", "status"},
     "outcome": {"runId", "status", "releaseDecision", "content", "contentHtml"},
     "error": {"code", "message"},
 }
-PROGRESS_OPTIONAL = {"intent", "stepIndex", "agentName", "verdict", "retry"}
+PROGRESS_OPTIONAL = {"intent", "stepIndex", "agentName", "verdict", "retry", "redacted", "at"}
+TOOL_OPTIONAL = {"at"}  # replayed frames: when the timeline event was recorded
 _ADDRESSED = {"progress", "draft", "tool"}
 
 
@@ -397,8 +398,9 @@ def assert_frame_keys(kind: str, keys: set[str], *, websocket: bool) -> None:
     expected = set(PAYLOAD_KEYS[kind])
     if websocket:
         expected |= {"type"} | ({"runId"} if kind in _ADDRESSED else set())
-    if kind == "progress":
-        assert expected <= keys <= expected | PROGRESS_OPTIONAL, (kind, keys)
+    if kind in ("progress", "tool"):
+        optional = PROGRESS_OPTIONAL if kind == "progress" else TOOL_OPTIONAL
+        assert expected <= keys <= expected | optional, (kind, keys)
     else:
         assert keys == expected, (kind, keys)
 

@@ -2,8 +2,9 @@
 in the address, a reload replays it from the server (each question, its stages and its released answer),
 a run still running at the reload is re-attached and finishes on the page, the sidebar lists the user's
 own conversations newest first and searches them by the text of their questions, "New conversation"
-starts an empty page while the old one stays one click away, and each answer takes the reader's 👍/👎 and
-comment, changeable, chained into the run's record and shown again after a reload."""
+starts an empty page while the old one stays one click away, and each answer takes the reader's
+Helpful / Not helpful and comment, changeable, chained into the run's record and shown again after a
+reload."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from agent.runtime import live
 from agent.runtime.db import shutdown_pools
-from agent.runtime.events import DraftEvent, Event, OutcomeEvent, RunEvent, ToolEvent, sequence_of
+from agent.runtime.events import DraftEvent, Event, OutcomeEvent, RunEvent, ToolEvent, sequence_of, timestamp
 from agent.runtime.live import RunFollower, persisted_frames, publish
 from agent.runtime.sweeper import LEASE_EXPIRED, sweep_expired_runs
 from audit.models import EventType, Phase, ToolInvocation, ToolStatus, TraceEvent
@@ -122,6 +122,10 @@ def test_replay_maps_the_timeline_to_contract_frames(user):
         "status": "FINISHED",
         "sequenceNo": sequence_of(replay.frames[1]),
         "intent": "DIAGNOSIS",
+        # Read from the timeline: when its event was recorded.
+        "at": timestamp(
+            TraceEvent.objects.get(run_id=run.run_id, sequence_no=sequence_of(replay.frames[1])).created_at
+        ),
     }
     assert (
         ws_frame(replay.frames[9])["verdict"] == "PASS"
@@ -132,6 +136,8 @@ def test_replay_maps_the_timeline_to_contract_frames(user):
         "sessionId": run.session_id,
         "runId": run.run_id,
         "demo": False,
+        "query": run.query,  # the question as stored (redacted)
+        "askedAt": timestamp(run.created_at),
     }
     assert ws_frame(replay.frames[3]) == {
         "type": "tool",
@@ -139,6 +145,9 @@ def test_replay_maps_the_timeline_to_contract_frames(user):
         "toolCallId": "call_0",
         "name": "lookup_knowledge",
         "status": "RUNNING",
+        "at": timestamp(
+            TraceEvent.objects.get(run_id=run.run_id, sequence_no=sequence_of(replay.frames[3])).created_at
+        ),
     }
     assert ws_frame(replay.frames[-1]) == {
         "type": "outcome",

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import threading
 
 import pytest
@@ -12,11 +13,13 @@ from django.test import AsyncClient
 from rest_framework.authentication import SessionAuthentication
 
 from agent.runtime import supervisor
+from agent.runtime.events import timestamp
 from audit.models import EventType, TraceEvent
 from core.api import NOT_FOUND_RUN, NOT_FOUND_SESSION
 from diagnosis.models import DiagnosisRun, RunStatus
 from surfaces.answers import render_answer
 from surfaces.api.authentication import ApiTokenAuthentication
+from tests.agent.secrets_corpus import AWS_KEY_ID
 from tests.factories import make_recorded_run
 from tests.surfaces.chat.support import assert_frame_keys, parse_sse
 from tests.surfaces.chat.transports import TIMEOUT, TokenClient
@@ -83,7 +86,39 @@ async def test_post_chat_streams_the_run_with_ids(user, knowledge):
         "content": run.content,
         "contentHtml": str(render_answer(run.content)),
     }
-    assert events[0].data == {"sessionId": run.session_id, "runId": run_id, "demo": True}  # the demo model
+    assert events[0].data == {
+        "sessionId": run.session_id,
+        "runId": run_id,
+        "demo": True,  # the demo model
+        "query": run.query,  # as stored
+        "askedAt": timestamp(run.created_at),
+    }
+
+
+async def test_the_run_frame_carries_the_stored_question_and_replays_carry_their_times(user, settings):
+    """The page replaces what the reader pasted with the question as stored (redacted) from the first
+    frame, and draws a replay's stages at their recorded times (issue 50)."""
+    settings.REDACTION_HMAC_KEY = "chat-frame-key-0123456789abcdef0123456789"
+    client = await _token_client(user)
+    text, events = await _read(await _post_chat(client, {"query": f"nginx fails, key {AWS_KEY_ID} leaked"}))
+    run_id = events[0].data["runId"]
+    await _settle(run_id)
+    run = await DiagnosisRun.objects.aget(run_id=run_id)
+    assert events[0].data["query"] == run.query and "[REDACTED:aws-access-key#1]" in run.query
+    assert AWS_KEY_ID not in text  # the secret is never echoed back
+
+    url = f"/api/diagnosis/{run.session_id}/runs/{run_id}/events"
+    replay_text, replay = await _read(await client.get(url), until_outcome=False)
+    assert AWS_KEY_ID not in replay_text and replay[0].data["query"] == run.query
+    asked = dt.datetime.fromisoformat(replay[0].data["askedAt"])
+    assert asked == run.created_at.replace(microsecond=run.created_at.microsecond // 1000 * 1000)
+    recorded = {
+        e.sequence_no: e.created_at
+        async for e in TraceEvent.objects.filter(run_id=run_id).only("sequence_no", "created_at")
+    }
+    timed = [e for e in replay if e.event in ("progress", "tool")]
+    assert timed and all(timestamp(recorded[e.id]) == e.data["at"] for e in timed)
+    assert all(dt.datetime.fromisoformat(e.data["at"]) >= asked for e in timed)
 
 
 async def test_post_chat_continues_a_session(user):
@@ -309,7 +344,7 @@ async def test_the_served_schema_describes_the_chat_endpoints(user):
         "content",
         "contentHtml",
     }
-    assert set(components["ChatToolEvent"]["properties"]) == {"toolCallId", "name", "status"}
+    assert set(components["ChatToolEvent"]["properties"]) == {"toolCallId", "name", "status", "at"}
     progress = components["ChatProgressEvent"]
     assert set(progress["required"]) == {"stage", "status", "sequenceNo"}
     assert progress["properties"]["stage"]["enum"] == [
