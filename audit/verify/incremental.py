@@ -39,11 +39,18 @@ class State:
     checkpoint_signature: str
     watermarks: dict[str, list[int]] = field(default_factory=dict)  # table -> [max id, rows up to it]
     verified_at: str = ""
+    checkpoint_link: str = ""  # the checkpoint's signed link (time, predecessor), when it has one
+    checkpoint_link_signature: str = ""
 
     def payload(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
-            "checkpoint": {"body": self.checkpoint_body, "signature": self.checkpoint_signature},
+            "checkpoint": {
+                "body": self.checkpoint_body,
+                "signature": self.checkpoint_signature,
+                "link": self.checkpoint_link,
+                "linkSignature": self.checkpoint_link_signature,
+            },
             "watermarks": self.watermarks,
             "verifiedAt": self.verified_at,
         }
@@ -82,7 +89,12 @@ def read_state(path: str) -> State:
         key_id = str(document["keyId"])
         cp = payload["checkpoint"]
         state = State(
-            str(cp["body"]), str(cp["signature"]), dict(payload["watermarks"]), str(payload["verifiedAt"])
+            str(cp["body"]),
+            str(cp["signature"]),
+            dict(payload["watermarks"]),
+            str(payload["verifiedAt"]),
+            str(cp.get("link", "")),
+            str(cp.get("linkSignature", "")),
         )
     except (ValueError, KeyError, TypeError) as exc:
         raise StateError(f"not a verification state file ({type(exc).__name__})") from exc
@@ -98,17 +110,21 @@ def read_state(path: str) -> State:
     return state
 
 
-def since_of(body: str, signature: str) -> tuple[Since | None, list[str]]:
+def since_of(
+    body: str, signature: str, link: str = "", link_signature: str = ""
+) -> tuple[Since | None, list[str]]:
     """The verified checkpoint a state (or `--since`) names, held to the log's keys and to the database:
-    its note must verify, and the database must still hold that very checkpoint. (None, problems) else."""
-    problems, bodies = witness_problems([WitnessEntry(0, body, signature)], keys.verification_keys())
+    its note (and signed link) must verify, and the database must still hold that very checkpoint.
+    (None, problems) else."""
+    entry = WitnessEntry(0, body, signature, link, link_signature)
+    problems, bodies = witness_problems([entry], keys.verification_keys())
     if problems or not bodies:
         return None, [p.replace("witness line 0", "the verified checkpoint") for p in problems]
     parsed = bodies[0][1]
     stored = Checkpoint.objects.filter(tree_size=parsed.tree_size).first()
     if stored is None:
         return None, [f"the verified checkpoint tree_size={parsed.tree_size} is missing from the database"]
-    if stored.body != body:
+    if (stored.body, stored.link) != (body, link):
         return None, [f"the verified checkpoint tree_size={parsed.tree_size} differs in the database"]
     return Since(parsed.tree_size, parsed.root_hash, stored.checkpoint_hash), []
 
@@ -118,8 +134,8 @@ def stored_since(tree_size: int) -> tuple[Since | None, list[str], State | None]
     cp = Checkpoint.objects.filter(tree_size=tree_size).first()
     if cp is None:
         return None, [f"no checkpoint of tree size {tree_size}"], None
-    since, problems = since_of(cp.body, cp.signature)
-    return since, problems, State(cp.body, cp.signature)
+    since, problems = since_of(cp.body, cp.signature, cp.link, cp.link_signature)
+    return since, problems, State(cp.body, cp.signature, {}, "", cp.link, cp.link_signature)
 
 
 def _watermarked() -> list[tuple[str, Any]]:
@@ -217,7 +233,12 @@ def plan(*, state_path: str, since: str | None, everything: bool) -> Plan:
     except StateError as exc:
         result.problems.append(f"the state file: {exc}; verifying everything")
         return result
-    checkpoint, problems = since_of(state.checkpoint_body, state.checkpoint_signature)
+    checkpoint, problems = since_of(
+        state.checkpoint_body,
+        state.checkpoint_signature,
+        state.checkpoint_link,
+        state.checkpoint_link_signature,
+    )
     if problems:
         result.problems.extend(f"the state file: {p}; verifying everything" for p in problems)
         return result

@@ -101,7 +101,9 @@ def test_a_forged_or_edited_state_file_verifies_everything_and_fails(user, state
     # a log cut back): named, everything verified.
     cp = Checkpoint.objects.get()
     marks = incremental.watermarks()
-    incremental.write_state(str(state), incremental.State(cp.body, cp.signature, marks, ""))
+    incremental.write_state(
+        str(state), incremental.State(cp.body, cp.signature, marks, "", cp.link, cp.link_signature)
+    )
     Checkpoint.objects.filter(pk=cp.pk).update(body=cp.body.replace("\n", "\n\n", 1))
     ok, out = _verify()
     assert not ok and f"the verified checkpoint tree_size={cp.tree_size} differs in the database" in out

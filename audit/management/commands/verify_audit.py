@@ -224,7 +224,10 @@ class Command(BaseCommand):
         self._summary["stateWritten"] = False
         if not plan.state_path or failures or marks is None or log.newest is None:
             return
-        state = incremental.State(log.newest.body, log.newest.signature, marks, timezone.now().isoformat())
+        cp = log.newest
+        state = incremental.State(
+            cp.body, cp.signature, marks, timezone.now().isoformat(), cp.link, cp.link_signature
+        )
         try:
             incremental.write_state(plan.state_path, state)
         except (OSError, SigningKeysMissing) as exc:
