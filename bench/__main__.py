@@ -23,6 +23,8 @@
     python -m bench --only b9       # reads on a replica: admin list and trace throughput, 2 processes,
                                     # primary only vs primary + replica, on scripts/mariadb-replica.sh's
                                     # pair (127.0.0.1:3307/3308; started if needed; not default)
+    python -m bench --only b5v      # B5's verify_audit rows alone: floor, --all with 1 and 2 workers,
+                                    # incremental, peak RSS (its store is built once and kept)
     python -m bench --only b10      # an MCP call through the toolset vs the bare mcp client, and a run's CPU
                                     # with an MCP tool vs a native tool (stdio; needs
                                     # scripts/setup.sh dev's tools/mcp; not in the default set)
@@ -46,7 +48,7 @@ from pathlib import Path
 from bench import env
 
 ALL = ("b1", "b2", "b3", "b4", "b5", "b6", "b7", "b11")
-OPTIONAL = ("b8", "b3p", "b3l", "b0", "b9", "b10")
+OPTIONAL = ("b8", "b3p", "b3l", "b0", "b9", "b10", "b5v")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -187,6 +189,11 @@ def main(argv: list[str] | None = None) -> int:
 
         print("B5: transparency log")
         results.rows += b5_tlog.run_all(database=args.database, quick=q, log=log)
+    elif "b5v" in only:
+        from bench import b5_tlog
+
+        print("B5: verify_audit beside its floor (full, incremental, peak RSS)")
+        results.rows += b5_tlog.verify_rows(database=args.database, quick=q, log=log)
 
     if "b6" in only:
         from bench import b6_lists

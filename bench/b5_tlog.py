@@ -19,19 +19,15 @@ loopback (`audit.transparency.witnesses.submit_all`; the witness is the spec-wri
 `tests/witness_server.py`, each with its own state file) until both cosignatures are stored: **ms per
 checkpoint** that witnessing adds.
 
-*verify_audit*: `manage.py verify_audit` over a store of 1 000 runs recorded through the real recorder
-(B1's workload: 23 events, 4 steps, 4 reasoning rows and 3 tools each) and anchored, in its own database
-(`<db>_tlog_verify`): seconds per 1 000 runs (every run's rows, chain and anchor, and the whole log).
+*verify_audit*: beside its floor, full with 1 and 2 workers, incremental, peak RSS (`bench.b5_verify`).
 """
 
 from __future__ import annotations
 
-import io
 import json
 import random
 import time
 
-from django.core.management import call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -325,42 +321,6 @@ def proofs_and_bundles(*, database: str, reads: int, log=print) -> list[Row]:
     ]
 
 
-def verify_cost(*, database: str, runs: int, reps: int, log=print) -> Row:
-    """`manage.py verify_audit` seconds per 1 000 recorded, anchored runs."""
-    from audit.transparency.log import checkpoint
-    from bench import b1_recording, workload
-    from bench.b2_trace import migrate_database
-    from diagnosis import services
-    from diagnosis.models import DiagnosisRun
-
-    migrate_database(database)
-    have = DiagnosisRun.objects.filter(status="SUCCESS").count()
-    if have != runs:
-        if have:
-            raise RuntimeError(f"{database} holds {have} runs, not {runs}: drop it to rebuild")
-        session = services.create_session(owner=_owner(), title="bench B5 verify")
-        inputs = workload.make_inputs()
-        made = b1_recording.new_runs(session, runs, "b5v")
-        b1_recording.run_recorder(made, inputs, group_commit=False)
-        log(f"  B5 verify: recorded {runs} runs in {database}")
-    checkpoint(full_scan=True)
-    times = []
-    for _ in range(reps):
-        out = io.StringIO()
-        started = time.perf_counter()
-        call_command("verify_audit", stdout=out)
-        times.append(time.perf_counter() - started)
-    per = spread([t * 1000 / runs for t in times])
-    return Row(
-        "B5",
-        f"verify_audit over {runs:,} recorded, anchored runs",
-        f"{per.median:.2f} s per 1,000 runs (rows, chain, anchor, whole log)",
-        spread([t / runs * 1000 for t in times]),
-        None,
-        ratio_unit=" s",
-    )
-
-
 def witness_cost(*, reps: int, runs_per_rep: int = 100, witnesses: int = 2, log=print) -> Row:
     """Milliseconds per checkpoint for its cosignatures: `witnesses` witnesses on loopback each check the
     new checkpoint's consistency with the last one they cosigned and answer a cosignature, stored beside
@@ -421,5 +381,15 @@ def run_all(*, database: str, quick: bool, log=print) -> list[Row]:
     big, _ = checkpoint_cost(database=f"{database}_tlog_big", size=big_size, reps=3 if quick else 5, log=log)
     rows.append(big)
     rows += proofs_and_bundles(database=f"{database}_tlog_big", reads=50 if quick else 200, log=log)
-    rows.append(verify_cost(database=f"{database}_tlog_verify", runs=1000, reps=2 if quick else 3, log=log))
+    rows += verify_rows(database=database, quick=quick, log=log)
     return rows
+
+
+def verify_rows(*, database: str, quick: bool, log=print) -> list[Row]:
+    """`verify_audit` beside its floor (`bench.b5_verify`): full with 1 and 2 workers, incremental."""
+    from bench import b5_verify
+
+    runs, new = (1_000, 100) if quick else (10_000, 1_000)
+    return b5_verify.verify_costs(
+        database=f"{database}_verify_{runs}", runs=runs, new=new, reps=2 if quick else 3, log=log
+    )

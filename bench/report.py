@@ -654,8 +654,13 @@ data, RFC 9162 hashes and every complete subtree computed in Python and bulk-ins
 repetition adds 1 000 finished runs (bulk-inserted run rows with a valid two-event chain) and times
 `checkpoint()` appending them and signing. Proof latency: inclusion and consistency proofs of random
 leaves and sizes from the stored tree, with the rows read; bundle latency: `build_bundle` of an anchored
-run. `verify_audit`: the whole command over 1 000 runs recorded through the recorder (B1's workload)
-and anchored. The 1 000 000-leaf log is kept between runs (`<db>_tlog_big`).
+run. `verify_audit` (`bench/b5_verify.py`): over 10 000 runs recorded through the recorder (B1's
+workload) and anchored, plus 1 000 recorded after a full verification wrote its state file (`--quick`:
+1 000 + 100), beside its floor measured in the same repetition (a raw SQL scan of every column of the
+tables it reads + SHA-256 over the same bytes): `--all` with 1 and 2 workers (× the floor), incremental
+from the state file (seconds for the new runs), and the peak RSS of a `manage.py verify_audit --all`
+process (`wait4`). The 1 000 000-leaf log is kept between runs (`<db>_tlog_big`), as is the verified
+store (`<db>_verify_<runs>`, its state under `.local/bench/`).
 
 ### EXPLAIN of every query the trace endpoint sends (500-event run)
 

@@ -972,6 +972,16 @@ SETTINGS: tuple[Setting, ...] = _in_sections(
         "to write-once storage; `verify_audit` reads it",
     ),
     Setting(
+        "AUDIT_VERIFY_STATE_PATH",
+        "str",
+        "",
+        "where `verify_audit` keeps the state of its last clean verification (the newest checkpoint it "
+        "verified, signed note and all, and each audited table's watermark, signed by the log key), so that "
+        "the next one verifies only what changed since; keep it outside the database host's reach; empty: "
+        "every verification is a full one "
+        "([audit-integrity.md](audit-integrity.md#incremental-and-parallel-verification))",
+    ),
+    Setting(
         "AUDIT_WITNESSES",
         "list",
         [],

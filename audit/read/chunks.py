@@ -29,10 +29,15 @@ def run_chunks(
         if not batch:
             return
         last = batch[-1].pk
-        events: dict[str, list[TraceEvent]] = defaultdict(list)
-        ids = [r.run_id for r in batch]
-        for event in TraceEvent.objects.filter(run_id__in=ids).order_by("run_id", "sequence_no"):
-            events[event.run_id].append(event)
-        yield batch, events
+        yield batch, events_of([r.run_id for r in batch])
         if len(batch) < size:
             return  # a short chunk was the last: no query for an empty one
+
+
+def events_of(run_ids: list[str]) -> dict[str, list[TraceEvent]]:
+    """The timeline events of `run_ids` in chain order, by run id (one query; a run without events is
+    absent)."""
+    events: dict[str, list[TraceEvent]] = defaultdict(list)
+    for event in TraceEvent.objects.filter(run_id__in=run_ids).order_by("run_id", "sequence_no"):
+        events[event.run_id].append(event)
+    return events

@@ -109,12 +109,14 @@ def checkpoint_targets(
     known: Any,
     cosigners: list[signednote.Verifier],
     witness: Sequence[WitnessEntry],
+    *,
+    previous: str = "",
 ) -> dict[int, list[tuple[str, str]]]:
     """Check the checkpoints on their own (signatures, cosignatures) and their chain, and the witnessed
     ones against them (problems appended to `invalid`); returns the roots the leaves must produce, by
-    tree size (label, root). For `audit.transparency.verify.verify_log`."""
+    tree size (label, root). For `audit.transparency.verify.verify_log`; `previous`: the hash the first
+    checkpoint must name ("" from the log's first, else that of the verified checkpoint it continues)."""
     targets: dict[int, list[tuple[str, str]]] = {}
-    previous = ""
     cosignatures: dict[int, list[CheckpointCosignature]] = {}
     if cosigners:  # one query for all of them, and none without a witness key to check them with
         for c in CheckpointCosignature.objects.order_by("id"):

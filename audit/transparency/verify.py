@@ -59,6 +59,17 @@ class LogVerification:
 # The whole log
 # --------------------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
+class Since:
+    """A checkpoint verified before (`verify_audit`'s state file, `audit.verify.incremental`): its signed
+    size, root and hash. `verify_log(since=…)` walks only the leaves after it, from the stored right edge
+    of its tree, which must still make its root."""
+
+    tree_size: int
+    root_hash: str
+    checkpoint_hash: str
+
+
+@dataclass(frozen=True, slots=True)
 class StoredLeaf:
     """One stored leaf as the verifier reads it: its index columns and its signed data."""
 
@@ -71,8 +82,8 @@ class StoredLeaf:
     data: str
 
 
-def _leaf_batches(batch_size: int) -> Iterator[list[StoredLeaf]]:
-    last = -1
+def _leaf_batches(batch_size: int, start: int = 0) -> Iterator[list[StoredLeaf]]:
+    last = start - 1
     while True:
         rows = [
             StoredLeaf(*row)
@@ -144,8 +155,12 @@ def verify_log(
     policy: signednote.Policy | None = None,
     witnesses: Sequence[signednote.Verifier] = (),
     governance: GovernanceView | None = None,
+    since: Since | None = None,
 ) -> LogVerification:
-    """Verify the whole log (see the module docstring). Every conclusion about what is anchored comes
+    """Verify the whole log (see the module docstring), or with `since` what was appended after that
+    checkpoint: the checkpoints from it on, the leaves after it and the nodes they complete, from the
+    stored right edge of its tree (which must make its signed root), and the consistency proof from it to
+    the newest checkpoint. Every conclusion about what is anchored comes
     from the leaves' signed data: the anchored runs (whose records must still exist, or be purged by a
     chained retention purge) and the anchored governance heads (`governance`, for
     `audit.verify.governance_chain.verify_governance`). `governance`: the chained purges and holds as this
@@ -154,19 +169,26 @@ def verify_log(
     purges = chained_purges() if governance is None else governance.purges
     holds = chained_holds() if governance is None else governance.holds
     known = keys.verification_keys()
-    checkpoints = list(Checkpoint.objects.order_by("tree_size"))
+    start = since.tree_size if since is not None else 0
+    checkpoints = list(Checkpoint.objects.filter(tree_size__gte=start).order_by("tree_size"))
     result.checkpoints = len(checkpoints)
     result.newest = checkpoints[-1] if checkpoints else None
     cosigners = [*witnesses, *(policy.witnesses if policy else ())]
-    targets = checkpoint_targets(result.invalid, checkpoints, known, cosigners, witness)
+    first = checkpoints[0] if since is not None and checkpoints else None
+    previous = (
+        first.previous_hash if first is not None and first.checkpoint_hash == since.checkpoint_hash else ""
+    )
+    targets = checkpoint_targets(result.invalid, checkpoints, known, cosigners, witness, previous=previous)
     head = LogHead.objects.filter(pk=1).first()
     if head is not None and head.tree_size:
         targets.setdefault(head.tree_size, []).append(("log head", head.root_hash))
     walk = _LeafWalk(result, targets, checkpoints, purges=purges, holds=holds)
-    for rows in _leaf_batches(batch_size):
+    if since is not None:
+        walk.start_at(since)
+    for rows in _leaf_batches(batch_size, start):
         walk.batch(rows)
     walk.done()
-    _check_coverage(result, targets, walk.frontier.size, head, policy, checkpoints)
+    _check_coverage(result, targets, walk.frontier.size, head, policy, checkpoints, since=since)
     return result
 
 
@@ -192,6 +214,30 @@ class _LeafWalk:
         self.node_problems = 0
         self.purged_seen: set[str] = set()
         self.authenticated_since: int | None = None  # the first leaf that names a write key
+
+    def start_at(self, since: Since) -> None:
+        """Continue after a checkpoint verified before: the stored right edge of its tree must make its
+        signed root (else a node, or a leaf under it, was changed since)."""
+        try:
+            self.frontier = store.frontier(since.tree_size)
+        except store.TreeIncomplete as exc:
+            self.result.invalid.append(f"verified checkpoint tree_size={since.tree_size}: {exc}")
+            self.frontier = merkle.Frontier()
+            while self.frontier.size < since.tree_size:
+                self.frontier.append(merkle.EMPTY_ROOT)
+            return
+        if self.frontier.root().hex() != since.root_hash:
+            self.result.invalid.append(
+                f"verified checkpoint tree_size={since.tree_size}: the stored tree no longer makes its "
+                "signed root (a stored node or leaf of the verified log was changed)"
+            )
+        # The verified log held no untagged leaf after a tagged one: its last leaf says which it was.
+        last = LogLeaf.objects.filter(leaf_index=since.tree_size - 1).values_list("data", flat=True).first()
+        try:
+            tagged = last is not None and leafdata.write_key_id(leafdata.decode_any(last)) is not None
+        except ValueError:
+            tagged = False
+        self.authenticated_since = since.tree_size - 1 if tagged else None
 
     def batch(self, rows: list[LogLeaf]) -> None:
         first = self.frontier.size
@@ -315,6 +361,8 @@ def _check_coverage(
     head: LogHead | None,
     policy: signednote.Policy | None,
     checkpoints: list[Checkpoint],
+    *,
+    since: Since | None = None,
 ) -> None:
     """What the stored leaves (`size`) must cover: every signed, witnessed and head tree size, no leaf
     unsigned; the head's count, the witness policy, and the consistency of the last two checkpoints."""
@@ -334,19 +382,26 @@ def _check_coverage(
         result.invalid.append(f"log head says {head.tree_size} leaves, {size} are stored")
     if policy is not None:
         result.invalid.extend(policy_problems(result.newest, policy))
-    if len(checkpoints) >= 2 and not result.invalid:
-        older, newer = checkpoints[-2], checkpoints[-1]
+    pairs = []
+    if len(checkpoints) >= 2:
+        pairs.append((checkpoints[-2].tree_size, checkpoints[-2].root_hash))
+    if since is not None and since.tree_size and result.newest is not None:
+        pairs.append((since.tree_size, since.root_hash))  # nothing the verified checkpoint signed changed
+    for old_size, old_root in pairs if not result.invalid else ():
+        newer = checkpoints[-1]
+        if old_size >= newer.tree_size:
+            continue
         try:
-            proof = store.consistency_proof(older.tree_size, newer.tree_size)
+            proof = store.consistency_proof(old_size, newer.tree_size)
             merkle.verify_consistency(
-                older.tree_size,
+                old_size,
                 newer.tree_size,
-                bytes.fromhex(older.root_hash),
+                bytes.fromhex(old_root),
                 bytes.fromhex(newer.root_hash),
                 proof.hashes,
             )
-        except (merkle.ProofError, store.TreeIncomplete) as exc:
-            result.invalid.append(f"consistency proof {older.tree_size} → {newer.tree_size}: {exc}")
+        except (merkle.ProofError, store.TreeIncomplete, ValueError) as exc:
+            result.invalid.append(f"consistency proof {old_size} → {newer.tree_size}: {exc}")
 
 
 # --------------------------------------------------------------------------------------------------

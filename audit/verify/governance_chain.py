@@ -123,15 +123,20 @@ class _Link:
     tag: str
 
 
-def governance_anchors() -> dict[int, list[tuple[int, dict[str, Any] | None]]]:
+def governance_anchors(*, below: int | None = None) -> dict[int, list[tuple[int, dict[str, Any] | None]]]:
     """The governance leaves of the transparency log, found by their signed data (and, for a leaf whose
     data no longer decodes, by the index column): sequence number → [(leaf index, decoded fields or None
-    when the data is not a canonical governance leaf)]. One per checkpoint that found the chain grown."""
+    when the data is not a canonical governance leaf)]. One per checkpoint that found the chain grown.
+    `below`: only the leaves of a log verified up to that size, by their index column (which that
+    verification held to their data), for an incremental verification."""
     anchors: dict[int, list[tuple[int, dict[str, Any] | None]]] = defaultdict(list)
+    found = Q(governance_sequence_no__isnull=False)
+    if below is None:
+        found |= Q(data__contains='"kind":"governance"')
+    else:
+        found &= Q(leaf_index__lt=below)
     rows = (
-        LogLeaf.objects.filter(
-            Q(governance_sequence_no__isnull=False) | Q(data__contains='"kind":"governance"')
-        )
+        LogLeaf.objects.filter(found)
         .order_by("leaf_index")
         .values_list("leaf_index", "governance_sequence_no", "data")
     )

@@ -30,12 +30,12 @@ def test_the_units_and_timers_are_valid_and_name_real_commands(tmp_path):
         files.append(str(tmp_path / name))
         for command in re.findall(r"^ExecStart=\S+ manage\.py (\S+)", text, re.MULTILINE):
             assert command in get_commands(), f"{unit.name} runs an unknown command {command!r}"
-    assert len(files) == 7  # the service, its target, the evaluations worker, two timers and their units
+    assert len(files) == 9  # the service, its target, the evaluations worker, three timers and their units
     done = subprocess.run(
         ["systemd-analyze", "verify", "--man=no", *files], capture_output=True, text=True, timeout=60
     )
     assert (done.returncode, done.stdout + done.stderr) == (0, "")
     # Each timer starts the service of its name.
     timers = sorted(p.stem for p in SYSTEMD.glob("*.timer"))
-    assert timers == ["diagnosis-purge-reasoning", "diagnosis-verify-audit"]
+    assert timers == ["diagnosis-purge-reasoning", "diagnosis-verify-audit", "diagnosis-verify-audit-all"]
     assert all((SYSTEMD / f"{name}.service").exists() for name in timers)

@@ -1,0 +1,125 @@
+"""Runs verified in chunks of primary keys, in this process or over worker processes
+(`verify_audit --workers N`): each worker reads its chunks itself (on the replica when one is configured
+and usable), and the verdicts come back in chunk order, so the output is the same whatever N. Memory
+holds the chunk bounds (one pair per `batch_size` runs) and the chunks in flight.
+Details: docs/audit-integrity.md, *Incremental and parallel verification*.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+from django.db import connection, connections
+
+from audit.read.list_facts import annotate_recomputed
+from audit.read.trace import timelines_of
+from audit.verify.provenance import CheckpointTimes, GovernanceView
+from audit.verify.runs import RunVerification, check_runs
+from core.db_router import primary_reads, replica_configured, replica_reads
+from diagnosis.models import DiagnosisRun
+from pricing.costs import load_price_book
+
+# A chunk: ("range", first pk, last pk, runs between) or ("ids", pks) of chosen runs.
+Chunk = tuple
+
+
+def range_chunks(batch_size: int) -> list[Chunk]:
+    """The bounds of every `batch_size` runs in primary-key order (one pass over the index)."""
+    chunks, first, count, last = [], None, 0, None
+    for pk in DiagnosisRun.objects.order_by("pk").values_list("pk", flat=True).iterator(chunk_size=10_000):
+        first = pk if first is None else first
+        count, last = count + 1, pk
+        if count == batch_size:
+            chunks.append(("range", first, last, count))
+            first, count = None, 0
+    if first is not None:
+        chunks.append(("range", first, last, count))
+    return chunks
+
+
+def id_chunks(run_ids: Iterable[str], batch_size: int) -> tuple[list[Chunk], int]:
+    """(chunks of the runs among `run_ids` that have a run row, in primary-key order; their number)."""
+    ids = sorted(set(run_ids))
+    pks: list[int] = []
+    for at in range(0, len(ids), 900):  # below SQLite's 999 parameters per query
+        pks.extend(DiagnosisRun.objects.filter(run_id__in=ids[at : at + 900]).values_list("pk", flat=True))
+    pks.sort()
+    return [("ids", pks[at : at + batch_size]) for at in range(0, len(pks), batch_size)], len(pks)
+
+
+@dataclass
+class _Context:
+    """What every chunk is verified against, read once per process."""
+
+    governance: GovernanceView
+    times: CheckpointTimes
+    book: object
+
+    @classmethod
+    def load(cls, governance: GovernanceView | None = None) -> _Context:
+        return cls(governance or GovernanceView.load(), CheckpointTimes.load(), load_price_book())
+
+
+_context: _Context | None = None
+
+
+def _verify(context: _Context, chunk: Chunk, *, complete: bool = False) -> list[RunVerification] | None:
+    """The chunk's verdicts; None when fewer runs are read than the chunk holds and `complete` is asked
+    (a replica behind the primary that chose the chunk: the caller reads it all again there)."""
+    if chunk[0] == "range":
+        runs, expected = DiagnosisRun.objects.filter(pk__gte=chunk[1], pk__lte=chunk[2]), chunk[3]
+    else:
+        runs, expected = DiagnosisRun.objects.filter(pk__in=chunk[1]), len(chunk[1])
+    batch = list(annotate_recomputed(runs).order_by("pk"))
+    if complete and len(batch) < expected:
+        return None
+    return list(
+        check_runs(
+            batch,
+            timelines_of([r.run_id for r in batch]),
+            book=context.book,
+            adopted=context.governance.adopted,
+            governance=context.governance,
+            times=context.times,
+        )
+    )
+
+
+def _init() -> None:
+    global _context
+    with _reads():
+        _context = _Context.load()
+
+
+def _reads():
+    return replica_reads() if replica_configured() else contextlib.nullcontext()
+
+
+def _work(chunk: Chunk) -> list[RunVerification]:
+    with _reads():
+        verdicts = _verify(_context, chunk, complete=replica_configured())
+    if verdicts is None:  # never fewer runs than the primary chose: the whole chunk from the primary
+        with primary_reads():
+            verdicts = _verify(_context, chunk)
+    return verdicts
+
+
+def verify_chunks(
+    chunks: Sequence[Chunk], *, workers: int = 1, governance: GovernanceView | None = None
+) -> Iterator[RunVerification]:
+    """The verdicts of every run of `chunks`, in chunk order; over `workers` processes when above 1."""
+    if workers <= 1 or len(chunks) <= 1 or connection.in_atomic_block:
+        # (In a transaction, as in a test, only this connection sees what it wrote: verified here.)
+        context = _Context.load(governance)
+        for chunk in chunks:
+            yield from _verify(context, chunk)
+        return
+    if not (connection.vendor == "sqlite" and connection.is_in_memory_db()):
+        # Each worker opens its own connection: none may inherit (and share) this process's sockets.
+        connections.close_all()
+    with multiprocessing.get_context("fork").Pool(workers, initializer=_init) as pool:
+        for results in pool.imap(_work, chunks):
+            yield from results

@@ -1,0 +1,200 @@
+"""B5 — `verify_audit` beside its floor, full and incremental, with its peak memory (issue 49).
+
+A store of `runs` runs recorded through the real recorder (B1's workload: 23 events, 4 steps, 4 reasoning
+rows and 3 tools each) and anchored lives in its own database (`<db>_tlog_verify`); on top of it `new`
+more runs are recorded and anchored once, after a full verification wrote its state file (kept beside
+the database under `.local/bench/`, so that later bench runs reuse both).
+
+* **floor**: a raw SQL scan (MySQLdb, no ORM) of every column of the tables verification reads, and
+  SHA-256 over the same bytes — what reading the rows and hashing them costs at the least;
+* **full**: `verify_audit --all` with 1 and 2 worker processes, seconds per 1,000 runs and × the floor;
+* **incremental**: `verify_audit --state` from the state written before the `new` runs: seconds;
+* **peak RSS**: of a `manage.py verify_audit --all` process (and its workers), from `wait4`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from django.core.management import call_command
+
+from bench.env import raw_connect
+from bench.stats import Row, spread
+
+ROOT = Path(__file__).resolve().parents[1]
+# The tables `verify_audit` reads for runs and the log (every column: the floor reads what it reads).
+TABLES = (
+    "diagnosis_run",
+    "chat_session",
+    "diagnosis_trace_event",
+    "agent_step",
+    "tool_invocation",
+    "agent_reasoning_audit",
+    "audit_run_review",
+    "audit_log_leaf",
+    "audit_log_node",
+)
+
+
+def floor_seconds(database: str) -> tuple[float, int]:
+    """(seconds, bytes) of a raw scan of `TABLES` with SHA-256 over each row's values."""
+    conn = raw_connect(database)
+    try:
+        cur = conn.cursor()
+        cur.execute("SHOW TABLES")
+        present = {row[0] for row in cur.fetchall()}
+        started = time.perf_counter()
+        total = 0
+        for table in TABLES:
+            if table not in present:
+                continue
+            cur.execute(f"SELECT * FROM `{table}`")
+            while rows := cur.fetchmany(5000):
+                for row in rows:
+                    h = hashlib.sha256()
+                    for value in row:
+                        b = value if isinstance(value, bytes) else str(value).encode("utf-8")
+                        h.update(b)
+                        total += len(b)
+                    h.digest()
+        return time.perf_counter() - started, total
+    finally:
+        conn.close()
+
+
+def _timed(*args: str) -> tuple[float, str]:
+    out = io.StringIO()
+    started = time.perf_counter()
+    call_command("verify_audit", *args, stdout=out)
+    return time.perf_counter() - started, out.getvalue()
+
+
+def _peak_rss_mb(database: str, *args: str) -> float:
+    """Peak RSS (MB) of `manage.py verify_audit ARGS` on `database`, its workers included."""
+    env = {**os.environ, "DATABASE_URL": f"mysql://root@127.0.0.1:3306/{database}", "CI": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "verify_audit", "--skip-checks", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise RuntimeError(f"verify_audit {' '.join(args)} exited {proc.returncode} in the bench")
+    return usage.ru_maxrss / 1024
+
+
+def _build(database: str, runs: int, new: int, state: Path, log) -> None:
+    from django.db import transaction
+
+    from audit.transparency.log import checkpoint
+    from bench import b1_recording, workload
+    from bench.b2_trace import migrate_database
+    from bench.b5_tlog import _owner
+    from diagnosis import services
+    from diagnosis.models import DiagnosisRun
+
+    migrate_database(database)
+    have = DiagnosisRun.objects.count()
+    if have == runs + new and state.exists():
+        return
+    if have:
+        raise RuntimeError(f"{database} holds {have} runs, not {runs} + {new} with its state: drop it")
+    session = services.create_session(owner=_owner(), title="bench B5 verify")
+    inputs = workload.make_inputs()
+    for at in range(0, runs, 500):
+        # One transaction per 500 runs: set-up, not measured (a commit per decision, as the recorder
+        # writes them, takes hours for a large store on a shared disk).
+        with transaction.atomic():
+            made = b1_recording.new_runs(session, min(500, runs - at), f"b5v{at}")
+            b1_recording.run_recorder(made, inputs, group_commit=False)
+        checkpoint(full_scan=True)
+        log(f"  B5 verify: recorded and anchored {at + len(made):,} runs in {database}")
+    state.parent.mkdir(parents=True, exist_ok=True)
+    call_command("verify_audit", "--all", "--state", str(state), stdout=io.StringIO())
+    with transaction.atomic():
+        made = b1_recording.new_runs(session, new, "b5new")
+        b1_recording.run_recorder(made, inputs, group_commit=False)
+    checkpoint(full_scan=True)
+    log(f"  B5 verify: {new:,} new runs recorded and anchored after the state was written")
+
+
+def verify_costs(*, database: str, runs: int, new: int, reps: int, log=print) -> list[Row]:
+    from django.test import override_settings
+
+    state = ROOT / ".local" / "bench" / f"{database}-verify-state.json"
+    _build(database, runs, new, state, log)
+    stored = runs + new
+    floors, full1, full2, incr = [], [], [], []
+    scratch = state.with_name(state.name + ".copy")
+    with override_settings(AUDIT_VERIFY_STATE_PATH=""):
+        for _ in range(reps):
+            seconds, nbytes = floor_seconds(database)
+            floors.append(seconds)
+            for times, workers in ((full1, "1"), (full2, "2")):
+                seconds, out = _timed("--all", "--workers", workers)
+                assert f"verified {stored} run(s): {stored} ok" in out, out[-2000:]
+                times.append(seconds)
+            shutil.copyfile(state, scratch)
+            seconds, out = _timed("--state", str(scratch))
+            assert f"verified {new} run(s)" in out, out
+            incr.append(seconds)
+            log(
+                f"  B5 verify: floor {floors[-1]:.2f} s, --all {full1[-1]:.2f} s (1 worker) "
+                f"{full2[-1]:.2f} s (2 workers), incremental {seconds:.2f} s"
+            )
+    rss1 = _peak_rss_mb(database, "--all", "--workers", "1")
+    rss2 = _peak_rss_mb(database, "--all", "--workers", "2")
+    floor = spread([t * 1000 / stored for t in floors])
+    per1 = spread([t * 1000 / stored for t in full1])
+    per2 = spread([t * 1000 / stored for t in full2])
+    ratio1 = spread([a / b for a, b in zip(full1, floors, strict=True)])
+    ratio2 = spread([a / b for a, b in zip(full2, floors, strict=True)])
+    log(
+        f"  B5 verify: floor {floor.median:.3f} s/1k ({nbytes / 1e6:.0f} MB hashed), full {per1.median:.3f} "
+        f"s/1k (1 worker), {per2.median:.3f} s/1k (2 workers); incremental {spread(incr).median:.2f} s for "
+        f"{new} new runs; peak RSS {rss1:.0f} / {rss2:.0f} MB"
+    )
+    at_million = per2.median * 1000
+    return [
+        Row(
+            "B5",
+            f"floor: raw SQL scan + SHA-256 of the same columns, {stored:,} runs",
+            f"{floor.median:.3f} s per 1,000 runs ({nbytes / stored / 1000:.1f} kB per run)",
+            floor,
+            None,
+            ratio_unit=" s",
+        ),
+        Row(
+            "B5",
+            f"verify_audit --all, 1 worker, {stored:,} runs (× floor)",
+            f"{per1.median:.3f} s per 1,000 runs; peak RSS {rss1:.0f} MB",
+            ratio1,
+            3.0,
+        ),
+        Row(
+            "B5",
+            f"verify_audit --all --workers 2, {stored:,} runs (× floor)",
+            f"{per2.median:.3f} s per 1,000 runs ⇒ {at_million / 60:.1f} min at 1,000,000 if linear; "
+            f"peak RSS {rss2:.0f} MB (all processes' largest)",
+            ratio2,
+            3.0,
+        ),
+        Row(
+            "B5",
+            f"verify_audit incremental: {new:,} new runs on a store of {stored:,}",
+            f"{spread(incr).median:.2f} s",
+            spread(incr),
+            None,
+            ratio_unit=" s",
+        ),
+    ]

@@ -1,0 +1,182 @@
+"""Incremental and parallel verification (issue 49 items 1 and 2): `verify_audit` continues from a signed
+state file kept outside the database and verifies only what changed since, yet a forged, edited or stale
+state file, or a database changed under its watermarks, never lets it skip anything; `--workers N` prints
+what `--workers 1` prints; `--json` sums it up for cron and CI."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.test import override_settings
+
+from audit.models import AgentStep, Checkpoint, LogNode, TraceEvent
+from audit.transparency import keys
+from audit.transparency.log import checkpoint
+from audit.verify import incremental
+from tests.audit.insertion import forge_event
+from tests.factories import make_recorded_run
+
+
+def _verify(*args) -> tuple[bool, str]:
+    out = io.StringIO()
+    try:
+        call_command("verify_audit", *args, stdout=out)
+    except CommandError as exc:
+        return False, out.getvalue() + f"\n{exc}"
+    return True, out.getvalue()
+
+
+def _newest() -> int:
+    return Checkpoint.objects.order_by("-tree_size").values_list("tree_size", flat=True).first()
+
+
+def _summary(*args) -> dict:
+    out = io.StringIO()
+    with contextlib.suppress(CommandError):
+        call_command("verify_audit", "--json", *args, stdout=out)
+    return json.loads(out.getvalue().strip().splitlines()[-1])
+
+
+@pytest.fixture
+def state(tmp_path):
+    path = tmp_path / "verify-state.json"
+    with override_settings(AUDIT_SIGNING_KEYS=[keys.generate_key_text()], AUDIT_VERIFY_STATE_PATH=str(path)):
+        yield path
+
+
+@pytest.mark.django_db
+def test_it_continues_from_the_state_and_verifies_only_what_changed(user, state):
+    old = [make_recorded_run(user) for _ in range(3)]
+    checkpoint()
+    first = _summary()
+    assert first["mode"] == "full" and first["ok"] and first["stateWritten"]
+    assert first["runs"]["verified"] == 3
+    written = json.loads(state.read_text())
+    assert written["checkpoint"]["body"] == Checkpoint.objects.order_by("-tree_size").first().body
+
+    size = _newest()
+    new = make_recorded_run(user)  # finished, not anchored yet: verified
+    again = _summary()
+    assert again["mode"] == "incremental" and again["since"] == size and again["ok"]
+    assert again["runs"]["verified"] == 1
+    checkpoint()
+    ok, out = _verify()
+    assert ok and "verified 1 run(s): 1 ok" in out
+    assert f"from checkpoint {size} on (consistency proven)" in out
+    assert new.run_id not in out and old[0].run_id not in out
+
+    # An event appended to an old, verified run (a new row above the watermark) puts it back in.
+    forge_event(old[1].run_id, "REVIEW_RECORDED", {"verdict": "correct"}, note=False)
+    ok, out = _verify()
+    assert not ok and f"run={old[1].run_id} INVALID" in out and "verified 1 run(s)" in out
+    # --all verifies everything.
+    assert "verified 4 run(s)" in _verify("--all")[1]
+
+
+@pytest.mark.django_db
+def test_a_forged_or_edited_state_file_verifies_everything_and_fails(user, state):
+    runs = [make_recorded_run(user) for _ in range(2)]
+    checkpoint()
+    assert _verify()[0]
+    document = json.loads(state.read_text())
+
+    # Raise the watermarks so that a forged row would look verified: the signature no longer verifies.
+    document["watermarks"] = {t: [m[0] + 1000, m[1]] for t, m in document["watermarks"].items()}
+    state.write_text(json.dumps(document))
+    ok, out = _verify()
+    assert not ok and "state INVALID the state file: its signature does not verify" in out
+    assert "verified 2 run(s)" in out  # everything, not nothing
+
+    # A state signed by a key of the attacker's own.
+    with override_settings(AUDIT_SIGNING_KEYS=[keys.generate_key_text()]):
+        incremental.write_state(str(state), incremental.State(document["checkpoint"]["body"], "", {}, ""))
+    ok, out = _verify()
+    assert not ok and "signed by unknown key" in out and "verified 2 run(s)" in out
+
+    # A correctly signed state whose checkpoint is not the one the database holds (a checkpoint forged or
+    # a log cut back): named, everything verified.
+    cp = Checkpoint.objects.get()
+    marks = incremental.watermarks()
+    incremental.write_state(
+        str(state), incremental.State(cp.body, cp.signature, marks, "", cp.link, cp.link_signature)
+    )
+    Checkpoint.objects.filter(pk=cp.pk).update(body=cp.body.replace("\n", "\n\n", 1))
+    ok, out = _verify()
+    assert not ok and f"the verified checkpoint tree_size={cp.tree_size} differs in the database" in out
+    assert runs[0].run_id not in out.split("state INVALID")[0]
+
+
+@pytest.mark.django_db
+def test_a_row_deleted_under_the_watermarks_makes_it_a_full_verification(user, state):
+    runs = [make_recorded_run(user) for _ in range(3)]
+    checkpoint()
+    assert _verify()[0]
+    AgentStep.objects.filter(pk=AgentStep.objects.filter(run_id=runs[0].run_id).first().pk).delete()
+    ok, out = _verify()
+    assert "state NOTE rows deleted or inserted under the last verification's watermarks" in out
+    assert not ok and f"run={runs[0].run_id} " in out and "verified 3 run(s)" in out
+
+
+@pytest.mark.django_db
+def test_a_changed_node_of_the_verified_tree_is_caught_by_the_consistency_check(user, state):
+    make_recorded_run(user)
+    make_recorded_run(user)
+    checkpoint()
+    assert _verify()[0]
+    size = _newest()
+    make_recorded_run(user)
+    checkpoint()
+    LogNode.objects.filter(level=1, node_index=0).update(hash="00" * 32)
+    ok, out = _verify()
+    assert not ok and f"verified checkpoint tree_size={size}: the stored tree no longer makes" in out
+
+
+@pytest.mark.django_db
+def test_since_a_tree_size_and_its_limits(user, state):
+    make_recorded_run(user)
+    checkpoint()
+    size = _newest()
+    later = make_recorded_run(user)
+    checkpoint()
+    ok, out = _verify("--since", str(size))
+    assert ok and "verified 1 run(s)" in out and "no watermarks" in out
+    assert later.run_id not in out
+    assert _verify("--since", "77")[1].endswith("no checkpoint of tree size 77")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_workers_print_what_one_process_prints(user, state):
+    runs = [make_recorded_run(user) for _ in range(5)]
+    checkpoint()
+    TraceEvent.objects.filter(run_id=runs[2].run_id, sequence_no=3).update(summary="edited")
+    AgentStep.objects.filter(run_id=runs[4].run_id).update(finish_reason="edited")
+    one = _verify("--all", "--workers", "1", "--batch-size", "2")
+    two = _verify("--all", "--workers", "2", "--batch-size", "2")
+    assert not one[0] and one == two
+    assert f"run={runs[2].run_id} INVALID" in one[1] and f"run={runs[4].run_id} INVALID" in one[1]
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_progress_line_is_drawn_on_a_terminal_only(monkeypatch):
+    from django.core.management.base import OutputWrapper
+
+    from audit.management.commands.verify_audit import Progress
+
+    monkeypatch.delenv("CI", raising=False)
+    terminal, pipe = _Terminal(), io.StringIO()
+    for stream in (terminal, pipe):
+        progress = Progress(OutputWrapper(stream), 4)
+        for done in range(1, 5):
+            progress.tick(done)
+        progress.done()
+    drawn = terminal.getvalue()
+    assert "4/4 runs" in drawn and "runs/s" in drawn and "ETA" in drawn
+    assert pipe.getvalue() == ""  # cron, CI, a pipe: nothing but the lines and the summary
