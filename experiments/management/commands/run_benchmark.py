@@ -7,7 +7,6 @@ run of the same scenarios). Details: docs/benchmark.md."""
 
 from __future__ import annotations
 
-from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from agent.runtime.candidate import Candidate, CandidateError
@@ -15,6 +14,7 @@ from experiments.benchmark import scenarios
 from experiments.benchmark.report import markdown, table
 from experiments.benchmark.runner import run_benchmark
 from experiments.benchmark.world import WorldError
+from experiments.management.commands._acting import acting_user
 from experiments.models import Experiment
 from experiments.results import experiment_results
 
@@ -37,14 +37,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         ids = [i.strip() for i in options["scenarios"].split(",") if i.strip()]
-        users = get_user_model().objects
-        user = (
-            users.filter(username=options["user"]).first()
-            if options["user"]
-            else users.filter(is_superuser=True).order_by("id").first()
-        )
-        if user is None:
-            raise CommandError("no such user (give --user)")
+        user = acting_user(options["user"])
         judge = (
             options["judge_model"]
             if options["judge_model"] is not None

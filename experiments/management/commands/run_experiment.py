@@ -6,10 +6,10 @@ sessions belong to USERNAME (default: the first superuser)."""
 
 from __future__ import annotations
 
-from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from agent.runtime.candidate import Candidate, CandidateError
+from experiments.management.commands._acting import acting_user
 from experiments.models import Dataset
 from experiments.results import experiment_results
 from experiments.runner import run_experiment
@@ -32,14 +32,7 @@ class Command(BaseCommand):
         dataset = versions.first()
         if dataset is None:
             raise CommandError("no such dataset version")
-        users = get_user_model().objects
-        user = (
-            users.filter(username=options["user"]).first()
-            if options["user"]
-            else users.filter(is_superuser=True).order_by("id").first()
-        )
-        if user is None:
-            raise CommandError("no such user (give --user)")
+        user = acting_user(options["user"])
         try:
             candidate = Candidate.load(options["config"])
             experiment = run_experiment(dataset=dataset, candidate=candidate, user=user, name=options["name"])
