@@ -40,6 +40,7 @@ from core.settings_spec import SETTINGS
 from tests.agent.runtime.support import AGENT, ask, evidence_ids, load_corpus
 from tests.factories import issue_token, make_recorded_run
 from tests.fakes.openai_server import stream_answer, stream_tool_calls, usage
+from tests.local_dirs import is_local
 from tests.surfaces.admin.support import grant_console
 
 BASE_DIR = Path(django_settings.BASE_DIR)
@@ -243,15 +244,13 @@ KEY_PATTERNS = {
     ),
     "token literal": re.compile(r"(?i)\b(?:api[_-]?key|token|secret)\s*=\s*[\"'][0-9a-f]{32,}[\"']"),
 }
-SKIP_DIRS = {".git", ".venv", ".local", "staticfiles", "test-artifacts", "node_modules", "__pycache__"}
-SKIP_DIRS |= {".pytest_cache", ".ruff_cache", ".venv-phoenix", ".venv-peers", ".venv-mcp", "mutants"}
 TEXT_SUFFIXES = {".py", ".md", ".txt", ".toml", ".cfg", ".ini", ".yml", ".yaml", ".json", ".sh", ".html"}
 TEXT_SUFFIXES |= {".js", ".css", ".env", ""}
 
 
 def _repository_files():
     for path in BASE_DIR.rglob("*"):
-        if any(part in SKIP_DIRS for part in path.relative_to(BASE_DIR).parts):
+        if any(is_local(part) for part in path.relative_to(BASE_DIR).parts):
             continue
         if path.is_file() and (path.suffix in TEXT_SUFFIXES or path.name in ("Makefile", "run")):
             yield path

@@ -24,11 +24,11 @@ from django.core.exceptions import ImproperlyConfigured
 from core import settings_doc, settings_spec
 from core.env import env as process_env
 from core.settings_spec import SETTINGS
+from tests.local_dirs import is_local
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "configuration.md"
-NOT_PROJECT = {"tests", "bench", ".venv", ".venv-peers", ".venv-phoenix", "node_modules", "migrations"}
-NOT_PROJECT |= {"mutants", ".venv-mcp"}  # mutmut's working copy (docs/contributing.md)
+NOT_PROJECT = {"tests", "bench", "migrations"}  # and the checkout's local folders (tests/local_dirs.py)
 
 
 def _env(**values: str) -> environ.Env:
@@ -68,7 +68,8 @@ def test_config_settings_reads_no_variable_itself():
 
 def _project_modules():
     for path in ROOT.rglob("*.py"):
-        if NOT_PROJECT.isdisjoint(path.relative_to(ROOT).parts):
+        parts = path.relative_to(ROOT).parts
+        if NOT_PROJECT.isdisjoint(parts) and not any(is_local(p) for p in parts):
             yield path
 
 
