@@ -34,6 +34,9 @@ export DEPLOY_REQUIRE_NGINX=1
 # ... and the replica pair: the replica tests (tests/core/replica/) must run, never be skipped.
 export REPLICA_REQUIRE=1
 unset DATABASE_URL DATABASE_REPLICA_URL REDIS_URL LLM_API_KEY LLM_PROVIDER || true
+# Both halves run: what runs once (browser, replica and mariadb_half tests) runs in the MariaDB half
+# (tests/conftest.py, ONCE_ON_MARIADB).
+export SUITE_ON_BOTH=1
 
 lint() { .venv/bin/ruff check . && .venv/bin/ruff format --check .; }
 phase "ruff" lint

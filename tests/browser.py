@@ -27,16 +27,3 @@ requires_chromium = pytest.mark.skipif(
 def launch_chromium(playwright):
     """A headless Chromium browser from a running Playwright."""
     return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-
-
-def _on_mariadb() -> bool:
-    from django.db import connection
-
-    return connection.vendor == "mysql"
-
-
-# A browser test of a page whose behaviour does not depend on the database (layout, labels, scripts):
-# it runs in the SQLite half of the suite only, to keep the MariaDB half's wall time (CI budget).
-sqlite_half_only = pytest.mark.skipif(
-    _on_mariadb(), reason="database-agnostic page: its browser test runs in the SQLite half of the suite"
-)

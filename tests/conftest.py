@@ -48,15 +48,27 @@ class _ClosingPolicy(asyncio.DefaultEventLoopPolicy):
 asyncio.set_event_loop_policy(_ClosingPolicy())
 
 
+# Run once, in the MariaDB half, when scripts/test.sh runs the suite on both databases (SUITE_ON_BOTH=1):
+# the browser tests (a page's behaviour does not depend on the database; the views under them are tested
+# on both), the replica tests (they use scripts/mariadb-replica.sh's own pair whatever the suite's
+# database) and `mariadb_half` tests (expensive, and what they prove is the production database's).
+# Run on SQLite alone, the suite still runs them. docs/reliability.md, *The suite's time*.
+ONCE_ON_MARIADB = {"browser", "replica", "mariadb_half"}
+
+
 def pytest_collection_modifyitems(config, items):
     alone = pytest.mark.skip(reason="runs alone, not beside an xdist worker (scripts/test.sh runs it after)")
     on_sqlite = pytest.mark.skip(reason="needs MariaDB/MySQL (DATABASE_URL=mysql://…)")
+    once = pytest.mark.skip(reason="runs once, in the MariaDB half of scripts/test.sh (SUITE_ON_BOTH)")
     in_worker = bool(os.environ.get("PYTEST_XDIST_WORKER"))
+    split = os.environ.get("SUITE_ON_BOTH") == "1" and connection.vendor != "mysql"
     for item in items:
         if in_worker and ({"serial", "load", "replica"} & item.keywords.keys()):
             item.add_marker(alone)
         if connection.vendor != "mysql" and "mariadb" in item.keywords:
             item.add_marker(on_sqlite)
+        if split and ONCE_ON_MARIADB & item.keywords.keys():
+            item.add_marker(once)
 
 
 @pytest.fixture(autouse=True)

@@ -236,6 +236,8 @@ def _fuzz_as(role_user, *, server, operations, real: dict, waiting, run) -> dict
     return statuses
 
 
+# Once, on the production database (its strictness on lengths and types is what a fuzzed input meets).
+@pytest.mark.mariadb_half
 def test_schemathesis_finds_no_server_error_on_any_operation_as_an_auditor_then_a_plain_user(
     server, superuser, user, auditor
 ):

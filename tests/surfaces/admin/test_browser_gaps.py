@@ -6,7 +6,6 @@ passes axe-core (`tests/accessibility.py`). Database-agnostic; marked `browser` 
 from __future__ import annotations
 
 import pytest
-from django.db import connection
 from playwright.sync_api import expect, sync_playwright
 
 from tests.accessibility import assert_accessible
@@ -15,13 +14,9 @@ from tests.evaluations.test_gaps import OFF_TOPIC, UNCOVERED, _ask, _small_corpu
 from tests.surfaces.admin.support import grant_console
 from tests.surfaces.admin.test_browser import ARTIFACTS, _log_in
 
-# The page's queries and rows are tested on both databases (tests/evaluations/test_gaps.py); the browser
-# and axe-core see the same HTML whichever database served it, so this runs on SQLite only (CI time).
-pytestmark = [
-    pytest.mark.browser,
-    requires_chromium,
-    pytest.mark.skipif(connection.vendor == "mysql", reason="database-agnostic page: SQLite run only"),
-]
+# The page's queries and rows are tested on both databases (tests/evaluations/test_gaps.py); like every
+# browser test, scripts/test.sh runs this once, in the MariaDB half (tests/conftest.py).
+pytestmark = [pytest.mark.browser, requires_chromium]
 
 
 @pytest.fixture

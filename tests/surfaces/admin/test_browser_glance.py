@@ -18,12 +18,12 @@ from agent.runtime import approvals
 from audit.models import ToolInvocation
 from surfaces.admin.evaluation_views import SCORE_EXPLAINED
 from tests.accessibility import assert_accessible
-from tests.browser import launch_chromium, requires_chromium, sqlite_half_only
+from tests.browser import launch_chromium, requires_chromium
 from tests.factories import make_waiting_approval
 from tests.surfaces.admin.support import grant_console
 from tests.surfaces.admin.test_browser import ARTIFACTS, TIMEOUT_MS, _in_thread, runs  # noqa: F401 (fixture)
 
-pytestmark = [pytest.mark.browser, requires_chromium, sqlite_half_only]
+pytestmark = [pytest.mark.browser, requires_chromium]
 VIEWER_ZONE = "Pacific/Auckland"  # far from the server's (UTC in tests): a local time reads differently
 
 

@@ -76,6 +76,8 @@ def _peak(n: int) -> tuple[int, int]:
         tracemalloc.stop()
 
 
+# Once, on the production database: mysqlclient's fetching is what could hold a whole export in memory.
+@pytest.mark.mariadb_half
 def test_export_memory_does_not_grow_with_the_number_of_runs(user):
     """Over 30 s (about 75 s on 2 cores): it writes 11,000 runs in bulk and exports them twice under
     tracemalloc, because a streaming export only shows its flat memory against a tenfold larger export;
