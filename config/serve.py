@@ -4,14 +4,19 @@ development dependency) on the asyncio or the uvloop event loop.
 `daphne asyncio ARGS` is `daphne ARGS`; `daphne uvloop ARGS` installs uvloop's policy before daphne
 builds its reactor's loop; `uvicorn LOOP ARGS` is `uvicorn --loop LOOP ARGS`. Under daphne, which sends
 no ASGI lifespan, it schedules the background duties on the reactor's loop before any connection and
-awaits `supervisor.shutdown` before the reactor stops (SIGTERM, SIGINT): why the shipped units use it.
-Details: docs/deployment.md, *Background duties*; docs/performance.md (daphne, uvicorn, uvloop in B3).
+awaits `supervisor.shutdown` before the reactor stops: why the shipped units use it. SIGTERM drains
+first (`agent.runtime.drain`: health says draining, new requests are refused and the listening sockets
+closed, runs finish or are handed over to another process), then stops the reactor; a second SIGTERM, or
+SIGINT, stops at once. Details: docs/deployment.md, *Background duties* and *Draining restarts*;
+docs/performance.md (daphne, uvicorn, uvloop in B3).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import signal
 import sys
 
 
@@ -57,7 +62,48 @@ def _duties_with_the_reactor() -> None:
         return defer.Deferred.fromFuture(asyncio.ensure_future(stopping(), loop=loop))
 
     loop.call_soon(start)
+    loop.call_soon(_drain_on_sigterm, loop, reactor)
     reactor.addSystemEventTrigger("before", "shutdown", stop)
+
+
+def _drain_on_sigterm(loop: asyncio.AbstractEventLoop, reactor) -> None:
+    """Replace the reactor's SIGTERM handler (installed when it started): the first SIGTERM drains the
+    process and then stops the reactor; a second one stops it at once."""
+    from twisted.internet import tcp
+
+    log = logging.getLogger(__name__)
+    draining: list[asyncio.Task] = []
+
+    def stop_listening() -> None:
+        # New connections go to the other processes (the proxy's `error` next-upstream case).
+        for reader in reactor.getReaders():
+            if isinstance(reader, tcp.Port):
+                reader.stopListening()
+
+    def stop_reactor() -> None:
+        with contextlib.suppress(Exception):  # stopping already (ReactorNotRunning)
+            reactor.stop()
+
+    async def drain_then_stop() -> None:
+        from agent.runtime import drain
+
+        drain.begin()
+        stop_listening()
+        try:
+            await drain.drain()
+        except Exception as exc:  # whatever happened, the process still stops
+            log.error("drain failed error=%s", type(exc).__name__)
+        stop_reactor()
+
+    def begin() -> None:
+        if draining:
+            log.info("second SIGTERM: stopping without waiting for the drain")
+            stop_reactor()
+            return
+        log.info("SIGTERM: draining")
+        draining.append(loop.create_task(drain_then_stop(), name="process:drain"))
+
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: loop.call_soon_threadsafe(begin))
 
 
 if __name__ == "__main__":

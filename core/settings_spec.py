@@ -477,6 +477,28 @@ SETTINGS: tuple[Setting, ...] = _in_sections(
         "connection each; 2 measured no gain ([performance.md](performance.md), issue 19 item 3)",
     ),
     Setting(
+        "RUN_DRAIN_GRACE_SECONDS",
+        "float",
+        30.0,
+        "on SIGTERM a serving process takes no new runs or connections and lets its runs finish for this "
+        "long; the rest are handed over to another process at a step boundary "
+        "([deployment.md](deployment.md#draining-restarts))",
+    ),
+    Setting(
+        "RUN_HANDOVER_WINDOW_SECONDS",
+        "float",
+        10.0,
+        "after the drain grace, how long runs have to reach a step boundary (a running tool finishes) "
+        "before a model stream still in progress is cut and asked again by the next owner; the unit's "
+        "`TimeoutStopSec` must exceed grace + 2 × window",
+    ),
+    Setting(
+        "RUN_ADOPT_INTERVAL_SECONDS",
+        "float",
+        1.0,
+        "how often each server process claims runs another process handed over (0 = off)",
+    ),
+    Setting(
         "RUN_SWEEP_INTERVAL_SECONDS",
         "float",
         15.0,

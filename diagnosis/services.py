@@ -212,6 +212,40 @@ def claim_next_queued(*, owner: str, flows: tuple[str, ...] = QUEUED_FLOWS) -> D
     return None
 
 
+def handover_claim_by(*, agent_flow: str) -> dt.datetime:
+    """Until when a handed-over run waits to be claimed (then the sweeper fails it): a queued flow's run
+    goes back to the queue and waits as a queued run does (`AIOPS_QUEUE_TIMEOUT_SECONDS`); a chat run,
+    adopted by any serving process within seconds, waits one lease period."""
+    seconds = settings.AIOPS_QUEUE_TIMEOUT_SECONDS if agent_flow in QUEUED_FLOWS else lease_seconds()
+    return timezone.now() + dt.timedelta(seconds=float(seconds))
+
+
+def handed_over_runs():
+    """Chat runs a draining process handed over (`agent.runtime.drain`): started, PENDING again with no
+    owner and a claim-by time (the sweeper fails one nobody claims by then), oldest hand-over first. A
+    queued flow's handed-over run is in the queue instead (`queued_runs`)."""
+    return (
+        DiagnosisRun.objects.filter(
+            status=RunStatus.PENDING, lease_owner="", started_at__isnull=False, lease_expires_at__isnull=False
+        )
+        .exclude(agent_flow__in=QUEUED_FLOWS)
+        .order_by("lease_expires_at", "id")
+    )
+
+
+def claim_handed_over(*, owner: str) -> DiagnosisRun | None:
+    """Claim the oldest handed-over run for `owner` with the next lease epoch (`claim_run`'s conditional
+    update: two processes never both hold it), or None when there is none."""
+    for _attempt in range(5):
+        run_id = handed_over_runs().values_list("run_id", flat=True).first()
+        if run_id is None:
+            return None
+        run = claim_run(run_id=run_id, owner=owner)
+        if run is not None:
+            return run
+    return None
+
+
 def renew_lease(*, run_id: str, owner: str, epoch: int) -> str:
     """Extend the lease held as (`owner`, `epoch`): "ok", "cancel" (a cancel was requested; the lease is
     extended) or "lost" (another claim took the run, or it ended)."""

@@ -2,7 +2,8 @@
 
 The answer names only components and `up`/`down`: the database (`SELECT 1` on the runtime's database
 pool within `HEALTH_TIMEOUT_SECONDS`), Redis when `REDIS_URL` is set, and each background duty of this
-process (`duty_status`; the probe never starts them). 200 when everything is up, 503 otherwise; exempt
+process (`duty_status`; the probe never starts them). 200 when everything is up, 503 otherwise; a
+draining process (SIGTERM: `agent.runtime.drain`) answers 503 `{"status": "draining"}` at once. Exempt
 from the HTTPS redirect, `Cache-Control: no-store`.
 Details: docs/deployment.md, *Metrics and readiness*.
 """
@@ -15,11 +16,12 @@ from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_safe
 
+from agent.runtime import drain
 from agent.runtime.db import db
 from agent.runtime.supervisor import duty_status
 
 HEALTH_TIMEOUT_SECONDS = 3.0
-UP, DOWN = "up", "down"
+UP, DOWN, DRAINING = "up", "down", "draining"
 
 
 def _select_one() -> None:
@@ -54,6 +56,10 @@ async def _redis_up(url: str) -> bool:
 @require_safe
 async def healthz(request: HttpRequest) -> JsonResponse:
     """The readiness answer above; see the module docstring for its contract."""
+    if drain.draining():  # stopping (SIGTERM): the proxy must send nothing new here
+        response = JsonResponse({"status": DRAINING}, status=503)
+        response["Cache-Control"] = "no-store"
+        return response
     checks = [_database_up()]
     redis_url = settings.REDIS_URL
     if redis_url:

@@ -17,8 +17,8 @@ from typing import Any
 
 from django.utils import timezone
 
-from agent.runtime.approvals import RunInterrupted
-from agent.runtime.cancel import RunCancelled
+from agent.runtime.approvals import RunHandedOver, RunInterrupted
+from agent.runtime.cancel import RunCancelled, StreamCut
 from agent.runtime.context import RunContext
 from agent.runtime.events import Stage
 from agent.runtime.llm import LLMError, ModelResult, StreamProgress
@@ -76,6 +76,14 @@ def assistant_message(result: ModelResult) -> dict[str, Any]:
     return message
 
 
+def _abandoned_as(exc: Exception) -> str:
+    """How a model step that did not complete is recorded: a provider error, a cancel, or a stream cut
+    for a handover (the run's next owner asks the model again: `agent.runtime.drain`)."""
+    if isinstance(exc, LLMError):
+        return "error"
+    return "handover" if isinstance(exc, StreamCut) else "cancelled"
+
+
 class Agent:
     """One agent of a run: `agent_name` names its steps (`diagnosis_agent` in the chat flow, `planner`
     and `executor` in AI Ops), which it numbers 1, 2, … on its own counter (`RunContext.step_counts`)."""
@@ -90,14 +98,29 @@ class Agent:
         self.on_step = on_step
         self.boundary = ToolBoundary(ctx)
 
-    async def run(self, messages: list[dict[str, Any]], *, tools: bool, max_steps: int) -> AgentAnswer:
-        """Loop until the model answers without tool calls; `messages` is extended in place."""
+    async def run(
+        self, messages: list[dict[str, Any]], *, tools: bool, max_steps: int, handover: bool = False
+    ) -> AgentAnswer:
+        """Loop until the model answers without tool calls; `messages` is extended in place.
+        `handover`: the loop is one a run can be handed over from (the chat agent's, the AI Ops
+        executor's): when the process drains, it stops before its next model step, or when its stream
+        in progress is cut, with `RunHandedOver` (the caller saves the state; `agent.runtime.drain`)."""
         ctx = self.ctx
         specs = ctx.registry.openai_tools() if tools and len(ctx.registry) else None
         max_steps = max(1, max_steps)
         for step in range(1, max_steps + 1):
             last = step == max_steps
-            result = await self._step(messages, specs, "none" if specs and last else None)
+            if handover and ctx.token.handover_requested and not ctx.token.cancelled:
+                raise self._handed_over(messages, steps_used=step - 1, max_steps=max_steps)
+            try:
+                result = await self._step(
+                    messages, specs, "none" if specs and last else None, cuttable=handover
+                )
+            except StreamCut:
+                retried = ctx.steps_taken(self.agent_name)
+                raise self._handed_over(
+                    messages, steps_used=step - 1, max_steps=max_steps, retried_step=retried
+                ) from None
             if result.tool_calls and specs and not last:
                 messages.append(assistant_message(result))
                 outcomes = await self.boundary.run(result.tool_calls)
@@ -124,11 +147,29 @@ class Agent:
             return AgentAnswer(text=result.text, steps=step, finish_reason=result.finish_reason)
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def _handed_over(
+        self, messages: list[dict[str, Any]], *, steps_used: int, max_steps: int, retried_step: int = 0
+    ) -> RunHandedOver:
+        """The loop's state at its last step boundary: every call of the last step ran and its result
+        is in `messages` (a step's tools are never cut)."""
+        return RunHandedOver(
+            agent_name=self.agent_name,
+            messages=list(messages),
+            calls=[],
+            results={},
+            pending=[],
+            steps_used=steps_used,
+            max_steps=max_steps,
+            retried_step=retried_step,
+        )
+
     async def _step(
         self,
         messages: Sequence[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
         tool_choice: str | None,
+        *,
+        cuttable: bool = False,
     ) -> ModelResult:
         ctx = self.ctx
         step_index = ctx.steps_taken(self.agent_name) + 1
@@ -146,9 +187,10 @@ class Agent:
                     tool_choice=tool_choice,
                     on_text=ctx.emit_text if ctx.streams_drafts else None,
                     progress=progress,
-                )
+                ),
+                cuttable=cuttable,
             )
-        except (LLMError, RunCancelled) as exc:
+        except (LLMError, RunCancelled, StreamCut) as exc:
             await ctx.hold(
                 ctx.recorder.model_step,
                 step_index=step_index,
@@ -160,7 +202,7 @@ class Agent:
                     text=progress.text_value,
                     reasoning_key=progress.reasoning_key,
                 ),
-                finish_reason="error" if isinstance(exc, LLMError) else "cancelled",
+                finish_reason=_abandoned_as(exc),
                 started_at=progress.started_at,
                 finished_at=timezone.now(),
                 duration_ms=progress.duration_ms(),

@@ -18,15 +18,7 @@ from django.conf import settings
 
 from agent.runtime import prompts
 from agent.runtime.agent import Agent
-from agent.runtime.approvals import (
-    ResumeStateUnavailable,
-    RunInterrupted,
-    checkpoint_of,
-    forget_checkpoint,
-    interrupted_record,
-    load_checkpoint,
-    save_checkpoint,
-)
+from agent.runtime.approvals import ResumeStateUnavailable, RunInterrupted, save_state, saved_state
 from agent.runtime.context import RunContext
 from agent.runtime.db import db
 from agent.runtime.llm import ModelResult
@@ -209,17 +201,11 @@ async def _investigate(
     remaining = max(1, int(settings.AGENT_MAX_STEPS) - ctx.steps_taken(EXECUTOR))
     ctx.approvals_allowed = True
     try:
-        return await executor.run(messages, tools=True, max_steps=remaining)
-    except RunInterrupted as interrupted:
-        interrupted.extra = {
-            "plan": {"steps": in_force.steps, "fallback": in_force.fallback, "revisions": in_force.revisions},
-            "canonicalDegraded": ctx.canonical_degraded,
-        }
-        text = checkpoint_of(
-            interrupted, step_counts=dict(ctx.step_counts), gathered=list(ctx.gathered_evidence)
-        )
+        return await executor.run(messages, tools=True, max_steps=remaining, handover=True)
+    except RunInterrupted as interrupted:  # waiting for approval, or handed over (`RunHandedOver`)
         # Encrypted with the reasoning keys; the digest RUN_INTERRUPTED chains is over the stored value.
-        interrupted.checkpoint_sha256 = await db(save_checkpoint, ctx.canonical, text)
+        plan = {"steps": in_force.steps, "fallback": in_force.fallback, "revisions": in_force.revisions}
+        await save_state(ctx, interrupted, extra={"plan": plan})
         raise
     finally:
         ctx.approvals_allowed = False
@@ -231,17 +217,8 @@ async def _resume(ctx: RunContext, tool_names: list[str]) -> tuple[list[dict[str
     store; then each decided call through the
     boundary (approved: executed once under its own id; rejected or expired: the recorded refusal), the
     tool messages in the order of the step's calls."""
-    interrupted, decisions = await db(interrupted_record, ctx.run_id)
-    state = await db(
-        load_checkpoint, ctx.canonical, expected_sha256=str(interrupted.get("checkpointSha256") or "")
-    )
-    # Read once: a later interruption saves a new state; nothing else ever resumes from this one.
-    await db(forget_checkpoint, ctx.canonical)
-    ctx.step_counts.update({str(k): int(v) for k, v in (state.get("stepCounts") or {}).items()})
-    ctx.gathered_evidence.extend(state.get("gatheredEvidence") or [])
-    extra = state.get("extra") or {}
-    ctx.canonical_degraded = bool(extra.get("canonicalDegraded"))
-    plan = extra.get("plan") or {}
+    state, decisions = await saved_state(ctx)
+    plan = (state.get("extra") or {}).get("plan") or {}
     in_force = _PlanInForce(
         ctx=ctx,
         tool_names=tool_names,

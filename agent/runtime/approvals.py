@@ -121,6 +121,20 @@ class RunInterrupted(Exception):
         super().__init__(f"{len(self.pending)} call(s) wait for approval")
 
 
+@dataclass
+class RunHandedOver(RunInterrupted):
+    """The serving process drains (`agent.runtime.drain`): the agent loop stopped at a step boundary and
+    the run goes to another process with the same saved state an interruption keeps. Nothing waits:
+    `calls`, `pending` and `kept` are empty and every result of the last step is in `messages`.
+    `retried_step`: the index of the model step whose stream was cut (recorded abandoned; the next owner
+    asks the model again), 0 when the run stopped between steps and nothing is repeated."""
+
+    retried_step: int = 0
+
+    def __post_init__(self) -> None:
+        Exception.__init__(self, "the run is handed over to another process")
+
+
 class ResumeStateUnavailable(Exception):
     """The interrupted run's saved state is missing or differs from the digest its record names."""
 
@@ -220,6 +234,35 @@ def load_checkpoint(canonical: Any, *, expected_sha256: str) -> dict[str, Any]:
     if state.get("version") != CHECKPOINT_VERSION:
         raise ResumeStateUnavailable("the saved state has an unknown version")
     return state
+
+
+async def save_state(ctx: Any, interrupted: RunInterrupted, *, extra: dict[str, Any]) -> None:
+    """The one way an attempt that ends unfinished keeps its state (an interruption for approval, a
+    handover): `interrupted` with `extra` and the run context's step counts, evidence and canonical flag,
+    saved (`save_checkpoint`); its digest set on `interrupted` for RUN_INTERRUPTED to chain."""
+    from agent.runtime.db import db
+
+    interrupted.extra = {**extra, "canonicalDegraded": ctx.canonical_degraded}
+    text = checkpoint_of(interrupted, step_counts=dict(ctx.step_counts), gathered=list(ctx.gathered_evidence))
+    interrupted.checkpoint_sha256 = await db(save_checkpoint, ctx.canonical, text)
+
+
+async def saved_state(ctx: Any) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The state the run's last attempt saved (`save_state`) and the decisions recorded since
+    (`interrupted_record`), read back, checked against the digest RUN_INTERRUPTED chains and decrypted
+    (fail-closed: `ResumeStateUnavailable`), then dropped from the store (read once: a later interruption
+    saves a new state); the run context's step counts, evidence and canonical flag restored."""
+    from agent.runtime.db import db
+
+    interrupted, decisions = await db(interrupted_record, ctx.run_id)
+    state = await db(
+        load_checkpoint, ctx.canonical, expected_sha256=str(interrupted.get("checkpointSha256") or "")
+    )
+    await db(forget_checkpoint, ctx.canonical)
+    ctx.step_counts.update({str(k): int(v) for k, v in (state.get("stepCounts") or {}).items()})
+    ctx.gathered_evidence.extend(state.get("gatheredEvidence") or [])
+    ctx.canonical_degraded = bool((state.get("extra") or {}).get("canonicalDegraded"))
+    return state, decisions
 
 
 def forget_checkpoint(canonical: Any) -> None:

@@ -5,6 +5,12 @@ or the executor's heartbeat when it reads the run's `cancel_requested` column (a
 process) or finds its lease taken. Stages call `raise_if_cancelled()` at safe points (before each model
 call, before and after tools, between stages) and wrap long waits (model streams, tool executions) in
 `race()`, so that a cancel interrupts them at once instead of at the next safe point.
+
+A handover is not a cancel: a draining process (`agent.runtime.drain`) asks the run to stop at its next
+step boundary (`request_handover`; the agent loop checks `handover_requested` before each model step and
+raises `RunHandedOver` with its state there) and, once the handover window is over, cuts a model stream
+still in progress (`cut_streams`: `race(..., cuttable=True)` raises `StreamCut`, the step is recorded
+abandoned and retried by the run's next owner). Tools are never cut: their step ends first.
 """
 
 from __future__ import annotations
@@ -25,6 +31,10 @@ class RunCancelled(Exception):
         self.reason = reason
 
 
+class StreamCut(Exception):
+    """A model stream raced with `cuttable=True` was cut because the process hands the run over."""
+
+
 class CancelToken:
     """A one-way latch: once cancelled it stays cancelled. Use it from the event loop that runs the run.
 
@@ -36,6 +46,18 @@ class CancelToken:
         self._event = asyncio.Event()
         self.reason = ""
         self.lease_lost = False
+        self.handover_requested = False
+        self._cut = asyncio.Event()
+
+    def request_handover(self) -> None:
+        """The process drains: stop at the next step boundary and hand the run over (see the module
+        docstring). Never undone; a cancel still wins over it."""
+        self.handover_requested = True
+
+    def cut_streams(self) -> None:
+        """The handover window is over: a cuttable wait in progress (a model stream) stops now."""
+        self.handover_requested = True
+        self._cut.set()
 
     @property
     def cancelled(self) -> bool:
@@ -54,25 +76,35 @@ class CancelToken:
     async def wait(self) -> None:
         await self._event.wait()
 
-    async def race(self, awaitable: Awaitable[T]) -> T:
+    async def race(self, awaitable: Awaitable[T], *, cuttable: bool = False) -> T:
         """Await `awaitable`; if the token fires first, cancel it, wait for it to unwind and raise
-        RunCancelled. Already cancelled, a coroutine given is closed unstarted (never left un-awaited)."""
-        if self.cancelled:
+        RunCancelled. Already cancelled, a coroutine given is closed unstarted (never left un-awaited).
+        `cuttable`: `cut_streams` stops it too, raising `StreamCut` (a cancel takes precedence)."""
+        cut = cuttable and self._cut.is_set()
+        if self.cancelled or cut:
             if asyncio.iscoroutine(awaitable):
                 awaitable.close()
-            raise RunCancelled(self.reason)
+            if self.cancelled:
+                raise RunCancelled(self.reason)
+            raise StreamCut()
         task = asyncio.ensure_future(awaitable)
-        waiter = asyncio.ensure_future(self._event.wait())
+        waiters = {asyncio.ensure_future(self._event.wait())}
+        if cuttable:
+            waiters.add(asyncio.ensure_future(self._cut.wait()))
         try:
-            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({task, *waiters}, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
             task.cancel()
-            waiter.cancel()
+            for waiter in waiters:
+                waiter.cancel()
             raise
-        waiter.cancel()
+        for waiter in waiters:
+            waiter.cancel()
         if task.done():
             return task.result()
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
-        raise RunCancelled(self.reason)
+        if self.cancelled:
+            raise RunCancelled(self.reason)
+        raise StreamCut()

@@ -30,7 +30,7 @@ from agent.knowledge.corpus import Corpus, use_corpus
 from agent.knowledge.retrieval import reset_override
 from agent.redaction import Redactor
 from agent.runtime.aiops import is_aiops, run_aiops
-from agent.runtime.approvals import ResumeStateUnavailable, RunInterrupted
+from agent.runtime.approvals import ResumeStateUnavailable, RunHandedOver, RunInterrupted
 from agent.runtime.cancel import CancelToken, RunCancelled
 from agent.runtime.canonical import CanonicalStore
 from agent.runtime.configuration import configure_run, tools_of_start
@@ -300,10 +300,8 @@ async def _execute(
             )  # fmt: skip
             if is_aiops(run.agent_flow):
                 result = await run_aiops(ctx, created_at=run.created_at, resuming=resuming)
-            elif resuming:
-                raise ResumeStateUnavailable("only AI Ops analyses are resumed")
-            else:
-                result = await run_pipeline(ctx, created_at=run.created_at)
+            else:  # a chat run resumes only after a handover (`agent.runtime.drain`)
+                result = await run_pipeline(ctx, created_at=run.created_at, resuming=resuming)
         except RunInterrupted as interrupted:
             return await ending.interrupted(interrupted)
         except ResumeStateUnavailable:
@@ -532,13 +530,29 @@ class _Ending:
 
     async def interrupted(self, interrupted: RunInterrupted) -> RunOutcome:
         """Calls wait for approval: RUN_INTERRUPTED, the run INTERRUPTED and its lease released in one
-        write; no outcome frame (the run is not over: a resumed attempt sends it)."""
+        write; no outcome frame (the run is not over: a resumed attempt sends it). Handed over
+        (`RunHandedOver`): the same event says so, and the run is PENDING for another process."""
         self.heartbeat.cancel()
-        self.finishing()
         await self.commit_held()
         self.done = True
         if self._fenced():
             return await self._lease_lost()
+        if isinstance(interrupted, RunHandedOver):
+            await db(
+                self.recorder.hand_over,
+                checkpoint_sha256=interrupted.checkpoint_sha256,
+                reason="the serving process is stopping; another process continues the run",
+                claim_by=services.handover_claim_by(agent_flow=self.run.agent_flow),
+                details={
+                    "agentName": interrupted.agent_name,
+                    "stepsUsed": interrupted.steps_used,
+                    "retriedStep": interrupted.retried_step,
+                    "leaseOwner": _OWNER,
+                },
+            )
+            logger.info("run handed over run=%s retried_step=%s", self.run.run_id, interrupted.retried_step)
+            return self._outcome(RunStatus.PENDING, None, "")
+        self.finishing()
         await db(
             self.recorder.interrupt,
             pending=interrupted.pending,

@@ -20,6 +20,7 @@ from django.conf import settings
 
 from agent.runtime import prompts
 from agent.runtime.agent import Agent, AgentAnswer
+from agent.runtime.approvals import ResumeStateUnavailable, RunHandedOver, save_state, saved_state
 from agent.runtime.cancel import RunCancelled
 from agent.runtime.context import RunContext
 from agent.runtime.db import db
@@ -100,7 +101,11 @@ def previous_turns(*, session_id: str, run_id: str, before: Any, limit: int = PR
     return rows[::-1]
 
 
-async def run_pipeline(ctx: RunContext, *, created_at: Any) -> PipelineResult:
+async def run_pipeline(ctx: RunContext, *, created_at: Any, resuming: bool = False) -> PipelineResult:
+    """The chat run (see the module docstring). `resuming`: a process handed the run over at a step
+    of its agent loop (`agent.runtime.drain`); it continues from the state saved there."""
+    if resuming:
+        return await _resume(ctx)
     rec = ctx.recorder
     history = await db(previous_turns, session_id=ctx.session_id, run_id=ctx.run_id, before=created_at)
     # Stored turns were redacted when they were asked; runs stored before redaction (or with it off)
@@ -129,9 +134,33 @@ async def run_pipeline(ctx: RunContext, *, created_at: Any) -> PipelineResult:
             fixed_reply=True,
         )
 
-    answer = await agent.run(messages, tools=True, max_steps=int(settings.AGENT_MAX_STEPS))
+    return await _answer(ctx, intent, agent, messages, max_steps=int(settings.AGENT_MAX_STEPS))
+
+
+async def _answer(
+    ctx: RunContext, intent: str, agent: Agent, messages: list[dict[str, Any]], *, max_steps: int
+) -> PipelineResult:
+    """The agent loop (a run can be handed over from it: its state is saved for the next owner), then
+    the guards and the release."""
+    try:
+        answer = await agent.run(messages, tools=True, max_steps=max_steps, handover=True)
+    except RunHandedOver as handed:
+        await save_state(ctx, handed, extra={"intent": intent})
+        raise
     ctx.token.raise_if_cancelled()
     return await verify_and_release(ctx, intent=intent, agent=agent, messages=messages, answer=answer)
+
+
+async def _resume(ctx: RunContext) -> PipelineResult:
+    """A handed-over chat run, continued where its agent loop stopped: the saved state read back
+    (`saved_state`: fail-closed), the loop given the steps it had left."""
+    state, _decisions = await saved_state(ctx)
+    intent = str((state.get("extra") or {}).get("intent") or "")
+    if intent not in prompts.EVIDENCE_INTENTS or state.get("pending") or state.get("calls"):
+        raise ResumeStateUnavailable("the saved state is not a handed-over chat run's")
+    left = max(1, int(state.get("maxSteps") or 1) - int(state.get("stepsUsed") or 0))
+    messages = list(state.get("messages") or [])
+    return await _answer(ctx, intent, Agent(ctx), messages, max_steps=left)
 
 
 async def verify_and_release(

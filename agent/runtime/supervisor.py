@@ -24,7 +24,7 @@ from agent.runtime import duties as registered_duties
 from agent.runtime.cancel import CancelToken
 from agent.runtime.db import db
 from agent.runtime.events import SafeSink
-from agent.runtime.executor import RunNotClaimable, execute_run
+from agent.runtime.executor import RunNotClaimable, RunOutcome, execute_run, lease_owner
 from agent.runtime.live import ChannelLayerSink
 from agent.runtime.llm import aclose_clients
 from diagnosis import services
@@ -34,6 +34,8 @@ logger = logging.getLogger(__name__)
 
 ACTIVE_STATUSES = (RunStatus.PENDING, RunStatus.RUNNING)
 CONTROL_MESSAGE_TYPE = "run.cancel"
+QUEUE_DUTY = "runs:queue-worker"
+ADOPT_DUTY = "runs:adopt"
 
 
 # -------------------------------------------------------------------------------------------------
@@ -82,6 +84,11 @@ def running_count() -> int:
     return sum(1 for owned in _runs.values() if not owned.task.done())
 
 
+def owned_runs() -> dict[asyncio.Task, CancelToken]:
+    """The run tasks this process executes now, with their tokens (the drain asks them to hand over)."""
+    return {owned.task: owned.token for owned in _runs.values() if not owned.task.done()}
+
+
 async def _execute(
     run_id: str,
     token: CancelToken,
@@ -89,11 +96,11 @@ async def _execute(
     claimed: DiagnosisRun | None = None,
     on_finishing: Callable[[], None] | None = None,
     gate: asyncio.Event | None = None,
-) -> None:
+) -> RunOutcome | None:
     sink = SafeSink(ChannelLayerSink(run_id), run_id=run_id)
     joined = await _control_join(run_id)
     try:
-        await execute_run(
+        return await execute_run(
             run_id=run_id, sink=sink, cancel=token, claimed=claimed, on_finishing=on_finishing, gate=gate
         )
     except asyncio.CancelledError:
@@ -170,6 +177,10 @@ def ensure_background(*, serve_queue: bool = True) -> None:
     `serve_queue` is false, or `AIOPS_WORKER_CONCURRENCY` is 0) queue worker once (again after a loop
     change)."""
     global _background
+    from agent.runtime import drain
+
+    if drain.draining():  # a draining process starts nothing again (its claims stopped on purpose)
+        return
     loop = asyncio.get_running_loop()
     if (
         _background is not None
@@ -208,7 +219,10 @@ def ensure_background(*, serve_queue: bool = True) -> None:
             tasks.append(loop.create_task(_periodically(every, what, job), name=name))
     workers = int(settings.AIOPS_WORKER_CONCURRENCY)
     if workers > 0 and serve_queue:
-        tasks.append(loop.create_task(_work_queue(workers), name="runs:queue-worker"))
+        tasks.append(loop.create_task(_work_queue(workers), name=QUEUE_DUTY))
+    adopt_every = float(settings.RUN_ADOPT_INTERVAL_SECONDS)
+    if adopt_every > 0 and serve_queue:
+        tasks.append(loop.create_task(_periodically(adopt_every, "adoption", _adopt), name=ADOPT_DUTY))
     _background = _Background(loop=loop, channel=None, tasks=tasks, ready=ready)
 
 
@@ -317,6 +331,33 @@ async def _export() -> None:
     await background(run_export_pass)
 
 
+async def _adopt() -> None:
+    """Claim and execute every run another process handed over (`agent.runtime.drain`), each under a
+    new lease epoch; none while this process drains itself."""
+    from agent.runtime import drain
+
+    while not drain.draining():
+        run = await db(services.claim_handed_over, owner=lease_owner())
+        if run is None:
+            return
+        logger.info("handed-over run claimed run=%s flow=%s", run.run_id, run.agent_flow)
+        launch(run.run_id, claimed=run)
+
+
+async def stop_claiming() -> None:
+    """This process takes no more runs (the drain): its queue worker and adoption stop; the runs they
+    launched go on."""
+    background = _background
+    if background is None or background.loop is not asyncio.get_running_loop():
+        return
+    stopping = [t for t in background.tasks if t.get_name() in (QUEUE_DUTY, ADOPT_DUTY)]
+    for task in stopping:
+        task.cancel()
+    for task in stopping:
+        with contextlib.suppress(BaseException):
+            await task
+
+
 async def _work_queue(concurrency: int) -> None:
     from agent.runtime.worker import work
 
@@ -359,6 +400,10 @@ class BackgroundDuties:
         self.app = app
 
     async def __call__(self, scope, receive, send):
+        from agent.runtime import drain
+
+        if drain.draining() and scope["type"] in ("http", "websocket") and scope.get("path") != HEALTH_PATH:
+            return await _refuse_draining(scope, receive, send)
         if scope["type"] == "lifespan":
             while True:
                 message = await receive()
@@ -372,6 +417,42 @@ class BackgroundDuties:
         if not (scope["type"] == "http" and scope.get("path") == HEALTH_PATH):
             ensure_background()
         return await self.app(scope, receive, send)
+
+
+DRAINING_CODE = "service_draining"
+DRAINING_MESSAGE = "This server process is restarting; send the request again (another process answers it)."
+
+
+async def _refuse_draining(scope, receive, send) -> None:
+    """A new request to a draining process (`agent.runtime.drain`), refused before anything is done:
+    HTTP 503 `service_draining` in the contract's error shape, `Retry-After: 1`, `Connection: close` (the
+    proxy sends it to another process: docs/deployment.md, *Draining restarts*); a WebSocket is
+    accepted and closed at once with 1012 (service restart), which chat clients answer by reconnecting."""
+    if scope["type"] == "websocket":
+        message = await receive()
+        if message.get("type") == "websocket.connect":
+            await send({"type": "websocket.accept"})
+            await send({"type": "websocket.close", "code": 1012})
+        return
+    import json
+
+    from core.api import error_body
+
+    body = json.dumps(error_body(DRAINING_CODE, DRAINING_MESSAGE)).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 503,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"retry-after", b"1"),
+                (b"connection", b"close"),
+                (b"cache-control", b"no-store"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 async def stop_background() -> None:

@@ -234,6 +234,36 @@ class Approvals:
                 run_fields={"status": RunStatus.INTERRUPTED, "lease_owner": "", "lease_expires_at": None},
             )
 
+    def hand_over(
+        self, *, checkpoint_sha256: str, reason: str, claim_by: dt.datetime, details: dict[str, Any]
+    ) -> int | None:
+        """RUN_INTERRUPTED as a handover: the serving process stops (`agent.runtime.drain`) and the run,
+        stopped at a step boundary with its state saved (`checkpoint_sha256`, as an interruption's), is
+        PENDING again with its lease released in the same transaction, for another process to claim by
+        `claim_by` (after it the sweeper fails it, as any lapsed lease). No call waits; `details` says
+        where it stopped (agent, steps used, a model step abandoned and asked again, if any)."""
+        with self.chain.lock:
+            return self.chain.write(
+                "run_handed_over",
+                [
+                    ChainEvent(
+                        Phase.RUN,
+                        EventType.RUN_INTERRUPTED,
+                        RunStatus.PENDING,
+                        clip(f"run handed over: {reason}", SUMMARY_CHARS),
+                        {
+                            "handover": True,
+                            "pending": [],
+                            "keptPending": [],
+                            "checkpointSha256": checkpoint_sha256,
+                            "reason": clip(reason, 300),
+                            **details,
+                        },
+                    )
+                ],
+                run_fields={"status": RunStatus.PENDING, "lease_owner": "", "lease_expires_at": claim_by},
+            )
+
     def approval_decided(
         self,
         *,

@@ -78,6 +78,7 @@ class RunRecorder:
     tool_awaiting_approval = PartMethod("approvals")
     approved_tool_started = PartMethod("approvals")
     interrupt = PartMethod("approvals")
+    hand_over = PartMethod("approvals")
     approval_decided = PartMethod("approvals")
     run_resumed = PartMethod("approvals")
 

@@ -16,6 +16,7 @@ DUTIES = {
     "runs:control",
     "runs:sweeper",
     "runs:queue-worker",
+    "runs:adopt",
     "audit:checkpoint",
     "audit:purge",
     "evaluations:score",
