@@ -75,10 +75,15 @@ def _drain_on_sigterm(loop: asyncio.AbstractEventLoop, reactor) -> None:
     draining: list[asyncio.Task] = []
 
     def stop_listening() -> None:
-        # New connections go to the other processes (the proxy's `error` next-upstream case).
+        # New connections go to the other processes (the proxy's `error` next-upstream case), and the
+        # proxy's idle keep-alive connections close now, so it sends no new request here on one (a
+        # request that still arrives is refused 503 `service_draining`); connections serving a request
+        # (a stream following a run) and WebSockets stay open.
         for reader in reactor.getReaders():
             if isinstance(reader, tcp.Port):
                 reader.stopListening()
+            elif isinstance(reader, tcp.Server) and _idle_http(reader.protocol):
+                reader.loseConnection()
 
     def stop_reactor() -> None:
         with contextlib.suppress(Exception):  # stopping already (ReactorNotRunning)
@@ -104,6 +109,13 @@ def _drain_on_sigterm(loop: asyncio.AbstractEventLoop, reactor) -> None:
         draining.append(loop.create_task(drain_then_stop(), name="process:drain"))
 
     signal.signal(signal.SIGTERM, lambda _signum, _frame: loop.call_soon_threadsafe(begin))
+
+
+def _idle_http(protocol) -> bool:
+    """Whether `protocol` is an HTTP/1.1 connection with no request in progress (a keep-alive one)."""
+    from twisted.web.http import HTTPChannel
+
+    return isinstance(protocol, HTTPChannel) and not getattr(protocol, "requests", None)
 
 
 if __name__ == "__main__":

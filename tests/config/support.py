@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
+import redis
 from cryptography import x509
 from cryptography.fernet import Fernet
 from cryptography.hazmat.primitives import hashes, serialization
@@ -35,6 +37,7 @@ from cryptography.x509.oid import NameOID
 from django.conf import settings
 
 from audit.transparency.keys import generate_key_text
+from core import writeauth
 from tests.agent.aiops.servers import _die_with_parent, free_port
 from tests.surfaces.chat.support import database_url
 
@@ -317,9 +320,113 @@ def direct_client(port: int, source: str) -> httpx.Client:
     )
 
 
+# -------------------------------------------------------------------------------------------------
+# The deployment of a test
+# -------------------------------------------------------------------------------------------------
+REDIS_URL = "redis://127.0.0.1:6379/0"
+TIMEOUT = 20
+PASSWORD = "deploy-pw-Staff-1"
+
+
+def require_deployment_services() -> None:
+    missing = []
+    if nginx_binary() is None:
+        missing.append("nginx (scripts/setup.sh dev)")
+    try:
+        redis.Redis.from_url(REDIS_URL, socket_timeout=1).ping()
+    except redis.RedisError:
+        missing.append("Redis on 127.0.0.1:6379 (scripts/redis.sh)")
+    if missing:
+        if os.environ.get("DEPLOY_REQUIRE_NGINX"):
+            pytest.fail(f"missing: {', '.join(missing)}")
+        pytest.skip(f"missing: {', '.join(missing)}")
+
+
+class Deployment:
+    """The running deployment of one test: nginx, two daphne instances, their environment (`env`: the
+    test's own settings on top)."""
+
+    def __init__(self, tmp_path, provider, env: dict[str, str] | None = None) -> None:
+        self.tmp = tmp_path
+        self.cert, key = self_signed_certificate(tmp_path)
+        self.static = tmp_path / "static"
+        self.http_port, self.tls_port = free_port(), free_port()
+        self.ports = [free_port(), free_port()]
+        self.env = environment(
+            {
+                **provider.env(provider.base_url),
+                "ALLOWED_HOSTS": HOST,
+                "CSRF_TRUSTED_ORIGINS": f"https://{HOST}:{self.tls_port}",
+                "REDIS_URL": REDIS_URL,
+                "STATIC_ROOT": str(self.static),
+                "AUDIT_WITNESS_PATH": str(tmp_path / "witness.jsonl"),
+                "PROMETHEUS_URL": "",
+                "ALERTMANAGER_URL": "",
+                # Short enough for a test: leases, sweeps and queue polls in seconds.
+                "RUN_LEASE_SECONDS": "3",
+                "RUN_SWEEP_INTERVAL_SECONDS": "1",
+                "AIOPS_POLL_INTERVAL_SECONDS": "0.5",
+                "LOG_LEVEL": "INFO",
+                # The test database was migrated (its grants recorded and tagged) by this process: the
+                # deployment serving it holds the same write key, as a deployment holds the key its
+                # database was written with.
+                "AUDIT_WRITE_KEYS": ",".join(writeauth.configured_key_texts()),
+                **(env or {}),
+            }
+        )
+        self.manage("collectstatic", "--noinput")
+        self.nginx = Nginx(
+            tmp_path / "nginx",
+            site_config(
+                http_port=self.http_port,
+                tls_port=self.tls_port,
+                upstreams=self.ports,
+                cert=self.cert,
+                key=key,
+                static=self.static,
+            ),
+        )
+        self.daphnes = [UnitDaphne(port, self.env, tmp_path / f"daphne-{port}.log") for port in self.ports]
+
+    def manage(self, *args: str) -> str:
+        """`manage.py ARGS` in the deployment's environment; its output."""
+        done = subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=BASE_DIR,
+            env=process_env(
+                {**self.env, "DJANGO_SUPERUSER_PASSWORD": PASSWORD, "DJANGO_USER_PASSWORD": PASSWORD}
+            ),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, (done.stdout + done.stderr)[-2000:]
+        return done.stdout
+
+    @property
+    def url(self) -> str:
+        return f"https://{HOST}:{self.tls_port}"
+
+    def client(self, **kwargs) -> httpx.Client:
+        kwargs.setdefault("timeout", TIMEOUT)
+        return httpx.Client(base_url=self.url, verify=client_tls(self.cert), **kwargs)
+
+    def by_pid(self, pid: int) -> UnitDaphne:
+        return next(d for d in self.daphnes if d.proc is not None and d.pid == pid)
+
+    def stop(self) -> None:
+        for daphne in self.daphnes:
+            daphne.stop()
+        self.nginx.stop()
+
+
 __all__ = [
     "BASE_DIR",
     "HOST",
+    "PASSWORD",
+    "REDIS_URL",
+    "TIMEOUT",
+    "Deployment",
     "Nginx",
     "UnitDaphne",
     "client_tls",
@@ -328,6 +435,7 @@ __all__ = [
     "free_port",
     "nginx_binary",
     "process_env",
+    "require_deployment_services",
     "self_signed_certificate",
     "site_config",
 ]

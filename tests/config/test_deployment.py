@@ -23,168 +23,36 @@ says what is substituted). Through the proxy:
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
-from io import StringIO
 
 import httpx
 import pytest
-import redis
 import websockets
 from axes.models import AccessAttempt
-from django.core.management import call_command
 from websockets.sync.client import connect as ws_connect
 
 from access.lockout import METRICS
 from agent.aiops import intake
 from agent.runtime.sweeper import LEASE_EXPIRED
 from audit.verify.runs import verify_run
-from core import writeauth
 from diagnosis.models import DiagnosisRun, RunStatus
 from tests.config.support import (
-    BASE_DIR,
     HOST,
-    Nginx,
+    PASSWORD,
+    TIMEOUT,
     UnitDaphne,
     client_tls,
     direct_client,
-    environment,
     free_port,
-    nginx_binary,
-    process_env,
-    self_signed_certificate,
-    site_config,
 )
 from tests.factories import issue_token
-from tests.fakes.openai_server import FakeLLMServer
-from tests.surfaces.chat.support import ScriptedProvider, iter_sse, wait_for
+from tests.surfaces.chat.support import iter_sse, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.mariadb]
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
-TIMEOUT = 20
 # The proxy connects to daphne from 127.0.0.1 (TRUSTED_PROXIES' default); a client that reaches daphne
 # itself comes from another loopback address.
 DIRECT_SOURCE = "127.0.0.2"
-PASSWORD = "deploy-pw-Staff-1"
-
-
-def _requirements() -> None:
-    missing = []
-    if nginx_binary() is None:
-        missing.append("nginx (scripts/setup.sh dev)")
-    try:
-        redis.Redis.from_url(REDIS_URL, socket_timeout=1).ping()
-    except redis.RedisError:
-        missing.append("Redis on 127.0.0.1:6379 (scripts/redis.sh)")
-    if missing:
-        if os.environ.get("DEPLOY_REQUIRE_NGINX"):
-            pytest.fail(f"missing: {', '.join(missing)}")
-        pytest.skip(f"missing: {', '.join(missing)}")
-
-
-class Deployment:
-    """The running deployment of one test: nginx, two daphne instances, their environment."""
-
-    def __init__(self, tmp_path, provider: ScriptedProvider) -> None:
-        self.tmp = tmp_path
-        self.cert, key = self_signed_certificate(tmp_path)
-        self.static = tmp_path / "static"
-        self.http_port, self.tls_port = free_port(), free_port()
-        self.ports = [free_port(), free_port()]
-        self.env = environment(
-            {
-                **provider.env(provider.base_url),
-                "ALLOWED_HOSTS": HOST,
-                "CSRF_TRUSTED_ORIGINS": f"https://{HOST}:{self.tls_port}",
-                "REDIS_URL": REDIS_URL,
-                "STATIC_ROOT": str(self.static),
-                "AUDIT_WITNESS_PATH": str(tmp_path / "witness.jsonl"),
-                "PROMETHEUS_URL": "",
-                "ALERTMANAGER_URL": "",
-                # Short enough for a test: leases, sweeps and queue polls in seconds.
-                "RUN_LEASE_SECONDS": "3",
-                "RUN_SWEEP_INTERVAL_SECONDS": "1",
-                "AIOPS_POLL_INTERVAL_SECONDS": "0.5",
-                "LOG_LEVEL": "INFO",
-                # The test database was migrated (its grants recorded and tagged) by this process: the
-                # deployment serving it holds the same write key, as a deployment holds the key its
-                # database was written with.
-                "AUDIT_WRITE_KEYS": ",".join(writeauth.configured_key_texts()),
-            }
-        )
-        self.manage("collectstatic", "--noinput")
-        self.nginx = Nginx(
-            tmp_path / "nginx",
-            site_config(
-                http_port=self.http_port,
-                tls_port=self.tls_port,
-                upstreams=self.ports,
-                cert=self.cert,
-                key=key,
-                static=self.static,
-            ),
-        )
-        self.daphnes = [UnitDaphne(port, self.env, tmp_path / f"daphne-{port}.log") for port in self.ports]
-
-    def manage(self, *args: str) -> str:
-        """`manage.py ARGS` in the deployment's environment; its output."""
-        done = subprocess.run(
-            [sys.executable, "manage.py", *args],
-            cwd=BASE_DIR,
-            env=process_env(
-                {**self.env, "DJANGO_SUPERUSER_PASSWORD": PASSWORD, "DJANGO_USER_PASSWORD": PASSWORD}
-            ),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert done.returncode == 0, (done.stdout + done.stderr)[-2000:]
-        return done.stdout
-
-    @property
-    def url(self) -> str:
-        return f"https://{HOST}:{self.tls_port}"
-
-    def client(self, **kwargs) -> httpx.Client:
-        return httpx.Client(base_url=self.url, verify=client_tls(self.cert), timeout=TIMEOUT, **kwargs)
-
-    def by_pid(self, pid: int) -> UnitDaphne:
-        return next(d for d in self.daphnes if d.proc is not None and d.pid == pid)
-
-    def stop(self) -> None:
-        for daphne in self.daphnes:
-            daphne.stop()
-        self.nginx.stop()
-
-
-@pytest.fixture
-def provider():
-    with FakeLLMServer() as server:
-        scripted = ScriptedProvider()
-        server.handler = scripted
-        scripted.base_url = server.base_url
-        yield scripted
-
-
-@pytest.fixture
-def deployment(tmp_path, provider, knowledge):
-    _requirements()
-    deployed = Deployment(tmp_path, provider)
-    try:
-        for daphne in deployed.daphnes:
-            daphne.start()
-        deployed.nginx.start(deployed.tls_port)
-        yield deployed
-    finally:
-        deployed.stop()
-
-
-@pytest.fixture
-def knowledge(db):
-    call_command("load_knowledge", "runbooks", stdout=StringIO())
 
 
 def _owner_pid(run_id: str) -> int:

@@ -2,7 +2,8 @@
  * The chat page: asks over `POST /api/chat` (Server-Sent Events read with fetch), renders the frames of
  * the API contract v2 (run, progress, tool, draft, outcome, error), cancels with `POST …/cancel`, and when
  * the stream drops before the outcome re-attaches with `GET …/events?after=<last id>` (backing off
- * 0.5 s … 8 s).
+ * 0.5 s … 8 s). A request a restarting server process refused before doing anything (503
+ * `service_draining`) is sent again after its `Retry-After`.
  *
  * Progress: each `progress` frame (stage STARTED / FINISHED) and each `tool` frame (the TOOL stage:
  * RUNNING, then a terminal status) is one line under the pending answer, with the time since the question
@@ -506,6 +507,12 @@
           var response = await request();
           if (!response.ok) {
             var err = await errorOf(response);
+            if (err.code === "service_draining" && turn.reconnects < MAX_RECONNECTS) {
+              // A restarting server process refused it before doing anything: send it again.
+              turn.reconnects += 1;
+              await sleep(1000 * (Number(response.headers.get("Retry-After")) || 1));
+              continue;
+            }
             showError(turn, err.code, err.message);
             if (!turn.runId || response.status < 500) { setStatus(turn, turn.runId ? "UNKNOWN" : "REFUSED"); return; }
           } else {
