@@ -179,9 +179,15 @@ EVENTS: tuple[EventSpec, ...] = (
         "RUN_INTERRUPTED",
         "Waiting for approval",
         RECORDER,
-        "The attempt ended waiting for decisions on its pending calls; the run is not over.",
+        "The attempt ended waiting for decisions on its pending calls, or (`handover: true`) a draining "
+        "process handed the run over at a step boundary; the run is not over.",
     ),
-    EventSpec("RUN_RESUMED", "Resumed", RECORDER, "A worker claimed the interrupted run and continues it."),
+    EventSpec(
+        "RUN_RESUMED",
+        "Resumed",
+        RECORDER,
+        "A worker claimed the interrupted or handed-over run (a new lease epoch) and continues it.",
+    ),
     EventSpec(
         "REASONING_PURGED",
         "Reasoning purged",

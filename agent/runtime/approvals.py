@@ -581,8 +581,8 @@ def cancel_waiting(*, run: DiagnosisRun, reason: str = "cancel requested") -> bo
         return False
     try:
         recorder = RunRecorder.resume(run.run_id, lease_epoch=epoch)
-    except ChainNotAuthentic:
-        end_unauthentic_run(run.run_id, lease_epoch=epoch)
+    except ChainNotAuthentic as refused:
+        end_unauthentic_run(run.run_id, lease_epoch=epoch, code=refused.code)
         forget_checkpoint(CanonicalStore(run.run_id))
         return True
     recorder.close_tools(

@@ -351,9 +351,10 @@ async def _recorder_of(run: DiagnosisRun, *, resuming: bool) -> RunRecorder:
             if resuming
             else RunRecorder.for_run(run)
         )
-    except ChainNotAuthentic:
-        # Its chain was not written by this service: nothing is chained after it, nothing executes.
-        await db(end_unauthentic_run, run.run_id, lease_epoch=run.lease_epoch)
+    except ChainNotAuthentic as refused:
+        # Its chain was not written by this service, or already ends the run (its row was reopened):
+        # nothing is chained after it, nothing executes.
+        await db(end_unauthentic_run, run.run_id, lease_epoch=run.lease_epoch, code=refused.code)
         raise RunNotClaimable(run.run_id) from None
 
 

@@ -166,6 +166,11 @@ class _Background:
     channel: str | None
     tasks: list[asyncio.Task]
     ready: asyncio.Event
+    # Set by `stop_claiming`: the queue worker and the adoption claim nothing more. An adoption pass holds
+    # `claiming`, so the drain waits for a claim in flight to be launched (a claim cancelled mid-way would
+    # leave its run held by nobody until its lease lapsed).
+    claims_stopped: asyncio.Event
+    claiming: asyncio.Lock
 
 
 _background: _Background | None = None
@@ -189,7 +194,7 @@ def ensure_background(*, serve_queue: bool = True) -> None:
         and all(not t.done() for t in _background.tasks)
     ):
         return
-    ready = asyncio.Event()
+    ready, claims_stopped = asyncio.Event(), asyncio.Event()
     tasks = [loop.create_task(_control_listener(ready), name="runs:control")]
     exporting = bool(settings.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)
     duties = (
@@ -219,11 +224,18 @@ def ensure_background(*, serve_queue: bool = True) -> None:
             tasks.append(loop.create_task(_periodically(every, what, job), name=name))
     workers = int(settings.AIOPS_WORKER_CONCURRENCY)
     if workers > 0 and serve_queue:
-        tasks.append(loop.create_task(_work_queue(workers), name=QUEUE_DUTY))
+        tasks.append(loop.create_task(_work_queue(workers, claims_stopped), name=QUEUE_DUTY))
     adopt_every = float(settings.RUN_ADOPT_INTERVAL_SECONDS)
     if adopt_every > 0 and serve_queue:
         tasks.append(loop.create_task(_periodically(adopt_every, "adoption", _adopt), name=ADOPT_DUTY))
-    _background = _Background(loop=loop, channel=None, tasks=tasks, ready=ready)
+    _background = _Background(
+        loop=loop,
+        channel=None,
+        tasks=tasks,
+        ready=ready,
+        claims_stopped=claims_stopped,
+        claiming=asyncio.Lock(),
+    )
 
 
 async def _control_listener(ready: asyncio.Event) -> None:
@@ -331,40 +343,54 @@ async def _export() -> None:
     await background(run_export_pass)
 
 
-async def _adopt() -> None:
-    """Claim and execute every run another process handed over (`agent.runtime.drain`), each under a
-    new lease epoch; none while this process drains itself."""
+async def adopt_handed_over(*, stopped: asyncio.Event | None = None) -> int:
+    """Claim and launch every run another process handed over (`agent.runtime.drain`), each under a new
+    lease epoch, until none is left (or `stopped` is set, or this process drains); how many."""
     from agent.runtime import drain
 
-    while not drain.draining():
+    adopted = 0
+    while not drain.draining() and not (stopped is not None and stopped.is_set()):
         run = await db(services.claim_handed_over, owner=lease_owner())
         if run is None:
-            return
+            break
         logger.info("handed-over run claimed run=%s flow=%s", run.run_id, run.agent_flow)
         launch(run.run_id, claimed=run)
+        adopted += 1
+    return adopted
+
+
+async def _adopt() -> None:
+    background = _background
+    if background is None:
+        return
+    async with background.claiming:
+        await adopt_handed_over(stopped=background.claims_stopped)
 
 
 async def stop_claiming() -> None:
-    """This process takes no more runs (the drain): its queue worker and adoption stop; the runs they
-    launched go on."""
+    """This process takes no more runs (the drain): its queue worker and adoption finish the claim in
+    flight (launching it) and stop; the runs they launched go on."""
     background = _background
     if background is None or background.loop is not asyncio.get_running_loop():
         return
-    stopping = [t for t in background.tasks if t.get_name() in (QUEUE_DUTY, ADOPT_DUTY)]
-    for task in stopping:
-        task.cancel()
-    for task in stopping:
-        with contextlib.suppress(BaseException):
-            await task
+    background.claims_stopped.set()
+    async with background.claiming:  # an adoption pass in progress has launched what it claimed
+        pass
+    for task in background.tasks:
+        if task.get_name() == ADOPT_DUTY:
+            task.cancel()  # between passes: it holds no claim
+        elif task.get_name() == QUEUE_DUTY:
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(asyncio.shield(task), 30)  # it stops after its claim in flight
 
 
-async def _work_queue(concurrency: int) -> None:
+async def _work_queue(concurrency: int, stop: asyncio.Event) -> None:
     from agent.runtime.worker import work
 
     interval = float(settings.AIOPS_POLL_INTERVAL_SECONDS)
-    while True:
+    while not stop.is_set():
         try:
-            await work(launch=launch, concurrency=concurrency, poll_interval=interval)
+            await work(launch=launch, concurrency=concurrency, poll_interval=interval, stop=stop)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

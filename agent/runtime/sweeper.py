@@ -79,8 +79,8 @@ def fail_run(run_id: str, *, error_code: str, error_message: str, lease_epoch: i
         return False
     try:
         recorder = RunRecorder.resume(run_id, lease_epoch=lease_epoch)
-    except ChainNotAuthentic:
-        return end_unauthentic_run(run_id, lease_epoch=lease_epoch)
+    except ChainNotAuthentic as refused:  # not the service's chain, or it ended the run already
+        return end_unauthentic_run(run_id, lease_epoch=lease_epoch, code=refused.code)
     recorder.note_fenced_writes()
     recorder.close_tools(status=ToolStatus.FAILED, error_code=error_code, error_message=error_message)
     recorder.finish(status=RunStatus.FAILED, error_code=error_code, error_message=error_message)

@@ -79,11 +79,11 @@ class _Slots:
         self.launched += 1
 
 
-async def fill(slots: _Slots) -> int:
+async def fill(slots: _Slots, stop: asyncio.Event | None = None) -> int:
     """Claim queued runs while `slots` has room (a free slot, or a finishing run without a successor)
-    and launch each at once; returns how many were launched."""
+    and `stop` is not set, and launch each at once; returns how many were launched."""
     before = slots.launched
-    while slots.wants_claim():
+    while slots.wants_claim() and not (stop is not None and stop.is_set()):
         run = await db(services.claim_next_queued, owner=lease_owner())
         if run is None:
             break
@@ -107,7 +107,7 @@ async def work(
     while not stop.is_set():
         slots.wake.clear()
         try:
-            await fill(slots)
+            await fill(slots, stop)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a database hiccup must not end the worker

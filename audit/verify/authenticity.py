@@ -25,7 +25,18 @@ from core import writeauth
 
 class ChainNotAuthentic(Exception):
     """A stored head the service did not write (no valid tag, nothing in the signed log vouches for it):
-    nothing may be chained after it."""
+    nothing may be chained after it. `code`: the error the run is ended with on its row alone
+    (`audit.write.refusal.end_unauthentic_run`)."""
+
+    code = "CHAIN_NOT_AUTHENTIC"
+
+
+class ChainFinished(ChainNotAuthentic):
+    """The stored chain already ends the run (RUN_FINISHED) while its row says it is open: a database
+    writer changed the row to reopen it (or, rarer, the row's terminal write failed after RUN_FINISHED
+    committed on its own). Nothing may be chained after the end, nothing executed."""
+
+    code = "RUN_REOPENED"
 
 
 class Link(Protocol):

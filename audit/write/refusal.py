@@ -21,7 +21,12 @@ logger = logging.getLogger("audit.write")
 
 CHAIN_NOT_AUTHENTIC = "CHAIN_NOT_AUTHENTIC"
 RUN_NOT_AUTHENTIC = "RUN_NOT_AUTHENTIC"
+RUN_REOPENED = "RUN_REOPENED"
 MESSAGES = {
+    RUN_REOPENED: (
+        "The run's record already ends it but its row says it is open (the row's own terminal write failed, "
+        "or a database writer reopened it): nothing more was recorded or executed. See verify_audit."
+    ),
     CHAIN_NOT_AUTHENTIC: (
         "The run's recorded chain was not written by this service (its newest link carries no valid write "
         "tag): nothing more was recorded or executed. See verify_audit."
@@ -37,7 +42,8 @@ def end_unauthentic_run(
     run_id: str, *, lease_epoch: int | None = None, code: str = CHAIN_NOT_AUTHENTIC
 ) -> bool:
     """End the open run `run_id` FAILED without writing to its chain (see the module docstring): its chain
-    does not authenticate (`CHAIN_NOT_AUTHENTIC`), or its row carries no valid creation tag
+    does not authenticate (`CHAIN_NOT_AUTHENTIC`), already ends the run though its row was reopened
+    (`RUN_REOPENED`: `ChainFinished`), or its row carries no valid creation tag
     (`RUN_NOT_AUTHENTIC`, `diagnosis.services.created_by_the_service`: a run a database writer inserted
     is never executed). With `lease_epoch`, only while the run still holds that epoch. Returns whether
     the row was updated."""

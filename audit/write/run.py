@@ -22,6 +22,7 @@ from audit.models import EventType, Phase, TraceEvent, UsageSource
 from audit.payloads import bound_json, clip
 from audit.read.list_facts import fact_statements
 from audit.verify import row_digests
+from audit.verify.authenticity import ChainFinished
 from audit.verify.reconcile import CallUsage, Reconciliation
 from audit.write.approvals import Approvals
 from audit.write.chain_writer import HOLDABLE, TOGETHER, RunChain, logger
@@ -184,6 +185,8 @@ class RunRecorder:
         rec.draft_chars = 0 if run.release_mode == ReleaseMode.VERIFIED else None
         chain = rec.chain
         chain.reload_head()
+        if TraceEvent.objects.filter(run_id=run_id, event_type=EventType.RUN_FINISHED).exists():
+            raise ChainFinished(run_id)  # its row was reopened: nothing is chained after the end
         rec.decisions.last_token_at = rec.tools.restore()
         stored = chain.stored_counts()
         chain.expected_events = max(run.expected_events, stored["events"])

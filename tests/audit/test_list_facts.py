@@ -122,7 +122,7 @@ def test_an_injected_audit_write_failure_after_the_end(user):
     assert _assert_agree(run)["audit_complete"] is True
     # A late write that fails (here, injected by the recorder's own accounting of a lost decision)
     # turns the stored flag false at once.
-    rec = RunRecorder.resume(run.run_id)
+    rec = RunRecorder.for_run(run)  # (a finished chain is never resumed: `ChainFinished`)
     rec.chain.failed("late_write", RuntimeError("injected"))
     run.refresh_from_db()
     assert run.audit_write_failures == 1

@@ -8,16 +8,20 @@ A draining process refuses new requests and says so on `/healthz`."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 
 import pytest
+from django.utils import timezone
 
 from agent.runtime import drain, supervisor
 from agent.runtime.db import db
 from agent.runtime.executor import prepare_run
 from agent.runtime.llm import aclose_clients
+from agent.runtime.sweeper import sweep_expired_runs
 from audit.models import AgentStep, EventType, ToolInvocation, TraceEvent
 from audit.verify.runs import verify_run
+from audit.write.refusal import RUN_REOPENED
 from diagnosis import services
 from diagnosis.models import DiagnosisRun, RunStatus
 from tests.agent.runtime.support import AGENT, GUARD, ROUTE, ROUTER, VERDICT, evidence_ids
@@ -68,7 +72,7 @@ async def _drain_while(run_id: str, *, when, grace: float, window: float) -> dra
 async def _adopt_and_finish(run_id: str) -> None:
     """Another serving process's adoption duty: claim the handed-over run and execute it to its end."""
     drain.reset()
-    await supervisor._adopt()
+    assert await supervisor.adopt_handed_over() == 1
     for _ in range(400):
         if not supervisor.owned_runs():
             break
@@ -225,3 +229,44 @@ def test_a_draining_process_refuses_new_requests_and_health_says_draining(client
         assert health.status_code == 503 and health.json() == {"status": "draining"}
     finally:
         drain.reset()
+
+
+def test_a_finished_run_a_database_writer_reopens_is_never_resumed_nor_finished_again(llm, user, corpus):
+    # Attack: flip a released run's row back to "handed over" (or to a lapsed RUNNING lease) so that the
+    # adoption duty (or the sweeper) takes it; before, the service itself would have appended to the
+    # finished chain and overwritten the released answer with a failure.
+
+    runs = []
+    for _ in range(2):
+        _script(llm)
+        runs.append(prepare_run(user=user, query=QUERY))
+    for run in runs:
+        asyncio.run(_execute_here(run.run_id))
+    asked = sum(len(r) for r in llm.requests.values())
+    events = {r.run_id: TraceEvent.objects.filter(run_id=r.run_id).count() for r in runs}
+    soon, past = timezone.now() + dt.timedelta(seconds=30), timezone.now() - dt.timedelta(seconds=1)
+    DiagnosisRun.objects.filter(run_id=runs[0].run_id).update(
+        status=RunStatus.PENDING, lease_owner="", lease_expires_at=soon
+    )
+    DiagnosisRun.objects.filter(run_id=runs[1].run_id).update(
+        status=RunStatus.RUNNING, lease_owner="gone:1:x", lease_expires_at=past
+    )
+    asyncio.run(_adopt_and_finish(runs[0].run_id))
+    assert sweep_expired_runs() == [runs[1].run_id]  # ended on its row alone, nothing chained
+    for run in runs:
+        run.refresh_from_db()
+        assert run.status == RunStatus.FAILED and run.error_code == RUN_REOPENED
+        assert TraceEvent.objects.filter(run_id=run.run_id).count() == events[run.run_id]
+        assert not verify_run(run.run_id).ok  # the row no longer matches what its chain ended with
+    assert sum(len(r) for r in llm.requests.values()) == asked
+
+
+async def _execute_here(run_id: str) -> None:
+    """A serving process executing a new run to its end."""
+    supervisor.launch(run_id)
+    for _ in range(400):
+        if not supervisor.owned_runs():
+            break
+        await asyncio.sleep(0.025)
+    await supervisor.stop_background()
+    await aclose_clients()
