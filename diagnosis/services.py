@@ -197,13 +197,20 @@ def claim_next_queued(*, owner: str, flows: tuple[str, ...] = QUEUED_FLOWS) -> D
     SKIP LOCKED`, so concurrent workers take different runs without waiting for each other; on SQLite
     (no row locks) writers are serialised by the database and the claim's conditional update decides.
     Either way two workers never hold the same run: the claim is `claim_run`'s conditional update."""
+    return _claim_oldest(lambda: queued_runs(flows=flows), owner=owner)
+
+
+def _claim_oldest(candidates, *, owner: str) -> DiagnosisRun | None:
+    """Claim the first run of `candidates()` (a queryset, oldest first) for `owner`: its row locked with
+    SKIP LOCKED where the database has it, the claim `claim_run`'s conditional update; a claim lost to
+    another claimant is tried again on the next candidate (five times at most)."""
     skip_locked = connection.features.has_select_for_update_skip_locked
     for _attempt in range(5):
         with transaction.atomic():
-            candidates = queued_runs(flows=flows).values_list("run_id", flat=True)
+            run_ids = candidates().values_list("run_id", flat=True)
             if skip_locked:
-                candidates = candidates.select_for_update(skip_locked=True)
-            run_id = candidates.first()
+                run_ids = run_ids.select_for_update(skip_locked=True)
+            run_id = run_ids.first()
             if run_id is None:
                 return None
             run = claim_run(run_id=run_id, owner=owner)
@@ -236,14 +243,7 @@ def handed_over_runs():
 def claim_handed_over(*, owner: str) -> DiagnosisRun | None:
     """Claim the oldest handed-over run for `owner` with the next lease epoch (`claim_run`'s conditional
     update: two processes never both hold it), or None when there is none."""
-    for _attempt in range(5):
-        run_id = handed_over_runs().values_list("run_id", flat=True).first()
-        if run_id is None:
-            return None
-        run = claim_run(run_id=run_id, owner=owner)
-        if run is not None:
-            return run
-    return None
+    return _claim_oldest(handed_over_runs, owner=owner)
 
 
 def renew_lease(*, run_id: str, owner: str, epoch: int) -> str:

@@ -73,6 +73,11 @@ async def _adopt_and_finish(run_id: str) -> None:
     """Another serving process's adoption duty: claim the handed-over run and execute it to its end."""
     drain.reset()
     assert await supervisor.adopt_handed_over() == 1
+    await _until_idle()
+
+
+async def _until_idle() -> None:
+    """Wait until this process executes no run, then stop as a serving process does."""
     for _ in range(400):
         if not supervisor.owned_runs():
             break
@@ -264,9 +269,4 @@ def test_a_finished_run_a_database_writer_reopens_is_never_resumed_nor_finished_
 async def _execute_here(run_id: str) -> None:
     """A serving process executing a new run to its end."""
     supervisor.launch(run_id)
-    for _ in range(400):
-        if not supervisor.owned_runs():
-            break
-        await asyncio.sleep(0.025)
-    await supervisor.stop_background()
-    await aclose_clients()
+    await _until_idle()
