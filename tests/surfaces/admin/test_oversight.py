@@ -95,7 +95,7 @@ def test_an_incomplete_audit_is_a_reason(user):
 
 def test_a_late_failed_write_after_the_end_queues_the_run(user):
     run = make_recorded_run(user)
-    rec = RunRecorder.resume(run.run_id)
+    rec = RunRecorder.for_run(run)  # (a finished chain is never resumed: `ChainFinished`)
     rec.finished = True
     rec.chain.failed("late_write", RuntimeError("lost"))  # the recorder's own accounting of a lost write
     assert _reasons(run) == {"audit_incomplete"}
