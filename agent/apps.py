@@ -11,7 +11,7 @@ class AgentConfig(AppConfig):
 
     def ready(self) -> None:
         from agent import checks  # noqa: F401  (registers the runtime's system checks)
-        from agent.runtime import approvals  # noqa: F401  (erases saved resume states on reasoning purges)
+        from agent.runtime import resume_state  # noqa: F401  (erases saved resume states on reasoning purges)
         from agent.runtime.live import live_followers
         from agent.runtime.supervisor import running_count
         from telemetry.metrics import register_process_gauge

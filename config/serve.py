@@ -1,14 +1,12 @@
 """`python -m config.serve SERVER LOOP ARGS…`: serve `config.asgi:application` with daphne (or uvicorn, a
 development dependency) on the asyncio or the uvloop event loop.
 
-`daphne asyncio ARGS` is `daphne ARGS`; `daphne uvloop ARGS` installs uvloop's policy before daphne
-builds its reactor's loop; `uvicorn LOOP ARGS` is `uvicorn --loop LOOP ARGS`. Under daphne, which sends
-no ASGI lifespan, it schedules the background duties on the reactor's loop before any connection and
-awaits `supervisor.shutdown` before the reactor stops: why the shipped units use it. SIGTERM drains
-first (`agent.runtime.drain`: health says draining, new requests are refused and the listening sockets
-closed, runs finish or are handed over to another process), then stops the reactor; a second SIGTERM, or
-SIGINT, stops at once. Details: docs/deployment.md, *Background duties* and *Draining restarts*;
-docs/performance.md (daphne, uvicorn, uvloop in B3).
+`daphne asyncio ARGS` is `daphne ARGS`; `daphne uvloop ARGS` installs uvloop's policy first; `uvicorn LOOP
+ARGS` is `uvicorn --loop LOOP ARGS`. Under daphne, which sends no ASGI lifespan, it starts the background
+duties on the reactor's loop before any connection and awaits `supervisor.shutdown` before the reactor
+stops: why the shipped units use it. SIGTERM first drains (`agent.runtime.drain`; listeners and idle
+connections closed), a second SIGTERM stops at once. Details: docs/deployment.md, *Background duties* and
+*Draining restarts*; docs/performance.md (daphne, uvicorn, uvloop in B3).
 """
 
 from __future__ import annotations

@@ -17,11 +17,11 @@ from typing import Any
 
 from django.utils import timezone
 
-from agent.runtime.approvals import RunHandedOver, RunInterrupted
 from agent.runtime.cancel import RunCancelled, StreamCut
 from agent.runtime.context import RunContext
 from agent.runtime.events import Stage
 from agent.runtime.llm import LLMError, ModelResult, StreamProgress
+from agent.runtime.resume_state import RunHandedOver, RunInterrupted
 from agent.runtime.tools.boundary import ERROR_OBSERVED, ToolBoundary
 from audit.models import CHAT_AGENT_NAME, ToolStatus
 from audit.write import Usage

@@ -18,12 +18,12 @@ from django.conf import settings
 
 from agent.runtime import prompts
 from agent.runtime.agent import Agent
-from agent.runtime.approvals import ResumeStateUnavailable, RunInterrupted, save_state, saved_state
 from agent.runtime.context import RunContext
 from agent.runtime.db import db
 from agent.runtime.llm import ModelResult
 from agent.runtime.pipeline import PipelineResult, verify_and_release
 from agent.runtime.plan import Plan, default_plan, parse_plan, strip_plan_blocks
+from agent.runtime.resume_state import ResumeStateUnavailable, RunInterrupted, save_state, saved_state
 from agent.runtime.selfeval import self_evaluation
 from audit.write import DeclaredToolCall
 from diagnosis.models import AgentFlow

@@ -2,15 +2,10 @@
 
 A `CancelToken` is set by whoever wants the run to stop: the transport (a `cancel` frame in this process),
 or the executor's heartbeat when it reads the run's `cancel_requested` column (a cancel sent to another
-process) or finds its lease taken. Stages call `raise_if_cancelled()` at safe points (before each model
-call, before and after tools, between stages) and wrap long waits (model streams, tool executions) in
-`race()`, so that a cancel interrupts them at once instead of at the next safe point.
-
-A handover is not a cancel: a draining process (`agent.runtime.drain`) asks the run to stop at its next
-step boundary (`request_handover`; the agent loop checks `handover_requested` before each model step and
-raises `RunHandedOver` with its state there) and, once the handover window is over, cuts a model stream
-still in progress (`cut_streams`: `race(..., cuttable=True)` raises `StreamCut`, the step is recorded
-abandoned and retried by the run's next owner). Tools are never cut: their step ends first.
+process) or finds its lease taken. Stages call `raise_if_cancelled()` at safe points and wrap long waits
+(model streams, tool executions) in `race()`, so that a cancel interrupts them at once. A handover is not a
+cancel: `request_handover` asks the agent loop to stop at its next step boundary, `cut_streams` cuts a
+model stream raced with `cuttable=True` (`StreamCut`). Details: docs/runtime.md, *Cancellation*, *Handover*.
 """
 
 from __future__ import annotations

@@ -1,27 +1,12 @@
-"""Draining a serving process: a deploy or a restart that no chat notices (issue 48).
+"""Draining a serving process on SIGTERM (`python -m config.serve` calls `drain()`): a deploy no chat notices.
 
-`python -m config.serve` calls `drain()` on SIGTERM, before anything stops:
-
-1. the process is *draining* (`draining()`): `/healthz` answers 503 `draining`, every new HTTP request
-   503 `service_draining` with `Retry-After` and `Connection: close` (nginx sends it to the other
-   process: `proxy_next_upstream … http_503 non_idempotent`; nothing was done), a new WebSocket is
-   closed 1012 (service restart), and the listening sockets close, so new connections go elsewhere;
-   connections already open (streams following runs) stay;
-2. it claims nothing more (the queue worker and the adoption of handed-over runs stop) and lets its
-   runs finish for `RUN_DRAIN_GRACE_SECONDS`;
-3. then every run still executing is asked to hand over (`CancelToken.request_handover`): it stops
-   before its agent's next model step, or once the tools of its current step have ended, saves its
-   state as an interruption does (encrypted, its digest chained) and is PENDING again with RUN_INTERRUPTED
-   `handover: true` (`RunRecorder.hand_over`); another process claims it within
-   `RUN_ADOPT_INTERVAL_SECONDS` under a new lease epoch and continues it: no model call repeated, no
-   tool executed twice, its followers' streams carry on from the new owner's frames;
-4. after `RUN_HANDOVER_WINDOW_SECONDS`, a model stream still in progress is cut (`cut_streams`): that
-   step is recorded abandoned (`finishReason: handover`) and the next owner asks the model again
-   (`retriedStep` in the handover's record). A router, planner or guard call, and the release, are not
-   cut: those runs finish here (or, if the process is killed first, their lease lapses and the sweeper
-   fails them as before).
-
-Then the server stops as before (`supervisor.shutdown`). Details: docs/deployment.md, *Draining restarts*.
+The process is *draining* (`draining()`): `/healthz` 503 `draining`, new requests 503 `service_draining`,
+new WebSockets closed 1012 (`supervisor.BackgroundDuties`); it claims nothing more (`stop_claiming`) and
+lets its runs finish for `RUN_DRAIN_GRACE_SECONDS`; then each run still executing hands over at its
+agent's next step boundary (`CancelToken.request_handover`: state saved as an interruption's, the run
+PENDING for another process), and after `RUN_HANDOVER_WINDOW_SECONDS` a model stream still running is cut
+(`cut_streams`: recorded abandoned, asked again by the next owner); tools, router, planner and guard calls
+never are. Details: docs/deployment.md, *Draining restarts*; docs/runtime.md, *Handover*.
 """
 
 from __future__ import annotations

@@ -30,7 +30,6 @@ from agent.knowledge.corpus import Corpus, use_corpus
 from agent.knowledge.retrieval import reset_override
 from agent.redaction import Redactor
 from agent.runtime.aiops import is_aiops, run_aiops
-from agent.runtime.approvals import ResumeStateUnavailable, RunHandedOver, RunInterrupted
 from agent.runtime.cancel import CancelToken, RunCancelled
 from agent.runtime.canonical import CanonicalStore
 from agent.runtime.configuration import configure_run, tools_of_start
@@ -50,6 +49,7 @@ from agent.runtime.pipeline import run_pipeline
 from agent.runtime.prompts import DEFAULT_PROMPTS, SystemPrompts
 from agent.runtime.providers import get_model_client
 from agent.runtime.replay import sandbox_of, started_details
+from agent.runtime.resume_state import ResumeStateUnavailable, RunHandedOver, RunInterrupted
 from agent.runtime.tools.registry import ToolRegistry, default_registry
 from audit.models import EventType, ToolStatus, TraceEvent
 from audit.write import RUN_NOT_AUTHENTIC, ChainNotAuthentic, RunRecorder, end_unauthentic_run
@@ -539,19 +539,8 @@ class _Ending:
         if self._fenced():
             return await self._lease_lost()
         if isinstance(interrupted, RunHandedOver):
-            await db(
-                self.recorder.hand_over,
-                checkpoint_sha256=interrupted.checkpoint_sha256,
-                reason="the serving process is stopping; another process continues the run",
-                claim_by=services.handover_claim_by(agent_flow=self.run.agent_flow),
-                details={
-                    "agentName": interrupted.agent_name,
-                    "stepsUsed": interrupted.steps_used,
-                    "retriedStep": interrupted.retried_step,
-                    "leaseOwner": _OWNER,
-                },
-            )
-            logger.info("run handed over run=%s retried_step=%s", self.run.run_id, interrupted.retried_step)
+            claim_by = services.handover_claim_by(agent_flow=self.run.agent_flow)
+            await db(self.recorder.hand_over, claim_by=claim_by, **interrupted.record(lease_owner=_OWNER))
             return self._outcome(RunStatus.PENDING, None, "")
         self.finishing()
         await db(

@@ -20,7 +20,6 @@ from django.conf import settings
 
 from agent.runtime import prompts
 from agent.runtime.agent import Agent, AgentAnswer
-from agent.runtime.approvals import ResumeStateUnavailable, RunHandedOver, save_state, saved_state
 from agent.runtime.cancel import RunCancelled
 from agent.runtime.context import RunContext
 from agent.runtime.db import db
@@ -33,6 +32,7 @@ from agent.runtime.guards import (
     parse_semantic_verdict,
 )
 from agent.runtime.llm import LLMError, StreamProgress
+from agent.runtime.resume_state import ResumeStateUnavailable, RunHandedOver, save_state, saved_state
 from agent.runtime.router import route
 from audit import failed_calls
 from audit.write import Usage

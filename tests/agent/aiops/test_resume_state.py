@@ -29,7 +29,7 @@ from django.core.cache import caches
 from django.core.management import call_command
 
 from agent.aiops import intake
-from agent.runtime import approvals, prompts
+from agent.runtime import approvals, prompts, resume_state
 from agent.runtime.canonical import CanonicalStore
 from agent.runtime.executor import RESUME_STATE_UNAVAILABLE
 from audit.models import EventType, HoldScope, ToolInvocation, ToolStatus, TraceEvent
@@ -163,7 +163,8 @@ def interrupted(staff_user) -> tuple[DiagnosisRun, ToolInvocation]:
 
 
 def checkpoint_key(store: Store, run_id: str) -> str:
-    (key,) = [k for k in store.values() if k.endswith(CanonicalStore(run_id).state_key(approvals.CHECKPOINT))]
+    suffix = CanonicalStore(run_id).state_key(resume_state.CHECKPOINT)
+    (key,) = [k for k in store.values() if k.endswith(suffix)]
     return key
 
 
@@ -189,13 +190,13 @@ def test_no_reasoning_in_plaintext_in_the_store_and_the_resumed_run_replays_it(
     leaking = [k for k, value in stored.items() if REASONING.encode() in value]
     assert leaking == []
     # The saved state is under the newest reasoning key; the chain's digest is over what is stored.
-    state = CanonicalStore(run.run_id).get_state(approvals.CHECKPOINT)
+    state = CanonicalStore(run.run_id).get_state(resume_state.CHECKPOINT)
     assert state.startswith(crypto.keyring().current_prefix)
     event = TraceEvent.objects.get(run_id=run.run_id, event_type=EventType.RUN_INTERRUPTED)
     assert event.details["checkpointSha256"] == sha256_hex(state)
     assert REASONING in crypto.keyring().decrypt(state)
     # Its lifetime is bounded: the request's timeout plus the queue timeout, not the store's default.
-    lifetime = approvals.checkpoint_lifetime_seconds()
+    lifetime = resume_state.checkpoint_lifetime_seconds()
     assert lifetime == settings.APPROVAL_TIMEOUT_SECONDS + settings.AIOPS_QUEUE_TIMEOUT_SECONDS
     assert lifetime - 120 < store.ttl(key) <= lifetime
 
