@@ -342,6 +342,8 @@ def test_a_rolling_restart_under_load_fails_no_chat_and_runs_no_tool_twice(
     )
     handed = set(handovers.values_list("run_id", flat=True))
     assert handed, "no run was handed over: the restarts found nothing in flight"
+    assert handed & set(analyses), "no analysis was handed over (they go back to the queue)"
+    assert handed - set(analyses), "no chat was handed over (the adoption duty takes them)"
     resumed = set(
         TraceEvent.objects.filter(run_id__in=runs, event_type=EventType.RUN_RESUMED).values_list(
             "run_id", flat=True
