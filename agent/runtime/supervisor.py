@@ -420,7 +420,8 @@ class BackgroundDuties:
     connection or at lifespan start-up (servers that send it, e.g. uvicorn), so a server process serves
     the queue and sweeps leases even when no chat has run in it; `python -m config.serve` starts them
     earlier, at process start. Lifespan shutdown stops them. A request for `HEALTH_PATH` does not start
-    them: the probe must report whether the process started them by itself."""
+    them: the probe must report whether the process started them by itself. While the process drains
+    (`agent.runtime.drain`), every new request but the probe is refused here (`_refuse_draining`)."""
 
     def __init__(self, app) -> None:
         self.app = app
