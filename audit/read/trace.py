@@ -33,6 +33,7 @@ from audit.models import (
 )
 from audit.read.summary import Counts, TraceSummary, summarize
 from audit.verify import appended_rows
+from audit.verify.hash_chain import timestamp
 from audit.verify.row_digests import stored_reasoning_rows
 from audit.verify.rows import UNCHECKED
 from core.compiled import CompiledQuery, RowsOfRun, json_loads
@@ -117,6 +118,7 @@ class StoredEvent:
     the recorder hashed), which `audit.verify.hash_chain.verify_chain` checks the hash over first."""
 
     __slots__ = (
+        "_created",
         "created_at",
         "details",
         "details_text",
@@ -150,6 +152,15 @@ class StoredEvent:
             self.details_text,
         ) = values
         self.details = json_loads(self.details_text) if self.details_text is not None else None
+        self._created = None
+
+    def created_text(self) -> str:
+        """`timestamp(created_at)`, the hashed form of the event's time, made once per value: the chain
+        (`audit.verify.hash_chain`) and the body (`surfaces.api.trace_render`) both write it."""
+        cached = self._created
+        if cached is None or cached[0] is not self.created_at:
+            cached = self._created = (self.created_at, timestamp(self.created_at))
+        return cached[1]
 
     @property
     def pk(self) -> int:
