@@ -169,7 +169,11 @@ class RowsOfRun:
     def __call__(self, run_id: str) -> list[SimpleNamespace]:
         names = self._query.names()
         pk = names.index(self._pk)
-        return [
-            SimpleNamespace(pk=row[pk], **dict(zip(names, row, strict=True)))
-            for row in self._query.rows(run_id=run_id)
-        ]
+        out = []
+        for row in self._query.rows(run_id=run_id):
+            bag = SimpleNamespace()  # filled through its dict: no keyword dict built per row
+            attributes = bag.__dict__
+            attributes.update(zip(names, row, strict=True))
+            attributes["pk"] = row[pk]
+            out.append(bag)
+        return out
