@@ -108,6 +108,11 @@ def _stages(target: b2_trace.Target, user, client) -> tuple[dict[str, Callable[[
             times=anchor_times(anchors),
         )
 
+    def chain():
+        for event in events:  # each read formats every event's time once (`StoredEvent.created_text`)
+            event._created = None
+        verify_chain(events)
+
     absent = f"/api/diagnosis/{target.session_id}/trace?runId=absent"
     stages = {
         "whole request": lambda: b2_trace.endpoint_read(client, target),
@@ -125,7 +130,7 @@ def _stages(target: b2_trace.Target, user, client) -> tuple[dict[str, Callable[[
             read.load_price_book(),
             read.call_costs_of(run, events, book=book),
         ),
-        "chain: every event's hash recomputed": lambda: verify_chain(events),
+        "chain: every event's hash recomputed (its time formatted)": chain,
         "write tags: every event's HMAC checked": lambda: tag_verdict(
             events, domain=writeauth.RUN, vouched_upto=legacy_vouched_upto(anchors)
         ),
