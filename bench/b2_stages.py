@@ -32,19 +32,23 @@ def _cpu_ms(fn: Callable[[], object], calls: int, batches: int = 9) -> float:
     return best * 1e3
 
 
-def measure(*, database: str, log=print) -> dict[int, dict]:
-    """Per run size: the stages' CPU per read (ms) and the run's row counts and body size."""
+def measure(
+    *, database: str | None, sizes: tuple[int, ...] = SIZES, batches: int = 9, log=print
+) -> dict[int, dict]:
+    """Per run size: the stages' CPU per read (ms) and the run's row counts and body size (`database`
+    None: the connection's database as it is)."""
     import logging
 
     logging.getLogger("django.request").setLevel(logging.ERROR)  # the 404s of the stack's stage
-    b2_trace.use_database(database)
+    if database is not None:
+        b2_trace.use_database(database)
     user = b2_trace._bench_owner()
     client = b2_trace.login_client(user)
     out: dict[int, dict] = {}
-    for target in b2_trace.make_targets(user):
+    for target in b2_trace.make_targets(user, sizes=sizes):
         stages, facts = _stages(target, user, client)
-        calls = max(4, 600 // target.events)
-        ms = {name: _cpu_ms(fn, calls) for name, fn in stages.items()}
+        calls = max(4, 600 // target.events) if batches > 1 else 1
+        ms = {name: _cpu_ms(fn, calls, batches) for name, fn in stages.items()}
         out[target.events] = {"ms": ms, **facts}
         log(f"  B2 stages: {target.events} events, whole request {ms['whole request']:.2f} ms CPU")
     return out
