@@ -23,6 +23,8 @@
     python -m bench --only b9       # reads on a replica: admin list and trace throughput, 2 processes,
                                     # primary only vs primary + replica, on scripts/mariadb-replica.sh's
                                     # pair (127.0.0.1:3307/3308; started if needed; not default)
+    python -m bench --only b2s      # B2's stages: where a trace read's CPU goes, per stage, for runs of
+                                    # 10, 100 and 500 events (not in the default set)
     python -m bench --only b5v      # B5's verify_audit rows alone: floor, --all with 1 and 2 workers,
                                     # incremental, peak RSS (its store is built once and kept)
     python -m bench --only b10      # an MCP call through the toolset vs the bare mcp client, and a run's CPU
@@ -48,7 +50,7 @@ from pathlib import Path
 from bench import env
 
 ALL = ("b1", "b2", "b3", "b4", "b5", "b6", "b7", "b11")
-OPTIONAL = ("b8", "b3p", "b3l", "b0", "b9", "b10", "b5v")
+OPTIONAL = ("b8", "b3p", "b3l", "b0", "b9", "b10", "b5v", "b2s")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -135,6 +137,13 @@ def main(argv: list[str] | None = None) -> int:
             "big": b2_trace.table_sizes(f"{args.database}_big"),
         }
         results.profiles["trace"] = report.profile_trace(database=args.database)
+    if "b2s" in only:
+        from bench import b2_stages
+
+        print("B2 stages: where a trace read's CPU goes")
+        stages = b2_stages.measure(database=args.database, log=log)
+        results.evidence["b2_stages"] = stages
+        print(b2_stages.markdown(stages))
     if "b4" in only:
         from bench import b4_loop
 

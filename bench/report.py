@@ -480,20 +480,24 @@ threads (one hand-off per decision instead of two). Group commit stays **off by 
 (`AUDIT_GROUP_COMMIT`); two batch writers measured no gain.
 
 **B2, trace read (≤ 2×).** The floor reads rows; the endpoint also runs Django's middleware and DRF's
-dispatch, loads the session and the user, verifies the whole hash chain and every bound row's digest on
-every read (no cache of data), and encodes the body. Already done: each event's hash checked over its
-details as stored (the canonical JSON that was hashed) and the body carrying that text; rows read as
-values through queries compiled once per process (`core.compiled`); the session and user reads
-compiled the same way. This run: {b2}. Bound: at 10 events the stack the trace runs in is ≈ 1.4× the
-floor by itself (a 404 of the same URL: the test client, middleware, DRF, the session, the user and the
-run lookup; measured 2026-12-02), and the trace's eight further round trips, its verification and its
-body add as much again; at 500 events the per-row work in Python — decoding every event's details and
-the rows' JSON columns, re-encoding 328 bound rows for their digests, the chain, the body (≈ 520 kB) —
-is several times the driver's own row conversion, which is all the floor pays (profile: "Trace
-endpoint" under Profiles). Next lever: storing each bound row's canonical text beside its columns
-(written once by the recorder) so that the read hashes that text and compares the decoded columns with
-it, and the body carries the JSON columns as stored; the columns must still be compared, so the gain is
-bounded by the digests' encoding share (≈ 10–15 % of a 500-event read).
+dispatch, loads the session and the user, verifies the whole hash chain, every write tag and every bound
+row's digest on every read (no cache of data), and encodes the body. Already done: each event's hash
+checked over its details as stored (the canonical JSON that was hashed) and the body carrying that text;
+rows read as values through queries compiled once per process (`core.compiled`), the run's evaluation
+scores too; the session and user reads compiled the same way; each bound row's digest written as its
+canonical text directly; each event's time formatted once for its hash and its body; MySQL date-times
+parsed in C (`core.mysql_conversions`; the floor's raw connection keeps the driver's parser). This run:
+{b2}. Where the CPU goes (`python -m bench --only b2s`; measured 2026-12-06 under *Measured by hand*):
+at 10 events the stack the trace runs in (a 404 of the same URL: the test client, middleware, DRF, the
+session, the user, the run lookup) costs 1.1–1.3 ms of CPU, more than the floor's whole read, so 2× is
+out of reach there while that stack stays; at 500 events reading the rows is 23–28 % of the CPU, the row
+digests 15–17 %, the body 12–13 %, the chain ≈ 7 %, the write tags, pricing and the bindings ≈ 4 % each,
+the stack ≈ 5 %. No stage repeats another's work now; each is Python per row over ≈ 1 000 rows (500
+events, 82 steps, 164 tools, 82 reasoning rows, their ≈ 1 300 date-times), which the floor does not pay
+beyond the driver's conversion. Next levers: the time columns read as stored text (the form the digests
+and the chain hash) instead of date-times parsed and formatted again, and one pass per event making its
+hash payload, its tag check and its body text together; 2× at 500 events needs the per-row work cut by
+more than half again.
 
 **B3, live capacity (chat profile: ≥ 200 chats per process in both release modes, CPU per chunk ≤ 1.5×
 the bare SDK, fixed CPU per run ≤ 20 ms, two processes ≥ 1.8× one).** One daphne process is one

@@ -141,6 +141,10 @@ MYSQL_OPTIONS = {
 }
 _db = DATABASES["default"]
 if _db["ENGINE"] == "django.db.backends.mysql":
+    from core.mysql_conversions import conversions
+
+    # Date-times parsed in C, the driver's result for every value (core/mysql_conversions.py).
+    MYSQL_OPTIONS["conv"] = conversions()
     _db.setdefault("OPTIONS", {}).update(MYSQL_OPTIONS)
     # One test database per test process, so parallel suites on one server never clobber each other.
     _db["TEST"] = {
@@ -169,7 +173,9 @@ _db["CONN_HEALTH_CHECKS"] = True
 if _values["DATABASE_REPLICA_URL"]:
     _replica = env.db_url_config(_values["DATABASE_REPLICA_URL"])
     if _replica["ENGINE"] == "django.db.backends.mysql":
-        _replica.setdefault("OPTIONS", {}).update(MYSQL_OPTIONS)
+        from core.mysql_conversions import conversions
+
+        _replica.setdefault("OPTIONS", {}).update({**MYSQL_OPTIONS, "conv": conversions()})
         # A replica that is down is refused at once; one that hangs holds a read at most this long to connect.
         _replica["OPTIONS"].setdefault("connect_timeout", int(_values["DATABASE_REPLICA_CONNECT_TIMEOUT"]))
     _replica["CONN_MAX_AGE"] = _db["CONN_MAX_AGE"]

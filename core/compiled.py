@@ -12,10 +12,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Callable, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 from django.db import connections
-from django.db.models import JSONField, QuerySet
+from django.db.models import JSONField, Q, QuerySet
 
 from core.db_router import read_alias
 
@@ -148,4 +149,31 @@ class CompiledQuery:
                     value = fn(value, expr, connection)
                 row[i] = value
             out.append(row)
+        return out
+
+
+class RowsOfRun:
+    """The rows of `model` stored under one run id, in `order`, as attribute bags of every concrete
+    column under its attribute name (the digests cover every column) and `pk`, without model instances;
+    one query compiled once (`CompiledQuery`), with `annotations` (name → expression) added. `match`:
+    the filter for a run id (default: the `run_id` column)."""
+
+    def __init__(self, model, order: Sequence[str], *, match=None, **annotations: Any) -> None:
+        self._pk = model._meta.pk.attname
+        match = match or (lambda run_id: Q(run_id=run_id))
+        self._query = CompiledQuery(
+            lambda run_id: model.objects.filter(match(run_id)).order_by(*order).annotate(**annotations),
+            run_id=str,
+        )
+
+    def __call__(self, run_id: str) -> list[SimpleNamespace]:
+        names = self._query.names()
+        pk = names.index(self._pk)
+        out = []
+        for row in self._query.rows(run_id=run_id):
+            bag = SimpleNamespace()  # filled through its dict: no keyword dict built per row
+            attributes = bag.__dict__
+            attributes.update(zip(names, row, strict=True))
+            attributes["pk"] = row[pk]
+            out.append(bag)
         return out

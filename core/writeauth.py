@@ -52,14 +52,20 @@ def key_id_of(key: bytes) -> str:
     return hashlib.sha256(_KEY_ID_PREFIX + key).hexdigest()[:KEY_ID_CHARS]
 
 
-def mac(key: bytes, key_id: str, domain: str, link_hash: str) -> str:
-    """The 64 hex digits of HMAC-SHA-256 over the domain, the key id and the link hash."""
+def _message_prefix(key_id: str, domain: str) -> bytes:
+    """What a tag's message holds before the link hash: the tag prefix, the domain and the key id."""
     if domain not in DOMAINS:
         raise ValueError(f"unknown tag domain {domain!r}")
-    message = b"".join(
-        (_TAG_PREFIX, domain.encode("ascii"), b"\n", key_id.encode("ascii"), b"\n", link_hash.encode("ascii"))
-    )
-    return hmac.digest(key, message, "sha256").hex()
+    return b"".join((_TAG_PREFIX, domain.encode("ascii"), b"\n", key_id.encode("ascii"), b"\n"))
+
+
+def mac(key: bytes, key_id: str, domain: str, link_hash: str) -> str:
+    """The 64 hex digits of HMAC-SHA-256 over the domain, the key id and the link hash."""
+    return _mac(key, _message_prefix(key_id, domain), link_hash)
+
+
+def _mac(key: bytes, prefix: bytes, link_hash: str) -> str:
+    return hmac.digest(key, prefix + link_hash.encode("ascii"), "sha256").hex()
 
 
 def generate_key_text() -> str:
@@ -86,6 +92,8 @@ class Verifier:
         self._by_id = {}
         for key in self.keys:
             self._by_id.setdefault(key.key_id, key)
+        # Each key's message prefix per domain, built once (a trace read checks hundreds of tags).
+        self._prefixes = {(k.key_id, d): _message_prefix(k.key_id, d) for k in self.keys for d in DOMAINS}
 
     @property
     def current(self) -> WriteKey:
@@ -105,7 +113,8 @@ class Verifier:
         key = self._by_id.get(key_id) if sep else None
         if key is None:
             return f"tagged by an unknown write key {key_id[:KEY_ID_CHARS] if sep else '?'}"
-        if not hmac.compare_digest(given, mac(key.secret, key.key_id, domain, link_hash)):
+        prefix = self._prefixes.get((key.key_id, domain)) or _message_prefix(key.key_id, domain)
+        if not hmac.compare_digest(given, _mac(key.secret, prefix, link_hash)):
             return f"tag by write key {key.key_id} does not verify"
         return None
 

@@ -23,6 +23,7 @@ from audit.models import EventType, Phase
 from audit.payloads import canonical_json, sha256_hex
 from audit.verify import appended_rows, coverage, row_digests
 from audit.write import ChainEvent, Tail, append_to_finished_run, row_insert
+from core.compiled import RowsOfRun
 from diagnosis.services import new_id
 from evaluations.models import EvaluationClaim, EvaluationScore, Evaluator
 from reasoning.capture import CapturedReasoning
@@ -250,7 +251,14 @@ def _judge_facts(
 # --------------------------------------------------------------------------------------------------
 # The verifier's view of the rows
 # --------------------------------------------------------------------------------------------------
+# One run's scores (every trace read asks): the query compiled once, rows without model instances.
+_SCORES_OF_RUN = RowsOfRun(EvaluationScore, ("sequence_no",))
+
+
 def _rows_of(run_ids: Sequence[str]) -> list[tuple[str, str, str]]:
+    if len(run_ids) == 1:
+        scores = _SCORES_OF_RUN(run_ids[0])
+        return [(score.run_id, score.score_id, SCORE_FORM.digest_of(score)) for score in scores]
     return [
         (score.run_id, score.score_id, SCORE_FORM.digest_of(score))
         for score in EvaluationScore.objects.filter(run_id__in=run_ids).order_by("run_id", "sequence_no")

@@ -33,9 +33,10 @@ from audit.models import (
 )
 from audit.read.summary import Counts, TraceSummary, summarize
 from audit.verify import appended_rows
+from audit.verify.hash_chain import timestamp
 from audit.verify.row_digests import stored_reasoning_rows
 from audit.verify.rows import UNCHECKED
-from core.compiled import CompiledQuery, json_loads
+from core.compiled import CompiledQuery, RowsOfRun, json_loads
 from core.db_router import LIVE, reads_from_replica
 from diagnosis.models import (
     DEMO_PROVIDER,
@@ -117,6 +118,7 @@ class StoredEvent:
     the recorder hashed), which `audit.verify.hash_chain.verify_chain` checks the hash over first."""
 
     __slots__ = (
+        "_created",
         "created_at",
         "details",
         "details_text",
@@ -150,6 +152,15 @@ class StoredEvent:
             self.details_text,
         ) = values
         self.details = json_loads(self.details_text) if self.details_text is not None else None
+        self._created = None
+
+    def created_text(self) -> str:
+        """`timestamp(created_at)`, the hashed form of the event's time, made once per value: the chain
+        (`audit.verify.hash_chain`) and the body (`surfaces.api.trace_render`) both write it."""
+        cached = self._created
+        if cached is None or cached[0] is not self.created_at:
+            cached = self._created = (self.created_at, timestamp(self.created_at))
+        return cached[1]
 
     @property
     def pk(self) -> int:
@@ -209,31 +220,9 @@ def timelines_of(run_ids: list[str]) -> dict[str, list[StoredEvent]]:
     return events
 
 
-class _RowsOfRun:
-    """The rows of `model` stored under one run id, in `order`, as attribute bags of every concrete
-    column under its attribute name (the digests cover every column) and `pk`, without model instances;
-    one query compiled once (`core.compiled`), with `annotations` (name → expression) added."""
-
-    def __init__(self, model, order: Sequence[str], *, match=None, **annotations: Any) -> None:
-        self._pk = model._meta.pk.attname
-        match = match or (lambda run_id: Q(run_id=run_id))
-        self._query = CompiledQuery(
-            lambda run_id: model.objects.filter(match(run_id)).order_by(*order).annotate(**annotations),
-            run_id=str,
-        )
-
-    def __call__(self, run_id: str) -> list[SimpleNamespace]:
-        names = self._query.names()
-        pk = names.index(self._pk)
-        return [
-            SimpleNamespace(pk=row[pk], **dict(zip(names, row, strict=True)))
-            for row in self._query.rows(run_id=run_id)
-        ]
-
-
-_STEPS_OF_RUN = _RowsOfRun(AgentStep, ("id",))
-_TOOLS_OF_RUN = _RowsOfRun(ToolInvocation, ("started_at", "id"))
-_REVIEWS_OF_RUN = _RowsOfRun(RunReview, ("sequence_no",))
+_STEPS_OF_RUN = RowsOfRun(AgentStep, ("id",))
+_TOOLS_OF_RUN = RowsOfRun(ToolInvocation, ("started_at", "id"))
+_REVIEWS_OF_RUN = RowsOfRun(RunReview, ("sequence_no",))
 
 
 def provider_of(events: list[TraceEvent]) -> ProviderLabel | None:
@@ -403,7 +392,7 @@ _COVERING = Checkpoint.objects.filter(tree_size__gt=OuterRef("leaf_index")).orde
 # A run leaf's tail note (`audit.write.tail`): events appended after the newest anchored head without
 # one would never be anchored (`audit.transparency.verify.check_anchor`). Read with the leaf, no query.
 _TAIL_NOTED = Exists(TailPending.objects.filter(run_id=OuterRef("run_id")))
-_LEAF_OF_RUN = _RowsOfRun(
+_LEAF_OF_RUN = RowsOfRun(
     LogLeaf,
     ("leaf_index",),
     match=lambda run_id: Q(run_id=run_id) | Q(tail_of=run_id),

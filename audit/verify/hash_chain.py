@@ -96,11 +96,14 @@ def event_payload_json(
     summary: str,
     details_json: str,
     created_at: dt.datetime,
+    created_text: str | None = None,
 ) -> str:
     """`canonical_json(event_payload(...))` for details already in canonical JSON (`details_json`),
-    without serialising them again: the keys in sorted order, compact separators, UTF-8 kept."""
+    without serialising them again: the keys in sorted order, compact separators, UTF-8 kept.
+    `created_text`: `timestamp(created_at)` when the caller has it already."""
+    created = created_text if created_text is not None else timestamp(created_at)
     return (
-        f'{{"createdAt":{_text(timestamp(created_at))},"details":{details_json},'
+        f'{{"createdAt":{_text(created)},"details":{details_json},'
         f'"eventType":{_text(event_type)},"phase":{_text(phase)},"runId":{_text(run_id)},'
         f'"sequenceNo":{int(sequence_no)},"sessionId":{_text(session_id)},"status":{_text(status)},'
         f'"summary":{_text(summary)}}}'
@@ -155,6 +158,7 @@ def _content_matches(event: ChainLink) -> bool:
     row — the verdict is `link_hash`'s over the decoded details, so both paths give the same answer."""
     text = getattr(event, "details_text", None)
     if text is not None:
+        stamp = getattr(event, "created_text", None)  # a stored event's time as text, made once
         payload = event_payload_json(
             run_id=event.run_id,
             session_id=event.session_id,
@@ -165,6 +169,7 @@ def _content_matches(event: ChainLink) -> bool:
             summary=event.summary,
             details_json=text,
             created_at=event.created_at,
+            created_text=stamp() if stamp is not None else None,
         )
         if sha256_hex(event.prev_hash + payload) == event.hash:
             return True

@@ -164,7 +164,8 @@ def trace_json(trace: Trace) -> bytes:
     tz = timezone.get_current_timezone()
     head = {**_head(trace, tz), **_rest(trace, tz)}
     text = json.dumps(head, cls=DRFEncoder, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    items = ",".join(_event_json(e, tz) for e in trace.timeline)
+    utc_view = settings.USE_TZ and _utc(tz)
+    items = ",".join(_event_json(e, tz, utc_view) for e in trace.timeline)
     text = f'{text[:-1]},"timeline":[{items}]}}'
     return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029").encode("utf-8")
 
@@ -176,11 +177,22 @@ def _js(value: Any) -> str:
     return "null" if value is None else _enc(str(value))
 
 
-def _event_json(e: Any, tz: dt.tzinfo) -> str:
+def _event_time(e: Any, tz: dt.tzinfo, utc_view: bool) -> str | None:
+    """`_dt(e.created_at, tz)`; for a stored time shown in UTC, from the text the chain verified it by
+    (`StoredEvent.created_text`: microseconds always, where DRF's `isoformat()` leaves out zero ones)."""
+    value = e.created_at
+    stamp = getattr(e, "created_text", None)
+    if stamp is None or not utc_view or not value or value.tzinfo is not dt.UTC:
+        return _dt(value, tz)
+    text = stamp()
+    return (text if value.microsecond else text[:19] + text[26:])[:-6] + "Z"
+
+
+def _event_json(e: Any, tz: dt.tzinfo, utc_view: bool) -> str:
     details = getattr(e, "details_text", None)
     if details is None or "NaN" in details or "Infinity" in details:
         details = json.dumps(e.details, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    created = _dt(e.created_at, tz)
+    created = _event_time(e, tz, utc_view)
     return (
         f'{{"sequenceNo":{int(e.sequence_no)},"phase":{_js(e.phase)},'
         f'"eventType":{_js(e.event_type)},"status":{_js(e.status)},'

@@ -40,6 +40,25 @@ def test_complete_run_with_feedback(user, run):
     _same(trace)
 
 
+def test_event_times_from_the_chains_text_with_and_without_microseconds(user, run):
+    """The endpoint writes a stored event's time from the text the chain hashed it by
+    (`StoredEvent.created_text`); DRF leaves out zero microseconds, so a time on a whole second, or one
+    changed after the text was made, must still render as DRF renders it."""
+    import datetime as dt
+
+    record_full_run(run)
+    trace = get_trace(run=run)
+    events = trace.timeline
+    assert all(e.created_at.microsecond for e in events[:3])
+    events[0].created_text()
+    events[0].created_at = events[0].created_at.replace(microsecond=0)
+    events[1].created_at = events[1].created_at.replace(microsecond=0, second=7)
+    events[2].created_at = events[2].created_at.astimezone(dt.timezone(dt.timedelta(hours=2)))
+    _same(trace)
+    body = json.loads(trace_json(trace))
+    assert body["timeline"][0]["createdAt"].endswith(f":{events[0].created_at.second:02d}Z")
+
+
 class _FailEvents:
     def __call__(self, execute, sql, params, many, context):
         if "diagnosis_trace_event" in sql and sql.lstrip().upper().startswith("INSERT"):

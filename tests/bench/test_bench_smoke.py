@@ -68,6 +68,18 @@ def test_trace_read_scenario_on_a_small_run(user):
     assert count == b2_trace.query_count(client, b2_trace.make_targets(user, sizes=(30,))[0])[0]
 
 
+def test_trace_read_stages_on_a_small_run():
+    """`--only b2s`: every stage of a trace read runs on a recorded run, and each is a row of the table."""
+    from bench import b2_stages
+
+    result = b2_stages.measure(database=None, sizes=(10,), batches=1, log=lambda _line: None)
+    ms = result[10]["ms"]
+    assert len(ms) == 10 and all(v >= 0 for v in ms.values()) and ms["whole request"] > 0
+    assert result[10]["rows"] == (1, 2, 1)
+    table = b2_stages.markdown(result)
+    assert all(name in table for name in ms) and "rest: the view's mapping" in table
+
+
 def test_loop_overhead_scenario_with_fast_model_calls():
     from bench import b4_loop
 

@@ -185,6 +185,43 @@ def test_a_tampered_event_is_detected(api_client, user, traced_run):
     assert "hash chain: sequence 2: stored hash does not match its content" in summary["gaps"]
 
 
+@pytest.mark.parametrize("row", ["step", "tool", "reasoning", "review"])
+def test_a_tampered_bound_row_is_named_by_the_endpoint(api_client, staff_user, traced_run, row):
+    """Every bound row is verified on every read of the endpoint: one changed column of a step, a tool
+    call, a reasoning row (as stored) or a review makes the trace incomplete and names that row."""
+    from audit.write.reviews import record_review
+    from reasoning.models import AgentReasoningAudit
+
+    staff_user.is_superuser = True
+    staff_user.save()
+    record_review(run=traced_run, user=staff_user, verdict="correct", note="checked")
+    api_client.force_login(staff_user)
+    before = _trace(api_client, traced_run, runId=traced_run.run_id)["summary"]
+    assert before["auditComplete"] and before["rowsVerified"], before["gaps"]
+    run_id = traced_run.run_id
+    if row == "step":
+        AgentStep.objects.filter(run_id=run_id, step_index=1).update(finish_reason="stop")
+        named = "model step 1: stored row does not match its digest"
+    elif row == "tool":
+        ToolInvocation.objects.filter(run_id=run_id, tool_call_id="call_1").update(output_length=1)
+        named = "tool call call_1: stored row does not match its digest"
+    elif row == "reasoning":
+        first = AgentReasoningAudit.objects.filter(run_id=run_id).order_by("id").first()
+        AgentReasoningAudit.objects.filter(pk=first.pk).update(content_bytes=first.content_bytes + 1)
+        named = "reasoning row for step"
+    else:
+        from audit.models import RunReview
+
+        RunReview.objects.filter(run_id=run_id).update(note="rewritten")
+        named = "review "
+    summary = _trace(api_client, traced_run, runId=run_id)["summary"]
+    assert summary["auditComplete"] is False and summary["rowsVerified"] is False
+    assert summary["chainValid"] is True
+    assert any(g.startswith(named) and "does not match its digest" in g for g in summary["gaps"]), summary[
+        "gaps"
+    ]
+
+
 def test_lost_step_and_tool_rows_and_write_failures_are_named(api_client, user, traced_run):
     AgentStep.objects.filter(run_id=traced_run.run_id, step_index=1).delete()
     ToolInvocation.objects.filter(run_id=traced_run.run_id).delete()
