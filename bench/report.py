@@ -486,7 +486,7 @@ checked over its details as stored (the canonical JSON that was hashed) and the 
 rows read as values through queries compiled once per process (`core.compiled`), the run's evaluation
 scores too; the session and user reads compiled the same way; each bound row's digest written as its
 canonical text directly; each event's time formatted once for its hash and its body; MySQL date-times
-parsed in C (`core.mysql_conversions`; the floor's raw connection keeps the driver's parser). This run:
+parsed in C (`core.mysql_conversions`, and the floor's raw connection parses them the same way). This run:
 {b2}. Where the CPU goes (`python -m bench --only b2s`; measured 2026-12-06 under *Measured by hand*):
 at 10 events the stack the trace runs in (a 404 of the same URL: the test client, middleware, DRF, the
 session, the user, the run lookup) costs 1.1–1.3 ms of CPU, more than the floor's whole read, so 2× is
