@@ -28,7 +28,15 @@ from audit.verify.chain_digests import GOVERNANCE_EVENTS
 from audit.verify.hash_chain import GENESIS_HASH, event_payload_json
 from audit.write.group_commit import RecorderLock, get_committer
 from audit.write.ops import Fence, Insert, RawJSON, Update, WriteFenced, WriteOp, execute
-from audit.write.rows import ascii_json, recover_connection, row_digest, seal, tables
+from audit.write.rows import (
+    ascii_json,
+    lost_or_conflicted,
+    reconnect_if_lost,
+    recover_connection,
+    row_digest,
+    seal,
+    tables,
+)
 from audit.write.runtime_facts import SUMMARY_CHARS, ChainEvent, Committed
 from core import writeauth
 from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun
@@ -207,7 +215,7 @@ class RunChain:
             return None
         except Exception:
             end = (self._next_sequence, self._prev_hash)
-            recover_connection()
+            reconnect_if_lost()
             if not self._landed(held[0]):
                 # Nothing of the transaction was written: each decision on its own, from the first held.
                 self._next_sequence, self._prev_hash = held[0].start
@@ -227,26 +235,39 @@ class RunChain:
     def _landed(self, held: _Held) -> bool:
         """Whether the first event of `held` is stored as chained here: a transaction whose outcome was
         lost with its connection may have committed (then it holds every decision written with it)."""
+        return self._first_landed(held.op, held.start[0])
+
+    def _first_landed(self, op: WriteOp, sequence_no: int) -> bool:
+        """Whether `op`'s first event is stored at `sequence_no` with its hash (read on a new connection:
+        behind Galera with DATABASE_WSREP_SYNC_WAIT, after every write-set the cluster ordered before)."""
         t = tables().event
         index = t.columns.index("hash")
-        digest = next((row.values[index] for row in held.op.inserts if row.table is t), None)
+        digest = next((row.values[index] for row in op.inserts if row.table is t), None)
         if digest is None:
             return False
         try:
-            return TraceEvent.objects.filter(
-                run_id=self.run_id, sequence_no=held.start[0], hash=digest
-            ).exists()
+            stored = TraceEvent.objects.filter(run_id=self.run_id, sequence_no=sequence_no, hash=digest)
+            return stored.exists()
         except DatabaseError:
             recover_connection()
             return False
 
     def _attempt(self, spec: _Spec) -> int | None:
-        """Write one decision on its own (the retry after a taken sequence, the fail-open accounting)."""
-        for attempt in (1, 2):
+        """Write one decision on its own (the retry after a taken sequence, the fail-open accounting).
+
+        Retried once: after a taken sequence (another writer of the run: the chain head reloaded), and
+        after a lost connection or a Galera certification conflict (`lost_or_conflicted`): if its first
+        event is stored the write committed and only its answer was lost, else it is written again on a
+        new connection (the proxy's surviving node), under the same fence."""
+        reloaded = retried = False
+        while True:
             start = (self._next_sequence, self._prev_hash)
+            op = None
             try:
                 op, entries = self._build(spec)
-                self._submit(op)
+                # The retry after a lost connection goes on this thread's own connection, checked first
+                # (a batch writer's other connections may have died with the same server).
+                self._submit(op, direct=retried)
             except WriteFenced:
                 self._next_sequence, self._prev_hash = start
                 self._fenced(spec.what)
@@ -255,7 +276,8 @@ class RunChain:
                 self._next_sequence, self._prev_hash = start
                 # Another process wrote this run's timeline (e.g. a sweeper that thought it dead):
                 # reload the chain head once and retry; anything else is an audit failure.
-                if attempt == 1 and self._sequence_taken():
+                if not reloaded and self._sequence_taken():
+                    reloaded = True
                     try:
                         self.reload_head()
                     except ChainNotAuthentic as refused:
@@ -265,14 +287,26 @@ class RunChain:
                 self.failed(spec.what, exc)
                 return None
             except Exception as exc:
+                end = (self._next_sequence, self._prev_hash)
                 self._next_sequence, self._prev_hash = start
+                if op is not None and not retried and lost_or_conflicted(exc):
+                    retried = True
+                    reconnect_if_lost()
+                    if self._first_landed(op, start[0]):
+                        self._next_sequence, self._prev_hash = end
+                        logger.warning("audit write answer lost, stored run=%s op=%s", self.run_id, spec.what)
+                        self._committed(entries, spec)
+                        return self._next_sequence - 1
+                    logger.warning(
+                        "audit write retried run=%s op=%s code=%s", self.run_id, spec.what, exc.args[0]
+                    )
+                    continue
                 # Any failure of the durable path (database, encryption of a reasoning row, the
                 # write path itself, serialisation) costs this decision's record, never the run.
                 self.failed(spec.what, exc)
                 return None
             self._committed(entries, spec)
             return self._next_sequence - 1
-        return None
 
     def append_after(
         self, head: tuple[int, str, str] | None, events: Sequence[ChainEvent], rows: Sequence[Insert] = ()
@@ -376,10 +410,10 @@ class RunChain:
         self._prev_hash = prev
         return op, entries
 
-    def _submit(self, op: WriteOp) -> None:
-        """Write `op` durably (group commit when enabled and the caller is in autocommit mode, else
-        directly on this thread's connection); raise whatever kept it from committing."""
-        if self.group_commit and not connection.in_atomic_block:
+    def _submit(self, op: WriteOp, *, direct: bool = False) -> None:
+        """Write `op` durably (group commit when enabled and the caller is in autocommit mode, else, or
+        when `direct`, on this thread's connection); raise whatever kept it from committing."""
+        if self.group_commit and not direct and not connection.in_atomic_block:
             get_committer().submit(op)
         else:
             try:

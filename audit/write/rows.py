@@ -89,6 +89,27 @@ def ms(delta) -> int:
     return int(delta.total_seconds() * 1000)
 
 
+# A write whose outcome the database never told: the connection was lost (2006 gone away, 2013 lost
+# during the query, 2055 lost at handshake: a server killed or a failover behind a proxy), or Galera's
+# certification refused the transaction (1213 "WSREP detected deadlock/conflict": it rolled back whole).
+# Such a write may be retried once its first row is known not to be stored (docs/reliability.md, *A
+# Galera cluster behind HAProxy*).
+RETRY_AFTER_CODES = frozenset({1213, 2006, 2013, 2055})
+
+
+def lost_or_conflicted(exc: BaseException) -> bool:
+    """Whether `exc` is a MariaDB/MySQL error of `RETRY_AFTER_CODES` (never on SQLite: its codes are text)."""
+    code = exc.args[0] if exc.args else None
+    return type(code) is int and code in RETRY_AFTER_CODES
+
+
+def reconnect_if_lost() -> None:
+    """Close this thread's connection if it no longer answers a ping (outside an atomic block), so the
+    next query opens a new one: after a lost connection, whatever error flags Django kept."""
+    if not connection.in_atomic_block and connection.connection is not None and not connection.is_usable():
+        connection.close()
+
+
 def recover_connection() -> None:
     """After a database error outside any atomic block, drop a broken connection so the next write
     reconnects (a long-running run never passes through Django's request-boundary cleanup)."""
