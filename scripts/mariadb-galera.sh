@@ -8,13 +8,14 @@
 #   check 1..3  a clustercheck on 127.0.0.1:9201/9202/9203: HTTP 200 while the node is Synced
 #               (wsrep_local_state 4) and accepts queries, 503 otherwise (socat runs this script's
 #               `clustercheck N` once per request; the documented Galera + HAProxy health check)
-#   haproxy     127.0.0.1:3310: one writer at a time (the first node Synced; the others `backup`, and a
-#               one-entry stick table keeps every connection on that node until it fails, so a node that
-#               comes back never takes the writes back while another holds them)
+#   haproxy     127.0.0.1:3310: one writer at a time: node 1 while it is Synced, else the first of the
+#               `backup` nodes that is; when node 1 is up again the backups' sessions are closed
+#               (`on-marked-up shutdown-backup-sessions`), so two nodes never take writes for long
 #
 #   scripts/mariadb-galera.sh [start]        the three nodes Synced, the checks and the proxy up (idempotent)
 #   scripts/mariadb-galera.sh kill-node N    SIGKILL node N's mariadbd (what the failover test does)
-#   scripts/mariadb-galera.sh start-node N   node N started again: its position recovered, it rejoins by IST
+#   scripts/mariadb-galera.sh start-node N   node N started again: its position recovered, it rejoins by IST;
+#                                            returns once it is Synced and up behind the proxy
 #   scripts/mariadb-galera.sh status         each node's state and which one the proxy writes to
 #   scripts/mariadb-galera.sh stop           everything stopped (the data directories kept)
 #
@@ -107,10 +108,16 @@ start_node() {  # start_node N [bootstrap]
     /usr/sbin/mariadbd "${options[@]}" "${extra[@]}" >/dev/null 2>&1 &
   }
   for _ in $(seq 1 240); do
-    synced "$n" && return 0
+    synced "$n" && break
     sleep 0.25
   done
-  echo "mariadb-galera: node $n was not Synced within 60 s (see $DIR/node$n.err)" >&2
+  synced "$n" || { echo "mariadb-galera: node $n was not Synced within 60 s (see $DIR/node$n.err)" >&2; exit 1; }
+  # ... and back in the proxy's rotation (its check passed `rise` times).
+  for _ in $(seq 1 60); do
+    proxy_up "$n" && return 0
+    sleep 0.25
+  done
+  echo "mariadb-galera: the proxy did not mark node $n up within 15 s" >&2
   exit 1
 }
 
@@ -140,7 +147,11 @@ clustercheck() {  # one HTTP answer on stdin/stdout for node N (run by socat per
   local n="$1" body code
   # The request line and headers are read, not used: any request asks the same question.
   read -r -t 1 _ || true
-  if [ "$(state "$n")" = 4 ] && [ "$(sql "$(node_port "$n")" "SELECT 1" 2>/dev/null)" = 1 ]; then
+  # One client call: Synced (wsrep_local_state 4) and accepting queries (wsrep_ready ON).
+  local answer
+  answer="$(sql "$(node_port "$n")" "SHOW GLOBAL STATUS WHERE Variable_name IN ('wsrep_local_state', 'wsrep_ready')" \
+    2>/dev/null | sort | cut -f2 | tr '\n' ' ')"
+  if [ "$answer" = "4 ON " ]; then
     code="200 OK" body="Galera node $n is Synced."
   else
     code="503 Service Unavailable" body="Galera node $n is not Synced."
@@ -183,17 +194,22 @@ backend galera
     # marks it down at once (observe layer4), and its open sessions are closed when it goes down.
     option httpchk GET /
     http-check expect status 200
-    default-server inter 1s fastinter 250ms downinter 1s fall 2 rise 2 on-marked-down shutdown-sessions observe layer4 error-limit 1 on-error mark-down
-    # Single writer: every connection goes to the one server in the table while it is up; when it goes
-    # down the next one up takes the entry and keeps it (no fail-back while it is healthy).
-    stick-table type integer size 1 nopurge
-    stick on int(1)
+    default-server inter 2s fastinter 250ms downinter 1s fall 2 rise 2 on-marked-down shutdown-sessions observe layer4 error-limit 1 on-error mark-down
+    # Single writer: node 1 while it is up, else the first backup that is (no allbackups). When node 1
+    # is up again the backups' sessions are closed, so the writes come back to one node at once.
 EOF
   for n in "${NODES[@]}"; do
-    local backup=""
-    [ "$n" = 1 ] || backup=" backup"
-    echo "    server node$n 127.0.0.1:$(node_port "$n") check port $(check_port "$n")$backup"
+    local role=" on-marked-up shutdown-backup-sessions"
+    [ "$n" = 1 ] || role=" backup"
+    echo "    server node$n 127.0.0.1:$(node_port "$n") check port $(check_port "$n")$role"
   done
+}
+
+proxy_up() {  # whether HAProxy's check has marked node N up (its stats socket; true without a proxy)
+  [ -S "$DIR/haproxy.sock" ] && [ -f "$DIR/haproxy.pid" ] && kill -0 "$(cat "$DIR/haproxy.pid")" 2>/dev/null ||
+    return 0
+  echo "show servers state galera" | socat - "UNIX-CONNECT:$DIR/haproxy.sock" 2>/dev/null |
+    awk -v name="node$1" '$4 == name && $6 == 2 { found = 1 } END { exit !found }'
 }
 
 start_proxy() {
@@ -231,6 +247,7 @@ start_all() {
   start_node "$running"
   start_checks
   start_proxy
+  for n in "${NODES[@]}"; do start_node "$n"; done  # each Synced and up behind the proxy
   proxied >/dev/null
 }
 

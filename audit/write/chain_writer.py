@@ -267,7 +267,7 @@ class RunChain:
                 op, entries = self._build(spec)
                 # The retry after a lost connection goes on this thread's own connection, checked first
                 # (a batch writer's other connections may have died with the same server).
-                self._submit(op, direct=retried)
+                (self._submit_here if retried else self._submit)(op)
             except WriteFenced:
                 self._next_sequence, self._prev_hash = start
                 self._fenced(spec.what)
@@ -410,16 +410,22 @@ class RunChain:
         self._prev_hash = prev
         return op, entries
 
-    def _submit(self, op: WriteOp, *, direct: bool = False) -> None:
-        """Write `op` durably (group commit when enabled and the caller is in autocommit mode, else, or
-        when `direct`, on this thread's connection); raise whatever kept it from committing."""
-        if self.group_commit and not direct and not connection.in_atomic_block:
+    def _submit(self, op: WriteOp) -> None:
+        """Write `op` durably (group commit when enabled and the caller is in autocommit mode, else
+        directly on this thread's connection); raise whatever kept it from committing."""
+        if self.group_commit and not connection.in_atomic_block:
             get_committer().submit(op)
+            if op.error is not None:
+                raise op.error
         else:
-            try:
-                execute([op], connection)
-            except Exception as exc:
-                op.error = exc
+            self._submit_here(op)
+
+    def _submit_here(self, op: WriteOp) -> None:
+        """Write `op` on this thread's connection; raise whatever kept it from committing."""
+        try:
+            execute([op], connection)
+        except Exception as exc:
+            op.error = exc
         if op.error is not None:
             raise op.error
 

@@ -43,7 +43,7 @@ def test_complete_run_with_feedback(user, run):
 class _FailEvents:
     def __call__(self, execute, sql, params, many, context):
         if "diagnosis_trace_event" in sql and sql.lstrip().upper().startswith("INSERT"):
-            raise OperationalError(2013, "Lost connection to server during query")
+            raise OperationalError(1114, "The table is full")
         return execute(sql, params, many, context)
 
 
