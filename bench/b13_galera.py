@@ -2,9 +2,10 @@
 time from the kill of the node the service writes to until its first successful commit (issue 48).
 
 Recording: one worker process per configuration (`python -m bench.b13_galera record …`, production
-settings), interleaved per repetition: the single server (the bench's MariaDB on 3306, database
-`diagnosis_bench_galera`) and the cluster of scripts/mariadb-galera.sh through its proxy (127.0.0.1:3310,
-the same database name, `DATABASE_WSREP_SYNC_WAIT=1` as documented). Each records its runs one at a time
+settings), interleaved per repetition: a single server with the nodes' options and no Galera
+(`scripts/mariadb-galera.sh start-single`, 127.0.0.1:3314: the shared 3306 carries other work's load) and
+the cluster of scripts/mariadb-galera.sh through its proxy (127.0.0.1:3310, `DATABASE_WSREP_SYNC_WAIT=1`
+as documented), database `diagnosis_bench_galera` on each. Each records its runs one at a time
 through the recorder (direct path, B1's workload: 23 events, every decision durable before the next),
 over PENDING runs created beforehand (not timed). Reported: ms per run on each, the ratio (cluster /
 single) per repetition, median (min–max).
@@ -31,6 +32,9 @@ from bench import galera_cluster
 from bench.stats import Row, spread
 
 DATABASE = "diagnosis_bench_galera"
+# The baseline: one server with the nodes' options and no Galera (scripts/mariadb-galera.sh start-single),
+# not the shared 3306 whose load from other work would be measured with it.
+SINGLE_PORT = 3314
 
 
 def _env(target: str) -> dict[str, str]:
@@ -41,7 +45,7 @@ def _env(target: str) -> dict[str, str]:
         environ["B13_DATABASE_URL"] = galera_cluster.url(DATABASE)
         environ["B13_SYNC_WAIT"] = str(galera_cluster.SYNC_WAIT)
     else:
-        environ["B13_DATABASE_URL"] = f"mysql://root@127.0.0.1:3306/{DATABASE}"
+        environ["B13_DATABASE_URL"] = f"mysql://root@127.0.0.1:{SINGLE_PORT}/{DATABASE}"
     return environ
 
 
@@ -65,20 +69,17 @@ def _result(proc: subprocess.Popen, timeout: float) -> dict:
 
 def _prepare() -> None:
     """The cluster up, both databases created afresh (migrated by their first worker)."""
-    from bench import env
-
     galera_cluster.start()
     galera_cluster.sql(galera_cluster.PROXY_PORT, f"DROP DATABASE IF EXISTS `{DATABASE}`")
     galera_cluster.sql(
         galera_cluster.PROXY_PORT,
         f"CREATE DATABASE `{DATABASE}` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci",
     )
-    conn = env.raw_connect()
-    try:
-        conn.cursor().execute(f"DROP DATABASE IF EXISTS `{DATABASE}`")
-    finally:
-        conn.close()
-    env.create_database(DATABASE)
+    galera_cluster.script("start-single")
+    galera_cluster.sql(SINGLE_PORT, f"DROP DATABASE IF EXISTS `{DATABASE}`")
+    galera_cluster.sql(
+        SINGLE_PORT, f"CREATE DATABASE `{DATABASE}` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci"
+    )
     for target in ("single", "galera"):
         _result(_worker(target, "migrate"), timeout=600)
 
@@ -148,6 +149,7 @@ def run_all(*, quick: bool, log=print) -> list[Row]:
     finally:
         galera_cluster.start()
         galera_cluster.sql(galera_cluster.PROXY_PORT, f"DROP DATABASE IF EXISTS `{DATABASE}`")
+        galera_cluster.script("stop-single")
 
 
 # --------------------------------------------------------------------------------------------------

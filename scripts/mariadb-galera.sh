@@ -18,6 +18,8 @@
 #                                            returns once it is Synced and up behind the proxy
 #   scripts/mariadb-galera.sh status         each node's state and which one the proxy writes to
 #   scripts/mariadb-galera.sh stop           everything stopped (the data directories kept)
+#   scripts/mariadb-galera.sh start-single | stop-single   B13's baseline: one server with the nodes'
+#                                            options and no Galera on 127.0.0.1:3314
 #
 # Account: root without a password on 127.0.0.1, as on 3306 (a local test cluster's, not a secret).
 set -euo pipefail
@@ -52,6 +54,35 @@ cluster_address() {
   (IFS=,; echo "gcomm://${addrs[*]}")
 }
 
+common_options() {  # common_options NAME PORT SERVER_ID: what a node and the single server share
+  printf '%s\n' --no-defaults --user=mysql --datadir="$DIR/$1" --port="$2" \
+    --bind-address=127.0.0.1 --socket="$DIR/$1.sock" --pid-file="$DIR/$1.pid" \
+    --log-error="$DIR/$1.err" --server-id="$3" --innodb-buffer-pool-size=64M \
+    --innodb-log-file-size=48M --skip-name-resolve --character-set-server=utf8mb4 \
+    --collation-server=utf8mb4_unicode_ci --binlog-format=ROW --default-storage-engine=InnoDB \
+    --innodb-autoinc-lock-mode=2 --innodb-flush-log-at-trx-commit=1
+}
+
+start_single() {  # B13's baseline: one server with the nodes' options but no Galera, on 127.0.0.1:3314
+  local data="$DIR/single" port=3314
+  mariadb-admin --protocol=tcp -h127.0.0.1 -P"$port" -uroot ping >/dev/null 2>&1 && return 0
+  mkdir -p "$DIR" && chown mysql:mysql "$DIR" && chmod 755 "$DIR"
+  if ! [ -d "$data/mysql" ]; then
+    mkdir -p "$data" && chown mysql:mysql "$data"
+    mariadb-install-db --user=mysql --datadir="$data" --auth-root-authentication-method=normal \
+      --skip-test-db >"$DIR/single-install.log" 2>&1
+  fi
+  local options
+  mapfile -t options < <(common_options single "$port" 9)
+  /usr/sbin/mariadbd "${options[@]}" >/dev/null 2>&1 &
+  for _ in $(seq 1 120); do
+    mariadb-admin --protocol=tcp -h127.0.0.1 -P"$port" -uroot ping >/dev/null 2>&1 && return 0
+    sleep 0.25
+  done
+  echo "mariadb-galera: the single server did not answer on 127.0.0.1:$port (see $DIR/single.err)" >&2
+  exit 1
+}
+
 server_options() {  # server_options N: the options every start of node N takes
   local n="$1" gp
   gp="$(group_port "$n")"
@@ -60,13 +91,8 @@ server_options() {  # server_options N: the options every start of node N takes
   local provider="base_port=$gp;ist.recv_addr=127.0.0.1:$((gp + 1));gcache.size=64M"
   provider+=";evs.keepalive_period=PT0.5S;evs.inactive_check_period=PT0.5S;evs.suspect_timeout=PT2S"
   provider+=";evs.inactive_timeout=PT4S;evs.install_timeout=PT4S;gmcast.listen_addr=tcp://127.0.0.1:$gp"
-  printf '%s\n' --no-defaults --user=mysql --datadir="$DIR/node$n" --port="$(node_port "$n")" \
-    --bind-address=127.0.0.1 --socket="$DIR/node$n.sock" --pid-file="$DIR/node$n.pid" \
-    --log-error="$DIR/node$n.err" --server-id="$n" --innodb-buffer-pool-size=64M \
-    --innodb-log-file-size=48M --skip-name-resolve --character-set-server=utf8mb4 \
-    --collation-server=utf8mb4_unicode_ci --binlog-format=ROW --default-storage-engine=InnoDB \
-    --innodb-autoinc-lock-mode=2 --innodb-flush-log-at-trx-commit=1 \
-    --wsrep-on=ON --wsrep-provider=/usr/lib/galera/libgalera_smm.so \
+  common_options "node$n" "$(node_port "$n")" "$n"
+  printf '%s\n' --wsrep-on=ON --wsrep-provider=/usr/lib/galera/libgalera_smm.so \
     --wsrep-cluster-name=diagnosis-galera --wsrep-cluster-address="$(cluster_address)" \
     --wsrep-node-name="node$n" --wsrep-node-address="127.0.0.1:$gp" \
     --wsrep-sst-method=rsync --wsrep-sst-receive-address="127.0.0.1:$(sst_port "$n")" \
@@ -184,8 +210,9 @@ defaults
     # Pooled connections idle for long (the runtime's pool pings them before use).
     timeout client 1h
     timeout server 1h
-    retries 2
-    option redispatch
+    # A connection refused by a node that just died is tried on the next one at once.
+    retries 3
+    option redispatch 1
 frontend galera
     bind 127.0.0.1:$PROXY_PORT
     default_backend galera
@@ -274,6 +301,8 @@ case "${1:-start}" in
   kill-node) kill_node "${2:?node number}" ;;
   start-node) start_node "${2:?node number}" ;;
   status) status ;;
+  start-single) start_single ;;
+  stop-single) [ -f "$DIR/single.pid" ] && kill "$(cat "$DIR/single.pid")" 2>/dev/null || true ;;
   clustercheck) clustercheck "${2:?node number}" ;;
   *) echo "usage: $0 [start|stop|kill-node N|start-node N|status]" >&2; exit 2 ;;
 esac

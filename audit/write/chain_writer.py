@@ -11,6 +11,7 @@ run's cancel, so the stale pipeline stops at its next safe point)."""
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -42,6 +43,12 @@ from core import writeauth
 from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun
 
 logger = logging.getLogger("audit.write")
+
+# Pauses (seconds) before each further look-up or write after a lost connection: a proxy may still send
+# the first new connection to the node that just died, until it marks it down (docs/reliability.md, *A
+# Galera cluster behind HAProxy*). At most about 1.5 s of one pool thread, during a failover only.
+LOOK_UP_PAUSES = (0.1, 0.4, 1.0)
+CERTIFICATION_CONFLICT = 1213
 
 
 @dataclass(eq=False, slots=True)
@@ -213,10 +220,18 @@ class RunChain:
             if spec is not None:
                 self._fenced(spec.what)
             return None
-        except Exception:
+        except Exception as exc:
             end = (self._next_sequence, self._prev_hash)
-            reconnect_if_lost()
-            if not self._landed(held[0]):
+            landed = self._landed(held[0])
+            if landed is None:
+                # Whether it committed cannot be told: writing it again could write it twice.
+                self._next_sequence, self._prev_hash = held[0].start
+                for h in held:
+                    self.failed(h.spec.what, exc)
+                if spec is not None:
+                    self.failed(spec.what, exc)
+                return None
+            if not landed:
                 # Nothing of the transaction was written: each decision on its own, from the first held.
                 self._next_sequence, self._prev_hash = held[0].start
                 for h in held:
@@ -232,34 +247,41 @@ class RunChain:
         self._committed(entries, spec)
         return self._next_sequence - 1
 
-    def _landed(self, held: _Held) -> bool:
+    def _landed(self, held: _Held) -> bool | None:
         """Whether the first event of `held` is stored as chained here: a transaction whose outcome was
         lost with its connection may have committed (then it holds every decision written with it)."""
         return self._first_landed(held.op, held.start[0])
 
-    def _first_landed(self, op: WriteOp, sequence_no: int) -> bool:
-        """Whether `op`'s first event is stored at `sequence_no` with its hash (read on a new connection:
-        behind Galera with DATABASE_WSREP_SYNC_WAIT, after every write-set the cluster ordered before)."""
+    def _first_landed(self, op: WriteOp, sequence_no: int) -> bool | None:
+        """Whether `op`'s first event is stored at `sequence_no` with its hash, None when the database
+        cannot tell (asked up to `LOOK_UP_PAUSES` more times, each on a connection that answers a ping:
+        behind Galera with DATABASE_WSREP_SYNC_WAIT a causal read, after every write-set the cluster
+        ordered before it)."""
         t = tables().event
         index = t.columns.index("hash")
         digest = next((row.values[index] for row in op.inserts if row.table is t), None)
         if digest is None:
             return False
-        try:
-            stored = TraceEvent.objects.filter(run_id=self.run_id, sequence_no=sequence_no, hash=digest)
-            return stored.exists()
-        except DatabaseError:
-            recover_connection()
-            return False
+        for pause in (0.0, *LOOK_UP_PAUSES):
+            time.sleep(pause)
+            reconnect_if_lost()
+            try:
+                stored = TraceEvent.objects.filter(run_id=self.run_id, sequence_no=sequence_no, hash=digest)
+                return stored.exists()
+            except DatabaseError:
+                recover_connection()
+        return None
 
     def _attempt(self, spec: _Spec) -> int | None:
         """Write one decision on its own (the retry after a taken sequence, the fail-open accounting).
 
-        Retried once: after a taken sequence (another writer of the run: the chain head reloaded), and
-        after a lost connection or a Galera certification conflict (`lost_or_conflicted`): if its first
-        event is stored the write committed and only its answer was lost, else it is written again on a
-        new connection (the proxy's surviving node), under the same fence."""
-        reloaded = retried = False
+        Retried: once after a taken sequence (another writer of the run: the chain head reloaded), and up
+        to `len(LOOK_UP_PAUSES)` times after a lost connection or a Galera certification conflict
+        (`lost_or_conflicted`): if its first event is stored the write committed and only its answer was
+        lost, if it is not it is written again on this thread's connection (the proxy's surviving node),
+        under the same fence; if the database cannot tell, it is an audit write failure (never written
+        twice)."""
+        reloaded, retries = False, 0
         while True:
             start = (self._next_sequence, self._prev_hash)
             op = None
@@ -267,7 +289,7 @@ class RunChain:
                 op, entries = self._build(spec)
                 # The retry after a lost connection goes on this thread's own connection, checked first
                 # (a batch writer's other connections may have died with the same server).
-                (self._submit_here if retried else self._submit)(op)
+                (self._submit_here if retries else self._submit)(op)
             except WriteFenced:
                 self._next_sequence, self._prev_hash = start
                 self._fenced(spec.what)
@@ -289,18 +311,21 @@ class RunChain:
             except Exception as exc:
                 end = (self._next_sequence, self._prev_hash)
                 self._next_sequence, self._prev_hash = start
-                if op is not None and not retried and lost_or_conflicted(exc):
-                    retried = True
-                    reconnect_if_lost()
-                    if self._first_landed(op, start[0]):
+                if op is not None and retries < len(LOOK_UP_PAUSES) and lost_or_conflicted(exc):
+                    retries += 1
+                    if exc.args[0] != CERTIFICATION_CONFLICT and not connection.in_atomic_block:
+                        connection.close()  # lost: the look-up and the write go on a new connection
+                    landed = self._first_landed(op, start[0])
+                    if landed:
                         self._next_sequence, self._prev_hash = end
                         logger.warning("audit write answer lost, stored run=%s op=%s", self.run_id, spec.what)
                         self._committed(entries, spec)
                         return self._next_sequence - 1
-                    logger.warning(
-                        "audit write retried run=%s op=%s code=%s", self.run_id, spec.what, exc.args[0]
-                    )
-                    continue
+                    if landed is False:
+                        logger.warning(
+                            "audit write retried run=%s op=%s code=%s", self.run_id, spec.what, exc.args[0]
+                        )
+                        continue
                 # Any failure of the durable path (database, encryption of a reasoning row, the
                 # write path itself, serialisation) costs this decision's record, never the run.
                 self.failed(spec.what, exc)

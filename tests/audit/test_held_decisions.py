@@ -246,7 +246,7 @@ def test_a_combined_write_that_committed_but_lost_its_outcome_is_not_written_twi
         inner(op)
         if not lost:  # committed, then the connection went away before the answer arrived
             lost.append(op)
-            raise OperationalError(1114, "The table is full")
+            raise OperationalError(2013, "Lost connection to server during query")
 
     rec.chain._submit = submit
     rec.model_call_started()
