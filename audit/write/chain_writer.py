@@ -11,7 +11,6 @@ run's cancel, so the stale pipeline stops at its next safe point)."""
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,9 +29,11 @@ from audit.verify.hash_chain import GENESIS_HASH, event_payload_json
 from audit.write.group_commit import RecorderLock, get_committer
 from audit.write.ops import Fence, Insert, RawJSON, Update, WriteFenced, WriteOp, execute
 from audit.write.rows import (
+    CERTIFICATION_CONFLICT,
+    LOOK_UP_PAUSES,
     ascii_json,
+    first_event_stored,
     lost_or_conflicted,
-    reconnect_if_lost,
     recover_connection,
     row_digest,
     seal,
@@ -43,12 +44,6 @@ from core import writeauth
 from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun
 
 logger = logging.getLogger("audit.write")
-
-# Pauses (seconds) before each further look-up or write after a lost connection: a proxy may still send
-# the first new connection to the node that just died, until it marks it down (docs/reliability.md, *A
-# Galera cluster behind HAProxy*). At most about 1.5 s of one pool thread, during a failover only.
-LOOK_UP_PAUSES = (0.1, 0.4, 1.0)
-CERTIFICATION_CONFLICT = 1213
 
 
 @dataclass(eq=False, slots=True)
@@ -253,24 +248,8 @@ class RunChain:
         return self._first_landed(held.op, held.start[0])
 
     def _first_landed(self, op: WriteOp, sequence_no: int) -> bool | None:
-        """Whether `op`'s first event is stored at `sequence_no` with its hash, None when the database
-        cannot tell (asked up to `LOOK_UP_PAUSES` more times, each on a connection that answers a ping:
-        behind Galera with DATABASE_WSREP_SYNC_WAIT a causal read, after every write-set the cluster
-        ordered before it)."""
-        t = tables().event
-        index = t.columns.index("hash")
-        digest = next((row.values[index] for row in op.inserts if row.table is t), None)
-        if digest is None:
-            return False
-        for pause in (0.0, *LOOK_UP_PAUSES):
-            time.sleep(pause)
-            reconnect_if_lost()
-            try:
-                stored = TraceEvent.objects.filter(run_id=self.run_id, sequence_no=sequence_no, hash=digest)
-                return stored.exists()
-            except DatabaseError:
-                recover_connection()
-        return None
+        """Whether `op`'s first event is stored at `sequence_no` (`rows.first_event_stored`)."""
+        return first_event_stored(self.run_id, op, sequence_no)
 
     def _attempt(self, spec: _Spec) -> int | None:
         """Write one decision on its own (the retry after a taken sequence, the fail-open accounting).
