@@ -25,6 +25,9 @@
                                     # pair (127.0.0.1:3307/3308; started if needed; not default)
     python -m bench --only b2s      # B2's stages: where a trace read's CPU goes, per stage, for runs of
                                     # 10, 100 and 500 events (not in the default set)
+    python -m bench --only b13      # the Galera cluster of scripts/mariadb-galera.sh through HAProxy:
+                                    # recording vs the single server, and a node kill to the first commit
+                                    # (starts the cluster itself; writes its section of docs/performance.md)
     python -m bench --only b5v      # B5's verify_audit rows alone: floor, --all with 1 and 2 workers,
                                     # incremental, peak RSS (its store is built once and kept)
     python -m bench --only b10      # an MCP call through the toolset vs the bare mcp client, and a run's CPU
@@ -49,7 +52,7 @@ from pathlib import Path
 
 from bench import env
 
-ALL = ("b1", "b2", "b3", "b4", "b5", "b6", "b7", "b11")
+ALL = ("b1", "b2", "b3", "b4", "b5", "b6", "b7", "b11", "b13")
 OPTIONAL = ("b8", "b3p", "b3l", "b0", "b9", "b10", "b5v", "b2s")
 
 
@@ -236,6 +239,12 @@ def main(argv: list[str] | None = None) -> int:
         results.rows += rows
         results.evidence["b9"] = evidence
 
+    if "b13" in only:
+        from bench import b13_galera
+
+        print("B13: the Galera cluster behind HAProxy (recording vs the single server; a node killed)")
+        results.rows += b13_galera.run_all(quick=q, log=log)
+
     if "b10" in only:
         from bench import b10_mcp
 
@@ -262,13 +271,14 @@ def main(argv: list[str] | None = None) -> int:
         previous = path.read_text(encoding="utf-8") if path.exists() else ""
         path.write_text(report.markdown(results, previous), encoding="utf-8")
         print(f"bench: wrote {path.relative_to(env.ROOT)}")
-    elif {"b6", "b7", "b3p", "b11"} & set(only) and not args.no_write and (not q or args.write):
+    elif {"b6", "b7", "b3p", "b11", "b13"} & set(only) and not args.no_write and (not q or args.write):
         path = Path(env.ROOT) / "docs" / "performance.md"
         for name, write in (
             ("b6", report.write_b6),
             ("b7", report.write_b7),
             ("b3p", report.write_b3p),
             ("b11", report.write_b11),
+            ("b13", report.write_b13),
         ):
             if name in only:
                 write(path, results)

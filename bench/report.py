@@ -394,6 +394,34 @@ def write_b11(path, res: Results) -> None:
     write_section(path, b11_section(res), B11_START, B11_END)
 
 
+B13_START = "<!-- B13 -->"
+B13_END = "<!-- /B13 -->"
+
+
+def b13_section(res: Results) -> str:
+    """The B13 section of docs/performance.md: the Galera cluster behind HAProxy (its rows)."""
+    rows = [r for r in res.rows if r.bench == "B13"]
+    if not rows:
+        return f"{B13_START}\n{B13_END}"
+    when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return f"""{B13_START}
+## B13: the Galera cluster behind HAProxy
+
+Measured {when} by `python -m bench --only b13` (`bench/b13_galera.py` says how): the three nodes of
+`scripts/mariadb-galera.sh` and HAProxy on the same 2-core machine as the single server and the bench, so
+the ratio shows what synchronous replication costs each commit here (certification and the group's
+round trip on loopback, three servers sharing two cores), not a networked cluster's latency. Not in the
+default set (it needs the cluster); no target in issue 48: the rows report.
+
+{_md_table(rows)}
+{B13_END}"""
+
+
+def write_b13(path, res: Results) -> None:
+    """Rewrite (or append) the B13 section of the existing docs/performance.md."""
+    write_section(path, b13_section(res), B13_START, B13_END)
+
+
 NOTES_START = "<!-- NOTES -->"
 NOTES_END = "<!-- /NOTES -->"
 

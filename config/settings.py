@@ -130,15 +130,21 @@ LOGIN_URL = "admin:login"
 # ---------------------------------------------------------------------------------------------------
 DATABASES = {"default": _values["DATABASE_URL"]}
 
-MYSQL_OPTIONS = {
-    "charset": "utf8mb4",
-    "init_command": (
+
+def mysql_options(*, wsrep_sync_wait: int = 0) -> dict:
+    """The MariaDB/MySQL connection options; `wsrep_sync_wait` (Galera: DATABASE_WSREP_SYNC_WAIT) is set
+    on each connection when not 0 (docs/reliability.md, *A Galera cluster behind HAProxy*)."""
+    init = (
         "SET sql_mode='STRICT_TRANS_TABLES,STRICT_ALL_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,"
         "ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION', "
         "collation_connection='utf8mb4_unicode_ci'"
-    ),
-    "isolation_level": "read committed",
-}
+    )
+    if wsrep_sync_wait:
+        init += f", wsrep_sync_wait={int(wsrep_sync_wait)}"
+    return {"charset": "utf8mb4", "init_command": init, "isolation_level": "read committed"}
+
+
+MYSQL_OPTIONS = mysql_options(wsrep_sync_wait=_values["DATABASE_WSREP_SYNC_WAIT"])
 _db = DATABASES["default"]
 if _db["ENGINE"] == "django.db.backends.mysql":
     from core.mysql_conversions import conversions

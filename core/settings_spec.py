@@ -168,6 +168,17 @@ SETTINGS: tuple[Setting, ...] = _in_sections(
         composed=True,
     ),
     Setting(
+        "DATABASE_WSREP_SYNC_WAIT",
+        "int",
+        0,
+        "MariaDB Galera only: the `wsrep_sync_wait` every connection sets (0 = not set). Behind a Galera "
+        "cluster set 1: each read first waits until its node has applied every write-set the cluster "
+        "ordered before it, so the first reads on the node the proxy fails over to see every commit the "
+        "dead node acknowledged (the recorder's check of a commit whose answer was lost, the chain head, "
+        "the lease). See [reliability.md](reliability.md#a-galera-cluster-behind-haproxy)",
+        composed=True,
+    ),
+    Setting(
         "DATABASE_REPLICA_URL",
         "str",
         "",

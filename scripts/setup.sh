@@ -63,9 +63,12 @@ disable_services() {
 }
 # The deployment test (tests/config/test_deployment.py) runs Debian's nginx as a foreground process of
 # its own with the shipped site (deploy/nginx/); the package's system service (port 80) is never wanted.
+# The Galera failover test (tests/core/galera/) runs scripts/mariadb-galera.sh's cluster: Debian's galera-4,
+# rsync (its state transfers), socat (the nodes' health checks) and HAProxy in front, a process of its own
+# (the package's service is never wanted).
 if [ "$want_dev" = "dev" ]; then
-  install_without_services prometheus prometheus-alertmanager nginx
-  disable_services prometheus prometheus-alertmanager nginx
+  install_without_services prometheus prometheus-alertmanager nginx haproxy galera-4 rsync socat
+  disable_services prometheus prometheus-alertmanager nginx haproxy
 fi
 
 PY=""

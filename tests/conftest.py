@@ -53,7 +53,7 @@ asyncio.set_event_loop_policy(_ClosingPolicy())
 # on both), the replica tests (they use scripts/mariadb-replica.sh's own pair whatever the suite's
 # database) and `mariadb_half` tests (expensive, and what they prove is the production database's).
 # Run on SQLite alone, the suite still runs them. docs/reliability.md, *The suite's time*.
-ONCE_ON_MARIADB = {"browser", "replica", "mariadb_half"}
+ONCE_ON_MARIADB = {"browser", "replica", "galera", "mariadb_half"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -63,7 +63,7 @@ def pytest_collection_modifyitems(config, items):
     in_worker = bool(os.environ.get("PYTEST_XDIST_WORKER"))
     split = os.environ.get("SUITE_ON_BOTH") == "1" and connection.vendor != "mysql"
     for item in items:
-        if in_worker and ({"serial", "load", "replica"} & item.keywords.keys()):
+        if in_worker and ({"serial", "load", "replica", "galera"} & item.keywords.keys()):
             item.add_marker(alone)
         if connection.vendor != "mysql" and "mariadb" in item.keywords:
             item.add_marker(on_sqlite)

@@ -28,7 +28,17 @@ from audit.verify.chain_digests import GOVERNANCE_EVENTS
 from audit.verify.hash_chain import GENESIS_HASH, event_payload_json
 from audit.write.group_commit import RecorderLock, get_committer
 from audit.write.ops import Fence, Insert, RawJSON, Update, WriteFenced, WriteOp, execute
-from audit.write.rows import ascii_json, recover_connection, row_digest, seal, tables
+from audit.write.rows import (
+    CERTIFICATION_CONFLICT,
+    LOOK_UP_PAUSES,
+    ascii_json,
+    first_event_stored,
+    lost_or_conflicted,
+    recover_connection,
+    row_digest,
+    seal,
+    tables,
+)
 from audit.write.runtime_facts import SUMMARY_CHARS, ChainEvent, Committed
 from core import writeauth
 from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun
@@ -205,10 +215,18 @@ class RunChain:
             if spec is not None:
                 self._fenced(spec.what)
             return None
-        except Exception:
+        except Exception as exc:
             end = (self._next_sequence, self._prev_hash)
-            recover_connection()
-            if not self._landed(held[0]):
+            landed = self._landed(held[0])
+            if landed is None:
+                # Whether it committed cannot be told: writing it again could write it twice.
+                self._next_sequence, self._prev_hash = held[0].start
+                for h in held:
+                    self.failed(h.spec.what, exc)
+                if spec is not None:
+                    self.failed(spec.what, exc)
+                return None
+            if not landed:
                 # Nothing of the transaction was written: each decision on its own, from the first held.
                 self._next_sequence, self._prev_hash = held[0].start
                 for h in held:
@@ -224,29 +242,33 @@ class RunChain:
         self._committed(entries, spec)
         return self._next_sequence - 1
 
-    def _landed(self, held: _Held) -> bool:
+    def _landed(self, held: _Held) -> bool | None:
         """Whether the first event of `held` is stored as chained here: a transaction whose outcome was
         lost with its connection may have committed (then it holds every decision written with it)."""
-        t = tables().event
-        index = t.columns.index("hash")
-        digest = next((row.values[index] for row in held.op.inserts if row.table is t), None)
-        if digest is None:
-            return False
-        try:
-            return TraceEvent.objects.filter(
-                run_id=self.run_id, sequence_no=held.start[0], hash=digest
-            ).exists()
-        except DatabaseError:
-            recover_connection()
-            return False
+        return self._first_landed(held.op, held.start[0])
+
+    def _first_landed(self, op: WriteOp, sequence_no: int) -> bool | None:
+        """Whether `op`'s first event is stored at `sequence_no` (`rows.first_event_stored`)."""
+        return first_event_stored(self.run_id, op, sequence_no)
 
     def _attempt(self, spec: _Spec) -> int | None:
-        """Write one decision on its own (the retry after a taken sequence, the fail-open accounting)."""
-        for attempt in (1, 2):
+        """Write one decision on its own (the retry after a taken sequence, the fail-open accounting).
+
+        Retried: once after a taken sequence (another writer of the run: the chain head reloaded), and up
+        to `len(LOOK_UP_PAUSES)` times after a lost connection or a Galera certification conflict
+        (`lost_or_conflicted`): if its first event is stored the write committed and only its answer was
+        lost, if it is not it is written again on this thread's connection (the proxy's surviving node),
+        under the same fence; if the database cannot tell, it is an audit write failure (never written
+        twice)."""
+        reloaded, retries = False, 0
+        while True:
             start = (self._next_sequence, self._prev_hash)
+            op = None
             try:
                 op, entries = self._build(spec)
-                self._submit(op)
+                # The retry after a lost connection goes on this thread's own connection, checked first
+                # (a batch writer's other connections may have died with the same server).
+                (self._submit_here if retries else self._submit)(op)
             except WriteFenced:
                 self._next_sequence, self._prev_hash = start
                 self._fenced(spec.what)
@@ -255,7 +277,8 @@ class RunChain:
                 self._next_sequence, self._prev_hash = start
                 # Another process wrote this run's timeline (e.g. a sweeper that thought it dead):
                 # reload the chain head once and retry; anything else is an audit failure.
-                if attempt == 1 and self._sequence_taken():
+                if not reloaded and self._sequence_taken():
+                    reloaded = True
                     try:
                         self.reload_head()
                     except ChainNotAuthentic as refused:
@@ -265,14 +288,29 @@ class RunChain:
                 self.failed(spec.what, exc)
                 return None
             except Exception as exc:
+                end = (self._next_sequence, self._prev_hash)
                 self._next_sequence, self._prev_hash = start
+                if op is not None and retries < len(LOOK_UP_PAUSES) and lost_or_conflicted(exc):
+                    retries += 1
+                    if exc.args[0] != CERTIFICATION_CONFLICT and not connection.in_atomic_block:
+                        connection.close()  # lost: the look-up and the write go on a new connection
+                    landed = self._first_landed(op, start[0])
+                    if landed:
+                        self._next_sequence, self._prev_hash = end
+                        logger.warning("audit write answer lost, stored run=%s op=%s", self.run_id, spec.what)
+                        self._committed(entries, spec)
+                        return self._next_sequence - 1
+                    if landed is False:
+                        logger.warning(
+                            "audit write retried run=%s op=%s code=%s", self.run_id, spec.what, exc.args[0]
+                        )
+                        continue
                 # Any failure of the durable path (database, encryption of a reasoning row, the
                 # write path itself, serialisation) costs this decision's record, never the run.
                 self.failed(spec.what, exc)
                 return None
             self._committed(entries, spec)
             return self._next_sequence - 1
-        return None
 
     def append_after(
         self, head: tuple[int, str, str] | None, events: Sequence[ChainEvent], rows: Sequence[Insert] = ()
@@ -381,11 +419,17 @@ class RunChain:
         directly on this thread's connection); raise whatever kept it from committing."""
         if self.group_commit and not connection.in_atomic_block:
             get_committer().submit(op)
+            if op.error is not None:
+                raise op.error
         else:
-            try:
-                execute([op], connection)
-            except Exception as exc:
-                op.error = exc
+            self._submit_here(op)
+
+    def _submit_here(self, op: WriteOp) -> None:
+        """Write `op` on this thread's connection; raise whatever kept it from committing."""
+        try:
+            execute([op], connection)
+        except Exception as exc:
+            op.error = exc
         if op.error is not None:
             raise op.error
 

@@ -6,6 +6,8 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from django.db import connection
+
 from audit.models import EventType, TraceEvent
 from audit.verify.reconcile import (
     SOURCES,
@@ -16,7 +18,7 @@ from audit.verify.reconcile import (
     stored_usage,
     usage_counts,
 )
-from audit.write.rows import recover_connection
+from audit.write.rows import lost_or_conflicted, recover_connection
 from audit.write.runtime_facts import Usage
 from pricing.costs import cost_fields, load_price_book
 from pricing.rules import CallTokens
@@ -84,9 +86,20 @@ class TokenLedger:
         try:
             stored, steps = stored_usage(run_id)
         except Exception as exc:  # a read for the verdict: its failure only costs the verdict
-            logger.warning("ledger reconciliation read failed run=%s error=%s", run_id, type(exc).__name__)
-            recover_connection()
             stored, steps = None, ()
+            if lost_or_conflicted(exc):  # a read: once more on a new connection (a failover)
+                if not connection.in_atomic_block:
+                    connection.close()
+                try:
+                    stored, steps = stored_usage(run_id)
+                except Exception as again:
+                    exc = again
+            if stored is None:
+                logger.warning(
+                    "ledger reconciliation read failed run=%s error=%s", run_id, type(exc).__name__
+                )
+                recover_connection()
+                stored, steps = None, ()
         verdict = reconcile(
             stored=stored if stored is not None else [],
             steps=steps,

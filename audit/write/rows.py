@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import functools
 import json
+import time
 
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.db.models import JSONField
 
 from audit.models import AgentStep, ToolInvocation, TraceEvent
@@ -89,8 +90,54 @@ def ms(delta) -> int:
     return int(delta.total_seconds() * 1000)
 
 
+# A write whose outcome the database never told: the connection was lost (2006 gone away, 2013 lost
+# during the query, 2055 lost at handshake: a server killed or a failover behind a proxy), or Galera's
+# certification refused the transaction (1213 "WSREP detected deadlock/conflict": it rolled back whole).
+# Such a write may be retried once its first row is known not to be stored (docs/reliability.md, *A
+# Galera cluster behind HAProxy*).
+RETRY_AFTER_CODES = frozenset({1213, 2006, 2013, 2055})
+CERTIFICATION_CONFLICT = 1213
+# Pauses (seconds) before each further look-up or write after a lost connection: a proxy may still send
+# the first new connection to the node that just died, until it marks it down. At most about 1.5 s of
+# one pool thread, during a failover only.
+LOOK_UP_PAUSES = (0.1, 0.4, 1.0)
+
+
+def lost_or_conflicted(exc: BaseException) -> bool:
+    """Whether `exc` is a MariaDB/MySQL error of `RETRY_AFTER_CODES` (never on SQLite: its codes are text)."""
+    code = exc.args[0] if exc.args else None
+    return type(code) is int and code in RETRY_AFTER_CODES
+
+
+def reconnect_if_lost() -> None:
+    """Close this thread's connection if it no longer answers a ping (outside an atomic block), so the
+    next query opens a new one: after a lost connection, whatever error flags Django kept."""
+    if not connection.in_atomic_block and connection.connection is not None and not connection.is_usable():
+        connection.close()
+
+
 def recover_connection() -> None:
     """After a database error outside any atomic block, drop a broken connection so the next write
     reconnects (a long-running run never passes through Django's request-boundary cleanup)."""
     if not connection.in_atomic_block:
         connection.close_if_unusable_or_obsolete()
+
+
+def first_event_stored(run_id: str, op, sequence_no: int) -> bool | None:
+    """Whether `op`'s first event is stored at `sequence_no` with its hash (a write whose answer was
+    lost may have committed), None when the database cannot tell: asked up to `LOOK_UP_PAUSES` more
+    times, each on a connection that answers a ping (behind Galera with DATABASE_WSREP_SYNC_WAIT a
+    causal read, after every write-set the cluster ordered before it)."""
+    t = tables().event
+    index = t.columns.index("hash")
+    digest = next((row.values[index] for row in op.inserts if row.table is t), None)
+    if digest is None:
+        return False
+    for pause in (0.0, *LOOK_UP_PAUSES):
+        time.sleep(pause)
+        reconnect_if_lost()
+        try:
+            return TraceEvent.objects.filter(run_id=run_id, sequence_no=sequence_no, hash=digest).exists()
+        except DatabaseError:
+            recover_connection()
+    return None

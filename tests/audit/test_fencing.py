@@ -320,7 +320,7 @@ class _FailLeaseRenewals:
     def __call__(self, execute, sql, params, many, context):
         if sql.lstrip().upper().startswith("UPDATE") and "lease_expires_at" in sql:
             self.fired += 1
-            raise OperationalError(2013, "Lost connection to server during query")
+            raise OperationalError(1114, "The table is full")
         return execute(sql, params, many, context)
 
 

@@ -185,7 +185,8 @@ def test_deleted_and_recomputed_events_are_detected(run):
 # Fail-open
 # --------------------------------------------------------------------------------------------------
 class _FailInserts:
-    """A database execute wrapper (Django's instrumentation hook) that rejects INSERTs into `table`."""
+    """A database execute wrapper (Django's instrumentation hook) that rejects INSERTs into `table` (a table
+    full: a lost connection would be retried once, `audit.write.rows.lost_or_conflicted`)."""
 
     def __init__(self, table, times=None):
         self.table, self.times, self.fired = table, times, 0
@@ -197,7 +198,7 @@ class _FailInserts:
             and (self.times is None or self.fired < self.times)
         ):
             self.fired += 1
-            raise OperationalError(2013, "Lost connection to server during query")
+            raise OperationalError(1114, "The table is full")
         return execute(sql, params, many, context)
 
 
@@ -218,9 +219,60 @@ def test_audit_write_error_is_counted_not_raised(run, caplog):
     assert verify_chain(_events(run.run_id)).valid
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert "audit write failed" in logged and run.run_id in logged
-    assert "secret-content" not in logged and "Lost connection" not in logged
+    assert "secret-content" not in logged and "is full" not in logged
     # The routing decision's run update was in the failed transaction; intent was rolled back with it.
     assert run.intent is None
+
+
+class _LoseConnection:
+    """Fails the first INSERT into `table` with `code` (2013: the connection was lost; 1213: Galera's
+    certification conflict) before it runs."""
+
+    def __init__(self, table, code):
+        self.table, self.code, self.fired = table, code, 0
+
+    def __call__(self, execute, sql, params, many, context):
+        if sql.lstrip().upper().startswith("INSERT") and self.table in sql and not self.fired:
+            self.fired += 1
+            raise OperationalError(self.code, "Lost connection to server during query")
+        return execute(sql, params, many, context)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("code", "after"),
+    [(2013, False), (2013, True), (1213, False)],
+    ids=["lost-before-commit", "lost-after-commit", "galera-conflict"],
+)
+def test_a_lost_connection_or_a_certification_conflict_is_retried_once_never_written_twice(
+    run, caplog, code, after
+):
+    rec = RunRecorder.for_run(run)
+    rec.run_started()
+    lose = _LoseConnection("diagnosis_trace_event", code)
+    if after:  # the write commits, then its connection is lost before the answer arrives
+        inner = rec.chain._submit
+
+        def submit(op):
+            inner(op)
+            if not lose.fired:
+                lose.fired += 1
+                raise OperationalError(code, "Lost connection to server during query")
+
+        rec.chain._submit = submit
+        lose.table = "no table"
+    with connection.execute_wrapper(lose):
+        seq = rec.routing_decision(intent="DIAGNOSIS", confidence=0.9, reason="r", fallback=False)
+    rec.finish(status=RunStatus.SUCCESS, content="answer")
+    run.refresh_from_db()
+    assert lose.fired == 1 and seq == 2
+    assert run.audit_write_failures == 0 and run.intent == "DIAGNOSIS"
+    events = _events(run.run_id)
+    assert [e.sequence_no for e in events] == list(range(1, run.expected_events + 1))
+    assert [e.event_type for e in events].count("ROUTING_DECISION") == 1
+    assert verify_chain(events).valid
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert ("answer lost, stored" if after else "audit write retried") in logged
 
 
 @pytest.mark.django_db

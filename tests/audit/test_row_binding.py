@@ -259,7 +259,7 @@ class _FailInserts:
         if sql.lstrip().upper().startswith("INSERT") and self.table in sql:
             from django.db import OperationalError
 
-            raise OperationalError(2013, "Lost connection to server during query")
+            raise OperationalError(1114, "The table is full")
         return execute(sql, params, many, context)
 
 

@@ -62,7 +62,7 @@ def test_event_times_from_the_chains_text_with_and_without_microseconds(user, ru
 class _FailEvents:
     def __call__(self, execute, sql, params, many, context):
         if "diagnosis_trace_event" in sql and sql.lstrip().upper().startswith("INSERT"):
-            raise OperationalError(2013, "Lost connection to server during query")
+            raise OperationalError(1114, "The table is full")
         return execute(sql, params, many, context)
 
 

@@ -249,7 +249,8 @@ class SqlLog:
 
 
 class FailInserts:
-    """Rejects the first `times` INSERTs into `table` like a dropped database connection would."""
+    """Rejects the first `times` INSERTs into `table` as a database that refuses the write would (a
+    table full: not a lost connection, which the recorder retries once; see `audit.write.rows`)."""
 
     def __init__(self, table: str, times: int) -> None:
         self.table, self.times, self.fired = table, times, 0
@@ -261,5 +262,5 @@ class FailInserts:
                 fire = self.fired < self.times
                 self.fired += fire
             if fire:
-                raise OperationalError(2013, "Lost connection to server during query")
+                raise OperationalError(1114, "The table is full")
         return execute(sql, params, many, context)

@@ -78,7 +78,7 @@ class _FailInserts:
 
     def __call__(self, execute, sql, params, many, context):
         if sql.lstrip().upper().startswith("INSERT") and self.table in sql:
-            raise OperationalError(2013, "Lost connection to server during query")
+            raise OperationalError(1114, "The table is full")
         return execute(sql, params, many, context)
 
 
