@@ -10,7 +10,7 @@ test:  ## lint, then the whole suite on SQLite and on MariaDB
 lint:
 	.venv/bin/ruff check . && .venv/bin/ruff format --check .
 
-bench:  ## benchmarks on MariaDB (B1–B7, B11), prints the table and writes docs/performance.md
+bench:  ## benchmarks on MariaDB (B1–B7, B11, B13 on the Galera cluster), prints the table and writes docs/performance.md
 	scripts/setup.sh dev
 	scripts/mariadb.sh
 	.venv/bin/python -m bench $(BENCH_ARGS)
