@@ -19,12 +19,13 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import Count, Exists, F, IntegerField, Max, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from core import writeauth
+from core.failover import LOOK_UP_PAUSES, lost_or_conflicted, reconnect_if_lost
 from diagnosis.models import (
     AgentFlow,
     ChatSession,
@@ -168,15 +169,42 @@ def claim_run(*, run_id: str, owner: str) -> DiagnosisRun | None:
     if run is None:
         return None
     until = _lease_until(now)
-    claimed = (
+    claim = (
         DiagnosisRun.objects.filter(run_id=run_id, status=RunStatus.PENDING, lease_epoch=run.lease_epoch)
         .filter(Q(lease_owner="") | Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
-        .update(lease_owner=owner, lease_expires_at=until, lease_epoch=F("lease_epoch") + 1)
+        .update
     )
+    fields = {"lease_owner": owner, "lease_expires_at": until, "lease_epoch": F("lease_epoch") + 1}
+    try:
+        claimed = claim(**fields)
+    except DatabaseError as exc:
+        if not lost_or_conflicted(exc) or connection.in_atomic_block:
+            raise
+        claimed = _claim_after_failover(run, owner=owner, claim=lambda: claim(**fields))
     if not claimed:
         return None
     run.lease_owner, run.lease_expires_at, run.lease_epoch = owner, until, run.lease_epoch + 1
     return run
+
+
+def _claim_after_failover(run: DiagnosisRun, *, owner: str, claim) -> bool:
+    """The claim's answer was lost with its connection (a failover) or Galera refused it: read the row
+    again on a connection that answers (a causal read behind Galera) — our owner at the next epoch: it
+    landed; still at the epoch read: it did not, claim once more; anything else: another claim won."""
+    for pause in LOOK_UP_PAUSES:
+        time.sleep(pause)
+        reconnect_if_lost()
+        try:
+            owner_now, epoch_now = (
+                DiagnosisRun.objects.filter(pk=run.pk).values_list("lease_owner", "lease_epoch").get()
+            )
+            if owner_now == owner and epoch_now == run.lease_epoch + 1:
+                return True
+            return epoch_now == run.lease_epoch and bool(claim())
+        except DatabaseError as exc:
+            if not lost_or_conflicted(exc):
+                raise
+    return False
 
 
 QUEUED_FLOWS = (AgentFlow.AI_OPS,)

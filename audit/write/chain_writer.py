@@ -28,19 +28,10 @@ from audit.verify.chain_digests import GOVERNANCE_EVENTS
 from audit.verify.hash_chain import GENESIS_HASH, event_payload_json
 from audit.write.group_commit import RecorderLock, get_committer
 from audit.write.ops import Fence, Insert, RawJSON, Update, WriteFenced, WriteOp, execute
-from audit.write.rows import (
-    CERTIFICATION_CONFLICT,
-    LOOK_UP_PAUSES,
-    ascii_json,
-    first_event_stored,
-    lost_or_conflicted,
-    recover_connection,
-    row_digest,
-    seal,
-    tables,
-)
+from audit.write.rows import ascii_json, first_event_stored, recover_connection, row_digest, seal, tables
 from audit.write.runtime_facts import SUMMARY_CHARS, ChainEvent, Committed
 from core import writeauth
+from core.failover import CERTIFICATION_CONFLICT, LOOK_UP_PAUSES, lost_or_conflicted
 from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun
 
 logger = logging.getLogger("audit.write")

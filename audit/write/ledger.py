@@ -18,8 +18,9 @@ from audit.verify.reconcile import (
     stored_usage,
     usage_counts,
 )
-from audit.write.rows import lost_or_conflicted, recover_connection
+from audit.write.rows import recover_connection
 from audit.write.runtime_facts import Usage
+from core.failover import lost_or_conflicted
 from pricing.costs import cost_fields, load_price_book
 from pricing.rules import CallTokens
 

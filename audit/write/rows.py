@@ -16,6 +16,7 @@ from audit.models import AgentStep, ToolInvocation, TraceEvent
 from audit.verify import row_digests
 from audit.write.ops import Insert, RawJSON
 from audit.write.ops import Table as RowTable
+from core.failover import LOOK_UP_PAUSES, reconnect_if_lost
 from diagnosis.models import DiagnosisRun
 from reasoning import crypto
 from reasoning.fields import Ciphertext, EncryptedTextField
@@ -88,32 +89,6 @@ def tables() -> _Tables:
 
 def ms(delta) -> int:
     return int(delta.total_seconds() * 1000)
-
-
-# A write whose outcome the database never told: the connection was lost (2006 gone away, 2013 lost
-# during the query, 2055 lost at handshake: a server killed or a failover behind a proxy), or Galera's
-# certification refused the transaction (1213 "WSREP detected deadlock/conflict": it rolled back whole).
-# Such a write may be retried once its first row is known not to be stored (docs/reliability.md, *A
-# Galera cluster behind HAProxy*).
-RETRY_AFTER_CODES = frozenset({1213, 2006, 2013, 2055})
-CERTIFICATION_CONFLICT = 1213
-# Pauses (seconds) before each further look-up or write after a lost connection: a proxy may still send
-# the first new connection to the node that just died, until it marks it down. At most about 1.5 s of
-# one pool thread, during a failover only.
-LOOK_UP_PAUSES = (0.1, 0.4, 1.0)
-
-
-def lost_or_conflicted(exc: BaseException) -> bool:
-    """Whether `exc` is a MariaDB/MySQL error of `RETRY_AFTER_CODES` (never on SQLite: its codes are text)."""
-    code = exc.args[0] if exc.args else None
-    return type(code) is int and code in RETRY_AFTER_CODES
-
-
-def reconnect_if_lost() -> None:
-    """Close this thread's connection if it no longer answers a ping (outside an atomic block), so the
-    next query opens a new one: after a lost connection, whatever error flags Django kept."""
-    if not connection.in_atomic_block and connection.connection is not None and not connection.is_usable():
-        connection.close()
 
 
 def recover_connection() -> None:

@@ -186,7 +186,7 @@ def test_deleted_and_recomputed_events_are_detected(run):
 # --------------------------------------------------------------------------------------------------
 class _FailInserts:
     """A database execute wrapper (Django's instrumentation hook) that rejects INSERTs into `table` (a table
-    full: a lost connection would be retried once, `audit.write.rows.lost_or_conflicted`)."""
+    full: a lost connection would be retried once, `core.failover.lost_or_conflicted`)."""
 
     def __init__(self, table, times=None):
         self.table, self.times, self.fired = table, times, 0
