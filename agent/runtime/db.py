@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from django.conf import settings
-from django.db import connections
+from django.db import DatabaseError, connections
 
 from audit.write.group_commit import BatchWriter, Bridged, Commit, RecorderLock, get_committer
 
@@ -277,6 +277,33 @@ async def db(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         .pick(fn)
         .call(asyncio.get_running_loop(), functools.partial(_job, fn, args, kwargs))
     )
+
+
+async def read(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """`db` for a function that only reads, so that nothing it did can have landed: after a lost connection
+    or a Galera certification conflict (`core.failover`: a failover behind the proxy) it runs again, on a
+    connection that answers a ping, up to `LOOK_UP_PAUSES` times (a run starting or resuming at a node
+    kill is not failed by the read of its previous turns; docs/reliability.md)."""
+    from core.failover import LOOK_UP_PAUSES, lost_or_conflicted
+
+    try:
+        return await db(fn, *args, **kwargs)
+    except DatabaseError as exc:
+        if not lost_or_conflicted(exc):
+            raise
+    for n, pause in enumerate(LOOK_UP_PAUSES, start=1):
+        await asyncio.sleep(pause)
+        try:
+            return await db(_on_an_answering_connection, fn, *args, **kwargs)
+        except DatabaseError as exc:
+            if n == len(LOOK_UP_PAUSES) or not lost_or_conflicted(exc):
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _on_an_answering_connection(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    _close_unanswering()
+    return fn(*args, **kwargs)
 
 
 def _resume(job: Bridged) -> tuple[bool, Any]:

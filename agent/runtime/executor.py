@@ -34,7 +34,7 @@ from agent.runtime.cancel import CancelToken, RunCancelled
 from agent.runtime.canonical import CanonicalStore
 from agent.runtime.configuration import configure_run, tools_of_start
 from agent.runtime.context import RunContext
-from agent.runtime.db import db, run_blocking
+from agent.runtime.db import db, read, run_blocking
 from agent.runtime.events import (
     ErrorEvent,
     EventSink,
@@ -388,7 +388,7 @@ async def _start(
         registry = registry if registry is not None else default_registry(flow=run.agent_flow)
         left_out: dict[str, str] = {}  # tools whose backend cannot run them are not offered
         if resuming:
-            started_with = await db(tools_of_start, run.run_id)
+            started_with = await read(tools_of_start, run.run_id)
             registry = registry.only(started_with) if started_with is not None else registry
         else:
             registry, left_out = await run_blocking(registry.offered)
@@ -436,7 +436,7 @@ async def _start(
         on_finishing=ending.finishing,
         gate=gate,
         redactor=Redactor(
-            known=await db(known_redactions, run, resuming=True) if resuming else known_redactions(run)
+            known=await read(known_redactions, run, resuming=True) if resuming else known_redactions(run)
         ),
     )
     ending.ctx = ctx

@@ -22,7 +22,7 @@ from agent.runtime import prompts
 from agent.runtime.agent import Agent, AgentAnswer
 from agent.runtime.cancel import RunCancelled
 from agent.runtime.context import RunContext
-from agent.runtime.db import db
+from agent.runtime.db import db, read
 from agent.runtime.events import Stage
 from agent.runtime.guards import (
     EvidenceVerdict,
@@ -107,7 +107,7 @@ async def run_pipeline(ctx: RunContext, *, created_at: Any, resuming: bool = Fal
     if resuming:
         return await _resume(ctx)
     rec = ctx.recorder
-    history = await db(previous_turns, session_id=ctx.session_id, run_id=ctx.run_id, before=created_at)
+    history = await read(previous_turns, session_id=ctx.session_id, run_id=ctx.run_id, before=created_at)
     # Stored turns were redacted when they were asked; runs stored before redaction (or with it off)
     # were not: they are redacted again on their way to the model.
     history = [(ctx.redactor.redact(query), ctx.redactor.redact(content)) for query, content in history]

@@ -199,9 +199,9 @@ async def saved_state(ctx: Any) -> tuple[dict[str, Any], dict[str, dict[str, Any
     (`interrupted_record`), read back, checked against the digest RUN_INTERRUPTED chains and decrypted
     (fail-closed: `ResumeStateUnavailable`), then dropped from the store (read once: a later interruption
     saves a new state); the run context's step counts, evidence and canonical flag restored."""
-    from agent.runtime.db import db
+    from agent.runtime.db import db, read
 
-    interrupted, decisions = await db(interrupted_record, ctx.run_id)
+    interrupted, decisions = await read(interrupted_record, ctx.run_id)
     state = await db(
         load_checkpoint, ctx.canonical, expected_sha256=str(interrupted.get("checkpointSha256") or "")
     )
