@@ -29,12 +29,16 @@ def _held_loop_samples() -> LoopLag:
     return lag
 
 
-def test_a_callback_holding_the_loop_is_one_sample_over_ten_ms():
+def _over(counts: list[int], seconds: float) -> int:
+    return sum(c for bound, c in zip((*BUCKETS, float("inf")), counts, strict=True) if bound > seconds)
+
+
+def test_a_callback_holding_the_loop_is_a_sample_over_ten_ms():
     counts, total = _held_loop_samples().snapshot()
-    over = sum(c for bound, c in zip((*BUCKETS, float("inf")), counts, strict=True) if bound > 0.01)
-    assert over == 1  # the 40 ms hold, once
-    assert sum(counts) >= 15 and total >= 0.03
-    assert quantile(counts, 0.5) <= 0.01  # the free loop's wake-ups
+    # The 40 ms hold is one sample of at least 30 ms (a loaded machine may add more late wake-ups).
+    assert _over(counts, 0.03) >= 1 and total >= 0.03
+    assert sum(counts) >= 10  # the free loop woke every 5 ms
+    assert quantile(counts, 1.0) >= 0.04 > quantile(counts, 0.01)
     assert quantile([0] * len(counts), 0.99) != quantile([0] * len(counts), 0.99)  # nan without samples
 
 
@@ -53,4 +57,4 @@ def test_the_histogram_is_served_on_metrics(settings, monkeypatch):
         if s.name.endswith("_bucket")
     }
     assert buckets["+Inf"] == sum(held.counts)
-    assert buckets["+Inf"] - buckets["0.01"] == 1
+    assert buckets["+Inf"] - buckets["0.01"] == _over(held.counts, 0.01) >= 1
