@@ -777,13 +777,15 @@ def limits(ev: dict) -> str:
     )
     fixed_first = bool(shares) and sum(shares) / len(shares) >= 0.5
     fixed_lever = (
-        "the fixed part — in the B3 profile of short runs (`--only b3p`, 50 and 200 chats, on the aiohttp "
-        "transport, 2026-12-03) a run's 47–51 ms were the SDK's request building and HTTP exchange for its "
-        "4 calls (7–14 ms; the SDK's typed transform of the request body could be skipped by posting the "
-        "body as built), the recorder (10–13 ms), the other database work of a run (claim, history, "
-        "configuration; 4–9 ms), the event loop (4–12 ms), the frames (4–6 ms) and thread-pool hops "
-        "(2–3 ms); after the guard's last token two durable commits remain (the release, then the run's "
-        "end), which one transaction could carry"
+        "the fixed part — in a py-spy profile of one daphne serving short runs, 10 at once (issue 49, "
+        "2026-12-06, *A lean run* under *Measured by hand*), a run's 49 ms were the SDK's request building "
+        "and HTTP exchange for its 4 calls (13 ms, 4 of them its typed transform of the body, since "
+        "skipped: `LeanChunkClient.stream_chat`), the frames, the consumer and the follower's catch-up "
+        "reads (11 ms; 3.5 of them re-reading the timeline at every sequence gap, which a publisher "
+        "stamping the previous frame's sequence number would avoid), the recorder (8 ms), thread-pool "
+        "hops (6 ms) and the other database work (5 ms; creating the run 3.3 ms); after the guard's last "
+        "token two durable commits remain (the release, then the run's end), which one transaction could "
+        "carry"
     )
     chunk_lever = (
         "the per-chunk path — the runtime reads each chunk's JSON as a view instead of the SDK's pydantic "
