@@ -171,6 +171,14 @@ def main(argv: list[str] | None = None) -> int:
             )
         results.rows += rows
         results.evidence["b3_chat"] = evidence
+        # B3 alone never writes docs/performance.md: its rows, levels and limits are kept for a reader.
+        kept = Path(env.ROOT) / "test-artifacts" / "b3-chat.md"
+        kept.write_text(
+            "\n\n".join((report._md_table(rows), b3_chat.markdown(evidence), b3_chat.limits(evidence)))
+            + "\n",
+            encoding="utf-8",
+        )
+        print(f"  B3 rows, levels and limits kept in {kept.relative_to(env.ROOT)}")
         if args.b3_short:
             print("B3 (short profile, secondary): largest level with p99 extra delay per frame ≤ 50 ms")
             levels = (5, 10, 25, 50) if q else b3_live.SWEEP

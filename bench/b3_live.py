@@ -137,6 +137,9 @@ def start_server(
             "RUN_SWEEP_INTERVAL_SECONDS": "0",
             # The servers announce their port at INFO.
             "LOG_LEVEL": "INFO",
+            # The event loop's lag, sampled every 5 ms and read from /metrics (`loop_lag_counts`).
+            "LOOP_LAG_SAMPLE_MS": "5",
+            "METRICS_ALLOW_ANONYMOUS": "true",
             **extra,
         }
     )
@@ -284,6 +287,29 @@ BENCH_REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/11")
 def _cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+_LAG_BUCKET = re.compile(r'^diagnosis_event_loop_lag_seconds_bucket\{le="([^"]+)"\} ([0-9.e+]+)$', re.M)
+
+
+def loop_lag_counts(urls: list[str]) -> list[int]:
+    """The servers' event-loop lag samples so far, per bucket of `telemetry.loop_lag.BUCKETS` (the last:
+    above every bound), summed over the servers (`urls`: their WebSocket URLs); read from /metrics."""
+    import urllib.request
+
+    from telemetry.loop_lag import BUCKETS
+
+    total = [0] * (len(BUCKETS) + 1)
+    for url in urls:
+        base = url.replace("ws://", "http://", 1).split("/ws/", 1)[0]
+        with urllib.request.urlopen(f"{base}/metrics", timeout=30) as response:
+            text = response.read().decode()
+        cumulative = [int(float(n)) for _le, n in _LAG_BUCKET.findall(text)]
+        if len(cumulative) != len(total):
+            raise RuntimeError(f"B3: no loop lag histogram on {base}/metrics (LOOP_LAG_SAMPLE_MS)")
+        for i, n in enumerate(cumulative):
+            total[i] += n - (cumulative[i - 1] if i else 0)
+    return total
 
 
 @contextlib.contextmanager

@@ -645,10 +645,17 @@ last token, so the guard's own model time (reported beside it) is out of it. The
 level whose p99 exceeds 50 ms or that failed a run; capacity is the level before. Configurations, for
 each release mode: one process on the in-memory layer, one and two processes on the Redis layer (the
 clients split across the two), one MariaDB. Afterwards every run's records are checked (stored
-counts, write failures, the hash chain). `--smoke` shrinks the profile (20-chunk calls at 100/s), the
+counts, write failures, the hash chain). *Loop lag*: every server samples its event loop every 5 ms
+(`LOOP_LAG_SAMPLE_MS`, `telemetry.loop_lag`: how late a timer that fell due woke) into a histogram on
+its /metrics, read before and after each level's window; the rows give the bucket holding the p99, the
+samples over 10 ms and the longest's bucket, at the level held (or the first level when none was).
+*Bound*: one core feeds at most 1 ÷ (CPU per chat-second) chats — a chat run's CPU over its length, from
+the cost batch for the server and from the floor's batch for the bare SDK — and the rows give the chats
+held ÷ the server's bound (target ≥ 0.9). `--smoke` shrinks the profile (20-chunk calls at 100/s), the
 ramp (2, 4) and the cost batches (2 runs); `--quick` ramps to 50. On a 2-core machine the provider and
 the clients share the cores with the servers: the servers' CPU per level is in the table, and the
-provider's pacing under load is visible in the guard model's time (nominally 6.1 s).
+provider's pacing under load is visible in the guard model's time (nominally 6.1 s); two processes are
+reported with the cores the machine has, which they share with the provider and the clients.
 
 **B3 on the short profile** (secondary, `--b3-short`). ASGI servers on `config.asgi:application`
 (production settings; daphne unless

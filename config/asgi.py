@@ -6,9 +6,16 @@ drops forwarded headers from untrusted peers and `WebSocketTlsRequired` closes a
 not arrive over TLS (`core.proxy`). With `MCP_SERVER_ENABLED`, `/mcp` is the record's MCP endpoint
 (`surfaces.mcp.asgi`). `BackgroundDuties` starts the process's duties with the first
 connection or at lifespan start-up, unless `python -m config.serve` already did at process start.
+The objects built at start-up (Django, the apps, the libraries they import) are moved out of the
+cyclic garbage collector's reach (`gc.freeze`): they live as long as the process, and every full
+collection walked them all on the serving loop — 70–190 ms each, several a minute under B3's ramp, the
+longest stalls of its loop (docs/performance.md, *B3 loop lag*).
+`LoopLagMonitor` starts sampling the serving loop's lag (`LOOP_LAG_SAMPLE_MS`, `telemetry.loop_lag`) with
+the first connection or lifespan start-up.
 Details: docs/deployment.md, *Background duties*; docs/chat.md; docs/security.md, *Proxies and TLS*.
 """
 
+import gc
 import os
 
 from django.core.asgi import get_asgi_application
@@ -26,6 +33,22 @@ from agent.runtime.supervisor import BackgroundDuties  # noqa: E402
 from config.routing import websocket_urlpatterns  # noqa: E402
 from core.proxy import TrustedProxyHeaders, WebSocketTlsRequired  # noqa: E402
 from surfaces.chat.auth import ChatAuthMiddleware, ChatOriginValidatorFromSettings  # noqa: E402
+from telemetry import loop_lag  # noqa: E402
+
+
+class LoopLagMonitor:
+    """ASGI wrapper: the first call on the serving loop starts its lag sampling (`telemetry.loop_lag`)."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+        self.started = False
+
+    async def __call__(self, scope, receive, send):
+        if not self.started:
+            self.started = True
+            loop_lag.start(float(settings.LOOP_LAG_SAMPLE_MS))
+        return await self.app(scope, receive, send)
+
 
 http_app = ASGIStaticFilesHandler(django_asgi_app) if settings.DEBUG else django_asgi_app
 if settings.MCP_SERVER_ENABLED:
@@ -33,15 +56,20 @@ if settings.MCP_SERVER_ENABLED:
 
     http_app = McpMount(http_app)
 
-application = TrustedProxyHeaders(
-    BackgroundDuties(
-        ProtocolTypeRouter(
-            {
-                "http": http_app,
-                "websocket": WebSocketTlsRequired(
-                    ChatOriginValidatorFromSettings(ChatAuthMiddleware(URLRouter(websocket_urlpatterns)))
-                ),
-            }
+application = LoopLagMonitor(
+    TrustedProxyHeaders(
+        BackgroundDuties(
+            ProtocolTypeRouter(
+                {
+                    "http": http_app,
+                    "websocket": WebSocketTlsRequired(
+                        ChatOriginValidatorFromSettings(ChatAuthMiddleware(URLRouter(websocket_urlpatterns)))
+                    ),
+                }
+            )
         )
     )
 )
+
+# Everything above lives as long as the process: out of the cyclic collector's full passes (see above).
+gc.freeze()

@@ -1109,6 +1109,13 @@ SETTINGS: tuple[Setting, ...] = _in_sections(
         secret=True,
     ),
     Setting(
+        "LOOP_LAG_SAMPLE_MS",
+        "float",
+        0.0,
+        "a serving process samples its event loop's lag this often (a timer's overshoot, served on "
+        "/metrics as `diagnosis_event_loop_lag_seconds`); 0 = off",
+    ),
+    Setting(
         "METRICS_ALLOW_ANONYMOUS",
         "bool",
         lambda v: v["DEBUG"],

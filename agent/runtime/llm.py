@@ -460,7 +460,7 @@ class OpenAIModelClient:
             entry: dict[str, Any] = {"attempt": attempt}
             progress.attempts.append(entry)
             try:
-                stream = await client.chat.completions.create(**params)
+                stream = await client.stream_chat(params)
                 try:
                     async for chunk in stream:
                         piece = assembler.feed(chunk)

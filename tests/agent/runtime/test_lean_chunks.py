@@ -141,3 +141,49 @@ def test_the_runtimes_client_hands_out_views_and_the_sdk_still_raises_a_streamed
         got = asyncio.run(read(server))
     assert got and all(isinstance(c, ChunkView) for c in got)
     assert "".join(c.choices[0].delta.content or "" for c in got if c.choices) == "fine"
+
+
+# Headers that differ between any two requests whatever sent them.
+_PER_REQUEST_HEADERS = {"content-length", "x-stainless-retry-count", "x-stainless-read-timeout"}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("runtime_pools")
+def test_the_runtime_posts_exactly_what_the_sdks_create_would_send(llm, corpus, user, settings):
+    """`LeanChunkClient.stream_chat` skips the SDK's typed transform of the body: on every request of a
+    real run (router, the agent's tool step and answer, the semantic guard) the transform would have
+    returned the very body sent, and `create(**body)` sends the same path and headers."""
+    from openai._utils import async_maybe_transform
+    from openai.types.chat.completion_create_params import CompletionCreateParamsStreaming
+
+    from tests.agent.runtime.support import AGENT, ask, script_reasoned_diagnosis
+
+    script_reasoned_diagnosis(llm)
+    _run, outcome, _ = ask(user, "Disk full on /var/log")
+    assert outcome.release_decision == "PUBLISHED"
+    sent = [r for requests in llm.requests.values() for r in requests]
+    assert len(sent) == 4 and any(r.json.get("tools") for r in sent)  # the agent's calls offer tools
+    for request in sent:
+        assert (
+            asyncio.run(async_maybe_transform(request.json, CompletionCreateParamsStreaming)) == request.json
+        )
+
+    tool_step = llm.requests[AGENT][0]
+
+    async def through_create():
+        client = LeanChunkClient(base_url=settings.LLM_BASE_URL, api_key=settings.LLM_API_KEY, max_retries=0)
+        try:
+            stream = await client.chat.completions.create(**tool_step.json)
+            [_ async for _ in stream]
+        finally:
+            await client.close()
+
+    llm.add(AGENT, Stream(chunks=[*text_chunks("again", 1)]))
+    asyncio.run(through_create())
+    again = llm.requests[AGENT][-1]
+    assert again.path == tool_step.path and again.json == tool_step.json
+
+    def headers(request):
+        return {k: v for k, v in request.headers.items() if k not in _PER_REQUEST_HEADERS}
+
+    assert headers(again) == headers(tool_step)
