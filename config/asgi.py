@@ -1,18 +1,13 @@
 """ASGI entry point served by daphne: HTTP through Django, WebSocket chat through channels.
 
 HTTP goes to Django (static files too while DEBUG is on); the WebSocket `ws/chat/` passes
-`ChatOriginValidator` and `ChatAuthMiddleware` (`surfaces.chat.auth`). Outermost, `TrustedProxyHeaders`
-drops forwarded headers from untrusted peers and `WebSocketTlsRequired` closes a chat socket that did
-not arrive over TLS (`core.proxy`). With `MCP_SERVER_ENABLED`, `/mcp` is the record's MCP endpoint
-(`surfaces.mcp.asgi`). `BackgroundDuties` starts the process's duties with the first
-connection or at lifespan start-up, unless `python -m config.serve` already did at process start.
-The objects built at start-up (Django, the apps, the libraries they import) are moved out of the
-cyclic garbage collector's reach (`gc.freeze`): they live as long as the process, and every full
-collection walked them all on the serving loop — 70–190 ms each, several a minute under B3's ramp, the
-longest stalls of its loop (docs/performance.md, *B3 loop lag*).
-`LoopLagMonitor` starts sampling the serving loop's lag (`LOOP_LAG_SAMPLE_MS`, `telemetry.loop_lag`) with
-the first connection or lifespan start-up.
-Details: docs/deployment.md, *Background duties*; docs/chat.md; docs/security.md, *Proxies and TLS*.
+`ChatOriginValidator` and `ChatAuthMiddleware` (`surfaces.chat.auth`). `TrustedProxyHeaders` drops
+forwarded headers from untrusted peers, `WebSocketTlsRequired` closes a chat socket not over TLS
+(`core.proxy`); `/mcp` is the record's MCP endpoint when enabled (`surfaces.mcp.asgi`); `BackgroundDuties`
+starts the duties (and refuses requests while draining); `LoopLagMonitor` samples the loop's lag
+(`LOOP_LAG_SAMPLE_MS`). The start-up heap is frozen out of the cyclic collector (`gc.freeze`: its full
+passes stalled the loop 70–190 ms). Details: docs/deployment.md, *Background duties*; docs/chat.md;
+docs/security.md, *Proxies and TLS*; docs/performance.md, *B3 loop lag*.
 """
 
 import gc
