@@ -4,10 +4,9 @@ HTTP goes to Django (static files too while DEBUG is on); the WebSocket `ws/chat
 `ChatOriginValidator` and `ChatAuthMiddleware` (`surfaces.chat.auth`). `TrustedProxyHeaders` drops
 forwarded headers from untrusted peers, `WebSocketTlsRequired` closes a chat socket not over TLS
 (`core.proxy`); `/mcp` is the record's MCP endpoint when enabled (`surfaces.mcp.asgi`); `BackgroundDuties`
-starts the duties (and refuses requests while draining); `LoopLagMonitor` samples the loop's lag
-(`LOOP_LAG_SAMPLE_MS`). The start-up heap is frozen out of the cyclic collector (`gc.freeze`: its full
-passes stalled the loop 70–190 ms). Details: docs/deployment.md, *Background duties*; docs/chat.md;
-docs/security.md, *Proxies and TLS*; docs/performance.md, *B3 loop lag*.
+starts the duties (and refuses requests while draining); `LoopLagMonitor` samples the loop's lag. The
+start-up heap is frozen out of the cyclic collector (`gc.freeze`: full passes stalled the loop 70–190 ms).
+Details: docs/deployment.md, *Background duties*; docs/security.md, *Proxies and TLS*; docs/performance.md.
 """
 
 import gc

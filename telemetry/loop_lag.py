@@ -1,13 +1,11 @@
 """Event-loop lag of this serving process: how late the loop runs what is due (issue 49, item 5).
 
 With `LOOP_LAG_SAMPLE_MS` above 0, `start()` (called on the serving loop by `config.asgi`'s
-`LoopLagMonitor` with its first connection or lifespan start-up) runs one task that sleeps that long
-again and again and records each wake-up's overshoot — the time the loop was busy with other callbacks
-when the timer fell due — in a histogram served on /metrics as `diagnosis_event_loop_lag_seconds`.
-A callback that holds the loop for D ms shows as overshoots of up to D ms; sampling every 5 ms, none of
-10 ms or more escapes. The task's own cost is one timer wake-up per sample (≈ 200 per second at 5 ms,
-well under 1 % of a core); off by default. B3 reads the histogram before and after each level of its
-ramp (docs/performance.md, *B3 live chats*).
+`LoopLagMonitor`) runs one task that sleeps that long again and again and records each wake-up's
+overshoot — the time the loop was busy with other callbacks — in a histogram on /metrics
+(`diagnosis_event_loop_lag_seconds`): a callback holding the loop D ms shows as overshoots up to D ms.
+Its cost is one timer wake-up per sample (≈ 200 a second at 5 ms, under 1 % of a core); off by default.
+B3 reads the histogram around each level of its ramp (docs/performance.md, *B3 live chats*).
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """Streamed chat chunks read as JSON views instead of pydantic models: the `openai` SDK's client with one
 step of its chunk handling replaced.
 
-`LeanChunkClient` leaves the SDK to send the request, decode the SSE stream, stop at `[DONE]`, drain the
-body and raise `APIError` for a streamed error, exactly as before, and hands each chunk's decoded JSON to
-the runtime as a `ChunkView` instead of building the SDK's models (about half its CPU per chunk). A view
-answers what the runtime reads (`StreamAssembler`, `usage_from`, reasoning capture, `model_extra`
-included) as the SDK's models would; everything but streamed chat chunks goes through the SDK unchanged.
-
-`stream_chat(body)` posts a streamed chat completion's body as the runtime built it: the request the
-SDK's `chat.completions.create(**body)` sends (same path, headers, authentication, options, stream
-class), without its typed transform of the body, which walks every message against the params'
-TypedDicts (≈ 4 ms of CPU per run of 4 calls, B3's profile) and returns the same JSON for the plain
-messages, tools and options the runtime sends (`tests/agent/runtime/test_lean_chunks.py` checks it on
-every request of real runs).
-Details: docs/runtime.md, *Model client and retry policy*.
+`LeanChunkClient` leaves the SDK to send the request, decode the SSE stream, stop at `[DONE]` and raise
+`APIError`, and hands each chunk's JSON to the runtime as a `ChunkView` (answering what the runtime reads
+as the SDK's models would) instead of building models (about half its CPU per chunk). `stream_chat(body)`
+sends what `chat.completions.create(**body)` sends (path, headers, options, stream class) without its typed
+transform of the body (≈ 4 ms of CPU per run; `tests/agent/runtime/test_lean_chunks.py` checks the body is
+identical on every request of real runs). Details: docs/runtime.md, *Model client and retry policy*.
 """
 
 from __future__ import annotations
