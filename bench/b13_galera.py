@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from bench import galera_cluster
+from bench.env import spawn_worker, worker_result
 from bench.stats import Row, spread
 
 DATABASE = "diagnosis_bench_galera"
@@ -50,21 +51,11 @@ def _env(target: str) -> dict[str, str]:
 
 
 def _worker(target: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "bench.b13_galera", *args],
-        cwd=str(galera_cluster.ROOT),
-        env=_env(target),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return spawn_worker("bench.b13_galera", list(args), env=_env(target), cwd=galera_cluster.ROOT)
 
 
 def _result(proc: subprocess.Popen, timeout: float) -> dict:
-    out, err = proc.communicate(timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"B13 worker failed ({proc.returncode}): {err.strip()[-2000:]}")
-    return json.loads(out.strip().splitlines()[-1])
+    return worker_result(proc, timeout, name="B13")
 
 
 def _prepare() -> None:

@@ -29,6 +29,7 @@ import sys
 import time
 
 from bench import replica_pair
+from bench.env import spawn_worker, worker_result
 from bench.stats import Row, spread
 
 DATABASE = "diagnosis_bench_replica"
@@ -47,21 +48,11 @@ def _env(name: str, *, replica: bool) -> dict[str, str]:
 
 
 def _worker(args: list[str], *, name: str, replica: bool) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "bench.b9_replica", *args],
-        cwd=str(replica_pair.ROOT),
-        env=_env(name, replica=replica),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return spawn_worker("bench.b9_replica", args, env=_env(name, replica=replica), cwd=replica_pair.ROOT)
 
 
 def _result(proc: subprocess.Popen, timeout: float) -> dict:
-    out, err = proc.communicate(timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"B9 worker failed ({proc.returncode}): {err.strip()[-2000:]}")
-    return json.loads(out.strip().splitlines()[-1])
+    return worker_result(proc, timeout, name="B9")
 
 
 def seed(*, runs: int, name: str = DATABASE, log=print) -> None:

@@ -191,3 +191,26 @@ def machine() -> Machine:
         innodb=innodb,
         platform=f"{platform.system()} {platform.release()} ({sys.implementation.name})",
     )
+
+
+def spawn_worker(module: str, args: list[str], *, env: dict[str, str], cwd: Path) -> subprocess.Popen:
+    """`python -m MODULE ARGS…`: a bench's worker process (its own Django set-up, its own database
+    settings in `env`), whose last line of output is its JSON result (`worker_result`)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        cwd=str(cwd),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def worker_result(proc: subprocess.Popen, timeout: float, *, name: str) -> dict:
+    """The JSON result a worker printed last; its error output when it failed."""
+    import json
+
+    out, err = proc.communicate(timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name} worker failed ({proc.returncode}): {err.strip()[-2000:]}")
+    return json.loads(out.strip().splitlines()[-1])

@@ -7,18 +7,14 @@ import os
 import pytest
 
 from bench import b9_replica, replica_pair
+from tests.local_servers import started_or_skipped
 
 pytestmark = pytest.mark.replica
 
 
 @pytest.fixture(scope="module")
 def pair():
-    reason = replica_pair.missing()
-    if reason:
-        if os.environ.get("REPLICA_REQUIRE") == "1":
-            pytest.fail(f"REPLICA_REQUIRE=1 but {reason}", pytrace=False)
-        pytest.skip(reason)
-    replica_pair.start()
+    started_or_skipped(replica_pair, require="REPLICA_REQUIRE")
 
 
 def test_b9_measures_both_paths_with_and_without_the_replica(pair):

@@ -11,17 +11,12 @@ import os
 import pytest
 
 from bench import galera_cluster
+from tests.local_servers import started_or_skipped
 
 
 @pytest.fixture(scope="session")
 def galera():
-    reason = galera_cluster.missing()
-    if reason:
-        if os.environ.get("GALERA_REQUIRE") == "1":
-            pytest.fail(f"GALERA_REQUIRE=1 but {reason}", pytrace=False)
-        pytest.skip(reason)
-    galera_cluster.start()
-    return galera_cluster
+    return started_or_skipped(galera_cluster, require="GALERA_REQUIRE")
 
 
 @pytest.fixture(scope="module")

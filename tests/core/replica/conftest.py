@@ -11,17 +11,12 @@ import os
 import pytest
 
 from bench import replica_pair
+from tests.local_servers import started_or_skipped
 
 
 @pytest.fixture(scope="session")
 def mariadb_pair():
-    reason = replica_pair.missing()
-    if reason:
-        if os.environ.get("REPLICA_REQUIRE") == "1":
-            pytest.fail(f"REPLICA_REQUIRE=1 but {reason}", pytrace=False)
-        pytest.skip(reason)
-    replica_pair.start()
-    return replica_pair
+    return started_or_skipped(replica_pair, require="REPLICA_REQUIRE")
 
 
 @pytest.fixture(scope="module")
