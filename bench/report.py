@@ -410,8 +410,8 @@ def b13_section(res: Results) -> str:
 Measured {when} by `python -m bench --only b13` (`bench/b13_galera.py` says how): the three nodes of
 `scripts/mariadb-galera.sh` and HAProxy on the same 2-core machine as the single server and the bench, so
 the ratio shows what synchronous replication costs each commit here (certification and the group's
-round trip on loopback, three servers sharing two cores), not a networked cluster's latency. Not in the
-default set (it needs the cluster); no target in issue 48: the rows report.
+round trip on loopback, three servers sharing two cores), not a networked cluster's latency. In `make
+bench`'s default set (it starts the cluster itself); no target in issue 48: the rows report.
 
 {_md_table(rows)}
 {B13_END}"""
