@@ -113,8 +113,10 @@ def site_config(
     text = _sub(text, "    listen [::]:443 ssl;\n", "")
     text = _sub(text, 'set $diagnosis_tls_suffix "";', f'set $diagnosis_tls_suffix ":{tls_port}";')
     text = _sub(text, "server_name diagnosis.example.com;", f"server_name {HOST};", count=2)
-    upstream = "".join(f"    server 127.0.0.1:{port};\n" for port in upstreams)
-    text = _sub(text, "    server 127.0.0.1:8001;\n    server 127.0.0.1:8002;\n", upstream)
+    upstream = "".join(f"    server 127.0.0.1:{port} max_fails=0;\n" for port in upstreams)
+    text = _sub(
+        text, "    server 127.0.0.1:8001 max_fails=0;\n    server 127.0.0.1:8002 max_fails=0;\n", upstream
+    )
     text = _sub(text, "/etc/ssl/diagnosis/fullchain.pem", str(cert))
     text = _sub(text, "/etc/ssl/diagnosis/privkey.pem", str(key))
     text = _sub(text, "/srv/diagnosis/staticfiles/", f"{static}/")

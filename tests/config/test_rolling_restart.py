@@ -33,7 +33,14 @@ from agent.runtime import prompts
 from audit.models import AgentStep, EventType, ToolInvocation, TraceEvent
 from audit.verify.runs import verify_run
 from diagnosis.models import DiagnosisRun, RunStatus
-from tests.config.support import HOST, TIMEOUT, Deployment, client_tls, require_deployment_services
+from tests.config.support import (
+    HOST,
+    TIMEOUT,
+    Deployment,
+    client_tls,
+    direct_client,
+    require_deployment_services,
+)
 from tests.factories import issue_token
 from tests.fakes.openai_server import (
     FakeLLMServer,
@@ -198,6 +205,7 @@ def _sse_chat(d: Deployment, token: str, n: int) -> Seen:
                             seen.errors.append(event.data)
                         elif event.event == "outcome":
                             seen.outcome = event.data
+                            break  # as the chat page does: the outcome ends the turn
             except httpx.TransportError:
                 pass  # the process serving the stream stopped: re-attach below
             if seen.outcome is None:
@@ -248,8 +256,9 @@ def _ws_chat(d: Deployment, token: str, n: int) -> Seen:
 # -------------------------------------------------------------------------------------------------
 # The test
 # -------------------------------------------------------------------------------------------------
-def _healthy(d: Deployment) -> bool:
-    with d.client() as client:
+def _ready(daphne) -> bool:
+    """The restarted process itself answers its readiness probe (not the proxy, which may ask the other)."""
+    with direct_client(daphne.port, "127.0.0.1") as client:
         return client.get("/healthz").status_code == 200
 
 
@@ -306,7 +315,7 @@ def test_a_rolling_restart_under_load_fails_no_chat_and_runs_no_tool_twice(
                 for daphne in d.daphnes:  # `systemctl restart diagnosis@A`, then B
                     exits.append(daphne.terminate(timeout=30))
                     daphne.start()
-                    wait_for(lambda: _healthy(d), 30, message="the restarted process to be ready")
+                    wait_for(lambda d=daphne: _ready(d), 30, message="the restarted process to be ready")
                 seen = [f.result(timeout=180) for f in futures]
             wait_for(
                 lambda: (
