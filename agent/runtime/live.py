@@ -53,6 +53,8 @@ FINISH_ROW_WAIT_SECONDS = 3.0
 # REFUSED starts are not tool calls; ERROR_OBSERVED is an observation, not a status change of the call.
 _NOT_TOOL_STATUSES = frozenset({"REFUSED", "ERROR_OBSERVED"})
 _SUBSCRIBE_TIMEOUT = 10.0
+# How long closing a follower waits for its cancelled receive to unwind before the reader's stream ends.
+_UNSUBSCRIBE_WAIT = 1.0
 # A follower whose frames nobody started reading within this long unsubscribes (an abandoned request).
 ABANDON_SECONDS = 60.0
 
@@ -352,8 +354,9 @@ class RunFollower:
             self._watchdog.cancel()
         if self._pump is not None:
             self._pump.cancel()
-            with contextlib.suppress(BaseException):
-                await self._pump
+            # Bounded: a receive the channel layer does not let go of at once must not hold the reader's
+            # stream open after its outcome (it ends when this returns).
+            await asyncio.wait({self._pump}, timeout=_UNSUBSCRIBE_WAIT)
         if self._layer is not None and self._channel is not None:
             with contextlib.suppress(Exception):
                 await asyncio.shield(

@@ -205,7 +205,6 @@ def _sse_chat(d: Deployment, token: str, n: int) -> Seen:
                             seen.errors.append(event.data)
                         elif event.event == "outcome":
                             seen.outcome = event.data
-                            break  # as the chat page does: the outcome ends the turn
             except httpx.TransportError:
                 pass  # the process serving the stream stopped: re-attach below
             if seen.outcome is None:
