@@ -49,7 +49,7 @@ from surfaces.api.audit_serializers import TraceSerializer
 from surfaces.api.trace_render import trace_data
 from tests.agent.runtime.support import AGENT, ask, in_every_runtime_thread
 from tests.factories import issue_token, usage
-from tests.fakes.openai_server import FakeLLMServer, stream_tool_calls
+from tests.fakes.openai_server import serving, stream_tool_calls
 from tests.surfaces.chat.support import DaphneServer, ScriptedProvider, iter_sse, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -365,10 +365,7 @@ def test_a_heartbeat_that_finds_another_epoch_cancels_the_run(user, settings):
 # --------------------------------------------------------------------------------------------------
 @pytest.fixture
 def provider():
-    with FakeLLMServer() as server:
-        scripted = ScriptedProvider()
-        server.handler = scripted
-        scripted.base_url = server.base_url
+    with serving(ScriptedProvider()) as scripted:
         yield scripted
 
 

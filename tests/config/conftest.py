@@ -8,16 +8,13 @@ import pytest
 from django.core.management import call_command
 
 from tests.config.support import Deployment, require_deployment_services
-from tests.fakes.openai_server import FakeLLMServer
+from tests.fakes.openai_server import serving
 from tests.surfaces.chat.support import ScriptedProvider
 
 
 @pytest.fixture
 def provider():
-    with FakeLLMServer() as server:
-        scripted = ScriptedProvider()
-        server.handler = scripted
-        scripted.base_url = server.base_url
+    with serving(ScriptedProvider()) as scripted:
         yield scripted
 
 

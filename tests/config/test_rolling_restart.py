@@ -43,9 +43,9 @@ from tests.config.support import (
 )
 from tests.factories import issue_token
 from tests.fakes.openai_server import (
-    FakeLLMServer,
     Stream,
     finish_chunk,
+    serving,
     text_chunks,
     tool_call_chunks,
     usage,
@@ -263,10 +263,7 @@ def _ready(daphne) -> bool:
 
 @pytest.fixture
 def load_provider():
-    with FakeLLMServer() as server:
-        provider = LoadProvider()
-        server.handler = provider
-        provider.base_url = server.base_url
+    with serving(LoadProvider()) as provider:
         yield provider
 
 

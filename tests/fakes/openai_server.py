@@ -121,6 +121,7 @@ __all__ = [
     "Stream",
     "finish_chunk",
     "reasoning_chunks",
+    "serving",
     "stream_answer",
     "stream_tool_calls",
     "text_chunks",
@@ -1275,3 +1276,13 @@ class FakeLLMServer:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         writer.transport.abort()
+
+
+@contextlib.contextmanager
+def serving(handler):
+    """`handler` answering on a new local `FakeLLMServer`, its `base_url` set to the server's (for the
+    processes a test points at it); the server stops when the block ends."""
+    with FakeLLMServer() as server:
+        server.handler = handler
+        handler.base_url = server.base_url
+        yield handler

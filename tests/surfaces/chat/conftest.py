@@ -13,7 +13,7 @@ from django.core.management import call_command
 
 from core.groups import STAFF_VIEWERS
 from tests.browser import launch_chromium
-from tests.fakes.openai_server import FakeLLMServer
+from tests.fakes.openai_server import FakeLLMServer, serving
 from tests.surfaces.chat.support import PASSWORD, DaphneServer, DroppingProxy, ScriptedProvider
 
 TIMEOUT_MS = 20_000
@@ -39,10 +39,7 @@ def llm_server(chat_settings):
 @pytest.fixture
 def provider():
     """A scripted fake provider whose `base_url` a daphne subprocess is pointed at."""
-    with FakeLLMServer() as server:
-        scripted = ScriptedProvider()
-        server.handler = scripted
-        scripted.base_url = server.base_url
+    with serving(ScriptedProvider()) as scripted:
         yield scripted
 
 
