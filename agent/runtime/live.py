@@ -356,7 +356,8 @@ class RunFollower:
             self._pump.cancel()
             # Bounded: a receive the channel layer does not let go of at once must not hold the reader's
             # stream open after its outcome (it ends when this returns).
-            await asyncio.wait({self._pump}, timeout=_UNSUBSCRIBE_WAIT)
+            with contextlib.suppress(BaseException):  # (a pump of another, closed loop: nothing to wait for)
+                await asyncio.wait({self._pump}, timeout=_UNSUBSCRIBE_WAIT)
         if self._layer is not None and self._channel is not None:
             with contextlib.suppress(Exception):
                 await asyncio.shield(
