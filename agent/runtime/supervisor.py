@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from channels.layers import get_channel_layer
 from django.conf import settings
 
+from agent.runtime import drain
 from agent.runtime import duties as registered_duties
 from agent.runtime.cancel import CancelToken
 from agent.runtime.db import db
@@ -182,8 +183,6 @@ def ensure_background(*, serve_queue: bool = True) -> None:
     `serve_queue` is false, or `AIOPS_WORKER_CONCURRENCY` is 0) queue worker once (again after a loop
     change)."""
     global _background
-    from agent.runtime import drain
-
     if drain.draining():  # a draining process starts nothing again (its claims stopped on purpose)
         return
     loop = asyncio.get_running_loop()
@@ -346,8 +345,6 @@ async def _export() -> None:
 async def adopt_handed_over(*, stopped: asyncio.Event | None = None) -> int:
     """Claim and launch every run another process handed over (`agent.runtime.drain`), each under a new
     lease epoch, until none is left (or `stopped` is set, or this process drains); how many."""
-    from agent.runtime import drain
-
     adopted = 0
     while not drain.draining() and not (stopped is not None and stopped.is_set()):
         run = await db(services.claim_handed_over, owner=lease_owner())
@@ -427,8 +424,6 @@ class BackgroundDuties:
         self.app = app
 
     async def __call__(self, scope, receive, send):
-        from agent.runtime import drain
-
         if drain.draining() and scope["type"] in ("http", "websocket") and scope.get("path") != HEALTH_PATH:
             return await _refuse_draining(scope, receive, send)
         if scope["type"] == "lifespan":
