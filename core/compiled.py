@@ -19,6 +19,7 @@ from django.db import connections
 from django.db.models import JSONField, Q, QuerySet
 
 from core.db_router import read_alias
+from core.mysql_conversions import aware_conversions
 
 _scan = json.JSONDecoder().scan_once
 
@@ -51,6 +52,28 @@ def _json_column(original: Callable) -> Callable:
 
 def _aware_utc(value: Any, expression: Any, connection: Any) -> Any:
     return None if value is None else value.replace(tzinfo=dt.UTC)
+
+
+_DATETIME_TYPES: frozenset = frozenset()
+
+
+def _mysql_datetime_types() -> frozenset:
+    global _DATETIME_TYPES
+    if not _DATETIME_TYPES:
+        from MySQLdb.constants import FIELD_TYPE
+
+        _DATETIME_TYPES = frozenset((FIELD_TYPE.DATETIME, FIELD_TYPE.TIMESTAMP))
+    return _DATETIME_TYPES
+
+
+def _aware_converter(raw: Any) -> dict:
+    """The driver connection `raw`'s converter with date-times read aware in UTC at once
+    (`core.mysql_conversions.aware_utc`), made once per connection and kept on it."""
+    conv = raw.converter
+    found = getattr(raw, "_compiled_aware", None)
+    if found is None or found[0] is not conv:
+        found = raw._compiled_aware = (conv, aware_conversions(conv))
+    return found[1]
 
 
 def _fast_converter(fn: Callable, connection: Any) -> Callable:
@@ -118,7 +141,10 @@ class CompiledQuery:
             for i, (fns, expr) in compiler.get_converters(fields).items()
         ]
         template = tuple(p if s is None else s for p, s in zip(params, slots, strict=True))
-        compiled = (sql, tuple(slots), names, converters, template)
+        # The columns whose only conversion makes a MySQL date-time aware in UTC: read aware by the
+        # driver instead once the first result showed they are exactly its date-time columns (`rows`).
+        aware = frozenset(i for i, fns, _expr in converters if fns == [_aware_utc])
+        compiled = (sql, tuple(slots), names, converters, template, aware, None, converters)
         self._compiled[alias] = compiled
         return compiled
 
@@ -132,12 +158,26 @@ class CompiledQuery:
         `alias` or else the database the router sends the current reads to (`core.db_router`)."""
         if alias is None:
             alias = read_alias()
-        sql, slots, _names, converters, template = self._compiled.get(alias) or self._compile(alias)
+        compiled = self._compiled.get(alias) or self._compile(alias)
+        sql, slots, _names, converters, template, _aware, driver_aware, remaining = compiled
         args = [p if s is None else params[s] for p, s in zip(template, slots, strict=True)]
         connection = connections[alias]
         with connection.cursor() as cursor:
-            cursor.execute(sql, args)
-            rows = cursor.fetchall()
+            if driver_aware:
+                raw = connection.connection
+                conv = raw.converter
+                raw.converter = _aware_converter(raw)
+                try:
+                    cursor.execute(sql, args)
+                    rows = cursor.fetchall()
+                finally:
+                    raw.converter = conv
+                converters = remaining
+            else:
+                cursor.execute(sql, args)
+                rows = cursor.fetchall()
+                if driver_aware is None:
+                    self._decide(alias, compiled, cursor.description, connection)
         if not converters:
             return rows
         out = []
@@ -150,6 +190,21 @@ class CompiledQuery:
                 row[i] = value
             out.append(row)
         return out
+
+    def _decide(self, alias: str, compiled: tuple, description: Any, connection: Any) -> None:
+        """Whether later runs read the date-time columns aware from the driver: only when every column
+        the server sent as a DATETIME or TIMESTAMP is one whose sole conversion makes it aware in UTC,
+        and each of those is one (so no column is read differently from Django's conversion)."""
+        aware = compiled[5]
+        sent = None
+        if aware and connection.vendor == "mysql" and description is not None:
+            types = _mysql_datetime_types()
+            sent = frozenset(i for i, column in enumerate(description) if column[1] in types)
+        if sent == aware:
+            remaining = [c for c in compiled[3] if c[0] not in aware]
+            self._compiled[alias] = (*compiled[:6], True, remaining)
+        else:
+            self._compiled[alias] = (*compiled[:6], False, compiled[3])
 
 
 class RowsOfRun:

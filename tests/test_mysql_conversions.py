@@ -54,3 +54,25 @@ def test_a_mysql_connection_reads_date_times_through_it():
     assert row[0].replace(tzinfo=None) == dt.datetime(2026, 12, 6, 15, 14, 36, 73566)
     assert row[1].replace(tzinfo=None) == dt.datetime(2026, 12, 6)
     assert row[2] == dt.date(2026, 12, 6)
+
+
+def _composed(text):
+    """What a UTC connection's column gave before: the connection's value, then `replace(tzinfo=UTC)`."""
+    value = datetime_or_none(text)
+    return None if value is None else value.replace(tzinfo=dt.UTC)
+
+
+@pytest.mark.parametrize("text", [*TEXTS, "2026-12-06 15:14:36+01:00", "2026-12-06T15:14:36.123456"])
+def test_aware_utc_is_the_drivers_value_made_aware(text):
+    from core.mysql_conversions import aware_utc
+
+    try:
+        expected = _composed(text)
+    except TypeError:  # a date alone: it has no time zone to set, as before
+        with pytest.raises(TypeError):
+            aware_utc(text)
+        return
+    got = aware_utc(text)
+    assert got == expected and type(got) is type(expected)
+    if got is not None:
+        assert got.tzinfo is dt.UTC and got.isoformat() == expected.isoformat()
