@@ -227,6 +227,64 @@ def _canonical_text(columns: tuple, get: Callable[[str], Any], key: int) -> str:
     return "{" + ",".join(parts) + "}"
 
 
+def _value_text(value: Any, normalise: Callable[[Any], Any] | None) -> str:
+    """One value's JSON text in `_canonical_text`'s words (after `normalise`, unless None)."""
+    if normalise is not None:
+        value = normalise(value)
+    cls = value.__class__
+    if cls is str:
+        return _text(value)
+    if cls is int:
+        return int.__repr__(value)
+    if cls is bool:
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    return canonical_json(value)
+
+
+_FAST = {str: "_text(v)", int: "_int(v)", bool: '("true" if v else "false")'}
+
+
+def _generated_text(form: Form, *, attributes: bool) -> Callable[[Any], str]:
+    """`form`'s document text for stored values as one function written for the form's columns (no
+    loop, no tuple lookups per column): of a row object by attribute name (`attributes`) or of a mapping
+    by column. Each column is written exactly as `_canonical_text` writes it (the type the normaliser
+    leaves unchanged directly, anything else through `_value_text`); `tests/audit/test_row_digest_text.py`
+    holds it to `canonical_json(form.document(…, stored=True))`."""
+    lines = ["def text(o):"]
+    env: dict[str, Any] = {
+        "_text": _text,
+        "_int": int.__repr__,
+        "_value_text": _value_text,
+        "_json": canonical_json,
+        "_dt": dt.datetime,
+        "_UTC": dt.UTC,
+    }
+    parts = []
+    for j, (column, attname, normalise, kind, key) in enumerate(form._stored_text):
+        lines.append(f"    v = o.{attname}" if attributes else f"    v = o[{column!r}]")
+        lines.append(f"    if v is None: p{j} = 'null'")
+        if kind is _Any:
+            lines.append(f"    elif v.__class__ is dict or v.__class__ is list: p{j} = _json(v)")
+            lines.append(f"    else: p{j} = _value_text(v, None)")
+        else:
+            if normalise is _datetime:  # a time read back in UTC: `timestamp`'s text, which needs no escape
+                lines.append(
+                    f"    elif v.__class__ is _dt and v.tzinfo is _UTC: "
+                    f"p{j} = '\"' + v.isoformat(timespec='microseconds') + '\"'"
+                )
+            env[f"n{j}"] = normalise
+            if kind in _FAST:
+                lines.append(f"    elif v.__class__ is {kind.__name__}: p{j} = {_FAST[kind]}")
+            lines.append(f"    else: p{j} = _value_text(v, n{j})")
+        parts.append(key.replace("{", "{{").replace("}", "}}") + f"{{p{j}}}")
+    head = form._document_head.replace("{", "{{").replace("}", "}}")
+    lines.append("    return f" + repr(head + "{{" + ",".join(parts) + "}}}}"))
+    exec("\n".join(lines), env)  # noqa: S102 — code built from the form's own column names only
+    return env["text"]
+
+
 def _datetime(value: Any) -> Any:
     if value is None:
         return None
@@ -255,6 +313,12 @@ class Form:
             (*names, _text(names[0]) + ":") for names in sorted(self._stored_fast, key=lambda n: n[0])
         )
         self._document_head = '{"form":' + _text(name) + ',"row":'
+        if self._generated:
+            self._text_of_row = _generated_text(self, attributes=True)
+            self._text_of_values = _generated_text(self, attributes=False)
+
+    # Whether the stored document's text is written by a function generated for the form's columns.
+    _generated = True
 
     def _normalisers(self, *, stored: bool) -> tuple:
         return tuple(
@@ -279,6 +343,8 @@ class Form:
 
     def digest(self, values: Mapping[str, Any], *, stored: bool = False) -> str:
         if stored:
+            if self._generated:
+                return sha256_hex(self._text_of_values(values))
             return self._stored_digest(values.__getitem__, 0)
         return sha256_hex(canonical_json(self.document(values, stored=stored)))
 
@@ -294,10 +360,14 @@ class Form:
 
     def digest_of(self, instance: Any) -> str:
         """The digest of a row read from the database."""
+        if self._generated:
+            return sha256_hex(self._text_of_row(instance))
         return self._stored_digest(instance.__getattribute__, 1)
 
 
 class _RunForm(Form):
+    _generated = False  # its content is hashed into the row first: through the canonical form
+
     def canonical(self, values: Mapping[str, Any], *, stored: bool = False) -> dict[str, Any]:
         return self._finish(super().canonical(values, stored=stored))
 
