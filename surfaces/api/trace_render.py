@@ -162,12 +162,66 @@ def trace_json(trace: Trace) -> bytes:
     encoded again: the stored text is the canonical JSON the chain verified (or, for details stored in
     another spelling, valid JSON of the same value; `timeline_of` decoded it). The timeline comes last."""
     tz = timezone.get_current_timezone()
-    head = {**_head(trace, tz), **_rest(trace, tz)}
-    text = json.dumps(head, cls=DRFEncoder, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     utc_view = settings.USE_TZ and _utc(tz)
+    head = _encode(_head(trace, tz))  # {"sessionId":…,"runResolution":…,"run":{…}}
+    rest = _encode(_summary_reviews(trace))  # {"summary":{…},"reviews":[…]}
+    steps = ",".join(map(_step_json, trace.steps))
+    tools = ",".join(_tool_json(t, tz, utc_view) for t in trace.tools)
     items = ",".join(_event_json(e, tz, utc_view) for e in trace.timeline)
-    text = f'{text[:-1]},"timeline":[{items}]}}'
+    text = f'{head[:-1]},"steps":[{steps}],"tools":[{tools}],{rest[1:-1]},"timeline":[{items}]}}'
     return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029").encode("utf-8")
+
+
+# `json.dumps(value, cls=DRFEncoder, ensure_ascii=False, allow_nan=False, separators=(",", ":"))`: the
+# encoder made once (what `JSONRenderer` makes per body).
+_encode = DRFEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
+
+
+def _jint(value: Any) -> str:
+    return "null" if value is None else int.__repr__(int(value))
+
+
+def _jbool(value: Any) -> str:
+    return "true" if value else "false"
+
+
+def _step_json(st: Any) -> str:
+    """`_encode` of the step's item of `_rest(…)["steps"]`, written directly."""
+    return (
+        f'{{"stepIndex":{_jint(st.step_index)},"agentName":{_js(st.agent_name)},"model":{_js(st.model)},'
+        f'"hasToolCall":{_jbool(st.has_tool_call)},"finishReason":{_js(st.finish_reason)},'
+        f'"durationMs":{_jint(st.duration_ms)},"promptTokens":{_jint(st.prompt_tokens)},'
+        f'"completionTokens":{_jint(st.completion_tokens)},"reasoningTokens":{_jint(st.reasoning_tokens)},'
+        f'"cachedTokens":{_jint(st.cached_tokens)},"totalTokens":{_jint(st.total_tokens)},'
+        f'"usageAvailable":{_jbool(st.usage_available)},'
+        f'"reasoningAvailable":{_jbool(st.reasoning_available)},'
+        f'"reasoningBytes":{_jint(st.reasoning_bytes)},"assistantBytes":{_jint(st.assistant_bytes)},'
+        f'"contentSource":{_js(st.content_source)}}}'
+    )
+
+
+def _time_json(value: Any, tz: dt.tzinfo, utc_view: bool) -> str:
+    """`_js(_dt(value, tz))`; a stored time shown in UTC as `isoformat()` with `Z`, which needs no escape."""
+    if utc_view and value and value.tzinfo is dt.UTC:
+        return '"' + value.isoformat()[:-6] + 'Z"'
+    return _js(_dt(value, tz))
+
+
+def _tool_json(t: Any, tz: dt.tzinfo, utc_view: bool) -> str:
+    """`_encode` of the tool's item of `_rest(…)["tools"]`, written directly (its JSON columns through
+    `_encode`)."""
+    return (
+        f'{{"toolCallId":{_js(t.tool_call_id)},"providerToolCallId":{_js(t.provider_tool_call_id)},'
+        f'"stepIndex":{_jint(t.step_index)},"agentName":{_js(t.agent_name or CHAT_AGENT_NAME)},'
+        f'"toolName":{_js(t.tool_name)},"status":{_js(t.status)},"inputParams":{_encode(t.input_params)},'
+        f'"outputPreview":{_js(t.output_preview)},"outputLength":{_jint(t.output_length)},'
+        f'"outputSha256":{_js(t.output_sha256)},"isTruncated":{_jbool(t.is_truncated)},'
+        f'"retrievalLayer":{_js(t.retrieval_layer)},"l0MatchCount":{_jint(t.l0_match_count)},'
+        f'"l1MatchCount":{_jint(t.l1_match_count)},"retrievalDetails":{_encode(t.retrieval_details)},'
+        f'"startedAt":{_time_json(t.started_at, tz, utc_view)},'
+        f'"finishedAt":{_time_json(t.finished_at, tz, utc_view)},"durationMs":{_jint(t.duration_ms)},'
+        f'"errorCode":{_js(t.error_code)},"errorMessage":{_js(t.error_message)}}}'
+    )
 
 
 _enc = json.encoder.encode_basestring
@@ -226,7 +280,10 @@ def _timeline(trace: Trace, tz: dt.tzinfo) -> list[dict[str, Any]]:
 
 
 def _rest(trace: Trace, tz: dt.tzinfo) -> dict[str, Any]:
-    s = trace.summary
+    return {**_steps_tools(trace, tz), **_summary_reviews(trace)}
+
+
+def _steps_tools(trace: Trace, tz: dt.tzinfo) -> dict[str, Any]:
     return {
         "steps": [
             {
@@ -274,6 +331,12 @@ def _rest(trace: Trace, tz: dt.tzinfo) -> dict[str, Any]:
             }
             for t in trace.tools
         ],
+    }
+
+
+def _summary_reviews(trace: Trace) -> dict[str, Any]:
+    s = trace.summary
+    return {
         "summary": {
             "persisted": _counts(s.persisted),
             "expected": _counts(s.expected),

@@ -18,12 +18,31 @@ from tests.factories import record_full_run
 pytestmark = pytest.mark.django_db
 
 
+def _dict_body(trace) -> bytes:
+    """The body as it was written before the steps and tools were written directly: `{**head, **rest}`
+    through DRF's encoder, the events' stored text spliced in last (`trace_json` must equal it)."""
+    from django.conf import settings
+    from django.utils import timezone
+    from rest_framework.utils.encoders import JSONEncoder as DRFEncoder
+
+    from surfaces.api import trace_render as r
+
+    tz = timezone.get_current_timezone()
+    head = {**r._head(trace, tz), **r._rest(trace, tz)}
+    text = json.dumps(head, cls=DRFEncoder, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    utc_view = settings.USE_TZ and r._utc(tz)
+    items = ",".join(r._event_json(e, tz, utc_view) for e in trace.timeline)
+    text = f'{text[:-1]},"timeline":[{items}]}}'
+    return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029").encode("utf-8")
+
+
 def _same(trace):
     fast = json.dumps(trace_data(trace), ensure_ascii=False)
     drf = json.dumps(TraceSerializer(trace).data, ensure_ascii=False)
     assert fast == drf
     # The endpoint's body: the events' details as stored text, the timeline last; the same value.
     body = trace_json(trace)
+    assert body == _dict_body(trace)
     assert json.loads(body) == json.loads(drf)
     assert TraceRenderer().render(trace) == body
     assert "\u2028" not in body.decode() and "\u2029" not in body.decode()
@@ -198,3 +217,47 @@ def test_endpoint_body_is_byte_identical_to_the_orm_read_of_a_full_anchored_run(
     reference = _orm_trace(run, user)
     assert not reference.summary.rows_verified
     assert body == trace_json(reference)
+
+
+@pytest.mark.parametrize("zone", ["UTC", "Asia/Shanghai"])
+def test_steps_and_tools_written_directly_with_odd_values(run, settings, zone):
+    """Steps and tools with values no recorder writes (None everywhere, text to escape, U+2028, a UTC
+    and a non-UTC time, JSON with floats and nesting, integers as booleans) give the body the dict
+    encoding gives, in UTC and in another time zone."""
+    import dataclasses
+    import datetime as dt
+    from types import SimpleNamespace
+
+    from django.utils import timezone
+
+    record_full_run(run, tools=2)
+    trace = get_trace(run=run)
+    odd = 'quote" back\\ nl\n tab\t line\u2028 para\u2029 中文 😀 nul\x00'
+    tool = dict(vars(trace.tools[0]))
+    tools = [
+        SimpleNamespace(**{**tool, **{k: None for k in tool if k not in ("pk", "id")}}),
+        SimpleNamespace(
+            **{
+                **tool,
+                "tool_call_id": odd,
+                "agent_name": "",
+                "output_preview": odd,
+                "is_truncated": 1,
+                "input_params": {"b": [1, 2.5, None, True], "a": {"ü": odd}},
+                "retrieval_details": [odd, -(2**70), 1e300],
+                "started_at": dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC),
+                "finished_at": dt.datetime(
+                    2026, 1, 2, 3, 4, 5, 600, tzinfo=dt.timezone(dt.timedelta(hours=8))
+                ),
+            }
+        ),
+    ]
+    step = dict(vars(trace.steps[0]))
+    steps = [
+        SimpleNamespace(**{**step, **{k: None for k in step if k not in ("pk", "id")}}),
+        SimpleNamespace(**{**step, "agent_name": odd, "has_tool_call": 0, "usage_available": 1, "model": ""}),
+    ]
+    trace = dataclasses.replace(trace, tools=tools, steps=steps)
+    settings.TIME_ZONE = zone
+    with timezone.override(zone):
+        assert trace_json(trace) == _dict_body(trace)
