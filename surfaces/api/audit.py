@@ -10,6 +10,8 @@ Details: docs/api.md (the endpoint table and each endpoint).
 
 from __future__ import annotations
 
+import re
+
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.exceptions import NotFound, ValidationError
@@ -32,6 +34,7 @@ from core.api import (
     error_responses,
     paginated_response,
 )
+from core.ids import MAX_ID_CHARS
 from diagnosis.selectors import RunResolution, get_visible_run, get_visible_session
 from surfaces.api.audit_permissions import CanPlaceLegalHold, CanReadEvidence, CanReviewRun, IsSuperuser
 from surfaces.api.audit_serializers import (
@@ -80,9 +83,7 @@ class TraceApi(ApiView):
         tags=["trace"],
     )
     def get(self, request, sessionId):
-        query = self.QuerySerializer(data=request.query_params)
-        query.is_valid(raise_exception=True)
-        run_id = query.validated_data.get("runId")
+        run_id = self.run_id_of(request.query_params)
         run = self.found(
             request,
             get_visible_run(
@@ -97,6 +98,21 @@ class TraceApi(ApiView):
         # dispatch and with the events' stored details text, which dominated long traces
         # (surfaces/api/trace_render.py, docs/performance.md).
         return Response(trace)
+
+    @classmethod
+    def run_id_of(cls, params) -> str | None:
+        """The validated `runId` (None when absent): a value of letters, digits, `_` and `-` within the
+        id limit is what `QuerySerializer` would return unchanged, taken without building it (≈ 0.1 ms
+        a read); any other value goes through it (400, or the trimmed value)."""
+        value = params.get("runId")
+        if value is None or _PLAIN_ID.fullmatch(value):
+            return value
+        query = cls.QuerySerializer(data=params)
+        query.is_valid(raise_exception=True)
+        return query.validated_data.get("runId")
+
+
+_PLAIN_ID = re.compile(rf"[A-Za-z0-9_-]{{1,{MAX_ID_CHARS}}}")
 
 
 class AuditRecordSerializer(serializers.Serializer):

@@ -518,3 +518,38 @@ def test_session_audits_are_truncated_to_the_newest_500(api_client, superuser, c
     AgentStep.objects.filter(run_id=run.run_id, step_index__lte=10).delete()
     body = api_client.get(f"/api/diagnosis/{chat_session.session_id}/audits").json()
     assert body["truncated"] is False and len(body["audits"]) == 500
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "",
+        "runId=run_01a24c97c6094f4c8d2a1b3c4d5e6f70",
+        "runId=a",
+        "runId=" + "x" * 64,
+        "runId=" + "x" * 65,
+        "runId=",
+        "runId=%20run_1%20",
+        "runId=run%001",
+        "runId=r%C3%BCn",
+        "runId=a&runId=b",
+        "runId=a&runId=",
+        "other=1",
+    ],
+)
+def test_the_run_id_taken_directly_is_the_query_serializers(query):
+    """`TraceApi.run_id_of` takes a plain run id without building `QuerySerializer`: for every query it
+    returns what the serializer validates, and refuses (400) what it refuses."""
+    from django.http import QueryDict
+    from rest_framework.exceptions import ValidationError
+
+    from surfaces.api.audit import TraceApi
+
+    params = QueryDict(query)
+    serializer = TraceApi.QuerySerializer(data=params)
+    if serializer.is_valid():
+        assert TraceApi.run_id_of(params) == serializer.validated_data.get("runId")
+    else:
+        with pytest.raises(ValidationError) as refused:
+            TraceApi.run_id_of(params)
+        assert refused.value.detail == serializer.errors
