@@ -47,9 +47,11 @@ class ChainLink(Protocol):
 
 def timestamp(value: dt.datetime) -> str:
     """The hashed form of a time: UTC, microseconds, as the database stores it."""
-    if value.tzinfo is dt.UTC:  # already UTC (every stored time read back): the same text, no conversion
-        return value.isoformat(timespec="microseconds")
-    return value.astimezone(dt.UTC).isoformat(timespec="microseconds")
+    if value.tzinfo is not dt.UTC:  # every stored time read back is UTC already: the same text
+        value = value.astimezone(dt.UTC)
+    # `isoformat()` writes six digits of a nonzero fraction as `timespec="microseconds"` does, and
+    # costs less than the keyword (≈ 0.5 µs a value).
+    return value.isoformat() if value.microsecond else value.isoformat(timespec="microseconds")
 
 
 def event_payload(

@@ -260,6 +260,7 @@ def _generated_text(form: Form, *, attributes: bool) -> Callable[[Any], str]:
         "_json": canonical_json,
         "_dt": dt.datetime,
         "_UTC": dt.UTC,
+        "_stamp": timestamp,
     }
     parts = []
     for j, (column, attname, normalise, kind, key) in enumerate(form._stored_text):
@@ -272,7 +273,7 @@ def _generated_text(form: Form, *, attributes: bool) -> Callable[[Any], str]:
             if normalise is _datetime:  # a time read back in UTC: `timestamp`'s text, which needs no escape
                 lines.append(
                     f"    elif v.__class__ is _dt and v.tzinfo is _UTC: "
-                    f"p{j} = '\"' + v.isoformat(timespec='microseconds') + '\"'"
+                    f"p{j} = '\"' + (v.isoformat() if v.microsecond else _stamp(v)) + '\"'"
                 )
             env[f"n{j}"] = normalise
             if kind in _FAST:

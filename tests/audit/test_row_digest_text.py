@@ -107,3 +107,16 @@ def test_any_value_in_any_column(form):
             assert form.digest(values, stored=True) == expected, (column, value)
             row = SimpleNamespace(**{form.fields[c].attname: v for c, v in values.items()})
             assert form.digest_of(row) == expected, (column, value)
+
+
+@pytest.mark.parametrize("microsecond", [0, 1, 10, 600, 100000, 999999])
+@pytest.mark.parametrize("offset", [0, 8, -5.5])
+def test_timestamp_is_the_utc_time_with_six_digits_of_fraction(microsecond, offset):
+    """`hash_chain.timestamp` (every chain hash and row digest writes it) is the time in UTC written with
+    `timespec="microseconds"`, whether its fraction is zero or not."""
+    from audit.verify.hash_chain import timestamp
+
+    zone = dt.UTC if offset == 0 else dt.timezone(dt.timedelta(hours=offset))
+    value = dt.datetime(2026, 1, 2, 3, 4, 5, microsecond, tzinfo=zone)
+    assert timestamp(value) == value.astimezone(dt.UTC).isoformat(timespec="microseconds")
+    assert len(timestamp(value)) == 32 and timestamp(value).endswith("+00:00")
