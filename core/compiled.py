@@ -104,7 +104,9 @@ class CompiledQuery:
     The compiled SQL's parameters that are a sentinel are replaced by the call's values; the others are
     constants of the query.
     `rows(**params)` returns tuples in the order of `names(alias)`: the select's extra columns, its field
-    columns, then its annotations (as `values_list()` without arguments orders them)."""
+    columns, then its annotations (as `values_list()` without arguments orders them). On MySQL, once the
+    first result has shown that every DATETIME column is one Django makes aware in UTC, the driver reads
+    them aware at once (`core.mysql_conversions.aware_utc`: one parse instead of three steps a value)."""
 
     def __init__(self, build: Callable[..., QuerySet], **params: type) -> None:
         self._build = build
