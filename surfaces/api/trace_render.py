@@ -175,6 +175,23 @@ def trace_json(trace: Trace) -> bytes:
 # `json.dumps(value, cls=DRFEncoder, ensure_ascii=False, allow_nan=False, separators=(",", ":"))`: the
 # encoder made once (what `JSONRenderer` makes per body).
 _encode = DRFEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
+# The C encoder `_encode` builds per call for a value that is not a string, built once (as
+# `audit.payloads` builds the canonical one): the same options, its default DRF's, without circular-
+# reference markers (a JSON column's decoded value cannot be circular). Python's `_encode` without it.
+_c_encode = (
+    json.encoder.c_make_encoder(
+        None, DRFEncoder().default, json.encoder.encode_basestring, None, ":", ",", False, False, False
+    )
+    if json.encoder.c_make_encoder is not None
+    else None
+)
+
+
+def _value_json(value: Any) -> str:
+    """`_encode(value)` of a JSON column's value."""
+    if _c_encode is None or value.__class__ is str:
+        return _encode(value)
+    return "".join(_c_encode(value, 0))
 
 
 def _jint(value: Any) -> str:
@@ -209,15 +226,15 @@ def _time_json(value: Any, tz: dt.tzinfo, utc_view: bool) -> str:
 
 def _tool_json(t: Any, tz: dt.tzinfo, utc_view: bool) -> str:
     """`_encode` of the tool's item of `_rest(…)["tools"]`, written directly (its JSON columns through
-    `_encode`)."""
+    `_value_json`)."""
     return (
         f'{{"toolCallId":{_js(t.tool_call_id)},"providerToolCallId":{_js(t.provider_tool_call_id)},'
         f'"stepIndex":{_jint(t.step_index)},"agentName":{_js(t.agent_name or CHAT_AGENT_NAME)},'
-        f'"toolName":{_js(t.tool_name)},"status":{_js(t.status)},"inputParams":{_encode(t.input_params)},'
+        f'"toolName":{_js(t.tool_name)},"status":{_js(t.status)},"inputParams":{_value_json(t.input_params)},'
         f'"outputPreview":{_js(t.output_preview)},"outputLength":{_jint(t.output_length)},'
         f'"outputSha256":{_js(t.output_sha256)},"isTruncated":{_jbool(t.is_truncated)},'
         f'"retrievalLayer":{_js(t.retrieval_layer)},"l0MatchCount":{_jint(t.l0_match_count)},'
-        f'"l1MatchCount":{_jint(t.l1_match_count)},"retrievalDetails":{_encode(t.retrieval_details)},'
+        f'"l1MatchCount":{_jint(t.l1_match_count)},"retrievalDetails":{_value_json(t.retrieval_details)},'
         f'"startedAt":{_time_json(t.started_at, tz, utc_view)},'
         f'"finishedAt":{_time_json(t.finished_at, tz, utc_view)},"durationMs":{_jint(t.duration_ms)},'
         f'"errorCode":{_js(t.error_code)},"errorMessage":{_js(t.error_message)}}}'
@@ -247,11 +264,15 @@ def _event_json(e: Any, tz: dt.tzinfo, utc_view: bool) -> str:
     if details is None or "NaN" in details or "Infinity" in details:
         details = json.dumps(e.details, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     created = _event_time(e, tz, utc_view)
+    # `_js` of each text column, a plain string encoded without the call (as `_js` encodes it)
+    phase, kind, status, summary, digest = e.phase, e.event_type, e.status, e.summary, e.hash
     return (
-        f'{{"sequenceNo":{int(e.sequence_no)},"phase":{_js(e.phase)},'
-        f'"eventType":{_js(e.event_type)},"status":{_js(e.status)},'
-        f'"summary":{_js(e.summary)},"details":{details},'
-        f'"createdAt":{_js(created)},"hash":{_js(e.hash)}}}'
+        f'{{"sequenceNo":{int(e.sequence_no)},'
+        f'"phase":{_enc(phase) if phase.__class__ is str else _js(phase)},'
+        f'"eventType":{_enc(kind) if kind.__class__ is str else _js(kind)},'
+        f'"status":{_enc(status) if status.__class__ is str else _js(status)},'
+        f'"summary":{_enc(summary) if summary.__class__ is str else _js(summary)},"details":{details},'
+        f'"createdAt":{_js(created)},"hash":{_enc(digest) if digest.__class__ is str else _js(digest)}}}'
     )
 
 
