@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from django.db import connection, connections
 
-from audit.read.list_facts import annotate_recomputed
 from audit.read.trace import timelines_of
+from audit.verify.chunk_reads import runs_in_range, runs_with_pks
 from audit.verify.provenance import CheckpointTimes, GovernanceView
 from audit.verify.runs import RunVerification, check_runs
 from core.db_router import primary_reads, replica_configured, replica_reads
@@ -70,10 +70,9 @@ def _verify(context: _Context, chunk: Chunk, *, complete: bool = False) -> list[
     """The chunk's verdicts; None when fewer runs are read than the chunk holds and `complete` is asked
     (a replica behind the primary that chose the chunk: the caller reads it all again there)."""
     if chunk[0] == "range":
-        runs, expected = DiagnosisRun.objects.filter(pk__gte=chunk[1], pk__lte=chunk[2]), chunk[3]
+        batch, expected = runs_in_range(chunk[1], chunk[2]), chunk[3]
     else:
-        runs, expected = DiagnosisRun.objects.filter(pk__in=chunk[1]), len(chunk[1])
-    batch = list(annotate_recomputed(runs).order_by("pk"))
+        batch, expected = runs_with_pks(chunk[1]), len(chunk[1])
     if complete and len(batch) < expected:
         return None
     return list(
