@@ -180,3 +180,28 @@ def test_the_progress_line_is_drawn_on_a_terminal_only(monkeypatch):
     drawn = terminal.getvalue()
     assert "4/4 runs" in drawn and "runs/s" in drawn and "ETA" in drawn
     assert pipe.getvalue() == ""  # cron, CI, a pipe: nothing but the lines and the summary
+
+
+@pytest.mark.django_db
+def test_the_watermarks_are_checked_and_taken_in_one_statement_as_the_orm_counts_them(user, state):
+    from django.db.models import Count, Max
+
+    runs = [make_recorded_run(user) for _ in range(2)]
+    old = incremental.watermarks()
+    make_recorded_run(user)
+    AgentStep.objects.filter(pk=AgentStep.objects.filter(run_id=runs[0].run_id).first().pk).delete()
+    tallies = incremental._tallies(old)
+    for table, model in incremental._watermarked():
+        agg = model.objects.aggregate(top=Max("pk"), rows=Count("pk"))
+        above = model.objects.filter(pk__gt=old[table][0]).count()
+        assert tallies[table] == (int(agg["top"] or 0), agg["rows"], above), table
+    assert incremental.watermarks(tallies) == incremental.watermarks()
+    # Only the table with the deleted row is named, by the ORM's count up to its watermark.
+    table = AgentStep._meta.db_table
+    top, rows = old[table]
+    up_to = AgentStep.objects.filter(pk__lte=top).count()
+    assert up_to == rows - 1
+    assert incremental.watermark_problems(old, tallies) == [
+        f"{table}: {rows} row(s) up to id {top} were verified, {up_to} are stored"
+    ]
+    assert incremental.watermark_problems(old) == incremental.watermark_problems(old, tallies)

@@ -142,8 +142,8 @@ class Command(BaseCommand):
             return self._one_run(run_id, policy, options)
         plan = self._plan(options)
         # The watermarks of the next state are taken before anything is read: what is written during
-        # this verification is new to the next one.
-        marks = incremental.watermarks() if plan.state_path else None
+        # this verification is new to the next one (with a state file, as its own were checked).
+        marks = (plan.marks or incremental.watermarks()) if plan.state_path else None
         # The governance chain (rights, holds, purges, adoption) read once for every check below.
         governance = GovernanceView.load()
         batch = max(1, options["batch_size"])
