@@ -40,14 +40,18 @@ def range_chunks(batch_size: int) -> list[Chunk]:
     return chunks
 
 
-def id_chunks(run_ids: Iterable[str], batch_size: int) -> tuple[list[Chunk], int]:
-    """(chunks of the runs among `run_ids` that have a run row, in primary-key order; their number)."""
+def id_chunks(run_ids: Iterable[str], batch_size: int) -> tuple[list[Chunk], set[str]]:
+    """(chunks of the runs among `run_ids` that have a run row, in primary-key order; those runs' ids)."""
     ids = sorted(set(run_ids))
     pks: list[int] = []
+    present: set[str] = set()
     for at in range(0, len(ids), 900):  # below SQLite's 999 parameters per query
-        pks.extend(DiagnosisRun.objects.filter(run_id__in=ids[at : at + 900]).values_list("pk", flat=True))
+        found = DiagnosisRun.objects.filter(run_id__in=ids[at : at + 900]).values_list("pk", "run_id")
+        for pk, run_id in found:
+            pks.append(pk)
+            present.add(run_id)
     pks.sort()
-    return [("ids", pks[at : at + batch_size]) for at in range(0, len(pks), batch_size)], len(pks)
+    return [("ids", pks[at : at + batch_size]) for at in range(0, len(pks), batch_size)], present
 
 
 @dataclass

@@ -152,9 +152,9 @@ class Command(BaseCommand):
             orphans = orphaned_run_ids()
         else:
             chosen = incremental.changed_run_ids(plan.since, plan.watermarks)
-            chunks, total = parallel.id_chunks(chosen, batch)
-            present = set(DiagnosisRun.objects.filter(run_id__in=chosen).values_list("run_id", flat=True))
-            orphans = sorted(chosen - present) if len(chosen) != total else []
+            chunks, present = parallel.id_chunks(chosen, batch)
+            total = len(present)
+            orphans = sorted(chosen - present)
         results = chain(
             parallel.verify_chunks(chunks, workers=max(1, options["workers"]), governance=governance),
             (verify_run(o, governance=governance) for o in orphans),
