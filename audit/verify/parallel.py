@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from django.db import connection, connections
 
@@ -24,6 +25,7 @@ from pricing.costs import load_price_book
 
 # A chunk: ("range", first pk, last pk, runs between) or ("ids", pks) of chosen runs.
 Chunk = tuple
+T = TypeVar("T")
 
 
 def range_chunks(batch_size: int) -> list[Chunk]:
@@ -126,3 +128,49 @@ def verify_chunks(
     with multiprocessing.get_context("fork").Pool(workers, initializer=_init) as pool:
         for results in pool.imap(_work, chunks):
             yield from results
+
+
+def _forkable() -> bool:
+    """Whether another process can read what this one reads: not inside a transaction (as in a test,
+    where only this connection sees what it wrote) and not an in-memory SQLite database."""
+    return not connection.in_atomic_block and not (
+        connection.vendor == "sqlite" and connection.is_in_memory_db()
+    )
+
+
+def in_background(fn: Callable[[], T], *, enabled: bool) -> Callable[[], T]:
+    """`fn()` started now in a forked process when `enabled` and another process can read what this one
+    reads (`verify_audit --workers N`: the log verified while the runs are); returns what gives its
+    result, waiting for it. Run in this process, at that call, otherwise, and when the forked process
+    fails (its error is then met here)."""
+    if not enabled or not _forkable():
+        return fn
+    connections.close_all()  # the child opens its own: none may inherit (and share) this one's sockets
+    context = multiprocessing.get_context("fork")
+    receive, send = context.Pipe(duplex=False)
+    process = context.Process(target=_background, args=(fn, send), daemon=True)
+    process.start()
+    send.close()
+
+    def result() -> T:
+        try:
+            done, value = receive.recv()
+        except (EOFError, OSError):
+            done, value = False, None
+        finally:
+            receive.close()
+            process.join()
+        return value if done else fn()
+
+    return result
+
+
+def _background(fn: Callable[[], Any], send: Any) -> None:
+    try:
+        try:
+            send.send((True, fn()))
+        except BaseException:  # the parent runs fn itself and meets the error there
+            send.send((False, None))
+    finally:
+        connections.close_all()
+        send.close()

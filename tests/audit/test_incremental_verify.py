@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -154,10 +155,32 @@ def test_workers_print_what_one_process_prints(user, state):
     checkpoint()
     TraceEvent.objects.filter(run_id=runs[2].run_id, sequence_no=3).update(summary="edited")
     AgentStep.objects.filter(run_id=runs[4].run_id).update(finish_reason="edited")
+    LogNode.objects.filter(level=1, node_index=0).update(hash="00" * 32)  # found by the log's process
     one = _verify("--all", "--workers", "1", "--batch-size", "2")
     two = _verify("--all", "--workers", "2", "--batch-size", "2")
     assert not one[0] and one == two
     assert f"run={runs[2].run_id} INVALID" in one[1] and f"run={runs[4].run_id} INVALID" in one[1]
+    assert "log INVALID log node level 1 index 0 (leaves 0–1) does not match its leaves" in one[1]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_work_in_the_background_runs_in_a_process_of_its_own_or_here(user):
+    from audit.verify import parallel
+
+    here = os.getpid()
+    forked = parallel._forkable()  # not on SQLite's in-memory test database: only this process sees it
+    assert (parallel.in_background(os.getpid, enabled=True)() != here) is forked
+    assert parallel.in_background(os.getpid, enabled=False)() == here
+    assert parallel.in_background(lambda: Checkpoint.objects.count(), enabled=True)() == 0
+    ran = []
+
+    def failing() -> None:
+        ran.append(os.getpid())
+        raise ValueError("met here")
+
+    with pytest.raises(ValueError, match="met here"):
+        parallel.in_background(failing, enabled=True)()
+    assert ran == [here]  # the forked process's failure, run again in this one
 
 
 class _Terminal(io.StringIO):
