@@ -14,13 +14,14 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db.models import Count, Max
+from django.db import connections
 
 from audit.models import Checkpoint, LogHead, LogLeaf, TailPending
 from audit.transparency import keys, note
 from audit.transparency.checkpoints import WitnessEntry, witness_problems
 from audit.transparency.verify import Since
 from audit.verify import coverage
+from core.db_router import read_alias
 from diagnosis.models import DiagnosisRun
 
 FORMAT = "diagnosis-audit/verify-state/v1"
@@ -142,26 +143,57 @@ def _watermarked() -> list[tuple[str, Any]]:
     return [(m._meta.db_table, m) for m in coverage.AUDITED if m not in QUEUES]
 
 
-def watermarks() -> dict[str, list[int]]:
-    """Each audited table's highest id and row count (taken before a verification reads anything)."""
-    marks = {}
-    for table, model in _watermarked():
-        agg = model.objects.aggregate(top=Max("pk"), rows=Count("pk"))
-        marks[table] = [int(agg["top"] or 0), int(agg["rows"])]
-    return marks
+def _tallies(marks: dict[str, list[int]] | None) -> dict[str, tuple[int, int, int | None]]:
+    """Per watermarked table: (highest id, rows, rows above the id of its watermark in `marks`; None
+    without one), every table in one statement, so one snapshot of them all. A count of every row reads
+    the table's smallest index; the rows up to an id, its primary key's range (in InnoDB, the rows
+    themselves: ten times the pages for the events), so the rows up to a watermark are counted as every
+    row less those above it (a range of new rows)."""
+    connection = connections[read_alias()]
+    q = connection.ops.quote_name
+    selects: list[str] = []
+    params: list[int] = []
+    tables = _watermarked()
+    for table, model in tables:
+        pk = q(model._meta.pk.column)
+        # Identifiers come from the models and are quoted; the watermarks are parameters.
+        selects += [f"(SELECT MAX({pk}) FROM {q(table)})", f"(SELECT COUNT(*) FROM {q(table)})"]  # noqa: S608
+        if marks is not None and table in marks:
+            selects.append(f"(SELECT COUNT(*) FROM {q(table)} WHERE {pk} > %s)")  # noqa: S608
+            params.append(int(marks[table][0]))
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT " + ", ".join(selects), params)
+        values = list(cursor.fetchone())
+    out = {}
+    for table, _model in tables:
+        top, rows = int(values.pop(0) or 0), int(values.pop(0))
+        above = int(values.pop(0)) if marks is not None and table in marks else None
+        out[table] = (top, rows, above)
+    return out
 
 
-def watermark_problems(marks: dict[str, list[int]]) -> list[str]:
+def watermarks(tallies: dict[str, tuple[int, int, int | None]] | None = None) -> dict[str, list[int]]:
+    """Each audited table's highest id and row count (taken before a verification reads anything), from
+    `tallies` when the caller took them (`_tallies`)."""
+    tallies = tallies if tallies is not None else _tallies(None)
+    return {table: [top, rows] for table, (top, rows, _above) in tallies.items()}
+
+
+def watermark_problems(
+    marks: dict[str, list[int]], tallies: dict[str, tuple[int, int, int | None]] | None = None
+) -> list[str]:
     """Why the rows up to the watermarks are no longer those verified: rows deleted or inserted under
     an old id (any, legitimate or not, makes the verification a full one). A table unknown to the
-    state (added since) is named too."""
+    state (added since) is named too. `tallies`: `_tallies(marks)`, when the caller took them."""
+    tallies = tallies if tallies is not None else _tallies(marks)
     changed = []
-    for table, model in _watermarked():
+    for table, _model in _watermarked():
         if table not in marks:
             changed.append(f"{table}: no watermark in the state file")
             continue
         top, rows = marks[table]
-        now = model.objects.filter(pk__lte=top).count()
+        _top, stored, above = tallies[table]
+        now = stored - above
         if now != rows:
             changed.append(f"{table}: {rows} row(s) up to id {top} were verified, {now} are stored")
     return changed
@@ -198,6 +230,8 @@ class Plan:
     state_path: str
     since: Since | None = None
     watermarks: dict[str, list[int]] | None = None
+    # The next state's watermarks, when taken in the statement that checked the state's (`_tallies`).
+    marks: dict[str, list[int]] | None = None
     problems: list[str] = field(default_factory=list)  # a state that fails: named, and all verified
     notes: list[str] = field(default_factory=list)
     usage_error: str = ""
@@ -242,7 +276,10 @@ def plan(*, state_path: str, since: str | None, everything: bool) -> Plan:
     if problems:
         result.problems.extend(f"the state file: {p}; verifying everything" for p in problems)
         return result
-    changed = watermark_problems(state.watermarks)
+    # The state's watermarks checked, and the next state's taken, in one statement (one snapshot).
+    tallies = _tallies(state.watermarks)
+    result.marks = watermarks(tallies)
+    changed = watermark_problems(state.watermarks, tallies)
     if changed:
         more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
         result.notes.append(

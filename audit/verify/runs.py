@@ -16,7 +16,6 @@ import json
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 from django.db.models import Q
@@ -37,6 +36,7 @@ from audit.transparency import leafdata
 from audit.transparency.verify import StoredLeaf, leaf_problems, leaves_of, tails_of
 from audit.verify import appended_rows
 from audit.verify.authenticity import Adoption
+from audit.verify.chunk_reads import RowsOfRuns, RowsOfSessions
 from audit.verify.holds import tombstone_problems
 from audit.verify.provenance import CheckpointTimes, GovernanceView
 from audit.verify.row_digests import stored_reasoning_rows
@@ -275,35 +275,25 @@ def orphaned_run_ids() -> list[str]:
     return sorted(ids)
 
 
+_STEPS = RowsOfRuns(AgentStep, ("run_id", "step_index", "id"))
+_TOOLS = RowsOfRuns(ToolInvocation, ("run_id", "id"))
+_REVIEWS = RowsOfRuns(RunReview, ("run_id", "sequence_no"))
+_SESSIONS = RowsOfSessions()
+
+
 def _rows(run_ids: list[str]) -> tuple[dict[str, list], dict[str, list], dict[str, list], dict[str, list]]:
-    steps: dict[str, list[AgentStep]] = defaultdict(list)
-    reviews: dict[str, list[RunReview]] = defaultdict(list)
-    for review in RunReview.objects.filter(run_id__in=run_ids).order_by("run_id", "sequence_no"):
-        reviews[review.run_id].append(review)
-    tools: dict[str, list[ToolInvocation]] = defaultdict(list)
+    """The steps, tools, reasoning rows (as stored) and reviews of `run_ids`, by run id: every column
+    under its attribute name, without model instances (as the trace read reads them: the digests cover
+    every column; building a model per row was most of a chunk's read)."""
     reasoning: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    # Every column under its attribute name, without model instances (as the trace read reads them:
-    # the digests cover every column; building a model per row was most of a chunk's read).
-    for step in _bags(AgentStep.objects.filter(run_id__in=run_ids).order_by("run_id", "step_index", "id")):
-        steps[step.run_id].append(step)
-    for tool in _bags(ToolInvocation.objects.filter(run_id__in=run_ids).order_by("run_id", "id")):
-        tools[tool.run_id].append(tool)
     for row in stored_reasoning_rows(run_id__in=run_ids):
         reasoning[row["run_id"]].append(row)
-    return steps, tools, reasoning, reviews
-
-
-def _bags(rows) -> Iterator[SimpleNamespace]:
-    """The rows of a query as attribute bags of every concrete column (by attribute name) and `pk`."""
-    pk = rows.model._meta.pk.attname
-    for row in rows.values(*(f.attname for f in rows.model._meta.concrete_fields)):
-        yield SimpleNamespace(pk=row[pk], **row)
+    return _STEPS(run_ids), _TOOLS(run_ids), reasoning, _REVIEWS(run_ids)
 
 
 def _sessions(runs: list[DiagnosisRun]) -> dict[str, ChatSession]:
     """The stored sessions of `runs` by session id (one query), for the identity their runs bind."""
-    ids = {r.session_id for r in runs}
-    return {s.session_id: s for s in ChatSession.objects.filter(session_id__in=ids)} if ids else {}
+    return _SESSIONS(sorted({r.session_id for r in runs}))
 
 
 def _check(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -154,10 +155,32 @@ def test_workers_print_what_one_process_prints(user, state):
     checkpoint()
     TraceEvent.objects.filter(run_id=runs[2].run_id, sequence_no=3).update(summary="edited")
     AgentStep.objects.filter(run_id=runs[4].run_id).update(finish_reason="edited")
+    LogNode.objects.filter(level=1, node_index=0).update(hash="00" * 32)  # found by the log's process
     one = _verify("--all", "--workers", "1", "--batch-size", "2")
     two = _verify("--all", "--workers", "2", "--batch-size", "2")
     assert not one[0] and one == two
     assert f"run={runs[2].run_id} INVALID" in one[1] and f"run={runs[4].run_id} INVALID" in one[1]
+    assert "log INVALID log node level 1 index 0 (leaves 0–1) does not match its leaves" in one[1]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_work_in_the_background_runs_in_a_process_of_its_own_or_here(user):
+    from audit.verify import parallel
+
+    here = os.getpid()
+    forked = parallel._forkable()  # not on SQLite's in-memory test database: only this process sees it
+    assert (parallel.in_background(os.getpid, enabled=True)() != here) is forked
+    assert parallel.in_background(os.getpid, enabled=False)() == here
+    assert parallel.in_background(lambda: Checkpoint.objects.count(), enabled=True)() == 0
+    ran = []
+
+    def failing() -> None:
+        ran.append(os.getpid())
+        raise ValueError("met here")
+
+    with pytest.raises(ValueError, match="met here"):
+        parallel.in_background(failing, enabled=True)()
+    assert ran == [here]  # the forked process's failure, run again in this one
 
 
 class _Terminal(io.StringIO):
@@ -180,3 +203,28 @@ def test_the_progress_line_is_drawn_on_a_terminal_only(monkeypatch):
     drawn = terminal.getvalue()
     assert "4/4 runs" in drawn and "runs/s" in drawn and "ETA" in drawn
     assert pipe.getvalue() == ""  # cron, CI, a pipe: nothing but the lines and the summary
+
+
+@pytest.mark.django_db
+def test_the_watermarks_are_checked_and_taken_in_one_statement_as_the_orm_counts_them(user, state):
+    from django.db.models import Count, Max
+
+    runs = [make_recorded_run(user) for _ in range(2)]
+    old = incremental.watermarks()
+    make_recorded_run(user)
+    AgentStep.objects.filter(pk=AgentStep.objects.filter(run_id=runs[0].run_id).first().pk).delete()
+    tallies = incremental._tallies(old)
+    for table, model in incremental._watermarked():
+        agg = model.objects.aggregate(top=Max("pk"), rows=Count("pk"))
+        above = model.objects.filter(pk__gt=old[table][0]).count()
+        assert tallies[table] == (int(agg["top"] or 0), agg["rows"], above), table
+    assert incremental.watermarks(tallies) == incremental.watermarks()
+    # Only the table with the deleted row is named, by the ORM's count up to its watermark.
+    table = AgentStep._meta.db_table
+    top, rows = old[table]
+    up_to = AgentStep.objects.filter(pk__lte=top).count()
+    assert up_to == rows - 1
+    assert incremental.watermark_problems(old, tallies) == [
+        f"{table}: {rows} row(s) up to id {top} were verified, {up_to} are stored"
+    ]
+    assert incremental.watermark_problems(old) == incremental.watermark_problems(old, tallies)

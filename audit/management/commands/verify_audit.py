@@ -12,6 +12,7 @@ Details: docs/audit-integrity.md, *Commands*, *Incremental and parallel verifica
 import json
 import os
 import time
+from functools import partial
 from itertools import chain
 
 from django.conf import settings
@@ -142,8 +143,8 @@ class Command(BaseCommand):
             return self._one_run(run_id, policy, options)
         plan = self._plan(options)
         # The watermarks of the next state are taken before anything is read: what is written during
-        # this verification is new to the next one.
-        marks = incremental.watermarks() if plan.state_path else None
+        # this verification is new to the next one (with a state file, as its own were checked).
+        marks = (plan.marks or incremental.watermarks()) if plan.state_path else None
         # The governance chain (rights, holds, purges, adoption) read once for every check below.
         governance = GovernanceView.load()
         batch = max(1, options["batch_size"])
@@ -152,18 +153,32 @@ class Command(BaseCommand):
             orphans = orphaned_run_ids()
         else:
             chosen = incremental.changed_run_ids(plan.since, plan.watermarks)
-            chunks, total = parallel.id_chunks(chosen, batch)
-            present = set(DiagnosisRun.objects.filter(run_id__in=chosen).values_list("run_id", flat=True))
-            orphans = sorted(chosen - present) if len(chosen) != total else []
+            chunks, present = parallel.id_chunks(chosen, batch)
+            total = len(present)
+            orphans = sorted(chosen - present)
+        workers = max(1, options["workers"])
+        witness = self._witness(options)
+        # With workers, the log is verified in a process of its own while the runs are.
+        log_verification = parallel.in_background(
+            partial(
+                verify_log,
+                witness=witness[0],
+                policy=policy,
+                witnesses=known_witnesses,
+                governance=governance,
+                since=plan.since,
+            ),
+            enabled=workers > 1,
+        )
         results = chain(
-            parallel.verify_chunks(chunks, workers=max(1, options["workers"]), governance=governance),
+            parallel.verify_chunks(chunks, workers=workers, governance=governance),
             (verify_run(o, governance=governance) for o in orphans),
         )
         failures = list(plan.problems)
         failed = self._runs(
             results, options, total=(total if total is not None else None), orphans=len(orphans)
         )
-        log = self._log(options, policy, known_witnesses, governance, plan.since)
+        log = self._log(log_verification(), witness, policy, plan.since)
         anchors = log.governance
         if plan.since is not None:
             anchors = governance_anchors(below=plan.since.tree_size)
@@ -289,24 +304,24 @@ class Command(BaseCommand):
             self._write(f"rewrote the stored list facts of {refresh_facts(stale + unpriced)} run(s)")
         return failed
 
-    def _log(self, options, policy, known_witnesses, governance, since=None):
-        """The transparency log against the witness file, the witness policy and the witnesses' live
-        answers; its problems and a one-line summary are written. Returns the log's verification."""
+    def _witness(self, options) -> tuple[list, str | None]:
+        """The witness file's checkpoints, and the problem of a configured one that cannot be read."""
         witness_path = options["witness"] or settings.AUDIT_WITNESS_PATH
-        witness, witness_problem = [], None
         try:
-            witness = read_witness(witness_path) if witness_path else []
+            return (read_witness(witness_path) if witness_path else []), None
         except OSError as exc:
             if options["witness"]:
                 raise CommandError(f"cannot read the witness file: {type(exc).__name__}") from exc
             # Fail closed: a configured witness that cannot be read proves nothing was witnessed,
             # and a deleted witness file is what an attacker cutting the log back would want.
-            witness_problem = (
-                f"the configured witness file (AUDIT_WITNESS_PATH) cannot be read: {type(exc).__name__}"
-            )
-        log = verify_log(
-            witness=witness, policy=policy, witnesses=known_witnesses, governance=governance, since=since
-        )
+            problem = f"the configured witness file (AUDIT_WITNESS_PATH) cannot be read: {type(exc).__name__}"
+            return [], problem
+
+    def _log(self, log, witness_read, policy, since=None):
+        """The log's verification (`verify_log`) against the witness file (`witness_read`: `_witness`),
+        the witness policy and the witnesses' live answers; its problems and a one-line summary are
+        written. Returns it."""
+        witness, witness_problem = witness_read
         if witness_problem and log.checkpoints:
             log.invalid.insert(0, witness_problem)
         # The witnesses' live answers, never the stored attempts or cosignatures (a database writer's).
