@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from django.conf import settings
+from django.db.models import QuerySet, Subquery
 
 from agent.runtime import prompts
 from agent.runtime.agent import Agent, AgentAnswer
@@ -36,6 +37,7 @@ from agent.runtime.resume_state import ResumeStateUnavailable, RunHandedOver, sa
 from agent.runtime.router import route
 from audit import failed_calls
 from audit.write import Usage
+from core.compiled import CompiledQuery
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
 from reasoning.capture import build_capture
 
@@ -84,30 +86,46 @@ class PipelineResult:
     self_evaluation: dict[str, Any] | None = None
 
 
-def previous_turns(*, session_id: str, run_id: str, before: Any, limit: int = PREVIOUS_TURNS) -> list:
-    """The session's last `limit` published runs created before this one, oldest first, as
-    `(query, content)` (one query)."""
-    rows = list(
+def _previous_turns_query(run_id: str, session_id: str, limit: int) -> QuerySet:
+    """The session's published runs created no later than run `run_id` (but it), newest first."""
+    created = DiagnosisRun.objects.filter(run_id=run_id).values("created_at")[:1]
+    return (
         DiagnosisRun.objects.filter(
             session_id=session_id,
             status=RunStatus.SUCCESS,
             release_decision=ReleaseDecision.PUBLISHED,
-            created_at__lte=before,
+            created_at__lte=Subquery(created),
         )
         .exclude(run_id=run_id)
         .order_by("-created_at", "-id")
         .values_list("query", "content")[:limit]
     )
-    return rows[::-1]
+
+
+# Compiled once (`core.compiled`): built per run, the query cost more CPU than the database spent on it.
+_PREVIOUS_TURNS = CompiledQuery(
+    lambda run_id, session_id: _previous_turns_query(run_id, session_id, PREVIOUS_TURNS),
+    run_id=str,
+    session_id=str,
+)
+
+
+def previous_turns(*, session_id: str, run_id: str) -> list[tuple[str, str]]:
+    """The session's last `PREVIOUS_TURNS` published runs created before run `run_id` (at its creation
+    time or earlier, itself excluded), oldest first, as `(query, content)` (one query)."""
+    rows = _PREVIOUS_TURNS.rows(run_id=run_id, session_id=session_id)
+    return [(query, content) for query, content in reversed(rows)]
 
 
 async def run_pipeline(ctx: RunContext, *, created_at: Any, resuming: bool = False) -> PipelineResult:
-    """The chat run (see the module docstring). `resuming`: a process handed the run over at a step
-    of its agent loop (`agent.runtime.drain`); it continues from the state saved there."""
+    """The chat run (see the module docstring). `created_at` is accepted for the executor's one call
+    shape (the previous turns are those created before the run's stored creation time). `resuming`: a
+    process handed the run over at a step of its agent loop (`agent.runtime.drain`); it continues from
+    the state saved there."""
     if resuming:
         return await _resume(ctx)
     rec = ctx.recorder
-    history = await read(previous_turns, session_id=ctx.session_id, run_id=ctx.run_id, before=created_at)
+    history = await read(previous_turns, session_id=ctx.session_id, run_id=ctx.run_id)
     # Stored turns were redacted when they were asked; runs stored before redaction (or with it off)
     # were not: they are redacted again on their way to the model.
     history = [(ctx.redactor.redact(query), ctx.redactor.redact(content)) for query, content in history]
