@@ -21,6 +21,8 @@ from audit.write import Committed, RunRecorder
 from diagnosis.models import ReleaseMode
 
 T = TypeVar("T")
+# A decision to hold (`RunRecorder.hold`) in the job of the record that follows it: (method, kwargs).
+Held = tuple[Callable[..., Any], dict[str, Any]]
 
 
 @dataclass(eq=False)
@@ -121,11 +123,15 @@ class RunContext:
                 )
             )
 
-    async def record(self, write: Callable[..., T], /, **kwargs: Any) -> T:
+    async def record(self, write: Callable[..., T], /, *, held: Held | None = None, **kwargs: Any) -> T:
         """Record a decision (`write`, a recorder method, on the database pool), then emit a FINISHED
         progress event for each committed timeline event that finishes a stage. Returns what `write`
-        returned."""
-        result = await db(write, **kwargs)
+        returned. `held`: a decision that no effect of the run follows before this one, held first in
+        the same job (as `hold` then `record` would, in one job of the pool instead of two)."""
+        if held is None:
+            result = await db(write, **kwargs)
+        else:
+            result = await db(_hold_then, self.recorder, held, write, kwargs)
         await self.flush_progress()
         return result
 
@@ -178,3 +184,9 @@ class RunContext:
         if not self.first_output_marked:
             self.first_output_marked = True
             await db(self.recorder.mark_first_output)
+
+
+def _hold_then(recorder: RunRecorder, held: Held, write: Callable[..., T], kwargs: dict[str, Any]) -> T:
+    """On the pool thread: `held` held (`RunRecorder.hold`), then `write(**kwargs)`."""
+    recorder.hold(held[0], **held[1])
+    return write(**kwargs)

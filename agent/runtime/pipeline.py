@@ -22,7 +22,7 @@ from django.db.models import QuerySet, Subquery
 from agent.runtime import prompts
 from agent.runtime.agent import Agent, AgentAnswer
 from agent.runtime.cancel import RunCancelled
-from agent.runtime.context import RunContext
+from agent.runtime.context import Held, RunContext
 from agent.runtime.db import db, read
 from agent.runtime.events import Stage
 from agent.runtime.guards import (
@@ -142,7 +142,6 @@ async def run_pipeline(ctx: RunContext, *, created_at: Any, resuming: bool = Fal
     if intent not in prompts.EVIDENCE_INTENTS:
         answer = AgentAnswer(text=fixed_reply(intent, ctx.query), steps=0, finish_reason="fixed")
         # A fixed reply is not model text: it is never a draft, the outcome carries it.
-        await ctx.hold(rec.evidence_guard, retry=False, passed=True, cited=[], required=False)
         return await _release(
             ctx,
             intent,
@@ -150,6 +149,7 @@ async def run_pipeline(ctx: RunContext, *, created_at: Any, resuming: bool = Fal
             answer,
             f"fixed reply for {intent}: no model text released",
             fixed_reply=True,
+            held=(rec.evidence_guard, {"retry": False, "passed": True, "cited": [], "required": False}),
         )
 
     return await _answer(ctx, intent, agent, messages, max_steps=int(settings.AGENT_MAX_STEPS))
@@ -226,7 +226,7 @@ async def verify_and_release(
             failed=failed,
             extra=extra,
         )
-    semantic = await _semantic_guard(ctx, answer.text, verdict, failed)
+    semantic, held = await _semantic_guard(ctx, answer.text, verdict, failed)
     if semantic.supported is True:
         return await _release(
             ctx,
@@ -238,6 +238,7 @@ async def verify_and_release(
             semantic="PASS",
             failed=failed,
             extra=extra,
+            held=held,
         )
     reason = (
         f"semantic guard found {len(semantic.unsupported_claims)} unsupported claim(s)"
@@ -254,19 +255,29 @@ async def verify_and_release(
         semantic="FAIL" if semantic.supported is False else "ERROR",
         failed=failed,
         extra=extra,
+        held=held,
     )
 
 
 async def _evidence_guard(ctx: RunContext, answer: AgentAnswer, *, retry: bool) -> EvidenceVerdict:
-    verdict = await db(
-        check_evidence,
+    """The evidence guard's verdict on `answer`, held as EVIDENCE_GUARD_* (one job of the pool)."""
+    return await db(
+        _check_and_hold,
+        ctx.recorder,
         text=answer.text,
         store=ctx.canonical,
-        required=True,
         store_degraded=ctx.canonical_degraded,
+        retry=retry,
     )
-    await ctx.hold(
-        ctx.recorder.evidence_guard,
+
+
+def _check_and_hold(
+    recorder: Any, *, text: str, store: Any, store_degraded: bool, retry: bool
+) -> EvidenceVerdict:
+    """`check_evidence` on the pool thread, then its decision held there (`RunRecorder.hold`)."""
+    verdict = check_evidence(text=text, store=store, required=True, store_degraded=store_degraded)
+    recorder.hold(
+        recorder.evidence_guard,
         retry=retry,
         passed=verdict.passed,
         reasons=verdict.reasons,
@@ -284,7 +295,9 @@ async def _failed_calls(ctx: RunContext) -> list[failed_calls.FailedCall]:
 
 async def _semantic_guard(
     ctx: RunContext, answer: str, verdict: EvidenceVerdict, failed: Sequence[failed_calls.FailedCall]
-) -> SemanticVerdict:
+) -> tuple[SemanticVerdict, Held]:
+    """The semantic guard's verdict and its SEMANTIC_GUARD_DECISION, which the release holds in its own
+    job (`RunContext.record(held=…)`); a cancelled call's decision is held at once."""
     model = ctx.client.roles.guard
     evidence = guard_evidence(verdict.evidence, verdict.cited)
     messages = [
@@ -300,40 +313,45 @@ async def _semantic_guard(
         semantic = SemanticVerdict(
             supported=None, error="cancelled" if cancelled else f"guard model failed ({exc.code})"
         )
-        await ctx.hold(
+        held: Held = (
             ctx.recorder.semantic_guard,
-            model=model,
-            usage=Usage.unavailable(),
-            supported=None,
-            error=semantic.error,
-            duration_ms=progress.duration_ms(),
-            provider_attempts=progress.attempts,
-            reasoning=build_capture(
-                reasoning=progress.reasoning_value,
-                text=progress.text_value,
-                reasoning_key=progress.reasoning_key,
-            ),
+            {
+                "model": model,
+                "usage": Usage.unavailable(),
+                "supported": None,
+                "error": semantic.error,
+                "duration_ms": progress.duration_ms(),
+                "provider_attempts": progress.attempts,
+                "reasoning": build_capture(
+                    reasoning=progress.reasoning_value,
+                    text=progress.text_value,
+                    reasoning_key=progress.reasoning_key,
+                ),
+            },
         )
         if cancelled:
+            await ctx.hold(held[0], **held[1])
             raise
-        return semantic
+        return semantic, held
     ctx.finishing()  # the run's last model call: only its records remain (see `RunContext.on_finishing`)
     semantic = parse_semantic_verdict(result.text)
-    await ctx.hold(
+    held = (
         ctx.recorder.semantic_guard,
-        model=result.model,
-        usage=result.usage,
-        supported=semantic.supported,
-        unsupported_claims=semantic.unsupported_claims,
-        reason=semantic.reason,
-        error=semantic.error,
-        duration_ms=result.duration_ms,
-        provider_attempts=result.attempts,
-        reasoning=build_capture(
-            reasoning=result.reasoning, text=result.text, reasoning_key=result.reasoning_key
-        ),
+        {
+            "model": result.model,
+            "usage": result.usage,
+            "supported": semantic.supported,
+            "unsupported_claims": semantic.unsupported_claims,
+            "reason": semantic.reason,
+            "error": semantic.error,
+            "duration_ms": result.duration_ms,
+            "provider_attempts": result.attempts,
+            "reasoning": build_capture(
+                reasoning=result.reasoning, text=result.text, reasoning_key=result.reasoning_key
+            ),
+        },
     )
-    return semantic
+    return semantic, held
 
 
 async def _release(
@@ -348,7 +366,9 @@ async def _release(
     fixed_reply: bool = False,
     failed: Sequence[failed_calls.FailedCall] = (),
     extra: dict[str, Any] | None = None,
+    held: Held | None = None,
 ) -> PipelineResult:
+    """RELEASE_DECISION (after `held`, a decision held in the same job of the pool) and the result."""
     ctx.finishing()  # no model call or tool follows a release decision
     content = answer.text if decision == ReleaseDecision.PUBLISHED else BLOCKED_MESSAGE
     # Every release says which calls failed (fixed text from the chain, `audit.failed_calls`); a fixed
@@ -359,6 +379,7 @@ async def _release(
         content += failed_calls.section(failed, language=language, body=content)
     await ctx.record(
         ctx.recorder.release,
+        held=held,
         decision=decision,
         reason=reason,
         details={

@@ -5,7 +5,8 @@ agent_name `router`, seed 000's capture rules), parse failures included.
 An unusable answer (no JSON object, unknown intent, confidence not a number in 0..1) gets one retry with
 a corrective message; when the second answer is unusable too, the decision falls back to DIAGNOSIS (the
 intent that requires evidence, so a confused router can never skip the guards) and the ROUTING_DECISION
-is marked `fallback`. A provider failure (`LLMError`) is recorded as an attempt and fails the run.
+is marked `fallback`. A provider failure (`LLMError`) is recorded as an attempt and fails the run. The
+ROUTING_DECISION is held (`RunContext.hold`): no effect of the run comes before its next record.
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ async def route(ctx: RunContext, *, previous_queries: Sequence[str] = ()) -> Rou
         )
         if parsed is not None:
             decision = Route(parsed["intent"], parsed["confidence"], parsed["reason"], fallback=False)
-            await ctx.record(
+            await ctx.hold(
                 rec.routing_decision,
                 intent=decision.intent,
                 confidence=decision.confidence,
@@ -128,7 +129,7 @@ async def route(ctx: RunContext, *, previous_queries: Sequence[str] = ()) -> Rou
         f"router answer unusable after {ROUTER_MAX_ATTEMPTS} attempts; {FALLBACK_INTENT} requires evidence",
         fallback=True,
     )
-    await ctx.record(
+    await ctx.hold(
         rec.routing_decision,
         intent=decision.intent,
         confidence=None,
