@@ -90,8 +90,13 @@ async def route(ctx: RunContext, *, previous_queries: Sequence[str] = ()) -> Rou
             )
             raise
         parsed, error = parse_route(result.text)
+        decision = None
+        if parsed is not None:
+            decision = Route(parsed["intent"], parsed["confidence"], parsed["reason"], fallback=False)
         await ctx.record(
             rec.routing_attempt,
+            # ROUTING_DECISION follows a usable answer at once: held in the attempt's job.
+            then_hold=None if decision is None else (rec.routing_decision, _decided(decision)),
             attempt=attempt,
             model=result.model,
             usage=result.usage,
@@ -109,15 +114,7 @@ async def route(ctx: RunContext, *, previous_queries: Sequence[str] = ()) -> Rou
                 reasoning=result.reasoning, text=result.text, reasoning_key=result.reasoning_key
             ),
         )
-        if parsed is not None:
-            decision = Route(parsed["intent"], parsed["confidence"], parsed["reason"], fallback=False)
-            await ctx.hold(
-                rec.routing_decision,
-                intent=decision.intent,
-                confidence=decision.confidence,
-                reason=decision.reason,
-                fallback=False,
-            )
+        if decision is not None:
             return decision
         messages += [
             {"role": "assistant", "content": result.text},
@@ -129,11 +126,15 @@ async def route(ctx: RunContext, *, previous_queries: Sequence[str] = ()) -> Rou
         f"router answer unusable after {ROUTER_MAX_ATTEMPTS} attempts; {FALLBACK_INTENT} requires evidence",
         fallback=True,
     )
-    await ctx.hold(
-        rec.routing_decision,
-        intent=decision.intent,
-        confidence=None,
-        reason=decision.reason,
-        fallback=True,
-    )
+    await ctx.hold(rec.routing_decision, **_decided(decision))
     return decision
+
+
+def _decided(decision: Route) -> dict[str, Any]:
+    """ROUTING_DECISION's arguments for `decision`."""
+    return {
+        "intent": decision.intent,
+        "confidence": decision.confidence,
+        "reason": decision.reason,
+        "fallback": decision.fallback,
+    }

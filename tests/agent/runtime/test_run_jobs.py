@@ -32,7 +32,7 @@ def _types(run_id):
     )
 
 
-def test_a_chat_run_with_one_tool_step_takes_17_pool_jobs(llm, corpus, user, monkeypatch):
+def test_a_chat_run_with_one_tool_step_takes_15_pool_jobs(llm, corpus, user, monkeypatch):
     jobs = []
     call = runtime_db._Worker.call
 
@@ -44,11 +44,11 @@ def test_a_chat_run_with_one_tool_step_takes_17_pool_jobs(llm, corpus, user, mon
     _script(llm)
     run, outcome, _ = ask(user, "nginx 502")
     assert outcome.release_decision == ReleaseDecision.PUBLISHED
-    # claim, configuration + RUN_STARTED, previous turns, 4 model calls counted, routing attempt,
-    # routing decision (held), tool step, tool start, canonical result, tool end, answer step (held),
+    # claim, configuration + RUN_STARTED, previous turns, 4 model calls counted, routing attempt +
+    # decision (held), tool step, tool start, canonical result + tool end, answer step (held),
     # evidence check + decision, semantic decision + release, finish (a heartbeat adds none in a
     # run this short).
-    assert len(jobs) <= 17, [getattr(j, "args", (j,))[0] for j in jobs]
+    assert len(jobs) <= 15, [getattr(j, "args", (j,))[0] for j in jobs]
     types = _types(run.run_id)
     assert types.index("ROUTING_ATTEMPT") < types.index("ROUTING_DECISION") < types.index("AGENT_MODEL_STEP")
     assert (
