@@ -392,7 +392,8 @@ async def _start(
             started_with = await read(tools_of_start, run.run_id)
             registry = registry.only(started_with) if started_with is not None else registry
         else:
-            registry, left_out = await run_blocking(registry.offered)
+            offered = registry.offered  # on the tool pool only when a tool's availability is checked
+            registry, left_out = await run_blocking(offered) if registry.checks_availability() else offered()
         roles = client.roles
         details.update(
             provider=client.provider,
