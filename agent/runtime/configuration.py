@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from django.db import connection
 
 from agent.knowledge.retrieval import EVIDENCE_TEXT_CHARS, KnowledgeSnapshot, knowledge_snapshot
 from agent.mcp.config import servers as mcp_servers
@@ -220,6 +221,27 @@ def configure_run(
     except Exception as exc:  # a display copy: its loss costs the pages' view, never the run
         logger.warning("run configuration not kept error=%s", type(exc).__name__)
     return config
+
+
+def configured_start(
+    configure: Callable[[], EffectiveConfiguration] | None,
+    start: Callable[..., int | None],
+    details: dict[str, Any],
+) -> tuple[bool, int | None, Exception | None]:
+    """A new run's configuration (`configure`: `configure_run` with the run's arguments; None when the
+    run's set-up failed before) added to RUN_STARTED's `details`, then RUN_STARTED (`start`), in one job
+    of the database pool: (True, its sequence, None). Not started here: (False, None, the configuration's
+    error) when it failed, (False, None, None) when keeping its copy met a database error; the executor
+    then records RUN_STARTED in a job of its own (the pool checks the connection between jobs)."""
+    if configure is not None:
+        try:
+            config = configure()
+        except Exception as exc:
+            return False, None, exc
+        details.update(configuration=config.document, configFingerprint=config.fingerprint)
+        if connection.errors_occurred:
+            return False, None, None
+    return True, start(details=details), None
 
 
 def tools_of_start(run_id: str) -> list[str] | None:

@@ -21,6 +21,8 @@ from audit.write import Committed, RunRecorder
 from diagnosis.models import ReleaseMode
 
 T = TypeVar("T")
+# A decision to hold (`RunRecorder.hold`) in the job of the record that follows it: (method, kwargs).
+Held = tuple[Callable[..., Any], dict[str, Any]]
 
 
 @dataclass(eq=False)
@@ -121,11 +123,24 @@ class RunContext:
                 )
             )
 
-    async def record(self, write: Callable[..., T], /, **kwargs: Any) -> T:
+    async def record(
+        self,
+        write: Callable[..., T],
+        /,
+        *,
+        held: Held | None = None,
+        then_hold: Held | None = None,
+        **kwargs: Any,
+    ) -> T:
         """Record a decision (`write`, a recorder method, on the database pool), then emit a FINISHED
         progress event for each committed timeline event that finishes a stage. Returns what `write`
-        returned."""
-        result = await db(write, **kwargs)
+        returned. `held`: a decision no effect of the run follows before this one, held first; `then_hold`:
+        one that follows this one with no effect between, held after it; each in the same job (as `hold`
+        and `record` would in separate jobs of the pool)."""
+        if held is None and then_hold is None:
+            result = await db(write, **kwargs)
+        else:
+            result = await db(_with_held, self.recorder, held, write, kwargs, then_hold)
         await self.flush_progress()
         return result
 
@@ -178,3 +193,19 @@ class RunContext:
         if not self.first_output_marked:
             self.first_output_marked = True
             await db(self.recorder.mark_first_output)
+
+
+def _with_held(
+    recorder: RunRecorder,
+    held: Held | None,
+    write: Callable[..., T],
+    kwargs: dict[str, Any],
+    then: Held | None,
+) -> T:
+    """On the pool thread: `held` held (`RunRecorder.hold`), `write(**kwargs)`, then `then` held."""
+    if held is not None:
+        recorder.hold(held[0], **held[1])
+    result = write(**kwargs)
+    if then is not None:
+        recorder.hold(then[0], **then[1])
+    return result

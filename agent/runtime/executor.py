@@ -32,7 +32,7 @@ from agent.redaction import Redactor
 from agent.runtime.aiops import is_aiops, run_aiops
 from agent.runtime.cancel import CancelToken, RunCancelled
 from agent.runtime.canonical import CanonicalStore
-from agent.runtime.configuration import configure_run, tools_of_start
+from agent.runtime.configuration import configure_run, configured_start, tools_of_start
 from agent.runtime.context import RunContext
 from agent.runtime.db import db, read, run_blocking
 from agent.runtime.events import (
@@ -383,6 +383,7 @@ async def _start(
     if resuming:
         mode = recorder.release_mode or mode
     setup_error: Exception | None = None
+    configure: Callable[[], Any] | None = None
     try:  # the model client and tool registry, and a new run's configuration chained with its fingerprint
         client = client if client is not None else get_model_client()
         registry = registry if registry is not None else default_registry(flow=run.agent_flow)
@@ -391,7 +392,8 @@ async def _start(
             started_with = await read(tools_of_start, run.run_id)
             registry = registry.only(started_with) if started_with is not None else registry
         else:
-            registry, left_out = await run_blocking(registry.offered)
+            offered = registry.offered  # on the tool pool only when a tool's availability is checked
+            registry, left_out = await run_blocking(offered) if registry.checks_availability() else offered()
         roles = client.roles
         details.update(
             provider=client.provider,
@@ -399,7 +401,7 @@ async def _start(
             tools=registry.names(),
         )
         if not resuming:
-            config = await db(
+            configure = functools.partial(
                 configure_run,
                 client=client,
                 registry=registry,
@@ -409,13 +411,15 @@ async def _start(
                 knowledge=corpus.snapshot if corpus is not None else None,
                 left_out=left_out,
             )
-            details.update(configuration=config.document, configFingerprint=config.fingerprint)
     except Exception as exc:  # reported after RUN_STARTED, so the run still reads in order
         setup_error = exc
     if resuming:
         seq = await db(recorder.run_resumed, details={**details, "leaseEpoch": run.lease_epoch})
     else:
-        seq = await db(recorder.run_started, agent_flow=run.agent_flow, release_mode=mode, details=details)
+        start = functools.partial(recorder.run_started, agent_flow=run.agent_flow, release_mode=mode)
+        started, seq, configure_error = await db(configured_start, configure, start, details)
+        if not started:  # RUN_STARTED in a job of its own, on a connection checked again
+            setup_error, seq = configure_error or setup_error, await db(start, details=details)
     demo = details.get("provider") == DEMO_PROVIDER
     await out.emit(run_event(run, sequence_no=seq, demo=demo))
     if setup_error is not None:
@@ -586,14 +590,10 @@ class _Ending:
         """Another process took the run: write nothing, report what the database says now."""
         message = "The run was taken over by another process."
         await self.sink.emit(ErrorEvent(code=LEASE_LOST, message=message, run_id=self.run.run_id))
-        row: dict[str, Any] = await db(
-            lambda: (
-                DiagnosisRun.objects.filter(run_id=self.run.run_id)
-                .values("status", "release_decision", "content")
-                .first()
-                or {}
-            )
+        runs = DiagnosisRun.objects.filter(run_id=self.run.run_id).values(
+            "status", "release_decision", "content"
         )
+        row: dict[str, Any] = await db(lambda: runs.first() or {})
         status = row.get("status") or RunStatus.FAILED
         release = row.get("release_decision") if status == RunStatus.SUCCESS else None
         content = row.get("content", "") if status == RunStatus.SUCCESS else ""

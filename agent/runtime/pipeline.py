@@ -17,11 +17,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from django.conf import settings
+from django.db.models import QuerySet, Subquery
 
 from agent.runtime import prompts
 from agent.runtime.agent import Agent, AgentAnswer
 from agent.runtime.cancel import RunCancelled
-from agent.runtime.context import RunContext
+from agent.runtime.context import Held, RunContext
 from agent.runtime.db import db, read
 from agent.runtime.events import Stage
 from agent.runtime.guards import (
@@ -36,6 +37,7 @@ from agent.runtime.resume_state import ResumeStateUnavailable, RunHandedOver, sa
 from agent.runtime.router import route
 from audit import failed_calls
 from audit.write import Usage
+from core.compiled import CompiledQuery
 from diagnosis.models import DiagnosisRun, ReleaseDecision, RunStatus
 from reasoning.capture import build_capture
 
@@ -84,30 +86,46 @@ class PipelineResult:
     self_evaluation: dict[str, Any] | None = None
 
 
-def previous_turns(*, session_id: str, run_id: str, before: Any, limit: int = PREVIOUS_TURNS) -> list:
-    """The session's last `limit` published runs created before this one, oldest first, as
-    `(query, content)` (one query)."""
-    rows = list(
+def _previous_turns_query(run_id: str, session_id: str, limit: int) -> QuerySet:
+    """The session's published runs created no later than run `run_id` (but it), newest first."""
+    created = DiagnosisRun.objects.filter(run_id=run_id).values("created_at")[:1]
+    return (
         DiagnosisRun.objects.filter(
             session_id=session_id,
             status=RunStatus.SUCCESS,
             release_decision=ReleaseDecision.PUBLISHED,
-            created_at__lte=before,
+            created_at__lte=Subquery(created),
         )
         .exclude(run_id=run_id)
         .order_by("-created_at", "-id")
         .values_list("query", "content")[:limit]
     )
-    return rows[::-1]
+
+
+# Compiled once (`core.compiled`): built per run, the query cost more CPU than the database spent on it.
+_PREVIOUS_TURNS = CompiledQuery(
+    lambda run_id, session_id: _previous_turns_query(run_id, session_id, PREVIOUS_TURNS),
+    run_id=str,
+    session_id=str,
+)
+
+
+def previous_turns(*, session_id: str, run_id: str) -> list[tuple[str, str]]:
+    """The session's last `PREVIOUS_TURNS` published runs created before run `run_id` (at its creation
+    time or earlier, itself excluded), oldest first, as `(query, content)` (one query)."""
+    rows = _PREVIOUS_TURNS.rows(run_id=run_id, session_id=session_id)
+    return [(query, content) for query, content in reversed(rows)]
 
 
 async def run_pipeline(ctx: RunContext, *, created_at: Any, resuming: bool = False) -> PipelineResult:
-    """The chat run (see the module docstring). `resuming`: a process handed the run over at a step
-    of its agent loop (`agent.runtime.drain`); it continues from the state saved there."""
+    """The chat run (see the module docstring). `created_at` is accepted for the executor's one call
+    shape (the previous turns are those created before the run's stored creation time). `resuming`: a
+    process handed the run over at a step of its agent loop (`agent.runtime.drain`); it continues from
+    the state saved there."""
     if resuming:
         return await _resume(ctx)
     rec = ctx.recorder
-    history = await read(previous_turns, session_id=ctx.session_id, run_id=ctx.run_id, before=created_at)
+    history = await read(previous_turns, session_id=ctx.session_id, run_id=ctx.run_id)
     # Stored turns were redacted when they were asked; runs stored before redaction (or with it off)
     # were not: they are redacted again on their way to the model.
     history = [(ctx.redactor.redact(query), ctx.redactor.redact(content)) for query, content in history]
@@ -124,7 +142,6 @@ async def run_pipeline(ctx: RunContext, *, created_at: Any, resuming: bool = Fal
     if intent not in prompts.EVIDENCE_INTENTS:
         answer = AgentAnswer(text=fixed_reply(intent, ctx.query), steps=0, finish_reason="fixed")
         # A fixed reply is not model text: it is never a draft, the outcome carries it.
-        await ctx.hold(rec.evidence_guard, retry=False, passed=True, cited=[], required=False)
         return await _release(
             ctx,
             intent,
@@ -132,6 +149,7 @@ async def run_pipeline(ctx: RunContext, *, created_at: Any, resuming: bool = Fal
             answer,
             f"fixed reply for {intent}: no model text released",
             fixed_reply=True,
+            held=(rec.evidence_guard, {"retry": False, "passed": True, "cited": [], "required": False}),
         )
 
     return await _answer(ctx, intent, agent, messages, max_steps=int(settings.AGENT_MAX_STEPS))
@@ -208,7 +226,7 @@ async def verify_and_release(
             failed=failed,
             extra=extra,
         )
-    semantic = await _semantic_guard(ctx, answer.text, verdict, failed)
+    semantic, held = await _semantic_guard(ctx, answer.text, verdict, failed)
     if semantic.supported is True:
         return await _release(
             ctx,
@@ -220,6 +238,7 @@ async def verify_and_release(
             semantic="PASS",
             failed=failed,
             extra=extra,
+            held=held,
         )
     reason = (
         f"semantic guard found {len(semantic.unsupported_claims)} unsupported claim(s)"
@@ -236,19 +255,29 @@ async def verify_and_release(
         semantic="FAIL" if semantic.supported is False else "ERROR",
         failed=failed,
         extra=extra,
+        held=held,
     )
 
 
 async def _evidence_guard(ctx: RunContext, answer: AgentAnswer, *, retry: bool) -> EvidenceVerdict:
-    verdict = await db(
-        check_evidence,
+    """The evidence guard's verdict on `answer`, held as EVIDENCE_GUARD_* (one job of the pool)."""
+    return await db(
+        _check_and_hold,
+        ctx.recorder,
         text=answer.text,
         store=ctx.canonical,
-        required=True,
         store_degraded=ctx.canonical_degraded,
+        retry=retry,
     )
-    await ctx.hold(
-        ctx.recorder.evidence_guard,
+
+
+def _check_and_hold(
+    recorder: Any, *, text: str, store: Any, store_degraded: bool, retry: bool
+) -> EvidenceVerdict:
+    """`check_evidence` on the pool thread, then its decision held there (`RunRecorder.hold`)."""
+    verdict = check_evidence(text=text, store=store, required=True, store_degraded=store_degraded)
+    recorder.hold(
+        recorder.evidence_guard,
         retry=retry,
         passed=verdict.passed,
         reasons=verdict.reasons,
@@ -266,7 +295,9 @@ async def _failed_calls(ctx: RunContext) -> list[failed_calls.FailedCall]:
 
 async def _semantic_guard(
     ctx: RunContext, answer: str, verdict: EvidenceVerdict, failed: Sequence[failed_calls.FailedCall]
-) -> SemanticVerdict:
+) -> tuple[SemanticVerdict, Held]:
+    """The semantic guard's verdict and its SEMANTIC_GUARD_DECISION, which the release holds in its own
+    job (`RunContext.record(held=…)`); a cancelled call's decision is held at once."""
     model = ctx.client.roles.guard
     evidence = guard_evidence(verdict.evidence, verdict.cited)
     messages = [
@@ -282,40 +313,45 @@ async def _semantic_guard(
         semantic = SemanticVerdict(
             supported=None, error="cancelled" if cancelled else f"guard model failed ({exc.code})"
         )
-        await ctx.hold(
+        held: Held = (
             ctx.recorder.semantic_guard,
-            model=model,
-            usage=Usage.unavailable(),
-            supported=None,
-            error=semantic.error,
-            duration_ms=progress.duration_ms(),
-            provider_attempts=progress.attempts,
-            reasoning=build_capture(
-                reasoning=progress.reasoning_value,
-                text=progress.text_value,
-                reasoning_key=progress.reasoning_key,
-            ),
+            {
+                "model": model,
+                "usage": Usage.unavailable(),
+                "supported": None,
+                "error": semantic.error,
+                "duration_ms": progress.duration_ms(),
+                "provider_attempts": progress.attempts,
+                "reasoning": build_capture(
+                    reasoning=progress.reasoning_value,
+                    text=progress.text_value,
+                    reasoning_key=progress.reasoning_key,
+                ),
+            },
         )
         if cancelled:
+            await ctx.hold(held[0], **held[1])
             raise
-        return semantic
+        return semantic, held
     ctx.finishing()  # the run's last model call: only its records remain (see `RunContext.on_finishing`)
     semantic = parse_semantic_verdict(result.text)
-    await ctx.hold(
+    held = (
         ctx.recorder.semantic_guard,
-        model=result.model,
-        usage=result.usage,
-        supported=semantic.supported,
-        unsupported_claims=semantic.unsupported_claims,
-        reason=semantic.reason,
-        error=semantic.error,
-        duration_ms=result.duration_ms,
-        provider_attempts=result.attempts,
-        reasoning=build_capture(
-            reasoning=result.reasoning, text=result.text, reasoning_key=result.reasoning_key
-        ),
+        {
+            "model": result.model,
+            "usage": result.usage,
+            "supported": semantic.supported,
+            "unsupported_claims": semantic.unsupported_claims,
+            "reason": semantic.reason,
+            "error": semantic.error,
+            "duration_ms": result.duration_ms,
+            "provider_attempts": result.attempts,
+            "reasoning": build_capture(
+                reasoning=result.reasoning, text=result.text, reasoning_key=result.reasoning_key
+            ),
+        },
     )
-    return semantic
+    return semantic, held
 
 
 async def _release(
@@ -330,7 +366,9 @@ async def _release(
     fixed_reply: bool = False,
     failed: Sequence[failed_calls.FailedCall] = (),
     extra: dict[str, Any] | None = None,
+    held: Held | None = None,
 ) -> PipelineResult:
+    """RELEASE_DECISION (after `held`, a decision held in the same job of the pool) and the result."""
     ctx.finishing()  # no model call or tool follows a release decision
     content = answer.text if decision == ReleaseDecision.PUBLISHED else BLOCKED_MESSAGE
     # Every release says which calls failed (fixed text from the chain, `audit.failed_calls`); a fixed
@@ -341,6 +379,7 @@ async def _release(
         content += failed_calls.section(failed, language=language, body=content)
     await ctx.record(
         ctx.recorder.release,
+        held=held,
         decision=decision,
         reason=reason,
         details={

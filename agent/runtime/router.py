@@ -5,7 +5,8 @@ agent_name `router`, seed 000's capture rules), parse failures included.
 An unusable answer (no JSON object, unknown intent, confidence not a number in 0..1) gets one retry with
 a corrective message; when the second answer is unusable too, the decision falls back to DIAGNOSIS (the
 intent that requires evidence, so a confused router can never skip the guards) and the ROUTING_DECISION
-is marked `fallback`. A provider failure (`LLMError`) is recorded as an attempt and fails the run.
+is marked `fallback`. A provider failure (`LLMError`) is recorded as an attempt and fails the run. The
+ROUTING_DECISION is held (`RunContext.hold`): no effect of the run comes before its next record.
 """
 
 from __future__ import annotations
@@ -89,8 +90,13 @@ async def route(ctx: RunContext, *, previous_queries: Sequence[str] = ()) -> Rou
             )
             raise
         parsed, error = parse_route(result.text)
+        decision = None
+        if parsed is not None:
+            decision = Route(parsed["intent"], parsed["confidence"], parsed["reason"], fallback=False)
         await ctx.record(
             rec.routing_attempt,
+            # ROUTING_DECISION follows a usable answer at once: held in the attempt's job.
+            then_hold=None if decision is None else (rec.routing_decision, _decided(decision)),
             attempt=attempt,
             model=result.model,
             usage=result.usage,
@@ -108,15 +114,7 @@ async def route(ctx: RunContext, *, previous_queries: Sequence[str] = ()) -> Rou
                 reasoning=result.reasoning, text=result.text, reasoning_key=result.reasoning_key
             ),
         )
-        if parsed is not None:
-            decision = Route(parsed["intent"], parsed["confidence"], parsed["reason"], fallback=False)
-            await ctx.record(
-                rec.routing_decision,
-                intent=decision.intent,
-                confidence=decision.confidence,
-                reason=decision.reason,
-                fallback=False,
-            )
+        if decision is not None:
             return decision
         messages += [
             {"role": "assistant", "content": result.text},
@@ -128,11 +126,15 @@ async def route(ctx: RunContext, *, previous_queries: Sequence[str] = ()) -> Rou
         f"router answer unusable after {ROUTER_MAX_ATTEMPTS} attempts; {FALLBACK_INTENT} requires evidence",
         fallback=True,
     )
-    await ctx.record(
-        rec.routing_decision,
-        intent=decision.intent,
-        confidence=None,
-        reason=decision.reason,
-        fallback=True,
-    )
+    await ctx.hold(rec.routing_decision, **_decided(decision))
     return decision
+
+
+def _decided(decision: Route) -> dict[str, Any]:
+    """ROUTING_DECISION's arguments for `decision`."""
+    return {
+        "intent": decision.intent,
+        "confidence": decision.confidence,
+        "reason": decision.reason,
+        "fallback": decision.fallback,
+    }

@@ -197,11 +197,18 @@ class ToolBoundary:
     async def _terminal(self, call: DeclaredToolCall, status: str, **facts: Any) -> None:
         """Record the call's terminal and emit its live frame. A terminal the recorder refuses as a
         conflict (recorded there as a CONFLICT event) is logged and never stops the run."""
-        rec = self.ctx.recorder
         try:
-            seq = await db(rec.tool_finished, tool_call_id=call.tool_call_id, status=status, **facts)
+            seq = await db(
+                self.ctx.recorder.tool_finished, tool_call_id=call.tool_call_id, status=status, **facts
+            )
         except ToolLifecycleConflict as exc:
-            run_id, error = self.ctx.run_id, type(exc).__name__
+            seq = exc
+        await self._terminated(call, status, seq)
+
+    async def _terminated(self, call: DeclaredToolCall, status: str, seq: int | Exception | None) -> None:
+        """After the call's terminal write (`seq`: its sequence, or the conflict that refused it)."""
+        if isinstance(seq, ToolLifecycleConflict):
+            run_id, error = self.ctx.run_id, type(seq).__name__
             logger.warning("tool terminal refused run=%s tool=%s error=%s", run_id, call.name, error)
             seq = None
         self.ctx.running_tools.pop(call.tool_call_id, None)
@@ -418,21 +425,19 @@ class ToolBoundary:
         # placeholder across them).
         await ctx.record_redaction("tool_output", tool_call_id=call.tool_call_id, facts=taken)
 
-        note = ""
-        try:
-            await db(
-                ctx.canonical.put_result,
-                tool_call_id=call.tool_call_id,
-                result_json=result_json,
-                evidence={record.id: dict(record.payload) for record in result.evidence},
-            )
-            ctx.gathered_evidence.extend(record.id for record in result.evidence)
-        except CanonicalUnavailable:
-            ctx.canonical_degraded = True
-            note = "canonical store unavailable"
-        await self._terminal(
-            call, ToolStatus.SUCCEEDED, output=result_json, retrieval=result.retrieval, summary_note=note
+        kept, seq = await db(
+            _keep_then_succeed,
+            ctx,
+            call.tool_call_id,
+            result_json,
+            {record.id: dict(record.payload) for record in result.evidence},
+            result.retrieval,
         )
+        if kept:
+            ctx.gathered_evidence.extend(record.id for record in result.evidence)
+        else:
+            ctx.canonical_degraded = True
+        await self._terminated(call, ToolStatus.SUCCEEDED, seq)
         content = result.model_content if result.model_content is not None else result_json
         return ToolOutcome(call, ToolStatus.SUCCEEDED, clip(content, MODEL_CONTENT_CHARS))
 
@@ -480,3 +485,28 @@ class ToolBoundary:
         if self.ctx.token.cancelled:
             raise RunCancelled(self.ctx.token.reason)
         raise _Timeout()
+
+
+def _keep_then_succeed(
+    ctx: RunContext, tool_call_id: str, result_json: str, evidence: dict[str, Any], retrieval: Any
+) -> tuple[bool, int | Exception | None]:
+    """In one job of the database pool: the call's full result into the canonical store, then its
+    SUCCEEDED terminal (noting a store that was unavailable). (Whether the store kept it, the terminal's
+    sequence or the `ToolLifecycleConflict` that refused it.)"""
+    note = ""
+    try:
+        ctx.canonical.put_result(tool_call_id=tool_call_id, result_json=result_json, evidence=evidence)
+        kept = True
+    except CanonicalUnavailable:
+        kept, note = False, "canonical store unavailable"
+    try:
+        seq = ctx.recorder.tool_finished(
+            tool_call_id=tool_call_id,
+            status=ToolStatus.SUCCEEDED,
+            output=result_json,
+            retrieval=retrieval,
+            summary_note=note,
+        )
+    except ToolLifecycleConflict as exc:
+        return kept, exc
+    return kept, seq

@@ -191,6 +191,10 @@ class ToolRegistry:
             return self
         return ToolRegistry([spec for spec in self._specs.values() if spec.name in keep])
 
+    def checks_availability(self) -> bool:
+        """Whether `offered` has a tool's `available` check to run (only then does it block)."""
+        return any(spec.available is not None for spec in self._specs.values())
+
     def offered(self) -> tuple[ToolRegistry, dict[str, str]]:
         """`(the tools that can run now, {name: why not} of those left out)` (this registry itself when
         none is left out): each tool's `available` check, concurrently (checks of one backend share its

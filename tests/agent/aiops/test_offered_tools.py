@@ -220,3 +220,7 @@ def test_a_check_that_raises_leaves_its_tool_out_and_a_registry_without_checks_i
     unchecked = registry.only(["plain", "ready"])
     assert unchecked.offered() == (unchecked, {})
     assert registry.only(registry.names()) is registry
+    # Only a registry with a check blocks (the executor then runs `offered` on the tool pool).
+    plain = registry.only(["plain"])
+    assert registry.checks_availability() and unchecked.checks_availability()
+    assert not plain.checks_availability() and plain.offered() == (plain, {})
