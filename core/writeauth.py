@@ -102,7 +102,8 @@ class Verifier:
     def tag(self, domain: str, link_hash: str) -> str:
         """The stored tag of a link: `<key id>:<mac>` by the newest key."""
         key = self.keys[0]
-        return f"{key.key_id}:{mac(key.secret, key.key_id, domain, link_hash)}"
+        prefix = self._prefixes.get((key.key_id, domain)) or _message_prefix(key.key_id, domain)
+        return f"{key.key_id}:{_mac(key.secret, prefix, link_hash)}"
 
     def problem(self, domain: str, link_hash: str, tag: str) -> str | None:
         """Why `tag` does not authenticate the link (None: it does). An empty tag is "untagged" (the

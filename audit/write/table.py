@@ -11,6 +11,7 @@ already serialised (the recorder's canonical details), stored as is. No statemen
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -27,6 +28,13 @@ class RawJSON:
 
     def __init__(self, text: str) -> None:
         self.text = text
+
+
+@functools.cache
+def json_text(encoder: type[json.JSONEncoder] | None) -> Callable[[Any], str]:
+    """`json.dumps(value, cls=encoder)` (how a JSON column serialises a value) as one encoder made once
+    per class: `json.dumps` builds a new encoder per call with these same default options."""
+    return (encoder or json.JSONEncoder)().encode
 
 
 def _char(value: Any) -> Any:
@@ -81,12 +89,12 @@ class Table:
     def _converter(f: models.Field, connection: BaseDatabaseWrapper) -> Callable[[Any], Any] | None:
         if isinstance(f, models.JSONField):
             if connection.vendor in ("mysql", "sqlite"):
-                encoder = f.encoder
+                dumps = json_text(f.encoder)
 
                 def to_json(value: Any) -> Any:
                     if isinstance(value, RawJSON):
                         return value.text
-                    return json.dumps(value, cls=encoder)
+                    return dumps(value)
 
                 return to_json
             return lambda value: f.get_db_prep_save(

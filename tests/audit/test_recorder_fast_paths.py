@@ -56,3 +56,52 @@ def test_run_started_binds_the_identity_the_orm_row_gives(run):
     }
     assert identity["startDigest"] == row_digests.RUN_START.digest_of(run)
     assert RunRecorder(run_id="no-such-run", session_id=run.session_id)._identity() == {}
+
+
+def test_a_json_column_serialises_as_json_dumps_with_its_encoder():
+    """`json_text(encoder)` (one encoder made once) writes the text `json.dumps(value, cls=encoder)`
+    writes, which is what the JSON column stores and the row digest reads back."""
+    import datetime as dt
+    import decimal
+    import json
+    import uuid
+
+    from django.core.serializers.json import DjangoJSONEncoder
+
+    from audit.write.table import json_text
+
+    values = [
+        {"b": 1, "a": [1, 2.5, None, True], "é": "ü 😀", "nested": {"k": ("t", "u")}},
+        [{"role": "system", "chars": 2400}, {"role": "user", "chars": 120}],
+        {"at": dt.datetime(2026, 12, 6, 18, 0, 1, 123456, tzinfo=dt.UTC), "d": decimal.Decimal("1.10")},
+        {"id": uuid.UUID(int=7), "day": dt.date(2026, 1, 2), "nan": float("nan")},
+        "text",
+        7,
+        None,
+    ]
+
+    def outcome(fn, value):
+        try:
+            return fn(value)
+        except TypeError as exc:  # not serialisable without an encoder: refused alike
+            return type(exc)
+
+    for value in values:
+        assert json_text(DjangoJSONEncoder)(value) == json.dumps(value, cls=DjangoJSONEncoder), value
+        assert outcome(json_text(None), value) == outcome(json.dumps, value), value
+
+
+def test_a_write_tag_is_the_mac_over_its_domain_key_id_and_link():
+    """`Verifier.tag` takes its message prefix from the ones built once per key and domain: the tag is
+    still `<key id>:HMAC-SHA-256(key, prefix(domain, key id) + link)`, and an unknown domain is refused."""
+    from core import writeauth
+
+    verifier = writeauth.Verifier([b"k" * 32, b"o" * 32])
+    key = verifier.current
+    for domain in sorted(writeauth.DOMAINS):
+        link = writeauth.hashlib.sha256(domain.encode()).hexdigest()
+        expected = f"{key.key_id}:{writeauth.mac(key.secret, key.key_id, domain, link)}"
+        assert verifier.tag(domain, link) == expected
+        assert verifier.valid(domain, link, expected)
+    with pytest.raises(ValueError):
+        verifier.tag("elsewhere", "0" * 64)
