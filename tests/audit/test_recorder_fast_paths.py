@@ -105,3 +105,19 @@ def test_a_write_tag_is_the_mac_over_its_domain_key_id_and_link():
         assert verifier.valid(domain, link, expected)
     with pytest.raises(ValueError):
         verifier.tag("elsewhere", "0" * 64)
+
+
+def test_a_row_naming_every_column_is_the_row_the_loop_builds():
+    """`Table.row` with every column named (the recorder's own rows) skips the defaults' loop: the same
+    tuple in column order; a partial row takes the defaults, an unknown column is still refused."""
+    from audit.write.rows import tables
+
+    t = tables()
+    for table in (t.event, t.step, t.reasoning, t.tool):
+        values = {c: f"v{i}" for i, c in enumerate(reversed(table.columns))}
+        assert table.row(**values) == tuple(values[c] for c in table.columns)
+        partial = dict(list(values.items())[1:])
+        missing = next(c for c in table.columns if c not in partial)
+        assert table.row(**partial)[table.index[missing]] == table.fields[table.index[missing]].get_default()
+        with pytest.raises(KeyError, match="nonsense"):
+            table.row(**partial, nonsense=1)
