@@ -121,3 +121,21 @@ def test_a_row_naming_every_column_is_the_row_the_loop_builds():
         assert table.row(**partial)[table.index[missing]] == table.fields[table.index[missing]].get_default()
         with pytest.raises(KeyError, match="nonsense"):
             table.row(**partial, nonsense=1)
+
+
+def test_the_keyed_mac_is_hmac_sha256():
+    """A verifier's MAC keyed once per key (its inner and outer states copied per link) is the one-shot
+    HMAC-SHA-256 of the key over the prefix and the link, whatever the key's length."""
+    import hashlib
+    import hmac
+    import os
+
+    from core import writeauth
+
+    prefix = writeauth._message_prefix("0b7c45a2", writeauth.RUN)
+    for length in (0, 1, 31, 32, 63, 64, 65, 100):
+        key = os.urandom(length)
+        keyed = writeauth._KeyedMac(key)
+        for link in ("", "0" * 64, hashlib.sha256(key).hexdigest()):
+            assert keyed(prefix, link) == hmac.digest(key, prefix + link.encode("ascii"), "sha256").hex()
+            assert keyed(prefix, link) == writeauth._mac(key, prefix, link)
