@@ -17,6 +17,7 @@ PREVIEW_CHARS = 500
 MAX_ITEMS = 50
 MAX_DEPTH = 5
 MAX_JSON_CHARS = 8000
+_isfinite = math.isfinite
 
 
 def canonical_json(value: Any) -> str:
@@ -117,17 +118,33 @@ def _prune(value: Any, max_string: int, max_items: int, depth: int) -> Any:
     if kind is str and len(value) <= max_string:  # the common case first; the same result as below
         return value
     if kind is dict and depth > 0 and len(value) <= max_items:
-        # A small dict (every event's details): its short text, integers, booleans and nulls are kept
-        # here without a call each, exactly as the general case below keeps them.
+        # A small dict (every event's details): its short text, integers, booleans, finite floats and
+        # nulls are kept here without a call each, exactly as the general case below keeps them.
         out: dict[str, Any] = {}
         for k, v in value.items():
             t = type(v)
             out[k if type(k) is str else str(k)] = (
                 v
-                if (t is str and len(v) <= max_string) or t is int or t is bool or v is None
+                if (t is str and len(v) <= max_string)
+                or t is int
+                or t is bool
+                or v is None
+                or (t is float and _isfinite(v))
                 else _prune(v, max_string, max_items, depth - 1)
             )
         return out
+    if kind is list and depth > 0 and len(value) <= max_items:
+        # A short list (tool calls, attempts, messages): the same shortcut per item; no marker is due.
+        return [
+            v
+            if ((t := type(v)) is str and len(v) <= max_string)
+            or t is int
+            or t is bool
+            or v is None
+            or (t is float and _isfinite(v))
+            else _prune(v, max_string, max_items, depth - 1)
+            for v in value
+        ]
     if kind is int or value is None or isinstance(value, (bool, int)):
         return value
     if isinstance(value, float):

@@ -409,7 +409,7 @@ class RunChain:
         """Write `op` durably (group commit when enabled and the caller is in autocommit mode, else
         directly on this thread's connection); raise whatever kept it from committing."""
         if self.group_commit and not connection.in_atomic_block:
-            get_committer().submit(op)
+            get_committer().submit(op, autocommit=True)
             if op.error is not None:
                 raise op.error
         else:

@@ -110,10 +110,11 @@ def _integrity_codes(connection: BaseDatabaseWrapper) -> tuple[int, ...]:
 def bind_params(raw: Any, sql: str, params: Sequence[Any]) -> bytes:
     """`sql` with `params` bound as mysqlclient binds them (`MySQLdb.cursors.BaseCursor._mogrify`: each
     value as `Connection.literal` escapes it, then `%` formatting), in one pass: text goes straight to
-    the driver's `string_literal`, NULL and integers need no escaping, every other value takes
-    `literal`. A compound write binds ≈ 40 values per decision; the driver's per-value dispatch was
-    about a tenth of a concurrent run's CPU (docs/performance.md, B1 concurrent). The statement is
-    bytes, as the driver sends it: code that wraps the driver's cursor sees bytes for these writes."""
+    the driver's `string_literal`, NULL, integers and booleans (the driver's `1`/`0`) need no escaping,
+    every other value takes `literal`. A compound write binds ≈ 40 values per decision; the driver's
+    per-value dispatch was about a tenth of a concurrent run's CPU (docs/performance.md, B1
+    concurrent). The statement is bytes, as the driver sends it: code that wraps the driver's cursor
+    sees bytes for these writes."""
     string_literal, encoding, literal = raw.string_literal, raw.encoding, raw.literal
     values = tuple(
         [
@@ -123,6 +124,8 @@ def bind_params(raw: Any, sql: str, params: Sequence[Any]) -> bytes:
             if v is None
             else b"%d" % v
             if type(v) is int
+            else (b"1" if v else b"0")
+            if type(v) is bool
             else literal(v)
             for v in params
         ]

@@ -66,14 +66,15 @@ class GroupCommitter:
         self.retried_batches = 0
 
     # ------------------------------------------------------------------------------------------------
-    def submit(self, op: WriteOp) -> None:
+    def submit(self, op: WriteOp, *, autocommit: bool = False) -> None:
         """Write `op` as part of a group; returns once it committed, or with `op.error` set.
 
         Called inside a bridged job (`Bridged`: the runtime's `db()`), the op joins the process's
         next batch (`BatchWriter`) instead: the job is suspended, its pool thread is free for other
-        runs' jobs, and it resumes once that batch committed."""
+        runs' jobs, and it resumes once that batch committed. `autocommit`: the caller has just seen
+        its connection outside any atomic block (not asked again)."""
         current = greenlet.getcurrent()
-        if isinstance(current, Bridged) and not connection.in_atomic_block:
+        if isinstance(current, Bridged) and (autocommit or not connection.in_atomic_block):
             current.suspend(Commit(op))
             return
         me = _Waiter(op)

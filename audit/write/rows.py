@@ -16,6 +16,7 @@ from audit.models import AgentStep, ToolInvocation, TraceEvent
 from audit.verify import row_digests
 from audit.write.ops import Insert, RawJSON
 from audit.write.ops import Table as RowTable
+from audit.write.table import json_text
 from core.failover import LOOK_UP_PAUSES, reconnect_if_lost
 from diagnosis.models import DiagnosisRun
 from reasoning import crypto
@@ -36,9 +37,9 @@ def seal(row: Insert) -> None:
     for i in encrypted or ():
         if values[i] is not None and not isinstance(values[i], Ciphertext):
             values[i] = Ciphertext(crypto.keyring().encrypt(str(values[i])))
-    for i, encoder in json_columns or ():
+    for i, dumps in json_columns or ():
         if values[i] is not None and type(values[i]) is not RawJSON:
-            values[i] = RawJSON(json.dumps(values[i], cls=encoder))
+            values[i] = RawJSON(dumps(values[i]))
     row.values = tuple(values)
 
 
@@ -63,9 +64,9 @@ class _Tables:
             table: [i for i, f in enumerate(table.fields) if isinstance(f, EncryptedTextField)]
             for table in (self.step, self.reasoning, self.tool)
         }
-        # JSON columns of the rows bound by a digest, with the encoder their column writes with.
+        # JSON columns of the rows bound by a digest, with how their column serialises a value.
         self.json = {
-            table: [(i, f.encoder) for i, f in enumerate(table.fields) if isinstance(f, JSONField)]
+            table: [(i, json_text(f.encoder)) for i, f in enumerate(table.fields) if isinstance(f, JSONField)]
             for table in (self.step, self.reasoning, self.tool)
         }
 

@@ -28,8 +28,18 @@ def test_date_times_are_the_backends_own_parameters():
         dt.datetime(2026, 3, 29, 3, 30, tzinfo=paris),  # another zone: converted to the connection's
         None,
     ]
+    # The fast path formats the text itself: every field's width, with and without a fraction.
+    values += [
+        dt.datetime(1, 1, 1, tzinfo=dt.UTC),
+        dt.datetime(999, 2, 3, 4, 5, 6, 7, tzinfo=dt.UTC),
+        dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=dt.UTC),
+        dt.datetime(2026, 12, 6, 9, 8, 7, 60, tzinfo=dt.UTC),
+        dt.datetime(2026, 12, 6, 9, 8, 7, fold=1, tzinfo=dt.UTC),
+    ]
     for value in values:
         assert convert(value) == adapt(value), value
+        if value is not None and value.tzinfo is dt.UTC:
+            assert convert(value) == str(value.replace(tzinfo=None)), value
 
 
 @pytest.mark.django_db
