@@ -192,7 +192,10 @@ class _Workers:
         # A recorder's method goes behind its recorder's previous job while that one is still on its
         # thread: one run's concurrent decisions (parallel tool calls) then start in the order they
         # were asked for, as they would queue on the recorder's lock.
-        lock = getattr(getattr(fn, "__self__", None), "_lock", None)
+        # The lock is the recorder's chain's (`RunRecorder`, `Decisions`, `ToolCalls`, `Approvals` hold
+        # it as `.chain`; the chain itself as `.lock`).
+        owner = getattr(fn, "__self__", None)
+        lock = getattr(getattr(owner, "chain", owner), "lock", None)
         home = lock.home if isinstance(lock, RecorderLock) else None
         if home is not None and not home.idle() and home in self.threads:  # not a stopped pool's
             return home
