@@ -33,6 +33,7 @@ from audit.models import (
 )
 from audit.read.summary import Counts, TraceSummary, summarize
 from audit.verify import appended_rows
+from audit.verify.chunk_reads import CompiledIds
 from audit.verify.hash_chain import timestamp
 from audit.verify.row_digests import stored_reasoning_rows
 from audit.verify.rows import UNCHECKED
@@ -198,6 +199,16 @@ _TIMELINE = CompiledQuery(
 )
 
 
+_TIMELINES = CompiledIds(
+    lambda run_ids: (
+        TraceEvent.objects.filter(run_id__in=run_ids)
+        .order_by("run_id", "sequence_no")
+        .annotate(details_text=Cast("details", output_field=TextField()))
+        .values_list(*_EVENT_VALUES, "details_text")
+    )
+)
+
+
 def timeline_of(*, run_id: str) -> list[StoredEvent]:
     """The run's timeline in sequence order, one query (compiled once: `core.compiled`), no model
     instances (a long trace spent most of its read building them and decoding JSON through the field)."""
@@ -205,18 +216,16 @@ def timeline_of(*, run_id: str) -> list[StoredEvent]:
 
 
 def timelines_of(run_ids: list[str]) -> dict[str, list[StoredEvent]]:
-    """The timelines of `run_ids` in sequence order, by run id (one query, no model instances: what
-    `timeline_of` reads for one run, for `verify_audit`'s chunks)."""
+    """The timelines of `run_ids` in sequence order, by run id (no model instances: what `timeline_of`
+    reads for one run, for `verify_audit`'s chunks; compiled once per number of ids, `CompiledIds`)."""
     events: dict[str, list[StoredEvent]] = {}
-    rows = (
-        TraceEvent.objects.filter(run_id__in=run_ids)
-        .order_by("run_id", "sequence_no")
-        .annotate(details_text=Cast("details", output_field=TextField()))
-        .values_list(*_EVENT_VALUES, "details_text")
-    )
-    for row in rows:
+    for _names, row in _TIMELINES.rows(run_ids):
         event = StoredEvent(*row)
-        events.setdefault(event.run_id, []).append(event)
+        found = events.get(event.run_id)
+        if found is None:
+            events[event.run_id] = [event]
+        else:
+            found.append(event)
     return events
 
 

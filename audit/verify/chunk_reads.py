@@ -11,7 +11,7 @@ nor its converters. `runs_of_chunk` reads a chunk's run rows with their recomput
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -39,7 +39,7 @@ def _arity(n: int) -> int:
     return arity
 
 
-class _Compiled:
+class CompiledIds:
     """`build(ids)`'s query compiled once per arity (`ids`: that many parameters of type `kind`)."""
 
     def __init__(self, build: Callable[[list[Any]], QuerySet], kind: type = str) -> None:
@@ -58,9 +58,8 @@ class _Compiled:
             query = self._queries[arity] = CompiledQuery(build, **dict.fromkeys(names, self._kind))
         return query
 
-    def bags(self, ids: Iterable[Any], bag: type = SimpleNamespace) -> list[Any]:
-        """The rows for `ids` as `bag`s, every column under its name."""
-        out: list[Any] = []
+    def rows(self, ids: Iterable[Any]) -> Iterator[tuple[tuple[str, ...], Sequence[Any]]]:
+        """The rows for `ids`, converted as `values_list()` converts them, each with its column names."""
         ids = list(ids)
         for at in range(0, len(ids), MAX_IDS):
             part = ids[at : at + MAX_IDS]
@@ -68,11 +67,16 @@ class _Compiled:
             part.extend(part[-1:] * (arity - len(part)))
             query = self.query(arity)
             names = query.names()
-            params = {f"id{i}": v for i, v in enumerate(part)}
-            for row in query.rows(**params):
-                item = bag()
-                item.__dict__.update(zip(names, row, strict=True))
-                out.append(item)
+            for row in query.rows(**{f"id{i}": v for i, v in enumerate(part)}):
+                yield names, row
+
+    def bags(self, ids: Iterable[Any], bag: type = SimpleNamespace) -> list[Any]:
+        """The rows for `ids` as `bag`s, every column under its name."""
+        out: list[Any] = []
+        for names, row in self.rows(ids):
+            item = bag()
+            item.__dict__.update(zip(names, row, strict=True))
+            out.append(item)
         return out
 
 
@@ -82,7 +86,7 @@ class RowsOfRuns:
 
     def __init__(self, model: Any, order: Sequence[str], *, key: str = "run_id") -> None:
         self._pk, self._key = model._meta.pk.attname, key
-        self._compiled = _Compiled(lambda ids: model.objects.filter(**{f"{key}__in": ids}).order_by(*order))
+        self._compiled = CompiledIds(lambda ids: model.objects.filter(**{f"{key}__in": ids}).order_by(*order))
 
     def __call__(self, ids: Sequence[str]) -> dict[str, list[SimpleNamespace]]:
         out: dict[str, list[SimpleNamespace]] = defaultdict(list)
@@ -110,7 +114,7 @@ def _runs(runs: QuerySet) -> QuerySet:
     return annotate_recomputed(runs).order_by("pk")
 
 
-_RUNS_BY_PK = _Compiled(lambda pks: _runs(DiagnosisRun.objects.filter(pk__in=pks)), int)
+_RUNS_BY_PK = CompiledIds(lambda pks: _runs(DiagnosisRun.objects.filter(pk__in=pks)), int)
 _RUNS_IN_RANGE = CompiledQuery(
     lambda first, last: _runs(DiagnosisRun.objects.filter(pk__gte=first, pk__lte=last)), first=int, last=int
 )

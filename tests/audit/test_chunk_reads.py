@@ -68,3 +68,41 @@ def test_rows_of_runs_hold_every_column_by_run_in_order(runs, monkeypatch):
     assert {k: vars(v) for k, v in sessions.items()} == {
         s.session_id: _columns(ChatSession, s) for s in ChatSession.objects.all()
     }
+
+
+@pytest.mark.django_db
+def test_timelines_of_a_chunk_are_the_orm_read_of_each_run(runs, monkeypatch):
+    """`audit.read.trace.timelines_of` (compiled per number of ids) reads what the ORM's values read,
+    converted alike (aware date-times, the details text as stored, decoded), for any split of the ids."""
+    from django.db.models import TextField
+    from django.db.models.functions import Cast
+
+    from audit.models import TraceEvent
+    from audit.read.trace import _EVENT_VALUES, StoredEvent, timeline_of, timelines_of
+
+    ids = [r.run_id for r in runs]
+    names = [*_EVENT_VALUES, "details_text", "details"]
+    expected: dict = {}
+    orm = TraceEvent.objects.filter(run_id__in=ids).order_by("run_id", "sequence_no")
+    for row in orm.annotate(details_text=Cast("details", output_field=TextField())).values_list(
+        *_EVENT_VALUES, "details_text"
+    ):
+        event = StoredEvent(*row)
+        expected.setdefault(event.run_id, []).append(
+            [(getattr(event, n), type(getattr(event, n))) for n in names]
+        )
+    assert expected and all(e[10][0].tzinfo is not None for v in expected.values() for e in v)
+
+    def read(subset):
+        return {
+            k: [[(getattr(e, n), type(getattr(e, n))) for n in names] for e in v]
+            for k, v in timelines_of(subset).items()
+        }
+
+    for subset in (ids, ids[1:2], [*ids, "no-such-run"]):
+        assert read(subset) == {k: v for k, v in expected.items() if k in subset}
+    monkeypatch.setattr(chunk_reads, "MAX_IDS", 2)
+    assert read(ids) == expected
+    monkeypatch.setattr(chunk_reads, "MAX_IDS", 512)
+    one = [[(getattr(e, n), type(getattr(e, n))) for n in names] for e in timeline_of(run_id=ids[0])]
+    assert one == expected[ids[0]]
