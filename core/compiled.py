@@ -181,7 +181,7 @@ class CompiledQuery:
                 if driver_aware is None:
                     self._decide(alias, compiled, cursor.description, connection)
         if not converters:
-            return rows
+            return list(rows)  # MySQLdb's fetchall is a tuple: the contract is a list either way
         out = []
         for row in rows:
             row = list(row)
