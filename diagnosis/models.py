@@ -9,6 +9,7 @@ describes and a failing audit write can never be blocked by, or block, the run r
 from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db import models
+from django.utils import timezone
 
 from diagnosis.evidence import RUNBOOK_CHUNK, SLUG_PATTERN
 
@@ -146,8 +147,9 @@ class DiagnosisRun(models.Model):
     error_code = models.CharField(max_length=64, blank=True, default="")
     error_message = models.CharField(max_length=1000, blank=True, default="")
 
-    # Timing (contract run.timing)
-    created_at = models.DateTimeField(auto_now_add=True)
+    # Timing (contract run.timing). `created_at` is set when the row is built, not by `auto_now_add` at
+    # save: `services.create_run` tags the run's identity, creation time included, before its one INSERT.
+    created_at = models.DateTimeField(default=timezone.now, editable=False, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     first_model_request_at = models.DateTimeField(null=True, blank=True)
     first_output_at = models.DateTimeField(null=True, blank=True)

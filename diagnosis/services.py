@@ -86,27 +86,31 @@ def create_run(
 ) -> DiagnosisRun:
     """A PENDING run of `query` in `session`; the session takes the first query as its title and counts
     the run in its stored `run_count` and `last_run_at` (one transaction; the session's row is written
-    once, title and counts in one UPDATE). `query` is already redacted by the caller
-    (`agent.redaction`); `redaction` is what that replaced (facts only, never originals). The run takes
-    its session's `purpose` (an experiment's session holds only experiment replays). No savepoint of its
-    own: inside a caller's transaction an error rolls that transaction back."""
+    once, title and counts in one UPDATE; the run's row once, its creation tag in its INSERT). `query`
+    is already redacted by the caller (`agent.redaction`); `redaction` is what that replaced (facts
+    only, never originals). The run takes its session's `purpose` (an experiment's session holds only
+    experiment replays). No savepoint of its own: inside a caller's transaction an error rolls that
+    transaction back."""
     with transaction.atomic(savepoint=False):
         titled: dict[str, Any] = {}
         if not session.title:
             session.title = " ".join(query.split())[:TITLE_CHARS]
             session.updated_at = timezone.now()
             titled = {"title": session.title, "updated_at": session.updated_at}
-        run = DiagnosisRun.objects.create(
+        run = DiagnosisRun(
             run_id=new_id("run"),
             session=session,
             query=query,
             agent_flow=agent_flow,
             redaction=redaction,
             purpose=session.purpose,
+            created_at=timezone.now(),
         )
-        run.refresh_from_db(fields=["created_at"])  # as stored: the tag covers what is read back
+        # Tagged before the INSERT, the row written once. The creation time is stored as it is here: UTC
+        # to the microsecond (MariaDB DATETIME(6), SQLite's text; Django 5.2 drops microseconds on no
+        # backend it supports), so the tag covers what is read back (tests/diagnosis/test_create_run.py).
         run.created_tag = writeauth.tag(writeauth.RUN_CREATED, identity_digest(run))
-        DiagnosisRun.objects.filter(pk=run.pk).update(created_tag=run.created_tag)
+        run.save(force_insert=True)
         # The session's stored list facts (and its first title), in the run's transaction.
         ChatSession.objects.filter(pk=session.pk).update(
             run_count=F("run_count") + 1,
