@@ -129,6 +129,9 @@ def leaf_problems(leaf: StoredLeaf) -> tuple[dict[str, Any] | None, list[str]]:
     return fields, problems
 
 
+_TWICE = "stored more than once"  # never a node hash (64 hex digits)
+
+
 def _stored_nodes(first: int, end: int) -> dict[tuple[int, int], str]:
     """Stored nodes (level ≥ 1) completed by the leaves [first, end)."""
     match = Q()
@@ -143,9 +146,10 @@ def _stored_nodes(first: int, end: int) -> dict[tuple[int, int], str]:
         level += 1
     if not match:
         return {}
-    return {
-        (lv, ix): h for lv, ix, h in LogNode.objects.filter(match).values_list("level", "node_index", "hash")
-    }
+    found: dict[tuple[int, int], str] = {}  # a node stored twice (its unique index dropped) is named
+    for lv, ix, h in LogNode.objects.filter(match).values_list("level", "node_index", "hash"):
+        found[(lv, ix)] = _TWICE if (lv, ix) in found else h
+    return found
 
 
 def verify_log(
@@ -306,9 +310,8 @@ class _LeafWalk:
                     f"log node level {level} index {node_index} ({span}) stored but not expected"
                 )
             else:
-                self.result.invalid.append(
-                    f"log node level {level} index {node_index} ({span}) does not match its leaves"
-                )
+                what = "is stored more than once" if stored[node] is _TWICE else "does not match its leaves"
+                self.result.invalid.append(f"log node level {level} index {node_index} ({span}) {what}")
 
     def _anchored(self, anchored_runs: dict[str, tuple[int, dict[str, Any]]]) -> None:
         """Every run these leaves anchor (from their data) must still exist, or be purged by retention."""
@@ -352,12 +355,10 @@ class _LeafWalk:
 
 
 def _nodes_beyond(size: int) -> int:
-    """How many stored nodes no tree of `size` leaves has: a level below 1 (level 0 is the leaf table),
-    a level it does not reach, or an index at or past `size >> level` (or negative) on a level it does.
-    One range of the unique (level, node_index) index per level, where a count of the whole table read
-    every node again on each verification (an incremental one too); the nodes in range are each checked
-    against their leaves by the walk (`_LeafWalk._nodes`), or in an incremental verification by the
-    right edge that must make the verified checkpoint's root (`_LeafWalk.start_at`)."""
+    """How many stored nodes no tree of `size` leaves has (a level below 1 or beyond its top, an index
+    negative or at or past `size >> level`): one index range per level, not a count of the whole table.
+    Those in range are checked by the walk (`_LeafWalk._nodes`: a node stored twice too) or, incremental,
+    by the right edge that must make the verified checkpoint's root (`_LeafWalk.start_at`)."""
     top = size.bit_length()  # the levels 1 … top - 1 hold nodes (level L: size >> L of them)
     outside = Q(level__lt=1) | Q(level__gte=max(top, 1))
     for level in range(1, top):

@@ -45,3 +45,30 @@ def test_a_node_stored_beyond_the_leaves_is_named_in_full_and_incremental_verifi
     LogNode.objects.create(level=place[0], node_index=place[1], hash="ab" * 32)
     for result in (verify_log(), verify_log(since=since)):
         assert "1 log node(s) stored beyond the leaves" in result.invalid, result.invalid
+
+
+@pytest.mark.mariadb
+@pytest.mark.django_db(transaction=True)
+def test_a_node_stored_twice_is_named_in_a_full_verification(user, signing_key):
+    """A forger who drops the (level, node_index) unique index can store a node twice inside the tree,
+    where no range count sees it: the walk names it, even when the copy carries the right hash."""
+    from django.db import connection
+
+    finished_runs(user, 6, tools=1)
+    log.checkpoint(batch_size=3)
+    assert verify_log().invalid == []
+    good = LogNode.objects.get(level=1, node_index=1)
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE audit_log_node DROP INDEX uniq_log_node")
+    copy = None
+    try:
+        copy = LogNode.objects.create(level=1, node_index=1, hash=good.hash)
+        invalid = verify_log().invalid
+        assert any("level 1 index 1" in p and "stored more than once" in p for p in invalid), invalid
+    finally:
+        if copy is not None:
+            copy.delete()
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "ALTER TABLE audit_log_node ADD CONSTRAINT uniq_log_node UNIQUE (level, node_index)"
+            )
