@@ -13,7 +13,7 @@ import datetime as dt
 import json
 from collections.abc import Callable, Sequence
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import connections
 from django.db.models import JSONField, Q, QuerySet
@@ -96,6 +96,19 @@ def _fast_converter(fn: Callable, connection: Any) -> Callable:
     return fn
 
 
+class _Plan(NamedTuple):
+    """A `CompiledQuery` compiled for one database."""
+
+    sql: str
+    slots: tuple[str | None, ...]  # per SQL parameter: the call's parameter name, or None (a constant)
+    names: tuple[str, ...]
+    converters: list  # (column index, converter functions, expression), Django's per column
+    template: tuple  # the SQL parameters, a call's own named by their slot
+    aware: frozenset[int]  # the columns whose sole conversion makes a MySQL date-time aware in UTC
+    driver_aware: bool | None  # whether the driver reads `aware` itself (None: not decided yet)
+    remaining: list  # `converters` less `aware` when the driver reads those
+
+
 class CompiledQuery:
     """A read-only query `build(**params)` compiled once per database alias, run with new `params`.
 
@@ -111,9 +124,9 @@ class CompiledQuery:
     def __init__(self, build: Callable[..., QuerySet], **params: type) -> None:
         self._build = build
         self._params = params
-        self._compiled: dict[str, tuple] = {}
+        self._compiled: dict[str, _Plan] = {}
 
-    def _compile(self, alias: str) -> tuple:
+    def _compile(self, alias: str) -> _Plan:
         sentinels: dict[str, Any] = {}
         for i, (name, kind) in enumerate(self._params.items()):
             # An integer sentinel inside a 32-bit column's range (Django compiles an out-of-range
@@ -146,14 +159,14 @@ class CompiledQuery:
         # The columns whose only conversion makes a MySQL date-time aware in UTC: read aware by the
         # driver instead once the first result showed they are exactly its date-time columns (`rows`).
         aware = frozenset(i for i, fns, _expr in converters if fns == [_aware_utc])
-        compiled = (sql, tuple(slots), names, converters, template, aware, None, converters)
+        compiled = _Plan(sql, tuple(slots), names, converters, template, aware, None, converters)
         self._compiled[alias] = compiled
         return compiled
 
     def names(self, alias: str | None = None) -> tuple[str, ...]:
         alias = alias or read_alias()
         compiled = self._compiled.get(alias) or self._compile(alias)
-        return compiled[2]
+        return compiled.names
 
     def rows(self, alias: str | None = None, **params: Any) -> list[Sequence[Any]]:
         """The query's rows for `params` (every parameter named at construction), converted, from
@@ -193,20 +206,20 @@ class CompiledQuery:
             out.append(row)
         return out
 
-    def _decide(self, alias: str, compiled: tuple, description: Any, connection: Any) -> None:
+    def _decide(self, alias: str, compiled: _Plan, description: Any, connection: Any) -> None:
         """Whether later runs read the date-time columns aware from the driver: only when every column
         the server sent as a DATETIME or TIMESTAMP is one whose sole conversion makes it aware in UTC,
         and each of those is one (so no column is read differently from Django's conversion)."""
-        aware = compiled[5]
+        aware = compiled.aware
         sent = None
         if aware and connection.vendor == "mysql" and description is not None:
             types = _mysql_datetime_types()
             sent = frozenset(i for i, column in enumerate(description) if column[1] in types)
         if sent == aware:
-            remaining = [c for c in compiled[3] if c[0] not in aware]
-            self._compiled[alias] = (*compiled[:6], True, remaining)
+            remaining = [c for c in compiled.converters if c[0] not in aware]
+            self._compiled[alias] = compiled._replace(driver_aware=True, remaining=remaining)
         else:
-            self._compiled[alias] = (*compiled[:6], False, compiled[3])
+            self._compiled[alias] = compiled._replace(driver_aware=False)
 
 
 class RowsOfRun:
