@@ -197,38 +197,10 @@ def _canonical(columns: tuple, get: Callable[[str], Any], key: int) -> dict[str,
 _text = json.encoder.encode_basestring
 
 
-def _canonical_text(columns: tuple, get: Callable[[str], Any], key: int) -> str:
-    """`canonical_json(_canonical(columns, get, key))` without its dict, its key sort and its generic
-    encoder: `columns` are in key order (`Form._stored_text`) with each key's JSON text as their fifth
-    item; a string, an integer and a boolean are written as the encoder writes them (the same C string
-    encoder), anything else (a JSON column's value, a float) by `canonical_json` itself.
-    `tests/audit/test_row_digest_text.py` holds both to equality on stored rows and odd values."""
-    parts = []
-    for names in columns:
-        value = get(names[key])
-        if value is not None:
-            kind = names[3]
-            if kind is not _Any and value.__class__ is not kind:
-                value = names[2](value)
-            cls = value.__class__
-            if cls is str:
-                parts.append(names[4] + _text(value))
-                continue
-            if cls is int:
-                parts.append(names[4] + int.__repr__(value))
-                continue
-            if cls is bool:
-                parts.append(names[4] + ("true" if value else "false"))
-                continue
-            if value is not None:
-                parts.append(names[4] + canonical_json(value))
-                continue
-        parts.append(names[4] + "null")
-    return "{" + ",".join(parts) + "}"
-
-
 def _value_text(value: Any, normalise: Callable[[Any], Any] | None) -> str:
-    """One value's JSON text in `_canonical_text`'s words (after `normalise`, unless None)."""
+    """One value's JSON text as `canonical_json` writes it (after `normalise`, unless None): a string,
+    an integer and a boolean as its encoder writes them (the same C string encoder), anything else (a
+    JSON column's value, a float) by `canonical_json` itself."""
     if normalise is not None:
         value = normalise(value)
     cls = value.__class__
@@ -249,9 +221,10 @@ _FAST = {str: "_text(v)", int: "_int(v)", bool: '("true" if v else "false")'}
 def _generated_text(form: Form, *, attributes: bool) -> Callable[[Any], str]:
     """`form`'s document text for stored values as one function written for the form's columns (no
     loop, no tuple lookups per column): of a row object by attribute name (`attributes`) or of a mapping
-    by column. Each column is written exactly as `_canonical_text` writes it (the type the normaliser
-    leaves unchanged directly, anything else through `_value_text`); `tests/audit/test_row_digest_text.py`
-    holds it to `canonical_json(form.document(…, stored=True))`."""
+    by column, in the key order `canonical_json` sorts them (`Form._stored_text`). Each column is written
+    as `canonical_json` writes it (the type the normaliser leaves unchanged directly, anything else
+    through `_value_text`); `tests/audit/test_row_digest_text.py` holds it to
+    `canonical_json(form.document(…, stored=True))`."""
     lines = ["def text(o):"]
     env: dict[str, Any] = {
         "_text": _text,
@@ -309,7 +282,7 @@ class Form:
         self._stored_fast = self._normalisers(stored=True)
         self._written_fast = self._normalisers(stored=False)
         # The stored columns in the order `canonical_json` sorts their keys, each with its key's text
-        # (`_canonical_text`), and the document's text around the row.
+        # (`_generated_text`), and the document's text around the row.
         self._stored_text = tuple(
             (*names, _text(names[0]) + ":") for names in sorted(self._stored_fast, key=lambda n: n[0])
         )
@@ -318,7 +291,8 @@ class Form:
             self._text_of_row = _generated_text(self, attributes=True)
             self._text_of_values = _generated_text(self, attributes=False)
 
-    # Whether the stored document's text is written by a function generated for the form's columns.
+    # Whether the stored document's text is written by functions generated for the form's columns (the
+    # run forms hash their content into the row first and go through the canonical form instead).
     _generated = True
 
     def _normalisers(self, *, stored: bool) -> tuple:
@@ -344,15 +318,14 @@ class Form:
 
     def digest(self, values: Mapping[str, Any], *, stored: bool = False) -> str:
         if stored:
-            if self._generated:
-                return sha256_hex(self._text_of_values(values))
-            return self._stored_digest(values.__getitem__, 0)
+            return self._stored_digest(values, by_attribute=False)
         return sha256_hex(canonical_json(self.document(values, stored=stored)))
 
-    def _stored_digest(self, get: Callable[[str], Any], key: int) -> str:
-        """The digest of stored values read by column (key 0) or attribute name (key 1): the text of
-        `document(…, stored=True)` written directly (`_canonical_text`), hashed."""
-        return sha256_hex(self._document_head + _canonical_text(self._stored_text, get, key) + "}")
+    def _stored_digest(self, source: Any, *, by_attribute: bool) -> str:
+        """The digest of stored values, of a mapping by column or of a row object by attribute name: the
+        text of `document(…, stored=True)` written by the functions generated for the form's columns
+        (`_generated_text`), hashed."""
+        return sha256_hex((self._text_of_row if by_attribute else self._text_of_values)(source))
 
     def values_of(self, instance: Any) -> dict[str, Any]:
         """Column values of a row object (a model instance, or any object with the columns' attribute
@@ -361,9 +334,7 @@ class Form:
 
     def digest_of(self, instance: Any) -> str:
         """The digest of a row read from the database."""
-        if self._generated:
-            return sha256_hex(self._text_of_row(instance))
-        return self._stored_digest(instance.__getattribute__, 1)
+        return self._stored_digest(instance, by_attribute=True)
 
 
 class _RunForm(Form):
@@ -372,8 +343,9 @@ class _RunForm(Form):
     def canonical(self, values: Mapping[str, Any], *, stored: bool = False) -> dict[str, Any]:
         return self._finish(super().canonical(values, stored=stored))
 
-    def _stored_digest(self, get: Callable[[str], Any], key: int) -> str:
+    def _stored_digest(self, source: Any, *, by_attribute: bool) -> str:
         # The content is hashed into the row first: through the canonical form (one row per run).
+        get, key = (source.__getattribute__, 1) if by_attribute else (source.__getitem__, 0)
         row = self._finish(self._canonical_stored(get, key))
         return sha256_hex(canonical_json({"form": self.name, "row": row}))
 

@@ -1,4 +1,4 @@
-"""A stored row's digest is written as text directly (`audit.verify.row_digests._canonical_text`): it must
+"""A stored row's digest is written as text directly (`audit.verify.row_digests._generated_text`): it must
 be exactly the SHA-256 of `canonical_json(form.document(values, stored=True))`, the digest's definition,
 for the rows a real recorded run stores and for values no recorder writes but a database may hold."""
 
