@@ -129,9 +129,10 @@ class CompiledQuery:
     def _compile(self, alias: str) -> _Plan:
         sentinels: dict[str, Any] = {}
         for i, (name, kind) in enumerate(self._params.items()):
-            # An integer sentinel inside a 32-bit column's range (Django compiles an out-of-range
-            # value of an integer lookup to an empty result, without SQL).
-            sentinels[name] = f"\x00compiled:{name}\x00" if kind is str else -(2**31) + 1 + 7919 * i
+            # An integer sentinel inside the range of a 32-bit column, signed or positive (Django
+            # compiles an out-of-range value of an integer lookup to an empty or a full result, without
+            # the parameter).
+            sentinels[name] = f"\x00compiled:{name}\x00" if kind is str else 2**31 - 1 - 7919 * (i + 1)
         qs = self._build(**sentinels)
         query = qs.query
         compiler = query.get_compiler(using=alias)
