@@ -8,7 +8,13 @@ the database under `.local/bench/`, so that later bench runs reuse both).
 * **floor**: a raw SQL scan (MySQLdb, no ORM) of every column of the tables verification reads, and
   SHA-256 over the same bytes — what reading the rows and hashing them costs at the least;
 * **full**: `verify_audit --all` with 1 and 2 worker processes, seconds per 1,000 runs and × the floor;
-* **incremental**: `verify_audit --state` from the state written before the `new` runs: seconds;
+* **incremental**: `verify_audit --state` from the state written before the `new` runs, with 1 and 2
+  workers, and again from the state it wrote (nothing new: the fixed cost): seconds;
+* **at 1,000,000 runs** (not buildable here through the recorder): 10,000 new runs' incremental cost
+  composed of measured parts — the fixed cost less its one statement that grows with the store (each
+  audited table's rows counted, `incremental._tallies`), that statement timed per row on B2's
+  1,000,000-run store (`<db>_big`, when present) and scaled to a 1,000,000-run store of this workload's
+  rows, and 10,000 × the measured cost per new run with 2 workers;
 * **peak RSS**: of a `manage.py verify_audit --all` process (and its workers), from `wait4`.
 """
 
@@ -67,6 +73,20 @@ def floor_seconds(database: str) -> tuple[float, int]:
         return time.perf_counter() - started, total
     finally:
         conn.close()
+
+
+def tally_seconds(database: str, reps: int = 3) -> tuple[float, int]:
+    """(seconds, rows counted) of the watermark statement on `database` (best of `reps`)."""
+    from audit.verify.incremental import watermarks
+    from bench.b2_trace import use_database
+
+    use_database(database)
+    best = float("inf")
+    for _ in range(reps):
+        started = time.perf_counter()
+        marks = watermarks()  # the statement: each audited table's highest id and rows, one snapshot
+        best = min(best, time.perf_counter() - started)
+    return best, sum(rows for _top, rows in marks.values())
 
 
 def _timed(*args: str) -> tuple[float, str]:
@@ -128,13 +148,15 @@ def _build(database: str, runs: int, new: int, state: Path, log) -> None:
     log(f"  B5 verify: {new:,} new runs recorded and anchored after the state was written")
 
 
-def verify_costs(*, database: str, runs: int, new: int, reps: int, log=print) -> list[Row]:
+def verify_costs(
+    *, database: str, runs: int, new: int, reps: int, big: str | None = None, log=print
+) -> list[Row]:
     from django.test import override_settings
 
     state = ROOT / ".local" / "bench" / f"{database}-verify-state.json"
     _build(database, runs, new, state, log)
     stored = runs + new
-    floors, full1, full2, incr = [], [], [], []
+    floors, full1, full2, incr, incr2, incr0 = [], [], [], [], [], []
     scratch = state.with_name(state.name + ".copy")
     with override_settings(AUDIT_VERIFY_STATE_PATH=""):
         for _ in range(reps):
@@ -144,14 +166,22 @@ def verify_costs(*, database: str, runs: int, new: int, reps: int, log=print) ->
                 seconds, out = _timed("--all", "--workers", workers)
                 assert f"verified {stored} run(s): {stored} ok" in out, out[-2000:]
                 times.append(seconds)
-            shutil.copyfile(state, scratch)
+            for times, workers in ((incr, "1"), (incr2, "2")):
+                shutil.copyfile(state, scratch)
+                seconds, out = _timed("--state", str(scratch), "--workers", workers)
+                assert f"verified {new} run(s)" in out, out
+                times.append(seconds)
+            # From the state that verification wrote: nothing new, the fixed cost.
             seconds, out = _timed("--state", str(scratch))
-            assert f"verified {new} run(s)" in out, out
-            incr.append(seconds)
+            assert "verified 0 run(s)" in out, out
+            incr0.append(seconds)
             log(
                 f"  B5 verify: floor {floors[-1]:.2f} s, --all {full1[-1]:.2f} s (1 worker) "
-                f"{full2[-1]:.2f} s (2 workers), incremental {seconds:.2f} s"
+                f"{full2[-1]:.2f} s (2 workers), incremental {incr[-1]:.2f} s (1 worker) {incr2[-1]:.2f} s "
+                f"(2 workers), {incr0[-1]:.3f} s with nothing new"
             )
+    tally, counted = tally_seconds(database)
+    at_scale = _at_million(big, stored, counted, tally, new, incr2, incr0, log) if big else None
     rss1 = _peak_rss_mb(database, "--all", "--workers", "1")
     rss2 = _peak_rss_mb(database, "--all", "--workers", "2")
     floor = spread([t * 1000 / stored for t in floors])
@@ -191,10 +221,63 @@ def verify_costs(*, database: str, runs: int, new: int, reps: int, log=print) ->
         ),
         Row(
             "B5",
-            f"verify_audit incremental: {new:,} new runs on a store of {stored:,}",
-            f"{spread(incr).median:.2f} s",
+            f"verify_audit incremental: {new:,} new runs on a store of {stored:,}, 1 worker",
+            f"{spread(incr).median:.2f} s; with nothing new {spread(incr0).median:.3f} s, of which "
+            f"{tally * 1000:.0f} ms count the store's {counted:,} rows",
             spread(incr),
             None,
             ratio_unit=" s",
         ),
+        Row(
+            "B5",
+            f"verify_audit incremental: {new:,} new runs on a store of {stored:,}, 2 workers",
+            f"{spread(incr2).median:.2f} s",
+            spread(incr2),
+            None,
+            ratio_unit=" s",
+        ),
+        *([at_scale] if at_scale else []),
     ]
+
+
+def _at_million(big, stored, counted, tally, new, incr2, incr0, log) -> Row | None:
+    """10,000 new runs on a 1,000,000-run store, composed of the parts measured (module docstring)."""
+    from django.db import connections
+
+    from bench.b2_trace import use_database
+
+    here = connections["default"].settings_dict["NAME"]
+    conn = raw_connect()
+    try:
+        cur = conn.cursor()
+        cur.execute("SHOW DATABASES LIKE %s", (big,))
+        present = cur.fetchone() is not None
+    finally:
+        conn.close()
+    if not present:
+        log(f"  B5 verify: no {big} (B2's 1,000,000-run store): the composed row is left out")
+        return None
+    big_tally, big_rows = tally_seconds(big)
+    use_database(here)
+    per_row = big_tally / max(1, big_rows)
+    rows_at_million = counted / stored * 1_000_000
+    tally_at_million = per_row * rows_at_million
+    fixed = spread(incr0).median - tally
+    per_run = (spread(incr2).median - spread(incr0).median) / new
+    total = fixed + tally_at_million + 10_000 * per_run
+    log(
+        f"  B5 verify: watermark statement {big_tally:.2f} s over {big_rows:,} rows of {big} "
+        f"({per_row * 1e9:.0f} ns a row); at 1,000,000 runs of this workload ({rows_at_million / 1e6:.0f} M "
+        f"rows) {tally_at_million:.1f} s; 10,000 new runs ≈ {total:.1f} s"
+    )
+    return Row(
+        "B5",
+        "verify_audit incremental, 2 workers: 10,000 new runs on a store of 1,000,000 (composed of the parts "
+        "measured: not buildable here through the recorder)",
+        f"≈ {total:.1f} s = fixed {fixed:.2f} s + counting {rows_at_million / 1e6:.0f} M rows "
+        f"{tally_at_million:.1f} s ({per_row * 1e9:.0f} ns a row over {big_rows:,} rows of B2's store) + "
+        f"10,000 × {per_run * 1000:.2f} ms",
+        spread([total]),
+        10.0,
+        ratio_unit=" s",
+    )
