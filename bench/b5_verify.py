@@ -15,7 +15,7 @@ the database under `.local/bench/`, so that later bench runs reuse both).
   audited table's rows counted, `incremental._tallies`), that statement timed per row on B2's
   1,000,000-run store (`<db>_big`, when present) and scaled to a 1,000,000-run store of this workload's
   rows, and 10,000 × the measured cost per new run with 2 workers;
-* **peak RSS**: of a `manage.py verify_audit --all` process (and its workers), from `wait4`.
+* **peak RSS**: of a `manage.py verify_audit --all` process and its workers, the largest (`VmHWM`).
 """
 
 from __future__ import annotations
@@ -97,7 +97,10 @@ def _timed(*args: str) -> tuple[float, str]:
 
 
 def _peak_rss_mb(database: str, *args: str) -> float:
-    """Peak RSS (MB) of `manage.py verify_audit ARGS` on `database`, its workers included."""
+    """Peak RSS (MB) of `manage.py verify_audit ARGS` on `database`: the largest high-water mark
+    (`VmHWM`) of the process and of its forked workers, read from /proc while they run. Not the child's
+    `ru_maxrss` from `wait4`: Linux carries the parent's high-water mark across exec into it (this bench
+    process, several hundred MB after building the store), so it said nothing of `verify_audit`."""
     env = {**os.environ, "DATABASE_URL": f"mysql://root@127.0.0.1:3306/{database}", "CI": "1"}
     proc = subprocess.Popen(
         [sys.executable, "manage.py", "verify_audit", "--skip-checks", *args],
@@ -106,11 +109,41 @@ def _peak_rss_mb(database: str, *args: str) -> float:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
+    peaks: dict[int, int] = {}
+    while proc.poll() is None:
+        for pid in _process_tree(proc.pid):
+            peaks[pid] = max(peaks.get(pid, 0), _hwm_kib(pid))
+        time.sleep(0.05)
     if proc.returncode:
         raise RuntimeError(f"verify_audit {' '.join(args)} exited {proc.returncode} in the bench")
-    return usage.ru_maxrss / 1024
+    return max(peaks.values(), default=0) / 1024
+
+
+def _process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants now (from /proc's children lists; empty once it has exited)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except OSError:  # gone meanwhile
+            continue
+    return out
+
+
+def _hwm_kib(pid: int) -> int:
+    """The process's peak resident set so far (`VmHWM`, KiB; 0 once it has exited)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
 
 
 def _build(database: str, runs: int, new: int, state: Path, log) -> None:
