@@ -14,6 +14,7 @@ from django.db.models import Q, QuerySet
 from audit.models import AgentStep, LogLeaf, RunReview, ToolInvocation
 from audit.read.chunks import run_chunks
 from audit.read.trace import Trace, annotate_covering, assemble
+from audit.transparency.store import tail_lookup_pieces
 from audit.verify.row_digests import stored_reasoning_rows
 from core.db_router import reads_from_replica
 from diagnosis.models import ChatSession, DiagnosisRun
@@ -48,11 +49,12 @@ def iter_traces(
         for review in RunReview.objects.filter(run_id__in=ids).order_by("run_id", "sequence_no"):
             reviews[review.run_id].append(review)
         leaves, tails = {}, defaultdict(list)
-        for lf in annotate_covering(LogLeaf.objects.filter(Q(run_id__in=ids) | Q(tail_of__in=ids))):
-            if lf.tail_of is not None:
-                tails[lf.tail_of].append(lf)
-            elif lf.run_id is not None:
-                leaves[lf.run_id] = lf
+        for piece in tail_lookup_pieces(ids):
+            for lf in annotate_covering(LogLeaf.objects.filter(Q(run_id__in=piece) | Q(tail_of__in=piece))):
+                if lf.tail_of is not None:
+                    tails[lf.tail_of].append(lf)
+                elif lf.run_id is not None:
+                    leaves[lf.run_id] = lf
         feedback = feedback_of(run_ids=ids, user=viewer) if viewer is not None else {}
         sessions = {
             row["session_id"]: SimpleNamespace(**row)

@@ -17,7 +17,8 @@ from typing import Any
 from audit.models import AgentStep, EventType, RunReview, TailPending, ToolInvocation, TraceEvent
 from audit.read.trace import written_with
 from audit.transparency import bundle, note, signednote, store
-from audit.transparency.verify import anchor_of, tails_of
+from audit.transparency.store import tails_of
+from audit.transparency.verify import anchor_of
 from audit.verify import appended_rows, row_digests
 from audit.verify.chain_digests import collect
 from audit.verify.hash_chain import event_payload

@@ -142,8 +142,12 @@ def anchored_heads(run_ids: list[str]) -> dict[str, int]:
     data (their run and tail leaves), never from the index columns alone."""
     heads: dict[str, int] = {}
     wanted = set(run_ids)
-    rows = LogLeaf.objects.filter(Q(run_id__in=run_ids) | Q(tail_of__in=run_ids)).values_list(
-        "data", flat=True
+    rows = (
+        data
+        for piece in store.tail_lookup_pieces(run_ids)
+        for data in LogLeaf.objects.filter(Q(run_id__in=piece) | Q(tail_of__in=piece)).values_list(
+            "data", flat=True
+        )
     )
     for data in rows:
         try:

@@ -1,4 +1,5 @@
-"""The stored tree: complete subtrees read by (level, index), the right edge to append to, and proofs.
+"""The stored tree: complete subtrees read by (level, index), the right edge to append to, proofs, and the
+run-tail leaves of runs (`tails_of`, looked up in pieces the index serves: `tail_lookup_pieces`).
 
 Level-0 nodes are leaf hashes (`audit_log_leaf`), higher levels `audit_log_node`. A proof or a root reads
 only the nodes `audit.transparency.merkle` names for it: O(log n) rows in two queries (leaves, nodes),
@@ -7,7 +8,7 @@ whatever the log's size. `rows_read` of a result says how many rows were read (t
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from django.db.models import Q
@@ -15,6 +16,30 @@ from django.db.models import Q
 from audit.models import LogLeaf, LogNode
 from audit.transparency import merkle
 from audit.transparency.merkle import Node
+
+# MariaDB prices an IN list of `eq_range_index_dive_limit` (200) values or more by the index's statistics
+# instead of looking each value up, and those of `tail_of` (NULL for almost every leaf: two distinct
+# values) then make it read the whole log: 1.3 s a query at 1,000,000 leaves, against 1 ms for 100 values
+# looked up. Run ids matched against `tail_of` are asked for in lists this long at most.
+TAIL_LOOKUP_PIECE = 100
+
+
+def tail_lookup_pieces(run_ids: Iterable[str]) -> Iterator[list[str]]:
+    """`run_ids`, without repeats and in their order, in lists short enough for `tail_of IN (…)` to be
+    looked up in its index (`TAIL_LOOKUP_PIECE`); nothing for no ids."""
+    ids = list(dict.fromkeys(run_ids))
+    for at in range(0, len(ids), TAIL_LOOKUP_PIECE):
+        yield ids[at : at + TAIL_LOOKUP_PIECE]
+
+
+def tails_of(run_ids: Iterable[str]) -> dict[str, list[LogLeaf]]:
+    """The run-tail leaves of each run (by the `tail_of` index; `verify_log` proves every leaf's index
+    columns agree with its signed data)."""
+    tails: dict[str, list[LogLeaf]] = {}
+    for piece in tail_lookup_pieces(run_ids):
+        for tail in LogLeaf.objects.filter(tail_of__in=piece).order_by("leaf_index"):
+            tails.setdefault(tail.tail_of, []).append(tail)
+    return tails
 
 
 class TreeIncomplete(LookupError):

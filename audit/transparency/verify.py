@@ -553,15 +553,6 @@ def _write_key_problems(where: str, fields: dict[str, Any], head: Any | None) ->
     return []
 
 
-def tails_of(run_ids: Iterable[str]) -> dict[str, list[LogLeaf]]:
-    """The run-tail leaves of each run (by the `tail_of` index; `verify_log` proves every leaf's index
-    columns agree with its signed data)."""
-    tails: dict[str, list[LogLeaf]] = {}
-    for tail in LogLeaf.objects.filter(tail_of__in=list(run_ids)).order_by("leaf_index"):
-        tails.setdefault(tail.tail_of, []).append(tail)
-    return tails
-
-
 def leaves_of(run_ids: Iterable[str]) -> dict[str, LogLeaf]:
     return {leaf.run_id: leaf for leaf in LogLeaf.objects.filter(run_id__in=list(run_ids))}
 

@@ -33,7 +33,8 @@ from audit.models import (
 from audit.read.chunks import run_chunks
 from audit.read.list_facts import annotate_recomputed, refresh_run_costs, refresh_run_facts
 from audit.transparency import leafdata
-from audit.transparency.verify import StoredLeaf, leaf_problems, leaves_of, tails_of
+from audit.transparency.store import tails_of
+from audit.transparency.verify import StoredLeaf, leaf_problems, leaves_of
 from audit.verify import appended_rows
 from audit.verify.authenticity import Adoption
 from audit.verify.chunk_reads import RowsOfRuns, RowsOfSessions
