@@ -28,6 +28,7 @@ from agent.runtime.events import SafeSink
 from agent.runtime.executor import RunNotClaimable, RunOutcome, execute_run, lease_owner
 from agent.runtime.live import ChannelLayerSink
 from agent.runtime.llm import aclose_clients
+from agent.runtime.shutdown import SHUTDOWN_SECONDS, Deadline, bounded
 from diagnosis import services
 from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun, RunStatus
 
@@ -503,10 +504,13 @@ def start_serving() -> None:
 async def shutdown() -> None:
     """The server process is ending: stop its background duties, then close this loop's model clients
     (their connection pools; an aiohttp session left open is reported as an error when it is collected)
-    and the MCP sessions (stdio servers end with them). `python -m config.serve` runs it before daphne's
-    reactor stops, `BackgroundDuties` at lifespan shutdown."""
+    and the MCP sessions (stdio servers end with them), each stage bounded (`agent.runtime.shutdown`: a
+    stage still waiting at the deadline is logged with where it waits and left behind). `python -m
+    config.serve` runs it before daphne's reactor stops, `BackgroundDuties` at lifespan shutdown."""
     from agent.mcp.hub import aclose_hub
 
-    await stop_background()
-    await aclose_clients()
-    await aclose_hub()
+    deadline = Deadline(SHUTDOWN_SECONDS)
+    duties = _background.tasks if _background is not None else ()
+    await bounded("stopping the background duties", stop_background(), deadline, watch=duties)
+    await bounded("closing the model clients", aclose_clients(), deadline)
+    await bounded("closing the MCP sessions", aclose_hub(), deadline)
