@@ -96,6 +96,39 @@ def test_unknown_model_unreported_usage_and_demo_are_unavailable_never_zero():
     assert calls[0].amount == Decimal("0.0002832")
 
 
+def test_a_model_genai_prices_does_not_know_is_searched_for_once_per_snapshot(monkeypatch):
+    """The lookup's result for an unknown name is remembered (genai-prices searches every provider again
+    for it); a known model is still priced at each call's date, and a new snapshot starts afresh."""
+    from genai_prices import data_snapshot
+
+    from pricing import rules
+
+    searched: list[str] = []
+    real = data_snapshot.DataSnapshot.find_provider
+
+    def counting(self, model_ref, provider_id, provider_api_url):
+        searched.append(model_ref)
+        return real(self, model_ref, provider_id, provider_api_url)
+
+    monkeypatch.setattr(data_snapshot.DataSnapshot, "find_provider", counting)
+    monkeypatch.setattr(rules, "_unknown", rules._Unknown())
+    book = PriceBook()
+    for _ in range(3):
+        cost = book.price_call(provider="openai", model="acme-llm-9", tokens=tokens(10, 10), at=AT)
+        assert (cost.amount, cost.status) == (None, CostStatus.UNKNOWN_MODEL)
+    assert searched == ["acme-llm-9"]
+    known = book.price_call(
+        provider="openai", model="gpt-4o-mini", tokens=tokens(1200, 300, cached=1024), at=AT
+    )
+    assert known.amount == Decimal("0.0002832")
+    # Another snapshot (a custom one installed) may know the name: it is looked up again.
+    bundled = data_snapshot.get_snapshot()
+    custom = data_snapshot.DataSnapshot(providers=bundled.providers, from_auto_update=False)
+    monkeypatch.setattr(data_snapshot, "_custom_snapshot", custom)
+    book.price_call(provider="openai", model="acme-llm-9", tokens=tokens(10, 10), at=AT)
+    assert searched.count("acme-llm-9") == 2
+
+
 def _override(pattern, start, end=None, *, provider="", inp="1", cached=None, out="2"):
     return PriceOverride.objects.create(
         model_pattern=pattern,
