@@ -1,5 +1,6 @@
 """A serving process's last steps, bounded: each stage of `supervisor.shutdown` (stop the background
-duties, close the model clients, close the MCP sessions) gets what is left of `SHUTDOWN_SECONDS`; a
+duties, close the model clients, close the MCP sessions) gets what is left of `SHUTDOWN_SECONDS`, and
+at least `STAGE_FLOOR_SECONDS` (so the MCP sessions are still closed after a stage that hung); a
 stage that has not ended by then is cancelled and left behind, and a warning names it and where every
 task it waits on is suspended (file:line of each coroutine in the await chain; never an argument or a
 value), so the process still exits and the log says what held it. Without a bound, one await that never
@@ -19,6 +20,7 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 SHUTDOWN_SECONDS = 10.0  # all stages together; systemd's TimeoutStopSec leaves this after the drain
+STAGE_FLOOR_SECONDS = 1.0  # a stage after one that used the whole bound still gets this much
 _ROOT = str(Path(__file__).resolve().parents[2]) + "/"
 _LIBRARY = re.compile(r".*/(?:site-packages|dist-packages|lib/python\d+\.\d+)/")
 
@@ -40,7 +42,7 @@ async def bounded(stage: str, step: Awaitable[None], deadline: Deadline, *, watc
     task = asyncio.ensure_future(step)
     if isinstance(task, asyncio.Task):
         task.set_name(stage)
-    done, _ = await asyncio.wait({task}, timeout=deadline.left())
+    done, _ = await asyncio.wait({task}, timeout=max(deadline.left(), STAGE_FLOOR_SECONDS))
     if done:
         if not task.cancelled() and task.exception() is not None:
             logger.warning("shutdown: %s failed error=%s", stage, type(task.exception()).__name__)

@@ -1,7 +1,7 @@
 """A serving process's shutdown is bounded (`agent.runtime.shutdown`): a background duty that does not end
 when cancelled no longer keeps a drained process alive until its SIGKILL. The stage is left behind after
-`SHUTDOWN_SECONDS`, the later stages still run, and the warning names the stage, the duty and where it is
-suspended (file:line), never a value."""
+`SHUTDOWN_SECONDS` (at least `STAGE_FLOOR_SECONDS`), the later stages still run, and the warning names
+the stage, the duty and where it is suspended (file:line), never a value."""
 
 from __future__ import annotations
 
@@ -42,7 +42,11 @@ async def _shutdown_with_a_stuck_duty(monkeypatch, closed: list[str]) -> tuple[f
     async def close_clients() -> None:
         closed.append("model clients")
 
+    async def close_hub() -> None:
+        closed.append("MCP sessions")
+
     monkeypatch.setattr(supervisor, "aclose_clients", close_clients)
+    monkeypatch.setattr("agent.mcp.hub.aclose_hub", close_hub)
     try:
         supervisor.ensure_background()
         await asyncio.wait_for(entered.wait(), 10)
@@ -66,8 +70,9 @@ def test_a_duty_that_ignores_its_cancellation_holds_the_shutdown_only_until_the_
         return took, stuck.done()
 
     took, ended = asyncio.run(main())
-    assert 0.4 <= took < 3.0, took
-    assert closed == ["model clients"], "the stages after the stuck one did not run"
+    assert 0.9 <= took < 3.5, took  # the stuck stage: its floor (1 s, above the patched bound)
+    # The stages after the stuck one still run, though it used the whole bound.
+    assert closed == ["model clients", "MCP sessions"]
     assert ended
     (warning,) = [r.getMessage() for r in caplog.records if "did not end in time" in r.getMessage()]
     assert warning.startswith("shutdown: stopping the background duties did not end in time; left behind: ")
