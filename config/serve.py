@@ -54,8 +54,10 @@ def _duties_with_the_reactor() -> None:
         from agent.runtime.supervisor import shutdown
 
         async def stopping() -> None:
-            await shutdown()
-            logging.getLogger(__name__).info("background duties stopped, model clients closed")
+            if await shutdown():
+                logging.getLogger(__name__).info("background duties stopped, model clients closed")
+            else:  # the warnings above name what was left behind
+                logging.getLogger(__name__).warning("shutdown finished with steps left behind")
 
         return defer.Deferred.fromFuture(asyncio.ensure_future(stopping(), loop=loop))
 

@@ -501,16 +501,18 @@ def start_serving() -> None:
     ensure_background()
 
 
-async def shutdown() -> None:
+async def shutdown() -> bool:
     """The server process is ending: stop its background duties, then close this loop's model clients
     (their connection pools; an aiohttp session left open is reported as an error when it is collected)
     and the MCP sessions (stdio servers end with them), each stage bounded (`agent.runtime.shutdown`: a
     stage still waiting at the deadline is logged with where it waits and left behind). `python -m
-    config.serve` runs it before daphne's reactor stops, `BackgroundDuties` at lifespan shutdown."""
+    config.serve` runs it before daphne's reactor stops, `BackgroundDuties` at lifespan shutdown. True
+    when every stage ended."""
     from agent.mcp.hub import aclose_hub
 
     deadline = Deadline(SHUTDOWN_SECONDS)
     duties = _background.tasks if _background is not None else ()
-    await bounded("stopping the background duties", stop_background(), deadline, watch=duties)
-    await bounded("closing the model clients", aclose_clients(), deadline)
-    await bounded("closing the MCP sessions", aclose_hub(), deadline)
+    ended = await bounded("stopping the background duties", stop_background(), deadline, watch=duties)
+    ended &= await bounded("closing the model clients", aclose_clients(), deadline)
+    ended &= await bounded("closing the MCP sessions", aclose_hub(), deadline)
+    return ended

@@ -52,7 +52,7 @@ async def _shutdown_with_a_stuck_duty(monkeypatch, closed: list[str]) -> tuple[f
         await asyncio.wait_for(entered.wait(), 10)
         (stuck,) = [t for t in supervisor._background.tasks if t.get_name() == STUCK]
         began = time.monotonic()
-        await supervisor.shutdown()
+        assert await supervisor.shutdown() is False
         return time.monotonic() - began, stuck
     finally:
         release.set()
