@@ -5,17 +5,27 @@ development dependency) on the asyncio or the uvloop event loop.
 ARGS` is `uvicorn --loop LOOP ARGS`. Under daphne, which sends no ASGI lifespan, it starts the background
 duties on the reactor's loop before any connection and awaits `supervisor.shutdown` before the reactor
 stops: why the shipped units use it. SIGTERM first drains (`agent.runtime.drain`; listeners and idle
-connections closed), a second SIGTERM stops at once. Details: docs/deployment.md, *Background duties* and
-*Draining restarts*; docs/performance.md (daphne, uvicorn, uvloop in B3).
+connections closed), a second SIGTERM stops at once; once the reactor is stopping, the process ends
+within `EXIT_AFTER_SECONDS` whatever a shutdown step waits on (a watchdog logs what was still running).
+Details: docs/deployment.md, *Background duties* and *Draining restarts*; docs/performance.md (daphne,
+uvicorn, uvloop in B3).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
+import os
 import signal
 import sys
+import threading
+import time
+
+# After the reactor is asked to stop: our shutdown steps' bound (`agent.runtime.shutdown`, ≤ 12 s with
+# their floors) and a margin; the unit's TimeoutStopSec=65 exceeds grace + 2 × window + this.
+EXIT_AFTER_SECONDS = 15.0
 
 
 def main(argv: list[str]) -> None:
@@ -73,6 +83,7 @@ def _drain_on_sigterm(loop: asyncio.AbstractEventLoop, reactor) -> None:
 
     log = logging.getLogger(__name__)
     draining: list[asyncio.Task] = []
+    stopping: list[bool] = []
 
     def stop_listening() -> None:
         # New connections go to the other processes (the proxy's `error` next-upstream case), and the
@@ -86,6 +97,9 @@ def _drain_on_sigterm(loop: asyncio.AbstractEventLoop, reactor) -> None:
                 reader.loseConnection()
 
     def stop_reactor() -> None:
+        if not stopping:
+            stopping.append(True)
+            _exit_if_still_running(loop, EXIT_AFTER_SECONDS)
         with contextlib.suppress(Exception):  # stopping already (ReactorNotRunning)
             reactor.stop()
 
@@ -101,6 +115,8 @@ def _drain_on_sigterm(loop: asyncio.AbstractEventLoop, reactor) -> None:
         stop_reactor()
 
     def begin() -> None:
+        if stopping:  # the reactor's shutdown has begun and not ended: end the process now
+            _exit_now(loop, "second SIGTERM while stopping")
         if draining:
             log.info("second SIGTERM: stopping without waiting for the drain")
             stop_reactor()
@@ -109,6 +125,47 @@ def _drain_on_sigterm(loop: asyncio.AbstractEventLoop, reactor) -> None:
         draining.append(loop.create_task(drain_then_stop(), name="process:drain"))
 
     signal.signal(signal.SIGTERM, lambda _signum, _frame: loop.call_soon_threadsafe(begin))
+
+
+def _exit_if_still_running(loop: asyncio.AbstractEventLoop, seconds: float) -> None:
+    """A watchdog: once the reactor is asked to stop, the process ends within `seconds` even when a
+    shutdown step never returns (ours are bounded, `agent.runtime.shutdown`; daphne's own waits for
+    every application instance it cancelled). The drain has ended by then: ending the process loses
+    what systemd's SIGKILL would, earlier and with the log saying why."""
+
+    def watch() -> None:
+        time.sleep(seconds)
+        _exit_now(loop, f"the reactor did not stop within {seconds:.0f} s")
+
+    threading.Thread(target=watch, name="shutdown-watchdog", daemon=True).start()
+
+
+def _exit_now(loop: asyncio.AbstractEventLoop, why: str) -> None:
+    """Log `why` and every task the loop still runs (where each is suspended: code locations only),
+    then end the process with status 0: the drain ended, and what is left behind is named."""
+    from agent.runtime.shutdown import describe_tasks
+
+    found: concurrent.futures.Future[str] = concurrent.futures.Future()
+
+    def describe() -> None:
+        with contextlib.suppress(Exception):
+            found.set_result(describe_tasks(asyncio.all_tasks(loop)))
+
+    try:
+        try:
+            on_the_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:  # the watchdog's thread
+            on_the_loop = False
+        if on_the_loop:
+            describe()
+        else:
+            loop.call_soon_threadsafe(describe)
+        tasks = found.result(timeout=1.0)
+    except Exception:  # the loop did not answer: the process ends all the same
+        tasks = "(the event loop did not answer)"
+    logging.getLogger(__name__).warning("%s: exiting; still running: %s", why, tasks)
+    logging.shutdown()
+    os._exit(0)
 
 
 def _idle_http(protocol) -> bool:

@@ -47,12 +47,7 @@ async def bounded(stage: str, step: Awaitable[None], deadline: Deadline, *, watc
         if not task.cancelled() and task.exception() is not None:
             logger.warning("shutdown: %s failed error=%s", stage, type(task.exception()).__name__)
         return True
-    waiting = [t for t in (task, *watch) if not t.done()]
-    logger.warning(
-        "shutdown: %s did not end in time; left behind: %s",
-        stage,
-        "; ".join(f"{_name(t)} at {awaiting(t)}" for t in waiting),
-    )
+    logger.warning("shutdown: %s did not end in time; left behind: %s", stage, describe_tasks((task, *watch)))
     task.cancel()
     return False
 
@@ -71,6 +66,14 @@ def awaiting(task: asyncio.Future) -> str:
             step = getattr(step, "cr_await", None) or getattr(step, "gi_yieldfrom", None)
         current = getattr(current, "_fut_waiter", None)  # the future it waits on: another task, followed
     return " > ".join(where) or "-"
+
+
+def describe_tasks(tasks: Iterable[asyncio.Future], *, limit: int = 20) -> str:
+    """`name at where` of up to `limit` unfinished tasks (`awaiting`), and how many more there were."""
+    waiting = [t for t in tasks if not t.done()]
+    text = "; ".join(f"{_name(t)} at {awaiting(t)}" for t in waiting[:limit])
+    more = len(waiting) - limit
+    return (text + (f"; and {more} more" if more > 0 else "")) or "none"
 
 
 def _name(task: asyncio.Future) -> str:
