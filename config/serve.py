@@ -1,14 +1,11 @@
 """`python -m config.serve SERVER LOOP ARGS…`: serve `config.asgi:application` with daphne (or uvicorn, a
-development dependency) on the asyncio or the uvloop event loop.
-
-`daphne asyncio ARGS` is `daphne ARGS`; `daphne uvloop ARGS` installs uvloop's policy first; `uvicorn LOOP
-ARGS` is `uvicorn --loop LOOP ARGS`. Under daphne, which sends no ASGI lifespan, it starts the background
-duties on the reactor's loop before any connection and awaits `supervisor.shutdown` before the reactor
-stops: why the shipped units use it. SIGTERM first drains (`agent.runtime.drain`; listeners and idle
-connections closed), a second SIGTERM stops at once; once the reactor is stopping, the process ends
-within `EXIT_AFTER_SECONDS` whatever a shutdown step waits on (a watchdog logs what was still running).
-Details: docs/deployment.md, *Background duties* and *Draining restarts*; docs/performance.md (daphne,
-uvicorn, uvloop in B3).
+development dependency) on the asyncio or the uvloop event loop (`daphne uvloop` installs uvloop's policy
+first; `uvicorn LOOP ARGS` is `uvicorn --loop LOOP ARGS`). Under daphne, which sends no ASGI lifespan, it
+starts the background duties on the reactor's loop at process start and awaits `supervisor.shutdown`
+before the reactor stops: why the shipped units use it. SIGTERM drains (`agent.runtime.drain`), a second
+one stops at once; once the reactor is stopping, the process ends within `EXIT_AFTER_SECONDS` whatever a
+shutdown step waits on (a watchdog logs what still ran). Details: docs/deployment.md, *Background
+duties* and *Draining restarts*; docs/performance.md (daphne, uvicorn, uvloop in B3).
 """
 
 from __future__ import annotations

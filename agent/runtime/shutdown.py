@@ -36,9 +36,10 @@ class Deadline:
 
 
 async def bounded(stage: str, step: Awaitable[None], deadline: Deadline, *, watch: Iterable = ()) -> bool:
-    """Await `step` until `deadline`; True when it ended (an exception it raised is logged by class and
-    counts as ended). Past the deadline the step is cancelled and not awaited again, and a warning names
-    `stage` and where the step and every unfinished task of `watch` are suspended."""
+    """Await `step` until `deadline` (at least `STAGE_FLOOR_SECONDS`); True when it ended (an exception
+    it raised is logged by class and counts as ended). Past the deadline the step is cancelled and not
+    awaited again, and a warning names `stage` and where the step and every unfinished task of `watch`
+    are suspended."""
     task = asyncio.ensure_future(step)
     if isinstance(task, asyncio.Task):
         task.set_name(stage)
