@@ -23,24 +23,23 @@ pytestmark = pytest.mark.django_db(transaction=True)
 APP = "tests.fakes.stuck_asgi:application"
 
 
-def _hold_a_stuck_response(server: DaphneServer) -> threading.Event:
+def _hold_a_stuck_response(server: DaphneServer) -> None:
     """Open the stuck response in a thread and return once its first bytes arrived."""
-    started, done = threading.Event(), threading.Event()
+    answered, received = threading.Event(), []
 
     def hold() -> None:
         try:
             with httpx.stream("GET", f"{server.url}{STUCK_PATH}", timeout=60) as response:
-                for _ in response.iter_bytes():
-                    started.set()
+                for chunk in response.iter_bytes():
+                    received.append(chunk)
+                    answered.set()
         except httpx.HTTPError:
             pass  # the process ended under it
         finally:
-            started.set()
-            done.set()
+            answered.set()
 
     threading.Thread(target=hold, daemon=True).start()
-    assert started.wait(20)
-    return done
+    assert answered.wait(20) and received == [b"started\n"], received
 
 
 def _wait_for(server: DaphneServer, pattern: str, timeout: float) -> None:
