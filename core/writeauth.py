@@ -20,6 +20,8 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from core.settings_cache import built_from_settings
+
 RUN = "run"
 GOVERNANCE = "governance"
 # A run row as the service created it (`diagnosis.services.create_run`): its identity, before it executes.
@@ -196,34 +198,12 @@ def _verifier(texts: tuple[str, ...]) -> Verifier:
     return Verifier(keys)
 
 
-_current: Verifier | None = None
-
-
+@built_from_settings("AUDIT_WRITE_KEYS", "AUDIT_DEV_WRITE_KEY_FILE")
 def verifier() -> Verifier:
-    """The configured write keys: built once, and again after a setting they come from changed
-    (`setting_changed`, which `override_settings` and pytest-django's `settings` send). Every chained
-    write asks for it; reading and parsing the settings each time was ≈ 3 µs of a writer's CPU."""
-    global _current
-    found = _current
-    if found is None:
-        _forget_on_setting_changes()
-        found = _current = _verifier(tuple(configured_key_texts()))
-    return found
-
-
-_KEY_SETTINGS = frozenset({"AUDIT_WRITE_KEYS", "AUDIT_DEV_WRITE_KEY_FILE"})
-
-
-@functools.cache
-def _forget_on_setting_changes() -> None:
-    from django.test.signals import setting_changed
-
-    def forget(*, setting: str, **_kwargs) -> None:
-        global _current
-        if setting in _KEY_SETTINGS:
-            _current = None
-
-    setting_changed.connect(forget, weak=False, dispatch_uid="core.writeauth.verifier")
+    """The configured write keys, built once and again after a setting they come from changed
+    (`core.settings_cache`). Every chained write asks for it; reading and parsing the settings each
+    time was ≈ 3 µs of a writer's CPU."""
+    return _verifier(tuple(configured_key_texts()))
 
 
 def tag(domain: str, link_hash: str) -> str:

@@ -20,6 +20,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from core.devkeys import read_or_create
+from core.settings_cache import built_from_settings
 
 PREFIX = "fernet:"
 KID_CHARS = 8
@@ -132,6 +133,8 @@ def configured_keys() -> list[str]:
     )
 
 
+@built_from_settings("REASONING_ENCRYPTION_KEYS", "REASONING_DEV_KEY_FILE")
 def keyring() -> Keyring:
-    """The keyring of the keys in effect (cached per key set, so settings overrides take effect)."""
+    """The keyring of the keys in effect, built once and again after a setting they come from changed
+    (`core.settings_cache`)."""
     return _keyring(tuple(configured_keys()))
