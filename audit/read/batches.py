@@ -9,12 +9,12 @@ from collections.abc import Iterator
 from types import SimpleNamespace
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 
-from audit.models import AgentStep, LogLeaf, RunReview, ToolInvocation
+from audit.models import AgentStep, RunReview, ToolInvocation
 from audit.read.chunks import run_chunks
 from audit.read.trace import Trace, annotate_covering, assemble
-from audit.transparency.store import tail_lookup_pieces
+from audit.transparency.store import leaves_and_tails
 from audit.verify.row_digests import stored_reasoning_rows
 from core.db_router import reads_from_replica
 from diagnosis.models import ChatSession, DiagnosisRun
@@ -49,8 +49,8 @@ def iter_traces(
         for review in RunReview.objects.filter(run_id__in=ids).order_by("run_id", "sequence_no"):
             reviews[review.run_id].append(review)
         leaves, tails = {}, defaultdict(list)
-        for piece in tail_lookup_pieces(ids):
-            for lf in annotate_covering(LogLeaf.objects.filter(Q(run_id__in=piece) | Q(tail_of__in=piece))):
+        for found in leaves_and_tails(ids):
+            for lf in annotate_covering(found):
                 if lf.tail_of is not None:
                     tails[lf.tail_of].append(lf)
                 elif lf.run_id is not None:

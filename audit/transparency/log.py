@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, Min, OuterRef, Q
+from django.db.models import Exists, Min, OuterRef
 from django.utils import timezone
 
 from audit.models import (
@@ -143,11 +143,7 @@ def anchored_heads(run_ids: list[str]) -> dict[str, int]:
     heads: dict[str, int] = {}
     wanted = set(run_ids)
     rows = (
-        data
-        for piece in store.tail_lookup_pieces(run_ids)
-        for data in LogLeaf.objects.filter(Q(run_id__in=piece) | Q(tail_of__in=piece)).values_list(
-            "data", flat=True
-        )
+        data for leaves in store.leaves_and_tails(run_ids) for data in leaves.values_list("data", flat=True)
     )
     for data in rows:
         try:

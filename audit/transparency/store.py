@@ -1,5 +1,6 @@
 """The stored tree: complete subtrees read by (level, index), the right edge to append to, proofs, and the
-run-tail leaves of runs (`tails_of`, looked up in pieces the index serves: `tail_lookup_pieces`).
+run-tail leaves of runs (`tails_of`, `leaves_and_tails`, looked up in pieces the index serves:
+`tail_lookup_pieces`).
 
 Level-0 nodes are leaf hashes (`audit_log_leaf`), higher levels `audit_log_node`. A proof or a root reads
 only the nodes `audit.transparency.merkle` names for it: O(log n) rows in two queries (leaves, nodes),
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 
 from audit.models import LogLeaf, LogNode
 from audit.transparency import merkle
@@ -30,6 +31,13 @@ def tail_lookup_pieces(run_ids: Iterable[str]) -> Iterator[list[str]]:
     ids = list(dict.fromkeys(run_ids))
     for at in range(0, len(ids), TAIL_LOOKUP_PIECE):
         yield ids[at : at + TAIL_LOOKUP_PIECE]
+
+
+def leaves_and_tails(run_ids: Iterable[str]) -> Iterator[QuerySet[LogLeaf]]:
+    """The leaves of `run_ids` and their run-tail leaves, one query per piece of the ids
+    (`tail_lookup_pieces`), unordered: the one home of that lookup for readers that need both."""
+    for piece in tail_lookup_pieces(run_ids):
+        yield LogLeaf.objects.filter(Q(run_id__in=piece) | Q(tail_of__in=piece))
 
 
 def tails_of(run_ids: Iterable[str]) -> dict[str, list[LogLeaf]]:
