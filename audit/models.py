@@ -55,11 +55,15 @@ class UsageSource(models.TextChoices):
 
 
 def _run_fk(related_name: str) -> models.ForeignKey:
+    """The run of an audit row, by its `run_id` column. No index of its own: every model with one has a
+    unique constraint that starts with `run_id`, which serves every lookup by run (a second index on the
+    column only cost each insert, on the largest tables)."""
     return models.ForeignKey(
         DiagnosisRun,
         to_field="run_id",
         db_column="run_id",
         db_constraint=False,
+        db_index=False,
         on_delete=models.DO_NOTHING,
         related_name=related_name,
     )

@@ -8,7 +8,7 @@ from django.core.management import call_command
 from django.db import connection, models
 from django.utils import timezone
 
-from audit.models import AgentStep, ToolInvocation, TraceEvent
+from audit.models import AgentStep, RunReview, ToolInvocation, TraceEvent
 from diagnosis.models import ChatSession, DiagnosisRun, RunFeedback
 from reasoning.models import AgentReasoningAudit, ReasoningAccessLog
 
@@ -163,3 +163,20 @@ def test_audit_tables_have_no_foreign_key_to_the_run():
         for model in (TraceEvent, AgentStep, ToolInvocation, AgentReasoningAudit):
             constraints = connection.introspection.get_constraints(cursor, model._meta.db_table)
             assert not [c for c in constraints.values() if c["foreign_key"]], model
+
+
+@pytest.mark.django_db
+def test_a_run_s_audit_rows_are_found_by_one_index_that_starts_with_run_id():
+    """Events, steps, tools and reviews are read by run through their unique constraint, which starts
+    with `run_id`; a second index on `run_id` alone (Django's default for the foreign key) only cost
+    each insert, and migration 0021 dropped it. Asked of the database itself, on both backends."""
+    with connection.cursor() as cursor:
+        for model in (TraceEvent, AgentStep, ToolInvocation, RunReview):
+            constraints = connection.introspection.get_constraints(cursor, model._meta.db_table)
+            starting = {
+                name: c
+                for name, c in constraints.items()
+                if (c["index"] or c["unique"]) and c["columns"][:1] == ["run_id"]
+            }
+            assert [name for name, c in starting.items() if c["unique"] and len(c["columns"]) > 1], model
+            assert not [name for name, c in starting.items() if c["columns"] == ["run_id"]], (model, starting)
