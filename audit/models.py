@@ -1,7 +1,8 @@
 """The durable decision record of a run (timeline, model steps, tool invocations), the transparency log,
 retention and the governance chain. Append-only facts, read-only in the admin. Audit rows reference their
 run by its string id without a database constraint (`ForeignKey(db_constraint=False)`, seed 000: an audit
-write never waits on or fails because of the run row); the relation serves joins only."""
+write never waits on or fails because of the run row); the relation serves joins only, with no index of its
+own: each such table's unique constraint starts with `run_id` and serves every lookup by run (0021)."""
 
 from django.conf import settings
 from django.db import models
@@ -55,9 +56,6 @@ class UsageSource(models.TextChoices):
 
 
 def _run_fk(related_name: str) -> models.ForeignKey:
-    """The run of an audit row, by its `run_id` column. No index of its own: every model with one has a
-    unique constraint that starts with `run_id`, which serves every lookup by run (a second index on the
-    column only cost each insert, on the largest tables)."""
     return models.ForeignKey(
         DiagnosisRun,
         to_field="run_id",
@@ -75,8 +73,7 @@ class TraceEvent(models.Model):
     `sequence_no` is 1, 2, 3 … per run with no gap, allocated by the recorder; `hash` is
     sha256(prev_hash + canonical JSON of the event) so that any later change to a stored event, a deletion
     or a reordering breaks the chain. `details` is bounded by the recorder (strings ≤ 500 characters,
-    previews with full length and sha256) and never holds reasoning or assistant text.
-    """
+    previews with full length and sha256) and never holds reasoning or assistant text."""
 
     run = _run_fk("events")
     session_id = models.CharField(max_length=64)
@@ -116,8 +113,7 @@ class AgentStep(models.Model):
     named by (run, agent_name, step_index). Bounded input/output summaries, usage, and
     reasoning *metadata* only (availability, byte counts, content source). The reasoning and assistant text
     themselves live in `reasoning.AgentReasoningAudit`. Token fields are NULL, not 0, when the provider
-    reported no usage (`usage_available=false`). `attempts` lists each provider attempt (retries included).
-    """
+    reported no usage (`usage_available=false`). `attempts` lists each provider attempt (retries included)."""
 
     run = _run_fk("steps")
     session_id = models.CharField(max_length=64)
@@ -181,8 +177,7 @@ class ToolInvocation(models.Model):
     declaring step (`agent_name` is blank on rows recorded before per-agent step counters: their
     declaring step is the chat agent's).
     `tool_call_id` is unique in the run; `provider_tool_call_id` is the id as the provider sent it (some
-    providers reuse ids such as `call_0` in every response).
-    """
+    providers reuse ids such as `call_0` in every response)."""
 
     run = _run_fk("tools")
     session_id = models.CharField(max_length=64)
