@@ -23,6 +23,7 @@ def built_from_settings(*names: str) -> Callable[[Callable[[], T]], Callable[[],
 
     def decorate(build: Callable[[], T]) -> Callable[[], T]:
         value: list[object] = [_MISSING]
+        connected: list[bool] = [False]
         lock = threading.Lock()
 
         def forget() -> None:
@@ -32,8 +33,10 @@ def built_from_settings(*names: str) -> Callable[[Callable[[], T]], Callable[[],
         def get() -> T:
             found = value[0]
             if found is _MISSING:
-                _connect_once(forget, watched, f"{build.__module__}.{build.__qualname__}")
                 with lock:
+                    if not connected[0]:  # at first use: the signal's module needs Django set up
+                        _connect(forget, watched)
+                        connected[0] = True
                     found = value[0]
                     if found is _MISSING:
                         found = value[0] = build()
@@ -45,12 +48,11 @@ def built_from_settings(*names: str) -> Callable[[Callable[[], T]], Callable[[],
     return decorate
 
 
-def _connect_once(forget: Callable[[], None], watched: frozenset[str], uid: str) -> None:
+def _connect(forget: Callable[[], None], watched: frozenset[str]) -> None:
     from django.test.signals import setting_changed
 
     def on_change(*, setting: str, **_kwargs) -> None:
         if setting in watched:
             forget()
 
-    # The dispatch uid makes the second and later connections no-ops.
-    setting_changed.connect(on_change, weak=False, dispatch_uid=f"core.settings_cache:{uid}")
+    setting_changed.connect(on_change, weak=False)

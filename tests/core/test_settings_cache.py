@@ -61,6 +61,17 @@ def test_forget_drops_the_value(settings):
     assert build() is not first and len(calls) == 2
 
 
+def test_each_function_follows_its_settings_even_under_one_name(settings):
+    """Two functions made by one factory share a qualified name; each is forgotten on its own."""
+    settings.CACHED_THING = "a"
+    first_build, first_calls = _counting("CACHED_THING")
+    second_build, second_calls = _counting("CACHED_THING")
+    first_build(), second_build()
+    settings.CACHED_THING = "b"
+    first_build(), second_build()
+    assert first_calls == ["a", "b"] and second_calls == ["a", "b"]
+
+
 def test_the_write_keys_and_the_keyring_follow_their_settings(settings):
     settings.AUDIT_WRITE_KEYS = [writeauth.generate_key_text()]
     before = writeauth.verifier()
