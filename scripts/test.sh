@@ -47,8 +47,8 @@ export SUITE_ON_BOTH=1
 lint() { .venv/bin/ruff check . && .venv/bin/ruff format --check .; }
 phase "ruff" lint
 
-# One worker per core. A third worker on two cores ran each database's parallel part 11-12 % faster, but
-# one run in four at three workers failed test_list_alerts_shows_the_firing_rule (docs/reliability.md).
+# One worker per core. A third worker on two cores was measured faster, by less than one machine's spread
+# in a later run, and one run in four at three failed test_list_alerts_shows_the_firing_rule (reliability.md).
 workers="${TEST_WORKERS:-auto}"
 suite() {  # the parallel part, then what must run alone; both always run, the phase fails if either did
   local status=0
