@@ -12,6 +12,8 @@ python and `%i`; in the environment, every `CHANGE_ME` and the machine's address
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime as dt
 import ipaddress
 import os
@@ -23,7 +25,9 @@ import signal
 import ssl
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -35,6 +39,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from django.conf import settings
+from websockets.asyncio.client import connect as async_ws_connect
 
 from audit.transparency.keys import generate_key_text
 from core import writeauth
@@ -92,6 +97,56 @@ def self_signed_certificate(directory: Path) -> tuple[Path, Path]:
 def client_tls(cert_path: Path) -> ssl.SSLContext:
     """A client context that trusts exactly the test certificate."""
     return ssl.create_default_context(cafile=str(cert_path))
+
+
+class TlsWebSocket:
+    """A blocking `wss://` client whose TLS socket is read and written by one thread only.
+
+    websockets' sync client reads in a background thread while the caller writes, both on one
+    `ssl.SSLSocket`. An OpenSSL connection is not safe for that: on CPython 3.11 the race failed a
+    handshake's write with "[SSL] internal error" (stop 58's CI, test_deployment). This runs websockets'
+    asyncio client on an event loop of its own and hands each `send` and `recv` to that loop, so every
+    TLS read and write happens on the loop's thread. Errors are websockets' own (`ConnectionClosed`,
+    `InvalidStatus`); `recv` raises `TimeoutError` when nothing arrives in `timeout` seconds.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, connection) -> None:
+        self._loop, self._connection = loop, connection
+
+    def _call(self, coroutine):
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    def send(self, message: str) -> None:
+        self._call(self._connection.send(message))
+
+    def recv(self, timeout: float) -> str:
+        return self._call(asyncio.wait_for(self._connection.recv(), timeout))
+
+
+@contextlib.contextmanager
+def wss_connect(
+    url: str, *, cert: Path, headers: dict[str, str], open_timeout: float
+) -> Iterator[TlsWebSocket]:
+    """Open `url` trusting exactly the test certificate; close the connection and its loop on exit."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name=f"wss {url}", daemon=True)
+    thread.start()
+
+    async def _open():
+        return await async_ws_connect(
+            url, ssl=client_tls(cert), additional_headers=headers, open_timeout=open_timeout
+        )
+
+    try:
+        connection = asyncio.run_coroutine_threadsafe(_open(), loop).result()
+        try:
+            yield TlsWebSocket(loop, connection)
+        finally:
+            asyncio.run_coroutine_threadsafe(connection.close(), loop).result()
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
 
 
 # -------------------------------------------------------------------------------------------------

@@ -41,9 +41,9 @@ from tests.config.support import (
     PASSWORD,
     TIMEOUT,
     UnitDaphne,
-    client_tls,
     direct_client,
     free_port,
+    wss_connect,
 )
 from tests.factories import issue_token
 from tests.surfaces.chat.support import iter_sse, wait_for
@@ -131,11 +131,8 @@ def test_the_shipped_deployment_works_as_documented(deployment, provider, django
         assert events[-1].event == "outcome" and events[-1].data["status"] == "SUCCESS"
 
     # A chat over WSS.
-    with ws_connect(
-        f"wss://{HOST}:{d.tls_port}/ws/chat/",
-        ssl=client_tls(d.cert),
-        additional_headers=auth,
-        open_timeout=TIMEOUT,
+    with wss_connect(
+        f"wss://{HOST}:{d.tls_port}/ws/chat/", cert=d.cert, headers=auth, open_timeout=TIMEOUT
     ) as ws:
         ws.send(json.dumps({"type": "chat", "query": "Replication lag on db-3"}))
         frames = []

@@ -26,7 +26,6 @@ from urllib.parse import parse_qs, urlparse
 import httpx
 import pytest
 from django.core.management import call_command
-from websockets.sync.client import connect as ws_connect
 
 from agent.aiops import intake
 from agent.runtime import prompts
@@ -37,9 +36,9 @@ from tests.config.support import (
     HOST,
     TIMEOUT,
     Deployment,
-    client_tls,
     direct_client,
     require_deployment_services,
+    wss_connect,
 )
 from tests.factories import issue_token
 from tests.fakes.openai_server import (
@@ -225,10 +224,10 @@ def _ws_chat(d: Deployment, token: str, n: int) -> Seen:
     deadline = time.monotonic() + 120
     while seen.outcome is None and time.monotonic() < deadline:
         try:
-            with ws_connect(
+            with wss_connect(
                 f"wss://{HOST}:{d.tls_port}/ws/chat/",
-                ssl=client_tls(d.cert),
-                additional_headers={"Authorization": f"Token {token}"},
+                cert=d.cert,
+                headers={"Authorization": f"Token {token}"},
                 open_timeout=TIMEOUT,
             ) as ws:
                 if seen.run_id:
