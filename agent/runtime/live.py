@@ -39,6 +39,7 @@ from agent.runtime.events import (
     timestamp,
     to_message,
 )
+from agent.runtime.receiver import Receiver
 from audit.models import EventType
 from audit.read import chat_timeline, finished_by
 from diagnosis.models import DEMO_PROVIDER, TERMINAL_RUN_STATUSES, DiagnosisRun, RunStatus
@@ -307,6 +308,7 @@ class RunFollower:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.channel: str | None = None
         self._pump: asyncio.Task | None = None
+        self._receiver: Receiver | None = None
         self._started = False
         self._closed = False
         self._watchdog: asyncio.TimerHandle | None = None
@@ -332,7 +334,10 @@ class RunFollower:
                 logger.warning("live subscribe failed run=%s error=%s", self.run_id, type(exc).__name__)
                 self._channel = self.channel = None
             else:
-                self._pump = asyncio.create_task(self._receive_loop(), name=f"follow:{self.run_id}")
+                self._receiver = Receiver(
+                    self._layer, self._channel, self._on_message, what=f"live run={self.run_id}", pause=0.5
+                )
+                self._pump = asyncio.create_task(self._receiver.run(), name=f"follow:{self.run_id}")
         return self
 
     def _abandon_if_unread(self) -> None:
@@ -352,12 +357,12 @@ class RunFollower:
             _followers -= 1
         if self._watchdog is not None:
             self._watchdog.cancel()
-        if self._pump is not None:
-            self._pump.cancel()
+        if self._receiver is not None:
             # Bounded: a receive the channel layer does not let go of at once must not hold the reader's
-            # stream open after its outcome (it ends when this returns).
+            # stream open after its outcome (it ends when this returns); `Receiver.stop` still ends a
+            # receive whose cancellation the layer lost.
             with contextlib.suppress(BaseException):  # (a pump of another, closed loop: nothing to wait for)
-                await asyncio.wait({self._pump}, timeout=_UNSUBSCRIBE_WAIT)
+                await self._receiver.stop(_UNSUBSCRIBE_WAIT)
         if self._layer is not None and self._channel is not None:
             with contextlib.suppress(Exception):
                 await asyncio.shield(
@@ -366,21 +371,12 @@ class RunFollower:
                     )
                 )
 
-    async def _receive_loop(self) -> None:
-        while True:
-            try:
-                message = await self._layer.receive(self._channel)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                logger.warning("live receive failed run=%s error=%s", self.run_id, type(exc).__name__)
-                await asyncio.sleep(0.5)
-                continue
-            if message.get("type") != FRAME_MESSAGE_TYPE or local_fanout.from_here(message):
-                continue  # not a frame, or one this process delivered to its followers directly
-            event = from_message(message)
-            if event is not None:
-                self._queue.put_nowait(event)
+    def _on_message(self, message: dict) -> None:
+        if message.get("type") != FRAME_MESSAGE_TYPE or local_fanout.from_here(message):
+            return  # not a frame, or one this process delivered to its followers directly
+        event = from_message(message)
+        if event is not None:
+            self._queue.put_nowait(event)
 
     def _emit(self, event: Event) -> list[Event]:
         """The events to send for `event`: none when this follower sent it already (same or lower

@@ -28,6 +28,7 @@ from agent.runtime.events import SafeSink
 from agent.runtime.executor import RunNotClaimable, RunOutcome, execute_run, lease_owner
 from agent.runtime.live import ChannelLayerSink
 from agent.runtime.llm import aclose_clients
+from agent.runtime.receiver import Receiver
 from agent.runtime.shutdown import SHUTDOWN_SECONDS, Deadline, bounded
 from diagnosis import services
 from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun, RunStatus
@@ -38,6 +39,7 @@ ACTIVE_STATUSES = (RunStatus.PENDING, RunStatus.RUNNING)
 CONTROL_MESSAGE_TYPE = "run.cancel"
 QUEUE_DUTY = "runs:queue-worker"
 ADOPT_DUTY = "runs:adopt"
+CONTROL_STOP_SECONDS = 5.0  # of the shutdown bound (SHUTDOWN_SECONDS), for ending the control listener
 
 
 # -------------------------------------------------------------------------------------------------
@@ -173,6 +175,9 @@ class _Background:
     # leave its run held by nobody until its lease lapsed).
     claims_stopped: asyncio.Event
     claiming: asyncio.Lock
+    # The control listener's loop, stopped by `Receiver.stop` (a cancel alone can be lost inside the
+    # channel layer's receive: agent.runtime.receiver).
+    control: Receiver | None = None
 
 
 _background: _Background | None = None
@@ -247,22 +252,18 @@ async def _control_listener(ready: asyncio.Event) -> None:
     # lets one receiver at a time do it, so a second prefix would hold every follower's frames behind
     # this listener's blocking pop (up to 5 s per round).
     channel = await layer.new_channel()
+    receiver = Receiver(layer, channel, _on_control, what="control", pause=1.0)
     if _background is not None:
-        _background.channel = channel
+        _background.channel, _background.control = channel, receiver
     ready.set()
-    while True:
-        try:
-            message = await layer.receive(channel)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            logger.warning("control receive failed error=%s", type(exc).__name__)
-            await asyncio.sleep(1.0)
-            continue
-        if message.get("type") == CONTROL_MESSAGE_TYPE:
-            owned = _runs.get(str(message.get("run_id", "")))
-            if owned is not None:
-                owned.token.cancel("cancel requested")
+    await receiver.run()
+
+
+def _on_control(message: dict) -> None:
+    if message.get("type") == CONTROL_MESSAGE_TYPE:
+        owned = _runs.get(str(message.get("run_id", "")))
+        if owned is not None:
+            owned.token.cancel("cancel requested")
 
 
 async def _control_channel() -> str | None:
@@ -484,6 +485,8 @@ async def stop_background() -> None:
     background, _background = _background, None
     if background is None or background.loop is not asyncio.get_running_loop():
         return
+    if background.control is not None:
+        await background.control.stop(CONTROL_STOP_SECONDS)
     for task in background.tasks:
         task.cancel()
     for task in background.tasks:
