@@ -18,9 +18,12 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
+from agent.runtime.cancel import CancelToken
+
 logger = logging.getLogger(__name__)
 
 _draining = False
+_late: dict[asyncio.Task, CancelToken] = {}  # launched_while_draining; emptied by each drain
 
 
 def draining() -> bool:
@@ -32,6 +35,12 @@ def begin() -> None:
     """Mark the process draining (idempotent): new requests and runs are refused from now on."""
     global _draining
     _draining = True
+
+
+def launched_while_draining(task: asyncio.Task, token: CancelToken) -> None:
+    """`supervisor.launch` of a run after the drain began (a request already past the draining check):
+    the drain counts and waits for it with the runs it found, even one that has ended before it looks."""
+    _late[task] = token
 
 
 def reset() -> None:
@@ -76,26 +85,36 @@ async def drain(*, grace: float | None = None, window: float | None = None) -> D
     grace = float(settings.RUN_DRAIN_GRACE_SECONDS) if grace is None else grace
     window = float(settings.RUN_HANDOVER_WINDOW_SECONDS) if window is None else window
     began = time.monotonic()
+    _late.clear()
     begin()
+    # Every run this process executes during the drain, including those launched after it began (a
+    # request already past the draining check; `supervisor.launch` asks them to hand over at once).
+    # Without them, such a run went on here unseen, was cut off by the process's exit and failed
+    # LEASE_EXPIRED when its lease ran out (a rolling-restart test's run, 2026-12-07).
+    owned: dict[asyncio.Task, CancelToken] = {}
+
+    def running() -> set[asyncio.Task]:
+        owned.update(supervisor.owned_runs())
+        owned.update(_late)
+        return {t for t in owned if not t.done()}
+
     await supervisor.stop_claiming()
-    owned = supervisor.owned_runs()
-    at_start = len(owned)
+    at_start = len(running())
     logger.info("draining: %d run(s) executing, grace %.0f s", at_start, grace)
-    left = await _wait(set(owned), grace)
-    handing = {task: token for task, token in owned.items() if task in left}
-    for token in handing.values():
-        token.request_handover()
-    left = await _wait(left, window)
-    cut = 0
+    await _wait(running(), grace)
+    left = running()
     for task in left:
-        token = handing.get(task)
-        if token is not None:
-            token.cut_streams()
-            cut += 1
-    left = await _wait(left, window)
-    handed_over = sum(1 for task in handing if task not in left and _handed_over(task))
+        owned[task].request_handover()
+    await _wait(left, window)
+    left = running()
+    for task in left:
+        owned[task].cut_streams()
+    cut = len(left)
+    await _wait(left, window)
+    left = running()
+    handed_over = sum(1 for task in owned if task.done() and _handed_over(task))
     report = DrainReport(
-        finished=at_start - handed_over - len(left),
+        finished=len(owned) - handed_over - len(left),
         handed_over=handed_over,
         cut=cut,
         left=len(left),

@@ -72,6 +72,11 @@ def launch(
     task = asyncio.get_running_loop().create_task(
         _execute(run_id, token, claimed=claimed, on_finishing=on_finishing, gate=gate), name=f"run:{run_id}"
     )
+    if drain.draining():
+        # A request already past the draining check launches its run after the drain began: the run
+        # hands over at its first boundary, and the drain counts and waits for it with the others.
+        token.request_handover()
+        drain.launched_while_draining(task, token)
     _runs[run_id] = _Owned(task=task, token=token)
     task.add_done_callback(lambda t, run_id=run_id: _forget(run_id, t))
     return task

@@ -185,6 +185,42 @@ def test_a_run_that_finishes_within_the_grace_is_not_handed_over(llm, user, corp
     assert not TraceEvent.objects.filter(run_id=run.run_id, event_type=EventType.RUN_INTERRUPTED).exists()
 
 
+def test_a_run_launched_after_the_drain_began_is_handed_over_too(llm, user, corpus):
+    """A request already past the draining check launches its run after the drain counted its runs: it
+    hands over like them. (It went on unseen before, was cut off by the process's exit and failed
+    LEASE_EXPIRED when its lease ran out: 1 of 8 rolling restarts.)"""
+    _script(llm, tool_delay=0.1)
+    _script(llm, tool_delay=0.1)
+    first = prepare_run(user=user, query=QUERY)
+    late = prepare_run(user=user, query=QUERY)
+
+    async def main():
+        supervisor.launch(first.run_id)
+        for _ in range(400):
+            if len(llm.requests[AGENT]) >= 1:
+                break
+            await asyncio.sleep(0.025)
+        draining = asyncio.create_task(drain.drain(grace=20, window=5))
+        while not drain.draining():
+            await asyncio.sleep(0)
+        await asyncio.sleep(0.05)  # the drain has counted the runs it found
+        supervisor.launch(late.run_id)
+        report = await draining
+        handed = await db(DiagnosisRun.objects.get, run_id=late.run_id)
+        await _adopt_and_finish(late.run_id)
+        return report, handed
+
+    report, handed = asyncio.run(main())
+    assert (report.finished, report.handed_over, report.cut, report.left) == (1, 1, 0, 0)
+    assert handed.status == RunStatus.PENDING and handed.lease_owner == ""
+    assert _handover(late.run_id)["retriedStep"] == 0
+    for run in (first, late):
+        run.refresh_from_db()
+        assert run.status == RunStatus.SUCCESS
+        assert verify_run(run.run_id).ok
+    assert ToolInvocation.objects.filter(run_id=late.run_id).count() <= 1
+
+
 def test_nobody_claims_a_handed_over_run_twice(llm, user, corpus):
     _script(llm, tool_delay=0.1)
     run = prepare_run(user=user, query=QUERY)
