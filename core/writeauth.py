@@ -187,7 +187,6 @@ def configured_key_texts() -> list[str]:
     )
 
 
-@functools.lru_cache(maxsize=8)
 def _verifier(texts: tuple[str, ...]) -> Verifier:
     keys = []
     for position, text in enumerate(texts, start=1):

@@ -94,7 +94,6 @@ def validate_key(key: str) -> None:
     Fernet(key.strip().encode("ascii"))
 
 
-@functools.lru_cache(maxsize=8)
 def _keyring(keys: tuple[str, ...]) -> Keyring:
     cleaned = tuple(k.strip() for k in keys if k.strip())
     try:
