@@ -1,20 +1,10 @@
-"""A loop that receives from one channel of the channel layer until it is stopped, and a stop that ends
-it even where a cancellation is lost.
-
-Cancelling a task blocked in channels_redis's `receive` does not always end it. On CPython 3.11,
-`asyncio.wait_for` drops a cancellation that arrives as the awaited step completes: it returns the
-step's result instead (3.12 rebuilt `wait_for` on `asyncio.timeout` and fixed it). redis-py 8 writes
-every command through `wait_for` when the connection has a socket timeout, as the channel layer's has
-(`REDIS_CHANNEL_SOCKET_TIMEOUT`), so a cancel that lands while the blocking pop is being written is
-lost, and channels_redis pops again, and again, until some message reaches the process. Measured
-(`tests/agent/runtime/test_receiver.py`, real Redis): one cancel of four receivers left one of them
-running in 12 of 60 tries; in the rolling-restart test the same await chain held a draining daphne
-to its shutdown bound in about 1 run of 4, and a follower whose client left stayed behind as a task
-that popped for ever.
-
-`Receiver.stop` does not rely on one cancellation. It sets a flag the loop reads after every receive,
-cancels, and when the task has not ended after a short grace it cancels again and sends a wake-up
-message to the channel itself: a receive still waiting on the channel returns it, and the loop leaves.
+"""A loop that receives from one channel of the channel layer until it is stopped (`Receiver`), and a
+stop that ends it even where a cancellation is lost: on CPython 3.11 with redis-py's socket timeout, a
+cancel landing as channels_redis writes its blocking pop is dropped (`asyncio.wait_for`) and the receive
+pops on. `stop` sets a flag the loop reads after every receive, cancels, and when the task has not ended
+after a short grace cancels again and wakes the receive with a message on its own channel. The control
+listener and every run follower receive through it. Cause and measurements: docs/reliability.md, *Bugs
+found and fixed*.
 """
 
 from __future__ import annotations
