@@ -415,6 +415,19 @@ def _sdk_client() -> openai.AsyncOpenAI:
     return client
 
 
+def warm_client() -> None:
+    """Build this loop's SDK client for the configured provider now: its TLS context loads the CA bundle,
+    ≈ 20–30 ms during which the loop runs nothing else. A serving process calls it at start, before it
+    serves, so the first chat after a (re)start does not wait for it; a failure is logged by class and
+    left to the first model call."""
+    if (settings.LLM_PROVIDER or "").lower() != "openai":
+        return
+    try:
+        _sdk_client()
+    except Exception as exc:
+        logger.warning("model client not built at start error=%s", type(exc).__name__)
+
+
 class OpenAIModelClient:
     """`ModelClient` on the official `openai` SDK (OpenAI, DeepSeek, any OpenAI-compatible endpoint)."""
 

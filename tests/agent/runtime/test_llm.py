@@ -1,6 +1,7 @@
 """The model client against the local fake provider through the real `openai` SDK: stream assembly,
 usage, retries with backoff and their visibility, and the run error codes (no database needed)."""
 
+import asyncio
 import json
 import time
 
@@ -273,3 +274,33 @@ def test_parse_json_object_finds_the_object_in_prose_and_fences():
     assert parse_json_object('Sure: {"intent": "KNOWLEDGE"} done') == {"intent": "KNOWLEDGE"}
     assert parse_json_object('{broken {"b": 2}') == {"b": 2}
     assert parse_json_object("no json") is None and parse_json_object(None) is None
+
+
+@pytest.mark.asyncio
+async def test_a_serving_process_builds_its_model_client_before_the_first_call(server, settings):
+    """`warm_client` (called by `supervisor.start_serving`) builds the loop's SDK client, TLS context and
+    all, before anything is served; the first model call then uses that client. The demo provider and a
+    configuration the client cannot be built from build nothing and raise nothing."""
+    from agent.runtime import llm
+
+    transport = settings.LLM_HTTP_CLIENT
+    settings.LLM_PROVIDER = "demo"
+    llm.warm_client()
+    assert id(asyncio.get_running_loop()) not in llm._sdk_clients
+
+    settings.LLM_PROVIDER = "openai"
+    settings.LLM_HTTP_CLIENT = "no-such-client"
+    llm.warm_client()  # logged by class, left to the first call
+    assert not llm._sdk_clients.get(id(asyncio.get_running_loop()), (None, {}))[1]
+
+    settings.LLM_HTTP_CLIENT = transport
+    llm.warm_client()
+    (built,) = llm._sdk_clients[id(asyncio.get_running_loop())][1].values()
+    server.enqueue(stream_answer("ok", usage=usage(3, 1)))
+    try:
+        await OpenAIModelClient(max_retries=0).complete(
+            model="m", messages=[{"role": "user", "content": "q"}]
+        )
+        assert llm._sdk_client() is built
+    finally:
+        await aclose_clients()
