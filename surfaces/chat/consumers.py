@@ -36,6 +36,14 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     """One chat connection of an authenticated user; it may follow several runs at once (one follower
     task per run). See the module docstring for the frames."""
 
+    # No channel of its own: nothing is ever sent to a connection through the channel layer (each run
+    # follower subscribes with its own `agent.runtime.receiver.Receiver`). With the default alias, channels
+    # gave every connection a receive on the layer for its whole life: one more receiver in
+    # channels_redis's per-process turn-taking, and on close a cancel the layer can lose, after which
+    # daphne killed the connection's instance 10 s later ("took too long to shut down"). An alias that is
+    # not configured (None) makes `get_channel_layer` return None: channels then waits on the socket only.
+    channel_layer_alias = None
+
     async def connect(self) -> None:
         self.followers: dict[str, tuple[asyncio.Task, RunFollower]] = {}
         self.user = self.scope.get("user")

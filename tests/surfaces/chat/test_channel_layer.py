@@ -188,3 +188,49 @@ def test_a_follower_receives_while_the_control_listener_blocks_in_its_pop(settin
             await layer.flush()
 
     assert asyncio.run(scenario()) == DraftEvent(run_id="run_prefix", text="live")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_chat_socket_holds_no_receive_of_its_own_on_the_layer(settings, user):
+    """Nothing is sent to a chat connection through the channel layer, so it takes no turn in
+    channels_redis's receive (channels would give it one for its whole life, and on close a cancel the
+    layer can lose: `surfaces.chat.consumers.ChatConsumer.channel_layer_alias`). With Redis: the
+    receivers while a socket is open are the control listener's alone, and the socket closes at once."""
+    import redis
+
+    from agent.runtime import supervisor
+    from tests.surfaces.chat.transports import ws_connect
+
+    url = "redis://127.0.0.1:6379/12"
+    try:
+        redis.Redis.from_url(url, socket_timeout=1).ping()
+    except redis.RedisError:
+        pytest.skip("needs Redis on 127.0.0.1:6379")
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [{"address": url, "socket_timeout": 15}]},
+        }
+    }
+    settings.RUN_SWEEP_INTERVAL_SECONDS = 0
+    settings.AIOPS_WORKER_CONCURRENCY = 0
+
+    async def scenario():
+        from channels.layers import get_channel_layer
+
+        layer = get_channel_layer()
+        supervisor.ensure_background()
+        await supervisor._control_channel()
+        while layer.receive_count < 1:
+            await asyncio.sleep(0.01)  # the control listener is receiving
+        comm = await ws_connect(user)
+        try:
+            await asyncio.sleep(0.1)
+            receivers = layer.receive_count
+        finally:
+            await asyncio.wait_for(comm.disconnect(), 2)
+            await supervisor.stop_background()
+            await layer.flush()
+        return receivers
+
+    assert asyncio.run(scenario()) == 1
