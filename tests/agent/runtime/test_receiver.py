@@ -19,7 +19,7 @@ import pytest
 
 from agent.runtime.receiver import WAKE_MESSAGE_TYPE, Receiver
 
-REDIS = "redis://127.0.0.1:6379/13"
+REDIS = "redis://127.0.0.1:6379/14"  # of its own: `flush()` empties a database's channels
 TRIES = 40
 
 

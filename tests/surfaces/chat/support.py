@@ -363,6 +363,26 @@ def iter_sse(response: httpx.Response):
             yield from events
 
 
+def use_redis_layer(django_settings, url: str, *, socket_timeout: float = 15) -> None:
+    """Point the test's channel layer at Redis database `url` (channels_redis, as `REDIS_URL` configures
+    it); skip the test when Redis does not answer. Each module uses a database of its own: a layer's
+    `flush()` empties every channel of its database."""
+    import redis
+
+    try:
+        redis.Redis.from_url(url, socket_timeout=1).ping()
+    except redis.RedisError:
+        import pytest
+
+        pytest.skip("needs Redis on 127.0.0.1:6379")
+    django_settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [{"address": url, "socket_timeout": socket_timeout}]},
+        }
+    }
+
+
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05, message: str = "condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

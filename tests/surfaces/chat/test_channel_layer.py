@@ -7,6 +7,7 @@ import pytest
 from channels.layers import InMemoryChannelLayer as ChannelsLayer
 
 from core.channel_layers import InMemoryChannelLayer
+from tests.surfaces.chat.support import use_redis_layer
 
 
 class Clock:
@@ -147,23 +148,11 @@ def test_a_follower_receives_while_the_control_listener_blocks_in_its_pop(settin
     """channels_redis lets one receiver at a time pop the Redis list of a channel-name prefix: the run
     followers and the cancel listener must share the layer's default prefix, or every live frame waits
     behind the listener's blocking pop (here 30 s, so a wrong prefix fails the 10 s wait)."""
-    import redis
-
     from agent.runtime import supervisor
     from agent.runtime.events import DraftEvent, to_message
     from agent.runtime.live import FRAME_MESSAGE_TYPE, RunFollower, run_group
 
-    url = "redis://127.0.0.1:6379/12"
-    try:
-        redis.Redis.from_url(url, socket_timeout=1).ping()
-    except redis.RedisError:
-        pytest.skip("needs Redis on 127.0.0.1:6379")
-    settings.CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [{"address": url, "socket_timeout": 60}]},
-        }
-    }
+    use_redis_layer(settings, "redis://127.0.0.1:6379/12", socket_timeout=60)
 
     async def scenario():
         from channels.layers import get_channel_layer
@@ -196,22 +185,10 @@ def test_a_chat_socket_holds_no_receive_of_its_own_on_the_layer(settings, user):
     channels_redis's receive (channels would give it one for its whole life, and on close a cancel the
     layer can lose: `surfaces.chat.consumers.ChatConsumer.channel_layer_alias`). With Redis: the
     receivers while a socket is open are the control listener's alone, and the socket closes at once."""
-    import redis
-
     from agent.runtime import supervisor
     from tests.surfaces.chat.transports import ws_connect
 
-    url = "redis://127.0.0.1:6379/12"
-    try:
-        redis.Redis.from_url(url, socket_timeout=1).ping()
-    except redis.RedisError:
-        pytest.skip("needs Redis on 127.0.0.1:6379")
-    settings.CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [{"address": url, "socket_timeout": 15}]},
-        }
-    }
+    use_redis_layer(settings, "redis://127.0.0.1:6379/15")
     settings.RUN_SWEEP_INTERVAL_SECONDS = 0
     settings.AIOPS_WORKER_CONCURRENCY = 0
 

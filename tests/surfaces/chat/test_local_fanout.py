@@ -15,6 +15,7 @@ from channels_redis.core import RedisChannelLayer
 from agent.runtime import local_fanout
 from agent.runtime.events import DraftEvent, ToolEvent, from_message, to_message
 from agent.runtime.live import FRAME_MESSAGE_TYPE, RunFollower, publish, run_group
+from tests.surfaces.chat.support import use_redis_layer
 
 REDIS_URL = "redis://127.0.0.1:6379/13"
 RUN = "run_localfanout"
@@ -42,18 +43,7 @@ async def _drain(follower: RunFollower, *, settle: float) -> list:
 
 @pytest.fixture
 def redis_layer(settings):
-    import redis
-
-    try:
-        redis.Redis.from_url(REDIS_URL, socket_timeout=1).ping()
-    except redis.RedisError:
-        pytest.skip("needs Redis on 127.0.0.1:6379")
-    settings.CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}]},
-        }
-    }
+    use_redis_layer(settings, REDIS_URL)
     return get_channel_layer
 
 
