@@ -22,6 +22,7 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
+from django.urls import get_resolver  # noqa: E402
 
 from agent.runtime.supervisor import BackgroundDuties  # noqa: E402
 from config.routing import websocket_urlpatterns  # noqa: E402
@@ -64,6 +65,10 @@ application = LoopLagMonitor(
         )
     )
 )
+
+# The URLconf and its reverse map, built here and frozen with the rest, not by the first request on the
+# serving loop (the views' imports took 10-30 ms of it, docs/performance.md).
+get_resolver().reverse_dict  # noqa: B018  (the property imports the URLconf and builds the map)
 
 # Everything above lives as long as the process: out of the cyclic collector's full passes (see above).
 gc.freeze()

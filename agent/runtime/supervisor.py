@@ -502,17 +502,13 @@ async def stop_background() -> None:
 def start_serving() -> None:
     """This loop is a serving process's, for the process's whole life: the MCP sessions live on it (a
     run's MCP call then takes no thread hop: `agent.mcp.hub.serve_on`) and the background duties start.
-    What the first request would otherwise build on the loop is built now: the model client (its TLS
-    context, `llm.warm_client`) and the URLconf with its reverse map (the views' imports), each 10-30 ms
-    in which the loop runs nothing else. `python -m config.serve` calls it at process start,
+    The model client is built now (`llm.warm_client`: its TLS context takes 10-30 ms in which the loop
+    runs nothing else), not in the first chat. `python -m config.serve` calls it at process start,
     `BackgroundDuties` at lifespan start-up."""
-    from django.urls import get_resolver
-
     from agent.mcp.hub import serve_on
 
     serve_on(asyncio.get_running_loop())
     warm_client()
-    get_resolver().reverse_dict  # noqa: B018  (the property imports the URLconf and builds the map)
     ensure_background()
 
 
