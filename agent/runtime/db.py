@@ -2,10 +2,10 @@
 
 `db()` runs synchronous ORM work (recorder, selectors, the lease) on `RUNTIME_DB_THREADS` threads, each
 with one connection, so a process holds at most that many connections however many runs are live; every
-write is awaited before the run's next decision. Synchronous tools run on a separate pool, so a slow
-tool never starves audit writes; `background()` runs network-bound duties on a third. Each job checks its
-connection's health first, so a database restart costs a thread at most one failed job; under group
-commit a job suspends on its write instead of blocking its thread. `shutdown_pools()` stops them all.
+write is awaited before the run's next decision. Synchronous tools, network-bound duties (`background()`)
+and the periodic database passes (`duty()`: no decision waits behind one) have pools of their own. Each job
+checks its connection's health first, so a database restart costs a thread at most one failed job; under
+group commit a job suspends on its write instead of blocking its thread. `shutdown_pools()` stops them all.
 Details: docs/runtime.md, *Database work*; docs/architecture.md, *The recorder* (suspended writes).
 """
 
@@ -232,7 +232,7 @@ def _pool(kind: str) -> ThreadPoolExecutor:
         with _lock:
             pool = _pools.get(kind)
             if pool is None:
-                if kind in ("background", "evaluations"):
+                if kind in ("background", "evaluations", "duties"):
                     size = 1
                 else:
                     size = int(
@@ -323,6 +323,15 @@ async def background(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     a one-thread pool of its own, so that an outage it waits out never holds a thread of `db()`."""
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(_pool("background"), functools.partial(_job, fn, args, kwargs))
+
+
+async def duty(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """Run a periodic duty's synchronous database pass (the checkpointer, the sweeper, the audit purge) on
+    a one-thread pool of its own. On `db()` a long pass held every decision the pool queued behind it on
+    the same thread for the whole pass (a checkpoint of 150 runs: a p99 of 0.5-1 s per decision at 50
+    chats; docs/performance.md)."""
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_pool("duties"), functools.partial(_job, fn, args, kwargs))
 
 
 async def evaluations_pass(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:

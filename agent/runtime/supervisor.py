@@ -23,7 +23,7 @@ from django.conf import settings
 from agent.runtime import drain
 from agent.runtime import duties as registered_duties
 from agent.runtime.cancel import CancelToken
-from agent.runtime.db import db
+from agent.runtime.db import db, duty
 from agent.runtime.events import SafeSink
 from agent.runtime.executor import RunNotClaimable, RunOutcome, execute_run, lease_owner
 from agent.runtime.live import ChannelLayerSink
@@ -323,22 +323,22 @@ async def _sweep() -> None:
     from agent.runtime.live import publish
     from agent.runtime.sweeper import publish_swept, sweep_expired_runs
 
-    await publish_swept(await db(sweep_expired_runs))
+    await publish_swept(await duty(sweep_expired_runs))
     # Approval requests past APPROVAL_TIMEOUT_SECONDS: recorded EXPIRED (treated as rejected).
-    for decided in await db(expire_due):
+    for decided in await duty(expire_due):
         await publish(decided.run_id, decision_event(decided))
 
 
 async def _checkpoint() -> None:
     from audit.transparency.log import periodic_checkpoint
 
-    await db(periodic_checkpoint)
+    await duty(periodic_checkpoint)
 
 
 async def _purge() -> None:
     from audit.write.retention import purge_expired_runs
 
-    await db(purge_expired_runs, purged_by="server")
+    await duty(purge_expired_runs, purged_by="server")
 
 
 async def _export() -> None:

@@ -1,0 +1,70 @@
+"""The periodic duties' database passes run on a pool of their own (`agent.runtime.db.duty`): while one
+is in progress, no decision waits behind it on a `db()` thread (a pass on `db()` held every job the pool
+queued behind it on its thread for the whole pass)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from agent.runtime import supervisor
+from agent.runtime.db import db, shutdown_pools
+
+
+def _block(entered: threading.Event, release: threading.Event, ran_on: list[str], result=None):
+    def fake(*args, **kwargs):
+        ran_on.append(threading.current_thread().name)
+        entered.set()
+        release.wait(10)
+        return result
+
+    return fake
+
+
+@pytest.mark.parametrize(
+    ("duty", "patched"),
+    [
+        (supervisor._checkpoint, [("audit.transparency.log", "periodic_checkpoint", None)]),
+        (supervisor._purge, [("audit.write.retention", "purge_expired_runs", None)]),
+        (
+            supervisor._sweep,
+            [
+                ("agent.runtime.sweeper", "sweep_expired_runs", []),
+                ("agent.runtime.approvals", "expire_due", []),
+            ],
+        ),
+    ],
+    ids=["checkpoint", "purge", "sweep"],
+)
+def test_a_duty_pass_in_progress_holds_up_no_decision(duty, patched, monkeypatch, settings):
+    import importlib
+
+    entered, release, ran_on = threading.Event(), threading.Event(), []
+    module, name, result = patched[0]
+    monkeypatch.setattr(importlib.import_module(module), name, _block(entered, release, ran_on, result))
+    for module, name, result in patched[1:]:
+        monkeypatch.setattr(importlib.import_module(module), name, lambda *a, _r=result, **k: _r)
+
+    async def scenario() -> list[str]:
+        task = asyncio.create_task(duty())
+        try:
+            while not entered.is_set():
+                await asyncio.sleep(0.01)
+            # More jobs than the pool has threads: on `db()`, round-robin would queue some behind the pass.
+            count = 3 * settings.RUNTIME_DB_THREADS
+            jobs = [db(lambda: threading.current_thread().name) for _ in range(count)]
+            return await asyncio.wait_for(asyncio.gather(*jobs), 5)
+        finally:
+            release.set()
+            await task
+
+    try:
+        decided_on = asyncio.run(scenario())
+    finally:
+        release.set()
+        shutdown_pools()
+    assert ran_on and ran_on[0].startswith("runtime-duties")
+    assert len(decided_on) == 3 * settings.RUNTIME_DB_THREADS
+    assert not set(decided_on) & set(ran_on)
