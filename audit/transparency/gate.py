@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,9 +54,10 @@ class Verdict:
     refused: dict[str, list[str]] = field(default_factory=dict)
 
 
-def admit_runs(run_ids: Iterable[str]) -> Verdict:
+def admit_runs(run_ids: Iterable[str], *, pace: Callable[[], None] | None = None) -> Verdict:
     """Verify the runs `run_ids` (read now: the caller's transaction decides what is seen) and return
-    the heads to anchor and the runs refused, in the order given."""
+    the heads to anchor and the runs refused, in the order given. `pace`, when given, is called after
+    each run's check (a serving process's checkpointer yields the interpreter there)."""
     ids = list(dict.fromkeys(run_ids))
     verdict = Verdict()
     if not ids:
@@ -71,9 +72,11 @@ def admit_runs(run_ids: Iterable[str]) -> Verdict:
         for run_id, chain in events.items()
     }
     ordered = [runs[i] for i in ids if i in runs]
-    results = {
-        r.run_id: r for r in check_runs(ordered, events, book=None, adopted=adoption(), liveness=False)
-    }
+    results = {}
+    for result in check_runs(ordered, events, book=None, adopted=adoption(), liveness=False):
+        results[result.run_id] = result
+        if pace is not None:
+            pace()
     for run_id in ids:
         run, head, result = runs.get(run_id), heads.get(run_id), results.get(run_id)
         if run is None or result is None:

@@ -12,9 +12,12 @@ Details: docs/audit-integrity.md, *How runs get into the log*.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import logging
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -72,12 +75,17 @@ def ensure_head() -> None:
 
 
 def checkpoint(
-    *, now: dt.datetime | None = None, full_scan: bool = False, batch_size: int = APPEND_BATCH
+    *,
+    now: dt.datetime | None = None,
+    full_scan: bool = False,
+    batch_size: int = APPEND_BATCH,
+    pace: Callable[[], None] | None = None,
 ) -> CheckpointResult:
     """Append every finished run not yet in the log whose record authenticates (`gate`), and sign a
     checkpoint per batch (see the module docstring). Signs nothing when no run is waiting and the
     governance chain has not grown. Raises `keys.SigningKeysMissing` without signing keys and
-    `writeauth.WriteKeysMissing` without write keys (nothing could be checked)."""
+    `writeauth.WriteKeysMissing` without write keys (nothing could be checked). `pace`: called after
+    each run the gate checks (`periodic_checkpoint`)."""
     keys.current_key()  # fail before taking the lock when nothing could be signed or authenticated
     writeauth.verifier()
     ensure_head()
@@ -93,10 +101,10 @@ def checkpoint(
             waiting = _waiting_runs(scan_from, batch_size, head.tree_size, skip=set(refused))
             if len(waiting) < batch_size:
                 done = True
-            runs = gate.admit_runs(waiting)
+            runs = gate.admit_runs(waiting, pace=pace)
             refused.update(runs.refused)
             # Tails and the governance head are anchored once per call, with the last batch of runs.
-            grown = _grown_tails(exclude=set(waiting)) if done else gate.Verdict()
+            grown = _grown_tails(exclude=set(waiting), pace=pace) if done else gate.Verdict()
             refused.update(grown.refused)
             gov_head, governance_problems = gate.admit_governance() if done else (None, [])
             if runs.admitted or gov_head or grown.admitted:
@@ -126,15 +134,23 @@ def checkpoint(
 _periodic = {"calls": 0}
 
 
-def periodic_checkpoint() -> CheckpointResult:
+# What the server's checkpointer sleeps after each run it checks, so that the serving threads (the event
+# loop, the database pool) take the interpreter then instead of waiting out its switch interval behind
+# the checks (docs/performance.md, *The checkpointer beside the chats*).
+PACE_SECONDS = 0.001
+
+
+def periodic_checkpoint(*, pace_seconds: float = PACE_SECONDS) -> CheckpointResult:
     """The server's periodic checkpointer: a full scan at its first call in this process and every
     `AUDIT_CHECKPOINT_FULL_SCAN_EVERY` calls, incremental (from `LogHead.scan_from`) otherwise. The
     cursor is only an optimisation: whatever a database writer sets it to, the next full scan finds
-    every finished run it hid (and until then `verify_audit` reports each as late)."""
+    every finished run it hid (and until then `verify_audit` reports each as late). It sleeps
+    `pace_seconds` after each run it checks (see `PACE_SECONDS`)."""
     every = max(1, int(settings.AUDIT_CHECKPOINT_FULL_SCAN_EVERY))
     full = _periodic["calls"] % every == 0
     _periodic["calls"] += 1
-    return checkpoint(full_scan=full)
+    pace = functools.partial(time.sleep, pace_seconds) if pace_seconds > 0 else None
+    return checkpoint(full_scan=full, pace=pace)
 
 
 def anchored_heads(run_ids: list[str]) -> dict[str, int]:
@@ -156,7 +172,9 @@ def anchored_heads(run_ids: list[str]) -> dict[str, int]:
     return heads
 
 
-def _grown_tails(*, exclude: set[str], limit: int = TAIL_BATCH) -> gate.Verdict:
+def _grown_tails(
+    *, exclude: set[str], limit: int = TAIL_BATCH, pace: Callable[[], None] | None = None
+) -> gate.Verdict:
     """The anchored runs noted as grown (`audit.write.tail`) whose chain now reaches past their newest
     anchored head, verified by the gate (admitted: their tail heads; refused: kept noted, retried by the
     next checkpoint); deletes the notes that the anchored heads cover (and those of runs that no longer
@@ -193,7 +211,7 @@ def _grown_tails(*, exclude: set[str], limit: int = TAIL_BATCH) -> gate.Verdict:
             grown.append(run_id)
         else:
             covered.append((run_id, anchored[run_id]))
-    verdict = gate.admit_runs(grown)
+    verdict = gate.admit_runs(grown, pace=pace)
     covered.extend((h.run_id, h.sequence_no) for h in verdict.admitted)
     for run_id, upto in covered:
         notes = TailPending.objects.filter(run_id=run_id)

@@ -145,6 +145,20 @@ def test_the_periodic_checkpointer_scans_everything_at_start_and_every_nth_call(
     assert LogLeaf.objects.filter(run_id=hidden.run_id).exists()
 
 
+def test_the_server_checkpointer_yields_after_each_run_it_checks(user, signing_key, monkeypatch):
+    """In a serving process the checkpointer sleeps `PACE_SECONDS` after each run the gate verifies, so
+    that the event loop and the database pool are not held behind its checks; the command does not."""
+    finished_runs(user, 3)
+    log._periodic["calls"] = 0
+    slept = []
+    monkeypatch.setattr(log.time, "sleep", slept.append)
+    assert log.periodic_checkpoint().appended == 3
+    assert slept == [log.PACE_SECONDS] * 3
+    finished_runs(user, 2)
+    call_command("audit_checkpoint", stdout=io.StringIO())
+    assert LogLeaf.objects.filter(run_id__isnull=False).count() == 5 and len(slept) == 3
+
+
 def test_a_run_without_a_chain_is_never_anchored_and_the_refusal_is_recorded(user, signing_key):
     """Issue 43: a bare finished run row (every event lost, or inserted by a database writer) is
     authenticated by nothing: the checkpointer refuses it, says so once in the governance chain, and
