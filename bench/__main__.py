@@ -25,6 +25,8 @@
                                     # pair (127.0.0.1:3307/3308; started if needed; not default)
     python -m bench --only b2s      # B2's stages: where a trace read's CPU goes, per stage, for runs of
                                     # 10, 100 and 500 events (not in the default set)
+    python -m bench --only b3k      # a checkpointer pass beside 50 recorders in one process: on the
+                                    # database pool, on the duties' pool, paced, and no pass (not default)
     python -m bench --only b13      # the Galera cluster of scripts/mariadb-galera.sh through HAProxy:
                                     # recording vs the single server, and a node kill to the first commit
                                     # (starts the cluster itself; writes its section of docs/performance.md)
@@ -53,7 +55,7 @@ from pathlib import Path
 from bench import env
 
 ALL = ("b1", "b2", "b3", "b4", "b5", "b6", "b7", "b11", "b13")
-OPTIONAL = ("b8", "b3p", "b3l", "b0", "b9", "b10", "b5v", "b2s")
+OPTIONAL = ("b8", "b3p", "b3l", "b0", "b9", "b10", "b5v", "b2s", "b3k")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -147,6 +149,13 @@ def main(argv: list[str] | None = None) -> int:
         stages = b2_stages.measure(database=args.database, log=log)
         results.evidence["b2_stages"] = stages
         print(b2_stages.markdown(stages))
+    if "b3k" in only:
+        from bench import b3_checkpointer
+
+        print("B3k: a checkpointer pass beside live recorders in one process")
+        found = b3_checkpointer.measure(reps=2 if q else 3, log=log)
+        results.evidence["b3k"] = found
+        print(b3_checkpointer.markdown(found))
     if "b4" in only:
         from bench import b4_loop
 

@@ -128,6 +128,24 @@ def test_transparency_log_scenarios_on_a_small_log(user, settings):
     assert bundle.verify(build_bundle(run=run), [keys.current_key().public]).ok
 
 
+def test_checkpointer_beside_recorders_every_variant_anchors_its_waiting_runs(settings):
+    """`--only b3k`: each variant runs its recorders to the end, the passes anchor the waiting runs (the
+    last variant's after its load), and the table has a row per variant."""
+    from audit.models import LogLeaf
+    from audit.transparency import keys
+    from bench import b3_checkpointer
+    from diagnosis.models import DiagnosisRun
+
+    settings.AUDIT_SIGNING_KEYS = [keys.generate_key_text()]
+    found = b3_checkpointer.measure(waiting=3, chats=2, reps=1, log=lambda *_: None)
+    assert list(found) == list(b3_checkpointer.VARIANTS) and all(len(f) == 1 for f in found.values())
+    assert all(f[0]["p99_ms"] > 0 and f[0]["max_ms"] >= f[0]["p99_ms"] for f in found.values())
+    waiting = DiagnosisRun.objects.filter(query__startswith="b3k waiting").values_list("run_id", flat=True)
+    assert len(waiting) == 4 * 3 and LogLeaf.objects.filter(run_id__in=list(waiting)).count() == 4 * 3
+    table = b3_checkpointer.markdown(found)
+    assert all(f"| {variant} |" in table for variant in b3_checkpointer.VARIANTS)
+
+
 def test_aiops_scenario_with_fast_model_calls():
     from bench import b7_aiops
 
