@@ -44,16 +44,23 @@ class _Job:
     """One `db()` call on its pool thread: the job as a `Bridged` greenlet, and where its result goes
     (the caller's future, settled on the caller's loop through `_Completions`)."""
 
-    __slots__ = ("done", "fn", "fut", "greenlet", "worker")
+    __slots__ = ("done", "fn", "fut", "greenlet", "lock", "worker")
 
     def __init__(
-        self, worker: _Worker, done: _Completions, fut: asyncio.Future, fn: Callable[[], Any]
+        self,
+        worker: _Worker,
+        done: _Completions,
+        fut: asyncio.Future,
+        fn: Callable[[], Any],
+        lock: RecorderLock | None = None,
     ) -> None:
         self.worker = worker
         self.done = done
         self.fut = fut
         self.fn = fn
         self.greenlet: Bridged | None = None
+        # The recorder's lock of a recorder's job: its end is counted there (`_Workers.pick`).
+        self.lock = lock
 
     def step(self) -> None:
         """Run the job on this (its) thread until it ends or suspends; hand a suspension's request on."""
@@ -65,11 +72,11 @@ class _Job:
                 worker.suspended -= 1
             finished, value = _resume(self.greenlet)
         except BaseException as exc:
-            worker.finished += 1
+            self._ended()
             self.done.post(self.fut, False, exc)
             return
         if finished:
-            worker.finished += 1
+            self._ended()
             self.done.post(self.fut, True, value)
             return
         worker.suspended += 1
@@ -77,6 +84,11 @@ class _Job:
             worker.writer.commit(value.op, self.requeue)
         else:  # WaitFor (`Bridged.suspend` takes no other request)
             value.lock.when_free(self.requeue)
+
+    def _ended(self) -> None:
+        if self.lock is not None:
+            self.lock.home_ended += 1  # before the result is posted: the loop then sees it ended
+        self.worker.finished += 1
 
     def requeue(self) -> None:
         """Queue the job's next step on its thread (from any thread: the writer, a lock's releaser)."""
@@ -105,10 +117,14 @@ class _Worker:
     def idle(self) -> bool:
         return self.given == self.finished
 
-    def call(self, loop: asyncio.AbstractEventLoop, fn: Callable[[], T]) -> asyncio.Future[T]:
+    def call(
+        self, loop: asyncio.AbstractEventLoop, fn: Callable[[], T], lock: RecorderLock | None = None
+    ) -> asyncio.Future[T]:
         fut = loop.create_future()
         self.given += 1
-        self.jobs.put(_Job(self, _completions(loop), fut, fn))
+        if lock is not None:
+            lock.home_given += 1
+        self.jobs.put(_Job(self, _completions(loop), fut, fn, lock))
         return fut
 
     def _serve(self) -> None:
@@ -188,23 +204,36 @@ class _Workers:
         self.threads = [_Worker(f"runtime-db-{i}", self.writer) for i in range(max(1, size))]
         self._turn = itertools.count()
 
+    def submit(
+        self, loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], job: Callable[[], T]
+    ) -> asyncio.Future[T]:
+        """Queue `job` (the pool's wrapper of `fn`) on the thread `pick(fn)` chooses."""
+        return self.pick(fn).call(loop, job, recorder_lock(fn))
+
     def pick(self, fn: Callable[..., Any]) -> _Worker:
-        # A recorder's method goes behind its recorder's previous job while that one is still on its
-        # thread: one run's concurrent decisions (parallel tool calls) then start in the order they
-        # were asked for, as they would queue on the recorder's lock.
-        # The lock is the recorder's chain's (`RunRecorder`, `Decisions`, `ToolCalls`, `Approvals` hold
-        # it as `.chain`; the chain itself as `.lock`).
-        owner = getattr(fn, "__self__", None)
-        lock = getattr(getattr(owner, "chain", owner), "lock", None)
-        home = lock.home if isinstance(lock, RecorderLock) else None
-        if home is not None and not home.idle() and home in self.threads:  # not a stopped pool's
-            return home
+        # A recorder's method goes behind its recorder's previous job while that one has not ended on
+        # its thread: one run's concurrent decisions (parallel tool calls) then start in the order they
+        # were asked for, as they would queue on the recorder's lock. Once every job of the recorder
+        # ended, its next one goes where any job would: behind another run's job on a busy thread, a
+        # run's decision waited for that job (every run's finish queued on one thread under B3's load).
+        lock = recorder_lock(fn)
+        home = lock.home if lock is not None else None
+        if home is not None and lock.home_given != lock.home_ended and home in self.threads:
+            return home  # (not a stopped pool's)
         worker = next((w for w in self.threads if w.idle()), None)
         if worker is None:
             worker = self.threads[next(self._turn) % len(self.threads)]
-        if isinstance(lock, RecorderLock):
+        if lock is not None:
             lock.home = worker
         return worker
+
+
+def recorder_lock(fn: Callable[..., Any]) -> RecorderLock | None:
+    """The recorder's lock of a recorder's method: its chain's (`RunRecorder`, `Decisions`, `ToolCalls`,
+    `Approvals` hold the chain as `.chain`; the chain itself holds it as `.lock`)."""
+    owner = getattr(fn, "__self__", None)
+    lock = getattr(getattr(owner, "chain", owner), "lock", None)
+    return lock if isinstance(lock, RecorderLock) else None
 
 
 def _db_workers() -> _Workers:
@@ -275,10 +304,8 @@ async def db(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     """Run synchronous ORM code `fn(*args, **kwargs)` on the runtime's database pool and await it (a
     recorder decision: until it is durable; see "Suspended writes" above). Cancelled, the caller stops
     waiting; the job still runs to its end on its thread."""
-    return (
-        await _db_workers()
-        .pick(fn)
-        .call(asyncio.get_running_loop(), functools.partial(_job, fn, args, kwargs))
+    return await _db_workers().submit(
+        asyncio.get_running_loop(), fn, functools.partial(_job, fn, args, kwargs)
     )
 
 

@@ -261,12 +261,26 @@ class RecorderLock:
     a plain thread blocks as on `threading.RLock`, and so does a job inside an atomic block (it must not
     suspend with a transaction open on its thread's connection)."""
 
-    __slots__ = ("_cond", "_depth", "_mutex", "_owner", "_sleepers", "_waiters", "home")
+    __slots__ = (
+        "_cond",
+        "_depth",
+        "_mutex",
+        "_owner",
+        "_sleepers",
+        "_waiters",
+        "home",
+        "home_ended",
+        "home_given",
+    )
 
     def __init__(self) -> None:
-        # The pool thread of this recorder's last job (`agent.runtime.db` sends its next concurrent
-        # job there, so one run's concurrent decisions start in the order they were asked for).
+        # The pool thread of this recorder's last job, and how many of its jobs were given to it and
+        # ended there (`agent.runtime.db` sends the next job there while one has not ended, so one run's
+        # concurrent decisions start in the order they were asked for). `home_given` is written by the
+        # caller's loop, `home_ended` by the home thread only.
         self.home: Any = None
+        self.home_given = 0
+        self.home_ended = 0
         # The state is guarded by `_mutex` (entered as a C lock); `_cond`, on the same lock, is only
         # waited on and notified when a thread actually sleeps on it (`_sleepers`), which is rare: every
         # decision takes and releases this lock.

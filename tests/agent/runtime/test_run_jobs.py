@@ -36,9 +36,9 @@ def test_a_chat_run_with_one_tool_step_takes_15_pool_jobs(llm, corpus, user, mon
     jobs = []
     call = runtime_db._Worker.call
 
-    def counting(self, loop, fn):
+    def counting(self, loop, fn, lock=None):
         jobs.append(fn)
-        return call(self, loop, fn)
+        return call(self, loop, fn, lock)
 
     monkeypatch.setattr(runtime_db._Worker, "call", counting)
     _script(llm)
