@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.db.models import Max
 
-from audit.models import EventType, GovernanceEvent, GovernanceEventType, LogLeaf, TraceEvent
+from audit.models import EventType, GovernanceEvent, GovernanceEventType, LogLeaf
+from audit.read.chunks import events_of
 from audit.transparency import leafdata
 from audit.verify.authenticity import adoption, tag_verdict
 from audit.verify.hash_chain import GENESIS_HASH
@@ -63,9 +63,7 @@ def admit_runs(run_ids: Iterable[str], *, pace: Callable[[], None] | None = None
     if not ids:
         return verdict
     runs = {r.run_id: r for r in DiagnosisRun.objects.filter(run_id__in=ids)}
-    events: dict[str, list[TraceEvent]] = defaultdict(list)
-    for event in TraceEvent.objects.filter(run_id__in=ids).order_by("run_id", "sequence_no"):
-        events[event.run_id].append(event)
+    events = events_of(ids)
     heads = {run_id: chain[-1] for run_id, chain in events.items()}
     finishes = {
         run_id: next((e for e in reversed(chain) if e.event_type == EventType.RUN_FINISHED), None)
