@@ -503,13 +503,30 @@ def start_serving() -> None:
     """This loop is a serving process's, for the process's whole life: the MCP sessions live on it (a
     run's MCP call then takes no thread hop: `agent.mcp.hub.serve_on`) and the background duties start.
     The model client is built now (`llm.warm_client`: its TLS context takes 10-30 ms in which the loop
-    runs nothing else), not in the first chat. `python -m config.serve` calls it at process start,
-    `BackgroundDuties` at lifespan start-up."""
+    runs nothing else), and the knowledge index on the duties' pool (`warm_knowledge_index`: 0.5-1 s,
+    which every run starting meanwhile waits for), not in the first chats. `python -m config.serve`
+    calls it at process start, `BackgroundDuties` at lifespan start-up."""
+    from agent.knowledge.retrieval import warm_knowledge_index
     from agent.mcp.hub import serve_on
 
-    serve_on(asyncio.get_running_loop())
+    loop = asyncio.get_running_loop()
+    serve_on(loop)
     warm_client()
+    warming = loop.create_task(_warm("knowledge index", warm_knowledge_index), name="warm:knowledge")
+    _warming.add(warming)
+    warming.add_done_callback(_warming.discard)
     ensure_background()
+
+
+_warming: set[asyncio.Task] = set()  # start-up builds in progress (a task needs a reference to live)
+
+
+async def _warm(what: str, build: Callable[[], object]) -> None:
+    """Run `build` on the duties' pool; a failure is logged by class and left to the first use."""
+    try:
+        await duty(build)
+    except Exception as exc:
+        logger.warning("%s not built at start error=%s", what, type(exc).__name__)
 
 
 async def shutdown() -> bool:

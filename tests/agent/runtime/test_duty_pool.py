@@ -68,3 +68,46 @@ def test_a_duty_pass_in_progress_holds_up_no_decision(duty, patched, monkeypatch
     assert ran_on and ran_on[0].startswith("runtime-duties")
     assert len(decided_on) == 3 * settings.RUNTIME_DB_THREADS
     assert not set(decided_on) & set(ran_on)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_serving_process_builds_the_knowledge_index_on_the_duties_pool_at_start(corpus, settings):
+    """`start_serving` builds the knowledge index on the duties' pool (0.5-1 s, which every run starting
+    meanwhile waited for: B3's first chats came out of start-up together); the first search then reads
+    nothing. A build that fails is logged by class and left to the first search."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from agent.knowledge import retrieval
+
+    settings.RUN_SWEEP_INTERVAL_SECONDS = 0
+    settings.AUDIT_CHECKPOINT_INTERVAL_SECONDS = 0
+    settings.AUDIT_PURGE_INTERVAL_SECONDS = 0
+    retrieval.reset_knowledge_index()
+    built_on: list[str] = []
+    build = retrieval._holder.get
+
+    def get():
+        built_on.append(threading.current_thread().name)
+        return build()
+
+    async def scenario() -> None:
+        supervisor.start_serving()
+        await asyncio.gather(*supervisor._warming)
+        await supervisor.stop_background()
+
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(retrieval._holder, "get", get)
+            asyncio.run(scenario())
+        assert built_on and built_on[0].startswith("runtime-duties")
+        with CaptureQueriesContext(connection) as queries:
+            assert retrieval.search_knowledge("nginx 502").items
+        assert not queries.captured_queries
+
+        retrieval.reset_knowledge_index()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(retrieval, "warm_knowledge_index", lambda: 1 / 0)
+            asyncio.run(scenario())  # logged by class, nothing raised
+    finally:
+        shutdown_pools()
