@@ -28,6 +28,16 @@ class _Recorder:
         pass
 
 
+def _run(scenario, workers: _Workers, release: threading.Event) -> None:
+    """Run `scenario` on a loop of its own, then end whatever it left waiting and stop the pool."""
+    try:
+        asyncio.run(scenario())
+    finally:
+        release.set()
+        for w in workers.threads:
+            w.stop(wait=True)
+
+
 def test_a_recorders_next_job_queues_behind_its_previous_one_on_the_same_thread():
     workers = _Workers(3, 1)
     release = threading.Event()
@@ -45,12 +55,7 @@ def test_a_recorders_next_job_queues_behind_its_previous_one_on_the_same_thread(
         release.set()
         await busy
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        release.set()
-        for w in workers.threads:
-            w.stop(wait=True)
+    _run(scenario, workers, release)
 
 
 def test_a_recorders_next_job_does_not_queue_behind_another_runs_job_on_its_last_thread():
@@ -73,9 +78,4 @@ def test_a_recorders_next_job_does_not_queue_behind_another_runs_job_on_its_last
         release.set()
         await busy
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        release.set()
-        for w in workers.threads:
-            w.stop(wait=True)
+    _run(scenario, workers, release)
