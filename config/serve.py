@@ -35,13 +35,31 @@ def main(argv: list[str]) -> None:
         from daphne.cli import CommandLineInterface
 
         _duties_with_the_reactor()
+        _warm_up()
         CommandLineInterface().run(args)
     elif server == "uvicorn":
         from uvicorn.main import main as uvicorn_main
 
+        _warm_up()
         uvicorn_main([*args, "--loop", loop, "--ws", "websockets"])
     else:
         raise SystemExit(f"unknown server {server!r}")
+
+
+def _warm_up() -> None:
+    """Before the port opens: Django set up and what the first chats would wait for built
+    (`supervisor.warm_up`), then this thread's database connection closed (its event loop runs here)."""
+    import django
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    django.setup()
+    from django.db import connections
+
+    from agent.runtime.supervisor import warm_up
+
+    if warm_up():
+        logging.getLogger(__name__).info("knowledge index built before the port opened")
+    connections.close_all()
 
 
 def _duties_with_the_reactor() -> None:

@@ -503,16 +503,15 @@ def start_serving() -> None:
     """This loop is a serving process's, for the process's whole life: the MCP sessions live on it (a
     run's MCP call then takes no thread hop: `agent.mcp.hub.serve_on`) and the background duties start.
     The model client is built now (`llm.warm_client`: its TLS context takes 10-30 ms in which the loop
-    runs nothing else), and the knowledge index on the duties' pool (`warm_knowledge_index`: 0.5-1 s,
-    which every run starting meanwhile waits for), not in the first chats. `python -m config.serve`
-    calls it at process start, `BackgroundDuties` at lifespan start-up."""
-    from agent.knowledge.retrieval import warm_knowledge_index
+    runs nothing else), not in the first chat, and `warm_up` runs on the duties' pool (nothing left to
+    do after `python -m config.serve` ran it). `python -m config.serve` calls it at process start,
+    `BackgroundDuties` at lifespan start-up."""
     from agent.mcp.hub import serve_on
 
     loop = asyncio.get_running_loop()
     serve_on(loop)
     warm_client()
-    warming = loop.create_task(_warm("knowledge index", warm_knowledge_index), name="warm:knowledge")
+    warming = loop.create_task(duty(warm_up), name="warm-up")
     _warming.add(warming)
     warming.add_done_callback(_warming.discard)
     ensure_background()
@@ -521,12 +520,20 @@ def start_serving() -> None:
 _warming: set[asyncio.Task] = set()  # start-up builds in progress (a task needs a reference to live)
 
 
-async def _warm(what: str, build: Callable[[], object]) -> None:
-    """Run `build` on the duties' pool; a failure is logged by class and left to the first use."""
+def warm_up() -> bool:
+    """Build what a serving process's first chats would otherwise build while they wait: the knowledge
+    index (0.5-1 s, which every run starting meanwhile waited for: B3's first chats then came out of
+    start-up together, docs/performance.md). Synchronous ORM work, off any event loop: `python -m
+    config.serve` runs it before the server listens, `start_serving` on the duties' pool. A failure is
+    logged by class and left to the first search; True when everything was built."""
+    from agent.knowledge.retrieval import warm_knowledge_index
+
     try:
-        await duty(build)
+        warm_knowledge_index()
     except Exception as exc:
-        logger.warning("%s not built at start error=%s", what, type(exc).__name__)
+        logger.warning("knowledge index not built at start error=%s", type(exc).__name__)
+        return False
+    return True
 
 
 async def shutdown() -> bool:

@@ -72,9 +72,9 @@ def test_a_duty_pass_in_progress_holds_up_no_decision(duty, patched, monkeypatch
 
 @pytest.mark.django_db(transaction=True)
 def test_a_serving_process_builds_the_knowledge_index_on_the_duties_pool_at_start(corpus, settings):
-    """`start_serving` builds the knowledge index on the duties' pool (0.5-1 s, which every run starting
-    meanwhile waited for: B3's first chats came out of start-up together); the first search then reads
-    nothing. A build that fails is logged by class and left to the first search."""
+    """`start_serving` runs `warm_up` on the duties' pool: the knowledge index is built (0.5-1 s, which
+    every run starting meanwhile waited for: B3's first chats came out of start-up together), and the
+    first search reads nothing. A build that fails is logged by class and left to the first search."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -108,6 +108,7 @@ def test_a_serving_process_builds_the_knowledge_index_on_the_duties_pool_at_star
         retrieval.reset_knowledge_index()
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(retrieval, "warm_knowledge_index", lambda: 1 / 0)
-            asyncio.run(scenario())  # logged by class, nothing raised
+            supervisor.warm_up()  # logged by class, nothing raised
+            asyncio.run(scenario())
     finally:
         shutdown_pools()
