@@ -85,7 +85,8 @@ def checkpoint(
     checkpoint per batch (see the module docstring). Signs nothing when no run is waiting and the
     governance chain has not grown. Raises `keys.SigningKeysMissing` without signing keys and
     `writeauth.WriteKeysMissing` without write keys (nothing could be checked). `pace`: called after
-    each run the gate checks (`periodic_checkpoint`)."""
+    each waiting run the gate checks (`periodic_checkpoint`; the transaction then holds the log head's
+    lock, no run's row: grown tails, whose run rows it locks, are checked unpaced)."""
     keys.current_key()  # fail before taking the lock when nothing could be signed or authenticated
     writeauth.verifier()
     ensure_head()
@@ -104,7 +105,7 @@ def checkpoint(
             runs = gate.admit_runs(waiting, pace=pace)
             refused.update(runs.refused)
             # Tails and the governance head are anchored once per call, with the last batch of runs.
-            grown = _grown_tails(exclude=set(waiting), pace=pace) if done else gate.Verdict()
+            grown = _grown_tails(exclude=set(waiting)) if done else gate.Verdict()
             refused.update(grown.refused)
             gov_head, governance_problems = gate.admit_governance() if done else (None, [])
             if runs.admitted or gov_head or grown.admitted:
@@ -172,9 +173,7 @@ def anchored_heads(run_ids: list[str]) -> dict[str, int]:
     return heads
 
 
-def _grown_tails(
-    *, exclude: set[str], limit: int = TAIL_BATCH, pace: Callable[[], None] | None = None
-) -> gate.Verdict:
+def _grown_tails(*, exclude: set[str], limit: int = TAIL_BATCH) -> gate.Verdict:
     """The anchored runs noted as grown (`audit.write.tail`) whose chain now reaches past their newest
     anchored head, verified by the gate (admitted: their tail heads; refused: kept noted, retried by the
     next checkpoint); deletes the notes that the anchored heads cover (and those of runs that no longer
@@ -211,7 +210,7 @@ def _grown_tails(
             grown.append(run_id)
         else:
             covered.append((run_id, anchored[run_id]))
-    verdict = gate.admit_runs(grown, pace=pace)
+    verdict = gate.admit_runs(grown)  # unpaced: the grown runs' rows are locked meanwhile
     covered.extend((h.run_id, h.sequence_no) for h in verdict.admitted)
     for run_id, upto in covered:
         notes = TailPending.objects.filter(run_id=run_id)
