@@ -208,15 +208,19 @@ class _Workers:
         self, loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], job: Callable[[], T]
     ) -> asyncio.Future[T]:
         """Queue `job` (the pool's wrapper of `fn`) on the thread `pick(fn)` chooses."""
-        return self.pick(fn).call(loop, job, recorder_lock(fn))
+        lock = recorder_lock(fn)
+        return self._pick(lock).call(loop, job, lock)
 
     def pick(self, fn: Callable[..., Any]) -> _Worker:
+        """The thread a job of `fn` would go to (`submit` without queueing it)."""
+        return self._pick(recorder_lock(fn))
+
+    def _pick(self, lock: RecorderLock | None) -> _Worker:
         # A recorder's method goes behind its recorder's previous job while that one has not ended on
         # its thread: one run's concurrent decisions (parallel tool calls) then start in the order they
         # were asked for, as they would queue on the recorder's lock. Once every job of the recorder
         # ended, its next one goes where any job would: behind another run's job on a busy thread, a
         # run's decision waited for that job (every run's finish queued on one thread under B3's load).
-        lock = recorder_lock(fn)
         home = lock.home if lock is not None else None
         if home is not None and lock.home_given != lock.home_ended and home in self.threads:
             return home  # (not a stopped pool's)

@@ -141,17 +141,16 @@ _periodic = {"calls": 0}
 PACE_SECONDS = 0.001
 
 
-def periodic_checkpoint(*, pace_seconds: float = PACE_SECONDS) -> CheckpointResult:
+def periodic_checkpoint() -> CheckpointResult:
     """The server's periodic checkpointer: a full scan at its first call in this process and every
     `AUDIT_CHECKPOINT_FULL_SCAN_EVERY` calls, incremental (from `LogHead.scan_from`) otherwise. The
     cursor is only an optimisation: whatever a database writer sets it to, the next full scan finds
     every finished run it hid (and until then `verify_audit` reports each as late). It sleeps
-    `pace_seconds` after each run it checks (see `PACE_SECONDS`)."""
+    `PACE_SECONDS` after each waiting run it checks."""
     every = max(1, int(settings.AUDIT_CHECKPOINT_FULL_SCAN_EVERY))
     full = _periodic["calls"] % every == 0
     _periodic["calls"] += 1
-    pace = functools.partial(time.sleep, pace_seconds) if pace_seconds > 0 else None
-    return checkpoint(full_scan=full, pace=pace)
+    return checkpoint(full_scan=full, pace=functools.partial(time.sleep, PACE_SECONDS))
 
 
 def anchored_heads(run_ids: list[str]) -> dict[str, int]:

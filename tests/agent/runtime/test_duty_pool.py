@@ -108,7 +108,7 @@ def test_a_serving_process_builds_the_knowledge_index_on_the_duties_pool_at_star
         retrieval.reset_knowledge_index()
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(retrieval, "warm_knowledge_index", lambda: 1 / 0)
-            supervisor.warm_up()  # logged by class, nothing raised
+            assert supervisor.warm_up() is False  # logged by class, nothing raised
             asyncio.run(scenario())
     finally:
         shutdown_pools()
