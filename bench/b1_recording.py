@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 
+from agent.runtime.supervisor import settle
 from audit.write import RunRecorder
 from bench import workload
 from bench.env import raw_connect
@@ -291,6 +292,7 @@ def concurrent(*, runs: int, reps: int, database: str, log=print) -> list[Row]:
     floor_runs_n = min(runs, 100)
     try:
         run_concurrent(new_runs(session, 20, "w"), inputs, group_commit=True)
+        settle()  # as a serving process after start-up (`config.asgi`): its heap out of the full passes
         for rep in range(reps):
             floor_runs = new_runs(session, floor_runs_n, "floor")
             plans = floor_plan(template, template_run, [r.run_id for r in floor_runs])

@@ -347,6 +347,7 @@ def run_all(*, runs_per_rep: int, reps: int, call_seconds: float = 0.3, log=prin
                 supervisor.ensure_background(serve_queue=False)
                 try:
                     await drain(user, 1, concurrency=1)  # warm-up: index, SDK client, connections
+                    supervisor.settle()  # as `run_worker` after its warm-up
                     for rep in range(reps):
                         wall, ids = await drain(user, runs_per_rep, concurrency=1, counts=counts)
                         n_commits, n_pings, n_jobs, job_wall, job_cpu, names = counts.frozen

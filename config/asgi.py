@@ -5,11 +5,10 @@ HTTP goes to Django (static files too while DEBUG is on); the WebSocket `ws/chat
 forwarded headers from untrusted peers, `WebSocketTlsRequired` closes a chat socket not over TLS
 (`core.proxy`); `/mcp` is the record's MCP endpoint when enabled (`surfaces.mcp.asgi`); `BackgroundDuties`
 starts the duties (and refuses requests while draining); `LoopLagMonitor` samples the loop's lag. The
-start-up heap is frozen out of the cyclic collector (`gc.freeze`: full passes stalled the loop 70–190 ms).
-Details: docs/deployment.md, *Background duties*; docs/security.md, *Proxies and TLS*; docs/performance.md.
+start-up heap is settled out of the cyclic collector's passes (`supervisor.settle`). Details:
+docs/deployment.md, *Background duties*; docs/security.md, *Proxies and TLS*; docs/performance.md.
 """
 
-import gc
 import os
 
 from django.core.asgi import get_asgi_application
@@ -24,7 +23,7 @@ from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.urls import get_resolver  # noqa: E402
 
-from agent.runtime.supervisor import BackgroundDuties  # noqa: E402
+from agent.runtime.supervisor import BackgroundDuties, settle  # noqa: E402
 from config.routing import websocket_urlpatterns  # noqa: E402
 from core.proxy import TrustedProxyHeaders, WebSocketTlsRequired  # noqa: E402
 from surfaces.chat.auth import ChatAuthMiddleware, ChatOriginValidatorFromSettings  # noqa: E402
@@ -71,4 +70,4 @@ application = LoopLagMonitor(
 get_resolver().reverse_dict  # noqa: B018  (the property imports the URLconf and builds the map)
 
 # Everything above lives as long as the process: out of the cyclic collector's full passes (see above).
-gc.freeze()
+settle()

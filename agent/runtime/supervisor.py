@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -534,6 +535,17 @@ def warm_up() -> bool:
         logger.warning("knowledge index not built at start error=%s", type(exc).__name__)
         return False
     return True
+
+
+def settle() -> None:
+    """What the process holds by now lives as long as it does (Django, the apps, the URL map, the
+    knowledge index): keep it out of the cyclic collector's passes (`gc.freeze`). Each full pass walked
+    that start-up heap, 70-190 ms on a server's loop or inside a worker's analyses (docs/performance.md).
+    Cyclic garbage left over from start-up is collected first, so none of it is kept for good. Called
+    once a serving process has built what it keeps: at the end of `config.asgi`, and by `run_worker`
+    after `warm_up`."""
+    gc.collect()
+    gc.freeze()
 
 
 async def shutdown() -> bool:

@@ -15,6 +15,7 @@ import signal
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
+from django.db import connections
 
 from agent.runtime import supervisor
 from agent.runtime.llm import aclose_clients
@@ -60,5 +61,10 @@ class Command(BaseCommand):
                 await supervisor.stop_background()
                 await aclose_clients()
 
+        # As a server before it listens: the knowledge index built, this thread's connection closed (its
+        # event loop runs here), what the process keeps out of the collector's passes.
+        supervisor.warm_up()
+        connections.close_all()
+        supervisor.settle()
         launched = asyncio.run(main())
         self.stdout.write(f"worker stopped after {launched} run(s)")

@@ -112,3 +112,52 @@ def test_a_serving_process_builds_the_knowledge_index_on_the_duties_pool_at_star
             asyncio.run(scenario())
     finally:
         shutdown_pools()
+
+
+def test_settle_keeps_what_the_process_holds_out_of_the_collectors_passes():
+    """`settle` freezes what is live (a full pass no longer walks it) after collecting the cyclic garbage
+    already left, which would otherwise be kept for good."""
+    import gc
+    import weakref
+
+    class Node:
+        pass
+
+    kept, garbage = Node(), Node()
+    kept.me = kept
+    garbage.me = garbage  # a cycle nothing refers to any more
+    gone = weakref.ref(garbage)
+    del garbage
+    gc.disable()  # no pass of its own between the lines below
+    try:
+        supervisor.settle()
+        assert gone() is None
+        assert gc.get_freeze_count() > 0
+        assert not any(o is kept for o in gc.get_objects())  # frozen: in no generation a pass walks
+    finally:
+        gc.unfreeze()
+        gc.enable()
+    assert any(o is kept for o in gc.get_objects())
+
+
+def test_run_worker_warms_up_and_settles_before_its_loop_starts(monkeypatch):
+    """`manage.py run_worker` prepares its process as `config.serve` does a server's: the knowledge index
+    built, then the heap settled, both before the worker claims anything."""
+    import io
+
+    from django.core.management import call_command
+
+    from surfaces.management.commands import run_worker
+
+    order: list[str] = []
+
+    async def work(**kwargs):
+        order.append("work")
+        return 0
+
+    monkeypatch.setattr(supervisor, "warm_up", lambda: order.append("warm_up") or True)
+    monkeypatch.setattr(supervisor, "settle", lambda: order.append("settle"))
+    monkeypatch.setattr(supervisor, "ensure_background", lambda **kwargs: None)
+    monkeypatch.setattr(run_worker, "work", work)
+    call_command("run_worker", "--until-idle", stdout=io.StringIO())
+    assert order == ["warm_up", "settle", "work"]
