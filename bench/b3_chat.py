@@ -39,7 +39,7 @@ from pathlib import Path
 
 from bench import b3_live
 from bench.provider import GUARD_MARK, PROFILES  # noqa: F401  (GUARD lines documented there)
-from bench.stats import Row, percentile, spread
+from bench.stats import Row, harness_uncollected, percentile, spread
 
 BOUND_MS = 50.0
 RAMP = (10, 25, 50, 100, 200, 300)
@@ -342,21 +342,22 @@ async def _ramp(urls, pids, tokens, *, mode, levels, hold_s, settle_s, query, pr
 def ramp(urls, pids, tokens, *, mode, levels, run_s, provider, log=print, label="") -> dict:
     """The ramp on these servers; capacity = the last level held before the first that failed."""
     settle = run_s / 5
-    results, outcomes = asyncio.run(
-        _ramp(
-            urls,
-            pids,
-            tokens,
-            mode=mode,
-            levels=levels,
-            hold_s=run_s,
-            settle_s=settle,
-            query=QUERY.format(profile="chat"),
-            provider=provider,
-            log=log,
-            label=label,
+    with harness_uncollected():
+        results, outcomes = asyncio.run(
+            _ramp(
+                urls,
+                pids,
+                tokens,
+                mode=mode,
+                levels=levels,
+                hold_s=run_s,
+                settle_s=settle,
+                query=QUERY.format(profile="chat"),
+                provider=provider,
+                log=log,
+                label=label,
+            )
         )
-    )
     capacity = 0
     for e in results:
         if not e["ok"]:

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from bench.stats import Row, percentile, spread
+from bench.stats import Row, harness_uncollected, percentile, spread
 
 ROOT = Path(settings.BASE_DIR)
 STAMP = re.compile(r"<(\d{16,20})>")
@@ -338,7 +338,8 @@ def measure(urls: list[str], pids: list[int], tokens: list[str], *, mode: str, b
     *Release latency*: outcome at the client − the provider's send time of the released answer's last
     chunk. CPU per run: the servers' CPU over the level / chats."""
     cpu0 = sum(_cpu_seconds(p) for p in pids)
-    delays, outs, wall = asyncio.run(_level(urls, tokens))
+    with harness_uncollected():
+        delays, outs, wall = asyncio.run(_level(urls, tokens))
     cpu = sum(_cpu_seconds(p) for p in pids) - cpu0
     n = len(tokens)
     run_ids = [o["run_id"] for o in outs if "run_id" in o]

@@ -27,6 +27,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from bench.stats import harness_uncollected
 from diagnosis.evidence import ID_RE, RUNBOOK_CHUNK
 from tests.fakes.openai_server import (
     FakeLLMServer,
@@ -299,7 +300,7 @@ def main(argv: list[str]) -> None:
         args = p.parse_args(argv)
         profile = PROFILES[args.profile].scaled(tokens=args.tokens, interval=args.interval)
         provider = BenchProvider(stamp=True, profile=profile)
-    with StampingServer(handler=provider) as server:
+    with StampingServer(handler=provider) as server, harness_uncollected():
         print(f"PORT {server.port}", flush=True)
         sys.stdin.read()
         if server.errors:

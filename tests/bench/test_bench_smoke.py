@@ -5,7 +5,7 @@ assert wall times): these tests assert only that each scenario runs and checks w
 import pytest
 
 from bench import b1_recording, b2_trace, report, workload
-from bench.stats import Row, percentile, spread
+from bench.stats import Row, harness_uncollected, percentile, spread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -17,6 +17,18 @@ def test_stats_and_table():
     rows = [Row("B1", "x", "1 ms", s, 2.5), Row("B1", "y", "1 ms", s, 3.0, goal="min")]
     assert [r.met for r in rows] == [True, False]
     assert "≤ 2.5×" in report.table(rows) and "| B1 | x |" in report._md_table(rows)
+
+
+def test_the_harness_measures_with_its_heap_out_of_the_collectors_passes():
+    """B3's clients and provider freeze what they hold while they measure (a full pass over it delayed
+    every frame in flight, counted as the server's delay), and unfreeze it afterwards."""
+    import gc
+
+    held = {"frames": []}
+    with harness_uncollected():
+        assert gc.get_freeze_count() > 0
+        assert not any(o is held for o in gc.get_objects())
+    assert gc.get_freeze_count() == 0 and any(o is held for o in gc.get_objects())
 
 
 def test_workload_records_a_complete_run_through_both_write_paths(user):
