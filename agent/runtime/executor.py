@@ -321,6 +321,7 @@ async def _execute(
         return await ending.succeeded(result.release_decision, result.content, result.self_evaluation)
     finally:
         heartbeat.cancel()
+        out.before_emit = None  # nothing held any more; the run is freed now, not by a full collection
 
 
 async def _claim(run_id: str, claimed: DiagnosisRun | None, token: CancelToken) -> DiagnosisRun:
@@ -420,8 +421,7 @@ async def _start(
         started, seq, configure_error = await db(configured_start, configure, start, details)
         if not started:  # RUN_STARTED in a job of its own, on a connection checked again
             setup_error, seq = configure_error or setup_error, await db(start, details=details)
-    demo = details.get("provider") == DEMO_PROVIDER
-    await out.emit(run_event(run, sequence_no=seq, demo=demo))
+    await out.emit(run_event(run, sequence_no=seq, demo=details.get("provider") == DEMO_PROVIDER))
     if setup_error is not None:
         raise setup_error
     ctx = RunContext(
