@@ -180,6 +180,38 @@ def test_a_run_without_a_chain_is_never_anchored_and_the_refusal_is_recorded(use
     assert samples["diagnosis_audit_anchor_refusals_total"] == 1.0
 
 
+def test_the_server_checkpointer_examines_a_refused_run_again_at_its_full_scans_only(
+    user, signing_key, settings, monkeypatch
+):
+    """A run the server's checkpointer refused is verified again at its next full scan, not by every
+    call: re-verifying every refused run every interval let a database writer make each server spend
+    CPU in proportion to the runs it forged, for good. `manage.py audit_checkpoint` examines it too."""
+    from audit.transparency import gate
+
+    settings.AUDIT_CHECKPOINT_FULL_SCAN_EVERY = 3
+    bare = services.create_run(session=services.create_session(owner=user), query="q")
+    DiagnosisRun.objects.filter(pk=bare.pk).update(status="FAILED")  # no chain: refused
+    checked: list[str] = []
+    admit = gate.admit_runs
+
+    def counted(run_ids, **kwargs):
+        checked.extend(run_ids)
+        return admit(run_ids, **kwargs)
+
+    monkeypatch.setattr(gate, "admit_runs", counted)
+    monkeypatch.setattr(log, "_periodic", {"calls": 0})
+    monkeypatch.setattr(log, "_refused", set())
+    assert log.periodic_checkpoint().refused == [bare.run_id]  # the first call: a full scan
+    good = finished_runs(user, 1)[0]
+    assert log.periodic_checkpoint().appended == 1  # incremental: the new run, not the refused one
+    assert log.periodic_checkpoint().refused == []
+    assert checked.count(bare.run_id) == 1 and checked.count(good.run_id) == 1
+    assert log.periodic_checkpoint().refused == [bare.run_id]  # the next full scan
+    call_command("audit_checkpoint", stdout=io.StringIO())
+    assert checked.count(bare.run_id) == 3
+    assert not LogLeaf.objects.filter(run_id=bare.run_id).exists()
+
+
 def test_each_checkpoint_is_appended_to_the_witness_file(user, signing_key, settings, tmp_path):
     settings.AUDIT_WITNESS_PATH = str(tmp_path / "witness.jsonl")
     finished_runs(user, 3)
