@@ -12,7 +12,8 @@ from agent.runtime.context import RunContext
 from agent.runtime.events import SafeSink
 from agent.runtime.executor import _Ending
 from audit.write import RunRecorder
-from diagnosis.models import ReleaseDecision
+from diagnosis.models import ReleaseDecision, RunStatus
+from tests.agent.aiops.support import aiops_registry, run_aiops
 from tests.agent.runtime.support import ask
 from tests.agent.runtime.test_run_jobs import _script
 
@@ -21,12 +22,12 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 RUNS_OWN = {RunContext, _Ending, SafeSink, RunRecorder, CancelToken}
 
 
-def test_a_finished_run_leaves_none_of_its_objects_in_a_reference_cycle(llm, corpus, user):
-    _script(llm)
+def _left_in_cycles(execute) -> tuple[object, set[type]]:
+    """`execute()`'s outcome and the types of the objects it left in reference cycles."""
     gc.collect()
     gc.disable()  # only the collection below frees cycles
     try:
-        _run, outcome, _ = ask(user, "nginx 502")
+        _run, outcome, _ = execute()
         gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection frees is kept in gc.garbage instead
         gc.collect()
         in_cycles = {type(o) for o in gc.garbage}
@@ -34,5 +35,18 @@ def test_a_finished_run_leaves_none_of_its_objects_in_a_reference_cycle(llm, cor
         gc.set_debug(0)
         gc.garbage.clear()
         gc.enable()
+    return outcome, in_cycles & RUNS_OWN
+
+
+def test_a_finished_run_leaves_none_of_its_objects_in_a_reference_cycle(llm, corpus, user):
+    _script(llm)
+    outcome, left = _left_in_cycles(lambda: ask(user, "nginx 502"))
     assert outcome.release_decision == ReleaseDecision.PUBLISHED
-    assert not in_cycles & RUNS_OWN, sorted(k.__name__ for k in in_cycles & RUNS_OWN)
+    assert not left, sorted(k.__name__ for k in left)
+
+
+def test_a_finished_ai_ops_analysis_leaves_none_of_its_objects_in_a_reference_cycle(settings, corpus, user):
+    settings.LLM_PROVIDER = "demo"
+    outcome, left = _left_in_cycles(lambda: run_aiops(user, registry=aiops_registry()))
+    assert outcome.status == RunStatus.SUCCESS
+    assert not left, sorted(k.__name__ for k in left)
