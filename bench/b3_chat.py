@@ -382,6 +382,7 @@ def ramp(urls, pids, tokens, *, mode, levels, run_s, provider, log=print, label=
 # -------------------------------------------------------------------------------------------------
 # The whole of B3 on the chat profile
 # -------------------------------------------------------------------------------------------------
+@b3_live.on_own_database
 def run_all(
     *,
     levels=RAMP,

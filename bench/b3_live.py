@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import re
@@ -41,6 +42,32 @@ from bench.stats import Row, harness_uncollected, percentile, spread
 
 ROOT = Path(settings.BASE_DIR)
 STAMP = re.compile(r"<(\d{16,20})>")
+
+
+def on_own_database(fn):
+    """`fn` with B3's servers and this process on a database of their own, `<bench database>_live`
+    (created and migrated once, then kept), holding only the runs B3's chats record. On the shared
+    bench database a server's checkpointer also examined every other bench's runs: B2's 12,780
+    bulk-generated background runs, which no service wrote, were refused and verified again by every
+    pass, 8 s of CPU a minute in each server beside the chats it was measured on."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from django.db import connections
+
+        from bench.b2_trace import migrate_database, use_database
+
+        base, url = connections["default"].settings_dict["NAME"], os.environ["DATABASE_URL"]
+        name = f"{base}_live"
+        migrate_database(name)
+        os.environ["DATABASE_URL"] = f"{url.rsplit('/', 1)[0]}/{name}"
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            os.environ["DATABASE_URL"] = url
+            use_database(base)
+
+    return wrapper
 
 
 class Proc:
@@ -402,6 +429,7 @@ def best_server() -> str:
     return "daphne+uvloop" if server_available("daphne+uvloop") else "daphne"
 
 
+@on_own_database
 def capacity(
     *,
     levels=SWEEP,
@@ -493,6 +521,7 @@ LEVERS = {
 }
 
 
+@on_own_database
 def levers(*, levels=(50, 100), reps: int = 2, mode: str = "draft", names=None, log=print) -> dict:
     """Every lever configuration on its own server at each level, repetition after repetition, the order
     reversed every other repetition; returns {name: [level results…]} (unavailable servers skipped)."""

@@ -186,6 +186,7 @@ def profile_level(url: str, tokens: list[str], pid: int, out: Path, rate: int = 
     }
 
 
+@b3_live.on_own_database
 def run_all(
     *,
     levels: tuple[int, ...] = (50, 200),
