@@ -58,7 +58,7 @@ def on_own_database(fn):
         from bench.b2_trace import migrate_database, use_database
 
         base, url = connections["default"].settings_dict["NAME"], os.environ["DATABASE_URL"]
-        name = f"{base}_live"
+        name = base if base.endswith("_live") else f"{base}_live"  # nested: already there
         migrate_database(name)
         os.environ["DATABASE_URL"] = f"{url.rsplit('/', 1)[0]}/{name}"
         try:

@@ -577,8 +577,9 @@ from run to run and only the ratios are compared with targets. Re-run it to repr
 ## Machine
 
 {chr(10).join(m.lines())}
-- The bench runs on its own databases `diagnosis_bench` and `diagnosis_bench_big` (created and migrated
-  by the bench), with production settings (`DEBUG=false`, persistent connections `DB_CONN_MAX_AGE=300`).
+- The bench runs on its own databases `diagnosis_bench`, `diagnosis_bench_big` (B2's million runs) and
+  `diagnosis_bench_live` (B3's chats alone; created and migrated by the bench), with production settings
+  (`DEBUG=false`, persistent connections `DB_CONN_MAX_AGE=300`).
 
 ## Results
 

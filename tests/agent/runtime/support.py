@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import gc
 import io
 import json
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -264,3 +265,22 @@ class FailInserts:
             if fire:
                 raise OperationalError(1114, "The table is full")
         return execute(sql, params, many, context)
+
+
+@contextmanager
+def cycles_left() -> Iterator[set[type]]:
+    """The types of the objects the block left in reference cycles (only a full collection frees them):
+    the collector waits during the block, then one collection keeps what it would free in `gc.garbage`
+    to be looked at. The set is filled when the block ends."""
+    found: set[type] = set()
+    gc.collect()
+    gc.disable()
+    try:
+        yield found
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        found.update(type(o) for o in gc.garbage)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()

@@ -4,8 +4,6 @@ serving loop (tests/agent/runtime/test_run_freed.py holds the runtime's own obje
 
 from __future__ import annotations
 
-import gc
-
 import pytest
 
 from agent.runtime.context import RunContext
@@ -14,6 +12,7 @@ from agent.runtime.executor import _Ending
 from agent.runtime.live import ChannelLayerSink
 from audit.write import RunRecorder
 from surfaces.chat.consumers import ChatConsumer
+from tests.agent.runtime.support import cycles_left
 from tests.surfaces.chat.test_ws import _stop, _wait_run_finished
 from tests.surfaces.chat.transports import ws_connect, ws_frames_until_outcome
 
@@ -27,20 +26,11 @@ RUNS_OWN = {RunContext, _Ending, SafeSink, ChannelLayerSink, RunRecorder, ChatCo
 
 
 async def test_a_finished_chat_leaves_none_of_its_objects_in_a_reference_cycle(user, knowledge):
-    gc.collect()
-    gc.disable()  # only the collection below frees cycles
-    try:
+    with cycles_left() as left:
         comm = await ws_connect(user)
         await comm.send_json_to({"type": "chat", "query": "Disk full on /var/log, what should I check?"})
         frames = await ws_frames_until_outcome(comm)
         await _wait_run_finished(frames[0]["runId"])
         await _stop(comm)
-        gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection frees is kept in gc.garbage instead
-        gc.collect()
-        in_cycles = {type(o) for o in gc.garbage}
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
     assert frames[-1]["type"] == "outcome" and frames[-1]["status"] == "SUCCESS"
-    assert not in_cycles & RUNS_OWN, sorted(k.__name__ for k in in_cycles & RUNS_OWN)
+    assert not left & RUNS_OWN, sorted(k.__name__ for k in left & RUNS_OWN)
