@@ -118,7 +118,7 @@ def checkpoint(
                 if gov_head:
                     governance = gov_head.sequence_no
             if done:
-                _advance_scan(head, scan_from, stamp, refused=set(refused) | known_refused)
+                _advance_scan(head, scan_from, stamp, refused=set(refused))
     gate.report_refusals(refused, governance_problems)
     for cp in signed:
         _witness(cp)
@@ -353,9 +353,9 @@ def sign_head(head: LogHead, now: dt.datetime) -> Checkpoint:
 def _advance_scan(
     head: LogHead, scanned_from: dt.datetime | None, now: dt.datetime, *, refused: set[str] = frozenset()
 ) -> None:
-    """Every run created before the new cursor is terminal and anchored, or refused (kept in view: a
-    refused run is examined again by every checkpoint until its record authenticates). Only an
-    optimisation: a full scan searches every run whatever it says (`periodic_checkpoint`)."""
+    """Every run created before the new cursor is terminal and anchored, or refused (`refused`, this
+    call's, are kept in view; the server's checkpointer leaves those it refused earlier to its full
+    scans). Only an optimisation: a full scan searches every run whatever it says (`periodic_checkpoint`)."""
     open_runs = DiagnosisRun.objects.exclude(status__in=TERMINAL_RUN_STATUSES)
     if scanned_from is not None:
         open_runs = open_runs.filter(created_at__gte=scanned_from)
