@@ -11,10 +11,11 @@ the database under `.local/bench/`, so that later bench runs reuse both).
 * **incremental**: `verify_audit --state` from the state written before the `new` runs, with 1 and 2
   workers, and again from the state it wrote (nothing new: the fixed cost): seconds;
 * **at 1,000,000 runs** (not buildable here through the recorder): 10,000 new runs' incremental cost
-  composed of measured parts — the fixed cost less its one statement that grows with the store (each
-  audited table's rows counted, `incremental._tallies`), that statement timed per row on B2's
-  1,000,000-run store (`<db>_big`, when present) and scaled to a 1,000,000-run store of this workload's
-  rows, and 10,000 × the measured cost per new run with 2 workers;
+  composed of measured parts — the fixed cost less its one part that grows with the store (each
+  audited table's rows counted, `incremental._tallies`), that count timed per row on B2's
+  1,000,000-run store (`<db>_big`, when present) over 2 connections as 2 workers count, scaled to a
+  1,000,000-run store of this workload's rows, and 10,000 × the measured cost per new run with 2 workers
+  (the search for unanchored runs starts at the state's floor, so it grows with the new runs only);
 * **peak RSS**: of a `manage.py verify_audit --all` process and its workers, the largest (`VmHWM`).
 """
 
@@ -75,8 +76,9 @@ def floor_seconds(database: str) -> tuple[float, int]:
         conn.close()
 
 
-def tally_seconds(database: str, reps: int = 3) -> tuple[float, int]:
-    """(seconds, rows counted) of the watermark statement on `database` (best of `reps`)."""
+def tally_seconds(database: str, reps: int = 3, *, connections_n: int = 1) -> tuple[float, int]:
+    """(seconds, rows counted) of the watermark count on `database` over `connections_n` connections, as
+    `verify_audit --workers N` counts (best of `reps`)."""
     from audit.verify.incremental import watermarks
     from bench.b2_trace import use_database
 
@@ -84,7 +86,7 @@ def tally_seconds(database: str, reps: int = 3) -> tuple[float, int]:
     best = float("inf")
     for _ in range(reps):
         started = time.perf_counter()
-        marks = watermarks()  # the statement: each audited table's highest id and rows, one snapshot
+        marks = watermarks(connections_n=connections_n)  # each audited table's highest id and rows
         best = min(best, time.perf_counter() - started)
     return best, sum(rows for _top, rows in marks.values())
 
@@ -290,7 +292,7 @@ def _at_million(big, stored, counted, tally, new, incr2, incr0, log) -> Row | No
     if not present:
         log(f"  B5 verify: no {big} (B2's 1,000,000-run store): the composed row is left out")
         return None
-    big_tally, big_rows = tally_seconds(big)
+    big_tally, big_rows = tally_seconds(big, connections_n=2)  # as 2 workers count
     use_database(here)
     per_row = big_tally / max(1, big_rows)
     rows_at_million = counted / stored * 1_000_000
@@ -308,7 +310,8 @@ def _at_million(big, stored, counted, tally, new, incr2, incr0, log) -> Row | No
         "verify_audit incremental, 2 workers: 10,000 new runs on a store of 1,000,000 (composed of the parts "
         "measured: not buildable here through the recorder)",
         f"≈ {total:.1f} s = fixed {fixed:.2f} s + counting {rows_at_million / 1e6:.0f} M rows "
-        f"{tally_at_million:.1f} s ({per_row * 1e9:.0f} ns a row over {big_rows:,} rows of B2's store) + "
+        f"{tally_at_million:.1f} s ({per_row * 1e9:.0f} ns a row over {big_rows:,} rows of B2's store, "
+        "2 connections) + "
         f"10,000 × {per_run * 1000:.2f} ms",
         spread([total]),
         10.0,

@@ -11,6 +11,7 @@ import base64
 import json
 import os
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +21,7 @@ from audit.models import Checkpoint, LogHead, LogLeaf, TailPending
 from audit.transparency import keys, note
 from audit.transparency.checkpoints import WitnessEntry, witness_problems
 from audit.transparency.verify import Since
-from audit.verify import coverage
+from audit.verify import coverage, parallel
 from core.db_router import read_alias
 from diagnosis.models import DiagnosisRun
 
@@ -42,9 +43,13 @@ class State:
     verified_at: str = ""
     checkpoint_link: str = ""  # the checkpoint's signed link (time, predecessor), when it has one
     checkpoint_link_signature: str = ""
+    # Every run row below this primary key was anchored when the state was written (`unanchored_from`);
+    # 0 in a state written before the field: every run is searched.
+    unanchored_from: int = 0
 
     def payload(self) -> dict[str, Any]:
         return {
+            "unanchoredFrom": self.unanchored_from,
             "format": FORMAT,
             "checkpoint": {
                 "body": self.checkpoint_body,
@@ -85,7 +90,12 @@ def read_state(path: str) -> State:
     try:
         with open(path, encoding="utf-8") as handle:
             document = json.load(handle)
-        payload = {k: document[k] for k in ("format", "checkpoint", "watermarks", "verifiedAt")}
+        # A state written before `unanchoredFrom` was signed without it; one written since, with it (so
+        # the key cannot be removed from one, nor added to an older one, without the signature failing).
+        signed = ("format", "checkpoint", "watermarks", "verifiedAt")
+        payload = {
+            k: document[k] for k in (*signed, *(("unanchoredFrom",) if "unanchoredFrom" in document else ()))
+        }
         signature = base64.b64decode(document["signature"], validate=True)
         key_id = str(document["keyId"])
         cp = payload["checkpoint"]
@@ -96,6 +106,7 @@ def read_state(path: str) -> State:
             str(payload["verifiedAt"]),
             str(cp.get("link", "")),
             str(cp.get("linkSignature", "")),
+            int(payload.get("unanchoredFrom", 0)),
         )
     except (ValueError, KeyError, TypeError) as exc:
         raise StateError(f"not a verification state file ({type(exc).__name__})") from exc
@@ -143,39 +154,72 @@ def _watermarked() -> list[tuple[str, Any]]:
     return [(m._meta.db_table, m) for m in coverage.AUDITED if m not in QUEUES]
 
 
-def _tallies(marks: dict[str, list[int]] | None) -> dict[str, tuple[int, int, int | None]]:
+def _table_selects(model, table: str, marks: dict[str, list[int]] | None) -> tuple[list[str], list[int]]:
+    """One table's tally as scalar subqueries: its highest id, its rows, and (with a watermark in
+    `marks`) its rows above that id."""
+    q = connections[read_alias()].ops.quote_name
+    pk = q(model._meta.pk.column)
+    # Identifiers come from the models and are quoted; the watermarks are parameters.
+    selects = [f"(SELECT MAX({pk}) FROM {q(table)})", f"(SELECT COUNT(*) FROM {q(table)})"]  # noqa: S608
+    if marks is not None and table in marks:
+        selects.append(f"(SELECT COUNT(*) FROM {q(table)} WHERE {pk} > %s)")  # noqa: S608
+        return selects, [int(marks[table][0])]
+    return selects, []
+
+
+def _select(alias: str, selects: list[str], params: list[int], *, close: bool = False) -> list:
+    connection = connections[alias]
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT " + ", ".join(selects), params)
+            return list(cursor.fetchone())
+    finally:
+        if close:  # a thread's own connection
+            connection.close()
+
+
+def _tallies(
+    marks: dict[str, list[int]] | None, *, connections_n: int = 1
+) -> dict[str, tuple[int, int, int | None]]:
     """Per watermarked table: (highest id, rows, rows above the id of its watermark in `marks`; None
-    without one), every table in one statement, so one snapshot of them all. A count of every row reads
-    the table's smallest index; the rows up to an id, its primary key's range (in InnoDB, the rows
-    themselves: ten times the pages for the events), so the rows up to a watermark are counted as every
-    row less those above it (a range of new rows)."""
-    connection = connections[read_alias()]
-    q = connection.ops.quote_name
-    selects: list[str] = []
-    params: list[int] = []
+    without one). A count of every row reads the table's smallest index; the rows up to an id, its
+    primary key's range (in InnoDB, the rows themselves: ten times the pages for the events), so the
+    rows up to a watermark are counted as every row less those above it (a range of new rows).
+    One statement for every table (one snapshot of them all), or with `connections_n` above 1 one per
+    table over that many connections, largest tables first: the count is the database's work, one core
+    per statement. Each table's check and next watermark stay one statement, one snapshot of that
+    table, which is what `watermark_problems` compares."""
+    alias = read_alias()
     tables = _watermarked()
-    for table, model in tables:
-        pk = q(model._meta.pk.column)
-        # Identifiers come from the models and are quoted; the watermarks are parameters.
-        selects += [f"(SELECT MAX({pk}) FROM {q(table)})", f"(SELECT COUNT(*) FROM {q(table)})"]  # noqa: S608
-        if marks is not None and table in marks:
-            selects.append(f"(SELECT COUNT(*) FROM {q(table)} WHERE {pk} > %s)")  # noqa: S608
-            params.append(int(marks[table][0]))
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT " + ", ".join(selects), params)
-        values = list(cursor.fetchone())
+    parts = {table: _table_selects(model, table, marks) for table, model in tables}
+    values: dict[str, list] = {}
+    if connections_n <= 1 or len(tables) <= 1 or not parallel.others_can_read():
+        flat = _select(
+            alias, [x for s, _ in parts.values() for x in s], [x for _, p in parts.values() for x in p]
+        )
+        for table, (selects, _params) in parts.items():
+            values[table], flat = flat[: len(selects)], flat[len(selects) :]
+    else:
+        # Largest first (the last verification's counts), so no connection is left with the biggest.
+        order = sorted(parts, key=lambda t: -(marks or {}).get(t, [0, 0])[1])
+        with ThreadPoolExecutor(min(connections_n, len(order)), thread_name_prefix="verify-tally") as pool:
+            futures = {t: pool.submit(_select, alias, *parts[t], close=True) for t in order}
+            values = {t: f.result() for t, f in futures.items()}
     out = {}
     for table, _model in tables:
-        top, rows = int(values.pop(0) or 0), int(values.pop(0))
-        above = int(values.pop(0)) if marks is not None and table in marks else None
+        got = values[table]
+        top, rows = int(got[0] or 0), int(got[1])
+        above = int(got[2]) if len(got) > 2 else None
         out[table] = (top, rows, above)
     return out
 
 
-def watermarks(tallies: dict[str, tuple[int, int, int | None]] | None = None) -> dict[str, list[int]]:
+def watermarks(
+    tallies: dict[str, tuple[int, int, int | None]] | None = None, *, connections_n: int = 1
+) -> dict[str, list[int]]:
     """Each audited table's highest id and row count (taken before a verification reads anything), from
-    `tallies` when the caller took them (`_tallies`)."""
-    tallies = tallies if tallies is not None else _tallies(None)
+    `tallies` when the caller took them (`_tallies`, over `connections_n` connections)."""
+    tallies = tallies if tallies is not None else _tallies(None, connections_n=connections_n)
     return {table: [top, rows] for table, (top, rows, _above) in tallies.items()}
 
 
@@ -199,10 +243,29 @@ def watermark_problems(
     return changed
 
 
-def changed_run_ids(since: Since, marks: dict[str, list[int]] | None) -> set[str]:
+def unanchored(from_pk: int = 0) -> list[tuple[int, str]]:
+    """(primary key, run id) of every run row from primary key `from_pk` on that no leaf anchors."""
+    anchored = LogLeaf.objects.filter(run_id__isnull=False).values("run_id")
+    return list(
+        DiagnosisRun.objects.filter(pk__gte=from_pk).exclude(run_id__in=anchored).values_list("pk", "run_id")
+    )
+
+
+def unanchored_floor(found: list[tuple[int, str]], marks: dict[str, list[int]]) -> int:
+    """The next state's `unanchored_from`: the lowest run `found` unanchored (searched after `marks` were
+    taken, from the last floor on), never above the run table's watermark + 1: a run committed later under
+    a lower id is above that watermark (chosen by it) or under it (and fails the watermark check)."""
+    return min([pk for pk, _ in found] + [marks[DiagnosisRun._meta.db_table][0] + 1])
+
+
+def changed_run_ids(
+    since: Since, marks: dict[str, list[int]] | None, *, unanchored_from: int = 0
+) -> tuple[set[str], list[tuple[int, str]]]:
     """The runs to verify again: those with a row stored after the watermarks (a new run, event, step,
     tool row, reasoning row, review, score, leaf, tombstone, tail note…), those anchored or grown in a
-    leaf after the verified checkpoint, those not anchored at all, and those with a tail note."""
+    leaf after the verified checkpoint, those not anchored at all, and those with a tail note. Runs
+    below `unanchored_from` were all anchored at the last verification and are not searched again (a leaf
+    deleted since fails the watermark check). Also returns the unanchored runs found (`unanchored`)."""
     ids: set[str] = set()
     for table, model in _watermarked():
         if marks is None or not any(f.attname == "run_id" for f in model._meta.concrete_fields):
@@ -217,10 +280,10 @@ def changed_run_ids(since: Since, marks: dict[str, list[int]] | None) -> set[str
         "run_id", "tail_of"
     ):
         ids.update(r for r in (run_id, tail_of) if r)
-    anchored = LogLeaf.objects.filter(run_id__isnull=False).values("run_id")
-    ids.update(DiagnosisRun.objects.exclude(run_id__in=anchored).values_list("run_id", flat=True))
+    found = unanchored(unanchored_from if marks is not None else 0)
+    ids.update(run_id for _pk, run_id in found)
     ids.update(TailPending.objects.values_list("run_id", flat=True))
-    return ids
+    return ids, found
 
 
 @dataclass
@@ -232,13 +295,15 @@ class Plan:
     watermarks: dict[str, list[int]] | None = None
     # The next state's watermarks, when taken in the statement that checked the state's (`_tallies`).
     marks: dict[str, list[int]] | None = None
+    unanchored_from: int = 0  # the state's (`State.unanchored_from`)
     problems: list[str] = field(default_factory=list)  # a state that fails: named, and all verified
     notes: list[str] = field(default_factory=list)
     usage_error: str = ""
 
 
-def plan(*, state_path: str, since: str | None, everything: bool) -> Plan:
-    """The plan for `--all` (`everything`), `--since SIZE|FILE`, or the state file at `state_path`."""
+def plan(*, state_path: str, since: str | None, everything: bool, connections_n: int = 1) -> Plan:
+    """The plan for `--all` (`everything`), `--since SIZE|FILE`, or the state file at `state_path`; the
+    state's watermarks counted over `connections_n` connections (`_tallies`)."""
     result = Plan(state_path)
     if everything:
         return result
@@ -276,8 +341,8 @@ def plan(*, state_path: str, since: str | None, everything: bool) -> Plan:
     if problems:
         result.problems.extend(f"the state file: {p}; verifying everything" for p in problems)
         return result
-    # The state's watermarks checked, and the next state's taken, in one statement (one snapshot).
-    tallies = _tallies(state.watermarks)
+    # The state's watermarks checked, and the next state's taken, in one statement per table at most.
+    tallies = _tallies(state.watermarks, connections_n=connections_n)
     result.marks = watermarks(tallies)
     changed = watermark_problems(state.watermarks, tallies)
     if changed:
@@ -290,4 +355,5 @@ def plan(*, state_path: str, since: str | None, everything: bool) -> Plan:
         )
         return result
     result.since, result.watermarks = checkpoint, state.watermarks
+    result.unanchored_from = state.unanchored_from
     return result

@@ -145,9 +145,10 @@ def verify_chunks(
             yield from results
 
 
-def _forkable() -> bool:
-    """Whether another process can read what this one reads: not inside a transaction (as in a test,
-    where only this connection sees what it wrote) and not an in-memory SQLite database."""
+def others_can_read() -> bool:
+    """Whether another connection (a process's, a thread's) can read what this one reads: not inside a
+    transaction (as in a test, where only this connection sees what it wrote) and not an in-memory
+    SQLite database."""
     return not connection.in_atomic_block and not (
         connection.vendor == "sqlite" and connection.is_in_memory_db()
     )
@@ -158,7 +159,7 @@ def in_background(fn: Callable[[], T], *, enabled: bool) -> Callable[[], T]:
     reads (`verify_audit --workers N`: the log verified while the runs are); returns what gives its
     result, waiting for it. Run in this process, at that call, otherwise, and when the forked process
     fails (its error is then met here)."""
-    if not enabled or not _forkable():
+    if not enabled or not others_can_read():
         return fn
     connections.close_all()  # the child opens its own: none may inherit (and share) this one's sockets
     context = multiprocessing.get_context("fork")

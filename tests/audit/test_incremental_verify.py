@@ -168,7 +168,7 @@ def test_work_in_the_background_runs_in_a_process_of_its_own_or_here(user):
     from audit.verify import parallel
 
     here = os.getpid()
-    forked = parallel._forkable()  # not on SQLite's in-memory test database: only this process sees it
+    forked = parallel.others_can_read()  # not on SQLite's in-memory test database: only this process sees it
     assert (parallel.in_background(os.getpid, enabled=True)() != here) is forked
     assert parallel.in_background(os.getpid, enabled=False)() == here
     assert parallel.in_background(lambda: Checkpoint.objects.count(), enabled=True)() == 0
@@ -228,3 +228,89 @@ def test_the_watermarks_are_checked_and_taken_in_one_statement_as_the_orm_counts
         f"{table}: {rows} row(s) up to id {top} were verified, {up_to} are stored"
     ]
     assert incremental.watermark_problems(old) == incremental.watermark_problems(old, tallies)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_workers_each_table_is_counted_in_a_statement_of_its_own_on_its_own_connection(
+    user, state, monkeypatch
+):
+    import threading
+
+    from audit.verify import parallel
+
+    runs = [make_recorded_run(user) for _ in range(2)]
+    checkpoint()
+    assert _summary("--workers", "2")["stateWritten"]
+    old = json.loads(state.read_text())["watermarks"]
+    make_recorded_run(user)
+    AgentStep.objects.filter(pk=AgentStep.objects.filter(run_id=runs[0].run_id).first().pk).delete()
+    calls: list[tuple[str, int]] = []
+    select = incremental._select
+
+    def spy(alias, selects, params, *, close=False):
+        calls.append((threading.current_thread().name, len(selects)))
+        return select(alias, selects, params, close=close)
+
+    monkeypatch.setattr(incremental, "_select", spy)
+    one = incremental._tallies(old)
+    assert calls == [(threading.current_thread().name, 3 * len(incremental._watermarked()))]
+    calls.clear()
+    assert incremental._tallies(old, connections_n=3) == one
+    if parallel.others_can_read():  # MariaDB; SQLite's in-memory test database: one statement here
+        assert len(calls) == len(incremental._watermarked())
+        assert all(name.startswith("verify-tally") and n == 3 for name, n in calls)
+    # The deleted step is found the same way: the verification is a full one, and its run fails.
+    summary = _summary("--workers", "2")
+    assert summary["mode"] == "full" and not summary["ok"]
+    assert runs[0].run_id in json.dumps(summary["problems"])
+
+
+@pytest.mark.django_db
+def test_runs_below_the_unanchored_floor_are_not_searched_again_and_the_floor_is_signed(
+    user, state, monkeypatch
+):
+    import base64
+
+    from audit.models import LogLeaf
+    from diagnosis.models import DiagnosisRun
+
+    anchored = [make_recorded_run(user) for _ in range(2)]
+    checkpoint()
+    waiting = make_recorded_run(user)  # finished, not anchored yet
+    assert _verify()[0]
+    assert json.loads(state.read_text())["unanchoredFrom"] == waiting.pk  # every run below it anchored
+
+    searched: list[int] = []
+    search = incremental.unanchored
+    monkeypatch.setattr(
+        incremental, "unanchored", lambda from_pk=0: searched.append(from_pk) or search(from_pk)
+    )
+    checkpoint()  # anchors it
+    ok, out = _verify()
+    assert ok and searched == [waiting.pk] and f"run={waiting.run_id}" not in out
+    top = DiagnosisRun.objects.order_by("-pk").values_list("pk", flat=True).first()
+    assert json.loads(state.read_text())["unanchoredFrom"] == top + 1  # none left: the next run's id on
+
+    # The floor is signed: removed or lowered, the state does not verify and everything is verified.
+    document = json.loads(state.read_text())
+    for edit in ({"unanchoredFrom": 0}, {}):
+        changed = {k: v for k, v in document.items() if k != "unanchoredFrom"} | edit
+        state.write_text(json.dumps(changed))
+        ok, out = _verify()
+        assert not ok and "its signature does not verify" in out and "verified 3 run(s)" in out
+
+    # A state written before the floor existed (signed without it) still verifies: every run searched.
+    payload = {k: document[k] for k in ("format", "checkpoint", "watermarks", "verifiedAt")}
+    key = keys.current_key()
+    signature = base64.b64encode(key.private.sign(incremental._message(payload))).decode("ascii")
+    state.write_text(json.dumps({**payload, "keyId": key.key_id, "signature": signature}))
+    searched.clear()
+    summary = _summary()
+    assert summary["mode"] == "incremental" and summary["ok"] and searched == [0]
+
+    # A leaf of a run below the floor deleted (the run no longer anchored): the leaves' watermark fails,
+    # and the full verification finds the leaf missing.
+    LogLeaf.objects.filter(run_id=anchored[0].run_id).delete()
+    summary = _summary()
+    assert summary["mode"] == "full" and not summary["ok"]
+    assert "log INVALID log leaf index 0 missing" in json.dumps(summary["problems"])

@@ -144,19 +144,22 @@ class Command(BaseCommand):
         plan = self._plan(options)
         # The watermarks of the next state are taken before anything is read: what is written during
         # this verification is new to the next one (with a state file, as its own were checked).
-        marks = (plan.marks or incremental.watermarks()) if plan.state_path else None
+        workers = max(1, options["workers"])
+        marks = (plan.marks or incremental.watermarks(connections_n=workers)) if plan.state_path else None
         # The governance chain (rights, holds, purges, adoption) read once for every check below.
         governance = GovernanceView.load()
         batch = max(1, options["batch_size"])
+        unanchored = None  # the runs no leaf anchors, as searched for the next state (`_keep_state`)
         if plan.since is None:
             chunks, total = parallel.range_chunks(batch), None
             orphans = orphaned_run_ids()
         else:
-            chosen = incremental.changed_run_ids(plan.since, plan.watermarks)
+            chosen, unanchored = incremental.changed_run_ids(
+                plan.since, plan.watermarks, unanchored_from=plan.unanchored_from
+            )
             chunks, present = parallel.id_chunks(chosen, batch)
             total = len(present)
             orphans = sorted(chosen - present)
-        workers = max(1, options["workers"])
         witness = self._witness(options)
         # With workers, the log is verified in a process of its own while the runs are.
         log_verification = parallel.in_background(
@@ -194,7 +197,7 @@ class Command(BaseCommand):
             failures.append(f"the governance log has {len(governance_problems)} problem(s)")
         if configuration_issues:
             failures.append(f"the stored run configurations have {len(configuration_issues)} problem(s)")
-        self._keep_state(plan, marks, log, failures)
+        self._keep_state(plan, marks, unanchored, log, failures)
         return failures
 
     def _one_run(self, run_id: str, policy, options) -> list[str]:
@@ -222,7 +225,10 @@ class Command(BaseCommand):
         verify, or a database changed under its watermarks, makes the verification a full one)."""
         state_path = options["state"] or settings.AUDIT_VERIFY_STATE_PATH
         plan = incremental.plan(
-            state_path=state_path, since=options["since"], everything=options["all"] or bool(options["run"])
+            state_path=state_path,
+            since=options["since"],
+            everything=options["all"] or bool(options["run"]),
+            connections_n=max(1, options["workers"]),
         )
         if plan.usage_error:
             raise CommandError(plan.usage_error, returncode=2)
@@ -234,14 +240,23 @@ class Command(BaseCommand):
         self._summary["since"] = plan.since.tree_size if plan.since is not None else None
         return plan
 
-    def _keep_state(self, plan: incremental.Plan, marks, log, failures: list[str]) -> None:
-        """After a clean verification, the state file records its newest checkpoint and the watermarks."""
+    def _keep_state(self, plan: incremental.Plan, marks, unanchored, log, failures: list[str]) -> None:
+        """After a clean verification, the state file records its newest checkpoint, the watermarks and
+        the lowest run no leaf anchored (`unanchored`, searched after the marks were taken; searched
+        here, over every run, after a full verification)."""
         self._summary["stateWritten"] = False
         if not plan.state_path or failures or marks is None or log.newest is None:
             return
         cp = log.newest
+        found = unanchored if unanchored is not None else incremental.unanchored()
         state = incremental.State(
-            cp.body, cp.signature, marks, timezone.now().isoformat(), cp.link, cp.link_signature
+            cp.body,
+            cp.signature,
+            marks,
+            timezone.now().isoformat(),
+            cp.link,
+            cp.link_signature,
+            incremental.unanchored_floor(found, marks),
         )
         try:
             incremental.write_state(plan.state_path, state)
