@@ -11,16 +11,19 @@ the database under `.local/bench/`, so that later bench runs reuse both).
 * **incremental**: `verify_audit --state` from the state written before the `new` runs, with 1 and 2
   workers, and again from the state it wrote (nothing new: the fixed cost): seconds;
 * **at 1,000,000 runs** (not buildable here through the recorder): 10,000 new runs' incremental cost
-  composed of measured parts — the fixed cost less its one part that grows with the store (each
-  audited table's rows counted, `incremental._tallies`), that count timed per row on B2's
-  1,000,000-run store (`<db>_big`, when present) over 2 connections as 2 workers count, scaled to a
-  1,000,000-run store of this workload's rows, and 10,000 × the measured cost per new run with 2 workers
-  (the search for unanchored runs starts at the state's floor, so it grows with the new runs only);
+  with 2 workers composed of measured parts — the fixed cost with 2 workers (nothing new) less its one
+  part that grows with the store (each audited table's rows counted, `incremental._tallies`), that count
+  timed per table on B2's 1,000,000-run store (`<db>_big`, when present), scaled to a 1,000,000-run store
+  of this workload's rows per table and spread over 2 connections as `_tallies` spreads it, and 10,000 ×
+  the measured cost per new run with 2 workers (beyond that fixed cost; the search for unanchored runs
+  starts at the state's floor, so it grows with the new runs only). Twice: with the machine's buffer
+  pool, and with the pool resized online to hold the counted indexes (`POOL_HOLDING`, then set back);
 * **peak RSS**: of a `manage.py verify_audit --all` process and its workers, the largest (`VmHWM`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -36,6 +39,8 @@ from bench.env import raw_connect
 from bench.stats import Row, spread
 
 ROOT = Path(__file__).resolve().parents[1]
+# A buffer pool that holds the audited tables' counted indexes at 1,000,000 B1-sized runs (37 M rows).
+POOL_HOLDING = 4 * 2**30
 # The tables `verify_audit` reads for runs and the log (every column: the floor reads what it reads).
 TABLES = (
     "diagnosis_run",
@@ -191,7 +196,7 @@ def verify_costs(
     state = ROOT / ".local" / "bench" / f"{database}-verify-state.json"
     _build(database, runs, new, state, log)
     stored = runs + new
-    floors, full1, full2, incr, incr2, incr0 = [], [], [], [], [], []
+    floors, full1, full2, incr, incr2, incr0, incr0_2 = [], [], [], [], [], [], []
     scratch = state.with_name(state.name + ".copy")
     with override_settings(AUDIT_VERIFY_STATE_PATH=""):
         for _ in range(reps):
@@ -206,17 +211,21 @@ def verify_costs(
                 seconds, out = _timed("--state", str(scratch), "--workers", workers)
                 assert f"verified {new} run(s)" in out, out
                 times.append(seconds)
-            # From the state that verification wrote: nothing new, the fixed cost.
-            seconds, out = _timed("--state", str(scratch))
-            assert "verified 0 run(s)" in out, out
-            incr0.append(seconds)
+            # From the state that verification wrote: nothing new, the fixed cost (1 and 2 workers).
+            for times, workers in ((incr0, "1"), (incr0_2, "2")):
+                seconds, out = _timed("--state", str(scratch), "--workers", workers)
+                assert "verified 0 run(s)" in out, out
+                times.append(seconds)
             log(
                 f"  B5 verify: floor {floors[-1]:.2f} s, --all {full1[-1]:.2f} s (1 worker) "
                 f"{full2[-1]:.2f} s (2 workers), incremental {incr[-1]:.2f} s (1 worker) {incr2[-1]:.2f} s "
-                f"(2 workers), {incr0[-1]:.3f} s with nothing new"
+                f"(2 workers), {incr0[-1]:.3f} / {incr0_2[-1]:.3f} s with nothing new (1 / 2 workers)"
             )
     tally, counted = tally_seconds(database)
-    at_scale = _at_million(big, stored, counted, tally, new, incr2, incr0, log) if big else None
+    tally2, _ = tally_seconds(database, connections_n=2)
+    fixed2 = spread(incr0_2).median - tally2
+    per_run2 = (spread(incr2).median - spread(incr0_2).median) / new
+    at_scale = _at_million(big, database, stored, fixed2, per_run2, log) if big else []
     rss1 = _peak_rss_mb(database, "--all", "--workers", "1")
     rss2 = _peak_rss_mb(database, "--all", "--workers", "2")
     floor = spread([t * 1000 / stored for t in floors])
@@ -266,19 +275,97 @@ def verify_costs(
         Row(
             "B5",
             f"verify_audit incremental: {new:,} new runs on a store of {stored:,}, 2 workers",
-            f"{spread(incr2).median:.2f} s",
+            f"{spread(incr2).median:.2f} s; with nothing new {spread(incr0_2).median:.3f} s",
             spread(incr2),
             None,
             ratio_unit=" s",
         ),
-        *([at_scale] if at_scale else []),
+        *at_scale,
     ]
 
 
-def _at_million(big, stored, counted, tally, new, incr2, incr0, log) -> Row | None:
-    """10,000 new runs on a 1,000,000-run store, composed of the parts measured (module docstring)."""
+def table_seconds(database: str, reps: int = 3) -> dict[str, tuple[float, int]]:
+    """Per audited table: (seconds, rows) of its watermark statement alone on `database` (best of
+    `reps`, after one pass that reads the indexes into the buffer pool as far as it holds them)."""
+    from audit.verify import incremental
+    from bench.b2_trace import use_database
+    from core.db_router import read_alias
+
+    use_database(database)
+    marks = incremental.watermarks()
+    out = {}
+    for table, model in incremental._watermarked():
+        statement = incremental._table_selects(model, table, marks)
+        best = float("inf")
+        for _ in range(reps + 1):
+            started = time.perf_counter()
+            incremental._select(read_alias(), *statement)
+            best = min(best, time.perf_counter() - started)
+        out[table] = (best, marks[table][1])
+    return out
+
+
+def parallel_wall(seconds: list[float], n: int) -> float:
+    """The longest of `n` connections' work when each next-largest statement goes to the least loaded
+    (`incremental._tallies`: a pool of `n` threads taking the tables largest first)."""
+    loads = [0.0] * n
+    for s in sorted(seconds, reverse=True):
+        loads[loads.index(min(loads))] += s
+    return max(loads)
+
+
+@contextlib.contextmanager
+def buffer_pool(size: int):
+    """The server's InnoDB buffer pool resized to `size` bytes for the block (MariaDB resizes it online),
+    then set back."""
+    conn = raw_connect()
+    cur = conn.cursor()
+    cur.execute("SELECT @@innodb_buffer_pool_size")
+    (before,) = cur.fetchone()
+    try:
+        cur.execute("SET GLOBAL innodb_buffer_pool_size = %s", (size,))
+        _pool_settled(cur, size)
+        yield
+    finally:
+        cur.execute("SET GLOBAL innodb_buffer_pool_size = %s", (int(before),))
+        _pool_settled(cur, int(before))
+        conn.close()
+
+
+def _pool_settled(cur, size: int) -> None:
+    """Wait (up to a minute) until the pool is `size` bytes and its resize has completed."""
+    for _ in range(600):
+        cur.execute("SELECT @@innodb_buffer_pool_size")
+        now = int(cur.fetchone()[0])
+        cur.execute("SHOW STATUS LIKE 'Innodb_buffer_pool_resize_status'")
+        row = cur.fetchone()
+        status = row[1] if row else ""
+        if now == size and (not status or "Completed" in status):
+            return
+        time.sleep(0.1)
+
+
+def _count_at_million(per_table: dict[str, tuple[float, int]], store: dict[str, int], stored: int) -> float:
+    """The watermark count over 2 connections at 1,000,000 runs of the verify store's rows per run:
+    each table's rows scaled from `store` (rows in a store of `stored` runs), at its own per-row time on
+    B2's store (`per_table`), or at B2's mean where B2 holds under 100,000 of its rows."""
+    seconds = sum(s for s, _ in per_table.values())
+    rows = sum(r for _, r in per_table.values())
+    mean = seconds / max(1, rows)
+    scaled = []
+    for table, count in store.items():
+        s, r = per_table.get(table, (0.0, 0))
+        per_row = s / r if r >= 100_000 else mean
+        scaled.append(per_row * count * 1_000_000 / stored)
+    return parallel_wall(scaled, 2)
+
+
+def _at_million(big, database, stored, fixed, per_run, log) -> list[Row]:
+    """10,000 new runs on a 1,000,000-run store, composed of the parts measured (module docstring):
+    with the machine's buffer pool, and with one that holds the counted indexes."""
     from django.db import connections
 
+    from audit.verify.incremental import watermarks
     from bench.b2_trace import use_database
 
     here = connections["default"].settings_dict["NAME"]
@@ -287,33 +374,44 @@ def _at_million(big, stored, counted, tally, new, incr2, incr0, log) -> Row | No
         cur = conn.cursor()
         cur.execute("SHOW DATABASES LIKE %s", (big,))
         present = cur.fetchone() is not None
+        cur.execute("SELECT @@innodb_buffer_pool_size")
+        pool = int(cur.fetchone()[0])
     finally:
         conn.close()
     if not present:
-        log(f"  B5 verify: no {big} (B2's 1,000,000-run store): the composed row is left out")
-        return None
-    big_tally, big_rows = tally_seconds(big, connections_n=2)  # as 2 workers count
+        log(f"  B5 verify: no {big} (B2's 1,000,000-run store): the composed rows are left out")
+        return []
+    use_database(database)
+    store = {table: rows for table, (_top, rows) in watermarks().items()}
+    measured = {"pool": table_seconds(big)}
+    with buffer_pool(POOL_HOLDING):
+        measured["held"] = table_seconds(big)
     use_database(here)
-    per_row = big_tally / max(1, big_rows)
-    rows_at_million = counted / stored * 1_000_000
-    tally_at_million = per_row * rows_at_million
-    fixed = spread(incr0).median - tally
-    per_run = (spread(incr2).median - spread(incr0).median) / new
-    total = fixed + tally_at_million + 10_000 * per_run
-    log(
-        f"  B5 verify: watermark statement {big_tally:.2f} s over {big_rows:,} rows of {big} "
-        f"({per_row * 1e9:.0f} ns a row); at 1,000,000 runs of this workload ({rows_at_million / 1e6:.0f} M "
-        f"rows) {tally_at_million:.1f} s; 10,000 new runs ≈ {total:.1f} s"
-    )
-    return Row(
-        "B5",
-        "verify_audit incremental, 2 workers: 10,000 new runs on a store of 1,000,000 (composed of the parts "
-        "measured: not buildable here through the recorder)",
-        f"≈ {total:.1f} s = fixed {fixed:.2f} s + counting {rows_at_million / 1e6:.0f} M rows "
-        f"{tally_at_million:.1f} s ({per_row * 1e9:.0f} ns a row over {big_rows:,} rows of B2's store, "
-        "2 connections) + "
-        f"10,000 × {per_run * 1000:.2f} ms",
-        spread([total]),
-        10.0,
-        ratio_unit=" s",
-    )
+    big_rows = sum(r for _, r in measured["pool"].values())
+    rows = sum(store.values()) * 1_000_000 / stored
+    out = []
+    for key, label in (
+        ("pool", f"the machine's buffer pool ({pool // 2**20} MiB)"),
+        ("held", f"a buffer pool that holds the counted indexes ({POOL_HOLDING // 2**30} GiB)"),
+    ):
+        count = _count_at_million(measured[key], store, stored)
+        per_row = sum(s for s, _ in measured[key].values()) / max(1, big_rows)
+        total = fixed + count + 10_000 * per_run
+        log(
+            f"  B5 verify at 1,000,000 runs, {label}: count {count:.1f} s over 2 connections "
+            f"({per_row * 1e9:.0f} ns a row on {big}, one connection); 10,000 new runs ≈ {total:.1f} s"
+        )
+        out.append(
+            Row(
+                "B5",
+                "verify_audit incremental, 2 workers: 10,000 new runs on a store of 1,000,000 (composed of "
+                f"the parts measured: not buildable here through the recorder), {label}",
+                f"≈ {total:.1f} s = fixed {fixed:.2f} s + counting {rows / 1e6:.0f} M rows over 2 "
+                f"connections {count:.1f} s (per table, as timed on B2's {big_rows:,} rows: "
+                f"{per_row * 1e9:.0f} ns a row on one) + 10,000 × {per_run * 1000:.2f} ms",
+                spread([total]),
+                10.0,
+                ratio_unit=" s",
+            )
+        )
+    return out

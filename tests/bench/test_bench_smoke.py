@@ -31,6 +31,23 @@ def test_the_harness_measures_with_its_heap_out_of_the_collectors_passes():
     assert gc.get_freeze_count() == 0 and any(o is held for o in gc.get_objects())
 
 
+def test_b5_composes_the_count_at_a_million_runs_per_table_over_two_connections():
+    """B5's composed incremental row spreads each table's count over 2 connections as `verify_audit
+    --workers 2` does (largest first to the least loaded), each table at its own per-row time where
+    B2's store holds enough of its rows to time it, at B2's mean otherwise."""
+    from bench import b5_verify
+
+    assert b5_verify.parallel_wall([5.0, 4.0, 3.0, 3.0, 1.0], 2) == 8.0
+    assert b5_verify.parallel_wall([5.0, 1.0], 4) == 5.0
+    per_table = {"events": (2.0, 1_000_000), "runs": (0.5, 1_000_000), "reviews": (1.0, 10)}
+    store = {"events": 2_000, "runs": 100, "reviews": 100}  # rows in a store of 100 runs
+    # At 1,000,000 runs: events 20 M rows × 2 µs = 40 s; runs 1 M × 0.5 µs; reviews 1 M × the mean.
+    mean = 3.5 / 2_000_010
+    expected = b5_verify.parallel_wall([40.0, 0.5, mean * 1_000_000], 2)
+    assert b5_verify._count_at_million(per_table, store, 100) == pytest.approx(expected)
+    assert expected == pytest.approx(40.0)
+
+
 def test_workload_records_a_complete_run_through_both_write_paths(user):
     from diagnosis import services
 
