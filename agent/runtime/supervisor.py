@@ -23,16 +23,21 @@ from django.conf import settings
 
 from agent.runtime import drain
 from agent.runtime import duties as registered_duties
+from agent.runtime.approvals import decision_event, expire_due
 from agent.runtime.cancel import CancelToken
-from agent.runtime.db import db, duty
+from agent.runtime.db import background, db, duty
 from agent.runtime.events import SafeSink
 from agent.runtime.executor import RunNotClaimable, RunOutcome, execute_run, lease_owner
-from agent.runtime.live import ChannelLayerSink
+from agent.runtime.live import ChannelLayerSink, publish
 from agent.runtime.llm import aclose_clients, warm_client
 from agent.runtime.receiver import Receiver
 from agent.runtime.shutdown import SHUTDOWN_SECONDS, Deadline, bounded
+from agent.runtime.sweeper import publish_swept, sweep_expired_runs
+from audit.transparency.log import periodic_checkpoint
+from audit.write.retention import purge_expired_runs
 from diagnosis import services
 from diagnosis.models import TERMINAL_RUN_STATUSES, DiagnosisRun, RunStatus
+from telemetry.outbox import run_export_pass
 
 logger = logging.getLogger(__name__)
 
@@ -320,10 +325,6 @@ async def _periodically(interval: float, what: str, job) -> None:
 
 
 async def _sweep() -> None:
-    from agent.runtime.approvals import decision_event, expire_due
-    from agent.runtime.live import publish
-    from agent.runtime.sweeper import publish_swept, sweep_expired_runs
-
     await publish_swept(await duty(sweep_expired_runs))
     # Approval requests past APPROVAL_TIMEOUT_SECONDS: recorded EXPIRED (treated as rejected).
     for decided in await duty(expire_due):
@@ -331,22 +332,15 @@ async def _sweep() -> None:
 
 
 async def _checkpoint() -> None:
-    from audit.transparency.log import periodic_checkpoint
-
     await duty(periodic_checkpoint)
 
 
 async def _purge() -> None:
-    from audit.write.retention import purge_expired_runs
-
     await duty(purge_expired_runs, purged_by="server")
 
 
 async def _export() -> None:
     # On its own pool: an OTLP endpoint that hangs never takes a thread from the audit writes.
-    from agent.runtime.db import background
-    from telemetry.outbox import run_export_pass
-
     await background(run_export_pass)
 
 

@@ -26,32 +26,28 @@ def _block(entered: threading.Event, release: threading.Event, ran_on: list[str]
 @pytest.mark.parametrize(
     ("duty", "patched"),
     [
-        (supervisor._checkpoint, [("audit.transparency.log", "periodic_checkpoint", None)]),
-        (supervisor._purge, [("audit.write.retention", "purge_expired_runs", None)]),
-        (
-            supervisor._sweep,
-            [
-                ("agent.runtime.sweeper", "sweep_expired_runs", []),
-                ("agent.runtime.approvals", "expire_due", []),
-            ],
-        ),
+        (supervisor._checkpoint, [("periodic_checkpoint", None)]),
+        (supervisor._purge, [("purge_expired_runs", None)]),
+        (supervisor._sweep, [("sweep_expired_runs", []), ("expire_due", [])]),
     ],
     ids=["checkpoint", "purge", "sweep"],
 )
 def test_a_duty_pass_in_progress_holds_up_no_decision(duty, patched, monkeypatch, settings):
-    import importlib
-
     entered, release, ran_on = threading.Event(), threading.Event(), []
-    module, name, result = patched[0]
-    monkeypatch.setattr(importlib.import_module(module), name, _block(entered, release, ran_on, result))
-    for module, name, result in patched[1:]:
-        monkeypatch.setattr(importlib.import_module(module), name, lambda *a, _r=result, **k: _r)
+    # The duties' functions as the supervisor imported them (at the top: none is imported on the loop).
+    name, result = patched[0]
+    monkeypatch.setattr(supervisor, name, _block(entered, release, ran_on, result))
+    for name, result in patched[1:]:
+        monkeypatch.setattr(supervisor, name, lambda *a, _r=result, **k: _r)
 
     async def scenario() -> list[str]:
         task = asyncio.create_task(duty())
         try:
-            while not entered.is_set():
+            for _ in range(500):
+                if entered.is_set():
+                    break
                 await asyncio.sleep(0.01)
+            assert entered.is_set(), "the duty's pass never started"
             # More jobs than the pool has threads: on `db()`, round-robin would queue some behind the pass.
             count = 3 * settings.RUNTIME_DB_THREADS
             jobs = [db(lambda: threading.current_thread().name) for _ in range(count)]
