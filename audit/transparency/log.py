@@ -17,12 +17,12 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, Min, OuterRef
+from django.db.models import Exists, Min, OuterRef, Q
 from django.utils import timezone
 
 from audit.models import (
@@ -95,20 +95,25 @@ def checkpoint(
     appended, signed, governance, tails = 0, [], None, 0
     refused: dict[str, list[str]] = {}
     governance_problems: list[str] = []
-    done = False
+    done, after = False, None
+    oldest_refused: dt.datetime | None = None  # the creation time of the oldest run this call refused
     while not done:
         with transaction.atomic():
             head = LogHead.objects.select_for_update().get(pk=1)
             stamp = now or timezone.now()
             scan_from = None if full_scan else head.scan_from
-            waiting = _waiting_runs(scan_from, batch_size, head.tree_size, skip=set(refused) | known_refused)
-            if len(waiting) < batch_size:
-                done = True
-            runs = gate.admit_runs(waiting, pace=pace)
+            waiting, after, done = _waiting_runs(
+                scan_from, batch_size, head.tree_size, after=after, skip=known_refused
+            )
+            runs = gate.admit_runs(list(waiting), pace=pace)
             refused.update(runs.refused)
+            oldest_refused = _oldest(oldest_refused, (waiting[r] for r in runs.refused))
             # Tails and the governance head are anchored once per call, with the last batch of runs.
             grown = _grown_tails(exclude=set(waiting)) if done else gate.Verdict()
             refused.update(grown.refused)
+            if grown.refused:  # at most TAIL_BATCH runs
+                created = DiagnosisRun.objects.filter(run_id__in=sorted(grown.refused))
+                oldest_refused = _oldest(oldest_refused, created.values_list("created_at", flat=True))
             gov_head, governance_problems = gate.admit_governance() if done else (None, [])
             if runs.admitted or gov_head or grown.admitted:
                 appended += append_leaves(head, runs.admitted, stamp, gov_head, grown.admitted)
@@ -118,7 +123,7 @@ def checkpoint(
                 if gov_head:
                     governance = gov_head.sequence_no
             if done:
-                _advance_scan(head, scan_from, stamp, refused=set(refused))
+                _advance_scan(head, scan_from, stamp, oldest_refused=oldest_refused)
     gate.report_refusals(refused, governance_problems)
     for cp in signed:
         _witness(cp)
@@ -230,19 +235,40 @@ def _grown_tails(*, exclude: set[str], limit: int = TAIL_BATCH) -> gate.Verdict:
     return verdict
 
 
-def _waiting_runs(scan_from: dt.datetime | None, limit: int, tree_size: int, *, skip: set[str]) -> list[str]:
+def _waiting_runs(
+    scan_from: dt.datetime | None,
+    limit: int,
+    tree_size: int,
+    *,
+    after: tuple[dt.datetime | None, int] | None,
+    skip: frozenset[str],
+) -> tuple[dict[str, dt.datetime], tuple[dt.datetime | None, int] | None, bool]:
     """Ids of finished runs without a leaf under the signed size, oldest finish first (a leaf row beyond
-    the log's size, which no checkpoint signs, anchors nothing); `skip`: runs refused earlier in this
-    call."""
+    the log's size, which no checkpoint signs, anchors nothing), read `limit` at a time after the key
+    `after` (finish time, id) of the last run the call's previous batch read: no run is read twice in a
+    call, and the runs it refused are never named in a query (an `IN` list of them grew with every
+    batch, to every forged run a database writer stored). `skip`: runs refused by earlier calls, dropped
+    here. Returns (the ids, in that order, with their creation times; the key of the last run read;
+    whether this was the last batch)."""
     anchored = LogLeaf.objects.filter(run_id=OuterRef("run_id"), leaf_index__lt=tree_size)
     runs = DiagnosisRun.objects.filter(status__in=TERMINAL_RUN_STATUSES)
     if scan_from is not None:
         runs = runs.filter(created_at__gte=scan_from)
-    if skip:
-        runs = runs.exclude(run_id__in=sorted(skip))
-    return list(
-        runs.filter(~Exists(anchored)).order_by("finished_at", "id").values_list("run_id", flat=True)[:limit]
+    if after is not None:
+        # NULL finish times sort first (MariaDB, MySQL and SQLite alike), then by id.
+        finished, pk = after
+        if finished is None:
+            runs = runs.filter(Q(finished_at__isnull=True, id__gt=pk) | Q(finished_at__isnull=False))
+        else:
+            runs = runs.filter(Q(finished_at__gt=finished) | Q(finished_at=finished, id__gt=pk))
+    rows = list(
+        runs.filter(~Exists(anchored))
+        .order_by("finished_at", "id")
+        .values_list("run_id", "created_at", "finished_at", "id")[:limit]
     )
+    key = (rows[-1][2], rows[-1][3]) if rows else after
+    waiting = {run_id: created for run_id, created, _f, _pk in rows if run_id not in skip}
+    return waiting, key, len(rows) < limit
 
 
 def append_leaves(
@@ -350,22 +376,25 @@ def sign_head(head: LogHead, now: dt.datetime) -> Checkpoint:
     )
 
 
+def _oldest(at: dt.datetime | None, times: Iterable[dt.datetime | None]) -> dt.datetime | None:
+    return min((t for t in (at, *times) if t is not None), default=None)
+
+
 def _advance_scan(
-    head: LogHead, scanned_from: dt.datetime | None, now: dt.datetime, *, refused: set[str] = frozenset()
+    head: LogHead,
+    scanned_from: dt.datetime | None,
+    now: dt.datetime,
+    *,
+    oldest_refused: dt.datetime | None = None,
 ) -> None:
-    """Every run created before the new cursor is terminal and anchored, or refused (`refused`, this
-    call's, are kept in view; the server's checkpointer leaves those it refused earlier to its full
-    scans). Only an optimisation: a full scan searches every run whatever it says (`periodic_checkpoint`)."""
+    """Every run created before the new cursor is terminal and anchored, or refused (this call's are
+    kept in view: `oldest_refused` is the creation time of the oldest; the server's checkpointer leaves
+    those it refused earlier to its full scans). Only an optimisation: a full scan searches every run
+    whatever it says (`periodic_checkpoint`)."""
     open_runs = DiagnosisRun.objects.exclude(status__in=TERMINAL_RUN_STATUSES)
     if scanned_from is not None:
         open_runs = open_runs.filter(created_at__gte=scanned_from)
-    oldest_open = open_runs.aggregate(at=Min("created_at"))["at"]
-    if refused:
-        oldest_refused = DiagnosisRun.objects.filter(run_id__in=sorted(refused)).aggregate(
-            at=Min("created_at")
-        )["at"]
-        if oldest_refused is not None:
-            oldest_open = oldest_refused if oldest_open is None else min(oldest_open, oldest_refused)
+    oldest_open = _oldest(open_runs.aggregate(at=Min("created_at"))["at"], [oldest_refused])
     bound = now - SCAN_GRACE
     new = min(oldest_open, bound) if oldest_open is not None else bound
     if scanned_from is not None and new < scanned_from:

@@ -212,6 +212,48 @@ def test_the_server_checkpointer_examines_a_refused_run_again_at_its_full_scans_
     assert not LogLeaf.objects.filter(run_id=bare.run_id).exists()
 
 
+def test_a_call_pages_past_the_runs_it_refuses_and_never_names_them_all_in_a_query(
+    user, signing_key, monkeypatch
+):
+    """Runs are read a batch at a time after the last one read (finish time, id): a call examines each
+    waiting run once, and no query names the runs it refused in earlier batches. An `IN` list of them
+    grew with every batch, to every run a database writer forged (a query too large for the server,
+    every call). The cursor still stops at the oldest run refused."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from audit.transparency import gate
+
+    session = services.create_session(owner=user)
+    forged = []
+    for i in range(5):
+        bare = services.create_run(session=session, query=f"forged {i}")
+        finished = None if i == 0 else timezone.now() - dt.timedelta(minutes=10 - i)
+        DiagnosisRun.objects.filter(pk=bare.pk).update(  # no chain: refused
+            status="FAILED", finished_at=finished, created_at=timezone.now() - dt.timedelta(hours=i + 1)
+        )
+        forged.append(bare.run_id)
+    good = finished_runs(user, 2)
+    checked: list[str] = []
+    admit = gate.admit_runs
+
+    def counted(run_ids, **kwargs):
+        checked.extend(run_ids)
+        return admit(run_ids, **kwargs)
+
+    monkeypatch.setattr(gate, "admit_runs", counted)
+    with CaptureQueriesContext(connection) as queries:
+        result = log.checkpoint(batch_size=2)
+    assert sorted(result.refused) == sorted(forged) and result.appended == 2
+    assert sorted(checked) == sorted(forged + [r.run_id for r in good])  # each once, four batches
+    # The gate reads each batch's runs; no read names more runs than a batch holds. (The refusal's
+    # governance event names every run it refused, once: the record of the refusal.)
+    reads = [q["sql"] for q in queries.captured_queries if q["sql"].lstrip().upper().startswith("SELECT")]
+    assert max(sum(f in sql for f in forged) for sql in reads) <= 2
+    oldest = DiagnosisRun.objects.get(run_id=forged[-1]).created_at  # 5 hours ago
+    assert LogHead.objects.get().scan_from == oldest  # pinned at the oldest run refused
+
+
 def test_each_checkpoint_is_appended_to_the_witness_file(user, signing_key, settings, tmp_path):
     settings.AUDIT_WITNESS_PATH = str(tmp_path / "witness.jsonl")
     finished_runs(user, 3)
