@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import connections
+from django.db.models import Min
 
 from audit.models import Checkpoint, LogHead, LogLeaf, TailPending
 from audit.transparency import keys, note
@@ -243,29 +244,39 @@ def watermark_problems(
     return changed
 
 
+def _unanchored_runs(from_pk: int):
+    anchored = LogLeaf.objects.filter(run_id__isnull=False).values("run_id")
+    return DiagnosisRun.objects.filter(pk__gte=from_pk).exclude(run_id__in=anchored)
+
+
 def unanchored(from_pk: int = 0) -> list[tuple[int, str]]:
     """(primary key, run id) of every run row from primary key `from_pk` on that no leaf anchors."""
-    anchored = LogLeaf.objects.filter(run_id__isnull=False).values("run_id")
-    return list(
-        DiagnosisRun.objects.filter(pk__gte=from_pk).exclude(run_id__in=anchored).values_list("pk", "run_id")
-    )
+    return list(_unanchored_runs(from_pk).values_list("pk", "run_id"))
 
 
-def unanchored_floor(found: list[tuple[int, str]], marks: dict[str, list[int]]) -> int:
-    """The next state's `unanchored_from`: the lowest run `found` unanchored (searched after `marks` were
+def lowest_unanchored() -> int | None:
+    """The primary key of the lowest run row no leaf anchors (after a full verification: one aggregate,
+    not the ids of every such run)."""
+    return _unanchored_runs(0).aggregate(lowest=Min("pk"))["lowest"]
+
+
+def unanchored_floor(lowest: int | None, marks: dict[str, list[int]]) -> int:
+    """The next state's `unanchored_from`: the lowest run found unanchored (searched after `marks` were
     taken, from the last floor on), never above the run table's watermark + 1: a run committed later under
     a lower id is above that watermark (chosen by it) or under it (and fails the watermark check)."""
-    return min([pk for pk, _ in found] + [marks[DiagnosisRun._meta.db_table][0] + 1])
+    cap = marks[DiagnosisRun._meta.db_table][0] + 1
+    return cap if lowest is None else min(lowest, cap)
 
 
 def changed_run_ids(
     since: Since, marks: dict[str, list[int]] | None, *, unanchored_from: int = 0
-) -> tuple[set[str], list[tuple[int, str]]]:
+) -> tuple[set[str], int | None]:
     """The runs to verify again: those with a row stored after the watermarks (a new run, event, step,
     tool row, reasoning row, review, score, leaf, tombstone, tail note…), those anchored or grown in a
     leaf after the verified checkpoint, those not anchored at all, and those with a tail note. Runs
     below `unanchored_from` were all anchored at the last verification and are not searched again (a leaf
-    deleted since fails the watermark check). Also returns the unanchored runs found (`unanchored`)."""
+    deleted since fails the watermark check). Also returns the lowest primary key of the runs found not
+    anchored (None: none)."""
     ids: set[str] = set()
     for table, model in _watermarked():
         if marks is None or not any(f.attname == "run_id" for f in model._meta.concrete_fields):
@@ -283,7 +294,7 @@ def changed_run_ids(
     found = unanchored(unanchored_from if marks is not None else 0)
     ids.update(run_id for _pk, run_id in found)
     ids.update(TailPending.objects.values_list("run_id", flat=True))
-    return ids, found
+    return ids, min((pk for pk, _run_id in found), default=None)
 
 
 @dataclass

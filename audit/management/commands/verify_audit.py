@@ -149,7 +149,7 @@ class Command(BaseCommand):
         # The governance chain (rights, holds, purges, adoption) read once for every check below.
         governance = GovernanceView.load()
         batch = max(1, options["batch_size"])
-        unanchored = None  # the runs no leaf anchors, as searched for the next state (`_keep_state`)
+        unanchored = None  # the lowest run no leaf anchors, as searched for the next state (`_keep_state`)
         if plan.since is None:
             chunks, total = parallel.range_chunks(batch), None
             orphans = orphaned_run_ids()
@@ -242,13 +242,13 @@ class Command(BaseCommand):
 
     def _keep_state(self, plan: incremental.Plan, marks, unanchored, log, failures: list[str]) -> None:
         """After a clean verification, the state file records its newest checkpoint, the watermarks and
-        the lowest run no leaf anchored (`unanchored`, searched after the marks were taken; searched
-        here, over every run, after a full verification)."""
+        the lowest run no leaf anchored (`unanchored`, its primary key as searched after the marks were
+        taken; searched here, over every run, after a full verification)."""
         self._summary["stateWritten"] = False
         if not plan.state_path or failures or marks is None or log.newest is None:
             return
         cp = log.newest
-        found = unanchored if unanchored is not None else incremental.unanchored()
+        lowest = unanchored if plan.since is not None else incremental.lowest_unanchored()
         state = incremental.State(
             cp.body,
             cp.signature,
@@ -256,7 +256,7 @@ class Command(BaseCommand):
             timezone.now().isoformat(),
             cp.link,
             cp.link_signature,
-            incremental.unanchored_floor(found, marks),
+            incremental.unanchored_floor(lowest, marks),
         )
         try:
             incremental.write_state(plan.state_path, state)
