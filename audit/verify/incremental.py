@@ -244,39 +244,35 @@ def watermark_problems(
     return changed
 
 
-def _unanchored_runs(from_pk: int):
-    anchored = LogLeaf.objects.filter(run_id__isnull=False).values("run_id")
-    return DiagnosisRun.objects.filter(pk__gte=from_pk).exclude(run_id__in=anchored)
-
-
 def unanchored(from_pk: int = 0) -> list[tuple[int, str]]:
     """(primary key, run id) of every run row from primary key `from_pk` on that no leaf anchors."""
-    return list(_unanchored_runs(from_pk).values_list("pk", "run_id"))
+    anchored = LogLeaf.objects.filter(run_id__isnull=False).values("run_id")
+    runs = DiagnosisRun.objects.filter(pk__gte=from_pk).exclude(run_id__in=anchored)
+    return list(runs.values_list("pk", "run_id"))
 
 
-def lowest_unanchored() -> int | None:
-    """The primary key of the lowest run row no leaf anchors (after a full verification: one aggregate,
-    not the ids of every such run)."""
-    return _unanchored_runs(0).aggregate(lowest=Min("pk"))["lowest"]
-
-
-def unanchored_floor(lowest: int | None, marks: dict[str, list[int]]) -> int:
-    """The next state's `unanchored_from`: the lowest run found unanchored (searched after `marks` were
-    taken, from the last floor on), never above the run table's watermark + 1: a run committed later under
-    a lower id is above that watermark (chosen by it) or under it (and fails the watermark check)."""
+def unanchored_floor(marks: dict[str, list[int]], *, from_pk: int = 0) -> int:
+    """The next state's `unanchored_from` (searched after `marks` were taken, from the last floor on):
+    the lowest run that no leaf under the leaves' watermark anchors — a leaf above it can be deleted
+    before the next verification without its count changing, so it does not let the next search pass
+    its run — and never above the runs' watermark + 1 (a run committed later under a lower id is above
+    that watermark, chosen by it, or under it, and fails the watermark check). One aggregate."""
+    leaves = marks[LogLeaf._meta.db_table][0]
+    anchored = LogLeaf.objects.filter(run_id__isnull=False, pk__lte=leaves).values("run_id")
+    runs = DiagnosisRun.objects.filter(pk__gte=from_pk).exclude(run_id__in=anchored)
+    lowest = runs.aggregate(lowest=Min("pk"))["lowest"]
     cap = marks[DiagnosisRun._meta.db_table][0] + 1
     return cap if lowest is None else min(lowest, cap)
 
 
 def changed_run_ids(
     since: Since, marks: dict[str, list[int]] | None, *, unanchored_from: int = 0
-) -> tuple[set[str], int | None]:
+) -> set[str]:
     """The runs to verify again: those with a row stored after the watermarks (a new run, event, step,
     tool row, reasoning row, review, score, leaf, tombstone, tail note…), those anchored or grown in a
     leaf after the verified checkpoint, those not anchored at all, and those with a tail note. Runs
     below `unanchored_from` were all anchored at the last verification and are not searched again (a leaf
-    deleted since fails the watermark check). Also returns the lowest primary key of the runs found not
-    anchored (None: none)."""
+    deleted since fails the watermark check)."""
     ids: set[str] = set()
     for table, model in _watermarked():
         if marks is None or not any(f.attname == "run_id" for f in model._meta.concrete_fields):
@@ -291,10 +287,9 @@ def changed_run_ids(
         "run_id", "tail_of"
     ):
         ids.update(r for r in (run_id, tail_of) if r)
-    found = unanchored(unanchored_from if marks is not None else 0)
-    ids.update(run_id for _pk, run_id in found)
+    ids.update(run_id for _pk, run_id in unanchored(unanchored_from if marks is not None else 0))
     ids.update(TailPending.objects.values_list("run_id", flat=True))
-    return ids, min((pk for pk, _run_id in found), default=None)
+    return ids
 
 
 @dataclass

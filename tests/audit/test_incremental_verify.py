@@ -314,3 +314,41 @@ def test_runs_below_the_unanchored_floor_are_not_searched_again_and_the_floor_is
     summary = _summary()
     assert summary["mode"] == "full" and not summary["ok"]
     assert "log INVALID log leaf index 0 missing" in json.dumps(summary["problems"])
+
+
+@pytest.mark.django_db
+def test_a_run_anchored_after_the_watermarks_stays_searched_until_a_watermark_covers_its_leaf(
+    user, state, monkeypatch
+):
+    """A leaf appended while a verification runs (after its watermarks were taken) is above the leaves'
+    watermark: deleted before the next verification, no count notices. So the floor never passes a
+    run that only such a leaf anchors, and the next verification finds the run without its leaf."""
+    from audit.models import LogLeaf
+
+    make_recorded_run(user)
+    checkpoint()
+    late = make_recorded_run(user)  # finished, waiting to be anchored
+    during: list = []
+    take = incremental.watermarks
+
+    def then_anchor(*args, **kwargs):
+        marks = take(*args, **kwargs)
+        if not during:  # the first verification: the run is anchored after its watermarks were taken
+            during.append(checkpoint())
+        return marks
+
+    monkeypatch.setattr(incremental, "watermarks", then_anchor)
+    assert _verify()[0]
+    assert LogLeaf.objects.filter(run_id=late.run_id).exists()
+    assert json.loads(state.read_text())["unanchoredFrom"] <= late.pk
+    written = state.read_text()
+    # The next verification's watermarks cover the leaf: its floor passes the run.
+    assert _verify()[0]
+    assert json.loads(state.read_text())["unanchoredFrom"] > late.pk
+    # From the first state, with the leaf deleted (above that state's watermark: no count changes), the
+    # run is searched and found without its leaf.
+    state.write_text(written)
+    LogLeaf.objects.filter(run_id=late.run_id).delete()
+    summary = _summary()
+    assert summary["mode"] == "incremental" and summary["runs"]["verified"] == 1
+    assert summary["runs"]["unanchored"] == 1

@@ -149,12 +149,11 @@ class Command(BaseCommand):
         # The governance chain (rights, holds, purges, adoption) read once for every check below.
         governance = GovernanceView.load()
         batch = max(1, options["batch_size"])
-        unanchored = None  # the lowest run no leaf anchors, as searched for the next state (`_keep_state`)
         if plan.since is None:
             chunks, total = parallel.range_chunks(batch), None
             orphans = orphaned_run_ids()
         else:
-            chosen, unanchored = incremental.changed_run_ids(
+            chosen = incremental.changed_run_ids(
                 plan.since, plan.watermarks, unanchored_from=plan.unanchored_from
             )
             chunks, present = parallel.id_chunks(chosen, batch)
@@ -197,7 +196,7 @@ class Command(BaseCommand):
             failures.append(f"the governance log has {len(governance_problems)} problem(s)")
         if configuration_issues:
             failures.append(f"the stored run configurations have {len(configuration_issues)} problem(s)")
-        self._keep_state(plan, marks, unanchored, log, failures)
+        self._keep_state(plan, marks, log, failures)
         return failures
 
     def _one_run(self, run_id: str, policy, options) -> list[str]:
@@ -240,15 +239,15 @@ class Command(BaseCommand):
         self._summary["since"] = plan.since.tree_size if plan.since is not None else None
         return plan
 
-    def _keep_state(self, plan: incremental.Plan, marks, unanchored, log, failures: list[str]) -> None:
+    def _keep_state(self, plan: incremental.Plan, marks, log, failures: list[str]) -> None:
         """After a clean verification, the state file records its newest checkpoint, the watermarks and
-        the lowest run no leaf anchored (`unanchored`, its primary key as searched after the marks were
-        taken; searched here, over every run, after a full verification)."""
+        the unanchored floor (`incremental.unanchored_floor`, searched from the state's own floor after
+        an incremental verification, over every run after a full one)."""
         self._summary["stateWritten"] = False
         if not plan.state_path or failures or marks is None or log.newest is None:
             return
         cp = log.newest
-        lowest = unanchored if plan.since is not None else incremental.lowest_unanchored()
+        start = plan.unanchored_from if plan.watermarks is not None else 0
         state = incremental.State(
             cp.body,
             cp.signature,
@@ -256,7 +255,7 @@ class Command(BaseCommand):
             timezone.now().isoformat(),
             cp.link,
             cp.link_signature,
-            incremental.unanchored_floor(lowest, marks),
+            incremental.unanchored_floor(marks, from_pk=start),
         )
         try:
             incremental.write_state(plan.state_path, state)
