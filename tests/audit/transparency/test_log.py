@@ -180,25 +180,31 @@ def test_a_run_without_a_chain_is_never_anchored_and_the_refusal_is_recorded(use
     assert samples["diagnosis_audit_anchor_refusals_total"] == 1.0
 
 
+@pytest.fixture
+def checked(monkeypatch) -> list[str]:
+    """The run ids the gate is asked to admit, in order (`gate.admit_runs` counted)."""
+    from audit.transparency import gate
+
+    asked: list[str] = []
+    admit = gate.admit_runs
+
+    def counted(run_ids, **kwargs):
+        asked.extend(run_ids)
+        return admit(run_ids, **kwargs)
+
+    monkeypatch.setattr(gate, "admit_runs", counted)
+    return asked
+
+
 def test_the_server_checkpointer_examines_a_refused_run_again_at_its_full_scans_only(
-    user, signing_key, settings, monkeypatch
+    user, signing_key, settings, monkeypatch, checked
 ):
     """A run the server's checkpointer refused is verified again at its next full scan, not by every
     call: re-verifying every refused run every interval let a database writer make each server spend
     CPU in proportion to the runs it forged, for good. `manage.py audit_checkpoint` examines it too."""
-    from audit.transparency import gate
-
     settings.AUDIT_CHECKPOINT_FULL_SCAN_EVERY = 3
     bare = services.create_run(session=services.create_session(owner=user), query="q")
     DiagnosisRun.objects.filter(pk=bare.pk).update(status="FAILED")  # no chain: refused
-    checked: list[str] = []
-    admit = gate.admit_runs
-
-    def counted(run_ids, **kwargs):
-        checked.extend(run_ids)
-        return admit(run_ids, **kwargs)
-
-    monkeypatch.setattr(gate, "admit_runs", counted)
     monkeypatch.setattr(log, "_periodic", {"calls": 0})
     monkeypatch.setattr(log, "_refused", set())
     assert log.periodic_checkpoint().refused == [bare.run_id]  # the first call: a full scan
@@ -213,7 +219,7 @@ def test_the_server_checkpointer_examines_a_refused_run_again_at_its_full_scans_
 
 
 def test_a_call_pages_past_the_runs_it_refuses_and_never_names_them_all_in_a_query(
-    user, signing_key, monkeypatch
+    user, signing_key, checked
 ):
     """Runs are read a batch at a time after the last one read (finish time, id): a call examines each
     waiting run once, and no query names the runs it refused in earlier batches. An `IN` list of them
@@ -221,8 +227,6 @@ def test_a_call_pages_past_the_runs_it_refuses_and_never_names_them_all_in_a_que
     every call). The cursor still stops at the oldest run refused."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
-
-    from audit.transparency import gate
 
     session = services.create_session(owner=user)
     forged = []
@@ -234,14 +238,6 @@ def test_a_call_pages_past_the_runs_it_refuses_and_never_names_them_all_in_a_que
         )
         forged.append(bare.run_id)
     good = finished_runs(user, 2)
-    checked: list[str] = []
-    admit = gate.admit_runs
-
-    def counted(run_ids, **kwargs):
-        checked.extend(run_ids)
-        return admit(run_ids, **kwargs)
-
-    monkeypatch.setattr(gate, "admit_runs", counted)
     with CaptureQueriesContext(connection) as queries:
         result = log.checkpoint(batch_size=2)
     assert sorted(result.refused) == sorted(forged) and result.appended == 2
