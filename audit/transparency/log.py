@@ -246,7 +246,7 @@ def _waiting_runs(
     """Ids of finished runs without a leaf under the signed size, oldest finish first (a leaf row beyond
     the log's size, which no checkpoint signs, anchors nothing), read `limit` at a time after the key
     `after` (finish time, id) of the last run the call's previous batch read: no run is read twice in a
-    call, and the runs it refused are never named in a query (an `IN` list of them grew with every
+    call, and this query never lists the runs refused before it (an `IN` list of them grew with every
     batch, to every forged run a database writer stored). `skip`: runs refused by earlier calls, dropped
     here. Returns (the ids, in that order, with their creation times; the key of the last run read;
     whether this was the last batch)."""
