@@ -8,9 +8,11 @@ Details: docs/audit-integrity.md, *Incremental and parallel verification*.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import gc
 import multiprocessing
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -19,13 +21,15 @@ from django.db import connection, connections
 from audit.read.trace import timelines_of
 from audit.verify.chunk_reads import runs_in_range, runs_with_pks
 from audit.verify.provenance import CheckpointTimes, GovernanceView
-from audit.verify.runs import RunVerification, check_runs
+from audit.verify.runs import ChunkRows, RunVerification, check_chunk, read_chunk
 from core.db_router import primary_reads, replica_configured, replica_reads
 from diagnosis.models import DiagnosisRun
 from pricing.costs import load_price_book
 
 # A chunk: ("range", first pk, last pk, runs between) or ("ids", pks) of chosen runs.
 Chunk = tuple
+# Chunks a worker process takes at a time (`verify_chunks`): it reads each next one while it checks one.
+GROUP = 4
 T = TypeVar("T")
 
 
@@ -75,37 +79,71 @@ _context: _Context | None = None
 
 def _verify(context: _Context, chunk: Chunk, *, complete: bool = False) -> list[RunVerification] | None:
     """The chunk's verdicts; None when fewer runs are read than the chunk holds and `complete` is asked
-    (a replica behind the primary that chose the chunk: the caller reads it all again there).
-
-    The cyclic garbage collector waits while a chunk is verified: it walked every live object (Django's,
-    the chunk's rows) again and again as the chunk's rows and verdicts were made (≈ 10 % of a chunk's
-    CPU); what a chunk leaves is freed as it goes out of use, and any cycle at the next collection."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        return _verify_chunk(context, chunk, complete=complete)
-    finally:
-        if collecting:
-            gc.enable()
+    (a replica behind the primary that chose the chunk: the caller reads it all again there)."""
+    rows = _read(chunk, complete=complete)
+    return None if rows is None else _check(context, rows)
 
 
-def _verify_chunk(context: _Context, chunk: Chunk, *, complete: bool) -> list[RunVerification] | None:
+def _read(chunk: Chunk, *, complete: bool = False) -> ChunkRows | None:
+    """Every row the chunk's runs are checked against (`read_chunk`), or None as `_verify` says."""
     if chunk[0] == "range":
         batch, expected = runs_in_range(chunk[1], chunk[2]), chunk[3]
     else:
         batch, expected = runs_with_pks(chunk[1]), len(chunk[1])
     if complete and len(batch) < expected:
         return None
-    return list(
-        check_runs(
-            batch,
-            timelines_of([r.run_id for r in batch]),
-            book=context.book,
-            adopted=context.governance.adopted,
-            governance=context.governance,
-            times=context.times,
+    return read_chunk(batch, timelines_of([r.run_id for r in batch]))
+
+
+def _check(context: _Context, rows: ChunkRows) -> list[RunVerification]:
+    """The verdicts of a chunk read (`_read`).
+
+    The cyclic garbage collector waits while a chunk is checked: it walked every live object (Django's,
+    the chunk's rows) again and again as the verdicts were made (≈ 10 % of a chunk's CPU); what a chunk
+    leaves is freed as it goes out of use, and any cycle at the next collection."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return list(
+            check_chunk(
+                rows,
+                book=context.book,
+                adopted=context.governance.adopted,
+                governance=context.governance,
+                times=context.times,
+            )
         )
-    )
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _read_ahead(
+    context: _Context, chunks: Sequence[Chunk], *, complete: bool = False
+) -> Iterator[list[RunVerification] | None]:
+    """Each chunk's verdicts in turn (`_verify`'s, None included), the next chunk read on a thread of
+    its own (its own connection) while this one is checked: the reads' round trips and the server's
+    work overlap the checks, which stay in this thread. At most two chunks' rows are held. The reader
+    sees what this thread would (`others_can_read`) and reads where this thread's scope says (primary or
+    replica)."""
+    if not chunks:
+        return
+    reader = ThreadPoolExecutor(1, thread_name_prefix="verify-read")
+
+    def read(chunk: Chunk):
+        return reader.submit(contextvars.copy_context().run, _read, chunk, complete=complete)
+
+    pending = read(chunks[0])
+    try:
+        for at in range(len(chunks)):
+            rows = pending.result()
+            if at + 1 < len(chunks):
+                pending = read(chunks[at + 1])
+            yield None if rows is None else _check(context, rows)
+    finally:
+        pending.cancel()
+        reader.submit(connections.close_all)  # the reader thread's connection, on that thread
+        reader.shutdown(wait=True)
 
 
 def _init() -> None:
@@ -118,13 +156,17 @@ def _reads():
     return replica_reads() if replica_configured() else contextlib.nullcontext()
 
 
-def _work(chunk: Chunk) -> list[RunVerification]:
+def _work(group: Sequence[Chunk]) -> list[RunVerification]:
+    """The verdicts of a group of chunks in one worker, each next chunk read while one is checked."""
+    out: list[RunVerification] = []
     with _reads():
-        verdicts = _verify(_context, chunk, complete=replica_configured())
-    if verdicts is None:  # never fewer runs than the primary chose: the whole chunk from the primary
-        with primary_reads():
-            verdicts = _verify(_context, chunk)
-    return verdicts
+        checked = _read_ahead(_context, group, complete=replica_configured())
+        for chunk, verdicts in zip(group, checked, strict=True):
+            if verdicts is None:  # never fewer runs than the primary chose: the whole chunk from the primary
+                with primary_reads():
+                    verdicts = _verify(_context, chunk)
+            out.extend(verdicts)
+    return out
 
 
 def verify_chunks(
@@ -134,6 +176,10 @@ def verify_chunks(
     if workers <= 1 or len(chunks) <= 1 or connection.in_atomic_block:
         # (In a transaction, as in a test, only this connection sees what it wrote: verified here.)
         context = _Context.load(governance)
+        if len(chunks) > 1 and others_can_read():
+            for verdicts in _read_ahead(context, chunks):
+                yield from verdicts
+            return
         for chunk in chunks:
             yield from _verify(context, chunk)
         return
@@ -141,7 +187,8 @@ def verify_chunks(
         # Each worker opens its own connection: none may inherit (and share) this process's sockets.
         connections.close_all()
     with multiprocessing.get_context("fork").Pool(workers, initializer=_init) as pool:
-        for results in pool.imap(_work, chunks):
+        groups = [chunks[at : at + GROUP] for at in range(0, len(chunks), GROUP)]
+        for results in pool.imap(_work, groups):
             yield from results
 
 

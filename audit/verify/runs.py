@@ -55,11 +55,14 @@ from reasoning.models import AgentReasoningAudit
 
 __all__ = [
     "RUN_BATCH",
+    "ChunkRows",
     "RunVerification",
     "chained_review_facts",
+    "check_chunk",
     "check_runs",
     "liveness_problems",
     "orphaned_run_ids",
+    "read_chunk",
     "refresh_facts",
     "review_fact_problems",
     "verification_of",
@@ -213,6 +216,45 @@ def verify_all_runs(
         yield verify_run(run_id, governance=governance)
 
 
+@dataclass(slots=True)
+class ChunkRows:
+    """Every stored row that one batch of runs is verified against (`read_chunk`), read apart from the
+    check (`check_chunk`) so that a verifier can read the next batch while it checks this one."""
+
+    runs: list[DiagnosisRun]
+    events: dict[str, list[TraceEvent]]
+    steps: dict[str, list]
+    tools: dict[str, list]
+    reasoning: dict[str, list]
+    reviews: dict[str, list]
+    appended: Any
+    leaves: dict[str, LogLeaf]
+    tails: dict[str, list[LogLeaf]]
+    noted: set[str]
+    sessions: dict[str, ChatSession]
+
+
+def read_chunk(runs: list[DiagnosisRun], events: dict[str, list[TraceEvent]]) -> ChunkRows:
+    """The rows `runs` (one batch, with their events in sequence order) are checked against: their
+    steps, tools, reasoning rows, reviews, appended rows, leaves, tails, tail notes and sessions, one
+    query each."""
+    ids = [r.run_id for r in runs]
+    steps, tools, reasoning, reviews = _rows(ids)
+    return ChunkRows(
+        runs=runs,
+        events=events,
+        steps=steps,
+        tools=tools,
+        reasoning=reasoning,
+        reviews=reviews,
+        appended=appended_rows.rows_of(ids),
+        leaves=leaves_of(ids),
+        tails=tails_of(ids),
+        noted=set(TailPending.objects.filter(run_id__in=ids).values_list("run_id", flat=True)),
+        sessions=_sessions(runs),
+    )
+
+
 def check_runs(
     runs: list[DiagnosisRun],
     events: dict[str, list[TraceEvent]],
@@ -229,28 +271,43 @@ def check_runs(
     `verify_audit` checks of every run, and what the checkpointer checks before it anchors one
     (`audit.transparency.gate`: without a price `book`, the cost is not compared; without `liveness`,
     a run late for anchoring is not a problem of its own)."""
-    ids = [r.run_id for r in runs]
-    steps, tools, reasoning, reviews = _rows(ids)
-    appended = appended_rows.rows_of(ids)
-    leaves = leaves_of(ids)
-    tails = tails_of(ids)
-    noted = set(TailPending.objects.filter(run_id__in=ids).values_list("run_id", flat=True))
-    sessions = _sessions(runs)
-    for run in runs:
+    return check_chunk(
+        read_chunk(runs, events),
+        book=book,
+        adopted=adopted,
+        now=now,
+        liveness=liveness,
+        governance=governance,
+        times=times,
+    )
+
+
+def check_chunk(
+    rows: ChunkRows,
+    *,
+    book: PriceBook | None,
+    adopted: Adoption,
+    now: dt.datetime | None = None,
+    liveness: bool = True,
+    governance: GovernanceView | None = None,
+    times: CheckpointTimes | None = None,
+) -> Iterator[RunVerification]:
+    """`check_runs` of rows already read (`read_chunk`; consumed): no query."""
+    for run in rows.runs:
         yield _check(
             run.run_id,
-            events.pop(run.run_id, []),
+            rows.events.pop(run.run_id, []),
             run=run,
-            steps=steps.pop(run.run_id, []),
-            tools=tools.pop(run.run_id, []),
-            reasoning=reasoning.pop(run.run_id, []),
-            reviews=reviews.pop(run.run_id, []),
-            appended=appended.get(run.run_id, ()),
-            leaf=leaves.get(run.run_id),
-            tails=tails.get(run.run_id, ()),
-            tail_noted=run.run_id in noted,
+            steps=rows.steps.pop(run.run_id, []),
+            tools=rows.tools.pop(run.run_id, []),
+            reasoning=rows.reasoning.pop(run.run_id, []),
+            reviews=rows.reviews.pop(run.run_id, []),
+            appended=rows.appended.get(run.run_id, ()),
+            leaf=rows.leaves.get(run.run_id),
+            tails=rows.tails.get(run.run_id, ()),
+            tail_noted=run.run_id in rows.noted,
             book=book,
-            session=sessions.get(run.session_id),
+            session=rows.sessions.get(run.session_id),
             adopted=adopted,
             now=now,
             liveness=liveness,
