@@ -125,8 +125,10 @@ def _read_ahead(
     its own (its own connection) while this one is checked: the reads' round trips and the server's
     work overlap the checks, which stay in this thread. At most two chunks' rows are held. The reader
     sees what this thread would (`others_can_read`) and reads where this thread's scope says (primary or
-    replica)."""
-    if not chunks:
+    replica). One chunk is read and checked here."""
+    if len(chunks) <= 1:
+        for chunk in chunks:
+            yield _verify(context, chunk, complete=complete)
         return
     reader = ThreadPoolExecutor(1, thread_name_prefix="verify-read")
 
@@ -187,9 +189,16 @@ def verify_chunks(
         # Each worker opens its own connection: none may inherit (and share) this process's sockets.
         connections.close_all()
     with multiprocessing.get_context("fork").Pool(workers, initializer=_init) as pool:
-        groups = [chunks[at : at + GROUP] for at in range(0, len(chunks), GROUP)]
-        for results in pool.imap(_work, groups):
+        for results in pool.imap(_work, groups(chunks, workers)):
             yield from results
+
+
+def groups(chunks: Sequence[Chunk], workers: int) -> list[Sequence[Chunk]]:
+    """`chunks` in groups of consecutive chunks, as the workers take them: at most `GROUP` chunks a
+    group, and small enough that every worker takes at least two groups (5 chunks over 2 workers: one
+    chunk a group, not one worker with four and one with one)."""
+    size = max(1, min(GROUP, len(chunks) // (2 * workers)))
+    return [chunks[at : at + size] for at in range(0, len(chunks), size)]
 
 
 def others_can_read() -> bool:

@@ -29,10 +29,10 @@ def reads(monkeypatch):
     return seen
 
 
-def _store(user):
+def _store(user, n: int = 6):
     if not parallel.others_can_read():
         pytest.skip("in-memory SQLite: no other connection sees what this one wrote")
-    runs = [make_recorded_run(user) for _ in range(6)]
+    runs = [make_recorded_run(user) for _ in range(n)]
     checkpoint()
     # Tampering in the second and third chunks of two runs: both read by the reader thread.
     TraceEvent.objects.filter(run_id=runs[3].run_id, sequence_no=2).update(summary="edited")
@@ -73,7 +73,7 @@ def test_a_verification_stopped_early_closes_the_readers_connection(user, reads)
 
 @pytest.mark.django_db(transaction=True)
 def test_workers_take_groups_of_chunks_and_print_what_one_process_prints(user, capsys):
-    runs = _store(user)
+    runs = _store(user, 8)
     from django.core.management import CommandError, call_command
 
     outputs = []
@@ -83,4 +83,12 @@ def test_workers_take_groups_of_chunks_and_print_what_one_process_prints(user, c
         outputs.append(capsys.readouterr().out)
     assert outputs[0] == outputs[1]
     assert f"run={runs[3].run_id} INVALID" in outputs[0] and f"run={runs[5].run_id} INVALID" in outputs[0]
-    assert len(parallel.range_chunks(1)) > parallel.GROUP  # more than one group over the two workers
+    assert [len(g) for g in parallel.groups(parallel.range_chunks(1), 2)] == [2, 2, 2, 2]  # reads ahead
+
+
+def test_every_worker_takes_at_least_two_groups_of_at_most_four_chunks():
+    chunks = [("range", i, i, 1) for i in range(55)]
+    assert [len(g) for g in parallel.groups(chunks, 2)] == [4] * 13 + [3]
+    assert [len(g) for g in parallel.groups(chunks[:5], 2)] == [1] * 5
+    assert [len(g) for g in parallel.groups(chunks[:9], 2)] == [2, 2, 2, 2, 1]
+    assert [c for g in parallel.groups(chunks, 3) for c in g] == chunks
