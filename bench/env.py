@@ -8,10 +8,12 @@ never touches the development database or a test database.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,14 +141,48 @@ class Machine:
     mysqlclient: str
     innodb: str
     platform: str
+    idle: tuple[float, float] = (0.0, 0.0)  # `idle_penalty()`: µs of CPU back to back, after 300 ms idle
 
     def lines(self) -> list[str]:
+        busy, after = self.idle
         return [
             f"- cores: {self.cores}; memory: {self.memory_gib:.1f} GiB; CPU: {self.cpu_model}",
             f"- {self.platform}",
+            f"- the same small unit of work (a Fernet encryption, a canonical JSON, a SHA-256) costs "
+            f"{after:.0f} µs of CPU right after 300 ms idle against {busy:.0f} µs back to back "
+            f"({after / max(busy, 1e-9):.1f}×; `bench.env.idle_penalty`): B4 and B7 wait 300 ms for each "
+            f"model call, and their overhead is the work after each wait",
             f"- Python {self.python}, Django {self.django}, mysqlclient {self.mysqlclient}",
             f"- MariaDB {self.mariadb} on loopback TCP ({self.innodb})",
         ]
+
+
+def idle_penalty(samples: int = 15, idle: float = 0.3) -> tuple[float, float]:
+    """(µs of CPU of one small unit of work run back to back, µs of the same right after `idle` seconds
+    asleep), medians. A virtual machine whose idle CPUs are given away or slowed pays for it in the
+    first work after each wait: B4's and B7's runs wait 300 ms for every model call."""
+    import json
+    import statistics
+
+    from cryptography.fernet import Fernet
+
+    fernet = Fernet(Fernet.generate_key())
+    document = {f"k{i}": ["v" * 20, i, {"x": i}] for i in range(200)}
+
+    def unit() -> float:
+        started = time.thread_time()
+        fernet.encrypt(b"x" * 75)
+        json.dumps(document, sort_keys=True, separators=(",", ":"))
+        hashlib.sha256(b"y" * 5000).hexdigest()
+        return (time.thread_time() - started) * 1e6
+
+    unit()
+    busy = statistics.median(unit() for _ in range(samples))
+    after = []
+    for _ in range(samples):
+        time.sleep(idle)
+        after.append(unit())
+    return busy, statistics.median(after)
 
 
 def machine() -> Machine:
@@ -190,6 +226,7 @@ def machine() -> Machine:
         mysqlclient=".".join(str(p) for p in MySQLdb.version_info[:3]),
         innodb=innodb,
         platform=f"{platform.system()} {platform.release()} ({sys.implementation.name})",
+        idle=idle_penalty(),
     )
 
 
