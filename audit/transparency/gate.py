@@ -24,7 +24,7 @@ from audit.read.chunks import events_of
 from audit.transparency import leafdata
 from audit.verify.authenticity import adoption, tag_verdict
 from audit.verify.hash_chain import GENESIS_HASH
-from audit.verify.runs import check_runs
+from audit.verify.runs import check_chunk, read_chunk
 from audit.write.governance import governance_hash, record_governance_event
 from core import writeauth
 from diagnosis.models import DiagnosisRun
@@ -71,7 +71,7 @@ def admit_runs(run_ids: Iterable[str], *, pace: Callable[[], None] | None = None
     }
     ordered = [runs[i] for i in ids if i in runs]
     results = {}
-    for result in check_runs(ordered, events, book=None, adopted=adoption(), liveness=False):
+    for result in check_chunk(read_chunk(ordered, events), book=None, adopted=adoption(), liveness=False):
         results[result.run_id] = result
         if pace is not None:
             pace()

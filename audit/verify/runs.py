@@ -59,7 +59,6 @@ __all__ = [
     "RunVerification",
     "chained_review_facts",
     "check_chunk",
-    "check_runs",
     "liveness_problems",
     "orphaned_run_ids",
     "read_chunk",
@@ -211,7 +210,8 @@ def verify_all_runs(
     governance, times = governance or GovernanceView.load(), CheckpointTimes.load()
     adopted = governance.adopted
     for runs, by_run in run_chunks(annotate_recomputed(DiagnosisRun.objects.all()), batch_size):
-        yield from check_runs(runs, by_run, book=book, adopted=adopted, governance=governance, times=times)
+        rows = read_chunk(runs, by_run)
+        yield from check_chunk(rows, book=book, adopted=adopted, governance=governance, times=times)
     for run_id in orphaned_run_ids():
         yield verify_run(run_id, governance=governance)
 
@@ -255,33 +255,6 @@ def read_chunk(runs: list[DiagnosisRun], events: dict[str, list[TraceEvent]]) ->
     )
 
 
-def check_runs(
-    runs: list[DiagnosisRun],
-    events: dict[str, list[TraceEvent]],
-    *,
-    book: PriceBook | None,
-    adopted: Adoption,
-    now: dt.datetime | None = None,
-    liveness: bool = True,
-    governance: GovernanceView | None = None,
-    times: CheckpointTimes | None = None,
-) -> Iterator[RunVerification]:
-    """Verify `runs` (one batch) given their events in sequence order (`events`, run id → events;
-    consumed): their rows, leaves, tails, tail notes and sessions are read with one query each. What
-    `verify_audit` checks of every run, and what the checkpointer checks before it anchors one
-    (`audit.transparency.gate`: without a price `book`, the cost is not compared; without `liveness`,
-    a run late for anchoring is not a problem of its own)."""
-    return check_chunk(
-        read_chunk(runs, events),
-        book=book,
-        adopted=adopted,
-        now=now,
-        liveness=liveness,
-        governance=governance,
-        times=times,
-    )
-
-
 def check_chunk(
     rows: ChunkRows,
     *,
@@ -292,7 +265,10 @@ def check_chunk(
     governance: GovernanceView | None = None,
     times: CheckpointTimes | None = None,
 ) -> Iterator[RunVerification]:
-    """`check_runs` of rows already read (`read_chunk`; consumed): no query."""
+    """Verify the runs of one batch from their rows (`read_chunk`; consumed), with no query. What
+    `verify_audit` checks of every run, and what the checkpointer checks before it anchors one
+    (`audit.transparency.gate`: without a price `book`, the cost is not compared; without `liveness`,
+    a run late for anchoring is not a problem of its own)."""
     for run in rows.runs:
         yield _check(
             run.run_id,
