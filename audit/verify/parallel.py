@@ -28,7 +28,7 @@ from pricing.costs import load_price_book
 
 # A chunk: ("range", first pk, last pk, runs between) or ("ids", pks) of chosen runs.
 Chunk = tuple
-# Chunks a worker process takes at a time (`verify_chunks`): it reads each next one while it checks one.
+# The most chunks a worker process takes at a time (`groups`): it reads each next one while it checks one.
 GROUP = 4
 T = TypeVar("T")
 
@@ -177,13 +177,15 @@ def verify_chunks(
     """The verdicts of every run of `chunks`, in chunk order; over `workers` processes when above 1."""
     if workers <= 1 or len(chunks) <= 1 or connection.in_atomic_block:
         # (In a transaction, as in a test, only this connection sees what it wrote: verified here.)
+        # (Read ahead where another connection sees what this one does: `_read_ahead` reads a single
+        # chunk in place.)
         context = _Context.load(governance)
-        if len(chunks) > 1 and others_can_read():
-            for verdicts in _read_ahead(context, chunks):
-                yield from verdicts
-            return
-        for chunk in chunks:
-            yield from _verify(context, chunk)
+        if others_can_read():
+            checked = _read_ahead(context, chunks)
+        else:
+            checked = (_verify(context, chunk) for chunk in chunks)
+        for verdicts in checked:
+            yield from verdicts
         return
     if not (connection.vendor == "sqlite" and connection.is_in_memory_db()):
         # Each worker opens its own connection: none may inherit (and share) this process's sockets.

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from django.core.management import CommandError, call_command
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from audit.models import AgentStep, TraceEvent
@@ -74,8 +75,6 @@ def test_a_verification_stopped_early_closes_the_readers_connection(user, reads)
 @pytest.mark.django_db(transaction=True)
 def test_workers_take_groups_of_chunks_and_print_what_one_process_prints(user, capsys):
     runs = _store(user, 8)
-    from django.core.management import CommandError, call_command
-
     outputs = []
     for workers in ("1", "2"):
         with pytest.raises(CommandError):
